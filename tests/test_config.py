@@ -1,0 +1,92 @@
+"""Config loading: inheritance, overrides, YAML round trip, and every validation error."""
+
+import pytest
+
+from tinyattn.config import Config, config_from_dict, config_to_dict, load_config, save_config
+from tinyattn.errors import ConfigError
+from tests.conftest import ROOT
+
+
+def write(path, text):
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_every_shipped_config_loads():
+    for path in sorted((ROOT / "configs").glob("*.yaml")):
+        assert isinstance(load_config(path), Config), path
+
+
+def test_extends_deep_merges(tmp_path):
+    write(tmp_path / "base.yaml", "model:\n  n_layer: 3\n  n_embd: 64\ntrain:\n  lr: 0.01\ndata:\n  files: a.txt\n")
+    child = write(tmp_path / "child.yaml", "extends: base.yaml\nmodel:\n  n_layer: 5\n")
+    config = load_config(child)
+    assert config.model.n_layer == 5  # overridden by the child
+    assert config.model.n_embd == 64  # inherited from the base, same section
+    assert config.train.lr == 0.01  # inherited, other section
+    assert config.train.batch_size == 16  # dataclass default
+
+
+def test_extends_chain_and_cycle(tmp_path):
+    write(tmp_path / "a.yaml", "extends: b.yaml\n")
+    write(tmp_path / "b.yaml", "extends: a.yaml\n")
+    with pytest.raises(ConfigError, match="cycle"):
+        load_config(tmp_path / "a.yaml")
+
+
+def test_overrides_are_typed_like_the_field(tmp_path):
+    path = write(tmp_path / "c.yaml", "data:\n  files: a.txt\n")
+    config = load_config(path, ["model.n_layer=8", "train.lr=3e-4", "model.tie_embeddings=false",
+                                "model.n_kv_head=null", "sample.prompt=Hello there"])
+    assert config.model.n_layer == 8 and isinstance(config.model.n_layer, int)
+    assert config.train.lr == 3e-4 and isinstance(config.train.lr, float)
+    assert config.model.tie_embeddings is False
+    assert config.model.n_kv_head is None
+    assert config.sample.prompt == "Hello there"
+
+
+def test_yaml_round_trip_and_rebuild(tmp_path):
+    config = load_config(ROOT / "configs" / "tinystories.yaml", ["model.vocab_size=300"])
+    save_config(config, tmp_path / "resolved.yaml")
+    assert load_config(tmp_path / "resolved.yaml") == config
+    assert config_from_dict(config_to_dict(config)) == config
+
+
+@pytest.mark.parametrize("text, overrides, message", [
+    ("model:\n  n_layr: 4\n", [], r"c\.yaml: unknown key 'model\.n_layr'; did you mean 'n_layer'\?"),
+    ("modle:\n  n_layer: 4\n", [], r"unknown key 'modle'; did you mean 'model'\?"),
+    ("", ["train.learning_rate=1"], r"--set: unknown key 'train\.learning_rate'"),
+    ("model:\n  n_layer: four\n", [], r"c\.yaml: model\.n_layer: expected an integer, got 'four'"),
+    ("train:\n  lr: fast\n", [], r"train\.lr: expected a number, got 'fast'"),
+    ("model:\n  tie_embeddings: 1\n", [], r"model\.tie_embeddings: expected true or false"),
+    ("model:\n  n_embd: 100\n  n_head: 3\n", [], r"model\.n_embd: 100 is not accepted; must be divisible by model\.n_head=3"),
+    ("model:\n  n_head: 4\n  n_kv_head: 3\n", [], r"model\.n_head: 4 is not accepted; must be divisible by model\.n_kv_head=3"),
+    ("model:\n  n_layer: 0\n", [], r"model\.n_layer: 0 is not accepted; expected a positive integer"),
+    ("model:\n  n_embd: -8\n", [], r"model\.n_embd: -8 is not accepted"),
+    ("model:\n  n_embd: 12\n  n_head: 4\n", [], r"must be even for rotary"),
+    ("train:\n  precision: bf61\n", [], r"train\.precision: 'bf61' is not accepted; expected one of .*did you mean 'bf16'"),
+    ("tokenizer:\n  kind: pretrained\n", [], r"tokenizer\.path: None is not accepted"),
+    ("sample:\n  top_p: 1.5\n", [], r"sample\.top_p: 1\.5 is not accepted; expected a number in \(0, 1\]"),
+    ("model: [1, 2]\n", [], r"c\.yaml: model: expected a mapping"),
+    ("model:\n  n_layer: [\n", [], r"c\.yaml: invalid YAML at line"),
+    ("", ["model.n_layer"], r"--set: expected key=value"),
+])
+def test_validation_errors_name_file_key_and_what_is_accepted(tmp_path, text, overrides, message):
+    path = write(tmp_path / "c.yaml", "data:\n  files: a.txt\n" + text)
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(path, overrides)
+    assert "\n" not in str(info.value)  # one line
+
+
+def test_error_names_the_file_the_key_came_from(tmp_path):
+    write(tmp_path / "base.yaml", "data:\n  files: a.txt\nmodel:\n  n_head: 5\n")
+    child = write(tmp_path / "child.yaml", "extends: base.yaml\n")
+    with pytest.raises(ConfigError, match=r"base\.yaml: model\.n_embd.*n_head=5"):
+        load_config(child)
+
+
+def test_missing_file_and_missing_source(tmp_path):
+    with pytest.raises(ConfigError, match=r"nope\.yaml: config file not found"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match=r"set exactly one of data\.dataset .* or data\.files"):
+        load_config(write(tmp_path / "c.yaml", "model:\n  n_layer: 2\n"))

@@ -1,0 +1,53 @@
+"""The KV cache: decoding one position at a time equals recomputing the whole sequence."""
+
+import pytest
+import torch
+
+from tinyattn.kv_cache import KVCache
+from tests.test_model import random_tokens, tiny_model
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("prefill", [1, 9])
+def test_cached_decoding_equals_full_forward(n_kv_head, prefill):
+    model = tiny_model(n_kv_head=n_kv_head)
+    idx = random_tokens(length=24)
+    full = model(idx).logits  # (B, 24, V)
+    caches = model.new_kv_caches(batch_size=2)
+    with torch.no_grad():
+        step_logits = [model(idx[:, :prefill], kv_caches=caches).logits]  # the prompt in one pass
+        for pos in range(prefill, 24):
+            step_logits.append(model(idx[:, pos:pos + 1], kv_caches=caches, start_pos=pos).logits)
+    torch.testing.assert_close(torch.cat(step_logits, dim=1), full, rtol=0, atol=1e-5)
+
+
+def test_chunked_prefill_uses_the_causal_mask_within_the_chunk():
+    model = tiny_model()
+    idx = random_tokens(length=24)
+    caches = model.new_kv_caches(batch_size=2)
+    with torch.no_grad():
+        first = model(idx[:, :10], kv_caches=caches).logits
+        second = model(idx[:, 10:], kv_caches=caches, start_pos=10).logits
+    torch.testing.assert_close(torch.cat([first, second], 1), model(idx).logits, rtol=0, atol=1e-5)
+
+
+def test_explicit_path_with_cache_returns_weights_over_all_keys():
+    model = tiny_model()
+    idx = random_tokens(length=6)
+    caches = model.new_kv_caches(batch_size=2)
+    model(idx[:, :5], kv_caches=caches)
+    out = model(idx[:, 5:], kv_caches=caches, start_pos=5, need_weights=True)
+    assert out.attention_weights[0].shape == (2, 4, 1, 6)
+    full = model(idx, need_weights=True).attention_weights[0][:, :, 5:]
+    torch.testing.assert_close(out.attention_weights[0], full, rtol=0, atol=1e-6)
+
+
+def test_cache_update_returns_prefix_and_refuses_overflow():
+    cache = KVCache(batch_size=1, n_kv_head=2, max_len=4, head_dim=3)
+    k = torch.randn(1, 2, 3, 3)
+    keys, values = cache.update(0, k, k + 1)
+    assert keys.shape == (1, 2, 3, 3) and torch.equal(keys, k) and torch.equal(values, k + 1)
+    keys, _ = cache.update(3, k[:, :, :1], k[:, :, :1])
+    assert keys.shape == (1, 2, 4, 3)
+    with pytest.raises(ValueError, match="holds 4 positions"):
+        cache.update(3, k, k)

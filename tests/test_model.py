@@ -1,0 +1,159 @@
+"""The model's invariants: causality, fused == explicit, masks, weights, init loss, learning."""
+
+import math
+
+import pytest
+import torch
+
+from tinyattn.config import ModelConfig
+from tinyattn.model import IGNORE_INDEX, LanguageModel, attention, causal_mask
+
+VOCAB = 65
+
+
+def tiny_model(seed=0, **overrides) -> LanguageModel:
+    torch.manual_seed(seed)
+    options = dict(vocab_size=VOCAB, n_layer=2, n_head=4, n_kv_head=4, n_embd=32, context_length=24)
+    options.update(overrides)
+    return LanguageModel(ModelConfig(**options)).eval()
+
+
+def random_tokens(batch=2, length=24, seed=1):
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("need_weights", [False, True], ids=["fused", "explicit"])
+@pytest.mark.parametrize("n_kv_head", [4, 2, 1], ids=["mha", "gqa", "mqa"])
+def test_causal_mask_leaks_nothing_from_the_future(need_weights, n_kv_head):
+    model = tiny_model(n_kv_head=n_kv_head)
+    idx = random_tokens()
+    logits = model(idx, need_weights=need_weights).logits
+    for t in (0, 5, 17):
+        changed = idx.clone()
+        changed[:, t + 1:] = (changed[:, t + 1:] + 7) % VOCAB  # every later token differs
+        after = model(changed, need_weights=need_weights).logits
+        torch.testing.assert_close(after[:, :t + 1], logits[:, :t + 1], rtol=0, atol=1e-6)
+        assert (after[:, t + 1:] - logits[:, t + 1:]).abs().max() > 1e-3  # later ones do change
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 2, 1], ids=["mha", "gqa", "mqa"])
+def test_fused_path_equals_explicit_path(n_kv_head):
+    model = tiny_model(n_kv_head=n_kv_head)
+    idx = random_tokens()
+    fused = model(idx).logits
+    explicit = model(idx, need_weights=True).logits
+    torch.testing.assert_close(fused, explicit, rtol=0, atol=1e-5)
+    bidirectional = torch.ones(24, 24, dtype=torch.bool)
+    torch.testing.assert_close(model(idx, mask=bidirectional).logits,
+                               model(idx, mask=bidirectional, need_weights=True).logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("need_weights", [False, True], ids=["fused", "explicit"])
+def test_bidirectional_mask_lets_later_tokens_change_earlier_outputs(need_weights):
+    model = tiny_model()
+    idx = random_tokens()
+    everything = torch.ones(24, 24, dtype=torch.bool)
+    changed = idx.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % VOCAB  # only the last token differs
+    before = model(idx, mask=everything, need_weights=need_weights).logits
+    after = model(changed, mask=everything, need_weights=need_weights).logits
+    assert (after[:, 0] - before[:, 0]).abs().max() > 1e-4  # position 0 saw position 23
+
+
+def test_padding_mask_hides_padded_keys():
+    model = tiny_model()
+    idx = random_tokens(batch=1)
+    # Padding mask: causal, and the last 4 positions are padding no query may look at.
+    allowed = causal_mask(24, 24) & (torch.arange(24) < 20)
+    allowed[20:, 20:] |= torch.eye(4, dtype=torch.bool)  # padded queries see themselves only
+    changed = idx.clone()
+    changed[:, 20:] = (changed[:, 20:] + 3) % VOCAB
+    torch.testing.assert_close(model(idx, mask=allowed).logits[:, :20],
+                               model(changed, mask=allowed).logits[:, :20], rtol=0, atol=1e-6)
+
+
+def test_attention_weights_rows_sum_to_one_and_are_zero_where_masked():
+    model = tiny_model(n_kv_head=2)
+    out = model(random_tokens(), need_weights=True)
+    assert len(out.attention_weights) == 2
+    future = ~causal_mask(24, 24)
+    for weights in out.attention_weights:
+        assert weights.shape == (2, 4, 24, 24)  # (B, H, T, T)
+        torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 24), rtol=0, atol=1e-6)
+        assert torch.all(weights[..., future] == 0)  # exactly zero, not just small
+        assert torch.all(weights >= 0)
+
+
+def test_attention_function_matches_its_definition():
+    q, k, v = torch.randn(3, 1, 2, 5, 8).unbind(0)
+    out, weights = attention(q, k, v, causal_mask(5, 5))
+    scores = q @ k.transpose(-1, -2) / math.sqrt(8)
+    expected = torch.zeros_like(scores)
+    for i in range(5):  # row i: softmax over keys 0..i only
+        expected[..., i, :i + 1] = torch.softmax(scores[..., i, :i + 1], dim=-1)
+    torch.testing.assert_close(weights, expected)
+    torch.testing.assert_close(out, expected @ v)
+
+
+def test_logits_shape_and_loss_ignores_padding():
+    model = tiny_model()
+    idx = random_tokens(length=10)
+    targets = random_tokens(length=10, seed=2)
+    out = model(idx)
+    assert out.logits.shape == (2, 10, VOCAB) and out.loss is None
+    with_targets = model(idx, targets)
+    assert with_targets.logits.shape == (2, 10, VOCAB)
+    padded = targets.clone()
+    padded[:, 5:] = IGNORE_INDEX
+    expected = torch.nn.functional.cross_entropy(out.logits[:, :5].reshape(-1, VOCAB), targets[:, :5].reshape(-1))
+    torch.testing.assert_close(model(idx, padded).loss, expected)
+
+
+@pytest.mark.parametrize("n_embd, vocab", [(32, 65), (384, 65), (256, 4096)])
+def test_loss_at_initialisation_is_about_ln_vocab(n_embd, vocab):
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig(vocab_size=vocab, n_layer=2, n_head=4, n_embd=n_embd,
+                                      context_length=64)).eval()
+    idx = torch.randint(0, vocab, (8, 64))
+    targets = torch.randint(0, vocab, (8, 64))
+    loss = model(idx, targets).loss.item()
+    assert abs(loss - math.log(vocab)) < 0.1, (loss, math.log(vocab))
+
+
+def test_tiny_model_overfits_one_batch():
+    torch.manual_seed(0)
+    model = tiny_model(n_kv_head=2).train()
+    batch = random_tokens(batch=4, length=25, seed=3)
+    x, y = batch[:, :-1], batch[:, 1:]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    for _ in range(150):
+        loss = model(x, y).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 0.05
+
+
+def test_tied_head_shares_the_embedding_and_parameter_count():
+    tied = tiny_model()
+    untied = tiny_model(tie_embeddings=False)
+    assert tied.head.weight is tied.token_embedding.weight
+    assert untied.num_parameters() - tied.num_parameters() == VOCAB * 32
+    # 2 blocks x (q, k, v, out: 4*32*32; SwiGLU: 3*32*128; 2 norms) + embedding + final norm
+    per_block = 4 * 32 * 32 + 3 * 32 * 128 + 2 * 32
+    assert tied.num_parameters() == 2 * per_block + VOCAB * 32 + 32
+
+
+def test_initialisation_is_reproducible_and_documented_scales():
+    a, b = tiny_model(seed=5), tiny_model(seed=5)
+    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.equal(pa, pb), name
+    residual = a.blocks[0].attention.output.weight
+    assert abs(residual.std().item() - 0.02 / math.sqrt(4)) < 0.003
+    assert abs(a.blocks[0].attention.query.weight.std().item() - 0.02) < 0.003
+
+
+def test_positions_beyond_context_are_refused():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="exceed the context length 24"):
+        model(random_tokens(length=25))

@@ -1,0 +1,450 @@
+"""Run configuration: typed dataclasses, YAML loading with `extends`, overrides, validation.
+
+One YAML file describes a run. It has five sections, each a dataclass below with
+its defaults written next to the fields: `model`, `data`, `tokenizer`, `train`
+and `sample`. A file may start with `extends: base.yaml` (a path relative to the
+file) to inherit another file and deep-merge its own keys on top, so `configs/`
+holds one base and small deltas. Command-line overrides use dotted keys and are
+typed like the field they set: `--set model.n_layer=8 train.lr=3e-4`.
+
+Every mistake ends in a `ConfigError` whose one-line message names the file (or
+`--set`), the dotted key, the bad value and what would be accepted. The resolved
+config is written back with `save_config` and rebuilt with `config_from_dict`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from tinyattn.errors import ConfigError
+
+
+@dataclass
+class ModelConfig:
+    """Shape of the decoder-only transformer."""
+
+    vocab_size: Optional[int] = None  # None: taken from the tokenizer when the run starts
+    n_layer: int = 4
+    n_head: int = 4
+    n_kv_head: Optional[int] = None  # None: same as n_head; fewer gives grouped-query attention
+    n_embd: int = 256
+    mlp_hidden: Optional[int] = None  # None: about 8/3 * n_embd rounded up to a multiple of 64 (SwiGLU)
+    context_length: int = 256
+    dropout: float = 0.0
+    tie_embeddings: bool = True
+    rope_base: float = 10000.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    @property
+    def hidden_dim(self) -> int:
+        if self.mlp_hidden:
+            return self.mlp_hidden
+        return 64 * math.ceil(8 * self.n_embd / 3 / 64)
+
+
+@dataclass
+class DataConfig:
+    """Where the text comes from. Set exactly one of `dataset` (a hub name) or `files`."""
+
+    dataset: Optional[str] = None  # Hugging Face hub name, e.g. roneneldan/TinyStories
+    dataset_config: Optional[str] = None  # hub config name, e.g. wikitext-103-raw-v1
+    revision: Optional[str] = None  # hub revision (branch, tag or commit)
+    train_split: str = "train"
+    validation_split: Optional[str] = None  # None: hold out validation_fraction of the training split
+    streaming: bool = False  # stream a hub dataset instead of downloading it whole
+    files: Optional[list[str]] = None  # paths, globs or folders of .txt / .jsonl / .parquet
+    format: str = "auto"  # auto (from the file extension), text, json or parquet
+    url: Optional[str] = None  # downloaded once to files[0] when that file is missing
+    sha256: Optional[str] = None  # checked after a download
+    size_bytes: Optional[int] = None  # checked after a download
+    text_field: str = "text"
+    validation_fraction: float = 0.1
+    max_documents: Optional[int] = None  # use only the first N documents (quick experiments)
+    cache_dir: str = "data/cache"
+
+
+@dataclass
+class TokenizerConfig:
+    """How text becomes token ids. Every kind is saved as a Hugging Face `tokenizer.json`."""
+
+    kind: str = "char"  # char, bpe or pretrained
+    vocab_size: int = 4096  # bpe only
+    path: Optional[str] = None  # pretrained only: an existing tokenizer.json
+
+
+@dataclass
+class TrainConfig:
+    """The optimization loop, evaluation, checkpoints and hardware."""
+
+    batch_size: int = 16
+    grad_accum_steps: int = 1
+    max_steps: int = 2000
+    lr: float = 1e-3
+    min_lr: float = 1e-4  # the floor the schedule decays to
+    warmup_steps: int = 100
+    schedule: str = "cosine"  # cosine, linear or constant (after warmup)
+    weight_decay: float = 0.1  # matrices only; norms and biases are not decayed
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # 0 disables clipping
+    eval_interval: int = 250
+    eval_windows: Optional[int] = 200  # None: every window of the validation split
+    log_interval: int = 10
+    keep_last: int = 2  # step checkpoints kept besides the best one
+    seed: int = 1337
+    device: str = "auto"  # auto, cpu, cuda, cuda:N or mps
+    precision: str = "auto"  # auto, fp32, bf16 or fp16
+    compile: bool = False
+    peak_flops: Optional[float] = None  # for MFU; None: measured by a matmul at start-up
+    out_dir: str = "checkpoints"
+    sample_tokens: int = 200  # length of the sample logged at each evaluation
+    probe_text: str = "ROMEO:\nBut soft, what light through yonder window breaks?"
+
+
+@dataclass
+class SampleConfig:
+    """Defaults for generation; the command line overrides each of them."""
+
+    max_new_tokens: int = 500
+    temperature: float = 0.8
+    top_k: Optional[int] = None
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    prompt: str = "\n"
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    sample: SampleConfig = field(default_factory=SampleConfig)
+
+
+CHOICES = {
+    "data.format": ("auto", "text", "json", "parquet"),
+    "tokenizer.kind": ("char", "bpe", "pretrained"),
+    "train.schedule": ("cosine", "linear", "constant"),
+    "train.precision": ("auto", "fp32", "bf16", "fp16"),
+}
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Read a YAML config (following `extends`), apply `key=value` overrides, validate."""
+    raw, origins = _read_with_extends(Path(path), seen=())
+    for item in overrides or []:
+        key, value = _parse_override(item)
+        _set_dotted(raw, key, value)
+        origins[key] = "--set"
+    return config_from_dict(raw, origins=origins, default_origin=str(path))
+
+
+def config_from_dict(raw: dict, *, origins: dict[str, str] | None = None,
+                     default_origin: str = "config") -> Config:
+    """Build and validate a Config from plain nested dicts (a YAML file, a checkpoint)."""
+    origins = origins or {}
+
+    def where(key: str) -> str:
+        # The most specific origin we recorded for this key or one of its parents.
+        parts = key.split(".")
+        for i in range(len(parts), 0, -1):
+            if ".".join(parts[:i]) in origins:
+                return origins[".".join(parts[:i])]
+        return default_origin
+
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{default_origin}: expected a mapping of sections, got {type(raw).__name__}")
+    sections = {}
+    section_types = {f.name: f.type for f in dataclasses.fields(Config)}
+    hints = typing.get_type_hints(Config)
+    for name, value in raw.items():
+        if name not in section_types:
+            raise ConfigError(_unknown_key_message(where(name), name, list(section_types)))
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where(name)}: {name}: expected a mapping, got {value!r}")
+        sections[name] = _build_section(hints[name], name, value, where)
+    config = Config(**sections)
+    _validate(config, where)
+    return config
+
+
+def config_to_dict(config: Config) -> dict:
+    return dataclasses.asdict(config)
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML; `load_config` on it gives back an equal Config."""
+    text = yaml.safe_dump(config_to_dict(config), sort_keys=False, allow_unicode=True)
+    Path(path).write_text(text, encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------- internals
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read config file ({e})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}: invalid YAML{at}: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top, got {type(data).__name__}")
+    return data
+
+
+def _read_with_extends(path: Path, seen: tuple[Path, ...]) -> tuple[dict, dict[str, str]]:
+    resolved = path.resolve()
+    if resolved in seen:
+        chain = " -> ".join(str(p) for p in (*seen, resolved))
+        raise ConfigError(f"{path}: extends forms a cycle: {chain}")
+    data = _read_yaml(path)
+    parent = data.pop("extends", None)
+    merged: dict = {}
+    origins: dict[str, str] = {}
+    if parent is not None:
+        if not isinstance(parent, str):
+            raise ConfigError(f"{path}: extends: expected a file path, got {parent!r}")
+        merged, origins = _read_with_extends(path.parent / parent, (*seen, resolved))
+    _deep_merge(merged, data, origins, str(path), prefix="")
+    return merged, origins
+
+
+def _deep_merge(base: dict, update: dict, origins: dict[str, str], origin: str, prefix: str) -> None:
+    for key, value in update.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _deep_merge(base[key], value, origins, origin, prefix=f"{dotted}.")
+        else:
+            base[key] = value
+            origins[dotted] = origin
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    if "=" not in item:
+        raise ConfigError(f"--set: expected key=value (e.g. model.n_layer=8), got {item!r}")
+    key, text = item.split("=", 1)
+    key = key.strip()
+    if not key or "." not in key:
+        raise ConfigError(f"--set: expected a dotted key such as train.lr, got {key!r}")
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        value = text  # not YAML: keep the string, the field's type decides
+    return key, value
+
+
+def _set_dotted(raw: dict, key: str, value: Any) -> None:
+    node = raw
+    *parents, last = key.split(".")
+    for part in parents:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[last] = value
+
+
+def _unknown_key_message(origin: str, key: str, valid: list[str]) -> str:
+    name = key.rsplit(".", 1)[-1]
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{origin}: unknown key {key!r}{hint} (valid: {', '.join(valid)})"
+
+
+def _build_section(cls: type, section: str, values: dict, where) -> Any:
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in values.items():
+        dotted = f"{section}.{key}"
+        if key not in hints:
+            raise ConfigError(_unknown_key_message(where(dotted), dotted, list(hints)))
+        kwargs[key] = _coerce(value, hints[key], dotted, where)
+    return cls(**kwargs)
+
+
+def _type_name(tp: Any) -> str:
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    if tp in names:
+        return names[tp]
+    if typing.get_origin(tp) is list:
+        return "a list of strings"
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if args:
+        return _type_name(args[0]) + " or null"
+    return str(tp)
+
+
+def _coerce(value: Any, tp: Any, key: str, where) -> Any:
+    """Check `value` against the annotation `tp`, converting only where it is lossless."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        inner = [a for a in typing.get_args(tp) if a is not type(None)][0]
+        return _coerce_plain(value, inner, key, where, _type_name(tp))
+    return _coerce_plain(value, tp, key, where, _type_name(tp))
+
+
+def _coerce_plain(value: Any, tp: Any, key: str, where, expected: str) -> Any:
+    bad = ConfigError(f"{where(key)}: {key}: expected {expected}, got {value!r}")
+    if typing.get_origin(tp) is list:
+        if isinstance(value, str):
+            value = [value]  # a single path is a list of one
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise bad
+        return list(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise bad
+    if tp is int:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                number = float(value)  # YAML 1.1 reads 1e6 as a string
+            except ValueError:
+                raise bad from None
+            if number.is_integer():
+                return int(number)
+        raise bad
+    if tp is float:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)  # YAML 1.1 reads 3e-4 (no dot) as a string
+            except ValueError:
+                raise bad from None
+        raise bad
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise bad
+    raise bad
+
+
+def _validate(config: Config, where) -> None:
+    def fail(key: str, value: Any, accepted: str) -> None:
+        raise ConfigError(f"{where(key)}: {key}: {value!r} is not accepted; {accepted}")
+
+    for key, choices in CHOICES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(config, section), name)
+        if value not in choices:
+            close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.5)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            fail(key, value, f"expected one of {', '.join(choices)}{hint}")
+
+    m = config.model
+    for name in ("n_layer", "n_head", "n_embd", "context_length"):
+        if getattr(m, name) <= 0:
+            fail(f"model.{name}", getattr(m, name), "expected a positive integer")
+    for name in ("vocab_size", "n_kv_head", "mlp_hidden"):
+        value = getattr(m, name)
+        if value is not None and value <= 0:
+            fail(f"model.{name}", value, "expected a positive integer or null")
+    if m.n_embd % m.n_head:
+        fail("model.n_embd", m.n_embd, f"must be divisible by model.n_head={m.n_head}")
+    if m.head_dim % 2:
+        fail("model.n_embd", m.n_embd,
+             f"n_embd / n_head = {m.head_dim} must be even for rotary position embedding")
+    if m.n_head % m.kv_heads:
+        fail("model.n_head", m.n_head, f"must be divisible by model.n_kv_head={m.kv_heads}")
+    if not 0.0 <= m.dropout < 1.0:
+        fail("model.dropout", m.dropout, "expected a number in [0, 1)")
+    if m.rope_base <= 0:
+        fail("model.rope_base", m.rope_base, "expected a positive number")
+
+    d = config.data
+    if (d.dataset is None) == (d.files is None):
+        fail("data.files", d.files, "set exactly one of data.dataset (a hub name) or data.files")
+    if d.files is not None and not d.files:
+        fail("data.files", d.files, "expected at least one path, glob or folder")
+    if d.url is not None and (d.files is None or len(d.files) != 1):
+        fail("data.url", d.url, "needs data.files to be the single path it is downloaded to")
+    if not 0.0 < d.validation_fraction < 1.0:
+        fail("data.validation_fraction", d.validation_fraction, "expected a number in (0, 1)")
+    if d.max_documents is not None and d.max_documents <= 0:
+        fail("data.max_documents", d.max_documents, "expected a positive integer or null")
+
+    t = config.tokenizer
+    if t.kind == "pretrained" and not t.path:
+        fail("tokenizer.path", t.path, "tokenizer.kind=pretrained needs the path of a tokenizer.json")
+    if t.kind == "bpe" and t.vocab_size <= 0:
+        fail("tokenizer.vocab_size", t.vocab_size, "expected a positive integer")
+
+    tr = config.train
+    for name in ("batch_size", "grad_accum_steps", "max_steps", "eval_interval", "log_interval"):
+        if getattr(tr, name) <= 0:
+            fail(f"train.{name}", getattr(tr, name), "expected a positive integer")
+    for name in ("warmup_steps", "keep_last", "sample_tokens"):
+        if getattr(tr, name) < 0:
+            fail(f"train.{name}", getattr(tr, name), "expected a non-negative integer")
+    if tr.lr <= 0:
+        fail("train.lr", tr.lr, "expected a positive number")
+    if not 0 <= tr.min_lr <= tr.lr:
+        fail("train.min_lr", tr.min_lr, f"expected a number in [0, train.lr={tr.lr}]")
+    for name in ("beta1", "beta2"):
+        if not 0.0 <= getattr(tr, name) < 1.0:
+            fail(f"train.{name}", getattr(tr, name), "expected a number in [0, 1)")
+    if tr.weight_decay < 0 or tr.grad_clip < 0:
+        key = "train.weight_decay" if tr.weight_decay < 0 else "train.grad_clip"
+        fail(key, getattr(tr, key.split(".")[1]), "expected a non-negative number")
+    if tr.eval_windows is not None and tr.eval_windows <= 0:
+        fail("train.eval_windows", tr.eval_windows, "expected a positive integer or null (all windows)")
+    if not (tr.device in ("auto", "cpu", "cuda", "mps") or tr.device.startswith("cuda:")):
+        fail("train.device", tr.device, "expected auto, cpu, cuda, cuda:N or mps")
+
+    s = config.sample
+    if s.temperature < 0:
+        fail("sample.temperature", s.temperature, "expected a number >= 0 (0 means greedy)")
+    if s.top_k is not None and s.top_k < 0:
+        fail("sample.top_k", s.top_k, "expected an integer >= 0 or null")
+    if not 0.0 < s.top_p <= 1.0:
+        fail("sample.top_p", s.top_p, "expected a number in (0, 1]")
+    if s.repetition_penalty <= 0:
+        fail("sample.repetition_penalty", s.repetition_penalty, "expected a positive number (1 disables)")
+    if s.max_new_tokens < 0:
+        fail("sample.max_new_tokens", s.max_new_tokens, "expected an integer >= 0")

@@ -1,0 +1,24 @@
+"""User-facing errors.
+
+Every mistake a user can make (a bad config value, a missing file, a corrupt
+checkpoint) raises a subclass of `TinyattnError` whose message is one line that
+names the file, key or value and what would be accepted. The command-line faces
+print that line and exit with status 2, without a traceback. Anything else is a
+bug and keeps its traceback.
+"""
+
+
+class TinyattnError(Exception):
+    """A problem the user can fix; its message is shown without a traceback."""
+
+
+class ConfigError(TinyattnError):
+    """A config file, key or value that cannot be used."""
+
+
+class DataError(TinyattnError):
+    """A data source or tokenizer that cannot be used."""
+
+
+class CheckpointError(TinyattnError):
+    """A run folder or checkpoint file that cannot be used."""

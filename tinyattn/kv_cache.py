@@ -1,0 +1,40 @@
+"""The key/value cache used when generating one token at a time.
+
+Keys and values of positions already processed never change (the causal mask keeps
+them from seeing later tokens), so decoding stores them instead of recomputing them.
+The cache is preallocated for the whole context, and the caller owns the position:
+`update(start_pos, k, v)` writes the new entries at start_pos and returns every entry
+up to the end of what was just written.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    """Preallocated keys and values of one attention layer: (B, Hkv, max_len, D) each."""
+
+    def __init__(self, batch_size: int, n_kv_head: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+        shape = (batch_size, n_kv_head, max_len, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+
+    @property
+    def max_len(self) -> int:
+        return self.keys.size(2)
+
+    def update(self, start_pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v (B, Hkv, T, D) at positions start_pos..start_pos+T-1.
+
+        Returns views of the keys and values at positions 0..start_pos+T-1, shape
+        (B, Hkv, start_pos+T, D). Entries past that are ignored, so resetting the
+        cache only means starting again at position 0.
+        """
+        end = start_pos + k.size(2)
+        if end > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions; asked to write up to {end}")
+        self.keys[:, :, start_pos:end] = k
+        self.values[:, :, start_pos:end] = v
+        return self.keys[:, :, :end], self.values[:, :, :end]

@@ -1,0 +1,298 @@
+"""A decoder-only language model built from causal self-attention, in textbook order.
+
+Read top to bottom, this file is the explanation:
+
+1. `attention`: scores every query against every key, divides by sqrt(d_k), sets
+   excluded positions to -inf, takes the softmax (each row sums to 1) and mixes the
+   values with those weights.
+2. `apply_rotary`: rotary position embedding (RoPE), which tells attention where each
+   token sits by rotating query and key vectors by an angle that grows with position.
+3. `CausalSelfAttention`: learned query/key/value projections, several heads (with
+   optionally fewer key/value heads: grouped-query attention), the causal mask, an
+   output projection. The fused kernel (`F.scaled_dot_product_attention`) is the
+   default; the explicit path above is used when the attention weights are asked for.
+4. `SwiGLU` feed-forward network, `Block` (pre-norm residual), `LanguageModel`.
+
+Departures from the original 2017 transformer, all standard in current small models:
+RMSNorm instead of LayerNorm, RoPE instead of learned absolute positions, SwiGLU
+instead of a ReLU MLP, no biases, pre-norm residual blocks, and an output head tied to
+the token embedding. Shapes: B batch, T sequence length, C model width (n_embd),
+H query heads, Hkv key/value heads, D head width (C / H), V vocabulary size.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from tinyattn.config import ModelConfig
+from tinyattn.kv_cache import KVCache
+
+IGNORE_INDEX = -100  # targets with this value (padding) do not count in the loss
+
+
+# ----------------------------------------------------------------------------- 1. attention
+
+
+def causal_mask(num_queries: int, num_keys: int, device=None) -> torch.Tensor:
+    """Boolean (Tq, Tk) mask of allowed positions: True where the key is not in the future.
+
+    The queries are the last `num_queries` positions of the `num_keys` keys (they differ
+    when earlier keys come from a KV cache), so query i sits at position
+    num_keys - num_queries + i and may look at keys 0..that position.
+    """
+    offset = num_keys - num_queries
+    query_pos = torch.arange(num_queries, device=device).unsqueeze(1) + offset  # (Tq, 1)
+    key_pos = torch.arange(num_keys, device=device).unsqueeze(0)  # (1, Tk)
+    return key_pos <= query_pos  # (Tq, Tk)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scaled dot-product attention, written out step by step.
+
+    q: (B, H, Tq, D) queries; k, v: (B, H, Tk, D) keys and values.
+    mask: boolean, broadcastable to (B, H, Tq, Tk), True where a query may attend to a
+    key; None allows every pair. Returns the output (B, H, Tq, D) and the attention
+    weights (B, H, Tq, Tk), whose rows sum to 1 and are exactly 0 where masked.
+    """
+    d_k = q.size(-1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (B, H, Tq, Tk)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))  # exp(-inf) = 0 after softmax
+    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # (B, H, Tq, Tk), rows sum to 1
+    output = weights @ v  # (B, H, Tq, D): each query's weighted mix of the values
+    return output, weights
+
+
+# ----------------------------------------------------------------------------- 2. positions
+
+
+def rotary_tables(head_dim: int, max_positions: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables (max_positions, head_dim / 2) for rotary position embedding."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))  # (D/2,)
+    angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)  # (T, D/2)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each pair (x[..., i], x[..., i + D/2]) by its position's angle.
+
+    x: (B, H, T, D); cos, sin: (T, D/2) for the positions of those T tokens. The dot
+    product of a rotated query and key then depends only on their relative distance.
+    """
+    x1, x2 = x.float().chunk(2, dim=-1)  # (B, H, T, D/2) each
+    rotated = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (B, H, T, D)
+    return rotated.to(x.dtype)
+
+
+# ----------------------------------------------------------------------------- 3. heads
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head self-attention with RoPE, optional grouped-query attention, a KV cache."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.n_head = config.n_head
+        self.n_kv_head = config.kv_heads
+        self.head_dim = config.head_dim
+        kv_width = self.n_kv_head * self.head_dim
+        self.query = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.key = nn.Linear(config.n_embd, kv_width, bias=False)
+        self.value = nn.Linear(config.n_embd, kv_width, bias=False)
+        self.output = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.dropout = config.dropout
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: Optional[torch.Tensor] = None, kv_cache: Optional[KVCache] = None,
+                start_pos: int = 0, need_weights: bool = False
+                ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """x: (B, T, C) at positions start_pos..start_pos+T-1; cos, sin: (T, D/2).
+
+        mask: boolean (Tq, Tk) or broadcastable to (B, H, Tq, Tk), True = allowed;
+        None means causal. Returns (B, T, C) and, if need_weights, (B, H, T, Tk).
+        """
+        B, T, C = x.shape
+        q = self.query(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = self.key(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        v = self.value(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if kv_cache is not None:
+            k, v = kv_cache.update(start_pos, k, v)  # (B, Hkv, Tk, D) with Tk = start_pos + T
+        Tk = k.size(2)
+
+        if need_weights:
+            # Explicit path: every key/value head serves n_head / n_kv_head query heads.
+            group = self.n_head // self.n_kv_head
+            k_full = k.repeat_interleave(group, dim=1)  # (B, H, Tk, D)
+            v_full = v.repeat_interleave(group, dim=1)  # (B, H, Tk, D)
+            allowed = causal_mask(T, Tk, x.device) if mask is None else mask
+            y, weights = attention(q, k_full, v_full, allowed)  # (B, H, T, D), (B, H, T, Tk)
+        else:
+            # Fused path: same arithmetic, one kernel, never materialises (T, Tk) weights
+            # in memory on the flash/efficient backends. is_causal assumes Tq == Tk, so a
+            # cached step with earlier keys passes the explicit causal mask instead.
+            is_causal = mask is None and T == Tk and T > 1
+            if mask is None and not is_causal and T > 1:
+                mask = causal_mask(T, Tk, x.device)
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=is_causal,
+                dropout_p=self.dropout if self.training else 0.0,
+                enable_gqa=self.n_kv_head != self.n_head)  # (B, H, T, D)
+            weights = None
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C): heads side by side again
+        return self.output(y), weights
+
+
+# ----------------------------------------------------------------------------- 4. the model
+
+
+class SwiGLU(nn.Module):
+    """Feed-forward network: out(silu(gate(x)) * up(x)), applied to each position alone."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.gate = nn.Linear(config.n_embd, config.hidden_dim, bias=False)
+        self.up = nn.Linear(config.n_embd, config.hidden_dim, bias=False)
+        self.down = nn.Linear(config.hidden_dim, config.n_embd, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))  # (B, T, C)
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: x + attention(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.attention_norm = nn.RMSNorm(config.n_embd)
+        self.attention = CausalSelfAttention(config)
+        self.mlp_norm = nn.RMSNorm(config.n_embd)
+        self.mlp = SwiGLU(config)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x, cos, sin, mask=None, kv_cache=None, start_pos=0, need_weights=False):
+        attended, weights = self.attention(self.attention_norm(x), cos, sin, mask, kv_cache,
+                                           start_pos, need_weights)
+        x = x + self.dropout(attended)  # (B, T, C)
+        x = x + self.dropout(self.mlp(self.mlp_norm(x)))  # (B, T, C)
+        return x, weights
+
+
+class ModelOutput(NamedTuple):
+    logits: torch.Tensor  # (B, T, V), always
+    loss: Optional[torch.Tensor]  # mean cross-entropy when targets were given, else None
+    attention_weights: Optional[list[torch.Tensor]]  # per layer (B, H, T, Tk) when asked for
+
+
+class LanguageModel(nn.Module):
+    """Token embedding -> n_layer blocks -> final norm -> head over the vocabulary."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        if config.vocab_size is None:
+            raise ValueError("ModelConfig.vocab_size must be set (from the tokenizer) before building")
+        self.config = config
+        self.token_embedding = nn.Embedding(config.vocab_size, config.n_embd)
+        self.dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.final_norm = nn.RMSNorm(config.n_embd)
+        self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.head.weight = self.token_embedding.weight  # one matrix reads and writes tokens
+        cos, sin = rotary_tables(config.head_dim, config.context_length, config.rope_base)
+        self.register_buffer("rope_cos", cos, persistent=False)  # (context_length, D/2)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self, seed: Optional[int] = None) -> None:
+        """The one place parameters get their initial values.
+
+        Linear matrices are drawn from N(0, 0.02²) (GPT-2); the two projections that
+        write into the residual stream (attention output, MLP down) get std
+        0.02 / sqrt(2 * n_layer), so the residual's variance does not grow with depth.
+        Norm gains start at 1. The token embedding gets std 1 / n_embd: with a tied
+        head, a token's logit for itself starts at about n_embd * std (the final norm
+        scales its embedding to unit size), which GPT-2's 0.02 would make 7.7 at width
+        384. At 1 / n_embd it is 1, every logit starts near 0 and the loss at
+        initialisation is close to ln(V), the loss of a uniform guess. Adam moves the
+        embedding by about lr per step whatever its scale, so training is not slowed.
+        """
+        generator = None
+        if seed is not None:
+            generator = torch.Generator().manual_seed(seed)
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        for name, param in self.named_parameters():
+            if param.dim() < 2:
+                param.fill_(1.0)  # RMSNorm gains
+            elif name == "token_embedding.weight":
+                param.copy_(torch.randn(param.shape, generator=generator) / self.config.n_embd)
+            elif name.endswith(("attention.output.weight", "mlp.down.weight")):
+                param.copy_(torch.randn(param.shape, generator=generator) * residual_std)
+            else:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+
+    def num_parameters(self, exclude_embedding: bool = False) -> int:
+        """Parameter count; a tied head is counted once."""
+        total = sum(p.numel() for p in self.parameters())
+        if exclude_embedding:
+            total -= self.token_embedding.weight.numel()
+        return total
+
+    def new_kv_caches(self, batch_size: int, max_len: Optional[int] = None,
+                      dtype: Optional[torch.dtype] = None) -> list[KVCache]:
+        """One preallocated cache per layer, on the model's device."""
+        c = self.config
+        weight = self.token_embedding.weight
+        return [KVCache(batch_size, c.kv_heads, max_len or c.context_length, c.head_dim,
+                        dtype=dtype or weight.dtype, device=weight.device)
+                for _ in range(c.n_layer)]
+
+    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None, *,
+                mask: Optional[torch.Tensor] = None, kv_caches: Optional[list[KVCache]] = None,
+                start_pos: int = 0, need_weights: bool = False) -> ModelOutput:
+        """idx: (B, T) token ids at positions start_pos..start_pos+T-1.
+
+        targets: (B, T) next-token ids (IGNORE_INDEX where no loss should count).
+        mask: boolean attention mask of allowed positions (see `attention`); None is causal.
+        kv_caches: per-layer caches to read earlier keys/values from and write these to.
+        need_weights: use the explicit attention path and return its weights.
+        """
+        B, T = idx.shape
+        if start_pos + T > self.config.context_length:
+            raise ValueError(f"positions {start_pos}..{start_pos + T - 1} exceed the context "
+                             f"length {self.config.context_length}")
+        cos = self.rope_cos[start_pos:start_pos + T]  # (T, D/2)
+        sin = self.rope_sin[start_pos:start_pos + T]
+        x = self.dropout(self.token_embedding(idx))  # (B, T, C)
+        all_weights = [] if need_weights else None
+        for i, block in enumerate(self.blocks):
+            cache = kv_caches[i] if kv_caches is not None else None
+            x, weights = block(x, cos, sin, mask, cache, start_pos, need_weights)
+            if need_weights:
+                all_weights.append(weights)
+        logits = self.head(self.final_norm(x))  # (B, T, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T),
+                                   ignore_index=IGNORE_INDEX)
+        return ModelOutput(logits, loss, all_weights)
+
+    def flops_per_token(self) -> int:
+        """Training FLOPs per token: 6 per parameter (forward + backward) plus attention.
+
+        Attention scores and the weighted sum cost 2 * 2 * T * C multiply-adds per token
+        per layer in the forward pass, three times that with the backward (PaLM appendix B).
+        The embedding lookup costs nothing, but a tied head still does its matmul.
+        """
+        c = self.config
+        n = self.num_parameters()
+        if not c.tie_embeddings:
+            n -= self.token_embedding.weight.numel()
+        return 6 * n + 12 * c.n_layer * c.context_length * c.n_embd
