@@ -1,0 +1,193 @@
+"""Checkpoints: atomic saves, safe loads, and rebuilding a model from a run folder.
+
+A checkpoint is one `torch.save` file holding plain data only (tensors, numbers,
+strings, lists, dicts): the model's weights, optimizer and scaler state, counters,
+random-generator and batch-sampler states, the resolved config as a dict and the
+tokenizer as its JSON text. It is loaded with `torch.load(weights_only=True)`, so a
+checkpoint file can never run code.
+
+Writing is atomic: the bytes go to a temporary file in the same folder, are flushed
+and fsynced, and the file is renamed over its final name. A process killed at any
+moment leaves either the old checkpoint or the new one, never half of one.
+
+A run folder (`checkpoints/<run-name>/`) holds `step_<N>.pt` for the last few steps,
+`best.pt` for the lowest validation loss, `config.yaml`, `tokenizer.json`, and the
+TensorBoard event files.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from tinyattn.config import Config, config_from_dict
+from tinyattn.errors import CheckpointError, ConfigError
+from tinyattn.model import LanguageModel
+from tinyattn.tokenizer import Tokenizer
+
+FORMAT = "tinyattn-checkpoint"
+FORMAT_VERSION = 1
+BEST = "best.pt"
+STEP_PATTERN = re.compile(r"^step_(\d+)\.pt$")
+
+
+def step_filename(step: int) -> str:
+    return f"step_{step:07d}.pt"
+
+
+def save_checkpoint(state: dict, path: str | Path) -> None:
+    """Write `state` to `path` atomically (temporary file, flush, fsync, rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"format": FORMAT, "format_version": FORMAT_VERSION, **state}
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)  # make the rename itself durable
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return  # not possible on every platform; the rename is still atomic
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+    """Load a checkpoint file safely; a missing, truncated or foreign file is a CheckpointError."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: checkpoint file not found")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError,
+            OSError, KeyError, AttributeError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): "
+                              f"{reason[:200]}") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a tinyattn checkpoint")
+    version = state.get("format_version")
+    if version != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: checkpoint format version {version} is not supported by this "
+                              f"tinyattn (it reads version {FORMAT_VERSION})")
+    return state
+
+
+def step_checkpoints(run_dir: str | Path) -> list[Path]:
+    """The run's step checkpoints, oldest first."""
+    run_dir = Path(run_dir)
+    found = []
+    for path in run_dir.glob("step_*.pt"):
+        match = STEP_PATTERN.match(path.name)
+        if match:
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
+
+
+def latest_checkpoint(run_dir: str | Path) -> Optional[Path]:
+    steps = step_checkpoints(run_dir)
+    return steps[-1] if steps else None
+
+
+def has_checkpoints(run_dir: str | Path) -> bool:
+    return bool(step_checkpoints(run_dir)) or (Path(run_dir) / BEST).is_file()
+
+
+def prune_checkpoints(run_dir: str | Path, keep_last: int) -> None:
+    """Delete all but the newest `keep_last` step checkpoints (best.pt is separate)."""
+    steps = step_checkpoints(run_dir)
+    for path in steps[:max(len(steps) - keep_last, 0)]:
+        path.unlink(missing_ok=True)
+
+
+def latest_run(out_dir: str | Path) -> Optional[Path]:
+    """The run folder under out_dir whose newest checkpoint was written last."""
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        return None
+    runs = []
+    for run_dir in out_dir.iterdir():
+        if run_dir.is_dir():
+            files = step_checkpoints(run_dir) + ([run_dir / BEST] if (run_dir / BEST).is_file() else [])
+            if files:
+                runs.append((max(f.stat().st_mtime for f in files), run_dir))
+    return max(runs)[1] if runs else None
+
+
+def resolve_checkpoint(path: Optional[str | Path], out_dir: str | Path = "checkpoints",
+                       prefer: str = "best") -> Path:
+    """A checkpoint file from a file, a run folder, or (None) the most recent run.
+
+    prefer="best" picks best.pt, falling back to the latest step (for sampling and
+    evaluation); prefer="latest" picks the latest step (for resuming).
+    """
+    if path is None:
+        run_dir = latest_run(out_dir)
+        if run_dir is None:
+            raise CheckpointError(f"no checkpoints under {out_dir}/; train a model first: "
+                                  "python scripts/train.py --config configs/shakespeare_char.yaml")
+        path = run_dir
+    path = Path(path)
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such checkpoint file or run folder")
+    best, latest = path / BEST, latest_checkpoint(path)
+    order = [best, latest] if prefer == "best" else [latest, best]
+    for candidate in order:
+        if candidate is not None and candidate.is_file():
+            return candidate
+    raise CheckpointError(f"{path}: run folder holds no checkpoint (step_*.pt or best.pt)")
+
+
+@dataclass
+class LoadedModel:
+    model: LanguageModel
+    tokenizer: Tokenizer
+    config: Config
+    path: Path
+    step: int
+
+
+def config_from_checkpoint(state: dict, path: Path) -> Config:
+    try:
+        return config_from_dict(state["config"], default_origin=f"{path} (saved config)")
+    except (ConfigError, KeyError) as e:
+        raise CheckpointError(f"{path}: its saved config cannot be used: {e}") from None
+
+
+def load_model(path: Optional[str | Path] = None, device: str | torch.device = "cpu",
+               out_dir: str | Path = "checkpoints") -> LoadedModel:
+    """Rebuild the model and tokenizer of a checkpoint, ready for inference (eval mode)."""
+    file = resolve_checkpoint(path, out_dir, prefer="best")
+    state = load_checkpoint(file, map_location=device)
+    config = config_from_checkpoint(state, file)
+    model = LanguageModel(config.model)
+    try:
+        model.load_state_dict(state["model"])
+    except (RuntimeError, KeyError) as e:
+        raise CheckpointError(f"{file}: weights do not fit the saved config: "
+                              f"{str(e).splitlines()[0]}") from None
+    model.to(device).eval()
+    tokenizer = Tokenizer.from_json(state["tokenizer"])
+    return LoadedModel(model, tokenizer, config, file, int(state.get("step", 0)))

@@ -1,0 +1,25 @@
+"""Command-line faces: each module parses arguments and calls one library function.
+
+`scripts/<name>.py` and the console entry points (`tinyattn-train`, ...) both call
+`tinyattn.cli.<name>.main`. `run_command` is the one place user mistakes become a
+single line on stderr and exit status 2 instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+from tinyattn.errors import TinyattnError
+
+
+def run_command(command: Callable[[], int | None]) -> int:
+    """Run `command`; a TinyattnError prints `error: <message>` and returns 2."""
+    try:
+        return command() or 0
+    except TinyattnError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
