@@ -159,6 +159,17 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     return config_from_dict(raw, origins=origins, default_origin=str(path))
 
 
+def apply_overrides(config: Config, overrides: list[str], origin: str = "saved config") -> Config:
+    """A copy of `config` with `key=value` overrides applied and validated again."""
+    raw = config_to_dict(config)
+    origins = {}
+    for item in overrides:
+        key, value = _parse_override(item)
+        _set_dotted(raw, key, value)
+        origins[key] = "--set"
+    return config_from_dict(raw, origins=origins, default_origin=origin)
+
+
 def config_from_dict(raw: dict, *, origins: dict[str, str] | None = None,
                      default_origin: str = "config") -> Config:
     """Build and validate a Config from plain nested dicts (a YAML file, a checkpoint)."""

@@ -1,0 +1,254 @@
+"""Training: the CLI end to end, TensorBoard tags, accumulation, exact resume, survival."""
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tinyattn import checkpoint as ckpt
+from tinyattn.config import load_config
+from tinyattn.errors import CheckpointError
+from tinyattn.train import Trainer, TrainingError, learning_rate, train
+from tests.conftest import ROOT
+
+TINY = ROOT / "configs" / "tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, shakespeare_path) -> Path:
+    """The first 60 kB of Tiny Shakespeare: real text, quick to tokenize."""
+    path = tmp_path_factory.mktemp("corpus") / "shakespeare_head.txt"
+    path.write_text(shakespeare_path.read_text(encoding="utf-8")[:60_000], encoding="utf-8")
+    return path
+
+
+def tiny_overrides(corpus: Path, out_dir: Path, *extra: str) -> list[str]:
+    return [f"data.files={corpus}", "data.url=null", "data.sha256=null",
+            f"data.cache_dir={out_dir / 'cache'}", f"train.out_dir={out_dir}", *extra]
+
+
+def tiny_config(corpus, out_dir, *extra):
+    return load_config(TINY, tiny_overrides(corpus, out_dir, *extra))
+
+
+def run_cli(*args, cwd=ROOT, timeout=240, **kwargs):
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def test_cli_end_to_end_writes_a_complete_run(corpus, tmp_path):
+    result = run_cli("--config", str(TINY), "--run-name", "e2e", "--no-progress",
+                     "--set", *tiny_overrides(corpus, tmp_path))
+    assert result.returncode == 0, result.stderr
+    run = tmp_path / "e2e"
+    assert (run / "config.yaml").is_file() and (run / "tokenizer.json").is_file()
+    assert [p.name for p in ckpt.step_checkpoints(run)] == ["step_0000010.pt", "step_0000020.pt"]
+    assert (run / "best.pt").is_file()
+    assert "--- step 20 ---" in (run / "samples.txt").read_text(encoding="utf-8")
+    saved = load_config(run / "config.yaml")
+    assert saved.model.vocab_size is not None  # resolved from the tokenizer
+    assert "validation loss" in result.stderr and "done: 20 steps" in result.stderr
+    state = ckpt.load_checkpoint(run / "step_0000020.pt")
+    assert state["step"] == 20 and state["tokens_seen"] == 20 * 4 * 32
+
+
+def test_tensorboard_holds_every_curve(corpus, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    train(tiny_config(corpus, tmp_path), run_name="tb", progress=False)
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0}).Reload()
+    scalars = set(events.Tags()["scalars"])
+    assert {"train/loss", "val/loss", "train/learning_rate", "train/grad_norm", "perf/tokens_per_second",
+            "perf/mfu", "train/tokens_seen"} <= scalars
+    tensors = set(events.Tags()["tensors"])
+    assert {"sample/text_summary", "config/text_summary"} <= tensors
+    losses = [e.value for e in events.Scalars("train/loss")]
+    assert len(losses) == 4 and all(math.isfinite(v) for v in losses)
+    hparams = list((tmp_path / "tb").glob("events.*"))
+    assert len(hparams) >= 2  # the run's events and the hparams summary
+
+
+def test_learning_rate_schedule():
+    config = load_config(TINY, ["train.lr=1.0", "train.min_lr=0.1", "train.warmup_steps=10",
+                                "train.max_steps=110", "train.schedule=cosine"]).train
+    assert learning_rate(0, config) == pytest.approx(0.1)  # warmup starts above zero
+    assert learning_rate(9, config) == pytest.approx(1.0)
+    assert learning_rate(60, config) == pytest.approx(0.55)  # cosine midpoint
+    assert learning_rate(110, config) == pytest.approx(0.1)
+    config.schedule = "linear"
+    assert learning_rate(35, config) == pytest.approx(1.0 - 0.9 * 0.25)
+
+
+def test_gradient_accumulation_equals_one_large_batch(corpus, tmp_path):
+    from tinyattn.data import prepare_data
+    from tinyattn.runtime import select_precision
+
+    cpu = torch.device("cpu")
+    config = tiny_config(corpus, tmp_path, "train.batch_size=8", "train.grad_clip=0")
+    data = prepare_data(config, progress=False)
+    config.model.vocab_size = data.tokenizer.vocab_size
+    fixed = [data.train[i * 33:(i * 33) + 33].astype("int64") for i in range(8)]
+    batch = torch.tensor(fixed)
+    x, y = batch[:, :-1], batch[:, 1:]
+
+    def gradients(micro_batches):
+        trainer = Trainer(config, data, cpu, select_precision("fp32", cpu))
+        config.train.grad_accum_steps = len(micro_batches)
+        trainer.train_config = config.train
+        queue = list(micro_batches)
+        trainer.next_batch = lambda: queue.pop(0)
+        trainer.optimizer.step = lambda: None  # keep the gradients, skip the update
+        trainer.optimizer.zero_grad = lambda set_to_none=True: None
+        trainer.train_step()
+        return [p.grad.clone() for p in trainer.model.parameters()]
+
+    whole = gradients([(x, y)])
+    halves = gradients([(x[:4], y[:4]), (x[4:], y[4:])])
+    quarters = gradients([(x[i:i + 2], y[i:i + 2]) for i in range(0, 8, 2)])
+    for a, b, c in zip(whole, halves, quarters):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-7)
+
+
+def test_resume_is_exact(corpus, tmp_path):
+    extra = ("train.max_steps=16", "train.eval_interval=4", "model.dropout=0.1", "train.precision=fp32")
+    straight = train(tiny_config(corpus, tmp_path, *extra), run_name="straight", progress=False)
+    first = train(tiny_config(corpus, tmp_path, *extra), run_name="split", progress=False, stop_at_step=8)
+    assert first.step == 8
+    resumed = train(tiny_config(corpus, tmp_path, *extra), run_name="split", resume=True, progress=False)
+    assert resumed.step == 16
+    a = ckpt.load_checkpoint(straight.run_dir / "step_0000016.pt")
+    b = ckpt.load_checkpoint(resumed.run_dir / "step_0000016.pt")
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    assert a["tokens_seen"] == b["tokens_seen"] and a["best_val_loss"] == b["best_val_loss"]
+
+
+def test_refuses_to_overwrite_a_run(corpus, tmp_path):
+    args = ("--config", str(TINY), "--run-name", "taken", "--no-progress",
+            "--set", *tiny_overrides(corpus, tmp_path, "train.max_steps=2", "train.eval_interval=2"))
+    assert run_cli(*args).returncode == 0
+    before = (tmp_path / "taken" / "best.pt").stat().st_mtime_ns
+    second = run_cli(*args)
+    assert second.returncode == 2
+    assert "already holds checkpoints" in second.stderr and "--resume" in second.stderr
+    assert "Traceback" not in second.stderr
+    assert (tmp_path / "taken" / "best.pt").stat().st_mtime_ns == before
+
+
+def test_resume_refuses_a_different_model_shape(corpus, tmp_path):
+    config = tiny_config(corpus, tmp_path, "train.max_steps=2", "train.eval_interval=2")
+    train(config, run_name="shape", progress=False)
+    result = run_cli("--config", str(TINY), "--resume", str(tmp_path / "shape"), "--no-progress", "--set",
+                     *tiny_overrides(corpus, tmp_path, "model.n_layer=3", "model.n_embd=64"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "model.n_layer: checkpoint 2, config 3" in result.stderr
+    assert "model.n_embd: checkpoint 32, config 64" in result.stderr
+
+
+def test_corrupt_checkpoint_is_named(corpus, tmp_path):
+    train(tiny_config(corpus, tmp_path, "train.max_steps=2", "train.eval_interval=2"), run_name="bad",
+          progress=False)
+    file = tmp_path / "bad" / "step_0000002.pt"
+    file.write_bytes(file.read_bytes()[:1000])  # truncated
+    with pytest.raises(CheckpointError, match=r"step_0000002\.pt: not a readable checkpoint"):
+        ckpt.load_checkpoint(file)
+    result = run_cli("--resume", str(tmp_path / "bad"), "--no-progress", "--set", f"train.out_dir={tmp_path}")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "step_0000002.pt: not a readable checkpoint" in result.stderr
+    file.write_bytes(b"import os; os.system('echo pwned')")  # not even a zip: never executed
+    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+        ckpt.load_checkpoint(file)
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_path, monkeypatch):
+    original = Trainer.train_step
+
+    def poisoned(self):
+        loss, norm = original(self)
+        if self.step >= 7:
+            loss = loss * float("nan")
+        return loss, norm
+
+    monkeypatch.setattr(Trainer, "train_step", poisoned)
+    config = tiny_config(corpus, tmp_path, "train.max_steps=20", "train.eval_interval=5",
+                         "train.log_interval=5")
+    with pytest.raises(TrainingError, match=r"the loss became nan at step 7; .*step_0000005\.pt"):
+        train(config, run_name="nan", progress=False)
+    assert [p.name for p in ckpt.step_checkpoints(tmp_path / "nan")] == ["step_0000005.pt"]
+
+
+def test_ctrl_c_saves_and_says_how_to_resume(corpus, tmp_path):
+    args = [sys.executable, str(ROOT / "scripts" / "train.py"), "--config", str(TINY), "--run-name", "sig",
+            "--no-progress", "--set",
+            *tiny_overrides(corpus, tmp_path, "train.max_steps=100000", "train.eval_interval=100000",
+                            "train.log_interval=1")]
+    process = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in process.stderr:  # wait until training really runs
+        lines.append(line)
+        if line.startswith("step 3:"):
+            break
+    process.send_signal(signal.SIGINT)
+    rest, _ = process.communicate(timeout=120)
+    stderr = "".join(lines) + rest
+    assert process.returncode == 130, stderr
+    assert "stopped by SIGINT" in stderr and "Resume with: python scripts/train.py --resume" in stderr
+    latest = ckpt.latest_checkpoint(tmp_path / "sig")
+    assert latest is not None and ckpt.load_checkpoint(latest)["step"] >= 3
+
+
+SAVE_FOREVER = """
+import sys, torch
+from tinyattn.checkpoint import save_checkpoint, step_filename, prune_checkpoints
+run = sys.argv[1]
+step = 0
+while True:
+    step += 1
+    state = {"model": {"w": torch.full((2_000_000,), float(step))}, "step": step}
+    save_checkpoint(state, f"{run}/{step_filename(step)}")
+    prune_checkpoints(run, 2)
+    print(step, flush=True)
+"""
+
+
+def test_sigkill_during_writes_leaves_a_loadable_checkpoint(tmp_path):
+    for attempt, delay in enumerate((0.35, 0.5, 0.8)):
+        run = tmp_path / f"kill{attempt}"
+        run.mkdir()
+        process = subprocess.Popen([sys.executable, "-c", SAVE_FOREVER, str(run)], cwd=ROOT,
+                                   stdout=subprocess.PIPE, text=True)
+        assert process.stdout.readline().strip() == "1"  # one complete checkpoint exists
+        time.sleep(delay)  # then die somewhere inside a later write
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        latest = ckpt.latest_checkpoint(run)
+        state = ckpt.load_checkpoint(latest)
+        assert torch.all(state["model"]["w"] == state["step"])
+        for path in ckpt.step_checkpoints(run):  # every checkpoint that has its name is whole
+            ckpt.load_checkpoint(path)
+
+
+def test_two_process_gloo_run(corpus, tmp_path):
+    pytest.importorskip("torch.distributed.run")
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
+         str(ROOT / "scripts" / "train.py"), "--config", str(TINY), "--run-name", "ddp", "--no-progress",
+         "--device", "cpu", "--set",
+         *tiny_overrides(corpus, tmp_path, "train.max_steps=6", "train.eval_interval=3")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    state = ckpt.load_checkpoint(tmp_path / "ddp" / "step_0000006.pt")
+    assert state["world_size"] == 2 and len(state["sampler_states"]) == 2
+    assert state["sampler_states"][0] != state["sampler_states"][1]  # each rank its own batches
+    assert state["tokens_seen"] == 6 * 2 * 4 * 32
+    # The checkpoint is an ordinary one: it loads into a single process for sampling.
+    loaded = ckpt.load_model(tmp_path / "ddp")
+    assert loaded.step == 6
