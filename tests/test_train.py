@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -94,7 +95,7 @@ def test_gradient_accumulation_equals_one_large_batch(corpus, tmp_path):
     data = prepare_data(config, progress=False)
     config.model.vocab_size = data.tokenizer.vocab_size
     fixed = [data.train[i * 33:(i * 33) + 33].astype("int64") for i in range(8)]
-    batch = torch.tensor(fixed)
+    batch = torch.from_numpy(np.stack(fixed))
     x, y = batch[:, :-1], batch[:, 1:]
 
     def gradients(micro_batches):
@@ -196,7 +197,7 @@ def test_ctrl_c_saves_and_says_how_to_resume(corpus, tmp_path):
         if line.startswith("step 3:"):
             break
     process.send_signal(signal.SIGINT)
-    rest, _ = process.communicate(timeout=120)
+    _, rest = process.communicate(timeout=120)
     stderr = "".join(lines) + rest
     assert process.returncode == 130, stderr
     assert "stopped by SIGINT" in stderr and "Resume with: python scripts/train.py --resume" in stderr

@@ -1,0 +1,570 @@
+"""Data preparation: every source kind, splits, the token cache (reuse, invalidation, interrupted
+builds), downloads, batch sampling, and each bad input with its one-line message."""
+
+import functools
+import hashlib
+import http.server
+import json
+import os
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import tokenizers
+import torch
+
+import tinyattn.data as data_module
+from tinyattn.config import config_from_dict
+from tinyattn.data import BatchSampler, eval_batches, prepare_data
+from tinyattn.errors import DataError
+from tinyattn.tokenizer import END_OF_TEXT, Tokenizer
+
+DOCUMENTS = [f"Document {i}: " + "lorem ipsum dolor sit amet 0123456789, " * (i % 3 + 1)
+             + f"the end of {i}.\n" for i in range(20)]
+HELD_OUT = [9, 19]  # floor((i+1)/10) > floor(i/10): every tenth document
+
+
+def make_config(tmp_path, data, tokenizer=None, context_length=8):
+    return config_from_dict({
+        "model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "context_length": context_length},
+        "data": {"cache_dir": str(tmp_path / "cache"), **data},
+        "tokenizer": tokenizer or {"kind": "char"},
+    })
+
+
+def split_documents(tokens, tokenizer):
+    return tokenizer.decode(tokens).split(END_OF_TEXT)
+
+
+def trusted_caches(tmp_path):
+    return sorted((tmp_path / "cache").glob("*/meta.json"))
+
+
+def leftovers(tmp_path):
+    return [p for p in tmp_path.rglob("*") if p.name.endswith((".tmp", ".download"))]
+
+
+@pytest.fixture
+def builds(monkeypatch):
+    """Counts splits tokenized; a cache hit tokenizes none."""
+    calls = []
+    original = data_module._write_tokens
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs.get("desc"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(data_module, "_write_tokens", counting)
+    return calls
+
+
+@pytest.fixture
+def hf_cache(monkeypatch, tmp_path):
+    """A non-streaming datasets load writes Arrow files: keep them in tmp_path."""
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
+
+
+def write_text_folder(folder, documents=DOCUMENTS):
+    folder.mkdir(parents=True)
+    for i, text in enumerate(documents):
+        (folder / f"doc{i:02d}.txt").write_text(text, encoding="utf-8")
+    return folder
+
+
+def write_jsonl(path, documents=DOCUMENTS, field="text", extra=True):
+    with open(path, "w", encoding="utf-8") as f:
+        for i, text in enumerate(documents):
+            record = {field: text, "id": i} if extra else {field: text}
+            f.write(json.dumps(record) + "\n")
+    return path
+
+
+# ----------------------------------------------------------------------------- sources
+
+
+def test_single_text_file_holds_out_its_last_tenth(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # config paths are relative to the working directory
+    text = "".join(DOCUMENTS) * 3
+    os.mkdir("data")
+    (tmp_path / "data" / "book.txt").write_text(text, encoding="utf-8")
+    config = make_config(tmp_path, {"files": ["data/book.txt"], "cache_dir": "cache"})
+    result = prepare_data(config, progress=False)
+    cut = int(len(text) * 0.9)
+    assert result.tokenizer.decode(result.train) == text[:cut]
+    assert result.tokenizer.decode(result.validation) == text[cut:]
+    assert result.train.dtype == np.uint16 and isinstance(result.train, np.memmap)
+    assert result.cache_dir.parent == tmp_path / "cache" and result.cache_dir.name.startswith("book-char-")
+    assert {p.name for p in result.cache_dir.iterdir()} == {"train.bin", "validation.bin",
+                                                             "tokenizer.json", "meta.json"}
+
+
+def test_tiny_shakespeare_split_matches_published_results(tmp_path, shakespeare_path):
+    config = make_config(tmp_path, {"files": [str(shakespeare_path)]})
+    result = prepare_data(config, progress=False)
+    text = shakespeare_path.read_text(encoding="utf-8")
+    assert (len(result.train), len(result.validation)) == (1_003_854, 111_540)  # int(n * 0.9)
+    assert result.tokenizer.decode(result.validation) == text[-111_540:]
+    # The vocabulary comes from the training split only; + [UNK] and <|endoftext|>.
+    assert result.tokenizer.vocab_size == len(set(text[:1_003_854])) + 2
+
+
+def test_folder_of_text_files_is_one_document_per_file(tmp_path):
+    folder = write_text_folder(tmp_path / "books")
+    (folder / "notes.csv").write_text("ignored")  # not a text file
+    (folder / ".hidden.txt").write_text("ignored too")
+    result = prepare_data(make_config(tmp_path, {"files": [str(folder)]}), progress=False)
+    expected_train = [d for i, d in enumerate(DOCUMENTS) if i not in HELD_OUT]
+    assert split_documents(result.train, result.tokenizer) == expected_train
+    assert split_documents(result.validation, result.tokenizer) == [DOCUMENTS[i] for i in HELD_OUT]
+    eot = result.tokenizer.eot_id
+    assert int((result.train == eot).sum()) == len(expected_train) - 1  # between documents only
+    assert result.train[0] != eot and result.train[-1] != eot
+
+
+def test_glob_of_text_files(tmp_path):
+    write_text_folder(tmp_path / "books")
+    config = make_config(tmp_path, {"files": [str(tmp_path / "books" / "doc1*.txt")]})
+    result = prepare_data(config, progress=False)
+    documents = DOCUMENTS[10:]  # doc10 .. doc19: ten documents, the tenth held out
+    assert split_documents(result.train, result.tokenizer) == documents[:9]
+    assert split_documents(result.validation, result.tokenizer) == documents[9:]
+
+
+def test_json_lines_with_a_custom_text_field(tmp_path):
+    path = write_jsonl(tmp_path / "corpus.jsonl", field="content")
+    config = make_config(tmp_path, {"files": [str(path)], "text_field": "content"})
+    result = prepare_data(config, progress=False)
+    assert split_documents(result.validation, result.tokenizer) == [DOCUMENTS[i] for i in HELD_OUT]
+    assert len(split_documents(result.train, result.tokenizer)) == 18
+
+
+def test_json_array_file(tmp_path):
+    path = tmp_path / "corpus.json"
+    path.write_text(json.dumps([{"text": d} for d in DOCUMENTS]), encoding="utf-8")
+    result = prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
+    assert split_documents(result.validation, result.tokenizer) == [DOCUMENTS[i] for i in HELD_OUT]
+
+
+def test_parquet_files(tmp_path):
+    for part in range(2):
+        rows = DOCUMENTS[part * 10:(part + 1) * 10]
+        table = pa.table({"id": list(range(len(rows))), "text": rows})
+        pq.write_table(table, tmp_path / f"part-{part}.parquet")
+    config = make_config(tmp_path, {"files": [str(tmp_path / "*.parquet")]},
+                         tokenizer={"kind": "bpe", "vocab_size": 300})
+    result = prepare_data(config, progress=False)
+    assert split_documents(result.validation, result.tokenizer) == [DOCUMENTS[i] for i in HELD_OUT]
+    assert split_documents(result.train, result.tokenizer)[0] == DOCUMENTS[0]
+
+
+def test_max_documents_keeps_the_first_ones(tmp_path):
+    path = write_jsonl(tmp_path / "corpus.jsonl")
+    config = make_config(tmp_path, {"files": [str(path)], "max_documents": 12})
+    result = prepare_data(config, progress=False)
+    assert split_documents(result.train, result.tokenizer) == DOCUMENTS[:9] + DOCUMENTS[10:12]
+    assert split_documents(result.validation, result.tokenizer) == [DOCUMENTS[9]]
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_hub_dataset_from_a_local_folder_with_its_own_splits(tmp_path, hf_cache, streaming):
+    folder = tmp_path / "my_dataset"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl", DOCUMENTS[:15])
+    write_jsonl(folder / "validation.jsonl", DOCUMENTS[15:])
+    config = make_config(tmp_path, {"dataset": str(folder), "validation_split": "validation",
+                                    "streaming": streaming})
+    result = prepare_data(config, progress=False)
+    assert split_documents(result.train, result.tokenizer) == DOCUMENTS[:15]
+    assert split_documents(result.validation, result.tokenizer) == DOCUMENTS[15:]
+    assert result.cache_dir.name.startswith("my_dataset-char-")
+
+
+def test_hub_dataset_without_validation_split_holds_out_documents(tmp_path, hf_cache):
+    folder = tmp_path / "my_dataset"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl")
+    result = prepare_data(make_config(tmp_path, {"dataset": str(folder)}), progress=False)
+    assert split_documents(result.validation, result.tokenizer) == [DOCUMENTS[i] for i in HELD_OUT]
+
+
+def test_unreachable_hub_dataset_is_one_line_error(tmp_path):
+    config = make_config(tmp_path, {"dataset": "nobody/no-such-dataset"})
+    with pytest.raises(DataError) as error:
+        prepare_data(config, progress=False)
+    message = str(error.value)
+    assert "nobody/no-such-dataset" in message and "Hugging Face Hub" in message
+    assert "data.files" in message and "\n" not in message
+    assert not (tmp_path / "cache").exists()
+
+
+def test_unknown_hub_split_names_the_valid_ones(tmp_path, hf_cache):
+    folder = tmp_path / "my_dataset"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl")
+    config = make_config(tmp_path, {"dataset": str(folder), "validation_split": "dev"})
+    with pytest.raises(DataError, match=r"dev.*train"):
+        prepare_data(config, progress=False)
+
+
+# ----------------------------------------------------------------------------- downloads
+
+
+def test_url_is_downloaded_once_and_checked(tmp_path, monkeypatch, builds):
+    source = tmp_path / "remote.txt"
+    source.write_text("".join(DOCUMENTS), encoding="utf-8")
+    target = tmp_path / "data" / "corpus.txt"
+    config = make_config(tmp_path, {"files": [str(target)], "url": source.as_uri(),
+                                    "sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
+                                    "size_bytes": source.stat().st_size})
+    first = prepare_data(config, progress=False)
+    assert target.read_bytes() == source.read_bytes()
+    decoded = first.tokenizer.decode(first.train) + first.tokenizer.decode(first.validation)
+    assert decoded == source.read_text()
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the file is present: nothing should be downloaded")
+
+    monkeypatch.setattr(data_module.urllib.request, "urlopen", no_network)
+    prepare_data(config, progress=False)
+    assert len(builds) == 2  # train + validation, once
+
+
+@pytest.mark.parametrize("check, message", [
+    ({"sha256": "0" * 64}, r"has sha256 [0-9a-f]{64}, not data\.sha256=0{64}; the download was deleted"),
+    ({"size_bytes": 3}, r"gave \d+ bytes, not data\.size_bytes=3; the download was deleted"),
+])
+def test_bad_download_is_deleted(tmp_path, check, message):
+    source = tmp_path / "remote.txt"
+    source.write_text("".join(DOCUMENTS), encoding="utf-8")
+    target = tmp_path / "data" / "corpus.txt"
+    config = make_config(tmp_path, {"files": [str(target)], "url": source.as_uri(), **check})
+    with pytest.raises(DataError, match=message):
+        prepare_data(config, progress=False)
+    assert not target.exists() and not leftovers(tmp_path) and not trusted_caches(tmp_path)
+
+
+def test_download_over_http_and_a_missing_url(tmp_path):
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "corpus.txt").write_text("".join(DOCUMENTS), encoding="utf-8")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        target = tmp_path / "data" / "corpus.txt"
+        config = make_config(tmp_path, {"files": [str(target)], "url": f"{base}/corpus.txt"})
+        prepare_data(config, progress=False)
+        assert target.read_text() == "".join(DOCUMENTS)
+
+        missing = make_config(tmp_path, {"files": [str(tmp_path / "other.txt")], "url": f"{base}/nope.txt"})
+        with pytest.raises(DataError, match=r"cannot download .*nope\.txt \(HTTP Error 404.*other\.txt"):
+            prepare_data(missing, progress=False)
+        assert not (tmp_path / "other.txt").exists() and not leftovers(tmp_path)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# ----------------------------------------------------------------------------- the cache
+
+
+def test_second_run_reuses_the_cache(tmp_path, builds):
+    folder = write_text_folder(tmp_path / "books")
+    config = make_config(tmp_path, {"files": [str(folder)]})
+    first = prepare_data(config, progress=False)
+    second = prepare_data(config, progress=False)
+    assert builds == ["tokenizing train", "tokenizing validation"]
+    assert second.cache_dir == first.cache_dir
+    assert np.array_equal(first.train, second.train) and np.array_equal(first.validation, second.validation)
+    assert second.tokenizer.to_json() == first.tokenizer.to_json()
+
+
+@pytest.mark.parametrize("change", ["tokenizer", "vocab_size", "fraction", "text_field", "file", "mtime"])
+def test_any_change_rebuilds(tmp_path, builds, change):
+    path = write_jsonl(tmp_path / "corpus.jsonl")
+    data = {"files": [str(path)]}
+    tokenizer = {"kind": "bpe", "vocab_size": 300}
+    first = prepare_data(make_config(tmp_path, data, tokenizer), progress=False)
+    if change == "tokenizer":
+        tokenizer = {"kind": "char"}
+    elif change == "vocab_size":
+        tokenizer = {"kind": "bpe", "vocab_size": 301}
+    elif change == "fraction":
+        data["validation_fraction"] = 0.2
+    elif change == "text_field":
+        write_jsonl(path, field="body")
+        data["text_field"] = "body"
+    elif change == "file":
+        write_jsonl(path, DOCUMENTS + ["one more document, long enough to matter.\n"])
+    elif change == "mtime":
+        os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    second = prepare_data(make_config(tmp_path, data, tokenizer), progress=False)
+    assert len(builds) == 4 and second.cache_dir != first.cache_dir
+    assert len(trusted_caches(tmp_path)) == 2
+
+
+@pytest.mark.parametrize("stage", ["validation", "tokenizer"])
+def test_interrupted_build_is_not_trusted(tmp_path, monkeypatch, builds, stage):
+    folder = write_text_folder(tmp_path / "books")
+    config = make_config(tmp_path, {"files": [str(folder)]})
+    original = data_module._write_tokens
+
+    def interrupt_validation(*args, **kwargs):
+        if kwargs.get("desc") == "tokenizing validation":
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    def interrupt_save(self, path):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        if stage == "validation":
+            patch.setattr(data_module, "_write_tokens", interrupt_validation)
+        else:
+            patch.setattr(Tokenizer, "save", interrupt_save)
+        with pytest.raises(KeyboardInterrupt):
+            prepare_data(config, progress=False)
+    assert not trusted_caches(tmp_path) and not leftovers(tmp_path)
+    builds.clear()
+    result = prepare_data(config, progress=False)
+    assert builds == ["tokenizing train", "tokenizing validation"]  # built again, not trusted
+    assert split_documents(result.validation, result.tokenizer) == [DOCUMENTS[i] for i in HELD_OUT]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete_meta", "edit_meta"])
+def test_damaged_cache_is_rebuilt(tmp_path, builds, damage):
+    folder = write_text_folder(tmp_path / "books")
+    config = make_config(tmp_path, {"files": [str(folder)]})
+    first = prepare_data(config, progress=False)
+    expected = np.array(first.train)
+    del first
+    cache = trusted_caches(tmp_path)[0].parent
+    if damage == "truncate":
+        with open(cache / "train.bin", "r+b") as f:
+            f.truncate(10)
+    elif damage == "delete_meta":
+        (cache / "meta.json").unlink()
+    else:
+        meta = json.loads((cache / "meta.json").read_text())
+        meta["key"] = "0" * 64
+        (cache / "meta.json").write_text(json.dumps(meta))
+    builds.clear()
+    result = prepare_data(config, progress=False)
+    assert len(builds) == 2 and np.array_equal(result.train, expected)
+
+
+def test_uint32_when_the_vocabulary_does_not_fit_in_uint16(tmp_path):
+    text = "".join(DOCUMENTS)
+    vocab = {c: i for i, c in enumerate(sorted(set(text)))}
+    for i in range(70_000):
+        vocab[f"<extra{i}>"] = len(vocab)
+    vocab[END_OF_TEXT] = len(vocab)  # a high id, which uint16 would not hold
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<extra0>"))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.FixedLength(length=1)
+    backend.decoder = tokenizers.decoders.Fuse()
+    backend.add_special_tokens([END_OF_TEXT])
+    Tokenizer(backend).save(tmp_path / "big.json")
+    folder = write_text_folder(tmp_path / "books")
+    config = make_config(tmp_path, {"files": [str(folder)]},
+                         tokenizer={"kind": "pretrained", "path": str(tmp_path / "big.json")})
+    result = prepare_data(config, progress=False)
+    assert result.tokenizer.vocab_size > 65_536
+    assert result.train.dtype == np.uint32 and int(result.train.max()) == result.tokenizer.eot_id > 65_535
+    assert split_documents(result.validation, result.tokenizer) == [DOCUMENTS[i] for i in HELD_OUT]
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def assert_one_line_error(tmp_path, config, pattern):
+    with pytest.raises(DataError, match=pattern) as error:
+        prepare_data(config, progress=False)
+    assert "\n" not in str(error.value)
+    # No chained traceback: raised fresh, or re-raised "from None".
+    assert error.value.__cause__ is None
+    assert error.value.__context__ is None or error.value.__suppress_context__
+    assert not trusted_caches(tmp_path) and not leftovers(tmp_path)
+    return str(error.value)
+
+
+def test_missing_file(tmp_path):
+    config = make_config(tmp_path, {"files": [str(tmp_path / "nope.txt")]})
+    assert_one_line_error(tmp_path, config, r"data\.files: file not found: .*nope\.txt")
+
+
+def test_empty_glob_names_the_pattern(tmp_path):
+    config = make_config(tmp_path, {"files": [str(tmp_path / "books" / "*.txt")]})
+    assert_one_line_error(tmp_path, config, r"no file matches the pattern .*books/\*\.txt")
+
+
+def test_folder_without_text_files(tmp_path):
+    (tmp_path / "books").mkdir()
+    (tmp_path / "books" / "a.csv").write_text("x")
+    config = make_config(tmp_path, {"files": [str(tmp_path / "books")], "format": "text"})
+    assert_one_line_error(tmp_path, config, r"the folder .*books has no \.txt")
+
+
+def test_unknown_extension_and_mixed_formats(tmp_path):
+    (tmp_path / "a.csv").write_text("x")
+    config = make_config(tmp_path, {"files": [str(tmp_path / "a.csv")]})
+    assert_one_line_error(tmp_path, config, r"cannot tell the format of .*a\.csv.*set data\.format")
+    (tmp_path / "a.txt").write_text("x")
+    write_jsonl(tmp_path / "b.jsonl")
+    config = make_config(tmp_path, {"files": [str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl")]})
+    assert_one_line_error(tmp_path, config, r"mixes formats: text \(a\.txt\), json \(b\.jsonl\)")
+
+
+def test_empty_corpus(tmp_path):
+    (tmp_path / "empty").mkdir()
+    for name in ("a.txt", "b.txt"):
+        (tmp_path / "empty" / name).write_text("")
+    config = make_config(tmp_path, {"files": [str(tmp_path / "empty")]})
+    assert_one_line_error(tmp_path, config, r"the corpus is empty")
+
+
+def test_validation_split_too_short(tmp_path):
+    path = tmp_path / "short.txt"
+    path.write_text("".join(DOCUMENTS[:3]), encoding="utf-8")  # about 300 characters: 30 held out
+    config = make_config(tmp_path, {"files": [str(path)]}, context_length=64)
+    message = assert_one_line_error(
+        tmp_path, config, r"the validation split has \d+ tokens, fewer than model\.context_length \+ 1 = 65")
+    assert "data.validation_fraction (now 0.1)" in message and "smaller model.context_length" in message
+
+
+def test_missing_text_field_lists_the_fields(tmp_path):
+    path = write_jsonl(tmp_path / "corpus.jsonl", field="content")
+    config = make_config(tmp_path, {"files": [str(path)]})
+    assert_one_line_error(tmp_path, config, r"corpus\.jsonl has no field 'text'; its fields are: content, id")
+    pq.write_table(pa.table({"body": ["x"], "n": [1]}), tmp_path / "t.parquet")
+    config = make_config(tmp_path, {"files": [str(tmp_path / "t.parquet")]})
+    assert_one_line_error(tmp_path, config, r"t\.parquet has no field 'text'; its fields are: body, n")
+
+
+def test_text_field_that_is_not_text(tmp_path):
+    path = write_jsonl(tmp_path / "corpus.jsonl")
+    config = make_config(tmp_path, {"files": [str(path)], "text_field": "id"})
+    assert_one_line_error(tmp_path, config, r"'id' of .*corpus\.jsonl holds int64 values, not text")
+
+
+def test_invalid_utf8_names_file_byte_and_line(tmp_path):
+    write_text_folder(tmp_path / "books", DOCUMENTS[:12])
+    bad = tmp_path / "books" / "doc05.txt"
+    bad.write_bytes(b"fine line\nsecond line \xff\xfe broken\n")
+    config = make_config(tmp_path, {"files": [str(tmp_path / "books")]})
+    assert_one_line_error(tmp_path, config, r"doc05\.txt: not valid UTF-8 at byte 22 \(line 2\)")
+
+
+def test_invalid_json_line_names_file_and_line(tmp_path):
+    path = write_jsonl(tmp_path / "corpus.jsonl")
+    with open(path, "a") as f:
+        f.write('{"text": "unterminated}\n')
+    config = make_config(tmp_path, {"files": [str(path)]})
+    assert_one_line_error(tmp_path, config, r"corpus\.jsonl: line 21 is not valid JSON")
+
+
+def test_bpe_vocabulary_too_small(tmp_path):
+    folder = write_text_folder(tmp_path / "books")
+    config = make_config(tmp_path, {"files": [str(folder)]}, tokenizer={"kind": "bpe", "vocab_size": 100})
+    assert_one_line_error(tmp_path, config, r"tokenizer\.vocab_size=100 is too small .* minimum is 257")
+
+
+def test_validation_split_needs_a_dataset(tmp_path):
+    folder = write_text_folder(tmp_path / "books")
+    config = make_config(tmp_path, {"files": [str(folder)], "validation_split": "validation"})
+    assert_one_line_error(tmp_path, config, r"data\.validation_split: 'validation' needs a hub dataset")
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+def counting_tokens(n=1000):
+    return np.arange(n, dtype=np.uint16)  # token i at position i: a window shows where it came from
+
+
+def test_batches_are_shifted_windows():
+    sampler = BatchSampler(counting_tokens(), batch_size=6, context_length=16, seed=0)
+    x, y = sampler.next_batch()
+    assert x.shape == y.shape == (6, 16) and x.dtype == y.dtype == torch.int64
+    assert torch.equal(y, x + 1)  # y is x shifted by one token
+    assert torch.equal(x[:, 1:] - x[:, :-1], torch.ones(6, 15, dtype=torch.int64))  # contiguous windows
+
+
+def test_windows_reach_both_ends_and_never_past_them():
+    tokens = counting_tokens(40)
+    sampler = BatchSampler(tokens, batch_size=32, context_length=8, seed=1)
+    firsts, lasts = set(), set()
+    for _ in range(50):
+        x, y = sampler.next_batch()
+        firsts.update(x[:, 0].tolist())
+        lasts.update(y[:, -1].tolist())
+    assert min(firsts) == 0 and max(lasts) == 39  # every start 0 .. n - T - 1 is drawn
+    assert max(firsts) == 40 - 8 - 1
+
+
+def test_batches_are_deterministic_and_differ_by_rank():
+    draw = lambda sampler: [sampler.next_batch()[0] for _ in range(3)]  # noqa: E731
+    a = draw(BatchSampler(counting_tokens(), 4, 8, seed=7))
+    b = draw(BatchSampler(counting_tokens(), 4, 8, seed=7))
+    other_rank = draw(BatchSampler(counting_tokens(), 4, 8, seed=7, rank=1, world_size=2))
+    other_seed = draw(BatchSampler(counting_tokens(), 4, 8, seed=8))
+    assert all(torch.equal(p, q) for p, q in zip(a, b))
+    assert not any(torch.equal(p, q) for p, q in zip(a, other_rank))
+    assert not any(torch.equal(p, q) for p, q in zip(a, other_seed))
+
+
+def test_restored_sampler_draws_the_same_batches(tmp_path):
+    sampler = BatchSampler(counting_tokens(), 4, 8, seed=3)
+    for _ in range(5):
+        sampler.next_batch()
+    torch.save({"sampler": sampler.state_dict()}, tmp_path / "state.pt")
+    expected = [sampler.next_batch() for _ in range(5)]
+    state = torch.load(tmp_path / "state.pt", weights_only=True)["sampler"]
+    fresh = BatchSampler(counting_tokens(), 4, 8, seed=999)
+    fresh.load_state_dict(state)
+    for x, y in expected:
+        x2, y2 = fresh.next_batch()
+        assert torch.equal(x, x2) and torch.equal(y, y2)
+
+
+def test_any_rank_resumes_from_rank_zeros_state():
+    rank_one = BatchSampler(counting_tokens(), 4, 8, seed=3, rank=1, world_size=2)
+    for _ in range(5):
+        rank_one.next_batch()
+    rank_zero = BatchSampler(counting_tokens(), 4, 8, seed=3, rank=0, world_size=2)
+    for _ in range(5):
+        rank_zero.next_batch()
+    resumed = BatchSampler(counting_tokens(), 4, 8, seed=3, rank=1, world_size=2)
+    resumed.load_state_dict(rank_zero.state_dict())
+    assert torch.equal(resumed.next_batch()[0], rank_one.next_batch()[0])
+
+
+def test_sampler_needs_one_window():
+    with pytest.raises(DataError, match="cannot fill one window"):
+        BatchSampler(counting_tokens(8), 4, 8, seed=0)
+
+
+def test_eval_batches_cover_all_windows_without_overlap():
+    tokens = counting_tokens(103)
+    batches = list(eval_batches(tokens, context_length=10, batch_size=4))
+    x = torch.cat([b[0] for b in batches])
+    y = torch.cat([b[1] for b in batches])
+    assert [len(b[0]) for b in batches] == [4, 4, 2]  # (103 - 1) // 10 = 10 windows
+    assert torch.equal(x[:, 0], torch.arange(0, 100, 10)) and torch.equal(y, x + 1)
+
+
+def test_eval_batches_spread_a_fixed_number_of_windows():
+    tokens = counting_tokens(1000)
+    first = [b[0] for b in eval_batches(tokens, 10, 8, max_windows=20)]
+    again = [b[0] for b in eval_batches(tokens, 10, 8, max_windows=20)]
+    assert all(torch.equal(p, q) for p, q in zip(first, again))
+    x = torch.cat(first)
+    starts = x[:, 0]
+    assert len(x) == 20 and starts[0] == 0 and x[-1, -1] == 998  # first window to the last
+    assert bool(((starts[1:] - starts[:-1]) >= 10).all())  # evenly spread, no overlap
+    assert len(torch.cat([b[0] for b in eval_batches(tokens, 10, 8, max_windows=10_000)])) == 99

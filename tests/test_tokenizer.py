@@ -1,0 +1,222 @@
+"""Tokenizers: exact round trips for every kind, stable ids, [UNK], <|endoftext|>, saving and
+loading, safe cut points for long texts, and the errors a user can hit."""
+
+import json
+
+import numpy as np
+import pytest
+import tokenizers
+import torch
+
+from tinyattn.config import TokenizerConfig
+from tinyattn.errors import DataError
+from tinyattn.tokenizer import END_OF_TEXT, Tokenizer, build_tokenizer, text_pieces
+
+TRAINING = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
+            "All:\nSpeak, speak.\n\tIndented line;  two  spaces.\n"
+            "The quick brown fox jumps over the lazy dog! 0123456789?\n") * 20
+HARD = ("naïve café, 東京 and 北京, emoji 😀👍🏽 and a family 👨‍👩‍👧, combining e\u0301 a\u0308,"
+        " arabic مرحبا, tabs\tand\r\nwindows lines, NUL \x00, private use \ue000, [UNK] written out.\n")
+
+
+def texts_of(*texts):
+    return lambda: iter(texts)
+
+
+@pytest.fixture(scope="module")
+def char_tokenizer():
+    return build_tokenizer(TokenizerConfig(kind="char"), texts_of(TRAINING))
+
+
+@pytest.fixture(scope="module")
+def bpe_tokenizer():
+    return build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), texts_of(TRAINING))
+
+
+# ----------------------------------------------------------------------------- char
+
+
+def test_char_ids_follow_sorted_characters_then_specials(char_tokenizer):
+    characters = sorted(set(TRAINING))
+    assert char_tokenizer.vocab_size == len(characters) + 2  # + [UNK] + <|endoftext|>
+    assert char_tokenizer.encode("".join(characters)) == list(range(len(characters)))
+    assert char_tokenizer.eot_id == len(characters) + 1
+    again = build_tokenizer(TokenizerConfig(kind="char"), texts_of(TRAINING[::-1]))
+    assert again.to_json() == char_tokenizer.to_json()  # order of the text does not matter
+
+
+def test_char_round_trip_keeps_every_space_and_newline(char_tokenizer):
+    for text in (TRAINING, " leading", "trailing  \n\n", "\n", "", "a  b\t\tc\n \n"):
+        ids = char_tokenizer.encode(text)
+        assert len(ids) == len(text)  # one token per character
+        assert char_tokenizer.decode(ids) == text
+
+
+def test_char_unknown_character_is_unk_and_decodes_to_replacement(char_tokenizer):
+    ids = char_tokenizer.encode("hé!")
+    unk = ids[1]
+    assert unk not in char_tokenizer.encode(TRAINING)
+    assert char_tokenizer.encode("😀") == [unk]  # one unknown code point, one [UNK]
+    assert char_tokenizer.decode(ids) == "h\ufffd!"
+    assert char_tokenizer.token_text(unk) == "\ufffd"
+
+
+def test_unk_written_in_the_text_stays_text():
+    tokenizer = build_tokenizer(TokenizerConfig(kind="char"), texts_of("[UNK] <|endoftext|> x"))
+    text = "x [UNK] x"
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+# ----------------------------------------------------------------------------- bpe
+
+
+def test_bpe_round_trips_any_unicode(bpe_tokenizer):
+    for text in (TRAINING, HARD, HARD * 3, "", " ", "\n\n\n", "x" * 1000):
+        assert bpe_tokenizer.decode(bpe_tokenizer.encode(text)) == text
+
+
+def test_bpe_learns_merges_up_to_the_vocab_size(bpe_tokenizer):
+    assert 257 < bpe_tokenizer.vocab_size <= 300
+    assert len(bpe_tokenizer.encode(TRAINING)) < 0.7 * len(TRAINING.encode())  # merges happened
+    assert bpe_tokenizer.eot_id == 0
+
+
+@pytest.mark.parametrize("vocab_size", [1, 200, 256])
+def test_bpe_vocab_too_small_is_one_line_error(vocab_size):
+    with pytest.raises(DataError) as error:
+        build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=vocab_size), texts_of(TRAINING))
+    message = str(error.value)
+    assert f"tokenizer.vocab_size={vocab_size}" in message and "257" in message
+    assert "\n" not in message
+
+
+def test_bpe_on_empty_text_is_an_error():
+    with pytest.raises(DataError, match="empty"):
+        build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), texts_of("", ""))
+    with pytest.raises(DataError, match="empty"):
+        build_tokenizer(TokenizerConfig(kind="char"), texts_of())
+
+
+# ----------------------------------------------------------------------------- end of text
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_end_of_text_is_one_token_and_decodes_back(kind, char_tokenizer, bpe_tokenizer):
+    tokenizer = char_tokenizer if kind == "char" else bpe_tokenizer
+    ids = tokenizer.encode(f"Speak.{END_OF_TEXT}All:")
+    assert ids.count(tokenizer.eot_id) == 1
+    assert tokenizer.decode(ids) == f"Speak.{END_OF_TEXT}All:"
+    assert tokenizer.token_text(tokenizer.eot_id) == END_OF_TEXT
+
+
+# ----------------------------------------------------------------------------- saving, loading
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_json_and_file_round_trip(kind, tmp_path, char_tokenizer, bpe_tokenizer):
+    tokenizer = char_tokenizer if kind == "char" else bpe_tokenizer
+    rebuilt = Tokenizer.from_json(tokenizer.to_json())
+    assert rebuilt.encode(HARD) == tokenizer.encode(HARD)
+    tokenizer.save(tmp_path / "tokenizer.json")
+    loaded = Tokenizer.from_file(tmp_path / "tokenizer.json")
+    assert loaded.encode(HARD) == tokenizer.encode(HARD) and loaded.vocab_size == tokenizer.vocab_size
+    assert [p.name for p in tmp_path.iterdir()] == ["tokenizer.json"]  # no temporary file left
+    folder = tmp_path / "run"
+    folder.mkdir()
+    tokenizer.save(folder)  # a folder gets tokenizer.json inside it
+    assert Tokenizer.from_file(folder / "tokenizer.json").to_json() == tokenizer.to_json()
+
+
+def test_pretrained_loads_the_file_and_reads_no_text(tmp_path, bpe_tokenizer):
+    bpe_tokenizer.save(tmp_path / "tokenizer.json")
+
+    def no_texts():
+        raise AssertionError("a pretrained tokenizer must not read the corpus")
+
+    config = TokenizerConfig(kind="pretrained", path=str(tmp_path / "tokenizer.json"))
+    loaded = build_tokenizer(config, no_texts)
+    assert loaded.encode(HARD) == bpe_tokenizer.encode(HARD)
+
+
+def test_pretrained_without_end_of_text_has_no_eot_id():
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "b": 1, "?": 2}, unk_token="?"))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.FixedLength(length=1)
+    tokenizer = Tokenizer(backend)
+    assert tokenizer.eot_id is None and tokenizer.vocab_size == 3
+
+
+def test_bad_tokenizer_files_are_one_line_errors(tmp_path):
+    with pytest.raises(DataError, match=r"missing\.json: tokenizer file not found"):
+        Tokenizer.from_file(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text('{"version": "1.0", "model": 3}')
+    with pytest.raises(DataError, match=r"bad\.json: not a valid tokenizer\.json") as error:
+        Tokenizer.from_file(tmp_path / "bad.json")
+    assert "\n" not in str(error.value)
+
+
+# ----------------------------------------------------------------------------- decode, labels
+
+
+def test_decode_accepts_lists_arrays_and_tensors(char_tokenizer):
+    ids = char_tokenizer.encode("Speak, speak.")
+    expected = "Speak, speak."
+    assert char_tokenizer.decode(ids) == expected
+    assert char_tokenizer.decode(np.array(ids, dtype=np.uint16)) == expected
+    assert char_tokenizer.decode(torch.tensor(ids)) == expected
+
+
+def test_token_text_is_readable(char_tokenizer, bpe_tokenizer):
+    newline = char_tokenizer.encode("\n")[0]
+    assert char_tokenizer.token_text(newline) == "\\n"
+    assert char_tokenizer.token_text(char_tokenizer.encode("S")[0]) == "S"
+    # "é" is two bytes never merged in this training text: each token is half a character.
+    halves = bpe_tokenizer.encode("é")
+    assert [bpe_tokenizer.token_text(i) for i in halves] == ["\\xc3", "\\xa9"]
+    word = bpe_tokenizer.encode(" speak")
+    assert "".join(bpe_tokenizer.token_text(i) for i in word) == " speak"
+    with pytest.raises(ValueError):
+        bpe_tokenizer.token_text(10 ** 6)
+
+
+# ----------------------------------------------------------------------------- long texts
+
+
+def test_text_pieces_cover_the_text_and_respect_the_limit():
+    text = TRAINING * 5
+    pieces = list(text_pieces(text, 300))
+    assert "".join(pieces) == text
+    assert len(pieces) > 10 and all(len(p) <= 300 for p in pieces)
+    for left, right in zip(pieces, pieces[1:]):  # each cut is just after a lone newline
+        assert left.endswith("\n") and not left[-2].isspace() and not right[0].isspace()
+
+
+def test_text_pieces_never_split_end_of_text():
+    text = "a" * 95 + END_OF_TEXT + "b" * 200  # no newline: the cut falls back to the limit (100)
+    pieces = list(text_pieces(text, 100))
+    assert "".join(pieces) == text
+    assert sum(p.count(END_OF_TEXT) for p in pieces) == 1
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_long_texts_encode_as_if_whole(kind, shakespeare_path):
+    text = shakespeare_path.read_text(encoding="utf-8")
+    config = TokenizerConfig(kind=kind, vocab_size=512)
+    tokenizer = build_tokenizer(config, texts_of(text))
+    whole = tokenizers.Tokenizer.from_str(tokenizer.to_json()).encode(text, add_special_tokens=False).ids
+    assert tokenizer.encode(text) == whole  # cut into 64K pieces and encoded in parallel
+    small = [i for piece in tokenizer.text_pieces(text, 2_000) for i in tokenizer.encode(piece)]
+    assert small == whole  # hundreds of cuts, still the same tokens
+    assert tokenizer.decode(whole) == text
+
+
+def test_encode_batch_matches_encode(bpe_tokenizer):
+    texts = [TRAINING, "", HARD, "x"]
+    assert bpe_tokenizer.encode_batch(texts) == [bpe_tokenizer.encode(t) for t in texts]
+
+
+def test_unsplittable_pretrained_tokenizer_encodes_whole():
+    spec = json.loads(build_tokenizer(TokenizerConfig(kind="char"), texts_of("ab\n")).to_json())
+    spec["normalizer"] = {"type": "Lowercase"}  # cuts are only proven safe without normalizers
+    tokenizer = Tokenizer.from_json(json.dumps(spec))
+    text = "ab\nab\n" * 100
+    assert list(tokenizer.text_pieces(text, 10)) == [text]
