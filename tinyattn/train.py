@@ -229,13 +229,6 @@ class Trainer:
     # -- state -------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        sampler_state = self.sampler.state_dict()
-        if self.dist.enabled:  # every rank draws its own batches: keep all their states
-            gathered = [None] * self.dist.world_size
-            torch.distributed.all_gather_object(gathered, sampler_state)
-            sampler_states = gathered
-        else:
-            sampler_states = [sampler_state]
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -244,7 +237,8 @@ class Trainer:
             "tokens_seen": self.tokens_seen,
             "best_val_loss": self.best_val_loss,
             "random_states": random_states(),
-            "sampler_states": sampler_states,
+            # Batch k of rank r is a function of (seed, r, k): rank 0's count serves every rank.
+            "sampler": self.sampler.state_dict(),
             "world_size": self.dist.world_size,
             "config": config_to_dict(self.config),
             "tokenizer": self.data.tokenizer.to_json(),
@@ -258,13 +252,7 @@ class Trainer:
             self.step = int(state["step"])
             self.tokens_seen = int(state["tokens_seen"])
             self.best_val_loss = float(state["best_val_loss"])
-            samplers = state["sampler_states"]
-            if len(samplers) == self.dist.world_size:
-                self.sampler.load_state_dict(samplers[self.dist.rank])
-            else:  # a different number of processes: fresh, distinct streams per rank
-                print(f"warning: {path} was written by {len(samplers)} process(es), this run has "
-                      f"{self.dist.world_size}; batches will differ from an uninterrupted run",
-                      file=sys.stderr)
+            self.sampler.load_state_dict(state["sampler"])  # keeps this process's own rank
             set_random_states(state["random_states"])
         except (KeyError, RuntimeError, ValueError) as e:
             raise CheckpointError(f"{path}: cannot resume from it: {str(e).splitlines()[0]}") from None
@@ -349,7 +337,11 @@ def _train(config, config_path, run_name, resume, device_name, progress, stop_at
     if dist.enabled and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
     precision = select_precision(config.train.precision, device)
+    if dist.enabled and not dist.is_main:
+        torch.distributed.barrier()  # rank 0 builds the token cache; the others then read it
     data = prepare_data(config, progress=progress and dist.is_main)
+    if dist.enabled and dist.is_main:
+        torch.distributed.barrier()
     if config.model.vocab_size is None:
         config.model.vocab_size = data.tokenizer.vocab_size
     elif config.model.vocab_size < data.tokenizer.vocab_size:
@@ -379,8 +371,8 @@ def _train(config, config_path, run_name, resume, device_name, progress, stop_at
     started = time.perf_counter()
 
     def save(best: bool) -> None:
-        state = trainer.state_dict()  # every rank joins the sampler-state gather
         if dist.is_main:
+            state = trainer.state_dict()
             ckpt.save_checkpoint(state, run_dir / ckpt.step_filename(trainer.step))
             ckpt.prune_checkpoints(run_dir, tc.keep_last)
             if best:
