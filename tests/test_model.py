@@ -150,7 +150,7 @@ def test_initialisation_is_reproducible_and_documented_scales():
         assert torch.equal(pa, pb), name
     residual = a.blocks[0].attention.output.weight
     assert abs(residual.std().item() - 0.02 / math.sqrt(4)) < 0.003
-    assert abs(a.blocks[0].attention.query.weight.std().item() - 0.02) < 0.003
+    assert abs(a.blocks[0].attention.qkv.weight.std().item() - 0.02) < 0.003
 
 
 def test_positions_beyond_context_are_refused():

@@ -102,9 +102,10 @@ class CausalSelfAttention(nn.Module):
         self.n_kv_head = config.kv_heads
         self.head_dim = config.head_dim
         kv_width = self.n_kv_head * self.head_dim
-        self.query = nn.Linear(config.n_embd, config.n_embd, bias=False)
-        self.key = nn.Linear(config.n_embd, kv_width, bias=False)
-        self.value = nn.Linear(config.n_embd, kv_width, bias=False)
+        # The query, key and value projections are three matrices stacked into one, so
+        # one larger matmul computes all three (faster than three small ones).
+        self.qkv_split = (config.n_embd, kv_width, kv_width)
+        self.qkv = nn.Linear(config.n_embd, sum(self.qkv_split), bias=False)
         self.output = nn.Linear(config.n_embd, config.n_embd, bias=False)
         self.dropout = config.dropout
 
@@ -118,9 +119,10 @@ class CausalSelfAttention(nn.Module):
         None means causal. Returns (B, T, C) and, if need_weights, (B, H, T, Tk).
         """
         B, T, C = x.shape
-        q = self.query(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-        k = self.key(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
-        v = self.value(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        q, k, v = self.qkv(x).split(self.qkv_split, dim=-1)  # (B, T, C), (B, T, Hkv*D) x 2
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if kv_cache is not None:
             k, v = kv_cache.update(start_pos, k, v)  # (B, Hkv, Tk, D) with Tk = start_pos + T
@@ -153,16 +155,19 @@ class CausalSelfAttention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """Feed-forward network: out(silu(gate(x)) * up(x)), applied to each position alone."""
+    """Feed-forward network: down(silu(gate(x)) * up(x)), applied to each position alone.
+
+    The gate and up projections are stacked into one matrix (one matmul) and split.
+    """
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.gate = nn.Linear(config.n_embd, config.hidden_dim, bias=False)
-        self.up = nn.Linear(config.n_embd, config.hidden_dim, bias=False)
+        self.gate_up = nn.Linear(config.n_embd, 2 * config.hidden_dim, bias=False)
         self.down = nn.Linear(config.hidden_dim, config.n_embd, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.silu(self.gate(x)) * self.up(x))  # (B, T, C)
+        gate, up = self.gate_up(x).chunk(2, dim=-1)  # (B, T, hidden) each
+        return self.down(F.silu(gate) * up)  # (B, T, C)
 
 
 class Block(nn.Module):
