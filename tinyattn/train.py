@@ -28,14 +28,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.nn as nn
 from tqdm import tqdm
 
 from tinyattn import checkpoint as ckpt
 from tinyattn.config import Config, TrainConfig, apply_overrides, config_to_dict, save_config
-from tinyattn.data import BatchSampler, TokenData, eval_batches, prepare_data
+from tinyattn.attention_maps import log_attention_to_tensorboard, plotting_available
+from tinyattn.data import BatchSampler, TokenData, prepare_data
 from tinyattn.errors import CheckpointError, TinyattnError
+from tinyattn.evaluate import log_loss_by_position_to_tensorboard, loss_by_position
 from tinyattn.model import LanguageModel
 from tinyattn.runtime import (Distributed, Precision, init_distributed, measure_peak_flops,
                               random_states, seed_everything, select_device, select_precision,
@@ -211,20 +214,12 @@ class Trainer:
         self.tokens_seen += self.tokens_per_step
         return total_loss, grad_norm
 
-    @torch.no_grad()
-    def evaluate(self) -> float:
-        """Mean loss over the validation windows: the same windows every time."""
-        self.model.eval()
-        total, count = torch.zeros((), device=self.device), 0
-        for x, y in eval_batches(self.data.validation, self.config.model.context_length,
-                                 self.train_config.batch_size, self.train_config.eval_windows):
-            x, y = x.to(self.device), y.to(self.device)
-            with self.precision.autocast(self.device):
-                loss = self.forward_model(x, y).loss
-            total += loss.float() * x.size(0)
-            count += x.size(0)
-        self.model.train()
-        return (total / count).item()
+    def evaluate(self) -> np.ndarray:
+        """Validation loss at each position of the window, (context_length,); its mean is
+        the validation loss. The same windows every time, so the number is comparable."""
+        with self.precision.autocast(self.device):
+            return loss_by_position(self.forward_model, self.data.validation, self.config.model.context_length,
+                                    self.train_config.batch_size, self.train_config.eval_windows)
 
     # -- state -------------------------------------------------------------------------
 
@@ -408,12 +403,13 @@ def _train(config, config_path, run_name, resume, device_name, progress, stop_at
                 log.train(trainer.step, sum(window) / len(window), learning_rate(trainer.step - 1, tc),
                           grad_norm.item(), tokens_per_second, mfu, len(window))
             if at_eval:
-                last_val = trainer.evaluate()
+                position_losses = trainer.evaluate()
+                last_val = float(position_losses.mean())
                 best = last_val < trainer.best_val_loss
                 if best:
                     trainer.best_val_loss = last_val
                 save(best)
-                log.evaluation(trainer.step, last_val, best)
+                log.evaluation(trainer.step, last_val, position_losses, best)
             if at_log or at_eval:
                 interval_start, interval_tokens = time.perf_counter(), 0
         interrupted = stopper.signal_name is not None
@@ -483,12 +479,19 @@ class Logger:
             self.print(f"step {step}: loss {loss:.4f}, lr {lr:.2e}, {tokens_per_second:,.0f} tok/s, "
                        f"mfu {mfu:.1%}")
 
-    def evaluation(self, step: int, val_loss: float, best: bool) -> None:
+    def evaluation(self, step: int, val_loss: float, position_losses: np.ndarray, best: bool) -> None:
         if not self.enabled:
             return
         self.writer.add_scalar("val/loss", val_loss, step)
         self.print(f"step {step}: validation loss {val_loss:.4f}{' (best)' if best else ''}")
         self.log_sample(step)
+        # The pictures need matplotlib (the plot extra); the numbers are logged without it.
+        plots = plotting_available()
+        log_loss_by_position_to_tensorboard(self.writer, position_losses, step, image=plots)
+        if plots and self.config.train.probe_text:
+            t = self.trainer
+            log_attention_to_tensorboard(self.writer, t.model, t.data.tokenizer,
+                                         self.config.train.probe_text, step)
         self.writer.flush()
 
     def log_sample(self, step: int) -> None:

@@ -1,0 +1,61 @@
+"""The cost of attention against context length: fused (SDPA) and explicit paths.
+
+    python scripts/bench_attention.py                       # T = 64 .. 2048 on the CPU
+    python scripts/bench_attention.py --device cuda --max-context 8192 --json cost.json
+
+Prints a Markdown table (the one in docs/ATTENTION.md); see
+`tinyattn.bench.measure_attention_cost` for what is timed and how memory is measured.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+from tinyattn.bench import measure_attention_cost
+
+
+def megabytes(n):
+    return "n/a" if n is None else f"{n / 2**20:,.1f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps (default: cpu)")
+    parser.add_argument("--min-context", type=int, default=64)
+    parser.add_argument("--max-context", type=int, default=2048,
+                        help="double T from --min-context up to this")
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=6)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    args = parser.parse_args()
+
+    lengths = []
+    T = args.min_context
+    while T <= args.max_context:
+        lengths.append(T)
+        T *= 2
+    result = measure_attention_cost(lengths, args.batch_size, args.heads, args.head_dim, args.repeats,
+                                    args.device, measure_memory=not args.no_memory)
+    print(f"device {result['device']} ({result['threads']} threads), B={result['batch_size']} "
+          f"H={result['n_head']} D={result['head_dim']} fp32, median of {result['repeats']} after warm-up")
+    print(f"peak memory: {result['memory_method']}\n")
+    print("| T | fused ms | explicit ms | explicit / fused | fused peak MiB | explicit peak MiB "
+          "| weights tensor MiB | max abs diff |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for row in result["rows"]:
+        print(f"| {row['context_length']} | {row['fused_ms']:.2f} | {row['explicit_ms']:.2f} "
+              f"| {row['explicit_ms'] / row['fused_ms']:.1f}x | {megabytes(row['fused_peak_bytes'])} "
+              f"| {megabytes(row['explicit_peak_bytes'])} | {megabytes(row['weights_bytes'])} "
+              f"| {row['max_abs_difference']:.1e} |")
+    if result["skipped_context_lengths"]:
+        print(f"\nskipped (would not fit in memory): {result['skipped_context_lengths']}")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

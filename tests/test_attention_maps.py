@@ -1,0 +1,265 @@
+"""Attention maps: weights that reproduce the fused output, heatmap PNGs, the query table, the CLI."""
+
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tinyattn import attention_maps as maps_module
+from tinyattn.attention_maps import (AttentionMaps, PlottingUnavailable, attention_heatmap_images,
+                                     compute_attention_maps, format_query_table, heatmap_size_pixels,
+                                     log_attention_to_tensorboard, query_position_of_word, query_table,
+                                     save_heatmaps, visible)
+from tinyattn.checkpoint import save_checkpoint
+from tinyattn.config import Config, ModelConfig, TokenizerConfig, config_to_dict
+from tinyattn.errors import TinyattnError
+from tinyattn.model import LanguageModel
+from tinyattn.tokenizer import build_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ("The book that the student borrowed from the library was fascinating.\n"
+          "ROMEO:\nBut soft, what light through yonder window breaks? It is the east.\n") * 4
+SENTENCE = "The book that the student borrowed from the library was fascinating."
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer(TokenizerConfig(kind="char"), lambda: iter([CORPUS]))
+
+
+def tiny_model(tokenizer, seed=0, **overrides) -> LanguageModel:
+    torch.manual_seed(seed)
+    options = dict(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
+                   context_length=96)
+    options.update(overrides)
+    return LanguageModel(ModelConfig(**options)).eval()
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) from a PNG's IHDR chunk, after checking the signature."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+# ----------------------------------------------------------------------------- weights
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 2, 1], ids=["mha", "gqa", "mqa"])
+def test_weights_times_values_reproduce_the_fused_output_of_every_layer(tokenizer, n_kv_head):
+    model = tiny_model(tokenizer, n_kv_head=n_kv_head)
+    captured = {}
+
+    def keep(layer):
+        def hook(module, inputs, output):
+            captured[layer] = (inputs[0].detach(), output[0].detach())  # layer input x, fused output
+        return hook
+
+    handles = [block.attention.register_forward_hook(keep(i)) for i, block in enumerate(model.blocks)]
+    idx = torch.tensor([tokenizer.encode(SENTENCE)])
+    with torch.no_grad():
+        model(idx)  # the fused path (need_weights=False)
+    for handle in handles:
+        handle.remove()
+
+    maps = compute_attention_maps(model, tokenizer, SENTENCE)
+    for layer, block in enumerate(model.blocks):
+        attention = block.attention
+        x, fused = captured[layer]
+        B, T, C = x.shape
+        with torch.no_grad():
+            v = attention.qkv(x).split(attention.qkv_split, dim=-1)[2]  # (B, T, Hkv*D)
+            v = v.view(B, T, n_kv_head, attention.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+            v = v.repeat_interleave(attention.n_head // n_kv_head, dim=1)  # (B, H, T, D)
+            weights = torch.from_numpy(maps.weights[layer]).unsqueeze(0)  # (1, H, T, T)
+            mixed = (weights @ v).transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+            torch.testing.assert_close(attention.output(mixed), fused, rtol=0, atol=1e-5)
+
+
+def test_maps_have_a_row_per_query_summing_to_one_and_nothing_in_the_future(tokenizer):
+    model = tiny_model(tokenizer)
+    maps = compute_attention_maps(model, tokenizer, SENTENCE)
+    T = len(SENTENCE)
+    assert maps.token_ids == tokenizer.encode(SENTENCE) and maps.dropped_tokens == 0
+    assert len(maps.weights) == 2 and len(maps.labels) == T
+    for weights in maps.weights:
+        assert weights.shape == (4, T, T) and weights.dtype == np.float32
+        np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+        assert np.all(weights[:, np.triu(np.ones((T, T), dtype=bool), k=1)] == 0)
+
+
+def test_long_text_keeps_its_end_and_training_mode_is_restored(tokenizer):
+    model = tiny_model(tokenizer, context_length=24).train()
+    maps = compute_attention_maps(model, tokenizer, SENTENCE)
+    assert maps.token_ids == tokenizer.encode(SENTENCE)[-24:]
+    assert maps.dropped_tokens == len(SENTENCE) - 24
+    assert model.training
+
+
+def test_labels_make_whitespace_visible(tokenizer):
+    assert visible(" a\tb\n") == "␣a\\tb\\n"
+    assert visible("\u00a0") == "\\xa0"  # a no-break space would draw as nothing
+    maps = compute_attention_maps(tiny_model(tokenizer), tokenizer, "But soft,\nwhat")
+    assert maps.labels == ["B", "u", "t", "␣", "s", "o", "f", "t", ",", "\\n", "w", "h", "a", "t"]
+
+
+# ----------------------------------------------------------------------------- heatmaps
+
+
+def test_heatmaps_are_small_pngs_of_the_documented_size_that_change_with_the_text(tokenizer, tmp_path):
+    model = tiny_model(tokenizer)
+    maps = compute_attention_maps(model, tokenizer, SENTENCE)
+    paths = save_heatmaps(maps, tmp_path / "a")
+    assert [p.name for p in paths] == ["layer_0.png", "layer_1.png"]
+    for path in paths:
+        assert png_size(path) == heatmap_size_pixels(4, len(SENTENCE))
+        assert path.stat().st_size < 300_000
+
+    other = SENTENCE.replace("fascinating", "interesting")  # same length, other tokens
+    changed = save_heatmaps(compute_attention_maps(model, tokenizer, other), tmp_path / "b", layers=[0])
+    assert png_size(changed[0]) == png_size(paths[0])
+    assert changed[0].read_bytes() != paths[0].read_bytes()
+
+    one = save_heatmaps(maps, tmp_path / "c", layers=[1], head=3)
+    assert [p.name for p in one] == ["layer_1_head_3.png"]
+    assert png_size(one[0]) == heatmap_size_pixels(1, len(SENTENCE))
+
+
+def test_masked_cells_are_drawn_grey_not_the_colour_of_weight_zero(tokenizer):
+    maps = compute_attention_maps(tiny_model(tokenizer), tokenizer, "ab")
+    T = 2
+    one_hot = np.zeros((4, T, T), dtype=np.float32)
+    one_hot[:, :, 0] = 1.0  # every query puts all its weight on key 0: cell (1, 1) is an allowed 0
+    grey = AttentionMaps(maps.token_ids, maps.labels, [one_hot], 0)
+    figure = maps_module.layer_figure(grey, 0, heads=[0])
+    image = figure.axes[0].get_images()[0]
+    colours = image.to_rgba(image.get_array())  # (T, T, 4) as drawn
+    masked, allowed_zero = colours[0, 1, :3], colours[1, 1, :3]
+    assert np.allclose(masked, [0xc8 / 255] * 3, atol=0.01)
+    assert not np.allclose(masked, allowed_zero, atol=0.1)
+
+
+def test_tensorboard_gets_one_image_per_layer(tokenizer):
+    model = tiny_model(tokenizer).train()
+    images = attention_heatmap_images(model, tokenizer, "ROMEO:\nBut soft")
+    width, height = heatmap_size_pixels(4, 15, maps_module.TENSORBOARD_DPI)
+    assert [image.shape for image in images] == [(height, width, 3)] * 2
+    assert all(image.dtype == np.uint8 for image in images)
+
+    class Writer:
+        calls = []
+
+        def add_image(self, tag, image, step, dataformats):
+            self.calls.append((tag, image.shape, step, dataformats))
+
+    log_attention_to_tensorboard(Writer(), model, tokenizer, "ROMEO:\nBut soft", step=250)
+    assert [(c[0], c[2], c[3]) for c in Writer.calls] == [("attention/layer_0", 250, "HWC"),
+                                                          ("attention/layer_1", 250, "HWC")]
+    assert model.training
+
+
+def test_missing_matplotlib_is_a_one_line_error_saying_how_to_install(tokenizer, monkeypatch, tmp_path):
+    maps = compute_attention_maps(tiny_model(tokenizer), tokenizer, "ab")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    with pytest.raises(PlottingUnavailable, match=r"pip install 'tinyattn\[plot\]'") as error:
+        save_heatmaps(maps, tmp_path)
+    assert "\n" not in str(error.value)
+    assert not maps_module.plotting_available()
+
+
+# ----------------------------------------------------------------------------- queries
+
+
+def test_a_word_query_is_the_last_character_of_its_first_whole_word_occurrence(tokenizer):
+    ids = tokenizer.encode(SENTENCE)
+    assert query_position_of_word(tokenizer, ids, "was") == SENTENCE.index("was") + 2
+    # "the" as a whole word, case-sensitive: not "The", not inside "that"
+    assert query_position_of_word(tokenizer, ids, "the") == SENTENCE.index("the student") + 2
+    assert query_position_of_word(tokenizer, ids, "The") == 2
+    for absent in ("wa", "WAS", "dragon", " "):
+        with pytest.raises(TinyattnError, match="not a word of the text"):
+            query_position_of_word(tokenizer, ids, absent)
+
+
+def test_a_word_query_with_subword_tokens_is_the_token_that_completes_the_word():
+    bpe = build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), lambda: iter([CORPUS]))
+    ids = bpe.encode(SENTENCE)
+    position = query_position_of_word(bpe, ids, "library")
+    assert bpe.decode(ids[:position + 1]).endswith("library")
+    assert not bpe.decode(ids[:position]).endswith("library")
+
+
+def test_query_table_names_real_tokens_of_the_text_with_their_weights(tokenizer):
+    maps = compute_attention_maps(tiny_model(tokenizer), tokenizer, SENTENCE)
+    position = query_position_of_word(tokenizer, maps.token_ids, "was")
+    rows = query_table(maps, position)
+    assert [(r.layer, r.head) for r in rows] == [(layer, head) for layer in range(2) for head in range(4)]
+    for row in rows:
+        assert len(row.keys) == 5
+        weights = [w for _, _, w in row.keys]
+        assert weights == sorted(weights, reverse=True)
+        for key, label, weight in row.keys:
+            assert 0 <= key <= position  # earlier tokens or the query itself, never the future
+            assert label == visible(SENTENCE[key])
+            assert weight == pytest.approx(float(maps.weights[row.layer][row.head, position, key]))
+    table = format_query_table(maps, position, rows)
+    lines = table.splitlines()
+    assert len(lines) == 2 + 8 and f"position {position} " in lines[0]
+    key, label, weight = rows[0].keys[0]
+    assert f"{label}@{key} {weight:.3f}" in lines[2]
+    assert query_table(maps, position, layers=[1], heads=[2])[0].layer == 1
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+@pytest.fixture(scope="module")
+def run_dir(tokenizer, tmp_path_factory):
+    """A run folder holding best.pt of a tiny untrained model, as load_model reads it."""
+    folder = tmp_path_factory.mktemp("run")
+    config = Config(model=ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=4, n_kv_head=2,
+                                      n_embd=32, context_length=48))
+    config.data.files = ["unused.txt"]
+    model = LanguageModel(config.model)
+    save_checkpoint({"model": model.state_dict(), "config": config_to_dict(config),
+                     "tokenizer": tokenizer.to_json(), "step": 0}, folder / "best.pt")
+    return folder
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "attention.py"), *args],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def test_cli_writes_heatmaps_and_prints_the_query_table(run_dir):
+    result = run_script("--checkpoint", str(run_dir), "--text", SENTENCE, "--query", "was", "--device", "cpu")
+    assert result.returncode == 0, result.stderr
+    assert f"warning: the text is {len(SENTENCE)} tokens, longer than the context of 48" in result.stderr
+    for name in ("layer_0.png", "layer_1.png"):
+        assert png_size(run_dir / "attention" / name) == heatmap_size_pixels(4, 48)
+        assert f"wrote {run_dir / 'attention' / name}" in result.stdout
+    table = result.stdout.split("\n\n", 1)[1].splitlines()
+    position = SENTENCE.index("was") + 2 - (len(SENTENCE) - 48)  # its "s", in the kept end of the text
+    assert table[0] == f"--query 'was': its first occurrence ends in token s at position {position}"
+    assert table[1].startswith(f"query s at position {position} (of 48 tokens)")
+    assert len(table) == 3 + 8
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--checkpoint", "no/such/run"], "no/such/run: no such checkpoint file or run folder"),
+    (["--query", "dragon"], "--query 'dragon': not a word of the text"),
+    (["--layer", "5"], "--layer 5: the model has 2 layers (0..1)"),
+], ids=["missing-checkpoint", "word-not-in-text", "bad-layer"])
+def test_cli_bad_input_is_one_line_and_exit_status_2(run_dir, args, message):
+    if args[0] != "--checkpoint":
+        args = ["--checkpoint", str(run_dir), "--text", SENTENCE[:40], *args]
+    result = run_script(*args, "--out-dir", str(run_dir / "unused"))
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert not (run_dir / "unused").exists()

@@ -1,0 +1,224 @@
+"""Evaluation: every token scored once, perplexity = exp(loss), bits per unit, loss by position, the CLI."""
+
+import math
+import re
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tinyattn.checkpoint import save_checkpoint
+from tinyattn.config import Config, DataConfig, ModelConfig, TokenizerConfig, config_to_dict
+from tinyattn.data import eval_batches, prepare_data
+from tinyattn.errors import DataError
+from tinyattn.evaluate import (evaluate_tokens, format_loss_by_position, log_loss_by_position_to_tensorboard,
+                               loss_by_position, position_ranges, save_loss_by_position_plot, tail_window,
+                               text_units)
+from tinyattn.model import LanguageModel
+from tinyattn.tokenizer import build_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
+        "First Citizen:\nYou are all resolved rather to die than to famish?\n\n") * 12
+CONTEXT = 32
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A tiny model, briefly trained so losses differ by position, saved as a run folder's best.pt."""
+    folder = tmp_path_factory.mktemp("eval")
+    corpus = folder / "corpus.txt"
+    corpus.write_text(TEXT, encoding="utf-8")
+    config = Config(model=ModelConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, context_length=CONTEXT),
+                    data=DataConfig(files=[str(corpus)], cache_dir=str(folder / "cache")),
+                    tokenizer=TokenizerConfig(kind="char"))
+    data = prepare_data(config, progress=False)
+    config.model.vocab_size = data.tokenizer.vocab_size
+    torch.manual_seed(0)
+    model = LanguageModel(config.model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    tokens = torch.from_numpy(np.asarray(data.train, dtype=np.int64))
+    for step in range(30):
+        starts = torch.randint(0, len(tokens) - CONTEXT - 1, (8,))
+        x = torch.stack([tokens[s:s + CONTEXT] for s in starts])
+        y = torch.stack([tokens[s + 1:s + CONTEXT + 1] for s in starts])
+        loss = model(x, y).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    save_checkpoint({"model": model.state_dict(), "config": config_to_dict(config),
+                     "tokenizer": data.tokenizer.to_json(), "step": 30}, folder / "run" / "best.pt")
+    return {"model": model, "tokenizer": data.tokenizer, "data": data, "folder": folder,
+            "run_dir": folder / "run"}
+
+
+def reference_total_nats(model, tokens) -> float:
+    """Summed loss over windows written out one at a time: [s, s+T) predicting [s+1, s+T+1)."""
+    total = 0.0
+    with torch.no_grad():
+        for start in range(0, len(tokens) - 1, CONTEXT):
+            end = min(start + CONTEXT, len(tokens) - 1)
+            x = torch.tensor(tokens[start:end], dtype=torch.long).unsqueeze(0)
+            y = torch.tensor(tokens[start + 1:end + 1], dtype=torch.long).unsqueeze(0)
+            total += model(x, y).loss.item() * x.size(1)
+    return total
+
+
+def test_every_token_is_scored_once_and_perplexity_is_exp_loss(run):
+    model, tokenizer = run["model"], run["tokenizer"]
+    tokens = np.asarray(tokenizer.encode(TEXT[:1000]))  # 999 targets: 31 full windows + a tail of 7
+    result = evaluate_tokens(model, tokenizer, tokens, batch_size=8, char_level=True)
+    assert result.predicted_tokens == 999
+    assert (result.full_windows, result.tail_tokens) == (31, 7)
+    assert result.loss * 999 == pytest.approx(reference_total_nats(model, tokens), rel=1e-5)
+    assert result.perplexity == pytest.approx(math.exp(result.loss), rel=1e-12)
+    assert (result.unit, result.units) == ("character", 999)
+    assert result.bits_per_unit == pytest.approx(result.loss / math.log(2), rel=1e-12)
+
+
+def test_evaluation_is_deterministic_and_does_not_depend_on_the_batch_size(run):
+    model, tokenizer = run["model"], run["tokenizer"]
+    tokens = np.asarray(tokenizer.encode(TEXT[:700]))
+    first = evaluate_tokens(model, tokenizer, tokens, batch_size=4, char_level=True)
+    again = evaluate_tokens(model, tokenizer, tokens, batch_size=4, char_level=True)
+    assert first.loss == again.loss
+    np.testing.assert_array_equal(first.loss_by_position, again.loss_by_position)
+    other = evaluate_tokens(model, tokenizer, tokens, batch_size=7, char_level=True)
+    assert other.loss == pytest.approx(first.loss, rel=1e-6)
+
+
+def test_bits_per_byte_divides_total_nats_by_the_utf8_bytes_of_the_predicted_text():
+    text = "café naïve — déjà vu. " * 10
+    tokenizer = build_tokenizer(TokenizerConfig(kind="char"), lambda: iter([text]))
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=1, n_head=2, n_embd=16,
+                                      context_length=16)).eval()
+    tokens = tokenizer.encode(text)
+    result = evaluate_tokens(model, tokenizer, tokens, batch_size=4, char_level=False)
+    predicted_bytes = len(text[1:].encode("utf-8"))
+    assert result.unit == "byte" and result.units == predicted_bytes > len(text) - 1
+    total_nats = result.loss * (len(tokens) - 1)
+    assert result.bits_per_unit == pytest.approx(total_nats / math.log(2) / predicted_bytes)
+
+
+def test_document_separators_count_as_no_text():
+    text = "ab<|endoftext|>cd"
+    tokenizer = build_tokenizer(TokenizerConfig(kind="char"), lambda: iter(["abcd"]))
+    tokens = np.asarray(tokenizer.encode(text))
+    assert len(tokens) == 5 and tokens[2] == tokenizer.eot_id
+    assert text_units(tokenizer, tokens, char_level=True) == 4
+    assert text_units(tokenizer, tokens, char_level=False) == 4
+    bpe = build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), lambda: iter(["né\n" * 20]))
+    assert text_units(bpe, np.asarray(bpe.encode("né<|endoftext|>né")), char_level=False) == 6
+
+
+def test_loss_by_position_has_one_entry_per_position_and_averages_to_the_loss_of_its_windows(run):
+    model, validation = run["model"], run["data"].validation
+    for max_windows in (None, 3):
+        losses = loss_by_position(model, validation, CONTEXT, batch_size=2, max_windows=max_windows)
+        assert losses.shape == (CONTEXT,) and losses.dtype == np.float64
+        with torch.no_grad():  # the training loop's validation loss over the same windows
+            batches = list(eval_batches(validation, CONTEXT, 2, max_windows))
+            windows = sum(x.size(0) for x, _ in batches)
+            loss = sum(model(x, y).loss.item() * x.size(0) for x, y in batches) / windows
+        assert losses.mean() == pytest.approx(loss, rel=1e-5)
+    result = evaluate_tokens(model, run["tokenizer"], validation, batch_size=2, char_level=True)
+    np.testing.assert_allclose(result.loss_by_position,
+                               loss_by_position(model, validation, CONTEXT, batch_size=2), rtol=1e-6)
+    # The trained model predicts better with context than without: position 0 sees one character.
+    assert losses[0] > losses[CONTEXT // 2:].mean()
+
+
+def test_a_text_shorter_than_one_window_is_only_a_tail(run):
+    model, tokenizer = run["model"], run["tokenizer"]
+    tokens = np.asarray(tokenizer.encode("First Citizen:"))  # 14 tokens, 13 targets < CONTEXT
+    result = evaluate_tokens(model, tokenizer, tokens, batch_size=4, char_level=True)
+    assert (result.full_windows, result.tail_tokens, result.predicted_tokens) == (0, 13, 13)
+    assert np.isnan(result.loss_by_position).all()
+    assert result.loss * 13 == pytest.approx(reference_total_nats(model, tokens), rel=1e-5)
+    x, y = tail_window(tokens, CONTEXT)
+    assert x.shape == y.shape == (1, 13)
+    with pytest.raises(DataError, match="needs at least one full window"):
+        loss_by_position(model, tokens, CONTEXT, batch_size=4)
+
+
+def test_table_plot_and_tensorboard_show_ranges_of_positions_doubling_the_context(tmp_path):
+    assert position_ranges(128) == [(0, 0), (1, 1), (2, 3), (4, 7), (8, 15), (16, 31), (32, 63), (64, 127)]
+    assert position_ranges(96)[-1] == (64, 95) and position_ranges(1) == [(0, 0)]
+    losses = np.linspace(4.0, 2.0, 32)
+    table = format_loss_by_position(losses).splitlines()
+    assert [line.split()[0] for line in table[1:]] == ["0", "1", "2-3", "4-7", "8-15", "16-31"]
+    last, before = losses[16:].mean(), losses[8:16].mean()
+    assert table[-1].split() == ["16-31", f"{last:.3f}", f"{before - last:+.3f}"]
+
+    path = save_loss_by_position_plot(losses, tmp_path / "plot.png")
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", data[16:24]) == (700, 400)
+
+    class Writer:
+        scalars, images = [], []
+
+        def add_scalar(self, tag, value, step):
+            self.scalars.append((tag, value, step))
+
+        def add_image(self, tag, image, step, dataformats):
+            self.images.append((tag, image.shape, image.dtype, step, dataformats))
+
+    log_loss_by_position_to_tensorboard(Writer(), losses, step=500)
+    assert [tag for tag, _, _ in Writer.scalars] == [f"loss_by_position/positions_{name}" for name in
+                                                     ("0", "1", "2-3", "4-7", "8-15", "16-31")]
+    assert Writer.scalars[-1] == ("loss_by_position/positions_16-31", pytest.approx(last), 500)
+    assert Writer.images == [("loss_by_position/plot", (240, 420, 3), np.uint8, 500, "HWC")]
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "eval.py"), *args, "--device", "cpu"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def printed(name: str, stdout: str) -> float:
+    return float(re.search(rf"^{name}\s+([0-9.]+)", stdout, re.MULTILINE).group(1))
+
+
+def test_cli_scores_a_text_file_and_plots_loss_by_position(run, tmp_path):
+    text_file = tmp_path / "speech.txt"
+    text_file.write_text(TEXT[:500], encoding="utf-8")
+    result = run_script("--checkpoint", str(run["run_dir"]), "--text-file", str(text_file),
+                        "--batch-size", "4")
+    assert result.returncode == 0, result.stderr
+    expected = evaluate_tokens(run["model"], run["tokenizer"], run["tokenizer"].encode(TEXT[:500]), 4, True)
+    assert printed("loss", result.stdout) == pytest.approx(expected.loss, abs=1e-4)
+    assert printed("perplexity", result.stdout) == pytest.approx(math.exp(expected.loss), abs=1e-3)
+    assert printed("bits per character", result.stdout) == pytest.approx(expected.bits_per_unit, abs=1e-4)
+    assert "15 windows of 32 + a tail of 19" in result.stdout
+    plot = run["run_dir"] / "loss_by_position_speech.png"
+    assert f"wrote {plot}" in result.stdout and plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_scores_the_runs_validation_split(run):
+    result = run_script("--checkpoint", str(run["run_dir"] / "best.pt"), "--split", "validation", "--no-plot")
+    assert result.returncode == 0, result.stderr
+    expected = evaluate_tokens(run["model"], run["tokenizer"], run["data"].validation, 16, True)
+    assert printed("loss", result.stdout) == pytest.approx(expected.loss, abs=1e-4)
+    assert "on the validation split" in result.stdout and "wrote" not in result.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--checkpoint", "no/such/run"], "no/such/run: no such checkpoint file or run folder"),
+    (["--text-file", "no/such/file.txt"], "no/such/file.txt: text file not found"),
+], ids=["missing-checkpoint", "missing-text-file"])
+def test_cli_bad_input_is_one_line_and_exit_status_2(run, args, message):
+    if args[0] != "--checkpoint":
+        args = ["--checkpoint", str(run["run_dir"]), *args]
+    result = run_script(*args)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
