@@ -1,0 +1,475 @@
+"""Generation: cached == uncached, the context rule, sampling, seeds, stops, batches, the CLI."""
+
+import copy
+import io
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+from tinyattn.checkpoint import FORMAT, save_checkpoint
+from tinyattn.cli.generate import main
+from tinyattn.config import Config, DataConfig, ModelConfig, TokenizerConfig, config_to_dict, load_config
+from tinyattn.errors import ConfigError
+from tinyattn.generate import (CachedDecoder, PromptWarning, StopStringFilter, apply_repetition_penalty,
+                               generate, generate_samples, generate_tokens, nucleus_mask,
+                               pack_linear_weights, sample_next_token)
+from tinyattn.model import LanguageModel, ModelOutput
+from tinyattn.tokenizer import build_tokenizer
+from tests.conftest import ROOT
+
+TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer(TokenizerConfig(kind="char"), lambda: iter([TEXT]))
+
+
+def tiny_model(tokenizer, context_length=24, seed=0) -> LanguageModel:
+    torch.manual_seed(seed)
+    config = ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
+                         context_length=context_length)
+    return LanguageModel(config).eval()
+
+
+def random_ids(vocab_size, length, batch=2, seed=1):
+    return torch.randint(0, vocab_size, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+class BigramModel(torch.nn.Module):
+    """A stand-in with the LanguageModel interface: the logits depend on the last token only."""
+
+    def __init__(self, table: torch.Tensor, context_length: int = 16):
+        super().__init__()
+        self.config = ModelConfig(vocab_size=table.size(0), n_layer=1, n_head=1, n_embd=2,
+                                  context_length=context_length)
+        self.table = torch.nn.Parameter(table, requires_grad=False)  # (V, V): logits after each token
+
+    def new_kv_caches(self, batch_size):
+        return []
+
+    def forward(self, idx, kv_caches=None, start_pos=0):
+        return ModelOutput(self.table[idx], None, None)  # (B, T, V)
+
+
+# ----------------------------------------------------------------------------- the cached model
+
+
+def test_cached_decoding_equals_recomputing_at_every_step(tokenizer):
+    model = tiny_model(tokenizer, context_length=24)
+    ids = random_ids(tokenizer.vocab_size, 24)
+    decoder = CachedDecoder(model, batch_size=2)
+    with torch.inference_mode():
+        logits = decoder.prefill(ids[:, :5])
+        for t in range(5, 24):
+            full = model(ids[:, :t]).logits[:, -1]  # (B, V), recomputed from scratch
+            torch.testing.assert_close(logits, full, rtol=0, atol=1e-4)
+            logits = decoder.step(ids[:, t])
+    assert decoder.refills == 0
+
+
+def test_past_the_context_the_cache_is_refilled_by_the_documented_rule(tokenizer):
+    context, keep = 16, 8  # keep = context_length // 2
+    model = tiny_model(tokenizer, context_length=context)
+    ids = random_ids(tokenizer.vocab_size, 60)
+    decoder = CachedDecoder(model, batch_size=2)
+    start = 0  # first token of the window the model sees, per the rule
+    with torch.inference_mode():
+        logits = decoder.prefill(ids[:, :5])
+        for end in range(5, 60):  # the window is ids[:, start:end]
+            torch.testing.assert_close(logits, model(ids[:, start:end]).logits[:, -1], rtol=0, atol=1e-4)
+            if end + 1 - start > context:  # the next token does not fit: keep the last `keep`
+                start = end + 1 - keep
+            logits = decoder.step(ids[:, end])
+    assert decoder.refills == 5  # after 16 tokens, then every 8
+
+
+def test_generating_past_the_context_length_matches_the_rule(tokenizer):
+    model = tiny_model(tokenizer, context_length=16)
+    prompt = random_ids(tokenizer.vocab_size, 5, batch=1)
+    produced = torch.stack(list(generate_tokens(model, prompt, 50, temperature=0)), dim=1)  # (1, 50)
+    # Reference: recompute the whole window at every step, sliding it by the rule.
+    sequence, start = prompt[0].tolist(), 0
+    with torch.no_grad():
+        for _ in range(50):
+            if len(sequence) - start > 16:
+                start = len(sequence) - 8
+            logits = model(torch.tensor([sequence[start:]])).logits[0, -1]
+            sequence.append(int(logits.argmax()))
+    assert produced[0].tolist() == sequence[5:]
+    text = "".join(generate(model, tokenizer, "Speak", max_new_tokens=50, seed=0))
+    assert text  # and it did not crash
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+def test_packed_weights_give_the_same_logits_and_tokens(tokenizer):
+    model = tiny_model(tokenizer, context_length=16)
+    packed = copy.deepcopy(model)
+    assert pack_linear_weights(packed)
+    assert not any(isinstance(m, torch.nn.Linear) for m in packed.modules())
+    ids = random_ids(tokenizer.vocab_size, 16)
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(ids).logits, model(ids).logits, rtol=0, atol=1e-5)
+    prompt = ids[:, :4]
+    assert torch.equal(torch.stack(list(generate_tokens(packed, prompt, 40, temperature=0))),
+                       torch.stack(list(generate_tokens(model, prompt, 40, temperature=0))))
+    with pytest.raises(RuntimeError, match="inference only"):
+        packed(ids)  # gradients would be wrong: refused
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def test_greedy_is_deterministic_and_ignores_the_seed(tokenizer):
+    model = tiny_model(tokenizer)
+    texts = {"".join(generate(model, tokenizer, "All:", max_new_tokens=30, temperature=0, seed=s))
+             for s in (1, 2, 3)}
+    assert len(texts) == 1
+
+
+def test_top_k_one_equals_greedy(tokenizer):
+    model = tiny_model(tokenizer, context_length=16)
+    prompt = random_ids(tokenizer.vocab_size, 4)
+    greedy = list(generate_tokens(model, prompt, 30, temperature=0))
+    top1 = list(generate_tokens(model, prompt, 30, temperature=1.5, top_k=1,
+                                generator=torch.Generator().manual_seed(0)))
+    assert torch.equal(torch.stack(greedy), torch.stack(top1))
+
+
+# Hand-made distribution, listed out of order so the mask must map back to vocabulary order.
+PROBS = torch.tensor([[0.0625, 0.5, 0.125, 0.0625, 0.25]])
+
+
+@pytest.mark.parametrize("top_p, kept", [
+    (1.0, {0, 1, 2, 3, 4}),
+    (0.3, {1}),  # the most likely token alone reaches it
+    (0.5, {1}),  # exactly reached by the first
+    (0.6, {1, 4}),
+    (0.75, {1, 4}),  # exactly reached by two
+    (0.8, {1, 4, 2}),
+    (0.95, {1, 4, 2, 0, 3}),  # 0.9375 is not enough: all five
+])
+def test_nucleus_keeps_the_smallest_set_reaching_p(top_p, kept):
+    mask = nucleus_mask(PROBS, top_p)
+    assert set(mask[0].nonzero().flatten().tolist()) == kept
+
+
+def test_nucleus_takes_one_of_two_tied_tokens_when_one_is_enough():
+    kept = set(nucleus_mask(PROBS, 0.9)[0].nonzero().flatten().tolist())  # 0.875 + 0.0625 reaches it
+    assert len(kept) == 4 and {1, 4, 2} < kept
+
+
+def test_top_p_and_top_k_draw_only_from_the_kept_tokens():
+    logits = PROBS.log().expand(4000, -1)  # (4000, V): many draws at once
+    drawn = sample_next_token(logits, torch.Generator().manual_seed(0), temperature=1.0, top_p=0.75)
+    assert set(drawn.tolist()) == {1, 4}
+    assert abs((drawn == 1).float().mean().item() - 2 / 3) < 0.03  # renormalised 0.5 : 0.25
+    drawn = sample_next_token(logits, torch.Generator().manual_seed(0), temperature=1.0, top_k=3)
+    assert set(drawn.tolist()) == {1, 4, 2}
+
+
+def test_temperature_zero_is_argmax_and_logits_are_not_modified():
+    logits = torch.tensor([[0.1, 3.0, -1.0], [2.0, 0.0, 1.0]])
+    before = logits.clone()
+    assert sample_next_token(logits, None, temperature=0).tolist() == [1, 0]
+    sample_next_token(logits, torch.Generator().manual_seed(0), temperature=0.7, top_k=2, top_p=0.9)
+    assert torch.equal(logits, before)
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
+    logits = torch.tensor([[2.0, -2.0, 1.0, -1.0]])
+    present = torch.tensor([[True, True, False, False]])
+    assert apply_repetition_penalty(logits, present, 2.0).tolist() == [[1.0, -4.0, 1.0, -1.0]]
+
+
+def test_repetition_penalty_counts_the_prompt_and_the_generated_tokens():
+    # Bigram stand-in that always prefers token 0 (logit 10) over token 1 (logit 5).
+    table = torch.zeros(3, 3)
+    table[:, 0], table[:, 1] = 10.0, 5.0
+    model = BigramModel(table)
+    def greedy(prompt, penalty):
+        ids = torch.tensor([prompt])
+        tokens = generate_tokens(model, ids, 4, temperature=0, repetition_penalty=penalty)
+        return torch.cat(list(tokens)).tolist()
+    assert greedy([2], 1.0) == [0, 0, 0, 0]
+    assert greedy([2], 4.0) == [0, 1, 0, 0]  # 10/4 < 5, then 5/4 < 10/4
+    assert greedy([0], 4.0) == [1, 0, 0, 0]  # the prompt's token is penalised from the start
+
+
+def test_same_seed_same_text_different_seed_different_text(tokenizer):
+    model = tiny_model(tokenizer)
+    def sample(seed):
+        return "".join(generate(model, tokenizer, "All:", max_new_tokens=40, temperature=1.0, seed=seed))
+    assert sample(7) == sample(7)
+    assert sample(7) != sample(8)
+    generator_text = "".join(generate(model, tokenizer, "All:", max_new_tokens=40, temperature=1.0,
+                                      generator=torch.Generator().manual_seed(7)))
+    assert generator_text == sample(7)
+
+
+def test_batched_samples_equal_the_same_samples_decoded_one_by_one(tokenizer):
+    model = tiny_model(tokenizer, context_length=16)
+    options = dict(max_new_tokens=40, temperature=1.0, top_k=20, top_p=0.95, repetition_penalty=1.2)
+    batched = collect(generate_samples(model, tokenizer, "Speak", 3, seed=11, **options))
+    alone = ["".join(generate(model, tokenizer, "Speak", seed=11 + i, **options)) for i in range(3)]
+    assert [text for text, _ in batched] == alone
+    assert len(set(alone)) == 3
+    greedy = collect(generate_samples(model, tokenizer, "Speak", 2, max_new_tokens=30, temperature=0))
+    assert greedy[0] == greedy[1]
+
+
+def collect(pieces) -> list[tuple[str, str]]:
+    """(text, finish reason) of each sample; checks that pieces come in sample order."""
+    texts, reasons, order = {}, {}, []
+    for piece in pieces:
+        assert piece.sample not in reasons, "a piece after the sample's last one"
+        if not order or order[-1] != piece.sample:
+            assert piece.sample not in order, "samples interleaved"
+            order.append(piece.sample)
+        texts[piece.sample] = texts.get(piece.sample, "") + piece.text
+        if piece.finish_reason is not None:
+            reasons[piece.sample] = piece.finish_reason
+    assert order == sorted(order) and set(reasons) == set(order)
+    return [(texts[i], reasons[i]) for i in order]
+
+
+# ----------------------------------------------------------------------------- ending a sample
+
+
+def test_stop_string_filter_holds_back_possible_starts():
+    f = StopStringFilter(["\n\n", "END"])
+    assert f.push("ab\n") == "ab"  # "\n" may start "\n\n"
+    assert f.push("c") == "\nc"  # it did not
+    assert f.push("E") == ""
+    assert f.push("N") == ""
+    assert f.push("Dzz") == ""  # "END" split across three pieces
+    assert f.stopped and f.push("more") == "" and f.flush() == ""
+    g = StopStringFilter(["xyz"])
+    assert g.push("wxy") == "w" and g.flush() == "xy"  # the end of a sample releases held text
+    h = StopStringFilter(["bc", "ab"])
+    assert h.push("zabc") == "z"  # the earliest occurrence wins
+
+
+def test_stop_string_ends_the_sample_and_is_not_printed(tokenizer):
+    model = tiny_model(tokenizer)
+    # The untrained model may draw end-of-text early: take the first seed whose text is long.
+    seed = next(s for s in range(100)
+                if len("".join(generate(model, tokenizer, "All:", max_new_tokens=40, seed=s))) >= 20)
+    options = dict(max_new_tokens=40, seed=seed)
+    full = "".join(generate(model, tokenizer, "All:", **options))
+    stop = full[12:15]  # three characters: three tokens of a character-level tokenizer
+    pieces = list(generate_samples(model, tokenizer, "All:", 1, stop=[stop], **options))
+    assert "".join(p.text for p in pieces) == full[:full.index(stop)]
+    assert pieces[-1].finish_reason == "stop"
+    assert all(stop not in p.text for p in pieces)
+
+
+def test_end_of_text_ends_a_sample(tokenizer):
+    small = build_tokenizer(TokenizerConfig(kind="char"), lambda: iter(["abc"]))
+    a, b, c = small.encode("abc")
+    table = torch.zeros(small.vocab_size, small.vocab_size)
+    table[a, b] = table[b, c] = table[c, small.eot_id] = 10.0  # a -> b -> c -> end of text
+    model = BigramModel(table)
+    samples = collect(generate_samples(model, small, "a", 2, max_new_tokens=20, temperature=0))
+    assert samples == [("bc", "eot"), ("bc", "eot")]
+    assert "".join(generate(model, small, "b", max_new_tokens=1, temperature=0)) == "c"
+
+
+def test_an_empty_prompt_starts_from_the_end_of_text_token(tokenizer):
+    model = tiny_model(tokenizer)
+    text = "".join(generate(model, tokenizer, "", max_new_tokens=20, temperature=0))
+    ids = torch.cat(list(generate_tokens(model, torch.tensor([[tokenizer.eot_id]]), 20, temperature=0)))
+    expected = tokenizer.decode(ids.tolist()).split("<|endoftext|>")[0]
+    assert text == expected
+
+
+def test_a_prompt_longer_than_the_context_keeps_its_end_with_a_warning(tokenizer):
+    model = tiny_model(tokenizer, context_length=16)
+    prompt = TEXT[:40]
+    with pytest.warns(PromptWarning, match="40 tokens, longer than the model's context of 16"):
+        long = "".join(generate(model, tokenizer, prompt, max_new_tokens=10, temperature=0))
+    assert long == "".join(generate(model, tokenizer, prompt[-16:], max_new_tokens=10, temperature=0))
+
+
+def test_unknown_characters_become_unk_with_a_warning_naming_them(tokenizer):
+    model = tiny_model(tokenizer)
+    with pytest.warns(PromptWarning, match="'é', 'ü'"):
+        text = "".join(generate(model, tokenizer, "Spéak ü", max_new_tokens=5, seed=0))
+    assert len(text) <= 5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        list(generate(model, tokenizer, "Speak", max_new_tokens=2, seed=0))  # known text: no warning
+
+
+@pytest.mark.parametrize("option, value", [
+    ("temperature", -0.5), ("top_k", -1), ("top_p", 0.0), ("top_p", 1.5), ("max_new_tokens", -1),
+    ("repetition_penalty", 0.0), ("stop", [""]),
+])
+def test_bad_options_are_config_errors(tokenizer, option, value):
+    model = tiny_model(tokenizer)
+    with pytest.raises(ConfigError):
+        list(generate(model, tokenizer, "All", **{option: value}))
+    with pytest.raises(ConfigError, match="num-samples"):
+        list(generate_samples(model, tokenizer, "All", 0))
+
+
+def test_the_models_train_mode_is_restored(tokenizer):
+    model = tiny_model(tokenizer).train()
+    list(generate(model, tokenizer, "All", max_new_tokens=3, seed=0))
+    assert model.training
+
+
+# ----------------------------------------------------------------------------- the command line
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, tokenizer):
+    """A run folder holding best.pt of a tiny untrained model and a char tokenizer."""
+    run = tmp_path_factory.mktemp("checkpoints") / "tiny"
+    model = tiny_model(tokenizer, context_length=32)
+    config = Config(model=model.config, data=DataConfig(files=["corpus.txt"]))
+    save_checkpoint({"model": model.state_dict(), "config": config_to_dict(config),
+                     "tokenizer": tokenizer.to_json(), "step": 0}, run / "best.pt")
+    return run
+
+
+def run_main(argv, capsys, stdin=None, monkeypatch=None):
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    status = main(argv)
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_cli_end_to_end_on_a_trained_checkpoint(tmp_path):
+    from tinyattn.train import train
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT * 40, encoding="utf-8")
+    config = load_config(ROOT / "configs" / "tiny.yaml", [
+        f"data.files={corpus}", "data.url=null", "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}",
+        f"train.out_dir={tmp_path / 'runs'}", "train.max_steps=4", "train.eval_interval=4",
+        "train.sample_tokens=0"])
+    train(config, run_name="few-steps", progress=False)
+    # No --checkpoint: the most recent run under --out-dir.
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "generate.py"), "--out-dir",
+                             str(tmp_path / "runs"), "--prompt", "All:", "--max-new-tokens", "30", "--seed",
+                             "1", "--num-samples", "2"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and "few-steps" in result.stderr
+    assert result.stdout.startswith("--- sample 1/2 ---\nAll:")
+    assert "\n--- sample 2/2 ---\nAll:" in result.stdout
+
+
+def test_cli_streams_flushing_every_piece(run_dir, monkeypatch):
+    events = []
+
+    class Recorder:
+        def write(self, text):
+            events.append(("write", text))
+
+        def flush(self):
+            events.append(("flush", None))
+
+    monkeypatch.setattr(sys, "stdout", Recorder())
+    status = main(["--checkpoint", str(run_dir), "--prompt", "All:", "--max-new-tokens", "20",
+                   "--temperature", "0", "--dtype", "fp32"])
+    assert status == 0
+    writes = [text for kind, text in events if kind == "write"]
+    assert writes[0] == "All:" and len(writes) >= 10  # the prompt, then token by token
+    assert all(events[i + 1][0] == "flush" for i, (kind, _) in enumerate(events) if kind == "write")
+
+
+def test_cli_same_seed_same_text_and_defaults_from_the_checkpoint(run_dir, capsys):
+    argv = ["--checkpoint", str(run_dir / "best.pt"), "--prompt", "All:", "--seed", "5", "--dtype", "fp32",
+            "--max-new-tokens", "25"]
+    first, second = run_main(argv, capsys), run_main(argv, capsys)
+    assert first[0] == 0 and first[1] == second[1] and first[1].startswith("All:")
+    status, out, _ = run_main(["--checkpoint", str(run_dir), "--seed", "5", "--dtype", "fp32",
+                               "--max-new-tokens", "25", "--top-k", "1"], capsys)
+    assert status == 0 and out.startswith("\n")  # the saved sample.prompt is a newline
+
+
+def test_cli_interactive_reads_prompts_until_end_of_input(run_dir, capsys, monkeypatch):
+    options = ["--checkpoint", str(run_dir), "--max-new-tokens", "8", "--temperature", "0", "--dtype", "fp32"]
+    status, out, err = run_main([*options, "--interactive"], capsys, stdin="Speak\nAll:\n",
+                                monkeypatch=monkeypatch)
+    assert status == 0 and "Traceback" not in err
+    # The same continuations as one-shot runs, without the echoed prompts.
+    first = run_main([*options, "--prompt", "Speak"], capsys)[1]
+    second = run_main([*options, "--prompt", "All:"], capsys)[1]
+    assert out == first.removeprefix("Speak") + second.removeprefix("All:")
+
+
+def test_cli_prompt_from_stdin_and_stop_escapes(run_dir, capsys, monkeypatch):
+    status, out, _ = run_main(["--checkpoint", str(run_dir), "-", "--max-new-tokens", "40", "--seed", "2",
+                               "--dtype", "fp32", "--stop", "\\n", "e"], capsys, stdin="All:",
+                              monkeypatch=monkeypatch)
+    assert status == 0 and out.startswith("All:")
+    assert "\n" not in out.removeprefix("All:").rstrip("\n") and "e" not in out.removeprefix("All:")
+
+
+def test_cli_warns_about_unknown_characters_and_long_prompts(run_dir, capsys):
+    status, out, err = run_main(["--checkpoint", str(run_dir), "--prompt", "Spéak " * 10,
+                                 "--max-new-tokens", "3", "--dtype", "fp32"], capsys)
+    assert status == 0
+    assert "warning: the prompt has characters the tokenizer has never seen, read as [UNK]: 'é'" in err
+    assert "warning: the prompt is 60 tokens, longer than the model's context of 32" in err
+    assert "Traceback" not in err
+
+
+def bad_checkpoints(tmp_path):
+    not_a_checkpoint = tmp_path / "notes.txt"
+    not_a_checkpoint.write_text("hello")
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": torch.zeros(2)}, foreign)
+    future = tmp_path / "future.pt"
+    torch.save({"format": FORMAT, "format_version": 99}, future)
+    return not_a_checkpoint, foreign, future
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--temperature", "-1"], "temperature -1.0 is not accepted"),
+    (["--top-p", "0"], "top-p 0.0 is not accepted"),
+    (["--top-p", "1.5"], "top-p 1.5 is not accepted"),
+    (["--top-k", "-3"], "top-k -3 is not accepted"),
+    (["--max-new-tokens", "-1"], "max-new-tokens -1 is not accepted"),
+    (["--num-samples", "0"], "num-samples 0 is not accepted"),
+    (["--repetition-penalty", "0"], "repetition penalty 0.0 is not accepted"),
+    (["--seed", "-1"], "seed -1 is not accepted"),
+    (["--stop", ""], "stop string '' is not accepted"),
+    (["--device", "gpu"], "--device 'gpu' is not accepted"),
+    (["--prompt-file", "{tmp}/missing.txt"], "missing.txt: prompt file not found"),
+    (["--checkpoint", "{tmp}/nowhere"], "nowhere: no such checkpoint file or run folder"),
+    (["--checkpoint", "{tmp}/notes.txt"], "notes.txt: not a readable checkpoint"),
+    (["--checkpoint", "{tmp}/foreign.pt"], "foreign.pt: not a tinyattn checkpoint"),
+    (["--checkpoint", "{tmp}/future.pt"], "checkpoint format version 99 is not supported"),
+    (["--out-dir", "{tmp}/empty"], "no checkpoints under"),
+])
+def test_cli_bad_input_is_one_line_and_exit_status_2(run_dir, tmp_path, capsys, args, message):
+    bad_checkpoints(tmp_path)
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    if "--checkpoint" not in args and "--out-dir" not in args:
+        args += ["--checkpoint", str(run_dir)]
+    status, out, err = run_main(args, capsys)
+    assert status == 2
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert "Traceback" not in err
+
+
+def test_cli_prompt_that_is_not_utf8_is_one_line_and_exit_status_2(run_dir, capsys):
+    status, out, err = run_main(["--checkpoint", str(run_dir), "--prompt", "ab\udcff"], capsys)
+    assert status == 2 and "Traceback" not in err
+    assert err.splitlines()[-1] == "error: the prompt is not valid UTF-8 text (at character 2: '\\udcff')"
+
+
+def test_cli_incompatible_checkpoint_in_a_real_process(tmp_path):
+    _, _, future = bad_checkpoints(tmp_path)
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "generate.py"),
+                             "--checkpoint", str(future)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,231 @@
+"""`python scripts/generate.py`: sample text from a trained checkpoint, streamed as it is produced.
+
+Parses the arguments, loads the checkpoint, and calls `tinyattn.generate.generate_samples`.
+What goes where:
+
+- stdout: the prompt, then the generated text, flushed token by token, then a newline if
+  the text did not end with one. With `--num-samples N > 1`, each sample is preceded by a
+  `--- sample i/N ---` line; the samples are decoded together as one batch, sample 1 streams
+  live and each later one follows as soon as the ones before it have ended (its text so far
+  at once, then live). A stop string or the end-of-text token ends a sample and is not
+  printed.
+- stderr: one line saying which checkpoint was loaded, warnings about the prompt
+  (`warning: ...`), and errors (`error: ...`, exit status 2, no traceback).
+
+`--interactive` reads one prompt per line from stdin until end of input (Ctrl-D) and prints
+each continuation; the prompt itself is not echoed there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import warnings
+from pathlib import Path
+from typing import Optional
+
+from tinyattn.cli import run_command
+from tinyattn.errors import ConfigError, DataError
+
+DESCRIPTION = """\
+Generate text from a trained tinyattn checkpoint, streamed to stdout as it is produced.
+
+The prompt comes from --prompt, --prompt-file FILE, or stdin ("-"); without any of them,
+the checkpoint's configured prompt (sample.prompt, a newline by default) is used. An empty
+prompt starts from the end-of-text token (a newline for tokenizers without one). A prompt
+longer than the model's context keeps its end (with a warning); characters a
+character-level tokenizer never saw become [UNK] (with a warning naming them).
+
+Sampling options not given default to the checkpoint's saved `sample` config. Temperature 0
+is greedy decoding. --seed N fixes the text: sample i (from 1) of --num-samples uses seed
+N + i - 1, so each sample equals the single sample of a run with that seed.
+
+Past the model's context length, generation goes on: when the context is full, the last
+context_length // 2 tokens are re-read (positions restart at 0) and decoding continues.
+"""
+
+EPILOG = """\
+examples:
+  python scripts/generate.py --prompt "ROMEO:" --max-new-tokens 300
+  python scripts/generate.py --checkpoint checkpoints/shakespeare_char --temperature 0
+  python scripts/generate.py --prompt "To be" --num-samples 3 --seed 1 --stop "\\n\\n"
+  echo "JULIET:" | python scripts/generate.py -
+  python scripts/generate.py --interactive
+"""
+
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="generate.py", description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", metavar="RUN_DIR|FILE",
+                        help="a run folder (its best.pt, else its latest step) or a checkpoint file; "
+                             "default: the best checkpoint of the most recent run under --out-dir")
+    parser.add_argument("--out-dir", default="checkpoints", metavar="DIR",
+                        help="where runs are looked for when --checkpoint is not given "
+                             "(default: checkpoints)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--prompt", metavar="TEXT", help="the text to continue")
+    source.add_argument("--prompt-file", metavar="FILE",
+                        help="read the prompt from a UTF-8 file ('-': stdin)")
+    source.add_argument("stdin", nargs="?", choices=["-"], default=None, metavar="-",
+                        help="read the prompt from stdin")
+    source.add_argument("--interactive", action="store_true",
+                        help="read prompts from stdin, one per line, until end of input")
+    parser.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens to generate per sample")
+    parser.add_argument("--temperature", type=float, metavar="T", help="0 is greedy; higher is more random")
+    parser.add_argument("--top-k", type=int, metavar="K",
+                        help="sample among the K most likely tokens (0: off)")
+    parser.add_argument("--top-p", type=float, metavar="P",
+                        help="sample among the fewest most likely tokens whose probability "
+                             "reaches P (1: off)")
+    parser.add_argument("--repetition-penalty", type=float, metavar="R",
+                        help="make tokens already in the text less likely (CTRL-style; 1: off)")
+    parser.add_argument("--num-samples", type=int, default=1, metavar="S",
+                        help="samples decoded together as one batch (default: 1)")
+    parser.add_argument("--seed", type=int, metavar="N", help="fix the random draws (default: a fresh seed)")
+    parser.add_argument("--stop", nargs="+", action="extend", default=[], metavar="STRING",
+                        help="end a sample where this string appears (not printed); Python escapes "
+                             "such as \\n are understood; may be given several times")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+                        help="weights' dtype; auto: bf16 on CUDA and on CPUs with fast bf16 "
+                             "(measured), else fp32")
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_command(lambda: run(args))
+
+
+def run(args: argparse.Namespace) -> int:
+    # Heavy imports here, so --help and argument errors answer at once.
+    from tinyattn.checkpoint import load_model
+    from tinyattn.generate import (PromptWarning, check_sampling_options, inference_dtype,
+                                   pack_linear_weights)
+    from tinyattn.runtime import select_device
+
+    stop = [unescape(s) for s in args.stop]
+    check_sampling_options(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                           repetition_penalty=args.repetition_penalty,
+                           max_new_tokens=args.max_new_tokens, num_samples=args.num_samples, seed=args.seed,
+                           stop=stop)
+    if not DEVICE_PATTERN.match(args.device):
+        raise ConfigError(f"--device {args.device!r} is not accepted: "
+                          "expected auto, cpu, cuda, cuda:N or mps")
+    prompt = None if args.interactive else read_prompt(args)
+
+    device = select_device(args.device)
+    loaded = load_model(args.checkpoint, device, args.out_dir)
+    dtype = inference_dtype(args.dtype, device)
+    model = loaded.model.to(dtype)
+    size = model.num_parameters()
+    packed = pack_linear_weights(model)  # only ever used to generate: store weights for fast CPU matmuls
+    print(f"{loaded.path} (step {loaded.step}): {size / 1e6:.2f}M parameters, "
+          f"{str(dtype).removeprefix('torch.')} on {device}{', packed weights' if packed else ''}",
+          file=sys.stderr)
+
+    saved = loaded.config.sample
+    options = dict(
+        max_new_tokens=_given(args.max_new_tokens, saved.max_new_tokens),
+        temperature=_given(args.temperature, saved.temperature),
+        top_k=_given(args.top_k, saved.top_k),
+        top_p=_given(args.top_p, saved.top_p),
+        repetition_penalty=_given(args.repetition_penalty, saved.repetition_penalty),
+        stop=stop, seed=args.seed)
+    out = StreamPrinter(sys.stdout, args.num_samples)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", PromptWarning)
+        warnings.showwarning = _show_warning
+        if not args.interactive:
+            out.run(model, loaded.tokenizer, _given(prompt, saved.prompt), options, echo=True)
+            return 0
+        interactive = sys.stdin.isatty()
+        while True:
+            if interactive:
+                print("> ", end="", file=sys.stderr, flush=True)
+            line = read_stdin(sys.stdin.readline)
+            if not line:  # end of input
+                if interactive:
+                    print(file=sys.stderr)
+                return 0
+            out.run(model, loaded.tokenizer, line.rstrip("\r\n"), options, echo=False)
+
+
+class StreamPrinter:
+    """Writes pieces as they come, with a header line before each sample when there are several."""
+
+    def __init__(self, stream, num_samples: int):
+        self.stream = stream
+        self.num_samples = num_samples
+        self.at_line_start = True
+
+    def write(self, text: str) -> None:
+        if text:
+            self.stream.write(text)
+            self.stream.flush()
+            self.at_line_start = text.endswith("\n")
+
+    def end_line(self) -> None:
+        if not self.at_line_start:
+            self.write("\n")
+
+    def run(self, model, tokenizer, prompt: str, options: dict, echo: bool) -> None:
+        from tinyattn.generate import generate_samples
+
+        pieces = generate_samples(model, tokenizer, prompt, self.num_samples, **options)
+        started = -1
+        for piece in pieces:
+            if piece.sample != started:  # first piece of a sample
+                started = piece.sample
+                if self.num_samples > 1:
+                    self.end_line()
+                    self.write(f"--- sample {piece.sample + 1}/{self.num_samples} ---\n")
+                if echo:
+                    self.write(prompt)
+            self.write(piece.text)
+        self.end_line()
+
+
+def read_prompt(args: argparse.Namespace) -> Optional[str]:
+    """The prompt text from --prompt, --prompt-file or stdin; None when none was given."""
+    if args.prompt is not None:
+        return args.prompt
+    if args.stdin == "-" or args.prompt_file == "-":
+        return read_stdin(sys.stdin.read)
+    if args.prompt_file is not None:
+        path = Path(args.prompt_file)
+        try:
+            return path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise DataError(f"{path}: prompt file not found") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise DataError(f"{path}: cannot read the prompt file ({e})") from None
+    return None
+
+
+def read_stdin(read) -> str:
+    try:
+        return read()
+    except UnicodeDecodeError as e:
+        raise DataError(f"stdin: the prompt is not {sys.stdin.encoding} text ({e.reason})") from None
+
+
+def unescape(text: str) -> str:
+    r"""Python escapes in a command-line string: "\n" -> newline; other characters unchanged."""
+    try:
+        return text.encode("latin-1", "backslashreplace").decode("unicode_escape")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"--stop {text!r}: not a valid escape sequence ({e.reason})") from None
+
+
+def _given(value, default):
+    return default if value is None else value
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
