@@ -6,8 +6,27 @@ results on the machines we have. Timings are medians over repeats after warm-up.
 
 from __future__ import annotations
 
+import json
+import os
+import platform
+import resource
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tinyattn.config import Config, ModelConfig, load_config
+from tinyattn.data import TokenData
+from tinyattn.generate import generate_tokens, pack_linear_weights, sample_next_token
+from tinyattn.model import LanguageModel, attention, causal_mask
+from tinyattn.runtime import (DTYPES, cpu_bf16_speedup, measure_peak_flops, select_device, select_precision,
+                              synchronize)
+from tinyattn.train import Trainer
 
 
 def median_time(fn, repeats: int, warmup: int = 1) -> float:
@@ -23,12 +42,384 @@ def median_time(fn, repeats: int, warmup: int = 1) -> float:
 
 
 # ----------------------------------------------------------------------------- decoding
-# (measure_decode goes here)
+
+
+def measure_decode(*, n_layer: int = 6, n_head: int = 6, n_embd: int = 384, context_length: int = 256,
+                   vocab_size: int = 65, new_tokens: int = 500, prompt_tokens: int = 200,
+                   uncached_tokens: int | None = None, dtype: str = "fp32", threads: int | None = None,
+                   pack: bool = False, temperature: float = 0.8, repeats: int = 3, device: str = "cpu",
+                   seed: int = 0) -> dict:
+    """Batch-1 decoding speed with the KV cache (`generate_tokens`) and without it.
+
+    The model has random weights (its own initialisation, seeded); speed does not depend on
+    them. Both loops sample with the same `sample_next_token` at `temperature`.
+
+    - ttft_ms: time to first token for a `prompt_tokens` prompt (prefill, then one draw).
+    - cached_tokens_per_s: the `new_tokens - 1` tokens after the first, over the time from the
+      first to the last; past the context this includes the refills (the context rule of
+      `tinyattn.generate`), as a real run does.
+    - uncached_tokens_per_s: the same prompt, each step recomputing the full forward pass over
+      the last <= context_length tokens (a sliding window), for `uncached_tokens` tokens
+      (default `new_tokens`); timed once, it is slow.
+    Cached figures are medians of `repeats` runs after one warm-up run. `dtype` is "fp32" or
+    "bf16" (the weights are cast); `threads` sets torch.set_num_threads for the measurement;
+    `pack` stores the weights in oneDNN's layout first (`tinyattn.generate.pack_linear_weights`),
+    for both loops.
+    """
+    torch_device = select_device(device)
+    saved_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(seed)
+        config = ModelConfig(vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+                             context_length=context_length)
+        model = LanguageModel(config).to(torch_device, DTYPES[dtype]).eval()
+        parameters = model.num_parameters()
+        packed = pack and pack_linear_weights(model)
+        prompt = torch.randint(0, vocab_size, (1, prompt_tokens),
+                               generator=torch.Generator().manual_seed(seed)).to(torch_device)
+
+        def cached_run(n: int) -> tuple[float, float]:
+            generator = torch.Generator(torch_device).manual_seed(seed)
+            start = time.perf_counter()
+            tokens = generate_tokens(model, prompt, n, temperature=temperature, generator=generator)
+            next(tokens)
+            synchronize(torch_device)
+            first = time.perf_counter()
+            for _ in tokens:
+                pass
+            synchronize(torch_device)
+            return first - start, time.perf_counter() - first
+
+        cached_run(min(new_tokens, 50))  # warm-up: kernels, thread pool, allocator
+        runs = [cached_run(new_tokens) for _ in range(repeats)]
+        ttft = statistics.median(r[0] for r in runs)
+        decode_seconds = statistics.median(r[1] for r in runs)
+
+        uncached_tokens = new_tokens if uncached_tokens is None else uncached_tokens
+        generator = torch.Generator(torch_device).manual_seed(seed)
+        sequence = prompt.clone()  # (1, T), grows by one token a step
+        with torch.inference_mode():
+            model(sequence[:, -context_length:])  # warm-up
+            synchronize(torch_device)
+            start = time.perf_counter()
+            for _ in range(uncached_tokens):
+                logits = model(sequence[:, -context_length:]).logits[:, -1]  # (1, V)
+                token = sample_next_token(logits, generator, temperature)  # (1,)
+                sequence = torch.cat([sequence, token.unsqueeze(1)], dim=1)
+            synchronize(torch_device)
+            uncached_seconds = time.perf_counter() - start
+
+        refills, position = 0, min(prompt_tokens, context_length)  # the context rule, counted
+        for _ in range(new_tokens - 1):
+            if position == context_length:
+                refills, position = refills + 1, max(1, context_length // 2)
+            else:
+                position += 1
+        cached = (new_tokens - 1) / decode_seconds
+        uncached = uncached_tokens / uncached_seconds
+        return {
+            "device": str(torch_device), "cpu": _cpu_name(), "machine": platform.machine(),
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "dtype": dtype, "packed": packed,
+            "model": {"n_layer": n_layer, "n_head": n_head, "n_embd": n_embd,
+                      "context_length": context_length, "vocab_size": vocab_size,
+                      "parameters": parameters},
+            "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "uncached_tokens": uncached_tokens,
+            "temperature": temperature, "repeats": repeats, "refills": refills,
+            "ttft_ms": 1000 * ttft,
+            "cached_tokens_per_s": cached, "cached_ms_per_token": 1000 / cached,
+            "uncached_tokens_per_s": uncached, "uncached_ms_per_token": 1000 / uncached,
+            "speedup": cached / uncached,
+        }
+    finally:
+        torch.set_num_threads(saved_threads)
+
+
+def _cpu_name() -> str:
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 # ----------------------------------------------------------------------------- attention cost
-# (measure_attention_cost goes here)
+
+
+def measure_attention_cost(context_lengths=(64, 128, 256, 512, 1024, 2048), batch_size: int = 4,
+                           n_head: int = 6, head_dim: int = 64, repeats: int = 5,
+                           device: str = "cpu", measure_memory: bool = True) -> dict:
+    """Forward time and peak memory of one causal attention: fused (SDPA) against explicit.
+
+    Both paths get the same fp32 q, k, v of shape (B, H, T, D) and no projections, so the
+    figures are the cost of attention alone: `F.scaled_dot_product_attention(is_causal=True)`
+    against `tinyattn.model.attention` with `causal_mask`, which materialises the (B, H, T, T)
+    scores and weights. Times are medians after one warm-up call, without gradients.
+
+    Peak memory is what one forward adds on top of its inputs. On CUDA it is
+    `torch.cuda.max_memory_allocated` above the allocation before the call. On the CPU torch's
+    allocations are invisible to tracemalloc, so each point runs in a fresh Python process
+    that resets the kernel's peak-RSS mark (/proc/self/clear_refs) after building its inputs
+    and a warm-up, runs one forward, and reports the peak RSS (VmHWM) above the RSS before;
+    this counts every page touched, thread-pool scratch included (glibc is told to map
+    every allocation over 16 KiB afresh, so reused free heap pages hide none of it).
+    Lengths whose explicit path would need more than half the memory available are
+    skipped and listed.
+    """
+    torch_device = select_device(device)
+    rows, skipped = [], []
+    for T in context_lengths:
+        weights_bytes = batch_size * n_head * T * T * 4  # (B, H, T, T) fp32, what explicit keeps
+        if 3 * weights_bytes > _available_memory_bytes(torch_device) / 2:  # scores, masked, weights
+            skipped.append(T)
+            continue
+        generator = torch.Generator().manual_seed(0)
+        qkv = torch.randn(3, batch_size, n_head, T, head_dim, generator=generator)  # (3, B, H, T, D)
+        q, k, v = qkv.to(torch_device).unbind(0)
+        row = {"context_length": T, "weights_bytes": weights_bytes}
+        with torch.no_grad():
+            fused = _attention_forward("fused", q, k, v)
+            explicit = _attention_forward("explicit", q, k, v)
+            row["max_abs_difference"] = (fused - explicit).abs().max().item()
+            del fused, explicit
+            for path in ("fused", "explicit"):
+                def forward(path=path):
+                    _attention_forward(path, q, k, v)
+                    synchronize(torch_device)
+                row[f"{path}_ms"] = 1000 * median_time(forward, repeats, warmup=1)
+        for path in ("fused", "explicit"):
+            row[f"{path}_peak_bytes"] = None
+            if measure_memory:
+                row[f"{path}_peak_bytes"] = _attention_peak_bytes(path, T, batch_size, n_head,
+                                                                  head_dim, torch_device)
+        rows.append(row)
+    if not measure_memory:
+        memory_method = "not measured"
+    elif torch_device.type == "cuda":
+        memory_method = "torch.cuda.max_memory_allocated above the allocation before the call"
+    elif torch_device.type == "cpu" and _can_reset_peak_rss():
+        memory_method = "peak RSS (VmHWM) above RSS before the call, one fresh process per point"
+    else:
+        memory_method = "not measured (needs CUDA, or a CPU under Linux with /proc/self/clear_refs)"
+    return {"device": str(torch_device), "threads": torch.get_num_threads(),
+            "batch_size": batch_size, "n_head": n_head, "head_dim": head_dim, "dtype": "fp32",
+            "repeats": repeats, "memory_method": memory_method,
+            "rows": rows, "skipped_context_lengths": skipped}
+
+
+def _attention_forward(path: str, q, k, v):
+    """One causal attention forward; q, k, v: (B, H, T, D). Returns (B, H, T, D)."""
+
+    if path == "fused":
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    T = q.size(2)
+    return attention(q, k, v, causal_mask(T, T, q.device))[0]
+
+
+def _attention_peak_bytes(path: str, T: int, batch_size: int, n_head: int, head_dim: int,
+                          device) -> int | None:
+    """Bytes one forward adds at its peak (see measure_attention_cost for the method)."""
+
+    if device.type == "cuda":
+        q, k, v = torch.randn(3, batch_size, n_head, T, head_dim, device=device).unbind(0)
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        with torch.no_grad():
+            out = _attention_forward(path, q, k, v)
+        torch.cuda.synchronize(device)
+        del out
+        return torch.cuda.max_memory_allocated(device) - before
+    if device.type != "cpu" or not _can_reset_peak_rss():
+        return None
+    # A fresh process: memory freed by earlier points stays mapped in this one and
+    # would hide part of the next point's peak. A low mmap threshold makes glibc map
+    # every allocation over 16 KiB afresh instead of reusing free heap pages unseen.
+    package_root = str(Path(__file__).resolve().parents[1])
+    code = ("import json, sys; from tinyattn.bench import _peak_rss_child; "
+            "print(json.dumps(_peak_rss_child(*json.loads(sys.argv[1]))))")
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "16384",
+           "PYTHONPATH": os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")])}
+    arguments = json.dumps([path, T, batch_size, n_head, head_dim])
+    result = subprocess.run([sys.executable, "-c", code, arguments], capture_output=True, text=True,
+                            env=env, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _peak_rss_child(path: str, T: int, batch_size: int, n_head: int, head_dim: int) -> int:
+    """Runs in its own process: peak RSS above the RSS before one attention forward."""
+
+    q, k, v = torch.randn(3, batch_size, n_head, T, head_dim).unbind(0)
+    with torch.no_grad():
+        _attention_forward(path, q[:, :, :8], k[:, :, :8], v[:, :, :8])  # load kernels, start threads
+        before = _status_kib("VmRSS")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the peak-RSS mark (VmHWM) to the current RSS
+        out = _attention_forward(path, q, k, v)
+        peak = _status_kib("VmHWM")
+    del out
+    return (peak - before) * 1024
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _can_reset_peak_rss() -> bool:
+    """Whether this kernel lets a process reset its peak-RSS mark (tried on this process)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _available_memory_bytes(device) -> float:
+
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float("inf")  # unknown: try every length
 
 
 # ----------------------------------------------------------------------------- training
-# (measure_training goes here)
+
+
+def measure_training(model_config, *, batch_size: int = 16, device: str = "auto",
+                     precision: str = "auto", compile: bool = False, steps: int = 10,
+                     warmup: int = 3, peak_flops: float | None = None) -> dict:
+    """Training throughput of full optimizer steps on random tokens, and MFU.
+
+    Each timed step is forward, backward, gradient clipping and a fused AdamW update,
+    exactly as `tinyattn.train.Trainer.train_step` does them (it is the same code). The
+    FLOPs per token are 6N plus attention (`LanguageModel.flops_per_token`); the peak
+    is a large matmul in the same precision on the same device, measured now.
+    """
+    torch_device = select_device(device)
+    chosen = select_precision(precision, torch_device)
+    config = Config(model=model_config)
+    config.data.files = ["<random tokens>"]
+    config.train.batch_size = batch_size
+    config.train.compile = compile
+    vocab = model_config.vocab_size
+    tokens = np.random.default_rng(0).integers(0, vocab, size=1_000_000).astype(np.uint16)
+    data = TokenData(tokenizer=None, train=tokens, validation=tokens[:10_000], cache_dir=None)
+    trainer = Trainer(config, data, torch_device, chosen)
+    if torch_device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(torch_device)
+
+    def step():
+        trainer.train_step()
+        synchronize(torch_device)
+
+    compile_start = time.perf_counter()
+    step()  # the first step compiles (when asked) and allocates optimizer state
+    first_step = time.perf_counter() - compile_start
+    for _ in range(warmup - 1):
+        step()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
+    tokens_per_step = batch_size * model_config.context_length
+    tokens_per_second = tokens_per_step / seconds
+    flops_per_token = trainer.model.flops_per_token()
+    peak = peak_flops or measure_peak_flops(torch_device, chosen)
+    return {
+        "device": str(torch_device),
+        "precision": chosen.name,
+        "compile": compile,
+        "parameters": trainer.model.num_parameters(),
+        "batch_size": batch_size,
+        "context_length": model_config.context_length,
+        "step_seconds_median": seconds,
+        "first_step_seconds": first_step,
+        "tokens_per_second": tokens_per_second,
+        "flops_per_token": flops_per_token,
+        "peak_flops": peak,
+        "mfu": flops_per_token * tokens_per_second / peak,
+        "peak_memory_bytes": _peak_memory_bytes(torch_device),
+    }
+
+
+def _peak_memory_bytes(device) -> int:
+    """Peak memory of this process: allocated on CUDA, resident set size on the CPU."""
+
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+# ----------------------------------------------------------------------------- the suite
+
+SECTIONS = ("training", "decode", "attention")
+
+
+def machine_description() -> dict:
+    return {"cpu": _cpu_name(), "cores": os.cpu_count(), "machine": platform.machine(),
+            "torch": torch.__version__, "python": platform.python_version(),
+            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "bf16_matmul_speedup_cpu": round(cpu_bf16_speedup(), 2)}
+
+
+def run_suite(config_path: str, *, overrides=(), device: str = "auto", precision: str = "auto",
+              batch_size: int = 16, vocab_size: int = 65, compile: bool = False, steps: int = 10,
+              skip=(), report=print) -> dict:
+    """Every benchmark for the model shape of `config_path`; prints a summary as it goes."""
+    model_config = load_config(config_path, list(overrides)).model
+    model_config.vocab_size = model_config.vocab_size or vocab_size
+    m = model_config
+    results = {"machine": machine_description(), "config": str(config_path),
+               "model": {"n_layer": m.n_layer, "n_head": m.n_head, "n_kv_head": m.kv_heads,
+                         "n_embd": m.n_embd, "context_length": m.context_length,
+                         "vocab_size": m.vocab_size}}
+    report(f"{results['machine']['cpu']} ({results['machine']['cores']} cores), torch "
+           f"{results['machine']['torch']}, cuda: {results['machine']['cuda']}")
+    if "training" not in skip:
+        runs = []
+        for use_compile in ([False, True] if compile else [False]):
+            r = measure_training(model_config, batch_size=batch_size, device=device, precision=precision,
+                                 compile=use_compile, steps=steps)
+            runs.append(r)
+            report(f"training ({r['precision']}, compile={use_compile}, batch {batch_size}): "
+                   f"{r['tokens_per_second']:,.0f} tok/s, MFU {r['mfu']:.1%} of "
+                   f"{r['peak_flops'] / 1e12:.2f} TFLOP/s measured, {r['flops_per_token'] / 1e6:.1f} "
+                   f"MFLOP/token, peak memory {r['peak_memory_bytes'] / 2**20:,.0f} MiB")
+        results["training"] = runs
+    if "decode" not in skip:
+        torch_device = select_device(device)
+        dtype = "bf16" if select_precision(precision, torch_device).name == "bf16" else "fp32"
+        r = measure_decode(n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
+                           context_length=m.context_length, vocab_size=m.vocab_size, dtype=dtype,
+                           pack=torch_device.type == "cpu", device=str(torch_device),
+                           new_tokens=500, prompt_tokens=min(200, m.context_length))
+        report(f"decode ({dtype}, batch 1): cached {r['cached_tokens_per_s']:,.0f} tok/s, uncached "
+               f"{r['uncached_tokens_per_s']:,.1f} tok/s ({r['speedup']:.1f}x), time to first token "
+               f"{r['ttft_ms']:.1f} ms")
+        results["decode"] = r
+    if "attention" not in skip:
+        lengths = [T for T in (64, 128, 256, 512, 1024, 2048)]
+        r = measure_attention_cost(lengths, device=device, measure_memory=True)
+        for row in r["rows"]:
+            report(f"attention T={row['context_length']}: fused {row['fused_ms']:.2f} ms, explicit "
+                   f"{row['explicit_ms']:.2f} ms")
+        results["attention"] = r
+    return results

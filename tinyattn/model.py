@@ -52,20 +52,25 @@ def causal_mask(num_queries: int, num_keys: int, device=None) -> torch.Tensor:
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+              mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention, written out step by step.
 
     q: (B, H, Tq, D) queries; k, v: (B, H, Tk, D) keys and values.
     mask: boolean, broadcastable to (B, H, Tq, Tk), True where a query may attend to a
     key; None allows every pair. Returns the output (B, H, Tq, D) and the attention
     weights (B, H, Tq, Tk), whose rows sum to 1 and are exactly 0 where masked.
+    dropout_p (training only) drops weights before the values are mixed, as the fused
+    kernel does; the weights returned are the ones before dropout.
     """
     d_k = q.size(-1)
     scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (B, H, Tq, Tk)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))  # exp(-inf) = 0 after softmax
-    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # (B, H, Tq, Tk), rows sum to 1
-    output = weights @ v  # (B, H, Tq, D): each query's weighted mix of the values
+    # softmax accumulates in fp32 whatever the input dtype, so bf16 scores stay accurate.
+    weights = torch.softmax(scores, dim=-1)  # (B, H, Tq, Tk), rows sum to 1
+    mixing = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
+    output = mixing @ v  # (B, H, Tq, D): each query's weighted mix of the values
     return output, weights
 
 
@@ -84,10 +89,12 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
     x: (B, H, T, D); cos, sin: (T, D/2) for the positions of those T tokens. The dot
     product of a rotated query and key then depends only on their relative distance.
+    The rotation runs in x's dtype: under bf16 the queries and keys are already bf16,
+    and rotating them in fp32 would add two conversions per call for no accuracy.
     """
-    x1, x2 = x.float().chunk(2, dim=-1)  # (B, H, T, D/2) each
-    rotated = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (B, H, T, D)
-    return rotated.to(x.dtype)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)  # (B, H, T, D/2) each
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (B, H, T, D)
 
 
 # ----------------------------------------------------------------------------- 3. heads
@@ -108,6 +115,7 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.n_embd, sum(self.qkv_split), bias=False)
         self.output = nn.Linear(config.n_embd, config.n_embd, bias=False)
         self.dropout = config.dropout
+        self.fused = True  # see LanguageModel.use_fused_attention
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: Optional[torch.Tensor] = None, kv_cache: Optional[KVCache] = None,
@@ -127,14 +135,17 @@ class CausalSelfAttention(nn.Module):
         if kv_cache is not None:
             k, v = kv_cache.update(start_pos, k, v)  # (B, Hkv, Tk, D) with Tk = start_pos + T
         Tk = k.size(2)
+        dropout_p = self.dropout if self.training else 0.0
 
-        if need_weights:
+        if need_weights or not self.fused:
             # Explicit path: every key/value head serves n_head / n_kv_head query heads.
             group = self.n_head // self.n_kv_head
-            k_full = k.repeat_interleave(group, dim=1)  # (B, H, Tk, D)
-            v_full = v.repeat_interleave(group, dim=1)  # (B, H, Tk, D)
+            if group > 1:
+                k = k.repeat_interleave(group, dim=1)  # (B, H, Tk, D)
+                v = v.repeat_interleave(group, dim=1)  # (B, H, Tk, D)
             allowed = causal_mask(T, Tk, x.device) if mask is None else mask
-            y, weights = attention(q, k_full, v_full, allowed)  # (B, H, T, D), (B, H, T, Tk)
+            y, weights = attention(q, k, v, allowed, dropout_p)  # (B, H, T, D), (B, H, T, Tk)
+            weights = weights if need_weights else None
         else:
             # Fused path: same arithmetic, one kernel, never materialises (T, Tk) weights
             # in memory on the flash/efficient backends. is_causal assumes Tq == Tk, so a
@@ -143,8 +154,7 @@ class CausalSelfAttention(nn.Module):
             if mask is None and not is_causal and T > 1:
                 mask = causal_mask(T, Tk, x.device)
             y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=is_causal,
-                dropout_p=self.dropout if self.training else 0.0,
+                q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p,
                 enable_gqa=self.n_kv_head != self.n_head)  # (B, H, T, D)
             weights = None
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C): heads side by side again
@@ -242,6 +252,17 @@ class LanguageModel(nn.Module):
                 param.copy_(torch.randn(param.shape, generator=generator) * residual_std)
             else:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+
+    def use_fused_attention(self, fused: bool) -> None:
+        """Choose the attention path used when no weights are asked for.
+
+        Both compute the same numbers (tested). The fused kernel never stores the
+        (T, T) weights and is the default; on a CPU in bf16 at short contexts the
+        explicit path's plain matmuls measure faster (docs/BENCHMARKS.md), so the
+        training loop may pick it there.
+        """
+        for block in self.blocks:
+            block.attention.fused = fused
 
     def num_parameters(self, exclude_embedding: bool = False) -> int:
         """Parameter count; a tied head is counted once."""

@@ -41,8 +41,9 @@ from tinyattn.errors import CheckpointError, TinyattnError
 from tinyattn.evaluate import log_loss_by_position_to_tensorboard, loss_by_position
 from tinyattn.model import LanguageModel
 from tinyattn.runtime import (Distributed, Precision, init_distributed, measure_peak_flops,
-                              random_states, seed_everything, select_device, select_precision,
-                              set_random_states, shutdown_distributed, synchronize)
+                              prefer_explicit_attention, random_states, seed_everything,
+                              select_device, select_precision, set_random_states,
+                              shutdown_distributed, synchronize)
 
 
 class TrainingError(TinyattnError):
@@ -159,6 +160,8 @@ class Trainer:
         self.dist = dist
         seed_everything(config.train.seed)
         self.model = LanguageModel(config.model).to(device)
+        self.model.use_fused_attention(
+            not prefer_explicit_attention(device, precision, config.model.context_length))
         self.optimizer = make_optimizer(self.model, config.train, device)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision.use_grad_scaler)
         self.sampler = BatchSampler(data.train, config.train.batch_size, config.model.context_length,
@@ -217,8 +220,9 @@ class Trainer:
     def evaluate(self) -> np.ndarray:
         """Validation loss at each position of the window, (context_length,); its mean is
         the validation loss. The same windows every time, so the number is comparable."""
+        # The plain module: a compiled one would compile a second graph for evaluation.
         with self.precision.autocast(self.device):
-            return loss_by_position(self.forward_model, self.data.validation, self.config.model.context_length,
+            return loss_by_position(self.model, self.data.validation, self.config.model.context_length,
                                     self.train_config.batch_size, self.train_config.eval_windows)
 
     # -- state -------------------------------------------------------------------------
