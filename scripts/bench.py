@@ -1,7 +1,7 @@
 """The benchmark suite: training throughput and MFU, peak memory, decoding, attention cost.
 
     python scripts/bench.py                                   # the 6-layer, width-384 model on this machine
-    python scripts/bench.py --config configs/tiny.yaml --steps 3 --skip decode attention --json out.json
+    python scripts/bench.py --config configs/tiny.yaml --steps 3 --max-context 128 --json out.json
     python scripts/bench.py --device cuda --config configs/shakespeare_char_gpu.yaml --compile
 
 Every figure is measured after warm-up, as the median of repeated runs; see the functions
@@ -27,12 +27,14 @@ def main() -> int:
     parser.add_argument("--vocab-size", type=int, default=65, help="vocabulary of the random-token model")
     parser.add_argument("--compile", action="store_true", help="also measure training with torch.compile")
     parser.add_argument("--steps", type=int, default=10, help="timed training steps")
+    parser.add_argument("--max-context", type=int, default=2048,
+                        help="longest context in the attention-cost table (doubling from 64)")
     parser.add_argument("--skip", nargs="+", default=[], choices=SECTIONS, help="sections to leave out")
     parser.add_argument("--json", type=Path, help="write every figure to this JSON file")
     args = parser.parse_args()
     results = run_suite(args.config, overrides=args.overrides, device=args.device, precision=args.precision,
                         batch_size=args.batch_size, vocab_size=args.vocab_size, compile=args.compile,
-                        steps=args.steps, skip=args.skip)
+                        steps=args.steps, max_context=args.max_context, skip=args.skip)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2) + "\n")

@@ -382,7 +382,7 @@ def machine_description() -> dict:
 
 def run_suite(config_path: str, *, overrides=(), device: str = "auto", precision: str = "auto",
               batch_size: int = 16, vocab_size: int = 65, compile: bool = False, steps: int = 10,
-              skip=(), report=print) -> dict:
+              max_context: int = 2048, skip=(), report=print) -> dict:
     """Every benchmark for the model shape of `config_path`; prints a summary as it goes."""
     model_config = load_config(config_path, list(overrides)).model
     model_config.vocab_size = model_config.vocab_size or vocab_size
@@ -397,7 +397,7 @@ def run_suite(config_path: str, *, overrides=(), device: str = "auto", precision
         runs = []
         for use_compile in ([False, True] if compile else [False]):
             r = measure_training(model_config, batch_size=batch_size, device=device, precision=precision,
-                                 compile=use_compile, steps=steps)
+                                 compile=use_compile, steps=steps, warmup=min(3, steps))
             runs.append(r)
             report(f"training ({r['precision']}, compile={use_compile}, batch {batch_size}): "
                    f"{r['tokens_per_second']:,.0f} tok/s, MFU {r['mfu']:.1%} of "
@@ -416,7 +416,7 @@ def run_suite(config_path: str, *, overrides=(), device: str = "auto", precision
                f"{r['ttft_ms']:.1f} ms")
         results["decode"] = r
     if "attention" not in skip:
-        lengths = [T for T in (64, 128, 256, 512, 1024, 2048)]
+        lengths = [T for T in (64, 128, 256, 512, 1024, 2048, 4096, 8192) if T <= max_context]
         r = measure_attention_cost(lengths, device=device, measure_memory=True)
         for row in r["rows"]:
             report(f"attention T={row['context_length']}: fused {row['fused_ms']:.2f} ms, explicit "

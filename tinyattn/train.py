@@ -363,6 +363,7 @@ def _train(config, config_path, run_name, resume, device_name, progress, stop_at
     tc = config.train
     stopper = StopRequest()
     losses = torch.zeros(tc.log_interval, device=device)  # read once per log interval
+    pending = 0  # steps whose losses wait in `losses`
     train_time, train_tokens = 0.0, 0
     interval_start, interval_tokens = time.perf_counter(), 0
     last_val = float("nan")
@@ -383,18 +384,21 @@ def _train(config, config_path, run_name, resume, device_name, progress, stop_at
         last_step = min(tc.max_steps, stop_at_step or tc.max_steps)
         while trainer.step < last_step and stopper.signal_name is None:
             loss, grad_norm = trainer.train_step()
-            slot = (trainer.step - 1) % tc.log_interval
-            losses[slot] = loss
+            losses[pending] = loss
+            pending += 1
             interval_tokens += trainer.tokens_per_step
-            at_log = trainer.step % tc.log_interval == 0 or trainer.step == last_step
             at_eval = trainer.step % tc.eval_interval == 0 or trainer.step == last_step
+            # Every checkpoint is preceded by a log, whose loss check keeps NaN weights out.
+            stopping = stopper.signal_name is not None
+            at_log = pending == tc.log_interval or at_eval or stopping
             if at_log:
                 synchronize(device)
                 now = time.perf_counter()
-                window = losses[:slot + 1].tolist()  # the one host sync of the interval
+                window = losses[:pending].tolist()  # the one host sync of the interval
+                pending = 0
                 bad = [i for i, value in enumerate(window) if not math.isfinite(value)]
                 if bad:
-                    failed_step = trainer.step - slot + bad[0]
+                    failed_step = trainer.step - len(window) + 1 + bad[0]
                     last = ckpt.latest_checkpoint(run_dir)
                     kept = f"; the last good checkpoint is {last}" if last else ""
                     raise TrainingError(f"the loss became {window[bad[0]]} at step {failed_step}; "
@@ -414,7 +418,7 @@ def _train(config, config_path, run_name, resume, device_name, progress, stop_at
                     trainer.best_val_loss = last_val
                 save(best)
                 log.evaluation(trainer.step, last_val, position_losses, best)
-            if at_log or at_eval:
+            if at_log:
                 interval_start, interval_tokens = time.perf_counter(), 0
         interrupted = stopper.signal_name is not None
         if interrupted and not at_eval:

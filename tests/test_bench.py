@@ -1,0 +1,31 @@
+"""The benchmark suite runs end to end on the tiny config and writes every figure (no timing asserts)."""
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+
+def test_bench_smoke_writes_every_field(tmp_path):
+    out = tmp_path / "bench.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench.py"), "--config", str(ROOT / "configs" / "tiny.yaml"),
+         "--steps", "2", "--max-context", "64", "--precision", "fp32", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    figures = json.loads(out.read_text())
+    assert {"cpu", "cores", "torch"} <= set(figures["machine"])
+    training = figures["training"][0]
+    for key in ("tokens_per_second", "mfu", "flops_per_token", "peak_flops", "peak_memory_bytes",
+                "step_seconds_median", "parameters"):
+        assert training[key] > 0, key
+    assert training["precision"] == "fp32" and training["batch_size"] == 16
+    decode = figures["decode"]
+    for key in ("cached_tokens_per_s", "uncached_tokens_per_s", "ttft_ms", "speedup"):
+        assert decode[key] > 0, key
+    rows = figures["attention"]["rows"]
+    assert [row["context_length"] for row in rows] == [64]
+    assert rows[0]["fused_ms"] > 0 and rows[0]["explicit_ms"] > 0
+    assert rows[0]["max_abs_difference"] < 1e-4  # both paths compute the same attention
+    assert "training (fp32" in result.stdout and "decode" in result.stdout
