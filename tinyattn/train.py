@@ -161,7 +161,8 @@ class Trainer:
         seed_everything(config.train.seed)
         self.model = LanguageModel(config.model).to(device)
         self.model.use_fused_attention(
-            not prefer_explicit_attention(device, precision, config.model.context_length))
+            not prefer_explicit_attention(device, precision, config.model.context_length,
+                                          config.model.dropout))
         self.optimizer = make_optimizer(self.model, config.train, device)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision.use_grad_scaler)
         self.sampler = BatchSampler(data.train, config.train.batch_size, config.model.context_length,
