@@ -173,6 +173,26 @@ def test_corrupt_checkpoint_is_named(corpus, tmp_path):
     with pytest.raises(CheckpointError, match="not a readable checkpoint"):
         ckpt.load_checkpoint(file)
 
+    class Payload:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    torch.save({"format": "tinyattn-checkpoint", "format_version": 1, "evil": Payload()}, file)
+    with pytest.raises(CheckpointError, match="Python objects beyond tensors.*never loaded"):
+        ckpt.load_checkpoint(file)
+
+
+def test_weights_that_do_not_fit_are_named(corpus, tmp_path):
+    train(tiny_config(corpus, tmp_path, "train.max_steps=2", "train.eval_interval=2"), run_name="old",
+          progress=False)
+    file = tmp_path / "old" / "best.pt"
+    state = ckpt.load_checkpoint(file)
+    state["model"]["blocks.0.attention.query.weight"] = state["model"].pop("blocks.0.attention.qkv.weight")
+    ckpt.save_checkpoint({k: v for k, v in state.items() if not k.startswith("format")}, file)
+    with pytest.raises(CheckpointError, match=r"missing: blocks\.0\.attention\.qkv\.weight; "
+                                              r"unexpected: blocks\.0\.attention\.query\.weight"):
+        ckpt.load_model(file)
+
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_path, monkeypatch):
     original = Trainer.train_step
@@ -191,7 +211,8 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_pa
     assert [p.name for p in ckpt.step_checkpoints(tmp_path / "nan")] == ["step_0000005.pt"]
 
 
-def test_ctrl_c_saves_and_says_how_to_resume(corpus, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_saves_and_says_how_to_resume(corpus, tmp_path, sig):
     args = [sys.executable, str(ROOT / "scripts" / "train.py"), "--config", str(TINY), "--run-name", "sig",
             "--no-progress", "--set",
             *tiny_overrides(corpus, tmp_path, "train.max_steps=100000", "train.eval_interval=100000",
@@ -202,11 +223,11 @@ def test_ctrl_c_saves_and_says_how_to_resume(corpus, tmp_path):
         lines.append(line)
         if line.startswith("step 3:"):
             break
-    process.send_signal(signal.SIGINT)
+    process.send_signal(sig)
     _, rest = process.communicate(timeout=120)
     stderr = "".join(lines) + rest
     assert process.returncode == 130, stderr
-    assert "stopped by SIGINT" in stderr and "Resume with: python scripts/train.py --resume" in stderr
+    assert f"stopped by {sig.name}" in stderr and "Resume with: python scripts/train.py --resume" in stderr
     latest = ckpt.latest_checkpoint(tmp_path / "sig")
     assert latest is not None and ckpt.load_checkpoint(latest)["step"] >= 3
 

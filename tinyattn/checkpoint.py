@@ -77,10 +77,16 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint file not found")
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut one has no directory
+        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): "
+                              "not a torch.save archive")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError,
-            OSError, KeyError, AttributeError) as e:
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"{path}: not a tinyattn checkpoint: it holds Python objects beyond "
+                              "tensors and plain data, which are never loaded (weights_only)") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, KeyError,
+            AttributeError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): "
                               f"{reason[:200]}") from None
@@ -176,6 +182,26 @@ def config_from_checkpoint(state: dict, path: Path) -> Config:
         raise CheckpointError(f"{path}: its saved config cannot be used: {e}") from None
 
 
+def load_weights(model: LanguageModel, state: dict, path: Path) -> None:
+    """Put a checkpoint's weights into `model`, naming what does not fit."""
+    weights = state.get("model")
+    if not isinstance(weights, dict):
+        raise CheckpointError(f"{path}: holds no model weights")
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(weights))
+    unexpected = sorted(set(weights) - set(expected))
+    wrong_shape = sorted(k for k in set(expected) & set(weights) if expected[k].shape != weights[k].shape)
+    if missing or unexpected or wrong_shape:
+        parts = []
+        for label, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong_shape)):
+            if keys:
+                more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
+                parts.append(f"{label}: {', '.join(keys[:3])}{more}")
+        raise CheckpointError(f"{path}: weights do not fit the model its config describes "
+                              f"(written by another version of tinyattn?): {'; '.join(parts)}")
+    model.load_state_dict(weights)
+
+
 def load_model(path: Optional[str | Path] = None, device: str | torch.device = "cpu",
                out_dir: str | Path = "checkpoints") -> LoadedModel:
     """Rebuild the model and tokenizer of a checkpoint, ready for inference (eval mode)."""
@@ -183,11 +209,7 @@ def load_model(path: Optional[str | Path] = None, device: str | torch.device = "
     state = load_checkpoint(file, map_location=device)
     config = config_from_checkpoint(state, file)
     model = LanguageModel(config.model)
-    try:
-        model.load_state_dict(state["model"])
-    except (RuntimeError, KeyError) as e:
-        raise CheckpointError(f"{file}: weights do not fit the saved config: "
-                              f"{str(e).splitlines()[0]}") from None
+    load_weights(model, state, file)
     model.to(device).eval()
     tokenizer = Tokenizer.from_json(state["tokenizer"])
     return LoadedModel(model, tokenizer, config, file, int(state.get("step", 0)))
