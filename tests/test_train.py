@@ -137,6 +137,15 @@ def test_resume_is_exact(corpus, tmp_path):
     assert a["best_val_loss"] == pytest.approx(b["best_val_loss"], abs=1e-6)
 
 
+def test_compiled_training_saves_the_plain_module(corpus, tmp_path):
+    result = train(tiny_config(corpus, tmp_path, "train.compile=true", "train.max_steps=3",
+                               "train.eval_interval=3"), run_name="compiled", progress=False)
+    state = ckpt.load_checkpoint(result.run_dir / "best.pt")
+    assert not any(key.startswith(("_orig_mod", "module")) for key in state["model"])
+    loaded = ckpt.load_model(result.run_dir)  # loads into an uncompiled model as it is
+    assert loaded.step == 3
+
+
 def test_refuses_to_overwrite_a_run(corpus, tmp_path):
     args = ("--config", str(TINY), "--run-name", "taken", "--no-progress",
             "--set", *tiny_overrides(corpus, tmp_path, "train.max_steps=2", "train.eval_interval=2"))
