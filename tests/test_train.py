@@ -120,7 +120,9 @@ def test_gradient_accumulation_equals_one_large_batch(corpus, tmp_path):
 
 
 def test_resume_is_exact(corpus, tmp_path):
-    extra = ("train.max_steps=16", "train.eval_interval=4", "model.dropout=0.1", "train.precision=fp32")
+    # peak_flops unset: the start-up matmul measurement must not move the random generators.
+    extra = ("train.max_steps=16", "train.eval_interval=4", "model.dropout=0.1", "train.precision=fp32",
+             "train.peak_flops=null")
     straight = train(tiny_config(corpus, tmp_path, *extra), run_name="straight", progress=False)
     first = train(tiny_config(corpus, tmp_path, *extra), run_name="split", progress=False, stop_at_step=8)
     assert first.step == 8
@@ -144,6 +146,33 @@ def test_compiled_training_saves_the_plain_module(corpus, tmp_path):
     assert not any(key.startswith(("_orig_mod", "module")) for key in state["model"])
     loaded = ckpt.load_model(result.run_dir)  # loads into an uncompiled model as it is
     assert loaded.step == 3
+
+
+def test_resume_names_the_run_it_cannot_find_and_refuses_a_changed_tokenizer(corpus, tmp_path):
+    config = tiny_config(corpus, tmp_path, "train.max_steps=2", "train.eval_interval=2")
+    train(config, run_name="real", progress=False)
+    with pytest.raises(CheckpointError, match=r"typo: no such run to resume"):
+        train(tiny_config(corpus, tmp_path), run_name="typo", resume=True, progress=False)
+    other = tmp_path / "other.txt"
+    other.write_text(corpus.read_text(encoding="utf-8")[:30_000] + "ZZZ{}~", encoding="utf-8")
+    changed = load_config(TINY, tiny_overrides(other, tmp_path, "train.max_steps=4"))
+    with pytest.raises(CheckpointError, match="its tokenizer differs"):
+        train(changed, run_name="real", resume=True, progress=False)
+
+
+def test_continuing_from_an_earlier_checkpoint_keeps_what_it_writes(corpus, tmp_path):
+    config = tiny_config(corpus, tmp_path, "train.max_steps=12", "train.eval_interval=3", "train.keep_last=2")
+    train(config, run_name="branch", progress=False)
+    run = tmp_path / "branch"
+    assert [p.name for p in ckpt.step_checkpoints(run)] == ["step_0000009.pt", "step_0000012.pt"]
+    # Roll back to best.pt (step 12 here; make it older) and stop at an earlier step than the files.
+    state = ckpt.load_checkpoint(run / "step_0000009.pt")
+    ckpt.save_checkpoint({k: v for k, v in state.items() if not k.startswith("format")}, run / "rollback.pt")
+    result = train(tiny_config(corpus, tmp_path, "train.max_steps=12", "train.eval_interval=100",
+                               "train.keep_last=2"), resume=run / "rollback.pt", progress=False, stop_at_step=10)
+    assert result.step == 10
+    assert (run / "step_0000010.pt").is_file()  # not pruned for its lower step number
+    assert ckpt.latest_checkpoint(run).name == "step_0000010.pt"  # the next resume continues it
 
 
 def test_refuses_to_overwrite_a_run(corpus, tmp_path):

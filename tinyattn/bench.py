@@ -45,6 +45,7 @@ def median_time(fn, repeats: int, warmup: int = 1) -> float:
 
 
 def measure_decode(*, n_layer: int = 6, n_head: int = 6, n_embd: int = 384, context_length: int = 256,
+                   n_kv_head: int | None = None,
                    vocab_size: int = 65, new_tokens: int = 500, prompt_tokens: int = 200,
                    uncached_tokens: int | None = None, dtype: str = "fp32", threads: int | None = None,
                    pack: bool = False, temperature: float = 0.8, repeats: int = 3, device: str = "cpu",
@@ -72,8 +73,8 @@ def measure_decode(*, n_layer: int = 6, n_head: int = 6, n_embd: int = 384, cont
         torch.set_num_threads(threads)
     try:
         torch.manual_seed(seed)
-        config = ModelConfig(vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
-                             context_length=context_length)
+        config = ModelConfig(vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head,
+                             n_embd=n_embd, context_length=context_length)
         model = LanguageModel(config).to(torch_device, DTYPES[dtype]).eval()
         parameters = model.num_parameters()
         packed = pack and pack_linear_weights(model)
@@ -407,7 +408,7 @@ def run_suite(config_path: str, *, overrides=(), device: str = "auto", precision
     if "decode" not in skip:
         torch_device = select_device(device)
         dtype = "bf16" if select_precision(precision, torch_device).name == "bf16" else "fp32"
-        r = measure_decode(n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
+        r = measure_decode(n_layer=m.n_layer, n_head=m.n_head, n_kv_head=m.n_kv_head, n_embd=m.n_embd,
                            context_length=m.context_length, vocab_size=m.vocab_size, dtype=dtype,
                            pack=torch_device.type == "cpu", device=str(torch_device),
                            new_tokens=500, prompt_tokens=min(200, m.context_length))

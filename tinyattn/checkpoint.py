@@ -110,8 +110,15 @@ def step_checkpoints(run_dir: str | Path) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
+def _in_write_order(paths: list[Path]) -> list[Path]:
+    """Oldest written first. After resuming from an earlier checkpoint (best.pt, say) the
+    files the continued run writes are the newest even where their step numbers are lower."""
+    return sorted(paths, key=lambda p: (p.stat().st_mtime_ns, p.name))
+
+
 def latest_checkpoint(run_dir: str | Path) -> Optional[Path]:
-    steps = step_checkpoints(run_dir)
+    """The step checkpoint written last: where a resume continues."""
+    steps = _in_write_order(step_checkpoints(run_dir))
     return steps[-1] if steps else None
 
 
@@ -120,9 +127,12 @@ def has_checkpoints(run_dir: str | Path) -> bool:
 
 
 def prune_checkpoints(run_dir: str | Path, keep_last: int) -> None:
-    """Delete all but the newest `keep_last` step checkpoints (best.pt is separate)."""
-    steps = step_checkpoints(run_dir)
-    for path in steps[:max(len(steps) - keep_last, 0)]:
+    """Delete all but the `keep_last` (>= 1) step checkpoints written last (best.pt is separate).
+
+    The one just written is always kept, so a save is never undone by its own pruning.
+    """
+    steps = _in_write_order(step_checkpoints(run_dir))
+    for path in steps[:max(len(steps) - max(keep_last, 1), 0)]:
         path.unlink(missing_ok=True)
 
 
@@ -206,7 +216,7 @@ def load_model(path: Optional[str | Path] = None, device: str | torch.device = "
                out_dir: str | Path = "checkpoints") -> LoadedModel:
     """Rebuild the model and tokenizer of a checkpoint, ready for inference (eval mode)."""
     file = resolve_checkpoint(path, out_dir, prefer="best")
-    state = load_checkpoint(file, map_location=device)
+    state = load_checkpoint(file)  # on the CPU: the optimizer state never goes to the device
     config = config_from_checkpoint(state, file)
     model = LanguageModel(config.model)
     load_weights(model, state, file)

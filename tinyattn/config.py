@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -138,6 +139,7 @@ class Config:
     sample: SampleConfig = field(default_factory=SampleConfig)
 
 
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")  # what train.device and --device accept
 CHOICES = {
     "data.format": ("auto", "text", "json", "parquet"),
     "tokenizer.kind": ("char", "bpe", "pretrained"),
@@ -430,7 +432,9 @@ def _validate(config: Config, where) -> None:
     for name in ("batch_size", "grad_accum_steps", "max_steps", "eval_interval", "log_interval"):
         if getattr(tr, name) <= 0:
             fail(f"train.{name}", getattr(tr, name), "expected a positive integer")
-    for name in ("warmup_steps", "keep_last", "sample_tokens"):
+    if tr.keep_last < 1:
+        fail("train.keep_last", tr.keep_last, "expected an integer >= 1 (step checkpoints kept)")
+    for name in ("warmup_steps", "sample_tokens"):
         if getattr(tr, name) < 0:
             fail(f"train.{name}", getattr(tr, name), "expected a non-negative integer")
     if tr.lr <= 0:
@@ -445,7 +449,7 @@ def _validate(config: Config, where) -> None:
         fail(key, getattr(tr, key.split(".")[1]), "expected a non-negative number")
     if tr.eval_windows is not None and tr.eval_windows <= 0:
         fail("train.eval_windows", tr.eval_windows, "expected a positive integer or null (all windows)")
-    if not (tr.device in ("auto", "cpu", "cuda", "mps") or tr.device.startswith("cuda:")):
+    if not DEVICE_PATTERN.match(tr.device):
         fail("train.device", tr.device, "expected auto, cpu, cuda, cuda:N or mps")
 
     s = config.sample

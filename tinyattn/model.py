@@ -226,7 +226,7 @@ class LanguageModel(nn.Module):
         self.init_weights()
 
     @torch.no_grad()
-    def init_weights(self, seed: Optional[int] = None) -> None:
+    def init_weights(self) -> None:
         """The one place parameters get their initial values.
 
         Linear matrices are drawn from N(0, 0.02²) (GPT-2); the two projections that
@@ -239,19 +239,16 @@ class LanguageModel(nn.Module):
         initialisation is close to ln(V), the loss of a uniform guess. Adam moves the
         embedding by about lr per step whatever its scale, so training is not slowed.
         """
-        generator = None
-        if seed is not None:
-            generator = torch.Generator().manual_seed(seed)
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
         for name, param in self.named_parameters():
             if param.dim() < 2:
                 param.fill_(1.0)  # RMSNorm gains
             elif name == "token_embedding.weight":
-                param.copy_(torch.randn(param.shape, generator=generator) / self.config.n_embd)
+                param.copy_(torch.randn(param.shape) / self.config.n_embd)
             elif name.endswith(("attention.output.weight", "mlp.down.weight")):
-                param.copy_(torch.randn(param.shape, generator=generator) * residual_std)
+                param.copy_(torch.randn(param.shape) * residual_std)
             else:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+                param.copy_(torch.randn(param.shape) * 0.02)
 
     def use_fused_attention(self, fused: bool) -> None:
         """Choose the attention path used when no weights are asked for.

@@ -20,6 +20,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from tinyattn.config import DEVICE_PATTERN
 from tinyattn.errors import ConfigError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -27,6 +28,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def select_device(name: str = "auto") -> torch.device:
     """auto: CUDA if present, then Apple MPS, else the CPU. An explicit device must exist."""
+    if not DEVICE_PATTERN.match(name):
+        raise ConfigError(f"device {name!r} is not accepted; expected auto, cpu, cuda, cuda:N or mps")
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
@@ -36,6 +39,9 @@ def select_device(name: str = "auto") -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"device {name!r} was asked for but CUDA is not available here; "
                           "use --device cpu or auto")
+    if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
+        raise ConfigError(f"device {name!r} was asked for but this machine has "
+                          f"{torch.cuda.device_count()} CUDA device(s)")
     if name == "mps" and not torch.backends.mps.is_available():
         raise ConfigError("device 'mps' was asked for but Apple MPS is not available here; "
                           "use --device cpu or auto")
@@ -58,9 +64,11 @@ class Precision:
 @functools.lru_cache(maxsize=None)
 def cpu_bf16_speedup(size: int = 1024, repeats: int = 5) -> float:
     """How many times faster a bf16 matmul is than fp32 on this CPU (measured, cached)."""
+    generator = torch.Generator().manual_seed(0)  # leaves the global generator alone
+
     def best_time(dtype: torch.dtype) -> float:
-        a = torch.randn(size, size).to(dtype)
-        b = torch.randn(size, size).to(dtype)
+        a = torch.randn(size, size, generator=generator).to(dtype)
+        b = torch.randn(size, size, generator=generator).to(dtype)
         a @ b  # warm-up: the first call picks kernels
         times = []
         for _ in range(repeats):
@@ -108,8 +116,10 @@ def measure_peak_flops(device: torch.device, precision: Precision, size: int = 2
     dtype = precision.autocast_dtype or torch.float32
     if device.type == "cpu" and dtype == torch.float32:
         size = min(size, 1536)  # fp32 on a small CPU: keep the measurement under a second
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
+    # An own generator: measuring must not move the global one (exact resume relies on it).
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(size, size, generator=generator).to(device, dtype)
+    b = torch.randn(size, size, generator=generator).to(device, dtype)
     synchronize(device)
     a @ b
     synchronize(device)

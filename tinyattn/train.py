@@ -94,17 +94,6 @@ def make_optimizer(model: nn.Module, config: TrainConfig, device: torch.device) 
                              fused=fused, foreach=None if fused else True)
 
 
-def unwrap(model: nn.Module) -> LanguageModel:
-    """The plain module under DDP and torch.compile wrappers: what checkpoints hold."""
-    while True:
-        if hasattr(model, "module"):  # DistributedDataParallel
-            model = model.module
-        elif hasattr(model, "_orig_mod"):  # torch.compile
-            model = model._orig_mod
-        else:
-            return model
-
-
 def default_run_name(config_path: Optional[str | Path]) -> str:
     stem = Path(config_path).stem if config_path else "run"
     return f"{stem}-{datetime.now():%Y%m%d-%H%M%S}"
@@ -253,6 +242,10 @@ class Trainer:
             self.tokens_seen = int(state["tokens_seen"])
             self.best_val_loss = float(state["best_val_loss"])
             self.sampler.load_state_dict(state["sampler"])  # keeps this process's own rank
+            if state["world_size"] != self.dist.world_size and self.dist.is_main:
+                print(f"warning: {path} was written by {state['world_size']} process(es), this run has "
+                      f"{self.dist.world_size}: the batches and tokens per step differ from the "
+                      "original run from here on", file=sys.stderr)
             set_random_states(state["random_states"])
         except (KeyError, RuntimeError, ValueError) as e:
             raise CheckpointError(f"{path}: cannot resume from it: {str(e).splitlines()[0]}") from None
@@ -264,7 +257,9 @@ class Trainer:
 def _find_resume_checkpoint(resume: str | Path | bool, run_dir: Optional[Path],
                             out_dir: Path) -> Path:
     if resume is True:
-        if run_dir is not None and run_dir.is_dir():
+        if run_dir is not None:  # --run-name NAME --resume: that run and no other
+            if not run_dir.is_dir():
+                raise CheckpointError(f"{run_dir}: no such run to resume (check --run-name)")
             return ckpt.resolve_checkpoint(run_dir, out_dir, prefer="latest")
         return ckpt.resolve_checkpoint(None, out_dir, prefer="latest")
     return ckpt.resolve_checkpoint(resume, out_dir, prefer="latest")
@@ -348,10 +343,19 @@ def _train(config, config_path, run_name, resume, device_name, progress, stop_at
         raise TinyattnError(f"model.vocab_size={config.model.vocab_size} is smaller than the "
                             f"tokenizer's vocabulary ({data.tokenizer.vocab_size}); leave it unset")
 
+    if resume_state is not None and resume_state.get("tokenizer") != data.tokenizer.to_json():
+        raise CheckpointError(f"{resume_file}: its tokenizer differs from the one the data now "
+                              "builds (the corpus or tokenizer settings changed); token ids would "
+                              "no longer mean what the model learned")
+    # Measured before the random states are seeded or restored: it draws its own numbers.
+    peak = config.train.peak_flops or measure_peak_flops(device, precision)
     trainer = Trainer(config, data, device, precision, dist)
     if resume_state is not None:
         trainer.load_state_dict(resume_state, resume_file)
         del resume_state
+    if stop_at_step is not None and stop_at_step <= trainer.step:
+        raise TinyattnError(f"--stop-at-step {stop_at_step}: the run is already at step {trainer.step}; "
+                            "give a later step")
     log = Logger(run_dir, config, trainer, enabled=dist.is_main, progress=progress)
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -359,78 +363,79 @@ def _train(config, config_path, run_name, resume, device_name, progress, stop_at
         data.tokenizer.save(run_dir / "tokenizer.json")
         log.start(resume_file)
 
-    peak = config.train.peak_flops or measure_peak_flops(device, precision)
-    flops_per_token = trainer.model.flops_per_token()
-    tc = config.train
-    stopper = StopRequest()
-    losses = torch.zeros(tc.log_interval, device=device)  # read once per log interval
-    pending = 0  # steps whose losses wait in `losses`
-    train_time, train_tokens = 0.0, 0
-    interval_start, interval_tokens = time.perf_counter(), 0
-    last_val = float("nan")
-    at_eval = False
-    started = time.perf_counter()
+    try:
+        flops_per_token = trainer.model.flops_per_token()
+        tc = config.train
+        stopper = StopRequest()
+        losses = torch.zeros(tc.log_interval, device=device)  # read once per log interval
+        pending = 0  # steps whose losses wait in `losses`
+        train_time, train_tokens = 0.0, 0
+        interval_start, interval_tokens = time.perf_counter(), 0
+        last_val = float("nan")
+        at_eval = False
+        started = time.perf_counter()
 
-    def save(best: bool) -> None:
-        if dist.is_main:
-            state = trainer.state_dict()
-            ckpt.save_checkpoint(state, run_dir / ckpt.step_filename(trainer.step))
-            ckpt.prune_checkpoints(run_dir, tc.keep_last)
-            if best:
-                ckpt.save_checkpoint(state, run_dir / ckpt.BEST)
-        if dist.enabled:
-            torch.distributed.barrier()
-
-    with stopper.installed():
-        last_step = min(tc.max_steps, stop_at_step or tc.max_steps)
-        while trainer.step < last_step and stopper.signal_name is None:
-            loss, grad_norm = trainer.train_step()
-            losses[pending] = loss
-            pending += 1
-            interval_tokens += trainer.tokens_per_step
-            at_eval = trainer.step % tc.eval_interval == 0 or trainer.step == last_step
-            # Every checkpoint is preceded by a log, whose loss check keeps NaN weights out.
-            stopping = stopper.signal_name is not None
-            at_log = pending == tc.log_interval or at_eval or stopping
-            if at_log:
-                synchronize(device)
-                now = time.perf_counter()
-                window = losses[:pending].tolist()  # the one host sync of the interval
-                pending = 0
-                bad = [i for i, value in enumerate(window) if not math.isfinite(value)]
-                if bad:
-                    failed_step = trainer.step - len(window) + 1 + bad[0]
-                    last = ckpt.latest_checkpoint(run_dir)
-                    kept = f"; the last good checkpoint is {last}" if last else ""
-                    raise TrainingError(f"the loss became {window[bad[0]]} at step {failed_step}; "
-                                        f"training stopped{kept} (try a lower train.lr)")
-                elapsed = now - interval_start
-                train_time += elapsed
-                train_tokens += interval_tokens
-                tokens_per_second = interval_tokens / elapsed
-                mfu = flops_per_token * tokens_per_second / (peak * dist.world_size)
-                log.train(trainer.step, sum(window) / len(window), learning_rate(trainer.step - 1, tc),
-                          grad_norm.item(), tokens_per_second, mfu, len(window))
-            if at_eval:
-                position_losses = trainer.evaluate()
-                last_val = float(position_losses.mean())
-                best = last_val < trainer.best_val_loss
+        def save(best: bool) -> None:
+            if dist.is_main:
+                state = trainer.state_dict()
+                ckpt.save_checkpoint(state, run_dir / ckpt.step_filename(trainer.step))
+                ckpt.prune_checkpoints(run_dir, tc.keep_last)
                 if best:
-                    trainer.best_val_loss = last_val
-                save(best)
-                log.evaluation(trainer.step, last_val, position_losses, best)
-            if at_log:
-                interval_start, interval_tokens = time.perf_counter(), 0
-        interrupted = stopper.signal_name is not None
-        if interrupted and not at_eval:
-            save(best=False)
-    stopped_early = interrupted or trainer.step < tc.max_steps
+                    ckpt.save_checkpoint(state, run_dir / ckpt.BEST)
+            if dist.enabled:
+                torch.distributed.barrier()
 
-    wall = time.perf_counter() - started
-    result = TrainResult(run_dir, trainer.step, trainer.tokens_seen, trainer.best_val_loss, last_val,
-                         train_tokens / train_time if train_time else float("nan"), wall, interrupted)
-    log.finish(result, stopper.signal_name or ("--stop-at-step" if stopped_early else None))
-    return result
+        with stopper.installed():
+            last_step = tc.max_steps if stop_at_step is None else min(tc.max_steps, stop_at_step)
+            while trainer.step < last_step and stopper.signal_name is None:
+                loss, grad_norm = trainer.train_step()
+                losses[pending] = loss
+                pending += 1
+                interval_tokens += trainer.tokens_per_step
+                at_eval = trainer.step % tc.eval_interval == 0 or trainer.step == last_step
+                # Every checkpoint is preceded by a log, whose loss check keeps NaN weights out.
+                stopping = stopper.signal_name is not None
+                at_log = pending == tc.log_interval or at_eval or stopping
+                if at_log:
+                    synchronize(device)
+                    now = time.perf_counter()
+                    window = losses[:pending].tolist()  # the one host sync of the interval
+                    pending = 0
+                    bad = [i for i, value in enumerate(window) if not math.isfinite(value)]
+                    if bad:
+                        failed_step = trainer.step - len(window) + 1 + bad[0]
+                        last = ckpt.latest_checkpoint(run_dir)
+                        kept = f"; the last good checkpoint is {last}" if last else ""
+                        raise TrainingError(f"the loss became {window[bad[0]]} at step {failed_step}; "
+                                            f"training stopped{kept} (try a lower train.lr)")
+                    elapsed = now - interval_start
+                    train_time += elapsed
+                    train_tokens += interval_tokens
+                    tokens_per_second = interval_tokens / elapsed
+                    mfu = flops_per_token * tokens_per_second / (peak * dist.world_size)
+                    log.train(trainer.step, sum(window) / len(window), learning_rate(trainer.step - 1, tc),
+                              grad_norm.item(), tokens_per_second, mfu, len(window))
+                if at_eval:
+                    position_losses = trainer.evaluate()
+                    last_val = float(position_losses.mean())
+                    best = last_val < trainer.best_val_loss
+                    if best:
+                        trainer.best_val_loss = last_val
+                    save(best)
+                    log.evaluation(trainer.step, last_val, position_losses, best)
+                if at_log:
+                    interval_start, interval_tokens = time.perf_counter(), 0
+            interrupted = stopper.signal_name is not None
+            if interrupted and not at_eval:
+                save(best=False)
+        stopped_early = interrupted or trainer.step < tc.max_steps
+        wall = time.perf_counter() - started
+        result = TrainResult(run_dir, trainer.step, trainer.tokens_seen, trainer.best_val_loss, last_val,
+                             train_tokens / train_time if train_time else float("nan"), wall, interrupted)
+        log.finish(result, stopper.signal_name or ("--stop-at-step" if stopped_early else None))
+        return result
+    finally:
+        log.close()  # the TensorBoard writer and the bar, also when training fails
 
 
 # ----------------------------------------------------------------------------- logging
@@ -519,17 +524,26 @@ class Logger:
             f.write(f"--- step {step} ---\n{text}\n")
         self.writer.add_text("sample", "```\n" + text + "\n```", step)
 
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
     def finish(self, result: TrainResult, signal_name: Optional[str]) -> None:
         if not self.enabled:
             return
         if self.bar is not None:
             self.bar.close()
+            self.bar = None
         hparams = {f"{section}.{k}": v for section, values in config_to_dict(self.config).items()
                    if section in ("model", "train") for k, v in values.items()
                    if isinstance(v, (int, float, str, bool))}
         self.writer.add_hparams(hparams, {"hparam/best_val_loss": result.best_val_loss,
                                           "hparam/last_val_loss": result.last_val_loss}, run_name=".")
-        self.writer.close()
+        self.close()
         if signal_name:
             print(f"stopped by {signal_name} at step {result.step}; checkpoint saved in {result.run_dir}. "
                   f"Resume with: python scripts/train.py --resume {result.run_dir}", file=sys.stderr)
