@@ -441,7 +441,7 @@ def bad_checkpoints(tmp_path):
     (["--repetition-penalty", "0"], "repetition penalty 0.0 is not accepted"),
     (["--seed", "-1"], "seed -1 is not accepted"),
     (["--stop", ""], "stop string '' is not accepted"),
-    (["--device", "gpu"], "--device 'gpu' is not accepted"),
+    (["--device", "gpu"], "device 'gpu' is not accepted; expected auto, cpu, cuda, cuda:N or mps"),
     (["--prompt-file", "{tmp}/missing.txt"], "missing.txt: prompt file not found"),
     (["--checkpoint", "{tmp}/nowhere"], "nowhere: no such checkpoint file or run folder"),
     (["--checkpoint", "{tmp}/notes.txt"], "notes.txt: not a readable checkpoint"),
