@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from tinyattn.errors import TinyattnError
+from tinyattn.model import evaluation_mode
 
 # Heatmap layout, in inches. The size of an image depends only on the number of heads
 # and tokens (`heatmap_size_pixels`); tick labels sit on the outer panels only, as on
@@ -100,12 +101,8 @@ def compute_attention_maps(model, tokenizer, text: str) -> AttentionMaps:
     token_ids = token_ids[dropped:]
     device = next(model.parameters()).device
     idx = torch.tensor([token_ids], dtype=torch.long, device=device)  # (1, T)
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluation_mode(model):
         output = model(idx, need_weights=True)
-    finally:
-        model.train(was_training)
     weights = [w[0].float().cpu().numpy() for w in output.attention_weights]  # per layer (H, T, T)
     labels = [visible(tokenizer.token_text(i)) for i in token_ids]
     return AttentionMaps(token_ids, labels, weights, dropped)

@@ -332,14 +332,7 @@ def measure_training(model_config, *, batch_size: int = 16, device: str = "auto"
     compile_start = time.perf_counter()
     step()  # the first step compiles (when asked) and allocates optimizer state
     first_step = time.perf_counter() - compile_start
-    for _ in range(warmup - 1):
-        step()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    seconds = statistics.median(times)
+    seconds = median_time(step, steps, warmup=warmup - 1)
     tokens_per_step = batch_size * model_config.context_length
     tokens_per_second = tokens_per_step / seconds
     flops_per_token = trainer.model.flops_per_token()

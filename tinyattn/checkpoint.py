@@ -17,10 +17,8 @@ TensorBoard event files.
 
 from __future__ import annotations
 
-import os
 import pickle
 import re
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +28,7 @@ import torch
 
 from tinyattn.config import Config, config_from_dict
 from tinyattn.errors import CheckpointError, ConfigError
+from tinyattn.files import atomic_write
 from tinyattn.model import LanguageModel
 from tinyattn.tokenizer import Tokenizer
 
@@ -45,31 +44,9 @@ def step_filename(step: int) -> str:
 
 def save_checkpoint(state: dict, path: str | Path) -> None:
     """Write `state` to `path` atomically (temporary file, flush, fsync, rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"format": FORMAT, "format_version": FORMAT_VERSION, **state}
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)  # make the rename itself durable
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return  # not possible on every platform; the rename is still atomic
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    with atomic_write(path) as f:
+        torch.save(payload, f)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:

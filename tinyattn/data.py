@@ -43,7 +43,6 @@ import json
 import math
 import os
 import re
-import tempfile
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -57,7 +56,8 @@ from tqdm import tqdm
 
 from tinyattn.config import Config, DataConfig
 from tinyattn.errors import DataError
-from tinyattn.tokenizer import Tokenizer, build_tokenizer, write_atomically
+from tinyattn.files import atomic_write
+from tinyattn.tokenizer import Tokenizer, build_tokenizer
 
 FORMAT_VERSION = 1  # bump when the layout or meaning of the cache files changes
 EXTENSIONS = {
@@ -91,7 +91,8 @@ def prepare_data(config: Config, *, progress: bool = True) -> TokenData:
     if meta is None:
         meta = _build_cache(folder, key, inputs, source, config, progress)
         _check_split_lengths(meta, config)  # before meta.json: short splits are never trusted
-        write_atomically(folder / "meta.json", json.dumps(meta, indent=2).encode())
+        with atomic_write(folder / "meta.json") as f:
+            f.write(json.dumps(meta, indent=2).encode())
     else:
         _check_split_lengths(meta, config)
     return TokenData(
@@ -263,36 +264,28 @@ def _download(url: str, path: Path, *, sha256: Optional[str], size_bytes: Option
     A download that fails or fails a check is deleted, so the next run downloads again
     instead of trusting it.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".download")
-    temp = Path(temp_name)
     digest = hashlib.sha256()
     received = 0
-    try:
-        with os.fdopen(fd, "wb") as out:
-            try:
-                with urllib.request.urlopen(url, timeout=60) as response, \
-                        tqdm(total=int(response.headers.get("Content-Length") or 0) or None, unit="B",
-                             unit_scale=True, disable=not progress, desc=f"downloading {path.name}") as bar:
-                    while chunk := response.read(1 << 20):
-                        out.write(chunk)
-                        digest.update(chunk)
-                        received += len(chunk)
-                        bar.update(len(chunk))
-            except (OSError, ValueError) as e:  # URLError, HTTPError are OSErrors; ValueError: bad URL
-                reason = e.reason if type(e) is urllib.error.URLError else e
-                raise DataError(f"data.url: cannot download {url} ({reason}); put the file at {path} "
-                                "yourself (data.files)") from None
+    with atomic_write(path) as out:  # a failed download or check leaves no file behind
+        try:
+            with urllib.request.urlopen(url, timeout=60) as response, \
+                    tqdm(total=int(response.headers.get("Content-Length") or 0) or None, unit="B",
+                         unit_scale=True, disable=not progress, desc=f"downloading {path.name}") as bar:
+                while chunk := response.read(1 << 20):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    received += len(chunk)
+                    bar.update(len(chunk))
+        except (OSError, ValueError) as e:  # URLError, HTTPError are OSErrors; ValueError: bad URL
+            reason = e.reason if type(e) is urllib.error.URLError else e
+            raise DataError(f"data.url: cannot download {url} ({reason}); put the file at {path} "
+                            "yourself (data.files)") from None
         if size_bytes is not None and received != size_bytes:
             raise DataError(f"data.url: {url} gave {received} bytes, not data.size_bytes={size_bytes}; "
                             "the download was deleted")
         if sha256 is not None and digest.hexdigest() != sha256.lower():
             raise DataError(f"data.url: {url} has sha256 {digest.hexdigest()}, not data.sha256={sha256}; "
                             "the download was deleted")
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
 
 
 # ----------------------------------------------------------------------------- documents
@@ -498,22 +491,14 @@ def _build_cache(folder: Path, key: str, inputs: dict, source: _Source, config: 
     dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
     meta = {"format_version": FORMAT_VERSION, "key": key, "dtype": np.dtype(dtype).name,
             "vocab_size": tokenizer.vocab_size, "validation_rule": splits.rule, "inputs": inputs}
-    temporaries: dict[str, Path] = {}
-    try:
-        for split, documents in (("train", splits.train), ("validation", splits.validation)):
-            fd, name = tempfile.mkstemp(dir=folder, prefix=f".{split}.bin.", suffix=".tmp")
-            temporaries[split] = Path(name)
-            with os.fdopen(fd, "wb") as out:
-                tokens, count = _write_tokens(documents(), tokenizer, out, dtype,
-                                             progress=progress, desc=f"tokenizing {split}")
-            meta[f"{split}_tokens"], meta[f"{split}_documents"] = tokens, count
-        for split, temp in temporaries.items():
-            os.replace(temp, folder / f"{split}.bin")
-        tokenizer.save(folder / "tokenizer.json")
-    except BaseException:
-        for temp in temporaries.values():
-            temp.unlink(missing_ok=True)
-        raise
+    # Each file lands whole or not at all; the folder is trusted only once the caller
+    # writes meta.json after all of them.
+    for split, documents in (("train", splits.train), ("validation", splits.validation)):
+        with atomic_write(folder / f"{split}.bin") as out:
+            tokens, count = _write_tokens(documents(), tokenizer, out, dtype,
+                                         progress=progress, desc=f"tokenizing {split}")
+        meta[f"{split}_tokens"], meta[f"{split}_documents"] = tokens, count
+    tokenizer.save(folder / "tokenizer.json")
     return meta
 
 

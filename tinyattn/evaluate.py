@@ -24,7 +24,6 @@ calls at each evaluation; `save_loss_by_position_plot` draws the PNG line plot.
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -36,6 +35,7 @@ import torch.nn.functional as F
 from tinyattn.attention_maps import figure_to_image, new_figure
 from tinyattn.data import eval_batches
 from tinyattn.errors import DataError
+from tinyattn.model import evaluation_mode
 from tinyattn.tokenizer import END_OF_TEXT
 
 DECODE_CHUNK = 1 << 20  # tokens decoded at once when counting the bytes of a text
@@ -76,18 +76,6 @@ def token_losses(model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().transpose(1, 2), y.to(device), reduction="none")  # (B, T)
 
 
-@contextmanager
-def _eval_mode(model):
-    """Eval mode and no gradients inside; the model's own mode is restored after."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        model.train(was_training)
-
-
 # ----------------------------------------------------------------------------- evaluation
 
 
@@ -115,7 +103,7 @@ def _position_sums(model, tokens, context_length, batch_size, max_windows=None) 
     count = 0
     if len(tokens) < context_length + 1:
         return sums.numpy(), 0
-    with _eval_mode(model):
+    with evaluation_mode(model), torch.no_grad():
         for x, y in eval_batches(tokens, context_length, batch_size, max_windows):
             sums += token_losses(model, x, y).double().sum(0).cpu()  # (T,)
             count += x.size(0)
@@ -137,7 +125,7 @@ def evaluate_tokens(model, tokenizer, tokens, batch_size: int, char_level: bool)
     total = float(sums.sum())
     tail = tail_window(tokens, context_length)
     if tail is not None:
-        with _eval_mode(model):
+        with evaluation_mode(model), torch.no_grad():
             total += float(token_losses(model, *tail).double().sum())
     predicted = len(tokens) - 1
     units = text_units(tokenizer, tokens[1:], char_level)

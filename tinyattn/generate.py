@@ -42,6 +42,7 @@ import torch
 import torch.nn as nn
 
 from tinyattn.errors import ConfigError, DataError
+from tinyattn.model import evaluation_mode
 from tinyattn.runtime import select_precision
 
 Generators = Union[torch.Generator, Sequence[torch.Generator], None]
@@ -205,9 +206,7 @@ def generate_tokens(model, prompt_ids: torch.Tensor, max_new_tokens: int, *, tem
         raise ValueError(f"prompt_ids must be (B, T) with T >= 1, got shape {tuple(prompt_ids.shape)}")
     if max_new_tokens == 0:
         return
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluation_mode(model):
         decoder = CachedDecoder(model, batch_size=prompt_ids.size(0))
         logits = decoder.prefill(prompt_ids[:, -decoder.context_length:])  # (B, V)
         present = None
@@ -223,8 +222,6 @@ def generate_tokens(model, prompt_ids: torch.Tensor, max_new_tokens: int, *, tem
             if present is not None:
                 present.scatter_(1, token.unsqueeze(1), True)
             logits = decoder.step(token)
-    finally:
-        model.train(was_training)
 
 
 # ----------------------------------------------------------------------------- 4. text

@@ -23,7 +23,8 @@ H query heads, Hkv key/value heads, D head width (C / H), V vocabulary size.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional
+from contextlib import contextmanager
+from typing import Iterator, NamedTuple, Optional
 
 import torch
 import torch.nn as nn
@@ -33,6 +34,18 @@ from tinyattn.config import ModelConfig
 from tinyattn.kv_cache import KVCache
 
 IGNORE_INDEX = -100  # targets with this value (padding) do not count in the loss
+
+
+@contextmanager
+def evaluation_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Eval mode (no dropout) inside the block; the model's own mode is restored after,
+    so sampling or measuring in the middle of training leaves training as it was."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 # ----------------------------------------------------------------------------- 1. attention

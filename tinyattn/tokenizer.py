@@ -24,8 +24,6 @@ why the cut points leave the tokens unchanged for the kinds built here.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
@@ -34,6 +32,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from tinyattn.config import TokenizerConfig
 from tinyattn.errors import DataError
+from tinyattn.files import atomic_write
 
 END_OF_TEXT = "<|endoftext|>"
 UNKNOWN = "[UNK]"
@@ -81,7 +80,8 @@ class Tokenizer:
         path = Path(path)
         if path.is_dir():
             path = path / "tokenizer.json"
-        write_atomically(path, self.to_json().encode("utf-8"))
+        with atomic_write(path) as f:
+            f.write(self.to_json().encode("utf-8"))
 
     # ------------------------------------------------------------------ vocabulary
 
@@ -301,17 +301,3 @@ _ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 def _escape_controls(text: str) -> str:
     return "".join(_ESCAPES.get(c, f"\\x{ord(c):02x}" if ord(c) < 32 or ord(c) == 127 else c)
                    for c in text)
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write `data` to a temporary file beside `path`, then rename it over `path`: a reader
-    sees the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise

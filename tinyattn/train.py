@@ -519,7 +519,6 @@ class Logger:
                                 max_new_tokens=self.config.train.sample_tokens,
                                 temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
                                 generator=generator))
-        t.model.train()
         with open(self.run_dir / "samples.txt", "a", encoding="utf-8") as f:
             f.write(f"--- step {step} ---\n{text}\n")
         self.writer.add_text("sample", "```\n" + text + "\n```", step)
