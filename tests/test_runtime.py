@@ -1,0 +1,196 @@
+"""runtime: the CPU precision choice (flags first, a cached measurement only where they cannot tell)
+and the bounded peak measurement."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from tinyattn import runtime
+from tinyattn.errors import ConfigError
+from tinyattn.runtime import (bf16_verdict_from_flags, clear_cpu_cache, cpu_cache_path, cpu_flags,
+                              measure_peak_flops, select_precision)
+
+CPU = torch.device("cpu")
+AVX2_ONLY = frozenset({"fpu", "sse2", "avx", "avx2", "fma"})
+AVX512_BF16 = AVX2_ONLY | {"avx512f", "avx512bw", "avx512_bf16"}
+AMX = AVX2_ONLY | {"avx512f", "amx_tile", "amx_bf16", "amx_int8"}  # AMX without listing avx512_bf16
+
+
+@pytest.fixture
+def fake_cpu(monkeypatch, tmp_path):
+    """A CPU whose flags and capability a test sets; no override, and a cache folder of its own."""
+    monkeypatch.delenv(runtime.CPU_BF16_ENV, raising=False)
+    monkeypatch.setenv(runtime.CACHE_DIR_ENV, str(tmp_path / "cache"))
+
+    def set_cpu(flags, capability):
+        monkeypatch.setattr(runtime, "cpu_flags", lambda *args: flags)
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    return set_cpu
+
+
+@pytest.fixture
+def no_timing(monkeypatch):
+    """Any timing or matmul measurement from here on fails the test."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the precision choice timed something")
+    monkeypatch.setattr(runtime, "measure_cpu_bf16_speedup", forbidden)
+    monkeypatch.setattr(time, "perf_counter", forbidden)
+
+
+class CountingMeasurement:
+    def __init__(self, speedup):
+        self.speedup = speedup
+        self.calls = 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.speedup
+
+
+@pytest.mark.parametrize("flags, capability, expected", [
+    (AVX2_ONLY, "AVX2", "fp32"),
+    (AVX512_BF16, "AVX512", "bf16"),
+    (AMX, "AVX512", "bf16"),
+])
+def test_auto_precision_on_x86_reads_the_flags_without_timing(fake_cpu, no_timing, flags, capability,
+                                                              expected):
+    fake_cpu(flags, capability)
+    assert select_precision("auto", CPU).name == expected
+    assert not cpu_cache_path().exists()  # nothing measured, nothing kept
+
+
+@pytest.mark.parametrize("flags, capability, expected", [
+    (AVX2_ONLY, "AVX2", False),
+    (AVX2_ONLY | {"avx512f"}, "AVX512", False),
+    (AVX512_BF16, "AVX2", True),  # ATEN_CPU_CAPABILITY lowered: the matmul units are still there
+    (frozenset({"amx_bf16"}), "NO AVX", True),
+    (frozenset(), "NO AVX", None),  # what an ARM build may also report: cannot tell
+    (frozenset({"fp", "asimd", "bf16"}), "SVE256", None),  # ARM: flags cannot tell
+    (None, "AVX512", None),  # flags unknown
+])
+def test_bf16_verdict_from_flags(flags, capability, expected):
+    assert bf16_verdict_from_flags(flags, capability) is expected
+
+
+def test_cpu_flags_reads_the_flags_line_of_cpuinfo(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu sse2 avx2 avx512_bf16\n"
+                       "vmx flags\t: ept vpid\n\nprocessor\t: 1\nflags\t\t: fpu\n")
+    assert cpu_flags(cpuinfo) == frozenset({"fpu", "sse2", "avx2", "avx512_bf16"})
+
+
+def test_cpu_flags_without_cpuinfo_asks_torch_and_is_none_when_torch_cannot_say(tmp_path, monkeypatch):
+    arm_cpuinfo = tmp_path / "cpuinfo"
+    arm_cpuinfo.write_text("processor\t: 0\nFeatures\t: fp asimd bf16\n")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    assert cpu_flags(arm_cpuinfo) == frozenset({"avx512_bf16"})
+    assert cpu_flags(tmp_path / "missing") == frozenset({"avx512_bf16"})
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
+    assert cpu_flags(tmp_path / "missing") is None
+
+
+def test_measured_verdict_is_cached_on_disk_and_reused(fake_cpu, monkeypatch):
+    fake_cpu(None, "SVE256")  # flags cannot tell: the fallback measures
+    fast = CountingMeasurement(speedup=3.0)
+    monkeypatch.setattr(runtime, "measure_cpu_bf16_speedup", fast)
+    assert select_precision("auto", CPU).name == "bf16"
+    assert fast.calls == 1
+    entries = json.loads(cpu_cache_path().read_text())
+    assert [entry["bf16_is_fast"] for entry in entries.values()] == [True]
+    assert all(f"torch {torch.__version__}" in key for key in entries)
+
+    assert select_precision("auto", CPU).name == "bf16"  # a second process would read the same file
+    assert fast.calls == 1
+
+    clear_cpu_cache()
+    assert not cpu_cache_path().exists()
+    slow = CountingMeasurement(speedup=0.05)
+    monkeypatch.setattr(runtime, "measure_cpu_bf16_speedup", slow)
+    assert select_precision("auto", CPU).name == "fp32"
+    assert slow.calls == 1
+    assert [e["bf16_is_fast"] for e in json.loads(cpu_cache_path().read_text()).values()] == [False]
+
+
+def test_cache_of_another_machine_or_a_corrupt_file_is_measured_again(fake_cpu, monkeypatch):
+    fake_cpu(None, "SVE256")
+    measure = CountingMeasurement(speedup=3.0)
+    monkeypatch.setattr(runtime, "measure_cpu_bf16_speedup", measure)
+    path = cpu_cache_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"other-machine | torch 0.0": {"bf16_is_fast": False}}))
+    assert runtime.cpu_bf16_is_fast() is True
+    assert measure.calls == 1
+    assert len(json.loads(path.read_text())) == 2  # the other machine's entry is kept
+
+    path.write_text('{"cut off')
+    assert runtime.cpu_bf16_is_fast() is True
+    assert measure.calls == 2
+    assert len(json.loads(path.read_text())) == 1
+
+
+def test_unwritable_cache_warns_and_still_answers(fake_cpu, monkeypatch, tmp_path):
+    fake_cpu(None, "SVE256")
+    monkeypatch.setattr(runtime, "measure_cpu_bf16_speedup", CountingMeasurement(speedup=3.0))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv(runtime.CACHE_DIR_ENV, str(blocker))  # the cache folder would be a file
+    with pytest.warns(UserWarning, match="cannot keep the CPU bf16 measurement"):
+        assert runtime.cpu_bf16_is_fast() is True
+
+
+@pytest.mark.parametrize("value, flags, capability, expected", [
+    ("1", AVX2_ONLY, "AVX2", "bf16"),
+    ("0", AVX512_BF16, "AVX512", "fp32"),
+    ("1", None, "SVE256", "bf16"),  # where the fallback would otherwise measure
+    ("0", None, "SVE256", "fp32"),
+])
+def test_env_override_sets_the_verdict(fake_cpu, no_timing, monkeypatch, value, flags, capability, expected):
+    fake_cpu(flags, capability)
+    monkeypatch.setenv(runtime.CPU_BF16_ENV, value)
+    assert select_precision("auto", CPU).name == expected
+    assert not cpu_cache_path().exists()
+
+
+def test_env_override_other_than_0_or_1_is_a_config_error(fake_cpu, monkeypatch):
+    fake_cpu(AVX2_ONLY, "AVX2")
+    monkeypatch.setenv(runtime.CPU_BF16_ENV, "yes")
+    with pytest.raises(ConfigError, match="TINYATTN_CPU_BF16='yes' is not accepted; expected 1"):
+        select_precision("auto", CPU)
+
+
+def test_peak_flops_leaves_the_global_generator_alone():
+    state = torch.get_rng_state()
+    assert measure_peak_flops(CPU, select_precision("fp32", CPU), size=512) > 0
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_measurements_are_short_where_bf16_is_emulated():
+    """With oneDNN held to AVX2 (as on a CPU without bf16 units), bf16 matmuls are emulated,
+    many times slower than fp32; neither the fallback measurement nor the bf16 peak may stall."""
+    script = textwrap.dedent("""
+        import json, time, torch
+        from tinyattn.runtime import measure_cpu_bf16_speedup, measure_peak_flops, select_precision
+        cpu = torch.device("cpu")
+        start = time.perf_counter()
+        speedup = measure_cpu_bf16_speedup()
+        fallback = time.perf_counter() - start
+        start = time.perf_counter()
+        peak = measure_peak_flops(cpu, select_precision("bf16", cpu))
+        print(json.dumps({"speedup": speedup, "fallback_s": fallback, "peak": peak,
+                          "peak_s": time.perf_counter() - start}))
+    """)
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    assert figures["fallback_s"] < 1.5, figures
+    assert figures["peak_s"] < 1.5, figures
+    assert figures["peak"] > 0
