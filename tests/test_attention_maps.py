@@ -1,5 +1,7 @@
-"""Attention maps: weights that reproduce the fused output, heatmap PNGs, the query table, the CLI."""
+"""Attention maps: weights that reproduce the fused output, heatmap PNGs and TensorBoard images,
+the query table, the CLI."""
 
+import io
 import struct
 import subprocess
 import sys
@@ -10,14 +12,16 @@ import pytest
 import torch
 
 from tinyattn import attention_maps as maps_module
-from tinyattn.attention_maps import (AttentionMaps, PlottingUnavailable, attention_heatmap_images,
+from tinyattn.attention_maps import (TENSORBOARD_GAP, AttentionMaps, attention_heatmap_images,
                                      compute_attention_maps, format_query_table, heatmap_size_pixels,
-                                     log_attention_to_tensorboard, query_position_of_word, query_table,
-                                     save_heatmaps, visible)
+                                     layer_image, log_attention_to_tensorboard, query_position_of_word,
+                                     query_table, save_heatmaps, tensorboard_image_size, tensorboard_scale,
+                                     visible)
 from tinyattn.checkpoint import save_checkpoint
 from tinyattn.config import Config, ModelConfig, TokenizerConfig, config_to_dict
 from tinyattn.errors import TinyattnError
 from tinyattn.model import LanguageModel
+from tinyattn.plotting import MASKED_RGB, VIRIDIS, WHITE, PlottingUnavailable, colormap
 from tinyattn.tokenizer import build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,7 +151,8 @@ def test_masked_cells_are_drawn_grey_not_the_colour_of_weight_zero(tokenizer):
 def test_tensorboard_gets_one_image_per_layer(tokenizer):
     model = tiny_model(tokenizer).train()
     images = attention_heatmap_images(model, tokenizer, "ROMEO:\nBut soft")
-    width, height = heatmap_size_pixels(4, 15, maps_module.TENSORBOARD_DPI)
+    width, height = tensorboard_image_size(4, 15)
+    assert (width, height) == (2 * 15 * 9 + TENSORBOARD_GAP, 2 * 15 * 9 + TENSORBOARD_GAP)  # 2x2 heads, 9x
     assert [image.shape for image in images] == [(height, width, 3)] * 2
     assert all(image.dtype == np.uint8 for image in images)
 
@@ -163,13 +168,82 @@ def test_tensorboard_gets_one_image_per_layer(tokenizer):
     assert model.training
 
 
+def test_tensorboard_image_is_each_heads_weights_through_the_colour_map_in_a_grid_of_heads():
+    T = 3
+    # Head h: every query q puts all its weight on key min(h, q), so which cell holds the 1
+    # tells the heads apart; keys after the query are masked.
+    weights = np.zeros((4, T, T), dtype=np.float32)
+    for h in range(4):
+        for q in range(T):
+            weights[h, q, min(h, q)] = 1.0
+    maps = AttentionMaps([0] * T, ["a"] * T, [weights], 0)
+    image = layer_image(maps, 0)
+    scale, gap = tensorboard_scale(T), TENSORBOARD_GAP
+    assert scale == 43  # the least whole factor giving a head 128 pixels or more
+    side = T * scale
+    assert image.shape == (2 * side + gap, 2 * side + gap, 3) and image.dtype == np.uint8
+    assert (image.shape[1], image.shape[0]) == tensorboard_image_size(4, T)
+
+    def cell(head, query, key):  # the scale x scale block of one weight
+        row, column = divmod(head, 2)  # heads fill the 2x2 grid row by row
+        top, left = row * (side + gap) + query * scale, column * (side + gap) + key * scale
+        return image[top:top + scale, left:left + scale]
+
+    for h in range(4):
+        for q in range(T):
+            for k in range(T):
+                expected = MASKED_RGB if k > q else VIRIDIS[-1] if k == min(h, q) else VIRIDIS[0]
+                assert np.all(cell(h, q, k) == expected), (h, q, k)
+    assert np.all(image[side:side + gap] == WHITE) and np.all(image[:, side:side + gap] == WHITE)
+
+
+def test_tensorboard_image_of_a_model_is_its_attention_weights_through_the_colour_map(tokenizer):
+    maps = compute_attention_maps(tiny_model(tokenizer), tokenizer, "ROMEO:\nBut soft")
+    T, scale = 15, tensorboard_scale(15)
+    side = T * scale
+    for layer in range(2):
+        image = layer_image(maps, layer)
+        for head in range(4):
+            row, column = divmod(head, 2)
+            top, left = row * (side + TENSORBOARD_GAP), column * (side + TENSORBOARD_GAP)
+            drawn = image[top:top + side:scale, left:left + side:scale]  # (T, T, 3): a pixel per weight
+            weights = maps.weights[layer][head]
+            allowed = np.tril(np.ones((T, T), dtype=bool))
+            np.testing.assert_array_equal(drawn[allowed], colormap(weights[allowed]))
+            assert np.all(drawn[~allowed] == MASKED_RGB)
+            assert len({tuple(c) for c in drawn[allowed]}) > T  # real, varied weights, not one colour
+
+
+def test_tensorboard_images_need_no_matplotlib(tokenizer, monkeypatch, tmp_path):
+    from PIL import Image
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")] + ["matplotlib"]:
+        monkeypatch.setitem(sys.modules, name, None)  # import matplotlib now raises ImportError
+    assert not maps_module.plotting_available()
+    model = tiny_model(tokenizer)
+    writer = SummaryWriter(str(tmp_path))
+    log_attention_to_tensorboard(writer, model, tokenizer, "ROMEO:\nBut soft", step=7)
+    writer.close()
+
+    events = EventAccumulator(str(tmp_path), size_guidance={"images": 0}).Reload()
+    assert sorted(events.Tags()["images"]) == ["attention/layer_0", "attention/layer_1"]
+    maps = compute_attention_maps(model, tokenizer, "ROMEO:\nBut soft")
+    for layer in range(2):
+        [logged] = events.Images(f"attention/layer_{layer}")
+        assert logged.step == 7
+        decoded = np.asarray(Image.open(io.BytesIO(logged.encoded_image_string)).convert("RGB"))
+        np.testing.assert_array_equal(decoded, layer_image(maps, layer))
+
+
 def test_missing_matplotlib_is_a_one_line_error_saying_how_to_install(tokenizer, monkeypatch, tmp_path):
     maps = compute_attention_maps(tiny_model(tokenizer), tokenizer, "ab")
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     with pytest.raises(PlottingUnavailable, match=r"pip install 'tinyattn\[plot\]'") as error:
         save_heatmaps(maps, tmp_path)
     assert "\n" not in str(error.value)
-    assert not maps_module.plotting_available()
+    assert not maps_module.plotting_available()  # still importable from here: train.py does
 
 
 # ----------------------------------------------------------------------------- queries

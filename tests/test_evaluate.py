@@ -16,8 +16,8 @@ from tinyattn.config import Config, DataConfig, ModelConfig, TokenizerConfig, co
 from tinyattn.data import eval_batches, prepare_data
 from tinyattn.errors import DataError
 from tinyattn.evaluate import (evaluate_tokens, format_loss_by_position, log_loss_by_position_to_tensorboard,
-                               loss_by_position, position_ranges, save_loss_by_position_plot, tail_window,
-                               text_units)
+                               loss_by_position, loss_by_position_image, position_ranges,
+                               save_loss_by_position_plot, tail_window, text_units)
 from tinyattn.model import LanguageModel
 from tinyattn.tokenizer import build_tokenizer
 
@@ -174,6 +174,44 @@ def test_table_plot_and_tensorboard_show_ranges_of_positions_doubling_the_contex
                                                      ("0", "1", "2-3", "4-7", "8-15", "16-31")]
     assert Writer.scalars[-1] == ("loss_by_position/positions_16-31", pytest.approx(last), 500)
     assert Writer.images == [("loss_by_position/plot", (240, 420, 3), np.uint8, 500, "HWC")]
+
+
+def test_tensorboard_curve_is_drawn_with_numpy_at_the_losses_on_a_log_scale(monkeypatch):
+    from tinyattn.plotting import CHART_MARGIN as m, GRID_RGB, LINE_RGB
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    seen = np.arange(1, 33)  # 32 positions; position p has read p + 1 tokens
+    losses = 3.0 - 0.5 * np.log2(seen)  # 3.0 down to 0.5: a straight line on a log-x chart
+    image = loss_by_position_image(losses)
+    assert image.shape == (240, 420, 3) and image.dtype == np.uint8
+    plot_w, plot_h = 420 - 2 * m, 240 - 2 * m
+    line = np.all(image == LINE_RGB, axis=-1)
+    # Left edge: 1 token read, right edge: 32; bottom: 0 nats, top: the largest loss, 3, rounded up.
+    for column in range(m, m + plot_w, 7):
+        log_seen = (column - m) / (plot_w - 1) * 5
+        row = m + (3.0 - (3.0 - 0.5 * log_seen)) / 3.0 * (plot_h - 1)
+        drawn = np.flatnonzero(line[:, column])
+        assert drawn.size and abs(drawn.mean() - row) <= 1.5, column
+    grid = np.all(image == GRID_RGB, axis=-1)
+    for nats in (0, 1, 2):  # a grey line every nat (3 is the top, under the curve's start)
+        assert grid[round(m + (3 - nats) / 3 * (plot_h - 1)), m + plot_w // 2 + 3]
+    for doublings in range(5):  # a grey line at 1, 2, 4, 8, 16 tokens, above the curve
+        assert grid[m + 2, round(m + doublings / 5 * (plot_w - 1))]
+
+    class Writer:
+        images = []
+
+        def add_scalar(self, tag, value, step):
+            pass
+
+        def add_image(self, tag, image, step, dataformats):
+            self.images.append((tag, image, step))
+
+    log_loss_by_position_to_tensorboard(Writer(), losses, step=3)
+    log_loss_by_position_to_tensorboard(Writer(), losses, step=4, image=False)
+    [(tag, logged, step)] = Writer.images
+    assert (tag, step) == ("loss_by_position/plot", 3)
+    np.testing.assert_array_equal(logged, image)
 
 
 # ----------------------------------------------------------------------------- command line

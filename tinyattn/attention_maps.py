@@ -10,16 +10,21 @@ column = key token, each row sums to 1, future keys are exactly 0. From those:
   of 0 on an allowed key (dark) is not confused with a key the query could not see.
 - `query_table` / `format_query_table`: for one query token, the keys each head
   weights most.
-- `attention_heatmap_images` / `log_attention_to_tensorboard`: the same heatmaps as
-  image arrays, for the probe text the training loop logs at each evaluation.
+- `layer_image` / `attention_heatmap_images` / `log_attention_to_tensorboard`: the same
+  heatmaps drawn straight from the weights with numpy (no labels, no matplotlib), for the
+  probe text the training loop logs to TensorBoard at each evaluation. Heads tile the
+  grid of `head_grid` row by row, TENSORBOARD_GAP white pixels apart; each head is its
+  (T, T) weights through the viridis table of `plotting.colormap` (0 dark purple, 1
+  yellow, future keys grey), every weight a block of `tensorboard_scale(T)` pixels
+  square: query rows top to bottom, key columns left to right.
 
 How to read them: a weight says how much of a key's value vector a head mixes into
 the query's output at that layer. It is not a measure of how much that token matters
 to the prediction (later layers, the MLPs and the residual stream all intervene), and
 a head that could look 100 tokens back may not. See docs/ATTENTION.md.
 
-matplotlib is an optional extra (`pip install 'tinyattn[plot]'`). It is imported only
-when a figure is drawn, and only its Agg canvas is used: no display, no pyplot state.
+The PNG files need matplotlib, an optional extra (see `tinyattn.plotting`); the
+TensorBoard images do not.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ import torch
 
 from tinyattn.errors import TinyattnError
 from tinyattn.model import evaluation_mode
+from tinyattn.plotting import MASKED_RGB, colormap, new_figure, require_matplotlib, scale_up, tile
+from tinyattn.plotting import plotting_available  # noqa: F401  train.py imports it from here, for now
 
 # Heatmap layout, in inches. The size of an image depends only on the number of heads
 # and tokens (`heatmap_size_pixels`); tick labels sit on the outer panels only, as on
@@ -49,14 +56,13 @@ HEAD_TITLE_INCHES = 0.2  # "head h" under each panel
 TITLE_INCHES = 0.45  # the figure's title
 COLORBAR_INCHES = 0.8  # gap, bar and its labels, right of the grid
 DPI = 100  # PNG files
-TENSORBOARD_DPI = 60  # images logged during training: about a third of the pixels
-MASKED_COLOR = "#c8c8c8"  # future keys; weight 0 on an allowed key is the colormap's darkest
+MASKED_COLOR = "#{:02x}{:02x}{:02x}".format(*MASKED_RGB)  # future keys; weight 0 is viridis' darkest
 LABEL_CHARS = 10  # longer token labels are cut with an ellipsis
 TOP_K = 5
-
-
-class PlottingUnavailable(TinyattnError):
-    """matplotlib, an optional extra, is not installed."""
+# TensorBoard images: each head's (T, T) map scaled up by a whole factor to at least this
+# many pixels a side, so a short probe text is not a speck; heads TENSORBOARD_GAP apart.
+TENSORBOARD_HEAD_PIXELS = 128
+TENSORBOARD_GAP = 2
 
 
 # ----------------------------------------------------------------------------- weights
@@ -190,34 +196,6 @@ def format_query_table(maps: AttentionMaps, position: int, rows: list[QueryRow])
 # ----------------------------------------------------------------------------- figures
 
 
-def require_matplotlib():
-    """The matplotlib module, or a one-line PlottingUnavailable saying how to install it."""
-    try:
-        import matplotlib
-        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
-    except ImportError:
-        raise PlottingUnavailable("plots need matplotlib, an optional extra: "
-                                  "pip install 'tinyattn[plot]'") from None
-    return matplotlib
-
-
-def new_figure(width_inches: float, height_inches: float, dpi: int, layout: Optional[str] = None):
-    """A matplotlib Figure on an Agg canvas, outside pyplot (nothing global to close)."""
-    require_matplotlib()
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(width_inches, height_inches), dpi=dpi, layout=layout)
-    FigureCanvasAgg(figure)
-    return figure
-
-
-def figure_to_image(figure) -> np.ndarray:
-    """The rendered figure as an (H, W, 3) uint8 array, e.g. for TensorBoard's add_image."""
-    figure.canvas.draw()
-    return np.asarray(figure.canvas.buffer_rgba())[..., :3].copy()
-
-
 def head_grid(num_heads: int) -> tuple[int, int]:
     """(rows, columns) of the per-layer grid: as square as possible, filled row by row."""
     columns = math.ceil(math.sqrt(num_heads))
@@ -308,26 +286,44 @@ def save_heatmaps(maps: AttentionMaps, out_dir: str | Path, layers: Optional[lis
 # ----------------------------------------------------------------------------- training
 
 
-def attention_heatmap_images(model, tokenizer, text: str, dpi: int = TENSORBOARD_DPI) -> list[np.ndarray]:
-    """One (H, W, 3) uint8 heatmap image per layer for `text`: one small forward, no files."""
+def tensorboard_scale(num_tokens: int) -> int:
+    """Pixels a side of one weight in `layer_image`: the least whole factor giving a head
+    TENSORBOARD_HEAD_PIXELS or more (1 once the context alone is that wide)."""
+    return max(1, math.ceil(TENSORBOARD_HEAD_PIXELS / num_tokens))
+
+
+def tensorboard_image_size(num_heads: int, num_tokens: int) -> tuple[int, int]:
+    """(width, height) of `layer_image` for `num_heads` heads of `num_tokens` tokens."""
+    rows, columns = head_grid(num_heads)
+    side = num_tokens * tensorboard_scale(num_tokens)
+    return columns * side + (columns - 1) * TENSORBOARD_GAP, rows * side + (rows - 1) * TENSORBOARD_GAP
+
+
+def layer_image(maps: AttentionMaps, layer: int) -> np.ndarray:
+    """One layer's heatmaps as an (H, W, 3) uint8 array drawn with numpy: no labels, no matplotlib.
+
+    The layout is the module docstring's; the size is `tensorboard_image_size`.
+    """
+    T = len(maps.token_ids)
+    future = np.triu(np.ones((T, T), dtype=bool), k=1)  # (T, T): key after query
+    shown = np.where(future, np.nan, maps.weights[layer])  # (H, T, T); NaN draws grey
+    heads = colormap(shown, 0.0, 1.0)  # (H, T, T, 3)
+    scale = tensorboard_scale(T)
+    _, columns = head_grid(maps.num_heads)
+    return tile([scale_up(head, scale) for head in heads], columns, TENSORBOARD_GAP)
+
+
+def attention_heatmap_images(model, tokenizer, text: str) -> list[np.ndarray]:
+    """One `layer_image` per layer for `text`: one small forward, no files."""
     maps = compute_attention_maps(model, tokenizer, text)
-    return [figure_to_image(layer_figure(maps, layer, dpi=dpi)) for layer in range(maps.num_layers)]
+    return [layer_image(maps, layer) for layer in range(maps.num_layers)]
 
 
 def log_attention_to_tensorboard(writer, model, tokenizer, text: str, step: int,
                                  tag: str = "attention") -> None:
     """Add `<tag>/layer_<L>` images of `text`'s attention maps to a SummaryWriter at `step`.
 
-    Raises PlottingUnavailable (a TinyattnError) when matplotlib is missing; a training
-    loop can check `plotting_available()` once and skip the images.
+    Needs no matplotlib: the images are `layer_image`s.
     """
     for layer, image in enumerate(attention_heatmap_images(model, tokenizer, text)):
         writer.add_image(f"{tag}/layer_{layer}", image, step, dataformats="HWC")
-
-
-def plotting_available() -> bool:
-    try:
-        require_matplotlib()
-    except PlottingUnavailable:
-        return False
-    return True

@@ -18,7 +18,8 @@ the standard, cheaper number that the training loop's validation loss estimates.
   averages it over positions 0, 1, 2-3, 4-7, ...: each row doubles the context read.
 
 `loss_by_position` and `log_loss_by_position_to_tensorboard` are what the training loop
-calls at each evaluation; `save_loss_by_position_plot` draws the PNG line plot.
+calls at each evaluation; `save_loss_by_position_plot` draws the PNG line plot (matplotlib),
+`loss_by_position_image` the same curve without text for TensorBoard (numpy alone).
 """
 
 from __future__ import annotations
@@ -32,16 +33,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tinyattn.attention_maps import figure_to_image, new_figure
 from tinyattn.data import eval_batches
 from tinyattn.errors import DataError
 from tinyattn.model import evaluation_mode
+from tinyattn.plotting import line_chart, new_figure
 from tinyattn.tokenizer import END_OF_TEXT
 
 DECODE_CHUNK = 1 << 20  # tokens decoded at once when counting the bytes of a text
 PLOT_INCHES = (7.0, 4.0)
 PLOT_DPI = 100
-TENSORBOARD_DPI = 60
+TENSORBOARD_PLOT_PIXELS = (420, 240)  # (width, height) of loss_by_position_image
 
 
 @dataclass
@@ -208,16 +209,31 @@ def save_loss_by_position_plot(losses: np.ndarray, path: str | Path, title: str 
     return path
 
 
+def loss_by_position_image(losses: np.ndarray) -> np.ndarray:
+    """The curve of `loss_by_position_figure` as (240, 420, 3) uint8, drawn with numpy, no text.
+
+    x: tokens of context read, log scale, with a grey line at 1, 2, 4, 8, ... tokens
+    (the left edge is 1, the right edge the context length). y: 0 nats at the bottom,
+    a grey line every nat, the top the largest loss rounded up to a whole nat, so the
+    scale stays put from one evaluation to the next while the loss falls.
+    """
+    losses = np.asarray(losses, dtype=np.float64)
+    seen = np.log2(np.arange(1, len(losses) + 1))  # position p has read p + 1 tokens
+    finite = losses[np.isfinite(losses)]
+    top = max(math.ceil(float(finite.max())), 1) if finite.size else 1
+    width, height = TENSORBOARD_PLOT_PIXELS
+    return line_chart(seen, losses, width, height, (0.0, float(top)),
+                      x_grid=range(math.floor(seen[-1]) + 1), y_grid=range(top + 1))
+
+
 def log_loss_by_position_to_tensorboard(writer, losses: np.ndarray, step: int,
                                         tag: str = "loss_by_position", image: bool = True) -> None:
-    """Scalars `<tag>/positions_<range>`, the table's rows (0, 1, 2-3, 4-7, ...), and the plot.
+    """Scalars `<tag>/positions_<range>`, the table's rows (0, 1, 2-3, 4-7, ...), and the curve.
 
-    image=True draws the plot as `<tag>/plot` and needs matplotlib (PlottingUnavailable,
-    a TinyattnError, when it is missing; see `attention_maps.plotting_available`).
+    image=True also adds `loss_by_position_image` as `<tag>/plot`; it needs no matplotlib.
     """
     for first, last in position_ranges(len(losses)):
         writer.add_scalar(f"{tag}/positions_{range_name(first, last)}",
                           float(np.mean(losses[first:last + 1])), step)
     if image:
-        figure = loss_by_position_figure(losses, f"loss by position, step {step}", dpi=TENSORBOARD_DPI)
-        writer.add_image(f"{tag}/plot", figure_to_image(figure), step, dataformats="HWC")
+        writer.add_image(f"{tag}/plot", loss_by_position_image(losses), step, dataformats="HWC")

@@ -43,8 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     def command() -> int:
         from tinyattn.attention_maps import (check_query_position, compute_attention_maps,
                                              format_query_table, query_position_of_word, query_table,
-                                             require_matplotlib, save_heatmaps)
+                                             save_heatmaps)
         from tinyattn.checkpoint import load_model
+        from tinyattn.plotting import require_matplotlib
         from tinyattn.runtime import select_device
 
         require_matplotlib()  # before any work: a missing extra is a one-line error

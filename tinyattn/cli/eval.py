@@ -38,9 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     def command() -> int:
         import numpy as np
 
-        from tinyattn.attention_maps import plotting_available
         from tinyattn.checkpoint import load_model
         from tinyattn.evaluate import evaluate_tokens, format_loss_by_position, save_loss_by_position_plot
+        from tinyattn.plotting import plotting_available
         from tinyattn.runtime import select_device
 
         if args.batch_size is not None and args.batch_size <= 0:
