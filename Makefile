@@ -11,7 +11,7 @@ TORCH_INDEX ?=
 CONFIG ?= configs/shakespeare_char.yaml
 PY := $(VENV)/bin/python
 
-.PHONY: install train test bench clean-venv
+.PHONY: install train test test-fast bench clean-venv
 
 install: $(VENV)/.installed
 
@@ -27,6 +27,9 @@ train: install
 
 test: install
 	$(PY) -m pytest -q
+
+test-fast: install  # everything but the tests marked slow (subprocesses, compile, kills, torchrun)
+	$(PY) -m pytest -q -m "not slow"
 
 bench: install
 	$(PY) scripts/bench.py --json docs/bench-cpu.json

@@ -24,3 +24,10 @@ def shakespeare_path() -> Path:
         path.parent.mkdir(exist_ok=True)
         shutil.copyfile(shared, path)
     return path
+
+
+@pytest.fixture(autouse=True, scope="session")
+def private_cache_dir(tmp_path_factory):
+    """The CPU verdict cache (tinyattn.runtime) goes to a temporary folder, never ~/.cache."""
+    os.environ["TINYATTN_CACHE_DIR"] = str(tmp_path_factory.mktemp("tinyattn_cache"))
+    yield

@@ -157,3 +157,54 @@ def test_positions_beyond_context_are_refused():
     model = tiny_model()
     with pytest.raises(ValueError, match="exceed the context length 24"):
         model(random_tokens(length=25))
+
+
+def test_attention_setting_chooses_the_path_and_both_agree():
+    fused, explicit = tiny_model(attention="fused"), tiny_model(attention="explicit")
+    assert [b.attention.fused for b in fused.blocks] == [True, True]
+    assert [b.attention.fused for b in explicit.blocks] == [False, False]
+    idx = random_tokens()
+    torch.testing.assert_close(fused(idx).logits, explicit(idx).logits, rtol=0, atol=1e-5)
+    assert tiny_model(attention="auto").attention_path == "fused"  # auto, unresolved: the kernel
+
+
+def test_qk_norm_normalises_queries_and_keys_and_stays_causal():
+    model = tiny_model(qk_norm=True)
+    attention_layer = model.blocks[0].attention
+    seen = {}
+    attention_layer.q_norm.register_forward_hook(lambda m, i, o: seen.setdefault("q", o))
+    idx = random_tokens()
+    logits = model(idx).logits
+    rms = seen["q"].pow(2).mean(-1).sqrt()  # (B, H, T): unit RMS per head and position
+    torch.testing.assert_close(rms, torch.ones_like(rms), rtol=0, atol=1e-3)
+    changed = idx.clone()
+    changed[:, 10:] = (changed[:, 10:] + 3) % VOCAB
+    torch.testing.assert_close(model(changed).logits[:, :10], logits[:, :10], rtol=0, atol=1e-6)
+    assert "blocks.0.attention.q_norm.weight" in model.state_dict()
+    assert "blocks.0.attention.q_norm.weight" not in tiny_model().state_dict()
+
+
+def test_logit_softcap_bounds_every_logit():
+    model = tiny_model(logit_softcap=2.0)
+    with torch.no_grad():
+        model.head.weight.mul_(500)  # without the cap these logits would be in the hundreds
+    logits = model(random_tokens()).logits
+    assert logits.abs().max() <= 2.0 and logits.abs().max() > 1.9
+
+
+def test_zero_init_projections_make_every_block_the_identity_at_start():
+    model = tiny_model(zero_init_projections=True)
+    for block in model.blocks:
+        assert block.attention.output.weight.abs().sum() == 0 and block.mlp.down.weight.abs().sum() == 0
+    x = torch.randn(2, 24, 32)
+    cos, sin = model.rope_cos[:24], model.rope_sin[:24]
+    out, _ = model.blocks[0](x, cos, sin)
+    torch.testing.assert_close(out, x)
+
+
+def test_untied_head_starts_at_zero_so_the_first_loss_is_ln_vocab():
+    model = tiny_model(tie_embeddings=False)
+    assert model.head.weight is not model.token_embedding.weight
+    idx = random_tokens()
+    loss = model(idx, idx).loss
+    assert loss.item() == pytest.approx(math.log(VOCAB), abs=1e-5)

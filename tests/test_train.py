@@ -14,8 +14,9 @@ import torch
 
 from tinyattn import checkpoint as ckpt
 from tinyattn.config import load_config
-from tinyattn.errors import CheckpointError
-from tinyattn.train import Trainer, TrainingError, learning_rate, train
+from tinyattn.errors import CheckpointError, TinyattnError
+from tinyattn.optim import learning_rate
+from tinyattn.train import Trainer, TrainingError, train
 from tests.conftest import ROOT
 
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -43,6 +44,7 @@ def run_cli(*args, cwd=ROOT, timeout=240, **kwargs):
                           capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
+@pytest.mark.slow
 def test_cli_end_to_end_writes_a_complete_run(corpus, tmp_path):
     result = run_cli("--config", str(TINY), "--run-name", "e2e", "--no-progress",
                      "--set", *tiny_overrides(corpus, tmp_path))
@@ -62,7 +64,7 @@ def test_cli_end_to_end_writes_a_complete_run(corpus, tmp_path):
 def test_tensorboard_holds_every_curve(corpus, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    train(tiny_config(corpus, tmp_path), run_name="tb", progress=False)
+    result = train(tiny_config(corpus, tmp_path), run_name="tb", progress=False)
     events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0}).Reload()
     scalars = set(events.Tags()["scalars"])
     assert {"train/loss", "val/loss", "train/learning_rate", "train/grad_norm", "perf/tokens_per_second",
@@ -73,8 +75,18 @@ def test_tensorboard_holds_every_curve(corpus, tmp_path):
     assert {"sample/text_summary", "config/text_summary"} <= tensors
     losses = [e.value for e in events.Scalars("train/loss")]
     assert len(losses) == 4 and all(math.isfinite(v) for v in losses)
-    hparams = list((tmp_path / "tb").glob("events.*"))
-    assert len(hparams) >= 2  # the run's events and the hparams summary
+    # The hyperparameters and the final losses, as TensorBoard's HParams tab reads them.
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    runs = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0}).Reload()
+    content = runs.PluginTagToContent("hparams")
+    session = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    values = {k: (v.number_value if v.HasField("number_value") else v.string_value)
+              for k, v in session.session_start_info.hparams.items()}
+    assert values["model.n_layer"] == 2 and values["train.max_steps"] == 20
+    assert values["train.optimizer"] == "adamw"
+    best = [e.value for e in runs.Scalars("hparam/best_val_loss")]
+    assert best == [pytest.approx(result.best_val_loss, abs=1e-5)]
 
 
 def test_learning_rate_schedule():
@@ -88,33 +100,55 @@ def test_learning_rate_schedule():
     assert learning_rate(35, config) == pytest.approx(1.0 - 0.9 * 0.25)
 
 
+class ListBatches:
+    """A batch source that hands out given (x, y) batches in order (the Trainer's seam)."""
+
+    def __init__(self, batches):
+        self.queue = list(batches)
+        self.batch_size, self.context_length = self.queue[0][0].shape
+
+    def next_batch(self):
+        return self.queue.pop(0)
+
+
+class RecordGradients(torch.optim.Optimizer):
+    """An optimizer whose step keeps a copy of every gradient and moves nothing."""
+
+    def __init__(self, params):
+        super().__init__(params, {})
+        self.grads = []
+
+    def step(self, closure=None):
+        self.grads = [p.grad.clone() for group in self.param_groups for p in group["params"]]
+
+
 def test_gradient_accumulation_equals_one_large_batch(corpus, tmp_path):
-    from tinyattn.data import prepare_data
+    from tinyattn.model import LanguageModel
+    from tinyattn.optim import Optimizers
     from tinyattn.runtime import select_precision
 
     cpu = torch.device("cpu")
-    config = tiny_config(corpus, tmp_path, "train.batch_size=8", "train.grad_clip=0")
-    data = prepare_data(config, progress=False)
-    config.model.vocab_size = data.tokenizer.vocab_size
-    fixed = [data.train[i * 33:(i * 33) + 33].astype("int64") for i in range(8)]
-    batch = torch.from_numpy(np.stack(fixed))
+    config = tiny_config(corpus, tmp_path, "train.grad_clip=0", "model.vocab_size=67")
+    tokens = np.random.default_rng(0).integers(0, 67, size=(8, 33))
+    batch = torch.from_numpy(tokens)
     x, y = batch[:, :-1], batch[:, 1:]
 
     def gradients(micro_batches):
-        trainer = Trainer(config, data, cpu, select_precision("fp32", cpu))
+        torch.manual_seed(0)
+        model = LanguageModel(config.model)
+        recorder = RecordGradients(model.parameters())
         config.train.grad_accum_steps = len(micro_batches)
-        trainer.train_config = config.train
-        queue = list(micro_batches)
-        trainer.next_batch = lambda: queue.pop(0)
-        trainer.optimizer.step = lambda: None  # keep the gradients, skip the update
-        trainer.optimizer.zero_grad = lambda set_to_none=True: None
+        trainer = Trainer(model, Optimizers([recorder]), ListBatches(micro_batches), config.train, cpu,
+                          select_precision("fp32", cpu))
         trainer.train_step()
-        return [p.grad.clone() for p in trainer.model.parameters()]
+        return recorder.grads
 
     whole = gradients([(x, y)])
     halves = gradients([(x[:4], y[:4]), (x[4:], y[4:])])
     quarters = gradients([(x[i:i + 2], y[i:i + 2]) for i in range(0, 8, 2)])
+    assert len(whole) == len(list(LanguageModel(config.model).parameters()))
     for a, b, c in zip(whole, halves, quarters):
+        assert a.abs().sum() > 0
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
         torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-7)
 
@@ -139,7 +173,12 @@ def test_resume_is_exact(corpus, tmp_path):
     assert a["best_val_loss"] == pytest.approx(b["best_val_loss"], abs=1e-6)
 
 
-def test_compiled_training_saves_the_plain_module(corpus, tmp_path):
+def test_compiled_training_saves_the_plain_module(corpus, tmp_path, monkeypatch):
+    # torch.compile wraps the module whatever the backend; dynamo's "eager" backend makes
+    # the same wrapper without inductor's C++ build, so the test takes seconds, not half a minute.
+    import functools
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
     result = train(tiny_config(corpus, tmp_path, "train.compile=true", "train.max_steps=3",
                                "train.eval_interval=3"), run_name="compiled", progress=False)
     state = ckpt.load_checkpoint(result.run_dir / "best.pt")
@@ -249,6 +288,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_pa
     assert [p.name for p in ckpt.step_checkpoints(tmp_path / "nan")] == ["step_0000005.pt"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_saves_and_says_how_to_resume(corpus, tmp_path, sig):
     args = [sys.executable, str(ROOT / "scripts" / "train.py"), "--config", str(TINY), "--run-name", "sig",
@@ -270,41 +310,78 @@ def test_ctrl_c_saves_and_says_how_to_resume(corpus, tmp_path, sig):
     assert latest is not None and ckpt.load_checkpoint(latest)["step"] >= 3
 
 
-SAVE_FOREVER = """
-import sys, torch
-from tinyattn.checkpoint import save_checkpoint, step_filename, prune_checkpoints
-run = sys.argv[1]
+SAVE_AND_PAUSE = """
+import os, sys, time, torch
+import tinyattn.files as files
+from tinyattn.checkpoint import save_checkpoint, step_filename
+
+run, pause_at = sys.argv[1], sys.argv[2]  # pause_at: mid-write or before-rename
+real_fdopen, real_replace = os.fdopen, os.replace
 step = 0
-while True:
-    step += 1
-    state = {"model": {"w": torch.full((2_000_000,), float(step))}, "step": step}
-    save_checkpoint(state, f"{run}/{step_filename(step)}")
-    prune_checkpoints(run, 2)
-    print(step, flush=True)
+
+class PausingFile:
+    # Pauses the second checkpoint's write half way through, so a kill lands mid-write.
+    def __init__(self, f):
+        self.f, self.written = f, 0
+    def write(self, data):
+        if step == 2 and pause_at == "mid-write" and self.written > 4_000_000:
+            print("paused", flush=True); time.sleep(600)
+        self.written += len(data)
+        return self.f.write(data)
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+    def __enter__(self):
+        return self
+    def __exit__(self, *exc):
+        return self.f.__exit__(*exc)
+
+def replace(src, dst):
+    if step == 2 and pause_at == "before-rename":
+        print("paused", flush=True); time.sleep(600)
+    return real_replace(src, dst)
+
+files.os.fdopen = lambda fd, mode: PausingFile(real_fdopen(fd, mode))
+files.os.replace = replace
+for step in (1, 2):
+    save_checkpoint({"model": {"w": torch.full((2_000_000,), float(step))}, "step": step},
+                    f"{run}/{step_filename(step)}")
 """
 
 
-def test_sigkill_during_writes_leaves_a_loadable_checkpoint(tmp_path):
-    for attempt, delay in enumerate((0.35, 0.5, 0.8)):
-        run = tmp_path / f"kill{attempt}"
-        run.mkdir()
-        process = subprocess.Popen([sys.executable, "-c", SAVE_FOREVER, str(run)], cwd=ROOT,
-                                   stdout=subprocess.PIPE, text=True)
-        assert process.stdout.readline().strip() == "1"  # one complete checkpoint exists
-        time.sleep(delay)  # then die somewhere inside a later write
+@pytest.mark.slow
+@pytest.mark.parametrize("pause_at", ["mid-write", "before-rename"])
+def test_sigkill_during_a_checkpoint_write_leaves_the_previous_one_whole(tmp_path, pause_at):
+    """The child is killed at a known point of the second save: half of its bytes written,
+    or all of them fsynced with only the rename left. Either way the first checkpoint is
+    the latest, loads and is whole, and the half-written file never has a checkpoint's name."""
+    process = subprocess.Popen([sys.executable, "-c", SAVE_AND_PAUSE, str(tmp_path), pause_at], cwd=ROOT,
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "paused"
+        temporary = list(tmp_path.glob(".step_0000002.pt.*.tmp"))
+        assert len(temporary) == 1 and temporary[0].stat().st_size > 4_000_000  # the kill lands mid-save
         process.send_signal(signal.SIGKILL)
+    finally:
+        process.kill()
         process.wait()
-        latest = ckpt.latest_checkpoint(run)
-        state = ckpt.load_checkpoint(latest)
-        assert torch.all(state["model"]["w"] == state["step"])
-        for path in ckpt.step_checkpoints(run):  # every checkpoint that has its name is whole
-            ckpt.load_checkpoint(path)
+    assert [p.name for p in ckpt.step_checkpoints(tmp_path)] == ["step_0000001.pt"]
+    state = ckpt.load_checkpoint(ckpt.latest_checkpoint(tmp_path))
+    assert state["step"] == 1 and torch.all(state["model"]["w"] == 1.0)
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
 def test_two_process_gloo_run(corpus, tmp_path):
     pytest.importorskip("torch.distributed.run")
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
          str(ROOT / "scripts" / "train.py"), "--config", str(TINY), "--run-name", "ddp", "--no-progress",
          "--device", "cpu", "--set",
          *tiny_overrides(corpus, tmp_path, "train.max_steps=6", "train.eval_interval=3")],
@@ -317,3 +394,42 @@ def test_two_process_gloo_run(corpus, tmp_path):
     # The checkpoint is an ordinary one: it loads into a single process for sampling.
     loaded = ckpt.load_model(tmp_path / "ddp")
     assert loaded.step == 6
+
+
+@pytest.mark.slow
+def test_time_budget_run_ends_within_its_budget(corpus, tmp_path):
+    """The whole process, start-up included, ends within 20 s +- 5%, and says how it chose."""
+    start = time.perf_counter()
+    result = run_cli("--config", str(TINY), "--run-name", "budget", "--no-progress", "--set",
+                     *tiny_overrides(corpus, tmp_path, "train.time_budget=20s", "train.eval_interval=400",
+                                     "train.log_interval=50"))
+    wall = time.perf_counter() - start
+    assert result.returncode == 0, result.stderr
+    assert 19.0 <= wall <= 21.0, f"{wall:.1f} s\n{result.stderr[-2000:]}"
+    chosen = load_config(tmp_path / "budget" / "config.yaml").train
+    assert chosen.time_budget == "20s" and chosen.max_steps > 100
+    assert f"-> {chosen.max_steps:,} steps" in result.stderr
+    assert f"done: {chosen.max_steps} steps" in result.stderr
+
+
+def test_time_budget_run_resumes_exactly_and_equals_a_run_of_its_step_count(corpus, tmp_path):
+    """A budget fixes max_steps before step 1 (its measuring steps are undone), so a budget
+    run stopped and resumed ends where a plain run of the chosen length ends."""
+    extra = ("train.time_budget=3s", "train.eval_interval=50", "model.dropout=0.1")
+    first = train(tiny_config(corpus, tmp_path, *extra), run_name="budget", progress=False, stop_at_step=30)
+    steps = load_config(tmp_path / "budget" / "config.yaml").train.max_steps
+    assert first.step == 30 and steps > 30
+    resumed = train(tiny_config(corpus, tmp_path, *extra), run_name="budget", resume=True, progress=False)
+    assert resumed.step == steps  # the recorded step count, not a new measurement
+    plain = train(tiny_config(corpus, tmp_path, "train.eval_interval=50", "model.dropout=0.1",
+                              f"train.max_steps={steps}"), run_name="plain", progress=False)
+    a = ckpt.load_checkpoint(ckpt.latest_checkpoint(tmp_path / "budget"))["model"]
+    b = ckpt.load_checkpoint(ckpt.latest_checkpoint(tmp_path / "plain"))["model"]
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-6)
+    assert resumed.best_val_loss == pytest.approx(plain.best_val_loss, abs=1e-6)
+
+
+def test_a_budget_too_small_for_one_step_is_one_line(corpus, tmp_path):
+    with pytest.raises(TinyattnError, match=r"train.time_budget 0.01s: .* no step fits"):
+        train(tiny_config(corpus, tmp_path, "train.time_budget=0.01s"), run_name="small", progress=False)

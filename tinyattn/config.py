@@ -22,11 +22,13 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import yaml
 
 from tinyattn.errors import ConfigError
+
+Fail = Callable[[str, Any, str], None]  # fail(dotted key, bad value, what is accepted) raises
 
 
 @dataclass
@@ -41,8 +43,14 @@ class ModelConfig:
     mlp_hidden: Optional[int] = None  # None: about 8/3 * n_embd rounded up to a multiple of 64 (SwiGLU)
     context_length: int = 256
     dropout: float = 0.0
-    tie_embeddings: bool = True
+    tie_embeddings: bool = True  # the output head reuses the token embedding matrix
     rope_base: float = 10000.0
+    # Options beyond the Llama architecture (a model with them on is not exportable as Llama):
+    qk_norm: bool = False  # RMSNorm on each head's queries and keys before RoPE (as in Qwen3, OLMo 2)
+    logit_softcap: Optional[float] = None  # logits -> cap * tanh(logits / cap) (Gemma 2); None: off
+    # Initialisation only (any architecture holds it):
+    zero_init_projections: bool = False  # attention output and MLP down start at zero
+    attention: str = "auto"  # auto (chosen for the hardware), fused (one kernel) or explicit (the textbook matmuls)
 
     @property
     def head_dim(self) -> int:
@@ -57,6 +65,30 @@ class ModelConfig:
         if self.mlp_hidden:
             return self.mlp_hidden
         return 64 * math.ceil(8 * self.n_embd / 3 / 64)
+
+    def validate(self, fail: Fail) -> None:
+        """Checks that need more than the field's type; `fail(key, value, accepted)` raises."""
+        m = self
+        for name in ("n_layer", "n_head", "n_embd", "context_length"):
+            if getattr(m, name) <= 0:
+                fail(f"model.{name}", getattr(m, name), "expected a positive integer")
+        for name in ("vocab_size", "n_kv_head", "mlp_hidden"):
+            value = getattr(m, name)
+            if value is not None and value <= 0:
+                fail(f"model.{name}", value, "expected a positive integer or null")
+        if m.n_embd % m.n_head:
+            fail("model.n_embd", m.n_embd, f"must be divisible by model.n_head={m.n_head}")
+        if m.head_dim % 2:
+            fail("model.n_embd", m.n_embd,
+                 f"n_embd / n_head = {m.head_dim} must be even for rotary position embedding")
+        if m.n_head % m.kv_heads:
+            fail("model.n_head", m.n_head, f"must be divisible by model.n_kv_head={m.kv_heads}")
+        if not 0.0 <= m.dropout < 1.0:
+            fail("model.dropout", m.dropout, "expected a number in [0, 1)")
+        if m.rope_base <= 0:
+            fail("model.rope_base", m.rope_base, "expected a positive number")
+        if m.logit_softcap is not None and m.logit_softcap <= 0:
+            fail("model.logit_softcap", m.logit_softcap, "expected a positive number or null (off)")
 
 
 @dataclass
@@ -79,6 +111,20 @@ class DataConfig:
     max_documents: Optional[int] = None  # use only the first N documents (quick experiments)
     cache_dir: str = "data/cache"
 
+    def validate(self, fail: Fail) -> None:
+        """Checks that need more than the field's type; `fail(key, value, accepted)` raises."""
+        d = self
+        if (d.dataset is None) == (d.files is None):
+            fail("data.files", d.files, "set exactly one of data.dataset (a hub name) or data.files")
+        if d.files is not None and not d.files:
+            fail("data.files", d.files, "expected at least one path, glob or folder")
+        if d.url is not None and (d.files is None or len(d.files) != 1):
+            fail("data.url", d.url, "needs data.files to be the single path it is downloaded to")
+        if not 0.0 < d.validation_fraction < 1.0:
+            fail("data.validation_fraction", d.validation_fraction, "expected a number in (0, 1)")
+        if d.max_documents is not None and d.max_documents <= 0:
+            fail("data.max_documents", d.max_documents, "expected a positive integer or null")
+
 
 @dataclass
 class TokenizerConfig:
@@ -88,6 +134,14 @@ class TokenizerConfig:
     vocab_size: int = 4096  # bpe only
     path: Optional[str] = None  # pretrained only: an existing tokenizer.json
 
+    def validate(self, fail: Fail) -> None:
+        """Checks that need more than the field's type; `fail(key, value, accepted)` raises."""
+        t = self
+        if t.kind == "pretrained" and not t.path:
+            fail("tokenizer.path", t.path, "tokenizer.kind=pretrained needs the path of a tokenizer.json")
+        if t.kind == "bpe" and t.vocab_size <= 0:
+            fail("tokenizer.vocab_size", t.vocab_size, "expected a positive integer")
+
 
 @dataclass
 class TrainConfig:
@@ -95,12 +149,20 @@ class TrainConfig:
 
     batch_size: int = 16
     grad_accum_steps: int = 1
-    max_steps: int = 2000
-    lr: float = 1e-3
-    min_lr: float = 1e-4  # the floor the schedule decays to
+    max_steps: int = 2000  # the schedule's length; with time_budget, chosen by the run and recorded
+    time_budget: Optional[str] = None  # e.g. 90s, 10m, 2h: the whole process ends within it
+    lr: float = 1e-3  # peak rate of AdamW (and of Muon unless muon_lr is set)
+    min_lr: float = 1e-4  # the floor the schedule decays to (every group in proportion)
     warmup_steps: int = 100
-    schedule: str = "cosine"  # cosine, linear or constant (after warmup)
-    weight_decay: float = 0.1  # matrices only; norms and biases are not decayed
+    schedule: str = "cosine"  # cosine, linear, constant or wsd (after warmup); see tinyattn/optim.py
+    decay_fraction: float = 0.3  # wsd only: the final share of the run that decays to min_lr
+    optimizer: str = "adamw"  # adamw, or muon (Muon for the blocks' matrices, AdamW for the rest)
+    muon_lr: Optional[float] = None  # None: train.lr
+    muon_momentum: float = 0.95
+    muon_ns_steps: int = 5  # Newton-Schulz iterations per Muon update (fewer: cheaper, rougher)
+    embedding_lr: Optional[float] = None  # token embedding (and a tied head); None: train.lr
+    head_lr: Optional[float] = None  # an untied output head; None: train.lr
+    weight_decay: float = 0.1  # matrices only; norms, biases and the embedding are not decayed
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0  # 0 disables clipping
@@ -117,6 +179,47 @@ class TrainConfig:
     sample_tokens: int = 200  # length of the sample logged at each evaluation
     probe_text: str = "ROMEO:\nBut soft, what light through yonder window breaks?"
 
+    def validate(self, fail: Fail) -> None:
+        """Checks that need more than the field's type; `fail(key, value, accepted)` raises."""
+        tr = self
+        for name in ("batch_size", "grad_accum_steps", "max_steps", "eval_interval", "log_interval"):
+            if getattr(tr, name) <= 0:
+                fail(f"train.{name}", getattr(tr, name), "expected a positive integer")
+        if tr.keep_last < 1:
+            fail("train.keep_last", tr.keep_last, "expected an integer >= 1 (step checkpoints kept)")
+        for name in ("warmup_steps", "sample_tokens"):
+            if getattr(tr, name) < 0:
+                fail(f"train.{name}", getattr(tr, name), "expected a non-negative integer")
+        if tr.lr <= 0:
+            fail("train.lr", tr.lr, "expected a positive number")
+        for name in ("muon_lr", "embedding_lr", "head_lr"):
+            value = getattr(tr, name)
+            if value is not None and value <= 0:
+                fail(f"train.{name}", value, "expected a positive number or null (train.lr)")
+        if not 0.0 < tr.decay_fraction <= 1.0:
+            fail("train.decay_fraction", tr.decay_fraction, "expected a number in (0, 1]")
+        if tr.muon_ns_steps < 1:
+            fail("train.muon_ns_steps", tr.muon_ns_steps, "expected a positive integer")
+        if not 0.0 <= tr.muon_momentum < 1.0:
+            fail("train.muon_momentum", tr.muon_momentum, "expected a number in [0, 1)")
+        if tr.time_budget is not None:
+            try:
+                parse_duration(tr.time_budget)
+            except ValueError as e:
+                fail("train.time_budget", tr.time_budget, str(e))
+        if not 0 <= tr.min_lr <= tr.lr:
+            fail("train.min_lr", tr.min_lr, f"expected a number in [0, train.lr={tr.lr}]")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(tr, name) < 1.0:
+                fail(f"train.{name}", getattr(tr, name), "expected a number in [0, 1)")
+        if tr.weight_decay < 0 or tr.grad_clip < 0:
+            key = "train.weight_decay" if tr.weight_decay < 0 else "train.grad_clip"
+            fail(key, getattr(tr, key.split(".")[1]), "expected a non-negative number")
+        if tr.eval_windows is not None and tr.eval_windows <= 0:
+            fail("train.eval_windows", tr.eval_windows, "expected a positive integer or null (all windows)")
+        if not DEVICE_PATTERN.match(tr.device):
+            fail("train.device", tr.device, "expected auto, cpu, cuda, cuda:N or mps")
+
 
 @dataclass
 class SampleConfig:
@@ -128,6 +231,20 @@ class SampleConfig:
     top_p: float = 1.0
     repetition_penalty: float = 1.0
     prompt: str = "\n"
+
+    def validate(self, fail: Fail) -> None:
+        """Checks that need more than the field's type; `fail(key, value, accepted)` raises."""
+        s = self
+        if s.temperature < 0:
+            fail("sample.temperature", s.temperature, "expected a number >= 0 (0 means greedy)")
+        if s.top_k is not None and s.top_k < 0:
+            fail("sample.top_k", s.top_k, "expected an integer >= 0 or null")
+        if not 0.0 < s.top_p <= 1.0:
+            fail("sample.top_p", s.top_p, "expected a number in (0, 1]")
+        if s.repetition_penalty <= 0:
+            fail("sample.repetition_penalty", s.repetition_penalty, "expected a positive number (1 disables)")
+        if s.max_new_tokens < 0:
+            fail("sample.max_new_tokens", s.max_new_tokens, "expected an integer >= 0")
 
 
 @dataclass
@@ -141,11 +258,25 @@ class Config:
 
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")  # what train.device and --device accept
 CHOICES = {
+    "model.attention": ("auto", "fused", "explicit"),
     "data.format": ("auto", "text", "json", "parquet"),
     "tokenizer.kind": ("char", "bpe", "pretrained"),
-    "train.schedule": ("cosine", "linear", "constant"),
+    "train.schedule": ("cosine", "linear", "constant", "wsd"),
+    "train.optimizer": ("adamw", "muon"),
     "train.precision": ("auto", "fp32", "bf16", "fp16"),
 }
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|min)?\s*$")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a duration such as "90s", "10m", "1.5h" or "600" (seconds)."""
+    match = _DURATION.match(str(text))
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError("expected a positive duration such as 90s, 10m or 2h")
+    unit = {None: 1, "s": 1, "m": 60, "min": 60, "h": 3600}[match.group(2)]
+    return float(match.group(1)) * unit
 
 
 # ----------------------------------------------------------------------------- loading
@@ -170,6 +301,16 @@ def apply_overrides(config: Config, overrides: list[str], origin: str = "saved c
         _set_dotted(raw, key, value)
         origins[key] = "--set"
     return config_from_dict(raw, origins=origins, default_origin=origin)
+
+
+def override_value(overrides: list[str], key: str, default: Any) -> Any:
+    """The value the last `key=value` override among `overrides` gives `key`, else default."""
+    value = default
+    for item in overrides:
+        name, parsed = _parse_override(item)
+        if name == key:
+            value = parsed
+    return value
 
 
 def config_from_dict(raw: dict, *, origins: dict[str, str] | None = None,
@@ -361,14 +502,19 @@ def _coerce_plain(value: Any, tp: Any, key: str, where, expected: str) -> Any:
     if tp is float:
         if isinstance(value, bool):
             raise bad
+        number = None
         if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             try:
-                return float(value)  # YAML 1.1 reads 3e-4 (no dot) as a string
+                number = float(value)  # YAML 1.1 reads 3e-4 (no dot) as a string
             except ValueError:
                 raise bad from None
-        raise bad
+        if number is None:
+            raise bad
+        if not math.isfinite(number):
+            raise ConfigError(f"{where(key)}: {key}: {value!r} is not accepted; expected a finite number")
+        return number
     if tp is str:
         if isinstance(value, str):
             return value
@@ -389,77 +535,5 @@ def _validate(config: Config, where) -> None:
             close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.5)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             fail(key, value, f"expected one of {', '.join(choices)}{hint}")
-
-    m = config.model
-    for name in ("n_layer", "n_head", "n_embd", "context_length"):
-        if getattr(m, name) <= 0:
-            fail(f"model.{name}", getattr(m, name), "expected a positive integer")
-    for name in ("vocab_size", "n_kv_head", "mlp_hidden"):
-        value = getattr(m, name)
-        if value is not None and value <= 0:
-            fail(f"model.{name}", value, "expected a positive integer or null")
-    if m.n_embd % m.n_head:
-        fail("model.n_embd", m.n_embd, f"must be divisible by model.n_head={m.n_head}")
-    if m.head_dim % 2:
-        fail("model.n_embd", m.n_embd,
-             f"n_embd / n_head = {m.head_dim} must be even for rotary position embedding")
-    if m.n_head % m.kv_heads:
-        fail("model.n_head", m.n_head, f"must be divisible by model.n_kv_head={m.kv_heads}")
-    if not 0.0 <= m.dropout < 1.0:
-        fail("model.dropout", m.dropout, "expected a number in [0, 1)")
-    if m.rope_base <= 0:
-        fail("model.rope_base", m.rope_base, "expected a positive number")
-
-    d = config.data
-    if (d.dataset is None) == (d.files is None):
-        fail("data.files", d.files, "set exactly one of data.dataset (a hub name) or data.files")
-    if d.files is not None and not d.files:
-        fail("data.files", d.files, "expected at least one path, glob or folder")
-    if d.url is not None and (d.files is None or len(d.files) != 1):
-        fail("data.url", d.url, "needs data.files to be the single path it is downloaded to")
-    if not 0.0 < d.validation_fraction < 1.0:
-        fail("data.validation_fraction", d.validation_fraction, "expected a number in (0, 1)")
-    if d.max_documents is not None and d.max_documents <= 0:
-        fail("data.max_documents", d.max_documents, "expected a positive integer or null")
-
-    t = config.tokenizer
-    if t.kind == "pretrained" and not t.path:
-        fail("tokenizer.path", t.path, "tokenizer.kind=pretrained needs the path of a tokenizer.json")
-    if t.kind == "bpe" and t.vocab_size <= 0:
-        fail("tokenizer.vocab_size", t.vocab_size, "expected a positive integer")
-
-    tr = config.train
-    for name in ("batch_size", "grad_accum_steps", "max_steps", "eval_interval", "log_interval"):
-        if getattr(tr, name) <= 0:
-            fail(f"train.{name}", getattr(tr, name), "expected a positive integer")
-    if tr.keep_last < 1:
-        fail("train.keep_last", tr.keep_last, "expected an integer >= 1 (step checkpoints kept)")
-    for name in ("warmup_steps", "sample_tokens"):
-        if getattr(tr, name) < 0:
-            fail(f"train.{name}", getattr(tr, name), "expected a non-negative integer")
-    if tr.lr <= 0:
-        fail("train.lr", tr.lr, "expected a positive number")
-    if not 0 <= tr.min_lr <= tr.lr:
-        fail("train.min_lr", tr.min_lr, f"expected a number in [0, train.lr={tr.lr}]")
-    for name in ("beta1", "beta2"):
-        if not 0.0 <= getattr(tr, name) < 1.0:
-            fail(f"train.{name}", getattr(tr, name), "expected a number in [0, 1)")
-    if tr.weight_decay < 0 or tr.grad_clip < 0:
-        key = "train.weight_decay" if tr.weight_decay < 0 else "train.grad_clip"
-        fail(key, getattr(tr, key.split(".")[1]), "expected a non-negative number")
-    if tr.eval_windows is not None and tr.eval_windows <= 0:
-        fail("train.eval_windows", tr.eval_windows, "expected a positive integer or null (all windows)")
-    if not DEVICE_PATTERN.match(tr.device):
-        fail("train.device", tr.device, "expected auto, cpu, cuda, cuda:N or mps")
-
-    s = config.sample
-    if s.temperature < 0:
-        fail("sample.temperature", s.temperature, "expected a number >= 0 (0 means greedy)")
-    if s.top_k is not None and s.top_k < 0:
-        fail("sample.top_k", s.top_k, "expected an integer >= 0 or null")
-    if not 0.0 < s.top_p <= 1.0:
-        fail("sample.top_p", s.top_p, "expected a number in (0, 1]")
-    if s.repetition_penalty <= 0:
-        fail("sample.repetition_penalty", s.repetition_penalty, "expected a positive number (1 disables)")
-    if s.max_new_tokens < 0:
-        fail("sample.max_new_tokens", s.max_new_tokens, "expected an integer >= 0")
+    for section in (config.model, config.data, config.tokenizer, config.train, config.sample):
+        section.validate(fail)

@@ -9,15 +9,21 @@ Read top to bottom, this file is the explanation:
    token sits by rotating query and key vectors by an angle that grows with position.
 3. `CausalSelfAttention`: learned query/key/value projections, several heads (with
    optionally fewer key/value heads: grouped-query attention), the causal mask, an
-   output projection. The fused kernel (`F.scaled_dot_product_attention`) is the
-   default; the explicit path above is used when the attention weights are asked for.
+   output projection. Two paths compute the same numbers (tested): the fused kernel
+   (`F.scaled_dot_product_attention`), which never stores the (T, T) weights, and the
+   explicit one above, used when the attention weights are asked for and wherever
+   `model.attention` chooses it (on some CPUs its plain matmuls train faster).
 4. `SwiGLU` feed-forward network, `Block` (pre-norm residual), `LanguageModel`.
 
 Departures from the original 2017 transformer, all standard in current small models:
 RMSNorm instead of LayerNorm, RoPE instead of learned absolute positions, SwiGLU
 instead of a ReLU MLP, no biases, pre-norm residual blocks, and an output head tied to
-the token embedding. Shapes: B batch, T sequence length, C model width (n_embd),
-H query heads, Hkv key/value heads, D head width (C / H), V vocabulary size.
+the token embedding. This is the Llama architecture. Two options go beyond it and are
+off by default: QK-norm (`model.qk_norm`, RMSNorm on queries and keys, as in Qwen3)
+and logit soft-capping (`model.logit_softcap`, as in Gemma 2).
+
+Shapes: B batch, T sequence length, C model width (n_embd), H query heads, Hkv key/value
+heads, D head width (C / H), V vocabulary size.
 """
 
 from __future__ import annotations
@@ -116,7 +122,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class CausalSelfAttention(nn.Module):
     """Multi-head self-attention with RoPE, optional grouped-query attention, a KV cache."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, fused: bool = True):
         super().__init__()
         self.n_head = config.n_head
         self.n_kv_head = config.kv_heads
@@ -128,29 +134,44 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.n_embd, sum(self.qkv_split), bias=False)
         self.output = nn.Linear(config.n_embd, config.n_embd, bias=False)
         self.dropout = config.dropout
-        self.fused = True  # see LanguageModel.use_fused_attention
+        self.fused = fused  # the path used when no weights are asked for (model.attention)
+        # QK-norm: each head's queries and keys scaled to unit RMS (with a learned gain),
+        # so a score cannot grow just because q or k grew; lets a larger lr train stably.
+        self.q_norm = nn.RMSNorm(self.head_dim) if config.qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_dim) if config.qk_norm else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: Optional[torch.Tensor] = None, kv_cache: Optional[KVCache] = None,
-                start_pos: int = 0, need_weights: bool = False
+                start_pos: int = 0, need_weights: bool = False,
+                positions: Optional[torch.Tensor] = None
                 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """x: (B, T, C) at positions start_pos..start_pos+T-1; cos, sin: (T, D/2).
 
         mask: boolean (Tq, Tk) or broadcastable to (B, H, Tq, Tk), True = allowed;
         None means causal. Returns (B, T, C) and, if need_weights, (B, H, T, Tk).
+        positions: a (T,) tensor instead of start_pos: k and v are written into kv_cache
+        there (`KVCache.write`) and attention reads every slot, so Tk = the cache's
+        max_len and the mask must hide the slots after each query's position.
         """
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(self.qkv_split, dim=-1)  # (B, T, C), (B, T, Hkv*D) x 2
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # over D, per head and position
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if kv_cache is not None:
+        if kv_cache is not None and positions is not None:
+            k, v = kv_cache.write(positions, k, v)  # (B, Hkv, Tk, D) with Tk = max_len
+        elif kv_cache is not None:
             k, v = kv_cache.update(start_pos, k, v)  # (B, Hkv, Tk, D) with Tk = start_pos + T
         Tk = k.size(2)
         dropout_p = self.dropout if self.training else 0.0
 
-        if need_weights or not self.fused:
+        # A step over the whole static cache (positions) takes the explicit path too: its two
+        # small matmuls, mask and softmax compile into a few fused loops, where the fused
+        # kernel stays one opaque call per layer, slower on the CPU for a single query.
+        if need_weights or not self.fused or positions is not None:
             # Explicit path: every key/value head serves n_head / n_kv_head query heads.
             group = self.n_head // self.n_kv_head
             if group > 1:
@@ -196,17 +217,18 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     """Pre-norm residual block: x + attention(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, fused_attention: bool = True):
         super().__init__()
         self.attention_norm = nn.RMSNorm(config.n_embd)
-        self.attention = CausalSelfAttention(config)
+        self.attention = CausalSelfAttention(config, fused_attention)
         self.mlp_norm = nn.RMSNorm(config.n_embd)
         self.mlp = SwiGLU(config)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, cos, sin, mask=None, kv_cache=None, start_pos=0, need_weights=False):
+    def forward(self, x, cos, sin, mask=None, kv_cache=None, start_pos=0, need_weights=False,
+                positions=None):
         attended, weights = self.attention(self.attention_norm(x), cos, sin, mask, kv_cache,
-                                           start_pos, need_weights)
+                                           start_pos, need_weights, positions)
         x = x + self.dropout(attended)  # (B, T, C)
         x = x + self.dropout(self.mlp(self.mlp_norm(x)))  # (B, T, C)
         return x, weights
@@ -219,16 +241,26 @@ class ModelOutput(NamedTuple):
 
 
 class LanguageModel(nn.Module):
-    """Token embedding -> n_layer blocks -> final norm -> head over the vocabulary."""
+    """Token embedding -> n_layer blocks -> final norm -> head over the vocabulary.
 
-    def __init__(self, config: ModelConfig):
+    attention: the path the blocks use when no weights are asked for, "fused" or
+    "explicit"; None takes `config.attention`, where "auto" means fused (the training
+    loop resolves "auto" for its hardware with `train.attention_path`).
+    """
+
+    def __init__(self, config: ModelConfig, attention: Optional[str] = None):
         super().__init__()
         if config.vocab_size is None:
             raise ValueError("ModelConfig.vocab_size must be set (from the tokenizer) before building")
         self.config = config
+        attention = attention or config.attention
+        if attention not in ("auto", "fused", "explicit"):
+            raise ValueError(f"attention {attention!r}: expected auto, fused or explicit")
+        self.attention_path = "explicit" if attention == "explicit" else "fused"
+        fused = self.attention_path == "fused"
         self.token_embedding = nn.Embedding(config.vocab_size, config.n_embd)
         self.dropout = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.blocks = nn.ModuleList(Block(config, fused) for _ in range(config.n_layer))
         self.final_norm = nn.RMSNorm(config.n_embd)
         self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
@@ -251,28 +283,26 @@ class LanguageModel(nn.Module):
         384. At 1 / n_embd it is 1, every logit starts near 0 and the loss at
         initialisation is close to ln(V), the loss of a uniform guess. Adam moves the
         embedding by about lr per step whatever its scale, so training is not slowed.
+        An untied head starts at zero for the same reason: every logit 0, loss ln(V).
+
+        With `zero_init_projections` the two residual-writing projections start at zero
+        instead (modded-nanogpt, nanochat): every block starts as the identity and the
+        residual stream is the embedding alone, so depth is added as it proves useful.
+        Their gradients are not zero (the inputs are not), so they train from step 1.
         """
-        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        c = self.config
+        residual_std = 0.0 if c.zero_init_projections else 0.02 / math.sqrt(2 * c.n_layer)
         for name, param in self.named_parameters():
             if param.dim() < 2:
                 param.fill_(1.0)  # RMSNorm gains
             elif name == "token_embedding.weight":
-                param.copy_(torch.randn(param.shape) / self.config.n_embd)
+                param.copy_(torch.randn(param.shape) / c.n_embd)
+            elif name == "head.weight":  # only listed when untied
+                param.zero_()
             elif name.endswith(("attention.output.weight", "mlp.down.weight")):
                 param.copy_(torch.randn(param.shape) * residual_std)
             else:
                 param.copy_(torch.randn(param.shape) * 0.02)
-
-    def use_fused_attention(self, fused: bool) -> None:
-        """Choose the attention path used when no weights are asked for.
-
-        Both compute the same numbers (tested). The fused kernel never stores the
-        (T, T) weights and is the default; on a CPU in bf16 at short contexts the
-        explicit path's plain matmuls measure faster (docs/BENCHMARKS.md), so the
-        training loop may pick it there.
-        """
-        for block in self.blocks:
-            block.attention.fused = fused
 
     def num_parameters(self, exclude_embedding: bool = False) -> int:
         """Parameter count; a tied head is counted once."""
@@ -292,28 +322,46 @@ class LanguageModel(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None, *,
                 mask: Optional[torch.Tensor] = None, kv_caches: Optional[list[KVCache]] = None,
-                start_pos: int = 0, need_weights: bool = False) -> ModelOutput:
+                start_pos: int = 0, positions: Optional[torch.Tensor] = None,
+                need_weights: bool = False) -> ModelOutput:
         """idx: (B, T) token ids at positions start_pos..start_pos+T-1.
 
         targets: (B, T) next-token ids (IGNORE_INDEX where no loss should count).
         mask: boolean attention mask of allowed positions (see `attention`); None is causal.
         kv_caches: per-layer caches to read earlier keys/values from and write these to.
+        positions: with kv_caches, a (T,) int64 tensor of the tokens' positions in place of
+        start_pos, for decoding with shapes that never change (gpt-fast): RoPE rows are
+        gathered at these positions, keys and values are written into the caches there, and
+        each query attends over every cache slot up to its own position. A decode step
+        compiled for one token then serves every position. Positions are not checked.
         need_weights: use the explicit attention path and return its weights.
         """
         B, T = idx.shape
-        if start_pos + T > self.config.context_length:
+        if positions is not None:
+            if kv_caches is None or mask is not None:
+                raise ValueError("positions needs kv_caches and builds its own mask")
+            cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (T, D/2)
+            slots = torch.arange(kv_caches[0].max_len, device=idx.device)  # (Tk,)
+            mask = slots <= positions.unsqueeze(1)  # (T, Tk): causal, written slots only
+        elif start_pos + T > self.config.context_length:
             raise ValueError(f"positions {start_pos}..{start_pos + T - 1} exceed the context "
                              f"length {self.config.context_length}")
-        cos = self.rope_cos[start_pos:start_pos + T]  # (T, D/2)
-        sin = self.rope_sin[start_pos:start_pos + T]
+        else:
+            cos = self.rope_cos[start_pos:start_pos + T]  # (T, D/2)
+            sin = self.rope_sin[start_pos:start_pos + T]
         x = self.dropout(self.token_embedding(idx))  # (B, T, C)
         all_weights = [] if need_weights else None
         for i, block in enumerate(self.blocks):
             cache = kv_caches[i] if kv_caches is not None else None
-            x, weights = block(x, cos, sin, mask, cache, start_pos, need_weights)
+            x, weights = block(x, cos, sin, mask, cache, start_pos, need_weights, positions)
             if need_weights:
                 all_weights.append(weights)
         logits = self.head(self.final_norm(x))  # (B, T, V)
+        if self.config.logit_softcap is not None:
+            # Soft-capping squashes logits smoothly into (-cap, cap): no single logit can
+            # run away, which steadies training at high learning rates.
+            cap = self.config.logit_softcap
+            logits = cap * torch.tanh(logits / cap)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T),
@@ -323,8 +371,9 @@ class LanguageModel(nn.Module):
     def flops_per_token(self) -> int:
         """Training FLOPs per token: 6 per parameter (forward + backward) plus attention.
 
-        Attention scores and the weighted sum cost 2 * 2 * T * C multiply-adds per token
-        per layer in the forward pass, three times that with the backward (PaLM appendix B).
+        Attention scores and the weighted sum cost 2 * T * C multiply-adds, 4 * T * C
+        FLOPs, per token per layer in the forward pass, three times that with the
+        backward (PaLM appendix B; T the full context, as is usual for this estimate).
         The embedding lookup costs nothing, but a tied head still does its matmul.
         """
         c = self.config

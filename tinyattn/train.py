@@ -1,32 +1,43 @@
-"""The training loop: optimizer, schedule, evaluation, logging, checkpoints, exact resume.
+"""The training loop and the small owners it hands each decision to.
 
-`train(config, ...)` runs one training job into `checkpoints/<run-name>/`. It is what
-`scripts/train.py` calls, so a run can be started from Python the same way.
+`train(config, ...)` runs one training job into `<train.out_dir>/<run-name>/`; it is what
+`scripts/train.py` calls. The loop (`_loop`) reads in one screen; each per-step decision
+belongs to one object:
+
+- `Trainer`: the model, optimizers, batches and counters; `train_step()` is one update.
+- `LossWindow`: losses stay on the device and are read once per log interval (one host
+  sync), checked for NaN/inf there, and turned into throughput.
+- `Evaluator`: validation loss (and loss by position), a sample, attention maps.
+- `Checkpointer`: step checkpoints, pruning, `best.pt`.
+- `ResumePoint`: the checkpoint a run continues from, loaded once, checked against the
+  config's model shape and the data's tokenizer.
+- `StepBudget`: with `train.time_budget`, measures the step and evaluation cost on
+  throwaway steps, then fixes `max_steps` so the whole process ends within the budget.
 
 What a run guarantees:
-- The resolved config (`config.yaml`) and `tokenizer.json` are written before step 1;
-  a folder that already holds checkpoints is never trained into without `--resume`.
-- Resume is exact: the checkpoint holds the weights, the optimizer and scaler state,
-  every random generator and the batch sampler, so N steps + stop + resume + N steps
-  gives the same weights as 2N steps (tested on CPU in fp32).
-- Ctrl-C or SIGTERM finishes the current step, saves a checkpoint and says how to
-  resume. A non-finite loss stops the run naming the step; no checkpoint is written
-  after it, so the last good one stays.
-- The hot loop never waits for the device except at log intervals: losses stay on the
-  device in a small buffer and are read (and checked for NaN) every `log_interval` steps.
+- `config.yaml` (with the resolved step count) and `tokenizer.json` are written before
+  step 1; a folder that already holds checkpoints is never trained into without --resume.
+- Resume continues with the weights, optimizer and scaler state, every random generator
+  and the batch sampler of the checkpoint, so a resumed run sees the batches an
+  uninterrupted one would. Tested: a stopped-and-resumed run ends with the weights of an
+  uninterrupted one within 1e-6 on the CPU in fp32 (a CPU backward kernel sums in a
+  thread-dependent order, so two fresh runs differ at that level too).
+- Ctrl-C or SIGTERM finishes the current step, saves a checkpoint and says how to resume.
+  A non-finite loss stops the run naming the step; no checkpoint is written after it.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import signal
 import sys
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -34,16 +45,19 @@ import torch.nn as nn
 from tqdm import tqdm
 
 from tinyattn import checkpoint as ckpt
-from tinyattn.config import Config, TrainConfig, apply_overrides, config_to_dict, save_config
-from tinyattn.attention_maps import log_attention_to_tensorboard, plotting_available
-from tinyattn.data import BatchSampler, TokenData, prepare_data
+from tinyattn.config import (Config, TrainConfig, config_to_dict, parse_duration, save_config)
+from tinyattn.data import BatchSampler, prepare_data
 from tinyattn.errors import CheckpointError, TinyattnError
-from tinyattn.evaluate import log_loss_by_position_to_tensorboard, loss_by_position
+from tinyattn.evaluate import loss_by_position
 from tinyattn.model import LanguageModel
+from tinyattn.optim import (Optimizers, build_optimizer, learning_rate, lr_factor, ns_dtype_for,
+                            optimizer_description, set_learning_rates)
 from tinyattn.runtime import (Distributed, Precision, init_distributed, measure_peak_flops,
                               prefer_explicit_attention, random_states, seed_everything,
                               select_device, select_precision, set_random_states,
                               shutdown_distributed, synchronize)
+
+DEFAULT_OUT_DIR = TrainConfig.out_dir
 
 
 class TrainingError(TinyattnError):
@@ -58,52 +72,255 @@ class TrainResult:
     best_val_loss: float
     last_val_loss: float
     tokens_per_second: float  # training throughput over the whole run, evaluation excluded
-    wall_seconds: float
+    wall_seconds: float  # the whole process, start-up included
     interrupted: bool
+    seconds: dict = field(default_factory=dict)  # start-up, calibration, train, eval, save
 
 
-# ----------------------------------------------------------------------------- pieces
+# ----------------------------------------------------------------------------- the trainer
 
 
-def learning_rate(step: int, config: TrainConfig) -> float:
-    """Linear warmup from 0 to lr over warmup_steps, then decay to min_lr at max_steps."""
-    if step < config.warmup_steps:
-        return config.lr * (step + 1) / config.warmup_steps
-    if config.schedule == "constant":
-        return config.lr
-    progress = (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps)
-    progress = min(progress, 1.0)
-    if config.schedule == "cosine":
-        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
-    else:  # linear
-        decay = 1.0 - progress
-    return config.min_lr + decay * (config.lr - config.min_lr)
+class Trainer:
+    """Owns the model, optimizers, batches and counters of one run, and steps them.
+
+    Built from what it needs, so a benchmark or a test can drive it without a whole run.
+    """
+
+    def __init__(self, model: LanguageModel, optimizers: Optimizers, batches: BatchSampler,
+                 config: TrainConfig, device: torch.device, precision: Precision,
+                 dist: Distributed = Distributed()):
+        self.model = model
+        self.optimizers = optimizers
+        self.batches = batches
+        self.config = config
+        self.device = device
+        self.precision = precision
+        self.dist = dist
+        self.scaler = torch.amp.GradScaler(device.type, enabled=precision.use_grad_scaler)
+        self.step = 0
+        self.tokens_seen = 0
+        self.best_val_loss = float("inf")
+        self.forward_model: nn.Module = model
+        if dist.enabled:
+            self.forward_model = nn.parallel.DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None)
+        if config.compile:
+            self.forward_model = torch.compile(self.forward_model)
+        self.tokens_per_step = (batches.batch_size * batches.context_length
+                                * config.grad_accum_steps * dist.world_size)
+
+    @classmethod
+    def build(cls, model_config, train_config: TrainConfig, train_tokens: np.ndarray,
+              device: torch.device, precision: Precision, dist: Distributed = Distributed()) -> "Trainer":
+        """A seeded model, its optimizers and a batch sampler over `train_tokens`."""
+        seed_everything(train_config.seed)
+        attention = attention_path(model_config.attention, device, precision, model_config)
+        model = LanguageModel(model_config, attention).to(device)
+        optimizers = build_optimizer(model, train_config, device, ns_dtype_for(precision.autocast_dtype))
+        batches = BatchSampler(train_tokens, train_config.batch_size, model_config.context_length,
+                               seed=train_config.seed, rank=dist.rank, world_size=dist.world_size)
+        return cls(model, optimizers, batches, train_config, device, precision, dist)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.batches.next_batch()
+        if self.device.type == "cuda":  # pinned memory lets the copy overlap the running step
+            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
+        return x.to(self.device), y.to(self.device)
+
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step over grad_accum_steps micro-batches; returns (loss, grad norm) on device.
+
+        Each micro-batch loss is divided by the number of micro-batches, so the summed
+        gradients are those of the mean loss over one large batch.
+        """
+        accum = self.config.grad_accum_steps
+        set_learning_rates(self.optimizers.optimizers, lr_factor(self.step, self.config))
+        total_loss = torch.zeros((), device=self.device)
+        for micro in range(accum):
+            x, y = self.next_batch()
+            # DDP averages gradients across processes on backward; only the last
+            # micro-batch needs to do it.
+            sync = nullcontext()
+            if self.dist.enabled and micro < accum - 1:
+                sync = self.forward_model.no_sync()
+            with sync:
+                with self.precision.autocast(self.device):
+                    loss = self.forward_model(x, y).loss / accum
+                self.scaler.scale(loss).backward()
+            total_loss += loss.detach()
+        for optimizer in self.optimizers.optimizers:
+            self.scaler.unscale_(optimizer)
+        max_norm = self.config.grad_clip if self.config.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        for optimizer in self.optimizers.optimizers:
+            self.scaler.step(optimizer)
+        self.scaler.update()
+        self.optimizers.zero_grad()
+        self.step += 1
+        self.tokens_seen += self.tokens_per_step
+        return total_loss, grad_norm
+
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizers.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "best_val_loss": self.best_val_loss,
+            "random_states": random_states(),
+            # Batch k of rank r is a function of (seed, r, k): rank 0's count serves every rank.
+            "sampler": self.batches.state_dict(),
+            "world_size": self.dist.world_size,
+        }
+
+    def load_state_dict(self, state: dict, path: Path) -> None:
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizers.load_state_dict(state["optimizer"])
+            self.scaler.load_state_dict(state["scaler"])
+            self.step = int(state["step"])
+            self.tokens_seen = int(state["tokens_seen"])
+            self.best_val_loss = float(state["best_val_loss"])
+            self.batches.load_state_dict(state["sampler"])  # keeps this process's own rank
+            if state["world_size"] != self.dist.world_size and self.dist.is_main:
+                print(f"warning: {path} was written by {state['world_size']} process(es), this run has "
+                      f"{self.dist.world_size}: the batches and tokens per step differ from the "
+                      "original run from here on", file=sys.stderr)
+            set_random_states(state["random_states"])
+        except (KeyError, RuntimeError, ValueError) as e:
+            raise CheckpointError(f"{path}: cannot resume from it: {str(e).splitlines()[0]}") from None
 
 
-def make_optimizer(model: nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not on norm gains), fused where possible."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": config.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    # The fused kernel exists for CUDA and (since torch 2.4) the CPU; it does the whole
-    # update in one pass over the parameters instead of a chain of foreach ops.
-    fused = device.type in ("cuda", "cpu")
-    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2),
-                             fused=fused, foreach=None if fused else True)
+def attention_path(setting: str, device: torch.device, precision: Precision, model_config) -> str:
+    """`model.attention` resolved for this hardware: "fused" or "explicit"."""
+    if setting != "auto":
+        return setting
+    explicit = prefer_explicit_attention(device, precision, model_config.context_length,
+                                         model_config.dropout)
+    return "explicit" if explicit else "fused"
 
 
-def default_run_name(config_path: Optional[str | Path]) -> str:
-    stem = Path(config_path).stem if config_path else "run"
-    return f"{stem}-{datetime.now():%Y%m%d-%H%M%S}"
+# ----------------------------------------------------------------------------- the owners
 
 
-def model_shape_differences(saved: dict, current: dict) -> list[str]:
-    """The model keys whose values differ between a checkpoint's config and this one."""
-    keys = sorted(set(saved) | set(current))
-    return [f"model.{k}: checkpoint {saved.get(k)!r}, config {current.get(k)!r}"
-            for k in keys if saved.get(k) != current.get(k) and k != "dropout"]
+class LossWindow:
+    """Per-step losses kept on the device, read once per log interval (the one host sync)."""
+
+    def __init__(self, size: int, device: torch.device):
+        self.losses = torch.zeros(size, device=device)
+        self.device = device
+        self.pending = 0
+        self.grad_norm: Optional[torch.Tensor] = None
+        self.started = time.perf_counter()
+
+    def add(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        self.losses[self.pending] = loss
+        self.grad_norm = grad_norm
+        self.pending += 1
+
+    @property
+    def full(self) -> bool:
+        return self.pending == self.losses.numel()
+
+    def read(self, step: int, run_dir: Path) -> tuple[list[float], float]:
+        """The window's losses and its wall seconds; raises TrainingError on a non-finite loss."""
+        synchronize(self.device)
+        seconds = time.perf_counter() - self.started
+        window = self.losses[:self.pending].tolist()
+        bad = [i for i, value in enumerate(window) if not math.isfinite(value)]
+        if bad:
+            failed_step = step - len(window) + 1 + bad[0]
+            last = ckpt.latest_checkpoint(run_dir)
+            kept = f"; the last good checkpoint is {last}" if last else ""
+            raise TrainingError(f"the loss became {window[bad[0]]} at step {failed_step}; "
+                                f"training stopped{kept} (try a lower train.lr)")
+        self.pending = 0
+        return window, seconds
+
+    def restart(self) -> None:
+        self.started = time.perf_counter()
+
+
+@dataclass
+class EvalResult:
+    step: int
+    position_losses: np.ndarray  # (context_length,): validation loss at each position
+    sample: Optional[str]
+
+    @property
+    def val_loss(self) -> float:
+        return float(self.position_losses.mean())
+
+
+class Evaluator:
+    """At every eval_interval and the last step: validation loss by position and a sample;
+    logged with the attention maps of a fixed probe text."""
+
+    def __init__(self, trainer: Trainer, config: Config, validation: np.ndarray, tokenizer,
+                 dist: Distributed = Distributed()):
+        self.trainer = trainer
+        self.config = config
+        self.validation = validation
+        self.tokenizer = tokenizer
+        self.dist = dist
+
+    def due(self, step: int, last_step: int) -> bool:
+        return step % self.config.train.eval_interval == 0 or step == last_step
+
+    def run(self, step: int) -> EvalResult:
+        t, tc = self.trainer, self.config.train
+        # The plain module: a compiled one would compile a second graph for evaluation.
+        with t.precision.autocast(t.device):
+            losses = loss_by_position(t.model, self.validation, self.config.model.context_length,
+                                      tc.batch_size, tc.eval_windows)
+        return EvalResult(step, losses, self.sample() if self.dist.is_main else None)
+
+    def sample(self) -> Optional[str]:
+        from tinyattn.generate import generate
+
+        t, s, tc = self.trainer, self.config.sample, self.config.train
+        if tc.sample_tokens == 0:
+            return None
+        generator = torch.Generator(device=t.device).manual_seed(tc.seed)
+        return "".join(generate(t.model, self.tokenizer, s.prompt, max_new_tokens=tc.sample_tokens,
+                                temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                                generator=generator))
+
+
+class Checkpointer:
+    """Writes step checkpoints (keeping the last `keep_last`) and best.pt, on rank 0."""
+
+    def __init__(self, run_dir: Path, config: Config, tokenizer, dist: Distributed):
+        self.run_dir = run_dir
+        self.keep_last = config.train.keep_last
+        self.dist = dist
+        self.run_state = {"config": config_to_dict(config), "tokenizer": tokenizer.to_json()}
+
+    def save(self, trainer: Trainer, best: bool) -> None:
+        if self.dist.is_main:
+            state = {**trainer.state_dict(), **self.run_state}
+            ckpt.save_checkpoint(state, self.run_dir / ckpt.step_filename(trainer.step))
+            ckpt.prune_checkpoints(self.run_dir, self.keep_last)
+            if best:
+                ckpt.save_checkpoint(state, self.run_dir / ckpt.BEST)
+        if self.dist.enabled:
+            torch.distributed.barrier()
+
+
+class Timers:
+    """Wall seconds spent per activity: the split the run's last line reports."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
 class StopRequest:
@@ -133,207 +350,300 @@ class StopRequest:
                 signal.signal(sig, old)
 
 
-# ----------------------------------------------------------------------------- the trainer
+# ----------------------------------------------------------------------------- resume
 
 
-class Trainer:
-    """Owns the model, optimizer, sampler and counters of one run, and steps them."""
+def model_shape_differences(saved: dict, current: dict) -> list[str]:
+    """The model keys whose values differ between a checkpoint's config and this one.
 
-    def __init__(self, config: Config, data: TokenData, device: torch.device,
-                 precision: Precision, dist: Distributed = Distributed()):
-        self.config = config
-        self.train_config = config.train
-        self.data = data
-        self.device = device
-        self.precision = precision
-        self.dist = dist
-        seed_everything(config.train.seed)
-        self.model = LanguageModel(config.model).to(device)
-        self.model.use_fused_attention(
-            not prefer_explicit_attention(device, precision, config.model.context_length,
-                                          config.model.dropout))
-        self.optimizer = make_optimizer(self.model, config.train, device)
-        self.scaler = torch.amp.GradScaler(device.type, enabled=precision.use_grad_scaler)
-        self.sampler = BatchSampler(data.train, config.train.batch_size, config.model.context_length,
-                                    seed=config.train.seed, rank=dist.rank, world_size=dist.world_size)
-        self.step = 0
-        self.tokens_seen = 0
-        self.best_val_loss = float("inf")
-        self.forward_model: nn.Module = self.model
-        if dist.enabled:
-            self.forward_model = nn.parallel.DistributedDataParallel(
-                self.model, device_ids=[device.index] if device.type == "cuda" else None)
-        if config.train.compile:
-            self.forward_model = torch.compile(self.forward_model)
-        self.tokens_per_step = (config.train.batch_size * config.model.context_length
-                                * config.train.grad_accum_steps * dist.world_size)
+    Dropout and the attention path change how the same weights are used, not their shape.
+    """
+    keys = sorted(set(saved) | set(current))
+    return [f"model.{k}: checkpoint {saved.get(k)!r}, config {current.get(k)!r}"
+            for k in keys if saved.get(k) != current.get(k) and k not in ("dropout", "attention")]
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = self.sampler.next_batch()
-        if self.device.type == "cuda":  # pinned memory lets the copy overlap the running step
-            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
-        return x.to(self.device), y.to(self.device)
 
-    def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step over grad_accum_steps micro-batches; returns (loss, grad norm) on device.
+@dataclass
+class ResumePoint:
+    """The checkpoint a run continues from: loaded once, then checked against the run."""
 
-        Each micro-batch loss is divided by the number of micro-batches, so the summed
-        gradients are those of the mean loss over one large batch.
+    file: Path
+    state: dict
+    config: Config  # the config saved in the checkpoint
+
+    @classmethod
+    def find(cls, resume: str | Path | bool, run_name: Optional[str], out_dir: str | Path) -> "ResumePoint":
+        """resume=True: the --run-name run, else the most recent one; else a folder or file."""
+        out_dir = Path(out_dir)
+        if resume is True and run_name:
+            run_dir = out_dir / run_name
+            if not run_dir.is_dir():
+                raise CheckpointError(f"{run_dir}: no such run to resume (check --run-name)")
+            resume = run_dir
+        file = ckpt.resolve_checkpoint(None if resume is True else resume, out_dir, prefer="latest")
+        state = ckpt.load_checkpoint(file)
+        return cls(file, state, ckpt.config_from_checkpoint(state, file))
+
+    @property
+    def run_dir(self) -> Path:
+        return self.file.parent
+
+    def adopt(self, config: Config) -> None:
+        """Check that `config` can continue this checkpoint; take what the run fixed at its start.
+
+        The vocabulary size came from the tokenizer, and a time-budget run's step count
+        was measured when it started: both are taken from the checkpoint.
         """
-        accum = self.train_config.grad_accum_steps
-        lr = learning_rate(self.step, self.train_config)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        total_loss = torch.zeros((), device=self.device)
-        for micro in range(accum):
-            x, y = self.next_batch()
-            # DDP averages gradients across processes on backward; only the last
-            # micro-batch needs to do it.
-            sync = nullcontext()
-            if self.dist.enabled and micro < accum - 1:
-                sync = self.forward_model.no_sync()
-            with sync:
-                with self.precision.autocast(self.device):
-                    loss = self.forward_model(x, y).loss / accum
-                self.scaler.scale(loss).backward()
-            total_loss += loss.detach()
-        self.scaler.unscale_(self.optimizer)
-        max_norm = self.train_config.grad_clip if self.train_config.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
-        self.tokens_seen += self.tokens_per_step
-        return total_loss, grad_norm
+        saved = config_to_dict(self.config)["model"]
+        current = config_to_dict(config)["model"]
+        if current.get("vocab_size") is None:
+            current["vocab_size"] = saved["vocab_size"]
+        differences = model_shape_differences(saved, current)
+        if differences:
+            raise CheckpointError(f"{self.file}: the config's model differs from the checkpoint's: "
+                                  + "; ".join(differences))
+        config.model.vocab_size = self.config.model.vocab_size
+        if config.train.time_budget is not None and self.config.train.time_budget is not None:
+            config.train.max_steps = self.config.train.max_steps
 
-    def evaluate(self) -> np.ndarray:
-        """Validation loss at each position of the window, (context_length,); its mean is
-        the validation loss. The same windows every time, so the number is comparable."""
-        # The plain module: a compiled one would compile a second graph for evaluation.
-        with self.precision.autocast(self.device):
-            return loss_by_position(self.model, self.data.validation, self.config.model.context_length,
-                                    self.train_config.batch_size, self.train_config.eval_windows)
+    def check_tokenizer(self, tokenizer) -> None:
+        if self.state.get("tokenizer") != tokenizer.to_json():
+            raise CheckpointError(f"{self.file}: its tokenizer differs from the one the data now "
+                                  "builds (the corpus or tokenizer settings changed); token ids would "
+                                  "no longer mean what the model learned")
 
-    # -- state -------------------------------------------------------------------------
+    def restore(self, trainer: Trainer) -> None:
+        trainer.load_state_dict(self.state, self.file)
+        self.state = {}  # the tensors are in the trainer now; free the copy
 
-    def state_dict(self) -> dict:
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "step": self.step,
-            "tokens_seen": self.tokens_seen,
-            "best_val_loss": self.best_val_loss,
-            "random_states": random_states(),
-            # Batch k of rank r is a function of (seed, r, k): rank 0's count serves every rank.
-            "sampler": self.sampler.state_dict(),
-            "world_size": self.dist.world_size,
-            "config": config_to_dict(self.config),
-            "tokenizer": self.data.tokenizer.to_json(),
-        }
 
-    def load_state_dict(self, state: dict, path: Path) -> None:
-        try:
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.scaler.load_state_dict(state["scaler"])
-            self.step = int(state["step"])
-            self.tokens_seen = int(state["tokens_seen"])
-            self.best_val_loss = float(state["best_val_loss"])
-            self.sampler.load_state_dict(state["sampler"])  # keeps this process's own rank
-            if state["world_size"] != self.dist.world_size and self.dist.is_main:
-                print(f"warning: {path} was written by {state['world_size']} process(es), this run has "
-                      f"{self.dist.world_size}: the batches and tokens per step differ from the "
-                      "original run from here on", file=sys.stderr)
-            set_random_states(state["random_states"])
-        except (KeyError, RuntimeError, ValueError) as e:
-            raise CheckpointError(f"{path}: cannot resume from it: {str(e).splitlines()[0]}") from None
+def default_run_name(config_path: Optional[str | Path]) -> str:
+    stem = Path(config_path).stem if config_path else "run"
+    return f"{stem}-{datetime.now():%Y%m%d-%H%M%S}"
+
+
+def new_run_dir(config: Config, config_path, run_name: Optional[str]) -> Path:
+    run_dir = Path(config.train.out_dir) / (run_name or default_run_name(config_path))
+    if ckpt.has_checkpoints(run_dir):
+        raise CheckpointError(f"{run_dir} already holds checkpoints; continue it with --resume "
+                              f"{run_dir}, or choose another --run-name")
+    return run_dir
+
+
+# ----------------------------------------------------------------------------- time budget
+
+
+def process_age() -> float:
+    """Seconds since this process started (interpreter start-up and imports included)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - ticks / _clock_ticks())
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - _IMPORTED_AT
+
+
+def _clock_ticks() -> int:
+    return os.sysconf("SC_CLK_TCK")
+
+
+_IMPORTED_AT = time.perf_counter()
+
+
+class StepBudget:
+    """Chooses `max_steps` so that the whole process ends within `train.time_budget`.
+
+    It runs throwaway steps first (they compile, if asked, and warm the caches), times
+    the steps after them, one evaluation and one checkpoint write, and then restores the
+    model, optimizers, scaler, random generators and sampler to their state before the
+    first step. The run then trains exactly as a run with `max_steps` set to the chosen
+    number would, so the schedule spans the steps that will run and resume stays exact.
+    """
+
+    WARM_STEPS = 3  # the first compiles; the next settle the allocator and thread pool
+    MIN_STEPS = 10  # timed steps, at least ...
+    MIN_SHARE = 0.005  # ... and at least this share of the budget (at most 3 s)
+    MARGIN = 0.015  # of the budget kept for the process's exit and timing noise
+
+    def __init__(self, budget_text: str):
+        self.text = budget_text
+        self.seconds = parse_duration(budget_text)
+
+    def fix_steps(self, trainer: Trainer, evaluator: Evaluator, run_dir: Path,
+                  elapsed: Callable[[], float]) -> tuple[int, str]:
+        """The step count for the budget, and one line saying how it was chosen.
+
+        elapsed(): seconds of the budget already spent (the CLI counts from process start).
+        """
+        tc = trainer.config
+        snapshot = _snapshot(trainer)
+        for _ in range(self.WARM_STEPS):
+            trainer.train_step()
+        synchronize(trainer.device)
+        start, timed = time.perf_counter(), 0
+        measure_for = min(3.0, self.MIN_SHARE * self.seconds)
+        while self._keep_measuring(trainer, timed, time.perf_counter() - start, measure_for):
+            trainer.train_step()
+            timed += 1
+            if timed % 5 == 0:
+                synchronize(trainer.device)
+        synchronize(trainer.device)
+        step_seconds = (time.perf_counter() - start) / timed
+        start = time.perf_counter()
+        evaluator.run(trainer.step)
+        eval_seconds = time.perf_counter() - start
+        save_seconds = _time_a_save(trainer, run_dir)
+        _restore(trainer, snapshot)
+
+        spent = elapsed()
+        available = self.seconds * (1 - self.MARGIN) - spent
+        per_step = step_seconds + (eval_seconds + 2 * save_seconds) / tc.eval_interval
+        steps = int((available - eval_seconds - 2 * save_seconds) / per_step)
+        if steps < 1:
+            raise TinyattnError(
+                f"train.time_budget {self.text}: {spent:.0f} s are gone before training and a "
+                f"step takes {step_seconds:.2f} s; no step fits. Give a larger budget or set train.max_steps")
+        why = (f"time budget {self.text}: measured {step_seconds:.3f} s/step, {eval_seconds:.2f} s per "
+               f"evaluation, {save_seconds:.2f} s per checkpoint, {spent:.0f} s of start-up "
+               f"-> {steps:,} steps")
+        return steps, why
+
+
+    def _keep_measuring(self, trainer: Trainer, timed: int, seconds: float, measure_for: float) -> bool:
+        more = timed < self.MIN_STEPS or seconds < measure_for
+        if trainer.dist.enabled:  # rank 0 decides, so every rank runs the same steps
+            flag = torch.tensor([int(more)], device=trainer.device)
+            torch.distributed.broadcast(flag, src=0)
+            more = bool(flag.item())
+        return more
+
+
+def _snapshot(trainer: Trainer) -> dict:
+    return {"model": {k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
+            "optimizer": [o.state_dict() for o in trainer.optimizers.optimizers],
+            "scaler": trainer.scaler.state_dict(), "random_states": random_states(),
+            "sampler": trainer.batches.state_dict()}
+
+
+def _restore(trainer: Trainer, snapshot: dict) -> None:
+    trainer.model.load_state_dict(snapshot["model"])
+    for optimizer, state in zip(trainer.optimizers.optimizers, snapshot["optimizer"]):
+        optimizer.load_state_dict(state)
+        optimizer.state.clear()  # no moments before step 1
+    if snapshot["scaler"]:
+        trainer.scaler.load_state_dict(snapshot["scaler"])
+    set_random_states(snapshot["random_states"])
+    trainer.batches.load_state_dict(snapshot["sampler"])
+    trainer.step, trainer.tokens_seen = 0, 0
+
+
+def _time_a_save(trainer: Trainer, run_dir: Path) -> float:
+    """Seconds to write one checkpoint of this run, measured into a file deleted after."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / f".budget_probe.rank{trainer.dist.rank}.tmp"
+    start = time.perf_counter()
+    try:
+        ckpt.save_checkpoint(trainer.state_dict(), path)
+        return time.perf_counter() - start
+    finally:
+        path.unlink(missing_ok=True)
 
 
 # ----------------------------------------------------------------------------- the run
 
 
-def _find_resume_checkpoint(resume: str | Path | bool, run_dir: Optional[Path],
-                            out_dir: Path) -> Path:
-    if resume is True:
-        if run_dir is not None:  # --run-name NAME --resume: that run and no other
-            if not run_dir.is_dir():
-                raise CheckpointError(f"{run_dir}: no such run to resume (check --run-name)")
-            return ckpt.resolve_checkpoint(run_dir, out_dir, prefer="latest")
-        return ckpt.resolve_checkpoint(None, out_dir, prefer="latest")
-    return ckpt.resolve_checkpoint(resume, out_dir, prefer="latest")
-
-
-def run_config(resume: str | Path | bool, run_name: Optional[str], overrides: list[str],
-               out_dir: str = "checkpoints") -> tuple[Config, Path]:
-    """The saved config of the run to resume (with overrides), and its checkpoint file.
-
-    Used when --resume is given without --config: a run continues as it was started.
-    """
-    for item in overrides:
-        if item.startswith("train.out_dir="):
-            out_dir = item.split("=", 1)[1]
-    named = Path(out_dir) / run_name if run_name else None
-    file = _find_resume_checkpoint(resume, named, Path(out_dir))
-    state = ckpt.load_checkpoint(file)
-    config = apply_overrides(ckpt.config_from_checkpoint(state, file), overrides, origin=str(file))
-    return config, file
-
-
-def prepare_run(config: Config, *, config_path=None, run_name=None, resume=None):
-    """Decide the run folder and, when resuming, the checkpoint to continue from."""
-    out_dir = Path(config.train.out_dir)
-    resume_file = None
-    if resume:
-        named = out_dir / run_name if run_name else None
-        resume_file = _find_resume_checkpoint(resume, named, out_dir)
-        run_dir = resume_file.parent
-    else:
-        run_dir = out_dir / (run_name or default_run_name(config_path))
-        if ckpt.has_checkpoints(run_dir):
-            raise CheckpointError(f"{run_dir} already holds checkpoints; continue it with --resume "
-                                  f"{run_dir}, or choose another --run-name")
-    return run_dir, resume_file
-
-
 def train(config: Config, *, config_path: Optional[str | Path] = None, run_name: Optional[str] = None,
-          resume: Optional[str | Path | bool] = None, device: Optional[str] = None,
-          progress: bool = True, stop_at_step: Optional[int] = None) -> TrainResult:
+          resume: "Optional[ResumePoint | str | Path | bool]" = None, device: Optional[str] = None,
+          progress: bool = True, stop_at_step: Optional[int] = None, elapsed_before: float = 0.0
+          ) -> TrainResult:
     """Run (or resume) one training job. Returns where it went and the figures it reached.
 
-    stop_at_step ends the run early with a checkpoint, as Ctrl-C would, while the
-    schedule still spans train.max_steps: a long run can be split across sessions.
+    resume: a `ResumePoint`, a run folder or checkpoint file, or True (the --run-name
+    run, else the most recent one under train.out_dir). stop_at_step ends the run early
+    with a checkpoint, as Ctrl-C would, while the schedule still spans train.max_steps.
+    elapsed_before: seconds already spent that count against train.time_budget (the
+    command line passes the process's age, so the budget covers start-up too).
     """
     dist = init_distributed(device or config.train.device)
     try:
-        return _train(config, config_path, run_name, resume, device, progress, stop_at_step, dist)
+        return _train(config, config_path, run_name, resume, device, progress, stop_at_step, dist,
+                      time.perf_counter() - elapsed_before)
     finally:
         shutdown_distributed(dist)
 
 
 def _train(config, config_path, run_name, resume, device_name, progress, stop_at_step,
-           dist: Distributed) -> TrainResult:
-    run_dir, resume_file = prepare_run(config, config_path=config_path, run_name=run_name, resume=resume)
-    resume_state = None
-    if resume_file is not None:
-        resume_state = ckpt.load_checkpoint(resume_file)
-        saved = ckpt.config_from_checkpoint(resume_state, resume_file)
-        current = config_to_dict(config)["model"]
-        if current.get("vocab_size") is None:
-            current["vocab_size"] = saved.model.vocab_size
-        differences = model_shape_differences(config_to_dict(saved)["model"], current)
-        if differences:
-            raise CheckpointError(f"{resume_file}: the config's model differs from the checkpoint's: "
-                                  + "; ".join(differences))
-        config.model.vocab_size = saved.model.vocab_size
+           dist: Distributed, started: float) -> TrainResult:
+    def elapsed() -> float:
+        return time.perf_counter() - started
+
+    timers = Timers()
+    point = resume
+    if resume is not None and not isinstance(resume, ResumePoint):
+        point = ResumePoint.find(resume, run_name, config.train.out_dir)
+    if point is not None:
+        point.adopt(config)
+    run_dir = point.run_dir if point is not None else new_run_dir(config, config_path, run_name)
 
     device = select_device(device_name or config.train.device)
     if dist.enabled and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
     precision = select_precision(config.train.precision, device)
+    data = _prepare_data(config, dist, progress)
+    if point is not None:
+        point.check_tokenizer(data.tokenizer)
+    # Measured before the random states are seeded or restored: it draws its own numbers.
+    peak = config.train.peak_flops or measure_peak_flops(device, precision)
+    trainer = Trainer.build(config.model, config.train, data.train, device, precision, dist)
+    evaluator = Evaluator(trainer, config, data.validation, data.tokenizer, dist)
+    if point is not None:
+        point.restore(trainer)
+    if stop_at_step is not None and stop_at_step <= trainer.step:
+        raise TinyattnError(f"--stop-at-step {stop_at_step}: the run is already at step {trainer.step}; "
+                            "give a later step")
+    log = Logger(run_dir, config, trainer, peak, enabled=dist.is_main, progress=progress)
+    log.announce(point)
+    if point is None and config.train.time_budget is not None:
+        with timers("calibration"):
+            config.train.max_steps = _budget_steps(config, trainer, evaluator, run_dir, elapsed, log)
+
+    checkpointer = Checkpointer(run_dir, config, data.tokenizer, dist)
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(config, run_dir / "config.yaml")
+        data.tokenizer.save(run_dir / "tokenizer.json")
+        log.start()
+    timers.seconds["start-up"] = elapsed() - timers.seconds.get("calibration", 0.0)
+    try:
+        last_step = config.train.max_steps if stop_at_step is None else min(config.train.max_steps,
+                                                                            stop_at_step)
+        signal_name, last_val = _loop(trainer, evaluator, checkpointer, log, timers, last_step, run_dir)
+        result = TrainResult(run_dir, trainer.step, trainer.tokens_seen, trainer.best_val_loss, last_val,
+                             log.tokens_per_second, elapsed(), signal_name is not None,
+                             dict(timers.seconds))
+        stopped_early = signal_name or ("--stop-at-step" if trainer.step < config.train.max_steps else None)
+        log.finish(result, stopped_early)
+        return result
+    finally:
+        log.close()  # the TensorBoard writer and the bar, also when training fails
+
+
+def _budget_steps(config: Config, trainer: Trainer, evaluator: Evaluator, run_dir: Path,
+                  elapsed: Callable[[], float], log: "Logger") -> int:
+    """train.max_steps for the time budget, the same on every rank; says how it was chosen."""
+    steps, why = StepBudget(config.train.time_budget).fix_steps(trainer, evaluator, run_dir, elapsed)
+    if trainer.dist.enabled:
+        chosen = [steps]
+        torch.distributed.broadcast_object_list(chosen, src=0)  # rank 0's measurement decides
+        steps = chosen[0]
+    log.print(why)
+    return steps
+
+
+def _prepare_data(config: Config, dist: Distributed, progress: bool):
+    """The token data (rank 0 builds the cache, the others then read it); sets vocab_size."""
     if dist.enabled and not dist.is_main:
-        torch.distributed.barrier()  # rank 0 builds the token cache; the others then read it
+        torch.distributed.barrier()
     data = prepare_data(config, progress=progress and dist.is_main)
     if dist.enabled and dist.is_main:
         torch.distributed.barrier()
@@ -342,100 +652,41 @@ def _train(config, config_path, run_name, resume, device_name, progress, stop_at
     elif config.model.vocab_size < data.tokenizer.vocab_size:
         raise TinyattnError(f"model.vocab_size={config.model.vocab_size} is smaller than the "
                             f"tokenizer's vocabulary ({data.tokenizer.vocab_size}); leave it unset")
+    return data
 
-    if resume_state is not None and resume_state.get("tokenizer") != data.tokenizer.to_json():
-        raise CheckpointError(f"{resume_file}: its tokenizer differs from the one the data now "
-                              "builds (the corpus or tokenizer settings changed); token ids would "
-                              "no longer mean what the model learned")
-    # Measured before the random states are seeded or restored: it draws its own numbers.
-    peak = config.train.peak_flops or measure_peak_flops(device, precision)
-    trainer = Trainer(config, data, device, precision, dist)
-    if resume_state is not None:
-        trainer.load_state_dict(resume_state, resume_file)
-        del resume_state
-    if stop_at_step is not None and stop_at_step <= trainer.step:
-        raise TinyattnError(f"--stop-at-step {stop_at_step}: the run is already at step {trainer.step}; "
-                            "give a later step")
-    log = Logger(run_dir, config, trainer, enabled=dist.is_main, progress=progress)
-    if dist.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(config, run_dir / "config.yaml")
-        data.tokenizer.save(run_dir / "tokenizer.json")
-        log.start(resume_file)
 
-    try:
-        flops_per_token = trainer.model.flops_per_token()
-        tc = config.train
-        stopper = StopRequest()
-        losses = torch.zeros(tc.log_interval, device=device)  # read once per log interval
-        pending = 0  # steps whose losses wait in `losses`
-        train_time, train_tokens = 0.0, 0
-        interval_start, interval_tokens = time.perf_counter(), 0
-        last_val = float("nan")
-        at_eval = False
-        started = time.perf_counter()
-
-        def save(best: bool) -> None:
-            if dist.is_main:
-                state = trainer.state_dict()
-                ckpt.save_checkpoint(state, run_dir / ckpt.step_filename(trainer.step))
-                ckpt.prune_checkpoints(run_dir, tc.keep_last)
-                if best:
-                    ckpt.save_checkpoint(state, run_dir / ckpt.BEST)
-            if dist.enabled:
-                torch.distributed.barrier()
-
-        with stopper.installed():
-            last_step = tc.max_steps if stop_at_step is None else min(tc.max_steps, stop_at_step)
-            while trainer.step < last_step and stopper.signal_name is None:
+def _loop(trainer: Trainer, evaluator: Evaluator, checkpointer: Checkpointer, log: "Logger",
+          timers: Timers, last_step: int, run_dir: Path) -> tuple[Optional[str], float]:
+    """Step until last_step or a stop signal; returns (the signal's name or None, last val loss)."""
+    window = LossWindow(trainer.config.log_interval, trainer.device)
+    stopper = StopRequest()
+    last_val, at_eval = float("nan"), False
+    with stopper.installed():
+        while trainer.step < last_step and stopper.signal_name is None:
+            with timers("train"):
                 loss, grad_norm = trainer.train_step()
-                losses[pending] = loss
-                pending += 1
-                interval_tokens += trainer.tokens_per_step
-                at_eval = trainer.step % tc.eval_interval == 0 or trainer.step == last_step
-                # Every checkpoint is preceded by a log, whose loss check keeps NaN weights out.
-                stopping = stopper.signal_name is not None
-                at_log = pending == tc.log_interval or at_eval or stopping
-                if at_log:
-                    synchronize(device)
-                    now = time.perf_counter()
-                    window = losses[:pending].tolist()  # the one host sync of the interval
-                    pending = 0
-                    bad = [i for i, value in enumerate(window) if not math.isfinite(value)]
-                    if bad:
-                        failed_step = trainer.step - len(window) + 1 + bad[0]
-                        last = ckpt.latest_checkpoint(run_dir)
-                        kept = f"; the last good checkpoint is {last}" if last else ""
-                        raise TrainingError(f"the loss became {window[bad[0]]} at step {failed_step}; "
-                                            f"training stopped{kept} (try a lower train.lr)")
-                    elapsed = now - interval_start
-                    train_time += elapsed
-                    train_tokens += interval_tokens
-                    tokens_per_second = interval_tokens / elapsed
-                    mfu = flops_per_token * tokens_per_second / (peak * dist.world_size)
-                    log.train(trainer.step, sum(window) / len(window), learning_rate(trainer.step - 1, tc),
-                              grad_norm.item(), tokens_per_second, mfu, len(window))
-                if at_eval:
-                    position_losses = trainer.evaluate()
-                    last_val = float(position_losses.mean())
+                window.add(loss, grad_norm)
+                at_eval = evaluator.due(trainer.step, last_step)
+                # Every checkpoint follows a read of the losses, whose NaN check keeps bad weights out.
+                if window.full or at_eval or stopper.signal_name is not None:
+                    losses, seconds = window.read(trainer.step, run_dir)
+                    log.train(trainer.step, losses, seconds, window.grad_norm)
+            if at_eval:
+                with timers("eval"):
+                    result = evaluator.run(trainer.step)
+                    last_val = result.val_loss
                     best = last_val < trainer.best_val_loss
-                    if best:
-                        trainer.best_val_loss = last_val
-                    save(best)
-                    log.evaluation(trainer.step, last_val, position_losses, best)
-                if at_log:
-                    interval_start, interval_tokens = time.perf_counter(), 0
-            interrupted = stopper.signal_name is not None
-            if interrupted and not at_eval:
-                save(best=False)
-        stopped_early = interrupted or trainer.step < tc.max_steps
-        wall = time.perf_counter() - started
-        result = TrainResult(run_dir, trainer.step, trainer.tokens_seen, trainer.best_val_loss, last_val,
-                             train_tokens / train_time if train_time else float("nan"), wall, interrupted)
-        log.finish(result, stopper.signal_name or ("--stop-at-step" if stopped_early else None))
-        return result
-    finally:
-        log.close()  # the TensorBoard writer and the bar, also when training fails
+                    trainer.best_val_loss = min(trainer.best_val_loss, last_val)
+                with timers("save"):
+                    checkpointer.save(trainer, best)
+                with timers("eval"):
+                    log.evaluation(result, best, evaluator)
+            if window.pending == 0:
+                window.restart()
+        if stopper.signal_name is not None and not at_eval:
+            with timers("save"):
+                checkpointer.save(trainer, best=False)
+    return stopper.signal_name, last_val
 
 
 # ----------------------------------------------------------------------------- logging
@@ -444,24 +695,39 @@ def _train(config, config_path, run_name, resume, device_name, progress, stop_at
 class Logger:
     """The progress bar, the plain log lines and TensorBoard, on the main process only."""
 
-    def __init__(self, run_dir: Path, config: Config, trainer: Trainer, enabled: bool, progress: bool):
+    def __init__(self, run_dir: Path, config: Config, trainer: Trainer, peak_flops: float,
+                 enabled: bool, progress: bool):
         self.run_dir = run_dir
         self.config = config
         self.trainer = trainer
+        self.flops_per_token = trainer.model.flops_per_token()
+        self.peak_flops = peak_flops * trainer.dist.world_size
         self.enabled = enabled
         self.writer = None
         self.bar = None
         self.progress = progress and enabled
+        self.train_seconds, self.train_tokens = 0.0, 0
 
-    def start(self, resume_file: Optional[Path]) -> None:
+    @property
+    def tokens_per_second(self) -> float:
+        return self.train_tokens / self.train_seconds if self.train_seconds else float("nan")
+
+    def announce(self, point: Optional[ResumePoint]) -> None:
+        """The run's first line, printed before any step (or the budget's measuring steps)."""
+        t, tc = self.trainer, self.config.train
+        what = f"resuming from {point.file} at step {t.step}" if point else "starting"
+        steps = (f"{tc.max_steps:,} steps" if point or tc.time_budget is None
+                 else f"measuring a few steps to fit the {tc.time_budget} budget")
+        self.print(f"run {self.run_dir} ({what}): {t.model.num_parameters():,} parameters, "
+                   f"device {t.device}, precision {t.precision.name}, {optimizer_description(tc)}, "
+                   f"{len(t.batches.tokens):,} train tokens, {steps}")
+
+    def start(self) -> None:
+        """Opens TensorBoard (after config.yaml is written) and the progress bar."""
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(str(self.run_dir))
         t = self.trainer
-        what = f"resuming from {resume_file} at step {t.step}" if resume_file else "starting"
-        self.print(f"run {self.run_dir} ({what}): {t.model.num_parameters():,} parameters, "
-                   f"device {t.device}, precision {t.precision.name}, "
-                   f"{len(t.data.train):,} train / {len(t.data.validation):,} validation tokens")
         self.writer.add_text("config", "```\n" + (self.run_dir / "config.yaml").read_text() + "\n```", t.step)
         if self.progress:
             self.bar = tqdm(total=self.config.train.max_steps, initial=t.step, unit="step",
@@ -475,53 +741,49 @@ class Logger:
         else:
             print(line, file=sys.stderr, flush=True)
 
-    def train(self, step, loss, lr, grad_norm, tokens_per_second, mfu, steps_done) -> None:
+    def train(self, step: int, losses: list[float], seconds: float, grad_norm: torch.Tensor) -> None:
+        tokens = len(losses) * self.trainer.tokens_per_step
+        self.train_seconds += seconds
+        self.train_tokens += tokens
         if not self.enabled:
             return
+        loss = sum(losses) / len(losses)
+        lr = learning_rate(step - 1, self.config.train)
+        tokens_per_second = tokens / seconds
+        mfu = self.flops_per_token * tokens_per_second / self.peak_flops
         w = self.writer
         w.add_scalar("train/loss", loss, step)
         w.add_scalar("train/learning_rate", lr, step)
-        w.add_scalar("train/grad_norm", grad_norm, step)
+        w.add_scalar("train/grad_norm", grad_norm.item(), step)
         w.add_scalar("train/tokens_seen", self.trainer.tokens_seen, step)
         w.add_scalar("perf/tokens_per_second", tokens_per_second, step)
         w.add_scalar("perf/mfu", mfu, step)
         if self.bar is not None:
-            self.bar.update(steps_done)
+            self.bar.update(len(losses))
             self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:,.0f}",
                                  refresh=False)
         else:
             self.print(f"step {step}: loss {loss:.4f}, lr {lr:.2e}, {tokens_per_second:,.0f} tok/s, "
                        f"mfu {mfu:.1%}")
 
-    def evaluation(self, step: int, val_loss: float, position_losses: np.ndarray, best: bool) -> None:
+    def evaluation(self, result: EvalResult, best: bool, evaluator: Evaluator) -> None:
         if not self.enabled:
             return
-        self.writer.add_scalar("val/loss", val_loss, step)
-        self.print(f"step {step}: validation loss {val_loss:.4f}{' (best)' if best else ''}")
-        self.log_sample(step)
-        # The pictures need matplotlib (the plot extra); the numbers are logged without it.
-        plots = plotting_available()
-        log_loss_by_position_to_tensorboard(self.writer, position_losses, step, image=plots)
-        if plots and self.config.train.probe_text:
-            t = self.trainer
-            log_attention_to_tensorboard(self.writer, t.model, t.data.tokenizer,
+        from tinyattn.attention_maps import log_attention_to_tensorboard
+        from tinyattn.evaluate import log_loss_by_position_to_tensorboard
+
+        step = result.step
+        self.writer.add_scalar("val/loss", result.val_loss, step)
+        self.print(f"step {step}: validation loss {result.val_loss:.4f}{' (best)' if best else ''}")
+        if result.sample is not None:
+            with open(self.run_dir / "samples.txt", "a", encoding="utf-8") as f:
+                f.write(f"--- step {step} ---\n{result.sample}\n")
+            self.writer.add_text("sample", "```\n" + result.sample + "\n```", step)
+        log_loss_by_position_to_tensorboard(self.writer, result.position_losses, step)
+        if self.config.train.probe_text:
+            log_attention_to_tensorboard(self.writer, self.trainer.model, evaluator.tokenizer,
                                          self.config.train.probe_text, step)
         self.writer.flush()
-
-    def log_sample(self, step: int) -> None:
-        from tinyattn.generate import generate
-
-        t, s = self.trainer, self.config.sample
-        if self.config.train.sample_tokens == 0:
-            return
-        generator = torch.Generator(device=t.device).manual_seed(self.config.train.seed)
-        text = "".join(generate(t.model, t.data.tokenizer, s.prompt,
-                                max_new_tokens=self.config.train.sample_tokens,
-                                temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                                generator=generator))
-        with open(self.run_dir / "samples.txt", "a", encoding="utf-8") as f:
-            f.write(f"--- step {step} ---\n{text}\n")
-        self.writer.add_text("sample", "```\n" + text + "\n```", step)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -531,7 +793,7 @@ class Logger:
             self.writer.close()
             self.writer = None
 
-    def finish(self, result: TrainResult, signal_name: Optional[str]) -> None:
+    def finish(self, result: TrainResult, stopped_by: Optional[str]) -> None:
         if not self.enabled:
             return
         if self.bar is not None:
@@ -543,10 +805,13 @@ class Logger:
         self.writer.add_hparams(hparams, {"hparam/best_val_loss": result.best_val_loss,
                                           "hparam/last_val_loss": result.last_val_loss}, run_name=".")
         self.close()
-        if signal_name:
-            print(f"stopped by {signal_name} at step {result.step}; checkpoint saved in {result.run_dir}. "
+        if stopped_by:
+            print(f"stopped by {stopped_by} at step {result.step}; checkpoint saved in {result.run_dir}. "
                   f"Resume with: python scripts/train.py --resume {result.run_dir}", file=sys.stderr)
-        else:
-            print(f"done: {result.step} steps in {result.wall_seconds:.0f} s, "
-                  f"{result.tokens_per_second:,.0f} tok/s, best validation loss "
-                  f"{result.best_val_loss:.4f}; checkpoints in {result.run_dir}", file=sys.stderr)
+            return
+        s = result.seconds
+        split = ", ".join(f"{name} {s[name]:.1f} s ({s[name] / result.wall_seconds:.1%})"
+                          for name in ("start-up", "calibration", "train", "eval", "save") if name in s)
+        print(f"done: {result.step} steps in {result.wall_seconds:.0f} s ({split}), "
+              f"{result.tokens_per_second:,.0f} tok/s, best validation loss "
+              f"{result.best_val_loss:.4f}; checkpoints in {result.run_dir}", file=sys.stderr)

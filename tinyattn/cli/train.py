@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from tinyattn.cli import run_command
-from tinyattn.config import load_config
+from tinyattn.config import apply_overrides, load_config, override_value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -19,7 +19,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", nargs="?", const=True, default=None, metavar="RUN_DIR|CHECKPOINT",
                    help="continue a run: its folder or a checkpoint file; alone, the --run-name "
                         "run or else the most recent one")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], help="overrides train.device")
+    p.add_argument("--device", help="overrides train.device: auto, cpu, cuda, cuda:N or mps")
     p.add_argument("--stop-at-step", type=int, metavar="N",
                    help="save and stop at step N (the schedule still spans train.max_steps)")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
@@ -29,18 +29,23 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
 
-    def command() -> int:
-        from tinyattn.train import run_config, train
+    if not args.config and not args.resume:
+        parser().error("--config is required (or --resume to continue a run)")
 
-        if args.config:
-            config = load_config(args.config, args.overrides)
-        elif args.resume:
-            config, args.resume = run_config(args.resume, args.run_name, args.overrides)
-        else:
-            parser().error("--config is required (or --resume to continue a run)")
-        result = train(config, config_path=args.config, run_name=args.run_name, resume=args.resume,
+    def command() -> int:
+        from tinyattn.train import DEFAULT_OUT_DIR, ResumePoint, process_age, train
+
+        config = load_config(args.config, args.overrides) if args.config else None
+        point = None
+        if args.resume:
+            out_dir = config.train.out_dir if config else override_value(args.overrides, "train.out_dir",
+                                                                         DEFAULT_OUT_DIR)
+            point = ResumePoint.find(args.resume, args.run_name, out_dir)  # the one load
+            if config is None:  # the run continues as it was started, with the overrides
+                config = apply_overrides(point.config, args.overrides, origin=str(point.file))
+        result = train(config, config_path=args.config, run_name=args.run_name, resume=point,
                        device=args.device, progress=not args.no_progress,
-                       stop_at_step=args.stop_at_step)
+                       stop_at_step=args.stop_at_step, elapsed_before=process_age())
         return 130 if result.interrupted else 0
 
     return run_command(command)
