@@ -1,6 +1,5 @@
 """Generation: cached == uncached, the context rule, sampling, seeds, stops, batches, the CLI."""
 
-import copy
 import io
 import subprocess
 import sys
@@ -14,9 +13,9 @@ from tinyattn.cli.generate import main
 from tinyattn.config import Config, DataConfig, ModelConfig, TokenizerConfig, config_to_dict, load_config
 from tinyattn.errors import ConfigError
 from tinyattn.generate import (CachedDecoder, PromptWarning, StopStringFilter, apply_repetition_penalty,
-                               generate, generate_samples, generate_tokens, nucleus_mask,
-                               pack_linear_weights, sample_next_token)
+                               generate, generate_samples, generate_tokens, nucleus_mask, sample_next_token)
 from tinyattn.model import LanguageModel, ModelOutput
+from tinyattn.packing import pack_linear_weights
 from tinyattn.tokenizer import build_tokenizer
 from tests.conftest import ROOT
 
@@ -51,7 +50,7 @@ class BigramModel(torch.nn.Module):
     def new_kv_caches(self, batch_size):
         return []
 
-    def forward(self, idx, kv_caches=None, start_pos=0):
+    def forward(self, idx, kv_caches=None, start_pos=0, positions=None):
         return ModelOutput(self.table[idx], None, None)  # (B, T, V)
 
 
@@ -104,20 +103,28 @@ def test_generating_past_the_context_length_matches_the_rule(tokenizer):
     assert text  # and it did not crash
 
 
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
-def test_packed_weights_give_the_same_logits_and_tokens(tokenizer):
+@pytest.mark.slow  # two compiles of a tiny model: about 10 s each on a 2-core CPU, less from inductor's cache
+def test_compiled_decoding_equals_eager_decoding_token_for_token(tokenizer):
     model = tiny_model(tokenizer, context_length=16)
-    packed = copy.deepcopy(model)
-    assert pack_linear_weights(packed)
-    assert not any(isinstance(m, torch.nn.Linear) for m in packed.modules())
-    ids = random_ids(tokenizer.vocab_size, 16)
-    with torch.inference_mode():
-        torch.testing.assert_close(packed(ids).logits, model(ids).logits, rtol=0, atol=1e-5)
-    prompt = ids[:, :4]
-    assert torch.equal(torch.stack(list(generate_tokens(packed, prompt, 40, temperature=0))),
-                       torch.stack(list(generate_tokens(model, prompt, 40, temperature=0))))
-    with pytest.raises(RuntimeError, match="inference only"):
-        packed(ids)  # gradients would be wrong: refused
+    prompt = random_ids(tokenizer.vocab_size, 5, batch=1)
+    ids = random_ids(tokenizer.vocab_size, 40, batch=1, seed=2)
+    with torch.inference_mode():  # as in generate_tokens: inputs made outside would mean a recompile
+        ids = ids.clone()
+        eager, compiled = CachedDecoder(model, batch_size=1), CachedDecoder(model, batch_size=1, compile=True)
+        torch.testing.assert_close(compiled.prefill(prompt), eager.prefill(prompt), rtol=0, atol=0)
+        for t in range(40):  # past the context: refills after 16 tokens, then every 8
+            torch.testing.assert_close(compiled.step(ids[:, t]), eager.step(ids[:, t]), rtol=0, atol=1e-5)
+    assert compiled.refills == eager.refills == 4
+    assert compiled.compiled_step is not None and eager.compiled_step is None
+
+    def greedy_and_sampled(compile):
+        def run(**options):
+            return torch.cat(list(generate_tokens(model, prompt, 60, compile=compile, **options))).tolist()
+        return run(temperature=0), run(temperature=1.0, top_k=20, top_p=0.9, repetition_penalty=1.2,
+                                       generator=torch.Generator().manual_seed(3))
+    assert greedy_and_sampled(True) == greedy_and_sampled(False)
+    if pack_linear_weights(model):  # as the command line runs: packed eager prefill, compiled steps
+        assert greedy_and_sampled(True) == greedy_and_sampled(False)
 
 
 # ----------------------------------------------------------------------------- sampling

@@ -51,3 +51,31 @@ def test_cache_update_returns_prefix_and_refuses_overflow():
     assert keys.shape == (1, 2, 4, 3)
     with pytest.raises(ValueError, match="holds 4 positions"):
         cache.update(3, k, k)
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 2], ids=["mha", "gqa"])
+def test_decoding_at_position_tensors_equals_full_forward_and_hides_unwritten_slots(n_kv_head):
+    model = tiny_model(n_kv_head=n_kv_head)
+    idx = random_tokens(length=24)
+    full = model(idx).logits  # (B, 24, V)
+    caches = model.new_kv_caches(batch_size=2)
+    for cache in caches:  # what a previous sequence left behind must not be seen
+        cache.keys.normal_()
+        cache.values.normal_()
+    with torch.no_grad():
+        step_logits = [model(idx[:, :9], kv_caches=caches, positions=torch.arange(9)).logits]
+        for pos in range(9, 24):
+            logits = model(idx[:, pos:pos + 1], kv_caches=caches, positions=torch.tensor([pos])).logits
+            step_logits.append(logits)
+    torch.testing.assert_close(torch.cat(step_logits, dim=1), full, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="positions needs kv_caches"):
+        model(idx[:, :1], positions=torch.tensor([0]))
+
+
+def test_cache_write_stores_at_the_positions_and_returns_every_slot():
+    cache = KVCache(batch_size=1, n_kv_head=2, max_len=4, head_dim=3)
+    k = torch.randn(1, 2, 2, 3)
+    keys, values = cache.write(torch.tensor([1, 3]), k, k + 1)
+    assert keys is cache.keys and values is cache.values and keys.shape == (1, 2, 4, 3)
+    assert torch.equal(keys[:, :, [1, 3]], k) and torch.equal(values[:, :, [1, 3]], k + 1)
+    assert torch.all(keys[:, :, [0, 2]] == 0)

@@ -20,12 +20,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tinyattn.config import Config, ModelConfig, load_config
-from tinyattn.data import TokenData
-from tinyattn.generate import generate_tokens, pack_linear_weights, sample_next_token
+from tinyattn.config import ModelConfig, TrainConfig, load_config
+from tinyattn.generate import CachedDecoder, sample_next_token
 from tinyattn.model import LanguageModel, attention, causal_mask
-from tinyattn.runtime import (DTYPES, cpu_bf16_speedup, measure_peak_flops, select_device, select_precision,
-                              synchronize)
+from tinyattn.packing import pack_linear_weights
+from tinyattn.runtime import (DTYPES, cpu_bf16_is_fast, cpu_name, measure_peak_flops, select_device,
+                              select_precision, synchronize)
 from tinyattn.train import Trainer
 
 
@@ -48,24 +48,28 @@ def measure_decode(*, n_layer: int = 6, n_head: int = 6, n_embd: int = 384, cont
                    n_kv_head: int | None = None,
                    vocab_size: int = 65, new_tokens: int = 500, prompt_tokens: int = 200,
                    uncached_tokens: int | None = None, dtype: str = "fp32", threads: int | None = None,
-                   pack: bool = False, temperature: float = 0.8, repeats: int = 3, device: str = "cpu",
-                   seed: int = 0) -> dict:
-    """Batch-1 decoding speed with the KV cache (`generate_tokens`) and without it.
+                   pack: bool = False, compile: bool = False, temperature: float = 0.8, repeats: int = 3,
+                   device: str = "cpu", seed: int = 0) -> dict:
+    """Batch-1 decoding speed with the KV cache (the loop of `generate_tokens`) and without it.
 
     The model has random weights (its own initialisation, seeded); speed does not depend on
-    them. Both loops sample with the same `sample_next_token` at `temperature`.
+    them. Both loops sample with the same `sample_next_token` at `temperature`. The cached
+    loop is `generate_tokens`' own: a `CachedDecoder` prefilled, then stepped and sampled.
 
     - ttft_ms: time to first token for a `prompt_tokens` prompt (prefill, then one draw).
     - cached_tokens_per_s: the `new_tokens - 1` tokens after the first, over the time from the
       first to the last; past the context this includes the refills (the context rule of
-      `tinyattn.generate`), as a real run does.
+      `tinyattn.generate`; `refills` is the decoder's count), as a real run does.
+    - first_run_s: the whole warm-up run of min(new_tokens, 50) tokens, which with `compile`
+      includes compiling the decode step (from inductor's on-disk cache when it holds it).
     - uncached_tokens_per_s: the same prompt, each step recomputing the full forward pass over
       the last <= context_length tokens (a sliding window), for `uncached_tokens` tokens
       (default `new_tokens`); timed once, it is slow.
     Cached figures are medians of `repeats` runs after one warm-up run. `dtype` is "fp32" or
     "bf16" (the weights are cast); `threads` sets torch.set_num_threads for the measurement;
-    `pack` stores the weights in oneDNN's layout first (`tinyattn.generate.pack_linear_weights`),
-    for both loops.
+    `pack` stores the weights in oneDNN's layout first (`tinyattn.packing.pack_linear_weights`),
+    for both loops; `compile` compiles the cached loop's one-token step
+    (`tinyattn.generate.compile_decode_step`).
     """
     torch_device = select_device(device)
     saved_threads = torch.get_num_threads()
@@ -81,22 +85,27 @@ def measure_decode(*, n_layer: int = 6, n_head: int = 6, n_embd: int = 384, cont
         prompt = torch.randint(0, vocab_size, (1, prompt_tokens),
                                generator=torch.Generator().manual_seed(seed)).to(torch_device)
 
-        def cached_run(n: int) -> tuple[float, float]:
+        @torch.inference_mode()
+        def cached_run(n: int) -> tuple[float, float, int]:
+            """n tokens: seconds to the first, seconds for the rest, refills."""
             generator = torch.Generator(torch_device).manual_seed(seed)
             start = time.perf_counter()
-            tokens = generate_tokens(model, prompt, n, temperature=temperature, generator=generator)
-            next(tokens)
+            decoder = CachedDecoder(model, batch_size=1, compile=compile)
+            token = sample_next_token(decoder.prefill(prompt), generator, temperature)  # (1,)
             synchronize(torch_device)
             first = time.perf_counter()
-            for _ in tokens:
-                pass
+            for _ in range(n - 1):
+                token = sample_next_token(decoder.step(token), generator, temperature)
             synchronize(torch_device)
-            return first - start, time.perf_counter() - first
+            return first - start, time.perf_counter() - first, decoder.refills
 
-        cached_run(min(new_tokens, 50))  # warm-up: kernels, thread pool, allocator
+        start = time.perf_counter()
+        cached_run(min(new_tokens, 50))  # warm-up: compile, kernels, thread pool, allocator
+        first_run_seconds = time.perf_counter() - start
         runs = [cached_run(new_tokens) for _ in range(repeats)]
         ttft = statistics.median(r[0] for r in runs)
         decode_seconds = statistics.median(r[1] for r in runs)
+        refills = runs[0][2]
 
         uncached_tokens = new_tokens if uncached_tokens is None else uncached_tokens
         generator = torch.Generator(torch_device).manual_seed(seed)
@@ -112,41 +121,24 @@ def measure_decode(*, n_layer: int = 6, n_head: int = 6, n_embd: int = 384, cont
             synchronize(torch_device)
             uncached_seconds = time.perf_counter() - start
 
-        refills, position = 0, min(prompt_tokens, context_length)  # the context rule, counted
-        for _ in range(new_tokens - 1):
-            if position == context_length:
-                refills, position = refills + 1, max(1, context_length // 2)
-            else:
-                position += 1
         cached = (new_tokens - 1) / decode_seconds
         uncached = uncached_tokens / uncached_seconds
         return {
-            "device": str(torch_device), "cpu": _cpu_name(), "machine": platform.machine(),
+            "device": str(torch_device), "cpu": cpu_name(), "machine": platform.machine(),
             "torch": torch.__version__, "threads": torch.get_num_threads(), "dtype": dtype, "packed": packed,
+            "compile": compile,
             "model": {"n_layer": n_layer, "n_head": n_head, "n_embd": n_embd,
                       "context_length": context_length, "vocab_size": vocab_size,
                       "parameters": parameters},
             "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "uncached_tokens": uncached_tokens,
             "temperature": temperature, "repeats": repeats, "refills": refills,
-            "ttft_ms": 1000 * ttft,
+            "ttft_ms": 1000 * ttft, "first_run_s": first_run_seconds,
             "cached_tokens_per_s": cached, "cached_ms_per_token": 1000 / cached,
             "uncached_tokens_per_s": uncached, "uncached_ms_per_token": 1000 / uncached,
             "speedup": cached / uncached,
         }
     finally:
         torch.set_num_threads(saved_threads)
-
-
-def _cpu_name() -> str:
-
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 # ----------------------------------------------------------------------------- attention cost
@@ -314,14 +306,9 @@ def measure_training(model_config, *, batch_size: int = 16, device: str = "auto"
     """
     torch_device = select_device(device)
     chosen = select_precision(precision, torch_device)
-    config = Config(model=model_config)
-    config.data.files = ["<random tokens>"]
-    config.train.batch_size = batch_size
-    config.train.compile = compile
-    vocab = model_config.vocab_size
-    tokens = np.random.default_rng(0).integers(0, vocab, size=1_000_000).astype(np.uint16)
-    data = TokenData(tokenizer=None, train=tokens, validation=tokens[:10_000], cache_dir=None)
-    trainer = Trainer(config, data, torch_device, chosen)
+    train_config = TrainConfig(batch_size=batch_size, compile=compile)
+    tokens = np.random.default_rng(0).integers(0, model_config.vocab_size, size=1_000_000).astype(np.uint16)
+    trainer = Trainer.build(model_config, train_config, tokens, torch_device, chosen)
     if torch_device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(torch_device)
 
@@ -368,10 +355,11 @@ SECTIONS = ("training", "decode", "attention")
 
 
 def machine_description() -> dict:
-    return {"cpu": _cpu_name(), "cores": os.cpu_count(), "machine": platform.machine(),
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "machine": platform.machine(),
             "torch": torch.__version__, "python": platform.python_version(),
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-            "bf16_matmul_speedup_cpu": round(cpu_bf16_speedup(), 2)}
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu_bf16_fast": cpu_bf16_is_fast()}
 
 
 def run_suite(config_path: str, *, overrides=(), device: str = "auto", precision: str = "auto",

@@ -7,7 +7,9 @@ Read top to bottom:
    (argmax; top-k and top-p then change nothing). Every draw takes an explicit
    `torch.Generator`, so a seed fixes the text.
 2. `CachedDecoder`: the prompt goes through the model in one parallel forward pass (prefill)
-   and fills a preallocated KV cache per layer; after that each new token costs one position.
+   and fills a preallocated KV cache per layer; after that each new token costs one position,
+   eagerly or through `decode_one_token`, whose shapes are the same at every position so
+   that torch.compile compiles it once (`compile=True`).
    The context rule: when the caches hold `context_length` positions and one more token
    comes, the last `max(1, context_length // 2)` tokens of the sequence (the new one
    included) are fed again, from position 0, in one forward pass (a refill), and decoding
@@ -22,13 +24,15 @@ Read top to bottom:
    start of a stop string until it is resolved, so a stop string is never shown.
 5. `generate` (one sample, yields str) and `generate_samples` (several, decoded together as
    one batch, yields `SamplePiece`).
-6. Speed on the CPU: the dtype to decode in, and `pack_linear_weights`, which stores the
-   weights in oneDNN's layout for a model used only to generate.
+6. Speed on the CPU: the dtype to decode in (`tinyattn.packing` stores weights for fast
+   CPU matmuls).
 
 Departures from a textbook loop, all for the decode hot path: the loop runs under
 `torch.inference_mode()`, writes each new token into a preallocated id buffer and feeds the
-model a view of it, and keeps the set of tokens seen for the repetition penalty as a (B, V)
-mask updated in place instead of scanning the history every step.
+model a view of it, can compile the one-token step with its position given as a tensor so
+that its shapes never change (gpt-fast; `compile_decode_step`), and keeps the set of tokens
+seen for the repetition penalty as a (B, V) mask updated in place instead of scanning the
+history every step.
 """
 
 from __future__ import annotations
@@ -39,7 +43,6 @@ import warnings
 from typing import Iterator, NamedTuple, Optional, Sequence, Union
 
 import torch
-import torch.nn as nn
 
 from tinyattn.errors import ConfigError, DataError
 from tinyattn.model import evaluation_mode
@@ -139,6 +142,35 @@ def sample_next_token(logits: torch.Tensor, generator: Generators = None, temper
 # ----------------------------------------------------------------------------- 2. the cached model
 
 
+def decode_one_token(model, token: torch.Tensor, position: torch.Tensor, caches: list) -> torch.Tensor:
+    """Feed token (B, 1) at position (1,) through the caches; logits after it, (B, V).
+
+    The compile target. The position is a tensor, so every shape is the same at every
+    position: keys and values are written by index and attention reads every cache slot
+    under a mask (`LanguageModel.forward(positions=...)`).
+    """
+    return model(token, kv_caches=caches, positions=position).logits[:, -1]
+
+
+def compile_decode_step(model):
+    """`decode_one_token` through `torch.compile`, compiled on its first call.
+
+    One token at a time, the eager model spends its time launching about a thousand small
+    operators and reading every weight matrix through a general matmul kernel. Compiled for
+    the one shape a step has, on the CPU inductor fuses each layer into a few loops and,
+    told to by `decompose_mm_pass`, computes each batch-1 matmul as a vector reduction inside
+    those loops. On CUDA, mode "reduce-overhead" replays the step as a CUDA graph.
+
+    The compile takes seconds, more the first time on a machine (inductor keeps what it
+    compiled on disk, in TORCHINDUCTOR_CACHE_DIR, and reuses it in later processes). Only
+    long generations repay it, which is why it is asked for (`compile=True`), never implied.
+    """
+    if next(model.parameters()).device.type == "cuda":
+        return torch.compile(decode_one_token, mode="reduce-overhead", fullgraph=True, dynamic=False)
+    return torch.compile(decode_one_token, fullgraph=True, dynamic=False,
+                         options={"post_grad_fusion_options": {"decompose_mm_pass": {}}})
+
+
 class CachedDecoder:
     """Feeds a batch of sequences to the model one token at a time through its KV caches.
 
@@ -146,9 +178,15 @@ class CachedDecoder:
     of the tokens whose keys and values the caches hold (`ids[:, :position]`), which a refill
     needs. `prefill(ids)` and `step(token)` return the logits for the next token, (B, V).
     The refill rule is in the module docstring; `refills` counts them.
+
+    Prefills and refills run eagerly, at positions 0..T-1 in one pass. A step runs eagerly
+    with its position as an int, attending to the written keys only; with `compile=True` it
+    runs `compile_decode_step` instead, which is built at the first step (so the first token
+    never waits for it) and is fed from two small tensors updated in place, so it sees the
+    same inputs at every position. Both give the same logits up to float rounding (tested).
     """
 
-    def __init__(self, model, batch_size: int):
+    def __init__(self, model, batch_size: int, compile: bool = False):
         self.model = model
         self.context_length = model.config.context_length
         self.keep = max(1, self.context_length // 2)  # tokens kept by a refill, the new one included
@@ -157,6 +195,10 @@ class CachedDecoder:
         self.ids = torch.zeros(batch_size, self.context_length, dtype=torch.long, device=device)  # (B, ctx)
         self.position = 0
         self.refills = 0
+        self.compile = compile
+        self.compiled_step = None  # built at the first step when compile is asked for
+        self.step_token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)  # (B, 1)
+        self.step_position = torch.zeros(1, dtype=torch.long, device=device)  # (1,)
 
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
         """ids: (B, T) with 1 <= T <= context_length, fed at positions 0..T-1. Returns (B, V)."""
@@ -178,12 +220,26 @@ class CachedDecoder:
             return self._forward(0, self.keep)
         self.ids[:, self.position] = token
         self.position += 1
-        return self._forward(self.position - 1, self.position)
+        if not self.compile:
+            return self._forward(self.position - 1, self.position)
+        if self.compiled_step is None:
+            self.compiled_step = self._compile()
+        self.step_token.copy_(token.unsqueeze(1))
+        self.step_position.fill_(self.position - 1)
+        return self.compiled_step(self.model, self.step_token, self.step_position, self.caches)
 
     def _forward(self, start: int, end: int) -> torch.Tensor:
         """Feed ids[:, start:end] at positions start..end-1; logits of the last one, (B, V)."""
         logits = self.model(self.ids[:, start:end], kv_caches=self.caches, start_pos=start).logits
         return logits[:, -1]  # (B, V)
+
+    def _compile(self):
+        step = compile_decode_step(self.model)
+        if self.step_token.device.type == "cuda":  # a CUDA graph may only write static memory
+            for cache in self.caches:
+                torch._dynamo.mark_static_address(cache.keys)
+                torch._dynamo.mark_static_address(cache.values)
+        return step
 
 
 # ----------------------------------------------------------------------------- 3. the token loop
@@ -192,13 +248,14 @@ class CachedDecoder:
 @torch.inference_mode()
 def generate_tokens(model, prompt_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
                     top_k: Optional[int] = None, top_p: float = 1.0, repetition_penalty: float = 1.0,
-                    generator: Generators = None) -> Iterator[torch.Tensor]:
+                    generator: Generators = None, compile: bool = False) -> Iterator[torch.Tensor]:
     """Yield the next token of every row, (B,), `max_new_tokens` times.
 
     prompt_ids: (B, T), T >= 1, on the model's device; a prompt longer than the context keeps
     its last `context_length` tokens. The repetition penalty counts the prompt's tokens and the
     generated ones. `generator`: see `sample_next_token`. The model runs in eval mode under
     `torch.inference_mode()`; its previous train/eval mode is restored when the loop ends.
+    compile: compile the one-token step (`compile_decode_step`); the tokens are the same.
     """
     check_sampling_options(temperature=temperature, top_k=top_k, top_p=top_p,
                            repetition_penalty=repetition_penalty, max_new_tokens=max_new_tokens)
@@ -207,7 +264,7 @@ def generate_tokens(model, prompt_ids: torch.Tensor, max_new_tokens: int, *, tem
     if max_new_tokens == 0:
         return
     with evaluation_mode(model):
-        decoder = CachedDecoder(model, batch_size=prompt_ids.size(0))
+        decoder = CachedDecoder(model, batch_size=prompt_ids.size(0), compile=compile)
         logits = decoder.prefill(prompt_ids[:, -decoder.context_length:])  # (B, V)
         present = None
         if repetition_penalty != 1.0:
@@ -347,7 +404,8 @@ class SamplePiece(NamedTuple):
 def generate_samples(model, tokenizer, prompt: str, num_samples: int = 1, *, max_new_tokens: int = 500,
                      temperature: float = 0.8, top_k: Optional[int] = None, top_p: float = 1.0,
                      repetition_penalty: float = 1.0, stop: Sequence[str] = (), seed: Optional[int] = None,
-                     generators: Optional[Sequence[torch.Generator]] = None) -> Iterator[SamplePiece]:
+                     generators: Optional[Sequence[torch.Generator]] = None,
+                     compile: bool = False) -> Iterator[SamplePiece]:
     """Continue `prompt` `num_samples` times, decoded together as one batch.
 
     Pieces come in sample order: sample 0 streams token by token as it is produced; text of
@@ -358,7 +416,9 @@ def generate_samples(model, tokenizer, prompt: str, num_samples: int = 1, *, max
 
     Sample i draws from its own generator, seeded with `seed + i` (seed None: a fresh random
     seed), so sample i equals the single sample of a run with seed `seed + i`. `generators`
-    (one per sample) replaces the seeding.
+    (one per sample) replaces the seeding. `compile=True` compiles the one-token step
+    (`compile_decode_step`): the same text, faster per token, after a compile that only long
+    generations repay.
     """
     check_sampling_options(temperature=temperature, top_k=top_k, top_p=top_p,
                            repetition_penalty=repetition_penalty, max_new_tokens=max_new_tokens,
@@ -397,7 +457,8 @@ def generate_samples(model, tokenizer, prompt: str, num_samples: int = 1, *, max
             current += 1
 
     tokens = generate_tokens(model, prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k,
-                             top_p=top_p, repetition_penalty=repetition_penalty, generator=generators)
+                             top_p=top_p, repetition_penalty=repetition_penalty, generator=generators,
+                             compile=compile)
     try:
         for token in tokens:
             for i, token_id in enumerate(token.tolist()):
@@ -423,7 +484,7 @@ def generate_samples(model, tokenizer, prompt: str, num_samples: int = 1, *, max
 def generate(model, tokenizer, prompt: str, *, max_new_tokens: int = 500, temperature: float = 0.8,
              top_k: Optional[int] = None, top_p: float = 1.0, repetition_penalty: float = 1.0,
              stop: Sequence[str] = (), seed: Optional[int] = None,
-             generator: Optional[torch.Generator] = None) -> Iterator[str]:
+             generator: Optional[torch.Generator] = None, compile: bool = False) -> Iterator[str]:
     """Continue `prompt` once, yielding the new text piece by piece as it is produced.
 
     `"".join(generate(...))` is the whole continuation (the prompt not included). Give a
@@ -433,7 +494,7 @@ def generate(model, tokenizer, prompt: str, *, max_new_tokens: int = 500, temper
     pieces = generate_samples(model, tokenizer, prompt, 1, max_new_tokens=max_new_tokens,
                               temperature=temperature, top_k=top_k, top_p=top_p,
                               repetition_penalty=repetition_penalty, stop=stop, seed=seed,
-                              generators=None if generator is None else [generator])
+                              generators=None if generator is None else [generator], compile=compile)
     for piece in pieces:
         if piece.text:
             yield piece.text
@@ -446,52 +507,10 @@ def inference_dtype(name: str, device: torch.device) -> torch.dtype:
     """The dtype to run a model in for generation: "auto", "fp32", "bf16" or "fp16".
 
     auto follows `runtime.select_precision`: bf16 on CUDA (fp16 where bf16 is missing) and
-    on a CPU whose bf16 matmul measures at least 1.5x faster than fp32 (AVX512-BF16 or AMX);
-    fp32 elsewhere. On such a CPU bf16 also decodes faster at batch 1, where each token
-    reads every weight once and bf16 weights are half the bytes (scripts/bench_decode.py).
+    on a CPU with fast bf16 (`runtime.cpu_bf16_is_fast`: AVX512-BF16 or AMX units, read
+    from the CPU's flags without timing anything; only where flags cannot tell, as on ARM,
+    a short matmul measurement kept on disk once per machine); fp32 elsewhere. On such a
+    CPU bf16 also decodes faster at batch 1, where each token reads every weight once and
+    bf16 weights are half the bytes (scripts/bench_decode.py).
     """
     return select_precision(name, device).autocast_dtype or torch.float32
-
-
-class PackedLinear(nn.Module):
-    """A bias-free linear layer for CPU inference, its weight stored in oneDNN's blocked layout.
-
-    At batch 1 each token multiplies a vector by every weight matrix. aten's matmul passes
-    the plain (out, in) weight at every call, and the product is limited by how that matrix
-    is read; oneDNN reads a weight reordered once into its own layout about twice as fast
-    on the CPUs we measured. The arithmetic is the same, so outputs equal nn.Linear's up to
-    float rounding. Inference only: no autograd, and cast the model before packing it.
-    """
-
-    def __init__(self, weight: torch.Tensor):
-        super().__init__()
-        self.out_features, self.in_features = weight.shape
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)  # laid out for batch 1
-        self.register_buffer("packed_weight", packed, persistent=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.requires_grad:
-            raise RuntimeError("PackedLinear is for inference only; run it under torch.inference_mode()")
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, None, "none", [], "")  # (..., out)
-
-
-def pack_linear_weights(model: nn.Module) -> bool:
-    """Swap each bias-free nn.Linear of a CPU model for a `PackedLinear`, in place.
-
-    For a model loaded only to generate: about 1.4x more tokens per second at batch 1 on
-    the machines we measured. A tied output head gets its own packed copy (the embedding
-    keeps the original). Returns False, leaving the model unchanged, where oneDNN is not
-    available or the model is not on the CPU.
-    """
-    weight = next(model.parameters())
-    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        replacements = [(parent, name, PackedLinear(child.weight))
-                        for parent in model.modules() for name, child in parent.named_children()
-                        if isinstance(child, nn.Linear) and child.bias is None]
-    except (AttributeError, RuntimeError):  # this torch build lacks the oneDNN linear ops
-        return False
-    for parent, name, packed in replacements:
-        setattr(parent, name, packed)
-    return True

@@ -2,9 +2,15 @@
 
 Keys and values of positions already processed never change (the causal mask keeps
 them from seeing later tokens), so decoding stores them instead of recomputing them.
-The cache is preallocated for the whole context, and the caller owns the position:
-`update(start_pos, k, v)` writes the new entries at start_pos and returns every entry
-up to the end of what was just written.
+The cache is preallocated for the whole context, and the caller owns the position.
+Two ways to write:
+
+- `update(start_pos, k, v)` writes the new entries at start_pos and returns every entry
+  up to the end of what was just written: the keys attention needs, no more.
+- `write(positions, k, v)` writes them at the positions held in a tensor and returns the
+  whole buffers. Nothing about the shapes depends on the position, so a decode step
+  compiled once (`torch.compile`, CUDA graphs) serves every token; the caller's mask
+  hides the slots not yet written.
 """
 
 from __future__ import annotations
@@ -38,3 +44,15 @@ class KVCache:
         self.keys[:, :, start_pos:end] = k
         self.values[:, :, start_pos:end] = v
         return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def write(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v (B, Hkv, T, D) at `positions`, a (T,) int64 tensor on the cache's device.
+
+        Returns the whole buffers, (B, Hkv, max_len, D), slots not yet written included:
+        the caller masks every slot after a query's position. Positions are not checked
+        against max_len, since reading them would stall the device at every token.
+        """
+        self.keys.index_copy_(2, positions, k)
+        self.values.index_copy_(2, positions, v)
+        return self.keys, self.values

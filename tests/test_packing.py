@@ -1,0 +1,54 @@
+"""Packed weights: the same numbers as nn.Linear, and a model left alone where packing fails."""
+
+import copy
+import types
+
+import pytest
+import torch
+
+from tinyattn import packing
+from tinyattn.generate import generate_tokens
+from tinyattn.packing import PackedLinear, pack_linear_weights
+from tests.test_model import random_tokens, tiny_model
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_packed_weights_give_the_same_logits_and_tokens(dtype):
+    model = tiny_model(n_kv_head=2).to(dtype)
+    packed = copy.deepcopy(model)
+    if dtype == torch.bfloat16 and not pack_linear_weights(packed):
+        pytest.skip("this CPU's oneDNN does not multiply bf16")  # refused, as it should be
+    assert dtype == torch.bfloat16 or pack_linear_weights(packed)
+    assert not any(isinstance(m, torch.nn.Linear) for m in packed.modules())
+    assert sum(isinstance(m, PackedLinear) for m in packed.modules()) == 2 * 4 + 1  # 4 per block, head
+    assert packed.head.weight is packed.token_embedding.weight  # still tied, counted once
+    assert packed.num_parameters() == model.num_parameters()
+    ids = random_tokens(length=16)
+    with torch.inference_mode():
+        tolerance = 1e-5 if dtype == torch.float32 else 3e-2
+        torch.testing.assert_close(packed(ids).logits, model(ids).logits, rtol=0, atol=tolerance)
+    prompt = ids[:, :4]
+    if dtype == torch.float32:
+        assert torch.equal(torch.stack(list(generate_tokens(packed, prompt, 40, temperature=0))),
+                           torch.stack(list(generate_tokens(model, prompt, 40, temperature=0))))
+    with pytest.raises(RuntimeError, match="inference only"):
+        packed(ids)  # gradients would be wrong: refused
+
+
+@pytest.mark.parametrize("missing", ["namespace", "operator", "failing"])
+def test_without_the_private_operators_the_model_is_left_unchanged(monkeypatch, missing):
+    if missing == "namespace":  # a build without oneDNN's operators at all
+        monkeypatch.setattr(torch.ops, "mkldnn", types.SimpleNamespace())
+    elif missing == "operator":  # renamed or removed in a later release
+        monkeypatch.setattr(packing, "_reorder", lambda weight: torch.ops.mkldnn._no_such_operator(weight))
+    else:  # present, but refuses this input
+        def refuse(x, packed):
+            raise RuntimeError("unsupported")
+        monkeypatch.setattr(packing, "_packed_linear", refuse)
+    model = tiny_model()
+    before = {name: type(module) for name, module in model.named_modules()}
+    assert not pack_linear_weights(model)
+    assert {name: type(module) for name, module in model.named_modules()} == before
+    ids = random_tokens(length=8)
+    torch.testing.assert_close(model(ids).logits, tiny_model()(ids).logits, rtol=0, atol=0)

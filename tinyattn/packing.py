@@ -1,0 +1,89 @@
+"""Linear weights stored in oneDNN's blocked layout, for a CPU model used only to generate.
+
+At batch 1 each new token multiplies one vector by every weight matrix, and the product is
+limited by how fast the matrix is read. aten's matmul reads the plain (out, in) weight at
+every call; oneDNN reads a weight reordered once into its own layout faster on the CPUs we
+measured, most of all in bf16 (docs/BENCHMARKS.md). The arithmetic is the same, so outputs
+equal nn.Linear's up to float rounding.
+
+The risk, stated once: packing calls two private operators of PyTorch's oneDNN integration,
+`torch.ops.mkldnn._reorder_linear_weight` and `torch.ops.mkldnn._linear_pointwise` (the ones
+inductor's own CPU weight prepacking uses). They are not public API and may change or vanish
+in any PyTorch release; nothing else in tinyattn calls them. `pack_linear_weights` therefore
+tries them on a small matrix first and, where they are missing or fail, returns False and
+leaves the model as it was: slower, never wrong.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def _reorder(weight: torch.Tensor) -> torch.Tensor:
+    """weight (out, in) -> the same matrix in oneDNN's layout for batch-1 inputs (private op)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+
+
+def _packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """x (..., in) times a `_reorder`ed weight -> (..., out), no bias (private op)."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
+class PackedLinear(nn.Module):
+    """A bias-free linear layer for CPU inference, its weight also stored in oneDNN's layout.
+
+    The plain weight is kept: code being compiled (`torch.compile`, which cannot lower the
+    private op) multiplies by it, and inductor generates its own matrix-vector kernels from
+    it; eager calls use the packed copy. Inference only: no autograd, and cast the model
+    before packing it.
+    """
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
+        self.register_buffer("packed_weight", _reorder(weight.detach()), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return F.linear(x, self.weight)  # (..., out)
+        if x.requires_grad:
+            raise RuntimeError("PackedLinear is for inference only; run it under torch.inference_mode()")
+        return _packed_linear(x, self.packed_weight)  # (..., out)
+
+
+def pack_linear_weights(model: nn.Module) -> bool:
+    """Swap each bias-free nn.Linear of a CPU model for a `PackedLinear`, in place.
+
+    For a model loaded only to generate (measured gains: docs/BENCHMARKS.md). A tied output
+    head gets its own packed copy (the embedding keeps the original). Returns False, leaving
+    the model unchanged, where the model is not on the CPU, oneDNN is not available, or the
+    private operators (see the module docstring) are missing or fail a trial on a small matrix.
+    """
+    weight = next(model.parameters())
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if not _packing_works(weight.dtype):
+        return False
+    replacements = [(parent, name, PackedLinear(child.weight))
+                    for parent in model.modules() for name, child in parent.named_children()
+                    if isinstance(child, nn.Linear) and child.bias is None]
+    for parent, name, packed in replacements:
+        setattr(parent, name, packed)
+    return True
+
+
+def _packing_works(dtype: torch.dtype) -> bool:
+    """Whether this torch build packs and multiplies a small matrix of `dtype` correctly."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(8, 16, generator=generator).to(dtype)
+    x = torch.randn(1, 16, generator=generator).to(dtype)
+    try:
+        with torch.inference_mode():
+            product = _packed_linear(x, _reorder(weight))
+    except (AttributeError, RuntimeError, NotImplementedError):  # op missing, or refused
+        return False
+    tolerance = 1e-5 if dtype == torch.float32 else 5e-2
+    return torch.allclose(product.float(), F.linear(x, weight).float(), rtol=tolerance, atol=tolerance)
