@@ -462,8 +462,9 @@ class StepBudget:
 
     WARM_STEPS = 3  # the first compiles; the next settle the allocator and thread pool
     MIN_STEPS = 10  # timed steps, at least ...
-    MIN_SHARE = 0.005  # ... and at least this share of the budget (at most 3 s)
-    MARGIN = 0.015  # of the budget kept for the process's exit and timing noise
+    MIN_SHARE = 0.005  # ... and at least this share of the budget (1.5 s to 3 s)
+    MARGIN = 0.015  # of the budget kept for timing noise ...
+    EXIT_SECONDS = 1.0  # ... and for the process's exit after the last line (torch's teardown)
 
     def __init__(self, budget_text: str):
         self.text = budget_text
@@ -481,7 +482,7 @@ class StepBudget:
             trainer.train_step()
         synchronize(trainer.device)
         start, timed = time.perf_counter(), 0
-        measure_for = min(3.0, self.MIN_SHARE * self.seconds)
+        measure_for = min(3.0, max(1.5, self.MIN_SHARE * self.seconds))
         while self._keep_measuring(trainer, timed, time.perf_counter() - start, measure_for):
             trainer.train_step()
             timed += 1
@@ -496,7 +497,7 @@ class StepBudget:
         _restore(trainer, snapshot)
 
         spent = elapsed()
-        available = self.seconds * (1 - self.MARGIN) - spent
+        available = self.seconds * (1 - self.MARGIN) - self.EXIT_SECONDS - spent
         per_step = step_seconds + (eval_seconds + 2 * save_seconds) / tc.eval_interval
         steps = int((available - eval_seconds - 2 * save_seconds) / per_step)
         if steps < 1:
