@@ -41,7 +41,7 @@ import torch
 from tinyattn.errors import TinyattnError
 from tinyattn.model import evaluation_mode
 from tinyattn.plotting import MASKED_RGB, colormap, new_figure, require_matplotlib, scale_up, tile
-from tinyattn.plotting import plotting_available  # noqa: F401  train.py imports it from here, for now
+from tinyattn.plotting import plotting_available  # noqa: F401  its old home; callers may still import it here
 
 # Heatmap layout, in inches. The size of an image depends only on the number of heads
 # and tokens (`heatmap_size_pixels`); tick labels sit on the outer panels only, as on

@@ -76,12 +76,6 @@ def new_figure(width_inches: float, height_inches: float, dpi: int, layout: Opti
     return figure
 
 
-def figure_to_image(figure) -> np.ndarray:
-    """The rendered figure as an (H, W, 3) uint8 array."""
-    figure.canvas.draw()
-    return np.asarray(figure.canvas.buffer_rgba())[..., :3].copy()
-
-
 # ----------------------------------------------------------------------------- numpy images
 
 
