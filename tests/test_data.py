@@ -15,7 +15,8 @@ import pytest
 import tokenizers
 import torch
 
-import tinyattn.data as data_module
+import tinyattn.download as download_module
+import tinyattn.token_cache as token_cache
 from tinyattn.config import config_from_dict
 from tinyattn.data import BatchSampler, eval_batches, prepare_data
 from tinyattn.errors import DataError
@@ -50,13 +51,13 @@ def leftovers(tmp_path):
 def builds(monkeypatch):
     """Counts splits tokenized; a cache hit tokenizes none."""
     calls = []
-    original = data_module._write_tokens
+    original = token_cache.write_tokens
 
     def counting(*args, **kwargs):
         calls.append(kwargs.get("desc"))
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(data_module, "_write_tokens", counting)
+    monkeypatch.setattr(token_cache, "write_tokens", counting)
     return calls
 
 
@@ -228,7 +229,7 @@ def test_url_is_downloaded_once_and_checked(tmp_path, monkeypatch, builds):
     def no_network(*args, **kwargs):
         raise AssertionError("the file is present: nothing should be downloaded")
 
-    monkeypatch.setattr(data_module.urllib.request, "urlopen", no_network)
+    monkeypatch.setattr(download_module.urllib.request, "urlopen", no_network)
     prepare_data(config, progress=False)
     assert len(builds) == 2  # train + validation, once
 
@@ -313,7 +314,7 @@ def test_any_change_rebuilds(tmp_path, builds, change):
 def test_interrupted_build_is_not_trusted(tmp_path, monkeypatch, builds, stage):
     folder = write_text_folder(tmp_path / "books")
     config = make_config(tmp_path, {"files": [str(folder)]})
-    original = data_module._write_tokens
+    original = token_cache.write_tokens
 
     def interrupt_validation(*args, **kwargs):
         if kwargs.get("desc") == "tokenizing validation":
@@ -325,7 +326,7 @@ def test_interrupted_build_is_not_trusted(tmp_path, monkeypatch, builds, stage):
 
     with monkeypatch.context() as patch:
         if stage == "validation":
-            patch.setattr(data_module, "_write_tokens", interrupt_validation)
+            patch.setattr(token_cache, "write_tokens", interrupt_validation)
         else:
             patch.setattr(Tokenizer, "save", interrupt_save)
         with pytest.raises(KeyboardInterrupt):

@@ -13,9 +13,10 @@ from tests.conftest import ROOT
 
 LAYERS = [
     {"errors", "files", "kv_cache"},  # no tinyattn imports at all
-    {"config", "plotting"},
-    {"tokenizer", "runtime"},
-    {"model", "data", "optim"},
+    {"config", "plotting", "download"},
+    {"tokenizer", "runtime", "sources"},
+    {"model", "optim", "splits", "token_cache"},
+    {"data"},  # prepare_data, the batch sampler and evaluation windows, over sources and the cache
     {"checkpoint", "generate", "packing", "evaluate", "attention_maps"},
     {"train"},
     {"bench"},
