@@ -18,6 +18,8 @@ LAYERS = [
     {"model", "optim", "splits", "token_cache"},
     {"data"},  # prepare_data, the batch sampler and evaluation windows, over sources and the cache
     {"checkpoint", "generate", "packing", "evaluate", "attention_maps"},
+    {"relevance"},  # token and head ablation, measured beside attention_maps' weights
+    {"explorer"},  # the HTML page of the weights and the relevance
     {"train"},
     {"bench"},
     {"cli"},  # tinyattn/cli/*: argument parsing for the commands

@@ -143,12 +143,14 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: Optional[torch.Tensor] = None, kv_cache: Optional[KVCache] = None,
                 start_pos: int = 0, need_weights: bool = False,
-                positions: Optional[torch.Tensor] = None
+                positions: Optional[torch.Tensor] = None, head_mask: Optional[torch.Tensor] = None
                 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """x: (B, T, C) at positions start_pos..start_pos+T-1; cos, sin: (T, D/2).
 
         mask: boolean (Tq, Tk) or broadcastable to (B, H, Tq, Tk), True = allowed;
         None means causal. Returns (B, T, C) and, if need_weights, (B, H, T, Tk).
+        head_mask: (H,) or (B, H) factors for each head's output, 0 removes a head
+        (ablation); None keeps every head whole.
         positions: a (T,) tensor instead of start_pos: k and v are written into kv_cache
         there (`KVCache.write`) and attention reads every slot, so Tk = the cache's
         max_len and the mask must hide the slots after each query's position.
@@ -191,6 +193,10 @@ class CausalSelfAttention(nn.Module):
                 q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p,
                 enable_gqa=self.n_kv_head != self.n_head)  # (B, H, T, D)
             weights = None
+        if head_mask is not None:
+            # Both paths meet here, so an ablated head is removed the same way in either:
+            # its output is scaled before the output projection mixes the heads.
+            y = y * head_mask.view(-1, self.n_head, 1, 1).to(y.dtype)  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C): heads side by side again
         return self.output(y), weights
 
@@ -226,9 +232,9 @@ class Block(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x, cos, sin, mask=None, kv_cache=None, start_pos=0, need_weights=False,
-                positions=None):
+                positions=None, head_mask=None):
         attended, weights = self.attention(self.attention_norm(x), cos, sin, mask, kv_cache,
-                                           start_pos, need_weights, positions)
+                                           start_pos, need_weights, positions, head_mask)
         x = x + self.dropout(attended)  # (B, T, C)
         x = x + self.dropout(self.mlp(self.mlp_norm(x)))  # (B, T, C)
         return x, weights
@@ -323,11 +329,14 @@ class LanguageModel(nn.Module):
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None, *,
                 mask: Optional[torch.Tensor] = None, kv_caches: Optional[list[KVCache]] = None,
                 start_pos: int = 0, positions: Optional[torch.Tensor] = None,
-                need_weights: bool = False) -> ModelOutput:
+                need_weights: bool = False, head_mask: Optional[torch.Tensor] = None) -> ModelOutput:
         """idx: (B, T) token ids at positions start_pos..start_pos+T-1.
 
         targets: (B, T) next-token ids (IGNORE_INDEX where no loss should count).
         mask: boolean attention mask of allowed positions (see `attention`); None is causal.
+        A (B, 1, T, T) mask gives each sequence its own: causal with one key's column
+        False removes that token from every later token's attention, in every layer
+        (token ablation, `tinyattn.relevance`).
         kv_caches: per-layer caches to read earlier keys/values from and write these to.
         positions: with kv_caches, a (T,) int64 tensor of the tokens' positions in place of
         start_pos, for decoding with shapes that never change (gpt-fast): RoPE rows are
@@ -335,6 +344,8 @@ class LanguageModel(nn.Module):
         each query attends over every cache slot up to its own position. A decode step
         compiled for one token then serves every position. Positions are not checked.
         need_weights: use the explicit attention path and return its weights.
+        head_mask: (n_layer, H) or (B, n_layer, H) factors for each head's output, 0 zeroes
+        that head (head ablation); None keeps every head.
         """
         B, T = idx.shape
         if positions is not None:
@@ -353,7 +364,8 @@ class LanguageModel(nn.Module):
         all_weights = [] if need_weights else None
         for i, block in enumerate(self.blocks):
             cache = kv_caches[i] if kv_caches is not None else None
-            x, weights = block(x, cos, sin, mask, cache, start_pos, need_weights, positions)
+            heads = head_mask[..., i, :] if head_mask is not None else None  # (H,) or (B, H)
+            x, weights = block(x, cos, sin, mask, cache, start_pos, need_weights, positions, heads)
             if need_weights:
                 all_weights.append(weights)
         logits = self.head(self.final_norm(x))  # (B, T, V)
