@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 # datasets reads this at import time: the hub is never reachable from the tests.
@@ -31,3 +32,123 @@ def private_cache_dir(tmp_path_factory):
     """The CPU verdict cache (tinyattn.runtime) goes to a temporary folder, never ~/.cache."""
     os.environ["TINYATTN_CACHE_DIR"] = str(tmp_path_factory.mktemp("tinyattn_cache"))
     yield
+
+
+# ----------------------------------------------------------------------------- shared models and runs
+
+# Text every shared tokenizer and the shared run are built from: the lines the generation,
+# evaluation and attention-map tests prompt with, repeated so a tiny model can learn them.
+# The run's validation split is the last tenth: lines the training split repeats.
+CORPUS = (("The book that the student borrowed from the library was fascinating.\n"
+           "ROMEO:\nBut soft, what light through yonder window breaks? It is the east.\n") * 4
+          + ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
+             "First Citizen:\nYou are all resolved rather to die than to famish?\n\n") * 12)
+
+
+@pytest.fixture(scope="session")
+def corpus_text() -> str:
+    return CORPUS
+
+
+@pytest.fixture(scope="session")
+def char_tokenizer():
+    """A character-level tokenizer of CORPUS: every character of the test prompts but 'é' and 'ü'."""
+    from tinyattn.config import TokenizerConfig
+    from tinyattn.tokenizer import build_tokenizer
+
+    return build_tokenizer(TokenizerConfig(kind="char"), lambda: iter([CORPUS]))
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """Builds the tests' tiny model in eval mode: tiny_model(seed=0, **ModelConfig overrides).
+
+    Two layers of width 32, four query heads, four key/value heads (give n_kv_head for
+    grouped queries), context 24, a vocabulary of 65; the seed fixes the initial weights.
+    """
+    import torch
+
+    from tinyattn.config import ModelConfig
+    from tinyattn.model import LanguageModel
+
+    def build(seed: int = 0, **overrides):
+        torch.manual_seed(seed)
+        options = dict(vocab_size=65, n_layer=2, n_head=4, n_kv_head=4, n_embd=32, context_length=24)
+        options.update(overrides)
+        return LanguageModel(ModelConfig(**options)).eval()
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def random_tokens():
+    """random_tokens(batch=2, length=24, seed=1, vocab_size=65): ids (batch, length), fixed by the seed."""
+    import torch
+
+    def draw(batch: int = 2, length: int = 24, seed: int = 1, vocab_size: int = 65):
+        return torch.randint(0, vocab_size, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+    return draw
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory):
+    """A run folder written by `tinyattn.train.train` itself: configs/tiny.yaml, 30 steps on CORPUS.
+
+    Built once per session; tests read it (and may add files of their own names to it).
+    Returns the TrainResult; `.run_dir` holds best.pt, step checkpoints, config.yaml and
+    tokenizer.json exactly as a real run leaves them.
+    """
+    from tinyattn.config import load_config
+    from tinyattn.train import train
+
+    folder = tmp_path_factory.mktemp("trained_run")
+    corpus = folder / "corpus.txt"
+    corpus.write_text(CORPUS, encoding="utf-8")
+    config = load_config(ROOT / "configs" / "tiny.yaml", [
+        f"data.files={corpus}", "data.url=null", "data.sha256=null", f"data.cache_dir={folder / 'cache'}",
+        f"train.out_dir={folder / 'runs'}", "train.max_steps=30", "train.eval_interval=30",
+        "train.batch_size=8", "train.lr=1e-2", "train.min_lr=1e-3", "train.sample_tokens=0"])
+    return train(config, run_name="tiny", progress=False)
+
+
+class RecordingWriter:
+    """Stands in for TensorBoard's SummaryWriter: records what is added, per instance."""
+
+    def __init__(self):
+        self.scalars: list[tuple] = []  # (tag, value, step)
+        self.images: list[tuple] = []  # (tag, image, step, dataformats)
+
+    def add_scalar(self, tag, value, step):
+        self.scalars.append((tag, value, step))
+
+    def add_image(self, tag, image, step, dataformats="CHW"):
+        self.images.append((tag, image, step, dataformats))
+
+
+@pytest.fixture
+def tensorboard_writer() -> RecordingWriter:
+    return RecordingWriter()
+
+
+class SmallDisk(type(Path())):
+    """A mounted tmpfs path that can be remounted read-only (read-only even for root)."""
+
+    def make_read_only(self) -> None:
+        subprocess.run(["mount", "-o", "remount,ro", str(self)], check=True)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 256 KiB tmpfs: a disk that fills, and can be made read-only. Needs root (CI runs as
+    root); skipped with the reason elsewhere."""
+    mount_point = SmallDisk(tmp_path / "disk")
+    mount_point.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount_point)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    yield mount_point
+    subprocess.run(["umount", "-l", str(mount_point)], check=False)

@@ -1,9 +1,9 @@
 """Attention maps: weights that reproduce the fused output, heatmap PNGs and TensorBoard images,
 the query table, the CLI."""
 
+import functools
 import io
 import struct
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,30 +17,26 @@ from tinyattn.attention_maps import (TENSORBOARD_GAP, AttentionMaps, attention_h
                                      layer_image, log_attention_to_tensorboard, query_position_of_word,
                                      query_table, save_heatmaps, tensorboard_image_size, tensorboard_scale,
                                      visible)
-from tinyattn.checkpoint import save_checkpoint
-from tinyattn.config import Config, ModelConfig, TokenizerConfig, config_to_dict
+from tinyattn.cli.attention import main
+from tinyattn.config import TokenizerConfig, load_config
 from tinyattn.errors import TinyattnError
-from tinyattn.model import LanguageModel
 from tinyattn.plotting import MASKED_RGB, VIRIDIS, WHITE, PlottingUnavailable, colormap
 from tinyattn.tokenizer import build_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ("The book that the student borrowed from the library was fascinating.\n"
           "ROMEO:\nBut soft, what light through yonder window breaks? It is the east.\n") * 4
 SENTENCE = "The book that the student borrowed from the library was fascinating."
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer(TokenizerConfig(kind="char"), lambda: iter([CORPUS]))
+def tokenizer(char_tokenizer):
+    return char_tokenizer  # conftest's: its corpus holds SENTENCE and the ROMEO lines
 
 
-def tiny_model(tokenizer, seed=0, **overrides) -> LanguageModel:
-    torch.manual_seed(seed)
-    options = dict(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
-                   context_length=96)
-    options.update(overrides)
-    return LanguageModel(ModelConfig(**options)).eval()
+@pytest.fixture(scope="module")
+def tiny_model(tiny_model, tokenizer):
+    """conftest's tiny model over the character vocabulary, with two key/value heads and context 96."""
+    return functools.partial(tiny_model, vocab_size=tokenizer.vocab_size, n_kv_head=2, context_length=96)
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -55,8 +51,8 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("n_kv_head", [4, 2, 1], ids=["mha", "gqa", "mqa"])
-def test_weights_times_values_reproduce_the_fused_output_of_every_layer(tokenizer, n_kv_head):
-    model = tiny_model(tokenizer, n_kv_head=n_kv_head)
+def test_weights_times_values_reproduce_the_fused_output_of_every_layer(tiny_model, tokenizer, n_kv_head):
+    model = tiny_model(n_kv_head=n_kv_head)
     captured = {}
 
     def keep(layer):
@@ -85,8 +81,8 @@ def test_weights_times_values_reproduce_the_fused_output_of_every_layer(tokenize
             torch.testing.assert_close(attention.output(mixed), fused, rtol=0, atol=1e-5)
 
 
-def test_maps_have_a_row_per_query_summing_to_one_and_nothing_in_the_future(tokenizer):
-    model = tiny_model(tokenizer)
+def test_maps_have_a_row_per_query_summing_to_one_and_nothing_in_the_future(tiny_model, tokenizer):
+    model = tiny_model()
     maps = compute_attention_maps(model, tokenizer, SENTENCE)
     T = len(SENTENCE)
     assert maps.token_ids == tokenizer.encode(SENTENCE) and maps.dropped_tokens == 0
@@ -97,26 +93,26 @@ def test_maps_have_a_row_per_query_summing_to_one_and_nothing_in_the_future(toke
         assert np.all(weights[:, np.triu(np.ones((T, T), dtype=bool), k=1)] == 0)
 
 
-def test_long_text_keeps_its_end_and_training_mode_is_restored(tokenizer):
-    model = tiny_model(tokenizer, context_length=24).train()
+def test_long_text_keeps_its_end_and_training_mode_is_restored(tiny_model, tokenizer):
+    model = tiny_model(context_length=24).train()
     maps = compute_attention_maps(model, tokenizer, SENTENCE)
     assert maps.token_ids == tokenizer.encode(SENTENCE)[-24:]
     assert maps.dropped_tokens == len(SENTENCE) - 24
     assert model.training
 
 
-def test_labels_make_whitespace_visible(tokenizer):
+def test_labels_make_whitespace_visible(tiny_model, tokenizer):
     assert visible(" a\tb\n") == "␣a\\tb\\n"
     assert visible("\u00a0") == "\\xa0"  # a no-break space would draw as nothing
-    maps = compute_attention_maps(tiny_model(tokenizer), tokenizer, "But soft,\nwhat")
+    maps = compute_attention_maps(tiny_model(), tokenizer, "But soft,\nwhat")
     assert maps.labels == ["B", "u", "t", "␣", "s", "o", "f", "t", ",", "\\n", "w", "h", "a", "t"]
 
 
 # ----------------------------------------------------------------------------- heatmaps
 
 
-def test_heatmaps_are_small_pngs_of_the_documented_size_that_change_with_the_text(tokenizer, tmp_path):
-    model = tiny_model(tokenizer)
+def test_heatmaps_are_small_pngs_of_the_documented_size_that_change_with_the_text(tiny_model, tokenizer, tmp_path):
+    model = tiny_model()
     maps = compute_attention_maps(model, tokenizer, SENTENCE)
     paths = save_heatmaps(maps, tmp_path / "a")
     assert [p.name for p in paths] == ["layer_0.png", "layer_1.png"]
@@ -134,8 +130,8 @@ def test_heatmaps_are_small_pngs_of_the_documented_size_that_change_with_the_tex
     assert png_size(one[0]) == heatmap_size_pixels(1, len(SENTENCE))
 
 
-def test_masked_cells_are_drawn_grey_not_the_colour_of_weight_zero(tokenizer):
-    maps = compute_attention_maps(tiny_model(tokenizer), tokenizer, "ab")
+def test_masked_cells_are_drawn_grey_not_the_colour_of_weight_zero(tiny_model, tokenizer):
+    maps = compute_attention_maps(tiny_model(), tokenizer, "ab")
     T = 2
     one_hot = np.zeros((4, T, T), dtype=np.float32)
     one_hot[:, :, 0] = 1.0  # every query puts all its weight on key 0: cell (1, 1) is an allowed 0
@@ -148,23 +144,17 @@ def test_masked_cells_are_drawn_grey_not_the_colour_of_weight_zero(tokenizer):
     assert not np.allclose(masked, allowed_zero, atol=0.1)
 
 
-def test_tensorboard_gets_one_image_per_layer(tokenizer):
-    model = tiny_model(tokenizer).train()
+def test_tensorboard_gets_one_image_per_layer(tiny_model, tokenizer, tensorboard_writer):
+    model = tiny_model().train()
     images = attention_heatmap_images(model, tokenizer, "ROMEO:\nBut soft")
     width, height = tensorboard_image_size(4, 15)
     assert (width, height) == (2 * 15 * 9 + TENSORBOARD_GAP, 2 * 15 * 9 + TENSORBOARD_GAP)  # 2x2 heads, 9x
     assert [image.shape for image in images] == [(height, width, 3)] * 2
     assert all(image.dtype == np.uint8 for image in images)
 
-    class Writer:
-        calls = []
-
-        def add_image(self, tag, image, step, dataformats):
-            self.calls.append((tag, image.shape, step, dataformats))
-
-    log_attention_to_tensorboard(Writer(), model, tokenizer, "ROMEO:\nBut soft", step=250)
-    assert [(c[0], c[2], c[3]) for c in Writer.calls] == [("attention/layer_0", 250, "HWC"),
-                                                          ("attention/layer_1", 250, "HWC")]
+    log_attention_to_tensorboard(tensorboard_writer, model, tokenizer, "ROMEO:\nBut soft", step=250)
+    assert [(c[0], c[2], c[3]) for c in tensorboard_writer.images] == [("attention/layer_0", 250, "HWC"),
+                                                                       ("attention/layer_1", 250, "HWC")]
     assert model.training
 
 
@@ -197,8 +187,8 @@ def test_tensorboard_image_is_each_heads_weights_through_the_colour_map_in_a_gri
     assert np.all(image[side:side + gap] == WHITE) and np.all(image[:, side:side + gap] == WHITE)
 
 
-def test_tensorboard_image_of_a_model_is_its_attention_weights_through_the_colour_map(tokenizer):
-    maps = compute_attention_maps(tiny_model(tokenizer), tokenizer, "ROMEO:\nBut soft")
+def test_tensorboard_image_of_a_model_is_its_attention_weights_through_the_colour_map(tiny_model, tokenizer):
+    maps = compute_attention_maps(tiny_model(), tokenizer, "ROMEO:\nBut soft")
     T, scale = 15, tensorboard_scale(15)
     side = T * scale
     for layer in range(2):
@@ -214,7 +204,7 @@ def test_tensorboard_image_of_a_model_is_its_attention_weights_through_the_colou
             assert len({tuple(c) for c in drawn[allowed]}) > T  # real, varied weights, not one colour
 
 
-def test_tensorboard_images_need_no_matplotlib(tokenizer, monkeypatch, tmp_path):
+def test_tensorboard_images_need_no_matplotlib(tiny_model, tokenizer, monkeypatch, tmp_path):
     from PIL import Image
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from torch.utils.tensorboard import SummaryWriter
@@ -222,7 +212,7 @@ def test_tensorboard_images_need_no_matplotlib(tokenizer, monkeypatch, tmp_path)
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")] + ["matplotlib"]:
         monkeypatch.setitem(sys.modules, name, None)  # import matplotlib now raises ImportError
     assert not maps_module.plotting_available()
-    model = tiny_model(tokenizer)
+    model = tiny_model()
     writer = SummaryWriter(str(tmp_path))
     log_attention_to_tensorboard(writer, model, tokenizer, "ROMEO:\nBut soft", step=7)
     writer.close()
@@ -237,8 +227,8 @@ def test_tensorboard_images_need_no_matplotlib(tokenizer, monkeypatch, tmp_path)
         np.testing.assert_array_equal(decoded, layer_image(maps, layer))
 
 
-def test_missing_matplotlib_is_a_one_line_error_saying_how_to_install(tokenizer, monkeypatch, tmp_path):
-    maps = compute_attention_maps(tiny_model(tokenizer), tokenizer, "ab")
+def test_missing_matplotlib_is_a_one_line_error_saying_how_to_install(tiny_model, tokenizer, monkeypatch, tmp_path):
+    maps = compute_attention_maps(tiny_model(), tokenizer, "ab")
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     with pytest.raises(PlottingUnavailable, match=r"pip install 'tinyattn\[plot\]'") as error:
         save_heatmaps(maps, tmp_path)
@@ -268,8 +258,8 @@ def test_a_word_query_with_subword_tokens_is_the_token_that_completes_the_word()
     assert not bpe.decode(ids[:position]).endswith("library")
 
 
-def test_query_table_names_real_tokens_of_the_text_with_their_weights(tokenizer):
-    maps = compute_attention_maps(tiny_model(tokenizer), tokenizer, SENTENCE)
+def test_query_table_names_real_tokens_of_the_text_with_their_weights(tiny_model, tokenizer):
+    maps = compute_attention_maps(tiny_model(), tokenizer, SENTENCE)
     position = query_position_of_word(tokenizer, maps.token_ids, "was")
     rows = query_table(maps, position)
     assert [(r.layer, r.head) for r in rows] == [(layer, head) for layer in range(2) for head in range(4)]
@@ -293,34 +283,30 @@ def test_query_table_names_real_tokens_of_the_text_with_their_weights(tokenizer)
 
 
 @pytest.fixture(scope="module")
-def run_dir(tokenizer, tmp_path_factory):
-    """A run folder holding best.pt of a tiny untrained model, as load_model reads it."""
-    folder = tmp_path_factory.mktemp("run")
-    config = Config(model=ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=4, n_kv_head=2,
-                                      n_embd=32, context_length=48))
-    config.data.files = ["unused.txt"]
-    model = LanguageModel(config.model)
-    save_checkpoint({"model": model.state_dict(), "config": config_to_dict(config),
-                     "tokenizer": tokenizer.to_json(), "step": 0}, folder / "best.pt")
-    return folder
+def run_dir(trained_run):
+    return trained_run.run_dir  # conftest's run: context 32, trained by tinyattn.train
 
 
-def run_script(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "attention.py"), *args],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    """scripts/attention.py's main in this process: (exit status, stdout, stderr)."""
+    status = main(list(args))
+    out, err = capsys.readouterr()
+    return status, out, err
 
 
-def test_cli_writes_heatmaps_and_prints_the_query_table(run_dir):
-    result = run_script("--checkpoint", str(run_dir), "--text", SENTENCE, "--query", "was", "--device", "cpu")
-    assert result.returncode == 0, result.stderr
-    assert f"warning: the text is {len(SENTENCE)} tokens, longer than the context of 48" in result.stderr
+def test_cli_writes_heatmaps_and_prints_the_query_table(run_dir, capsys):
+    context = load_config(run_dir / "config.yaml").model.context_length
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run_dir), "--text", SENTENCE, "--query", "was",
+                                     "--device", "cpu")
+    assert status == 0, stderr
+    assert f"warning: the text is {len(SENTENCE)} tokens, longer than the context of {context}" in stderr
     for name in ("layer_0.png", "layer_1.png"):
-        assert png_size(run_dir / "attention" / name) == heatmap_size_pixels(4, 48)
-        assert f"wrote {run_dir / 'attention' / name}" in result.stdout
-    table = result.stdout.split("\n\n", 1)[1].splitlines()
-    position = SENTENCE.index("was") + 2 - (len(SENTENCE) - 48)  # its "s", in the kept end of the text
+        assert png_size(run_dir / "attention" / name) == heatmap_size_pixels(4, context)
+        assert f"wrote {run_dir / 'attention' / name}" in stdout
+    table = stdout.split("\n\n", 1)[1].splitlines()
+    position = SENTENCE.index("was") + 2 - (len(SENTENCE) - context)  # its "s", in the kept end of the text
     assert table[0] == f"--query 'was': its first occurrence ends in token s at position {position}"
-    assert table[1].startswith(f"query s at position {position} (of 48 tokens)")
+    assert table[1].startswith(f"query s at position {position} (of {context} tokens)")
     assert len(table) == 3 + 8
 
 
@@ -329,11 +315,11 @@ def test_cli_writes_heatmaps_and_prints_the_query_table(run_dir):
     (["--query", "dragon"], "--query 'dragon': not a word of the text"),
     (["--layer", "5"], "--layer 5: the model has 2 layers (0..1)"),
 ], ids=["missing-checkpoint", "word-not-in-text", "bad-layer"])
-def test_cli_bad_input_is_one_line_and_exit_status_2(run_dir, args, message):
+def test_cli_bad_input_is_one_line_and_exit_status_2(run_dir, args, message, capsys):
     if args[0] != "--checkpoint":
         args = ["--checkpoint", str(run_dir), "--text", SENTENCE[:40], *args]
-    result = run_script(*args, "--out-dir", str(run_dir / "unused"))
-    assert result.returncode == 2
-    assert result.stderr.startswith("error: ") and message in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    status, _, stderr = run_cli(capsys, *args, "--out-dir", str(run_dir / "unused"))
+    assert status == 2
+    assert stderr.startswith("error: ") and message in stderr
+    assert len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr
     assert not (run_dir / "unused").exists()

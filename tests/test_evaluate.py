@@ -3,16 +3,15 @@
 import math
 import re
 import struct
-import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from tinyattn.checkpoint import save_checkpoint
-from tinyattn.config import Config, DataConfig, ModelConfig, TokenizerConfig, config_to_dict
+from tinyattn.checkpoint import load_model
+from tinyattn.cli.eval import main
+from tinyattn.config import ModelConfig, TokenizerConfig
 from tinyattn.data import eval_batches, prepare_data
 from tinyattn.errors import DataError
 from tinyattn.evaluate import (evaluate_tokens, format_loss_by_position, log_loss_by_position_to_tensorboard,
@@ -21,40 +20,18 @@ from tinyattn.evaluate import (evaluate_tokens, format_loss_by_position, log_los
 from tinyattn.model import LanguageModel
 from tinyattn.tokenizer import build_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
         "First Citizen:\nYou are all resolved rather to die than to famish?\n\n") * 12
 CONTEXT = 32
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """A tiny model, briefly trained so losses differ by position, saved as a run folder's best.pt."""
-    folder = tmp_path_factory.mktemp("eval")
-    corpus = folder / "corpus.txt"
-    corpus.write_text(TEXT, encoding="utf-8")
-    config = Config(model=ModelConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, context_length=CONTEXT),
-                    data=DataConfig(files=[str(corpus)], cache_dir=str(folder / "cache")),
-                    tokenizer=TokenizerConfig(kind="char"))
-    data = prepare_data(config, progress=False)
-    config.model.vocab_size = data.tokenizer.vocab_size
-    torch.manual_seed(0)
-    model = LanguageModel(config.model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    tokens = torch.from_numpy(np.asarray(data.train, dtype=np.int64))
-    for step in range(30):
-        starts = torch.randint(0, len(tokens) - CONTEXT - 1, (8,))
-        x = torch.stack([tokens[s:s + CONTEXT] for s in starts])
-        y = torch.stack([tokens[s + 1:s + CONTEXT + 1] for s in starts])
-        loss = model(x, y).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.eval()
-    save_checkpoint({"model": model.state_dict(), "config": config_to_dict(config),
-                     "tokenizer": data.tokenizer.to_json(), "step": 30}, folder / "run" / "best.pt")
-    return {"model": model, "tokenizer": data.tokenizer, "data": data, "folder": folder,
-            "run_dir": folder / "run"}
+def run(trained_run):
+    """conftest's run (30 steps of configs/tiny.yaml, so losses differ by position), loaded back."""
+    loaded = load_model(trained_run.run_dir)
+    assert loaded.config.model.context_length == CONTEXT
+    data = prepare_data(loaded.config, progress=False)  # the run's own splits, from its token cache
+    return {"model": loaded.model, "tokenizer": loaded.tokenizer, "data": data, "run_dir": trained_run.run_dir}
 
 
 def reference_total_nats(model, tokens) -> float:
@@ -127,11 +104,11 @@ def test_loss_by_position_has_one_entry_per_position_and_averages_to_the_loss_of
             windows = sum(x.size(0) for x, _ in batches)
             loss = sum(model(x, y).loss.item() * x.size(0) for x, y in batches) / windows
         assert losses.mean() == pytest.approx(loss, rel=1e-5)
+    every_window = loss_by_position(model, validation, CONTEXT, batch_size=2)
     result = evaluate_tokens(model, run["tokenizer"], validation, batch_size=2, char_level=True)
-    np.testing.assert_allclose(result.loss_by_position,
-                               loss_by_position(model, validation, CONTEXT, batch_size=2), rtol=1e-6)
+    np.testing.assert_allclose(result.loss_by_position, every_window, rtol=1e-6)
     # The trained model predicts better with context than without: position 0 sees one character.
-    assert losses[0] > losses[CONTEXT // 2:].mean()
+    assert every_window[0] > every_window[CONTEXT // 2:].mean()
 
 
 def test_a_text_shorter_than_one_window_is_only_a_tail(run):
@@ -147,7 +124,7 @@ def test_a_text_shorter_than_one_window_is_only_a_tail(run):
         loss_by_position(model, tokens, CONTEXT, batch_size=4)
 
 
-def test_table_plot_and_tensorboard_show_ranges_of_positions_doubling_the_context(tmp_path):
+def test_table_plot_and_tensorboard_show_ranges_of_positions_doubling_the_context(tmp_path, tensorboard_writer):
     assert position_ranges(128) == [(0, 0), (1, 1), (2, 3), (4, 7), (8, 15), (16, 31), (32, 63), (64, 127)]
     assert position_ranges(96)[-1] == (64, 95) and position_ranges(1) == [(0, 0)]
     losses = np.linspace(4.0, 2.0, 32)
@@ -160,23 +137,16 @@ def test_table_plot_and_tensorboard_show_ranges_of_positions_doubling_the_contex
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", data[16:24]) == (700, 400)
 
-    class Writer:
-        scalars, images = [], []
-
-        def add_scalar(self, tag, value, step):
-            self.scalars.append((tag, value, step))
-
-        def add_image(self, tag, image, step, dataformats):
-            self.images.append((tag, image.shape, image.dtype, step, dataformats))
-
-    log_loss_by_position_to_tensorboard(Writer(), losses, step=500)
-    assert [tag for tag, _, _ in Writer.scalars] == [f"loss_by_position/positions_{name}" for name in
+    writer = tensorboard_writer
+    log_loss_by_position_to_tensorboard(writer, losses, step=500)
+    assert [tag for tag, _, _ in writer.scalars] == [f"loss_by_position/positions_{name}" for name in
                                                      ("0", "1", "2-3", "4-7", "8-15", "16-31")]
-    assert Writer.scalars[-1] == ("loss_by_position/positions_16-31", pytest.approx(last), 500)
-    assert Writer.images == [("loss_by_position/plot", (240, 420, 3), np.uint8, 500, "HWC")]
+    assert writer.scalars[-1] == ("loss_by_position/positions_16-31", pytest.approx(last), 500)
+    assert [(tag, image.shape, image.dtype, step, layout) for tag, image, step, layout in writer.images] == [
+        ("loss_by_position/plot", (240, 420, 3), np.uint8, 500, "HWC")]
 
 
-def test_tensorboard_curve_is_drawn_with_numpy_at_the_losses_on_a_log_scale(monkeypatch):
+def test_tensorboard_curve_is_drawn_with_numpy_at_the_losses_on_a_log_scale(monkeypatch, tensorboard_writer):
     from tinyattn.plotting import CHART_MARGIN as m, GRID_RGB, LINE_RGB
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
@@ -198,18 +168,9 @@ def test_tensorboard_curve_is_drawn_with_numpy_at_the_losses_on_a_log_scale(monk
     for doublings in range(5):  # a grey line at 1, 2, 4, 8, 16 tokens, above the curve
         assert grid[m + 2, round(m + doublings / 5 * (plot_w - 1))]
 
-    class Writer:
-        images = []
-
-        def add_scalar(self, tag, value, step):
-            pass
-
-        def add_image(self, tag, image, step, dataformats):
-            self.images.append((tag, image, step))
-
-    log_loss_by_position_to_tensorboard(Writer(), losses, step=3)
-    log_loss_by_position_to_tensorboard(Writer(), losses, step=4, image=False)
-    [(tag, logged, step)] = Writer.images
+    log_loss_by_position_to_tensorboard(tensorboard_writer, losses, step=3)
+    log_loss_by_position_to_tensorboard(tensorboard_writer, losses, step=4, image=False)
+    [(tag, logged, step, _)] = tensorboard_writer.images
     assert (tag, step) == ("loss_by_position/plot", 3)
     np.testing.assert_array_equal(logged, image)
 
@@ -217,46 +178,49 @@ def test_tensorboard_curve_is_drawn_with_numpy_at_the_losses_on_a_log_scale(monk
 # ----------------------------------------------------------------------------- command line
 
 
-def run_script(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "eval.py"), *args, "--device", "cpu"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    """scripts/eval.py's main in this process: (exit status, stdout, stderr)."""
+    status = main([*args, "--device", "cpu"])
+    out, err = capsys.readouterr()
+    return status, out, err
 
 
 def printed(name: str, stdout: str) -> float:
     return float(re.search(rf"^{name}\s+([0-9.]+)", stdout, re.MULTILINE).group(1))
 
 
-def test_cli_scores_a_text_file_and_plots_loss_by_position(run, tmp_path):
+def test_cli_scores_a_text_file_and_plots_loss_by_position(run, tmp_path, capsys):
     text_file = tmp_path / "speech.txt"
     text_file.write_text(TEXT[:500], encoding="utf-8")
-    result = run_script("--checkpoint", str(run["run_dir"]), "--text-file", str(text_file),
-                        "--batch-size", "4")
-    assert result.returncode == 0, result.stderr
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run["run_dir"]), "--text-file", str(text_file),
+                                     "--batch-size", "4")
+    assert status == 0, stderr
     expected = evaluate_tokens(run["model"], run["tokenizer"], run["tokenizer"].encode(TEXT[:500]), 4, True)
-    assert printed("loss", result.stdout) == pytest.approx(expected.loss, abs=1e-4)
-    assert printed("perplexity", result.stdout) == pytest.approx(math.exp(expected.loss), abs=1e-3)
-    assert printed("bits per character", result.stdout) == pytest.approx(expected.bits_per_unit, abs=1e-4)
-    assert "15 windows of 32 + a tail of 19" in result.stdout
+    assert printed("loss", stdout) == pytest.approx(expected.loss, abs=1e-4)
+    assert printed("perplexity", stdout) == pytest.approx(math.exp(expected.loss), abs=1e-3)
+    assert printed("bits per character", stdout) == pytest.approx(expected.bits_per_unit, abs=1e-4)
+    assert "15 windows of 32 + a tail of 19" in stdout
     plot = run["run_dir"] / "loss_by_position_speech.png"
-    assert f"wrote {plot}" in result.stdout and plot.read_bytes()[:4] == b"\x89PNG"
+    assert f"wrote {plot}" in stdout and plot.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_cli_scores_the_runs_validation_split(run):
-    result = run_script("--checkpoint", str(run["run_dir"] / "best.pt"), "--split", "validation", "--no-plot")
-    assert result.returncode == 0, result.stderr
+def test_cli_scores_the_runs_validation_split(run, capsys):
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run["run_dir"] / "best.pt"), "--split",
+                                     "validation", "--no-plot")
+    assert status == 0, stderr
     expected = evaluate_tokens(run["model"], run["tokenizer"], run["data"].validation, 16, True)
-    assert printed("loss", result.stdout) == pytest.approx(expected.loss, abs=1e-4)
-    assert "on the validation split" in result.stdout and "wrote" not in result.stdout
+    assert printed("loss", stdout) == pytest.approx(expected.loss, abs=1e-4)
+    assert "on the validation split" in stdout and "wrote" not in stdout
 
 
 @pytest.mark.parametrize("args, message", [
     (["--checkpoint", "no/such/run"], "no/such/run: no such checkpoint file or run folder"),
     (["--text-file", "no/such/file.txt"], "no/such/file.txt: text file not found"),
 ], ids=["missing-checkpoint", "missing-text-file"])
-def test_cli_bad_input_is_one_line_and_exit_status_2(run, args, message):
+def test_cli_bad_input_is_one_line_and_exit_status_2(run, args, message, capsys):
     if args[0] != "--checkpoint":
         args = ["--checkpoint", str(run["run_dir"]), *args]
-    result = run_script(*args)
-    assert result.returncode == 2
-    assert result.stderr.startswith("error: ") and message in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    status, _, stderr = run_cli(capsys, *args)
+    assert status == 2
+    assert stderr.startswith("error: ") and message in stderr
+    assert len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr

@@ -1,37 +1,38 @@
 """Generation: cached == uncached, the context rule, sampling, seeds, stops, batches, the CLI."""
 
+import functools
 import io
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 
-from tinyattn.checkpoint import FORMAT, save_checkpoint
+from tinyattn.checkpoint import FORMAT
 from tinyattn.cli.generate import main
-from tinyattn.config import Config, DataConfig, ModelConfig, TokenizerConfig, config_to_dict, load_config
+from tinyattn.config import ModelConfig, TokenizerConfig
 from tinyattn.errors import ConfigError
 from tinyattn.generate import (CachedDecoder, PromptWarning, StopStringFilter, apply_repetition_penalty,
                                generate, generate_samples, generate_tokens, nucleus_mask, sample_next_token)
-from tinyattn.model import LanguageModel, ModelOutput
+from tinyattn.model import ModelOutput
 from tinyattn.packing import pack_linear_weights
 from tinyattn.tokenizer import build_tokenizer
-from tests.conftest import ROOT
 
+ROOT = Path(__file__).resolve().parents[1]
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer(TokenizerConfig(kind="char"), lambda: iter([TEXT]))
+def tokenizer(char_tokenizer):
+    return char_tokenizer  # conftest's: it has never seen 'é' or 'ü'
 
 
-def tiny_model(tokenizer, context_length=24, seed=0) -> LanguageModel:
-    torch.manual_seed(seed)
-    config = ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
-                         context_length=context_length)
-    return LanguageModel(config).eval()
+@pytest.fixture(scope="module")
+def tiny_model(tiny_model, tokenizer):
+    """conftest's tiny model over the character vocabulary, with two key/value heads."""
+    return functools.partial(tiny_model, vocab_size=tokenizer.vocab_size, n_kv_head=2)
 
 
 def random_ids(vocab_size, length, batch=2, seed=1):
@@ -57,8 +58,8 @@ class BigramModel(torch.nn.Module):
 # ----------------------------------------------------------------------------- the cached model
 
 
-def test_cached_decoding_equals_recomputing_at_every_step(tokenizer):
-    model = tiny_model(tokenizer, context_length=24)
+def test_cached_decoding_equals_recomputing_at_every_step(tiny_model, tokenizer):
+    model = tiny_model(context_length=24)
     ids = random_ids(tokenizer.vocab_size, 24)
     decoder = CachedDecoder(model, batch_size=2)
     with torch.inference_mode():
@@ -70,9 +71,9 @@ def test_cached_decoding_equals_recomputing_at_every_step(tokenizer):
     assert decoder.refills == 0
 
 
-def test_past_the_context_the_cache_is_refilled_by_the_documented_rule(tokenizer):
+def test_past_the_context_the_cache_is_refilled_by_the_documented_rule(tiny_model, tokenizer):
     context, keep = 16, 8  # keep = context_length // 2
-    model = tiny_model(tokenizer, context_length=context)
+    model = tiny_model(context_length=context)
     ids = random_ids(tokenizer.vocab_size, 60)
     decoder = CachedDecoder(model, batch_size=2)
     start = 0  # first token of the window the model sees, per the rule
@@ -86,26 +87,35 @@ def test_past_the_context_the_cache_is_refilled_by_the_documented_rule(tokenizer
     assert decoder.refills == 5  # after 16 tokens, then every 8
 
 
-def test_generating_past_the_context_length_matches_the_rule(tokenizer):
-    model = tiny_model(tokenizer, context_length=16)
+def greedy_by_the_rule(model, prompt: list[int], n: int) -> list[int]:
+    """n greedy tokens, each from a full forward pass over the window the context rule gives:
+    once a token would make the window longer than the context, it restarts with the last
+    context_length // 2 tokens (that one included)."""
+    context, keep = model.config.context_length, model.config.context_length // 2
+    sequence, start = list(prompt), 0
+    with torch.no_grad():
+        for _ in range(n):
+            if len(sequence) - start > context:
+                start = len(sequence) - keep
+            logits = model(torch.tensor([sequence[start:]])).logits[0, -1]  # (V,)
+            sequence.append(int(logits.argmax()))
+    return sequence[len(prompt):]
+
+
+def test_generating_past_the_context_length_matches_the_rule(tiny_model, tokenizer):
+    model = tiny_model(context_length=16)
     prompt = random_ids(tokenizer.vocab_size, 5, batch=1)
     produced = torch.stack(list(generate_tokens(model, prompt, 50, temperature=0)), dim=1)  # (1, 50)
-    # Reference: recompute the whole window at every step, sliding it by the rule.
-    sequence, start = prompt[0].tolist(), 0
-    with torch.no_grad():
-        for _ in range(50):
-            if len(sequence) - start > 16:
-                start = len(sequence) - 8
-            logits = model(torch.tensor([sequence[start:]])).logits[0, -1]
-            sequence.append(int(logits.argmax()))
-    assert produced[0].tolist() == sequence[5:]
-    text = "".join(generate(model, tokenizer, "Speak", max_new_tokens=50, seed=0))
-    assert text  # and it did not crash
+    assert produced[0].tolist() == greedy_by_the_rule(model, prompt[0].tolist(), 50)
+    # The text interface follows the same rule: its text is those tokens, up to end-of-text.
+    text = "".join(generate(model, tokenizer, "Speak", max_new_tokens=50, temperature=0))
+    expected = tokenizer.decode(greedy_by_the_rule(model, tokenizer.encode("Speak"), 50))
+    assert text == expected.split("<|endoftext|>")[0] and len("Speak" + text) > 16  # past the context
 
 
 @pytest.mark.slow  # two compiles of a tiny model: about 10 s each on a 2-core CPU, less from inductor's cache
-def test_compiled_decoding_equals_eager_decoding_token_for_token(tokenizer):
-    model = tiny_model(tokenizer, context_length=16)
+def test_compiled_decoding_equals_eager_decoding_token_for_token(tiny_model, tokenizer):
+    model = tiny_model(context_length=16)
     prompt = random_ids(tokenizer.vocab_size, 5, batch=1)
     ids = random_ids(tokenizer.vocab_size, 40, batch=1, seed=2)
     with torch.inference_mode():  # as in generate_tokens: inputs made outside would mean a recompile
@@ -130,15 +140,15 @@ def test_compiled_decoding_equals_eager_decoding_token_for_token(tokenizer):
 # ----------------------------------------------------------------------------- sampling
 
 
-def test_greedy_is_deterministic_and_ignores_the_seed(tokenizer):
-    model = tiny_model(tokenizer)
+def test_greedy_is_deterministic_and_ignores_the_seed(tiny_model, tokenizer):
+    model = tiny_model()
     texts = {"".join(generate(model, tokenizer, "All:", max_new_tokens=30, temperature=0, seed=s))
              for s in (1, 2, 3)}
     assert len(texts) == 1
 
 
-def test_top_k_one_equals_greedy(tokenizer):
-    model = tiny_model(tokenizer, context_length=16)
+def test_top_k_one_equals_greedy(tiny_model, tokenizer):
+    model = tiny_model(context_length=16)
     prompt = random_ids(tokenizer.vocab_size, 4)
     greedy = list(generate_tokens(model, prompt, 30, temperature=0))
     top1 = list(generate_tokens(model, prompt, 30, temperature=1.5, top_k=1,
@@ -206,8 +216,8 @@ def test_repetition_penalty_counts_the_prompt_and_the_generated_tokens():
     assert greedy([0], 4.0) == [1, 0, 0, 0]  # the prompt's token is penalised from the start
 
 
-def test_same_seed_same_text_different_seed_different_text(tokenizer):
-    model = tiny_model(tokenizer)
+def test_same_seed_same_text_different_seed_different_text(tiny_model, tokenizer):
+    model = tiny_model()
     def sample(seed):
         return "".join(generate(model, tokenizer, "All:", max_new_tokens=40, temperature=1.0, seed=seed))
     assert sample(7) == sample(7)
@@ -217,8 +227,8 @@ def test_same_seed_same_text_different_seed_different_text(tokenizer):
     assert generator_text == sample(7)
 
 
-def test_batched_samples_equal_the_same_samples_decoded_one_by_one(tokenizer):
-    model = tiny_model(tokenizer, context_length=16)
+def test_batched_samples_equal_the_same_samples_decoded_one_by_one(tiny_model, tokenizer):
+    model = tiny_model(context_length=16)
     options = dict(max_new_tokens=40, temperature=1.0, top_k=20, top_p=0.95, repetition_penalty=1.2)
     batched = collect(generate_samples(model, tokenizer, "Speak", 3, seed=11, **options))
     alone = ["".join(generate(model, tokenizer, "Speak", seed=11 + i, **options)) for i in range(3)]
@@ -260,8 +270,8 @@ def test_stop_string_filter_holds_back_possible_starts():
     assert h.push("zabc") == "z"  # the earliest occurrence wins
 
 
-def test_stop_string_ends_the_sample_and_is_not_printed(tokenizer):
-    model = tiny_model(tokenizer)
+def test_stop_string_ends_the_sample_and_is_not_printed(tiny_model, tokenizer):
+    model = tiny_model()
     # The untrained model may draw end-of-text early: take the first seed whose text is long.
     seed = next(s for s in range(100)
                 if len("".join(generate(model, tokenizer, "All:", max_new_tokens=40, seed=s))) >= 20)
@@ -285,27 +295,34 @@ def test_end_of_text_ends_a_sample(tokenizer):
     assert "".join(generate(model, small, "b", max_new_tokens=1, temperature=0)) == "c"
 
 
-def test_an_empty_prompt_starts_from_the_end_of_text_token(tokenizer):
-    model = tiny_model(tokenizer)
+def test_an_empty_prompt_starts_from_the_end_of_text_token(tiny_model, tokenizer):
+    model = tiny_model()
     text = "".join(generate(model, tokenizer, "", max_new_tokens=20, temperature=0))
     ids = torch.cat(list(generate_tokens(model, torch.tensor([[tokenizer.eot_id]]), 20, temperature=0)))
     expected = tokenizer.decode(ids.tolist()).split("<|endoftext|>")[0]
     assert text == expected
 
 
-def test_a_prompt_longer_than_the_context_keeps_its_end_with_a_warning(tokenizer):
-    model = tiny_model(tokenizer, context_length=16)
+def test_a_prompt_longer_than_the_context_keeps_its_end_with_a_warning(tiny_model, tokenizer):
+    model = tiny_model(context_length=16)
     prompt = TEXT[:40]
     with pytest.warns(PromptWarning, match="40 tokens, longer than the model's context of 16"):
         long = "".join(generate(model, tokenizer, prompt, max_new_tokens=10, temperature=0))
     assert long == "".join(generate(model, tokenizer, prompt[-16:], max_new_tokens=10, temperature=0))
 
 
-def test_unknown_characters_become_unk_with_a_warning_naming_them(tokenizer):
-    model = tiny_model(tokenizer)
+def test_unknown_characters_become_unk_with_a_warning_naming_them(tiny_model, tokenizer):
+    model = tiny_model()
     with pytest.warns(PromptWarning, match="'é', 'ü'"):
         text = "".join(generate(model, tokenizer, "Spéak ü", max_new_tokens=5, seed=0))
-    assert len(text) <= 5
+    [unk] = tokenizer.encode("é")
+    assert tokenizer.encode("ü") == [unk] and tokenizer.decode([unk]) == "\ufffd"
+    prompt = tokenizer.encode("Sp") + [unk] + tokenizer.encode("ak ") + [unk]
+    assert tokenizer.encode("Spéak ü") == prompt
+    # The text is the continuation of that prompt, [UNK] in place of each unknown character.
+    tokens = generate_tokens(model, torch.tensor([prompt]), 5, temperature=0.8,
+                             generator=[torch.Generator().manual_seed(0)])
+    assert text == tokenizer.decode(torch.cat(list(tokens)).tolist()).split("<|endoftext|>")[0]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         list(generate(model, tokenizer, "Speak", max_new_tokens=2, seed=0))  # known text: no warning
@@ -315,16 +332,16 @@ def test_unknown_characters_become_unk_with_a_warning_naming_them(tokenizer):
     ("temperature", -0.5), ("top_k", -1), ("top_p", 0.0), ("top_p", 1.5), ("max_new_tokens", -1),
     ("repetition_penalty", 0.0), ("stop", [""]),
 ])
-def test_bad_options_are_config_errors(tokenizer, option, value):
-    model = tiny_model(tokenizer)
+def test_bad_options_are_config_errors(tiny_model, tokenizer, option, value):
+    model = tiny_model()
     with pytest.raises(ConfigError):
         list(generate(model, tokenizer, "All", **{option: value}))
     with pytest.raises(ConfigError, match="num-samples"):
         list(generate_samples(model, tokenizer, "All", 0))
 
 
-def test_the_models_train_mode_is_restored(tokenizer):
-    model = tiny_model(tokenizer).train()
+def test_the_models_train_mode_is_restored(tiny_model, tokenizer):
+    model = tiny_model().train()
     list(generate(model, tokenizer, "All", max_new_tokens=3, seed=0))
     assert model.training
 
@@ -333,14 +350,8 @@ def test_the_models_train_mode_is_restored(tokenizer):
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, tokenizer):
-    """A run folder holding best.pt of a tiny untrained model and a char tokenizer."""
-    run = tmp_path_factory.mktemp("checkpoints") / "tiny"
-    model = tiny_model(tokenizer, context_length=32)
-    config = Config(model=model.config, data=DataConfig(files=["corpus.txt"]))
-    save_checkpoint({"model": model.state_dict(), "config": config_to_dict(config),
-                     "tokenizer": tokenizer.to_json(), "step": 0}, run / "best.pt")
-    return run
+def run_dir(trained_run):
+    return trained_run.run_dir  # conftest's run "tiny": context 32, trained by tinyattn.train
 
 
 def run_main(argv, capsys, stdin=None, monkeypatch=None):
@@ -351,22 +362,14 @@ def run_main(argv, capsys, stdin=None, monkeypatch=None):
     return status, out, err
 
 
-def test_cli_end_to_end_on_a_trained_checkpoint(tmp_path):
-    from tinyattn.train import train
-
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(TEXT * 40, encoding="utf-8")
-    config = load_config(ROOT / "configs" / "tiny.yaml", [
-        f"data.files={corpus}", "data.url=null", "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}",
-        f"train.out_dir={tmp_path / 'runs'}", "train.max_steps=4", "train.eval_interval=4",
-        "train.sample_tokens=0"])
-    train(config, run_name="few-steps", progress=False)
+@pytest.mark.slow  # a fresh Python process
+def test_cli_end_to_end_on_a_trained_checkpoint(run_dir):
     # No --checkpoint: the most recent run under --out-dir.
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "generate.py"), "--out-dir",
-                             str(tmp_path / "runs"), "--prompt", "All:", "--max-new-tokens", "30", "--seed",
+                             str(run_dir.parent), "--prompt", "All:", "--max-new-tokens", "30", "--seed",
                              "1", "--num-samples", "2"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert "Traceback" not in result.stderr and "few-steps" in result.stderr
+    assert "Traceback" not in result.stderr and run_dir.name in result.stderr
     assert result.stdout.startswith("--- sample 1/2 ---\nAll:")
     assert "\n--- sample 2/2 ---\nAll:" in result.stdout
 
@@ -473,6 +476,7 @@ def test_cli_prompt_that_is_not_utf8_is_one_line_and_exit_status_2(run_dir, caps
     assert err.splitlines()[-1] == "error: the prompt is not valid UTF-8 text (at character 2: '\\udcff')"
 
 
+@pytest.mark.slow  # a fresh Python process
 def test_cli_incompatible_checkpoint_in_a_real_process(tmp_path):
     _, _, future = bad_checkpoints(tmp_path)
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "generate.py"),
