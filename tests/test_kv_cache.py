@@ -4,12 +4,11 @@ import pytest
 import torch
 
 from tinyattn.kv_cache import KVCache
-from tests.test_model import random_tokens, tiny_model
 
 
 @pytest.mark.parametrize("n_kv_head", [4, 2], ids=["mha", "gqa"])
 @pytest.mark.parametrize("prefill", [1, 9])
-def test_cached_decoding_equals_full_forward(n_kv_head, prefill):
+def test_cached_decoding_equals_full_forward(tiny_model, random_tokens, n_kv_head, prefill):
     model = tiny_model(n_kv_head=n_kv_head)
     idx = random_tokens(length=24)
     full = model(idx).logits  # (B, 24, V)
@@ -21,7 +20,7 @@ def test_cached_decoding_equals_full_forward(n_kv_head, prefill):
     torch.testing.assert_close(torch.cat(step_logits, dim=1), full, rtol=0, atol=1e-5)
 
 
-def test_chunked_prefill_uses_the_causal_mask_within_the_chunk():
+def test_chunked_prefill_uses_the_causal_mask_within_the_chunk(tiny_model, random_tokens):
     model = tiny_model()
     idx = random_tokens(length=24)
     caches = model.new_kv_caches(batch_size=2)
@@ -31,7 +30,7 @@ def test_chunked_prefill_uses_the_causal_mask_within_the_chunk():
     torch.testing.assert_close(torch.cat([first, second], 1), model(idx).logits, rtol=0, atol=1e-5)
 
 
-def test_explicit_path_with_cache_returns_weights_over_all_keys():
+def test_explicit_path_with_cache_returns_weights_over_all_keys(tiny_model, random_tokens):
     model = tiny_model()
     idx = random_tokens(length=6)
     caches = model.new_kv_caches(batch_size=2)
@@ -54,7 +53,7 @@ def test_cache_update_returns_prefix_and_refuses_overflow():
 
 
 @pytest.mark.parametrize("n_kv_head", [4, 2], ids=["mha", "gqa"])
-def test_decoding_at_position_tensors_equals_full_forward_and_hides_unwritten_slots(n_kv_head):
+def test_decoding_at_position_tensors_equals_full_forward_and_hides_unwritten_slots(tiny_model, random_tokens, n_kv_head):
     model = tiny_model(n_kv_head=n_kv_head)
     idx = random_tokens(length=24)
     full = model(idx).logits  # (B, 24, V)

@@ -8,23 +8,12 @@ import torch
 from tinyattn.config import ModelConfig
 from tinyattn.model import IGNORE_INDEX, LanguageModel, attention, causal_mask
 
-VOCAB = 65
-
-
-def tiny_model(seed=0, **overrides) -> LanguageModel:
-    torch.manual_seed(seed)
-    options = dict(vocab_size=VOCAB, n_layer=2, n_head=4, n_kv_head=4, n_embd=32, context_length=24)
-    options.update(overrides)
-    return LanguageModel(ModelConfig(**options)).eval()
-
-
-def random_tokens(batch=2, length=24, seed=1):
-    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+VOCAB = 65  # conftest's tiny_model and random_tokens
 
 
 @pytest.mark.parametrize("need_weights", [False, True], ids=["fused", "explicit"])
 @pytest.mark.parametrize("n_kv_head", [4, 2, 1], ids=["mha", "gqa", "mqa"])
-def test_causal_mask_leaks_nothing_from_the_future(need_weights, n_kv_head):
+def test_causal_mask_leaks_nothing_from_the_future(tiny_model, random_tokens, need_weights, n_kv_head):
     model = tiny_model(n_kv_head=n_kv_head)
     idx = random_tokens()
     logits = model(idx, need_weights=need_weights).logits
@@ -37,7 +26,7 @@ def test_causal_mask_leaks_nothing_from_the_future(need_weights, n_kv_head):
 
 
 @pytest.mark.parametrize("n_kv_head", [4, 2, 1], ids=["mha", "gqa", "mqa"])
-def test_fused_path_equals_explicit_path(n_kv_head):
+def test_fused_path_equals_explicit_path(tiny_model, random_tokens, n_kv_head):
     model = tiny_model(n_kv_head=n_kv_head)
     idx = random_tokens()
     fused = model(idx).logits
@@ -49,7 +38,7 @@ def test_fused_path_equals_explicit_path(n_kv_head):
 
 
 @pytest.mark.parametrize("need_weights", [False, True], ids=["fused", "explicit"])
-def test_bidirectional_mask_lets_later_tokens_change_earlier_outputs(need_weights):
+def test_bidirectional_mask_lets_later_tokens_change_earlier_outputs(tiny_model, random_tokens, need_weights):
     model = tiny_model()
     idx = random_tokens()
     everything = torch.ones(24, 24, dtype=torch.bool)
@@ -60,7 +49,7 @@ def test_bidirectional_mask_lets_later_tokens_change_earlier_outputs(need_weight
     assert (after[:, 0] - before[:, 0]).abs().max() > 1e-4  # position 0 saw position 23
 
 
-def test_padding_mask_hides_padded_keys():
+def test_padding_mask_hides_padded_keys(tiny_model, random_tokens):
     model = tiny_model()
     idx = random_tokens(batch=1)
     # Padding mask: causal, and the last 4 positions are padding no query may look at.
@@ -72,7 +61,7 @@ def test_padding_mask_hides_padded_keys():
                                model(changed, mask=allowed).logits[:, :20], rtol=0, atol=1e-6)
 
 
-def test_attention_weights_rows_sum_to_one_and_are_zero_where_masked():
+def test_attention_weights_rows_sum_to_one_and_are_zero_where_masked(tiny_model, random_tokens):
     model = tiny_model(n_kv_head=2)
     out = model(random_tokens(), need_weights=True)
     assert len(out.attention_weights) == 2
@@ -95,7 +84,7 @@ def test_attention_function_matches_its_definition():
     torch.testing.assert_close(out, expected @ v)
 
 
-def test_logits_shape_and_loss_ignores_padding():
+def test_logits_shape_and_loss_ignores_padding(tiny_model, random_tokens):
     model = tiny_model()
     idx = random_tokens(length=10)
     targets = random_tokens(length=10, seed=2)
@@ -120,7 +109,7 @@ def test_loss_at_initialisation_is_about_ln_vocab(n_embd, vocab):
     assert abs(loss - math.log(vocab)) < 0.1, (loss, math.log(vocab))
 
 
-def test_tiny_model_overfits_one_batch():
+def test_tiny_model_overfits_one_batch(tiny_model, random_tokens):
     torch.manual_seed(0)
     model = tiny_model(n_kv_head=2).train()
     batch = random_tokens(batch=4, length=25, seed=3)
@@ -134,7 +123,7 @@ def test_tiny_model_overfits_one_batch():
     assert loss.item() < 0.05
 
 
-def test_tied_head_shares_the_embedding_and_parameter_count():
+def test_tied_head_shares_the_embedding_and_parameter_count(tiny_model):
     tied = tiny_model()
     untied = tiny_model(tie_embeddings=False)
     assert tied.head.weight is tied.token_embedding.weight
@@ -144,7 +133,7 @@ def test_tied_head_shares_the_embedding_and_parameter_count():
     assert tied.num_parameters() == 2 * per_block + VOCAB * 32 + 32
 
 
-def test_initialisation_is_reproducible_and_documented_scales():
+def test_initialisation_is_reproducible_and_documented_scales(tiny_model):
     a, b = tiny_model(seed=5), tiny_model(seed=5)
     for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
         assert torch.equal(pa, pb), name
@@ -153,13 +142,13 @@ def test_initialisation_is_reproducible_and_documented_scales():
     assert abs(a.blocks[0].attention.qkv.weight.std().item() - 0.02) < 0.003
 
 
-def test_positions_beyond_context_are_refused():
+def test_positions_beyond_context_are_refused(tiny_model, random_tokens):
     model = tiny_model()
     with pytest.raises(ValueError, match="exceed the context length 24"):
         model(random_tokens(length=25))
 
 
-def test_attention_setting_chooses_the_path_and_both_agree():
+def test_attention_setting_chooses_the_path_and_both_agree(tiny_model, random_tokens):
     fused, explicit = tiny_model(attention="fused"), tiny_model(attention="explicit")
     assert [b.attention.fused for b in fused.blocks] == [True, True]
     assert [b.attention.fused for b in explicit.blocks] == [False, False]
@@ -168,7 +157,7 @@ def test_attention_setting_chooses_the_path_and_both_agree():
     assert tiny_model(attention="auto").attention_path == "fused"  # auto, unresolved: the kernel
 
 
-def test_qk_norm_normalises_queries_and_keys_and_stays_causal():
+def test_qk_norm_normalises_queries_and_keys_and_stays_causal(tiny_model, random_tokens):
     model = tiny_model(qk_norm=True)
     attention_layer = model.blocks[0].attention
     seen = {}
@@ -184,7 +173,7 @@ def test_qk_norm_normalises_queries_and_keys_and_stays_causal():
     assert "blocks.0.attention.q_norm.weight" not in tiny_model().state_dict()
 
 
-def test_logit_softcap_bounds_every_logit():
+def test_logit_softcap_bounds_every_logit(tiny_model, random_tokens):
     model = tiny_model(logit_softcap=2.0)
     with torch.no_grad():
         model.head.weight.mul_(500)  # without the cap these logits would be in the hundreds
@@ -192,7 +181,7 @@ def test_logit_softcap_bounds_every_logit():
     assert logits.abs().max() <= 2.0 and logits.abs().max() > 1.9
 
 
-def test_zero_init_projections_make_every_block_the_identity_at_start():
+def test_zero_init_projections_make_every_block_the_identity_at_start(tiny_model):
     model = tiny_model(zero_init_projections=True)
     for block in model.blocks:
         assert block.attention.output.weight.abs().sum() == 0 and block.mlp.down.weight.abs().sum() == 0
@@ -202,7 +191,7 @@ def test_zero_init_projections_make_every_block_the_identity_at_start():
     torch.testing.assert_close(out, x)
 
 
-def test_untied_head_starts_at_zero_so_the_first_loss_is_ln_vocab():
+def test_untied_head_starts_at_zero_so_the_first_loss_is_ln_vocab(tiny_model, random_tokens):
     model = tiny_model(tie_embeddings=False)
     assert model.head.weight is not model.token_embedding.weight
     idx = random_tokens()

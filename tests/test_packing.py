@@ -9,12 +9,11 @@ import torch
 from tinyattn import packing
 from tinyattn.generate import generate_tokens
 from tinyattn.packing import PackedLinear, pack_linear_weights
-from tests.test_model import random_tokens, tiny_model
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_packed_weights_give_the_same_logits_and_tokens(dtype):
+def test_packed_weights_give_the_same_logits_and_tokens(tiny_model, random_tokens, dtype):
     model = tiny_model(n_kv_head=2).to(dtype)
     packed = copy.deepcopy(model)
     if dtype == torch.bfloat16 and not pack_linear_weights(packed):
@@ -37,7 +36,7 @@ def test_packed_weights_give_the_same_logits_and_tokens(dtype):
 
 
 @pytest.mark.parametrize("missing", ["namespace", "operator", "failing"])
-def test_without_the_private_operators_the_model_is_left_unchanged(monkeypatch, missing):
+def test_without_the_private_operators_the_model_is_left_unchanged(tiny_model, random_tokens, monkeypatch, missing):
     if missing == "namespace":  # a build without oneDNN's operators at all
         monkeypatch.setattr(torch.ops, "mkldnn", types.SimpleNamespace())
     elif missing == "operator":  # renamed or removed in a later release
