@@ -3,10 +3,14 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
-from tests.conftest import ROOT
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # the whole benchmark suite in a fresh process
 def test_bench_smoke_writes_every_field(tmp_path):
     out = tmp_path / "bench.json"
     result = subprocess.run(

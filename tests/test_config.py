@@ -1,10 +1,13 @@
 """Config loading: inheritance, overrides, YAML round trip, and every validation error."""
 
+from pathlib import Path
+
 import pytest
 
 from tinyattn.config import Config, config_from_dict, config_to_dict, load_config, save_config
 from tinyattn.errors import ConfigError
-from tests.conftest import ROOT
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def write(path, text):

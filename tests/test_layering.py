@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS = [
     {"errors", "files", "kv_cache"},  # no tinyattn imports at all

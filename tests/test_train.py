@@ -17,7 +17,8 @@ from tinyattn.config import load_config
 from tinyattn.errors import CheckpointError, TinyattnError
 from tinyattn.optim import learning_rate
 from tinyattn.train import Trainer, TrainingError, train
-from tests.conftest import ROOT
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TINY = ROOT / "configs" / "tiny.yaml"
 
