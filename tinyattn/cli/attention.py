@@ -31,6 +31,17 @@ def parser() -> argparse.ArgumentParser:
                             "case-sensitive occurrence")
     query.add_argument("--query-position", type=int, metavar="N",
                        help="the same for the token at position N (negative: from the end)")
+    p.add_argument("--relevance", action="store_true",
+                   help="instead of the PNGs, print for the query token (--query, --query-position; "
+                        "default the last token that predicts one) each earlier token's relevance (the "
+                        "rise in the query's loss when that token is masked out of attention in every "
+                        "layer) beside its weights, the rank correlation of weight with relevance, and "
+                        "head ablation. A text longer than the context is read in windows of the "
+                        "context length, half a context apart")
+    p.add_argument("--top", type=int, metavar="N", help="with --relevance: only the N most relevant tokens")
+    p.add_argument("--html", metavar="PATH",
+                   help="instead of the PNGs, write the explorer: one self-contained HTML page of the "
+                        "weights, relevance, losses and head ablation of the text (windows as --relevance)")
     p.add_argument("--out-dir", help="folder for the PNGs (default: attention/ in the checkpoint's "
                                      "run folder)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
@@ -48,12 +59,15 @@ def main(argv: list[str] | None = None) -> int:
         from tinyattn.plotting import require_matplotlib
         from tinyattn.runtime import select_device
 
-        require_matplotlib()  # before any work: a missing extra is a one-line error
+        if not (args.relevance or args.html):
+            require_matplotlib()  # before any work: a missing extra is a one-line error
         loaded = load_model(args.checkpoint, select_device(args.device))
         model_config = loaded.config.model
         _check_index("--layer", args.layer, model_config.n_layer, "layers")
         _check_index("--head", args.head, model_config.n_head, "heads")
         text = loaded.config.train.probe_text if args.text is None else args.text
+        if args.relevance or args.html:
+            return _relevance_and_explorer(args, loaded, text)
         maps = compute_attention_maps(loaded.model, loaded.tokenizer, text)
         position = None
         if args.query is not None:
@@ -88,3 +102,54 @@ def main(argv: list[str] | None = None) -> int:
 def _check_index(option: str, value: int | None, count: int, what: str) -> None:
     if value is not None and not 0 <= value < count:
         raise TinyattnError(f"{option} {value}: the model has {count} {what} (0..{count - 1})")
+
+
+def _relevance_and_explorer(args, loaded, text: str) -> int:
+    """--relevance and --html: measure once, print the table, write the page."""
+    from tinyattn.attention_maps import query_position_of_word
+    from tinyattn.explorer import write_explorer
+    from tinyattn.relevance import format_head_ablation, format_relevance_table, relevance_of_text
+
+    if args.top is not None and args.top < 1:
+        raise TinyattnError(f"--top {args.top}: expected a positive number of tokens")
+    token_ids = loaded.tokenizer.encode(text)
+    T, context = len(token_ids), loaded.config.model.context_length
+    if T < 2:
+        raise TinyattnError(f"the text has {T} token(s): relevance needs at least 2 (one to read, one to predict)")
+    if args.query is not None:
+        position = query_position_of_word(loaded.tokenizer, token_ids, args.query)
+    elif args.query_position is not None:
+        if not -T <= args.query_position < T:
+            raise TinyattnError(f"--query-position {args.query_position}: the text has {T} tokens "
+                                f"(positions 0..{T - 1}, or -1 for the last)")
+        position = args.query_position % T
+    else:
+        position = T - 2  # the last token that predicts one
+    if position == T - 1 and args.relevance:
+        raise TinyattnError(f"the query is the text's last token (position {position}): it predicts nothing "
+                            "in the text, so nothing can be relevant to it; choose an earlier one")
+    if T > context:
+        stride = max(context // 2, 1)
+        print(f"note: the text is {T} tokens, longer than the context of {context}: it is read in windows "
+              f"of {context} tokens starting every {stride}, and each token is measured in the first window "
+              f"that holds it (it reads at least {context - stride} earlier tokens; those before its window "
+              "are out of its reach)", file=sys.stderr)
+    rel = relevance_of_text(loaded.model, loaded.tokenizer, text)
+    if args.relevance:
+        if args.query is not None:
+            print(f"--query {args.query!r}: its first occurrence ends in token {rel.labels[position]} "
+                  f"at position {position}")
+        layers = None if args.layer is None else [args.layer]
+        heads = None if args.head is None else [args.head]
+        print(format_relevance_table(rel, position, args.top, layers, heads))
+        print()
+        print(format_head_ablation(rel))
+    if args.html:
+        source = f"{loaded.path} (step {loaded.step})"
+        try:
+            path = write_explorer(args.html, rel, title="attention explorer: " + text[:60], source=source,
+                                  query=position)
+        except OSError as e:
+            raise TinyattnError(f"{args.html}: cannot write the page ({e.strerror or e})") from None
+        print(f"wrote {path} ({path.stat().st_size / 1024:,.0f} KiB)")
+    return 0
