@@ -1,7 +1,6 @@
 """Shared fixtures: the repository root, the real corpus when present, offline hub."""
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -16,15 +15,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="session")
 def shakespeare_path() -> Path:
-    """data/tinyshakespeare.txt, which CI copies from ../shared/data before the tests."""
-    path = ROOT / "data" / "tinyshakespeare.txt"
-    if not path.exists():
-        shared = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
-        if not shared.exists():
-            pytest.skip("data/tinyshakespeare.txt is missing (CI copies it from ../shared/data)")
-        path.parent.mkdir(exist_ok=True)
-        shutil.copyfile(shared, path)
-    return path
+    """data/tinyshakespeare.txt, else ../shared/data's copy, read where it is: the tests never
+    write into the repository's data/ folder."""
+    for path in (ROOT / "data" / "tinyshakespeare.txt", ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"):
+        if path.exists():
+            return path
+    pytest.skip("data/tinyshakespeare.txt is missing (CI copies it from ../shared/data)")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -15,11 +15,12 @@ LAYERS = [
     {"errors", "files", "kv_cache"},  # no tinyattn imports at all
     {"config", "plotting", "download"},
     {"tokenizer", "runtime", "sources"},
-    {"model", "optim", "splits", "token_cache"},
+    {"model", "optim", "splits", "token_cache", "hf"},
     {"data"},  # prepare_data, the batch sampler and evaluation windows, over sources and the cache
     {"checkpoint", "generate", "packing", "evaluate", "attention_maps"},
     {"relevance"},  # token and head ablation, measured beside attention_maps' weights
     {"explorer"},  # the HTML page of the weights and the relevance
+    {"finetune"},  # train.init_from: a source checkpoint or Hugging Face folder
     {"train"},
     {"bench"},
     {"cli"},  # tinyattn/cli/*: argument parsing for the commands

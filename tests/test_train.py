@@ -215,26 +215,36 @@ def test_continuing_from_an_earlier_checkpoint_keeps_what_it_writes(corpus, tmp_
     assert ckpt.latest_checkpoint(run).name == "step_0000010.pt"  # the next resume continues it
 
 
-def test_refuses_to_overwrite_a_run(corpus, tmp_path):
+def main_in_process(capsys, *args: str) -> tuple[int, str]:
+    """scripts/train.py's main in this process: (exit status, stderr)."""
+    from tinyattn.cli.train import main
+
+    capsys.readouterr()
+    status = main(list(args))
+    return status, capsys.readouterr().err
+
+
+def test_refuses_to_overwrite_a_run(corpus, tmp_path, capsys):
     args = ("--config", str(TINY), "--run-name", "taken", "--no-progress",
             "--set", *tiny_overrides(corpus, tmp_path, "train.max_steps=2", "train.eval_interval=2"))
-    assert run_cli(*args).returncode == 0
+    assert main_in_process(capsys, *args)[0] == 0
     before = (tmp_path / "taken" / "best.pt").stat().st_mtime_ns
-    second = run_cli(*args)
-    assert second.returncode == 2
-    assert "already holds checkpoints" in second.stderr and "--resume" in second.stderr
-    assert "Traceback" not in second.stderr
+    status, stderr = main_in_process(capsys, *args)
+    assert status == 2
+    assert "already holds checkpoints" in stderr and "--resume" in stderr
+    assert "Traceback" not in stderr and stderr.count("\n") == 1
     assert (tmp_path / "taken" / "best.pt").stat().st_mtime_ns == before
 
 
-def test_resume_refuses_a_different_model_shape(corpus, tmp_path):
+def test_resume_refuses_a_different_model_shape(corpus, tmp_path, capsys):
     config = tiny_config(corpus, tmp_path, "train.max_steps=2", "train.eval_interval=2")
     train(config, run_name="shape", progress=False)
-    result = run_cli("--config", str(TINY), "--resume", str(tmp_path / "shape"), "--no-progress", "--set",
-                     *tiny_overrides(corpus, tmp_path, "model.n_layer=3", "model.n_embd=64"))
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "model.n_layer: checkpoint 2, config 3" in result.stderr
-    assert "model.n_embd: checkpoint 32, config 64" in result.stderr
+    status, stderr = main_in_process(capsys, "--config", str(TINY), "--resume", str(tmp_path / "shape"),
+                                     "--no-progress", "--set",
+                                     *tiny_overrides(corpus, tmp_path, "model.n_layer=3", "model.n_embd=64"))
+    assert status == 2 and "Traceback" not in stderr
+    assert "model.n_layer: checkpoint 2, config 3" in stderr
+    assert "model.n_embd: checkpoint 32, config 64" in stderr
 
 
 def test_corrupt_checkpoint_is_named(corpus, tmp_path):
@@ -416,6 +426,7 @@ def test_time_budget_run_ends_within_its_budget(corpus, tmp_path):
     assert f"done: {chosen.max_steps} steps" in result.stderr
 
 
+@pytest.mark.slow  # trains for its measured budget three times over
 def test_time_budget_run_resumes_exactly_and_equals_a_run_of_its_step_count(corpus, tmp_path):
     """A budget fixes max_steps before step 1 (its measuring steps are undone), so a budget
     run stopped and resumed ends where a plain run of the chosen length ends."""

@@ -45,6 +45,7 @@ class ModelConfig:
     dropout: float = 0.0
     tie_embeddings: bool = True  # the output head reuses the token embedding matrix
     rope_base: float = 10000.0
+    norm_eps: Optional[float] = None  # RMSNorm epsilon; None: torch's default, the dtype's machine epsilon
     # Options beyond the Llama architecture (a model with them on is not exportable as Llama):
     qk_norm: bool = False  # RMSNorm on each head's queries and keys before RoPE (as in Qwen3, OLMo 2)
     logit_softcap: Optional[float] = None  # logits -> cap * tanh(logits / cap) (Gemma 2); None: off
@@ -89,6 +90,8 @@ class ModelConfig:
             fail("model.rope_base", m.rope_base, "expected a positive number")
         if m.logit_softcap is not None and m.logit_softcap <= 0:
             fail("model.logit_softcap", m.logit_softcap, "expected a positive number or null (off)")
+        if m.norm_eps is not None and not m.norm_eps > 0:
+            fail("model.norm_eps", m.norm_eps, "expected a positive number or null (torch's default)")
 
 
 @dataclass
@@ -171,6 +174,7 @@ class TrainConfig:
     log_interval: int = 10
     keep_last: int = 2  # step checkpoints kept besides the best one
     seed: int = 1337
+    init_from: Optional[str] = None  # start from these weights: a run folder, a checkpoint or a Hugging Face folder
     device: str = "auto"  # auto, cpu, cuda, cuda:N or mps
     precision: str = "auto"  # auto, fp32, bf16 or fp16
     compile: bool = False

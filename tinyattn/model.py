@@ -137,8 +137,8 @@ class CausalSelfAttention(nn.Module):
         self.fused = fused  # the path used when no weights are asked for (model.attention)
         # QK-norm: each head's queries and keys scaled to unit RMS (with a learned gain),
         # so a score cannot grow just because q or k grew; lets a larger lr train stably.
-        self.q_norm = nn.RMSNorm(self.head_dim) if config.qk_norm else None
-        self.k_norm = nn.RMSNorm(self.head_dim) if config.qk_norm else None
+        self.q_norm = nn.RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: Optional[torch.Tensor] = None, kv_cache: Optional[KVCache] = None,
@@ -225,9 +225,9 @@ class Block(nn.Module):
 
     def __init__(self, config: ModelConfig, fused_attention: bool = True):
         super().__init__()
-        self.attention_norm = nn.RMSNorm(config.n_embd)
+        self.attention_norm = nn.RMSNorm(config.n_embd, config.norm_eps)
         self.attention = CausalSelfAttention(config, fused_attention)
-        self.mlp_norm = nn.RMSNorm(config.n_embd)
+        self.mlp_norm = nn.RMSNorm(config.n_embd, config.norm_eps)
         self.mlp = SwiGLU(config)
         self.dropout = nn.Dropout(config.dropout)
 
@@ -267,7 +267,7 @@ class LanguageModel(nn.Module):
         self.token_embedding = nn.Embedding(config.vocab_size, config.n_embd)
         self.dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, fused) for _ in range(config.n_layer))
-        self.final_norm = nn.RMSNorm(config.n_embd)
+        self.final_norm = nn.RMSNorm(config.n_embd, config.norm_eps)
         self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.head.weight = self.token_embedding.weight  # one matrix reads and writes tokens

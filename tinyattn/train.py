@@ -49,6 +49,7 @@ from tinyattn.config import (Config, TrainConfig, config_to_dict, parse_duration
 from tinyattn.data import BatchSampler, prepare_data
 from tinyattn.errors import CheckpointError, TinyattnError
 from tinyattn.evaluate import loss_by_position
+from tinyattn.finetune import init_source, resumed_source
 from tinyattn.model import LanguageModel
 from tinyattn.optim import (Optimizers, build_optimizer, learning_rate, lr_factor, ns_dtype_for,
                             optimizer_description, set_learning_rates)
@@ -583,7 +584,10 @@ def _train(config, config_path, run_name, resume, device_name, progress, stop_at
     if resume is not None and not isinstance(resume, ResumePoint):
         point = ResumePoint.find(resume, run_name, config.train.out_dir)
     if point is not None:
+        if config.train.init_from:  # the model and tokenizer it took from its source at the start
+            resumed_source(config, point.config, f"{point.file} (train.init_from)")
         point.adopt(config)
+    source = init_source(config) if point is None else None  # fine-tuning: train.init_from
     run_dir = point.run_dir if point is not None else new_run_dir(config, config_path, run_name)
 
     device = select_device(device_name or config.train.device)
@@ -599,6 +603,8 @@ def _train(config, config_path, run_name, resume, device_name, progress, stop_at
     evaluator = Evaluator(trainer, config, data.validation, data.tokenizer, dist)
     if point is not None:
         point.restore(trainer)
+    elif source is not None:
+        source.load_into(trainer.model)
     if stop_at_step is not None and stop_at_step <= trainer.step:
         raise TinyattnError(f"--stop-at-step {stop_at_step}: the run is already at step {trainer.step}; "
                             "give a later step")
