@@ -29,6 +29,7 @@ import torch
 from tinyattn.config import Config, config_from_dict
 from tinyattn.errors import CheckpointError, ConfigError
 from tinyattn.files import atomic_write
+from tinyattn.hf import is_hf_folder, read_folder
 from tinyattn.model import LanguageModel
 from tinyattn.tokenizer import Tokenizer
 
@@ -158,8 +159,10 @@ class LoadedModel:
     model: LanguageModel
     tokenizer: Tokenizer
     config: Config
-    path: Path
-    step: int
+    path: Path  # the checkpoint file, or a Hugging Face folder's weights file
+    step: int  # 0 for a Hugging Face folder
+    tokens_seen: Optional[int] = None
+    best_val_loss: Optional[float] = None
 
 
 def config_from_checkpoint(state: dict, path: Path) -> Config:
@@ -191,7 +194,17 @@ def load_weights(model: LanguageModel, state: dict, path: Path) -> None:
 
 def load_model(path: Optional[str | Path] = None, device: str | torch.device = "cpu",
                out_dir: str | Path = "checkpoints") -> LoadedModel:
-    """Rebuild the model and tokenizer of a checkpoint, ready for inference (eval mode)."""
+    """Rebuild the model and tokenizer of a checkpoint, ready for inference (eval mode).
+
+    path: a checkpoint file, a run folder, a Hugging Face Llama folder (`tinyattn.hf`), or
+    None for the most recent run under out_dir.
+    """
+    if path is not None and is_hf_folder(path):
+        imported = read_folder(path)
+        model = LanguageModel(imported.config.model)
+        load_weights(model, {"model": imported.weights}, imported.weights_file)
+        model.to(device).eval()
+        return LoadedModel(model, imported.tokenizer, imported.config, imported.weights_file, 0)
     file = resolve_checkpoint(path, out_dir, prefer="best")
     state = load_checkpoint(file)  # on the CPU: the optimizer state never goes to the device
     config = config_from_checkpoint(state, file)
@@ -199,4 +212,5 @@ def load_model(path: Optional[str | Path] = None, device: str | torch.device = "
     load_weights(model, state, file)
     model.to(device).eval()
     tokenizer = Tokenizer.from_json(state["tokenizer"])
-    return LoadedModel(model, tokenizer, config, file, int(state.get("step", 0)))
+    return LoadedModel(model, tokenizer, config, file, int(state.get("step", 0)),
+                       state.get("tokens_seen"), state.get("best_val_loss"))
