@@ -6,9 +6,8 @@ import types
 import pytest
 import torch
 
-from tinyattn import packing
 from tinyattn.generate import generate_tokens
-from tinyattn.packing import PackedLinear, pack_linear_weights
+from tinyattn.packing import ONEDNN, PackedLinear, pack_linear_weights
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
@@ -37,17 +36,18 @@ def test_packed_weights_give_the_same_logits_and_tokens(tiny_model, random_token
 
 @pytest.mark.parametrize("missing", ["namespace", "operator", "failing"])
 def test_without_the_private_operators_the_model_is_left_unchanged(tiny_model, random_tokens, monkeypatch, missing):
+    operators = ONEDNN
     if missing == "namespace":  # a build without oneDNN's operators at all
         monkeypatch.setattr(torch.ops, "mkldnn", types.SimpleNamespace())
     elif missing == "operator":  # renamed or removed in a later release
-        monkeypatch.setattr(packing, "_reorder", lambda weight: torch.ops.mkldnn._no_such_operator(weight))
+        operators = ONEDNN._replace(reorder=lambda weight: torch.ops.mkldnn._no_such_operator(weight))
     else:  # present, but refuses this input
         def refuse(x, packed):
             raise RuntimeError("unsupported")
-        monkeypatch.setattr(packing, "_packed_linear", refuse)
+        operators = ONEDNN._replace(linear=refuse)
     model = tiny_model()
     before = {name: type(module) for name, module in model.named_modules()}
-    assert not pack_linear_weights(model)
+    assert not pack_linear_weights(model, operators)
     assert {name: type(module) for name, module in model.named_modules()} == before
     ids = random_tokens(length=8)
     torch.testing.assert_close(model(ids).logits, tiny_model()(ids).logits, rtol=0, atol=0)

@@ -171,6 +171,7 @@ def test_peak_flops_leaves_the_global_generator_alone():
     assert torch.equal(torch.get_rng_state(), state)
 
 
+@pytest.mark.slow  # a fresh process, with oneDNN held to AVX2 from its start
 def test_measurements_are_short_where_bf16_is_emulated():
     """With oneDNN held to AVX2 (as on a CPU without bf16 units), bf16 matmuls are emulated,
     many times slower than fp32; neither the fallback measurement nor the bf16 peak may stall."""

@@ -16,6 +16,8 @@ leaves the model as it was: slower, never wrong.
 
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -31,6 +33,16 @@ def _packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
+class PackingOperators(NamedTuple):
+    """What packing calls: `reorder(weight (out, in))` once per layer, `linear(x, reordered)` per call."""
+
+    reorder: Callable[[torch.Tensor], torch.Tensor]
+    linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+ONEDNN = PackingOperators(_reorder, _packed_linear)  # the private operators of the module docstring
+
+
 class PackedLinear(nn.Module):
     """A bias-free linear layer for CPU inference, its weight also stored in oneDNN's layout.
 
@@ -40,34 +52,36 @@ class PackedLinear(nn.Module):
     before packing it.
     """
 
-    def __init__(self, weight: torch.Tensor):
+    def __init__(self, weight: torch.Tensor, operators: PackingOperators = ONEDNN):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
-        self.register_buffer("packed_weight", _reorder(weight.detach()), persistent=False)
+        self.operators = operators
+        self.register_buffer("packed_weight", operators.reorder(weight.detach()), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
             return F.linear(x, self.weight)  # (..., out)
         if x.requires_grad:
             raise RuntimeError("PackedLinear is for inference only; run it under torch.inference_mode()")
-        return _packed_linear(x, self.packed_weight)  # (..., out)
+        return self.operators.linear(x, self.packed_weight)  # (..., out)
 
 
-def pack_linear_weights(model: nn.Module) -> bool:
+def pack_linear_weights(model: nn.Module, operators: PackingOperators = ONEDNN) -> bool:
     """Swap each bias-free nn.Linear of a CPU model for a `PackedLinear`, in place.
 
     For a model loaded only to generate (measured gains: docs/BENCHMARKS.md). A tied output
     head gets its own packed copy (the embedding keeps the original). Returns False, leaving
     the model unchanged, where the model is not on the CPU, oneDNN is not available, or the
     private operators (see the module docstring) are missing or fail a trial on a small matrix.
+    `operators` replaces them (a test gives ones that are missing or fail).
     """
     weight = next(model.parameters())
     if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return False
-    if not _packing_works(weight.dtype):
+    if not _packing_works(weight.dtype, operators):
         return False
-    replacements = [(parent, name, PackedLinear(child.weight))
+    replacements = [(parent, name, PackedLinear(child.weight, operators))
                     for parent in model.modules() for name, child in parent.named_children()
                     if isinstance(child, nn.Linear) and child.bias is None]
     for parent, name, packed in replacements:
@@ -75,14 +89,14 @@ def pack_linear_weights(model: nn.Module) -> bool:
     return True
 
 
-def _packing_works(dtype: torch.dtype) -> bool:
+def _packing_works(dtype: torch.dtype, operators: PackingOperators) -> bool:
     """Whether this torch build packs and multiplies a small matrix of `dtype` correctly."""
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(8, 16, generator=generator).to(dtype)
     x = torch.randn(1, 16, generator=generator).to(dtype)
     try:
         with torch.inference_mode():
-            product = _packed_linear(x, _reorder(weight))
+            product = operators.linear(x, operators.reorder(weight))
     except (AttributeError, RuntimeError, NotImplementedError):  # op missing, or refused
         return False
     tolerance = 1e-5 if dtype == torch.float32 else 5e-2

@@ -231,11 +231,12 @@ def ranks(values: np.ndarray) -> np.ndarray:
     """Ranks 1..n of `values`, ties given the mean of the ranks they share."""
     values = np.asarray(values, dtype=np.float64)
     order = np.argsort(values, kind="stable")
-    ranked = np.empty(len(values))
     sorted_values = values[order]
-    boundaries = np.flatnonzero(np.diff(sorted_values)) + 1
-    for group in np.split(np.arange(len(values)), boundaries):
-        ranked[order[group]] = (group[0] + group[-1]) / 2 + 1
+    new = np.r_[True, sorted_values[1:] != sorted_values[:-1]]  # where each run of equal values starts
+    first = np.flatnonzero(new)
+    last = np.r_[first[1:], len(values)] - 1
+    ranked = np.empty(len(values))
+    ranked[order] = ((first + last) / 2 + 1)[np.cumsum(new) - 1]  # a run's ranks share their mean
     return ranked
 
 

@@ -1,0 +1,198 @@
+"""The explorer page: its embedded data is the model's, it stays small and self-contained, the
+command writes it; and in headless Chromium, the colours the page shows are the model's
+weights, with no network request and no console error."""
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tinyattn.checkpoint import save_checkpoint
+from tinyattn.cli.attention import main as attention_main
+from tinyattn.config import Config, ModelConfig, TokenizerConfig, config_to_dict
+from tinyattn.explorer import WEIGHT_LEVELS, data_of_page, explorer_html, weights_from_data, write_explorer
+from tinyattn.model import LanguageModel
+from tinyattn.relevance import Relevance, relevance_of_text
+from tinyattn.tokenizer import build_tokenizer
+
+CORPUS = "The book that the student borrowed from the library was fascinating.\nROMEO:\nBut soft!\n"
+TEXT = "The book that the student borrowed from the library"  # 51 tokens: longer than the context
+STEP = 0.5 / WEIGHT_LEVELS  # a stored weight is within half a level of the model's
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer(TokenizerConfig(kind="char"), lambda: iter([CORPUS]))
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
+                         context_length=32)
+    return LanguageModel(config).eval()
+
+
+@pytest.fixture(scope="module")
+def relevance(model, tokenizer):
+    return relevance_of_text(model, tokenizer, TEXT)
+
+
+# ----------------------------------------------------------------------------- the data
+
+
+def test_the_page_holds_the_models_weights_relevance_losses_and_head_ablation(relevance):
+    data = data_of_page(explorer_html(relevance, "t", "s"))
+    assert data["tokens"] == relevance.labels and data["reach"] == list(relevance.reach)
+    assert sorted(set(data["reach"])) == [0, 16, 32]  # 51 tokens read in windows of 32, 16 apart
+    np.testing.assert_allclose(weights_from_data(data), relevance.weights, rtol=0, atol=STEP + 1e-7)
+    rows = [relevance.token_relevance[t, relevance.reach[t]:t] for t in range(relevance.num_tokens)]
+    stored = np.array([np.nan if v is None else v for v in data["relevance"]])
+    np.testing.assert_allclose(stored, np.concatenate(rows), rtol=0, atol=5e-4)  # NaN where unmeasured, too
+    losses = np.array([np.nan if v is None else v for v in data["loss"]])
+    np.testing.assert_allclose(losses, relevance.losses, rtol=0, atol=5e-4)
+    np.testing.assert_allclose(data["head_ablation"], relevance.head_relevance, rtol=0, atol=5e-4)
+    assert data["query"] == relevance.num_tokens - 2  # default: the last token that predicts one
+
+
+def test_the_page_is_self_contained_and_a_token_cannot_end_its_script(relevance):
+    labels = list(relevance.labels)
+    labels[3] = "</script><img src=x>"
+    tricky = Relevance(**{**relevance.__dict__, "labels": labels})
+    page = explorer_html(tricky)
+    assert not re.search(r"https?://|//cdn|\bsrc=\"|@import|url\(", page.replace("<img src=x>", ""))
+    assert page.count("</script>") == 2  # the data block's and the code's, nothing from the token
+    assert data_of_page(page)["tokens"][3] == "</script><img src=x>"
+
+
+def test_a_256_token_text_of_a_6x6_model_makes_a_page_well_under_two_megabytes():
+    T, L, H = 256, 6, 6
+    rng = np.random.default_rng(0)
+    weights = rng.dirichlet(np.ones(T), size=(L, H, T)).astype(np.float32) * np.tril(np.ones((T, T), dtype=np.float32))
+    relevance = np.where(np.tril(np.ones((T, T)), k=-1) > 0, rng.normal(0, 0.1, (T, T)), np.nan)
+    rel = Relevance(list(range(T)), ["x"] * T, T, np.zeros(T, dtype=int), weights,
+                    np.append(rng.uniform(0, 4, T - 1), np.nan), relevance, rng.normal(0, 0.1, (L, H)), 1.5)
+    size = len(explorer_html(rel).encode("utf-8"))
+    assert size < 2_000_000, size
+    print(f"page of {T} tokens, {L}x{H} heads: {size:,} bytes")
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+@pytest.fixture(scope="module")
+def run_dir(tokenizer, model, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("run")
+    config = Config(model=model.config)
+    config.data.files = ["unused.txt"]
+    save_checkpoint({"model": model.state_dict(), "config": config_to_dict(config),
+                     "tokenizer": tokenizer.to_json(), "step": 0}, folder / "best.pt")
+    return folder
+
+
+def test_the_command_prints_the_table_and_writes_the_page(run_dir, relevance, tmp_path, capsys):
+    page = tmp_path / "explorer.html"
+    status = attention_main(["--checkpoint", str(run_dir), "--text", TEXT, "--query", "student", "--relevance",
+                             "--top", "3", "--html", str(page), "--device", "cpu"])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    assert "it is read in windows of 32 tokens starting every 16" in err
+    position = TEXT.index("student") + len("student") - 1
+    lines = out.splitlines()
+    assert lines[0] == f"--query 'student': its first occurrence ends in token t at position {position}"
+    assert lines[1].startswith(f"query t at position {position} (of 51 tokens) predicts ␣ with loss")
+    assert len([line for line in lines[4:] if re.match(r"\s+\d+ ", line)]) == 3 + 2  # 3 keys, 2 layers
+    assert "head ablation: rise in the mean loss" in out and f"wrote {page}" in out
+    data = data_of_page(page.read_text(encoding="utf-8"))
+    assert data["query"] == position
+    np.testing.assert_allclose(weights_from_data(data), relevance.weights, rtol=0, atol=STEP + 1e-6)
+    assert not (run_dir / "attention").exists()  # no PNGs with --relevance / --html
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--relevance", "--query-position", "-1"], "it predicts nothing in the text"),
+    (["--relevance", "--top", "0"], "--top 0: expected a positive number"),
+    (["--html", "/no/such/folder/page.html"], "/no/such/folder/page.html: cannot write the page"),
+], ids=["last-token", "top-zero", "unwritable"])
+def test_command_mistakes_are_one_line(run_dir, capsys, args, message):
+    status = attention_main(["--checkpoint", str(run_dir), "--text", "The book", "--device", "cpu", *args])
+    err = capsys.readouterr().err
+    assert status == 2 and err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
+
+
+# ----------------------------------------------------------------------------- in a browser
+
+
+def chromium_executable():
+    """Debian's chromium (or TINYATTN_CHROMIUM); None: Playwright's own browser, if installed."""
+    named = os.environ.get("TINYATTN_CHROMIUM")
+    if named:
+        return named
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed "
+                                         "(pip install -e '.[dev]')")
+    with playwright_api.sync_playwright() as p:
+        try:
+            launched = p.chromium.launch(executable_path=chromium_executable())
+        except Exception as e:  # no browser on this machine
+            pytest.skip(f"no Chromium to run the explorer in (apt-get install chromium, or "
+                        f"python -m playwright install chromium): {str(e).splitlines()[0]}")
+        yield launched
+        launched.close()
+
+
+@pytest.mark.slow
+def test_in_chromium_the_highlighted_weights_are_the_models_and_nothing_is_fetched(browser, relevance, tmp_path):
+    page_file = write_explorer(tmp_path / "explorer.html", relevance, "test", "a tiny model")
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    requests, errors = [], []
+    page.on("request", lambda r: requests.append(r.url))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(page_file.as_uri())
+
+    def shown(row, attribute, query):
+        values = page.eval_on_selector_all(f"#{row}-row .tok", f"spans => spans.map(s => s.dataset.{attribute})")
+        assert len(values) == relevance.num_tokens
+        keys = range(relevance.reach[query], query + 1 if attribute == "weight" else query)
+        assert all(values[j] == "" for j in range(relevance.num_tokens) if j not in keys)  # future, out of reach
+        return np.array([float(values[j]) for j in keys])
+
+    query = 40  # in the second window: it reads keys 16..40
+    page.hover(f"#weights-row .tok[data-pos='{query}']")
+    page.select_option("#layer", "1")
+    page.select_option("#head", "2")
+    expected = relevance.weights[1, 2, query, 16:query + 1]
+    np.testing.assert_allclose(shown("weights", "weight", query), expected, rtol=0, atol=STEP + 1e-4)
+    np.testing.assert_allclose(shown("relevance", "relevance", query),
+                               relevance.token_relevance[query, 16:query], rtol=0, atol=1e-3)
+    assert f"query {relevance.labels[query]} at {query}" in page.inner_text("#query-info")
+
+    page.select_option("#head", "mean")
+    np.testing.assert_allclose(shown("weights", "weight", query), relevance.weights[1, :, query, 16:query + 1].mean(0),
+                               rtol=0, atol=STEP + 1e-4)
+
+    page.click("#weights-row .tok[data-pos='12']")  # pins query 12 ...
+    page.hover("#relevance-row .tok[data-pos='30']")  # ... so hovering elsewhere does not move it
+    page.click("#grid canvas[data-layer='0'][data-head='3']")  # a heatmap selects its head
+    assert page.input_value("#layer") == "0" and page.input_value("#head") == "3"
+    np.testing.assert_allclose(shown("weights", "weight", 12), relevance.weights[0, 3, 12, :13], rtol=0,
+                               atol=STEP + 1e-4)
+    page.click("#ablation td[data-layer='1'][data-head='0']")  # so does a cell of the ablation grid
+    assert page.input_value("#layer") == "1" and page.input_value("#head") == "0"
+
+    page.screenshot(path=str(tmp_path / "explorer.png"), full_page=True)
+    assert (tmp_path / "explorer.png").stat().st_size > 10_000
+    assert requests == [page_file.as_uri()]  # the page itself, nothing else
+    assert errors == []
