@@ -1,0 +1,305 @@
+"""Hugging Face folders both ways: export, import, fine-tune from one; transformers is the reference.
+
+Every model here is built locally and tiny (the hub is never reached: HF_HUB_OFFLINE=1).
+Random weights are scaled up from the initialisation so logits are spread apart (a few
+units, like a trained small model's): equal logits then mean equal functions, and greedy
+choices never hang on a near tie. The differences left are float32 rounding: tinyattn
+computes its RoPE tables in float64, transformers in float32, so they grow with the
+logits' size.
+"""
+
+import json
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("safetensors")
+transformers = pytest.importorskip("transformers")
+
+from tinyattn import checkpoint as ckpt  # noqa: E402
+from tinyattn.cli import eval as eval_cli  # noqa: E402
+from tinyattn.cli import export as export_cli  # noqa: E402
+from tinyattn.cli import generate as generate_cli  # noqa: E402
+from tinyattn.config import (Config, DataConfig, ModelConfig, SampleConfig, TokenizerConfig,  # noqa: E402
+                             TrainConfig, config_to_dict)
+from tinyattn.errors import ConfigError  # noqa: E402
+from tinyattn.evaluate import evaluate_tokens  # noqa: E402
+from tinyattn.generate import generate_tokens  # noqa: E402
+from tinyattn.hf import export_folder  # noqa: E402
+from tinyattn.model import LanguageModel  # noqa: E402
+from tinyattn.tokenizer import Tokenizer, build_tokenizer  # noqa: E402
+from tinyattn.train import train  # noqa: E402
+
+TEXT = ("ROMEO: But soft, what light through yonder window breaks?\n"
+        "JULIET: Привет, мир! Καλημέρα. 日本語のテキスト, 中文.\n"
+        "NURSE: Emoji too 😀🎉👍🏽 and done.\n") * 3
+SAMPLES = {"ascii": "ROMEO: what light breaks?", "non-latin": "Привет, мир! 日本語 Καλημέρα",
+           "emoji": "done 😀🎉👍🏽"}
+
+
+def tokenizer_of(kind: str) -> Tokenizer:
+    return build_tokenizer(TokenizerConfig(kind=kind, vocab_size=300), lambda: iter([TEXT]))
+
+
+def random_model(tokenizer: Tokenizer, kind: str, n_kv_head: int, seed: int = 0):
+    config = Config(model=ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=4,
+                                      n_kv_head=n_kv_head, n_embd=32, context_length=64),
+                    data=DataConfig(files=["corpus.txt"]), tokenizer=TokenizerConfig(kind=kind),
+                    sample=SampleConfig(temperature=0.7, top_k=20, max_new_tokens=100))
+    torch.manual_seed(seed)
+    model = LanguageModel(config.model).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.15)
+    return config, model
+
+
+def hf_model(folder):
+    return transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+
+
+def max_logit_difference(model, reference, ids: torch.Tensor) -> float:
+    with torch.no_grad():
+        return (model(ids).logits - reference(ids).logits).abs().max().item()
+
+
+def save_run(tmp_path, config, model, tokenizer, name="run"):
+    run = tmp_path / name
+    ckpt.save_checkpoint({"config": config_to_dict(config), "model": model.state_dict(),
+                          "tokenizer": tokenizer.to_json(), "step": 20, "tokens_seen": 2560,
+                          "best_val_loss": 2.3456}, run / "best.pt")
+    return run
+
+
+def run_main(main, argv, capsys):
+    capsys.readouterr()  # drop what came before (transformers' progress bars)
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ----------------------------------------------------------------------------- export
+
+
+@pytest.mark.parametrize("kind,n_kv_head", [("char", 4), ("char", 2), ("bpe", 4), ("bpe", 1)],
+                         ids=["char", "char-gqa", "bpe", "bpe-gqa"])
+def test_exported_folder_gives_transformers_equal_logits(tmp_path, kind, n_kv_head):
+    tokenizer = tokenizer_of(kind)
+    config, model = random_model(tokenizer, kind, n_kv_head)
+    export_folder(model.state_dict(), config, tokenizer, tmp_path / "out")
+    reference = hf_model(tmp_path / "out")
+    assert type(reference).__name__ == "LlamaForCausalLM"
+    ids = torch.tensor([tokenizer.encode(TEXT)[:64]])  # the whole context
+    assert max_logit_difference(model, reference, ids) < 1e-5
+
+
+def test_greedy_generation_matches_transformers_token_for_token(tmp_path):
+    tokenizer = tokenizer_of("bpe")
+    config, model = random_model(tokenizer, "bpe", 2, seed=1)
+    export_folder(model.state_dict(), config, tokenizer, tmp_path / "out")
+    prompt = torch.tensor([tokenizer.encode("ROMEO: But")])
+    ours = torch.stack(list(generate_tokens(model, prompt, 50, temperature=0.0)), dim=1)  # (1, 50)
+    greedy = transformers.GenerationConfig(max_new_tokens=50, do_sample=False, eos_token_id=None,
+                                           bos_token_id=None, pad_token_id=None)
+    theirs = hf_model(tmp_path / "out").generate(prompt, generation_config=greedy,
+                                                 attention_mask=torch.ones_like(prompt))
+    assert theirs[0, prompt.size(1):].tolist() == ours[0].tolist()
+    assert len(set(ours[0].tolist())) > 5  # a real sequence, not one token repeated
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_tokenizer_round_trip_matches_auto_tokenizer(tmp_path, kind):
+    tokenizer = tokenizer_of(kind)
+    config, model = random_model(tokenizer, kind, 4)
+    export_folder(model.state_dict(), config, tokenizer, tmp_path / "out")
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert theirs.eos_token == "<|endoftext|>" and theirs.eos_token_id == tokenizer.eot_id
+    if kind == "char":
+        assert theirs.unk_token == "[UNK]"
+    for name, text in SAMPLES.items():
+        ids = tokenizer.encode(text)
+        assert theirs(text)["input_ids"] == ids, name
+        assert theirs.decode(ids) == tokenizer.decode(ids) == text, name
+
+
+def test_export_cli_writes_config_generation_defaults_and_card(tmp_path, capsys):
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)
+    run = save_run(tmp_path, config, model, tokenizer)
+    code, out, err = run_main(export_cli.main, ["--checkpoint", run, "--out", tmp_path / "out"], capsys)
+    assert code == 0, err
+    folder = tmp_path / "out"
+    hf = json.loads((folder / "config.json").read_text())
+    assert hf["architectures"] == ["LlamaForCausalLM"] and hf["dtype"] == "float32"
+    assert (hf["num_attention_heads"], hf["num_key_value_heads"], hf["head_dim"]) == (4, 2, 8)
+    assert hf["rms_norm_eps"] == torch.finfo(torch.float32).eps  # what nn.RMSNorm(eps=None) uses
+    assert hf["rope_parameters"]["rope_theta"] == 10000.0 and hf["tie_word_embeddings"] is True
+    assert hf["max_position_embeddings"] == 64 and hf["eos_token_id"] == tokenizer.eot_id
+    generation = json.loads((folder / "generation_config.json").read_text())
+    assert (generation["do_sample"], generation["temperature"], generation["top_k"],
+            generation["max_new_tokens"]) == (True, 0.7, 20, 100)
+    card = (folder / "README.md").read_text()
+    assert "`corpus.txt`" in card and "20 steps, 2,560 tokens" in card and "2.3456" in card
+    # Exported again into the same folder: refused without --force, replaced with it.
+    code, _, err = run_main(export_cli.main, ["--checkpoint", run, "--out", folder], capsys)
+    assert code == 2 and "--force" in err
+    code, _, err = run_main(export_cli.main, ["--checkpoint", run, "--out", folder, "--force",
+                                              "--dtype", "bf16"], capsys)
+    assert code == 0, err
+    assert hf_model(folder).model.embed_tokens.weight.dtype == torch.bfloat16
+
+
+# ----------------------------------------------------------------------------- import
+
+
+def random_llama(folder, tokenizer: Tokenizer, seed: int = 0):
+    """A LlamaForCausalLM built by transformers: GQA, untied head, eps 1e-5, RoPE base 500."""
+    hf_config = transformers.LlamaConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0}, tie_word_embeddings=False,
+        bos_token_id=tokenizer.eot_id, eos_token_id=tokenizer.eot_id)
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(hf_config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.15)
+    model.save_pretrained(folder)
+    tokenizer.save(folder / "tokenizer.json")
+    return model
+
+
+def test_imported_llama_gives_equal_logits(tmp_path):
+    tokenizer = tokenizer_of("bpe")
+    reference = random_llama(tmp_path / "llama", tokenizer)
+    loaded = ckpt.load_model(tmp_path / "llama")
+    m = loaded.config.model
+    assert (m.n_kv_head, m.tie_embeddings, m.norm_eps, m.rope_base) == (2, False, 1e-5, 500.0)
+    ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
+    assert max_logit_difference(loaded.model, reference, ids) < 1e-5
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text(TEXT * 20, encoding="utf-8")
+    return path
+
+
+def finetune_config(corpus, tmp_path, init_from, **model) -> Config:
+    return Config(model=ModelConfig(context_length=32, **model), data=DataConfig(
+        files=[str(corpus)], cache_dir=str(tmp_path / "cache")), train=TrainConfig(
+        init_from=str(init_from), batch_size=4, max_steps=20, warmup_steps=2, lr=1e-2, min_lr=1e-3,
+        eval_interval=20, eval_windows=4, log_interval=10, sample_tokens=0, precision="fp32",
+        device="cpu", peak_flops=1e12, out_dir=str(tmp_path / "runs")))
+
+
+def test_finetune_from_imported_llama_lowers_loss_and_exports_equal(tmp_path, corpus):
+    tokenizer = tokenizer_of("bpe")
+    random_llama(tmp_path / "llama", tokenizer)
+    result = train(finetune_config(corpus, tmp_path, tmp_path / "llama"), run_name="ft", progress=False)
+    assert result.step == 20
+    before, after = ckpt.load_model(tmp_path / "llama"), ckpt.load_model(result.run_dir)
+    assert after.config.tokenizer.kind == "pretrained" and after.tokenizer.to_json() == tokenizer.to_json()
+    assert after.config.model.context_length == 32 and after.config.model.n_embd == 48
+    tokens = torch.tensor(tokenizer.encode(TEXT * 2))
+    loss_before = evaluate_tokens(before.model, tokenizer, tokens, 4, False).loss
+    loss_after = evaluate_tokens(after.model, tokenizer, tokens, 4, False).loss
+    assert loss_after < loss_before - 0.5
+    export_folder(after.model.state_dict(), after.config, after.tokenizer, tmp_path / "again")
+    ids = torch.tensor([tokens[:32].tolist()])
+    assert max_logit_difference(after.model, hf_model(tmp_path / "again"), ids) < 1e-5
+
+
+def test_init_from_names_every_conflicting_key(tmp_path, corpus):
+    tokenizer = tokenizer_of("bpe")
+    random_llama(tmp_path / "llama", tokenizer)
+    config = finetune_config(corpus, tmp_path, tmp_path / "llama", n_layer=3, n_embd=64, dropout=0.1)
+    with pytest.raises(ConfigError) as caught:
+        train(config, run_name="ft", progress=False)
+    message = str(caught.value)
+    assert "model.n_layer: config 3, source 2" in message and "model.n_embd: config 64, source 48" in message
+    assert "dropout" not in message and "\n" not in message
+    assert not (tmp_path / "runs" / "ft").exists()
+
+
+def test_generate_and_eval_take_a_hf_folder(tmp_path, capsys):
+    tokenizer = tokenizer_of("bpe")
+    random_llama(tmp_path / "llama", tokenizer)
+    code, out, err = run_main(generate_cli.main, ["--checkpoint", tmp_path / "llama", "--prompt", "ROMEO:",
+                                                  "--max-new-tokens", "8", "--temperature", "0",
+                                                  "--device", "cpu"], capsys)
+    assert code == 0, err
+    assert out.startswith("ROMEO:") and "model.safetensors" in err
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    code, out, err = run_main(eval_cli.main, ["--checkpoint", tmp_path / "llama", "--text-file", text,
+                                              "--no-plot", "--device", "cpu"], capsys)
+    assert code == 0, err
+    assert "perplexity" in out and "bits per byte" in out
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+def edit_config(folder, **changes):
+    path = folder / "config.json"
+    raw = json.loads(path.read_text())
+    raw.update(changes)
+    path.write_text(json.dumps(raw))
+
+
+REFUSALS = {
+    "architecture": (lambda f: edit_config(f, architectures=["MistralForCausalLM"]),
+                     "architectures ['MistralForCausalLM']"),
+    "rope-scaling": (lambda f: edit_config(f, rope_parameters={"rope_type": "llama3", "rope_theta": 500.0,
+                                                               "factor": 8.0}), "rope scaling 'llama3'"),
+    "attention-bias": (lambda f: edit_config(f, attention_bias=True), "attention_bias true"),
+    "mlp-bias": (lambda f: edit_config(f, mlp_bias=True), "mlp_bias true"),
+    "head-dim": (lambda f: edit_config(f, head_dim=16), "head_dim 16"),
+    "pickle": (lambda f: ((f / "model.safetensors").rename(f / "pytorch_model.bin")),
+               "pytorch_model.bin, a pickle"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSALS)
+def test_unsupported_folder_is_refused_in_one_line(tmp_path, capsys, case):
+    tokenizer = tokenizer_of("bpe")
+    random_llama(tmp_path / "llama", tokenizer)
+    change, expected = REFUSALS[case]
+    change(tmp_path / "llama")
+    code, out, err = run_main(generate_cli.main, ["--checkpoint", tmp_path / "llama", "--prompt", "a",
+                                                  "--device", "cpu"], capsys)
+    assert code == 2 and out == ""
+    assert err.startswith("error: ") and err.count("\n") == 1 and expected in err, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("option,value", [("qk_norm", True), ("logit_softcap", 30.0)])
+def test_export_refuses_what_llama_cannot_hold(tmp_path, capsys, option, value):
+    tokenizer = tokenizer_of("char")
+    config, _ = random_model(tokenizer, "char", 4)
+    setattr(config.model, option, value)
+    run = save_run(tmp_path, config, LanguageModel(config.model), tokenizer)
+    code, out, err = run_main(export_cli.main, ["--checkpoint", run, "--out", tmp_path / "out"], capsys)
+    assert code == 2 and err.startswith(f"error: model.{option}: ") and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_without_safetensors_the_command_says_how_to_install(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # import safetensors now fails
+    monkeypatch.setitem(sys.modules, "safetensors.torch", None)
+    code, out, err = run_main(export_cli.main, ["--checkpoint", tmp_path, "--out", tmp_path / "out"], capsys)
+    assert code == 2 and err.count("\n") == 1 and 'pip install -e ".[hf]"' in err, err
+
+
+def test_init_from_starts_from_the_source_weights(tmp_path, corpus):
+    tokenizer = tokenizer_of("bpe")
+    random_llama(tmp_path / "llama", tokenizer)
+    config = finetune_config(corpus, tmp_path, tmp_path / "llama")
+    config.train.lr, config.train.min_lr, config.train.max_steps = 1e-7, 1e-8, 2  # barely moves
+    result = train(config, run_name="ft", progress=False)
+    source, tuned = ckpt.load_model(tmp_path / "llama").model, ckpt.load_model(result.run_dir).model
+    for (name, before), after in zip(source.state_dict().items(), tuned.state_dict().values()):
+        assert (after - before).abs().max().item() < 1e-5, name

@@ -1,0 +1,44 @@
+"""`scripts/export.py` / `tinyattn-export`: a checkpoint as a Hugging Face Llama folder."""
+
+from __future__ import annotations
+
+import argparse
+
+from tinyattn.cli import run_command
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="export.py",
+        description="Write a checkpoint as a Hugging Face model folder (LlamaForCausalLM): config.json, "
+                    "model.safetensors, generation_config.json (from the run's sample section), the "
+                    "tokenizer files and a model card README.md. transformers' AutoModelForCausalLM and "
+                    "AutoTokenizer load it with no custom code. Options Llama cannot hold (model.qk_norm, "
+                    "model.logit_softcap) are refused.",
+        epilog="example: python scripts/export.py --checkpoint checkpoints/<run> --out exported/<name>")
+    p.add_argument("--checkpoint", help="checkpoint file, run folder or Hugging Face folder (default: "
+                                        "the most recent run under checkpoints/)")
+    p.add_argument("--out", required=True, metavar="DIR", help="the folder to write (new or empty)")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+                   help="the weights' dtype in the folder (default: fp32, the dtype tinyattn trains its "
+                        "weights in)")
+    p.add_argument("--force", action="store_true", help="replace an earlier export in --out")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+
+    def command() -> int:
+        from tinyattn.checkpoint import load_model
+        from tinyattn.hf import DTYPES, ModelCard, export_folder, safetensors_torch
+
+        safetensors_torch()  # before any work: a missing extra is a one-line error
+        loaded = load_model(args.checkpoint)
+        card = ModelCard(str(loaded.path), loaded.step, loaded.tokens_seen, loaded.best_val_loss)
+        files = export_folder(loaded.model.state_dict(), loaded.config, loaded.tokenizer, args.out,
+                              dtype=DTYPES[args.dtype], card=card, force=args.force)
+        print(f"{loaded.path} (step {loaded.step}): wrote {args.out}/ ({', '.join(f.name for f in files)})")
+        return 0
+
+    return run_command(command)
