@@ -71,7 +71,8 @@ def test_tensorboard_holds_every_curve(corpus, tmp_path):
     assert {"train/loss", "val/loss", "train/learning_rate", "train/grad_norm", "perf/tokens_per_second",
             "perf/mfu", "train/tokens_seen"} <= scalars
     assert {"loss_by_position/positions_0", "loss_by_position/positions_16-31"} <= scalars
-    assert {"attention/layer_0", "attention/layer_1", "loss_by_position/plot"} <= set(events.Tags()["images"])
+    assert {"attention/layer_0", "attention/layer_1", "loss_by_position/plot",
+            "head_ablation/grid"} <= set(events.Tags()["images"])
     tensors = set(events.Tags()["tensors"])
     assert {"sample/text_summary", "config/text_summary"} <= tensors
     losses = [e.value for e in events.Scalars("train/loss")]

@@ -342,6 +342,12 @@ def head_ablation_image(rises: np.ndarray) -> np.ndarray:
 
 def log_head_ablation_to_tensorboard(writer, model, tokenizer, text: str, step: int,
                                      tag: str = "head_ablation") -> None:
-    """Add `<tag>/grid`, the head-ablation image of `text`, at `step`: L * H short forwards, batched."""
-    rises, _ = head_ablation(model, tokenizer.encode(text))
+    """Add `<tag>/grid`, the head-ablation image of `text`, at `step`: L * H short forwards, batched.
+
+    A text of fewer than 2 tokens predicts nothing: no image.
+    """
+    token_ids = tokenizer.encode(text)
+    if len(token_ids) < 2:
+        return
+    rises, _ = head_ablation(model, token_ids)
     writer.add_image(f"{tag}/grid", head_ablation_image(rises), step, dataformats="HWC")

@@ -778,6 +778,7 @@ class Logger:
             return
         from tinyattn.attention_maps import log_attention_to_tensorboard
         from tinyattn.evaluate import log_loss_by_position_to_tensorboard
+        from tinyattn.relevance import log_head_ablation_to_tensorboard
 
         step = result.step
         self.writer.add_scalar("val/loss", result.val_loss, step)
@@ -790,6 +791,9 @@ class Logger:
         if self.config.train.probe_text:
             log_attention_to_tensorboard(self.writer, self.trainer.model, evaluator.tokenizer,
                                          self.config.train.probe_text, step)
+            # Which heads the loss needs, as a layer x head grid: L * H short forwards, batched.
+            log_head_ablation_to_tensorboard(self.writer, self.trainer.model, evaluator.tokenizer,
+                                             self.config.train.probe_text, step)
         self.writer.flush()
 
     def close(self) -> None:
