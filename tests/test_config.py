@@ -1,5 +1,6 @@
 """Config loading: inheritance, overrides, YAML round trip, and every validation error."""
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,33 @@ def test_extends_deep_merges(tmp_path):
     assert config.model.n_embd == 64  # inherited from the base, same section
     assert config.train.lr == 0.01  # inherited, other section
     assert config.train.batch_size == 16  # dataclass default
+
+
+def test_extends_with_own_files_drops_the_inherited_download(tmp_path):
+    write(tmp_path / "base.yaml", "data:\n  files: shakespeare.txt\n  url: https://example.org/s.txt\n"
+          "  sha256: abc\n  size_bytes: 3\n  text_field: body\n")
+    mine = load_config(write(tmp_path / "mine.yaml", "extends: base.yaml\ndata:\n  files: [corpus/*.parquet]\n"))
+    assert (mine.data.url, mine.data.sha256, mine.data.size_bytes) == (None, None, None)
+    assert mine.data.files == ["corpus/*.parquet"] and mine.data.text_field == "body"  # the rest is inherited
+    own = load_config(write(tmp_path / "own.yaml", "extends: base.yaml\ndata:\n  files: b.txt\n"
+                                                   "  url: https://example.org/b.txt\n"))
+    assert (own.data.url, own.data.sha256) == ("https://example.org/b.txt", None)  # the child's own url
+    same = load_config(write(tmp_path / "same.yaml", "extends: base.yaml\nmodel:\n  n_layer: 2\n"))
+    assert same.data.url == "https://example.org/s.txt"  # not naming data.files: the download is kept
+
+
+def test_default_prompt_starts_from_end_of_text_whatever_the_corpus(tmp_path):
+    from tinyattn.generate import encode_prompt
+    from tinyattn.tokenizer import build_tokenizer
+
+    child = write(tmp_path / "mine.yaml", f"extends: {ROOT / 'configs' / 'shakespeare_char.yaml'}\n"
+                                          "data:\n  files: one_line.txt\n")
+    prompt = load_config(child).sample.prompt
+    assert prompt == "" == Config().sample.prompt
+    no_newlines = build_tokenizer(Config().tokenizer, lambda: iter(["a corpus without a line break"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a newline prompt would warn: the tokenizer never saw one
+        assert encode_prompt(no_newlines, prompt, context_length=8) == [no_newlines.eot_id]
 
 
 def test_extends_chain_and_cycle(tmp_path):

@@ -6,6 +6,7 @@ import hashlib
 import http.server
 import json
 import os
+import re
 import threading
 
 import numpy as np
@@ -115,7 +116,7 @@ def test_tiny_shakespeare_split_matches_published_results(tmp_path, shakespeare_
 
 def test_folder_of_text_files_is_one_document_per_file(tmp_path):
     folder = write_text_folder(tmp_path / "books")
-    (folder / "notes.csv").write_text("ignored")  # not a text file
+    (folder / "notes.xml").write_text("ignored")  # not a format we read
     (folder / ".hidden.txt").write_text("ignored too")
     result = prepare_data(make_config(tmp_path, {"files": [str(folder)]}), progress=False)
     expected_train = [d for i, d in enumerate(DOCUMENTS) if i not in HELD_OUT]
@@ -360,6 +361,37 @@ def test_damaged_cache_is_rebuilt(tmp_path, builds, damage):
     assert len(builds) == 2 and np.array_equal(result.train, expected)
 
 
+@pytest.mark.parametrize("damage", ["zeros", "ids outside the vocabulary"])
+def test_token_file_changed_in_place_is_rebuilt_with_a_warning(tmp_path, builds, capsys, damage):
+    folder = write_text_folder(tmp_path / "books")
+    config = make_config(tmp_path, {"files": [str(folder)]})
+    first = prepare_data(config, progress=False)
+    expected, vocab_size = np.array(first.train), first.tokenizer.vocab_size
+    del first
+    cache = trusted_caches(tmp_path)[0].parent
+    size = (cache / "train.bin").stat().st_size
+    if damage == "zeros":  # same size, other bytes: only the checksum can tell
+        with open(cache / "train.bin", "r+b") as f:
+            f.write(bytes(min(4096, size)))
+        reason = r"train\.bin does not match its checksum in meta\.json"
+    else:  # ids the model has no embedding for, with a checksum that agrees
+        bad = np.full(size // 2, vocab_size + 7, dtype=np.uint16)
+        bad.tofile(cache / "train.bin")
+        meta = json.loads((cache / "meta.json").read_text())
+        meta["checksums"]["train.bin"] = hashlib.blake2b(bad.tobytes()).hexdigest()
+        (cache / "meta.json").write_text(json.dumps(meta))
+        reason = rf"train\.bin holds token id {vocab_size + 7}, outside the vocabulary of {vocab_size}"
+    builds.clear()
+    capsys.readouterr()
+    result = prepare_data(config, progress=False)
+    warning = capsys.readouterr().err
+    assert re.fullmatch(rf"warning: \S+{reason}.*; rebuilding the token cache\n", warning)
+    assert len(builds) == 2 and np.array_equal(result.train, expected)
+    builds.clear()
+    prepare_data(config, progress=False)  # the rebuilt cache verifies
+    assert builds == [] and capsys.readouterr().err == ""
+
+
 def test_uint32_when_the_vocabulary_does_not_fit_in_uint16(tmp_path):
     text = "".join(DOCUMENTS)
     vocab = {c: i for i, c in enumerate(sorted(set(text)))}
@@ -412,9 +444,9 @@ def test_folder_without_text_files(tmp_path):
 
 
 def test_unknown_extension_and_mixed_formats(tmp_path):
-    (tmp_path / "a.csv").write_text("x")
-    config = make_config(tmp_path, {"files": [str(tmp_path / "a.csv")]})
-    assert_one_line_error(tmp_path, config, r"cannot tell the format of .*a\.csv.*set data\.format")
+    (tmp_path / "a.xml").write_text("x")
+    config = make_config(tmp_path, {"files": [str(tmp_path / "a.xml")]})
+    assert_one_line_error(tmp_path, config, r"cannot tell the format of .*a\.xml.*set data\.format")
     (tmp_path / "a.txt").write_text("x")
     write_jsonl(tmp_path / "b.jsonl")
     config = make_config(tmp_path, {"files": [str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl")]})

@@ -14,8 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [
     {"errors", "files", "kv_cache"},  # no tinyattn imports at all
     {"config", "plotting", "download"},
-    {"tokenizer", "runtime", "sources"},
-    {"model", "optim", "splits", "token_cache", "hf"},
+    {"tokenizer", "runtime"},
+    {"model", "optim", "sources", "hf"},  # sources cuts text where the tokenizer allows
+    {"splits", "token_cache"},
     {"data"},  # prepare_data, the batch sampler and evaluation windows, over sources and the cache
     {"checkpoint", "generate", "packing", "evaluate", "attention_maps"},
     {"relevance"},  # token and head ablation, measured beside attention_maps' weights

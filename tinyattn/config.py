@@ -104,12 +104,14 @@ class DataConfig:
     train_split: str = "train"
     validation_split: Optional[str] = None  # None: hold out validation_fraction of the training split
     streaming: bool = False  # stream a hub dataset instead of downloading it whole
-    files: Optional[list[str]] = None  # paths, globs or folders of .txt / .jsonl / .parquet
-    format: str = "auto"  # auto (from the file extension), text, json or parquet
-    url: Optional[str] = None  # downloaded once to files[0] when that file is missing
+    files: Optional[list[str]] = None  # paths, globs or folders of .txt .jsonl .csv .tsv .parquet (.gz .bz2 .xz .zst)
+    format: str = "auto"  # auto (from the file extension), text, json, csv, tsv or parquet
+    # Downloaded once to files[0] when that file is missing. A config that sets data.files
+    # does not inherit url, sha256 or size_bytes through `extends` (see _read_with_extends).
+    url: Optional[str] = None
     sha256: Optional[str] = None  # checked after a download
     size_bytes: Optional[int] = None  # checked after a download
-    text_field: str = "text"
+    text_field: str = "text"  # a column, or a dotted path into nested records: body.text
     validation_fraction: float = 0.1
     max_documents: Optional[int] = None  # use only the first N documents (quick experiments)
     cache_dir: str = "data/cache"
@@ -123,6 +125,9 @@ class DataConfig:
             fail("data.files", d.files, "expected at least one path, glob or folder")
         if d.url is not None and (d.files is None or len(d.files) != 1):
             fail("data.url", d.url, "needs data.files to be the single path it is downloaded to")
+        if d.url is not None and any(c in d.files[0] for c in "*?["):
+            fail("data.files", d.files[0], "data.url is downloaded to one file: give its plain path, "
+                 "not a glob")
         if not 0.0 < d.validation_fraction < 1.0:
             fail("data.validation_fraction", d.validation_fraction, "expected a number in (0, 1)")
         if d.max_documents is not None and d.max_documents <= 0:
@@ -234,21 +239,40 @@ class SampleConfig:
     top_k: Optional[int] = None
     top_p: float = 1.0
     repetition_penalty: float = 1.0
-    prompt: str = "\n"
+    prompt: str = ""  # empty: start from <|endoftext|>, a document boundary, whatever the corpus
 
     def validate(self, fail: Fail) -> None:
-        """Checks that need more than the field's type; `fail(key, value, accepted)` raises."""
-        s = self
-        if s.temperature < 0:
-            fail("sample.temperature", s.temperature, "expected a number >= 0 (0 means greedy)")
-        if s.top_k is not None and s.top_k < 0:
-            fail("sample.top_k", s.top_k, "expected an integer >= 0 or null")
-        if not 0.0 < s.top_p <= 1.0:
-            fail("sample.top_p", s.top_p, "expected a number in (0, 1]")
-        if s.repetition_penalty <= 0:
-            fail("sample.repetition_penalty", s.repetition_penalty, "expected a positive number (1 disables)")
-        if s.max_new_tokens < 0:
-            fail("sample.max_new_tokens", s.max_new_tokens, "expected an integer >= 0")
+        """The rules every generation call checks too (`check_sampling`); `fail(key, value, accepted)` raises."""
+        check_sampling(lambda name, value, accepted: fail(f"sample.{name}", value, f"expected {accepted}"),
+                       max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
+                       top_p=self.top_p, repetition_penalty=self.repetition_penalty)
+
+
+SAMPLING_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {  # option: (accepts a value?, what is accepted)
+    "max_new_tokens": (lambda v: v >= 0, "an integer >= 0"),
+    "temperature": (lambda v: 0 <= v < math.inf, "a number >= 0 (0 means greedy)"),
+    "top_k": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+              "an integer >= 0 (0 or none: no top-k)"),
+    "top_p": (lambda v: 0 < v <= 1, "a number in (0, 1] (1 means no top-p)"),
+    "repetition_penalty": (lambda v: 0 < v < math.inf, "a positive number (1 means none)"),
+    "num_samples": (lambda v: v >= 1, "an integer >= 1"),
+    "seed": (lambda v: 0 <= v < 2**63, "an integer in [0, 2**63)"),
+    "stop": (lambda v: v != "", "a non-empty string"),  # each of the stop strings
+}
+
+
+def check_sampling(fail: Fail, **options: Any) -> None:
+    """The one check of sampling options: `fail(option, value, accepted)` for the first refused.
+
+    Options are named as in SAMPLING_RULES; None means "not given" (top_k: off) and `stop`
+    is a list whose strings are checked one by one. `sample.*` in a config and every
+    generation call (`tinyattn.generate.check_sampling_options`) go through it.
+    """
+    for name, value in options.items():
+        accepts, accepted = SAMPLING_RULES[name]
+        for item in (value if name == "stop" else [value]):
+            if item is not None and not accepts(item):
+                fail(name, item, accepted)
 
 
 @dataclass
@@ -263,7 +287,7 @@ class Config:
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")  # what train.device and --device accept
 CHOICES = {
     "model.attention": ("auto", "fused", "explicit"),
-    "data.format": ("auto", "text", "json", "parquet"),
+    "data.format": ("auto", "text", "json", "csv", "tsv", "parquet"),
     "tokenizer.kind": ("char", "bpe", "pretrained"),
     "train.schedule": ("cosine", "linear", "constant", "wsd"),
     "train.optimizer": ("adamw", "muon"),
@@ -395,8 +419,26 @@ def _read_with_extends(path: Path, seen: tuple[Path, ...]) -> tuple[dict, dict[s
         if not isinstance(parent, str):
             raise ConfigError(f"{path}: extends: expected a file path, got {parent!r}")
         merged, origins = _read_with_extends(path.parent / parent, (*seen, resolved))
+        _drop_inherited_download(merged, data, origins)
     _deep_merge(merged, data, origins, str(path), prefix="")
     return merged, origins
+
+
+DOWNLOAD_KEYS = ("url", "sha256", "size_bytes")  # what describes data.files[0]'s download
+
+
+def _drop_inherited_download(inherited: dict, child: dict, origins: dict[str, str]) -> None:
+    """A child that names its own data (data.files or data.dataset) does not inherit the
+    parent's download: the url and checksums describe the parent's file, and kept they would
+    download it into the child's path."""
+    mine, theirs = child.get("data"), inherited.get("data")
+    if not (isinstance(mine, dict) and isinstance(theirs, dict)):
+        return
+    if "files" in mine or "dataset" in mine:
+        for key in DOWNLOAD_KEYS:
+            if key not in mine:
+                theirs.pop(key, None)
+                origins.pop(f"data.{key}", None)
 
 
 def _deep_merge(base: dict, update: dict, origins: dict[str, str], origin: str, prefix: str) -> None:

@@ -1,54 +1,73 @@
 """Where documents come from: hub datasets, local files (paths, globs, folders), their formats.
 
 `resolve_source(data_config)` turns the `data:` section into a `Source`: what to show in
-messages, what to hash into the token cache's key, and how to load each split. A Hugging
+messages, what to hash into the token cache's key, and how to read each split. A Hugging
 Face hub dataset (`data.dataset`, which may also be a local dataset folder), or local
-files: plain text, JSON lines or Parquet, given as paths, globs or folders (`data.files`),
-optionally downloaded once from `data.url` (`tinyattn.download`). All of it is read through
-`datasets`; local files are streamed, never copied into an Arrow cache. A plain text file
-is one document (a folder of .txt files: one document per file), so a single file must fit
-in memory; corpora larger than memory come as many files, JSON lines, Parquet or a
-(streamed) hub dataset.
+files given as paths, globs or folders (`data.files`), optionally downloaded once from
+`data.url` (`tinyattn.download`):
 
-`documents(dataset, source, text_field)` yields the non-empty texts. When reading fails,
-the file at fault is hunted down so the message can name it: the first byte that is not
-UTF-8 (with its line), or the first JSON line that does not parse.
+- plain text (.txt .text .md): one document per file, read here in pieces of
+  `READ_CHARS` characters cut where no token changes (`tokenizer.text_pieces`), so a
+  single file of any size is read in flat memory; a UTF-8 byte-order mark is dropped;
+- JSON lines or a JSON array (.jsonl .json .ndjson), CSV (.csv), TSV (.tsv) and Parquet,
+  read through `datasets`' builders, streamed, never copied into an Arrow cache; the
+  text is the `data.text_field` column, or a nested field named by a dotted path
+  (`body.text`);
+- any of them but Parquet compressed as .gz, .bz2, .xz or .zst (the format is the inner
+  extension: `part-0.jsonl.gz` is JSON lines). `datasets` and this module both decompress
+  through fsspec, which reads .zst only with the `zstandard` package installed.
+
+A document stream is a sequence of parts `(text, starts_document)`: a JSON record or a
+CSV row is one part, a large text file several. When reading fails, the file at fault is
+hunted down so the message can name it: the first byte that is not UTF-8 (with its line),
+or the first JSON line that does not parse.
 """
 
 from __future__ import annotations
 
 import codecs
 import glob
+import io
 import itertools
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional
+
+from tqdm import tqdm
 
 from tinyattn.config import DataConfig
 from tinyattn.download import download
 from tinyattn.errors import DataError
+from tinyattn.tokenizer import text_pieces
 
 EXTENSIONS = {
     "text": (".txt", ".text", ".md"),
     "json": (".jsonl", ".json", ".ndjson"),
+    "csv": (".csv",),
+    "tsv": (".tsv",),
     "parquet": (".parquet",),
 }
+COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}  # fsspec's names
+READ_CHARS = 1 << 22  # a text file is read this many characters at a time
+REPORT_BYTES = 1 << 26  # text files at least this large report how far reading has got
+
+DocumentParts = Iterator[tuple[str, bool]]  # (text, whether it starts a new document)
 
 
 @dataclass
 class Source:
-    """Where documents come from, resolved: what to show, what to hash, how to load."""
+    """Where documents come from, resolved: what to show, what to hash, how to read."""
 
     description: str  # for messages: "data/tinyshakespeare.txt", "hub dataset 'x/y'"
     name: str  # the readable start of the cache folder's name
     identity: dict  # hashed into the cache key
-    load: Callable[[str], Any]  # split name -> datasets.Dataset or IterableDataset
+    # split name -> a function that streams that split's documents anew at each call
+    reader: Callable[[str], Callable[[], DocumentParts]]
     files: list[Path] = field(default_factory=list)  # local files, to locate read errors
-    format: Optional[str] = None  # text, json or parquet for local files
-    rows_per_batch: int = 1000
 
 
 def resolve_source(data: DataConfig, progress: bool) -> Source:
@@ -57,12 +76,16 @@ def resolve_source(data: DataConfig, progress: bool) -> Source:
     if data.validation_split is not None:
         raise DataError(f"data.validation_split: {data.validation_split!r} needs a hub dataset "
                         "(data.dataset); local files are split by data.validation_fraction")
-    if data.url is not None and not Path(data.files[0]).exists():
-        download(data.url, Path(data.files[0]), sha256=data.sha256, size_bytes=data.size_bytes,
-                 progress=progress)
+    if data.url is not None:
+        target = Path(data.files[0])
+        if target.is_dir() or data.files[0].endswith(("/", os.sep)):
+            raise DataError(f"data.files: {data.files[0]} is a folder; data.url is downloaded to one "
+                            "file, so give its path (e.g. data/corpus.txt)")
+        if not target.exists():
+            download(data.url, target, sha256=data.sha256, size_bytes=data.size_bytes, progress=progress)
     files = _resolve_files(data.files, data.format)
     file_format = _common_format(files, data.format)
-    return _file_source(data, files, file_format)
+    return _file_source(data, files, file_format, progress)
 
 
 def _hub_source(data: DataConfig) -> Source:
@@ -72,13 +95,14 @@ def _hub_source(data: DataConfig) -> Source:
     if local.is_dir():  # a dataset folder on disk: its files decide whether the cache is current
         identity["files"] = [_file_identity(p) for p in sorted(local.rglob("*")) if p.is_file()
                              and not any(part.startswith(".") for part in p.relative_to(local).parts)]
+    description = f"dataset {name!r}"
 
-    def load(split: str):
+    def reader(split: str) -> Callable[[], DocumentParts]:
         import datasets  # imported here: it is slow to import and only data preparation needs it
 
         try:
-            return datasets.load_dataset(name, data.dataset_config, split=split, revision=data.revision,
-                                         streaming=data.streaming)
+            dataset = datasets.load_dataset(name, data.dataset_config, split=split, revision=data.revision,
+                                            streaming=data.streaming)
         except ConnectionError:
             raise DataError(f"data.dataset: cannot reach {name!r} on the Hugging Face Hub (offline or "
                             "no network); download it while online, or point data.files at local files"
@@ -93,36 +117,46 @@ def _hub_source(data: DataConfig) -> Source:
             raise DataError(f"data.dataset: {first_line(e)}") from None
         except ValueError as e:  # an unknown split or config name; the message lists the valid ones
             raise DataError(f"data.dataset {name!r}: {first_line(e)}") from None
+        return lambda: _dataset_parts(dataset, data.text_field, description, [], "hub")
 
     slug = name.rstrip("/").rsplit("/", 1)[-1]
-    return Source(description=f"dataset {name!r}", name=_slug(slug), identity=identity, load=load)
+    return Source(description=description, name=_slug(slug), identity=identity, reader=reader)
 
 
-def _file_source(data: DataConfig, files: list[Path], file_format: str) -> Source:
-    builder_options: dict = {}
-    rows_per_batch = 1000
+def _file_source(data: DataConfig, files: list[Path], file_format: str, progress: bool) -> Source:
+    first = _bare_name(files[0])
+    stem = first if len(files) == 1 else Path(os.path.commonpath(files)).name
+    description = str(files[0]) if len(files) == 1 else f"{len(files)} files ({', '.join(data.files)})"
+    identity = {"files": [_file_identity(p) for p in files], "format": file_format, "url": data.url}
+    source = Source(description=description, name=_slug(stem), identity=identity, reader=None, files=files)
     if file_format == "text":
-        builder_options = {"sample_by": "document"}  # the whole file is one row, not each line
-        rows_per_batch = 8  # each row is a whole file
-    elif file_format == "parquet":
-        _check_parquet_field(files, data.text_field)
-        builder_options = {"columns": [data.text_field]}  # read only that column
+        passes = itertools.count(1)  # each reading of the corpus, numbered in progress lines
+        source.reader = lambda split: lambda: _text_parts(files, progress, next(passes))
+        return source
 
+    builder, options = file_format, {}
+    if file_format == "parquet":
+        options = {"columns": [_parquet_column(files, data.text_field)]}  # read only that column
+    elif file_format in ("csv", "tsv"):
+        # Read the text column as written: a review "10" stays the text "10", not a number.
+        builder, options = "csv", {"sep": "," if file_format == "csv" else "\t",
+                                   "converters": {data.text_field: str}}
     lock_folder = Path(data.cache_dir).resolve() / "datasets"
 
-    def load(split: str):
+    def reader(split: str) -> Callable[[], DocumentParts]:
         import datasets
 
         # Streaming reads the files lazily, so nothing is copied into an Arrow cache; datasets
         # still leaves a lock file per corpus in cache_dir, which is kept beside our caches.
-        return datasets.load_dataset(file_format, data_files=[str(p) for p in files], split="train",
-                                     streaming=True, cache_dir=str(lock_folder), **builder_options)
+        dataset = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train",
+                                        streaming=True, cache_dir=str(lock_folder), **options)
+        return lambda: _dataset_parts(dataset, data.text_field, description, files, file_format)
 
-    stem = files[0].stem if len(files) == 1 else Path(os.path.commonpath(files)).name
-    description = str(files[0]) if len(files) == 1 else f"{len(files)} files ({', '.join(data.files)})"
-    identity = {"files": [_file_identity(p) for p in files], "format": file_format, "url": data.url}
-    return Source(description=description, name=_slug(stem), identity=identity, load=load,
-                   files=files, format=file_format, rows_per_batch=rows_per_batch)
+    source.reader = reader
+    return source
+
+
+# ----------------------------------------------------------------------------- files and formats
 
 
 def _resolve_files(entries: list[str], file_format: str) -> list[Path]:
@@ -137,16 +171,52 @@ def _resolve_files(entries: list[str], file_format: str) -> list[Path]:
                 raise DataError(f"data.files: no file matches the pattern {entry!r}")
             files.extend(matches)
         elif path.is_dir():
-            matches = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in accepted
+            matches = sorted(p for p in path.rglob("*") if p.is_file() and format_suffix(p) in accepted
                              and not any(part.startswith(".") for part in p.relative_to(path).parts))
             if not matches:
-                raise DataError(f"data.files: the folder {entry} has no {', '.join(accepted)} files")
+                compressed = "/".join(COMPRESSIONS)
+                raise DataError(f"data.files: the folder {entry} has no {', '.join(accepted)} files "
+                                f"(plain or {compressed})")
             files.extend(matches)
         elif path.is_file():
             files.append(path)
         else:
             raise DataError(f"data.files: file not found: {entry}")
-    return list(dict.fromkeys(p.resolve() for p in files))
+    files = list(dict.fromkeys(p.resolve() for p in files))
+    for path in files:
+        _check_decompressor(path)
+    return files
+
+
+def format_suffix(path: Path) -> str:
+    """The extension that names a file's format, behind any compression: a.jsonl.gz -> .jsonl."""
+    if path.suffix.lower() in COMPRESSIONS:
+        return Path(path.stem).suffix.lower()
+    return path.suffix.lower()
+
+
+def _compression(path: Path) -> Optional[str]:
+    return COMPRESSIONS.get(path.suffix.lower())
+
+
+def _bare_name(path: Path) -> str:
+    """A file's name without its format and compression extensions: a.jsonl.gz -> a."""
+    name = path.stem if _compression(path) is None else Path(path.stem).stem
+    return name if format_suffix(path) else path.name
+
+
+def _check_decompressor(path: Path) -> None:
+    compression = _compression(path)
+    if compression is None:
+        return
+    if format_suffix(path) == ".parquet":
+        raise DataError(f"data.files: {path}: Parquet compresses its own columns and cannot be read "
+                        "from a compressed copy; decompress it to a .parquet file")
+    import fsspec.compression
+
+    if compression not in fsspec.compression.compr:  # fsspec registers zstd only when it can read it
+        raise DataError(f"data.files: {path} is {compression}-compressed and reading it needs the "
+                        "zstandard package: pip install zstandard")
 
 
 def _extensions(file_format: str) -> tuple[str, ...]:
@@ -160,60 +230,177 @@ def _common_format(files: list[Path], file_format: str) -> str:
         return file_format
     by_format: dict[str, Path] = {}
     for path in files:
-        found = [name for name, suffixes in EXTENSIONS.items() if path.suffix.lower() in suffixes]
+        found = [name for name, suffixes in EXTENSIONS.items() if format_suffix(path) in suffixes]
         if not found:
-            raise DataError(f"data.files: cannot tell the format of {path} from its extension; set "
-                            f"data.format to text, json or parquet")
+            known = " ".join(itertools.chain(*EXTENSIONS.values()))
+            raise DataError(f"data.files: cannot tell the format of {path} from its extension (known: "
+                            f"{known}, each also as .gz .bz2 .xz .zst); set data.format to one of "
+                            f"{', '.join(EXTENSIONS)}")
         by_format.setdefault(found[0], path)
     if len(by_format) > 1:
         mixed = ", ".join(f"{name} ({path.name})" for name, path in by_format.items())
-        raise DataError(f"data.files: mixes formats: {mixed}; use files of one format")
+        raise DataError(f"data.files: mixes formats: {mixed}; use files of one format (set data.format "
+                        "to read only that one, or name them with a glob)")
     return next(iter(by_format))
 
 
-def _check_parquet_field(files: list[Path], text_field: str) -> None:
+def _parquet_column(files: list[Path], text_field: str) -> str:
+    """The top-level column that holds `text_field` (itself, or the head of a dotted path),
+    checked in every file's schema."""
     import pyarrow
     import pyarrow.parquet
 
+    column = text_field
     for path in files:
         try:
-            names = pyarrow.parquet.read_schema(path).names
+            schema = pyarrow.parquet.read_schema(path)
         except (pyarrow.ArrowException, OSError) as e:
             raise DataError(f"{path}: not a readable Parquet file ({first_line(e)})") from None
-        if text_field not in names:
-            raise DataError(_missing_field_message(text_field, str(path), names))
+        if text_field not in _field_names(schema):
+            raise DataError(_missing_field_message(text_field, str(path), _field_names(schema)))
+        if text_field not in schema.names:
+            column = text_field.split(".")[0]
+    return column
 
 
 def _file_identity(path: Path) -> list:
     stat = path.stat()
     return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
 
-# ----------------------------------------------------------------------------- documents
+
+def _open_binary(path: Path):
+    """`path` opened for reading bytes, decompressed when its name says it is compressed."""
+    return _decompressed(open(path, "rb"), path)
 
 
-def documents(dataset, source: Source, text_field: str) -> Iterator[str]:
-    """The non-empty texts of `dataset`, in order, read a batch of rows at a time."""
+def _decompressed(raw, path: Path):
+    compression = _compression(path)
+    if compression is None:
+        return raw
+    import fsspec.compression
+
+    return fsspec.compression.compr[compression](raw, mode="rb")
+
+
+# ----------------------------------------------------------------------------- plain text
+
+
+def _text_parts(files: list[Path], progress: bool, pass_number: int) -> DocumentParts:
+    """Each file as one document, in parts of at most READ_CHARS characters."""
+    for path in files:
+        yield from _read_text_file(path, progress, pass_number)
+
+
+def _read_text_file(path: Path, progress: bool, pass_number: int) -> DocumentParts:
+    # utf-8-sig drops a byte-order mark; universal newlines, as datasets' text builder reads.
+    size = path.stat().st_size
+    report = _ReadingReport(path, size, progress, pass_number) if size >= REPORT_BYTES else None
+    starts = True
+    with open(path, "rb") as raw:
+        text = io.TextIOWrapper(_decompressed(raw, path), encoding="utf-8-sig")
+        pending = ""
+        try:
+            while chunk := text.read(READ_CHARS):
+                pending += chunk
+                # Every piece but the last ends where no token changes; the last one waits
+                # for the text after it.
+                *done, pending = text_pieces(pending, READ_CHARS)
+                for piece in done:
+                    yield piece, starts
+                    starts = False
+                if report:
+                    report.update(raw.tell())
+        except UnicodeDecodeError as e:
+            found = _find_invalid_utf8([path])
+            raise DataError(found or f"{path}: not valid UTF-8 ({e})") from None
+        finally:
+            if report:
+                report.close()
+        if pending:
+            yield pending, starts
+
+
+class _ReadingReport:
+    """How far a large file has been read: a progress bar, or with progress off a plain
+    line at each quarter (runs without a terminal still show that reading goes on)."""
+
+    def __init__(self, path: Path, size: int, progress: bool, pass_number: int):
+        self.size, self.quarter = size, 0
+        self.label = f"reading {path.name} (pass {pass_number})"
+        self.bar = tqdm(total=size, unit="B", unit_scale=True, desc=self.label) if progress else None
+
+    def update(self, position: int) -> None:
+        if self.bar is not None:
+            self.bar.update(position - self.bar.n)
+            return
+        quarter = 4 * position // self.size
+        if quarter > self.quarter:
+            self.quarter = quarter
+            print(f"{self.label}: {min(100, 25 * quarter)}% of {self.size / 1e6:,.0f} MB",
+                  file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# ----------------------------------------------------------------------------- records
+
+
+def _dataset_parts(dataset, text_field: str, description: str, files: list[Path],
+                   file_format: str) -> DocumentParts:
+    """The non-empty texts of a `datasets` dataset, in order, read a batch of rows at a time;
+    each is a whole document."""
     import pyarrow
 
     try:
-        for table in dataset.with_format("arrow").iter(batch_size=source.rows_per_batch):
-            if text_field not in table.column_names:
-                names = table.column_names
-                raise DataError(_missing_field_message(text_field, source.description, names))
-            column = table.column(text_field)
+        for table in dataset.with_format("arrow").iter(batch_size=1000):
+            column = _text_column(table, text_field, description)
             if not (pyarrow.types.is_string(column.type) or pyarrow.types.is_large_string(column.type)
                     or pyarrow.types.is_string_view(column.type)):
-                raise DataError(f"data.text_field: {text_field!r} of {source.description} holds "
+                raise DataError(f"data.text_field: {text_field!r} of {description} holds "
                                 f"{column.type} values, not text")
             for text in column.to_pylist():
                 if text:
-                    yield text
+                    yield text, True
     except UnicodeDecodeError as e:
-        found = _find_invalid_utf8(source.files)
-        raise DataError(found or f"{source.description}: not valid UTF-8 ({e})") from None
+        found = _find_invalid_utf8(files)
+        raise DataError(found or f"{description}: not valid UTF-8 ({e})") from None
     except pyarrow.ArrowInvalid as e:
-        found = _find_invalid_json(source.files) if source.format == "json" else None
-        raise DataError(found or f"{source.description}: cannot read it ({first_line(e)})") from None
+        found = _find_invalid_json(files) if file_format == "json" else None
+        raise DataError(found or f"{description}: cannot read it ({first_line(e)})") from None
+
+
+def _text_column(table, text_field: str, description: str):
+    """The column `text_field` names: a top-level column, or a dotted path into nested
+    records (`body.text`) when no top-level column has that name."""
+    import pyarrow.compute
+
+    if text_field in table.column_names:
+        return table.column(text_field)
+    head, *rest = text_field.split(".")
+    if not rest or head not in table.column_names:
+        raise DataError(_missing_field_message(text_field, description, _field_names(table.schema)))
+    column = table.column(head)
+    for name in rest:
+        if not hasattr(column.type, "get_field_index") or column.type.get_field_index(name) < 0:
+            raise DataError(_missing_field_message(text_field, description, _field_names(table.schema)))
+        column = pyarrow.compute.struct_field(column, name)
+    return column
+
+
+def _field_names(schema) -> list[str]:
+    """Every field a dotted text_field can name: top-level columns and nested ones (`body.text`)."""
+    names: list[str] = []
+
+    def walk(fields, prefix: str) -> None:
+        for f in fields:
+            names.append(prefix + f.name)
+            if hasattr(f.type, "get_field_index"):  # a struct: its fields are reachable too
+                walk([f.type.field(i) for i in range(f.type.num_fields)], f"{prefix}{f.name}.")
+
+    walk(schema, "")
+    return names
 
 
 def _missing_field_message(text_field: str, where: str, names: list[str]) -> str:
@@ -221,12 +408,15 @@ def _missing_field_message(text_field: str, where: str, names: list[str]) -> str
             f"{', '.join(names) or '(none)'}")
 
 
+# ----------------------------------------------------------------------------- finding faults
+
+
 def _find_invalid_utf8(files: list[Path]) -> Optional[str]:
     """The first file that is not valid UTF-8, with the byte offset and line of the fault."""
     for path in files:
         decoder = codecs.getincrementaldecoder("utf-8")()
         offset, lines = 0, 0  # bytes and newlines before the current chunk
-        with open(path, "rb") as f:
+        with _open_binary(path) as f:
             while chunk := f.read(1 << 20):
                 pending = len(decoder.getstate()[0])  # an incomplete character carried over
                 try:
@@ -248,7 +438,8 @@ def _find_invalid_utf8(files: list[Path]) -> Optional[str]:
 def _find_invalid_json(files: list[Path]) -> Optional[str]:
     """The first JSON lines file with a line that does not parse, and that line."""
     for path in files:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        with _open_binary(path) as f:
+            text = f.read().decode("utf-8-sig", errors="replace")
         try:
             json.loads(text)
             continue  # one JSON document (an array of records): fine
@@ -270,4 +461,3 @@ def _slug(text: str) -> str:
 def first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
-

@@ -15,69 +15,100 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 from tinyattn.config import DataConfig
 from tinyattn.errors import DataError
-from tinyattn.sources import Source, documents
+from tinyattn.sources import DocumentParts, Source
+
 
 @dataclass
 class Splits:
-    train: Callable[[], Iterator[str]]  # each call streams the training documents again
-    validation: Callable[[], Iterator[str]]
+    train: Callable[[], DocumentParts]  # each call streams the training documents again
+    validation: Callable[[], DocumentParts]
     rule: str  # how validation was chosen, recorded in meta.json
 
 
 def split(source: Source, data: DataConfig) -> Splits:
     limit = data.max_documents
 
-    def stream(dataset) -> Callable[[], Iterator[str]]:
-        return lambda: itertools.islice(documents(dataset, source, data.text_field), limit)
+    def stream(split_name: str) -> Callable[[], DocumentParts]:
+        read = source.reader(split_name)
+        return read if limit is None else lambda: _first_documents(read(), limit)
 
-    train_set = source.load(data.train_split)
     if data.validation_split is not None:
-        validation_set = source.load(data.validation_split)
-        return Splits(stream(train_set), stream(validation_set),
-                       f"dataset split {data.validation_split!r}")
+        return Splits(stream(data.train_split), stream(data.validation_split),
+                      f"dataset split {data.validation_split!r}")
 
-    everything = stream(train_set)
+    everything = stream(data.train_split)
     f = data.validation_fraction
     first_held = next(i for i in itertools.count() if _held_out(i, f))
-    count = sum(1 for _ in itertools.islice(everything(), first_held + 1))
+    count = _count_documents(everything(), stop=first_held + 1)
     if count == 0:
         raise DataError(f"{source.description}: the corpus is empty (no text in field "
                         f"{data.text_field!r})")
     if count > first_held:
-        return Splits(lambda: (d for i, d in enumerate(everything()) if not _held_out(i, f)),
-                       lambda: (d for i, d in enumerate(everything()) if _held_out(i, f)),
-                       f"every document i with floor((i+1)*{f}) > floor(i*{f})")
+        return Splits(lambda: _documents_where(everything(), lambda i: not _held_out(i, f)),
+                      lambda: _documents_where(everything(), lambda i: _held_out(i, f)),
+                      f"every document i with floor((i+1)*{f}) > floor(i*{f})")
     # Too few documents to hold whole ones out: the last fraction of the characters.
-    total = sum(len(d) for d in everything())
+    total = sum(len(text) for text, _ in everything())
     cut = int(total * (1 - f))  # int(n * 0.9): the split published Tiny Shakespeare results use
     return Splits(lambda: _characters_before(everything(), cut),
-                   lambda: _characters_from(everything(), cut),
-                   f"the last {f} of the characters ({total - cut} of {total})")
+                  lambda: _characters_from(everything(), cut),
+                  f"the last {f} of the characters ({total - cut} of {total})")
 
 
 def _held_out(index: int, fraction: float) -> bool:
     return math.floor((index + 1) * fraction) > math.floor(index * fraction)
 
 
-def _characters_before(documents: Iterator[str], cut: int) -> Iterator[str]:
+def _numbered(parts: DocumentParts):
+    """(document index, text, starts_document) for each part."""
+    index = -1
+    for text, starts in parts:
+        index += starts
+        yield index, text, starts
+
+
+def _first_documents(parts: DocumentParts, limit: int) -> DocumentParts:
+    for index, text, starts in _numbered(parts):
+        if index >= limit:
+            return
+        yield text, starts
+
+
+def _count_documents(parts: DocumentParts, stop: int) -> int:
+    """How many documents `parts` holds, counting no further than `stop`."""
+    count = 0
+    for _, starts in parts:
+        count += starts
+        if count == stop:
+            break
+    return count
+
+
+def _documents_where(parts: DocumentParts, keep: Callable[[int], bool]) -> DocumentParts:
+    for index, text, starts in _numbered(parts):
+        if keep(index):
+            yield text, starts
+
+
+def _characters_before(parts: DocumentParts, cut: int) -> DocumentParts:
     position = 0
-    for text in documents:
+    for text, starts in parts:
         if position + len(text) >= cut:
             if cut > position:
-                yield text[:cut - position]
+                yield text[:cut - position], starts
             return
-        yield text
+        yield text, starts
         position += len(text)
 
 
-def _characters_from(documents: Iterator[str], cut: int) -> Iterator[str]:
-    position = 0
-    for text in documents:
+def _characters_from(parts: DocumentParts, cut: int) -> DocumentParts:
+    position, first = 0, True
+    for text, starts in parts:
         if position + len(text) > cut:
-            yield text[max(0, cut - position):]
+            yield text[max(0, cut - position):], starts or first  # the split's first part starts a document
+            first = False
         position += len(text)
-

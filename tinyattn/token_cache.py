@@ -10,12 +10,18 @@ settings, a format version), so a second run reuses it and any change builds a n
 Every file is written under a temporary name and renamed; `meta.json` is written last,
 and a folder is trusted only when its `meta.json` matches the hash and the file sizes. A
 build that is interrupted, or whose splits turn out too short, leaves no `meta.json`.
+
+`meta.json` also holds a BLAKE2b checksum of each token file and of `tokenizer.json`,
+taken as they are written. Each run reads the files once to check them, and that every
+id is below the vocabulary size: a file changed in place (same size, other bytes) is
+rebuilt with a warning instead of training on garbage or failing deep in the model.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
@@ -26,10 +32,11 @@ from tqdm import tqdm
 from tinyattn.config import Config
 from tinyattn.errors import DataError
 from tinyattn.files import atomic_write
-from tinyattn.sources import Source
+from tinyattn.sources import DocumentParts, Source
 from tinyattn.tokenizer import Tokenizer, build_tokenizer
 
-FORMAT_VERSION = 1  # bump when the layout or meaning of the cache files changes
+FORMAT_VERSION = 2  # bump when the layout or meaning of the cache files changes (2: checksums)
+CHECK_CHUNK_BYTES = 1 << 24  # token files are checked this many bytes at a time
 ENCODE_BATCH_CHARS = 1 << 20  # characters handed to the tokenizer at once (encoded in parallel)
 
 
@@ -55,11 +62,15 @@ class TokenCache:
                     return None
             if not (folder / "tokenizer.json").is_file():
                 return None
+            damage = _damage(folder, meta)
         except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if damage:
+            print(f"warning: {damage}; rebuilding the token cache", file=sys.stderr, flush=True)
             return None
         return meta
 
-    def build(self, train: Callable[[], Iterator[str]], validation: Callable[[], Iterator[str]],
+    def build(self, train: Callable[[], DocumentParts], validation: Callable[[], DocumentParts],
               rule: str, config: Config, progress: bool) -> dict:
         """Tokenize both splits into the folder; every file but meta.json (see `commit`).
 
@@ -67,20 +78,28 @@ class TokenCache:
         validation was chosen and is recorded in meta.json.
         """
         folder = self.folder
-        tokenizer = build_tokenizer(config.tokenizer, train, progress=progress)
+
+        def texts() -> Iterator[str]:
+            return (text for text, _ in train())
+
+        tokenizer = build_tokenizer(config.tokenizer, texts, progress=progress)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "meta.json").unlink(missing_ok=True)  # from here on, nothing in the folder is trusted
         dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
         meta = {"format_version": FORMAT_VERSION, "key": self.key, "dtype": np.dtype(dtype).name,
-                "vocab_size": tokenizer.vocab_size, "validation_rule": rule, "inputs": self.inputs}
+                "vocab_size": tokenizer.vocab_size, "validation_rule": rule, "inputs": self.inputs,
+                "checksums": {}}
         # Each file lands whole or not at all; the folder is trusted only once `commit`
         # writes meta.json after all of them.
         for split, documents in (("train", train), ("validation", validation)):
             with atomic_write(folder / f"{split}.bin") as out:
-                tokens, count = write_tokens(documents(), tokenizer, out, dtype,
+                checksummed = _Checksummed(out)
+                tokens, count = write_tokens(documents(), tokenizer, checksummed, dtype,
                                              progress=progress, desc=f"tokenizing {split}")
             meta[f"{split}_tokens"], meta[f"{split}_documents"] = tokens, count
+            meta["checksums"][f"{split}.bin"] = checksummed.digest.hexdigest()
         tokenizer.save(folder / "tokenizer.json")
+        meta["checksums"]["tokenizer.json"] = _checksum(folder / "tokenizer.json")
         return meta
 
     def commit(self, meta: dict) -> None:
@@ -119,13 +138,14 @@ def _tokenizer_slug(config: Config) -> str:
     return f"bpe{config.tokenizer.vocab_size}" if kind == "bpe" else kind
 
 
-def write_tokens(documents: Iterator[str], tokenizer: Tokenizer, out, dtype, *, progress: bool = False,
+def write_tokens(documents: DocumentParts, tokenizer: Tokenizer, out, dtype, *, progress: bool = False,
                  desc: str = "tokenizing") -> tuple[int, int]:
     """Encode `documents` and append their ids to the binary file `out`, with the tokenizer's
     `<|endoftext|>` between documents. Returns (tokens written, documents).
 
-    Documents are cut into pieces (`Tokenizer.text_pieces`) and encoded about a megabyte at
-    a time, in parallel: memory grows with the longest document, never with the corpus.
+    `documents` yields parts `(text, starts_document)` (see `tinyattn.sources`). They are
+    cut into pieces (`Tokenizer.text_pieces`) and encoded about a megabyte at a time, in
+    parallel: memory grows with the longest part, never with the corpus.
     """
     eot = tokenizer.eot_id
     tokens = documents_seen = 0
@@ -133,9 +153,9 @@ def write_tokens(documents: Iterator[str], tokenizer: Tokenizer, out, dtype, *, 
     def batches() -> Iterator[list[tuple[str, bool]]]:
         batch: list[tuple[str, bool]] = []
         size = 0
-        for text in documents:
+        for text, starts in documents:
             for number, piece in enumerate(tokenizer.text_pieces(text)):
-                batch.append((piece, number == 0))  # (piece, starts a document)
+                batch.append((piece, starts and number == 0))  # (piece, starts a document)
                 size += len(piece)
                 if size >= ENCODE_BATCH_CHARS:
                     yield batch
@@ -153,7 +173,7 @@ def write_tokens(documents: Iterator[str], tokenizer: Tokenizer, out, dtype, *, 
                         flat.append(eot)
                     documents_seen += 1
                 flat.extend(ids)
-            np.asarray(flat, dtype=dtype).tofile(out)
+            out.write(np.asarray(flat, dtype=dtype).tobytes())
             tokens += len(flat)
             bar.update(len(flat))
     return tokens, documents_seen
@@ -175,3 +195,43 @@ def check_split_lengths(meta: dict, config: Config) -> None:
                         f"model.context_length + 1 = {needed}; use {more} or a smaller "
                         "model.context_length")
 
+
+class _Checksummed:
+    """A binary file that hashes what is written to it."""
+
+    def __init__(self, out):
+        self.out = out
+        self.digest = hashlib.blake2b()
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        return self.out.write(data)
+
+
+def _checksum(path: Path) -> str:
+    digest = hashlib.blake2b()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHECK_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _damage(folder: Path, meta: dict) -> Optional[str]:
+    """What is wrong with the cache's files, or None: a checksum that differs from meta.json,
+    or a token id the vocabulary does not have. Each file is read once."""
+    dtype, vocab_size = np.dtype(meta["dtype"]), meta["vocab_size"]
+    for split in ("train", "validation"):
+        path = folder / f"{split}.bin"
+        digest = hashlib.blake2b()
+        largest = -1
+        with open(path, "rb") as f:
+            while chunk := f.read(CHECK_CHUNK_BYTES):  # a multiple of the item size
+                digest.update(chunk)
+                largest = max(largest, int(np.frombuffer(chunk, dtype=dtype).max()))
+        if digest.hexdigest() != meta["checksums"][path.name]:
+            return f"{path} does not match its checksum in meta.json (changed after it was written)"
+        if largest >= vocab_size:
+            return f"{path} holds token id {largest}, outside the vocabulary of {vocab_size}"
+    if _checksum(folder / "tokenizer.json") != meta["checksums"]["tokenizer.json"]:
+        return f"{folder / 'tokenizer.json'} does not match its checksum in meta.json"
+    return None

@@ -31,7 +31,7 @@ DESCRIPTION = """\
 Generate text from a trained tinyattn checkpoint, streamed to stdout as it is produced.
 
 The prompt comes from --prompt, --prompt-file FILE, or stdin ("-"); without any of them,
-the checkpoint's configured prompt (sample.prompt, a newline by default) is used. An empty
+the checkpoint's configured prompt (sample.prompt, empty by default) is used. An empty
 prompt starts from the end-of-text token (a newline for tokenizers without one). A prompt
 longer than the model's context keeps its end (with a warning); characters a
 character-level tokenizer never saw become [UNK] (with a warning naming them).
@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="generate.py", description=DESCRIPTION, epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", metavar="RUN_DIR|FILE",
-                        help="a run folder (its best.pt, else its latest step) or a checkpoint file; "
+                        help="a run folder (its best.pt, else its latest step), a checkpoint file or a "
+                             "Hugging Face Llama folder (config.json, safetensors, tokenizer.json); "
                              "default: the best checkpoint of the most recent run under --out-dir")
     parser.add_argument("--out-dir", default="checkpoints", metavar="DIR",
                         help="where runs are looked for when --checkpoint is not given "

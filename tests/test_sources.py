@@ -1,0 +1,241 @@
+"""Real-world data files: byte-order marks, CSV and TSV, compressed files, nested JSON fields,
+a large text file read in pieces, and where a download may go."""
+
+import bz2
+import gzip
+import json
+import lzma
+
+import fsspec.compression
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import tinyattn.sources as sources
+from tinyattn.config import config_from_dict
+from tinyattn.data import prepare_data
+from tinyattn.errors import ConfigError, DataError
+from tinyattn.sources import resolve_source
+from tinyattn.tokenizer import END_OF_TEXT
+
+DOCUMENTS = [f"Document {i}: " + "lorem ipsum, dolor \"sit\" amet 0123456789\n" * (i % 3 + 1)
+             + f"the end of {i}." for i in range(20)]
+HELD_OUT = [9, 19]  # every tenth document
+BOM = "\ufeff"
+OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+
+
+def make_config(tmp_path, data, tokenizer=None, context_length=8):
+    return config_from_dict({
+        "model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "context_length": context_length},
+        "data": {"cache_dir": str(tmp_path / "cache"), **data},
+        "tokenizer": tokenizer or {"kind": "char"},
+    })
+
+
+def documents_of(result):
+    """(training documents, validation documents) of a prepared corpus."""
+    return tuple(result.tokenizer.decode(tokens).split(END_OF_TEXT)
+                 for tokens in (result.train, result.validation))
+
+
+def expected_split(documents):
+    return ([d for i, d in enumerate(documents) if i not in HELD_OUT],
+            [documents[i] for i in HELD_OUT])
+
+
+def jsonl_text(documents, make_record=lambda text: {"text": text}):
+    return "".join(json.dumps(make_record(text)) + "\n" for text in documents)
+
+
+# ----------------------------------------------------------------------------- 9. byte-order marks
+
+
+@pytest.mark.parametrize("layout", ["folder", "single file", "glob"])
+def test_byte_order_mark_is_dropped_from_text_files(tmp_path, layout):
+    folder = tmp_path / "books"
+    folder.mkdir()
+    for i, text in enumerate(DOCUMENTS):
+        (folder / f"doc{i:02d}.txt").write_text((BOM if i % 4 == 0 else "") + text, encoding="utf-8")
+    (tmp_path / "all.txt").write_text(BOM + "".join(DOCUMENTS), encoding="utf-8")
+    entry = {"folder": str(folder), "glob": str(folder / "*.txt"),
+             "single file": str(tmp_path / "all.txt")}[layout]
+    result = prepare_data(make_config(tmp_path, {"files": [entry]}), progress=False)
+    train, validation = documents_of(result)
+    if layout == "single file":  # one document: its last tenth of characters validates
+        assert train[0] + validation[0] == "".join(DOCUMENTS)
+    else:
+        assert (train, validation) == expected_split(DOCUMENTS)
+    assert result.tokenizer.decode(result.tokenizer.encode(BOM)) != BOM  # not in the vocabulary
+
+
+# ----------------------------------------------------------------------------- 10. CSV and TSV
+
+
+@pytest.mark.parametrize("suffix, separator", [(".csv", ","), (".tsv", "\t")])
+def test_csv_and_tsv_read_only_the_text_field(tmp_path, suffix, separator):
+    path = tmp_path / f"reviews{suffix}"
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        f.write(separator.join(["id", "text", "label"]) + "\n")
+        for i, text in enumerate(DOCUMENTS):
+            quoted = '"' + text.replace('"', '""') + '"'  # commas, quotes and newlines inside
+            f.write(separator.join([str(i), quoted, "positive"]) + "\n")
+    result = prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
+    assert documents_of(result) == expected_split(DOCUMENTS)  # no header, ids or labels
+
+
+def test_csv_text_that_looks_like_a_number_stays_text(tmp_path):
+    path = tmp_path / "scores.csv"
+    rows = ["007", "10"] * 10
+    path.write_text("text,id\n" + "".join(f"{t},{i}\n" for i, t in enumerate(rows)), encoding="utf-8")
+    result = prepare_data(make_config(tmp_path, {"files": [str(path)]}, context_length=2), progress=False)
+    assert documents_of(result) == expected_split(rows)  # "007" keeps its zeros
+
+
+def test_csv_without_the_text_field_lists_its_columns(tmp_path):
+    path = tmp_path / "reviews.csv"
+    path.write_text("id,body\n1,hello\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"reviews\.csv has no field 'text'; its fields are: id, body$"):
+        prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
+
+
+# ----------------------------------------------------------------------------- 11. compression
+
+
+def write_compressed(path, text):
+    with OPENERS[path.suffix](path, "wt", encoding="utf-8") as f:
+        f.write(text)
+    return path
+
+
+@pytest.mark.parametrize("compression", list(OPENERS))
+def test_compressed_text_and_json_lines_by_their_inner_extension(tmp_path, compression):
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    for i, text in enumerate(DOCUMENTS):
+        write_compressed(folder / f"doc{i:02d}.txt{compression}", text)
+    result = prepare_data(make_config(tmp_path, {"files": [str(folder)]}), progress=False)
+    assert documents_of(result) == expected_split(DOCUMENTS)
+
+    corpus = write_compressed(tmp_path / f"corpus.jsonl{compression}", jsonl_text(DOCUMENTS))
+    result = prepare_data(make_config(tmp_path, {"files": [str(corpus)]}), progress=False)
+    assert documents_of(result) == expected_split(DOCUMENTS)
+    assert result.cache_dir.name.startswith("corpus-char-")
+
+
+def test_folder_and_glob_of_gzipped_json_lines(tmp_path):
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for part in range(2):
+        write_compressed(folder / f"part-{part}.jsonl.gz", jsonl_text(DOCUMENTS[part * 10:(part + 1) * 10]))
+    (folder / "README").write_text("not data")
+    for entry in (str(folder), str(folder / "*.jsonl.gz")):
+        result = prepare_data(make_config(tmp_path, {"files": [entry]}), progress=False)
+        assert documents_of(result) == expected_split(DOCUMENTS)
+
+
+def test_zst_without_a_zstd_reader_says_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.delitem(fsspec.compression.compr, "zstd", raising=False)
+    path = tmp_path / "corpus.jsonl.zst"
+    path.write_bytes(b"\x28\xb5\x2f\xfd not really zstd")
+    with pytest.raises(DataError) as error:
+        prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
+    assert str(error.value) == (f"data.files: {path} is zstd-compressed and reading it needs the "
+                                "zstandard package: pip install zstandard")
+
+
+def test_zst_is_read_when_zstandard_is_installed(tmp_path):
+    zstandard = pytest.importorskip("zstandard")
+    path = tmp_path / "corpus.jsonl.zst"
+    path.write_bytes(zstandard.ZstdCompressor().compress(jsonl_text(DOCUMENTS).encode()))
+    result = prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
+    assert documents_of(result) == expected_split(DOCUMENTS)
+
+
+def test_compressed_parquet_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "t.parquet.gz"
+    path.write_bytes(gzip.compress(b"PAR1"))
+    with pytest.raises(DataError, match=r"t\.parquet\.gz: Parquet compresses its own columns.*decompress"):
+        prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
+
+
+# ----------------------------------------------------------------------------- 12. download target
+
+
+def test_download_target_must_be_one_plain_path(tmp_path):
+    with pytest.raises(ConfigError, match=r"data\.files: '.*\*\.txt' is not accepted; .*not a glob"):
+        make_config(tmp_path, {"files": [str(tmp_path / "*.txt")], "url": "https://example.org/x.txt"})
+    (tmp_path / "books").mkdir()
+    config = make_config(tmp_path, {"files": [str(tmp_path / "books")], "url": "https://example.org/x.txt"})
+    with pytest.raises(DataError, match=r"books is a folder; data\.url is downloaded to one file"):
+        resolve_source(config.data, progress=False)
+
+
+# ----------------------------------------------------------------------------- 13. nested fields
+
+
+def test_dotted_text_field_reads_nested_records(tmp_path):
+    make_record = lambda text: {"id": 1, "body": {"title": "t", "content": {"text": text}}}  # noqa: E731
+    path = tmp_path / "nested.jsonl"
+    path.write_text(jsonl_text(DOCUMENTS, make_record), encoding="utf-8")
+    config = make_config(tmp_path, {"files": [str(path)], "text_field": "body.content.text"})
+    assert documents_of(prepare_data(config, progress=False)) == expected_split(DOCUMENTS)
+
+    table = pa.table({"body": [{"text": text, "n": i} for i, text in enumerate(DOCUMENTS)]})
+    pq.write_table(table, tmp_path / "nested.parquet")
+    config = make_config(tmp_path, {"files": [str(tmp_path / "nested.parquet")], "text_field": "body.text"})
+    assert documents_of(prepare_data(config, progress=False)) == expected_split(DOCUMENTS)
+
+
+def test_missing_nested_field_lists_the_nested_ones(tmp_path):
+    path = tmp_path / "nested.jsonl"
+    path.write_text(jsonl_text(DOCUMENTS, lambda text: {"body": {"text": text}}), encoding="utf-8")
+    config = make_config(tmp_path, {"files": [str(path)], "text_field": "body.txt"})
+    with pytest.raises(DataError, match=r"has no field 'body\.txt'; its fields are: body, body\.text$"):
+        prepare_data(config, progress=False)
+
+
+# ----------------------------------------------------------------------------- 14. large text files
+
+
+def book(n_lines=2000):
+    return "".join(f"Line {i}: to be or not to be, that is the question {i * 7919 % 1000}.\n"
+                   + ("\n" if i % 50 == 49 else "") for i in range(n_lines))
+
+
+def test_a_text_file_is_read_in_pieces_that_leave_the_tokens_unchanged(tmp_path, monkeypatch):
+    text = BOM + book()
+    path = tmp_path / "book.txt"
+    path.write_text(text, encoding="utf-8")
+    tokenizer = {"kind": "bpe", "vocab_size": 300}
+    whole = prepare_data(make_config(tmp_path / "whole", {"files": [str(path)]}, tokenizer), progress=False)
+
+    monkeypatch.setattr(sources, "READ_CHARS", 1000)
+    config = make_config(tmp_path / "pieces", {"files": [str(path)]}, tokenizer)
+    parts = list(resolve_source(config.data, progress=False).reader("train")())
+    assert len(parts) > 50 and max(len(part) for part, _ in parts) <= 1000  # never the whole file
+    assert [starts for _, starts in parts] == [True] + [False] * (len(parts) - 1)  # one document
+    assert "".join(part for part, _ in parts) == text[1:]
+    pieces = prepare_data(config, progress=False)
+    assert pieces.tokenizer.to_json() == whole.tokenizer.to_json()
+    assert np.array_equal(pieces.train, whole.train) and np.array_equal(pieces.validation, whole.validation)
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_reading_a_large_file_reports_how_far_it_got(tmp_path, monkeypatch, capsys, progress):
+    path = tmp_path / "book.txt"
+    path.write_text(book(), encoding="utf-8")
+    monkeypatch.setattr(sources, "READ_CHARS", 1000)
+    monkeypatch.setattr(sources, "REPORT_BYTES", 1000)
+    config = make_config(tmp_path, {"files": [str(path)]})
+    read = resolve_source(config.data, progress=progress).reader("train")
+    list(read())
+    list(read())
+    err = capsys.readouterr().err
+    if progress:
+        assert "reading book.txt (pass 2)" in err and "B/s" in err  # a progress bar
+    else:
+        megabytes = f"{path.stat().st_size / 1e6:,.0f} MB"
+        assert [line for line in err.splitlines() if "pass 2" in line] == [
+            f"reading book.txt (pass 2): {p}% of {megabytes}" for p in (25, 50, 75, 100)]
