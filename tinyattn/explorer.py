@@ -291,6 +291,8 @@ function renderCurve() {
   for (let v = 0; v <= top; v++) out += `<line x1="0" x2="${W}" y1="${y(v)}" y2="${y(v)}" stroke="#e5e7eb"/>`;
   const points = values.map((v, i) => isFinite(v) ? `${x(i).toFixed(1)},${y(v).toFixed(1)}` : null).filter(p => p);
   out += `<polyline fill="none" stroke="#0969da" stroke-width="1.5" points="${points.join(" ")}"/>`;
+  out += `<text x="${W - pad}" y="${y(top) + 11}" text-anchor="end" font-size="11" fill="#6e7781">${top} nats</text>`;
+  out += `<text x="${W - pad}" y="${y(0) - 3}" text-anchor="end" font-size="11" fill="#6e7781">0</text>`;
   const q = state.query;
   out += `<line x1="${x(q)}" x2="${x(q)}" y1="0" y2="${Hc}" stroke="#cf222e" stroke-width="1"/>`;
   if (isFinite(values[q])) out += `<circle cx="${x(q)}" cy="${y(values[q])}" r="3.5" fill="#cf222e"/>`;

@@ -147,7 +147,8 @@ def _relevance_and_explorer(args, loaded, text: str) -> int:
     if args.html:
         source = f"{loaded.path} (step {loaded.step})"
         try:
-            path = write_explorer(args.html, rel, title="attention explorer: " + text[:60], source=source,
+            shown = text if len(text) <= 80 else text[:79] + "…"
+            path = write_explorer(args.html, rel, title="attention explorer: " + shown, source=source,
                                   query=position)
         except OSError as e:
             raise TinyattnError(f"{args.html}: cannot write the page ({e.strerror or e})") from None

@@ -1,0 +1,53 @@
+"""Picture an explorer page in headless Chromium, a query pinned and a head chosen, as the README's.
+
+    python scripts/explorer_screenshot.py PAGE.html OUT.png --query 54 --layer 0 --head 2
+
+Needs playwright (the dev extra) and a Chromium: Debian's `chromium` package, found on the
+PATH, or `--chromium PATH`. The PNG is reduced to a 256-colour palette, which keeps it small.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("page", type=Path)
+    p.add_argument("out", type=Path)
+    p.add_argument("--query", type=int, help="token to pin as the query (default: the page's)")
+    p.add_argument("--layer", default="0")
+    p.add_argument("--head", default="0")
+    p.add_argument("--width", type=int, default=1150)
+    p.add_argument("--chromium", default=shutil.which("chromium") or shutil.which("chromium-browser"),
+                   help="browser executable (default: chromium on the PATH, else Playwright's own)")
+    args = p.parse_args(argv)
+    if not args.page.is_file():
+        print(f"error: {args.page}: no such page", file=sys.stderr)
+        return 2
+
+    from PIL import Image
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=args.chromium)
+        page = browser.new_page(viewport={"width": args.width, "height": 900})
+        page.goto(args.page.resolve().as_uri())
+        page.select_option("#layer", args.layer)
+        if args.layer != "mean":
+            page.select_option("#head", args.head)
+        if args.query is not None:
+            page.click(f"#weights-row .tok[data-pos='{args.query}']")  # pins it
+        page.mouse.move(0, 0)
+        page.screenshot(path=str(args.out), full_page=True)
+        browser.close()
+    Image.open(args.out).convert("RGB").quantize(256).save(args.out, optimize=True)
+    print(f"wrote {args.out} ({args.out.stat().st_size / 1024:,.0f} KiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
