@@ -23,7 +23,7 @@ Read top to bottom:
    span several byte-level tokens), `StopStringFilter` holds back text that could be the
    start of a stop string until it is resolved, so a stop string is never shown.
 5. `generate` (one sample, yields str) and `generate_samples` (several, decoded together as
-   one batch, yields `SamplePiece`).
+   one batch, yields `SamplePiece`; `SampleStreams` lets their text out in sample order).
 6. Speed on the CPU: the dtype to decode in (`tinyattn.packing` stores weights for fast
    CPU matmuls).
 
@@ -37,13 +37,13 @@ history every step.
 
 from __future__ import annotations
 
-import math
 import os
 import warnings
 from typing import Iterator, NamedTuple, Optional, Sequence, Union
 
 import torch
 
+from tinyattn.config import check_sampling
 from tinyattn.errors import ConfigError, DataError
 from tinyattn.model import evaluation_mode
 from tinyattn.runtime import select_precision
@@ -58,31 +58,18 @@ class PromptWarning(UserWarning):
 # ----------------------------------------------------------------------------- 1. sampling
 
 
-def check_sampling_options(*, temperature: Optional[float] = None, top_k: Optional[int] = None,
-                           top_p: Optional[float] = None, repetition_penalty: Optional[float] = None,
-                           max_new_tokens: Optional[int] = None, num_samples: Optional[int] = None,
-                           seed: Optional[int] = None, stop: Sequence[str] = ()) -> None:
-    """Raise ConfigError naming the first unusable option. None means "not given" (top_k: off)."""
-    def fail(name, value, accepted):
-        raise ConfigError(f"{name} {value!r} is not accepted: expected {accepted}")
+def check_sampling_options(**options) -> None:
+    """Raise ConfigError naming the first unusable option, as the command line spells it.
 
-    if temperature is not None and not 0 <= temperature < math.inf:
-        fail("temperature", temperature, "a number >= 0 (0 means greedy)")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
-        fail("top-k", top_k, "an integer >= 0 (0 means no top-k)")
-    if top_p is not None and not 0 < top_p <= 1:
-        fail("top-p", top_p, "a number in (0, 1] (1 means no top-p)")
-    if repetition_penalty is not None and not 0 < repetition_penalty < math.inf:
-        fail("repetition penalty", repetition_penalty, "a positive number (1 means none)")
-    if max_new_tokens is not None and max_new_tokens < 0:
-        fail("max-new-tokens", max_new_tokens, "an integer >= 0")
-    if num_samples is not None and num_samples < 1:
-        fail("num-samples", num_samples, "an integer >= 1")
-    if seed is not None and not 0 <= seed < 2**63:
-        fail("seed", seed, "an integer in [0, 2**63)")
-    for text in stop:
-        if not text:
-            fail("stop string", text, "a non-empty string")
+    The rules are `tinyattn.config.check_sampling`'s, the same for `sample.*` in a config:
+    temperature, top_k, top_p, repetition_penalty, max_new_tokens, num_samples, seed, stop.
+    None means "not given" (top_k: off).
+    """
+    def fail(name, value, accepted):
+        shown = {"repetition_penalty": "repetition penalty", "stop": "stop string"}.get(name, name.replace("_", "-"))
+        raise ConfigError(f"{shown} {value!r} is not accepted: expected {accepted}")
+
+    check_sampling(fail, **options)
 
 
 def apply_repetition_penalty(logits: torch.Tensor, present: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -424,61 +411,89 @@ def generate_samples(model, tokenizer, prompt: str, num_samples: int = 1, *, max
                            repetition_penalty=repetition_penalty, max_new_tokens=max_new_tokens,
                            num_samples=num_samples, seed=seed, stop=stop)
     device = next(model.parameters()).device
-    if generators is None:
-        if seed is None:
-            seed = int.from_bytes(os.urandom(6), "little")
-        generators = [torch.Generator(device=device).manual_seed(seed + i) for i in range(num_samples)]
-    elif seed is not None or len(generators) != num_samples:
-        raise ValueError("pass either a seed or one generator per sample")
-
+    generators = sample_generators(num_samples, seed, generators, device)
     ids = encode_prompt(tokenizer, prompt, model.config.context_length)
     prompt_ids = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)  # (S, T)
-    detokenizers = [IncrementalDetokenizer(tokenizer) for _ in range(num_samples)]
-    filters = [StopStringFilter(stop) for _ in range(num_samples)]
-    finished: list[Optional[str]] = [None] * num_samples  # finish reason of each sample
-    held = [""] * num_samples  # text of samples whose turn to stream has not come
-    current = 0  # the sample streaming now; all before it have ended
-
-    def finish(i: int, reason: str) -> None:
-        text = filters[i].push(detokenizers[i].flush())
-        finished[i] = "stop" if filters[i].stopped else reason
-        held[i] += text + filters[i].flush()
-
-    def ready() -> Iterator[SamplePiece]:
-        """Pieces that may go out now, in sample order."""
-        nonlocal current
-        while current < num_samples:
-            text, held[current] = held[current], ""
-            if finished[current] is None:
-                if text:
-                    yield SamplePiece(current, text)
-                return
-            yield SamplePiece(current, text, finished[current])
-            current += 1
-
+    streams = SampleStreams(tokenizer, num_samples, stop)
     tokens = generate_tokens(model, prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k,
                              top_p=top_p, repetition_penalty=repetition_penalty, generator=generators,
                              compile=compile)
     try:
         for token in tokens:
-            for i, token_id in enumerate(token.tolist()):
-                if finished[i] is not None:
-                    continue  # its row keeps being computed with the batch, but is ignored
-                if token_id == tokenizer.eot_id:
-                    finish(i, "eot")
-                    continue
-                held[i] += filters[i].push(detokenizers[i].push(token_id))
-                if filters[i].stopped:
-                    finish(i, "stop")
-            yield from ready()
-            if current == num_samples:
+            streams.push(token.tolist())
+            yield from streams.ready()
+            if streams.all_ended:
                 return
     finally:
         tokens.close()
-    for i in range(num_samples):
-        if finished[i] is None:
-            finish(i, "length")
-    yield from ready()
+    streams.end_the_rest("length")
+    yield from streams.ready()
+
+
+def sample_generators(num_samples: int, seed: Optional[int], generators: Optional[Sequence[torch.Generator]],
+                      device: torch.device) -> Sequence[torch.Generator]:
+    """One generator per sample: sample i seeded with `seed + i` (None: a fresh random seed)."""
+    if generators is None:
+        if seed is None:
+            seed = int.from_bytes(os.urandom(6), "little")
+        return [torch.Generator(device=device).manual_seed(seed + i) for i in range(num_samples)]
+    if seed is not None or len(generators) != num_samples:
+        raise ValueError("pass either a seed or one generator per sample")
+    return generators
+
+
+class SampleStreams:
+    """The text of samples decoded together, let out in sample order (see `generate_samples`).
+
+    Each sample has its own detokenizer and stop-string filter; text of a sample whose turn
+    to stream has not come is held until every earlier sample has ended.
+    """
+
+    def __init__(self, tokenizer, num_samples: int, stop: Sequence[str]):
+        self.eot_id = tokenizer.eot_id
+        self.detokenizers = [IncrementalDetokenizer(tokenizer) for _ in range(num_samples)]
+        self.filters = [StopStringFilter(stop) for _ in range(num_samples)]
+        self.finished: list[Optional[str]] = [None] * num_samples  # finish reason of each sample
+        self.held = [""] * num_samples  # text not let out yet
+        self.current = 0  # the sample streaming now; all before it have ended
+
+    @property
+    def all_ended(self) -> bool:
+        return self.current == len(self.finished)
+
+    def push(self, token_ids: list[int]) -> None:
+        """The next token of every sample; a sample that has ended ignores its own."""
+        for i, token_id in enumerate(token_ids):
+            if self.finished[i] is not None:
+                continue  # its row keeps being computed with the batch, but is ignored
+            if token_id == self.eot_id:
+                self.end(i, "eot")
+                continue
+            self.held[i] += self.filters[i].push(self.detokenizers[i].push(token_id))
+            if self.filters[i].stopped:
+                self.end(i, "stop")
+
+    def end(self, i: int, reason: str) -> None:
+        text = self.filters[i].push(self.detokenizers[i].flush())
+        self.finished[i] = "stop" if self.filters[i].stopped else reason
+        self.held[i] += text + self.filters[i].flush()
+
+    def end_the_rest(self, reason: str) -> None:
+        for i, finished in enumerate(self.finished):
+            if finished is None:
+                self.end(i, reason)
+
+    def ready(self) -> Iterator[SamplePiece]:
+        """Pieces that may go out now, in sample order."""
+        while not self.all_ended:
+            i = self.current
+            text, self.held[i] = self.held[i], ""
+            if self.finished[i] is None:
+                if text:
+                    yield SamplePiece(i, text)
+                return
+            yield SamplePiece(i, text, self.finished[i])
+            self.current += 1
 
 
 def generate(model, tokenizer, prompt: str, *, max_new_tokens: int = 500, temperature: float = 0.8,
