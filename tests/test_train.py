@@ -87,8 +87,26 @@ def test_tensorboard_holds_every_curve(corpus, tmp_path):
               for k, v in session.session_start_info.hparams.items()}
     assert values["model.n_layer"] == 2 and values["train.max_steps"] == 20
     assert values["train.optimizer"] == "adamw"
+    assert values["tokenizer.kind"] == "char" and values["data.files"] == str(corpus)  # data tells runs apart
     best = [e.value for e in runs.Scalars("hparam/best_val_loss")]
-    assert best == [pytest.approx(result.best_val_loss, abs=1e-5)]
+    last = [e.value for e in runs.Scalars("hparam/last_val_loss")]
+    assert len(best) == 2 and best[-1] == pytest.approx(result.best_val_loss, abs=1e-5)
+    assert best[0] >= best[1] and last[-1] == pytest.approx(result.last_val_loss, abs=1e-5)
+
+
+def test_a_resumed_run_keeps_one_hparams_session(corpus, tmp_path):
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+
+    train(tiny_config(corpus, tmp_path), run_name="tb", progress=False, stop_at_step=10)
+    train(tiny_config(corpus, tmp_path), run_name="tb", resume=True, progress=False)
+    sessions = 0
+    for path in (tmp_path / "tb").glob("events.out.tfevents.*"):
+        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+        for event in EventFileLoader(str(path)).Load():
+            sessions += sum(v.tag == "_hparams_/session_start_info" for v in event.summary.value)
+    assert sessions == 1
+    assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 2  # both runs wrote curves
 
 
 def test_learning_rate_schedule():
@@ -201,19 +219,164 @@ def test_resume_names_the_run_it_cannot_find_and_refuses_a_changed_tokenizer(cor
         train(changed, run_name="real", resume=True, progress=False)
 
 
-def test_continuing_from_an_earlier_checkpoint_keeps_what_it_writes(corpus, tmp_path):
-    config = tiny_config(corpus, tmp_path, "train.max_steps=12", "train.eval_interval=3", "train.keep_last=2")
-    train(config, run_name="branch", progress=False)
-    run = tmp_path / "branch"
-    assert [p.name for p in ckpt.step_checkpoints(run)] == ["step_0000009.pt", "step_0000012.pt"]
-    # Roll back to best.pt (step 12 here; make it older) and stop at an earlier step than the files.
-    state = ckpt.load_checkpoint(run / "step_0000009.pt")
-    ckpt.save_checkpoint({k: v for k, v in state.items() if not k.startswith("format")}, run / "rollback.pt")
-    result = train(tiny_config(corpus, tmp_path, "train.max_steps=12", "train.eval_interval=100",
-                               "train.keep_last=2"), resume=run / "rollback.pt", progress=False, stop_at_step=10)
-    assert result.step == 10
-    assert (run / "step_0000010.pt").is_file()  # not pruned for its lower step number
-    assert ckpt.latest_checkpoint(run).name == "step_0000010.pt"  # the next resume continues it
+def _file_digests(folder: Path) -> dict:
+    import hashlib
+
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("*.pt"))}
+
+
+@pytest.fixture
+def twelve_steps(corpus, tmp_path):
+    """A run 'orig' of 12 steps with checkpoints at 3, 6, 9, 12; returns (its folder, digests)."""
+    config = tiny_config(corpus, tmp_path, "train.max_steps=12", "train.eval_interval=3", "train.keep_last=4")
+    train(config, run_name="orig", progress=False)
+    run = tmp_path / "orig"
+    return run, _file_digests(run)
+
+
+def test_resuming_an_earlier_checkpoint_with_a_new_run_name_forks(corpus, tmp_path, twelve_steps):
+    run, before = twelve_steps
+    result = train(tiny_config(corpus, tmp_path, "train.max_steps=12", "train.eval_interval=3",
+                               "train.keep_last=4", "train.lr=5e-3"),
+                   run_name="fork", resume=run / "step_0000006.pt", progress=False)
+    assert result.run_dir == tmp_path / "fork" and result.step == 12
+    assert _file_digests(run) == before  # the original is never written
+    fork = tmp_path / "fork"
+    assert [p.name for p in ckpt.step_checkpoints(fork)] == [ckpt.step_filename(s) for s in (6, 9, 12)]
+    start = ckpt.load_checkpoint(fork / "step_0000006.pt")
+    assert start["step"] == 6 and start["config"]["train"]["lr"] == pytest.approx(2e-3)  # the copy
+    assert ckpt.load_checkpoint(fork / "step_0000012.pt")["config"]["train"]["lr"] == pytest.approx(5e-3)
+    assert "forked from" in (fork / "train.log").read_text(encoding="utf-8")
+
+
+def test_resuming_an_earlier_checkpoint_in_place_is_refused(corpus, tmp_path, twelve_steps, capsys):
+    from tinyattn.cli.train import main
+
+    run, before = twelve_steps
+    with pytest.raises(CheckpointError, match=r"step_0000006\.pt is step 6, but .*orig goes on to step 12: "
+                                              r".*--resume .*step_0000006\.pt --run-name NEW_NAME"):
+        train(tiny_config(corpus, tmp_path, "train.max_steps=12"), resume=run / "step_0000006.pt",
+              progress=False)
+    assert main(["--resume", str(run / "step_0000006.pt"), "--no-progress", "--set",
+                 f"train.out_dir={tmp_path}"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert _file_digests(run) == before
+
+
+def test_best_checkpoint_is_never_replaced_by_a_worse_one(corpus, tmp_path):
+    config = tiny_config(corpus, tmp_path, "train.max_steps=6", "train.eval_interval=3")
+    train(config, run_name="best", progress=False)
+    best = tmp_path / "best" / "best.pt"
+    state = ckpt.load_checkpoint(best)
+    state["best_val_loss"] = 0.5  # a better model than this run will reach
+    ckpt.save_checkpoint({k: v for k, v in state.items() if not k.startswith("format")}, best)
+    before = best.read_bytes()
+    result = train(tiny_config(corpus, tmp_path, "train.max_steps=12", "train.eval_interval=3"),
+                   run_name="best", resume=True, progress=False)
+    assert result.best_val_loss > 0.5 and result.step == 12
+    assert best.read_bytes() == before
+
+
+def test_a_damaged_checkpoint_is_refused_and_the_newest_good_one_named(corpus, tmp_path, twelve_steps):
+    run, _ = twelve_steps
+    latest = run / "step_0000012.pt"
+    size = latest.stat().st_size
+    with open(latest, "r+b") as f:  # bit rot: 4 KB of the weights overwritten in place, same size
+        f.seek(size // 2)
+        f.write(bytes(4096))
+    assert latest.stat().st_size == size
+    with pytest.raises(CheckpointError, match=r"step_0000012\.pt: not a readable checkpoint .*CRC-32"):
+        ckpt.load_model(latest)
+    with pytest.raises(CheckpointError, match=r"CRC-32.*the newest checkpoint in .*orig that verifies is "
+                                              r"step_0000009\.pt"):
+        train(tiny_config(corpus, tmp_path, "train.max_steps=12"), resume=run, progress=False)
+
+
+def test_leftovers_of_a_killed_save_are_removed_and_the_latest_step_is_by_number(corpus, tmp_path,
+                                                                                  twelve_steps):
+    run, _ = twelve_steps
+    leftover = run / ".step_0000015.pt.k1ll3d.tmp"
+    leftover.write_bytes(b"half a checkpoint")
+    os.utime(run / "step_0000003.pt")  # touch: the oldest step now has the newest file time
+    assert ckpt.latest_checkpoint(run).name == "step_0000012.pt"
+    result = train(tiny_config(corpus, tmp_path, "train.max_steps=15", "train.eval_interval=3",
+                               "train.keep_last=4"), run_name="orig", resume=True, progress=False)
+    assert result.step == 15 and not leftover.exists()
+    assert [p.name for p in ckpt.step_checkpoints(run)] == [ckpt.step_filename(s) for s in (6, 9, 12, 15)]
+
+
+def test_a_run_folder_is_held_by_one_process(corpus, tmp_path):
+    from tinyattn.errors import StorageError
+    from tinyattn.run_folder import RunLock
+
+    with RunLock.acquire(tmp_path / "held"):  # another training holds it
+        with pytest.raises(StorageError, match=rf"held is in use by pid {os.getpid()}"):
+            train(tiny_config(corpus, tmp_path, "train.max_steps=2"), run_name="held", progress=False)
+    assert not (tmp_path / "held" / "config.yaml").exists()
+    result = train(tiny_config(corpus, tmp_path, "train.max_steps=2"), run_name="held", progress=False)
+    assert result.step == 2 and not (tmp_path / "held" / ".lock").exists()  # released at the end
+    log = (tmp_path / "held" / "train.log").read_text(encoding="utf-8")
+    assert "(starting)" in log and "done: 2 steps" in log
+
+
+def run_main(args, capsys) -> tuple[int, str]:
+    from tinyattn.cli.train import main
+
+    code = main(args)
+    return code, capsys.readouterr().err
+
+
+def test_a_resume_into_a_read_only_run_folder_changes_nothing(corpus, tmp_path, small_tmpfs, capsys):
+    config = tiny_config(corpus, small_tmpfs, "train.max_steps=2", "train.eval_interval=2",
+                         "model.n_embd=16", "model.n_layer=1", f"data.cache_dir={tmp_path / 'cache'}")
+    train(config, run_name="ro", progress=False)
+    before = (small_tmpfs / "ro" / "config.yaml").read_bytes()
+    small_tmpfs.make_read_only()
+    capsys.readouterr()
+    code, err = run_main(["--resume", str(small_tmpfs / "ro"), "--no-progress", "--set",
+                          f"train.out_dir={small_tmpfs}", "train.max_steps=3"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: cannot write {small_tmpfs / 'ro'}: Read-only file system; make it writable")
+    assert (small_tmpfs / "ro" / "config.yaml").read_bytes() == before
+
+
+def test_a_read_only_out_dir_and_cache_dir_are_one_line(corpus, tmp_path, small_tmpfs, capsys):
+    small_tmpfs.make_read_only()
+    code, err = run_main(["--config", str(TINY), "--no-progress", "--set",
+                          *tiny_overrides(corpus, small_tmpfs / "runs")], capsys)
+    assert code == 2 and err == f"error: cannot write {small_tmpfs / 'runs'}: Read-only file system; " \
+                                "make it writable or choose another folder\n"
+    code, err = run_main(["--config", str(TINY), "--no-progress", "--set",
+                          *tiny_overrides(corpus, tmp_path), f"data.cache_dir={small_tmpfs / 'cache'}"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: cannot write {small_tmpfs / 'cache'}") and "Read-only file system" in err
+
+
+def test_a_full_disk_while_saving_is_one_line_and_keeps_the_last_checkpoint(corpus, tmp_path, small_tmpfs,
+                                                                             capsys):
+    # A 256 KiB disk holds the run's small files and one checkpoint of this model, not two.
+    args = ["--config", str(TINY), "--run-name", "full", "--no-progress", "--set",
+            *tiny_overrides(corpus, small_tmpfs, "train.max_steps=4", "train.eval_interval=2",
+                            "model.n_embd=16", "model.n_layer=1", "train.keep_last=1"),
+            f"data.cache_dir={tmp_path / 'cache'}"]
+    code, err = run_main(args, capsys)
+    assert code == 2
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"error: cannot write {small_tmpfs / 'full'}/") and "No space left on device" in last
+    run = small_tmpfs / "full"
+    assert not list(run.glob(".*.tmp"))  # no half file
+    assert [ckpt.load_checkpoint(p)["step"] for p in ckpt.step_checkpoints(run)] == [2]
+    assert "No space left on device" in (run / "train.log").read_text(encoding="utf-8")
+
+
+def test_a_full_disk_while_building_the_cache_is_one_line(corpus, tmp_path, small_tmpfs, capsys):
+    big = tmp_path / "big.txt"
+    big.write_text(corpus.read_text(encoding="utf-8") * 3, encoding="utf-8")  # 360 KB of uint16 tokens
+    code, err = run_main(["--config", str(TINY), "--no-progress", "--set",
+                          *tiny_overrides(big, tmp_path), f"data.cache_dir={small_tmpfs}"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: cannot write {small_tmpfs}/") and "No space left on device" in err
+    assert not [p for p in small_tmpfs.rglob("*") if p.is_file()]  # nothing half-written is left
 
 
 def main_in_process(capsys, *args: str) -> tuple[int, str]:

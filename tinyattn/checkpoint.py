@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import pickle
 import re
+import shutil
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,9 +56,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint file not found")
-    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut one has no directory
-        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): "
-                              "not a torch.save archive")
+    damaged = verify_checkpoint(path)
+    if damaged:
+        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): {damaged}")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError:
@@ -77,8 +78,28 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return state
 
 
+def verify_checkpoint(path: Path) -> Optional[str]:
+    """None if every member of the checkpoint's zip archive matches its stored CRC-32, else
+    what is wrong. torch.load itself does not check them: a file with flipped bytes would load
+    and give garbage. Reading the file once costs little next to loading it."""
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut one has no directory
+        return "not a torch.save archive"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+        return f"damaged archive ({e})"
+    return f"{bad} fails its CRC-32 check (the file was changed after it was written)" if bad else None
+
+
+def step_of(path: Path) -> Optional[int]:
+    """The step in a `step_<N>.pt` file name, else None."""
+    match = STEP_PATTERN.match(path.name)
+    return int(match.group(1)) if match else None
+
+
 def step_checkpoints(run_dir: str | Path) -> list[Path]:
-    """The run's step checkpoints, oldest first."""
+    """The run's step checkpoints, lowest step first (by the name, never the file time)."""
     run_dir = Path(run_dir)
     found = []
     for path in run_dir.glob("step_*.pt"):
@@ -88,16 +109,32 @@ def step_checkpoints(run_dir: str | Path) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
-def _in_write_order(paths: list[Path]) -> list[Path]:
-    """Oldest written first. After resuming from an earlier checkpoint (best.pt, say) the
-    files the continued run writes are the newest even where their step numbers are lower."""
-    return sorted(paths, key=lambda p: (p.stat().st_mtime_ns, p.name))
-
-
 def latest_checkpoint(run_dir: str | Path) -> Optional[Path]:
-    """The step checkpoint written last: where a resume continues."""
-    steps = _in_write_order(step_checkpoints(run_dir))
+    """The step checkpoint with the highest step: where a resume continues. A run folder's
+    steps only grow (resuming an earlier checkpoint forks into a new folder), so `touch` or
+    a copy that changes file times cannot make an older step look newer."""
+    steps = step_checkpoints(run_dir)
     return steps[-1] if steps else None
+
+
+def newest_verified(run_dir: str | Path) -> Optional[Path]:
+    """The highest-step checkpoint whose archive passes its CRC check (best.pt as a last resort)."""
+    candidates = step_checkpoints(run_dir)[::-1] + [Path(run_dir) / BEST]
+    return next((p for p in candidates if p.is_file() and verify_checkpoint(p) is None), None)
+
+
+def copy_checkpoint(source: Path, target: Path) -> None:
+    """Copy a checkpoint file atomically (a kill mid-copy leaves no half file)."""
+    with open(source, "rb") as src, atomic_write(target) as out:
+        shutil.copyfileobj(src, out, 1 << 22)
+
+
+def saved_value(path: Path, key: str):
+    """One plain value from a checkpoint, without reading its tensors (None if unreadable)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True).get(key)
+    except Exception:  # a damaged file has no value worth keeping
+        return None
 
 
 def has_checkpoints(run_dir: str | Path) -> bool:
@@ -105,11 +142,11 @@ def has_checkpoints(run_dir: str | Path) -> bool:
 
 
 def prune_checkpoints(run_dir: str | Path, keep_last: int) -> None:
-    """Delete all but the `keep_last` (>= 1) step checkpoints written last (best.pt is separate).
+    """Delete all but the `keep_last` (>= 1) highest-step checkpoints (best.pt is separate).
 
-    The one just written is always kept, so a save is never undone by its own pruning.
+    The one just written has the highest step, so a save is never undone by its own pruning.
     """
-    steps = _in_write_order(step_checkpoints(run_dir))
+    steps = step_checkpoints(run_dir)
     for path in steps[:max(len(steps) - max(keep_last, 1), 0)]:
         path.unlink(missing_ok=True)
 

@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional
 import yaml
 
 from tinyattn.errors import ConfigError
+from tinyattn.files import atomic_write
 
 Fail = Callable[[str, Any, str], None]  # fail(dotted key, bad value, what is accepted) raises
 
@@ -379,7 +380,8 @@ def config_to_dict(config: Config) -> dict:
 def save_config(config: Config, path: str | Path) -> None:
     """Write the resolved config as YAML; `load_config` on it gives back an equal Config."""
     text = yaml.safe_dump(config_to_dict(config), sort_keys=False, allow_unicode=True)
-    Path(path).write_text(text, encoding="utf-8")
+    with atomic_write(path) as f:
+        f.write(text.encode("utf-8"))
 
 
 # ----------------------------------------------------------------------------- internals

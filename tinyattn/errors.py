@@ -22,3 +22,7 @@ class DataError(TinyattnError):
 
 class CheckpointError(TinyattnError):
     """A run folder or checkpoint file that cannot be used."""
+
+
+class StorageError(TinyattnError):
+    """A folder that cannot take a file: disk full, read-only, no permission, or in use."""

@@ -5,33 +5,119 @@
 beside `path`, are flushed and fsynced, and the file is renamed over `path`. A process
 killed at any moment leaves the old file or the new one; an exception inside the block
 deletes the temporary file and leaves `path` untouched.
+
+A write the file system refuses (disk full, read-only folder, no permission) becomes a
+`StorageError` naming the path, so commands end with one line instead of a traceback.
+`check_writable(folder)` asks the same question before a command writes anything, and
+`remove_temporaries(folder)` clears what a killed writer left behind.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
+from tinyattn.errors import StorageError
+
+# What the file system says when a folder cannot take a file: these are the user's to fix.
+STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
+TEMPORARY_SUFFIX = ".tmp"
+
 
 @contextmanager
-def atomic_write(path: str | Path) -> Iterator[BinaryIO]:
+def atomic_write(path: str | Path) -> Iterator[BinaryIO]:  # yields a file-like writer
     """Yield a binary file whose contents replace `path` only if the block succeeds."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with storage_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX)
     try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp_name, path)
+        with storage_errors(path):
+            with os.fdopen(fd, "wb") as f:
+                recorder = _WriteRecorder(f)
+                try:
+                    yield recorder
+                except Exception:
+                    # A writer such as torch.save may wrap the file system's refusal in its
+                    # own error: the refusal is what the user needs to hear.
+                    if recorder.error is not None:
+                        raise recorder.error from None
+                    raise
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temp_name, path)
     except BaseException:
         Path(temp_name).unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)  # make the rename itself durable
+
+
+class _WriteRecorder:
+    """A binary file that remembers the OSError its last failed write raised."""
+
+    def __init__(self, file: BinaryIO):
+        self._file = file
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        try:
+            return self._file.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def __getattr__(self, name):
+        return getattr(self._file, name)
+
+
+def storage_message(path: Path, error: OSError) -> str:
+    """One line: the path, what the file system said, and what the user can do."""
+    reason = os.strerror(error.errno) if error.errno else str(error)
+    if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        advice = "free some space there or choose another folder"
+    else:
+        advice = "make it writable or choose another folder"
+    return f"cannot write {path}: {reason}; {advice}"
+
+
+@contextmanager
+def storage_errors(path: str | Path) -> Iterator[None]:
+    """Turn a refused write (disk full, read-only, permission) into a StorageError naming `path`."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno in STORAGE_ERRNOS:
+            raise StorageError(storage_message(Path(path), e)) from None
+        raise
+
+
+def check_writable(folder: str | Path) -> Path:
+    """Create `folder` if needed and prove a file can be written in it; else a StorageError."""
+    folder = Path(folder)
+    with storage_errors(folder):
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".writable.", suffix=TEMPORARY_SUFFIX)
+        os.close(fd)
+        os.unlink(name)
+    return folder
+
+
+def remove_temporaries(folder: str | Path) -> list[Path]:
+    """Delete the temporary files that writers killed mid-write left in `folder`.
+
+    Only for a folder this process holds (see run_folder.RunLock): another writer's
+    temporary file would otherwise be deleted under it.
+    """
+    removed = []
+    for path in Path(folder).glob(f".*{TEMPORARY_SUFFIX}"):
+        if path.is_file():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 def _fsync_dir(folder: Path) -> None:

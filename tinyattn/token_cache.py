@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from tinyattn.config import Config
 from tinyattn.errors import DataError
-from tinyattn.files import atomic_write
+from tinyattn.files import atomic_write, check_writable
 from tinyattn.sources import DocumentParts, Source
 from tinyattn.tokenizer import Tokenizer, build_tokenizer
 
@@ -83,7 +83,7 @@ class TokenCache:
             return (text for text, _ in train())
 
         tokenizer = build_tokenizer(config.tokenizer, texts, progress=progress)
-        folder.mkdir(parents=True, exist_ok=True)
+        check_writable(folder)  # a read-only cache folder is one line, not a traceback
         (folder / "meta.json").unlink(missing_ok=True)  # from here on, nothing in the folder is trusted
         dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
         meta = {"format_version": FORMAT_VERSION, "key": self.key, "dtype": np.dtype(dtype).name,

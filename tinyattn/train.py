@@ -28,14 +28,15 @@ What a run guarantees:
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import signal
 import sys
 import time
+import warnings
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -49,16 +50,19 @@ from tinyattn.config import (Config, TrainConfig, config_to_dict, parse_duration
 from tinyattn.data import BatchSampler, prepare_data
 from tinyattn.errors import CheckpointError, TinyattnError
 from tinyattn.evaluate import loss_by_position
-from tinyattn.finetune import init_source, resumed_source
+from tinyattn.files import storage_errors
+from tinyattn.finetune import InitSource, init_source, resumed_source
 from tinyattn.model import LanguageModel
 from tinyattn.optim import (Optimizers, build_optimizer, learning_rate, lr_factor, ns_dtype_for,
                             optimizer_description, set_learning_rates)
+from tinyattn.run_folder import RunLock, unique_run_dir
 from tinyattn.runtime import (Distributed, Precision, init_distributed, measure_peak_flops,
                               prefer_explicit_attention, random_states, seed_everything,
                               select_device, select_precision, set_random_states,
                               shutdown_distributed, synchronize)
 
 DEFAULT_OUT_DIR = TrainConfig.out_dir
+HPARAM_METRICS = ("hparam/best_val_loss", "hparam/last_val_loss")
 
 
 class TrainingError(TinyattnError):
@@ -185,9 +189,9 @@ class Trainer:
             self.best_val_loss = float(state["best_val_loss"])
             self.batches.load_state_dict(state["sampler"])  # keeps this process's own rank
             if state["world_size"] != self.dist.world_size and self.dist.is_main:
-                print(f"warning: {path} was written by {state['world_size']} process(es), this run has "
-                      f"{self.dist.world_size}: the batches and tokens per step differ from the "
-                      "original run from here on", file=sys.stderr)
+                say(f"warning: {path} was written by {state['world_size']} process(es), this run has "
+                    f"{self.dist.world_size}: the batches and tokens per step differ from the "
+                    "original run from here on")
             set_random_states(state["random_states"])
         except (KeyError, RuntimeError, ValueError) as e:
             raise CheckpointError(f"{path}: cannot resume from it: {str(e).splitlines()[0]}") from None
@@ -297,14 +301,18 @@ class Checkpointer:
         self.keep_last = config.train.keep_last
         self.dist = dist
         self.run_state = {"config": config_to_dict(config), "tokenizer": tokenizer.to_json()}
+        # best.pt is replaced only by a lower validation loss than the one it holds.
+        saved = ckpt.saved_value(run_dir / ckpt.BEST, "best_val_loss") if dist.is_main else None
+        self.best_on_disk = float(saved) if saved is not None else math.inf
 
     def save(self, trainer: Trainer, best: bool) -> None:
         if self.dist.is_main:
             state = {**trainer.state_dict(), **self.run_state}
             ckpt.save_checkpoint(state, self.run_dir / ckpt.step_filename(trainer.step))
             ckpt.prune_checkpoints(self.run_dir, self.keep_last)
-            if best:
+            if best and trainer.best_val_loss < self.best_on_disk:
                 ckpt.save_checkpoint(state, self.run_dir / ckpt.BEST)
+                self.best_on_disk = trainer.best_val_loss
         if self.dist.enabled:
             torch.distributed.barrier()
 
@@ -364,6 +372,16 @@ def model_shape_differences(saved: dict, current: dict) -> list[str]:
             for k in keys if saved.get(k) != current.get(k) and k not in ("dropout", "attention")]
 
 
+def _verified_alternative(file: Path) -> str:
+    """'; the newest checkpoint that verifies is ...' for a resume whose checkpoint is damaged."""
+    good = ckpt.newest_verified(file.parent)
+    if good is None or good == file:
+        return ""
+    return (f"; the newest checkpoint in {file.parent} that verifies is {good.name}: move the damaged "
+            f"file away and resume with --resume {file.parent}, or fork from it with --resume {good} "
+            "--run-name NEW_NAME")
+
+
 @dataclass
 class ResumePoint:
     """The checkpoint a run continues from: loaded once, then checked against the run."""
@@ -371,6 +389,7 @@ class ResumePoint:
     file: Path
     state: dict
     config: Config  # the config saved in the checkpoint
+    step: int  # the checkpoint's step
 
     @classmethod
     def find(cls, resume: str | Path | bool, run_name: Optional[str], out_dir: str | Path) -> "ResumePoint":
@@ -382,12 +401,43 @@ class ResumePoint:
                 raise CheckpointError(f"{run_dir}: no such run to resume (check --run-name)")
             resume = run_dir
         file = ckpt.resolve_checkpoint(None if resume is True else resume, out_dir, prefer="latest")
-        state = ckpt.load_checkpoint(file)
-        return cls(file, state, ckpt.config_from_checkpoint(state, file))
+        try:
+            state = ckpt.load_checkpoint(file)
+        except CheckpointError as e:
+            raise CheckpointError(f"{e}{_verified_alternative(file)}") from None
+        return cls(file, state, ckpt.config_from_checkpoint(state, file), int(state.get("step", 0)))
 
-    @property
-    def run_dir(self) -> Path:
-        return self.file.parent
+    def target(self, run_name: Optional[str], out_dir: str | Path) -> tuple[Path, bool]:
+        """(the folder this run trains into, whether that is a fork into a new folder).
+
+        Without --run-name (or naming the checkpoint's own folder) the run continues in
+        place, which only the folder's latest checkpoint may do: an earlier one would
+        overwrite the later steps. With another --run-name it forks: the new folder gets a
+        copy of the checkpoint (see `fork_into`) and the original is never written.
+        """
+        own = self.file.parent
+        if run_name is None or (Path(out_dir) / run_name).resolve() == own.resolve():
+            latest = ckpt.latest_checkpoint(own)
+            latest_step = ckpt.step_of(latest) if latest is not None else None
+            if latest_step is not None and latest_step > self.step:
+                raise CheckpointError(
+                    f"{self.file} is step {self.step}, but {own} goes on to step {latest_step}: "
+                    f"continuing there would overwrite its later checkpoints. To branch from this "
+                    f"checkpoint, fork it into a new folder: --resume {self.file} --run-name NEW_NAME")
+            return own, False
+        return Path(out_dir) / run_name, True
+
+    def forks_into(self, run_dir: Path) -> bool:
+        return self.file.parent.resolve() != Path(run_dir).resolve()
+
+    def fork_into(self, run_dir: Path) -> None:
+        """Copy into a new run folder what resuming there needs: the starting checkpoint (and
+        the original's best.pt if it is no later than the start, so 'best' keeps its meaning)."""
+        ckpt.copy_checkpoint(self.file, run_dir / ckpt.step_filename(self.step))
+        best = self.file.parent / ckpt.BEST
+        best_step = ckpt.saved_value(best, "step") if best.is_file() else None
+        if best_step is not None and best_step <= self.step:
+            ckpt.copy_checkpoint(best, run_dir / ckpt.BEST)
 
     def adopt(self, config: Config) -> None:
         """Check that `config` can continue this checkpoint; take what the run fixed at its start.
@@ -418,17 +468,33 @@ class ResumePoint:
         self.state = {}  # the tensors are in the trainer now; free the copy
 
 
-def default_run_name(config_path: Optional[str | Path]) -> str:
-    stem = Path(config_path).stem if config_path else "run"
-    return f"{stem}-{datetime.now():%Y%m%d-%H%M%S}"
+def _open_run_folder(config: Config, config_path, run_name: Optional[str], point: Optional[ResumePoint],
+                     dist: Distributed) -> tuple[Path, "RunLock | nullcontext"]:
+    """The folder this run writes, held (locked) by rank 0 until the run ends; the same on every rank.
 
-
-def new_run_dir(config: Config, config_path, run_name: Optional[str]) -> Path:
-    run_dir = Path(config.train.out_dir) / (run_name or default_run_name(config_path))
-    if ckpt.has_checkpoints(run_dir):
-        raise CheckpointError(f"{run_dir} already holds checkpoints; continue it with --resume "
-                              f"{run_dir}, or choose another --run-name")
-    return run_dir
+    A new run gets `--run-name` or a fresh `<config>-<date>-<time>` folder; a resumed one its
+    checkpoint's folder, or with another --run-name a fork (a copy of the checkpoint in a
+    new folder). Nothing is written before the lock is held.
+    """
+    run_dir, lock = None, nullcontext()
+    if dist.is_main:
+        fork = False
+        if point is not None:
+            run_dir, fork = point.target(run_name, config.train.out_dir)
+        elif run_name:
+            run_dir = Path(config.train.out_dir) / run_name
+        else:
+            run_dir = unique_run_dir(config.train.out_dir, Path(config_path).stem if config_path else "run")
+        lock = RunLock.acquire(run_dir)
+        if (fork or point is None) and ckpt.has_checkpoints(run_dir):
+            lock.release()
+            raise CheckpointError(f"{run_dir} already holds checkpoints; continue it with --resume "
+                                  f"{run_dir}, or choose another --run-name")
+    if dist.enabled:  # a default name has the time in it: rank 0's choice is everyone's
+        shared = [str(run_dir) if run_dir is not None else None]
+        torch.distributed.broadcast_object_list(shared, src=0)
+        run_dir = Path(shared[0])
+    return run_dir, lock
 
 
 # ----------------------------------------------------------------------------- time budget
@@ -576,9 +642,6 @@ def train(config: Config, *, config_path: Optional[str | Path] = None, run_name:
 
 def _train(config, config_path, run_name, resume, device_name, progress, stop_at_step,
            dist: Distributed, started: float) -> TrainResult:
-    def elapsed() -> float:
-        return time.perf_counter() - started
-
     timers = Timers()
     point = resume
     if resume is not None and not isinstance(resume, ResumePoint):
@@ -588,7 +651,18 @@ def _train(config, config_path, run_name, resume, device_name, progress, stop_at
             resumed_source(config, point.config, f"{point.file} (train.init_from)")
         point.adopt(config)
     source = init_source(config) if point is None else None  # fine-tuning: train.init_from
-    run_dir = point.run_dir if point is not None else new_run_dir(config, config_path, run_name)
+    select_device(device_name or config.train.device)  # a bad device fails before the folder is made
+    run_dir, lock = _open_run_folder(config, config_path, run_name, point, dist)
+    with lock, RunLog(run_dir, enabled=dist.is_main):
+        return _train_in(run_dir, config, point, device_name, progress, stop_at_step, dist, started, timers,
+                         source)
+
+
+def _train_in(run_dir: Path, config: Config, point: Optional[ResumePoint], device_name, progress,
+              stop_at_step, dist: Distributed, started: float, timers: Timers,
+              source: Optional[InitSource] = None) -> TrainResult:
+    def elapsed() -> float:
+        return time.perf_counter() - started
 
     device = select_device(device_name or config.train.device)
     if dist.enabled and device.type == "cuda":
@@ -615,8 +689,9 @@ def _train(config, config_path, run_name, resume, device_name, progress, stop_at
             config.train.max_steps = _budget_steps(config, trainer, evaluator, run_dir, elapsed, log)
 
     checkpointer = Checkpointer(run_dir, config, data.tokenizer, dist)
-    if dist.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
+    if dist.is_main:  # written only now that training can start: a failed command changes nothing
+        if point is not None and point.forks_into(run_dir):
+            point.fork_into(run_dir)
         save_config(config, run_dir / "config.yaml")
         data.tokenizer.save(run_dir / "tokenizer.json")
         log.start()
@@ -699,6 +774,74 @@ def _loop(trainer: Trainer, evaluator: Evaluator, checkpointer: Checkpointer, lo
 # ----------------------------------------------------------------------------- logging
 
 
+RUN_LOG = logging.getLogger("tinyattn.run")
+
+
+class _LogFile(logging.FileHandler):
+    def handleError(self, record):  # a full disk must not end a run over a log line
+        pass
+
+
+class RunLog:
+    """Copies what the run prints (its lines, warnings, the error that ends it) into
+    `<run>/train.log`, so a run's history survives a closed terminal."""
+
+    def __init__(self, run_dir: Path, enabled: bool):
+        self.path = run_dir / "train.log"
+        self.enabled = enabled
+        self.handler: Optional[logging.Handler] = None
+        self.caught = warnings.catch_warnings()
+
+    def __enter__(self) -> "RunLog":
+        if not self.enabled:
+            return self
+        self.handler = _LogFile(self.path, encoding="utf-8")
+        self.handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+        RUN_LOG.addHandler(self.handler)
+        RUN_LOG.setLevel(logging.INFO)
+        RUN_LOG.propagate = False
+        self.caught.__enter__()
+        show = warnings.showwarning
+
+        def show_and_log(message, category, filename, lineno, file=None, line=None):
+            show(message, category, filename, lineno, file, line)
+            RUN_LOG.warning(f"warning: {message}")
+
+        warnings.showwarning = show_and_log
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if self.handler is None:
+            return
+        if isinstance(error, TinyattnError):
+            RUN_LOG.error(f"error: {error}")
+        elif isinstance(error, KeyboardInterrupt):
+            RUN_LOG.error("interrupted")
+        elif error is not None:
+            RUN_LOG.error(f"failed: {type(error).__name__}: {error}")
+        self.caught.__exit__(None, None, None)
+        RUN_LOG.removeHandler(self.handler)
+        self.handler.close()
+        self.handler = None
+
+
+def say(line: str) -> None:
+    """A line for the console and the run's train.log."""
+    print(line, file=sys.stderr, flush=True)
+    RUN_LOG.info(line)
+
+
+def hparams_of(config: Config) -> dict:
+    """The config as TensorBoard hparams: every section, lists and None as text."""
+    flat = {}
+    for section, values in config_to_dict(config).items():
+        for key, value in values.items():
+            if isinstance(value, (list, tuple)):
+                value = ", ".join(map(str, value))
+            flat[f"{section}.{key}"] = value if isinstance(value, (int, float, str, bool)) else str(value)
+    return flat
+
+
 class Logger:
     """The progress bar, the plain log lines and TensorBoard, on the main process only."""
 
@@ -722,7 +865,9 @@ class Logger:
     def announce(self, point: Optional[ResumePoint]) -> None:
         """The run's first line, printed before any step (or the budget's measuring steps)."""
         t, tc = self.trainer, self.config.train
-        what = f"resuming from {point.file} at step {t.step}" if point else "starting"
+        what = "starting"
+        if point is not None:
+            what = f"{'forked from' if point.forks_into(self.run_dir) else 'resuming from'} {point.file} at step {t.step}"
         steps = (f"{tc.max_steps:,} steps" if point or tc.time_budget is None
                  else f"measuring a few steps to fit the {tc.time_budget} budget")
         self.print(f"run {self.run_dir} ({what}): {t.model.num_parameters():,} parameters, "
@@ -736,6 +881,12 @@ class Logger:
         self.writer = SummaryWriter(str(self.run_dir))
         t = self.trainer
         self.writer.add_text("config", "```\n" + (self.run_dir / "config.yaml").read_text() + "\n```", t.step)
+        if t.step == 0:  # one HParams session per run: a resumed run continues it
+            from torch.utils.tensorboard.summary import hparams
+
+            file_writer = self.writer._get_file_writer()
+            for summary in hparams(hparams_of(self.config), dict.fromkeys(HPARAM_METRICS, math.nan)):
+                file_writer.add_summary(summary)
         if self.progress:
             self.bar = tqdm(total=self.config.train.max_steps, initial=t.step, unit="step",
                             dynamic_ncols=True, file=sys.stderr)
@@ -745,8 +896,9 @@ class Logger:
             return
         if self.bar is not None:
             self.bar.write(line, file=sys.stderr)
+            RUN_LOG.info(line)
         else:
-            print(line, file=sys.stderr, flush=True)
+            say(line)
 
     def train(self, step: int, losses: list[float], seconds: float, grad_norm: torch.Tensor) -> None:
         tokens = len(losses) * self.trainer.tokens_per_step
@@ -782,9 +934,12 @@ class Logger:
 
         step = result.step
         self.writer.add_scalar("val/loss", result.val_loss, step)
+        self.writer.add_scalar("hparam/best_val_loss", self.trainer.best_val_loss, step)
+        self.writer.add_scalar("hparam/last_val_loss", result.val_loss, step)
         self.print(f"step {step}: validation loss {result.val_loss:.4f}{' (best)' if best else ''}")
         if result.sample is not None:
-            with open(self.run_dir / "samples.txt", "a", encoding="utf-8") as f:
+            with storage_errors(self.run_dir / "samples.txt"), \
+                    open(self.run_dir / "samples.txt", "a", encoding="utf-8") as f:
                 f.write(f"--- step {step} ---\n{result.sample}\n")
             self.writer.add_text("sample", "```\n" + result.sample + "\n```", step)
         log_loss_by_position_to_tensorboard(self.writer, result.position_losses, step)
@@ -810,19 +965,14 @@ class Logger:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-        hparams = {f"{section}.{k}": v for section, values in config_to_dict(self.config).items()
-                   if section in ("model", "train") for k, v in values.items()
-                   if isinstance(v, (int, float, str, bool))}
-        self.writer.add_hparams(hparams, {"hparam/best_val_loss": result.best_val_loss,
-                                          "hparam/last_val_loss": result.last_val_loss}, run_name=".")
         self.close()
         if stopped_by:
-            print(f"stopped by {stopped_by} at step {result.step}; checkpoint saved in {result.run_dir}. "
-                  f"Resume with: python scripts/train.py --resume {result.run_dir}", file=sys.stderr)
+            say(f"stopped by {stopped_by} at step {result.step}; checkpoint saved in {result.run_dir}. "
+                f"Resume with: python scripts/train.py --resume {result.run_dir}")
             return
         s = result.seconds
         split = ", ".join(f"{name} {s[name]:.1f} s ({s[name] / result.wall_seconds:.1%})"
                           for name in ("start-up", "calibration", "train", "eval", "save") if name in s)
-        print(f"done: {result.step} steps in {result.wall_seconds:.0f} s ({split}), "
-              f"{result.tokens_per_second:,.0f} tok/s, best validation loss "
-              f"{result.best_val_loss:.4f}; checkpoints in {result.run_dir}", file=sys.stderr)
+        say(f"done: {result.step} steps in {result.wall_seconds:.0f} s ({split}), "
+            f"{result.tokens_per_second:,.0f} tok/s, best validation loss "
+            f"{result.best_val_loss:.4f}; checkpoints in {result.run_dir}")

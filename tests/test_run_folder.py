@@ -1,0 +1,71 @@
+"""Run folders: one holder at a time, stale locks taken over, default names never shared,
+and refused writes (read-only, disk full) as one line."""
+
+import os
+import subprocess
+import sys
+from datetime import datetime
+
+import pytest
+
+from tinyattn.errors import StorageError
+from tinyattn.files import atomic_write, check_writable
+from tinyattn.run_folder import LOCK_NAME, RunLock, unique_run_dir
+
+
+def test_a_second_holder_is_told_the_pid_and_the_folder_frees_on_release(tmp_path):
+    lock = RunLock.acquire(tmp_path / "run")
+    assert (tmp_path / "run" / LOCK_NAME).read_text().strip() == str(os.getpid())
+    with pytest.raises(StorageError, match=rf"run is in use by pid {os.getpid()}: .*--run-name"):
+        RunLock.acquire(tmp_path / "run")
+    lock.release()
+    assert not (tmp_path / "run" / LOCK_NAME).exists()
+    RunLock.acquire(tmp_path / "run").release()
+
+
+def test_a_lock_held_by_another_process_refuses_and_a_dead_ones_is_taken_over(tmp_path, capfd):
+    folder = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from tinyattn.run_folder import RunLock; "
+         f"RunLock.acquire({str(folder)!r}); print('held', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(StorageError, match=rf"in use by pid {holder.pid}"):
+            RunLock.acquire(folder)
+    finally:
+        holder.kill()  # SIGKILL: no release runs, the lock file stays with the dead pid in it
+        holder.wait()
+    assert (folder / LOCK_NAME).read_text().strip() == str(holder.pid)
+    with RunLock.acquire(folder):
+        assert (folder / LOCK_NAME).read_text().strip() == str(os.getpid())
+    assert f"left by pid {holder.pid}, which is no longer running; taking it over" in capfd.readouterr().err
+
+
+def test_two_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
+    now = datetime(2026, 11, 30, 12, 0, 0)
+    first = unique_run_dir(tmp_path, "shakespeare_char", now)
+    second = unique_run_dir(tmp_path, "shakespeare_char", now)
+    assert first.name == "shakespeare_char-20261130-120000"
+    assert second.name == "shakespeare_char-20261130-120000-2"
+    assert first.is_dir() and second.is_dir()
+
+
+# ----------------------------------------------------------------------------- refused writes
+
+
+def test_a_full_disk_is_one_line_naming_the_file_and_leaves_no_partial_file(small_tmpfs):
+    target = small_tmpfs / "big.bin"
+    with pytest.raises(StorageError, match=r"cannot write .*big\.bin: No space left on device; free some space"):
+        with atomic_write(target) as f:
+            f.write(os.urandom(512 * 1024))
+    assert list(small_tmpfs.iterdir()) == []
+
+
+def test_a_read_only_folder_is_refused_before_anything_is_written(small_tmpfs):
+    (small_tmpfs / "run").mkdir()
+    small_tmpfs.make_read_only()
+    with pytest.raises(StorageError, match=r"cannot write .*run: Read-only file system; make it writable"):
+        check_writable(small_tmpfs / "run")
+    with pytest.raises(StorageError, match=r"Read-only file system"):
+        RunLock.acquire(small_tmpfs / "run")
