@@ -20,8 +20,9 @@ def parser() -> argparse.ArgumentParser:
                "\"The book that the student borrowed from the library was fascinating.\" --query was")
     p.add_argument("--checkpoint", help="checkpoint file or run folder (default: the most recent run "
                                         "under checkpoints/)")
-    p.add_argument("--text", help="the text to look at (default: the run's train.probe_text); a text "
-                                  "longer than the context keeps its end")
+    p.add_argument("--text", help="the text to look at (default: the run's train.probe_text); for the "
+                                  "PNGs a text longer than the context keeps its end, --relevance and "
+                                  "--html read all of it in windows of the context length")
     p.add_argument("--layer", type=int, help="draw only this layer (default: every layer)")
     p.add_argument("--head", type=int, help="draw only this head, large (default: every head in a grid)")
     query = p.add_mutually_exclusive_group()
