@@ -10,6 +10,7 @@ logits' size.
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ pytest.importorskip("safetensors")
 transformers = pytest.importorskip("transformers")
 
 from tinyattn import checkpoint as ckpt  # noqa: E402
+from tinyattn.cli import attention as attention_cli  # noqa: E402
 from tinyattn.cli import eval as eval_cli  # noqa: E402
 from tinyattn.cli import export as export_cli  # noqa: E402
 from tinyattn.cli import generate as generate_cli  # noqa: E402
@@ -34,6 +36,7 @@ from tinyattn.train import train  # noqa: E402
 TEXT = ("ROMEO: But soft, what light through yonder window breaks?\n"
         "JULIET: Привет, мир! Καλημέρα. 日本語のテキスト, 中文.\n"
         "NURSE: Emoji too 😀🎉👍🏽 and done.\n") * 3
+ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = {"ascii": "ROMEO: what light breaks?", "non-latin": "Привет, мир! 日本語 Καλημέρα",
            "emoji": "done 😀🎉👍🏽"}
 
@@ -224,7 +227,7 @@ def test_init_from_names_every_conflicting_key(tmp_path, corpus):
     assert not (tmp_path / "runs" / "ft").exists()
 
 
-def test_generate_and_eval_take_a_hf_folder(tmp_path, capsys):
+def test_generate_eval_and_attention_take_a_hf_folder(tmp_path, capsys):
     tokenizer = tokenizer_of("bpe")
     random_llama(tmp_path / "llama", tokenizer)
     code, out, err = run_main(generate_cli.main, ["--checkpoint", tmp_path / "llama", "--prompt", "ROMEO:",
@@ -238,6 +241,14 @@ def test_generate_and_eval_take_a_hf_folder(tmp_path, capsys):
                                               "--no-plot", "--device", "cpu"], capsys)
     assert code == 0, err
     assert "perplexity" in out and "bits per byte" in out
+    code, out, err = run_main(eval_cli.main, ["--checkpoint", tmp_path / "llama", "--split", "validation",
+                                              "--no-plot", "--device", "cpu"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "--text-file" in err, err
+    code, out, err = run_main(attention_cli.main, ["--checkpoint", tmp_path / "llama", "--text", "ROMEO: soft",
+                                                   "--layer", "1", "--head", "0", "--out-dir", tmp_path / "maps",
+                                                   "--device", "cpu"], capsys)
+    assert code == 0, err
+    assert [p.name for p in (tmp_path / "maps").iterdir()], out
 
 
 # ----------------------------------------------------------------------------- refusals
@@ -303,3 +314,19 @@ def test_init_from_starts_from_the_source_weights(tmp_path, corpus):
     source, tuned = ckpt.load_model(tmp_path / "llama").model, ckpt.load_model(result.run_dir).model
     for (name, before), after in zip(source.state_dict().items(), tuned.state_dict().values()):
         assert (after - before).abs().max().item() < 1e-5, name
+
+
+def test_finetune_example_config_trains_from_a_folder(tmp_path, corpus):
+    from tinyattn.config import load_config
+
+    tokenizer = tokenizer_of("bpe")
+    random_llama(tmp_path / "llama", tokenizer)
+    config = load_config(ROOT / "configs" / "finetune_example.yaml", [
+        f"train.init_from={tmp_path / 'llama'}", f"data.files={corpus}", "data.url=null", "data.sha256=null",
+        f"data.cache_dir={tmp_path / 'cache'}", f"train.out_dir={tmp_path / 'runs'}", "train.time_budget=null",
+        "train.max_steps=2", "train.eval_interval=2", "train.eval_windows=2", "train.peak_flops=1e12",
+        "train.sample_tokens=0", "train.device=cpu", "train.precision=fp32"])
+    result = train(config, run_name="example", progress=False)
+    saved = ckpt.load_model(result.run_dir).config
+    assert result.step == 2 and saved.model.n_embd == 48 and saved.model.context_length == 128
+    assert saved.tokenizer.path == str(tmp_path / "llama" / "tokenizer.json")

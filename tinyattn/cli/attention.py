@@ -18,8 +18,8 @@ def parser() -> argparse.ArgumentParser:
                     "cells grey. With --query, also print the keys each head weights most.",
         epilog="example: python scripts/attention.py --checkpoint checkpoints/<run> --text "
                "\"The book that the student borrowed from the library was fascinating.\" --query was")
-    p.add_argument("--checkpoint", help="checkpoint file or run folder (default: the most recent run "
-                                        "under checkpoints/)")
+    p.add_argument("--checkpoint", help="checkpoint file, run folder or Hugging Face Llama folder "
+                                        "(default: the most recent run under checkpoints/)")
     p.add_argument("--text", help="the text to look at (default: the run's train.probe_text); for the "
                                   "PNGs a text longer than the context keeps its end, --relevance and "
                                   "--html read all of it in windows of the context length")

@@ -17,8 +17,8 @@ def parser() -> argparse.ArgumentParser:
                     "and bits per character (character tokenizer) or per UTF-8 byte, and the loss at "
                     "each position of the window, which it also plots.",
         epilog="example: python scripts/eval.py --checkpoint checkpoints/<run> --split validation")
-    p.add_argument("--checkpoint", help="checkpoint file or run folder (default: the most recent run "
-                                        "under checkpoints/)")
+    p.add_argument("--checkpoint", help="checkpoint file, run folder or Hugging Face Llama folder "
+                                        "(default: the most recent run under checkpoints/)")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--text-file", type=Path, metavar="FILE", help="a UTF-8 text file to score")
     source.add_argument("--split", choices=["validation", "train"],
@@ -101,6 +101,9 @@ def _read_text(path: Path) -> str:
 def _split_tokens(loaded, split: str):
     from tinyattn.data import prepare_data
 
+    if loaded.config.data.dataset is None and loaded.config.data.files is None:
+        raise DataError(f"{loaded.path.parent}: a Hugging Face folder has no data section to take "
+                        f"--split {split} from; score a text with --text-file FILE")
     data = prepare_data(loaded.config)
     if data.tokenizer.to_json() != loaded.tokenizer.to_json():
         raise DataError(f"{data.cache_dir}: the data's tokenizer differs from the one in {loaded.path}; "
