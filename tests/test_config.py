@@ -101,6 +101,11 @@ def test_yaml_round_trip_and_rebuild(tmp_path):
     ("model: [1, 2]\n", [], r"c\.yaml: model: expected a mapping"),
     ("model:\n  n_layer: [\n", [], r"c\.yaml: invalid YAML at line"),
     ("", ["model.n_layer"], r"--set: expected key=value"),
+    # Non-finite numbers are refused up front, naming their own key (not a later one).
+    ("", ["train.lr=.nan"], r"--set: train\.lr: nan is not accepted; expected a finite number"),
+    ("", ["model.rope_base=.nan"], r"--set: model\.rope_base: nan is not accepted; expected a finite number"),
+    ("", ["train.min_lr=inf"], r"--set: train\.min_lr: 'inf' is not accepted; expected a finite number"),
+    ("train:\n  weight_decay: -.inf\n", [], r"c\.yaml: train\.weight_decay: -inf is not accepted; expected a finite"),
 ])
 def test_validation_errors_name_file_key_and_what_is_accepted(tmp_path, text, overrides, message):
     path = write(tmp_path / "c.yaml", "data:\n  files: a.txt\n" + text)
