@@ -15,8 +15,11 @@ belongs to one object:
   throwaway steps, then fixes `max_steps` so the whole process ends within the budget.
 
 What a run guarantees:
-- `config.yaml` (with the resolved step count) and `tokenizer.json` are written before
-  step 1; a folder that already holds checkpoints is never trained into without --resume.
+- One process holds a run folder at a time (`run_folder.RunLock`), taken before anything
+  is written there; a folder that already holds checkpoints is never trained into without
+  --resume, and resuming an earlier checkpoint under another --run-name forks into a new
+  folder. `config.yaml` (with the resolved step count) and `tokenizer.json` are written
+  only once training can start, before step 1. Everything printed goes to `train.log` too.
 - Resume continues with the weights, optimizer and scaler state, every random generator
   and the batch sampler of the checkpoint, so a resumed run sees the batches an
   uninterrupted one would. Tested: a stopped-and-resumed run ends with the weights of an
