@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from tinyattn.errors import TinyattnError
+from tinyattn.files import check_writable, storage_errors
 from tinyattn.model import evaluation_mode
 from tinyattn.plotting import MASKED_RGB, colormap, new_figure, require_matplotlib, scale_up, tile
 from tinyattn.plotting import plotting_available  # noqa: F401  its old home; callers may still import it here
@@ -272,13 +273,13 @@ def _short(label: str) -> str:
 def save_heatmaps(maps: AttentionMaps, out_dir: str | Path, layers: Optional[list[int]] = None,
                   head: Optional[int] = None, dpi: int = DPI) -> list[Path]:
     """Write `layer_<L>.png` (every head) or `layer_<L>_head_<H>.png` (one head); returns the paths."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = check_writable(out_dir)
     paths = []
     for layer in layers if layers is not None else range(maps.num_layers):
         name = f"layer_{layer}.png" if head is None else f"layer_{layer}_head_{head}.png"
         figure = layer_figure(maps, layer, None if head is None else [head], dpi)
-        figure.savefig(out_dir / name, dpi=dpi)
+        with storage_errors(out_dir / name):
+            figure.savefig(out_dir / name, dpi=dpi)
         paths.append(out_dir / name)
     return paths
 

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from tinyattn.data import eval_batches
 from tinyattn.errors import DataError
+from tinyattn.files import check_writable, storage_errors
 from tinyattn.model import evaluation_mode
 from tinyattn.plotting import line_chart, new_figure
 from tinyattn.tokenizer import END_OF_TEXT
@@ -204,8 +205,9 @@ def loss_by_position_figure(losses: np.ndarray, title: str = "", dpi: int = PLOT
 
 def save_loss_by_position_plot(losses: np.ndarray, path: str | Path, title: str = "") -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    loss_by_position_figure(losses, title).savefig(path, dpi=PLOT_DPI)
+    check_writable(path.parent)
+    with storage_errors(path):
+        loss_by_position_figure(losses, title).savefig(path, dpi=PLOT_DPI)
     return path
 
 
