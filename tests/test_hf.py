@@ -330,3 +330,30 @@ def test_finetune_example_config_trains_from_a_folder(tmp_path, corpus):
     saved = ckpt.load_model(result.run_dir).config
     assert result.step == 2 and saved.model.n_embd == 48 and saved.model.context_length == 128
     assert saved.tokenizer.path == str(tmp_path / "llama" / "tokenizer.json")
+
+
+def test_a_finetune_resumes_without_its_source_weights(tmp_path, corpus):
+    tokenizer = tokenizer_of("bpe")
+    random_llama(tmp_path / "llama", tokenizer)
+    first = train(finetune_config(corpus, tmp_path, tmp_path / "llama"), run_name="ft", progress=False,
+                  stop_at_step=10)
+    assert first.step == 10
+    for name in ("model.safetensors", "config.json"):
+        (tmp_path / "llama" / name).unlink()  # only the tokenizer.json is still read (tokenizer.path)
+    result = train(finetune_config(corpus, tmp_path, tmp_path / "llama"), run_name="ft", progress=False,
+                   resume=True)
+    assert result.step == 20 and ckpt.load_model(result.run_dir).config.model.n_embd == 48
+
+
+def test_init_from_a_tinyattn_run_takes_its_weights_and_tokenizer(tmp_path, corpus):
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)
+    run = save_run(tmp_path, config, model, tokenizer)  # best.pt only: the tokenizer is inside it
+    tuned_config = finetune_config(corpus, tmp_path, run)
+    tuned_config.train.lr, tuned_config.train.min_lr, tuned_config.train.max_steps = 1e-7, 1e-8, 2
+    result = train(tuned_config, run_name="ft", progress=False)
+    tuned = ckpt.load_model(result.run_dir)
+    assert tuned.tokenizer.to_json() == tokenizer.to_json() and tuned.config.tokenizer.kind == "pretrained"
+    assert tuned.config.model.n_kv_head == 2 and tuned.config.model.context_length == 32
+    for (name, before), after in zip(model.state_dict().items(), tuned.model.state_dict().values()):
+        assert (after - before).abs().max().item() < 1e-5, name

@@ -11,8 +11,9 @@ The source is a tinyattn run folder or checkpoint file, or a Hugging Face Llama 
   source's, say), `dropout`, `attention`, `zero_init_projections`;
 - the tokenizer, as a `pretrained` tokenizer: the source's `tokenizer.json`.
 
-A resumed fine-tune continues from its own checkpoint; its source is not read again (the
-checkpoint's saved config already holds what was taken from it).
+A resumed fine-tune continues from its own checkpoint; the source's weights are not read
+again (the checkpoint's saved config holds the model section taken from it; the source's
+tokenizer.json stays the run's `tokenizer.path`).
 """
 
 from __future__ import annotations
