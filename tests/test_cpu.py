@@ -1,5 +1,5 @@
-"""runtime: the CPU precision choice (flags first, a cached measurement only where they cannot tell)
-and the bounded peak measurement."""
+"""cpu: whether bf16 is fast here (flags first, a cached measurement only where they cannot tell),
+the precision `auto` picks from it, and the bounded measurements on a CPU that emulates bf16."""
 
 import json
 import os
@@ -11,10 +11,10 @@ import time
 import pytest
 import torch
 
-from tinyattn import runtime
+from tinyattn import cpu
+from tinyattn.cpu import bf16_verdict_from_flags, clear_cpu_cache, cpu_cache_path, cpu_flags
 from tinyattn.errors import ConfigError
-from tinyattn.runtime import (bf16_verdict_from_flags, clear_cpu_cache, cpu_cache_path, cpu_flags,
-                              measure_peak_flops, select_precision)
+from tinyattn.runtime import select_precision
 
 CPU = torch.device("cpu")
 AVX2_ONLY = frozenset({"fpu", "sse2", "avx", "avx2", "fma"})
@@ -25,11 +25,11 @@ AMX = AVX2_ONLY | {"avx512f", "amx_tile", "amx_bf16", "amx_int8"}  # AMX without
 @pytest.fixture
 def fake_cpu(monkeypatch, tmp_path):
     """A CPU whose flags and capability a test sets; no override, and a cache folder of its own."""
-    monkeypatch.delenv(runtime.CPU_BF16_ENV, raising=False)
-    monkeypatch.setenv(runtime.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    monkeypatch.delenv(cpu.CPU_BF16_ENV, raising=False)
+    monkeypatch.setenv(cpu.CACHE_DIR_ENV, str(tmp_path / "cache"))
 
     def set_cpu(flags, capability):
-        monkeypatch.setattr(runtime, "cpu_flags", lambda *args: flags)
+        monkeypatch.setattr(cpu, "cpu_flags", lambda *args: flags)
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     return set_cpu
 
@@ -39,7 +39,7 @@ def no_timing(monkeypatch):
     """Any timing or matmul measurement from here on fails the test."""
     def forbidden(*args, **kwargs):
         raise AssertionError("the precision choice timed something")
-    monkeypatch.setattr(runtime, "measure_cpu_bf16_speedup", forbidden)
+    monkeypatch.setattr(cpu, "measure_cpu_bf16_speedup", forbidden)
     monkeypatch.setattr(time, "perf_counter", forbidden)
 
 
@@ -99,7 +99,7 @@ def test_cpu_flags_without_cpuinfo_asks_torch_and_is_none_when_torch_cannot_say(
 def test_measured_verdict_is_cached_on_disk_and_reused(fake_cpu, monkeypatch):
     fake_cpu(None, "SVE256")  # flags cannot tell: the fallback measures
     fast = CountingMeasurement(speedup=3.0)
-    monkeypatch.setattr(runtime, "measure_cpu_bf16_speedup", fast)
+    monkeypatch.setattr(cpu, "measure_cpu_bf16_speedup", fast)
     assert select_precision("auto", CPU).name == "bf16"
     assert fast.calls == 1
     entries = json.loads(cpu_cache_path().read_text())
@@ -112,7 +112,7 @@ def test_measured_verdict_is_cached_on_disk_and_reused(fake_cpu, monkeypatch):
     clear_cpu_cache()
     assert not cpu_cache_path().exists()
     slow = CountingMeasurement(speedup=0.05)
-    monkeypatch.setattr(runtime, "measure_cpu_bf16_speedup", slow)
+    monkeypatch.setattr(cpu, "measure_cpu_bf16_speedup", slow)
     assert select_precision("auto", CPU).name == "fp32"
     assert slow.calls == 1
     assert [e["bf16_is_fast"] for e in json.loads(cpu_cache_path().read_text()).values()] == [False]
@@ -121,28 +121,28 @@ def test_measured_verdict_is_cached_on_disk_and_reused(fake_cpu, monkeypatch):
 def test_cache_of_another_machine_or_a_corrupt_file_is_measured_again(fake_cpu, monkeypatch):
     fake_cpu(None, "SVE256")
     measure = CountingMeasurement(speedup=3.0)
-    monkeypatch.setattr(runtime, "measure_cpu_bf16_speedup", measure)
+    monkeypatch.setattr(cpu, "measure_cpu_bf16_speedup", measure)
     path = cpu_cache_path()
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"other-machine | torch 0.0": {"bf16_is_fast": False}}))
-    assert runtime.cpu_bf16_is_fast() is True
+    assert cpu.cpu_bf16_is_fast() is True
     assert measure.calls == 1
     assert len(json.loads(path.read_text())) == 2  # the other machine's entry is kept
 
     path.write_text('{"cut off')
-    assert runtime.cpu_bf16_is_fast() is True
+    assert cpu.cpu_bf16_is_fast() is True
     assert measure.calls == 2
     assert len(json.loads(path.read_text())) == 1
 
 
 def test_unwritable_cache_warns_and_still_answers(fake_cpu, monkeypatch, tmp_path):
     fake_cpu(None, "SVE256")
-    monkeypatch.setattr(runtime, "measure_cpu_bf16_speedup", CountingMeasurement(speedup=3.0))
+    monkeypatch.setattr(cpu, "measure_cpu_bf16_speedup", CountingMeasurement(speedup=3.0))
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    monkeypatch.setenv(runtime.CACHE_DIR_ENV, str(blocker))  # the cache folder would be a file
+    monkeypatch.setenv(cpu.CACHE_DIR_ENV, str(blocker))  # the cache folder would be a file
     with pytest.warns(UserWarning, match="cannot keep the CPU bf16 measurement"):
-        assert runtime.cpu_bf16_is_fast() is True
+        assert cpu.cpu_bf16_is_fast() is True
 
 
 @pytest.mark.parametrize("value, flags, capability, expected", [
@@ -153,22 +153,16 @@ def test_unwritable_cache_warns_and_still_answers(fake_cpu, monkeypatch, tmp_pat
 ])
 def test_env_override_sets_the_verdict(fake_cpu, no_timing, monkeypatch, value, flags, capability, expected):
     fake_cpu(flags, capability)
-    monkeypatch.setenv(runtime.CPU_BF16_ENV, value)
+    monkeypatch.setenv(cpu.CPU_BF16_ENV, value)
     assert select_precision("auto", CPU).name == expected
     assert not cpu_cache_path().exists()
 
 
 def test_env_override_other_than_0_or_1_is_a_config_error(fake_cpu, monkeypatch):
     fake_cpu(AVX2_ONLY, "AVX2")
-    monkeypatch.setenv(runtime.CPU_BF16_ENV, "yes")
+    monkeypatch.setenv(cpu.CPU_BF16_ENV, "yes")
     with pytest.raises(ConfigError, match="TINYATTN_CPU_BF16='yes' is not accepted; expected 1"):
         select_precision("auto", CPU)
-
-
-def test_peak_flops_leaves_the_global_generator_alone():
-    state = torch.get_rng_state()
-    assert measure_peak_flops(CPU, select_precision("fp32", CPU), size=512) > 0
-    assert torch.equal(torch.get_rng_state(), state)
 
 
 @pytest.mark.slow  # a fresh process, with oneDNN held to AVX2 from its start
@@ -177,7 +171,8 @@ def test_measurements_are_short_where_bf16_is_emulated():
     many times slower than fp32; neither the fallback measurement nor the bf16 peak may stall."""
     script = textwrap.dedent("""
         import json, time, torch
-        from tinyattn.runtime import measure_cpu_bf16_speedup, measure_peak_flops, select_precision
+        from tinyattn.cpu import measure_cpu_bf16_speedup
+        from tinyattn.runtime import measure_peak_flops, select_precision
         cpu = torch.device("cpu")
         start = time.perf_counter()
         speedup = measure_cpu_bf16_speedup()

@@ -12,9 +12,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS = [
-    {"errors"},  # no tinyattn imports at all
+    {"errors", "timing", "seeding", "distributed"},  # no tinyattn imports at all
     {"files", "kv_cache"},
-    {"config", "plotting", "download", "run_folder"},
+    {"config", "plotting", "download", "run_folder", "cpu"},
     {"tokenizer", "runtime"},
     {"model", "optim", "sources", "hf"},  # sources cuts text where the tokenizer allows
     {"splits", "token_cache"},
@@ -67,3 +67,18 @@ def test_the_check_catches_an_upward_import(tmp_path):
     fake = tmp_path / "model.py"
     fake.write_text("from tinyattn.train import Trainer\n", encoding="utf-8")
     assert tinyattn_imports(fake) == {"train"} and LAYER_OF["train"] > LAYER_OF["model"]
+
+
+MAX_FUNCTION_LINES = 60
+
+
+def test_no_function_in_the_package_is_longer_than_a_screen():
+    """Every function and method of tinyattn/ fits in 60 lines, from `def` to its last line."""
+    long = []
+    for path in MODULES + [ROOT / "tinyattn" / "__init__.py"]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, "split into named steps: " + ", ".join(long)

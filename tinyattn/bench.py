@@ -6,6 +6,8 @@ results on the machines we have. Timings are medians over repeats after warm-up.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import platform
@@ -15,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -24,21 +27,10 @@ from tinyattn.config import ModelConfig, TrainConfig, load_config
 from tinyattn.generate import CachedDecoder, sample_next_token
 from tinyattn.model import LanguageModel, attention, causal_mask
 from tinyattn.packing import pack_linear_weights
-from tinyattn.runtime import (DTYPES, cpu_bf16_is_fast, cpu_name, measure_peak_flops, select_device,
-                              select_precision, synchronize)
+from tinyattn.cpu import cpu_bf16_is_fast, cpu_name
+from tinyattn.runtime import DTYPES, measure_peak_flops, select_device, select_precision
+from tinyattn.timing import call_times, median_time, synchronize
 from tinyattn.train import Trainer
-
-
-def median_time(fn, repeats: int, warmup: int = 1) -> float:
-    """Median wall time of fn() in seconds, after `warmup` untimed calls."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 # ----------------------------------------------------------------------------- decoding
@@ -72,73 +64,88 @@ def measure_decode(*, n_layer: int = 6, n_head: int = 6, n_embd: int = 384, cont
     (`tinyattn.generate.compile_decode_step`).
     """
     torch_device = select_device(device)
-    saved_threads = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
+    with _num_threads(threads):
         torch.manual_seed(seed)
         config = ModelConfig(vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head,
                              n_embd=n_embd, context_length=context_length)
         model = LanguageModel(config).to(torch_device, DTYPES[dtype]).eval()
-        parameters = model.num_parameters()
         packed = pack and pack_linear_weights(model)
         prompt = torch.randint(0, vocab_size, (1, prompt_tokens),
                                generator=torch.Generator().manual_seed(seed)).to(torch_device)
-
-        @torch.inference_mode()
-        def cached_run(n: int) -> tuple[float, float, int]:
-            """n tokens: seconds to the first, seconds for the rest, refills."""
-            generator = torch.Generator(torch_device).manual_seed(seed)
-            start = time.perf_counter()
-            decoder = CachedDecoder(model, batch_size=1, compile=compile)
-            token = sample_next_token(decoder.prefill(prompt), generator, temperature)  # (1,)
-            synchronize(torch_device)
-            first = time.perf_counter()
-            for _ in range(n - 1):
-                token = sample_next_token(decoder.step(token), generator, temperature)
-            synchronize(torch_device)
-            return first - start, time.perf_counter() - first, decoder.refills
-
+        sampling = dict(temperature=temperature, seed=seed)
         start = time.perf_counter()
-        cached_run(min(new_tokens, 50))  # warm-up: compile, kernels, thread pool, allocator
+        _cached_run(model, prompt, min(new_tokens, 50), compile, **sampling)  # warm-up: compile, kernels
         first_run_seconds = time.perf_counter() - start
-        runs = [cached_run(new_tokens) for _ in range(repeats)]
-        ttft = statistics.median(r[0] for r in runs)
-        decode_seconds = statistics.median(r[1] for r in runs)
-        refills = runs[0][2]
-
+        runs = [_cached_run(model, prompt, new_tokens, compile, **sampling) for _ in range(repeats)]
         uncached_tokens = new_tokens if uncached_tokens is None else uncached_tokens
-        generator = torch.Generator(torch_device).manual_seed(seed)
-        sequence = prompt.clone()  # (1, T), grows by one token a step
-        with torch.inference_mode():
-            model(sequence[:, -context_length:])  # warm-up
-            synchronize(torch_device)
-            start = time.perf_counter()
-            for _ in range(uncached_tokens):
-                logits = model(sequence[:, -context_length:]).logits[:, -1]  # (1, V)
-                token = sample_next_token(logits, generator, temperature)  # (1,)
-                sequence = torch.cat([sequence, token.unsqueeze(1)], dim=1)
-            synchronize(torch_device)
-            uncached_seconds = time.perf_counter() - start
-
-        cached = (new_tokens - 1) / decode_seconds
-        uncached = uncached_tokens / uncached_seconds
+        uncached = uncached_tokens / _uncached_seconds(model, prompt, uncached_tokens, **sampling)
+        cached = (new_tokens - 1) / statistics.median(run.rest_s for run in runs)
         return {
             "device": str(torch_device), "cpu": cpu_name(), "machine": platform.machine(),
             "torch": torch.__version__, "threads": torch.get_num_threads(), "dtype": dtype, "packed": packed,
             "compile": compile,
             "model": {"n_layer": n_layer, "n_head": n_head, "n_embd": n_embd,
                       "context_length": context_length, "vocab_size": vocab_size,
-                      "parameters": parameters},
+                      "parameters": model.num_parameters()},
             "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "uncached_tokens": uncached_tokens,
-            "temperature": temperature, "repeats": repeats, "refills": refills,
-            "ttft_ms": 1000 * ttft, "first_run_s": first_run_seconds,
+            "temperature": temperature, "repeats": repeats, "refills": runs[0].refills,
+            "ttft_ms": 1000 * statistics.median(run.first_s for run in runs), "first_run_s": first_run_seconds,
             "cached_tokens_per_s": cached, "cached_ms_per_token": 1000 / cached,
             "uncached_tokens_per_s": uncached, "uncached_ms_per_token": 1000 / uncached,
             "speedup": cached / uncached,
         }
+
+
+@contextlib.contextmanager
+def _num_threads(threads: int | None):
+    """torch.set_num_threads(threads) inside the block (None: unchanged), restored after."""
+    saved = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
     finally:
-        torch.set_num_threads(saved_threads)
+        torch.set_num_threads(saved)
+
+
+class CachedRun(NamedTuple):
+    first_s: float  # prefill and the first draw
+    rest_s: float  # every later token: steps, refills and draws
+    refills: int  # the decoder's own count (the context rule of tinyattn.generate)
+
+
+@torch.inference_mode()
+def _cached_run(model, prompt: torch.Tensor, n: int, compile: bool, temperature: float, seed: int) -> CachedRun:
+    """n tokens through `generate_tokens`' loop: a CachedDecoder prefilled, then stepped and sampled."""
+    device = prompt.device
+    generator = torch.Generator(device).manual_seed(seed)
+    start = time.perf_counter()
+    decoder = CachedDecoder(model, batch_size=1, compile=compile)
+    token = sample_next_token(decoder.prefill(prompt), generator, temperature)  # (1,)
+    synchronize(device)
+    first = time.perf_counter()
+    for _ in range(n - 1):
+        token = sample_next_token(decoder.step(token), generator, temperature)
+    synchronize(device)
+    return CachedRun(first - start, time.perf_counter() - first, decoder.refills)
+
+
+@torch.inference_mode()
+def _uncached_seconds(model, prompt: torch.Tensor, n: int, temperature: float, seed: int) -> float:
+    """Seconds for n tokens, each from a full forward pass over the last <= context_length tokens."""
+    context_length = model.config.context_length
+    generator = torch.Generator(prompt.device).manual_seed(seed)
+    sequence = prompt.clone()  # (1, T), grows by one token a step
+    model(sequence[:, -context_length:])  # warm-up
+
+    def run() -> None:
+        nonlocal sequence
+        for _ in range(n):
+            logits = model(sequence[:, -context_length:]).logits[:, -1]  # (1, V)
+            token = sample_next_token(logits, generator, temperature)  # (1,)
+            sequence = torch.cat([sequence, token.unsqueeze(1)], dim=1)
+
+    return call_times(run, 1, device=prompt.device)[0]  # timed once: it is slow
 
 
 # ----------------------------------------------------------------------------- attention cost
@@ -181,10 +188,8 @@ def measure_attention_cost(context_lengths=(64, 128, 256, 512, 1024, 2048), batc
             row["max_abs_difference"] = (fused - explicit).abs().max().item()
             del fused, explicit
             for path in ("fused", "explicit"):
-                def forward(path=path):
-                    _attention_forward(path, q, k, v)
-                    synchronize(torch_device)
-                row[f"{path}_ms"] = 1000 * median_time(forward, repeats, warmup=1)
+                forward = functools.partial(_attention_forward, path, q, k, v)
+                row[f"{path}_ms"] = 1000 * median_time(forward, repeats, warmup=1, device=torch_device)
         for path in ("fused", "explicit"):
             row[f"{path}_peak_bytes"] = None
             if measure_memory:

@@ -227,8 +227,7 @@ class TrainConfig:
             fail(key, getattr(tr, key.split(".")[1]), "expected a non-negative number")
         if tr.eval_windows is not None and tr.eval_windows <= 0:
             fail("train.eval_windows", tr.eval_windows, "expected a positive integer or null (all windows)")
-        if not DEVICE_PATTERN.match(tr.device):
-            fail("train.device", tr.device, "expected auto, cpu, cuda, cuda:N or mps")
+        check_device(tr.device, fail, "train.device")
 
 
 @dataclass
@@ -285,7 +284,15 @@ class Config:
     sample: SampleConfig = field(default_factory=SampleConfig)
 
 
-DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")  # what train.device and --device accept
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+def check_device(name: str, fail: Fail, key: str = "device") -> None:
+    """The one rule for device names, train.device and every --device: fail(key, name, accepted)."""
+    if not isinstance(name, str) or not DEVICE_PATTERN.match(name):
+        fail(key, name, "expected auto, cpu, cuda, cuda:N or mps")
+
+
 CHOICES = {
     "model.attention": ("auto", "fused", "explicit"),
     "data.format": ("auto", "text", "json", "csv", "tsv", "parquet"),

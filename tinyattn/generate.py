@@ -522,7 +522,7 @@ def inference_dtype(name: str, device: torch.device) -> torch.dtype:
     """The dtype to run a model in for generation: "auto", "fp32", "bf16" or "fp16".
 
     auto follows `runtime.select_precision`: bf16 on CUDA (fp16 where bf16 is missing) and
-    on a CPU with fast bf16 (`runtime.cpu_bf16_is_fast`: AVX512-BF16 or AMX units, read
+    on a CPU with fast bf16 (`cpu.cpu_bf16_is_fast`: AVX512-BF16 or AMX units, read
     from the CPU's flags without timing anything; only where flags cannot tell, as on ARM,
     a short matmul measurement kept on disk once per machine); fp32 elsewhere. On such a
     CPU bf16 also decodes faster at batch 1, where each token reads every weight once and

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import signal
 import sys
 import time
@@ -59,10 +58,11 @@ from tinyattn.model import LanguageModel
 from tinyattn.optim import (Optimizers, build_optimizer, learning_rate, lr_factor, ns_dtype_for,
                             optimizer_description, set_learning_rates)
 from tinyattn.run_folder import RunLock, unique_run_dir
-from tinyattn.runtime import (Distributed, Precision, init_distributed, measure_peak_flops,
-                              prefer_explicit_attention, random_states, seed_everything,
-                              select_device, select_precision, set_random_states,
-                              shutdown_distributed, synchronize)
+from tinyattn.distributed import Distributed, init_distributed, shutdown_distributed
+from tinyattn.runtime import (Precision, measure_peak_flops, prefer_explicit_attention, select_device,
+                              select_precision)
+from tinyattn.seeding import random_states, seed_everything, set_random_states
+from tinyattn.timing import synchronize
 
 DEFAULT_OUT_DIR = TrainConfig.out_dir
 HPARAM_METRICS = ("hparam/best_val_loss", "hparam/last_val_loss")
@@ -501,23 +501,6 @@ def _open_run_folder(config: Config, config_path, run_name: Optional[str], point
 
 
 # ----------------------------------------------------------------------------- time budget
-
-
-def process_age() -> float:
-    """Seconds since this process started (interpreter start-up and imports included)."""
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        return max(0.0, uptime - ticks / _clock_ticks())
-    except (OSError, ValueError, IndexError):
-        return time.perf_counter() - _IMPORTED_AT
-
-
-def _clock_ticks() -> int:
-    return os.sysconf("SC_CLK_TCK")
-
-
-_IMPORTED_AT = time.perf_counter()
 
 
 class StepBudget:

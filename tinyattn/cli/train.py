@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
         parser().error("--config is required (or --resume to continue a run)")
 
     def command() -> int:
-        from tinyattn.train import DEFAULT_OUT_DIR, ResumePoint, process_age, train
+        from tinyattn.timing import process_age
+        from tinyattn.train import DEFAULT_OUT_DIR, ResumePoint, train
 
         config = load_config(args.config, args.overrides) if args.config else None
         point = None

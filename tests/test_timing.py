@@ -1,0 +1,41 @@
+"""timing: the one helper every measurement times its calls with, and the process's age."""
+
+import time
+
+import pytest
+
+from tinyattn import timing
+from tinyattn.timing import call_times, median_time, process_age
+
+
+class FakeWork:
+    """A call that takes `seconds` of a fake clock (timing's perf_counter reads it)."""
+
+    def __init__(self, monkeypatch, seconds):
+        self.now, self.seconds, self.calls = 0.0, list(seconds), 0
+        monkeypatch.setattr(timing.time, "perf_counter", lambda: self.now)
+
+    def __call__(self):
+        self.now += self.seconds[min(self.calls, len(self.seconds) - 1)]
+        self.calls += 1
+
+
+def test_call_times_times_each_call_after_the_warmup_and_stops_at_the_budget(monkeypatch):
+    work = FakeWork(monkeypatch, [5.0, 0.01])  # a slow first call (the warm-up), then 10 ms each
+    times = call_times(work, repeats=10, warmup=1, budget_s=0.035)
+    assert times == pytest.approx([0.01, 0.01, 0.01])  # a fourth would end past 0.035 s
+    assert work.calls == 4
+    assert call_times(work, repeats=2) == pytest.approx([0.01, 0.01])  # no budget: the repeats
+    assert call_times(work, repeats=5, budget_s=0.0) == pytest.approx([0.01])  # at least one call is timed
+
+
+def test_median_time_is_the_median_of_the_timed_calls(monkeypatch):
+    work = FakeWork(monkeypatch, [9.0, 0.3, 0.1, 0.2])  # the 9 s warm-up is not counted
+    assert median_time(work, repeats=3, warmup=1) == pytest.approx(0.2)
+
+
+def test_process_age_counts_wall_time_since_the_process_started():
+    before = process_age()
+    time.sleep(0.05)
+    after = process_age()
+    assert before > 0 and 0.03 <= after - before < 1.0

@@ -1,0 +1,46 @@
+"""Several processes: the process group torchrun describes, joined and left explicitly."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Distributed:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed(device_name: str) -> Distributed:
+    """Join the process group torchrun describes in the environment; one process otherwise.
+
+    NCCL on GPUs, gloo on the CPU. Each process on a GPU machine takes the GPU of its
+    local rank.
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        return Distributed()
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = torch.cuda.is_available() and device_name in ("auto", "cuda")
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+    torch.distributed.init_process_group(backend="nccl" if use_cuda else "gloo")
+    return Distributed(rank, world_size, local_rank)
+
+
+def shutdown_distributed(dist: Distributed) -> None:
+    if dist.enabled and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -1,0 +1,51 @@
+"""Seeds and random states: every global generator seeded at once, saved and restored.
+
+A checkpoint keeps `random_states()` so that a resumed run draws the same dropout masks
+and batches as a run that never stopped; the states are kept in types that
+`torch.load(weights_only=True)` accepts.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def random_states() -> dict:
+    """Every global random generator's state, in types `torch.load(weights_only=True)` accepts."""
+    numpy_state = np.random.get_state()
+    states = {
+        "python": random.getstate(),
+        "numpy": {"name": numpy_state[0], "keys": torch.from_numpy(numpy_state[1].astype(np.int64)),
+                  "pos": int(numpy_state[2]), "has_gauss": int(numpy_state[3]),
+                  "cached_gaussian": float(numpy_state[4])},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_random_states(states: dict) -> None:
+    random.setstate(_as_tuple(states["python"]))
+    n = states["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def _as_tuple(value):
+    """random.setstate wants tuples all the way down; a saved state may come back as lists."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_as_tuple(v) for v in value)
+    return value
