@@ -17,7 +17,6 @@ import argparse
 import concurrent.futures
 import multiprocessing
 import os
-import platform
 import resource
 import shutil
 import tempfile
@@ -81,16 +80,6 @@ def write_corpus(shakespeare: Path, folder: Path, size_mb: int) -> None:
         (folder / f"copy{i:04d}.txt").write_bytes(data)
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shakespeare", type=Path, default=ROOT / "data" / "tinyshakespeare.txt")
@@ -101,7 +90,9 @@ def main() -> None:
         args.shakespeare.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(shared, args.shakespeare)
 
-    print(f"CPU: {cpu_model()}, {os.cpu_count()} logical cores")
+    from tinyattn.cpu import cpu_name
+
+    print(f"CPU: {cpu_name()}, {os.cpu_count()} logical cores")
     with tempfile.TemporaryDirectory(prefix="bench_data_") as temp:
         workdir = Path(temp)
         spawn = multiprocessing.get_context("spawn")
