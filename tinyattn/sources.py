@@ -33,7 +33,7 @@ import json
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
@@ -67,7 +67,6 @@ class Source:
     identity: dict  # hashed into the cache key
     # split name -> a function that streams that split's documents anew at each call
     reader: Callable[[str], Callable[[], DocumentParts]]
-    files: list[Path] = field(default_factory=list)  # local files, to locate read errors
 
 
 def resolve_source(data: DataConfig, progress: bool) -> Source:
@@ -108,15 +107,15 @@ def _hub_source(data: DataConfig) -> Source:
                             "no network); download it while online, or point data.files at local files"
                             ) from None
         except datasets.exceptions.DatasetNotFoundError as e:
-            raise DataError(f"data.dataset: {first_line(e)}; check the name, or point data.files at "
+            raise DataError(f"data.dataset: {_first_line(e)}; check the name, or point data.files at "
                             "local files") from None
         except datasets.exceptions.DatasetGenerationError as e:
-            reason = first_line(e.__cause__ or e)
+            reason = _first_line(e.__cause__ or e)
             raise DataError(f"data.dataset: cannot read {name!r}: {reason}") from None
         except FileNotFoundError as e:
-            raise DataError(f"data.dataset: {first_line(e)}") from None
+            raise DataError(f"data.dataset: {_first_line(e)}") from None
         except ValueError as e:  # an unknown split or config name; the message lists the valid ones
-            raise DataError(f"data.dataset {name!r}: {first_line(e)}") from None
+            raise DataError(f"data.dataset {name!r}: {_first_line(e)}") from None
         return lambda: _dataset_parts(dataset, data.text_field, description, [], "hub")
 
     slug = name.rstrip("/").rsplit("/", 1)[-1]
@@ -124,16 +123,29 @@ def _hub_source(data: DataConfig) -> Source:
 
 
 def _file_source(data: DataConfig, files: list[Path], file_format: str, progress: bool) -> Source:
-    first = _bare_name(files[0])
-    stem = first if len(files) == 1 else Path(os.path.commonpath(files)).name
+    stem = _bare_name(files[0]) if len(files) == 1 else Path(os.path.commonpath(files)).name
     description = str(files[0]) if len(files) == 1 else f"{len(files)} files ({', '.join(data.files)})"
     identity = {"files": [_file_identity(p) for p in files], "format": file_format, "url": data.url}
-    source = Source(description=description, name=_slug(stem), identity=identity, reader=None, files=files)
     if file_format == "text":
-        passes = itertools.count(1)  # each reading of the corpus, numbered in progress lines
-        source.reader = lambda split: lambda: _text_parts(files, progress, next(passes))
-        return source
+        reader = _text_reader(files, progress)
+    else:
+        reader = _records_reader(data, files, file_format, description)
+    return Source(description=description, name=_slug(stem), identity=identity, reader=reader)
 
+
+def _text_reader(files: list[Path], progress: bool) -> Callable[[str], Callable[[], DocumentParts]]:
+    """Plain text files, read here (see `_read_text_file`): one document per file."""
+    passes = itertools.count(1)  # each reading of the corpus, numbered in progress lines
+
+    def reader(split: str) -> Callable[[], DocumentParts]:
+        return lambda: _text_parts(files, progress, next(passes))
+
+    return reader
+
+
+def _records_reader(data: DataConfig, files: list[Path], file_format: str,
+                    description: str) -> Callable[[str], Callable[[], DocumentParts]]:
+    """How `datasets` reads JSON, CSV, TSV and Parquet files: one document per record."""
     builder, options = file_format, {}
     if file_format == "parquet":
         options = {"columns": [_parquet_column(files, data.text_field)]}  # read only that column
@@ -152,8 +164,7 @@ def _file_source(data: DataConfig, files: list[Path], file_format: str, progress
                                         streaming=True, cache_dir=str(lock_folder), **options)
         return lambda: _dataset_parts(dataset, data.text_field, description, files, file_format)
 
-    source.reader = reader
-    return source
+    return reader
 
 
 # ----------------------------------------------------------------------------- files and formats
@@ -255,7 +266,7 @@ def _parquet_column(files: list[Path], text_field: str) -> str:
         try:
             schema = pyarrow.parquet.read_schema(path)
         except (pyarrow.ArrowException, OSError) as e:
-            raise DataError(f"{path}: not a readable Parquet file ({first_line(e)})") from None
+            raise DataError(f"{path}: not a readable Parquet file ({_first_line(e)})") from None
         if text_field not in _field_names(schema):
             raise DataError(_missing_field_message(text_field, str(path), _field_names(schema)))
         if text_field not in schema.names:
@@ -368,7 +379,7 @@ def _dataset_parts(dataset, text_field: str, description: str, files: list[Path]
         raise DataError(found or f"{description}: not valid UTF-8 ({e})") from None
     except pyarrow.ArrowInvalid as e:
         found = _find_invalid_json(files) if file_format == "json" else None
-        raise DataError(found or f"{description}: cannot read it ({first_line(e)})") from None
+        raise DataError(found or f"{description}: cannot read it ({_first_line(e)})") from None
 
 
 def _text_column(table, text_field: str, description: str):
@@ -458,6 +469,6 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("._") or "data"
 
 
-def first_line(error: BaseException) -> str:
+def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
