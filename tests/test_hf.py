@@ -269,6 +269,7 @@ REFUSALS = {
     "attention-bias": (lambda f: edit_config(f, attention_bias=True), "attention_bias true"),
     "mlp-bias": (lambda f: edit_config(f, mlp_bias=True), "mlp_bias true"),
     "head-dim": (lambda f: edit_config(f, head_dim=16), "head_dim 16"),
+    "activation": (lambda f: edit_config(f, hidden_act="gelu"), "hidden_act 'gelu'"),
     "pickle": (lambda f: ((f / "model.safetensors").rename(f / "pytorch_model.bin")),
                "pytorch_model.bin, a pickle"),
 }
@@ -287,15 +288,32 @@ def test_unsupported_folder_is_refused_in_one_line(tmp_path, capsys, case):
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("option,value", [("qk_norm", True), ("logit_softcap", 30.0)])
-def test_export_refuses_what_llama_cannot_hold(tmp_path, capsys, option, value):
+def test_export_refuses_soft_capping_which_no_standard_architecture_holds(tmp_path, capsys):
     tokenizer = tokenizer_of("char")
     config, _ = random_model(tokenizer, "char", 4)
-    setattr(config.model, option, value)
+    config.model.logit_softcap = 30.0
     run = save_run(tmp_path, config, LanguageModel(config.model), tokenizer)
     code, out, err = run_main(export_cli.main, ["--checkpoint", run, "--out", tmp_path / "out"], capsys)
-    assert code == 2 and err.startswith(f"error: model.{option}: ") and err.count("\n") == 1, err
+    assert code == 2 and err.startswith("error: model.logit_softcap: ") and err.count("\n") == 1, err
     assert not (tmp_path / "out").exists()
+
+
+def test_qk_norm_exports_as_qwen3_and_imports_back(tmp_path):
+    tokenizer = tokenizer_of("bpe")
+    config, _ = random_model(tokenizer, "bpe", 2)
+    config.model.qk_norm = True
+    torch.manual_seed(2)
+    model = LanguageModel(config.model).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.15)
+    export_folder(model.state_dict(), config, tokenizer, tmp_path / "out")
+    reference = hf_model(tmp_path / "out")
+    assert type(reference).__name__ == "Qwen3ForCausalLM"
+    ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
+    assert max_logit_difference(model, reference, ids) < 1e-5
+    loaded = ckpt.load_model(tmp_path / "out")
+    assert loaded.config.model.qk_norm and max_logit_difference(loaded.model, reference, ids) < 1e-5
 
 
 def test_without_safetensors_the_command_says_how_to_install(tmp_path, capsys, monkeypatch):

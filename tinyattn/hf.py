@@ -2,7 +2,11 @@
 
 RMSNorm, rotary embeddings that rotate the two halves of each head, SwiGLU, grouped-query
 attention, no biases, an optionally tied head: `transformers.LlamaForCausalLM` computes
-the same function, so a model moves between the two by renaming its weights.
+the same function, so a model moves between the two by renaming its weights. With
+`model.qk_norm` the model is Qwen3's instead (`Qwen3ForCausalLM`: Llama plus an RMSNorm on
+each head's queries and keys before RoPE, with the same epsilon), and maps the same way.
+`model.logit_softcap` has no standard architecture that holds it exactly (Gemma 2
+soft-caps but differs elsewhere) and is refused.
 
 - `read_folder(folder)`: a Llama-architecture folder (`config.json`, safetensors weights,
   `tokenizer.json`) as a tinyattn `ModelConfig`, tinyattn-named weights, a tokenizer and
@@ -17,6 +21,7 @@ The mapping (i = layer; tinyattn stacks what Llama keeps apart, so one matmul do
     blocks.i.attention_norm.weight      model.layers.i.input_layernorm.weight
     blocks.i.attention.qkv.weight       model.layers.i.self_attn.{q,k,v}_proj.weight (rows stacked)
     blocks.i.attention.output.weight    model.layers.i.self_attn.o_proj.weight
+    blocks.i.attention.{q,k}_norm.weight  model.layers.i.self_attn.{q,k}_norm.weight (Qwen3 only)
     blocks.i.mlp_norm.weight            model.layers.i.post_attention_layernorm.weight
     blocks.i.mlp.gate_up.weight         model.layers.i.mlp.{gate,up}_proj.weight (rows stacked)
     blocks.i.mlp.down.weight            model.layers.i.mlp.down_proj.weight
@@ -49,6 +54,8 @@ from tinyattn.tokenizer import END_OF_TEXT, UNKNOWN, Tokenizer
 
 INSTALL_HINT = 'pip install -e ".[hf]"'
 ARCHITECTURE = "LlamaForCausalLM"
+QK_NORM_ARCHITECTURE = "Qwen3ForCausalLM"  # Llama + QK-norm
+MODEL_TYPES = {ARCHITECTURE: "llama", QK_NORM_ARCHITECTURE: "qwen3"}
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth")
@@ -106,6 +113,9 @@ def to_hf_weights(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[s
             theirs + "mlp.up_proj.weight": up,
             theirs + "mlp.down_proj.weight": state[ours + "mlp.down.weight"],
         })
+        if config.qk_norm:
+            out[theirs + "self_attn.q_norm.weight"] = state[ours + "attention.q_norm.weight"]
+            out[theirs + "self_attn.k_norm.weight"] = state[ours + "attention.k_norm.weight"]
     # safetensors refuses views that share storage (the splits above): one copy each.
     return {name: tensor.detach().contiguous().clone() for name, tensor in out.items()}
 
@@ -141,6 +151,9 @@ def from_hf_weights(tensors: dict[str, torch.Tensor], config: ModelConfig,
                                                     take(theirs + "mlp.up_proj.weight")]),
             ours + "mlp.down.weight": take(theirs + "mlp.down_proj.weight"),
         })
+        if config.qk_norm:
+            state[ours + "attention.q_norm.weight"] = take(theirs + "self_attn.q_norm.weight")
+            state[ours + "attention.k_norm.weight"] = take(theirs + "self_attn.k_norm.weight")
     extra = sorted(set(tensors) - used)
     if extra:
         more = f" and {len(extra) - 3} more" if len(extra) > 3 else ""
@@ -160,11 +173,18 @@ def model_config_from_hf(raw: dict, origin: str, *, tied: Optional[bool] = None)
         raise CheckpointError(f"{origin}: {what}")
 
     architectures = raw.get("architectures")
-    if architectures is None and raw.get("model_type") != "llama":
-        refuse(f"no architectures field and model_type {raw.get('model_type')!r}: tinyattn reads "
-               f"{ARCHITECTURE} folders only")
-    if architectures is not None and architectures != [ARCHITECTURE]:
-        refuse(f"architectures {architectures}: tinyattn reads {ARCHITECTURE} only")
+    if architectures is None:  # older files may name only the model type
+        by_type = {t: a for a, t in MODEL_TYPES.items()}
+        if raw.get("model_type") not in by_type:
+            refuse(f"no architectures field and model_type {raw.get('model_type')!r}: tinyattn reads "
+                   f"{ARCHITECTURE} (and {QK_NORM_ARCHITECTURE}) folders only")
+        architectures = [by_type[raw["model_type"]]]
+    if not (isinstance(architectures, list) and len(architectures) == 1 and architectures[0] in MODEL_TYPES):
+        refuse(f"architectures {architectures}: tinyattn reads {ARCHITECTURE} (and {QK_NORM_ARCHITECTURE}) only")
+    qk_norm = architectures[0] == QK_NORM_ARCHITECTURE
+    if raw.get("use_sliding_window") or any(t != "full_attention" for t in raw.get("layer_types") or []):
+        refuse("sliding-window attention (use_sliding_window, layer_types): tinyattn's layers all "
+               "attend to the whole context")
     activation = raw.get("hidden_act", "silu")
     if activation != "silu":
         refuse(f"hidden_act {activation!r}: tinyattn's MLP is SwiGLU (silu) only")
@@ -192,7 +212,7 @@ def model_config_from_hf(raw: dict, origin: str, *, tied: Optional[bool] = None)
             vocab_size=int(raw["vocab_size"]), n_layer=int(raw["num_hidden_layers"]), n_head=heads,
             n_kv_head=kv_heads, n_embd=hidden, mlp_hidden=int(raw["intermediate_size"]),
             context_length=int(raw.get("max_position_embeddings", 2048)), tie_embeddings=tied,
-            rope_base=float(theta), norm_eps=float(raw.get("rms_norm_eps", 1e-6)))
+            rope_base=float(theta), norm_eps=float(raw.get("rms_norm_eps", 1e-6)), qk_norm=qk_norm)
     except KeyError as e:
         refuse(f"field {e.args[0]} is missing")
     except (TypeError, ValueError) as e:
@@ -206,23 +226,24 @@ def model_config_from_hf(raw: dict, origin: str, *, tied: Optional[bool] = None)
 
 
 def hf_config(config: ModelConfig, eot_id: Optional[int], dtype: torch.dtype) -> dict:
-    """config.json for `config`; an option Llama cannot hold is refused, never dropped."""
-    if config.qk_norm:
-        raise CheckpointError("model.qk_norm: true cannot be exported: LlamaForCausalLM has no "
-                              "norm on queries and keys")
+    """config.json for `config` (Llama, or Qwen3 with QK-norm); an option neither can hold
+    is refused, never dropped."""
     if config.logit_softcap is not None:
         raise CheckpointError(f"model.logit_softcap: {config.logit_softcap} cannot be exported: "
-                              "LlamaForCausalLM does not soft-cap its logits")
+                              f"neither {ARCHITECTURE} nor {QK_NORM_ARCHITECTURE} soft-caps its logits")
+    architecture = QK_NORM_ARCHITECTURE if config.qk_norm else ARCHITECTURE
     rope = {"rope_type": "default", "rope_theta": config.rope_base}
+    extra = {"use_sliding_window": False, "sliding_window": None, "max_window_layers": config.n_layer,
+             "layer_types": ["full_attention"] * config.n_layer} if config.qk_norm else {"mlp_bias": False}
     return {
-        "architectures": [ARCHITECTURE], "model_type": "llama",
+        "architectures": [architecture], "model_type": MODEL_TYPES[architecture], **extra,
         "vocab_size": config.vocab_size, "hidden_size": config.n_embd,
         "intermediate_size": config.hidden_dim, "num_hidden_layers": config.n_layer,
         "num_attention_heads": config.n_head, "num_key_value_heads": config.kv_heads,
         "head_dim": config.head_dim, "hidden_act": "silu",
         "max_position_embeddings": config.context_length, "rms_norm_eps": norm_eps(config),
         "rope_parameters": rope, "rope_theta": config.rope_base,  # the second for transformers 4
-        "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0,
+        "attention_bias": False, "attention_dropout": 0.0,
         "tie_word_embeddings": config.tie_embeddings,
         "bos_token_id": eot_id, "eos_token_id": eot_id, "pad_token_id": None,
         "initializer_range": 0.02, "use_cache": True, "dtype": DTYPE_NAMES[dtype],
@@ -411,6 +432,8 @@ def model_card(config: Config, card: Optional[ModelCard], tokenizer: Tokenizer,
                weights: dict[str, torch.Tensor]) -> str:
     """README.md: what was trained on what, for how long, to which validation loss."""
     m, d, t = config.model, config.data, config.train
+    architecture = QK_NORM_ARCHITECTURE if m.qk_norm else ARCHITECTURE
+    family = "Qwen3" if m.qk_norm else "Llama"
     seen = set()
     parameters = 0
     for name, tensor in weights.items():
@@ -425,8 +448,8 @@ def model_card(config: Config, card: Optional[ModelCard], tokenizer: Tokenizer,
         data = "unknown data"
     lines = ["---", "library_name: transformers", "pipeline_tag: text-generation",
              "tags: [tinyattn, llama]", "---", "",
-             f"# A {parameters / 1e6:.2f}M-parameter Llama-architecture language model", "",
-             "Trained with tinyattn and exported as `LlamaForCausalLM`; it "
+             f"# A {parameters / 1e6:.2f}M-parameter {family}-architecture language model", "",
+             f"Trained with tinyattn and exported as `{architecture}`; it "
              "loads with `AutoModelForCausalLM` and `AutoTokenizer`, no custom code.", "",
              "| | |", "|---|---|",
              f"| data | {data} |",

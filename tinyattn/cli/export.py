@@ -13,8 +13,8 @@ def parser() -> argparse.ArgumentParser:
         description="Write a checkpoint as a Hugging Face model folder (LlamaForCausalLM): config.json, "
                     "model.safetensors, generation_config.json (from the run's sample section), the "
                     "tokenizer files and a model card README.md. transformers' AutoModelForCausalLM and "
-                    "AutoTokenizer load it with no custom code. Options Llama cannot hold (model.qk_norm, "
-                    "model.logit_softcap) are refused.",
+                    "AutoTokenizer load it with no custom code. A model with model.qk_norm is written as "
+                    "Qwen3ForCausalLM; model.logit_softcap, which no standard architecture holds, is refused.",
         epilog="example: python scripts/export.py --checkpoint checkpoints/<run> --out exported/<name>")
     p.add_argument("--checkpoint", help="checkpoint file, run folder or Hugging Face folder (default: "
                                         "the most recent run under checkpoints/)")
