@@ -47,7 +47,7 @@ class ModelConfig:
     tie_embeddings: bool = True  # the output head reuses the token embedding matrix
     rope_base: float = 10000.0
     norm_eps: Optional[float] = None  # RMSNorm epsilon; None: torch's default, the dtype's machine epsilon
-    # Options beyond the Llama architecture (a model with them on is not exportable as Llama):
+    # Options beyond the Llama architecture (qk_norm exports as Qwen3; soft-capping does not export):
     qk_norm: bool = False  # RMSNorm on each head's queries and keys before RoPE (as in Qwen3, OLMo 2)
     logit_softcap: Optional[float] = None  # logits -> cap * tanh(logits / cap) (Gemma 2); None: off
     # Initialisation only (any architecture holds it):
