@@ -12,11 +12,11 @@ import torch
 from tinyattn.checkpoint import load_model
 from tinyattn.cli.eval import main
 from tinyattn.config import ModelConfig, TokenizerConfig
-from tinyattn.data import eval_batches, prepare_data
+from tinyattn.data import eval_batches, prepare_data, tail_window
 from tinyattn.errors import DataError
 from tinyattn.evaluate import (evaluate_tokens, format_loss_by_position, log_loss_by_position_to_tensorboard,
                                loss_by_position, loss_by_position_image, position_ranges,
-                               save_loss_by_position_plot, tail_window, text_units)
+                               save_loss_by_position_plot, text_units)
 from tinyattn.model import LanguageModel
 from tinyattn.tokenizer import build_tokenizer
 

@@ -11,7 +11,8 @@ token files, one per split, memory-mapped for training:
 4. Token cache (`tinyattn.token_cache`): one flat uint16/uint32 file per split, keyed by
    everything that produced it, rebuilt when any of that changes or a file fails its checksum.
 
-`BatchSampler` draws random training windows; `eval_batches` walks fixed ones.
+`BatchSampler` draws random training windows; `eval_batches` walks fixed ones, and
+`tail_window` holds the targets after the last full one.
 """
 
 from __future__ import annotations
@@ -116,6 +117,20 @@ class BatchSampler:
         self.batches_drawn = int(state["batches_drawn"])
 
 
+def full_window_count(n_tokens: int, context_length: int) -> int:
+    """How many non-overlapping windows of context_length inputs, each with the target after it, fit."""
+    return max(0, n_tokens - 1) // context_length
+
+
+def tail_window(tokens, context_length: int) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """The (1, r) window of the r < context_length targets after all full windows, or None."""
+    start = full_window_count(len(tokens), context_length) * context_length
+    if start >= len(tokens) - 1:
+        return None
+    chunk = torch.from_numpy(np.asarray(tokens[start:], dtype=np.int64))
+    return chunk[:-1].unsqueeze(0), chunk[1:].unsqueeze(0)  # (1, r) each
+
+
 def eval_batches(tokens: np.ndarray, context_length: int, batch_size: int,
                  max_windows: Optional[int] = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Fixed evaluation windows -> (x, y) int64 tensors of shape (b, T), b <= batch_size.
@@ -125,7 +140,7 @@ def eval_batches(tokens: np.ndarray, context_length: int, batch_size: int,
     always gets the same loss.
     """
     T = context_length
-    available = (len(tokens) - 1) // T  # windows of T inputs plus the one target after them
+    available = full_window_count(len(tokens), T)
     if available == 0:
         raise DataError(f"{len(tokens)} tokens cannot fill one window of model.context_length + 1 = "
                         f"{T + 1}")

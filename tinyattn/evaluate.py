@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tinyattn.data import eval_batches
+from tinyattn.data import eval_batches, full_window_count, tail_window
 from tinyattn.errors import DataError
 from tinyattn.files import check_writable, storage_errors
 from tinyattn.model import evaluation_mode
@@ -59,16 +59,7 @@ class Evaluation:
     loss_by_position: np.ndarray  # (context_length,) mean over the full windows; NaN if there are none
 
 
-# ----------------------------------------------------------------------------- windows
-
-
-def tail_window(tokens, context_length: int) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
-    """The (1, r) window of the r < T targets after the full windows of `eval_batches`, or None."""
-    start = (len(tokens) - 1) // context_length * context_length
-    if start >= len(tokens) - 1:
-        return None
-    chunk = torch.from_numpy(np.asarray(tokens[start:], dtype=np.int64))
-    return chunk[:-1].unsqueeze(0), chunk[1:].unsqueeze(0)  # (1, r) each
+# ----------------------------------------------------------------------------- losses
 
 
 def token_losses(model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -103,7 +94,7 @@ def _position_sums(model, tokens, context_length, batch_size, max_windows=None) 
     tokens = np.asarray(tokens)  # a list, an array or a memmap (no copy)
     sums = torch.zeros(context_length, dtype=torch.float64)
     count = 0
-    if len(tokens) < context_length + 1:
+    if full_window_count(len(tokens), context_length) == 0:
         return sums.numpy(), 0
     with evaluation_mode(model), torch.no_grad():
         for x, y in eval_batches(tokens, context_length, batch_size, max_windows):
