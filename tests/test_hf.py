@@ -375,3 +375,14 @@ def test_init_from_a_tinyattn_run_takes_its_weights_and_tokenizer(tmp_path, corp
     assert tuned.config.model.n_kv_head == 2 and tuned.config.model.context_length == 32
     for (name, before), after in zip(model.state_dict().items(), tuned.model.state_dict().values()):
         assert (after - before).abs().max().item() < 1e-5, name
+
+
+def test_sharded_folder_imports_with_equal_logits(tmp_path):
+    tokenizer = tokenizer_of("bpe")
+    reference = random_llama(tmp_path / "llama", tokenizer)
+    reference.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    tokenizer.save(tmp_path / "sharded" / "tokenizer.json")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    loaded = ckpt.load_model(tmp_path / "sharded")
+    ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
+    assert max_logit_difference(loaded.model, reference, ids) < 1e-5
