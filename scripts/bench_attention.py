@@ -2,20 +2,18 @@
 
     python scripts/bench_attention.py                       # T = 64 .. 2048 on the CPU
     python scripts/bench_attention.py --device cuda --max-context 8192 --json cost.json
+    python scripts/bench_attention.py --table-from docs/bench-cpu.json   # no measuring
 
-Prints a Markdown table (the one in docs/ATTENTION.md); see
-`tinyattn.bench.measure_attention_cost` for what is timed and how memory is measured.
+Prints a Markdown table (`tinyattn.bench.attention_cost_table`; docs/ATTENTION.md holds the
+one of docs/bench-cpu.json); see `tinyattn.bench.measure_attention_cost` for what is timed
+and how memory is measured.
 """
 
 import argparse
 import json
 from pathlib import Path
 
-from tinyattn.bench import measure_attention_cost
-
-
-def megabytes(n):
-    return "n/a" if n is None else f"{n / 2**20:,.1f}"
+from tinyattn.bench import attention_cost_table, measure_attention_cost
 
 
 def main() -> int:
@@ -30,7 +28,14 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    parser.add_argument("--table-from", type=Path, metavar="JSON",
+                        help="measure nothing: print the table of a saved --json file or of the "
+                             "'attention' section of a scripts/bench.py JSON file")
     args = parser.parse_args()
+    if args.table_from:
+        saved = json.loads(args.table_from.read_text(encoding="utf-8"))
+        print(attention_cost_table(saved.get("attention", saved)))
+        return 0
 
     lengths = []
     T = args.min_context
@@ -42,14 +47,7 @@ def main() -> int:
     print(f"device {result['device']} ({result['threads']} threads), B={result['batch_size']} "
           f"H={result['n_head']} D={result['head_dim']} fp32, median of {result['repeats']} after warm-up")
     print(f"peak memory: {result['memory_method']}\n")
-    print("| T | fused ms | explicit ms | explicit / fused | fused peak MiB | explicit peak MiB "
-          "| weights tensor MiB | max abs diff |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for row in result["rows"]:
-        print(f"| {row['context_length']} | {row['fused_ms']:.2f} | {row['explicit_ms']:.2f} "
-              f"| {row['explicit_ms'] / row['fused_ms']:.1f}x | {megabytes(row['fused_peak_bytes'])} "
-              f"| {megabytes(row['explicit_peak_bytes'])} | {megabytes(row['weights_bytes'])} "
-              f"| {row['max_abs_difference']:.1e} |")
+    print(attention_cost_table(result))
     if result["skipped_context_lengths"]:
         print(f"\nskipped (would not fit in memory): {result['skipped_context_lengths']}")
     if args.json:

@@ -1,4 +1,5 @@
-"""The benchmark suite runs end to end on the tiny config and writes every figure (no timing asserts)."""
+"""The benchmark suite runs end to end on the tiny config and writes every figure (no timing asserts);
+the docs' attention-cost table is rendered from the saved figures."""
 
 import json
 import subprocess
@@ -33,3 +34,13 @@ def test_bench_smoke_writes_every_field(tmp_path):
     assert rows[0]["fused_ms"] > 0 and rows[0]["explicit_ms"] > 0
     assert rows[0]["max_abs_difference"] < 1e-4  # both paths compute the same attention
     assert "training (fp32" in result.stdout and "decode" in result.stdout
+
+
+def test_the_attention_cost_table_in_the_docs_is_the_one_of_bench_cpu_json():
+    from tinyattn.bench import attention_cost_table
+
+    saved = json.loads((ROOT / "docs" / "bench-cpu.json").read_text(encoding="utf-8"))["attention"]
+    table = attention_cost_table(saved)
+    assert table.count("\n") == 1 + len(saved["rows"])  # a header, its rule, a row per context length
+    assert table in (ROOT / "docs" / "ATTENTION.md").read_text(encoding="utf-8")
+    assert "| fused ms |" not in (ROOT / "docs" / "BENCHMARKS.md").read_text(encoding="utf-8")  # no copy

@@ -41,8 +41,8 @@ def measure_decode(*, n_layer: int = 6, n_head: int = 6, n_embd: int = 384, cont
                    vocab_size: int = 65, new_tokens: int = 500, prompt_tokens: int = 200,
                    uncached_tokens: int | None = None, dtype: str = "fp32", threads: int | None = None,
                    pack: bool = False, compile: bool = False, temperature: float = 0.8, repeats: int = 3,
-                   device: str = "cpu", seed: int = 0) -> dict:
-    """Batch-1 decoding speed with the KV cache (the loop of `generate_tokens`) and without it.
+                   device: str = "cpu", seed: int = 0, batch_size: int = 1) -> dict:
+    """Decoding speed with the KV cache (the loop of `generate_tokens`) and without it.
 
     The model has random weights (its own initialisation, seeded); speed does not depend on
     them. Both loops sample with the same `sample_next_token` at `temperature`. The cached
@@ -61,7 +61,9 @@ def measure_decode(*, n_layer: int = 6, n_head: int = 6, n_embd: int = 384, cont
     "bf16" (the weights are cast); `threads` sets torch.set_num_threads for the measurement;
     `pack` stores the weights in oneDNN's layout first (`tinyattn.packing.pack_linear_weights`),
     for both loops; `compile` compiles the cached loop's one-token step
-    (`tinyattn.generate.compile_decode_step`).
+    (`tinyattn.generate.compile_decode_step`). `batch_size` sequences are decoded together
+    (one random prompt each): tokens/s count every sequence's tokens, ms_per_token is the
+    time of one step of the batch, and ttft_ms is the batch's prefill and first draw.
     """
     torch_device = select_device(device)
     with _num_threads(threads):
@@ -70,7 +72,7 @@ def measure_decode(*, n_layer: int = 6, n_head: int = 6, n_embd: int = 384, cont
                              n_embd=n_embd, context_length=context_length)
         model = LanguageModel(config).to(torch_device, DTYPES[dtype]).eval()
         packed = pack and pack_linear_weights(model)
-        prompt = torch.randint(0, vocab_size, (1, prompt_tokens),
+        prompt = torch.randint(0, vocab_size, (batch_size, prompt_tokens),
                                generator=torch.Generator().manual_seed(seed)).to(torch_device)
         sampling = dict(temperature=temperature, seed=seed)
         start = time.perf_counter()
@@ -78,20 +80,24 @@ def measure_decode(*, n_layer: int = 6, n_head: int = 6, n_embd: int = 384, cont
         first_run_seconds = time.perf_counter() - start
         runs = [_cached_run(model, prompt, new_tokens, compile, **sampling) for _ in range(repeats)]
         uncached_tokens = new_tokens if uncached_tokens is None else uncached_tokens
-        uncached = uncached_tokens / _uncached_seconds(model, prompt, uncached_tokens, **sampling)
-        cached = (new_tokens - 1) / statistics.median(run.rest_s for run in runs)
+        uncached_seconds = _uncached_seconds(model, prompt, uncached_tokens, **sampling)
+        uncached = batch_size * uncached_tokens / uncached_seconds
+        cached_seconds = statistics.median(run.rest_s for run in runs)
+        cached = batch_size * (new_tokens - 1) / cached_seconds
         return {
             "device": str(torch_device), "cpu": cpu_name(), "machine": platform.machine(),
             "torch": torch.__version__, "threads": torch.get_num_threads(), "dtype": dtype, "packed": packed,
-            "compile": compile,
+            "compile": compile, "batch_size": batch_size,
             "model": {"n_layer": n_layer, "n_head": n_head, "n_embd": n_embd,
                       "context_length": context_length, "vocab_size": vocab_size,
                       "parameters": model.num_parameters()},
             "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "uncached_tokens": uncached_tokens,
             "temperature": temperature, "repeats": repeats, "refills": runs[0].refills,
             "ttft_ms": 1000 * statistics.median(run.first_s for run in runs), "first_run_s": first_run_seconds,
-            "cached_tokens_per_s": cached, "cached_ms_per_token": 1000 / cached,
-            "uncached_tokens_per_s": uncached, "uncached_ms_per_token": 1000 / uncached,
+            "cached_tokens_per_s": cached,
+            "cached_ms_per_token": 1000 * cached_seconds / (new_tokens - 1),
+            "uncached_tokens_per_s": uncached,
+            "uncached_ms_per_token": 1000 * uncached_seconds / uncached_tokens,
             "speedup": cached / uncached,
         }
 
@@ -120,8 +126,8 @@ def _cached_run(model, prompt: torch.Tensor, n: int, compile: bool, temperature:
     device = prompt.device
     generator = torch.Generator(device).manual_seed(seed)
     start = time.perf_counter()
-    decoder = CachedDecoder(model, batch_size=1, compile=compile)
-    token = sample_next_token(decoder.prefill(prompt), generator, temperature)  # (1,)
+    decoder = CachedDecoder(model, batch_size=prompt.size(0), compile=compile)
+    token = sample_next_token(decoder.prefill(prompt), generator, temperature)  # (B,)
     synchronize(device)
     first = time.perf_counter()
     for _ in range(n - 1):
@@ -135,14 +141,14 @@ def _uncached_seconds(model, prompt: torch.Tensor, n: int, temperature: float, s
     """Seconds for n tokens, each from a full forward pass over the last <= context_length tokens."""
     context_length = model.config.context_length
     generator = torch.Generator(prompt.device).manual_seed(seed)
-    sequence = prompt.clone()  # (1, T), grows by one token a step
+    sequence = prompt.clone()  # (B, T), grows by one token a step
     model(sequence[:, -context_length:])  # warm-up
 
     def run() -> None:
         nonlocal sequence
         for _ in range(n):
-            logits = model(sequence[:, -context_length:]).logits[:, -1]  # (1, V)
-            token = sample_next_token(logits, generator, temperature)  # (1,)
+            logits = model(sequence[:, -context_length:]).logits[:, -1]  # (B, V)
+            token = sample_next_token(logits, generator, temperature)  # (B,)
             sequence = torch.cat([sequence, token.unsqueeze(1)], dim=1)
 
     return call_times(run, 1, device=prompt.device)[0]  # timed once: it is slow
@@ -294,6 +300,27 @@ def _available_memory_bytes(device) -> float:
     except OSError:
         pass
     return float("inf")  # unknown: try every length
+
+
+def attention_cost_table(result: dict) -> str:
+    """`measure_attention_cost`'s result (as saved in JSON) as a Markdown table, one row per T.
+
+    docs/ATTENTION.md holds this table of docs/bench-cpu.json's "attention" section
+    (`python scripts/bench_attention.py --table-from docs/bench-cpu.json`), and a test
+    checks that it still is.
+    """
+    def mib(n):
+        return "n/a" if n is None else f"{n / 2**20:,.1f}"
+
+    lines = ["| T | fused ms | explicit ms | explicit / fused | fused peak MiB | explicit peak MiB "
+             "| weights tensor MiB | max abs diff |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in result["rows"]:
+        lines.append(f"| {row['context_length']} | {row['fused_ms']:.2f} | {row['explicit_ms']:.2f} "
+                     f"| {row['explicit_ms'] / row['fused_ms']:.1f}x | {mib(row['fused_peak_bytes'])} "
+                     f"| {mib(row['explicit_peak_bytes'])} | {mib(row['weights_bytes'])} "
+                     f"| {row['max_abs_difference']:.1e} |")
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- training
