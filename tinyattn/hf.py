@@ -166,22 +166,28 @@ def from_hf_weights(tensors: dict[str, torch.Tensor], config: ModelConfig,
 # ----------------------------------------------------------------------------- config.json
 
 
+def architecture(raw: dict, origin: str) -> str:
+    """The config's architecture if tinyattn reads it, else a CheckpointError naming what was found."""
+    found = raw.get("architectures")
+    if found is None:  # older files may name only the model type
+        by_type = {t: a for a, t in MODEL_TYPES.items()}
+        if raw.get("model_type") not in by_type:
+            raise CheckpointError(f"{origin}: no architectures field and model_type {raw.get('model_type')!r}: "
+                                  f"tinyattn reads {ARCHITECTURE} (and {QK_NORM_ARCHITECTURE}) folders only")
+        found = [by_type[raw["model_type"]]]
+    if not (isinstance(found, list) and len(found) == 1 and found[0] in MODEL_TYPES):
+        raise CheckpointError(f"{origin}: architectures {found}: tinyattn reads {ARCHITECTURE} "
+                              f"(and {QK_NORM_ARCHITECTURE}) only")
+    return found[0]
+
+
 def model_config_from_hf(raw: dict, origin: str, *, tied: Optional[bool] = None) -> ModelConfig:
     """A Llama `config.json` as a ModelConfig; anything tinyattn would compute differently
     is a CheckpointError naming the field. tied: the head's tying when the file omits it."""
     def refuse(what: str) -> None:
         raise CheckpointError(f"{origin}: {what}")
 
-    architectures = raw.get("architectures")
-    if architectures is None:  # older files may name only the model type
-        by_type = {t: a for a, t in MODEL_TYPES.items()}
-        if raw.get("model_type") not in by_type:
-            refuse(f"no architectures field and model_type {raw.get('model_type')!r}: tinyattn reads "
-                   f"{ARCHITECTURE} (and {QK_NORM_ARCHITECTURE}) folders only")
-        architectures = [by_type[raw["model_type"]]]
-    if not (isinstance(architectures, list) and len(architectures) == 1 and architectures[0] in MODEL_TYPES):
-        refuse(f"architectures {architectures}: tinyattn reads {ARCHITECTURE} (and {QK_NORM_ARCHITECTURE}) only")
-    qk_norm = architectures[0] == QK_NORM_ARCHITECTURE
+    qk_norm = architecture(raw, origin) == QK_NORM_ARCHITECTURE
     if raw.get("use_sliding_window") or any(t != "full_attention" for t in raw.get("layer_types") or []):
         refuse("sliding-window attention (use_sliding_window, layer_types): tinyattn's layers all "
                "attend to the whole context")
