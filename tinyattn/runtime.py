@@ -81,12 +81,11 @@ def prefer_explicit_attention(device: torch.device, precision: Precision, contex
                               dropout: float) -> bool:
     """Whether training should use the explicit attention path instead of the fused kernel.
 
-    Measured on a 2-core AVX512-BF16 CPU (docs/BENCHMARKS.md): in bf16, forward plus
-    backward of causal attention with plain batched matmuls beats PyTorch's CPU flash
-    kernel up to context 512 (23 against 35 ms at 256) and loses beyond (123 against 69
-    ms at 1024). With attention dropout the fused kernel wins again (it draws the dropout
-    mask inside the kernel; the explicit path materialises it). On GPUs and in fp32 the
-    fused kernel wins.
+    On a 2-core AVX512-BF16 CPU, in bf16, forward plus backward of causal attention with
+    plain batched matmuls beat PyTorch's CPU flash kernel up to context 512 and lost
+    beyond (the figures: docs/BENCHMARKS.md). With attention dropout the fused kernel wins
+    again (it draws the dropout mask inside the kernel; the explicit path materialises it).
+    On GPUs and in fp32 the fused kernel wins.
     """
     return (device.type == "cpu" and precision.name == "bf16" and context_length <= 512
             and dropout == 0.0)

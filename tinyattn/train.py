@@ -657,7 +657,7 @@ def _train_in(run_dir: Path, config: Config, point: Optional[ResumePoint], devic
     data = _prepare_data(config, dist, progress)
     if point is not None:
         point.check_tokenizer(data.tokenizer)
-    # Measured before the random states are seeded or restored: it draws its own numbers.
+    # MFU's denominator; the measurement draws from its own generator, so exact resume is unaffected.
     peak = config.train.peak_flops or measure_peak_flops(device, precision)
     trainer = Trainer.build(config.model, config.train, data.train, device, precision, dist)
     evaluator = Evaluator(trainer, config, data.validation, data.tokenizer, dist)

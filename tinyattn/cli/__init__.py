@@ -1,4 +1,7 @@
-"""Command-line faces: each module parses arguments and calls one library function.
+"""Command-line faces: each module parses its command's arguments and calls into the library.
+
+What a command computes is in the library; a module here adds only what a terminal needs
+(reading prompts from stdin or interactively, streaming text as it comes, printing tables).
 
 `scripts/<name>.py` and the console entry points (`tinyattn-train`, ...) both call
 `tinyattn.cli.<name>.main`. `run_command` is the one place user mistakes become a
