@@ -386,3 +386,14 @@ def test_sharded_folder_imports_with_equal_logits(tmp_path):
     loaded = ckpt.load_model(tmp_path / "sharded")
     ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
     assert max_logit_difference(loaded.model, reference, ids) < 1e-5
+
+
+def test_a_missing_init_from_is_one_line_naming_the_key(tmp_path, corpus, capsys):
+    from tinyattn.cli import train as train_cli
+
+    code, out, err = run_main(train_cli.main, [
+        "--config", ROOT / "configs" / "finetune_example.yaml", "--no-progress", "--set",
+        f"train.init_from={tmp_path / 'nowhere'}", f"data.files={corpus}", "data.url=null",
+        "data.sha256=null", f"train.out_dir={tmp_path / 'runs'}"], capsys)
+    assert code == 2 and err.startswith("error: train.init_from: ") and "nowhere" in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "runs").exists()
