@@ -379,21 +379,12 @@ def test_a_full_disk_while_building_the_cache_is_one_line(corpus, tmp_path, smal
     assert not [p for p in small_tmpfs.rglob("*") if p.is_file()]  # nothing half-written is left
 
 
-def main_in_process(capsys, *args: str) -> tuple[int, str]:
-    """scripts/train.py's main in this process: (exit status, stderr)."""
-    from tinyattn.cli.train import main
-
-    capsys.readouterr()
-    status = main(list(args))
-    return status, capsys.readouterr().err
-
-
 def test_refuses_to_overwrite_a_run(corpus, tmp_path, capsys):
-    args = ("--config", str(TINY), "--run-name", "taken", "--no-progress",
-            "--set", *tiny_overrides(corpus, tmp_path, "train.max_steps=2", "train.eval_interval=2"))
-    assert main_in_process(capsys, *args)[0] == 0
+    args = ["--config", str(TINY), "--run-name", "taken", "--no-progress",
+            "--set", *tiny_overrides(corpus, tmp_path, "train.max_steps=2", "train.eval_interval=2")]
+    assert run_main(args, capsys)[0] == 0
     before = (tmp_path / "taken" / "best.pt").stat().st_mtime_ns
-    status, stderr = main_in_process(capsys, *args)
+    status, stderr = run_main(args, capsys)
     assert status == 2
     assert "already holds checkpoints" in stderr and "--resume" in stderr
     assert "Traceback" not in stderr and stderr.count("\n") == 1
@@ -403,24 +394,25 @@ def test_refuses_to_overwrite_a_run(corpus, tmp_path, capsys):
 def test_resume_refuses_a_different_model_shape(corpus, tmp_path, capsys):
     config = tiny_config(corpus, tmp_path, "train.max_steps=2", "train.eval_interval=2")
     train(config, run_name="shape", progress=False)
-    status, stderr = main_in_process(capsys, "--config", str(TINY), "--resume", str(tmp_path / "shape"),
-                                     "--no-progress", "--set",
-                                     *tiny_overrides(corpus, tmp_path, "model.n_layer=3", "model.n_embd=64"))
+    status, stderr = run_main(["--config", str(TINY), "--resume", str(tmp_path / "shape"), "--no-progress",
+                               "--set", *tiny_overrides(corpus, tmp_path, "model.n_layer=3", "model.n_embd=64")],
+                              capsys)
     assert status == 2 and "Traceback" not in stderr
     assert "model.n_layer: checkpoint 2, config 3" in stderr
     assert "model.n_embd: checkpoint 32, config 64" in stderr
 
 
-def test_corrupt_checkpoint_is_named(corpus, tmp_path):
+def test_corrupt_checkpoint_is_named(corpus, tmp_path, capsys):
     train(tiny_config(corpus, tmp_path, "train.max_steps=2", "train.eval_interval=2"), run_name="bad",
           progress=False)
     file = tmp_path / "bad" / "step_0000002.pt"
     file.write_bytes(file.read_bytes()[:1000])  # truncated
     with pytest.raises(CheckpointError, match=r"step_0000002\.pt: not a readable checkpoint"):
         ckpt.load_checkpoint(file)
-    result = run_cli("--resume", str(tmp_path / "bad"), "--no-progress", "--set", f"train.out_dir={tmp_path}")
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "step_0000002.pt: not a readable checkpoint" in result.stderr
+    status, stderr = run_main(["--resume", str(tmp_path / "bad"), "--no-progress", "--set",
+                               f"train.out_dir={tmp_path}"], capsys)
+    assert status == 2 and "Traceback" not in stderr
+    assert "step_0000002.pt: not a readable checkpoint" in stderr
     file.write_bytes(b"import os; os.system('echo pwned')")  # not even a zip: never executed
     with pytest.raises(CheckpointError, match="not a readable checkpoint"):
         ckpt.load_checkpoint(file)
