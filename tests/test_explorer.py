@@ -9,32 +9,34 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
-from tinyattn.checkpoint import save_checkpoint
+from tinyattn.checkpoint import load_model
 from tinyattn.cli.attention import main as attention_main
-from tinyattn.config import Config, ModelConfig, TokenizerConfig, config_to_dict
 from tinyattn.explorer import WEIGHT_LEVELS, data_of_page, explorer_html, weights_from_data, write_explorer
-from tinyattn.model import LanguageModel
 from tinyattn.relevance import Relevance, relevance_of_text
-from tinyattn.tokenizer import build_tokenizer
 
-CORPUS = "The book that the student borrowed from the library was fascinating.\nROMEO:\nBut soft!\n"
 TEXT = "The book that the student borrowed from the library"  # 51 tokens: longer than the context
 STEP = 0.5 / WEIGHT_LEVELS  # a stored weight is within half a level of the model's
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer(TokenizerConfig(kind="char"), lambda: iter([CORPUS]))
+def run_dir(trained_run):
+    return trained_run.run_dir  # conftest's run: 2 layers, 4 heads, context 32, trained by tinyattn.train
 
 
 @pytest.fixture(scope="module")
-def model(tokenizer):
-    torch.manual_seed(0)
-    config = ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
-                         context_length=32)
-    return LanguageModel(config).eval()
+def loaded(run_dir):
+    return load_model(run_dir)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(loaded):
+    return loaded.tokenizer
+
+
+@pytest.fixture(scope="module")
+def model(loaded):
+    return loaded.model
 
 
 @pytest.fixture(scope="module")
@@ -84,18 +86,9 @@ def test_a_256_token_text_of_a_6x6_model_makes_a_page_well_under_two_megabytes()
 # ----------------------------------------------------------------------------- the command
 
 
-@pytest.fixture(scope="module")
-def run_dir(tokenizer, model, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("run")
-    config = Config(model=model.config)
-    config.data.files = ["unused.txt"]
-    save_checkpoint({"model": model.state_dict(), "config": config_to_dict(config),
-                     "tokenizer": tokenizer.to_json(), "step": 0}, folder / "best.pt")
-    return folder
-
-
 def test_the_command_prints_the_table_and_writes_the_page(run_dir, relevance, tmp_path, capsys):
     page = tmp_path / "explorer.html"
+    pngs_before = sorted((run_dir / "attention").glob("*.png"))  # other tests may have drawn some
     status = attention_main(["--checkpoint", str(run_dir), "--text", TEXT, "--query", "student", "--relevance",
                              "--top", "3", "--html", str(page), "--device", "cpu"])
     out, err = capsys.readouterr()
@@ -110,7 +103,7 @@ def test_the_command_prints_the_table_and_writes_the_page(run_dir, relevance, tm
     data = data_of_page(page.read_text(encoding="utf-8"))
     assert data["query"] == position
     np.testing.assert_allclose(weights_from_data(data), relevance.weights, rtol=0, atol=STEP + 1e-6)
-    assert not (run_dir / "attention").exists()  # no PNGs with --relevance / --html
+    assert sorted((run_dir / "attention").glob("*.png")) == pngs_before  # no PNGs with --relevance / --html
 
 
 @pytest.mark.parametrize("args, message", [
