@@ -67,13 +67,9 @@ def measure_decode(*, n_layer: int = 6, n_head: int = 6, n_embd: int = 384, cont
     """
     torch_device = select_device(device)
     with _num_threads(threads):
-        torch.manual_seed(seed)
         config = ModelConfig(vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head,
                              n_embd=n_embd, context_length=context_length)
-        model = LanguageModel(config).to(torch_device, DTYPES[dtype]).eval()
-        packed = pack and pack_linear_weights(model)
-        prompt = torch.randint(0, vocab_size, (batch_size, prompt_tokens),
-                               generator=torch.Generator().manual_seed(seed)).to(torch_device)
+        model, packed, prompt = _model_and_prompt(config, torch_device, dtype, pack, batch_size, prompt_tokens, seed)
         sampling = dict(temperature=temperature, seed=seed)
         start = time.perf_counter()
         _cached_run(model, prompt, min(new_tokens, 50), compile, **sampling)  # warm-up: compile, kernels
@@ -100,6 +96,17 @@ def measure_decode(*, n_layer: int = 6, n_head: int = 6, n_embd: int = 384, cont
             "uncached_ms_per_token": 1000 * uncached_seconds / uncached_tokens,
             "speedup": cached / uncached,
         }
+
+
+def _model_and_prompt(config: ModelConfig, device: torch.device, dtype: str, pack: bool, batch_size: int,
+                      prompt_tokens: int, seed: int) -> tuple[LanguageModel, bool, torch.Tensor]:
+    """A seeded random model in `dtype` (packed if asked and possible) and random prompts (B, T)."""
+    torch.manual_seed(seed)
+    model = LanguageModel(config).to(device, DTYPES[dtype]).eval()
+    packed = pack and pack_linear_weights(model)
+    prompt = torch.randint(0, config.vocab_size, (batch_size, prompt_tokens),
+                           generator=torch.Generator().manual_seed(seed)).to(device)
+    return model, packed, prompt
 
 
 @contextlib.contextmanager
