@@ -280,7 +280,8 @@ def format_relevance_table(rel: Relevance, query: int, top: Optional[int] = None
                            layers: Optional[list[int]] = None, heads: Optional[list[int]] = None) -> str:
     """For one query, each earlier token in reach: relevance, mean weight, each layer's and head's weight.
 
-    Rows in text order, or the `top` most relevant first. Ends with the rank correlations.
+    Rows in text order, or the `top` whose removal changes the loss most (either way) first.
+    Ends with the rank correlations.
     """
     T = rel.num_tokens
     layers = list(range(rel.num_layers)) if layers is None else layers
@@ -290,7 +291,7 @@ def format_relevance_table(rel: Relevance, query: int, top: Optional[int] = None
                             f"so nothing can be relevant to it (choose a position 0..{T - 2})")
     keys = np.arange(rel.reach[query], query)
     if top is not None:
-        keys = keys[np.argsort(-rel.token_relevance[query, keys], kind="stable")][:top]
+        keys = keys[np.argsort(-np.abs(rel.token_relevance[query, keys]), kind="stable")][:top]
     mean = rel.weights.mean((0, 1))[query]  # (T,)
     label_width = max([len(rel.labels[k]) for k in keys] + [5])
     head_columns = [(layer, head) for layer in layers for head in heads]

@@ -39,7 +39,8 @@ def parser() -> argparse.ArgumentParser:
                         "layer) beside its weights, the rank correlation of weight with relevance, and "
                         "head ablation. A text longer than the context is read in windows of the "
                         "context length, half a context apart")
-    p.add_argument("--top", type=int, metavar="N", help="with --relevance: only the N most relevant tokens")
+    p.add_argument("--top", type=int, metavar="N", help="with --relevance: only the N tokens whose removal "
+                                                         "changes the loss most, either way")
     p.add_argument("--html", metavar="PATH",
                    help="instead of the PNGs, write the explorer: one self-contained HTML page of the "
                         "weights, relevance, losses and head ablation of the text (windows as --relevance)")
