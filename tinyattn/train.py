@@ -530,6 +530,10 @@ class StepBudget:
         elapsed(): seconds of the budget already spent (the CLI counts from process start).
         """
         tc = trainer.config
+        left = self.seconds * (1 - self.MARGIN) - self.EXIT_SECONDS - elapsed()
+        if left <= 0 and not trainer.dist.enabled:  # spent already: refuse before measuring anything
+            raise TinyattnError(f"train.time_budget {self.text}: {elapsed():.0f} s are gone before training, "
+                                "all the budget leaves; no step fits. Give a larger budget or set train.max_steps")
         snapshot = _snapshot(trainer)
         for _ in range(self.WARM_STEPS):
             trainer.train_step()
