@@ -193,6 +193,7 @@ def test_resume_is_exact(corpus, tmp_path):
     assert a["best_val_loss"] == pytest.approx(b["best_val_loss"], abs=1e-6)
 
 
+@pytest.mark.slow  # torch.compile (dynamo, eager backend)
 def test_compiled_training_saves_the_plain_module(corpus, tmp_path, monkeypatch):
     # torch.compile wraps the module whatever the backend; dynamo's "eager" backend makes
     # the same wrapper without inductor's C++ build, so the test takes seconds, not half a minute.
