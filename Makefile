@@ -11,7 +11,7 @@ TORCH_INDEX ?=
 CONFIG ?= configs/shakespeare_char.yaml
 PY := $(VENV)/bin/python
 
-.PHONY: install train test test-fast bench clean-venv
+.PHONY: install train test test-fast bench gpu-wheels clean-venv
 
 install: $(VENV)/.installed
 
@@ -33,6 +33,21 @@ test-fast: install  # everything but the tests marked slow (subprocesses, compil
 
 bench: install
 	$(PY) scripts/bench.py --json docs/bench-cpu.json
+
+# Wheels for scripts/gpu_check.sh on the GPU machine (no network there; Python 3.12, its own
+# torch): what tinyattn imports and that machine lacks, at the versions installed here, for
+# its Python and for this one (the CPU rehearsal). The device README lists what it has.
+GPU_WHEEL_PACKAGES ?= datasets dill multiprocess
+GPU_WHEEL_PLATFORMS := $(foreach p,manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64,--platform $(p))
+
+gpu-wheels:
+	rm -rf gpu-wheels
+	pins="$$($(PY) -c 'import sys, importlib.metadata as m; print(" ".join(f"{p}=={m.version(p)}" for p in sys.argv[1:]))' $(GPU_WHEEL_PACKAGES))" && \
+	echo "gpu-wheels: $$pins" && \
+	$(PY) -m pip download --quiet --only-binary=:all: --no-deps -d gpu-wheels $$pins && \
+	$(PY) -m pip download --quiet --only-binary=:all: --no-deps -d gpu-wheels \
+		--python-version 3.12 --implementation cp $(GPU_WHEEL_PLATFORMS) $$pins
+	ls gpu-wheels
 
 clean-venv:
 	rm -rf $(VENV)
