@@ -29,7 +29,7 @@ from tinyattn.model import LanguageModel, attention, causal_mask
 from tinyattn.packing import pack_linear_weights
 from tinyattn.cpu import cpu_bf16_is_fast, cpu_name
 from tinyattn.runtime import DTYPES, measure_peak_flops, select_device, select_precision
-from tinyattn.timing import call_times, median_time, synchronize
+from tinyattn.timing import call_times, median_time, seconds_of, synchronize
 from tinyattn.train import Trainer
 
 
@@ -351,14 +351,9 @@ def measure_training(model_config, *, batch_size: int = 16, device: str = "auto"
     if torch_device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(torch_device)
 
-    def step():
-        trainer.train_step()
-        synchronize(torch_device)
-
-    compile_start = time.perf_counter()
-    step()  # the first step compiles (when asked) and allocates optimizer state
-    first_step = time.perf_counter() - compile_start
-    seconds = median_time(step, steps, warmup=warmup - 1)
+    # The first step compiles (when asked) and allocates optimizer state.
+    first_step = seconds_of(trainer.train_step, torch_device)
+    seconds = median_time(trainer.train_step, steps, warmup=warmup - 1, device=torch_device)
     tokens_per_step = batch_size * model_config.context_length
     tokens_per_second = tokens_per_step / seconds
     flops_per_token = trainer.model.flops_per_token()
