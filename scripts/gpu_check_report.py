@@ -235,7 +235,8 @@ def summary_lines(result: dict) -> list[str]:
         try:
             lines += section(result["figures"])
         except Exception as e:  # noqa: BLE001 - one broken section must not hide the others
-            lines.append(f"{section.__name__.strip('_')}: cannot summarise ({type(e).__name__}: {e})")
+            name = section.__name__.strip("_").removesuffix("_lines")
+            lines.append(f"{name}: cannot summarise ({type(e).__name__}: {e})")
     lines.append("steps: " + ", ".join(f"{s['name']} {s['status']} ({s.get('seconds', 0):.0f} s)"
                                        for s in result["steps"]))
     lines.append("not measured: " + "; ".join(result["not_measured"]))

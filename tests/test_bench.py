@@ -44,3 +44,14 @@ def test_the_attention_cost_table_in_the_docs_is_the_one_of_bench_cpu_json():
     assert table.count("\n") == 1 + len(saved["rows"])  # a header, its rule, a row per context length
     assert table in (ROOT / "docs" / "ATTENTION.md").read_text(encoding="utf-8")
     assert "| fused ms |" not in (ROOT / "docs" / "BENCHMARKS.md").read_text(encoding="utf-8")  # no copy
+
+
+def test_decoding_a_batch_counts_every_sequences_tokens():
+    from tinyattn.bench import measure_decode
+
+    r = measure_decode(n_layer=1, n_head=2, n_embd=16, context_length=16, new_tokens=6, prompt_tokens=4,
+                       uncached_tokens=3, repeats=1, batch_size=3)
+    assert r["batch_size"] == 3 and r["refills"] == 0
+    # tokens/s count all three sequences; ms per token is the time of one step of the batch
+    assert r["cached_tokens_per_s"] == pytest.approx(3 * 1000 / r["cached_ms_per_token"])
+    assert r["uncached_tokens_per_s"] == pytest.approx(3 * 1000 / r["uncached_ms_per_token"])
