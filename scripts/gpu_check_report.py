@@ -224,7 +224,40 @@ def summary(work: Path) -> tuple[dict, list[str]]:
         figures[xml_path.stem] = _pytest_counts(xml_path)
     result = {"steps": steps, "figures": figures,
               "not_measured": ["multi-GPU NCCL data parallel: one GPU; the 2-process launch runs on gloo"]}
+    try:
+        result["targets"] = targets(figures)
+    except Exception as e:  # noqa: BLE001 - the figures are kept whatever the targets make of them
+        result["targets"] = {"error": f"{type(e).__name__}: {e}"}
     return result, summary_lines(result)
+
+
+def targets(f: dict) -> dict:
+    """Issue 14's targets against the figures: each with its value and whether it is met."""
+    out = {}
+    for name in sorted(k for k in f if k.startswith("baby") and "best_val_loss" in f[k]):
+        baby = f[name]
+        seconds = baby.get("tensorboard", {}).get("seconds_to_target")  # from the first logged loss
+        out[f"{name}: validation <= 1.47 within 60 s of training"] = {
+            "best_val_loss": baby["best_val_loss"], "seconds_to_1.47": seconds,
+            "train_seconds": baby.get("done", {}).get("split_seconds", {}).get("train"),
+            "met": seconds is not None and seconds <= 60}
+    flops = f.get("peak", {}).get("flops", {})
+    big = max((v for k, v in flops.items() if k.isdigit() and int(k) > 2048), default=None)
+    compiled = [r for r in f.get("train-124m", {}).get("training", []) if r.get("compile")]
+    if compiled:
+        r = compiled[0]
+        against_big = r["flops_per_token"] * r["tokens_per_second"] / big if big else None
+        out["124M: MFU >= 45% (bf16, compiled)"] = {
+            "mfu_vs_bench_peak": r["mfu"], "bench_peak_flops": r["peak_flops"],
+            "mfu_vs_8192_matmul": against_big, "matmul_8192_flops": big,
+            "met": (against_big if against_big is not None else r["mfu"]) >= 0.45}
+    batch_one = [r for r in f.get("decode-124m", []) if isinstance(r, dict) and r.get("batch_size") == 1]
+    if batch_one:
+        best = max(batch_one, key=lambda r: r["cached_tokens_per_s"])
+        out["124M: decoding >= 1,500 tokens/s at batch 1"] = {
+            "tokens_per_s": best["cached_tokens_per_s"], "compile": best["compile"],
+            "met": best["cached_tokens_per_s"] >= 1500}
+    return out
 
 
 def summary_lines(result: dict) -> list[str]:
@@ -237,6 +270,10 @@ def summary_lines(result: dict) -> list[str]:
         except Exception as e:  # noqa: BLE001 - one broken section must not hide the others
             name = section.__name__.strip("_").removesuffix("_lines")
             lines.append(f"{name}: cannot summarise ({type(e).__name__}: {e})")
+    for name, target in result.get("targets", {}).items():
+        if isinstance(target, dict):
+            lines.append(f"target {name}: {'met' if target['met'] else 'MISSED'} "
+                         f"({', '.join(f'{k} {v}' for k, v in target.items() if k != 'met')})")
     lines.append("steps: " + ", ".join(f"{s['name']} {s['status']} ({s.get('seconds', 0):.0f} s)"
                                        for s in result["steps"]))
     lines.append("not measured: " + "; ".join(result["not_measured"]))
