@@ -26,16 +26,17 @@
 #   run(command="bash scripts/gpu_check.sh", timeout_s=600,
 #       carry=["gpu-wheels", "data/tinyshakespeare.txt"])
 # On the CPU, the rehearsal (device forced to cpu, tiny sizes and steps, about 3 minutes):
-#   GPU_CHECK_DEVICE=cpu GPU_CHECK_TINY=1 OUT=/tmp/gpucheck PYTHON=.venv/bin/python bash scripts/gpu_check.sh
+#   GPU_CHECK_DEVICE=cpu GPU_CHECK_TINY=1 OUT=/tmp/gpucheck bash scripts/gpu_check.sh
 #
-# Settings: OUT (default /tmp/gpu-check-out), PYTHON (default python3: on the H200 the one with
-# its torch; torch is never installed), GPU_CHECK_DEVICE (cuda), GPU_CHECK_TINY (0),
-# GPU_CHECK_SECONDS (540), GPU_CHECK_WORK (scratch folder, default /tmp/gpu-check-work),
-# GPU_CHECK_BUDGET (the baby run's train.time_budget, default 60s).
+# Settings: OUT (default /tmp/gpu-check-out); PYTHON (default .venv/bin/python where it exists,
+# else python3: on the H200 the one with its own torch, which nothing here installs over);
+# GPU_CHECK_DEVICE (cuda); GPU_CHECK_TINY (0); GPU_CHECK_SECONDS (540); GPU_CHECK_WORK (the
+# scratch folder, default /tmp/gpu-check-work); GPU_CHECK_BUDGET (the baby run's
+# train.time_budget, default 60s).
 set -uo pipefail  # no -e: a failing step is recorded and the next one runs
 cd "$(dirname "$0")/.."
 started=$SECONDS
-PY="${PYTHON:-python3}"
+PY="${PYTHON:-$([[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3)}"
 DEVICE="${GPU_CHECK_DEVICE:-cuda}"
 TINY="${GPU_CHECK_TINY:-0}"
 LIMIT="${GPU_CHECK_SECONDS:-540}"
@@ -113,7 +114,7 @@ if [[ "$TINY" == 1 ]]; then  # the rehearsal: every step's code path, at sizes a
     BABY_SET=("${SMALL[@]}" train.batch_size=8 train.compile=false train.eval_interval=20 train.eval_windows=8
               train.time_budget=20s)
     BENCH_124M=(--precision fp32 --batch-size 2 --steps 2 --set "${SMALL[@]}")
-    DECODE_BABY=(--config configs/tiny.yaml --vocab-size 65 --dtypes fp32 --compile no --new-tokens 20
+    DECODE_BABY=(--config configs/tiny.yaml --vocab-size 65 --dtypes fp32 --compile no yes --new-tokens 20
                  --prompt-tokens 10 --uncached-tokens 5 --repeats 1 --batch-sizes 1 4)
     DECODE_124M=(--config configs/tiny.yaml --vocab-size 50304 --dtypes fp32 --compile no --new-tokens 20
                  --prompt-tokens 10 --uncached-tokens 5 --repeats 1 --batch-sizes 1 4)
