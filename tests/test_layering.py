@@ -22,7 +22,9 @@ LAYERS = [
     {"checkpoint", "generate", "packing", "evaluate", "attention_maps"},
     {"relevance"},  # token and head ablation, measured beside attention_maps' weights
     {"explorer"},  # the HTML page of the weights and the relevance
-    {"finetune"},  # train.init_from: a source checkpoint or Hugging Face folder
+    {"finetune", "trainer"},  # train.init_from's source; the step and the owners the loop calls
+    {"resume", "budget"},  # what a run continues from and where it writes; its step count
+    {"train_log"},  # what a run shows: console, TensorBoard, train.log
     {"train"},
     {"bench"},
     {"cli"},  # tinyattn/cli/*: argument parsing for the commands

@@ -80,7 +80,7 @@ MODEL_OPTIONS = {"untied": {"tie_embeddings": False}, "muon-wsd-untied": {"tie_e
 def test_each_option_trains_a_tiny_model_below_a_loss_bound(name):
     """A 2-layer model learns a fixed 8-token cycle: from ln(16) = 2.77 to below 0.1 in 150 steps."""
     from tinyattn.runtime import select_precision
-    from tinyattn.train import Trainer
+    from tinyattn.trainer import Trainer
 
     torch.manual_seed(0)
     model_config = ModelConfig(vocab_size=16, n_layer=2, n_head=2, n_embd=32, context_length=16,

@@ -16,7 +16,8 @@ from tinyattn import checkpoint as ckpt
 from tinyattn.config import load_config
 from tinyattn.errors import CheckpointError, TinyattnError
 from tinyattn.optim import learning_rate
-from tinyattn.train import Trainer, TrainingError, train
+from tinyattn.train import train
+from tinyattn.trainer import Trainer, TrainingError
 
 ROOT = Path(__file__).resolve().parents[1]
 

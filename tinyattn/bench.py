@@ -30,7 +30,7 @@ from tinyattn.packing import pack_linear_weights
 from tinyattn.cpu import cpu_bf16_is_fast, cpu_name
 from tinyattn.runtime import DTYPES, measure_peak_flops, select_device, select_precision
 from tinyattn.timing import call_times, median_time, seconds_of, synchronize
-from tinyattn.train import Trainer
+from tinyattn.trainer import Trainer
 
 
 # ----------------------------------------------------------------------------- decoding
@@ -339,7 +339,7 @@ def measure_training(model_config, *, batch_size: int = 16, device: str = "auto"
     """Training throughput of full optimizer steps on random tokens, and MFU.
 
     Each timed step is forward, backward, gradient clipping and a fused AdamW update,
-    exactly as `tinyattn.train.Trainer.train_step` does them (it is the same code). The
+    exactly as `tinyattn.trainer.Trainer.train_step` does them (it is the same code). The
     FLOPs per token are 6N plus attention (`LanguageModel.flops_per_token`); the peak
     is a large matmul in the same precision on the same device, measured now.
     """

@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def command() -> int:
         from tinyattn.timing import process_age
-        from tinyattn.train import DEFAULT_OUT_DIR, ResumePoint, train
+        from tinyattn.resume import ResumePoint
+        from tinyattn.train import DEFAULT_OUT_DIR, train
 
         config = load_config(args.config, args.overrides) if args.config else None
         point = None
