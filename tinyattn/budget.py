@@ -118,7 +118,6 @@ def _restore(trainer: Trainer, snapshot: dict) -> None:
 
 def _time_a_save(trainer: Trainer, run_dir: Path) -> float:
     """Seconds to write one checkpoint of this run, measured into a file deleted after."""
-    run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / f".budget_probe.rank{trainer.dist.rank}.tmp"
     start = time.perf_counter()
     try:

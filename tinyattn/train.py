@@ -76,22 +76,20 @@ def _train(config, config_path, run_name, resume, device_name, progress, stop_at
             resumed_source(config, point.config, f"{point.file} (train.init_from)")
         point.adopt(config)
     source = init_source(config) if point is None else None  # fine-tuning: train.init_from
-    select_device(device_name or config.train.device)  # a bad device fails before the folder is made
+    device = select_device(device_name or config.train.device)  # a bad one fails before the folder is made
+    if dist.enabled and device.type == "cuda":
+        device = torch.device("cuda", dist.local_rank)
     run_dir, lock = open_run_folder(config, config_path, run_name, point, dist)
     with lock, RunLog(run_dir, enabled=dist.is_main):
-        return _train_in(run_dir, config, point, device_name, progress, stop_at_step, dist, started, timers,
-                         source)
+        return _train_in(run_dir, config, point, device, progress, stop_at_step, dist, started, timers, source)
 
 
-def _train_in(run_dir: Path, config: Config, point: Optional[ResumePoint], device_name, progress,
+def _train_in(run_dir: Path, config: Config, point: Optional[ResumePoint], device: torch.device, progress,
               stop_at_step, dist: Distributed, started: float, timers: Timers,
               source: Optional[InitSource] = None) -> TrainResult:
     def elapsed() -> float:
         return time.perf_counter() - started
 
-    device = select_device(device_name or config.train.device)
-    if dist.enabled and device.type == "cuda":
-        device = torch.device("cuda", dist.local_rank)
     precision = select_precision(config.train.precision, device)
     data = _prepare_data(config, dist, progress)
     if point is not None:

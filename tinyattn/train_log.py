@@ -139,9 +139,8 @@ class Logger:
         if t.step == 0:  # one HParams session per run: a resumed run continues it
             from torch.utils.tensorboard.summary import hparams
 
-            file_writer = self.writer._get_file_writer()
             for summary in hparams(hparams_of(self.config), dict.fromkeys(HPARAM_METRICS, math.nan)):
-                file_writer.add_summary(summary)
+                self.writer.file_writer.add_summary(summary)
         if self.progress:
             self.bar = tqdm(total=self.config.train.max_steps, initial=t.step, unit="step",
                             dynamic_ncols=True, file=sys.stderr)
