@@ -71,8 +71,8 @@ class ResumePoint:
             raise CheckpointError(f"{e}{_verified_alternative(file)}") from None
         return cls(file, state, ckpt.config_from_checkpoint(state, file), int(state.get("step", 0)))
 
-    def target(self, run_name: Optional[str], out_dir: str | Path) -> tuple[Path, bool]:
-        """(the folder this run trains into, whether that is a fork into a new folder).
+    def target(self, run_name: Optional[str], out_dir: str | Path) -> Path:
+        """The folder this run trains into (`forks_into` says whether it is a new one).
 
         Without --run-name (or naming the checkpoint's own folder) the run continues in
         place, which only the folder's latest checkpoint may do: an earlier one would
@@ -88,8 +88,8 @@ class ResumePoint:
                     f"{self.file} is step {self.step}, but {own} goes on to step {latest_step}: "
                     f"continuing there would overwrite its later checkpoints. To branch from this "
                     f"checkpoint, fork it into a new folder: --resume {self.file} --run-name NEW_NAME")
-            return own, False
-        return Path(out_dir) / run_name, True
+            return own
+        return Path(out_dir) / run_name
 
     def forks_into(self, run_dir: Path) -> bool:
         return self.file.parent.resolve() != Path(run_dir).resolve()
@@ -142,15 +142,14 @@ def open_run_folder(config: Config, config_path, run_name: Optional[str], point:
     """
     run_dir, lock = None, nullcontext()
     if dist.is_main:
-        fork = False
         if point is not None:
-            run_dir, fork = point.target(run_name, config.train.out_dir)
+            run_dir = point.target(run_name, config.train.out_dir)
         elif run_name:
             run_dir = Path(config.train.out_dir) / run_name
         else:
             run_dir = unique_run_dir(config.train.out_dir, Path(config_path).stem if config_path else "run")
         lock = RunLock.acquire(run_dir)
-        if (fork or point is None) and ckpt.has_checkpoints(run_dir):
+        if (point is None or point.forks_into(run_dir)) and ckpt.has_checkpoints(run_dir):
             lock.release()
             raise CheckpointError(f"{run_dir} already holds checkpoints; continue it with --resume "
                                   f"{run_dir}, or choose another --run-name")
