@@ -30,10 +30,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from PIL import Image
-    from playwright.sync_api import sync_playwright
+    try:
+        from playwright.sync_api import Error as PlaywrightError, sync_playwright
+    except ImportError:
+        print("error: the screenshot needs playwright: pip install -e '.[dev]'", file=sys.stderr)
+        return 2
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=args.chromium)
+        try:
+            browser = playwright.chromium.launch(executable_path=args.chromium)
+        except PlaywrightError as e:
+            print(f"error: cannot start Chromium (apt-get install chromium, or --chromium PATH): "
+                  f"{str(e).splitlines()[0]}", file=sys.stderr)
+            return 2
         page = browser.new_page(viewport={"width": args.width, "height": 900})
         page.goto(args.page.resolve().as_uri())
         page.select_option("#layer", args.layer)

@@ -153,9 +153,9 @@ def query_position_of_word(tokenizer, token_ids: list[int], word: str) -> int:
     return len(spans) - 1  # unreachable unless decode() is not prefix-stable
 
 
-def check_query_position(maps: AttentionMaps, position: int) -> int:
-    """A token position, negative counting from the end; out of range is a TinyattnError."""
-    T = len(maps.token_ids)
+def check_query_position(num_tokens: int, position: int) -> int:
+    """A position among num_tokens, negative counting from the end; out of range is a TinyattnError."""
+    T = num_tokens
     if not -T <= position < T:
         raise TinyattnError(f"--query-position {position}: the text has {T} tokens "
                             f"(positions 0..{T - 1}, or -1 for the last)")

@@ -20,7 +20,7 @@ Both are differences of losses in nats: positive means the prediction got worse 
 it (the token or head mattered), negative that it got better, 0 that it did not matter.
 
 A text longer than the context is read in **windows** of context_length tokens, starting
-every context_length // 2 tokens (`window_starts`). Each query is measured in the first
+every context_length // 2 tokens (`window_stride`, `window_starts`). Each query is measured in the first
 window that holds it, so it reads between half a context and a whole context of earlier
 tokens (every earlier token in the first window); tokens before its window's start are out
 of its reach (`Relevance.reach`): no weight, no relevance. The attention maps of
@@ -38,10 +38,10 @@ from typing import Optional
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from tinyattn.attention_maps import visible
 from tinyattn.errors import TinyattnError
+from tinyattn.evaluate import token_losses
 from tinyattn.model import IGNORE_INDEX, causal_mask, evaluation_mode
 from tinyattn.plotting import colormap, scale_up, tile
 
@@ -57,9 +57,14 @@ HEAD_ABLATION_GAP = 2
 # ----------------------------------------------------------------------------- windows
 
 
+def window_stride(context_length: int) -> int:
+    """Tokens between the starts of successive windows: half a context."""
+    return max(context_length // 2, 1)
+
+
 def window_starts(num_tokens: int, context_length: int) -> list[int]:
     """Starts of the windows a text is read in: 0, C // 2, C, ... until one reaches the end."""
-    stride = max(context_length // 2, 1)
+    stride = window_stride(context_length)
     starts = [0]
     while starts[-1] + context_length < num_tokens:
         starts.append(starts[-1] + stride)
@@ -107,13 +112,6 @@ class Relevance:
         return ~np.isnan(self.token_relevance)
 
 
-def _losses(model, x: torch.Tensor, y: torch.Tensor, **options) -> torch.Tensor:
-    """(B, T) float64 loss of every target (0 where the target is IGNORE_INDEX)."""
-    logits = model(x, **options).logits  # (B, T, V)
-    return F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none",
-                           ignore_index=IGNORE_INDEX).double()  # (B, T)
-
-
 def _chunk_size(model, window: int) -> int:
     """Variants per forward: logits (W * V) and one layer's scores (H * W * W) each."""
     c = model.config
@@ -134,7 +132,8 @@ def _windows(model, token_ids: list[int]):
             yield start, ids[start:end].unsqueeze(0).to(device), ids[start + 1:end + 1].unsqueeze(0).to(device), owned
 
 
-def _check_text(model, token_ids: list[int]) -> None:
+def check_text(model, token_ids: list[int]) -> None:
+    """A TinyattnError unless the text has a prediction to measure and fits the vocabulary."""
     if len(token_ids) < 2:
         raise TinyattnError(f"the text has {len(token_ids)} token(s): relevance needs at least 2 "
                             "(one to read, one to predict)")
@@ -149,7 +148,7 @@ def head_ablation(model, token_ids: list[int]) -> tuple[np.ndarray, float]:
 
     One forward of L * H variants per window (chunked); pass the plain LanguageModel.
     """
-    _check_text(model, token_ids)
+    check_text(model, token_ids)
     c = model.config
     L, H = c.n_layer, c.n_head
     rises, total, count = np.zeros(L * H), 0.0, 0
@@ -159,14 +158,15 @@ def head_ablation(model, token_ids: list[int]) -> tuple[np.ndarray, float]:
             scored = torch.zeros(W, dtype=torch.bool, device=x.device)
             scored[torch.as_tensor(owned, device=x.device)] = True
             scored &= y[0] != IGNORE_INDEX  # (W,): the predictions this window measures
-            clean = _losses(model, x, y)[0][scored].sum()
+            clean = token_losses(model, x, y).double()[0][scored].sum()
             total, count = total + float(clean), count + int(scored.sum())
             chunk = _chunk_size(model, W)
             for first in range(0, L * H, chunk):
                 n = min(chunk, L * H - first)
                 head_mask = torch.ones(n, L * H, device=x.device)
                 head_mask[torch.arange(n), torch.arange(first, first + n)] = 0.0  # variant i drops head first + i
-                ablated = _losses(model, x.expand(n, W), y.expand(n, W), head_mask=head_mask.view(n, L, H))
+                ablated = token_losses(model, x.expand(n, W), y.expand(n, W),
+                                       head_mask=head_mask.view(n, L, H)).double()  # (n, W)
                 rises[first:first + n] += (ablated[:, scored].sum(1) - clean).cpu().numpy()
     return (rises / count).reshape(L, H), total / count
 
@@ -178,7 +178,7 @@ def compute_relevance(model, token_ids: list[int], labels: Optional[list[str]] =
     Pass the plain LanguageModel (not a compiled or DDP wrapper); it runs in eval mode
     and is left in the mode it was in. Windows as the module docstring says.
     """
-    _check_text(model, token_ids)
+    check_text(model, token_ids)
     c = model.config
     T, L, H = len(token_ids), c.n_layer, c.n_head
     weights = np.zeros((L, H, T, T), dtype=np.float32)
@@ -191,7 +191,7 @@ def compute_relevance(model, token_ids: list[int], labels: Optional[list[str]] =
             window_weights = torch.stack([w[0] for w in out]).float().cpu().numpy()  # (L, H, W, W)
             for q in owned:
                 weights[:, :, start + q, start:start + q + 1] = window_weights[:, :, q, :q + 1]
-            clean = _losses(model, x, y)[0]  # (W,), the path the ablations take
+            clean = token_losses(model, x, y).double()[0]  # (W,), the path the ablations take
             has_target = (y[0] != IGNORE_INDEX).cpu().numpy()
             targets = owned[has_target[owned]]  # offsets of measured predictions
             losses[start + targets] = clean.cpu().numpy()[targets]
@@ -206,7 +206,7 @@ def compute_relevance(model, token_ids: list[int], labels: Optional[list[str]] =
                 mask = allowed.repeat(n, 1, 1, 1)  # (n, 1, W, W)
                 later = torch.arange(W, device=x.device).unsqueeze(0) > chunk_keys.unsqueeze(1)  # (n, W)
                 mask[torch.arange(n), 0, :, chunk_keys] &= ~later  # key k hidden from the queries after it
-                ablated = _losses(model, x.expand(n, W), y.expand(n, W), mask=mask)  # (n, W)
+                ablated = token_losses(model, x.expand(n, W), y.expand(n, W), mask=mask).double()  # (n, W)
                 rise = (ablated - clean).cpu().numpy()  # (n, W): variant i, query q
                 for i, key in enumerate(keys[first:first + chunk]):
                     queries = targets[targets > key]

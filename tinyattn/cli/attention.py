@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.query is not None:
             position = query_position_of_word(loaded.tokenizer, maps.token_ids, args.query)
         elif args.query_position is not None:
-            position = check_query_position(maps, args.query_position)
+            position = check_query_position(len(maps.token_ids), args.query_position)
         if maps.dropped_tokens:
             kept = len(maps.token_ids)
             print(f"warning: the text is {kept + maps.dropped_tokens} tokens, longer than the context of "
@@ -108,30 +108,27 @@ def _check_index(option: str, value: int | None, count: int, what: str) -> None:
 
 def _relevance_and_explorer(args, loaded, text: str) -> int:
     """--relevance and --html: measure once, print the table, write the page."""
-    from tinyattn.attention_maps import query_position_of_word
+    from tinyattn.attention_maps import check_query_position, query_position_of_word
     from tinyattn.explorer import write_explorer
-    from tinyattn.relevance import format_head_ablation, format_relevance_table, relevance_of_text
+    from tinyattn.relevance import (check_text, format_head_ablation, format_relevance_table,
+                                    relevance_of_text, window_stride)
 
     if args.top is not None and args.top < 1:
         raise TinyattnError(f"--top {args.top}: expected a positive number of tokens")
     token_ids = loaded.tokenizer.encode(text)
     T, context = len(token_ids), loaded.config.model.context_length
-    if T < 2:
-        raise TinyattnError(f"the text has {T} token(s): relevance needs at least 2 (one to read, one to predict)")
+    check_text(loaded.model, token_ids)  # before the query checks: they assume a text to measure
     if args.query is not None:
         position = query_position_of_word(loaded.tokenizer, token_ids, args.query)
     elif args.query_position is not None:
-        if not -T <= args.query_position < T:
-            raise TinyattnError(f"--query-position {args.query_position}: the text has {T} tokens "
-                                f"(positions 0..{T - 1}, or -1 for the last)")
-        position = args.query_position % T
+        position = check_query_position(T, args.query_position)
     else:
         position = T - 2  # the last token that predicts one
     if position == T - 1 and args.relevance:
         raise TinyattnError(f"the query is the text's last token (position {position}): it predicts nothing "
                             "in the text, so nothing can be relevant to it; choose an earlier one")
     if T > context:
-        stride = max(context // 2, 1)
+        stride = window_stride(context)
         print(f"note: the text is {T} tokens, longer than the context of {context}: it is read in windows "
               f"of {context} tokens starting every {stride}, and each token is measured in the first window "
               f"that holds it (it reads at least {context - stride} earlier tokens; those before its window "
