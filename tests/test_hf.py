@@ -153,6 +153,33 @@ def test_export_cli_writes_config_generation_defaults_and_card(tmp_path, capsys)
     assert hf_model(folder).model.embed_tokens.weight.dtype == torch.bfloat16
 
 
+def test_a_failed_export_leaves_the_out_folder_as_it_was(tmp_path, capsys, monkeypatch):
+    from tinyattn import hf
+    from tinyattn.errors import StorageError
+
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)
+    run = save_run(tmp_path, config, model, tokenizer)
+    earlier = tmp_path / "earlier"
+    assert run_main(export_cli.main, ["--checkpoint", run, "--out", earlier], capsys)[0] == 0
+    before = {p.name: p.read_bytes() for p in earlier.iterdir()}
+    real_atomic_write = hf.atomic_write
+
+    def disk_full_at_the_weights(path):
+        if Path(path).name == "model.safetensors":
+            raise StorageError(f"cannot write {path}: No space left on device")
+        return real_atomic_write(path)
+
+    monkeypatch.setattr(hf, "atomic_write", disk_full_at_the_weights)
+    code, _, err = run_main(export_cli.main, ["--checkpoint", run, "--out", tmp_path / "new"], capsys)
+    assert code == 2 and err.startswith("error: cannot write ") and err.count("\n") == 1, err
+    code, _, err = run_main(export_cli.main, ["--checkpoint", run, "--out", earlier, "--force",
+                                              "--dtype", "bf16"], capsys)
+    assert code == 2, err
+    assert {p.name: p.read_bytes() for p in earlier.iterdir()} == before  # config.json not bf16's
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["earlier", "run"]  # no new/, no staging left
+
+
 # ----------------------------------------------------------------------------- import
 
 

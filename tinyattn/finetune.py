@@ -111,12 +111,6 @@ def adopt_model(config: Config, source_model: ModelConfig, source_tokenizer: Tok
     config.tokenizer = dataclasses.replace(source_tokenizer)
 
 
-def resumed_source(config: Config, saved: Config, origin: str) -> None:
-    """On resume: take the model and tokenizer the run took from its source when it started
-    (its saved config), so a config that names init_from resumes without reading the source."""
-    adopt_model(config, saved.model, saved.tokenizer, origin)
-
-
 def init_source(config: Config) -> Optional[InitSource]:
     """The source named by train.init_from, adopted into `config`; None when not set."""
     if not config.train.init_from:

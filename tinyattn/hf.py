@@ -41,6 +41,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -49,7 +52,7 @@ import torch
 
 from tinyattn.config import Config, ModelConfig, SampleConfig, TokenizerConfig
 from tinyattn.errors import CheckpointError, TinyattnError
-from tinyattn.files import atomic_write
+from tinyattn.files import TEMPORARY_SUFFIX, atomic_write, storage_errors
 from tinyattn.tokenizer import END_OF_TEXT, UNKNOWN, Tokenizer
 
 INSTALL_HINT = 'pip install -e ".[hf]"'
@@ -373,7 +376,9 @@ def export_folder(weights: dict[str, torch.Tensor], config: Config, tokenizer: T
     """Write a Hugging Face Llama folder for a tinyattn model; returns the files written.
 
     weights: the model's state dict (tinyattn names). An existing `out` is refused unless
-    it is empty or (with force) holds only files an export writes.
+    it is empty or (with force) holds only files an export writes. Every file is made
+    before any is written, and written beside `out` first: a failed export leaves `out`
+    as it was (absent, empty, or the earlier export), never half of one.
     """
     out = Path(out)
     st = safetensors_torch()
@@ -381,33 +386,50 @@ def export_folder(weights: dict[str, torch.Tensor], config: Config, tokenizer: T
     hf = hf_config(config.model, eot, dtype)  # refuses what Llama cannot hold, before any write
     _check_out_folder(out, force)
     tensors = {name: t.to(dtype) for name, t in to_hf_weights(weights, config.model).items()}
-    written = []
-
-    def write(name: str, data: bytes) -> None:
-        with atomic_write(out / name) as f:
-            f.write(data)
-        written.append(out / name)
-
-    def write_json(name: str, value: dict) -> None:
-        write(name, (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
-
-    write_json("config.json", hf)
-    write(WEIGHTS, st.save(tensors, metadata={"format": "pt"}))
-    write_json("generation_config.json", _generation_config(config.sample, eot))
-    write("tokenizer.json", tokenizer.to_json().encode("utf-8"))
     special = {}
     if eot is not None:
         special.update(bos_token=END_OF_TEXT, eos_token=END_OF_TEXT)
     if config.tokenizer.kind == "char":
         special["unk_token"] = UNKNOWN
-    write_json("tokenizer_config.json", {
-        "tokenizer_class": "PreTrainedTokenizerFast", **special,
-        "model_max_length": config.model.context_length,
-        "add_bos_token": False, "add_eos_token": False,  # tinyattn never adds tokens to a text
-        "clean_up_tokenization_spaces": False})  # decode must give the text back unchanged
-    write_json("special_tokens_map.json", special)
-    write("README.md", model_card(config, card, tokenizer, weights).encode("utf-8"))
-    return written
+    files = {
+        "config.json": _json_bytes(hf),
+        WEIGHTS: st.save(tensors, metadata={"format": "pt"}),
+        "generation_config.json": _json_bytes(_generation_config(config.sample, eot)),
+        "tokenizer.json": tokenizer.to_json().encode("utf-8"),
+        "tokenizer_config.json": _json_bytes({
+            "tokenizer_class": "PreTrainedTokenizerFast", **special,
+            "model_max_length": config.model.context_length,
+            "add_bos_token": False, "add_eos_token": False,  # tinyattn never adds tokens to a text
+            "clean_up_tokenization_spaces": False}),  # decode must give the text back unchanged
+        "special_tokens_map.json": _json_bytes(special),
+        "README.md": model_card(config, card, tokenizer, weights).encode("utf-8"),
+    }
+    _write_folder(out, files)
+    return [out / name for name in files]
+
+
+def _json_bytes(value: dict) -> bytes:
+    return (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def _write_folder(out: Path, files: dict[str, bytes]) -> None:
+    """Write `files` into a staging folder beside `out`, then move them into `out` (the
+    whole folder when `out` does not exist yet): a write that fails changes nothing there."""
+    with storage_errors(out.parent):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=TEMPORARY_SUFFIX))
+    try:
+        for name, data in files.items():
+            with atomic_write(staging / name) as f:
+                f.write(data)
+        with storage_errors(out):
+            if out.is_dir():  # empty, or the earlier export --force replaces
+                for name in files:
+                    os.replace(staging / name, out / name)
+            else:
+                os.replace(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _check_out_folder(out: Path, force: bool) -> None:

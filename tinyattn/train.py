@@ -34,7 +34,7 @@ from tinyattn.budget import StepBudget
 from tinyattn.config import Config, TrainConfig, save_config
 from tinyattn.data import prepare_data
 from tinyattn.errors import TinyattnError
-from tinyattn.finetune import InitSource, init_source, resumed_source
+from tinyattn.finetune import InitSource, adopt_model, init_source
 from tinyattn.distributed import Distributed, init_distributed, shutdown_distributed
 from tinyattn.resume import ResumePoint, open_run_folder
 from tinyattn.runtime import measure_peak_flops, select_device, select_precision
@@ -72,8 +72,8 @@ def _train(config, config_path, run_name, resume, device_name, progress, stop_at
     if resume is not None and not isinstance(resume, ResumePoint):
         point = ResumePoint.find(resume, run_name, config.train.out_dir)
     if point is not None:
-        if config.train.init_from:  # the model and tokenizer it took from its source at the start
-            resumed_source(config, point.config, f"{point.file} (train.init_from)")
+        if config.train.init_from:  # the model and tokenizer its source gave it (not read again)
+            adopt_model(config, point.config.model, point.config.tokenizer, f"{point.file} (train.init_from)")
         point.adopt(config)
     source = init_source(config) if point is None else None  # fine-tuning: train.init_from
     device = select_device(device_name or config.train.device)  # a bad one fails before the folder is made
