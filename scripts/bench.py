@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from tinyattn.bench import SECTIONS, run_suite
+from tinyattn.cli import run_command
 
 
 def main() -> int:
@@ -43,4 +44,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_command(main))

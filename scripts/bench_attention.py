@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 
 from tinyattn.bench import attention_cost_table, measure_attention_cost
+from tinyattn.cli import run_command
+from tinyattn.errors import DataError
 
 
 def main() -> int:
@@ -33,7 +35,10 @@ def main() -> int:
                              "'attention' section of a scripts/bench.py JSON file")
     args = parser.parse_args()
     if args.table_from:
-        saved = json.loads(args.table_from.read_text(encoding="utf-8"))
+        try:
+            saved = json.loads(args.table_from.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise DataError(f"{args.table_from}: cannot read saved figures ({e})") from None
         print(attention_cost_table(saved.get("attention", saved)))
         return 0
 
@@ -56,4 +61,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_command(main))

@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 
 from tinyattn.bench import measure_decode
+from tinyattn.cli import run_command
 from tinyattn.config import load_config
 
 
@@ -83,4 +84,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_command(main))

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import os
 import json
+import os
 import platform
 import re
 import subprocess
@@ -241,8 +241,7 @@ def targets(f: dict) -> dict:
             "best_val_loss": baby["best_val_loss"], "seconds_to_1.47": seconds,
             "train_seconds": baby.get("done", {}).get("split_seconds", {}).get("train"),
             "met": seconds is not None and seconds <= 60}
-    flops = f.get("peak", {}).get("flops", {})
-    big = max((v for k, v in flops.items() if k.isdigit() and int(k) > 2048), default=None)
+    big = _big_matmul_flops(f)
     compiled = [r for r in f.get("train-124m", {}).get("training", []) if r.get("compile")]
     if compiled:
         r = compiled[0]
@@ -258,6 +257,12 @@ def targets(f: dict) -> dict:
             "tokens_per_s": best["cached_tokens_per_s"], "compile": best["compile"],
             "met": best["cached_tokens_per_s"] >= 1500}
     return out
+
+
+def _big_matmul_flops(f: dict) -> float | None:
+    """FLOP/s of the largest peak matmul over 2048 (peak.json), the fairer MFU denominator."""
+    flops = f.get("peak", {}).get("flops", {})
+    return max((v for k, v in flops.items() if k.isdigit() and int(k) > 2048), default=None)
 
 
 def summary_lines(result: dict) -> list[str]:
@@ -313,8 +318,7 @@ def _baby_lines(f: dict) -> list[str]:
 
 def _training_lines(f: dict) -> list[str]:
     lines = []
-    flops = f.get("peak", {}).get("flops", {})
-    big = max((v for k, v in flops.items() if k.isdigit() and int(k) > 2048), default=None)
+    big = _big_matmul_flops(f)
     for r in f.get("train-124m", {}).get("training", []):
         achieved = r["flops_per_token"] * r["tokens_per_second"]
         against_big = f", {achieved / big:.1%} of an 8192 matmul's {big / 1e12:.0f} TFLOP/s" if big else ""

@@ -25,7 +25,7 @@ def shakespeare_path() -> Path:
 
 @pytest.fixture(autouse=True, scope="session")
 def private_cache_dir(tmp_path_factory):
-    """The CPU verdict cache (tinyattn.runtime) goes to a temporary folder, never ~/.cache."""
+    """The CPU verdict cache (tinyattn.cpu) goes to a temporary folder, never ~/.cache."""
     os.environ["TINYATTN_CACHE_DIR"] = str(tmp_path_factory.mktemp("tinyattn_cache"))
     yield
 
@@ -53,6 +53,20 @@ def char_tokenizer():
     from tinyattn.tokenizer import build_tokenizer
 
     return build_tokenizer(TokenizerConfig(kind="char"), lambda: iter([CORPUS]))
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def device(request) -> str:
+    """Each device a test means something on: the CPU always, CUDA when there is a GPU.
+
+    The CUDA half is marked `cuda` (scripts/gpu_check.sh runs `pytest -m cuda` on a GPU) and
+    skipped without one, so the CPU half of every such test runs everywhere.
+    """
+    import torch
+
+    if request.param == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (scripts/gpu_check.sh runs these on one)")
+    return request.param
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
-"""The CUDA paths: bf16 attention, cached decoding, exact resume, fp16 with loss scaling, and
+"""The CUDA paths: bf16 attention, compiled decoding, exact resume, fp16 with loss scaling, and
 checkpoints that move between devices. Each CUDA case is marked `cuda` and skipped without a
 GPU (scripts/gpu_check.sh runs them on one: `pytest -m cuda`); where a case means something on
-the CPU too, it is parametrized over devices, so its CPU half runs everywhere.
+the CPU too, it takes conftest's `device` fixture, so its CPU half runs everywhere (cached
+decoding on CUDA is tests/test_generate.py's, over the same fixture).
 
 Tolerances are stated where they are used, with the reason for each.
 """
@@ -24,8 +25,6 @@ TINY = ROOT / "configs" / "tiny.yaml"
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                    reason="needs a CUDA GPU (scripts/gpu_check.sh runs these on one)")
-CUDA = pytest.param("cuda", marks=[pytest.mark.cuda, requires_cuda])
-DEVICES = ["cpu", CUDA]
 
 # bf16 keeps 8 significant bits: one rounding moves a value by up to 2**-8 (0.4%) of itself.
 # Results of a few hundred bf16 operations taken in two orders stay within a few roundings:
@@ -49,7 +48,6 @@ def tiny_config(corpus: Path, out_dir: Path, *extra: str):
 # ----------------------------------------------------------------------------- attention
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_fused_attention_equals_explicit_in_bf16(device):
     generator = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(3, 2, 4, 256, 64, generator=generator).unbind(0)  # each (B, H, T, D)
@@ -66,7 +64,6 @@ def test_fused_attention_equals_explicit_in_bf16(device):
     torch.testing.assert_close(explicit, reference, rtol=BF16_TOLERANCE, atol=BF16_TOLERANCE)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_the_models_two_attention_paths_agree_under_bf16_autocast(tiny_model, random_tokens, device):
     idx = random_tokens().to(device)
     fused = tiny_model(attention="fused", n_kv_head=2).to(device)
@@ -77,20 +74,6 @@ def test_the_models_two_attention_paths_agree_under_bf16_autocast(tiny_model, ra
 
 
 # ----------------------------------------------------------------------------- decoding
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_cached_decoding_equals_recomputing_at_every_step(tiny_model, random_tokens, device):
-    model = tiny_model(n_kv_head=2, context_length=24).to(device)
-    ids = random_tokens(length=24).to(device)
-    decoder = CachedDecoder(model, batch_size=2)
-    with torch.inference_mode():
-        logits = decoder.prefill(ids[:, :5])
-        for t in range(5, 24):
-            full = model(ids[:, :t]).logits[:, -1]  # (B, V), recomputed from scratch
-            # fp32 with the same kernels over a cache: only summation order differs.
-            torch.testing.assert_close(logits, full, rtol=0, atol=1e-4)
-            logits = decoder.step(ids[:, t])
 
 
 @pytest.mark.cuda
@@ -157,7 +140,6 @@ def test_fp16_with_the_grad_scaler_trains_with_finite_losses(corpus, tmp_path):
     assert "precision fp16" in log  # and a non-finite loss would have stopped the run
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_a_checkpoint_saved_on_a_device_loads_on_the_cpu_with_the_same_logits(corpus, tmp_path,
                                                                               random_tokens, device):
     result = train(tiny_config(corpus, tmp_path, "train.max_steps=4", "train.eval_interval=4"),

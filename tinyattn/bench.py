@@ -24,10 +24,10 @@ import torch
 import torch.nn.functional as F
 
 from tinyattn.config import ModelConfig, TrainConfig, load_config
+from tinyattn.cpu import cpu_bf16_is_fast, cpu_name
 from tinyattn.generate import CachedDecoder, sample_next_token
 from tinyattn.model import LanguageModel, attention, causal_mask
 from tinyattn.packing import pack_linear_weights
-from tinyattn.cpu import cpu_bf16_is_fast, cpu_name
 from tinyattn.runtime import DTYPES, measure_peak_flops, select_device, select_precision
 from tinyattn.timing import call_times, median_time, seconds_of, synchronize
 from tinyattn.trainer import Trainer
@@ -242,9 +242,8 @@ def _attention_peak_bytes(path: str, T: int, batch_size: int, n_head: int, head_
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
         with torch.no_grad():
-            out = _attention_forward(path, q, k, v)
+            _attention_forward(path, q, k, v)  # freed at once: the peak mark keeps its size
         torch.cuda.synchronize(device)
-        del out
         return torch.cuda.max_memory_allocated(device) - before
     if device.type != "cpu" or not _can_reset_peak_rss():
         return None

@@ -60,13 +60,9 @@ def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> Optional[frozenset[str]]
     `_is_amx_tile_supported` stand in for the two flags that matter (every CPU with AMX
     tiles so far also has AMX-BF16). None when neither source is there.
     """
-    try:
-        with open(cpuinfo) as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
+    line = _cpuinfo_value("flags", cpuinfo)
+    if line is not None:
+        return frozenset(line.split())
     flags = set()
     for flag, check_name in (("avx512_bf16", "_is_avx512_bf16_supported"),
                              ("amx_bf16", "_is_amx_tile_supported")):
@@ -164,13 +160,9 @@ def measured_cpu_bf16_is_fast() -> bool:
 
 def cpu_name() -> str:
     """The CPU's model name, as precise as this platform tells it ("unknown" when it does not)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    name = _cpuinfo_value("model name")
+    if name is not None:
+        return name.strip()
     if platform.system() == "Darwin":  # platform.processor() only says "arm" or "i386" there
         try:
             result = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True,
@@ -180,3 +172,16 @@ def cpu_name() -> str:
         except (OSError, subprocess.SubprocessError):
             pass
     return platform.processor() or "unknown"
+
+
+def _cpuinfo_value(key: str, cpuinfo: str | Path = "/proc/cpuinfo") -> Optional[str]:
+    """What follows the colon on the first line of /proc/cpuinfo starting with `key`; None when
+    there is no such line or no such file (not Linux)."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith(key):
+                    return line.split(":", 1)[1]
+    except OSError:
+        pass
+    return None
