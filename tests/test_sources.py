@@ -93,6 +93,13 @@ def test_csv_text_that_looks_like_a_number_stays_text(tmp_path):
     assert documents_of(result) == expected_split(rows)  # "007" keeps its zeros
 
 
+def test_csv_with_an_unclosed_quote_is_one_line(tmp_path):
+    path = tmp_path / "reviews.csv"
+    path.write_text('text,id\n"an unclosed quote,1\n' + "fine,2\n" * 30, encoding="utf-8")
+    with pytest.raises(DataError, match=r"reviews\.csv: cannot read it \(Error tokenizing data\..*\)$"):
+        prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
+
+
 def test_csv_without_the_text_field_lists_its_columns(tmp_path):
     path = tmp_path / "reviews.csv"
     path.write_text("id,body\n1,hello\n", encoding="utf-8")
@@ -151,6 +158,23 @@ def test_zst_is_read_when_zstandard_is_installed(tmp_path):
     path.write_bytes(zstandard.ZstdCompressor().compress(jsonl_text(DOCUMENTS).encode()))
     result = prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
     assert documents_of(result) == expected_split(DOCUMENTS)
+
+
+@pytest.mark.parametrize("name", ["corpus.txt.gz", "corpus.jsonl.gz", "corpus.jsonl.xz"])
+@pytest.mark.parametrize("damage", ["not compressed", "cut short"])
+def test_damaged_compressed_file_is_named_in_one_line(tmp_path, name, damage):
+    path = tmp_path / name
+    if damage == "not compressed":
+        path.write_text(jsonl_text(DOCUMENTS), encoding="utf-8")
+    else:
+        whole = write_compressed(tmp_path / f"whole{path.suffix}", jsonl_text(DOCUMENTS * 20)).read_bytes()
+        path.write_bytes(whole[:len(whole) // 2])
+    with pytest.raises(DataError) as error:
+        prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
+    compression = {".gz": "gzip", ".xz": "xz"}[path.suffix]
+    assert str(error.value).startswith(f"{path}: cannot decompress it as {compression} (")
+    assert str(error.value).endswith(f"the file is damaged or not {compression}-compressed")
+    assert "\n" not in str(error.value) and error.value.__suppress_context__
 
 
 def test_compressed_parquet_is_refused_in_one_line(tmp_path):
@@ -239,3 +263,17 @@ def test_reading_a_large_file_reports_how_far_it_got(tmp_path, monkeypatch, caps
         megabytes = f"{path.stat().st_size / 1e6:,.0f} MB"
         assert [line for line in err.splitlines() if "pass 2" in line] == [
             f"reading book.txt (pass 2): {p}% of {megabytes}" for p in (25, 50, 75, 100)]
+
+
+def test_one_long_text_is_read_once_per_use(tmp_path, monkeypatch):
+    """Counting documents and characters (to cut the last tenth), training the tokenizer,
+    tokenizing train, tokenizing validation: four readings, the counts sharing one."""
+    path = tmp_path / "book.txt"
+    path.write_text(book(), encoding="utf-8")
+    readings = []
+    original = sources._text_parts
+    monkeypatch.setattr(sources, "_text_parts", lambda *args: readings.append(args) or original(*args))
+    result = prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
+    assert len(readings) == 4
+    train, validation = documents_of(result)
+    assert len(validation[0]) == len(book()) - int(len(book()) * 0.9)  # the last tenth of the characters

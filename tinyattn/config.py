@@ -107,8 +107,9 @@ class DataConfig:
     streaming: bool = False  # stream a hub dataset instead of downloading it whole
     files: Optional[list[str]] = None  # paths, globs or folders of .txt .jsonl .csv .tsv .parquet (.gz .bz2 .xz .zst)
     format: str = "auto"  # auto (from the file extension), text, json, csv, tsv or parquet
-    # Downloaded once to files[0] when that file is missing. A config that sets data.files
-    # does not inherit url, sha256 or size_bytes through `extends` (see _read_with_extends).
+    # Downloaded once to files[0] when that file is missing. A config that sets data.files or
+    # data.dataset does not inherit url, sha256 or size_bytes through `extends` (see
+    # _drop_inherited_download).
     url: Optional[str] = None
     sha256: Optional[str] = None  # checked after a download
     size_bytes: Optional[int] = None  # checked after a download

@@ -33,6 +33,7 @@ import json
 import os
 import re
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional
@@ -160,8 +161,10 @@ def _records_reader(data: DataConfig, files: list[Path], file_format: str,
 
         # Streaming reads the files lazily, so nothing is copied into an Arrow cache; datasets
         # still leaves a lock file per corpus in cache_dir, which is kept beside our caches.
-        dataset = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train",
-                                        streaming=True, cache_dir=str(lock_folder), **options)
+        # It does read the start of the first file, to learn the columns.
+        with _reading_errors(description, files, file_format):
+            dataset = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train",
+                                            streaming=True, cache_dir=str(lock_folder), **options)
         return lambda: _dataset_parts(dataset, data.text_field, description, files, file_format)
 
     return reader
@@ -279,9 +282,11 @@ def _file_identity(path: Path) -> list:
     return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
 
 
-def _open_binary(path: Path):
+@contextmanager
+def _open_binary(path: Path) -> Iterator[io.RawIOBase]:
     """`path` opened for reading bytes, decompressed when its name says it is compressed."""
-    return _decompressed(open(path, "rb"), path)
+    with open(path, "rb") as raw, _decompressed(raw, path) as f:  # closing a decompressor leaves raw open
+        yield f
 
 
 def _decompressed(raw, path: Path):
@@ -324,6 +329,9 @@ def _read_text_file(path: Path, progress: bool, pass_number: int) -> DocumentPar
         except UnicodeDecodeError as e:
             found = _find_invalid_utf8([path])
             raise DataError(found or f"{path}: not valid UTF-8 ({e})") from None
+        except Exception:  # a damaged .gz/.bz2/.xz/.zst: name it; anything else is a bug
+            _raise_if_undecompressible([path])
+            raise
         finally:
             if report:
                 report.close()
@@ -364,7 +372,7 @@ def _dataset_parts(dataset, text_field: str, description: str, files: list[Path]
     each is a whole document."""
     import pyarrow
 
-    try:
+    with _reading_errors(description, files, file_format):
         for table in dataset.with_format("arrow").iter(batch_size=1000):
             column = _text_column(table, text_field, description)
             if not (pyarrow.types.is_string(column.type) or pyarrow.types.is_large_string(column.type)
@@ -374,12 +382,27 @@ def _dataset_parts(dataset, text_field: str, description: str, files: list[Path]
             for text in column.to_pylist():
                 if text:
                     yield text, True
+
+
+@contextmanager
+def _reading_errors(description: str, files: list[Path], file_format: str) -> Iterator[None]:
+    """What `datasets` raises when it cannot read the files, as one line naming the file at fault."""
+    import pandas.errors
+    import pyarrow
+
+    try:
+        yield
     except UnicodeDecodeError as e:
         found = _find_invalid_utf8(files)
         raise DataError(found or f"{description}: not valid UTF-8 ({e})") from None
-    except pyarrow.ArrowInvalid as e:
+    except (pyarrow.ArrowInvalid, pandas.errors.ParserError) as e:  # bad JSON; bad CSV quoting
         found = _find_invalid_json(files) if file_format == "json" else None
         raise DataError(found or f"{description}: cannot read it ({_first_line(e)})") from None
+    except DataError:
+        raise
+    except Exception:
+        _raise_if_undecompressible(files)
+        raise
 
 
 def _text_column(table, text_field: str, description: str):
@@ -444,6 +467,27 @@ def _find_invalid_utf8(files: list[Path]) -> Optional[str]:
         except UnicodeDecodeError:
             return f"{path}: not valid UTF-8: it ends inside a character (byte {offset})"
     return None
+
+
+def _raise_if_undecompressible(files: list[Path]) -> None:
+    """A DataError naming the first compressed file that does not decompress to its end.
+
+    Called when reading failed: each decompressor fails in its own way (gzip an OSError,
+    xz an LZMAError, zstandard a ZstdError, any of them cut short an EOFError), so the
+    files are tried again here; when they all decompress the caller re-raises the
+    original error, a bug with its traceback.
+    """
+    for path in files:
+        compression = _compression(path)
+        if compression is None:
+            continue
+        try:
+            with _open_binary(path) as f:
+                while f.read(1 << 20):
+                    pass
+        except Exception as e:
+            raise DataError(f"{path}: cannot decompress it as {compression} ({_first_line(e)}); the "
+                            f"file is damaged or not {compression}-compressed") from None
 
 
 def _find_invalid_json(files: list[Path]) -> Optional[str]:

@@ -43,7 +43,7 @@ def split(source: Source, data: DataConfig) -> Splits:
     everything = stream(data.train_split)
     f = data.validation_fraction
     first_held = next(i for i in itertools.count() if _held_out(i, f))
-    count = _count_documents(everything(), stop=first_held + 1)
+    count, total = _count_documents(everything(), stop=first_held + 1)
     if count == 0:
         raise DataError(f"{source.description}: the corpus is empty (no text in field "
                         f"{data.text_field!r})")
@@ -52,7 +52,6 @@ def split(source: Source, data: DataConfig) -> Splits:
                       lambda: _documents_where(everything(), lambda i: _held_out(i, f)),
                       f"every document i with floor((i+1)*{f}) > floor(i*{f})")
     # Too few documents to hold whole ones out: the last fraction of the characters.
-    total = sum(len(text) for text, _ in everything())
     cut = int(total * (1 - f))  # int(n * 0.9): the split published Tiny Shakespeare results use
     return Splits(lambda: _characters_before(everything(), cut),
                   lambda: _characters_from(everything(), cut),
@@ -78,14 +77,20 @@ def _first_documents(parts: DocumentParts, limit: int) -> DocumentParts:
         yield text, starts
 
 
-def _count_documents(parts: DocumentParts, stop: int) -> int:
-    """How many documents `parts` holds, counting no further than `stop`."""
-    count = 0
-    for _, starts in parts:
+def _count_documents(parts: DocumentParts, stop: int) -> tuple[int, int]:
+    """(documents, characters) in `parts`, counting no further than `stop` documents.
+
+    The characters are all of them only when fewer than `stop` documents were found: the
+    one case that needs them, which reads the whole stream anyway (a single large text
+    file is then read once for both counts, not twice).
+    """
+    count = characters = 0
+    for text, starts in parts:
         count += starts
         if count == stop:
             break
-    return count
+        characters += len(text)
+    return count, characters
 
 
 def _documents_where(parts: DocumentParts, keep: Callable[[int], bool]) -> DocumentParts:
