@@ -32,9 +32,9 @@ test-fast: install  # everything but the tests marked slow (subprocesses, compil
 	$(PY) -m pytest -q -m "not slow"
 
 bench: install
-	$(PY) scripts/bench.py --json docs/bench-cpu.json
+	$(PY) -m benchmarks.suite --json docs/bench-cpu.json
 
-# Wheels for scripts/gpu_check.sh on the GPU machine (no network there; Python 3.12, its own
+# Wheels for benchmarks/gpu_check.sh on the GPU machine (no network there; Python 3.12, its own
 # torch): what tinyattn imports and that machine lacks, at the versions installed here, for
 # its Python and for this one (the CPU rehearsal). The device README lists what it has.
 GPU_WHEEL_PACKAGES ?= datasets dill multiprocess

@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from PIL import Image
     try:
-        from playwright.sync_api import Error as PlaywrightError, sync_playwright
+        from playwright.sync_api import Error as PlaywrightError
+        from playwright.sync_api import sync_playwright
     except ImportError:
         print("error: the screenshot needs playwright: pip install -e '.[dev]'", file=sys.stderr)
         return 2

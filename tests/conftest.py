@@ -50,7 +50,7 @@ def corpus_text() -> str:
 def char_tokenizer():
     """A character-level tokenizer of CORPUS: every character of the test prompts but 'é' and 'ü'."""
     from tinyattn.config import TokenizerConfig
-    from tinyattn.tokenizer import build_tokenizer
+    from tinyattn.data.tokenizer import build_tokenizer
 
     return build_tokenizer(TokenizerConfig(kind="char"), lambda: iter([CORPUS]))
 
@@ -59,13 +59,13 @@ def char_tokenizer():
 def device(request) -> str:
     """Each device a test means something on: the CPU always, CUDA when there is a GPU.
 
-    The CUDA half is marked `cuda` (scripts/gpu_check.sh runs `pytest -m cuda` on a GPU) and
+    The CUDA half is marked `cuda` (benchmarks/gpu_check.sh runs `pytest -m cuda` on a GPU) and
     skipped without one, so the CPU half of every such test runs everywhere.
     """
     import torch
 
     if request.param == "cuda" and not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU (scripts/gpu_check.sh runs these on one)")
+        pytest.skip("needs a CUDA GPU (benchmarks/gpu_check.sh runs these on one)")
     return request.param
 
 
@@ -79,7 +79,7 @@ def tiny_model():
     import torch
 
     from tinyattn.config import ModelConfig
-    from tinyattn.model import LanguageModel
+    from tinyattn.model.transformer import LanguageModel
 
     def build(seed: int = 0, **overrides):
         torch.manual_seed(seed)
@@ -103,14 +103,14 @@ def random_tokens():
 
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory):
-    """A run folder written by `tinyattn.train.train` itself: configs/tiny.yaml, 30 steps on CORPUS.
+    """A run folder written by `tinyattn.train.loop.train` itself: configs/tiny.yaml, 30 steps on CORPUS.
 
     Built once per session; tests read it (and may add files of their own names to it).
     Returns the TrainResult; `.run_dir` holds best.pt, step checkpoints, config.yaml and
     tokenizer.json exactly as a real run leaves them.
     """
     from tinyattn.config import load_config
-    from tinyattn.train import train
+    from tinyattn.train.loop import train
 
     folder = tmp_path_factory.mktemp("trained_run")
     corpus = folder / "corpus.txt"

@@ -11,17 +11,28 @@ import numpy as np
 import pytest
 import torch
 
-from tinyattn import attention_maps as maps_module
-from tinyattn.attention_maps import (TENSORBOARD_GAP, AttentionMaps, attention_heatmap_images,
-                                     compute_attention_maps, format_query_table, heatmap_size_pixels,
-                                     layer_image, log_attention_to_tensorboard, query_position_of_word,
-                                     query_table, save_heatmaps, tensorboard_image_size, tensorboard_scale,
-                                     visible)
+from tinyattn.analysis import attention_maps as maps_module
+from tinyattn.analysis.attention_maps import (
+    TENSORBOARD_GAP,
+    AttentionMaps,
+    attention_heatmap_images,
+    compute_attention_maps,
+    format_query_table,
+    heatmap_size_pixels,
+    layer_image,
+    log_attention_to_tensorboard,
+    query_position_of_word,
+    query_table,
+    save_heatmaps,
+    tensorboard_image_size,
+    tensorboard_scale,
+    visible,
+)
+from tinyattn.analysis.plotting import MASKED_RGB, VIRIDIS, WHITE, PlottingUnavailable, colormap
 from tinyattn.cli.attention import main
 from tinyattn.config import TokenizerConfig, load_config
+from tinyattn.data.tokenizer import build_tokenizer
 from tinyattn.errors import TinyattnError
-from tinyattn.plotting import MASKED_RGB, VIRIDIS, WHITE, PlottingUnavailable, colormap
-from tinyattn.tokenizer import build_tokenizer
 
 CORPUS = ("The book that the student borrowed from the library was fascinating.\n"
           "ROMEO:\nBut soft, what light through yonder window breaks? It is the east.\n") * 4

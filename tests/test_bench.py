@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_bench_smoke_writes_every_field(tmp_path):
     out = tmp_path / "bench.json"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench.py"), "--config", str(ROOT / "configs" / "tiny.yaml"),
+        [sys.executable, "-m", "benchmarks.suite", "--config", str(ROOT / "configs" / "tiny.yaml"),
          "--steps", "2", "--max-context", "64", "--precision", "fp32", "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -37,7 +37,7 @@ def test_bench_smoke_writes_every_field(tmp_path):
 
 
 def test_the_attention_cost_table_in_the_docs_is_the_one_of_bench_cpu_json():
-    from tinyattn.bench import attention_cost_table
+    from benchmarks.measure import attention_cost_table
 
     saved = json.loads((ROOT / "docs" / "bench-cpu.json").read_text(encoding="utf-8"))["attention"]
     table = attention_cost_table(saved)
@@ -47,7 +47,7 @@ def test_the_attention_cost_table_in_the_docs_is_the_one_of_bench_cpu_json():
 
 
 def test_decoding_a_batch_counts_every_sequences_tokens():
-    from tinyattn.bench import measure_decode
+    from benchmarks.measure import measure_decode
 
     r = measure_decode(n_layer=1, n_head=2, n_embd=16, context_length=16, new_tokens=6, prompt_tokens=4,
                        uncached_tokens=3, repeats=1, batch_size=3)

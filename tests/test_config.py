@@ -45,8 +45,8 @@ def test_extends_with_own_files_drops_the_inherited_download(tmp_path):
 
 
 def test_default_prompt_starts_from_end_of_text_whatever_the_corpus(tmp_path):
-    from tinyattn.generate import encode_prompt
-    from tinyattn.tokenizer import build_tokenizer
+    from tinyattn.data.tokenizer import build_tokenizer
+    from tinyattn.generate.text import encode_prompt
 
     child = write(tmp_path / "mine.yaml", f"extends: {ROOT / 'configs' / 'shakespeare_char.yaml'}\n"
                                           "data:\n  files: one_line.txt\n")

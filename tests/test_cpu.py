@@ -11,10 +11,10 @@ import time
 import pytest
 import torch
 
-from tinyattn import cpu
-from tinyattn.cpu import bf16_verdict_from_flags, clear_cpu_cache, cpu_cache_path, cpu_flags
 from tinyattn.errors import ConfigError
-from tinyattn.runtime import select_precision
+from tinyattn.system import cpu
+from tinyattn.system.cpu import bf16_verdict_from_flags, clear_cpu_cache, cpu_cache_path, cpu_flags
+from tinyattn.system.device import select_precision
 
 CPU = torch.device("cpu")
 AVX2_ONLY = frozenset({"fpu", "sse2", "avx", "avx2", "fma"})
@@ -171,8 +171,8 @@ def test_measurements_are_short_where_bf16_is_emulated():
     many times slower than fp32; neither the fallback measurement nor the bf16 peak may stall."""
     script = textwrap.dedent("""
         import json, time, torch
-        from tinyattn.cpu import measure_cpu_bf16_speedup
-        from tinyattn.runtime import measure_peak_flops, select_precision
+        from tinyattn.system.cpu import measure_cpu_bf16_speedup
+        from tinyattn.system.device import measure_peak_flops, select_precision
         cpu = torch.device("cpu")
         start = time.perf_counter()
         speedup = measure_cpu_bf16_speedup()

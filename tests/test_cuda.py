@@ -1,6 +1,6 @@
 """The CUDA paths: bf16 attention, compiled decoding, exact resume, fp16 with loss scaling, and
 checkpoints that move between devices. Each CUDA case is marked `cuda` and skipped without a
-GPU (scripts/gpu_check.sh runs them on one: `pytest -m cuda`); where a case means something on
+GPU (benchmarks/gpu_check.sh runs them on one: `pytest -m cuda`); where a case means something on
 the CPU too, it takes conftest's `device` fixture, so its CPU half runs everywhere (cached
 decoding on CUDA is tests/test_generate.py's, over the same fixture).
 
@@ -16,15 +16,15 @@ import torch.nn.functional as F
 
 from tinyattn import checkpoint as ckpt
 from tinyattn.config import load_config
-from tinyattn.generate import CachedDecoder
-from tinyattn.model import attention, causal_mask
-from tinyattn.train import train
+from tinyattn.generate.decoder import CachedDecoder
+from tinyattn.model.attention import attention, causal_mask
+from tinyattn.train.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
-                                   reason="needs a CUDA GPU (scripts/gpu_check.sh runs these on one)")
+                                   reason="needs a CUDA GPU (benchmarks/gpu_check.sh runs these on one)")
 
 # bf16 keeps 8 significant bits: one rounding moves a value by up to 2**-8 (0.4%) of itself.
 # Results of a few hundred bf16 operations taken in two orders stay within a few roundings:

@@ -16,12 +16,12 @@ import pytest
 import tokenizers
 import torch
 
-import tinyattn.download as download_module
-import tinyattn.token_cache as token_cache
+import tinyattn.data.download as download_module
+import tinyattn.data.token_cache as token_cache
 from tinyattn.config import config_from_dict
-from tinyattn.data import BatchSampler, eval_batches, prepare_data
+from tinyattn.data.batches import BatchSampler, eval_batches, prepare_data
+from tinyattn.data.tokenizer import END_OF_TEXT, Tokenizer
 from tinyattn.errors import DataError
-from tinyattn.tokenizer import END_OF_TEXT, Tokenizer
 
 DOCUMENTS = [f"Document {i}: " + "lorem ipsum dolor sit amet 0123456789, " * (i % 3 + 1)
              + f"the end of {i}.\n" for i in range(20)]

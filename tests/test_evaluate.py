@@ -9,16 +9,23 @@ import numpy as np
 import pytest
 import torch
 
+from tinyattn.analysis.evaluate import (
+    evaluate_tokens,
+    format_loss_by_position,
+    log_loss_by_position_to_tensorboard,
+    loss_by_position,
+    loss_by_position_image,
+    position_ranges,
+    save_loss_by_position_plot,
+    text_units,
+)
 from tinyattn.checkpoint import load_model
 from tinyattn.cli.eval import main
 from tinyattn.config import ModelConfig, TokenizerConfig
-from tinyattn.data import eval_batches, prepare_data, tail_window
+from tinyattn.data.batches import eval_batches, prepare_data, tail_window
+from tinyattn.data.tokenizer import build_tokenizer
 from tinyattn.errors import DataError
-from tinyattn.evaluate import (evaluate_tokens, format_loss_by_position, log_loss_by_position_to_tensorboard,
-                               loss_by_position, loss_by_position_image, position_ranges,
-                               save_loss_by_position_plot, text_units)
-from tinyattn.model import LanguageModel
-from tinyattn.tokenizer import build_tokenizer
+from tinyattn.model.transformer import LanguageModel
 
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
         "First Citizen:\nYou are all resolved rather to die than to famish?\n\n") * 12
@@ -147,7 +154,8 @@ def test_table_plot_and_tensorboard_show_ranges_of_positions_doubling_the_contex
 
 
 def test_tensorboard_curve_is_drawn_with_numpy_at_the_losses_on_a_log_scale(monkeypatch, tensorboard_writer):
-    from tinyattn.plotting import CHART_MARGIN as m, GRID_RGB, LINE_RGB
+    from tinyattn.analysis.plotting import CHART_MARGIN as m
+    from tinyattn.analysis.plotting import GRID_RGB, LINE_RGB
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     seen = np.arange(1, 33)  # 32 positions; position p has read p + 1 tokens

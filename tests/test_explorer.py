@@ -5,15 +5,20 @@ weights, with no network request and no console error."""
 import os
 import re
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tinyattn.analysis.ablation import Relevance, relevance_of_text
+from tinyattn.analysis.explorer import (
+    WEIGHT_LEVELS,
+    data_of_page,
+    explorer_html,
+    weights_from_data,
+    write_explorer,
+)
 from tinyattn.checkpoint import load_model
 from tinyattn.cli.attention import main as attention_main
-from tinyattn.explorer import WEIGHT_LEVELS, data_of_page, explorer_html, weights_from_data, write_explorer
-from tinyattn.relevance import Relevance, relevance_of_text
 
 TEXT = "The book that the student borrowed from the library"  # 51 tokens: longer than the context
 STEP = 0.5 / WEIGHT_LEVELS  # a stored weight is within half a level of the model's

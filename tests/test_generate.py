@@ -13,12 +13,13 @@ import torch
 from tinyattn.checkpoint import FORMAT
 from tinyattn.cli.generate import main
 from tinyattn.config import ModelConfig, TokenizerConfig
+from tinyattn.data.tokenizer import build_tokenizer
 from tinyattn.errors import ConfigError
-from tinyattn.generate import (CachedDecoder, PromptWarning, StopStringFilter, apply_repetition_penalty,
-                               generate, generate_samples, generate_tokens, nucleus_mask, sample_next_token)
-from tinyattn.model import ModelOutput
-from tinyattn.packing import pack_linear_weights
-from tinyattn.tokenizer import build_tokenizer
+from tinyattn.generate.cpu_weights import pack_linear_weights
+from tinyattn.generate.decoder import CachedDecoder, generate_tokens
+from tinyattn.generate.sampling import apply_repetition_penalty, nucleus_mask, sample_next_token
+from tinyattn.generate.text import PromptWarning, StopStringFilter, generate, generate_samples
+from tinyattn.model.transformer import ModelOutput
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"

@@ -1,4 +1,4 @@
-"""scripts/gpu_check.sh's helpers read what a run writes, and a summary survives missing pieces.
+"""benchmarks/gpu_check.sh's helpers read what a run writes, and a summary survives missing pieces.
 
 The GPU check runs once, on a lent machine, far from this suite: these keep the parsing it
 relies on (train.log's lines, TensorBoard's tags) in step with what training writes.
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def report():
-    path = ROOT / "scripts" / "gpu_check_report.py"
+    path = ROOT / "benchmarks" / "gpu_check_report.py"
     spec = importlib.util.spec_from_file_location("gpu_check_report", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -49,4 +49,4 @@ def test_the_summary_reports_a_missing_or_broken_piece_instead_of_failing(report
 
 
 def test_the_script_parses():
-    subprocess.run(["bash", "-n", str(ROOT / "scripts" / "gpu_check.sh")], check=True)
+    subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "gpu_check.sh")], check=True)

@@ -19,19 +19,26 @@ pytest.importorskip("safetensors")
 transformers = pytest.importorskip("transformers")
 
 from tinyattn import checkpoint as ckpt  # noqa: E402
+from tinyattn.analysis.evaluate import evaluate_tokens  # noqa: E402
 from tinyattn.cli import attention as attention_cli  # noqa: E402
 from tinyattn.cli import eval as eval_cli  # noqa: E402
 from tinyattn.cli import export as export_cli  # noqa: E402
 from tinyattn.cli import generate as generate_cli  # noqa: E402
-from tinyattn.config import (Config, DataConfig, ModelConfig, SampleConfig, TokenizerConfig,  # noqa: E402
-                             TrainConfig, config_to_dict)
+from tinyattn.config import (
+    Config,
+    DataConfig,
+    ModelConfig,
+    SampleConfig,
+    TokenizerConfig,
+    TrainConfig,
+    config_to_dict,
+)
+from tinyattn.data.tokenizer import Tokenizer, build_tokenizer  # noqa: E402
 from tinyattn.errors import ConfigError  # noqa: E402
-from tinyattn.evaluate import evaluate_tokens  # noqa: E402
-from tinyattn.generate import generate_tokens  # noqa: E402
-from tinyattn.hf import export_folder  # noqa: E402
-from tinyattn.model import LanguageModel  # noqa: E402
-from tinyattn.tokenizer import Tokenizer, build_tokenizer  # noqa: E402
-from tinyattn.train import train  # noqa: E402
+from tinyattn.generate.decoder import generate_tokens  # noqa: E402
+from tinyattn.hf.folder import export_folder, load_any_model  # noqa: E402
+from tinyattn.model.transformer import LanguageModel  # noqa: E402
+from tinyattn.train.loop import train  # noqa: E402
 
 TEXT = ("ROMEO: But soft, what light through yonder window breaks?\n"
         "JULIET: Привет, мир! Καλημέρα. 日本語のテキスト, 中文.\n"
@@ -154,8 +161,8 @@ def test_export_cli_writes_config_generation_defaults_and_card(tmp_path, capsys)
 
 
 def test_a_failed_export_leaves_the_out_folder_as_it_was(tmp_path, capsys, monkeypatch):
-    from tinyattn import hf
     from tinyattn.errors import StorageError
+    from tinyattn.hf import folder as hf
 
     tokenizer = tokenizer_of("char")
     config, model = random_model(tokenizer, "char", 2)
@@ -203,7 +210,7 @@ def random_llama(folder, tokenizer: Tokenizer, seed: int = 0):
 def test_imported_llama_gives_equal_logits(tmp_path):
     tokenizer = tokenizer_of("bpe")
     reference = random_llama(tmp_path / "llama", tokenizer)
-    loaded = ckpt.load_model(tmp_path / "llama")
+    loaded = load_any_model(tmp_path / "llama")
     m = loaded.config.model
     assert (m.n_kv_head, m.tie_embeddings, m.norm_eps, m.rope_base) == (2, False, 1e-5, 500.0)
     ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
@@ -230,7 +237,7 @@ def test_finetune_from_imported_llama_lowers_loss_and_exports_equal(tmp_path, co
     random_llama(tmp_path / "llama", tokenizer)
     result = train(finetune_config(corpus, tmp_path, tmp_path / "llama"), run_name="ft", progress=False)
     assert result.step == 20
-    before, after = ckpt.load_model(tmp_path / "llama"), ckpt.load_model(result.run_dir)
+    before, after = load_any_model(tmp_path / "llama"), load_any_model(result.run_dir)
     assert after.config.tokenizer.kind == "pretrained" and after.tokenizer.to_json() == tokenizer.to_json()
     assert after.config.model.context_length == 32 and after.config.model.n_embd == 48
     tokens = torch.tensor(tokenizer.encode(TEXT * 2))
@@ -339,7 +346,7 @@ def test_qk_norm_exports_as_qwen3_and_imports_back(tmp_path):
     assert type(reference).__name__ == "Qwen3ForCausalLM"
     ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
     assert max_logit_difference(model, reference, ids) < 1e-5
-    loaded = ckpt.load_model(tmp_path / "out")
+    loaded = load_any_model(tmp_path / "out")
     assert loaded.config.model.qk_norm and max_logit_difference(loaded.model, reference, ids) < 1e-5
 
 
@@ -356,7 +363,7 @@ def test_init_from_starts_from_the_source_weights(tmp_path, corpus):
     config = finetune_config(corpus, tmp_path, tmp_path / "llama")
     config.train.lr, config.train.min_lr, config.train.max_steps = 1e-7, 1e-8, 2  # barely moves
     result = train(config, run_name="ft", progress=False)
-    source, tuned = ckpt.load_model(tmp_path / "llama").model, ckpt.load_model(result.run_dir).model
+    source, tuned = load_any_model(tmp_path / "llama").model, load_any_model(result.run_dir).model
     for (name, before), after in zip(source.state_dict().items(), tuned.state_dict().values()):
         assert (after - before).abs().max().item() < 1e-5, name
 
@@ -372,7 +379,7 @@ def test_finetune_example_config_trains_from_a_folder(tmp_path, corpus):
         "train.max_steps=2", "train.eval_interval=2", "train.eval_windows=2", "train.peak_flops=1e12",
         "train.sample_tokens=0", "train.device=cpu", "train.precision=fp32"])
     result = train(config, run_name="example", progress=False)
-    saved = ckpt.load_model(result.run_dir).config
+    saved = load_any_model(result.run_dir).config
     assert result.step == 2 and saved.model.n_embd == 48 and saved.model.context_length == 128
     assert saved.tokenizer.path == str(tmp_path / "llama" / "tokenizer.json")
 
@@ -387,7 +394,7 @@ def test_a_finetune_resumes_without_its_source_weights(tmp_path, corpus):
         (tmp_path / "llama" / name).unlink()  # only the tokenizer.json is still read (tokenizer.path)
     result = train(finetune_config(corpus, tmp_path, tmp_path / "llama"), run_name="ft", progress=False,
                    resume=True)
-    assert result.step == 20 and ckpt.load_model(result.run_dir).config.model.n_embd == 48
+    assert result.step == 20 and load_any_model(result.run_dir).config.model.n_embd == 48
 
 
 def test_init_from_a_tinyattn_run_takes_its_weights_and_tokenizer(tmp_path, corpus):
@@ -397,7 +404,7 @@ def test_init_from_a_tinyattn_run_takes_its_weights_and_tokenizer(tmp_path, corp
     tuned_config = finetune_config(corpus, tmp_path, run)
     tuned_config.train.lr, tuned_config.train.min_lr, tuned_config.train.max_steps = 1e-7, 1e-8, 2
     result = train(tuned_config, run_name="ft", progress=False)
-    tuned = ckpt.load_model(result.run_dir)
+    tuned = load_any_model(result.run_dir)
     assert tuned.tokenizer.to_json() == tokenizer.to_json() and tuned.config.tokenizer.kind == "pretrained"
     assert tuned.config.model.n_kv_head == 2 and tuned.config.model.context_length == 32
     for (name, before), after in zip(model.state_dict().items(), tuned.model.state_dict().values()):
@@ -410,7 +417,7 @@ def test_sharded_folder_imports_with_equal_logits(tmp_path):
     reference.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
     tokenizer.save(tmp_path / "sharded" / "tokenizer.json")
     assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
-    loaded = ckpt.load_model(tmp_path / "sharded")
+    loaded = load_any_model(tmp_path / "sharded")
     ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
     assert max_logit_difference(loaded.model, reference, ids) < 1e-5
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tinyattn.kv_cache import KVCache
+from tinyattn.model.kv_cache import KVCache
 
 
 @pytest.mark.parametrize("n_kv_head", [4, 2], ids=["mha", "gqa"])

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from tinyattn.config import ModelConfig
-from tinyattn.model import IGNORE_INDEX, LanguageModel, attention, causal_mask
+from tinyattn.model.attention import attention, causal_mask
+from tinyattn.model.transformer import IGNORE_INDEX, LanguageModel
 
 VOCAB = 65  # conftest's tiny_model and random_tokens
 

@@ -7,9 +7,16 @@ import pytest
 import torch
 
 from tinyattn.config import ModelConfig, TrainConfig
-from tinyattn.model import LanguageModel
-from tinyattn.optim import (Muon, build_optimizer, learning_rate, lr_factor, newton_schulz,
-                            parameter_groups, set_learning_rates)
+from tinyattn.model.transformer import LanguageModel
+from tinyattn.train.optim import (
+    Muon,
+    build_optimizer,
+    learning_rate,
+    lr_factor,
+    newton_schulz,
+    parameter_groups,
+    set_learning_rates,
+)
 
 
 def test_wsd_holds_the_peak_then_decays_linearly_over_the_last_fraction():
@@ -79,8 +86,8 @@ MODEL_OPTIONS = {"untied": {"tie_embeddings": False}, "muon-wsd-untied": {"tie_e
 @pytest.mark.parametrize("name", list(OPTIONS) + ["qk-norm-cap-zero"])
 def test_each_option_trains_a_tiny_model_below_a_loss_bound(name):
     """A 2-layer model learns a fixed 8-token cycle: from ln(16) = 2.77 to below 0.1 in 150 steps."""
-    from tinyattn.runtime import select_precision
-    from tinyattn.trainer import Trainer
+    from tinyattn.system.device import select_precision
+    from tinyattn.train.trainer import Trainer
 
     torch.manual_seed(0)
     model_config = ModelConfig(vocab_size=16, n_layer=2, n_head=2, n_embd=32, context_length=16,

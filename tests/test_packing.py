@@ -6,8 +6,8 @@ import types
 import pytest
 import torch
 
-from tinyattn.generate import generate_tokens
-from tinyattn.packing import ONEDNN, PackedLinear, pack_linear_weights
+from tinyattn.generate.cpu_weights import ONEDNN, PackedLinear, pack_linear_weights
+from tinyattn.generate.decoder import generate_tokens
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")

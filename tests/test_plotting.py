@@ -7,8 +7,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tinyattn.plotting import (CHART_MARGIN, GRID_RGB, LINE_RGB, MASKED_RGB, VIRIDIS, PlottingUnavailable,
-                               colormap, line_chart, plotting_available, require_matplotlib, scale_up, tile)
+from tinyattn.analysis.plotting import (
+    CHART_MARGIN,
+    GRID_RGB,
+    LINE_RGB,
+    MASKED_RGB,
+    VIRIDIS,
+    PlottingUnavailable,
+    colormap,
+    line_chart,
+    plotting_available,
+    require_matplotlib,
+    scale_up,
+    tile,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,9 +108,10 @@ def test_missing_matplotlib_is_a_one_line_error_saying_how_to_install(monkeypatc
 
 
 def test_plotting_imports_no_other_part_of_tinyattn_but_errors():
-    code = ("import sys, tinyattn.plotting; "
+    code = ("import sys, tinyattn.analysis.plotting; "
             "print(sorted(m for m in sys.modules if m.startswith('tinyattn')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                             timeout=60)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["['tinyattn',", "'tinyattn.errors',", "'tinyattn.plotting']"]
+    assert result.stdout.split() == ["['tinyattn',", "'tinyattn.analysis',", "'tinyattn.analysis.plotting',",
+                                     "'tinyattn.errors']"]

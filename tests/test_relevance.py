@@ -9,14 +9,27 @@ import numpy as np
 import pytest
 import torch
 
-from tinyattn.attention_maps import compute_attention_maps
+from tinyattn.analysis.ablation import (
+    HEAD_ABLATION_CELL,
+    HEAD_ABLATION_GAP,
+    agreement,
+    compute_relevance,
+    format_head_ablation,
+    format_relevance_table,
+    head_ablation,
+    head_ablation_image,
+    log_head_ablation_to_tensorboard,
+    rank_correlation,
+    ranks,
+    reading_starts,
+    relevance_of_text,
+    window_starts,
+)
+from tinyattn.analysis.attention_maps import compute_attention_maps
 from tinyattn.config import ModelConfig, TokenizerConfig
-from tinyattn.model import LanguageModel, causal_mask
-from tinyattn.relevance import (HEAD_ABLATION_CELL, HEAD_ABLATION_GAP, agreement, compute_relevance,
-                                format_head_ablation, format_relevance_table, head_ablation,
-                                head_ablation_image, log_head_ablation_to_tensorboard, rank_correlation,
-                                ranks, reading_starts, relevance_of_text, window_starts)
-from tinyattn.tokenizer import build_tokenizer
+from tinyattn.data.tokenizer import build_tokenizer
+from tinyattn.model.attention import causal_mask
+from tinyattn.model.transformer import LanguageModel
 
 VOCAB = 5
 PERIOD = 3  # the hand-built model's text: START 0 1 2 0 1 2 ...

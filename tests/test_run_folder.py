@@ -9,8 +9,8 @@ from datetime import datetime
 import pytest
 
 from tinyattn.errors import StorageError
-from tinyattn.files import atomic_write, check_writable
-from tinyattn.run_folder import LOCK_NAME, RunLock, unique_run_dir
+from tinyattn.system.storage import atomic_write, check_writable
+from tinyattn.train.run_folder import LOCK_NAME, RunLock, unique_run_dir
 
 
 def test_a_second_holder_is_told_the_pid_and_the_folder_frees_on_release(tmp_path):
@@ -26,7 +26,7 @@ def test_a_second_holder_is_told_the_pid_and_the_folder_frees_on_release(tmp_pat
 def test_a_lock_held_by_another_process_refuses_and_a_dead_ones_is_taken_over(tmp_path, capfd):
     folder = tmp_path / "run"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from tinyattn.run_folder import RunLock; "
+        [sys.executable, "-c", "import sys; from tinyattn.train.run_folder import RunLock; "
          f"RunLock.acquire({str(folder)!r}); print('held', flush=True); sys.stdin.read()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

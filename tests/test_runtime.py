@@ -7,7 +7,7 @@ import torch
 
 from tinyattn.config import config_from_dict
 from tinyattn.errors import ConfigError
-from tinyattn.runtime import measure_peak_flops, select_device, select_precision
+from tinyattn.system.device import measure_peak_flops, select_device, select_precision
 
 CPU = torch.device("cpu")
 

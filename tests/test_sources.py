@@ -12,12 +12,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import tinyattn.sources as sources
+import tinyattn.data.sources as sources
 from tinyattn.config import config_from_dict
-from tinyattn.data import prepare_data
+from tinyattn.data.batches import prepare_data
+from tinyattn.data.sources import resolve_source
+from tinyattn.data.tokenizer import END_OF_TEXT
 from tinyattn.errors import ConfigError, DataError
-from tinyattn.sources import resolve_source
-from tinyattn.tokenizer import END_OF_TEXT
 
 DOCUMENTS = [f"Document {i}: " + "lorem ipsum, dolor \"sit\" amet 0123456789\n" * (i % 3 + 1)
              + f"the end of {i}." for i in range(20)]

@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from tinyattn import timing
-from tinyattn.timing import call_times, median_time, process_age
+from tinyattn.system import timing
+from tinyattn.system.timing import call_times, median_time, process_age
 
 
 class FakeWork:

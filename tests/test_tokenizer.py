@@ -9,8 +9,8 @@ import tokenizers
 import torch
 
 from tinyattn.config import TokenizerConfig
+from tinyattn.data.tokenizer import END_OF_TEXT, Tokenizer, build_tokenizer, text_pieces
 from tinyattn.errors import DataError
-from tinyattn.tokenizer import END_OF_TEXT, Tokenizer, build_tokenizer, text_pieces
 
 TRAINING = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
             "All:\nSpeak, speak.\n\tIndented line;  two  spaces.\n"

@@ -15,9 +15,9 @@ import torch
 from tinyattn import checkpoint as ckpt
 from tinyattn.config import load_config
 from tinyattn.errors import CheckpointError, TinyattnError
-from tinyattn.optim import learning_rate
-from tinyattn.train import train
-from tinyattn.trainer import Trainer, TrainingError
+from tinyattn.train.loop import train
+from tinyattn.train.optim import learning_rate
+from tinyattn.train.trainer import Trainer, TrainingError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,7 +96,6 @@ def test_tensorboard_holds_every_curve(corpus, tmp_path):
 
 
 def test_a_resumed_run_keeps_one_hparams_session(corpus, tmp_path):
-    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
 
     train(tiny_config(corpus, tmp_path), run_name="tb", progress=False, stop_at_step=10)
     train(tiny_config(corpus, tmp_path), run_name="tb", resume=True, progress=False)
@@ -144,9 +143,9 @@ class RecordGradients(torch.optim.Optimizer):
 
 
 def test_gradient_accumulation_equals_one_large_batch(corpus, tmp_path):
-    from tinyattn.model import LanguageModel
-    from tinyattn.optim import Optimizers
-    from tinyattn.runtime import select_precision
+    from tinyattn.model.transformer import LanguageModel
+    from tinyattn.system.device import select_precision
+    from tinyattn.train.optim import Optimizers
 
     cpu = torch.device("cpu")
     config = tiny_config(corpus, tmp_path, "train.grad_clip=0", "model.vocab_size=67")
@@ -309,7 +308,7 @@ def test_leftovers_of_a_killed_save_are_removed_and_the_latest_step_is_by_number
 
 def test_a_run_folder_is_held_by_one_process(corpus, tmp_path):
     from tinyattn.errors import StorageError
-    from tinyattn.run_folder import RunLock
+    from tinyattn.train.run_folder import RunLock
 
     with RunLock.acquire(tmp_path / "held"):  # another training holds it
         with pytest.raises(StorageError, match=rf"held is in use by pid {os.getpid()}"):
@@ -481,7 +480,7 @@ def test_ctrl_c_saves_and_says_how_to_resume(corpus, tmp_path, sig):
 
 SAVE_AND_PAUSE = """
 import os, sys, time, torch
-import tinyattn.files as files
+import tinyattn.system.storage as files
 from tinyattn.checkpoint import save_checkpoint, step_filename
 
 run, pause_at = sys.argv[1], sys.argv[2]  # pause_at: mid-write or before-rename

@@ -28,11 +28,10 @@ from typing import Optional
 import torch
 
 from tinyattn.config import Config, config_from_dict
+from tinyattn.data.tokenizer import Tokenizer
 from tinyattn.errors import CheckpointError, ConfigError
-from tinyattn.files import atomic_write
-from tinyattn.hf import is_hf_folder, read_folder
-from tinyattn.model import LanguageModel
-from tinyattn.tokenizer import Tokenizer
+from tinyattn.model.transformer import LanguageModel
+from tinyattn.system.storage import atomic_write
 
 FORMAT = "tinyattn-checkpoint"
 FORMAT_VERSION = 1
@@ -229,19 +228,23 @@ def load_weights(model: LanguageModel, state: dict, path: Path) -> None:
     model.load_state_dict(weights)
 
 
+def is_hf_folder(path: str | Path) -> bool:
+    """A folder with a Hugging Face `config.json` (a tinyattn run folder has config.yaml)."""
+    path = Path(path)
+    return path.is_dir() and (path / "config.json").is_file()
+
+
 def load_model(path: Optional[str | Path] = None, device: str | torch.device = "cpu",
                out_dir: str | Path = "checkpoints") -> LoadedModel:
     """Rebuild the model and tokenizer of a checkpoint, ready for inference (eval mode).
 
-    path: a checkpoint file, a run folder, a Hugging Face Llama folder (`tinyattn.hf`), or
-    None for the most recent run under out_dir.
+    path: a checkpoint file, a run folder, or None for the most recent run under out_dir.
+    A Hugging Face folder is read by `tinyattn.hf.folder.load_any_model`, which every
+    command's --checkpoint goes through.
     """
     if path is not None and is_hf_folder(path):
-        imported = read_folder(path)
-        model = LanguageModel(imported.config.model)
-        load_weights(model, {"model": imported.weights}, imported.weights_file)
-        model.to(device).eval()
-        return LoadedModel(model, imported.tokenizer, imported.config, imported.weights_file, 0)
+        raise CheckpointError(f"{path} is a Hugging Face folder, not a tinyattn checkpoint: load it "
+                              "with tinyattn.hf.folder.load_any_model")
     file = resolve_checkpoint(path, out_dir, prefer="best")
     state = load_checkpoint(file)  # on the CPU: the optimizer state never goes to the device
     config = config_from_checkpoint(state, file)

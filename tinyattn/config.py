@@ -27,7 +27,8 @@ from typing import Any, Callable, Optional
 import yaml
 
 from tinyattn.errors import ConfigError
-from tinyattn.files import atomic_write
+from tinyattn.system.device import check_device
+from tinyattn.system.storage import atomic_write
 
 Fail = Callable[[str, Any, str], None]  # fail(dotted key, bad value, what is accepted) raises
 
@@ -267,7 +268,7 @@ def check_sampling(fail: Fail, **options: Any) -> None:
 
     Options are named as in SAMPLING_RULES; None means "not given" (top_k: off) and `stop`
     is a list whose strings are checked one by one. `sample.*` in a config and every
-    generation call (`tinyattn.generate.check_sampling_options`) go through it.
+    generation call (`tinyattn.generate.sampling.check_sampling_options`) go through it.
     """
     for name, value in options.items():
         accepts, accepted = SAMPLING_RULES[name]
@@ -283,15 +284,6 @@ class Config:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
-
-
-DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
-
-
-def check_device(name: str, fail: Fail, key: str = "device") -> None:
-    """The one rule for device names, train.device and every --device: fail(key, name, accepted)."""
-    if not isinstance(name, str) or not DEVICE_PATTERN.match(name):
-        fail(key, name, "expected auto, cpu, cuda, cuda:N or mps")
 
 
 CHOICES = {

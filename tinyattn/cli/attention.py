@@ -54,16 +54,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
 
     def command() -> int:
-        from tinyattn.attention_maps import (check_query_position, compute_attention_maps,
-                                             format_query_table, query_position_of_word, query_table,
-                                             save_heatmaps)
-        from tinyattn.checkpoint import load_model
-        from tinyattn.plotting import require_matplotlib
-        from tinyattn.runtime import select_device
+        from tinyattn.analysis.attention_maps import (
+            check_query_position,
+            compute_attention_maps,
+            format_query_table,
+            query_position_of_word,
+            query_table,
+            save_heatmaps,
+        )
+        from tinyattn.analysis.plotting import require_matplotlib
+        from tinyattn.hf.folder import load_any_model
+        from tinyattn.system.device import select_device
 
         if not (args.relevance or args.html):
             require_matplotlib()  # before any work: a missing extra is a one-line error
-        loaded = load_model(args.checkpoint, select_device(args.device))
+        loaded = load_any_model(args.checkpoint, select_device(args.device))
         model_config = loaded.config.model
         _check_index("--layer", args.layer, model_config.n_layer, "layers")
         _check_index("--head", args.head, model_config.n_head, "heads")
@@ -108,10 +113,15 @@ def _check_index(option: str, value: int | None, count: int, what: str) -> None:
 
 def _relevance_and_explorer(args, loaded, text: str) -> int:
     """--relevance and --html: measure once, print the table, write the page."""
-    from tinyattn.attention_maps import check_query_position, query_position_of_word
-    from tinyattn.explorer import write_explorer
-    from tinyattn.relevance import (check_text, format_head_ablation, format_relevance_table,
-                                    relevance_of_text, window_stride)
+    from tinyattn.analysis.ablation import (
+        check_text,
+        format_head_ablation,
+        format_relevance_table,
+        relevance_of_text,
+        window_stride,
+    )
+    from tinyattn.analysis.attention_maps import check_query_position, query_position_of_word
+    from tinyattn.analysis.explorer import write_explorer
 
     if args.top is not None and args.top < 1:
         raise TinyattnError(f"--top {args.top}: expected a positive number of tokens")

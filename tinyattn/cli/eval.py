@@ -38,14 +38,18 @@ def main(argv: list[str] | None = None) -> int:
     def command() -> int:
         import numpy as np
 
-        from tinyattn.checkpoint import load_model
-        from tinyattn.evaluate import evaluate_tokens, format_loss_by_position, save_loss_by_position_plot
-        from tinyattn.plotting import plotting_available
-        from tinyattn.runtime import select_device
+        from tinyattn.analysis.evaluate import (
+            evaluate_tokens,
+            format_loss_by_position,
+            save_loss_by_position_plot,
+        )
+        from tinyattn.analysis.plotting import plotting_available
+        from tinyattn.hf.folder import load_any_model
+        from tinyattn.system.device import select_device
 
         if args.batch_size is not None and args.batch_size <= 0:
             raise TinyattnError(f"--batch-size {args.batch_size}: expected a positive integer")
-        loaded = load_model(args.checkpoint, select_device(args.device))
+        loaded = load_any_model(args.checkpoint, select_device(args.device))
         if args.text_file is not None:
             source, name = str(args.text_file), args.text_file.stem
             tokens = np.asarray(loaded.tokenizer.encode(_read_text(args.text_file)), dtype=np.int64)
@@ -99,7 +103,7 @@ def _read_text(path: Path) -> str:
 
 
 def _split_tokens(loaded, split: str):
-    from tinyattn.data import prepare_data
+    from tinyattn.data.batches import prepare_data
 
     if loaded.config.data.dataset is None and loaded.config.data.files is None:
         raise DataError(f"{loaded.path.parent}: a Hugging Face folder has no data section to take "

@@ -1,6 +1,6 @@
 """`python scripts/generate.py`: sample text from a trained checkpoint, streamed as it is produced.
 
-Parses the arguments, loads the checkpoint, and calls `tinyattn.generate.generate_samples`.
+Parses the arguments, loads the checkpoint, and calls `tinyattn.generate.text.generate_samples`.
 What goes where:
 
 - stdout: the prompt, then the generated text, flushed token by token, then a newline if
@@ -107,10 +107,12 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     # Heavy imports here, so --help and argument errors answer at once.
-    from tinyattn.checkpoint import load_model
-    from tinyattn.generate import PromptWarning, check_sampling_options, inference_dtype
-    from tinyattn.packing import pack_linear_weights
-    from tinyattn.runtime import select_device
+    from tinyattn.generate.cpu_weights import pack_linear_weights
+    from tinyattn.generate.decoder import inference_dtype
+    from tinyattn.generate.sampling import check_sampling_options
+    from tinyattn.generate.text import PromptWarning
+    from tinyattn.hf.folder import load_any_model
+    from tinyattn.system.device import select_device
 
     stop = [unescape(s) for s in args.stop]
     check_sampling_options(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -120,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     device = select_device(args.device)
     prompt = None if args.interactive else read_prompt(args)
 
-    loaded = load_model(args.checkpoint, device, args.out_dir)
+    loaded = load_any_model(args.checkpoint, device, args.out_dir)
     dtype = inference_dtype(args.dtype, device)
     model = loaded.model.to(dtype)
     size = model.num_parameters()
@@ -176,7 +178,7 @@ class StreamPrinter:
             self.write("\n")
 
     def run(self, model, tokenizer, prompt: str, options: dict, echo: bool) -> None:
-        from tinyattn.generate import generate_samples
+        from tinyattn.generate.text import generate_samples
 
         pieces = generate_samples(model, tokenizer, prompt, self.num_samples, **options)
         started = -1

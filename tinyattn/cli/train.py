@@ -1,8 +1,9 @@
-"""`scripts/train.py` / `tinyattn-train`: parse arguments, then call `tinyattn.train.train`."""
+"""`scripts/train.py` / `tinyattn-train`: parse arguments, then call `tinyattn.train.loop.train`."""
 
 from __future__ import annotations
 
 import argparse
+
 from tinyattn.cli import run_command
 from tinyattn.config import apply_overrides, load_config, override_value
 
@@ -33,9 +34,9 @@ def main(argv: list[str] | None = None) -> int:
         parser().error("--config is required (or --resume to continue a run)")
 
     def command() -> int:
-        from tinyattn.timing import process_age
-        from tinyattn.resume import ResumePoint
-        from tinyattn.train import DEFAULT_OUT_DIR, train
+        from tinyattn.system.timing import process_age
+        from tinyattn.train.loop import DEFAULT_OUT_DIR, train
+        from tinyattn.train.resume import ResumePoint
 
         config = load_config(args.config, args.overrides) if args.config else None
         point = None

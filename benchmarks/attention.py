@@ -1,0 +1,64 @@
+"""The cost of attention against context length: fused (SDPA) and explicit paths.
+
+    python -m benchmarks.attention                       # T = 64 .. 2048 on the CPU
+    python -m benchmarks.attention --device cuda --max-context 8192 --json cost.json
+    python -m benchmarks.attention --table-from docs/bench-cpu.json   # no measuring
+
+Prints a Markdown table (`benchmarks.measure.attention_cost_table`; docs/ATTENTION.md holds the
+one of docs/bench-cpu.json); see `benchmarks.measure.measure_attention_cost` for what is timed
+and how memory is measured.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+from benchmarks.measure import attention_cost_table, measure_attention_cost
+from tinyattn.cli import run_command
+from tinyattn.errors import DataError
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps (default: cpu)")
+    parser.add_argument("--min-context", type=int, default=64)
+    parser.add_argument("--max-context", type=int, default=2048,
+                        help="double T from --min-context up to this")
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=6)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    parser.add_argument("--table-from", type=Path, metavar="JSON",
+                        help="measure nothing: print the table of a saved --json file or of the "
+                             "'attention' section of a benchmarks/suite.py JSON file")
+    args = parser.parse_args()
+    if args.table_from:
+        try:
+            saved = json.loads(args.table_from.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise DataError(f"{args.table_from}: cannot read saved figures ({e})") from None
+        print(attention_cost_table(saved.get("attention", saved)))
+        return 0
+
+    lengths = []
+    T = args.min_context
+    while T <= args.max_context:
+        lengths.append(T)
+        T *= 2
+    result = measure_attention_cost(lengths, args.batch_size, args.heads, args.head_dim, args.repeats,
+                                    args.device, measure_memory=not args.no_memory)
+    print(f"device {result['device']} ({result['threads']} threads), B={result['batch_size']} "
+          f"H={result['n_head']} D={result['head_dim']} fp32, median of {result['repeats']} after warm-up")
+    print(f"peak memory: {result['memory_method']}\n")
+    print(attention_cost_table(result))
+    if result["skipped_context_lengths"]:
+        print(f"\nskipped (would not fit in memory): {result['skipped_context_lengths']}")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_command(main))

@@ -1,0 +1,47 @@
+"""The benchmark suite: training throughput and MFU, peak memory, decoding, attention cost.
+
+    python -m benchmarks.suite                                   # the 6-layer, width-384 model on this machine
+    python -m benchmarks.suite --config configs/tiny.yaml --steps 3 --max-context 128 --json out.json
+    python -m benchmarks.suite --device cuda --config configs/shakespeare_char_gpu.yaml --compile
+
+Every figure is measured after warm-up, as the median of repeated runs; see the functions
+in `benchmarks.measure` for exactly what each one times. Prints a summary and, with --json,
+writes every figure (with the machine, CPU model and torch version) to a file.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+from benchmarks.measure import SECTIONS, run_suite
+from tinyattn.cli import run_command
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/shakespeare_char_gpu.yaml",
+                        help="model shape to measure (default: the 6-layer, width-384, context-256 model)")
+    parser.add_argument("--set", dest="overrides", nargs="+", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--vocab-size", type=int, default=65, help="vocabulary of the random-token model")
+    parser.add_argument("--compile", action="store_true", help="also measure training with torch.compile")
+    parser.add_argument("--steps", type=int, default=10, help="timed training steps")
+    parser.add_argument("--max-context", type=int, default=2048,
+                        help="longest context in the attention-cost table (doubling from 64)")
+    parser.add_argument("--skip", nargs="+", default=[], choices=SECTIONS, help="sections to leave out")
+    parser.add_argument("--json", type=Path, help="write every figure to this JSON file")
+    args = parser.parse_args()
+    results = run_suite(args.config, overrides=args.overrides, device=args.device, precision=args.precision,
+                        batch_size=args.batch_size, vocab_size=args.vocab_size, compile=args.compile,
+                        steps=args.steps, max_context=args.max_context, skip=args.skip)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_command(main))

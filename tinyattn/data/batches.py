@@ -1,0 +1,155 @@
+"""Text in, token batches out: `prepare_data`, the batch sampler and the evaluation windows.
+
+`prepare_data(config)` turns the `data:` and `tokenizer:` sections of a config into two flat
+token files, one per split, memory-mapped for training:
+
+1. Source (`tinyattn.sources`): a hub dataset or local files (text, JSON lines, CSV, TSV,
+   Parquet, compressed or not).
+2. Split (`tinyattn.splits`): the dataset's own validation split, every tenth document, or
+   for one long text its last tenth of characters.
+3. Tokenizer, trained on the training split only (`tinyattn.tokenizer`).
+4. Token cache (`tinyattn.token_cache`): one flat uint16/uint32 file per split, keyed by
+   everything that produced it, rebuilt when any of that changes or a file fails its checksum.
+
+`BatchSampler` draws random training windows; `eval_batches` walks fixed ones, and
+`tail_window` holds the targets after the last full one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+import numpy as np
+import torch
+
+from tinyattn.config import Config
+from tinyattn.data.sources import resolve_source
+from tinyattn.data.splits import split
+from tinyattn.data.token_cache import TokenCache, check_split_lengths
+from tinyattn.data.tokenizer import Tokenizer
+from tinyattn.errors import DataError
+
+
+@dataclass
+class TokenData:
+    tokenizer: Tokenizer
+    train: np.ndarray  # memmap, uint16 or uint32, flat tokens
+    validation: np.ndarray
+    cache_dir: Path
+
+
+def prepare_data(config: Config, *, progress: bool = True) -> TokenData:
+    """Tokenize the configured corpus once into a cache folder and memory-map it.
+
+    Uses `config.data`, `config.tokenizer`, and `config.model.context_length` (each split
+    must hold at least one window of context_length + 1 tokens).
+    """
+    source = resolve_source(config.data, progress)
+    cache = TokenCache(source, config)
+    meta = cache.trusted_meta()
+    if meta is None:
+        splits = split(source, config.data)
+        meta = cache.build(splits.train, splits.validation, splits.rule, config, progress)
+        check_split_lengths(meta, config)  # before meta.json: short splits are never trusted
+        cache.commit(meta)
+    else:
+        check_split_lengths(meta, config)
+    folder = cache.folder
+    return TokenData(
+        tokenizer=Tokenizer.from_file(folder / "tokenizer.json"),
+        train=np.memmap(folder / "train.bin", dtype=meta["dtype"], mode="r"),
+        validation=np.memmap(folder / "validation.bin", dtype=meta["dtype"], mode="r"),
+        cache_dir=folder,
+    )
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+class BatchSampler:
+    """Random windows of context_length + 1 tokens -> (x, y) int64 tensors of shape (B, T),
+    y = x shifted by one.
+
+    Batch k of rank r is drawn by a numpy Generator seeded with (seed, r, k), so the whole
+    state is the number of batches drawn: `state_dict` saves that count, a resumed run
+    draws exactly the batches it would have drawn, and any rank can resume from the state
+    rank 0 saved (the rank is not restored from it, so ranks keep drawing different
+    windows). Windows may overlap and repeat; with far more windows than draws that costs
+    nothing and keeps sampling O(batch) instead of O(corpus).
+    """
+
+    def __init__(self, tokens: np.ndarray, batch_size: int, context_length: int, seed: int,
+                 rank: int = 0, world_size: int = 1):
+        if len(tokens) < context_length + 1:
+            raise DataError(f"{len(tokens)} tokens cannot fill one window of model.context_length + 1 = "
+                            f"{context_length + 1}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
+        self.tokens = tokens
+        self.batch_size = batch_size
+        self.context_length = context_length
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.batches_drawn = 0
+        self._offsets = np.arange(context_length + 1)  # (T+1,)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        # SeedSequence needs non-negative entropy; the modulo maps a negative seed into range.
+        rng = np.random.default_rng([self.seed % (1 << 64), self.rank, self.batches_drawn])
+        self.batches_drawn += 1
+        starts = rng.integers(0, len(self.tokens) - self.context_length, size=self.batch_size)  # (B,)
+        # One fancy-indexing gather: numpy reads only the pages these windows touch, so the
+        # memmap is never loaded whole and no Python loop runs over tokens.
+        windows = self.tokens[starts[:, None] + self._offsets].astype(np.int64)  # (B, T+1)
+        x = torch.from_numpy(np.ascontiguousarray(windows[:, :-1]))  # (B, T)
+        y = torch.from_numpy(np.ascontiguousarray(windows[:, 1:]))  # (B, T)
+        return x, y
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "batches_drawn": self.batches_drawn, "rank": self.rank,
+                "world_size": self.world_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seed = int(state["seed"])
+        self.batches_drawn = int(state["batches_drawn"])
+
+
+def full_window_count(n_tokens: int, context_length: int) -> int:
+    """How many non-overlapping windows of context_length inputs, each with the target after it, fit."""
+    return max(0, n_tokens - 1) // context_length
+
+
+def tail_window(tokens, context_length: int) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """The (1, r) window of the r < context_length targets after all full windows, or None."""
+    start = full_window_count(len(tokens), context_length) * context_length
+    if start >= len(tokens) - 1:
+        return None
+    chunk = torch.from_numpy(np.asarray(tokens[start:], dtype=np.int64))
+    return chunk[:-1].unsqueeze(0), chunk[1:].unsqueeze(0)  # (1, r) each
+
+
+def eval_batches(tokens: np.ndarray, context_length: int, batch_size: int,
+                 max_windows: Optional[int] = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Fixed evaluation windows -> (x, y) int64 tensors of shape (b, T), b <= batch_size.
+
+    All non-overlapping windows in order, or `max_windows` of them spread evenly from the
+    first token to the last; either way the same tokens every call, so the same model
+    always gets the same loss.
+    """
+    T = context_length
+    available = full_window_count(len(tokens), T)
+    if available == 0:
+        raise DataError(f"{len(tokens)} tokens cannot fill one window of model.context_length + 1 = "
+                        f"{T + 1}")
+    if max_windows is None or max_windows >= available:
+        starts = np.arange(available, dtype=np.int64) * T
+    else:
+        starts = np.linspace(0, len(tokens) - T - 1, max_windows).round().astype(np.int64)
+    offsets = np.arange(T + 1)
+    for first in range(0, len(starts), batch_size):
+        windows = tokens[starts[first:first + batch_size, None] + offsets].astype(np.int64)  # (b, T+1)
+        yield (torch.from_numpy(np.ascontiguousarray(windows[:, :-1])),
+               torch.from_numpy(np.ascontiguousarray(windows[:, 1:])))

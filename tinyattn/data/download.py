@@ -1,0 +1,45 @@
+"""Fetching a corpus file once: `download(url, path)` with an optional size and sha256 check.
+
+The bytes go through `atomic_write`, so a download that fails or fails a check leaves no
+file behind and the next run downloads again instead of trusting half a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Optional
+
+from tqdm import tqdm
+
+from tinyattn.errors import DataError
+from tinyattn.system.storage import atomic_write
+
+
+def download(url: str, path: Path, *, sha256: Optional[str], size_bytes: Optional[int],
+             progress: bool) -> None:
+    """Fetch `url` into `path` through a temporary file, checking its size and hash."""
+    digest = hashlib.sha256()
+    received = 0
+    with atomic_write(path) as out:  # a failed download or check leaves no file behind
+        try:
+            with urllib.request.urlopen(url, timeout=60) as response, \
+                    tqdm(total=int(response.headers.get("Content-Length") or 0) or None, unit="B",
+                         unit_scale=True, disable=not progress, desc=f"downloading {path.name}") as bar:
+                while chunk := response.read(1 << 20):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    received += len(chunk)
+                    bar.update(len(chunk))
+        except (OSError, ValueError) as e:  # URLError, HTTPError are OSErrors; ValueError: bad URL
+            reason = e.reason if type(e) is urllib.error.URLError else e
+            raise DataError(f"data.url: cannot download {url} ({reason}); put the file at {path} "
+                            "yourself (data.files)") from None
+        if size_bytes is not None and received != size_bytes:
+            raise DataError(f"data.url: {url} gave {received} bytes, not data.size_bytes={size_bytes}; "
+                            "the download was deleted")
+        if sha256 is not None and digest.hexdigest() != sha256.lower():
+            raise DataError(f"data.url: {url} has sha256 {digest.hexdigest()}, not data.sha256={sha256}; "
+                            "the download was deleted")

@@ -1,0 +1,518 @@
+"""Where documents come from: hub datasets, local files (paths, globs, folders), their formats.
+
+`resolve_source(data_config)` turns the `data:` section into a `Source`: what to show in
+messages, what to hash into the token cache's key, and how to read each split. A Hugging
+Face hub dataset (`data.dataset`, which may also be a local dataset folder), or local
+files given as paths, globs or folders (`data.files`), optionally downloaded once from
+`data.url` (`tinyattn.download`):
+
+- plain text (.txt .text .md): one document per file, read here in pieces of
+  `READ_CHARS` characters cut where no token changes (`tokenizer.text_pieces`), so a
+  single file of any size is read in flat memory; a UTF-8 byte-order mark is dropped;
+- JSON lines or a JSON array (.jsonl .json .ndjson), CSV (.csv), TSV (.tsv) and Parquet,
+  read through `datasets`' builders, streamed, never copied into an Arrow cache; the
+  text is the `data.text_field` column, or a nested field named by a dotted path
+  (`body.text`);
+- any of them but Parquet compressed as .gz, .bz2, .xz or .zst (the format is the inner
+  extension: `part-0.jsonl.gz` is JSON lines). `datasets` and this module both decompress
+  through fsspec, which reads .zst only with the `zstandard` package installed.
+
+A document stream is a sequence of parts `(text, starts_document)`: a JSON record or a
+CSV row is one part, a large text file several. When reading fails, the file at fault is
+hunted down so the message can name it: the first byte that is not UTF-8 (with its line),
+or the first JSON line that does not parse.
+"""
+
+from __future__ import annotations
+
+import codecs
+import glob
+import io
+import itertools
+import json
+import os
+import re
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+from tqdm import tqdm
+
+from tinyattn.config import DataConfig
+from tinyattn.data.download import download
+from tinyattn.data.tokenizer import text_pieces
+from tinyattn.errors import DataError
+
+EXTENSIONS = {
+    "text": (".txt", ".text", ".md"),
+    "json": (".jsonl", ".json", ".ndjson"),
+    "csv": (".csv",),
+    "tsv": (".tsv",),
+    "parquet": (".parquet",),
+}
+COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}  # fsspec's names
+READ_CHARS = 1 << 22  # a text file is read this many characters at a time
+REPORT_BYTES = 1 << 26  # text files at least this large report how far reading has got
+
+DocumentParts = Iterator[tuple[str, bool]]  # (text, whether it starts a new document)
+
+
+@dataclass
+class Source:
+    """Where documents come from, resolved: what to show, what to hash, how to read."""
+
+    description: str  # for messages: "data/tinyshakespeare.txt", "hub dataset 'x/y'"
+    name: str  # the readable start of the cache folder's name
+    identity: dict  # hashed into the cache key
+    # split name -> a function that streams that split's documents anew at each call
+    reader: Callable[[str], Callable[[], DocumentParts]]
+
+
+def resolve_source(data: DataConfig, progress: bool) -> Source:
+    if data.dataset is not None:
+        return _hub_source(data)
+    if data.validation_split is not None:
+        raise DataError(f"data.validation_split: {data.validation_split!r} needs a hub dataset "
+                        "(data.dataset); local files are split by data.validation_fraction")
+    if data.url is not None:
+        target = Path(data.files[0])
+        if target.is_dir() or data.files[0].endswith(("/", os.sep)):
+            raise DataError(f"data.files: {data.files[0]} is a folder; data.url is downloaded to one "
+                            "file, so give its path (e.g. data/corpus.txt)")
+        if not target.exists():
+            download(data.url, target, sha256=data.sha256, size_bytes=data.size_bytes, progress=progress)
+    files = _resolve_files(data.files, data.format)
+    file_format = _common_format(files, data.format)
+    return _file_source(data, files, file_format, progress)
+
+
+def _hub_source(data: DataConfig) -> Source:
+    name = data.dataset
+    identity: dict = {"dataset": name, "config": data.dataset_config, "revision": data.revision}
+    local = Path(name)
+    if local.is_dir():  # a dataset folder on disk: its files decide whether the cache is current
+        identity["files"] = [_file_identity(p) for p in sorted(local.rglob("*")) if p.is_file()
+                             and not any(part.startswith(".") for part in p.relative_to(local).parts)]
+    description = f"dataset {name!r}"
+
+    def reader(split: str) -> Callable[[], DocumentParts]:
+        import datasets  # imported here: it is slow to import and only data preparation needs it
+
+        try:
+            dataset = datasets.load_dataset(name, data.dataset_config, split=split, revision=data.revision,
+                                            streaming=data.streaming)
+        except ConnectionError:
+            raise DataError(f"data.dataset: cannot reach {name!r} on the Hugging Face Hub (offline or "
+                            "no network); download it while online, or point data.files at local files"
+                            ) from None
+        except datasets.exceptions.DatasetNotFoundError as e:
+            raise DataError(f"data.dataset: {_first_line(e)}; check the name, or point data.files at "
+                            "local files") from None
+        except datasets.exceptions.DatasetGenerationError as e:
+            reason = _first_line(e.__cause__ or e)
+            raise DataError(f"data.dataset: cannot read {name!r}: {reason}") from None
+        except FileNotFoundError as e:
+            raise DataError(f"data.dataset: {_first_line(e)}") from None
+        except ValueError as e:  # an unknown split or config name; the message lists the valid ones
+            raise DataError(f"data.dataset {name!r}: {_first_line(e)}") from None
+        return lambda: _dataset_parts(dataset, data.text_field, description, [], "hub")
+
+    slug = name.rstrip("/").rsplit("/", 1)[-1]
+    return Source(description=description, name=_slug(slug), identity=identity, reader=reader)
+
+
+def _file_source(data: DataConfig, files: list[Path], file_format: str, progress: bool) -> Source:
+    stem = _bare_name(files[0]) if len(files) == 1 else Path(os.path.commonpath(files)).name
+    description = str(files[0]) if len(files) == 1 else f"{len(files)} files ({', '.join(data.files)})"
+    identity = {"files": [_file_identity(p) for p in files], "format": file_format, "url": data.url}
+    if file_format == "text":
+        reader = _text_reader(files, progress)
+    else:
+        reader = _records_reader(data, files, file_format, description)
+    return Source(description=description, name=_slug(stem), identity=identity, reader=reader)
+
+
+def _text_reader(files: list[Path], progress: bool) -> Callable[[str], Callable[[], DocumentParts]]:
+    """Plain text files, read here (see `_read_text_file`): one document per file."""
+    passes = itertools.count(1)  # each reading of the corpus, numbered in progress lines
+
+    def reader(split: str) -> Callable[[], DocumentParts]:
+        return lambda: _text_parts(files, progress, next(passes))
+
+    return reader
+
+
+def _records_reader(data: DataConfig, files: list[Path], file_format: str,
+                    description: str) -> Callable[[str], Callable[[], DocumentParts]]:
+    """How `datasets` reads JSON, CSV, TSV and Parquet files: one document per record."""
+    builder, options = file_format, {}
+    if file_format == "parquet":
+        options = {"columns": [_parquet_column(files, data.text_field)]}  # read only that column
+    elif file_format in ("csv", "tsv"):
+        # Read the text column as written: a review "10" stays the text "10", not a number.
+        builder, options = "csv", {"sep": "," if file_format == "csv" else "\t",
+                                   "converters": {data.text_field: str}}
+    lock_folder = Path(data.cache_dir).resolve() / "datasets"
+
+    def reader(split: str) -> Callable[[], DocumentParts]:
+        import datasets
+
+        # Streaming reads the files lazily, so nothing is copied into an Arrow cache; datasets
+        # still leaves a lock file per corpus in cache_dir, which is kept beside our caches.
+        # It does read the start of the first file, to learn the columns.
+        with _reading_errors(description, files, file_format):
+            dataset = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train",
+                                            streaming=True, cache_dir=str(lock_folder), **options)
+        return lambda: _dataset_parts(dataset, data.text_field, description, files, file_format)
+
+    return reader
+
+
+# ----------------------------------------------------------------------------- files and formats
+
+
+def _resolve_files(entries: list[str], file_format: str) -> list[Path]:
+    """Paths, globs and folders -> the files they name, in order, each once."""
+    accepted = _extensions(file_format)
+    files: list[Path] = []
+    for entry in entries:
+        path = Path(entry)
+        if any(c in entry for c in "*?["):
+            matches = sorted(Path(p) for p in glob.glob(entry, recursive=True) if Path(p).is_file())
+            if not matches:
+                raise DataError(f"data.files: no file matches the pattern {entry!r}")
+            files.extend(matches)
+        elif path.is_dir():
+            matches = sorted(p for p in path.rglob("*") if p.is_file() and format_suffix(p) in accepted
+                             and not any(part.startswith(".") for part in p.relative_to(path).parts))
+            if not matches:
+                compressed = "/".join(COMPRESSIONS)
+                raise DataError(f"data.files: the folder {entry} has no {', '.join(accepted)} files "
+                                f"(plain or {compressed})")
+            files.extend(matches)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise DataError(f"data.files: file not found: {entry}")
+    files = list(dict.fromkeys(p.resolve() for p in files))
+    for path in files:
+        _check_decompressor(path)
+    return files
+
+
+def format_suffix(path: Path) -> str:
+    """The extension that names a file's format, behind any compression: a.jsonl.gz -> .jsonl."""
+    if path.suffix.lower() in COMPRESSIONS:
+        return Path(path.stem).suffix.lower()
+    return path.suffix.lower()
+
+
+def _compression(path: Path) -> Optional[str]:
+    return COMPRESSIONS.get(path.suffix.lower())
+
+
+def _bare_name(path: Path) -> str:
+    """A file's name without its format and compression extensions: a.jsonl.gz -> a."""
+    name = path.stem if _compression(path) is None else Path(path.stem).stem
+    return name if format_suffix(path) else path.name
+
+
+def _check_decompressor(path: Path) -> None:
+    compression = _compression(path)
+    if compression is None:
+        return
+    if format_suffix(path) == ".parquet":
+        raise DataError(f"data.files: {path}: Parquet compresses its own columns and cannot be read "
+                        "from a compressed copy; decompress it to a .parquet file")
+    import fsspec.compression
+
+    if compression not in fsspec.compression.compr:  # fsspec registers zstd only when it can read it
+        raise DataError(f"data.files: {path} is {compression}-compressed and reading it needs the "
+                        "zstandard package: pip install zstandard")
+
+
+def _extensions(file_format: str) -> tuple[str, ...]:
+    if file_format == "auto":
+        return tuple(itertools.chain(*EXTENSIONS.values()))
+    return EXTENSIONS[file_format]
+
+
+def _common_format(files: list[Path], file_format: str) -> str:
+    if file_format != "auto":
+        return file_format
+    by_format: dict[str, Path] = {}
+    for path in files:
+        found = [name for name, suffixes in EXTENSIONS.items() if format_suffix(path) in suffixes]
+        if not found:
+            known = " ".join(itertools.chain(*EXTENSIONS.values()))
+            raise DataError(f"data.files: cannot tell the format of {path} from its extension (known: "
+                            f"{known}, each also as .gz .bz2 .xz .zst); set data.format to one of "
+                            f"{', '.join(EXTENSIONS)}")
+        by_format.setdefault(found[0], path)
+    if len(by_format) > 1:
+        mixed = ", ".join(f"{name} ({path.name})" for name, path in by_format.items())
+        raise DataError(f"data.files: mixes formats: {mixed}; use files of one format (set data.format "
+                        "to read only that one, or name them with a glob)")
+    return next(iter(by_format))
+
+
+def _parquet_column(files: list[Path], text_field: str) -> str:
+    """The top-level column that holds `text_field` (itself, or the head of a dotted path),
+    checked in every file's schema."""
+    import pyarrow
+    import pyarrow.parquet
+
+    column = text_field
+    for path in files:
+        try:
+            schema = pyarrow.parquet.read_schema(path)
+        except (pyarrow.ArrowException, OSError) as e:
+            raise DataError(f"{path}: not a readable Parquet file ({_first_line(e)})") from None
+        if text_field not in _field_names(schema):
+            raise DataError(_missing_field_message(text_field, str(path), _field_names(schema)))
+        if text_field not in schema.names:
+            column = text_field.split(".")[0]
+    return column
+
+
+def _file_identity(path: Path) -> list:
+    stat = path.stat()
+    return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
+
+
+@contextmanager
+def _open_binary(path: Path) -> Iterator[io.RawIOBase]:
+    """`path` opened for reading bytes, decompressed when its name says it is compressed."""
+    with open(path, "rb") as raw, _decompressed(raw, path) as f:  # closing a decompressor leaves raw open
+        yield f
+
+
+def _decompressed(raw, path: Path):
+    compression = _compression(path)
+    if compression is None:
+        return raw
+    import fsspec.compression
+
+    return fsspec.compression.compr[compression](raw, mode="rb")
+
+
+# ----------------------------------------------------------------------------- plain text
+
+
+def _text_parts(files: list[Path], progress: bool, pass_number: int) -> DocumentParts:
+    """Each file as one document, in parts of at most READ_CHARS characters."""
+    for path in files:
+        yield from _read_text_file(path, progress, pass_number)
+
+
+def _read_text_file(path: Path, progress: bool, pass_number: int) -> DocumentParts:
+    # utf-8-sig drops a byte-order mark; universal newlines, as datasets' text builder reads.
+    size = path.stat().st_size
+    report = _ReadingReport(path, size, progress, pass_number) if size >= REPORT_BYTES else None
+    starts = True
+    with open(path, "rb") as raw:
+        text = io.TextIOWrapper(_decompressed(raw, path), encoding="utf-8-sig")
+        pending = ""
+        try:
+            while chunk := text.read(READ_CHARS):
+                pending += chunk
+                # Every piece but the last ends where no token changes; the last one waits
+                # for the text after it.
+                *done, pending = text_pieces(pending, READ_CHARS)
+                for piece in done:
+                    yield piece, starts
+                    starts = False
+                if report:
+                    report.update(raw.tell())
+        except UnicodeDecodeError as e:
+            found = _find_invalid_utf8([path])
+            raise DataError(found or f"{path}: not valid UTF-8 ({e})") from None
+        except Exception:  # a damaged .gz/.bz2/.xz/.zst: name it; anything else is a bug
+            _raise_if_undecompressible([path])
+            raise
+        finally:
+            if report:
+                report.close()
+        if pending:
+            yield pending, starts
+
+
+class _ReadingReport:
+    """How far a large file has been read: a progress bar, or with progress off a plain
+    line at each quarter (runs without a terminal still show that reading goes on)."""
+
+    def __init__(self, path: Path, size: int, progress: bool, pass_number: int):
+        self.size, self.quarter = size, 0
+        self.label = f"reading {path.name} (pass {pass_number})"
+        self.bar = tqdm(total=size, unit="B", unit_scale=True, desc=self.label) if progress else None
+
+    def update(self, position: int) -> None:
+        if self.bar is not None:
+            self.bar.update(position - self.bar.n)
+            return
+        quarter = 4 * position // self.size
+        if quarter > self.quarter:
+            self.quarter = quarter
+            print(f"{self.label}: {min(100, 25 * quarter)}% of {self.size / 1e6:,.0f} MB",
+                  file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# ----------------------------------------------------------------------------- records
+
+
+def _dataset_parts(dataset, text_field: str, description: str, files: list[Path],
+                   file_format: str) -> DocumentParts:
+    """The non-empty texts of a `datasets` dataset, in order, read a batch of rows at a time;
+    each is a whole document."""
+    import pyarrow
+
+    with _reading_errors(description, files, file_format):
+        for table in dataset.with_format("arrow").iter(batch_size=1000):
+            column = _text_column(table, text_field, description)
+            if not (pyarrow.types.is_string(column.type) or pyarrow.types.is_large_string(column.type)
+                    or pyarrow.types.is_string_view(column.type)):
+                raise DataError(f"data.text_field: {text_field!r} of {description} holds "
+                                f"{column.type} values, not text")
+            for text in column.to_pylist():
+                if text:
+                    yield text, True
+
+
+@contextmanager
+def _reading_errors(description: str, files: list[Path], file_format: str) -> Iterator[None]:
+    """What `datasets` raises when it cannot read the files, as one line naming the file at fault."""
+    import pandas.errors
+    import pyarrow
+
+    try:
+        yield
+    except UnicodeDecodeError as e:
+        found = _find_invalid_utf8(files)
+        raise DataError(found or f"{description}: not valid UTF-8 ({e})") from None
+    except (pyarrow.ArrowInvalid, pandas.errors.ParserError) as e:  # bad JSON; bad CSV quoting
+        found = _find_invalid_json(files) if file_format == "json" else None
+        raise DataError(found or f"{description}: cannot read it ({_first_line(e)})") from None
+    except DataError:
+        raise
+    except Exception:
+        _raise_if_undecompressible(files)
+        raise
+
+
+def _text_column(table, text_field: str, description: str):
+    """The column `text_field` names: a top-level column, or a dotted path into nested
+    records (`body.text`) when no top-level column has that name."""
+    import pyarrow.compute
+
+    if text_field in table.column_names:
+        return table.column(text_field)
+    head, *rest = text_field.split(".")
+    if not rest or head not in table.column_names:
+        raise DataError(_missing_field_message(text_field, description, _field_names(table.schema)))
+    column = table.column(head)
+    for name in rest:
+        if not hasattr(column.type, "get_field_index") or column.type.get_field_index(name) < 0:
+            raise DataError(_missing_field_message(text_field, description, _field_names(table.schema)))
+        column = pyarrow.compute.struct_field(column, name)
+    return column
+
+
+def _field_names(schema) -> list[str]:
+    """Every field a dotted text_field can name: top-level columns and nested ones (`body.text`)."""
+    names: list[str] = []
+
+    def walk(fields, prefix: str) -> None:
+        for f in fields:
+            names.append(prefix + f.name)
+            if hasattr(f.type, "get_field_index"):  # a struct: its fields are reachable too
+                walk([f.type.field(i) for i in range(f.type.num_fields)], f"{prefix}{f.name}.")
+
+    walk(schema, "")
+    return names
+
+
+def _missing_field_message(text_field: str, where: str, names: list[str]) -> str:
+    return (f"data.text_field: {where} has no field {text_field!r}; its fields are: "
+            f"{', '.join(names) or '(none)'}")
+
+
+# ----------------------------------------------------------------------------- finding faults
+
+
+def _find_invalid_utf8(files: list[Path]) -> Optional[str]:
+    """The first file that is not valid UTF-8, with the byte offset and line of the fault."""
+    for path in files:
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        offset, lines = 0, 0  # bytes and newlines before the current chunk
+        with _open_binary(path) as f:
+            while chunk := f.read(1 << 20):
+                pending = len(decoder.getstate()[0])  # an incomplete character carried over
+                try:
+                    decoder.decode(chunk)
+                except UnicodeDecodeError as e:
+                    position = offset - pending + e.start
+                    line = lines + chunk[:max(0, position - offset)].count(b"\n") + 1
+                    return (f"{path}: not valid UTF-8 at byte {position} (line {line}); "
+                            "save it as UTF-8")
+                offset += len(chunk)
+                lines += chunk.count(b"\n")
+        try:
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            return f"{path}: not valid UTF-8: it ends inside a character (byte {offset})"
+    return None
+
+
+def _raise_if_undecompressible(files: list[Path]) -> None:
+    """A DataError naming the first compressed file that does not decompress to its end.
+
+    Called when reading failed: each decompressor fails in its own way (gzip an OSError,
+    xz an LZMAError, zstandard a ZstdError, any of them cut short an EOFError), so the
+    files are tried again here; when they all decompress the caller re-raises the
+    original error, a bug with its traceback.
+    """
+    for path in files:
+        compression = _compression(path)
+        if compression is None:
+            continue
+        try:
+            with _open_binary(path) as f:
+                while f.read(1 << 20):
+                    pass
+        except Exception as e:
+            raise DataError(f"{path}: cannot decompress it as {compression} ({_first_line(e)}); the "
+                            f"file is damaged or not {compression}-compressed") from None
+
+
+def _find_invalid_json(files: list[Path]) -> Optional[str]:
+    """The first JSON lines file with a line that does not parse, and that line."""
+    for path in files:
+        with _open_binary(path) as f:
+            text = f.read().decode("utf-8-sig", errors="replace")
+        try:
+            json.loads(text)
+            continue  # one JSON document (an array of records): fine
+        except ValueError:
+            pass
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    json.loads(line)
+                except ValueError as e:
+                    return f"{path}: line {number} is not valid JSON ({e.msg} at column {e.colno})"
+    return None
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("._") or "data"
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -1,0 +1,119 @@
+"""Which documents train and which validate.
+
+The dataset's own validation split when `data.validation_split` is set. Otherwise every
+document whose index i has floor((i+1)f) > floor(i f), f = `data.validation_fraction` (for
+f = 0.1: documents 9, 19, 29, ...): deterministic, evenly spread, exactly floor(N f)
+documents, and it needs no count of N, so streams work. A corpus with too few documents
+for that (one long text, a handful of files) holds out the last fraction of its characters
+instead: Tiny Shakespeare's validation split is its last 10%, the split behind published
+results. `data.max_documents` keeps the first N non-empty documents (of each split, when
+the dataset has its own).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from tinyattn.config import DataConfig
+from tinyattn.data.sources import DocumentParts, Source
+from tinyattn.errors import DataError
+
+
+@dataclass
+class Splits:
+    train: Callable[[], DocumentParts]  # each call streams the training documents again
+    validation: Callable[[], DocumentParts]
+    rule: str  # how validation was chosen, recorded in meta.json
+
+
+def split(source: Source, data: DataConfig) -> Splits:
+    limit = data.max_documents
+
+    def stream(split_name: str) -> Callable[[], DocumentParts]:
+        read = source.reader(split_name)
+        return read if limit is None else lambda: _first_documents(read(), limit)
+
+    if data.validation_split is not None:
+        return Splits(stream(data.train_split), stream(data.validation_split),
+                      f"dataset split {data.validation_split!r}")
+
+    everything = stream(data.train_split)
+    f = data.validation_fraction
+    first_held = next(i for i in itertools.count() if _held_out(i, f))
+    count, total = _count_documents(everything(), stop=first_held + 1)
+    if count == 0:
+        raise DataError(f"{source.description}: the corpus is empty (no text in field "
+                        f"{data.text_field!r})")
+    if count > first_held:
+        return Splits(lambda: _documents_where(everything(), lambda i: not _held_out(i, f)),
+                      lambda: _documents_where(everything(), lambda i: _held_out(i, f)),
+                      f"every document i with floor((i+1)*{f}) > floor(i*{f})")
+    # Too few documents to hold whole ones out: the last fraction of the characters.
+    cut = int(total * (1 - f))  # int(n * 0.9): the split published Tiny Shakespeare results use
+    return Splits(lambda: _characters_before(everything(), cut),
+                  lambda: _characters_from(everything(), cut),
+                  f"the last {f} of the characters ({total - cut} of {total})")
+
+
+def _held_out(index: int, fraction: float) -> bool:
+    return math.floor((index + 1) * fraction) > math.floor(index * fraction)
+
+
+def _numbered(parts: DocumentParts):
+    """(document index, text, starts_document) for each part."""
+    index = -1
+    for text, starts in parts:
+        index += starts
+        yield index, text, starts
+
+
+def _first_documents(parts: DocumentParts, limit: int) -> DocumentParts:
+    for index, text, starts in _numbered(parts):
+        if index >= limit:
+            return
+        yield text, starts
+
+
+def _count_documents(parts: DocumentParts, stop: int) -> tuple[int, int]:
+    """(documents, characters) in `parts`, counting no further than `stop` documents.
+
+    The characters are all of them only when fewer than `stop` documents were found: the
+    one case that needs them, which reads the whole stream anyway (a single large text
+    file is then read once for both counts, not twice).
+    """
+    count = characters = 0
+    for text, starts in parts:
+        count += starts
+        if count == stop:
+            break
+        characters += len(text)
+    return count, characters
+
+
+def _documents_where(parts: DocumentParts, keep: Callable[[int], bool]) -> DocumentParts:
+    for index, text, starts in _numbered(parts):
+        if keep(index):
+            yield text, starts
+
+
+def _characters_before(parts: DocumentParts, cut: int) -> DocumentParts:
+    position = 0
+    for text, starts in parts:
+        if position + len(text) >= cut:
+            if cut > position:
+                yield text[:cut - position], starts
+            return
+        yield text, starts
+        position += len(text)
+
+
+def _characters_from(parts: DocumentParts, cut: int) -> DocumentParts:
+    position, first = 0, True
+    for text, starts in parts:
+        if position + len(text) > cut:
+            yield text[max(0, cut - position):], starts or first  # the split's first part starts a document
+            first = False
+        position += len(text)

@@ -1,0 +1,237 @@
+"""The token cache: each split's tokens in one flat file, built once and trusted only when whole.
+
+Token files `train.bin` and `validation.bin` hold uint16 ids when the vocabulary fits, else
+uint32, with `<|endoftext|>` between documents. Documents are encoded in batches and
+appended to the file as they come, so memory does not grow with the corpus.
+
+The cache folder's name ends in a hash of everything that produced it (the source and
+each file's size and modification time, the text field, the split rule, the tokenizer
+settings, a format version), so a second run reuses it and any change builds a new one.
+Every file is written under a temporary name and renamed; `meta.json` is written last,
+and a folder is trusted only when its `meta.json` matches the hash and the file sizes. A
+build that is interrupted, or whose splits turn out too short, leaves no `meta.json`.
+
+`meta.json` also holds a BLAKE2b checksum of each token file and of `tokenizer.json`,
+taken as they are written. Each run reads the files once to check them, and that every
+id is below the vocabulary size: a file changed in place (same size, other bytes) is
+rebuilt with a warning instead of training on garbage or failing deep in the model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+import numpy as np
+import tokenizers
+from tqdm import tqdm
+
+from tinyattn.config import Config
+from tinyattn.data.sources import DocumentParts, Source
+from tinyattn.data.tokenizer import Tokenizer, build_tokenizer
+from tinyattn.errors import DataError
+from tinyattn.system.storage import atomic_write, check_writable
+
+FORMAT_VERSION = 2  # bump when the layout or meaning of the cache files changes (2: checksums)
+CHECK_CHUNK_BYTES = 1 << 24  # token files are checked this many bytes at a time
+ENCODE_BATCH_CHARS = 1 << 20  # characters handed to the tokenizer at once (encoded in parallel)
+
+
+class TokenCache:
+    """One cache folder: where it is, the key it must match, and how to build it."""
+
+    def __init__(self, source: Source, config: Config):
+        self.inputs = cache_inputs(source, config)
+        self.key = hashlib.sha256(json.dumps(self.inputs, sort_keys=True).encode()).hexdigest()
+        name = f"{source.name}-{_tokenizer_slug(config)}-{self.key[:12]}"
+        self.folder = Path(config.data.cache_dir).resolve() / name
+
+    def trusted_meta(self) -> Optional[dict]:
+        """meta.json of a complete cache built from this key, or None if anything is off."""
+        folder = self.folder
+        try:
+            meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+            if meta["key"] != self.key or meta["format_version"] != FORMAT_VERSION:
+                return None
+            itemsize = np.dtype(meta["dtype"]).itemsize
+            for split in ("train", "validation"):
+                if (folder / f"{split}.bin").stat().st_size != meta[f"{split}_tokens"] * itemsize:
+                    return None
+            if not (folder / "tokenizer.json").is_file():
+                return None
+            damage = _damage(folder, meta)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if damage:
+            print(f"warning: {damage}; rebuilding the token cache", file=sys.stderr, flush=True)
+            return None
+        return meta
+
+    def build(self, train: Callable[[], DocumentParts], validation: Callable[[], DocumentParts],
+              rule: str, config: Config, progress: bool) -> dict:
+        """Tokenize both splits into the folder; every file but meta.json (see `commit`).
+
+        `train()` and `validation()` stream each split's documents anew; `rule` says how
+        validation was chosen and is recorded in meta.json.
+        """
+        folder = self.folder
+
+        def texts() -> Iterator[str]:
+            return (text for text, _ in train())
+
+        tokenizer = build_tokenizer(config.tokenizer, texts, progress=progress)
+        check_writable(folder)  # a read-only cache folder is one line, not a traceback
+        (folder / "meta.json").unlink(missing_ok=True)  # from here on, nothing in the folder is trusted
+        dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
+        meta = {"format_version": FORMAT_VERSION, "key": self.key, "dtype": np.dtype(dtype).name,
+                "vocab_size": tokenizer.vocab_size, "validation_rule": rule, "inputs": self.inputs,
+                "checksums": {}}
+        # Each file lands whole or not at all; the folder is trusted only once `commit`
+        # writes meta.json after all of them.
+        for split, documents in (("train", train), ("validation", validation)):
+            with atomic_write(folder / f"{split}.bin") as out:
+                checksummed = _Checksummed(out)
+                tokens, count = write_tokens(documents(), tokenizer, checksummed, dtype,
+                                             progress=progress, desc=f"tokenizing {split}")
+            meta[f"{split}_tokens"], meta[f"{split}_documents"] = tokens, count
+            meta["checksums"][f"{split}.bin"] = checksummed.digest.hexdigest()
+        tokenizer.save(folder / "tokenizer.json")
+        meta["checksums"]["tokenizer.json"] = _checksum(folder / "tokenizer.json")
+        return meta
+
+    def commit(self, meta: dict) -> None:
+        """Write meta.json last: from now on the folder is trusted."""
+        with atomic_write(self.folder / "meta.json") as f:
+            f.write(json.dumps(meta, indent=2).encode())
+
+
+def cache_inputs(source: Source, config: Config) -> dict:
+    """Everything that decides the cache's contents; its hash names the cache folder."""
+    data, tok = config.data, config.tokenizer
+    tokenizer: dict = {"kind": tok.kind}
+    if tok.kind == "bpe":
+        tokenizer["vocab_size"] = tok.vocab_size
+    if tok.kind == "pretrained":
+        path = Path(tok.path)
+        try:
+            tokenizer["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+        except FileNotFoundError:
+            raise DataError(f"tokenizer.path: tokenizer file not found: {path}") from None
+    return {
+        "format_version": FORMAT_VERSION,
+        "source": source.identity,
+        "text_field": data.text_field,
+        "max_documents": data.max_documents,
+        "train_split": data.train_split,
+        "validation_split": data.validation_split,
+        "validation_fraction": None if data.validation_split else data.validation_fraction,
+        "tokenizer": tokenizer,
+        "tokenizers_version": tokenizers.__version__,  # BPE training may differ between versions
+    }
+
+
+def _tokenizer_slug(config: Config) -> str:
+    kind = config.tokenizer.kind
+    return f"bpe{config.tokenizer.vocab_size}" if kind == "bpe" else kind
+
+
+def write_tokens(documents: DocumentParts, tokenizer: Tokenizer, out, dtype, *, progress: bool = False,
+                 desc: str = "tokenizing") -> tuple[int, int]:
+    """Encode `documents` and append their ids to the binary file `out`, with the tokenizer's
+    `<|endoftext|>` between documents. Returns (tokens written, documents).
+
+    `documents` yields parts `(text, starts_document)` (see `tinyattn.sources`). They are
+    cut into pieces (`Tokenizer.text_pieces`) and encoded about a megabyte at a time, in
+    parallel: memory grows with the longest part, never with the corpus.
+    """
+    eot = tokenizer.eot_id
+    tokens = documents_seen = 0
+
+    def batches() -> Iterator[list[tuple[str, bool]]]:
+        batch: list[tuple[str, bool]] = []
+        size = 0
+        for text, starts in documents:
+            for number, piece in enumerate(tokenizer.text_pieces(text)):
+                batch.append((piece, starts and number == 0))  # (piece, starts a document)
+                size += len(piece)
+                if size >= ENCODE_BATCH_CHARS:
+                    yield batch
+                    batch, size = [], 0
+        if batch:
+            yield batch
+
+    with tqdm(desc=desc, unit="tok", unit_scale=True, disable=not progress) as bar:
+        for batch in batches():
+            encoded = tokenizer.encode_batch([piece for piece, _ in batch])
+            flat: list[int] = []
+            for (_, starts_document), ids in zip(batch, encoded):
+                if starts_document:
+                    if documents_seen and eot is not None:
+                        flat.append(eot)
+                    documents_seen += 1
+                flat.extend(ids)
+            out.write(np.asarray(flat, dtype=dtype).tobytes())
+            tokens += len(flat)
+            bar.update(len(flat))
+    return tokens, documents_seen
+
+
+def check_split_lengths(meta: dict, config: Config) -> None:
+    needed = config.model.context_length + 1
+    data = config.data
+    if meta["train_tokens"] < needed:
+        raise DataError(f"the training split has {meta['train_tokens']} tokens, fewer than "
+                        f"model.context_length + 1 = {needed}; use more text or a smaller "
+                        "model.context_length")
+    if meta["validation_tokens"] < needed:
+        if data.validation_split:
+            more = f"a larger split than data.validation_split={data.validation_split!r}"
+        else:
+            more = f"a larger data.validation_fraction (now {data.validation_fraction})"
+        raise DataError(f"the validation split has {meta['validation_tokens']} tokens, fewer than "
+                        f"model.context_length + 1 = {needed}; use {more} or a smaller "
+                        "model.context_length")
+
+
+class _Checksummed:
+    """A binary file that hashes what is written to it."""
+
+    def __init__(self, out):
+        self.out = out
+        self.digest = hashlib.blake2b()
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        return self.out.write(data)
+
+
+def _checksum(path: Path) -> str:
+    digest = hashlib.blake2b()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHECK_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _damage(folder: Path, meta: dict) -> Optional[str]:
+    """What is wrong with the cache's files, or None: a checksum that differs from meta.json,
+    or a token id the vocabulary does not have. Each file is read once."""
+    dtype, vocab_size = np.dtype(meta["dtype"]), meta["vocab_size"]
+    for split in ("train", "validation"):
+        path = folder / f"{split}.bin"
+        digest = hashlib.blake2b()
+        largest = -1
+        with open(path, "rb") as f:
+            while chunk := f.read(CHECK_CHUNK_BYTES):  # a multiple of the item size
+                digest.update(chunk)
+                largest = max(largest, int(np.frombuffer(chunk, dtype=dtype).max()))
+        if digest.hexdigest() != meta["checksums"][path.name]:
+            return f"{path} does not match its checksum in meta.json (changed after it was written)"
+        if largest >= vocab_size:
+            return f"{path} holds token id {largest}, outside the vocabulary of {vocab_size}"
+    if _checksum(folder / "tokenizer.json") != meta["checksums"]["tokenizer.json"]:
+        return f"{folder / 'tokenizer.json'} does not match its checksum in meta.json"
+    return None

@@ -1,0 +1,303 @@
+"""Text to token ids and back: character-level, byte-level BPE and pretrained tokenizers.
+
+Every kind is a Hugging Face `tokenizers` pipeline, saved and embedded in checkpoints as the
+same `tokenizer.json`, so one class (`Tokenizer`) serves all three:
+
+- `char`: one token per character (Unicode code point). The vocabulary is every character of
+  the training text, sorted by code point so ids are stable, then `[UNK]` and `<|endoftext|>`.
+  A character never seen in training encodes to `[UNK]`, which decodes to U+FFFD (the
+  Unicode replacement character "�"). Built as a WordLevel model over a pre-tokenizer that
+  cuts every character apart (`FixedLength(1)`), with a decoder that joins them again.
+- `bpe`: byte-level BPE (GPT-2 style) trained on the training text, with the 256 byte values
+  always in the vocabulary, so any Unicode text encodes without `[UNK]` and round-trips
+  exactly. No normalizer, no prefix space: `decode(encode(text)) == text` for every kind we
+  build, including spaces, newlines, emoji, CJK and combining marks.
+- `pretrained`: an existing `tokenizer.json`, used as it is.
+
+`<|endoftext|>` separates documents in the token stream. It is matched when it occurs
+literally in the text and decodes back to that literal, so round trips hold there too.
+
+Long texts are cut into pieces at newlines and encoded in parallel; `text_pieces` explains
+why the cut points leave the tokens unchanged for the kinds built here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Optional
+
+import tokenizers
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from tinyattn.config import TokenizerConfig
+from tinyattn.errors import DataError
+from tinyattn.system.storage import atomic_write
+
+END_OF_TEXT = "<|endoftext|>"
+UNKNOWN = "[UNK]"
+BYTE_ALPHABET_SIZE = 256
+PIECE_CHARS = 1 << 16  # long texts are encoded in pieces of about this many characters
+
+
+class Tokenizer:
+    """A `tokenizers.Tokenizer` with the small API the rest of tinyattn uses."""
+
+    def __init__(self, backend: tokenizers.Tokenizer):
+        self._backend = backend
+        spec = json.loads(backend.to_str())
+        self._eot_id = backend.token_to_id(END_OF_TEXT)
+        self._byte_level = (spec.get("decoder") or {}).get("type") == "ByteLevel"
+        self._splittable = _cuts_at_newlines_are_exact(spec)
+        self._model_type = (spec.get("model") or {}).get("type", "?")
+
+    # ------------------------------------------------------------------ loading and saving
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "Tokenizer":
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise DataError(f"{path}: tokenizer file not found") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise DataError(f"{path}: cannot read tokenizer file ({e})") from None
+        return cls.from_json(text, origin=str(path))
+
+    @classmethod
+    def from_json(cls, text: str, *, origin: str = "tokenizer JSON") -> "Tokenizer":
+        try:
+            backend = tokenizers.Tokenizer.from_str(text)
+        except Exception as e:  # the Rust parser raises a bare Exception with serde's message
+            raise DataError(f"{origin}: not a valid tokenizer.json ({str(e).splitlines()[0]})") from None
+        return cls(backend)
+
+    def to_json(self) -> str:
+        return self._backend.to_str()
+
+    def save(self, path: str | Path) -> None:
+        """Write tokenizer.json atomically; a folder gets `tokenizer.json` inside it."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / "tokenizer.json"
+        with atomic_write(path) as f:
+            f.write(self.to_json().encode("utf-8"))
+
+    # ------------------------------------------------------------------ vocabulary
+
+    @property
+    def vocab_size(self) -> int:
+        return self._backend.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def eot_id(self) -> Optional[int]:
+        """Id of `<|endoftext|>`, or None for a pretrained tokenizer without it."""
+        return self._eot_id
+
+    def token_text(self, id: int) -> str:
+        """Readable text of one token, for plot labels.
+
+        Control characters are escaped (a newline shows as `\\n`); a byte-level token that
+        is only part of a UTF-8 character shows its bytes (`\\xe4`).
+        """
+        token = self._backend.id_to_token(int(id))
+        if token is None:
+            raise ValueError(f"token id {id} is outside the vocabulary of {self.vocab_size}")
+        if self._byte_level and token != END_OF_TEXT:
+            inverse = _byte_level_inverse()
+            if all(c in inverse for c in token):
+                text = bytes(inverse[c] for c in token).decode("utf-8", errors="backslashreplace")
+                return _escape_controls(text)
+        return _escape_controls(self._backend.decode([int(id)], skip_special_tokens=False))
+
+    # ------------------------------------------------------------------ encoding
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_batch([text])[0]
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text. Long texts are cut into pieces first (see `text_pieces`)
+        so that all pieces of the batch are encoded in parallel."""
+        pieces: list[str] = []
+        counts: list[int] = []
+        for text in texts:
+            before = len(pieces)
+            pieces.extend(self.text_pieces(text))
+            counts.append(len(pieces) - before)
+        # encode_batch_fast skips the character offsets, which we never use.
+        encodings = self._backend.encode_batch_fast(pieces, add_special_tokens=False)
+        result, position = [], 0
+        for count in counts:
+            ids: list[int] = []
+            for encoding in encodings[position:position + count]:
+                ids.extend(encoding.ids)
+            result.append(ids)
+            position += count
+        return result
+
+    def text_pieces(self, text: str, max_chars: int = PIECE_CHARS) -> Iterator[str]:
+        """Cut `text` into pieces whose encodings, joined, equal the encoding of `text`.
+
+        Only for tokenizers where that is known to hold (ours, and pretrained byte-level
+        GPT-2-style ones); any other yields `text` whole.
+        """
+        if not self._splittable:
+            yield text
+            return
+        yield from text_pieces(text, max_chars)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of a sequence of ids (a list, numpy array or tensor); special tokens are kept."""
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        return self._backend.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def __repr__(self) -> str:
+        return f"Tokenizer({self._model_type}, vocab_size={self.vocab_size}, eot_id={self.eot_id})"
+
+
+# ----------------------------------------------------------------------------- building
+
+
+def build_tokenizer(config: TokenizerConfig, texts: Callable[[], Iterator[str]], *,
+                    progress: bool = False) -> Tokenizer:
+    """Make the tokenizer `config` asks for; `texts()` yields the training documents.
+
+    `texts` is a callable so a caller can stream a corpus larger than memory: it is called
+    once for char and bpe, and not at all for pretrained.
+    """
+    if config.kind == "pretrained":
+        if not config.path:
+            raise DataError("tokenizer.path: tokenizer.kind=pretrained needs the path of a tokenizer.json")
+        return Tokenizer.from_file(config.path)
+    if config.kind == "char":
+        return _build_char(texts())
+    if config.kind == "bpe":
+        return _build_bpe(config.vocab_size, texts(), progress)
+    raise DataError(f"tokenizer.kind: {config.kind!r} is not accepted; expected char, bpe or pretrained")
+
+
+def _build_char(texts: Iterator[str]) -> Tokenizer:
+    characters: set[str] = set()
+    for text in texts:
+        characters.update(text)  # C-level loop: about 100 MB of text a second
+    if not characters:
+        raise DataError("the training text is empty: nothing to build a character vocabulary from")
+    vocab = {c: i for i, c in enumerate(sorted(characters))}
+    vocab[UNKNOWN] = len(vocab)  # never produced by the pre-tokenizer, which yields single characters
+    backend = tokenizers.Tokenizer(models.WordLevel(vocab, unk_token=UNKNOWN))
+    backend.pre_tokenizer = pre_tokenizers.FixedLength(length=1)
+    # Replace works on each token before Fuse joins them, so only the [UNK] token itself
+    # becomes U+FFFD, never the five characters "[UNK]" written in a text.
+    backend.decoder = decoders.Sequence([decoders.Replace(UNKNOWN, "\ufffd"), decoders.Fuse()])
+    backend.add_special_tokens([END_OF_TEXT])
+    return Tokenizer(backend)
+
+
+def _build_bpe(vocab_size: int, texts: Iterator[str], progress: bool) -> Tokenizer:
+    minimum = BYTE_ALPHABET_SIZE + 1
+    if vocab_size < minimum:
+        raise DataError(f"tokenizer.vocab_size={vocab_size} is too small for byte-level BPE: the minimum "
+                        f"is {minimum} (256 byte values + {END_OF_TEXT})")
+    backend = tokenizers.Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[END_OF_TEXT], show_progress=progress,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # every byte, seen or not
+
+    seen_text = False
+
+    def pieces() -> Iterator[str]:
+        nonlocal seen_text
+        for text in texts:
+            if text:
+                seen_text = True
+                yield from text_pieces(text, PIECE_CHARS)
+
+    backend.train_from_iterator(pieces(), trainer)
+    if not seen_text:
+        raise DataError("the training text is empty: nothing to train the BPE tokenizer on")
+    return Tokenizer(backend)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def text_pieces(text: str, max_chars: int = PIECE_CHARS) -> Iterator[str]:
+    """Cut `text` into pieces of at most about `max_chars` characters, at safe points.
+
+    A safe point is just after a newline that has a non-space character on each side
+    ("...end.\\nNext"). Character-level tokenization is unchanged by any cut. Byte-level
+    BPE first splits text with the GPT-2 pattern, whose matches never look behind and
+    never join a lone newline to its neighbours, and merges only within those splits, so
+    a lone newline ends a split whether or not the text goes on. Where no safe point
+    exists within a piece (a very long line), the cut is made at `max_chars`, outside any
+    `<|endoftext|>`; that may change a token or two at the cut and nothing else.
+    """
+    start, n = 0, len(text)
+    while n - start > max_chars:
+        limit = start + max_chars
+        cut = _safe_cut(text, start + max_chars // 2, limit)
+        if cut is None:
+            cut = limit
+            # An <|endoftext|> that starts before the cut and ends after it: cut before it.
+            straddling = text.rfind(END_OF_TEXT, cut - len(END_OF_TEXT) + 1, cut + len(END_OF_TEXT) - 1)
+            if straddling > start:
+                cut = straddling
+        yield text[start:cut]
+        start = cut
+    if start < n or n == 0:
+        yield text[start:]
+
+
+def _safe_cut(text: str, low: int, high: int) -> Optional[int]:
+    """The largest position p in (low, high] just after a newline with non-space on both sides."""
+    position = high
+    while True:
+        newline = text.rfind("\n", low, position)
+        if newline <= low:
+            return None
+        if (newline + 1 < len(text) and not text[newline - 1].isspace()
+                and not text[newline + 1].isspace()):
+            return newline + 1
+        position = newline
+
+
+def _cuts_at_newlines_are_exact(spec: dict) -> bool:
+    """Whether `text_pieces` cuts leave this tokenizer's output unchanged (see there)."""
+    if spec.get("normalizer") is not None:
+        return False
+    pre = spec.get("pre_tokenizer") or {}
+    if pre.get("type") == "FixedLength":
+        return pre.get("length") == 1
+    if pre.get("type") == "ByteLevel":
+        return pre.get("add_prefix_space") is False and pre.get("use_regex", True) is True
+    return False
+
+
+_BYTE_LEVEL_INVERSE: dict[str, int] = {}
+
+
+def _byte_level_inverse() -> dict[str, int]:
+    """The GPT-2 byte-level alphabet, character -> byte: printable bytes stand for
+    themselves, the other 68 are shifted to U+0100 and up so every token is printable."""
+    if not _BYTE_LEVEL_INVERSE:
+        printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                     *range(ord("®"), ord("ÿ") + 1)]
+        shifted = 0
+        for byte in range(256):
+            if byte in printable:
+                _BYTE_LEVEL_INVERSE[chr(byte)] = byte
+            else:
+                _BYTE_LEVEL_INVERSE[chr(256 + shifted)] = byte
+                shifted += 1
+    return _BYTE_LEVEL_INVERSE
+
+
+_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def _escape_controls(text: str) -> str:
+    return "".join(_ESCAPES.get(c, f"\\x{ord(c):02x}" if ord(c) < 32 or ord(c) == 127 else c)
+                   for c in text)

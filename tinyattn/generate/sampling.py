@@ -1,0 +1,83 @@
+"""Sampling: small pure functions from logits (B, V) to the next token ids."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+
+from tinyattn.config import check_sampling
+from tinyattn.errors import ConfigError
+
+Generators = Union[torch.Generator, Sequence[torch.Generator], None]
+
+
+# ----------------------------------------------------------------------------- 1. sampling
+
+
+def check_sampling_options(**options) -> None:
+    """Raise ConfigError naming the first unusable option, as the command line spells it.
+
+    The rules are `tinyattn.config.check_sampling`'s, the same for `sample.*` in a config:
+    temperature, top_k, top_p, repetition_penalty, max_new_tokens, num_samples, seed, stop.
+    None means "not given" (top_k: off).
+    """
+    def fail(name, value, accepted):
+        shown = {"repetition_penalty": "repetition penalty", "stop": "stop string"}.get(name, name.replace("_", "-"))
+        raise ConfigError(f"{shown} {value!r} is not accepted: expected {accepted}")
+
+    check_sampling(fail, **options)
+
+
+def apply_repetition_penalty(logits: torch.Tensor, present: torch.Tensor, penalty: float) -> torch.Tensor:
+    """CTRL-style penalty: tokens already present get less likely, whatever their logit's sign.
+
+    logits: (B, V); present: (B, V) bool, True for tokens already in the row's sequence.
+    Positive logits of present tokens are divided by `penalty`, negative ones multiplied by it
+    (dividing a negative logit would make the token more likely). Returns a new (B, V) tensor.
+    """
+    penalized = torch.where(logits > 0, logits / penalty, logits * penalty)  # (B, V)
+    return torch.where(present, penalized, logits)
+
+
+def nucleus_mask(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """(B, V) bool: the smallest set of most likely tokens whose probability reaches top_p.
+
+    A token is kept when the tokens ranked above it hold less than top_p in total, so the
+    most likely token is always kept, and the set stops at the first token that makes the
+    total reach top_p. probs: (B, V), each row summing to 1.
+    """
+    sorted_probs, order = probs.sort(dim=-1, descending=True)  # (B, V) each
+    mass_above = sorted_probs.cumsum(dim=-1) - sorted_probs  # (B, V): probability ranked above
+    keep_sorted = mass_above < top_p  # (B, V) in sorted order
+    return torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)  # back to vocabulary order
+
+
+def sample_next_token(logits: torch.Tensor, generator: Generators = None, temperature: float = 1.0,
+                      top_k: Optional[int] = None, top_p: float = 1.0) -> torch.Tensor:
+    """Draw one token per row. logits: (B, V) -> token ids (B,), int64.
+
+    temperature 0: argmax (greedy), nothing is drawn. Otherwise logits are divided by the
+    temperature, top_k (None or 0: off) keeps the k largest (ties with the k-th are kept),
+    top_p (1: off) keeps the nucleus (see `nucleus_mask`), and one token is drawn per row.
+
+    generator: one `torch.Generator` for the whole batch, or a sequence of one per row. With
+    one per row, a row's draw depends on its own logits and generator only, so a row of a
+    batch gets exactly the token it would get decoded alone. None uses torch's global one.
+    Does not modify `logits`. Options are assumed valid (see `check_sampling_options`).
+    """
+    if temperature == 0:
+        return logits.argmax(dim=-1)  # (B,)
+    logits = logits.float() / temperature  # (B, V), a new tensor
+    if top_k and top_k < logits.size(-1):
+        kth_largest = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)  # (B, V)
+    if top_p < 1.0:
+        probs = probs * nucleus_mask(probs, top_p)  # multinomial needs no renormalising
+    if generator is None or isinstance(generator, torch.Generator):
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
+    if len(generator) != probs.size(0):
+        raise ValueError(f"{len(generator)} generators for a batch of {probs.size(0)} rows")
+    draws = [torch.multinomial(probs[i:i + 1], 1, generator=g) for i, g in enumerate(generator)]
+    return torch.cat(draws).squeeze(-1)  # (B,)

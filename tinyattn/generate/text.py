@@ -1,0 +1,264 @@
+"""From a prompt to a stream of text: detokenizing, stop strings, samples in order."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Iterator, NamedTuple, Optional, Sequence
+
+import torch
+
+from tinyattn.errors import DataError
+from tinyattn.generate.decoder import generate_tokens
+from tinyattn.generate.sampling import check_sampling_options
+
+
+class PromptWarning(UserWarning):
+    """The prompt was used, but not exactly as given (too long, unknown characters)."""
+
+
+# ----------------------------------------------------------------------------- 4. text
+
+
+class IncrementalDetokenizer:
+    """One sequence's token ids in, its new text out, one token at a time.
+
+    Decoding each token alone is wrong when a character spans several tokens (byte-level
+    BPE) and for decoders whose output depends on the neighbours, so each push decodes a
+    short window of recent ids with and without the newest and returns the difference. Text
+    ending in U+FFFD (an incomplete UTF-8 character) is held until the next token completes
+    it; a character-level [UNK], which decodes to U+FFFD, is therefore shown one token late.
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix = 0  # ids[prefix:read] are decoded for context only
+        self.read = 0  # ids[read:] have not been shown yet
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        shown = self.tokenizer.decode(self.ids[self.prefix:self.read])
+        text = self.tokenizer.decode(self.ids[self.prefix:])
+        if len(text) > len(shown) and not text.endswith("\ufffd"):
+            self.prefix, self.read = self.read, len(self.ids)
+            return text[len(shown):]
+        return ""
+
+    def flush(self) -> str:
+        """Whatever is still held back, incomplete characters included."""
+        shown = self.tokenizer.decode(self.ids[self.prefix:self.read])
+        text = self.tokenizer.decode(self.ids[self.prefix:])
+        self.prefix = self.read = len(self.ids)
+        return text[len(shown):]
+
+
+class StopStringFilter:
+    """Passes text through until a stop string appears; the stop string is never passed.
+
+    Text that could be the start of a stop string ("\\n" while waiting for "\\n\\n") is held
+    back until the next text shows whether it is. Because of that, a stop string can only
+    begin in the held-back text, so searching that is enough.
+    """
+
+    def __init__(self, stop: Sequence[str] = ()):
+        self.stop = list(stop)
+        self.pending = ""  # held back, not yet passed
+        self.stopped = False
+
+    def push(self, text: str) -> str:
+        if self.stopped:
+            return ""
+        self.pending += text
+        starts = [i for i in (self.pending.find(s) for s in self.stop) if i >= 0]
+        if starts:
+            self.stopped = True
+            passed, self.pending = self.pending[:min(starts)], ""
+            return passed
+        cut = len(self.pending) - self._held()
+        passed, self.pending = self.pending[:cut], self.pending[cut:]
+        return passed
+
+    def flush(self) -> str:
+        """The held-back text, at the end of a sample that did not stop on a stop string."""
+        passed, self.pending = ("" if self.stopped else self.pending), ""
+        return passed
+
+    def _held(self) -> int:
+        """Length of the longest end of `pending` that is a proper start of a stop string."""
+        longest = 0
+        for s in self.stop:
+            for n in range(min(len(s) - 1, len(self.pending)), longest, -1):
+                if self.pending.endswith(s[:n]):
+                    longest = n
+                    break
+        return longest
+
+
+def encode_prompt(tokenizer, prompt: str, context_length: int) -> list[int]:
+    """Token ids of the prompt, with a PromptWarning for what cannot be used as given.
+
+    An empty prompt starts from the end-of-text token (a document boundary, what the model
+    saw before every document), or from a newline when the tokenizer has none. Characters
+    the tokenizer cannot represent (never seen by a character-level one) become [UNK]; a
+    prompt longer than the context keeps only its last `context_length` tokens.
+    """
+    if not prompt:
+        if tokenizer.eot_id is not None:
+            return [tokenizer.eot_id]
+        prompt = "\n"
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:  # lone surrogates: bytes that were not UTF-8, escaped by Python
+        raise DataError(f"the prompt is not valid UTF-8 text (at character {e.start}: "
+                        f"{prompt[e.start:e.end]!r})") from None
+    ids = tokenizer.encode(prompt)
+    if tokenizer.decode(ids) != prompt:  # only then look for the characters at fault
+        unknown = [c for c in dict.fromkeys(prompt) if tokenizer.decode(tokenizer.encode(c)) != c]
+        if unknown:
+            names = ", ".join(repr(c) for c in unknown)
+            warnings.warn(f"the prompt has characters the tokenizer has never seen, read as [UNK]: "
+                          f"{names}", PromptWarning, stacklevel=3)
+    if not ids:
+        raise DataError(f"the prompt {prompt!r} encodes to no tokens")
+    if len(ids) > context_length:
+        warnings.warn(f"the prompt is {len(ids)} tokens, longer than the model's context of "
+                      f"{context_length}; only its last {context_length} tokens are used",
+                      PromptWarning, stacklevel=3)
+    return ids
+
+
+# ----------------------------------------------------------------------------- 5. prompt to text
+
+
+class SamplePiece(NamedTuple):
+    sample: int  # which sample, 0-based
+    text: str  # new text of that sample (may be empty on its last piece)
+    finish_reason: Optional[str] = None  # on a sample's last piece: "stop", "eot" or "length"
+
+
+def generate_samples(model, tokenizer, prompt: str, num_samples: int = 1, *, max_new_tokens: int = 500,
+                     temperature: float = 0.8, top_k: Optional[int] = None, top_p: float = 1.0,
+                     repetition_penalty: float = 1.0, stop: Sequence[str] = (), seed: Optional[int] = None,
+                     generators: Optional[Sequence[torch.Generator]] = None,
+                     compile: bool = False) -> Iterator[SamplePiece]:
+    """Continue `prompt` `num_samples` times, decoded together as one batch.
+
+    Pieces come in sample order: sample 0 streams token by token as it is produced; text of
+    later samples produced meanwhile is held and comes out as soon as every earlier sample has
+    ended, then that sample streams live in turn. Each sample's last piece has its
+    `finish_reason`: "stop" (a stop string, not included), "eot" (the end-of-text token, not
+    included) or "length" (max_new_tokens reached).
+
+    Sample i draws from its own generator, seeded with `seed + i` (seed None: a fresh random
+    seed), so sample i equals the single sample of a run with seed `seed + i`. `generators`
+    (one per sample) replaces the seeding. `compile=True` compiles the one-token step
+    (`compile_decode_step`): the same text, faster per token, after a compile that only long
+    generations repay.
+    """
+    check_sampling_options(temperature=temperature, top_k=top_k, top_p=top_p,
+                           repetition_penalty=repetition_penalty, max_new_tokens=max_new_tokens,
+                           num_samples=num_samples, seed=seed, stop=stop)
+    device = next(model.parameters()).device
+    generators = sample_generators(num_samples, seed, generators, device)
+    ids = encode_prompt(tokenizer, prompt, model.config.context_length)
+    prompt_ids = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)  # (S, T)
+    streams = SampleStreams(tokenizer, num_samples, stop)
+    tokens = generate_tokens(model, prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k,
+                             top_p=top_p, repetition_penalty=repetition_penalty, generator=generators,
+                             compile=compile)
+    try:
+        for token in tokens:
+            streams.push(token.tolist())
+            yield from streams.ready()
+            if streams.all_ended:
+                return
+    finally:
+        tokens.close()
+    streams.end_the_rest("length")
+    yield from streams.ready()
+
+
+def sample_generators(num_samples: int, seed: Optional[int], generators: Optional[Sequence[torch.Generator]],
+                      device: torch.device) -> Sequence[torch.Generator]:
+    """One generator per sample: sample i seeded with `seed + i` (None: a fresh random seed)."""
+    if generators is None:
+        if seed is None:
+            seed = int.from_bytes(os.urandom(6), "little")
+        return [torch.Generator(device=device).manual_seed(seed + i) for i in range(num_samples)]
+    if seed is not None or len(generators) != num_samples:
+        raise ValueError("pass either a seed or one generator per sample")
+    return generators
+
+
+class SampleStreams:
+    """The text of samples decoded together, let out in sample order (see `generate_samples`).
+
+    Each sample has its own detokenizer and stop-string filter; text of a sample whose turn
+    to stream has not come is held until every earlier sample has ended.
+    """
+
+    def __init__(self, tokenizer, num_samples: int, stop: Sequence[str]):
+        self.eot_id = tokenizer.eot_id
+        self.detokenizers = [IncrementalDetokenizer(tokenizer) for _ in range(num_samples)]
+        self.filters = [StopStringFilter(stop) for _ in range(num_samples)]
+        self.finished: list[Optional[str]] = [None] * num_samples  # finish reason of each sample
+        self.held = [""] * num_samples  # text not let out yet
+        self.current = 0  # the sample streaming now; all before it have ended
+
+    @property
+    def all_ended(self) -> bool:
+        return self.current == len(self.finished)
+
+    def push(self, token_ids: list[int]) -> None:
+        """The next token of every sample; a sample that has ended ignores its own."""
+        for i, token_id in enumerate(token_ids):
+            if self.finished[i] is not None:
+                continue  # its row keeps being computed with the batch, but is ignored
+            if token_id == self.eot_id:
+                self.end(i, "eot")
+                continue
+            self.held[i] += self.filters[i].push(self.detokenizers[i].push(token_id))
+            if self.filters[i].stopped:
+                self.end(i, "stop")
+
+    def end(self, i: int, reason: str) -> None:
+        text = self.filters[i].push(self.detokenizers[i].flush())
+        self.finished[i] = "stop" if self.filters[i].stopped else reason
+        self.held[i] += text + self.filters[i].flush()
+
+    def end_the_rest(self, reason: str) -> None:
+        for i, finished in enumerate(self.finished):
+            if finished is None:
+                self.end(i, reason)
+
+    def ready(self) -> Iterator[SamplePiece]:
+        """Pieces that may go out now, in sample order."""
+        while not self.all_ended:
+            i = self.current
+            text, self.held[i] = self.held[i], ""
+            if self.finished[i] is None:
+                if text:
+                    yield SamplePiece(i, text)
+                return
+            yield SamplePiece(i, text, self.finished[i])
+            self.current += 1
+
+
+def generate(model, tokenizer, prompt: str, *, max_new_tokens: int = 500, temperature: float = 0.8,
+             top_k: Optional[int] = None, top_p: float = 1.0, repetition_penalty: float = 1.0,
+             stop: Sequence[str] = (), seed: Optional[int] = None,
+             generator: Optional[torch.Generator] = None, compile: bool = False) -> Iterator[str]:
+    """Continue `prompt` once, yielding the new text piece by piece as it is produced.
+
+    `"".join(generate(...))` is the whole continuation (the prompt not included). Give a
+    `seed` or a `generator` (on the model's device) to fix the text; see `generate_samples`
+    for the options and for several samples at once.
+    """
+    pieces = generate_samples(model, tokenizer, prompt, 1, max_new_tokens=max_new_tokens,
+                              temperature=temperature, top_k=top_k, top_p=top_p,
+                              repetition_penalty=repetition_penalty, stop=stop, seed=seed,
+                              generators=None if generator is None else [generator], compile=compile)
+    for piece in pieces:
+        if piece.text:
+            yield piece.text

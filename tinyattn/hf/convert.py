@@ -1,0 +1,201 @@
+"""Between tinyattn and transformers: weight names and config.json."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from tinyattn.config import ModelConfig
+from tinyattn.errors import CheckpointError, TinyattnError
+
+INSTALL_HINT = 'pip install -e ".[hf]"'
+ARCHITECTURE = "LlamaForCausalLM"
+QK_NORM_ARCHITECTURE = "Qwen3ForCausalLM"  # Llama + QK-norm
+MODEL_TYPES = {ARCHITECTURE: "llama", QK_NORM_ARCHITECTURE: "qwen3"}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+
+
+def safetensors_torch():
+    """`safetensors.torch`, or a one-line error saying how to install it."""
+    try:
+        import safetensors.torch
+    except ImportError:
+        raise TinyattnError("reading or writing Hugging Face model folders needs the safetensors "
+                            f"package (and transformers to use them there): {INSTALL_HINT}") from None
+    return safetensors.torch
+
+
+def norm_eps(config: ModelConfig) -> float:
+    """The RMSNorm epsilon the model uses: None means torch's default for the residual
+    stream's dtype, which stays fp32 under autocast."""
+    return config.norm_eps if config.norm_eps is not None else torch.finfo(torch.float32).eps
+
+
+# ----------------------------------------------------------------------------- weight names
+
+
+def to_hf_weights(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """tinyattn state dict -> Llama names, fused matrices split (each tensor its own copy)."""
+    kv_width = config.kv_heads * config.head_dim
+    out = {"model.embed_tokens.weight": state["token_embedding.weight"],
+           "model.norm.weight": state["final_norm.weight"]}
+    if not config.tie_embeddings:
+        out["lm_head.weight"] = state["head.weight"]
+    for i in range(config.n_layer):
+        ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
+        q, k, v = state[ours + "attention.qkv.weight"].split((config.n_embd, kv_width, kv_width))
+        gate, up = state[ours + "mlp.gate_up.weight"].chunk(2)
+        out.update({
+            theirs + "input_layernorm.weight": state[ours + "attention_norm.weight"],
+            theirs + "self_attn.q_proj.weight": q,
+            theirs + "self_attn.k_proj.weight": k,
+            theirs + "self_attn.v_proj.weight": v,
+            theirs + "self_attn.o_proj.weight": state[ours + "attention.output.weight"],
+            theirs + "post_attention_layernorm.weight": state[ours + "mlp_norm.weight"],
+            theirs + "mlp.gate_proj.weight": gate,
+            theirs + "mlp.up_proj.weight": up,
+            theirs + "mlp.down_proj.weight": state[ours + "mlp.down.weight"],
+        })
+        if config.qk_norm:
+            out[theirs + "self_attn.q_norm.weight"] = state[ours + "attention.q_norm.weight"]
+            out[theirs + "self_attn.k_norm.weight"] = state[ours + "attention.k_norm.weight"]
+    # safetensors refuses views that share storage (the splits above): one copy each.
+    return {name: tensor.detach().contiguous().clone() for name, tensor in out.items()}
+
+
+def from_hf_weights(tensors: dict[str, torch.Tensor], config: ModelConfig,
+                    origin: str) -> dict[str, torch.Tensor]:
+    """Llama names -> a tinyattn state dict (fp32); a missing or extra tensor is named."""
+    tensors = {k: v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}  # old files
+    used: set[str] = set()
+
+    def take(name: str) -> torch.Tensor:
+        if name not in tensors:
+            raise CheckpointError(f"{origin}: weight {name} is missing")
+        used.add(name)
+        return tensors[name].float()
+
+    state = {"token_embedding.weight": take("model.embed_tokens.weight"),
+             "final_norm.weight": take("model.norm.weight")}
+    if config.tie_embeddings:
+        used.add("lm_head.weight")  # a tied head's copy, if the file holds one, is the embedding
+        state["head.weight"] = state["token_embedding.weight"]  # as the tied model's state dict lists it
+    else:
+        state["head.weight"] = take("lm_head.weight")
+    for i in range(config.n_layer):
+        ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
+        state.update({
+            ours + "attention_norm.weight": take(theirs + "input_layernorm.weight"),
+            ours + "attention.qkv.weight": torch.cat([take(theirs + f"self_attn.{p}_proj.weight")
+                                                      for p in "qkv"]),
+            ours + "attention.output.weight": take(theirs + "self_attn.o_proj.weight"),
+            ours + "mlp_norm.weight": take(theirs + "post_attention_layernorm.weight"),
+            ours + "mlp.gate_up.weight": torch.cat([take(theirs + "mlp.gate_proj.weight"),
+                                                    take(theirs + "mlp.up_proj.weight")]),
+            ours + "mlp.down.weight": take(theirs + "mlp.down_proj.weight"),
+        })
+        if config.qk_norm:
+            state[ours + "attention.q_norm.weight"] = take(theirs + "self_attn.q_norm.weight")
+            state[ours + "attention.k_norm.weight"] = take(theirs + "self_attn.k_norm.weight")
+    extra = sorted(set(tensors) - used)
+    if extra:
+        more = f" and {len(extra) - 3} more" if len(extra) > 3 else ""
+        bias = " (biases are not supported)" if any(k.endswith(".bias") for k in extra) else ""
+        raise CheckpointError(f"{origin}: weights a Llama model of this config does not have: "
+                              f"{', '.join(extra[:3])}{more}{bias}")
+    return state
+
+
+# ----------------------------------------------------------------------------- config.json
+
+
+def architecture(raw: dict, origin: str) -> str:
+    """The config's architecture if tinyattn reads it, else a CheckpointError naming what was found."""
+    found = raw.get("architectures")
+    if found is None:  # older files may name only the model type
+        by_type = {t: a for a, t in MODEL_TYPES.items()}
+        if raw.get("model_type") not in by_type:
+            raise CheckpointError(f"{origin}: no architectures field and model_type {raw.get('model_type')!r}: "
+                                  f"tinyattn reads {ARCHITECTURE} (and {QK_NORM_ARCHITECTURE}) folders only")
+        found = [by_type[raw["model_type"]]]
+    if not (isinstance(found, list) and len(found) == 1 and found[0] in MODEL_TYPES):
+        raise CheckpointError(f"{origin}: architectures {found}: tinyattn reads {ARCHITECTURE} "
+                              f"(and {QK_NORM_ARCHITECTURE}) only")
+    return found[0]
+
+
+def model_config_from_hf(raw: dict, origin: str, *, tied: Optional[bool] = None) -> ModelConfig:
+    """A Llama `config.json` as a ModelConfig; anything tinyattn would compute differently
+    is a CheckpointError naming the field. tied: the head's tying when the file omits it."""
+    def refuse(what: str) -> None:
+        raise CheckpointError(f"{origin}: {what}")
+
+    qk_norm = architecture(raw, origin) == QK_NORM_ARCHITECTURE
+    if raw.get("use_sliding_window") or any(t != "full_attention" for t in raw.get("layer_types") or []):
+        refuse("sliding-window attention (use_sliding_window, layer_types): tinyattn's layers all "
+               "attend to the whole context")
+    activation = raw.get("hidden_act", "silu")
+    if activation != "silu":
+        refuse(f"hidden_act {activation!r}: tinyattn's MLP is SwiGLU (silu) only")
+    for key in ("attention_bias", "mlp_bias"):
+        if raw.get(key):
+            refuse(f"{key} true: tinyattn's projections have no biases")
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        refuse(f"rope scaling {rope_type!r}: only plain RoPE (rope_type default, no rope_scaling) "
+               "is supported")
+    if rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)) != 1.0:
+        refuse("partial_rotary_factor: tinyattn rotates every dimension of a head")
+    try:
+        hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+        kv_heads = int(raw.get("num_key_value_heads") or heads)
+        head_dim = raw.get("head_dim")
+        if head_dim is not None and int(head_dim) * heads != hidden:
+            refuse(f"head_dim {head_dim} is not hidden_size / num_attention_heads = {hidden} / {heads}: "
+                   "tinyattn's heads split the width evenly")
+        theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
+        if tied is None or "tie_word_embeddings" in raw:
+            tied = bool(raw.get("tie_word_embeddings", True))  # the transformers 4 default
+        config = ModelConfig(
+            vocab_size=int(raw["vocab_size"]), n_layer=int(raw["num_hidden_layers"]), n_head=heads,
+            n_kv_head=kv_heads, n_embd=hidden, mlp_hidden=int(raw["intermediate_size"]),
+            context_length=int(raw.get("max_position_embeddings", 2048)), tie_embeddings=tied,
+            rope_base=float(theta), norm_eps=float(raw.get("rms_norm_eps", 1e-6)), qk_norm=qk_norm)
+    except KeyError as e:
+        refuse(f"field {e.args[0]} is missing")
+    except (TypeError, ValueError) as e:
+        refuse(f"a field has an unusable value ({e})")
+
+    def fail(key, value, accepted):
+        refuse(f"gives {key}={value!r}, which tinyattn cannot build: {accepted}")
+
+    config.validate(fail)
+    return config
+
+
+def hf_config(config: ModelConfig, eot_id: Optional[int], dtype: torch.dtype) -> dict:
+    """config.json for `config` (Llama, or Qwen3 with QK-norm); an option neither can hold
+    is refused, never dropped."""
+    if config.logit_softcap is not None:
+        raise CheckpointError(f"model.logit_softcap: {config.logit_softcap} cannot be exported: "
+                              f"neither {ARCHITECTURE} nor {QK_NORM_ARCHITECTURE} soft-caps its logits")
+    architecture = QK_NORM_ARCHITECTURE if config.qk_norm else ARCHITECTURE
+    rope = {"rope_type": "default", "rope_theta": config.rope_base}
+    extra = {"use_sliding_window": False, "sliding_window": None, "max_window_layers": config.n_layer,
+             "layer_types": ["full_attention"] * config.n_layer} if config.qk_norm else {"mlp_bias": False}
+    return {
+        "architectures": [architecture], "model_type": MODEL_TYPES[architecture], **extra,
+        "vocab_size": config.vocab_size, "hidden_size": config.n_embd,
+        "intermediate_size": config.hidden_dim, "num_hidden_layers": config.n_layer,
+        "num_attention_heads": config.n_head, "num_key_value_heads": config.kv_heads,
+        "head_dim": config.head_dim, "hidden_act": "silu",
+        "max_position_embeddings": config.context_length, "rms_norm_eps": norm_eps(config),
+        "rope_parameters": rope, "rope_theta": config.rope_base,  # the second for transformers 4
+        "attention_bias": False, "attention_dropout": 0.0,
+        "tie_word_embeddings": config.tie_embeddings,
+        "bos_token_id": eot_id, "eos_token_id": eot_id, "pad_token_id": None,
+        "initializer_range": 0.02, "use_cache": True, "dtype": DTYPE_NAMES[dtype],
+    }

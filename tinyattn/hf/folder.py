@@ -1,0 +1,293 @@
+"""Hugging Face folders: reading one (import) and writing one (export)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from tinyattn.checkpoint import LoadedModel, is_hf_folder, load_model, load_weights
+from tinyattn.config import Config, SampleConfig, TokenizerConfig
+from tinyattn.data.tokenizer import END_OF_TEXT, UNKNOWN, Tokenizer
+from tinyattn.errors import CheckpointError
+from tinyattn.hf.convert import (
+    ARCHITECTURE,
+    QK_NORM_ARCHITECTURE,
+    from_hf_weights,
+    hf_config,
+    model_config_from_hf,
+    safetensors_torch,
+    to_hf_weights,
+)
+from tinyattn.model.transformer import LanguageModel
+from tinyattn.system.storage import TEMPORARY_SUFFIX, atomic_write, storage_errors
+
+WEIGHTS = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth")
+# Files an export writes; an existing folder holding only these may be replaced with --force.
+EXPORTED_FILES = ("config.json", WEIGHTS, "generation_config.json", "tokenizer.json",
+                  "tokenizer_config.json", "special_tokens_map.json", "README.md")
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def load_any_model(path: Optional[str | Path] = None, device: str | torch.device = "cpu",
+                   out_dir: str | Path = "checkpoints") -> LoadedModel:
+    """What every `--checkpoint` accepts: a Hugging Face Llama folder, read here, or else a
+    tinyattn checkpoint file or run folder (None: the latest run under out_dir), read by
+    `tinyattn.checkpoint.load_model`. The model comes back ready for inference (eval mode)."""
+    if path is None or not is_hf_folder(path):
+        return load_model(path, device, out_dir)
+    imported = read_folder(path)
+    model = LanguageModel(imported.config.model)
+    load_weights(model, {"model": imported.weights}, imported.weights_file)
+    model.to(device).eval()
+    return LoadedModel(model, imported.tokenizer, imported.config, imported.weights_file, 0)
+
+
+
+@dataclass
+class ImportedModel:
+    config: Config  # model from config.json, tokenizer pretrained, sample from generation_config.json
+    weights: dict[str, torch.Tensor]  # tinyattn names, fp32
+    tokenizer: Tokenizer
+    weights_file: Path
+
+
+def read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: not found") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: not readable JSON ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
+
+
+def read_folder(folder: str | Path) -> ImportedModel:
+    """A Hugging Face Llama folder as tinyattn config, weights and tokenizer."""
+    folder = Path(folder)
+    raw = read_json(folder / "config.json")
+    # Settle the architecture before anything else, so a foreign folder gets that one line.
+    model_config_from_hf(raw, f"{folder / 'config.json'}", tied=True)
+    if not (folder / "tokenizer.json").is_file():
+        raise CheckpointError(f"{folder}: no tokenizer.json (a tokenizers-library tokenizer); "
+                              "tokenizer.model or vocab files alone are not read")
+    weights_file, tensors = _read_weights(folder)
+    model_config = model_config_from_hf(raw, f"{folder / 'config.json'}",
+                                        tied="lm_head.weight" not in tensors)
+    weights = from_hf_weights(tensors, model_config, str(weights_file))
+    tokenizer_file = folder / "tokenizer.json"
+    tokenizer = Tokenizer.from_file(tokenizer_file)
+    sample = _sample_config(folder / "generation_config.json")
+    config = Config(model=model_config, sample=sample,
+                    tokenizer=TokenizerConfig(kind="pretrained", path=str(tokenizer_file)))
+    return ImportedModel(config, weights, tokenizer, weights_file)
+
+
+def _read_weights(folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    if (folder / WEIGHTS).is_file():
+        files, index = [folder / WEIGHTS], folder / WEIGHTS
+    elif (folder / WEIGHTS_INDEX).is_file():
+        index = folder / WEIGHTS_INDEX
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index}: no weight_map")
+        files = [folder / name for name in dict.fromkeys(weight_map.values())]
+    else:
+        pickles = [name for name in PICKLES if (folder / name).is_file()]
+        if pickles:
+            raise CheckpointError(f"{folder}: holds {pickles[0]}, a pickle, which tinyattn never loads "
+                                  "(unpickling can run code); it needs model.safetensors: load the "
+                                  "model with transformers on a machine you trust and save_pretrained it")
+        raise CheckpointError(f"{folder}: no {WEIGHTS} (or {WEIGHTS_INDEX}) beside config.json")
+    st = safetensors_torch()
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            tensors.update(st.load_file(file))
+        except FileNotFoundError:
+            raise CheckpointError(f"{file}: not found (listed in {index.name})") from None
+        except Exception as e:  # safetensors raises its own SafetensorError for a bad header
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CheckpointError(f"{file}: not a readable safetensors file ({reason[:200]})") from None
+    return index, tensors
+
+
+def _sample_config(path: Path) -> SampleConfig:
+    """generation_config.json's sampling defaults; transformers' own defaults where it is silent
+    (greedy unless do_sample), tinyattn's when there is no such file."""
+    sample = SampleConfig()
+    if not path.is_file():
+        return sample
+    raw = read_json(path)
+    if raw.get("do_sample"):
+        sample.temperature = float(raw.get("temperature", 1.0))
+        top_k = raw.get("top_k", 50)
+        sample.top_k = int(top_k) if top_k else None
+        sample.top_p = float(raw.get("top_p", 1.0))
+    else:
+        sample.temperature = 0.0
+    sample.repetition_penalty = float(raw.get("repetition_penalty", 1.0))
+    if raw.get("max_new_tokens"):
+        sample.max_new_tokens = int(raw["max_new_tokens"])
+
+    def fail(key, value, accepted):
+        raise CheckpointError(f"{path}: gives {key}={value!r}: {accepted}")
+
+    sample.validate(fail)
+    return sample
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+@dataclass
+class ModelCard:
+    """What the model card says about the training run."""
+
+    source: str  # the checkpoint exported
+    step: int
+    tokens_seen: Optional[int] = None
+    best_val_loss: Optional[float] = None
+
+
+def export_folder(weights: dict[str, torch.Tensor], config: Config, tokenizer: Tokenizer,
+                  out: str | Path, *, dtype: torch.dtype = torch.float32,
+                  card: Optional[ModelCard] = None, force: bool = False) -> list[Path]:
+    """Write a Hugging Face Llama folder for a tinyattn model; returns the files written.
+
+    weights: the model's state dict (tinyattn names). An existing `out` is refused unless
+    it is empty or (with force) holds only files an export writes. Every file is made
+    before any is written, and written beside `out` first: a failed export leaves `out`
+    as it was (absent, empty, or the earlier export), never half of one.
+    """
+    out = Path(out)
+    st = safetensors_torch()
+    eot = tokenizer.eot_id
+    hf = hf_config(config.model, eot, dtype)  # refuses what Llama cannot hold, before any write
+    _check_out_folder(out, force)
+    tensors = {name: t.to(dtype) for name, t in to_hf_weights(weights, config.model).items()}
+    special = {}
+    if eot is not None:
+        special.update(bos_token=END_OF_TEXT, eos_token=END_OF_TEXT)
+    if config.tokenizer.kind == "char":
+        special["unk_token"] = UNKNOWN
+    files = {
+        "config.json": _json_bytes(hf),
+        WEIGHTS: st.save(tensors, metadata={"format": "pt"}),
+        "generation_config.json": _json_bytes(_generation_config(config.sample, eot)),
+        "tokenizer.json": tokenizer.to_json().encode("utf-8"),
+        "tokenizer_config.json": _json_bytes({
+            "tokenizer_class": "PreTrainedTokenizerFast", **special,
+            "model_max_length": config.model.context_length,
+            "add_bos_token": False, "add_eos_token": False,  # tinyattn never adds tokens to a text
+            "clean_up_tokenization_spaces": False}),  # decode must give the text back unchanged
+        "special_tokens_map.json": _json_bytes(special),
+        "README.md": model_card(config, card, tokenizer, weights).encode("utf-8"),
+    }
+    _write_folder(out, files)
+    return [out / name for name in files]
+
+
+def _json_bytes(value: dict) -> bytes:
+    return (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def _write_folder(out: Path, files: dict[str, bytes]) -> None:
+    """Write `files` into a staging folder beside `out`, then move them into `out` (the
+    whole folder when `out` does not exist yet): a write that fails changes nothing there."""
+    with storage_errors(out.parent):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=TEMPORARY_SUFFIX))
+    try:
+        for name, data in files.items():
+            with atomic_write(staging / name) as f:
+                f.write(data)
+        with storage_errors(out):
+            if out.is_dir():  # empty, or the earlier export --force replaces
+                for name in files:
+                    os.replace(staging / name, out / name)
+            else:
+                os.replace(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _check_out_folder(out: Path, force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"{out}: exists and is not a folder; choose another --out")
+    if out.is_dir():
+        present = sorted(p.name for p in out.iterdir())
+        foreign = [name for name in present if name not in EXPORTED_FILES]
+        if foreign:
+            raise CheckpointError(f"{out}: the folder holds other files ({', '.join(foreign[:3])}); "
+                                  "choose another --out")
+        if present and not force:
+            raise CheckpointError(f"{out}: holds an earlier export; add --force to replace it")
+
+
+def _generation_config(sample: SampleConfig, eot: Optional[int]) -> dict:
+    greedy = sample.temperature == 0
+    config = {"do_sample": not greedy, "max_new_tokens": sample.max_new_tokens,
+              "repetition_penalty": sample.repetition_penalty,
+              "bos_token_id": eot, "eos_token_id": eot}
+    if not greedy:
+        # top_k 0 switches top-k off in transformers, whose default would be 50.
+        config.update(temperature=sample.temperature, top_k=sample.top_k or 0, top_p=sample.top_p)
+    return config
+
+
+def model_card(config: Config, card: Optional[ModelCard], tokenizer: Tokenizer,
+               weights: dict[str, torch.Tensor]) -> str:
+    """README.md: what was trained on what, for how long, to which validation loss."""
+    m, d, t = config.model, config.data, config.train
+    architecture = QK_NORM_ARCHITECTURE if m.qk_norm else ARCHITECTURE
+    family = "Qwen3" if m.qk_norm else "Llama"
+    seen = set()
+    parameters = 0
+    for name, tensor in weights.items():
+        if tensor.data_ptr() not in seen:  # a tied head counts once
+            seen.add(tensor.data_ptr())
+            parameters += tensor.numel()
+    if d.dataset:
+        data = f"the Hugging Face dataset `{d.dataset}`" + (f" ({d.dataset_config})" if d.dataset_config else "")
+    elif d.files:
+        data = ", ".join(f"`{f}`" for f in d.files)
+    else:
+        data = "unknown data"
+    lines = ["---", "library_name: transformers", "pipeline_tag: text-generation",
+             "tags: [tinyattn, llama]", "---", "",
+             f"# A {parameters / 1e6:.2f}M-parameter {family}-architecture language model", "",
+             f"Trained with tinyattn and exported as `{architecture}`; it "
+             "loads with `AutoModelForCausalLM` and `AutoTokenizer`, no custom code.", "",
+             "| | |", "|---|---|",
+             f"| data | {data} |",
+             f"| tokenizer | {config.tokenizer.kind}, {tokenizer.vocab_size:,} tokens |",
+             f"| shape | {m.n_layer} layers, width {m.n_embd}, {m.n_head} heads "
+             f"({m.kv_heads} key/value), context {m.context_length} |"]
+    if t.init_from:
+        lines.append(f"| initialised from | `{t.init_from}` |")
+    if card is not None:
+        lines.append(f"| training | {card.step:,} steps" + (f", {card.tokens_seen:,} tokens"
+                                                           if card.tokens_seen else "") + " |")
+        if card.best_val_loss is not None and math.isfinite(card.best_val_loss):
+            lines.append(f"| validation loss | {card.best_val_loss:.4f} nats per token (best) |")
+        lines.append(f"| exported from | `{card.source}` |")
+    lines += ["", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
+              'model = AutoModelForCausalLM.from_pretrained("<this folder>")',
+              'tokenizer = AutoTokenizer.from_pretrained("<this folder>")',
+              f'ids = tokenizer({config.sample.prompt or END_OF_TEXT!r}, return_tensors="pt").input_ids',
+              "print(tokenizer.decode(model.generate(ids, max_new_tokens=200)[0]))", "```", ""]
+    return "\n".join(lines)

@@ -1,0 +1,223 @@
+"""The decoder-only language model: blocks of attention and an MLP around a residual stream."""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Iterator, NamedTuple, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from tinyattn.config import ModelConfig
+from tinyattn.model.attention import CausalSelfAttention, rotary_tables
+from tinyattn.model.kv_cache import KVCache
+
+IGNORE_INDEX = -100  # targets with this value (padding) do not count in the loss
+
+
+@contextmanager
+def evaluation_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Eval mode (no dropout) inside the block; the model's own mode is restored after,
+    so sampling or measuring in the middle of training leaves training as it was."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+# ----------------------------------------------------------------------------- 4. the model
+
+
+class SwiGLU(nn.Module):
+    """Feed-forward network: down(silu(gate(x)) * up(x)), applied to each position alone.
+
+    The gate and up projections are stacked into one matrix (one matmul) and split.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.gate_up = nn.Linear(config.n_embd, 2 * config.hidden_dim, bias=False)
+        self.down = nn.Linear(config.hidden_dim, config.n_embd, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)  # (B, T, hidden) each
+        return self.down(F.silu(gate) * up)  # (B, T, C)
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: x + attention(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: ModelConfig, fused_attention: bool = True):
+        super().__init__()
+        self.attention_norm = nn.RMSNorm(config.n_embd, config.norm_eps)
+        self.attention = CausalSelfAttention(config, fused_attention)
+        self.mlp_norm = nn.RMSNorm(config.n_embd, config.norm_eps)
+        self.mlp = SwiGLU(config)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x, cos, sin, mask=None, kv_cache=None, start_pos=0, need_weights=False,
+                positions=None, head_mask=None):
+        attended, weights = self.attention(self.attention_norm(x), cos, sin, mask, kv_cache,
+                                           start_pos, need_weights, positions, head_mask)
+        x = x + self.dropout(attended)  # (B, T, C)
+        x = x + self.dropout(self.mlp(self.mlp_norm(x)))  # (B, T, C)
+        return x, weights
+
+
+class ModelOutput(NamedTuple):
+    logits: torch.Tensor  # (B, T, V), always
+    loss: Optional[torch.Tensor]  # mean cross-entropy when targets were given, else None
+    attention_weights: Optional[list[torch.Tensor]]  # per layer (B, H, T, Tk) when asked for
+
+
+class LanguageModel(nn.Module):
+    """Token embedding -> n_layer blocks -> final norm -> head over the vocabulary.
+
+    attention: the path the blocks use when no weights are asked for, "fused" or
+    "explicit"; None takes `config.attention`, where "auto" means fused (the training
+    loop resolves "auto" for its hardware with `train.attention_path`).
+    """
+
+    def __init__(self, config: ModelConfig, attention: Optional[str] = None):
+        super().__init__()
+        if config.vocab_size is None:
+            raise ValueError("ModelConfig.vocab_size must be set (from the tokenizer) before building")
+        self.config = config
+        attention = attention or config.attention
+        if attention not in ("auto", "fused", "explicit"):
+            raise ValueError(f"attention {attention!r}: expected auto, fused or explicit")
+        self.attention_path = "explicit" if attention == "explicit" else "fused"
+        fused = self.attention_path == "fused"
+        self.token_embedding = nn.Embedding(config.vocab_size, config.n_embd)
+        self.dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config, fused) for _ in range(config.n_layer))
+        self.final_norm = nn.RMSNorm(config.n_embd, config.norm_eps)
+        self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.head.weight = self.token_embedding.weight  # one matrix reads and writes tokens
+        cos, sin = rotary_tables(config.head_dim, config.context_length, config.rope_base)
+        self.register_buffer("rope_cos", cos, persistent=False)  # (context_length, D/2)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """The one place parameters get their initial values.
+
+        Linear matrices are drawn from N(0, 0.02²) (GPT-2); the two projections that
+        write into the residual stream (attention output, MLP down) get std
+        0.02 / sqrt(2 * n_layer), so the residual's variance does not grow with depth.
+        Norm gains start at 1. The token embedding gets std 1 / n_embd: with a tied
+        head, a token's logit for itself starts at about n_embd * std (the final norm
+        scales its embedding to unit size), which GPT-2's 0.02 would make 7.7 at width
+        384. At 1 / n_embd it is 1, every logit starts near 0 and the loss at
+        initialisation is close to ln(V), the loss of a uniform guess. Adam moves the
+        embedding by about lr per step whatever its scale, so training is not slowed.
+        An untied head starts at zero for the same reason: every logit 0, loss ln(V).
+
+        With `zero_init_projections` the two residual-writing projections start at zero
+        instead (modded-nanogpt, nanochat): every block starts as the identity and the
+        residual stream is the embedding alone, so depth is added as it proves useful.
+        Their gradients are not zero (the inputs are not), so they train from step 1.
+        """
+        c = self.config
+        residual_std = 0.0 if c.zero_init_projections else 0.02 / math.sqrt(2 * c.n_layer)
+        for name, param in self.named_parameters():
+            if param.dim() < 2:
+                param.fill_(1.0)  # RMSNorm gains
+            elif name == "token_embedding.weight":
+                param.copy_(torch.randn(param.shape) / c.n_embd)
+            elif name == "head.weight":  # only listed when untied
+                param.zero_()
+            elif name.endswith(("attention.output.weight", "mlp.down.weight")):
+                param.copy_(torch.randn(param.shape) * residual_std)
+            else:
+                param.copy_(torch.randn(param.shape) * 0.02)
+
+    def num_parameters(self, exclude_embedding: bool = False) -> int:
+        """Parameter count; a tied head is counted once."""
+        total = sum(p.numel() for p in self.parameters())
+        if exclude_embedding:
+            total -= self.token_embedding.weight.numel()
+        return total
+
+    def new_kv_caches(self, batch_size: int, max_len: Optional[int] = None,
+                      dtype: Optional[torch.dtype] = None) -> list[KVCache]:
+        """One preallocated cache per layer, on the model's device."""
+        c = self.config
+        weight = self.token_embedding.weight
+        return [KVCache(batch_size, c.kv_heads, max_len or c.context_length, c.head_dim,
+                        dtype=dtype or weight.dtype, device=weight.device)
+                for _ in range(c.n_layer)]
+
+    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None, *,
+                mask: Optional[torch.Tensor] = None, kv_caches: Optional[list[KVCache]] = None,
+                start_pos: int = 0, positions: Optional[torch.Tensor] = None,
+                need_weights: bool = False, head_mask: Optional[torch.Tensor] = None) -> ModelOutput:
+        """idx: (B, T) token ids at positions start_pos..start_pos+T-1.
+
+        targets: (B, T) next-token ids (IGNORE_INDEX where no loss should count).
+        mask: boolean attention mask of allowed positions (see `attention`); None is causal.
+        A (B, 1, T, T) mask gives each sequence its own: causal with one key's column
+        False removes that token from every later token's attention, in every layer
+        (token ablation, `tinyattn.relevance`).
+        kv_caches: per-layer caches to read earlier keys/values from and write these to.
+        positions: with kv_caches, a (T,) int64 tensor of the tokens' positions in place of
+        start_pos, for decoding with shapes that never change (gpt-fast): RoPE rows are
+        gathered at these positions, keys and values are written into the caches there, and
+        each query attends over every cache slot up to its own position. A decode step
+        compiled for one token then serves every position. Positions are not checked.
+        need_weights: use the explicit attention path and return its weights.
+        head_mask: (n_layer, H) or (B, n_layer, H) factors for each head's output, 0 zeroes
+        that head (head ablation); None keeps every head.
+        """
+        B, T = idx.shape
+        if positions is not None:
+            if kv_caches is None or mask is not None:
+                raise ValueError("positions needs kv_caches and builds its own mask")
+            cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (T, D/2)
+            slots = torch.arange(kv_caches[0].max_len, device=idx.device)  # (Tk,)
+            mask = slots <= positions.unsqueeze(1)  # (T, Tk): causal, written slots only
+        elif start_pos + T > self.config.context_length:
+            raise ValueError(f"positions {start_pos}..{start_pos + T - 1} exceed the context "
+                             f"length {self.config.context_length}")
+        else:
+            cos = self.rope_cos[start_pos:start_pos + T]  # (T, D/2)
+            sin = self.rope_sin[start_pos:start_pos + T]
+        x = self.dropout(self.token_embedding(idx))  # (B, T, C)
+        all_weights = [] if need_weights else None
+        for i, block in enumerate(self.blocks):
+            cache = kv_caches[i] if kv_caches is not None else None
+            heads = head_mask[..., i, :] if head_mask is not None else None  # (H,) or (B, H)
+            x, weights = block(x, cos, sin, mask, cache, start_pos, need_weights, positions, heads)
+            if need_weights:
+                all_weights.append(weights)
+        logits = self.head(self.final_norm(x))  # (B, T, V)
+        if self.config.logit_softcap is not None:
+            # Soft-capping squashes logits smoothly into (-cap, cap): no single logit can
+            # run away, which steadies training at high learning rates.
+            cap = self.config.logit_softcap
+            logits = cap * torch.tanh(logits / cap)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T),
+                                   ignore_index=IGNORE_INDEX)
+        return ModelOutput(logits, loss, all_weights)
+
+    def flops_per_token(self) -> int:
+        """Training FLOPs per token: 6 per parameter (forward + backward) plus attention.
+
+        Attention scores and the weighted sum cost 2 * T * C multiply-adds, 4 * T * C
+        FLOPs, per token per layer in the forward pass, three times that with the
+        backward (PaLM appendix B; T the full context, as is usual for this estimate).
+        The embedding lookup costs nothing, but a tied head still does its matmul.
+        """
+        c = self.config
+        n = self.num_parameters()
+        if not c.tie_embeddings:
+            n -= self.token_embedding.weight.numel()
+        return 6 * n + 12 * c.n_layer * c.context_length * c.n_embd

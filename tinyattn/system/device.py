@@ -1,0 +1,111 @@
+"""Where and how the computation runs: the device, the precision, the device's peak speed."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+
+from tinyattn.errors import ConfigError
+from tinyattn.system.cpu import cpu_bf16_is_fast
+from tinyattn.system.timing import call_times, seconds_of
+
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+def check_device(name: str, fail: Callable[[str, Any, str], None], key: str = "device") -> None:
+    """The one rule for device names, train.device and every --device: fail(key, name, accepted)."""
+    if not isinstance(name, str) or not DEVICE_PATTERN.match(name):
+        fail(key, name, "expected auto, cpu, cuda, cuda:N or mps")
+
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def select_device(name: str = "auto") -> torch.device:
+    """auto: CUDA if present, then Apple MPS, else the CPU. An explicit device must exist."""
+    def fail(key, value, accepted):
+        raise ConfigError(f"{key} {value!r} is not accepted; {accepted}")
+
+    check_device(name, fail)
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device {name!r} was asked for but CUDA is not available here; "
+                          "use --device cpu or auto")
+    if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
+        raise ConfigError(f"device {name!r} was asked for but this machine has "
+                          f"{torch.cuda.device_count()} CUDA device(s)")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("device 'mps' was asked for but Apple MPS is not available here; "
+                          "use --device cpu or auto")
+    return torch.device(name)
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str  # fp32, bf16 or fp16
+    autocast_dtype: Optional[torch.dtype]  # None: no autocast, plain fp32
+    use_grad_scaler: bool  # fp16 needs loss scaling so small gradients do not underflow
+
+    def autocast(self, device: torch.device):
+        """The context the forward pass runs in; a no-op for fp32."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device.type, dtype=self.autocast_dtype)
+
+
+def select_precision(name: str, device: torch.device) -> Precision:
+    if name == "auto":
+        if device.type == "cuda":
+            name = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        elif device.type == "cpu":
+            name = "bf16" if cpu_bf16_is_fast() else "fp32"
+        else:
+            name = "fp32"
+    if name not in DTYPES:
+        raise ConfigError(f"precision {name!r} is not accepted; expected auto, fp32, bf16 or fp16")
+    if name == "fp16" and device.type == "cpu":
+        raise ConfigError("precision 'fp16' is not supported on the CPU; use bf16 or fp32")
+    dtype = None if name == "fp32" else DTYPES[name]
+    return Precision(name, dtype, use_grad_scaler=(name == "fp16"))
+
+
+PEAK_SIZES = (256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)  # each under 3.4x the time of the last
+PEAK_CALL_SECONDS = 0.05  # a matmul slower than this is big enough: the ladder stops there
+PEAK_FINAL_SECONDS = 0.25  # time for the repeats at the last size
+
+
+def measure_peak_flops(device: torch.device, precision: Precision, size: int = 2048,
+                       repeats: int = 5) -> float:
+    """FLOP/s of a large square matmul in the training precision: the MFU denominator.
+
+    The matrix grows from 256 towards `size` and stops at the first size whose matmul
+    takes longer than PEAK_CALL_SECONDS; the best of up to `repeats` calls there (as
+    many as fit in PEAK_FINAL_SECONDS) counts. Growing from small sizes keeps the
+    measurement well under a second on a small CPU, even in a precision it emulates
+    (bf16 forced on a CPU without bf16 units, where one 2048 matmul takes many seconds);
+    deciding on measured times, not on times extrapolated from small sizes, keeps a
+    busy machine, where every call carries a fixed delay, from stopping the ladder early.
+    """
+    dtype = precision.autocast_dtype or torch.float32
+    # An own generator: measuring must not move the global one (exact resume relies on it).
+    generator = torch.Generator().manual_seed(0)
+    ladder = sorted({n for n in PEAK_SIZES if n < size} | {size})
+    for n in ladder:
+        a = torch.randn(n, n, generator=generator).to(device, dtype)
+        b = torch.randn(n, n, generator=generator).to(device, dtype)
+        first = call_times(lambda: a @ b, 1, warmup=1, device=device)[0]  # the warm-up picks kernels
+        if first > PEAK_CALL_SECONDS:
+            break
+    times = [first]
+    while len(times) < repeats and sum(times) + min(times) <= PEAK_FINAL_SECONDS:
+        times.append(seconds_of(lambda: a @ b, device))
+    return 2 * n ** 3 / min(times)

@@ -1,0 +1,128 @@
+"""`train.time_budget`: a step count that makes the whole process fit the time given.
+
+`StepBudget` runs throwaway steps (they compile, if asked, and warm the caches), times the
+steps after them, one evaluation and one checkpoint write, and then puts the model,
+optimizers, scaler, random generators and sampler back as they were before the first
+step. The run then trains exactly as a run with that `max_steps` would.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from tinyattn import checkpoint as ckpt
+from tinyattn.config import parse_duration
+from tinyattn.errors import TinyattnError
+from tinyattn.system.seeding import random_states, set_random_states
+from tinyattn.system.timing import synchronize
+
+if TYPE_CHECKING:
+    from tinyattn.train.owners import Evaluator
+    from tinyattn.train.trainer import Trainer
+
+
+class StepBudget:
+    """Chooses `max_steps` so that the whole process ends within `train.time_budget`.
+
+    It runs throwaway steps first (they compile, if asked, and warm the caches), times
+    the steps after them, one evaluation and one checkpoint write, and then restores the
+    model, optimizers, scaler, random generators and sampler to their state before the
+    first step. The run then trains exactly as a run with `max_steps` set to the chosen
+    number would, so the schedule spans the steps that will run and resume stays exact.
+    """
+
+    WARM_STEPS = 3  # the first compiles; the next settle the allocator and thread pool
+    MIN_STEPS = 10  # timed steps, at least ...
+    MIN_SHARE = 0.005  # ... and at least this share of the budget (1.5 s to 3 s)
+    MARGIN = 0.015  # of the budget kept for timing noise ...
+    EXIT_SECONDS = 1.0  # ... and for the process's exit after the last line (torch's teardown)
+
+    def __init__(self, budget_text: str):
+        self.text = budget_text
+        self.seconds = parse_duration(budget_text)
+
+    def fix_steps(self, trainer: Trainer, evaluator: Evaluator, run_dir: Path,
+                  elapsed: Callable[[], float]) -> tuple[int, str]:
+        """The step count for the budget, and one line saying how it was chosen.
+
+        elapsed(): seconds of the budget already spent (the CLI counts from process start).
+        """
+        tc = trainer.config
+        left = self.seconds * (1 - self.MARGIN) - self.EXIT_SECONDS - elapsed()
+        if left <= 0 and not trainer.dist.enabled:  # spent already: refuse before measuring anything
+            raise TinyattnError(f"train.time_budget {self.text}: {elapsed():.0f} s are gone before training, "
+                                "all the budget leaves; no step fits. Give a larger budget or set train.max_steps")
+        snapshot = _snapshot(trainer)
+        for _ in range(self.WARM_STEPS):
+            trainer.train_step()
+        synchronize(trainer.device)
+        start, timed = time.perf_counter(), 0
+        measure_for = min(3.0, max(1.5, self.MIN_SHARE * self.seconds))
+        while self._keep_measuring(trainer, timed, time.perf_counter() - start, measure_for):
+            trainer.train_step()
+            timed += 1
+            if timed % 5 == 0:
+                synchronize(trainer.device)
+        synchronize(trainer.device)
+        step_seconds = (time.perf_counter() - start) / timed
+        start = time.perf_counter()
+        evaluator.run(trainer.step)
+        eval_seconds = time.perf_counter() - start
+        save_seconds = _time_a_save(trainer, run_dir)
+        _restore(trainer, snapshot)
+
+        spent = elapsed()
+        available = self.seconds * (1 - self.MARGIN) - self.EXIT_SECONDS - spent
+        per_step = step_seconds + (eval_seconds + 2 * save_seconds) / tc.eval_interval
+        steps = int((available - eval_seconds - 2 * save_seconds) / per_step)
+        if steps < 1:
+            raise TinyattnError(
+                f"train.time_budget {self.text}: {spent:.0f} s are gone before training and a "
+                f"step takes {step_seconds:.2f} s; no step fits. Give a larger budget or set train.max_steps")
+        why = (f"time budget {self.text}: measured {step_seconds:.3f} s/step, {eval_seconds:.2f} s per "
+               f"evaluation, {save_seconds:.2f} s per checkpoint, {spent:.0f} s of start-up "
+               f"-> {steps:,} steps")
+        return steps, why
+
+
+    def _keep_measuring(self, trainer: Trainer, timed: int, seconds: float, measure_for: float) -> bool:
+        more = timed < self.MIN_STEPS or seconds < measure_for
+        if trainer.dist.enabled:  # rank 0 decides, so every rank runs the same steps
+            flag = torch.tensor([int(more)], device=trainer.device)
+            torch.distributed.broadcast(flag, src=0)
+            more = bool(flag.item())
+        return more
+
+
+def _snapshot(trainer: Trainer) -> dict:
+    return {"model": {k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
+            "optimizer": [o.state_dict() for o in trainer.optimizers.optimizers],
+            "scaler": trainer.scaler.state_dict(), "random_states": random_states(),
+            "sampler": trainer.batches.state_dict()}
+
+
+def _restore(trainer: Trainer, snapshot: dict) -> None:
+    trainer.model.load_state_dict(snapshot["model"])
+    for optimizer, state in zip(trainer.optimizers.optimizers, snapshot["optimizer"]):
+        optimizer.load_state_dict(state)
+        optimizer.state.clear()  # no moments before step 1
+    if snapshot["scaler"]:
+        trainer.scaler.load_state_dict(snapshot["scaler"])
+    set_random_states(snapshot["random_states"])
+    trainer.batches.load_state_dict(snapshot["sampler"])
+    trainer.step, trainer.tokens_seen = 0, 0
+
+
+def _time_a_save(trainer: Trainer, run_dir: Path) -> float:
+    """Seconds to write one checkpoint of this run, measured into a file deleted after."""
+    path = run_dir / f".budget_probe.rank{trainer.dist.rank}.tmp"
+    start = time.perf_counter()
+    try:
+        ckpt.save_checkpoint(trainer.state_dict(), path)
+        return time.perf_counter() - start
+    finally:
+        path.unlink(missing_ok=True)

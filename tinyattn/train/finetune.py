@@ -1,0 +1,124 @@
+"""Fine-tuning: a run that starts from another model's weights (`train.init_from`).
+
+The source is a tinyattn run folder or checkpoint file, or a Hugging Face Llama folder
+(`tinyattn.hf`). It decides what the weights mean, so the run takes from it:
+
+- the model section: every key that shapes the weights or the function they compute
+  (sizes, heads, RoPE base, norm epsilon, tying, the non-Llama options). A key the config
+  sets to something else (not left at its default) is a conflict, and all conflicts are
+  named in one line. The config keeps the keys that only change how the weights are
+  trained or run: `context_length` (when set: fine-tune on shorter windows than the
+  source's, say), `dropout`, `attention`, `zero_init_projections`;
+- the tokenizer, as a `pretrained` tokenizer: the source's `tokenizer.json`.
+
+A resumed fine-tune continues from its own checkpoint; the source's weights are not read
+again (the checkpoint's saved config holds the model section taken from it; the source's
+tokenizer.json stays the run's `tokenizer.path`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from tinyattn import checkpoint as ckpt
+from tinyattn.config import Config, ModelConfig, TokenizerConfig
+from tinyattn.errors import CheckpointError, ConfigError
+from tinyattn.model.transformer import LanguageModel
+from tinyattn.system.storage import atomic_write
+
+# Model keys the fine-tuning config keeps: they change how the weights are used, not what they are.
+CONFIG_KEEPS = ("context_length", "dropout", "attention", "zero_init_projections")
+
+
+@dataclass
+class InitSource:
+    """The weights, model section and tokenizer a fine-tune starts from, loaded once."""
+
+    location: str  # train.init_from as given
+    file: Path  # the checkpoint or weights file read
+    model_config: ModelConfig
+    tokenizer_path: Path
+    weights: dict[str, torch.Tensor]
+
+    @classmethod
+    def load(cls, location: str, tokenizer_dir: str | Path) -> "InitSource":
+        """Read the source. A tinyattn checkpoint's embedded tokenizer is used as its run
+        folder's tokenizer.json when that matches, else written under tokenizer_dir."""
+        if ckpt.is_hf_folder(location):
+            from tinyattn.hf.folder import read_folder  # only here: training never loads hf otherwise
+
+            imported = read_folder(location)
+            return cls(location, imported.weights_file, imported.config.model,
+                       Path(imported.config.tokenizer.path), imported.weights)
+        file = ckpt.resolve_checkpoint(location, prefer="best")
+        state = ckpt.load_checkpoint(file)
+        config = ckpt.config_from_checkpoint(state, file)
+        text = state.get("tokenizer")
+        if not isinstance(text, str):
+            raise CheckpointError(f"{file}: holds no tokenizer")
+        tokenizer_path = file.parent / "tokenizer.json"
+        if not (tokenizer_path.is_file() and tokenizer_path.read_text(encoding="utf-8") == text):
+            digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+            tokenizer_path = Path(tokenizer_dir) / f"init_from-{digest}-tokenizer.json"
+            with atomic_write(tokenizer_path) as f:
+                f.write(text.encode("utf-8"))
+        weights = state.get("model")
+        if not isinstance(weights, dict):
+            raise CheckpointError(f"{file}: holds no model weights")
+        return cls(location, file, config.model, tokenizer_path, weights)
+
+    def adopt(self, config: Config) -> None:
+        """Give `config` the source's model section and tokenizer; conflicts in one line."""
+        adopt_model(config, self.model_config, TokenizerConfig(kind="pretrained", path=str(self.tokenizer_path)),
+                    f"train.init_from {self.location}")
+
+    def load_into(self, model: LanguageModel) -> None:
+        ckpt.load_weights(model, {"model": self.weights}, self.file)
+        self.weights = {}  # the tensors are in the model now; free the copy
+
+
+def adopt_model(config: Config, source_model: ModelConfig, source_tokenizer: TokenizerConfig,
+                origin: str) -> None:
+    """Set config.model and config.tokenizer from a source, keeping `CONFIG_KEEPS`.
+
+    A key that the config sets (differs from its default) to a value other than the
+    source's is a ConfigError naming every such key.
+    """
+    defaults = dataclasses.asdict(ModelConfig())
+    current = dataclasses.asdict(config.model)
+    source = dataclasses.asdict(source_model)
+    conflicts = [f"model.{key}: config {current[key]!r}, source {source[key]!r}"
+                 for key in source if key not in CONFIG_KEEPS
+                 and current[key] != defaults[key] and current[key] != source[key]]
+    tokenizer = dataclasses.asdict(config.tokenizer)
+    wanted = dataclasses.asdict(source_tokenizer)
+    if tokenizer != dataclasses.asdict(TokenizerConfig()) and tokenizer != wanted:
+        conflicts.append(f"tokenizer.kind: config {config.tokenizer.kind!r}, source pretrained "
+                         f"{source_tokenizer.path}")
+    if conflicts:
+        raise ConfigError(f"{origin}: the config conflicts with the model it starts from: "
+                          f"{'; '.join(conflicts)} (init_from takes the model and tokenizer from the "
+                          "source: remove these keys)")
+    keep = {key: current[key] for key in CONFIG_KEEPS}
+    if keep["context_length"] == defaults["context_length"]:
+        keep["context_length"] = source["context_length"]
+    config.model = dataclasses.replace(source_model, **keep)
+    config.tokenizer = dataclasses.replace(source_tokenizer)
+
+
+def init_source(config: Config) -> Optional[InitSource]:
+    """The source named by train.init_from, adopted into `config`; None when not set."""
+    if not config.train.init_from:
+        return None
+    try:
+        source = InitSource.load(config.train.init_from, config.data.cache_dir)
+    except CheckpointError as e:
+        raise CheckpointError(f"train.init_from: {e}") from None
+    source.adopt(config)
+    return source

@@ -1,0 +1,233 @@
+"""What a run shows and keeps of itself: the console lines, TensorBoard and train.log.
+
+`Logger` owns the progress bar, the plain log lines and the TensorBoard writer (curves,
+samples, attention maps, loss by position, head ablation, one HParams session per run).
+`RunLog` copies every line, warning and the error that ends a run into `<run>/train.log`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+import torch
+from tqdm import tqdm
+
+from tinyattn.config import Config, config_to_dict
+from tinyattn.errors import TinyattnError
+from tinyattn.system.storage import storage_errors
+from tinyattn.train.optim import learning_rate, optimizer_description
+
+if TYPE_CHECKING:
+    from tinyattn.train.owners import EvalResult, Evaluator
+    from tinyattn.train.resume import ResumePoint
+    from tinyattn.train.trainer import Trainer, TrainResult
+
+HPARAM_METRICS = ("hparam/best_val_loss", "hparam/last_val_loss")
+
+
+RUN_LOG = logging.getLogger("tinyattn.run")
+
+
+class _LogFile(logging.FileHandler):
+    def handleError(self, record):  # a full disk must not end a run over a log line
+        pass
+
+
+class RunLog:
+    """Copies what the run prints (its lines, warnings, the error that ends it) into
+    `<run>/train.log`, so a run's history survives a closed terminal."""
+
+    def __init__(self, run_dir: Path, enabled: bool):
+        self.path = run_dir / "train.log"
+        self.enabled = enabled
+        self.handler: Optional[logging.Handler] = None
+        self.caught = warnings.catch_warnings()
+
+    def __enter__(self) -> "RunLog":
+        if not self.enabled:
+            return self
+        self.handler = _LogFile(self.path, encoding="utf-8")
+        self.handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+        RUN_LOG.addHandler(self.handler)
+        RUN_LOG.setLevel(logging.INFO)
+        RUN_LOG.propagate = False
+        self.caught.__enter__()
+        show = warnings.showwarning
+
+        def show_and_log(message, category, filename, lineno, file=None, line=None):
+            show(message, category, filename, lineno, file, line)
+            RUN_LOG.warning(f"warning: {message}")
+
+        warnings.showwarning = show_and_log
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if self.handler is None:
+            return
+        if isinstance(error, TinyattnError):
+            RUN_LOG.error(f"error: {error}")
+        elif isinstance(error, KeyboardInterrupt):
+            RUN_LOG.error("interrupted")
+        elif error is not None:
+            RUN_LOG.error(f"failed: {type(error).__name__}: {error}")
+        self.caught.__exit__(None, None, None)
+        RUN_LOG.removeHandler(self.handler)
+        self.handler.close()
+        self.handler = None
+
+
+def say(line: str) -> None:
+    """A line for the console and the run's train.log."""
+    print(line, file=sys.stderr, flush=True)
+    RUN_LOG.info(line)
+
+
+def hparams_of(config: Config) -> dict:
+    """The config as TensorBoard hparams: every section, lists and None as text."""
+    flat = {}
+    for section, values in config_to_dict(config).items():
+        for key, value in values.items():
+            if isinstance(value, (list, tuple)):
+                value = ", ".join(map(str, value))
+            flat[f"{section}.{key}"] = value if isinstance(value, (int, float, str, bool)) else str(value)
+    return flat
+
+
+class Logger:
+    """The progress bar, the plain log lines and TensorBoard, on the main process only."""
+
+    def __init__(self, run_dir: Path, config: Config, trainer: Trainer, peak_flops: float,
+                 enabled: bool, progress: bool):
+        self.run_dir = run_dir
+        self.config = config
+        self.trainer = trainer
+        self.flops_per_token = trainer.model.flops_per_token()
+        self.peak_flops = peak_flops * trainer.dist.world_size
+        self.enabled = enabled
+        self.writer = None
+        self.bar = None
+        self.progress = progress and enabled
+        self.train_seconds, self.train_tokens = 0.0, 0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.train_tokens / self.train_seconds if self.train_seconds else float("nan")
+
+    def announce(self, point: Optional[ResumePoint]) -> None:
+        """The run's first line, printed before any step (or the budget's measuring steps)."""
+        t, tc = self.trainer, self.config.train
+        what = "starting"
+        if point is not None:
+            what = f"{'forked from' if point.forks_into(self.run_dir) else 'resuming from'} {point.file} at step {t.step}"
+        steps = (f"{tc.max_steps:,} steps" if point or tc.time_budget is None
+                 else f"measuring a few steps to fit the {tc.time_budget} budget")
+        self.print(f"run {self.run_dir} ({what}): {t.model.num_parameters():,} parameters, "
+                   f"device {t.device}, precision {t.precision.name}, {optimizer_description(tc)}, "
+                   f"{len(t.batches.tokens):,} train tokens, {steps}")
+
+    def start(self) -> None:
+        """Opens TensorBoard (after config.yaml is written) and the progress bar."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(self.run_dir))
+        t = self.trainer
+        self.writer.add_text("config", "```\n" + (self.run_dir / "config.yaml").read_text() + "\n```", t.step)
+        if t.step == 0:  # one HParams session per run: a resumed run continues it
+            from torch.utils.tensorboard.summary import hparams
+
+            for summary in hparams(hparams_of(self.config), dict.fromkeys(HPARAM_METRICS, math.nan)):
+                self.writer.file_writer.add_summary(summary)
+        if self.progress:
+            self.bar = tqdm(total=self.config.train.max_steps, initial=t.step, unit="step",
+                            dynamic_ncols=True, file=sys.stderr)
+
+    def print(self, line: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stderr)
+            RUN_LOG.info(line)
+        else:
+            say(line)
+
+    def train(self, step: int, losses: list[float], seconds: float, grad_norm: torch.Tensor) -> None:
+        tokens = len(losses) * self.trainer.tokens_per_step
+        self.train_seconds += seconds
+        self.train_tokens += tokens
+        if not self.enabled:
+            return
+        loss = sum(losses) / len(losses)
+        lr = learning_rate(step - 1, self.config.train)
+        tokens_per_second = tokens / seconds
+        mfu = self.flops_per_token * tokens_per_second / self.peak_flops
+        w = self.writer
+        w.add_scalar("train/loss", loss, step)
+        w.add_scalar("train/learning_rate", lr, step)
+        w.add_scalar("train/grad_norm", grad_norm.item(), step)
+        w.add_scalar("train/tokens_seen", self.trainer.tokens_seen, step)
+        w.add_scalar("perf/tokens_per_second", tokens_per_second, step)
+        w.add_scalar("perf/mfu", mfu, step)
+        if self.bar is not None:
+            self.bar.update(len(losses))
+            self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:,.0f}",
+                                 refresh=False)
+        else:
+            self.print(f"step {step}: loss {loss:.4f}, lr {lr:.2e}, {tokens_per_second:,.0f} tok/s, "
+                       f"mfu {mfu:.1%}")
+
+    def evaluation(self, result: EvalResult, best: bool, evaluator: Evaluator) -> None:
+        if not self.enabled:
+            return
+        from tinyattn.analysis.ablation import log_head_ablation_to_tensorboard
+        from tinyattn.analysis.attention_maps import log_attention_to_tensorboard
+        from tinyattn.analysis.evaluate import log_loss_by_position_to_tensorboard
+
+        step = result.step
+        self.writer.add_scalar("val/loss", result.val_loss, step)
+        self.writer.add_scalar("hparam/best_val_loss", self.trainer.best_val_loss, step)
+        self.writer.add_scalar("hparam/last_val_loss", result.val_loss, step)
+        self.print(f"step {step}: validation loss {result.val_loss:.4f}{' (best)' if best else ''}")
+        if result.sample is not None:
+            with storage_errors(self.run_dir / "samples.txt"), \
+                    open(self.run_dir / "samples.txt", "a", encoding="utf-8") as f:
+                f.write(f"--- step {step} ---\n{result.sample}\n")
+            self.writer.add_text("sample", "```\n" + result.sample + "\n```", step)
+        log_loss_by_position_to_tensorboard(self.writer, result.position_losses, step)
+        if self.config.train.probe_text:
+            log_attention_to_tensorboard(self.writer, self.trainer.model, evaluator.tokenizer,
+                                         self.config.train.probe_text, step)
+            # Which heads the loss needs, as a layer x head grid: L * H short forwards, batched.
+            log_head_ablation_to_tensorboard(self.writer, self.trainer.model, evaluator.tokenizer,
+                                             self.config.train.probe_text, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+    def finish(self, result: TrainResult, stopped_by: Optional[str]) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        self.close()
+        if stopped_by:
+            say(f"stopped by {stopped_by} at step {result.step}; checkpoint saved in {result.run_dir}. "
+                f"Resume with: python scripts/train.py --resume {result.run_dir}")
+            return
+        s = result.seconds
+        split = ", ".join(f"{name} {s[name]:.1f} s ({s[name] / result.wall_seconds:.1%})"
+                          for name in ("start-up", "calibration", "train", "eval", "save") if name in s)
+        say(f"done: {result.step} steps in {result.wall_seconds:.0f} s ({split}), "
+            f"{result.tokens_per_second:,.0f} tok/s, best validation loss "
+            f"{result.best_val_loss:.4f}; checkpoints in {result.run_dir}")

@@ -1,0 +1,194 @@
+"""The training run: `train(config, ...)` and the loop.
+
+`train(config, ...)` runs one training job into `<train.out_dir>/<run-name>/`; it is what
+`scripts/train.py` calls. The loop (`_loop`) reads in one screen and hands each per-step
+decision to an owner in `tinyattn.trainer` (`Trainer`, `LossWindow`, `Evaluator`,
+`Checkpointer`); `tinyattn.resume` finds what a run continues from and holds its folder,
+`tinyattn.budget` fixes the step count for `train.time_budget`, and `tinyattn.train_log`
+shows the run (console, TensorBoard, train.log).
+
+What a run guarantees:
+- One process holds a run folder at a time (`run_folder.RunLock`), taken before anything
+  is written there; a folder that already holds checkpoints is never trained into without
+  --resume, and resuming an earlier checkpoint under another --run-name forks into a new
+  folder. `config.yaml` (with the resolved step count) and `tokenizer.json` are written
+  only once training can start, before step 1. Everything printed goes to `train.log` too.
+- Resume continues with the weights, optimizer and scaler state, every random generator
+  and the batch sampler of the checkpoint, so a resumed run sees the batches an
+  uninterrupted one would. Tested: a stopped-and-resumed run ends with the weights of an
+  uninterrupted one within 1e-6 on the CPU in fp32 (a CPU backward kernel sums in a
+  thread-dependent order, so two fresh runs differ at that level too).
+- Ctrl-C or SIGTERM finishes the current step, saves a checkpoint and says how to resume.
+  A non-finite loss stops the run naming the step; no checkpoint is written after it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from tinyattn.config import Config, TrainConfig, save_config
+from tinyattn.data.batches import prepare_data
+from tinyattn.errors import TinyattnError
+from tinyattn.system.device import measure_peak_flops, select_device, select_precision
+from tinyattn.system.distributed import Distributed, init_distributed, shutdown_distributed
+from tinyattn.train.budget import StepBudget
+from tinyattn.train.finetune import InitSource, adopt_model, init_source
+from tinyattn.train.log import Logger, RunLog
+from tinyattn.train.owners import Checkpointer, Evaluator, LossWindow, StopRequest, Timers
+from tinyattn.train.resume import ResumePoint, open_run_folder
+from tinyattn.train.trainer import Trainer, TrainResult
+
+DEFAULT_OUT_DIR = TrainConfig.out_dir
+
+
+def train(config: Config, *, config_path: Optional[str | Path] = None, run_name: Optional[str] = None,
+          resume: "Optional[ResumePoint | str | Path | bool]" = None, device: Optional[str] = None,
+          progress: bool = True, stop_at_step: Optional[int] = None, elapsed_before: float = 0.0
+          ) -> TrainResult:
+    """Run (or resume) one training job. Returns where it went and the figures it reached.
+
+    resume: a `ResumePoint`, a run folder or checkpoint file, or True (the --run-name
+    run, else the most recent one under train.out_dir). stop_at_step ends the run early
+    with a checkpoint, as Ctrl-C would, while the schedule still spans train.max_steps.
+    elapsed_before: seconds already spent that count against train.time_budget (the
+    command line passes the process's age, so the budget covers start-up too).
+    """
+    dist = init_distributed(device or config.train.device)
+    try:
+        return _train(config, config_path, run_name, resume, device, progress, stop_at_step, dist,
+                      time.perf_counter() - elapsed_before)
+    finally:
+        shutdown_distributed(dist)
+
+
+def _train(config, config_path, run_name, resume, device_name, progress, stop_at_step,
+           dist: Distributed, started: float) -> TrainResult:
+    timers = Timers()
+    point = resume
+    if resume is not None and not isinstance(resume, ResumePoint):
+        point = ResumePoint.find(resume, run_name, config.train.out_dir)
+    if point is not None:
+        if config.train.init_from:  # the model and tokenizer its source gave it (not read again)
+            adopt_model(config, point.config.model, point.config.tokenizer, f"{point.file} (train.init_from)")
+        point.adopt(config)
+    source = init_source(config) if point is None else None  # fine-tuning: train.init_from
+    device = select_device(device_name or config.train.device)  # a bad one fails before the folder is made
+    if dist.enabled and device.type == "cuda":
+        device = torch.device("cuda", dist.local_rank)
+    run_dir, lock = open_run_folder(config, config_path, run_name, point, dist)
+    with lock, RunLog(run_dir, enabled=dist.is_main):
+        return _train_in(run_dir, config, point, device, progress, stop_at_step, dist, started, timers, source)
+
+
+def _train_in(run_dir: Path, config: Config, point: Optional[ResumePoint], device: torch.device, progress,
+              stop_at_step, dist: Distributed, started: float, timers: Timers,
+              source: Optional[InitSource] = None) -> TrainResult:
+    def elapsed() -> float:
+        return time.perf_counter() - started
+
+    precision = select_precision(config.train.precision, device)
+    data = _prepare_data(config, dist, progress)
+    if point is not None:
+        point.check_tokenizer(data.tokenizer)
+    # MFU's denominator; the measurement draws from its own generator, so exact resume is unaffected.
+    peak = config.train.peak_flops or measure_peak_flops(device, precision)
+    trainer = Trainer.build(config.model, config.train, data.train, device, precision, dist)
+    evaluator = Evaluator(trainer, config, data.validation, data.tokenizer, dist)
+    if point is not None:
+        point.restore(trainer)
+    elif source is not None:
+        source.load_into(trainer.model)
+    if stop_at_step is not None and stop_at_step <= trainer.step:
+        raise TinyattnError(f"--stop-at-step {stop_at_step}: the run is already at step {trainer.step}; "
+                            "give a later step")
+    log = Logger(run_dir, config, trainer, peak, enabled=dist.is_main, progress=progress)
+    log.announce(point)
+    if point is None and config.train.time_budget is not None:
+        with timers("calibration"):
+            config.train.max_steps = _budget_steps(config, trainer, evaluator, run_dir, elapsed, log)
+
+    checkpointer = Checkpointer(run_dir, config, data.tokenizer, dist)
+    if dist.is_main:  # written only now that training can start: a failed command changes nothing
+        if point is not None and point.forks_into(run_dir):
+            point.fork_into(run_dir)
+        save_config(config, run_dir / "config.yaml")
+        data.tokenizer.save(run_dir / "tokenizer.json")
+        log.start()
+    timers.seconds["start-up"] = elapsed() - timers.seconds.get("calibration", 0.0)
+    try:
+        last_step = config.train.max_steps if stop_at_step is None else min(config.train.max_steps,
+                                                                            stop_at_step)
+        signal_name, last_val = _loop(trainer, evaluator, checkpointer, log, timers, last_step, run_dir)
+        result = TrainResult(run_dir, trainer.step, trainer.tokens_seen, trainer.best_val_loss, last_val,
+                             log.tokens_per_second, elapsed(), signal_name is not None,
+                             dict(timers.seconds))
+        stopped_early = signal_name or ("--stop-at-step" if trainer.step < config.train.max_steps else None)
+        log.finish(result, stopped_early)
+        return result
+    finally:
+        log.close()  # the TensorBoard writer and the bar, also when training fails
+
+
+def _budget_steps(config: Config, trainer: Trainer, evaluator: Evaluator, run_dir: Path,
+                  elapsed: Callable[[], float], log: "Logger") -> int:
+    """train.max_steps for the time budget, the same on every rank; says how it was chosen."""
+    steps, why = StepBudget(config.train.time_budget).fix_steps(trainer, evaluator, run_dir, elapsed)
+    if trainer.dist.enabled:
+        chosen = [steps]
+        torch.distributed.broadcast_object_list(chosen, src=0)  # rank 0's measurement decides
+        steps = chosen[0]
+    log.print(why)
+    return steps
+
+
+def _prepare_data(config: Config, dist: Distributed, progress: bool):
+    """The token data (rank 0 builds the cache, the others then read it); sets vocab_size."""
+    if dist.enabled and not dist.is_main:
+        torch.distributed.barrier()
+    data = prepare_data(config, progress=progress and dist.is_main)
+    if dist.enabled and dist.is_main:
+        torch.distributed.barrier()
+    if config.model.vocab_size is None:
+        config.model.vocab_size = data.tokenizer.vocab_size
+    elif config.model.vocab_size < data.tokenizer.vocab_size:
+        raise TinyattnError(f"model.vocab_size={config.model.vocab_size} is smaller than the "
+                            f"tokenizer's vocabulary ({data.tokenizer.vocab_size}); leave it unset")
+    return data
+
+
+def _loop(trainer: Trainer, evaluator: Evaluator, checkpointer: Checkpointer, log: "Logger",
+          timers: Timers, last_step: int, run_dir: Path) -> tuple[Optional[str], float]:
+    """Step until last_step or a stop signal; returns (the signal's name or None, last val loss)."""
+    window = LossWindow(trainer.config.log_interval, trainer.device)
+    stopper = StopRequest()
+    last_val, at_eval = float("nan"), False
+    with stopper.installed():
+        while trainer.step < last_step and stopper.signal_name is None:
+            with timers("train"):
+                loss, grad_norm = trainer.train_step()
+                window.add(loss, grad_norm)
+                at_eval = evaluator.due(trainer.step, last_step)
+                # Every checkpoint follows a read of the losses, whose NaN check keeps bad weights out.
+                if window.full or at_eval or stopper.signal_name is not None:
+                    losses, seconds = window.read(trainer.step, run_dir)
+                    log.train(trainer.step, losses, seconds, window.grad_norm)
+            if at_eval:
+                with timers("eval"):
+                    result = evaluator.run(trainer.step)
+                    last_val = result.val_loss
+                    best = last_val < trainer.best_val_loss
+                    trainer.best_val_loss = min(trainer.best_val_loss, last_val)
+                with timers("save"):
+                    checkpointer.save(trainer, best)
+                with timers("eval"):
+                    log.evaluation(result, best, evaluator)
+            if window.pending == 0:
+                window.restart()
+        if stopper.signal_name is not None and not at_eval:
+            with timers("save"):
+                checkpointer.save(trainer, best=False)
+    return stopper.signal_name, last_val

@@ -1,0 +1,243 @@
+"""Optimizers and learning-rate schedules: how the weights move, and how fast, at each step.
+
+- `lr_factor(step, config)`: the schedule, a multiplier in [min_lr / lr, 1] applied to every
+  parameter group's own base rate (so AdamW and Muon groups follow one schedule).
+  Warmup is linear from near 0; then `cosine` or `linear` decay to the floor over the
+  whole run, `constant`, or `wsd` (warmup-stable-decay): the full rate until the last
+  `train.decay_fraction` of the run, then a linear decay to the floor. WSD trains at
+  the full rate for longest and suits a run whose length is fixed late (a time budget).
+- `build_optimizer(model, config, ...)`: the parameter groups and their optimizers.
+  `adamw`: AdamW everywhere, weight decay on matrices only. `muon`: Muon for the
+  matrices inside the blocks (attention and MLP projections), AdamW for the token
+  embedding, the output head and the norm gains, which Muon does not suit (an embedding
+  row is updated only when its token appears; a gain is not a matrix).
+- `Muon`: momentum SGD whose update for each matrix is replaced by the nearest
+  orthogonal matrix (all singular values set to 1), computed by a few Newton-Schulz
+  iterations. Every direction of the update then moves at the same rate, so rare
+  directions learn as fast as common ones. Same-shaped matrices are orthogonalised
+  together in one batched matmul chain.
+
+The embedding and head may have their own rates (`train.embedding_lr`, `train.head_lr`):
+they see one row per token, not every row every step, and often want a larger one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+from tinyattn.config import TrainConfig
+
+# ----------------------------------------------------------------------------- schedule
+
+
+def lr_factor(step: int, config: TrainConfig) -> float:
+    """The learning rate at `step` (0-based) as a fraction of the peak rate."""
+    floor = config.min_lr / config.lr
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    if config.schedule == "constant":
+        return 1.0
+    if config.schedule == "wsd":
+        decay_steps = max(1, round(config.decay_fraction * config.max_steps))
+        decay_start = max(config.warmup_steps, config.max_steps - decay_steps)
+        if step < decay_start:
+            return 1.0
+        progress = min(1.0, (step - decay_start) / max(1, config.max_steps - decay_start))
+        return floor + (1.0 - progress) * (1.0 - floor)
+    progress = min(1.0, (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps))
+    if config.schedule == "cosine":
+        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
+    else:  # linear
+        decay = 1.0 - progress
+    return floor + decay * (1.0 - floor)
+
+
+def learning_rate(step: int, config: TrainConfig) -> float:
+    """The peak-rate group's learning rate at `step`: lr * lr_factor."""
+    return config.lr * lr_factor(step, config)
+
+
+def set_learning_rates(optimizers: list[torch.optim.Optimizer], factor: float) -> None:
+    """Every group's lr = its base lr * factor. The base is set when the optimizer is built
+    (`build_optimizer`); a group without one takes its lr at the first call as its base."""
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            group["lr"] = group.setdefault("base_lr", group.get("lr", 0.0)) * factor
+
+
+# ----------------------------------------------------------------------------- Muon
+
+
+def newton_schulz(grads: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
+    """Approximately orthogonalise each matrix of a stack: (N, rows, cols) -> same shape.
+
+    The quintic iteration X <- aX + b(XX^T)X + c(XX^T)^2 X with (a, b, c) =
+    (3.4445, -4.7750, 2.0315) (Keller Jordan's Muon) pushes every singular value of X
+    towards 1 after X is scaled to spectral norm <= 1 (by its Frobenius norm). It
+    converges only roughly (to [0.7, 1.2]), which is enough for an update direction and
+    takes 5 steps instead of ~15. Runs in the input's dtype: bf16 where the hardware has
+    fast bf16, fp32 elsewhere (emulated bf16 is many times slower; docs/BENCHMARKS.md).
+    """
+    a, b, c = 3.4445, -4.7750, 2.0315
+    x = grads
+    transposed = x.size(-2) > x.size(-1)
+    if transposed:  # iterate on the wide orientation: (rows x rows) Gram matrices are smaller
+        x = x.transpose(-2, -1)
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) + eps)
+    for _ in range(steps):
+        gram = x @ x.transpose(-2, -1)  # (N, r, r)
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.transpose(-2, -1) if transposed else x
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon for 2-D weight matrices: momentum, then the orthogonalised direction.
+
+    The update of a (rows, cols) matrix is scaled by 0.2 * sqrt(max(rows, cols)), which
+    gives it about the root-mean-square size of an AdamW update; Muon's lr therefore
+    sits in AdamW's range (Moonshot's "match RMS" rule, `adjust_lr_fn="match_rms_adamw"`
+    in torch.optim.Muon). Weight decay is decoupled, as in AdamW.
+    """
+
+    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.95, nesterov: bool = True,
+                 weight_decay: float = 0.0, ns_steps: int = 5, ns_dtype: torch.dtype = torch.float32):
+        super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov,
+                                      weight_decay=weight_decay, ns_steps=ns_steps))
+        self.ns_dtype = ns_dtype
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.dim() != 2:
+                    raise ValueError(f"Muon updates matrices only; got a parameter of shape {tuple(p.shape)}")
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            by_shape: dict[tuple, list[torch.Tensor]] = {}
+            for p in group["params"]:
+                if p.grad is not None:
+                    by_shape.setdefault(tuple(p.shape), []).append(p)
+            for shape, params in by_shape.items():
+                grads = torch.stack([self._momentum(p, group) for p in params])  # (N, rows, cols)
+                updates = newton_schulz(grads.to(self.ns_dtype), group["ns_steps"]).to(grads.dtype)
+                scale = 0.2 * math.sqrt(max(shape))
+                for p, update in zip(params, updates):
+                    if group["weight_decay"]:
+                        p.mul_(1 - group["lr"] * group["weight_decay"])
+                    p.add_(update, alpha=-group["lr"] * scale)
+
+    def _momentum(self, p: torch.Tensor, group: dict) -> torch.Tensor:
+        """Update the momentum buffer with p.grad; return the direction to orthogonalise."""
+        state = self.state[p]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(p)
+        buffer = state["momentum_buffer"]
+        buffer.lerp_(p.grad, 1 - group["momentum"])  # buffer = m * buffer + (1 - m) * grad
+        return p.grad.lerp(buffer, group["momentum"]) if group["nesterov"] else buffer
+
+
+# ----------------------------------------------------------------------------- parameter groups
+
+
+@dataclass
+class Optimizers:
+    """The optimizers of one run; the training loop steps and saves them together."""
+
+    optimizers: list[torch.optim.Optimizer]
+
+    def zero_grad(self) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+
+    def state_dict(self) -> list[dict]:
+        return [optimizer.state_dict() for optimizer in self.optimizers]
+
+    def load_state_dict(self, states) -> None:
+        if isinstance(states, dict):  # written before Muon existed: one AdamW
+            states = [states]
+        if len(states) != len(self.optimizers):
+            raise ValueError(f"the checkpoint holds {len(states)} optimizer state(s), this run has "
+                             f"{len(self.optimizers)} (was train.optimizer changed?)")
+        for optimizer, state in zip(self.optimizers, states):
+            optimizer.load_state_dict(state)
+
+
+def parameter_groups(model: nn.Module, config: TrainConfig) -> dict[str, list[nn.Parameter]]:
+    """Each trainable parameter in exactly one named group (checked):
+
+    matrices: 2-D weights inside the blocks; embedding: the token embedding (and the
+    head, when tied); head: an untied output head; gains: every 1-D parameter.
+    """
+    groups: dict[str, list[nn.Parameter]] = {"matrices": [], "embedding": [], "head": [], "gains": []}
+    for name, p in model.named_parameters():  # a tied head is listed once, as the embedding
+        if not p.requires_grad:
+            continue
+        if name == "token_embedding.weight":
+            groups["embedding"].append(p)
+        elif name == "head.weight":
+            groups["head"].append(p)
+        elif p.dim() < 2:
+            groups["gains"].append(p)
+        else:
+            groups["matrices"].append(p)
+    grouped = [id(p) for ps in groups.values() for p in ps]
+    trainable = [id(p) for p in model.parameters() if p.requires_grad]
+    if sorted(grouped) != sorted(trainable):
+        raise AssertionError("every trainable parameter must be in exactly one optimizer group")
+    return groups
+
+
+def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device,
+                    ns_dtype: torch.dtype = torch.float32) -> Optimizers:
+    """The optimizers for `train.optimizer`; each group's `base_lr` is its peak rate.
+
+    Weight decay applies to matrices (and the head); never to gains or the embedding,
+    whose rows are decayed every step but updated only when their token appears.
+    ns_dtype: the dtype Muon orthogonalises in (see `newton_schulz`).
+    """
+    groups = parameter_groups(model, config)
+    embedding_lr = config.embedding_lr or config.lr
+    head_lr = config.head_lr or config.lr
+    # The fused kernel exists for CUDA and the CPU; it does the whole update in one pass
+    # over the parameters instead of a chain of foreach ops.
+    fused = device.type in ("cuda", "cpu")
+    betas = (config.beta1, config.beta2)
+
+    def adamw(param_groups: list[dict]) -> torch.optim.AdamW:
+        param_groups = [g for g in param_groups if g["params"]]
+        for g in param_groups:
+            g["base_lr"] = g["lr"]
+        return torch.optim.AdamW(param_groups, lr=config.lr, betas=betas, fused=fused,
+                                 foreach=None if fused else True)
+
+    adamw_groups = [
+        {"params": groups["embedding"], "lr": embedding_lr, "weight_decay": 0.0},
+        {"params": groups["head"], "lr": head_lr, "weight_decay": config.weight_decay},
+        {"params": groups["gains"], "lr": config.lr, "weight_decay": 0.0},
+    ]
+    if config.optimizer == "adamw":
+        adamw_groups.append({"params": groups["matrices"], "lr": config.lr,
+                             "weight_decay": config.weight_decay})
+        return Optimizers([adamw(adamw_groups)])
+    muon_lr = config.muon_lr or config.lr
+    muon = Muon([{"params": groups["matrices"], "lr": muon_lr, "base_lr": muon_lr}],
+                momentum=config.muon_momentum, weight_decay=config.weight_decay,
+                ns_steps=config.muon_ns_steps, ns_dtype=ns_dtype)
+    return Optimizers([adamw(adamw_groups), muon])
+
+
+def optimizer_description(config: TrainConfig) -> str:
+    """One line for the run's start-up message."""
+    if config.optimizer == "muon":
+        return f"Muon (lr {config.muon_lr or config.lr:g}) + AdamW (lr {config.lr:g})"
+    return f"AdamW (lr {config.lr:g})"
+
+
+def ns_dtype_for(autocast_dtype: Optional[torch.dtype]) -> torch.dtype:
+    """Muon orthogonalises in bf16 exactly where training runs in bf16: there the hardware
+    is fast at it; elsewhere bf16 may be emulated and many times slower than fp32."""
+    return torch.bfloat16 if autocast_dtype == torch.bfloat16 else torch.float32

@@ -1,0 +1,174 @@
+"""The small owners the training loop hands each decision to."""
+
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from tinyattn import checkpoint as ckpt
+from tinyattn.analysis.evaluate import loss_by_position
+from tinyattn.config import Config, config_to_dict
+from tinyattn.system.distributed import Distributed
+from tinyattn.system.timing import synchronize
+from tinyattn.train.trainer import Trainer, TrainingError
+
+# ----------------------------------------------------------------------------- the owners
+
+
+class LossWindow:
+    """Per-step losses kept on the device, read once per log interval (the one host sync)."""
+
+    def __init__(self, size: int, device: torch.device):
+        self.losses = torch.zeros(size, device=device)
+        self.device = device
+        self.pending = 0
+        self.grad_norm: Optional[torch.Tensor] = None
+        self.started = time.perf_counter()
+
+    def add(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        self.losses[self.pending] = loss
+        self.grad_norm = grad_norm
+        self.pending += 1
+
+    @property
+    def full(self) -> bool:
+        return self.pending == self.losses.numel()
+
+    def read(self, step: int, run_dir: Path) -> tuple[list[float], float]:
+        """The window's losses and its wall seconds; raises TrainingError on a non-finite loss."""
+        synchronize(self.device)
+        seconds = time.perf_counter() - self.started
+        window = self.losses[:self.pending].tolist()
+        bad = [i for i, value in enumerate(window) if not math.isfinite(value)]
+        if bad:
+            failed_step = step - len(window) + 1 + bad[0]
+            last = ckpt.latest_checkpoint(run_dir)
+            kept = f"; the last good checkpoint is {last}" if last else ""
+            raise TrainingError(f"the loss became {window[bad[0]]} at step {failed_step}; "
+                                f"training stopped{kept} (try a lower train.lr)")
+        self.pending = 0
+        return window, seconds
+
+    def restart(self) -> None:
+        self.started = time.perf_counter()
+
+
+@dataclass
+class EvalResult:
+    step: int
+    position_losses: np.ndarray  # (context_length,): validation loss at each position
+    sample: Optional[str]
+
+    @property
+    def val_loss(self) -> float:
+        return float(self.position_losses.mean())
+
+
+class Evaluator:
+    """At every eval_interval and the last step: validation loss by position and a sample;
+    logged with the attention maps of a fixed probe text."""
+
+    def __init__(self, trainer: Trainer, config: Config, validation: np.ndarray, tokenizer,
+                 dist: Distributed = Distributed()):
+        self.trainer = trainer
+        self.config = config
+        self.validation = validation
+        self.tokenizer = tokenizer
+        self.dist = dist
+
+    def due(self, step: int, last_step: int) -> bool:
+        return step % self.config.train.eval_interval == 0 or step == last_step
+
+    def run(self, step: int) -> EvalResult:
+        t, tc = self.trainer, self.config.train
+        # The plain module: a compiled one would compile a second graph for evaluation.
+        with t.precision.autocast(t.device):
+            losses = loss_by_position(t.model, self.validation, self.config.model.context_length,
+                                      tc.batch_size, tc.eval_windows)
+        return EvalResult(step, losses, self.sample() if self.dist.is_main else None)
+
+    def sample(self) -> Optional[str]:
+        from tinyattn.generate.text import generate
+
+        t, s, tc = self.trainer, self.config.sample, self.config.train
+        if tc.sample_tokens == 0:
+            return None
+        generator = torch.Generator(device=t.device).manual_seed(tc.seed)
+        return "".join(generate(t.model, self.tokenizer, s.prompt, max_new_tokens=tc.sample_tokens,
+                                temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                                generator=generator))
+
+
+class Checkpointer:
+    """Writes step checkpoints (keeping the last `keep_last`) and best.pt, on rank 0."""
+
+    def __init__(self, run_dir: Path, config: Config, tokenizer, dist: Distributed):
+        self.run_dir = run_dir
+        self.keep_last = config.train.keep_last
+        self.dist = dist
+        self.run_state = {"config": config_to_dict(config), "tokenizer": tokenizer.to_json()}
+        # best.pt is replaced only by a lower validation loss than the one it holds.
+        saved = ckpt.saved_value(run_dir / ckpt.BEST, "best_val_loss") if dist.is_main else None
+        self.best_on_disk = float(saved) if saved is not None else math.inf
+
+    def save(self, trainer: Trainer, best: bool) -> None:
+        if self.dist.is_main:
+            state = {**trainer.state_dict(), **self.run_state}
+            ckpt.save_checkpoint(state, self.run_dir / ckpt.step_filename(trainer.step))
+            ckpt.prune_checkpoints(self.run_dir, self.keep_last)
+            if best and trainer.best_val_loss < self.best_on_disk:
+                ckpt.save_checkpoint(state, self.run_dir / ckpt.BEST)
+                self.best_on_disk = trainer.best_val_loss
+        if self.dist.enabled:
+            torch.distributed.barrier()
+
+
+class Timers:
+    """Wall seconds spent per activity: the split the run's last line reports."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+class StopRequest:
+    """Turns SIGINT/SIGTERM into a flag the loop checks after each step."""
+
+    def __init__(self):
+        self.signal_name: Optional[str] = None
+
+    @contextmanager
+    def installed(self):
+        previous = {}
+
+        def handler(signum, frame):
+            if self.signal_name is not None:  # a second Ctrl-C: stop now
+                raise KeyboardInterrupt
+            self.signal_name = signal.Signals(signum).name
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                previous[sig] = signal.signal(sig, handler)
+            except ValueError:  # not the main thread: leave signals alone
+                pass
+        try:
+            yield self
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)

@@ -1,0 +1,160 @@
+"""Where a run writes and what it continues from.
+
+`ResumePoint` is the checkpoint a run continues from: found from a folder or file, loaded
+once, checked against the config's model shape and the data's tokenizer. It decides
+whether the run continues in place (only from the folder's latest checkpoint) or forks
+into a new folder (an earlier checkpoint under another --run-name). `open_run_folder`
+picks the folder and holds it (`run_folder.RunLock`) before anything is written there.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from tinyattn import checkpoint as ckpt
+from tinyattn.config import Config, config_to_dict
+from tinyattn.errors import CheckpointError
+from tinyattn.system.distributed import Distributed
+from tinyattn.train.run_folder import RunLock, unique_run_dir
+
+if TYPE_CHECKING:
+    from tinyattn.train.trainer import Trainer
+
+
+def model_shape_differences(saved: dict, current: dict) -> list[str]:
+    """The model keys whose values differ between a checkpoint's config and this one.
+
+    Dropout and the attention path change how the same weights are used, not their shape.
+    """
+    keys = sorted(set(saved) | set(current))
+    return [f"model.{k}: checkpoint {saved.get(k)!r}, config {current.get(k)!r}"
+            for k in keys if saved.get(k) != current.get(k) and k not in ("dropout", "attention")]
+
+
+def _verified_alternative(file: Path) -> str:
+    """'; the newest checkpoint that verifies is ...' for a resume whose checkpoint is damaged."""
+    good = ckpt.newest_verified(file.parent)
+    if good is None or good == file:
+        return ""
+    return (f"; the newest checkpoint in {file.parent} that verifies is {good.name}: move the damaged "
+            f"file away and resume with --resume {file.parent}, or fork from it with --resume {good} "
+            "--run-name NEW_NAME")
+
+
+@dataclass
+class ResumePoint:
+    """The checkpoint a run continues from: loaded once, then checked against the run."""
+
+    file: Path
+    state: dict
+    config: Config  # the config saved in the checkpoint
+    step: int  # the checkpoint's step
+
+    @classmethod
+    def find(cls, resume: str | Path | bool, run_name: Optional[str], out_dir: str | Path) -> "ResumePoint":
+        """resume=True: the --run-name run, else the most recent one; else a folder or file."""
+        out_dir = Path(out_dir)
+        if resume is True and run_name:
+            run_dir = out_dir / run_name
+            if not run_dir.is_dir():
+                raise CheckpointError(f"{run_dir}: no such run to resume (check --run-name)")
+            resume = run_dir
+        file = ckpt.resolve_checkpoint(None if resume is True else resume, out_dir, prefer="latest")
+        try:
+            state = ckpt.load_checkpoint(file)
+        except CheckpointError as e:
+            raise CheckpointError(f"{e}{_verified_alternative(file)}") from None
+        return cls(file, state, ckpt.config_from_checkpoint(state, file), int(state.get("step", 0)))
+
+    def target(self, run_name: Optional[str], out_dir: str | Path) -> Path:
+        """The folder this run trains into (`forks_into` says whether it is a new one).
+
+        Without --run-name (or naming the checkpoint's own folder) the run continues in
+        place, which only the folder's latest checkpoint may do: an earlier one would
+        overwrite the later steps. With another --run-name it forks: the new folder gets a
+        copy of the checkpoint (see `fork_into`) and the original is never written.
+        """
+        own = self.file.parent
+        if run_name is None or (Path(out_dir) / run_name).resolve() == own.resolve():
+            latest = ckpt.latest_checkpoint(own)
+            latest_step = ckpt.step_of(latest) if latest is not None else None
+            if latest_step is not None and latest_step > self.step:
+                raise CheckpointError(
+                    f"{self.file} is step {self.step}, but {own} goes on to step {latest_step}: "
+                    f"continuing there would overwrite its later checkpoints. To branch from this "
+                    f"checkpoint, fork it into a new folder: --resume {self.file} --run-name NEW_NAME")
+            return own
+        return Path(out_dir) / run_name
+
+    def forks_into(self, run_dir: Path) -> bool:
+        return self.file.parent.resolve() != Path(run_dir).resolve()
+
+    def fork_into(self, run_dir: Path) -> None:
+        """Copy into a new run folder what resuming there needs: the starting checkpoint (and
+        the original's best.pt if it is no later than the start, so 'best' keeps its meaning)."""
+        ckpt.copy_checkpoint(self.file, run_dir / ckpt.step_filename(self.step))
+        best = self.file.parent / ckpt.BEST
+        best_step = ckpt.saved_value(best, "step") if best.is_file() else None
+        if best_step is not None and best_step <= self.step:
+            ckpt.copy_checkpoint(best, run_dir / ckpt.BEST)
+
+    def adopt(self, config: Config) -> None:
+        """Check that `config` can continue this checkpoint; take what the run fixed at its start.
+
+        The vocabulary size came from the tokenizer, and a time-budget run's step count
+        was measured when it started: both are taken from the checkpoint.
+        """
+        saved = config_to_dict(self.config)["model"]
+        current = config_to_dict(config)["model"]
+        if current.get("vocab_size") is None:
+            current["vocab_size"] = saved["vocab_size"]
+        differences = model_shape_differences(saved, current)
+        if differences:
+            raise CheckpointError(f"{self.file}: the config's model differs from the checkpoint's: "
+                                  + "; ".join(differences))
+        config.model.vocab_size = self.config.model.vocab_size
+        if config.train.time_budget is not None and self.config.train.time_budget is not None:
+            config.train.max_steps = self.config.train.max_steps
+
+    def check_tokenizer(self, tokenizer) -> None:
+        if self.state.get("tokenizer") != tokenizer.to_json():
+            raise CheckpointError(f"{self.file}: its tokenizer differs from the one the data now "
+                                  "builds (the corpus or tokenizer settings changed); token ids would "
+                                  "no longer mean what the model learned")
+
+    def restore(self, trainer: Trainer) -> None:
+        trainer.load_state_dict(self.state, self.file)
+        self.state = {}  # the tensors are in the trainer now; free the copy
+
+
+def open_run_folder(config: Config, config_path, run_name: Optional[str], point: Optional[ResumePoint],
+                     dist: Distributed) -> tuple[Path, "RunLock | nullcontext"]:
+    """The folder this run writes, held (locked) by rank 0 until the run ends; the same on every rank.
+
+    A new run gets `--run-name` or a fresh `<config>-<date>-<time>` folder; a resumed one its
+    checkpoint's folder, or with another --run-name a fork (a copy of the checkpoint in a
+    new folder). Nothing is written before the lock is held.
+    """
+    run_dir, lock = None, nullcontext()
+    if dist.is_main:
+        if point is not None:
+            run_dir = point.target(run_name, config.train.out_dir)
+        elif run_name:
+            run_dir = Path(config.train.out_dir) / run_name
+        else:
+            run_dir = unique_run_dir(config.train.out_dir, Path(config_path).stem if config_path else "run")
+        lock = RunLock.acquire(run_dir)
+        if (point is None or point.forks_into(run_dir)) and ckpt.has_checkpoints(run_dir):
+            lock.release()
+            raise CheckpointError(f"{run_dir} already holds checkpoints; continue it with --resume "
+                                  f"{run_dir}, or choose another --run-name")
+    if dist.enabled:  # a default name has the time in it: rank 0's choice is everyone's
+        shared = [str(run_dir) if run_dir is not None else None]
+        torch.distributed.broadcast_object_list(shared, src=0)
+        run_dir = Path(shared[0])
+    return run_dir, lock

@@ -1,0 +1,155 @@
+"""The training step: the model, its optimizers, the batches and the counters."""
+
+
+from __future__ import annotations
+
+import warnings
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from tinyattn.config import TrainConfig
+from tinyattn.data.batches import BatchSampler
+from tinyattn.errors import CheckpointError, TinyattnError
+from tinyattn.model.attention_path import attention_path
+from tinyattn.model.transformer import LanguageModel
+from tinyattn.system.device import Precision
+from tinyattn.system.distributed import Distributed
+from tinyattn.system.seeding import random_states, seed_everything, set_random_states
+from tinyattn.train.optim import Optimizers, build_optimizer, lr_factor, ns_dtype_for, set_learning_rates
+
+
+class TrainingError(TinyattnError):
+    """The run cannot go on (a non-finite loss); the last good checkpoint is kept."""
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    step: int
+    tokens_seen: int
+    best_val_loss: float
+    last_val_loss: float
+    tokens_per_second: float  # training throughput over the whole run, evaluation excluded
+    wall_seconds: float  # the whole process, start-up included
+    interrupted: bool
+    seconds: dict = field(default_factory=dict)  # start-up, calibration, train, eval, save
+
+
+# ----------------------------------------------------------------------------- the trainer
+
+
+class Trainer:
+    """Owns the model, optimizers, batches and counters of one run, and steps them.
+
+    Built from what it needs, so a benchmark or a test can drive it without a whole run.
+    """
+
+    def __init__(self, model: LanguageModel, optimizers: Optimizers, batches: BatchSampler,
+                 config: TrainConfig, device: torch.device, precision: Precision,
+                 dist: Distributed = Distributed()):
+        self.model = model
+        self.optimizers = optimizers
+        self.batches = batches
+        self.config = config
+        self.device = device
+        self.precision = precision
+        self.dist = dist
+        self.scaler = torch.amp.GradScaler(device.type, enabled=precision.use_grad_scaler)
+        self.step = 0
+        self.tokens_seen = 0
+        self.best_val_loss = float("inf")
+        self.forward_model: nn.Module = model
+        if dist.enabled:
+            self.forward_model = nn.parallel.DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None)
+        if config.compile:
+            self.forward_model = torch.compile(self.forward_model)
+        self.tokens_per_step = (batches.batch_size * batches.context_length
+                                * config.grad_accum_steps * dist.world_size)
+
+    @classmethod
+    def build(cls, model_config, train_config: TrainConfig, train_tokens: np.ndarray,
+              device: torch.device, precision: Precision, dist: Distributed = Distributed()) -> "Trainer":
+        """A seeded model, its optimizers and a batch sampler over `train_tokens`."""
+        seed_everything(train_config.seed)
+        attention = attention_path(model_config.attention, device, precision, model_config)
+        model = LanguageModel(model_config, attention).to(device)
+        optimizers = build_optimizer(model, train_config, device, ns_dtype_for(precision.autocast_dtype))
+        batches = BatchSampler(train_tokens, train_config.batch_size, model_config.context_length,
+                               seed=train_config.seed, rank=dist.rank, world_size=dist.world_size)
+        return cls(model, optimizers, batches, train_config, device, precision, dist)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.batches.next_batch()
+        if self.device.type == "cuda":  # pinned memory lets the copy overlap the running step
+            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
+        return x.to(self.device), y.to(self.device)
+
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step over grad_accum_steps micro-batches; returns (loss, grad norm) on device.
+
+        Each micro-batch loss is divided by the number of micro-batches, so the summed
+        gradients are those of the mean loss over one large batch.
+        """
+        accum = self.config.grad_accum_steps
+        set_learning_rates(self.optimizers.optimizers, lr_factor(self.step, self.config))
+        total_loss = torch.zeros((), device=self.device)
+        for micro in range(accum):
+            x, y = self.next_batch()
+            # DDP averages gradients across processes on backward; only the last
+            # micro-batch needs to do it.
+            sync = nullcontext()
+            if self.dist.enabled and micro < accum - 1:
+                sync = self.forward_model.no_sync()
+            with sync:
+                with self.precision.autocast(self.device):
+                    loss = self.forward_model(x, y).loss / accum
+                self.scaler.scale(loss).backward()
+            total_loss += loss.detach()
+        for optimizer in self.optimizers.optimizers:
+            self.scaler.unscale_(optimizer)
+        max_norm = self.config.grad_clip if self.config.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        for optimizer in self.optimizers.optimizers:
+            self.scaler.step(optimizer)
+        self.scaler.update()
+        self.optimizers.zero_grad()
+        self.step += 1
+        self.tokens_seen += self.tokens_per_step
+        return total_loss, grad_norm
+
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizers.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "best_val_loss": self.best_val_loss,
+            "random_states": random_states(),
+            # Batch k of rank r is a function of (seed, r, k): rank 0's count serves every rank.
+            "sampler": self.batches.state_dict(),
+            "world_size": self.dist.world_size,
+        }
+
+    def load_state_dict(self, state: dict, path: Path) -> None:
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizers.load_state_dict(state["optimizer"])
+            self.scaler.load_state_dict(state["scaler"])
+            self.step = int(state["step"])
+            self.tokens_seen = int(state["tokens_seen"])
+            self.best_val_loss = float(state["best_val_loss"])
+            self.batches.load_state_dict(state["sampler"])  # keeps this process's own rank
+            if state["world_size"] != self.dist.world_size and self.dist.is_main:
+                warnings.warn(f"{path} was written by {state['world_size']} process(es), this run has "
+                              f"{self.dist.world_size}: the batches and tokens per step differ from the "
+                              "original run from here on", stacklevel=2)
+            set_random_states(state["random_states"])
+        except (KeyError, RuntimeError, ValueError) as e:
+            raise CheckpointError(f"{path}: cannot resume from it: {str(e).splitlines()[0]}") from None
