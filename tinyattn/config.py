@@ -286,8 +286,10 @@ class Config:
     sample: SampleConfig = field(default_factory=SampleConfig)
 
 
+ATTENTION_PATHS = ("auto", "fused", "explicit")  # model.attention; "auto" picks per hardware
+
 CHOICES = {
-    "model.attention": ("auto", "fused", "explicit"),
+    "model.attention": ATTENTION_PATHS,
     "data.format": ("auto", "text", "json", "csv", "tsv", "parquet"),
     "tokenizer.kind": ("char", "bpe", "pretrained"),
     "train.schedule": ("cosine", "linear", "constant", "wsd"),

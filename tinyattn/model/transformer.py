@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tinyattn.config import ModelConfig
+from tinyattn.config import ATTENTION_PATHS, ModelConfig
 from tinyattn.model.attention import CausalSelfAttention, rotary_tables
 from tinyattn.model.kv_cache import KVCache
 
@@ -88,8 +88,8 @@ class LanguageModel(nn.Module):
             raise ValueError("ModelConfig.vocab_size must be set (from the tokenizer) before building")
         self.config = config
         attention = attention or config.attention
-        if attention not in ("auto", "fused", "explicit"):
-            raise ValueError(f"attention {attention!r}: expected auto, fused or explicit")
+        if attention not in ATTENTION_PATHS:
+            raise ValueError(f"attention {attention!r}: expected one of {', '.join(ATTENTION_PATHS)}")
         self.attention_path = "explicit" if attention == "explicit" else "fused"
         fused = self.attention_path == "fused"
         self.token_embedding = nn.Embedding(config.vocab_size, config.n_embd)
