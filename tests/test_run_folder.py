@@ -27,7 +27,7 @@ def test_a_lock_held_by_another_process_refuses_and_a_dead_ones_is_taken_over(tm
     folder = tmp_path / "run"
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys; from tinyattn.train.run_folder import RunLock; "
-         f"RunLock.acquire({str(folder)!r}); print('held', flush=True); sys.stdin.read()"],
+         f"lock = RunLock.acquire({str(folder)!r}); print('held', flush=True); sys.stdin.read()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"

@@ -1,12 +1,17 @@
 """A run folder held by one process at a time.
 
 Two trainings writing into one folder would delete each other's checkpoints and mix
-their samples. `RunLock.acquire(folder)` makes the folder (proving it is writable),
-takes an exclusive lock on `folder/.lock`, writes the holder's pid into it, and clears
-the temporary files a writer killed mid-write left behind. A second process gets one
-line naming the holder's pid. The lock is the kernel's (`flock`): it ends with the
-process, however the process ends, so a lock file left by a dead process is simply taken
-over (and said to be).
+their samples. `RunLock.acquire(folder)` makes the folder (proving it is writable), takes
+an exclusive lock on `folder/.lock.filelock` (the `filelock` library: `flock` on POSIX,
+`msvcrt.locking` on Windows), writes the holder's pid into `folder/.lock`, and clears the
+temporary files a writer killed mid-write left behind. A second process gets one line
+naming the holder's pid. The lock is the kernel's: it ends with the process, however the
+process ends, so a `.lock` left by a dead process is simply taken over (and said to be).
+
+Why two files: the pid must stay readable while the lock is held (Windows forbids reading
+a locked region) and must survive a refused attempt (older filelock versions truncate the
+lock file when they open it). The kernel's lock file stays on disk after release: deleting
+it would let a process that opened it just before lock a name nobody else sees.
 
 `unique_run_dir` gives a default run name its own folder even when two runs start in
 the same second.
@@ -20,61 +25,52 @@ from datetime import datetime
 from pathlib import Path
 from typing import Optional
 
+from filelock import FileLock, Timeout
+
 from tinyattn.errors import StorageError
 from tinyattn.system.storage import check_writable, remove_temporaries, storage_errors
 
-LOCK_NAME = ".lock"
-
-try:
-    import fcntl
-except ImportError:  # Windows has no flock: there the folder is not locked
-    fcntl = None
+LOCK_NAME = ".lock"  # the holder's pid, one line; there while the folder is held
+KERNEL_LOCK_NAME = ".lock.filelock"  # what the kernel locks; empty, kept between runs
 
 
 class RunLock:
     """The exclusive hold of one run folder; `release()` (or process exit) ends it."""
 
-    def __init__(self, folder: Path, fd: int):
+    def __init__(self, folder: Path, kernel_lock: FileLock):
         self.folder = folder
-        self._fd: Optional[int] = fd
+        self._kernel_lock: Optional[FileLock] = kernel_lock
 
     @classmethod
     def acquire(cls, folder: str | Path) -> "RunLock":
         folder = check_writable(folder)
-        path = folder / LOCK_NAME
-        while True:
-            with storage_errors(path):
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            if _try_lock(fd):
-                # The holder before us may have deleted the file between our open and our
-                # lock: then we hold a lock on a name nobody sees; open it again.
-                if _same_file(fd, path):
-                    break
-            else:
-                holder = _read_pid(fd)
-                os.close(fd)
-                raise StorageError(f"{folder} is in use by pid {holder or '(unknown)'}: another "
-                                   "training writes there; wait for it to end or choose another --run-name")
-            os.close(fd)
-        previous = _read_pid(fd)
+        pid_file = folder / LOCK_NAME
+        # thread_local=False: the hold belongs to the process, whichever thread releases it.
+        kernel_lock = FileLock(folder / KERNEL_LOCK_NAME, timeout=0, thread_local=False)
+        try:
+            with storage_errors(folder / KERNEL_LOCK_NAME):
+                kernel_lock.acquire()
+        except Timeout:
+            holder = _read_pid(pid_file)
+            raise StorageError(f"{folder} is in use by pid {holder or '(unknown)'}: another "
+                               "training writes there; wait for it to end or choose another --run-name") from None
+        previous = _read_pid(pid_file)
         if previous and previous != os.getpid():
-            print(f"note: {path} was left by pid {previous}, which is no longer running; taking it over",
+            print(f"note: {pid_file} was left by pid {previous}, which is no longer running; taking it over",
                   file=sys.stderr)
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        os.fsync(fd)
+        with storage_errors(pid_file):
+            pid_file.write_text(f"{os.getpid()}\n", encoding="ascii")
         remove_temporaries(folder)  # ours now: a killed writer's half files can go
-        return cls(folder, fd)
+        return cls(folder, kernel_lock)
 
     def release(self) -> None:
-        if self._fd is None:
+        if self._kernel_lock is None:
             return
         try:
-            (self.folder / LOCK_NAME).unlink(missing_ok=True)
+            (self.folder / LOCK_NAME).unlink(missing_ok=True)  # before the unlock: no one else's pid
         finally:
-            os.close(self._fd)  # closing drops the flock
-            self._fd = None
+            self._kernel_lock.release()
+            self._kernel_lock = None
 
     def __enter__(self) -> "RunLock":
         return self
@@ -83,27 +79,9 @@ class RunLock:
         self.release()
 
 
-def _try_lock(fd: int) -> bool:
-    if fcntl is None:
-        return True
+def _read_pid(path: Path) -> Optional[int]:
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        return os.path.samestat(os.fstat(fd), os.stat(path))
-    except FileNotFoundError:
-        return False
-
-
-def _read_pid(fd: int) -> Optional[int]:
-    try:
-        os.lseek(fd, 0, os.SEEK_SET)
-        text = os.read(fd, 32).decode("ascii", "replace").strip()
+        text = path.read_text(encoding="ascii", errors="replace").strip()
     except OSError:
         return None
     return int(text) if text.isdigit() else None
