@@ -11,7 +11,7 @@ TORCH_INDEX ?=
 CONFIG ?= configs/shakespeare_char.yaml
 PY := $(VENV)/bin/python
 
-.PHONY: install train test test-fast bench gpu-wheels clean-venv
+.PHONY: install train test test-fast bench-check bench gpu-wheels clean-venv
 
 install: $(VENV)/.installed
 
@@ -25,11 +25,16 @@ $(VENV)/.installed: pyproject.toml
 train: install
 	$(PY) scripts/train.py --config $(CONFIG)
 
+# Speed is measured by the benchmarks, not by the suite: the tests that time the machine
+# (marked bench) run only in bench-check.
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not bench"
 
-test-fast: install  # everything but the tests marked slow (subprocesses, compile, kills, torchrun)
-	$(PY) -m pytest -q -m "not slow"
+test-fast: install  # also skips the tests marked slow (subprocesses, compile, kills, torchrun)
+	$(PY) -m pytest -q -m "not slow and not bench"
+
+bench-check: install  # the wall-clock tests and the benchmark smoke run
+	$(PY) -m pytest -q -m bench
 
 bench: install
 	$(PY) -m benchmarks.suite --json docs/bench-cpu.json

@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow  # the whole benchmark suite in a fresh process
+@pytest.mark.bench  # the whole benchmark suite in a fresh process: make bench-check runs it
 def test_bench_smoke_writes_every_field(tmp_path):
     out = tmp_path / "bench.json"
     result = subprocess.run(

@@ -165,7 +165,7 @@ def test_env_override_other_than_0_or_1_is_a_config_error(fake_cpu, monkeypatch)
         select_precision("auto", CPU)
 
 
-@pytest.mark.slow  # a fresh process, with oneDNN held to AVX2 from its start
+@pytest.mark.bench  # asserts on wall-clock seconds, in a fresh process with oneDNN held to AVX2
 def test_measurements_are_short_where_bf16_is_emulated():
     """With oneDNN held to AVX2 (as on a CPU without bf16 units), bf16 matmuls are emulated,
     many times slower than fp32; neither the fallback measurement nor the bf16 peak may stall."""

@@ -34,6 +34,7 @@ def test_median_time_is_the_median_of_the_timed_calls(monkeypatch):
     assert median_time(work, repeats=3, warmup=1) == pytest.approx(0.2)
 
 
+@pytest.mark.bench  # sleeps and reads the real clock
 def test_process_age_counts_wall_time_since_the_process_started():
     before = process_age()
     time.sleep(0.05)
