@@ -24,14 +24,24 @@ def report():
 
 
 def test_a_runs_curve_wall_time_and_time_to_target_are_read_from_its_folder(report, trained_run):
-    figures = report.run_figures(trained_run.run_dir, target_loss=100.0)
+    reachable = trained_run.best_val_loss + 0.01  # the one validation (step 30) is under it
+    figures = report.run_figures(trained_run.run_dir, target_loss=reachable)
     assert figures["validation"] == [[30, pytest.approx(trained_run.last_val_loss, abs=1e-4)]]
-    assert figures["done"]["steps"] == 30 and figures["done"]["wall_seconds"] >= 0
-    assert {"start-up", "train", "eval", "save"} <= set(figures["done"]["split_seconds"])
-    assert figures["done"]["best_val_loss"] == pytest.approx(trained_run.best_val_loss, abs=1e-4)
+    done, seconds = figures["done"], trained_run.seconds
+    assert done["steps"] == 30 and done["wall_seconds"] == float(f"{trained_run.wall_seconds:.0f}")
+    assert done["split_seconds"] == {name: pytest.approx(seconds[name], abs=0.051) for name in seconds}
+    assert done["tokens_per_second"] == pytest.approx(trained_run.tokens_per_second, abs=0.51)
+    assert done["best_val_loss"] == pytest.approx(trained_run.best_val_loss, abs=1e-4)
     assert figures["target_reached_at_step"] == 30
     tensorboard = figures["tensorboard"]
-    assert [row[0] for row in tensorboard["val_loss"]] == [30] and tensorboard["seconds_to_target"] >= 0
+    assert [row[:2] for row in tensorboard["val_loss"]] == [[30, pytest.approx(trained_run.last_val_loss)]]
+    # from the first logged training loss to the validation at step 30: inside the run's training time
+    assert 0 < tensorboard["seconds_to_target"] == tensorboard["val_loss"][0][2] < trained_run.wall_seconds
+    assert [row[0] for row in tensorboard["train_loss"]] == [5, 10, 15, 20, 25, 30]  # every log_interval
+
+    unreachable = report.run_figures(trained_run.run_dir, target_loss=trained_run.best_val_loss - 0.01)
+    assert unreachable["target_reached_at_step"] is None
+    assert unreachable["tensorboard"]["seconds_to_target"] is None
 
 
 def test_the_summary_reports_a_missing_or_broken_piece_instead_of_failing(report, tmp_path):
