@@ -42,7 +42,7 @@ bench: install
 # Wheels for benchmarks/gpu_check.sh on the GPU machine (no network there; Python 3.12, its own
 # torch): what tinyattn imports and that machine lacks, at the versions installed here, for
 # its Python and for this one (the CPU rehearsal). The device README lists what it has.
-GPU_WHEEL_PACKAGES ?= datasets dill multiprocess
+GPU_WHEEL_PACKAGES ?= datasets dill multiprocess psutil
 GPU_WHEEL_PLATFORMS := $(foreach p,manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64,--platform $(p))
 
 gpu-wheels:

@@ -47,8 +47,9 @@ def main() -> int:
     while T <= args.max_context:
         lengths.append(T)
         T *= 2
-    result = measure_attention_cost(lengths, args.batch_size, args.heads, args.head_dim, args.repeats,
-                                    args.device, measure_memory=not args.no_memory)
+    result = measure_attention_cost(lengths, batch_size=args.batch_size, n_head=args.heads,
+                                    head_dim=args.head_dim, repeats=args.repeats, device=args.device,
+                                    measure_memory=not args.no_memory)
     print(f"device {result['device']} ({result['threads']} threads), B={result['batch_size']} "
           f"H={result['n_head']} D={result['head_dim']} fp32, median of {result['repeats']} after warm-up")
     print(f"peak memory: {result['memory_method']}\n")

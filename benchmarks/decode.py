@@ -15,6 +15,7 @@ process busy, two torch threads can run many times slower than one.
 """
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 
@@ -24,6 +25,48 @@ from tinyattn.config import load_config
 
 
 def main() -> int:
+    args = _parser().parse_args()
+    shape = _model_shape(args.config, args.vocab_size)
+    prompt_tokens = min(args.prompt_tokens, shape.get("context_length", 256))
+    results = []
+    for dtype, threads, pack, compile, batch in itertools.product(args.dtypes, args.threads, args.pack,
+                                                                  args.compile, args.batch_sizes):
+        r = measure_decode(new_tokens=args.new_tokens, prompt_tokens=prompt_tokens,
+                           uncached_tokens=args.uncached_tokens, dtype=dtype, threads=threads,
+                           pack=pack == "yes", compile=compile == "yes", repeats=args.repeats,
+                           device=args.device, batch_size=batch, **shape)
+        if not results:
+            print(f"{r['cpu']}, torch {r['torch']}, {r['device']}; "
+                  f"{r['model']['parameters'] / 1e6:.1f}M parameters; {r['new_tokens']} tokens after "
+                  f"a {r['prompt_tokens']}-token prompt ({r['refills']} refills)\n")
+            print("| dtype | threads | packed | compiled | batch | cached tok/s | ms/token | TTFT ms "
+                  "| first run s | uncached tok/s | speedup |")
+            print("|---|---|---|---|---|---|---|---|---|---|---|")
+        print(f"| {dtype} | {threads} | {'yes' if r['packed'] else 'no'} | {compile} | {batch} | "
+              f"{r['cached_tokens_per_s']:.0f} | {r['cached_ms_per_token']:.2f} | "
+              f"{r['ttft_ms']:.1f} | {r['first_run_s']:.1f} | {r['uncached_tokens_per_s']:.1f} | "
+              f"{r['speedup']:.1f}x |", flush=True)
+        results.append(r)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+def _model_shape(config_path: str | None, vocab_size: int | None) -> dict:
+    """measure_decode's model arguments from a config's model (and --vocab-size); {} for its default."""
+    shape = {}
+    if config_path:
+        m = load_config(config_path).model
+        shape = dict(n_layer=m.n_layer, n_head=m.n_head, n_kv_head=m.n_kv_head, n_embd=m.n_embd,
+                     context_length=m.context_length)
+        if m.vocab_size:
+            shape["vocab_size"] = m.vocab_size
+    if vocab_size:
+        shape["vocab_size"] = vocab_size
+    return shape
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2],
@@ -45,42 +88,7 @@ def main() -> int:
                         help="vocabulary of the random model (default: the config's, else 65)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
-    args = parser.parse_args()
-
-    shape = {}
-    if args.config:
-        m = load_config(args.config).model
-        shape = dict(n_layer=m.n_layer, n_head=m.n_head, n_kv_head=m.n_kv_head, n_embd=m.n_embd,
-                     context_length=m.context_length)
-        if m.vocab_size:
-            shape["vocab_size"] = m.vocab_size
-    if args.vocab_size:
-        shape["vocab_size"] = args.vocab_size
-    prompt_tokens = min(args.prompt_tokens, shape.get("context_length", 256))
-    results = []
-    for dtype in args.dtypes:
-        for threads in args.threads:
-            for pack, compile, batch in [(p, c, b) for p in args.pack for c in args.compile
-                                         for b in args.batch_sizes]:
-                r = measure_decode(new_tokens=args.new_tokens, prompt_tokens=prompt_tokens,
-                                   uncached_tokens=args.uncached_tokens, dtype=dtype, threads=threads,
-                                   pack=pack == "yes", compile=compile == "yes", repeats=args.repeats,
-                                   device=args.device, batch_size=batch, **shape)
-                if not results:
-                    print(f"{r['cpu']}, torch {r['torch']}, {r['device']}; "
-                          f"{r['model']['parameters'] / 1e6:.1f}M parameters; {r['new_tokens']} tokens after "
-                          f"a {r['prompt_tokens']}-token prompt ({r['refills']} refills)\n")
-                    print("| dtype | threads | packed | compiled | batch | cached tok/s | ms/token | TTFT ms "
-                          "| first run s | uncached tok/s | speedup |")
-                    print("|---|---|---|---|---|---|---|---|---|---|---|")
-                print(f"| {dtype} | {threads} | {'yes' if r['packed'] else 'no'} | {compile} | {batch} | "
-                      f"{r['cached_tokens_per_s']:.0f} | {r['cached_ms_per_token']:.2f} | "
-                      f"{r['ttft_ms']:.1f} | {r['first_run_s']:.1f} | {r['uncached_tokens_per_s']:.1f} | "
-                      f"{r['speedup']:.1f}x |", flush=True)
-                results.append(r)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
-    return 0
+    return parser
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ import functools
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+import psutil
 import torch
 import torch.nn.functional as F
 
@@ -38,9 +38,9 @@ from tinyattn.train.trainer import Trainer
 
 
 def measure_decode(*, n_layer: int = 6, n_head: int = 6, n_embd: int = 384, context_length: int = 256,
-                   n_kv_head: int | None = None,
-                   vocab_size: int = 65, new_tokens: int = 500, prompt_tokens: int = 200,
-                   uncached_tokens: int | None = None, dtype: str = "fp32", threads: int | None = None,
+                   n_kv_head: int | None = None, vocab_size: int = 65, new_tokens: int = 500,
+                   prompt_tokens: int = 200, uncached_tokens: int | None = None, dtype: str = "fp32",
+                   threads: int | None = None,
                    pack: bool = False, compile: bool = False, temperature: float = 0.8, repeats: int = 3,
                    device: str = "cpu", seed: int = 0, batch_size: int = 1) -> dict:
     """Decoding speed with the KV cache (the loop of `generate_tokens`) and without it.
@@ -58,48 +58,63 @@ def measure_decode(*, n_layer: int = 6, n_head: int = 6, n_embd: int = 384, cont
     - uncached_tokens_per_s: the same prompt, each step recomputing the full forward pass over
       the last <= context_length tokens (a sliding window), for `uncached_tokens` tokens
       (default `new_tokens`); timed once, it is slow.
-    Cached figures are medians of `repeats` runs after one warm-up run. `dtype` is "fp32" or
-    "bf16" (the weights are cast); `threads` sets torch.set_num_threads for the measurement;
-    `pack` stores the weights in oneDNN's layout first (`tinyattn.generate.cpu_weights.pack_linear_weights`),
-    for both loops; `compile` compiles the cached loop's one-token step
-    (`tinyattn.generate.decoder.compile_decode_step`). `batch_size` sequences are decoded together
-    (one random prompt each): tokens/s count every sequence's tokens, ms_per_token is the
-    time of one step of the batch, and ttft_ms is the batch's prefill and first draw.
+    Cached figures are medians of `repeats` runs after one warm-up run. `dtype` is "fp32" or "bf16" (the
+    weights are cast); `threads` sets torch.set_num_threads for the measurement; `pack` stores the
+    weights in oneDNN's layout first (`tinyattn.generate.cpu_weights.pack_linear_weights`), for both
+    loops; `compile` compiles the cached loop's one-token step (`generate.decoder.compile_decode_step`).
+    `batch_size` sequences are decoded together (one random prompt each): tokens/s count every
+    sequence's tokens, ms_per_token is one step of the batch, ttft_ms the batch's prefill and first draw.
     """
     torch_device = select_device(device)
     with _num_threads(threads):
         config = ModelConfig(vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head,
                              n_embd=n_embd, context_length=context_length)
-        model, packed, prompt = _model_and_prompt(config, torch_device, dtype, pack, batch_size, prompt_tokens, seed)
-        sampling = dict(temperature=temperature, seed=seed)
-        start = time.perf_counter()
-        _cached_run(model, prompt, min(new_tokens, 50), compile, **sampling)  # warm-up: compile, kernels
-        first_run_seconds = time.perf_counter() - start
-        runs = [_cached_run(model, prompt, new_tokens, compile, **sampling) for _ in range(repeats)]
+        model, packed, prompt = _model_and_prompt(
+            config, device=torch_device, dtype=dtype, pack=pack, batch_size=batch_size,
+            prompt_tokens=prompt_tokens, seed=seed)
         uncached_tokens = new_tokens if uncached_tokens is None else uncached_tokens
-        uncached_seconds = _uncached_seconds(model, prompt, uncached_tokens, **sampling)
-        uncached = batch_size * uncached_tokens / uncached_seconds
-        cached_seconds = statistics.median(run.rest_s for run in runs)
-        cached = batch_size * (new_tokens - 1) / cached_seconds
+        first_run_seconds, runs, uncached_seconds = _decode_runs(
+            model, prompt, new_tokens=new_tokens, uncached_tokens=uncached_tokens, repeats=repeats,
+            compile=compile, temperature=temperature, seed=seed)
+        speeds = _decode_speeds(runs, uncached_seconds, batch_size=batch_size, new_tokens=new_tokens,
+                                uncached_tokens=uncached_tokens)
+        shape = {"n_layer": n_layer, "n_head": n_head, "n_embd": n_embd, "context_length": context_length,
+                 "vocab_size": vocab_size, "parameters": model.num_parameters()}
         return {
             "device": str(torch_device), "cpu": cpu_name(), "machine": platform.machine(),
             "torch": torch.__version__, "threads": torch.get_num_threads(), "dtype": dtype, "packed": packed,
-            "compile": compile, "batch_size": batch_size,
-            "model": {"n_layer": n_layer, "n_head": n_head, "n_embd": n_embd,
-                      "context_length": context_length, "vocab_size": vocab_size,
-                      "parameters": model.num_parameters()},
+            "compile": compile, "batch_size": batch_size, "model": shape,
             "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "uncached_tokens": uncached_tokens,
             "temperature": temperature, "repeats": repeats, "refills": runs[0].refills,
-            "ttft_ms": 1000 * statistics.median(run.first_s for run in runs), "first_run_s": first_run_seconds,
-            "cached_tokens_per_s": cached,
-            "cached_ms_per_token": 1000 * cached_seconds / (new_tokens - 1),
+            "first_run_s": first_run_seconds, **speeds}
+
+
+def _decode_runs(model, prompt: torch.Tensor, *, new_tokens: int, uncached_tokens: int, repeats: int,
+                 compile: bool, temperature: float, seed: int) -> tuple[float, list["CachedRun"], float]:
+    """The warm-up run's seconds, `repeats` timed cached runs, and the uncached run's seconds."""
+    sampling = dict(compile=compile, temperature=temperature, seed=seed)
+    start = time.perf_counter()
+    _cached_run(model, prompt, min(new_tokens, 50), **sampling)  # warm-up: compile, kernels
+    first_run_seconds = time.perf_counter() - start
+    runs = [_cached_run(model, prompt, new_tokens, **sampling) for _ in range(repeats)]
+    uncached_seconds = _uncached_seconds(model, prompt, uncached_tokens, temperature=temperature, seed=seed)
+    return first_run_seconds, runs, uncached_seconds
+
+
+def _decode_speeds(runs: list["CachedRun"], uncached_seconds: float, *, batch_size: int, new_tokens: int,
+                   uncached_tokens: int) -> dict:
+    """Tokens/s count every sequence of the batch; ms per token is one step of the whole batch."""
+    cached_seconds = statistics.median(run.rest_s for run in runs)
+    cached = batch_size * (new_tokens - 1) / cached_seconds
+    uncached = batch_size * uncached_tokens / uncached_seconds
+    return {"ttft_ms": 1000 * statistics.median(run.first_s for run in runs),
+            "cached_tokens_per_s": cached, "cached_ms_per_token": 1000 * cached_seconds / (new_tokens - 1),
             "uncached_tokens_per_s": uncached,
             "uncached_ms_per_token": 1000 * uncached_seconds / uncached_tokens,
-            "speedup": cached / uncached,
-        }
+            "speedup": cached / uncached}
 
 
-def _model_and_prompt(config: ModelConfig, device: torch.device, dtype: str, pack: bool, batch_size: int,
+def _model_and_prompt(config: ModelConfig, *, device: torch.device, dtype: str, pack: bool, batch_size: int,
                       prompt_tokens: int, seed: int) -> tuple[LanguageModel, bool, torch.Tensor]:
     """A seeded random model in `dtype` (packed if asked and possible) and random prompts (B, T)."""
     torch.manual_seed(seed)
@@ -129,7 +144,8 @@ class CachedRun(NamedTuple):
 
 
 @torch.inference_mode()
-def _cached_run(model, prompt: torch.Tensor, n: int, compile: bool, temperature: float, seed: int) -> CachedRun:
+def _cached_run(model, prompt: torch.Tensor, n: int, *, compile: bool, temperature: float,
+                seed: int) -> CachedRun:
     """n tokens through `generate_tokens`' loop: a CachedDecoder prefilled, then stepped and sampled."""
     device = prompt.device
     generator = torch.Generator(device).manual_seed(seed)
@@ -145,7 +161,7 @@ def _cached_run(model, prompt: torch.Tensor, n: int, compile: bool, temperature:
 
 
 @torch.inference_mode()
-def _uncached_seconds(model, prompt: torch.Tensor, n: int, temperature: float, seed: int) -> float:
+def _uncached_seconds(model, prompt: torch.Tensor, n: int, *, temperature: float, seed: int) -> float:
     """Seconds for n tokens, each from a full forward pass over the last <= context_length tokens."""
     context_length = model.config.context_length
     generator = torch.Generator(prompt.device).manual_seed(seed)
@@ -165,7 +181,7 @@ def _uncached_seconds(model, prompt: torch.Tensor, n: int, temperature: float, s
 # ----------------------------------------------------------------------------- attention cost
 
 
-def measure_attention_cost(context_lengths=(64, 128, 256, 512, 1024, 2048), batch_size: int = 4,
+def measure_attention_cost(context_lengths=(64, 128, 256, 512, 1024, 2048), *, batch_size: int = 4,
                            n_head: int = 6, head_dim: int = 64, repeats: int = 5,
                            device: str = "cpu", measure_memory: bool = True) -> dict:
     """Forward time and peak memory of one causal attention: fused (SDPA) against explicit.
@@ -186,42 +202,50 @@ def measure_attention_cost(context_lengths=(64, 128, 256, 512, 1024, 2048), batc
     skipped and listed.
     """
     torch_device = select_device(device)
+    shape = dict(batch_size=batch_size, n_head=n_head, head_dim=head_dim)
     rows, skipped = [], []
     for T in context_lengths:
         weights_bytes = batch_size * n_head * T * T * 4  # (B, H, T, T) fp32, what explicit keeps
         if 3 * weights_bytes > _available_memory_bytes(torch_device) / 2:  # scores, masked, weights
             skipped.append(T)
             continue
-        generator = torch.Generator().manual_seed(0)
-        qkv = torch.randn(3, batch_size, n_head, T, head_dim, generator=generator)  # (3, B, H, T, D)
-        q, k, v = qkv.to(torch_device).unbind(0)
-        row = {"context_length": T, "weights_bytes": weights_bytes}
-        with torch.no_grad():
-            fused = _attention_forward("fused", q, k, v)
-            explicit = _attention_forward("explicit", q, k, v)
-            row["max_abs_difference"] = (fused - explicit).abs().max().item()
-            del fused, explicit
-            for path in ("fused", "explicit"):
-                forward = functools.partial(_attention_forward, path, q, k, v)
-                row[f"{path}_ms"] = 1000 * median_time(forward, repeats, warmup=1, device=torch_device)
+        row = {"context_length": T, "weights_bytes": weights_bytes,
+               **_attention_times(T, repeats=repeats, device=torch_device, **shape)}
         for path in ("fused", "explicit"):
             row[f"{path}_peak_bytes"] = None
             if measure_memory:
-                row[f"{path}_peak_bytes"] = _attention_peak_bytes(path, T, batch_size, n_head,
-                                                                  head_dim, torch_device)
+                row[f"{path}_peak_bytes"] = _attention_peak_bytes(path, T, device=torch_device, **shape)
         rows.append(row)
-    if not measure_memory:
-        memory_method = "not measured"
-    elif torch_device.type == "cuda":
-        memory_method = "torch.cuda.max_memory_allocated above the allocation before the call"
-    elif torch_device.type == "cpu" and _can_reset_peak_rss():
-        memory_method = "peak RSS (VmHWM) above RSS before the call, one fresh process per point"
-    else:
-        memory_method = "not measured (needs CUDA, or a CPU under Linux with /proc/self/clear_refs)"
     return {"device": str(torch_device), "threads": torch.get_num_threads(),
             "batch_size": batch_size, "n_head": n_head, "head_dim": head_dim, "dtype": "fp32",
-            "repeats": repeats, "memory_method": memory_method,
+            "repeats": repeats, "memory_method": _memory_method(torch_device, measure_memory),
             "rows": rows, "skipped_context_lengths": skipped}
+
+
+@torch.no_grad()
+def _attention_times(T: int, *, batch_size: int, n_head: int, head_dim: int, repeats: int, device) -> dict:
+    """Median ms of each path on the same seeded q, k, v, and how far apart their outputs are."""
+    generator = torch.Generator().manual_seed(0)
+    qkv = torch.randn(3, batch_size, n_head, T, head_dim, generator=generator)  # (3, B, H, T, D)
+    q, k, v = qkv.to(device).unbind(0)
+    fused = _attention_forward("fused", q, k, v)
+    explicit = _attention_forward("explicit", q, k, v)
+    times = {"max_abs_difference": (fused - explicit).abs().max().item()}
+    del fused, explicit
+    for path in ("fused", "explicit"):
+        forward = functools.partial(_attention_forward, path, q, k, v)
+        times[f"{path}_ms"] = 1000 * median_time(forward, repeats, warmup=1, device=device)
+    return times
+
+
+def _memory_method(device, measure_memory: bool) -> str:
+    if not measure_memory:
+        return "not measured"
+    if device.type == "cuda":
+        return "torch.cuda.max_memory_allocated above the allocation before the call"
+    if device.type == "cpu" and _can_reset_peak_rss():
+        return "peak RSS (VmHWM) above RSS before the call, one fresh process per point"
+    return "not measured (needs CUDA, or a CPU under Linux with /proc/self/clear_refs)"
 
 
 def _attention_forward(path: str, q, k, v):
@@ -233,7 +257,7 @@ def _attention_forward(path: str, q, k, v):
     return attention(q, k, v, causal_mask(T, T, q.device))[0]
 
 
-def _attention_peak_bytes(path: str, T: int, batch_size: int, n_head: int, head_dim: int,
+def _attention_peak_bytes(path: str, T: int, *, batch_size: int, n_head: int, head_dim: int,
                           device) -> int | None:
     """Bytes one forward adds at its peak (see measure_attention_cost for the method)."""
 
@@ -268,21 +292,22 @@ def _peak_rss_child(path: str, T: int, batch_size: int, n_head: int, head_dim: i
     q, k, v = torch.randn(3, batch_size, n_head, T, head_dim).unbind(0)
     with torch.no_grad():
         _attention_forward(path, q[:, :, :8], k[:, :, :8], v[:, :, :8])  # load kernels, start threads
-        before = _status_kib("VmRSS")
+        before = psutil.Process().memory_info().rss
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset the peak-RSS mark (VmHWM) to the current RSS
         out = _attention_forward(path, q, k, v)
-        peak = _status_kib("VmHWM")
+        peak = _peak_rss_since_reset()
     del out
-    return (peak - before) * 1024
+    return peak - before
 
 
-def _status_kib(field: str) -> int:
+def _peak_rss_since_reset() -> int:
+    """Bytes of VmHWM, the mark /proc/self/clear_refs resets: psutil reports no peak RSS on Linux."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/self/status has no VmHWM")
 
 
 def _can_reset_peak_rss() -> bool:
@@ -296,17 +321,9 @@ def _can_reset_peak_rss() -> bool:
 
 
 def _available_memory_bytes(device) -> float:
-
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return float("inf")  # unknown: try every length
+    return psutil.virtual_memory().available
 
 
 def attention_cost_table(result: dict) -> str:
@@ -376,11 +393,16 @@ def measure_training(model_config, *, batch_size: int = 16, device: str = "auto"
 
 
 def _peak_memory_bytes(device) -> int:
-    """Peak memory of this process: allocated on CUDA, resident set size on the CPU."""
-
+    """Peak memory of this process: allocated on CUDA, the peak resident set size on the CPU."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+    memory = psutil.Process().memory_info()
+    if hasattr(memory, "peak_wset"):  # Windows: psutil's peak working set
+        return int(memory.peak_wset)
+    import resource  # POSIX; psutil has no peak RSS there
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)  # macOS reports bytes, Linux KiB
 
 
 # ----------------------------------------------------------------------------- the suite

@@ -46,12 +46,28 @@ def test_the_attention_cost_table_in_the_docs_is_the_one_of_bench_cpu_json():
     assert "| fused ms |" not in (ROOT / "docs" / "BENCHMARKS.md").read_text(encoding="utf-8")  # no copy
 
 
-def test_decoding_a_batch_counts_every_sequences_tokens():
-    from benchmarks.measure import measure_decode
+def test_decoding_a_batch_counts_every_sequences_tokens(monkeypatch):
+    import time
 
-    r = measure_decode(n_layer=1, n_head=2, n_embd=16, context_length=16, new_tokens=6, prompt_tokens=4,
-                       uncached_tokens=3, repeats=1, batch_size=3)
+    from benchmarks import measure
+
+    # A fake clock that moves 10 ms per sampled step, whatever the batch: every figure is then known.
+    clock, rows = [0.0], []
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    real_sample = measure.sample_next_token
+
+    def sample(logits, *args, **kwargs):  # logits: (B, V), one row per sequence
+        rows.append(logits.size(0))
+        clock[0] += 0.010
+        return real_sample(logits, *args, **kwargs)
+
+    monkeypatch.setattr(measure, "sample_next_token", sample)
+    r = measure.measure_decode(n_layer=1, n_head=2, n_embd=16, context_length=16, new_tokens=6, prompt_tokens=4,
+                               uncached_tokens=3, repeats=1, batch_size=3)
+    assert rows == [3] * (6 + 6 + 3)  # warm-up run, the timed run, the uncached tokens: all three sequences
     assert r["batch_size"] == 3 and r["refills"] == 0
-    # tokens/s count all three sequences; ms per token is the time of one step of the batch
-    assert r["cached_tokens_per_s"] == pytest.approx(3 * 1000 / r["cached_ms_per_token"])
-    assert r["uncached_tokens_per_s"] == pytest.approx(3 * 1000 / r["uncached_ms_per_token"])
+    assert r["ttft_ms"] == pytest.approx(10.0)  # prefill and the first draw: one step
+    # 5 tokens after the first, 10 ms a step of the batch: 3 * 5 tokens in 0.05 s
+    assert r["cached_ms_per_token"] == pytest.approx(10.0) and r["cached_tokens_per_s"] == pytest.approx(300.0)
+    assert r["uncached_ms_per_token"] == pytest.approx(10.0) and r["uncached_tokens_per_s"] == pytest.approx(300.0)
+    assert r["speedup"] == pytest.approx(1.0)
