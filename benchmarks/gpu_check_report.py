@@ -27,7 +27,8 @@ from pathlib import Path
 
 # What tinyattn and the check import at run time, and what `datasets` needs (device README).
 PACKAGES = ("torch", "numpy", "tokenizers", "tensorboard", "tqdm", "pyyaml", "matplotlib", "datasets", "dill",
-            "multiprocess", "xxhash", "pyarrow", "fsspec", "huggingface-hub", "pandas", "pytest", "triton")
+            "multiprocess", "xxhash", "pyarrow", "fsspec", "huggingface-hub", "pandas", "pytest", "triton",
+            "filelock", "psutil")
 
 
 # ----------------------------------------------------------------------------- env
