@@ -62,12 +62,14 @@ def test_decoding_a_batch_counts_every_sequences_tokens(monkeypatch):
         return real_sample(logits, *args, **kwargs)
 
     monkeypatch.setattr(measure, "sample_next_token", sample)
-    r = measure.measure_decode(n_layer=1, n_head=2, n_embd=16, context_length=16, new_tokens=6, prompt_tokens=4,
-                               uncached_tokens=3, repeats=1, batch_size=3)
+    r = measure.measure_decode(n_layer=1, n_head=2, n_embd=16, context_length=16, new_tokens=6,
+                               prompt_tokens=4, uncached_tokens=3, repeats=1, batch_size=3)
     assert rows == [3] * (6 + 6 + 3)  # warm-up run, the timed run, the uncached tokens: all three sequences
     assert r["batch_size"] == 3 and r["refills"] == 0
     assert r["ttft_ms"] == pytest.approx(10.0)  # prefill and the first draw: one step
     # 5 tokens after the first, 10 ms a step of the batch: 3 * 5 tokens in 0.05 s
-    assert r["cached_ms_per_token"] == pytest.approx(10.0) and r["cached_tokens_per_s"] == pytest.approx(300.0)
-    assert r["uncached_ms_per_token"] == pytest.approx(10.0) and r["uncached_tokens_per_s"] == pytest.approx(300.0)
+    assert r["cached_ms_per_token"] == pytest.approx(10.0)
+    assert r["cached_tokens_per_s"] == pytest.approx(300.0)
+    assert r["uncached_ms_per_token"] == pytest.approx(10.0)
+    assert r["uncached_tokens_per_s"] == pytest.approx(300.0)
     assert r["speedup"] == pytest.approx(1.0)

@@ -151,7 +151,8 @@ def test_unwritable_cache_warns_and_still_answers(fake_cpu, monkeypatch, tmp_pat
     ("1", None, "SVE256", "bf16"),  # where the fallback would otherwise measure
     ("0", None, "SVE256", "fp32"),
 ])
-def test_env_override_sets_the_verdict(fake_cpu, no_timing, monkeypatch, value, flags, capability, expected):
+def test_env_override_sets_the_verdict(fake_cpu, no_timing, monkeypatch, *, value, flags, capability,
+                                       expected):
     fake_cpu(flags, capability)
     monkeypatch.setenv(cpu.CPU_BF16_ENV, value)
     assert select_precision("auto", CPU).name == expected

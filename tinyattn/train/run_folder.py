@@ -52,8 +52,8 @@ class RunLock:
                 kernel_lock.acquire()
         except Timeout:
             holder = _read_pid(pid_file)
-            raise StorageError(f"{folder} is in use by pid {holder or '(unknown)'}: another "
-                               "training writes there; wait for it to end or choose another --run-name") from None
+            raise StorageError(f"{folder} is in use by pid {holder or '(unknown)'}: another training "
+                               "writes there; wait for it to end or choose another --run-name") from None
         previous = _read_pid(pid_file)
         if previous and previous != os.getpid():
             print(f"note: {pid_file} was left by pid {previous}, which is no longer running; taking it over",
