@@ -273,9 +273,12 @@ def test_dropout_acts_in_training_only_and_eval_is_deterministic(tiny_model, ran
     trained = model(idx).logits
     assert (trained - first).abs().max() > 1e-3  # training drops something
     assert (model(idx).logits - trained).abs().max() > 1e-3  # a new draw each forward
-    for block in model.blocks:  # the embedding and residual dropout alone, attention's off
-        block.attention.dropout = 0.0
-    assert (model(idx).logits - first).abs().max() > 1e-3
+    for site in ("embedding", "residual", "attention"):  # each of the three on its own
+        model.dropout.p = 0.2 if site == "embedding" else 0.0
+        for block in model.blocks:
+            block.dropout.p = 0.2 if site == "residual" else 0.0
+            block.attention.dropout = 0.2 if site == "attention" else 0.0
+        assert (model(idx).logits - first).abs().max() > 1e-3, site
     without = tiny_model(dropout=0.0).train()
     torch.testing.assert_close(without(idx).logits, without.eval()(idx).logits, rtol=0, atol=0)
 
