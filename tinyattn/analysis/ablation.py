@@ -372,7 +372,7 @@ def head_ablation_image(rises: np.ndarray) -> np.ndarray:
     return tile(rows, 1, HEAD_ABLATION_GAP, (128, 128, 128))
 
 
-def log_head_ablation_to_tensorboard(writer, model, tokenizer, text: str, step: int,
+def log_head_ablation_to_tensorboard(writer, model, tokenizer, text: str, *, step: int,
                                      tag: str = "head_ablation") -> None:
     """Add `<tag>/grid`, the head-ablation image of `text`, at `step`: L * H short forwards, batched.
 

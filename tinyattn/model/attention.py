@@ -132,16 +132,15 @@ class CausalSelfAttention(nn.Module):
                 mask: Optional[torch.Tensor] = None, cache: Optional[CacheWrite] = None) -> torch.Tensor:
         """x: (B, T, C); cos, sin: (T, D/2), the rotary angles of its T positions. Returns (B, T, C).
 
-        mask: boolean (Tq, Tk) or broadcastable to (B, H, Tq, Tk), True = allowed; None is
-        causal. cache: this layer's `CacheWrite`; the new keys and values are stored there
-        and the queries attend over every key it gives back, under its mask when it has one.
+        mask: boolean (Tq, Tk) or broadcastable to (B, H, Tq, Tk), True = allowed; None is causal.
+        cache: this layer's `CacheWrite`: k and v are stored there, and the queries attend over
+        every key it gives back, under its mask when it gives one.
         """
         B, T, C = x.shape
-        # A query says what a position looks for, a key what it offers, a value what it hands
-        # on when its key matches: q.k scores the match. q.k sums D products, so with entries
-        # of unit variance it has variance D; scores are divided by sqrt(d_k) = sqrt(D) to keep
-        # their spread near 1 at any head width, or softmax saturates to one-hot rows whose
-        # gradients vanish.
+        # A query says what a position looks for, a key what it offers, a value what it passes on
+        # when its key matches. q.k sums D products, so for entries of unit variance its variance
+        # is D: scores are divided by sqrt(d_k) = sqrt(D) to keep their spread near 1 at any head
+        # width, or softmax would saturate into one-hot rows whose gradients vanish.
         q, k, v = self.qkv(x).split(self.qkv_split, dim=-1)  # (B, T, C), (B, T, Hkv*D) x 2
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
@@ -153,9 +152,7 @@ class CausalSelfAttention(nn.Module):
             k, v, cache_mask = cache.store(k, v)  # (B, Hkv, Tk, D) each
             mask = mask if cache_mask is None else cache_mask
         dropout_p = self.dropout if self.training else 0.0
-        # A step over the whole static cache takes the explicit path too: its two small
-        # matmuls, mask and softmax compile into a few fused loops, where the fused kernel
-        # stays one opaque call per layer, slower on the CPU for a single query.
+        # A step over the whole static cache compiles better explicit (`CacheWrite.reads_every_slot`).
         if self.fused and not (cache is not None and cache.reads_every_slot):
             y = self.fused_attention(q, k, v, mask, dropout_p)  # (B, H, T, D)
         else:

@@ -29,7 +29,7 @@ import torch
 class KVCache:
     """Preallocated keys and values of one attention layer: (B, Hkv, max_len, D) each."""
 
-    def __init__(self, batch_size: int, n_kv_head: int, max_len: int, head_dim: int,
+    def __init__(self, batch_size: int, n_kv_head: int, max_len: int, head_dim: int, *,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
         shape = (batch_size, n_kv_head, max_len, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
@@ -90,7 +90,12 @@ class CacheWrite(NamedTuple):
 
     @property
     def reads_every_slot(self) -> bool:
-        """True on the static path: attention reads the whole buffer, written or not."""
+        """True on the static path: attention reads the whole buffer, written or not.
+
+        Attention then takes its explicit path: its two small matmuls, mask and softmax
+        compile into a few fused loops, where the fused kernel stays one opaque call per
+        layer, slower on the CPU for a single query.
+        """
         return self.positions is not None
 
 

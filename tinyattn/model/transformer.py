@@ -98,8 +98,8 @@ class LanguageModel(nn.Module):
     """Token embedding -> n_layer blocks -> final norm -> head over the vocabulary.
 
     attention: the path the blocks use when no weights are asked for, "fused" or
-    "explicit"; None takes `config.attention`, where "auto" means fused (the training
-    loop resolves "auto" for its hardware with `train.attention_path`).
+    "explicit"; None takes `config.attention`, where "auto" means fused (the
+    trainer resolves "auto" for its hardware with `attention_path.attention_path`).
     """
 
     def __init__(self, config: ModelConfig, attention: Optional[str] = None):
