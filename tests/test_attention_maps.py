@@ -68,7 +68,7 @@ def test_weights_times_values_reproduce_the_fused_output_of_every_layer(tiny_mod
 
     def keep(layer):
         def hook(module, inputs, output):
-            captured[layer] = (inputs[0].detach(), output[0].detach())  # layer input x, fused output
+            captured[layer] = (inputs[0].detach(), output.detach())  # layer input x, fused output
         return hook
 
     handles = [block.attention.register_forward_hook(keep(i)) for i, block in enumerate(model.blocks)]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tinyattn.model.kv_cache import KVCache
+from tinyattn.model.kv_cache import KVCache, cache_writes
 
 
 @pytest.mark.parametrize("n_kv_head", [4, 2], ids=["mha", "gqa"])
@@ -78,3 +78,17 @@ def test_cache_write_stores_at_the_positions_and_returns_every_slot():
     assert keys is cache.keys and values is cache.values and keys.shape == (1, 2, 4, 3)
     assert torch.equal(keys[:, :, [1, 3]], k) and torch.equal(values[:, :, [1, 3]], k + 1)
     assert torch.all(keys[:, :, [0, 2]] == 0)
+
+
+def test_a_cache_write_gives_back_the_keys_values_and_mask_attention_reads():
+    caches = [KVCache(batch_size=1, n_kv_head=2, max_len=5, head_dim=3) for _ in range(2)]
+    k = torch.randn(1, 2, 2, 3)
+    dynamic = cache_writes(caches, start_pos=1)
+    keys, values, mask = dynamic[1].store(k, k + 1)
+    assert keys.shape == (1, 2, 3, 3) and mask is None and not dynamic[1].reads_every_slot
+    assert torch.equal(caches[1].keys[:, :, 1:3], k) and torch.all(caches[0].keys == 0)
+    static = cache_writes(caches, positions=torch.tensor([3, 4]))
+    keys, values, mask = static[0].store(k, k + 1)
+    assert keys is caches[0].keys and values is caches[0].values and static[0].reads_every_slot
+    assert torch.equal(mask, torch.tensor([[True, True, True, True, False], [True] * 5]))
+    assert static[1].mask is mask  # built once per forward, shared by the layers

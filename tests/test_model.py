@@ -1,4 +1,5 @@
-"""The model's invariants: causality, fused == explicit, masks, weights, init loss, learning."""
+"""The model's invariants: causality, fused == explicit, masks, weights, RoPE, dropout, the attention
+path choice, init loss, learning."""
 
 import math
 
@@ -6,8 +7,17 @@ import pytest
 import torch
 
 from tinyattn.config import ModelConfig
-from tinyattn.model.attention import attention, causal_mask
+from tinyattn.model.attention import (
+    CausalSelfAttention,
+    apply_rotary,
+    attention,
+    causal_mask,
+    recording_attention_weights,
+    rotary_tables,
+)
+from tinyattn.model.attention_path import attention_path, prefer_explicit_attention
 from tinyattn.model.transformer import IGNORE_INDEX, LanguageModel
+from tinyattn.system.device import Precision
 
 VOCAB = 65  # conftest's tiny_model and random_tokens
 
@@ -188,7 +198,7 @@ def test_zero_init_projections_make_every_block_the_identity_at_start(tiny_model
         assert block.attention.output.weight.abs().sum() == 0 and block.mlp.down.weight.abs().sum() == 0
     x = torch.randn(2, 24, 32)
     cos, sin = model.rope_cos[:24], model.rope_sin[:24]
-    out, _ = model.blocks[0](x, cos, sin)
+    out = model.blocks[0](x, cos=cos, sin=sin)
     torch.testing.assert_close(out, x)
 
 
@@ -198,3 +208,125 @@ def test_untied_head_starts_at_zero_so_the_first_loss_is_ln_vocab(tiny_model, ra
     idx = random_tokens()
     loss = model(idx, idx).loss
     assert loss.item() == pytest.approx(math.log(VOCAB), abs=1e-5)
+
+
+# ----------------------------------------------------------------------------- recording weights
+
+
+def test_recording_weights_takes_the_explicit_path_and_restores_the_layers(tiny_model, random_tokens):
+    model = tiny_model(n_kv_head=2)
+    idx = random_tokens()
+    with recording_attention_weights(model) as weights:
+        model(idx)
+        assert all(not b.attention.fused for b in model.blocks)
+    assert [w.shape for w in weights] == [(2, 4, 24, 24)] * 2
+    torch.testing.assert_close(weights, model(idx, need_weights=True).attention_weights, rtol=0, atol=0)
+    assert all(b.attention.fused and b.attention.weights_hook is None for b in model.blocks)
+
+
+# ----------------------------------------------------------------------------- RoPE
+
+
+def test_rotated_query_key_product_depends_only_on_their_offset():
+    D = 8
+    cos, sin = rotary_tables(D, 64, base=10000.0)  # (64, D/2)
+    q, k = torch.randn(2, D, dtype=torch.float64).unbind(0)
+
+    def score(query_pos, key_pos):  # q at query_pos . k at key_pos, each rotated alone
+        rq = apply_rotary(q.view(1, 1, 1, D).float(), cos[query_pos:query_pos + 1], sin[query_pos:query_pos + 1])
+        rk = apply_rotary(k.view(1, 1, 1, D).float(), cos[key_pos:key_pos + 1], sin[key_pos:key_pos + 1])
+        return (rq * rk).sum().item()
+
+    for offset in (0, 1, 5, 20):
+        at_start = score(offset, 0)
+        for shift in (3, 17, 40):
+            assert score(offset + shift, shift) == pytest.approx(at_start, abs=1e-4)
+    scores = [score(offset, 0) for offset in range(8)]
+    assert max(scores) - min(scores) > 0.1  # yet the offset itself matters
+
+
+def test_apply_rotary_equals_a_reference_rotation_by_position_times_frequency():
+    B, H, T, D, base = 2, 3, 10, 8, 500.0
+    x = torch.randn(B, H, T, D)
+    cos, sin = rotary_tables(D, T, base)
+    # Reference: pair i is the complex number x[i] + j x[i + D/2], turned by the angle
+    # position * base^(-2i / D), in float64.
+    pairs = torch.complex(x[..., :D // 2].double(), x[..., D // 2:].double())  # (B, H, T, D/2)
+    frequency = base ** (-2 * torch.arange(D // 2, dtype=torch.float64) / D)  # (D/2,)
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * frequency  # (T, D/2)
+    turned = pairs * torch.polar(torch.ones_like(angle), angle)
+    expected = torch.cat([turned.real, turned.imag], dim=-1).float()  # (B, H, T, D)
+    torch.testing.assert_close(apply_rotary(x, cos, sin), expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(apply_rotary(x, cos, sin)[:, :, 0], x[:, :, 0])  # position 0: no turn
+
+
+# ----------------------------------------------------------------------------- dropout
+
+
+def test_dropout_acts_in_training_only_and_eval_is_deterministic(tiny_model, random_tokens):
+    idx = random_tokens()
+    model = tiny_model(dropout=0.2)
+    first, second = model(idx).logits, model(idx).logits
+    torch.testing.assert_close(first, second, rtol=0, atol=0)  # eval: deterministic
+    model.train()
+    torch.manual_seed(1)
+    trained = model(idx).logits
+    assert (trained - first).abs().max() > 1e-3  # training drops something
+    assert (model(idx).logits - trained).abs().max() > 1e-3  # a new draw each forward
+    for site in ("embedding", "residual", "attention"):  # each of the three on its own
+        model.dropout.p = 0.2 if site == "embedding" else 0.0
+        for block in model.blocks:
+            block.dropout.p = 0.2 if site == "residual" else 0.0
+            block.attention.dropout = 0.2 if site == "attention" else 0.0
+        assert (model(idx).logits - first).abs().max() > 1e-3, site
+    without = tiny_model(dropout=0.0).train()
+    torch.testing.assert_close(without(idx).logits, without.eval()(idx).logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "explicit"])
+def test_attention_dropout_drops_weights_in_training_on_both_paths(fused):
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=65, n_layer=1, n_head=4, n_embd=32, context_length=24, dropout=0.5)
+    layer = CausalSelfAttention(config, fused=fused)
+    x = torch.randn(2, 24, 32)
+    cos, sin = rotary_tables(8, 24, 10000.0)
+    evaluated = layer.eval()(x, cos=cos, sin=sin)
+    torch.testing.assert_close(layer(x, cos=cos, sin=sin), evaluated, rtol=0, atol=0)
+    dropped = layer.train()(x, cos=cos, sin=sin)
+    assert (dropped - evaluated).abs().max() > 1e-3
+
+
+# ----------------------------------------------------------------------------- the attention path
+
+
+FP32, BF16 = Precision("fp32", None, False), Precision("bf16", torch.bfloat16, False)
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
+
+def test_the_explicit_path_is_preferred_only_for_short_bf16_training_on_the_cpu_without_dropout():
+    assert prefer_explicit_attention(CPU, BF16, 512, 0.0)
+    assert not prefer_explicit_attention(CPU, BF16, 513, 0.0)  # longer contexts: the flash kernel
+    assert not prefer_explicit_attention(CPU, FP32, 256, 0.0)
+    assert not prefer_explicit_attention(CUDA, BF16, 256, 0.0)
+    assert not prefer_explicit_attention(CPU, BF16, 256, 0.1)  # the kernel draws dropout itself
+
+
+def test_auto_resolves_for_the_hardware_and_a_setting_is_kept(tiny_model, random_tokens):
+    short, long = ModelConfig(context_length=256), ModelConfig(context_length=1024)
+    assert attention_path("auto", CPU, BF16, short) == "explicit"
+    assert attention_path("auto", CPU, BF16, long) == "fused"
+    assert attention_path("auto", CPU, FP32, short) == "fused"
+    assert attention_path("fused", CPU, BF16, short) == "fused"
+    assert attention_path("explicit", CUDA, FP32, long) == "explicit"
+    # Whatever auto picks computes the numbers of the other path.
+    config = ModelConfig(vocab_size=65, n_layer=2, n_head=4, n_embd=32, context_length=24)
+    idx = random_tokens()
+    for precision in (BF16, FP32):
+        chosen = attention_path("auto", CPU, precision, config)
+        other = "fused" if chosen == "explicit" else "explicit"
+        torch.manual_seed(0)
+        model = LanguageModel(config, chosen).eval()
+        assert model.attention_path == chosen
+        torch.manual_seed(0)
+        torch.testing.assert_close(model(idx).logits, LanguageModel(config, other).eval()(idx).logits,
+                                   rtol=0, atol=1e-5)

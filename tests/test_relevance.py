@@ -23,6 +23,7 @@ from tinyattn.analysis.ablation import (
     ranks,
     reading_starts,
     relevance_of_text,
+    scaled_heads,
     window_starts,
 )
 from tinyattn.analysis.attention_maps import compute_attention_maps
@@ -98,8 +99,9 @@ def test_fused_and_explicit_paths_agree_with_a_key_mask_and_a_head_mask(n_kv_hea
     heads = torch.ones(3, 2, 4)
     heads[2, 1, 2] = 0.0  # sequence 2: head 2 of layer 1 and every head of layer 0
     heads[2, 0, :] = 0.0
-    fused = model(idx, mask=mask, head_mask=heads).logits
-    explicit = model(idx, mask=mask, head_mask=heads, need_weights=True).logits
+    with scaled_heads(model, heads):
+        fused = model(idx, mask=mask).logits
+        explicit = model(idx, mask=mask, need_weights=True).logits
     torch.testing.assert_close(fused, explicit, rtol=0, atol=1e-5)
     plain = model(idx).logits
     assert (fused - plain).abs().amax((1, 2)).min() > 1e-3  # every sequence was changed
@@ -122,7 +124,10 @@ def test_a_zero_head_mask_equals_zeroing_that_heads_slice_of_the_output_projecti
     idx = torch.randint(0, 11, (1, 16), generator=torch.Generator().manual_seed(3))
     heads = torch.ones(2, 4)
     heads[1, 3] = 0.0
-    masked = model(idx, head_mask=heads).logits
+    plain = model(idx).logits
+    with scaled_heads(model, heads):
+        masked = model(idx).logits
+    torch.testing.assert_close(model(idx).logits, plain, rtol=0, atol=0)  # the hooks are gone after
     with torch.no_grad():
         model.blocks[1].attention.output.weight[:, 24:32] = 0.0  # head 3's inputs to the projection
     torch.testing.assert_close(masked, model(idx).logits, rtol=0, atol=1e-6)
@@ -178,7 +183,8 @@ def test_relevance_is_the_loss_of_a_forward_with_that_key_masked():
     heads = torch.ones(2, 4)
     heads[1, 2] = 0.0
     with torch.no_grad():
-        zeroed = torch.nn.functional.cross_entropy(model(x, head_mask=heads).logits[0, :15], y[0, :15])
+        with scaled_heads(model, heads):
+            zeroed = torch.nn.functional.cross_entropy(model(x).logits[0, :15], y[0, :15])
     assert rel.head_relevance[1, 2] == pytest.approx(float(zeroed) - rel.mean_loss, abs=1e-5)
 
 

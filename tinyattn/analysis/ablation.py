@@ -14,7 +14,8 @@ directly, by removing something and watching the loss:
   sits at its own position in the residual stream, so only strictly earlier tokens are
   measured (a query's own token cannot be removed from its own prediction this way).
 - **Head ablation**: the rise in the text's mean loss when one head's output is zeroed
-  (the model's `head_mask` argument), for every layer and head, one batch per window.
+  (`scaled_heads`, hooks on each layer's output projection), for every layer and head,
+  one batch per window.
 
 Both are differences of losses in nats: positive means the prediction got worse without
 it (the token or head mattered), negative that it got better, 0 that it did not matter.
@@ -33,8 +34,9 @@ variants of a window run as batches of at most `CHUNK_ELEMENTS` logits.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 import torch
@@ -43,7 +45,7 @@ from tinyattn.analysis.attention_maps import visible
 from tinyattn.analysis.evaluate import token_losses
 from tinyattn.analysis.plotting import colormap, scale_up, tile
 from tinyattn.errors import TinyattnError
-from tinyattn.model.attention import causal_mask
+from tinyattn.model.attention import CausalSelfAttention, causal_mask
 from tinyattn.model.transformer import IGNORE_INDEX, evaluation_mode
 
 CHUNK_ELEMENTS = 1 << 22  # logits and attention scores one batch of ablated variants may hold
@@ -143,6 +145,34 @@ def check_text(model, token_ids: list[int]) -> None:
         raise TinyattnError(f"token ids must lie in 0..{vocab - 1}, the model's vocabulary")
 
 
+@contextmanager
+def scaled_heads(model, head_mask: torch.Tensor) -> Iterator[None]:
+    """Inside the block each head's output is multiplied by its factor in `head_mask` (0 removes it).
+
+    head_mask: (n_layer, H) or (B, n_layer, H). The factor is applied where the heads meet,
+    at the input of each layer's output projection (which mixes them), so a removed head is
+    removed the same way on either attention path. Hooks, removed after: outside the block
+    the model runs as it always does.
+    """
+    layers = [m for m in model.modules() if isinstance(m, CausalSelfAttention)]
+
+    def scale(factors):  # factors: (H,) or (B, H)
+        def hook(projection, inputs):
+            (y,) = inputs  # (B, T, C): the heads' outputs side by side, H blocks of D
+            B, T, C = y.shape
+            heads = y.view(B, T, -1, C // factors.size(-1))  # (B, T, H, D)
+            return (heads * factors.view(-1, 1, factors.size(-1), 1).to(y.dtype)).view(B, T, C)
+        return hook
+
+    handles = [layer.output.register_forward_pre_hook(scale(head_mask[..., i, :]))
+               for i, layer in enumerate(layers)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 @torch.no_grad()
 def head_ablation(model, token_ids: list[int]) -> tuple[np.ndarray, float]:
     """(L, H) rise in the text's mean loss with each head zeroed, and the mean loss itself.
@@ -166,8 +196,8 @@ def head_ablation(model, token_ids: list[int]) -> tuple[np.ndarray, float]:
                 n = min(chunk, L * H - first)
                 head_mask = torch.ones(n, L * H, device=x.device)
                 head_mask[torch.arange(n), torch.arange(first, first + n)] = 0.0  # variant i drops head first + i
-                ablated = token_losses(model, x.expand(n, W), y.expand(n, W),
-                                       head_mask=head_mask.view(n, L, H)).double()  # (n, W)
+                with scaled_heads(model, head_mask.view(n, L, H)):
+                    ablated = token_losses(model, x.expand(n, W), y.expand(n, W)).double()  # (n, W)
                 rises[first:first + n] += (ablated[:, scored].sum(1) - clean).cpu().numpy()
     return (rises / count).reshape(L, H), total / count
 
@@ -342,7 +372,7 @@ def head_ablation_image(rises: np.ndarray) -> np.ndarray:
     return tile(rows, 1, HEAD_ABLATION_GAP, (128, 128, 128))
 
 
-def log_head_ablation_to_tensorboard(writer, model, tokenizer, text: str, step: int,
+def log_head_ablation_to_tensorboard(writer, model, tokenizer, text: str, *, step: int,
                                      tag: str = "head_ablation") -> None:
     """Add `<tag>/grid`, the head-ablation image of `text`, at `step`: L * H short forwards, batched.
 

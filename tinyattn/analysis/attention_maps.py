@@ -327,7 +327,7 @@ def attention_heatmap_images(model, tokenizer, text: str) -> list[np.ndarray]:
     return [layer_image(maps, layer) for layer in range(maps.num_layers)]
 
 
-def log_attention_to_tensorboard(writer, model, tokenizer, text: str, step: int,
+def log_attention_to_tensorboard(writer, model, tokenizer, text: str, *, step: int,
                                  tag: str = "attention") -> None:
     """Add `<tag>/layer_<L>` images of `text`'s attention maps to a SummaryWriter at `step`.
 

@@ -64,7 +64,7 @@ class Evaluation:
 
 def token_losses(model, x: torch.Tensor, y: torch.Tensor, **forward_options) -> torch.Tensor:
     """Cross-entropy of every target in nats, (B, T) float32, computed in fp32; 0 where the
-    target is model.IGNORE_INDEX (cross_entropy's default). forward_options (mask, head_mask) go to the model."""
+    target is model.IGNORE_INDEX (cross_entropy's default). forward_options (mask) go to the model."""
     device = next(model.parameters()).device
     logits = model(x.to(device), **forward_options).logits  # (B, T, V)
     return F.cross_entropy(logits.float().transpose(1, 2), y.to(device), reduction="none")  # (B, T)

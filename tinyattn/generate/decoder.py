@@ -1,4 +1,31 @@
-"""The cached model: prefill, one position per token, the refill rule, the token loop."""
+"""The cached model: prefill, one position per token, the refill rule, the token loop.
+
+Steps 2, 3 and 6 of generation (1 is `tinyattn.generate.sampling`, 4 and 5
+`tinyattn.generate.text`):
+
+2. `CachedDecoder`: the prompt goes through the model in one parallel forward pass (prefill)
+   and fills a preallocated KV cache per layer; after that each new token costs one position,
+   eagerly or through `decode_one_token`, whose shapes are the same at every position so
+   that torch.compile compiles it once (`compile=True`).
+   The context rule: when the caches hold `context_length` positions and one more token
+   comes, the last `max(1, context_length // 2)` tokens of the sequence (the new one
+   included) are fed again, from position 0, in one forward pass (a refill), and decoding
+   goes on from there. RoPE positions therefore restart at 0 after a refill, and once the
+   sequence is longer than the context, every token is predicted from at least
+   `context_length // 2` and at most `context_length` tokens. A refill costs one prefill of
+   `context_length // 2` tokens every `context_length // 2` tokens: half of what sliding the
+   window by one token would save, at a cost per token that never grows.
+3. `generate_tokens`: the batched token loop (sample, feed back, repeat).
+6. Speed on the CPU: the dtype to decode in (`inference_dtype`;
+   `tinyattn.generate.cpu_weights` stores weights for fast CPU matmuls).
+
+Departures from a textbook loop, all for the decode hot path: the loop runs under
+`torch.inference_mode()`, writes each new token into a preallocated id buffer and feeds the
+model a view of it, can compile the one-token step with its position given as a tensor so
+that its shapes never change (gpt-fast; `compile_decode_step`, the model's static cache path
+`tinyattn.model.kv_cache.CacheWrite`), and keeps the set of tokens seen for the repetition
+penalty as a (B, V) mask updated in place instead of scanning the history every step.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,17 @@
-"""Sampling: small pure functions from logits (B, V) to the next token ids."""
+"""Sampling: small pure functions from logits (B, V) to the next token ids.
+
+Generation, from a prompt to a stream of text one token at a time, is told in three files:
+this one (1. sampling), `tinyattn.generate.decoder` (2. the cached model, 3. the token loop,
+6. speed on the CPU) and `tinyattn.generate.text` (4. text, 5. prompt to text).
+
+1. Sampling. The order is the usual one: repetition penalty -> temperature -> top-k ->
+   top-p -> draw. Temperature 0 means greedy (argmax; top-k and top-p then change
+   nothing). Every draw takes an explicit `torch.Generator`, so a seed fixes the text.
+
+Departure from a textbook sampler, for the decode hot path: the repetition penalty reads
+the tokens already seen as a (B, V) mask, which the token loop updates in place, instead
+of scanning the history every step.
+"""
 
 from __future__ import annotations
 

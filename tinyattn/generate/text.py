@@ -1,4 +1,14 @@
-"""From a prompt to a stream of text: detokenizing, stop strings, samples in order."""
+"""From a prompt to a stream of text: detokenizing, stop strings, samples in order.
+
+Steps 4 and 5 of generation (1 is `tinyattn.generate.sampling`, 2, 3 and 6
+`tinyattn.generate.decoder`, whose token loop this file turns into text):
+
+4. Text: `IncrementalDetokenizer` turns ids into text one token at a time (a character may
+   span several byte-level tokens), `StopStringFilter` holds back text that could be the
+   start of a stop string until it is resolved, so a stop string is never shown.
+5. `generate` (one sample, yields str) and `generate_samples` (several, decoded together as
+   one batch, yields `SamplePiece`; `SampleStreams` lets their text out in sample order).
+"""
 
 from __future__ import annotations
 

@@ -1,16 +1,43 @@
-"""Causal self-attention, the textbook part: scores, the mask, softmax, the mix of values."""
+"""Causal self-attention, the textbook part: scores, the mask, softmax, the mix of values.
+
+Read top to bottom, this file is the explanation:
+
+1. `attention`: scores every query against every key, divides by sqrt(d_k), sets
+   excluded positions to -inf, takes the softmax (each row sums to 1) and mixes the
+   values with those weights.
+2. `apply_rotary`: rotary position embedding (RoPE), which tells attention where each
+   token sits by rotating query and key vectors by an angle that grows with position.
+3. `CausalSelfAttention`: learned query/key/value projections, several heads (with
+   optionally fewer key/value heads: grouped-query attention), the causal mask, an
+   output projection. Two paths compute the same numbers (tested): the fused kernel
+   (`F.scaled_dot_product_attention`), which never stores the (T, T) weights, and the
+   explicit one above, used wherever `model.attention` chooses it (on some CPUs its
+   plain matmuls train faster), for a decode step over a static cache, and while the
+   weights are recorded.
+4. `recording_attention_weights`: a context manager that hands out every layer's
+   weights (the attention maps, relevance); the layer only calls a hook that is unset
+   the rest of the time, so a training forward pays nothing for it.
+
+Departures from the original 2017 transformer's attention, all standard in current small
+models: RoPE instead of learned absolute positions, no biases, and optionally QK-norm
+(`model.qk_norm`, RMSNorm on queries and keys, as in Qwen3).
+
+Shapes: B batch, T sequence length (Tq queries, Tk keys where they differ), C model width
+(n_embd), H query heads, Hkv key/value heads, D head width (C / H).
+"""
 
 from __future__ import annotations
 
 import math
-from typing import Optional
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from tinyattn.config import ModelConfig
-from tinyattn.model.kv_cache import KVCache
+from tinyattn.model.kv_cache import CacheWrite
 
 # ----------------------------------------------------------------------------- 1. attention
 
@@ -92,28 +119,28 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.n_embd, sum(self.qkv_split), bias=False)
         self.output = nn.Linear(config.n_embd, config.n_embd, bias=False)
         self.dropout = config.dropout
-        self.fused = fused  # the path used when no weights are asked for (model.attention)
+        self.fused = fused  # which path: the kernel, or the explicit matmuls (model.attention)
+        # Called with each explicit forward's weights (B, H, Tq, Tk); set only by
+        # `recording_attention_weights`, None (nothing to call) the rest of the time.
+        self.weights_hook: Optional[Callable[[torch.Tensor], None]] = None
         # QK-norm: each head's queries and keys scaled to unit RMS (with a learned gain),
         # so a score cannot grow just because q or k grew; lets a larger lr train stably.
         self.q_norm = nn.RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else None
         self.k_norm = nn.RMSNorm(self.head_dim, config.norm_eps) if config.qk_norm else None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: Optional[torch.Tensor] = None, kv_cache: Optional[KVCache] = None,
-                start_pos: int = 0, need_weights: bool = False,
-                positions: Optional[torch.Tensor] = None, head_mask: Optional[torch.Tensor] = None
-                ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """x: (B, T, C) at positions start_pos..start_pos+T-1; cos, sin: (T, D/2).
+    def forward(self, x: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor,
+                mask: Optional[torch.Tensor] = None, cache: Optional[CacheWrite] = None) -> torch.Tensor:
+        """x: (B, T, C); cos, sin: (T, D/2), the rotary angles of its T positions. Returns (B, T, C).
 
-        mask: boolean (Tq, Tk) or broadcastable to (B, H, Tq, Tk), True = allowed;
-        None means causal. Returns (B, T, C) and, if need_weights, (B, H, T, Tk).
-        head_mask: (H,) or (B, H) factors for each head's output, 0 removes a head
-        (ablation); None keeps every head whole.
-        positions: a (T,) tensor instead of start_pos: k and v are written into kv_cache
-        there (`KVCache.write`) and attention reads every slot, so Tk = the cache's
-        max_len and the mask must hide the slots after each query's position.
+        mask: boolean (Tq, Tk) or broadcastable to (B, H, Tq, Tk), True = allowed; None is causal.
+        cache: this layer's `CacheWrite`: k and v are stored there, and the queries attend over
+        every key it gives back, under its mask when it gives one.
         """
         B, T, C = x.shape
+        # A query says what a position looks for, a key what it offers, a value what it passes on
+        # when its key matches. q.k sums D products, so for entries of unit variance its variance
+        # is D: scores are divided by sqrt(d_k) = sqrt(D) to keep their spread near 1 at any head
+        # width, or softmax would saturate into one-hot rows whose gradients vanish.
         q, k, v = self.qkv(x).split(self.qkv_split, dim=-1)  # (B, T, C), (B, T, Hkv*D) x 2
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
@@ -121,39 +148,58 @@ class CausalSelfAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)  # over D, per head and position
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if kv_cache is not None and positions is not None:
-            k, v = kv_cache.write(positions, k, v)  # (B, Hkv, Tk, D) with Tk = max_len
-        elif kv_cache is not None:
-            k, v = kv_cache.update(start_pos, k, v)  # (B, Hkv, Tk, D) with Tk = start_pos + T
-        Tk = k.size(2)
+        if cache is not None:
+            k, v, cache_mask = cache.store(k, v)  # (B, Hkv, Tk, D) each
+            mask = mask if cache_mask is None else cache_mask
         dropout_p = self.dropout if self.training else 0.0
-
-        # A step over the whole static cache (positions) takes the explicit path too: its two
-        # small matmuls, mask and softmax compile into a few fused loops, where the fused
-        # kernel stays one opaque call per layer, slower on the CPU for a single query.
-        if need_weights or not self.fused or positions is not None:
-            # Explicit path: every key/value head serves n_head / n_kv_head query heads.
-            group = self.n_head // self.n_kv_head
-            if group > 1:
-                k = k.repeat_interleave(group, dim=1)  # (B, H, Tk, D)
-                v = v.repeat_interleave(group, dim=1)  # (B, H, Tk, D)
-            allowed = causal_mask(T, Tk, x.device) if mask is None else mask
-            y, weights = attention(q, k, v, allowed, dropout_p)  # (B, H, T, D), (B, H, T, Tk)
-            weights = weights if need_weights else None
+        # A step over the whole static cache compiles better explicit (`CacheWrite.reads_every_slot`).
+        if self.fused and not (cache is not None and cache.reads_every_slot):
+            y = self.fused_attention(q, k, v, mask, dropout_p)  # (B, H, T, D)
         else:
-            # Fused path: same arithmetic, one kernel, never materialises (T, Tk) weights
-            # in memory on the flash/efficient backends. is_causal assumes Tq == Tk, so a
-            # cached step with earlier keys passes the explicit causal mask instead.
-            is_causal = mask is None and T == Tk and T > 1
-            if mask is None and not is_causal and T > 1:
-                mask = causal_mask(T, Tk, x.device)
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p,
-                enable_gqa=self.n_kv_head != self.n_head)  # (B, H, T, D)
-            weights = None
-        if head_mask is not None:
-            # Both paths meet here, so an ablated head is removed the same way in either:
-            # its output is scaled before the output projection mixes the heads.
-            y = y * head_mask.view(-1, self.n_head, 1, 1).to(y.dtype)  # (B, H, T, D)
+            y = self.explicit_attention(q, k, v, mask, dropout_p)  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C): heads side by side again
-        return self.output(y), weights
+        return self.output(y)
+
+    def explicit_attention(self, q, k, v, mask, dropout_p: float) -> torch.Tensor:
+        """`attention` itself. q: (B, H, Tq, D); k, v: (B, Hkv, Tk, D). Returns (B, H, Tq, D)."""
+        group = self.n_head // self.n_kv_head  # query heads served by each key/value head
+        if group > 1:
+            k = k.repeat_interleave(group, dim=1)  # (B, H, Tk, D)
+            v = v.repeat_interleave(group, dim=1)  # (B, H, Tk, D)
+        allowed = causal_mask(q.size(2), k.size(2), q.device) if mask is None else mask
+        y, weights = attention(q, k, v, allowed, dropout_p)  # (B, H, Tq, D), (B, H, Tq, Tk)
+        if self.weights_hook is not None:
+            self.weights_hook(weights)
+        return y
+
+    def fused_attention(self, q, k, v, mask, dropout_p: float) -> torch.Tensor:
+        """The same arithmetic in one kernel, which never materialises the (Tq, Tk) weights in
+        memory on the flash/efficient backends. Shapes as `explicit_attention`'s."""
+        T, Tk = q.size(2), k.size(2)
+        # is_causal assumes Tq == Tk, so a cached step with earlier keys passes the
+        # explicit causal mask instead.
+        is_causal = mask is None and T == Tk and T > 1
+        if mask is None and not is_causal and T > 1:
+            mask = causal_mask(T, Tk, q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                              dropout_p=dropout_p, enable_gqa=self.n_kv_head != self.n_head)
+
+
+# ----------------------------------------------------------------------------- 4. looking inside
+
+
+@contextmanager
+def recording_attention_weights(model: nn.Module) -> Iterator[list[torch.Tensor]]:
+    """Inside the block every attention layer of `model` takes the explicit path and appends
+    its weights, (B, H, Tq, Tk), to the list this yields: one entry per layer per forward,
+    in the order they ran. Each layer's path and hook are restored after."""
+    layers = [m for m in model.modules() if isinstance(m, CausalSelfAttention)]
+    saved = [(layer.fused, layer.weights_hook) for layer in layers]
+    recorded: list[torch.Tensor] = []
+    for layer in layers:
+        layer.fused, layer.weights_hook = False, recorded.append
+    try:
+        yield recorded
+    finally:
+        for layer, (fused, hook) in zip(layers, saved):
+            layer.fused, layer.weights_hook = fused, hook

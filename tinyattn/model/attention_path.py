@@ -20,6 +20,7 @@ def prefer_explicit_attention(device: torch.device, precision: Precision, contex
     return (device.type == "cpu" and precision.name == "bf16" and context_length <= 512
             and dropout == 0.0)
 
+
 def attention_path(setting: str, device: torch.device, precision: Precision, model_config) -> str:
     """`model.attention` resolved for this hardware: "fused" or "explicit"."""
     if setting != "auto":

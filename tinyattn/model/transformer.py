@@ -1,4 +1,24 @@
-"""The decoder-only language model: blocks of attention and an MLP around a residual stream."""
+"""A decoder-only language model built from causal self-attention, in textbook order.
+
+Attention itself (scores, the mask, softmax, RoPE, the heads) is `tinyattn.model.attention`;
+this file puts it to work, top to bottom:
+
+1. `SwiGLU` feed-forward network, applied to each position alone.
+2. `Block`: pre-norm residual, x + attention(norm(x)), then x + mlp(norm(x)).
+3. `LanguageModel`: token embedding, n_layer blocks, final norm, a head over the vocabulary;
+   the one place for initialisation (`init_weights`); per-layer KV caches for decoding
+   (`new_kv_caches`, `tinyattn.model.kv_cache`).
+
+Departures from the original 2017 transformer, all standard in current small models:
+RMSNorm instead of LayerNorm, RoPE instead of learned absolute positions, SwiGLU
+instead of a ReLU MLP, no biases, pre-norm residual blocks, and an output head tied to
+the token embedding. This is the Llama architecture. Two options go beyond it and are
+off by default: QK-norm (`model.qk_norm`, RMSNorm on queries and keys, as in Qwen3)
+and logit soft-capping (`model.logit_softcap`, as in Gemma 2).
+
+Shapes: B batch, T sequence length, C model width (n_embd), H query heads, Hkv key/value
+heads, D head width (C / H), V vocabulary size.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +31,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tinyattn.config import ATTENTION_PATHS, ModelConfig
-from tinyattn.model.attention import CausalSelfAttention, rotary_tables
-from tinyattn.model.kv_cache import KVCache
+from tinyattn.model.attention import CausalSelfAttention, recording_attention_weights, rotary_tables
+from tinyattn.model.kv_cache import CacheWrite, KVCache, cache_writes
 
 IGNORE_INDEX = -100  # targets with this value (padding) do not count in the loss
 
@@ -29,7 +49,7 @@ def evaluation_mode(model: nn.Module) -> Iterator[nn.Module]:
         model.train(was_training)
 
 
-# ----------------------------------------------------------------------------- 4. the model
+# ----------------------------------------------------------------------------- the model
 
 
 class SwiGLU(nn.Module):
@@ -59,27 +79,27 @@ class Block(nn.Module):
         self.mlp = SwiGLU(config)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, cos, sin, mask=None, kv_cache=None, start_pos=0, need_weights=False,
-                positions=None, head_mask=None):
-        attended, weights = self.attention(self.attention_norm(x), cos, sin, mask, kv_cache,
-                                           start_pos, need_weights, positions, head_mask)
+    def forward(self, x: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor,
+                mask: Optional[torch.Tensor] = None, cache: Optional[CacheWrite] = None) -> torch.Tensor:
+        """x: (B, T, C) -> (B, T, C); the options are `CausalSelfAttention.forward`'s."""
+        attended = self.attention(self.attention_norm(x), cos=cos, sin=sin, mask=mask, cache=cache)
         x = x + self.dropout(attended)  # (B, T, C)
         x = x + self.dropout(self.mlp(self.mlp_norm(x)))  # (B, T, C)
-        return x, weights
+        return x
 
 
 class ModelOutput(NamedTuple):
     logits: torch.Tensor  # (B, T, V), always
     loss: Optional[torch.Tensor]  # mean cross-entropy when targets were given, else None
-    attention_weights: Optional[list[torch.Tensor]]  # per layer (B, H, T, Tk) when asked for
+    attention_weights: Optional[list[torch.Tensor]]  # per layer (B, H, T, Tk) when need_weights
 
 
 class LanguageModel(nn.Module):
     """Token embedding -> n_layer blocks -> final norm -> head over the vocabulary.
 
     attention: the path the blocks use when no weights are asked for, "fused" or
-    "explicit"; None takes `config.attention`, where "auto" means fused (the training
-    loop resolves "auto" for its hardware with `train.attention_path`).
+    "explicit"; None takes `config.attention`, where "auto" means fused (the
+    trainer resolves "auto" for its hardware with `attention_path.attention_path`).
     """
 
     def __init__(self, config: ModelConfig, attention: Optional[str] = None):
@@ -157,45 +177,37 @@ class LanguageModel(nn.Module):
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None, *,
                 mask: Optional[torch.Tensor] = None, kv_caches: Optional[list[KVCache]] = None,
                 start_pos: int = 0, positions: Optional[torch.Tensor] = None,
-                need_weights: bool = False, head_mask: Optional[torch.Tensor] = None) -> ModelOutput:
+                need_weights: bool = False) -> ModelOutput:
         """idx: (B, T) token ids at positions start_pos..start_pos+T-1.
 
         targets: (B, T) next-token ids (IGNORE_INDEX where no loss should count).
         mask: boolean attention mask of allowed positions (see `attention`); None is causal.
         A (B, 1, T, T) mask gives each sequence its own: causal with one key's column
         False removes that token from every later token's attention, in every layer
-        (token ablation, `tinyattn.relevance`).
+        (token ablation, `tinyattn.analysis.ablation`).
         kv_caches: per-layer caches to read earlier keys/values from and write these to.
         positions: with kv_caches, a (T,) int64 tensor of the tokens' positions in place of
         start_pos, for decoding with shapes that never change (gpt-fast): RoPE rows are
         gathered at these positions, keys and values are written into the caches there, and
-        each query attends over every cache slot up to its own position. A decode step
-        compiled for one token then serves every position. Positions are not checked.
-        need_weights: use the explicit attention path and return its weights.
-        head_mask: (n_layer, H) or (B, n_layer, H) factors for each head's output, 0 zeroes
-        that head (head ablation); None keeps every head.
+        each query attends over every cache slot up to its own position (`CacheWrite`). A
+        decode step compiled for one token then serves every position. Positions are not checked.
+        need_weights: run the explicit attention path and return its weights
+        (`recording_attention_weights`).
         """
+        if need_weights:
+            with recording_attention_weights(self) as weights:
+                output = self(idx, targets, mask=mask, kv_caches=kv_caches, start_pos=start_pos,
+                              positions=positions)
+            return output._replace(attention_weights=weights)
+        if positions is not None and (kv_caches is None or mask is not None):
+            raise ValueError("positions needs kv_caches and builds its own mask")
         B, T = idx.shape
-        if positions is not None:
-            if kv_caches is None or mask is not None:
-                raise ValueError("positions needs kv_caches and builds its own mask")
-            cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (T, D/2)
-            slots = torch.arange(kv_caches[0].max_len, device=idx.device)  # (Tk,)
-            mask = slots <= positions.unsqueeze(1)  # (T, Tk): causal, written slots only
-        elif start_pos + T > self.config.context_length:
-            raise ValueError(f"positions {start_pos}..{start_pos + T - 1} exceed the context "
-                             f"length {self.config.context_length}")
-        else:
-            cos = self.rope_cos[start_pos:start_pos + T]  # (T, D/2)
-            sin = self.rope_sin[start_pos:start_pos + T]
+        cos, sin = self.rotary_angles(T, start_pos=start_pos, positions=positions)  # (T, D/2) each
+        writes = (cache_writes(kv_caches, start_pos=start_pos, positions=positions)
+                  if kv_caches is not None else [None] * len(self.blocks))
         x = self.dropout(self.token_embedding(idx))  # (B, T, C)
-        all_weights = [] if need_weights else None
-        for i, block in enumerate(self.blocks):
-            cache = kv_caches[i] if kv_caches is not None else None
-            heads = head_mask[..., i, :] if head_mask is not None else None  # (H,) or (B, H)
-            x, weights = block(x, cos, sin, mask, cache, start_pos, need_weights, positions, heads)
-            if need_weights:
-                all_weights.append(weights)
+        for block, cache in zip(self.blocks, writes):
+            x = block(x, cos=cos, sin=sin, mask=mask, cache=cache)  # (B, T, C)
         logits = self.head(self.final_norm(x))  # (B, T, V)
         if self.config.logit_softcap is not None:
             # Soft-capping squashes logits smoothly into (-cap, cap): no single logit can
@@ -206,7 +218,19 @@ class LanguageModel(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T),
                                    ignore_index=IGNORE_INDEX)
-        return ModelOutput(logits, loss, all_weights)
+        return ModelOutput(logits, loss, None)
+
+    def rotary_angles(self, num_tokens: int, *, start_pos: int = 0,
+                      positions: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (T, D/2) of the RoPE rows at positions start_pos..start_pos+T-1, or at the
+        (T,) `positions` tensor (not checked: reading it would stall the device)."""
+        if positions is not None:
+            return self.rope_cos[positions], self.rope_sin[positions]
+        end = start_pos + num_tokens
+        if end > self.config.context_length:
+            raise ValueError(f"positions {start_pos}..{end - 1} exceed the context "
+                             f"length {self.config.context_length}")
+        return self.rope_cos[start_pos:end], self.rope_sin[start_pos:end]
 
     def flops_per_token(self) -> int:
         """Training FLOPs per token: 6 per parameter (forward + backward) plus attention.

@@ -200,10 +200,10 @@ class Logger:
         log_loss_by_position_to_tensorboard(self.writer, result.position_losses, step)
         if self.config.train.probe_text:
             log_attention_to_tensorboard(self.writer, self.trainer.model, evaluator.tokenizer,
-                                         self.config.train.probe_text, step)
+                                         self.config.train.probe_text, step=step)
             # Which heads the loss needs, as a layer x head grid: L * H short forwards, batched.
             log_head_ablation_to_tensorboard(self.writer, self.trainer.model, evaluator.tokenizer,
-                                             self.config.train.probe_text, step)
+                                             self.config.train.probe_text, step=step)
         self.writer.flush()
 
     def close(self) -> None:
