@@ -97,7 +97,8 @@ def data_of_page(page: str) -> dict:
 # ----------------------------------------------------------------------------- the page
 
 
-PAGE_FILES = {"PAGE": "page.html", "STYLE": "style.css", "SCRIPT": "app.js"}  # package data beside this module
+# The page's files, package data beside this module.
+PAGE_FILES = {"PAGE": "page.html", "STYLE": "style.css", "SCRIPT": "app.js"}
 PLACEHOLDER = re.compile(r"%(TITLE|STYLE|SCRIPT|DATA)%")
 
 

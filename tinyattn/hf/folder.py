@@ -27,7 +27,7 @@ from tinyattn.hf.convert import (
     to_hf_weights,
 )
 from tinyattn.model.transformer import LanguageModel
-from tinyattn.system.storage import TEMPORARY_SUFFIX, atomic_write, storage_errors
+from tinyattn.system.storage import TEMPORARY_SUFFIX, atomic_write, read_text, storage_errors
 
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
@@ -64,11 +64,10 @@ class ImportedModel:
 
 
 def read_json(path: Path) -> dict:
+    text = read_text(path, "JSON file", CheckpointError)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
         raise CheckpointError(f"{path}: not readable JSON ({str(e).splitlines()[0]})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
