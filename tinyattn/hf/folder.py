@@ -1,4 +1,18 @@
-"""Hugging Face folders: reading one (import) and writing one (export)."""
+"""Hugging Face model folders, both ways: reading one (import) and writing one (export).
+
+- `read_folder(folder)`: a Llama-architecture folder (`config.json`, safetensors weights,
+  `tokenizer.json`) as a tinyattn `Config`, tinyattn-named weights, a tokenizer and the
+  folder's sampling defaults (`generation_config.json`); `load_any_model` is what every
+  `--checkpoint` accepts, this or a tinyattn checkpoint. The names and config.json fields
+  are translated in `tinyattn.hf.convert`.
+- `export_folder(...)`: the reverse, a folder that `AutoModelForCausalLM` and
+  `AutoTokenizer` load with no custom code, with a model card. It is staged beside the
+  target and moved in, so a failed export leaves the folder as it was.
+
+Only the `safetensors` package is needed here (never `transformers`), imported when a
+folder is read or written, so the core works without either. Pickled weights
+(`pytorch_model.bin`) are refused: loading a pickle can run code.
+"""
 
 from __future__ import annotations
 
