@@ -1,4 +1,4 @@
-"""Draw attention maps: python scripts/attention.py --checkpoint checkpoints/<run> --text "..." (--help)."""
+"""`tinyattn attention` as a script, for a checkout without installing: the same options (see --help)."""
 
 from tinyattn.cli.attention import main
 

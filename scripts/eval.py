@@ -1,4 +1,4 @@
-"""Evaluate a checkpoint: python scripts/eval.py --checkpoint checkpoints/<run> (see --help)."""
+"""`tinyattn eval` as a script, for a checkout without installing: the same options (see --help)."""
 
 from tinyattn.cli.eval import main
 

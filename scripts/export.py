@@ -1,4 +1,4 @@
-"""Export a checkpoint as a Hugging Face Llama folder: python scripts/export.py --checkpoint checkpoints/<run> --out exported/<name> (see --help)."""
+"""`tinyattn export` as a script, for a checkout without installing: the same options (see --help)."""
 
 from tinyattn.cli.export import main
 

@@ -1,4 +1,4 @@
-"""Generate text from a trained checkpoint: python scripts/generate.py --prompt "ROMEO:" (see --help)."""
+"""`tinyattn generate` as a script, for a checkout without installing: the same options (see --help)."""
 
 from tinyattn.cli.generate import main
 

@@ -1,4 +1,4 @@
-"""Train a model: python scripts/train.py --config configs/shakespeare_char.yaml (see --help)."""
+"""`tinyattn train` as a script, for a checkout without installing: the same options (see --help)."""
 
 from tinyattn.cli.train import main
 

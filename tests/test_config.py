@@ -126,3 +126,13 @@ def test_missing_file_and_missing_source(tmp_path):
         load_config(tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match=r"set exactly one of data\.dataset .* or data\.files"):
         load_config(write(tmp_path / "c.yaml", "model:\n  n_layer: 2\n"))
+
+
+def test_a_config_file_that_cannot_be_read_is_one_line_naming_it(tmp_path):
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes(b"train:\n  lr: 1e-3  # caf\xe9\n")  # \xe9 is byte 24: not UTF-8
+    not_utf8 = r"^\S*latin1\.yaml: the config file is not UTF-8 text \(byte 24\)$"
+    with pytest.raises(ConfigError, match=not_utf8):
+        load_config(latin1)
+    with pytest.raises(ConfigError, match=r"^\S*: cannot read the config file \(Is a directory\)$"):
+        load_config(tmp_path)

@@ -14,6 +14,7 @@ from tinyattn.analysis.explorer import (
     WEIGHT_LEVELS,
     data_of_page,
     explorer_html,
+    page_part,
     weights_from_data,
     write_explorer,
 )
@@ -74,6 +75,21 @@ def test_the_page_is_self_contained_and_a_token_cannot_end_its_script(relevance)
     assert not re.search(r"https?://|//cdn|\bsrc=\"|@import|url\(", page.replace("<img src=x>", ""))
     assert page.count("</script>") == 2  # the data block's and the code's, nothing from the token
     assert data_of_page(page)["tokens"][3] == "</script><img src=x>"
+
+
+def test_placeholders_in_a_title_or_token_stay_text_and_the_page_is_whole(relevance):
+    labels = list(relevance.labels)
+    labels[5] = "%SCRIPT%"
+    labels[6] = "%STYLE%%DATA%"
+    tricky = Relevance(**{**relevance.__dict__, "labels": labels})
+    page = explorer_html(tricky, title="see %DATA% and %SCRIPT%")
+    assert "<title>see %DATA% and %SCRIPT%</title>" in page and "<h1>see %DATA% and %SCRIPT%</h1>" in page
+    data = data_of_page(page)
+    assert data["tokens"][5:7] == ["%SCRIPT%", "%STYLE%%DATA%"] and data["title"] == "see %DATA% and %SCRIPT%"
+    # The page is intact: one style block, the data block and the code, each once, in that order.
+    assert page.count("<style>") == 1 and page.count("</script>") == 2
+    assert page.index("<style>") < page.index('id="data">') < page.rindex("<script>")
+    assert page.count(page_part("SCRIPT").strip()) == 1 and page.count(page_part("STYLE").strip()) == 1
 
 
 def test_a_256_token_text_of_a_6x6_model_makes_a_page_well_under_two_megabytes():

@@ -20,6 +20,7 @@ TOP = ["generate", "analysis", "hf", "train"]
 ALLOWED = {name: set(ORDER[:i]) for i, name in enumerate(ORDER)}
 ALLOWED.update({name: set(ORDER) for name in TOP})
 ALLOWED["cli"] = set(ORDER) | set(TOP)
+ALLOWED["__main__"] = {"cli"}  # tinyattn/__main__.py: `python -m tinyattn` runs the tinyattn command
 # (importer, imported): allowed only inside a function, never at the top of a module.
 LAZY_EXCEPTIONS = {
     ("train", "hf"),  # train.init_from naming a Hugging Face folder (train/finetune.py)

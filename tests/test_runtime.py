@@ -21,9 +21,29 @@ def test_a_bad_device_name_is_refused_alike_by_select_device_and_the_config(name
         config_from_dict({"data": {"files": ["corpus.txt"]}, "train": {"device": name}})
 
 
-@pytest.mark.parametrize("name", ["auto", "cpu"])
+def auto_device() -> torch.device:
+    """What "auto" means: CUDA if present, then Apple MPS, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("mps" if torch.backends.mps.is_available() else "cpu")
+
+
+@pytest.mark.parametrize("name", ["auto", "cpu", "mps", "cuda", "cuda:0", "cuda:12"])
 def test_good_device_names_are_accepted(name):
-    assert select_device(name).type in ("cpu", "cuda", "mps")
+    config = config_from_dict({"data": {"files": ["corpus.txt"]}, "train": {"device": name}})
+    assert config.train.device == name  # kept as written: select_device resolves it when the run starts
+    expected = auto_device() if name == "auto" else torch.device(name)
+    if name == "mps":
+        here = torch.backends.mps.is_available()
+    elif name.startswith("cuda"):
+        here = torch.cuda.is_available() and int(name.partition(":")[2] or 0) < torch.cuda.device_count()
+    else:
+        here = True  # auto and cpu: on every machine
+    if here:
+        assert select_device(name) == expected
+    else:  # a device this machine lacks: refused as missing, not as a bad name
+        with pytest.raises(ConfigError, match=re.escape(f"device {name!r} was asked for but")):
+            select_device(name)
 
 
 def test_peak_flops_leaves_the_global_generator_alone():

@@ -27,8 +27,8 @@ from typing import Any, Callable, Optional
 import yaml
 
 from tinyattn.errors import ConfigError
-from tinyattn.system.device import check_device
-from tinyattn.system.storage import atomic_write
+from tinyattn.system.device import PRECISIONS, check_device
+from tinyattn.system.storage import atomic_write, read_text
 
 Fail = Callable[[str, Any, str], None]  # fail(dotted key, bad value, what is accepted) raises
 
@@ -287,14 +287,15 @@ class Config:
 
 
 ATTENTION_PATHS = ("auto", "fused", "explicit")  # model.attention; "auto" picks per hardware
+TOKENIZER_KINDS = ("char", "bpe", "pretrained")  # tokenizer.kind (see tinyattn.data.tokenizer)
 
 CHOICES = {
     "model.attention": ATTENTION_PATHS,
     "data.format": ("auto", "text", "json", "csv", "tsv", "parquet"),
-    "tokenizer.kind": ("char", "bpe", "pretrained"),
+    "tokenizer.kind": TOKENIZER_KINDS,
     "train.schedule": ("cosine", "linear", "constant", "wsd"),
     "train.optimizer": ("adamw", "muon"),
-    "train.precision": ("auto", "fp32", "bf16", "fp16"),
+    "train.precision": PRECISIONS,  # tinyattn.system.device names them
 }
 
 
@@ -390,12 +391,7 @@ def save_config(config: Config, path: str | Path) -> None:
 
 
 def _read_yaml(path: Path) -> dict:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read config file ({e})") from None
+    text = read_text(path, "config file", ConfigError)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:

@@ -120,7 +120,7 @@ def tile(cells: Sequence[np.ndarray], columns: int, gap: int = 2,
     return grid
 
 
-def line_chart(x: np.ndarray, y: np.ndarray, width: int, height: int, y_range: tuple[float, float],
+def line_chart(x: np.ndarray, y: np.ndarray, width: int, height: int, y_range: tuple[float, float], *,
                x_grid: Sequence[float] = (), y_grid: Sequence[float] = (), margin: int = CHART_MARGIN,
                line_color: tuple[int, int, int] = LINE_RGB,
                grid_color: tuple[int, int, int] = GRID_RGB) -> np.ndarray:

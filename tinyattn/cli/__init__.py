@@ -3,9 +3,11 @@
 What a command computes is in the library; a module here adds only what a terminal needs
 (reading prompts from stdin or interactively, streaming text as it comes, printing tables).
 
-`scripts/<name>.py` and the console entry points (`tinyattn-train`, ...) both call
-`tinyattn.cli.<name>.main`. `run_command` is the one place user mistakes become a
-single line on stderr and exit status 2 instead of a traceback.
+`tinyattn <name>` (`main.py`, also `python -m tinyattn`), `scripts/<name>.py` and the old
+console scripts (`tinyattn-train`, ..., aliases for one release) all call
+`tinyattn.cli.<name>.main`; the options several commands share are in `options.py`.
+`run_command` is the one place user mistakes become a single line on stderr and exit
+status 2 instead of a traceback.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""`scripts/attention.py`: a checkpoint's attention maps for one text, and a query's top keys."""
+"""`tinyattn attention` (`scripts/attention.py`): a checkpoint's attention maps for one text, a query's
+top keys, its relevance table and the explorer page."""
 
 from __future__ import annotations
 
@@ -7,19 +8,19 @@ import sys
 from pathlib import Path
 
 from tinyattn.cli import run_command
+from tinyattn.cli.options import add_checkpoint, add_device, command_parser
 from tinyattn.errors import TinyattnError
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="attention.py",
-        description="Draw a model's attention weights for a text: one PNG per layer, every head in "
-                    "a grid, query tokens down the side, key tokens along the top, future (masked) "
-                    "cells grey. With --query, also print the keys each head weights most.",
-        epilog="example: python scripts/attention.py --checkpoint checkpoints/<run> --text "
-               "\"The book that the student borrowed from the library was fascinating.\" --query was")
-    p.add_argument("--checkpoint", help="checkpoint file, run folder or Hugging Face Llama folder "
-                                        "(default: the most recent run under checkpoints/)")
+    p = command_parser(
+        "attention",
+        "Draw a model's attention weights for a text: one PNG per layer, every head in "
+        "a grid, query tokens down the side, key tokens along the top, future (masked) "
+        "cells grey. With --query, also print the keys each head weights most.",
+        "example: tinyattn attention --checkpoint checkpoints/<run> --text "
+        "\"The book that the student borrowed from the library was fascinating.\" --query was")
+    add_checkpoint(p)
     p.add_argument("--text", help="the text to look at (default: the run's train.probe_text); for the "
                                   "PNGs a text longer than the context keeps its end, --relevance and "
                                   "--html read all of it in windows of the context length")
@@ -46,64 +47,70 @@ def parser() -> argparse.ArgumentParser:
                         "weights, relevance, losses and head ablation of the text (windows as --relevance)")
     p.add_argument("--out-dir", help="folder for the PNGs (default: attention/ in the checkpoint's "
                                      "run folder)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
+    add_device(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    return run_command(lambda: command(args))
 
-    def command() -> int:
-        from tinyattn.analysis.attention_maps import (
-            check_query_position,
-            compute_attention_maps,
-            format_query_table,
-            query_position_of_word,
-            query_table,
-            save_heatmaps,
-        )
-        from tinyattn.analysis.plotting import require_matplotlib
-        from tinyattn.hf.folder import load_any_model
-        from tinyattn.system.device import select_device
 
-        if not (args.relevance or args.html):
-            require_matplotlib()  # before any work: a missing extra is a one-line error
-        loaded = load_any_model(args.checkpoint, select_device(args.device))
-        model_config = loaded.config.model
-        _check_index("--layer", args.layer, model_config.n_layer, "layers")
-        _check_index("--head", args.head, model_config.n_head, "heads")
-        text = loaded.config.train.probe_text if args.text is None else args.text
-        if args.relevance or args.html:
-            return _relevance_and_explorer(args, loaded, text)
-        maps = compute_attention_maps(loaded.model, loaded.tokenizer, text)
-        position = None
+def command(args: argparse.Namespace) -> int:
+    from tinyattn.analysis.plotting import require_matplotlib
+    from tinyattn.hf.folder import load_any_model
+    from tinyattn.system.device import select_device
+
+    if not (args.relevance or args.html):
+        require_matplotlib()  # before any work: a missing extra is a one-line error
+    loaded = load_any_model(args.checkpoint, select_device(args.device))
+    model_config = loaded.config.model
+    _check_index("--layer", args.layer, model_config.n_layer, "layers")
+    _check_index("--head", args.head, model_config.n_head, "heads")
+    text = loaded.config.train.probe_text if args.text is None else args.text
+    if args.relevance or args.html:
+        return _relevance_and_explorer(args, loaded, text)
+    return _heatmaps(args, loaded, text)
+
+
+def _heatmaps(args: argparse.Namespace, loaded, text: str) -> int:
+    """The PNGs, and with --query / --query-position the query's top keys."""
+    from tinyattn.analysis.attention_maps import (
+        check_query_position,
+        compute_attention_maps,
+        format_query_table,
+        query_position_of_word,
+        query_table,
+        save_heatmaps,
+    )
+
+    maps = compute_attention_maps(loaded.model, loaded.tokenizer, text)
+    position = None
+    if args.query is not None:
+        position = query_position_of_word(loaded.tokenizer, maps.token_ids, args.query)
+    elif args.query_position is not None:
+        position = check_query_position(len(maps.token_ids), args.query_position)
+    if maps.dropped_tokens:
+        kept = len(maps.token_ids)
+        print(f"warning: the text is {kept + maps.dropped_tokens} tokens, longer than the context of "
+              f"{kept}: kept the last {kept}", file=sys.stderr)
+
+    out_dir = Path(args.out_dir) if args.out_dir else loaded.path.parent / "attention"
+    layers = None if args.layer is None else [args.layer]
+    try:
+        paths = save_heatmaps(maps, out_dir, layers, args.head)
+    except OSError as e:
+        raise TinyattnError(f"{out_dir}: cannot write the heatmaps ({e.strerror or e})") from None
+    for path in paths:
+        print(f"wrote {path}")
+    if position is not None:
+        heads = None if args.head is None else [args.head]
+        print()
         if args.query is not None:
-            position = query_position_of_word(loaded.tokenizer, maps.token_ids, args.query)
-        elif args.query_position is not None:
-            position = check_query_position(len(maps.token_ids), args.query_position)
-        if maps.dropped_tokens:
-            kept = len(maps.token_ids)
-            print(f"warning: the text is {kept + maps.dropped_tokens} tokens, longer than the context of "
-                  f"{kept}: kept the last {kept}", file=sys.stderr)
-
-        out_dir = Path(args.out_dir) if args.out_dir else loaded.path.parent / "attention"
-        layers = None if args.layer is None else [args.layer]
-        try:
-            paths = save_heatmaps(maps, out_dir, layers, args.head)
-        except OSError as e:
-            raise TinyattnError(f"{out_dir}: cannot write the heatmaps ({e.strerror or e})") from None
-        for path in paths:
-            print(f"wrote {path}")
-        if position is not None:
-            heads = None if args.head is None else [args.head]
-            print()
-            if args.query is not None:
-                print(f"--query {args.query!r}: its first occurrence ends in token {maps.labels[position]} "
-                      f"at position {position}")
-            print(format_query_table(maps, position, query_table(maps, position, layers=layers, heads=heads)))
-        return 0
-
-    return run_command(command)
+            print(f"--query {args.query!r}: its first occurrence ends in token {maps.labels[position]} "
+                  f"at position {position}")
+        print(format_query_table(maps, position, query_table(maps, position, layers=layers, heads=heads)))
+    return 0
 
 
 def _check_index(option: str, value: int | None, count: int, what: str) -> None:
@@ -111,20 +118,33 @@ def _check_index(option: str, value: int | None, count: int, what: str) -> None:
         raise TinyattnError(f"{option} {value}: the model has {count} {what} (0..{count - 1})")
 
 
-def _relevance_and_explorer(args, loaded, text: str) -> int:
+def _relevance_and_explorer(args: argparse.Namespace, loaded, text: str) -> int:
     """--relevance and --html: measure once, print the table, write the page."""
-    from tinyattn.analysis.ablation import (
-        check_text,
-        format_head_ablation,
-        format_relevance_table,
-        relevance_of_text,
-        window_stride,
-    )
-    from tinyattn.analysis.attention_maps import check_query_position, query_position_of_word
-    from tinyattn.analysis.explorer import write_explorer
+    from tinyattn.analysis.ablation import format_head_ablation, format_relevance_table, relevance_of_text
 
     if args.top is not None and args.top < 1:
         raise TinyattnError(f"--top {args.top}: expected a positive number of tokens")
+    position = _relevance_query(args, loaded, text)
+    rel = relevance_of_text(loaded.model, loaded.tokenizer, text)
+    if args.relevance:
+        if args.query is not None:
+            print(f"--query {args.query!r}: its first occurrence ends in token {rel.labels[position]} "
+                  f"at position {position}")
+        layers = None if args.layer is None else [args.layer]
+        heads = None if args.head is None else [args.head]
+        print(format_relevance_table(rel, position, args.top, layers, heads))
+        print()
+        print(format_head_ablation(rel))
+    if args.html:
+        _write_page(args, loaded, text, rel, position)
+    return 0
+
+
+def _relevance_query(args: argparse.Namespace, loaded, text: str) -> int:
+    """The query's position, checked against the text (and a note when it is read in windows)."""
+    from tinyattn.analysis.ablation import check_text, window_stride
+    from tinyattn.analysis.attention_maps import check_query_position, query_position_of_word
+
     token_ids = loaded.tokenizer.encode(text)
     T, context = len(token_ids), loaded.config.model.context_length
     check_text(loaded.model, token_ids)  # before the query checks: they assume a text to measure
@@ -143,23 +163,17 @@ def _relevance_and_explorer(args, loaded, text: str) -> int:
               f"of {context} tokens starting every {stride}, and each token is measured in the first window "
               f"that holds it (it reads at least {context - stride} earlier tokens; those before its window "
               "are out of its reach)", file=sys.stderr)
-    rel = relevance_of_text(loaded.model, loaded.tokenizer, text)
-    if args.relevance:
-        if args.query is not None:
-            print(f"--query {args.query!r}: its first occurrence ends in token {rel.labels[position]} "
-                  f"at position {position}")
-        layers = None if args.layer is None else [args.layer]
-        heads = None if args.head is None else [args.head]
-        print(format_relevance_table(rel, position, args.top, layers, heads))
-        print()
-        print(format_head_ablation(rel))
-    if args.html:
-        source = f"{loaded.path} (step {loaded.step})"
-        try:
-            shown = text if len(text) <= 80 else text[:79] + "…"
-            path = write_explorer(args.html, rel, title="attention explorer: " + shown, source=source,
-                                  query=position)
-        except OSError as e:
-            raise TinyattnError(f"{args.html}: cannot write the page ({e.strerror or e})") from None
-        print(f"wrote {path} ({path.stat().st_size / 1024:,.0f} KiB)")
-    return 0
+    return position
+
+
+def _write_page(args: argparse.Namespace, loaded, text: str, rel, position: int) -> None:
+    from tinyattn.analysis.explorer import write_explorer
+
+    source = f"{loaded.path} (step {loaded.step})"
+    shown = text if len(text) <= 80 else text[:79] + "…"
+    try:
+        path = write_explorer(args.html, rel, title="attention explorer: " + shown, source=source,
+                              query=position)
+    except OSError as e:
+        raise TinyattnError(f"{args.html}: cannot write the page ({e.strerror or e})") from None
+    print(f"wrote {path} ({path.stat().st_size / 1024:,.0f} KiB)")

@@ -1,25 +1,27 @@
-"""`scripts/export.py` / `tinyattn-export`: a checkpoint as a Hugging Face Llama folder."""
+"""`tinyattn export` (`scripts/export.py`): a checkpoint as a Hugging Face Llama folder."""
 
 from __future__ import annotations
 
 import argparse
 
 from tinyattn.cli import run_command
+from tinyattn.cli.options import add_checkpoint, command_parser
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="export.py",
-        description="Write a checkpoint as a Hugging Face model folder (LlamaForCausalLM): config.json, "
-                    "model.safetensors, generation_config.json (from the run's sample section), the "
-                    "tokenizer files and a model card README.md. transformers' AutoModelForCausalLM and "
-                    "AutoTokenizer load it with no custom code. A model with model.qk_norm is written as "
-                    "Qwen3ForCausalLM; model.logit_softcap, which no standard architecture holds, is refused.",
-        epilog="example: python scripts/export.py --checkpoint checkpoints/<run> --out exported/<name>")
-    p.add_argument("--checkpoint", help="checkpoint file, run folder or Hugging Face folder (default: "
-                                        "the most recent run under checkpoints/)")
+    from tinyattn.hf.convert import DTYPES
+
+    p = command_parser(
+        "export",
+        "Write a checkpoint as a Hugging Face model folder (LlamaForCausalLM): config.json, "
+        "model.safetensors, generation_config.json (from the run's sample section), the tokenizer files "
+        "and a model card README.md. transformers' AutoModelForCausalLM and AutoTokenizer load it with no "
+        "custom code. A model with model.qk_norm is written as Qwen3ForCausalLM; model.logit_softcap, "
+        "which no standard architecture holds, is refused.",
+        "example: tinyattn export --checkpoint checkpoints/<run> --out exported/<name>")
+    add_checkpoint(p)
     p.add_argument("--out", required=True, metavar="DIR", help="the folder to write (new or empty)")
-    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+    p.add_argument("--dtype", choices=list(DTYPES), default="fp32",
                    help="the weights' dtype in the folder (default: fp32, the dtype tinyattn trains its "
                         "weights in)")
     p.add_argument("--force", action="store_true", help="replace an earlier export in --out")

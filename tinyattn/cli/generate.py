@@ -1,6 +1,7 @@
-"""`python scripts/generate.py`: sample text from a trained checkpoint, streamed as it is produced.
+"""`tinyattn generate` (`scripts/generate.py`): sample text from a checkpoint, streamed as it is produced.
 
-Parses the arguments, loads the checkpoint, and calls `tinyattn.generate.text.generate_samples`.
+Parses the arguments, loads the checkpoint, checks the sampling options once
+(`SamplingOptions`) and streams `tinyattn.generate.text.stream_samples`.
 What goes where:
 
 - stdout: the prompt, then the generated text, flushed token by token, then a newline if
@@ -21,10 +22,10 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-from pathlib import Path
 from typing import Optional
 
 from tinyattn.cli import run_command
+from tinyattn.cli.options import add_checkpoint, add_device, command_parser
 from tinyattn.errors import ConfigError, DataError
 
 DESCRIPTION = """\
@@ -46,23 +47,20 @@ context_length // 2 tokens are re-read (positions restart at 0) and decoding con
 
 EPILOG = """\
 examples:
-  python scripts/generate.py --prompt "ROMEO:" --max-new-tokens 300
-  python scripts/generate.py --checkpoint checkpoints/shakespeare_char --temperature 0
-  python scripts/generate.py --prompt "To be" --num-samples 3 --seed 1 --stop "\\n\\n"
-  echo "JULIET:" | python scripts/generate.py -
-  python scripts/generate.py --interactive
+  tinyattn generate --prompt "ROMEO:" --max-new-tokens 300
+  tinyattn generate --checkpoint checkpoints/shakespeare_char --temperature 0
+  tinyattn generate --prompt "To be" --num-samples 3 --seed 1 --stop "\\n\\n"
+  echo "JULIET:" | tinyattn generate -
+  tinyattn generate --interactive
 """
 
 
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="generate.py", description=DESCRIPTION, epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", metavar="RUN_DIR|FILE",
-                        help="a run folder (its best.pt, else its latest step), a checkpoint file or a "
-                             "Hugging Face Llama folder (config.json, safetensors, tokenizer.json); "
-                             "default: the best checkpoint of the most recent run under --out-dir")
+    from tinyattn.system.device import PRECISIONS
+
+    parser = command_parser("generate", DESCRIPTION, EPILOG,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_checkpoint(parser, where="--out-dir")
     parser.add_argument("--out-dir", default="checkpoints", metavar="DIR",
                         help="where runs are looked for when --checkpoint is not given "
                              "(default: checkpoints)")
@@ -74,6 +72,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help="read the prompt from stdin")
     source.add_argument("--interactive", action="store_true",
                         help="read prompts from stdin, one per line, until end of input")
+    _add_sampling_options(parser)
+    add_device(parser)
+    parser.add_argument("--dtype", default="auto", choices=PRECISIONS,
+                        help="weights' dtype; auto: bf16 on CUDA and on CPUs with fast bf16 "
+                             "(measured), else fp32")
+    parser.add_argument("--compile", action="store_true",
+                        help="compile the one-token decoding step with torch.compile: the same "
+                             "text, faster per token, after a compile of seconds (tens of seconds "
+                             "the first time on a machine); worth it for long generations")
+    return parser
+
+
+def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
+    """The `SamplingOptions` fields as options; those not given default to the checkpoint's."""
     parser.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens to generate per sample")
     parser.add_argument("--temperature", type=float, metavar="T", help="0 is greedy; higher is more random")
     parser.add_argument("--top-k", type=int, metavar="K",
@@ -89,15 +101,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--stop", nargs="+", action="extend", default=[], metavar="STRING",
                         help="end a sample where this string appears (not printed); Python escapes "
                              "such as \\n are understood; may be given several times")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
-                        help="weights' dtype; auto: bf16 on CUDA and on CPUs with fast bf16 "
-                             "(measured), else fp32")
-    parser.add_argument("--compile", action="store_true",
-                        help="compile the one-token decoding step with torch.compile: the same "
-                             "text, faster per token, after a compile of seconds (tens of seconds "
-                             "the first time on a machine); worth it for long generations")
-    return parser
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -106,23 +109,44 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    # Heavy imports here, so --help and argument errors answer at once.
-    from tinyattn.generate.cpu_weights import pack_linear_weights
-    from tinyattn.generate.decoder import inference_dtype
-    from tinyattn.generate.sampling import check_sampling_options
+    # Heavy imports here, so --help and argument errors answer without loading a model.
     from tinyattn.generate.text import PromptWarning
     from tinyattn.hf.folder import load_any_model
     from tinyattn.system.device import select_device
 
     stop = [unescape(s) for s in args.stop]
-    check_sampling_options(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                           repetition_penalty=args.repetition_penalty,
-                           max_new_tokens=args.max_new_tokens, num_samples=args.num_samples, seed=args.seed,
-                           stop=stop)
     device = select_device(args.device)
     prompt = None if args.interactive else read_prompt(args)
-
     loaded = load_any_model(args.checkpoint, device, args.out_dir)
+    options = sampling_options(args, loaded.config.sample, stop)  # the one check, before any output
+    model = inference_model(loaded, args, device)
+    out = StreamPrinter(sys.stdout, model, loaded.tokenizer, options, compile=args.compile)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", PromptWarning)
+        warnings.showwarning = _show_warning
+        if not args.interactive:
+            out.run(_given(prompt, loaded.config.sample.prompt), echo=True)
+            return 0
+        return _interactive(out)
+
+
+def sampling_options(args: argparse.Namespace, saved, stop: list[str]):
+    """The call's `SamplingOptions`: each option given on the command line, else the checkpoint's."""
+    from tinyattn.generate.sampling import SamplingOptions
+
+    return SamplingOptions(
+        max_new_tokens=_given(args.max_new_tokens, saved.max_new_tokens),
+        temperature=_given(args.temperature, saved.temperature), top_k=_given(args.top_k, saved.top_k),
+        top_p=_given(args.top_p, saved.top_p),
+        repetition_penalty=_given(args.repetition_penalty, saved.repetition_penalty),
+        num_samples=args.num_samples, seed=args.seed, stop=tuple(stop))
+
+
+def inference_model(loaded, args: argparse.Namespace, device):
+    """The loaded model in the --dtype, its weights packed for the CPU; says so on stderr."""
+    from tinyattn.generate.cpu_weights import pack_linear_weights
+    from tinyattn.generate.decoder import inference_dtype
+
     dtype = inference_dtype(args.dtype, device)
     model = loaded.model.to(dtype)
     size = model.num_parameters()
@@ -131,40 +155,30 @@ def run(args: argparse.Namespace) -> int:
           f"{str(dtype).removeprefix('torch.')} on {device}{', packed weights' if packed else ''}"
           f"{', compiled decoding' if args.compile else ''}",
           file=sys.stderr)
+    return model
 
-    saved = loaded.config.sample
-    options = dict(
-        max_new_tokens=_given(args.max_new_tokens, saved.max_new_tokens),
-        temperature=_given(args.temperature, saved.temperature),
-        top_k=_given(args.top_k, saved.top_k),
-        top_p=_given(args.top_p, saved.top_p),
-        repetition_penalty=_given(args.repetition_penalty, saved.repetition_penalty),
-        stop=stop, seed=args.seed, compile=args.compile)
-    out = StreamPrinter(sys.stdout, args.num_samples)
-    with warnings.catch_warnings():
-        warnings.simplefilter("always", PromptWarning)
-        warnings.showwarning = _show_warning
-        if not args.interactive:
-            out.run(model, loaded.tokenizer, _given(prompt, saved.prompt), options, echo=True)
-            return 0
-        interactive = sys.stdin.isatty()
-        while True:
+
+def _interactive(out: "StreamPrinter") -> int:
+    """--interactive: one prompt per line from stdin until end of input; prompts not echoed."""
+    interactive = sys.stdin.isatty()
+    while True:
+        if interactive:
+            print("> ", end="", file=sys.stderr, flush=True)
+        line = read_stdin(sys.stdin.readline)
+        if not line:  # end of input
             if interactive:
-                print("> ", end="", file=sys.stderr, flush=True)
-            line = read_stdin(sys.stdin.readline)
-            if not line:  # end of input
-                if interactive:
-                    print(file=sys.stderr)
-                return 0
-            out.run(model, loaded.tokenizer, line.rstrip("\r\n"), options, echo=False)
+                print(file=sys.stderr)
+            return 0
+        out.run(line.rstrip("\r\n"), echo=False)
 
 
 class StreamPrinter:
     """Writes pieces as they come, with a header line before each sample when there are several."""
 
-    def __init__(self, stream, num_samples: int):
+    def __init__(self, stream, model, tokenizer, options, *, compile: bool = False):
         self.stream = stream
-        self.num_samples = num_samples
+        self.model, self.tokenizer, self.options, self.compile = model, tokenizer, options, compile
+        self.num_samples = options.num_samples
         self.at_line_start = True
 
     def write(self, text: str) -> None:
@@ -177,10 +191,10 @@ class StreamPrinter:
         if not self.at_line_start:
             self.write("\n")
 
-    def run(self, model, tokenizer, prompt: str, options: dict, echo: bool) -> None:
-        from tinyattn.generate.text import generate_samples
+    def run(self, prompt: str, echo: bool) -> None:
+        from tinyattn.generate.text import stream_samples
 
-        pieces = generate_samples(model, tokenizer, prompt, self.num_samples, **options)
+        pieces = stream_samples(self.model, self.tokenizer, prompt, self.options, compile=self.compile)
         started = -1
         for piece in pieces:
             if piece.sample != started:  # first piece of a sample
@@ -196,18 +210,14 @@ class StreamPrinter:
 
 def read_prompt(args: argparse.Namespace) -> Optional[str]:
     """The prompt text from --prompt, --prompt-file or stdin; None when none was given."""
+    from tinyattn.system.storage import read_text
+
     if args.prompt is not None:
         return args.prompt
     if args.stdin == "-" or args.prompt_file == "-":
         return read_stdin(sys.stdin.read)
     if args.prompt_file is not None:
-        path = Path(args.prompt_file)
-        try:
-            return path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise DataError(f"{path}: prompt file not found") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise DataError(f"{path}: cannot read the prompt file ({e})") from None
+        return read_text(args.prompt_file, "prompt file")
     return None
 
 
@@ -230,5 +240,6 @@ def _given(value, default):
     return default if value is None else value
 
 
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+def _show_warning(message, *args, **kwargs) -> None:
+    """warnings.showwarning's replacement: one `warning: ...` line (the other arguments unused)."""
     print(f"warning: {message}", file=sys.stderr, flush=True)

@@ -1,26 +1,25 @@
-"""`scripts/train.py` / `tinyattn-train`: parse arguments, then call `tinyattn.train.loop.train`."""
+"""`tinyattn train` (`scripts/train.py`): parse arguments, then call `tinyattn.train.loop.train`."""
 
 from __future__ import annotations
 
 import argparse
 
 from tinyattn.cli import run_command
+from tinyattn.cli.options import add_config, add_device, command_parser
 from tinyattn.config import apply_overrides, load_config, override_value
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="train.py", description="Train a tinyattn language model.",
-        epilog="example: python scripts/train.py --config configs/shakespeare_char.yaml "
-               "--set train.max_steps=500 model.n_layer=2")
-    p.add_argument("--config", help="YAML config file (optional with --resume: the run's saved config)")
-    p.add_argument("--set", dest="overrides", nargs="+", default=[], metavar="KEY=VALUE",
-                   help="override config values with dotted keys, e.g. train.lr=3e-4")
+    p = command_parser(
+        "train", "Train a tinyattn language model.",
+        "example: tinyattn train --config configs/shakespeare_char.yaml "
+        "--set train.max_steps=500 model.n_layer=2")
+    add_config(p, required_unless="--resume")
     p.add_argument("--run-name", help="folder name under train.out_dir (default: config name and time)")
     p.add_argument("--resume", nargs="?", const=True, default=None, metavar="RUN_DIR|CHECKPOINT",
                    help="continue a run: its folder or a checkpoint file; alone, the --run-name "
                         "run or else the most recent one")
-    p.add_argument("--device", help="overrides train.device: auto, cpu, cuda, cuda:N or mps")
+    add_device(p, default=None, overrides="train.device")
     p.add_argument("--stop-at-step", type=int, metavar="N",
                    help="save and stop at step N (the schedule still spans train.max_steps)")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")

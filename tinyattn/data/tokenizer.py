@@ -30,9 +30,9 @@ from typing import Callable, Iterable, Iterator, Optional
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from tinyattn.config import TokenizerConfig
+from tinyattn.config import TOKENIZER_KINDS, TokenizerConfig
 from tinyattn.errors import DataError
-from tinyattn.system.storage import atomic_write
+from tinyattn.system.storage import atomic_write, read_text
 
 END_OF_TEXT = "<|endoftext|>"
 UNKNOWN = "[UNK]"
@@ -55,14 +55,7 @@ class Tokenizer:
 
     @classmethod
     def from_file(cls, path: str | Path) -> "Tokenizer":
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise DataError(f"{path}: tokenizer file not found") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise DataError(f"{path}: cannot read tokenizer file ({e})") from None
-        return cls.from_json(text, origin=str(path))
+        return cls.from_json(read_text(path, "tokenizer file"), origin=str(path))
 
     @classmethod
     def from_json(cls, text: str, *, origin: str = "tokenizer JSON") -> "Tokenizer":
@@ -174,7 +167,8 @@ def build_tokenizer(config: TokenizerConfig, texts: Callable[[], Iterator[str]],
         return _build_char(texts())
     if config.kind == "bpe":
         return _build_bpe(config.vocab_size, texts(), progress)
-    raise DataError(f"tokenizer.kind: {config.kind!r} is not accepted; expected char, bpe or pretrained")
+    raise DataError(f"tokenizer.kind: {config.kind!r} is not accepted; "
+                    f"expected one of {', '.join(TOKENIZER_KINDS)}")
 
 
 def _build_char(texts: Iterator[str]) -> Tokenizer:

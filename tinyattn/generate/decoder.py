@@ -33,12 +33,7 @@ from typing import Iterator, Optional
 
 import torch
 
-from tinyattn.generate.sampling import (
-    Generators,
-    apply_repetition_penalty,
-    check_sampling_options,
-    sample_next_token,
-)
+from tinyattn.generate.sampling import Generators, apply_repetition_penalty, sample_next_token
 from tinyattn.model.transformer import evaluation_mode
 from tinyattn.system.device import select_precision
 
@@ -160,8 +155,7 @@ def generate_tokens(model, prompt_ids: torch.Tensor, max_new_tokens: int, *, tem
     `torch.inference_mode()`; its previous train/eval mode is restored when the loop ends.
     compile: compile the one-token step (`compile_decode_step`); the tokens are the same.
     """
-    check_sampling_options(temperature=temperature, top_k=top_k, top_p=top_p,
-                           repetition_penalty=repetition_penalty, max_new_tokens=max_new_tokens)
+    # The options are taken as valid: `SamplingOptions` checked them once (generate_samples).
     if prompt_ids.dim() != 2 or prompt_ids.size(1) == 0:
         raise ValueError(f"prompt_ids must be (B, T) with T >= 1, got shape {tuple(prompt_ids.shape)}")
     if max_new_tokens == 0:

@@ -15,6 +15,8 @@ of scanning the history every step.
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
 import torch
@@ -40,6 +42,29 @@ def check_sampling_options(**options) -> None:
         raise ConfigError(f"{shown} {value!r} is not accepted: expected {accepted}")
 
     check_sampling(fail, **options)
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """The options of one generation call, checked once: when made (a ConfigError naming the first refused).
+
+    What takes a SamplingOptions (`tinyattn.generate.text.stream_samples`, and through it the
+    token loop and `sample_next_token`) takes the options as valid and checks nothing again.
+    The defaults are `SampleConfig`'s.
+    """
+
+    max_new_tokens: int = 500
+    temperature: float = 0.8  # 0: greedy
+    top_k: Optional[int] = None  # None or 0: off
+    top_p: float = 1.0  # 1: off
+    repetition_penalty: float = 1.0  # 1: off
+    num_samples: int = 1
+    seed: Optional[int] = None  # None: a fresh random seed
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "stop", tuple(self.stop))
+        check_sampling_options(**dataclasses.asdict(self))
 
 
 def apply_repetition_penalty(logits: torch.Tensor, present: torch.Tensor, penalty: float) -> torch.Tensor:

@@ -20,7 +20,7 @@ import torch
 
 from tinyattn.errors import DataError
 from tinyattn.generate.decoder import generate_tokens
-from tinyattn.generate.sampling import check_sampling_options
+from tinyattn.generate.sampling import SamplingOptions
 
 
 class PromptWarning(UserWarning):
@@ -166,16 +166,25 @@ def generate_samples(model, tokenizer, prompt: str, num_samples: int = 1, *, max
     (`compile_decode_step`): the same text, faster per token, after a compile that only long
     generations repay.
     """
-    check_sampling_options(temperature=temperature, top_k=top_k, top_p=top_p,
-                           repetition_penalty=repetition_penalty, max_new_tokens=max_new_tokens,
-                           num_samples=num_samples, seed=seed, stop=stop)
+    # The one check of the call's options, before anything is decoded; stream_samples trusts them.
+    options = SamplingOptions(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                              top_p=top_p, repetition_penalty=repetition_penalty, num_samples=num_samples,
+                              seed=seed, stop=tuple(stop))
+    return stream_samples(model, tokenizer, prompt, options, generators=generators, compile=compile)
+
+
+def stream_samples(model, tokenizer, prompt: str, options: SamplingOptions, *,
+                   generators: Optional[Sequence[torch.Generator]] = None,
+                   compile: bool = False) -> Iterator[SamplePiece]:
+    """`generate_samples` with options already checked: the pieces of `options.num_samples` samples."""
+    o = options
     device = next(model.parameters()).device
-    generators = sample_generators(num_samples, seed, generators, device)
+    generators = sample_generators(o.num_samples, o.seed, generators, device)
     ids = encode_prompt(tokenizer, prompt, model.config.context_length)
-    prompt_ids = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)  # (S, T)
-    streams = SampleStreams(tokenizer, num_samples, stop)
-    tokens = generate_tokens(model, prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k,
-                             top_p=top_p, repetition_penalty=repetition_penalty, generator=generators,
+    prompt_ids = torch.tensor([ids] * o.num_samples, dtype=torch.long, device=device)  # (S, T)
+    streams = SampleStreams(tokenizer, o.num_samples, o.stop)
+    tokens = generate_tokens(model, prompt_ids, o.max_new_tokens, temperature=o.temperature, top_k=o.top_k,
+                             top_p=o.top_p, repetition_penalty=o.repetition_penalty, generator=generators,
                              compile=compile)
     try:
         for token in tokens:

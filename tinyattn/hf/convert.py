@@ -1,4 +1,33 @@
-"""Between tinyattn and transformers: weight names and config.json."""
+"""Between tinyattn and transformers: weight names and config.json. tinyattn's model is Llama.
+
+RMSNorm, rotary embeddings that rotate the two halves of each head, SwiGLU, grouped-query
+attention, no biases, an optionally tied head: `transformers.LlamaForCausalLM` computes
+the same function, so a model moves between the two by renaming its weights. With
+`model.qk_norm` the model is Qwen3's instead (`Qwen3ForCausalLM`: Llama plus an RMSNorm on
+each head's queries and keys before RoPE, with the same epsilon), and maps the same way.
+`model.logit_softcap` has no standard architecture that holds it exactly (Gemma 2
+soft-caps but differs elsewhere) and is refused. Reading a `config.json`
+(`model_config_from_hf`), whatever a tinyattn model would compute differently is refused
+with one line naming it (`CheckpointError`), never loaded approximately.
+
+The mapping (i = layer; tinyattn stacks what Llama keeps apart, so one matmul does both):
+
+    token_embedding.weight              model.embed_tokens.weight
+    blocks.i.attention_norm.weight      model.layers.i.input_layernorm.weight
+    blocks.i.attention.qkv.weight       model.layers.i.self_attn.{q,k,v}_proj.weight (rows stacked)
+    blocks.i.attention.output.weight    model.layers.i.self_attn.o_proj.weight
+    blocks.i.attention.{q,k}_norm.weight  model.layers.i.self_attn.{q,k}_norm.weight (Qwen3 only)
+    blocks.i.mlp_norm.weight            model.layers.i.post_attention_layernorm.weight
+    blocks.i.mlp.gate_up.weight         model.layers.i.mlp.{gate,up}_proj.weight (rows stacked)
+    blocks.i.mlp.down.weight            model.layers.i.mlp.down_proj.weight
+    final_norm.weight                   model.norm.weight
+    head.weight                         lm_head.weight (absent when tied)
+
+No permutation of the query and key rows is needed: Hugging Face's Llama already uses
+the rotate-halves layout (Meta's original checkpoints pair adjacent dimensions instead,
+and are permuted once by Hugging Face's converter). `DTYPES` names the dtypes an export
+may write its weights in.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,18 @@
-"""Hugging Face folders: reading one (import) and writing one (export)."""
+"""Hugging Face model folders, both ways: reading one (import) and writing one (export).
+
+- `read_folder(folder)`: a Llama-architecture folder (`config.json`, safetensors weights,
+  `tokenizer.json`) as a tinyattn `Config`, tinyattn-named weights, a tokenizer and the
+  folder's sampling defaults (`generation_config.json`); `load_any_model` is what every
+  `--checkpoint` accepts, this or a tinyattn checkpoint. The names and config.json fields
+  are translated in `tinyattn.hf.convert`.
+- `export_folder(...)`: the reverse, a folder that `AutoModelForCausalLM` and
+  `AutoTokenizer` load with no custom code, with a model card. It is staged beside the
+  target and moved in, so a failed export leaves the folder as it was.
+
+Only the `safetensors` package is needed here (never `transformers`), imported when a
+folder is read or written, so the core works without either. Pickled weights
+(`pytorch_model.bin`) are refused: loading a pickle can run code.
+"""
 
 from __future__ import annotations
 
@@ -27,7 +41,7 @@ from tinyattn.hf.convert import (
     to_hf_weights,
 )
 from tinyattn.model.transformer import LanguageModel
-from tinyattn.system.storage import TEMPORARY_SUFFIX, atomic_write, storage_errors
+from tinyattn.system.storage import TEMPORARY_SUFFIX, atomic_write, read_text, storage_errors
 
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
@@ -64,11 +78,10 @@ class ImportedModel:
 
 
 def read_json(path: Path) -> dict:
+    text = read_text(path, "JSON file", CheckpointError)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
         raise CheckpointError(f"{path}: not readable JSON ({str(e).splitlines()[0]})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object")

@@ -10,6 +10,9 @@ A write the file system refuses (disk full, read-only folder, no permission) bec
 `StorageError` naming the path, so commands end with one line instead of a traceback.
 `check_writable(folder)` asks the same question before a command writes anything, and
 `remove_temporaries(folder)` clears what a killed writer left behind.
+
+Reading has its one helper too: `read_text(path, what)` is a UTF-8 file's text, or one
+line naming the file and what went wrong (not found, not UTF-8, unreadable).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from tinyattn.errors import StorageError
+from tinyattn.errors import DataError, StorageError, TinyattnError
 
 # What the file system says when a folder cannot take a file: these are the user's to fix.
 STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
@@ -118,6 +121,22 @@ def remove_temporaries(folder: str | Path) -> list[Path]:
             path.unlink(missing_ok=True)
             removed.append(path)
     return removed
+
+
+def read_text(path: str | Path, what: str, error: type[TinyattnError] = DataError) -> str:
+    """The UTF-8 text of `path`; else `error` with one line, e.g. "x.yaml: config file not found".
+
+    `what` names the file for the user ("config file", "prompt file"); `error` is the
+    TinyattnError subclass of the caller's domain (ConfigError for a config, ...).
+    """
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error(f"{path}: {what} not found") from None
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: the {what} is not UTF-8 text (byte {e.start})") from None
+    except OSError as e:  # a folder, no permission, ...
+        raise error(f"{path}: cannot read the {what} ({e.strerror or e})") from None
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -1,0 +1,129 @@
+"""The `tinyattn` command: each subcommand reaches its module's main, an unknown one is a
+one-line error naming them all, the launchers and console scripts run the same mains, and the
+options the subcommands share are one helper's (one help text, one list of accepted values)."""
+
+import argparse
+import importlib
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tinyattn.cli import run_command
+from tinyattn.cli.main import SUBCOMMANDS, main
+from tinyattn.config import ATTENTION_PATHS, CHOICES
+from tinyattn.hf.convert import DTYPES as EXPORT_DTYPES
+from tinyattn.system.device import DEVICE_NAMES, PRECISIONS
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMES = ["train", "generate", "eval", "attention", "export"]
+
+
+def parser_of(name: str) -> argparse.ArgumentParser:
+    module = importlib.import_module(f"tinyattn.cli.{name}")
+    return (getattr(module, "parser", None) or module.build_parser)()
+
+
+def option(parser: argparse.ArgumentParser, flag: str) -> argparse.Action:
+    [action] = [a for a in parser._actions if flag in a.option_strings]
+    return action
+
+
+@pytest.fixture
+def recorded_mains(monkeypatch):
+    """Every subcommand's main replaced by one that records its arguments and returns 40 + its index."""
+    calls = []
+    for i, name in enumerate(NAMES):
+        module = importlib.import_module(f"tinyattn.cli.{name}")
+        def recorder(argv=None, name=name, i=i):
+            calls.append((name, argv))
+            return 40 + i
+        monkeypatch.setattr(module, "main", recorder)
+    return calls
+
+
+def test_the_subcommands_are_the_five_commands():
+    assert list(SUBCOMMANDS) == NAMES
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_subcommand_reaches_its_main_with_the_rest_of_the_arguments(recorded_mains, name):
+    status = main([name, "--checkpoint", "x", "-"])
+    assert recorded_mains == [(name, ["--checkpoint", "x", "-"])]
+    assert status == 40 + NAMES.index(name)  # its main's exit status is the command's
+
+
+def test_an_unknown_subcommand_is_one_line_naming_every_subcommand(recorded_mains, capsys):
+    assert main(["trian", "--config", "x.yaml"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and recorded_mains == []
+    assert err == ("error: unknown subcommand 'trian'; expected one of train, generate, eval, attention, "
+                   "export\n")
+
+
+def test_no_subcommand_prints_the_usage_and_help_lists_every_subcommand(recorded_mains, capsys):
+    assert main([]) == 2
+    assert "usage: tinyattn SUBCOMMAND" in capsys.readouterr().err
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"  {name} " in out for name in NAMES) and recorded_mains == []
+
+
+def test_python_dash_m_tinyattn_is_the_command():
+    result = subprocess.run([sys.executable, "-m", "tinyattn", "nope"], capture_output=True, text=True,
+                            timeout=60, cwd=ROOT)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == f"error: unknown subcommand 'nope'; expected one of {', '.join(NAMES)}\n"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_script_launches_the_subcommands_main(recorded_mains, name):
+    with pytest.raises(SystemExit) as exit:
+        runpy.run_path(str(ROOT / "scripts" / f"{name}.py"), run_name="__main__")
+    assert exit.value.code == 40 + NAMES.index(name) and recorded_mains == [(name, None)]
+
+
+def test_the_console_scripts_are_the_command_and_the_old_names_as_aliases():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
+    assert scripts.pop("tinyattn") == "tinyattn.cli.main:main"
+    assert scripts == {f"tinyattn-{name}": f"tinyattn.cli.{name}:main" for name in NAMES}
+
+
+# ----------------------------------------------------------------------------- shared options
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_subcommands_usage_names_it(name):
+    assert parser_of(name).prog == f"tinyattn {name}"
+
+
+def test_every_device_option_has_one_help_naming_what_check_device_accepts():
+    helps = {name: option(parser_of(name), "--device").help for name in NAMES if name != "export"}
+    assert helps.pop("train") == f"overrides train.device: {DEVICE_NAMES}"
+    assert set(helps.values()) == {f"{DEVICE_NAMES} (default: auto)"}
+    assert DEVICE_NAMES == "auto, cpu, cuda, cuda:N or mps"
+
+
+def test_every_checkpoint_option_is_the_same_helper():
+    helps = {name: option(parser_of(name), "--checkpoint").help for name in NAMES if name != "train"}
+    assert helps.pop("generate").endswith("the most recent run under --out-dir")
+    assert len(set(helps.values())) == 1 and "Hugging Face Llama folder" in helps["eval"]
+
+
+def test_the_choices_are_the_librarys_own():
+    assert option(parser_of("generate"), "--dtype").choices == PRECISIONS == CHOICES["train.precision"]
+    assert option(parser_of("export"), "--dtype").choices == list(EXPORT_DTYPES)
+    assert f"model.attention={'|'.join(ATTENTION_PATHS)}" in option(parser_of("train"), "--set").help
+
+
+def test_run_command_turns_a_user_mistake_into_one_line(capsys):
+    from tinyattn.errors import ConfigError
+
+    def command():
+        raise ConfigError("x.yaml: train.lr: -1 is not accepted")
+
+    assert run_command(command) == 2
+    assert capsys.readouterr().err == "error: x.yaml: train.lr: -1 is not accepted\n"

@@ -1,0 +1,46 @@
+"""The options several subcommands share, each written once: --checkpoint, --device, --config/--set.
+
+A subcommand builds its parser with `command_parser(name, ...)` (its usage line reads
+`tinyattn <name>`, whichever launcher started it) and adds the shared options with the
+helpers below, so their spelling and help cannot drift apart. The accepted values come from
+where the library defines them (`tinyattn.system.device.DEVICE_NAMES`, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from tinyattn.config import ATTENTION_PATHS
+from tinyattn.system.device import DEVICE_NAMES
+
+CHECKPOINT_HELP = ("a run folder (its best.pt, else its latest step), a checkpoint file or a Hugging Face "
+                   "Llama folder (config.json, safetensors, tokenizer.json); default: the best checkpoint "
+                   "of the most recent run under {where}")
+
+
+def command_parser(name: str, description: str, epilog: str, **options) -> argparse.ArgumentParser:
+    """The parser of `tinyattn <name>`."""
+    return argparse.ArgumentParser(prog=f"tinyattn {name}", description=description, epilog=epilog, **options)
+
+
+def add_checkpoint(parser: argparse.ArgumentParser, where: str = "checkpoints/") -> None:
+    """--checkpoint: what `tinyattn.hf.folder.load_any_model` accepts."""
+    parser.add_argument("--checkpoint", metavar="RUN_DIR|FILE", help=CHECKPOINT_HELP.format(where=where))
+
+
+def add_device(parser: argparse.ArgumentParser, default: str | None = "auto", overrides: str = "") -> None:
+    """--device; `overrides` names the config key it replaces (train.device), default then None."""
+    if overrides:
+        help = f"overrides {overrides}: {DEVICE_NAMES}"
+    else:
+        help = f"{DEVICE_NAMES} (default: {default})"
+    parser.add_argument("--device", default=default, help=help)
+
+
+def add_config(parser: argparse.ArgumentParser, required_unless: str = "") -> None:
+    """--config FILE and --set KEY=VALUE ... (dotted keys, typed like the field they set)."""
+    optional = f" (optional with {required_unless}: the run's saved config)" if required_unless else ""
+    parser.add_argument("--config", metavar="FILE", help=f"YAML config file{optional}")
+    parser.add_argument("--set", dest="overrides", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="override config values with dotted keys, e.g. train.lr=3e-4 or "
+                             f"model.attention={'|'.join(ATTENTION_PATHS)}")
