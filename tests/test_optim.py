@@ -96,7 +96,7 @@ def test_each_option_trains_a_tiny_model_below_a_loss_bound(name):
                                **OPTIONS.get(name, {}))
     cycle = torch.tensor([3, 1, 4, 15, 9, 2, 6, 5]).repeat(200).numpy().astype("uint16")
     cpu = torch.device("cpu")
-    trainer = Trainer.build(model_config, train_config, cycle, cpu, select_precision("fp32", cpu))
+    trainer = Trainer.build(model_config, train_config, cycle, device=cpu, precision=select_precision("fp32", cpu))
     first = trainer.train_step()[0].item()
     for _ in range(149):
         loss = trainer.train_step()[0].item()

@@ -158,8 +158,8 @@ def test_gradient_accumulation_equals_one_large_batch(corpus, tmp_path):
         model = LanguageModel(config.model)
         recorder = RecordGradients(model.parameters())
         config.train.grad_accum_steps = len(micro_batches)
-        trainer = Trainer(model, Optimizers([recorder]), ListBatches(micro_batches), config.train, cpu,
-                          select_precision("fp32", cpu))
+        trainer = Trainer(model, Optimizers([recorder]), ListBatches(micro_batches), config.train, device=cpu,
+                          precision=select_precision("fp32", cpu))
         trainer.train_step()
         return recorder.grads
 
