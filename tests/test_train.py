@@ -70,7 +70,7 @@ def test_tensorboard_holds_every_curve(corpus, tmp_path):
     events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0}).Reload()
     scalars = set(events.Tags()["scalars"])
     assert {"train/loss", "val/loss", "train/learning_rate", "train/grad_norm", "perf/tokens_per_second",
-            "perf/mfu", "train/tokens_seen"} <= scalars
+            "perf/mfu", "train/tokens_seen", "lr/adamw/embedding", "lr/adamw/gains", "lr/adamw/matrices"} <= scalars
     assert {"loss_by_position/positions_0", "loss_by_position/positions_16-31"} <= scalars
     assert {"attention/layer_0", "attention/layer_1", "loss_by_position/plot",
             "head_ablation/grid"} <= set(events.Tags()["images"])
@@ -812,3 +812,11 @@ def test_an_explicit_max_steps_wins_over_the_time_budget(corpus, tmp_path, capsy
     assert "measured" not in err and "done: 3 steps" in err
     saved = load_config(tmp_path / "steps" / "config.yaml").train
     assert saved.max_steps == 3 and saved.time_budget is None
+    # A budget run resumed with a step count: the typed count wins over the recorded one too.
+    code, err = run_main(["--config", str(budgeted), "--run-name", "resumed", "--no-progress", "--stop-at-step",
+                          "2", "--set", *tiny_overrides(corpus, tmp_path, "train.eval_interval=2")], capsys)
+    assert code == 0 and load_config(tmp_path / "resumed" / "config.yaml").train.max_steps > 4, err
+    code, err = run_main(["--resume", str(tmp_path / "resumed"), "--no-progress", "--set",
+                          f"train.out_dir={tmp_path}", "train.max_steps=4"], capsys)
+    assert code == 0, err
+    assert "the time budget 30s is off for this run" in err and "done: 4 steps" in err

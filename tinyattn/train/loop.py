@@ -81,8 +81,9 @@ def train(config: Config, *, config_path: Optional[str | Path] = None, run_name:
     train.max_steps among them wins over train.time_budget, which is then off (the run says so).
     """
     note = explicit_steps(config, overrides)
-    request = _Request(config_path, run_name, resume, device, progress, stop_at_step,
-                       time.perf_counter() - elapsed_before, [note] if note else [])
+    request = _Request(config_path=config_path, run_name=run_name, resume=resume, device=device,
+                       progress=progress, stop_at_step=stop_at_step,
+                       started=time.perf_counter() - elapsed_before, notes=[note] if note else [])
     dist = init_distributed(device or config.train.device)
     try:
         return _train(config, request, dist)
