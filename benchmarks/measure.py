@@ -364,7 +364,7 @@ def measure_training(model_config, *, batch_size: int = 16, device: str = "auto"
     chosen = select_precision(precision, torch_device)
     train_config = TrainConfig(batch_size=batch_size, compile=compile)
     tokens = np.random.default_rng(0).integers(0, model_config.vocab_size, size=1_000_000).astype(np.uint16)
-    trainer = Trainer.build(model_config, train_config, tokens, torch_device, chosen)
+    trainer = Trainer.build(model_config, train_config, tokens, device=torch_device, precision=chosen)
     if torch_device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(torch_device)
 

@@ -122,6 +122,28 @@ def trained_run(tmp_path_factory):
     return train(config, run_name="tiny", progress=False)
 
 
+class TrainStepCounter:
+    """How many times Trainer.train_step ran since it was patched in: the steps a run really took."""
+
+    def __init__(self, monkeypatch):
+        from tinyattn.train.trainer import Trainer
+
+        self.calls = 0
+        original = Trainer.train_step
+
+        def counted(trainer):
+            self.calls += 1
+            return original(trainer)
+
+        monkeypatch.setattr(Trainer, "train_step", counted)
+
+
+@pytest.fixture
+def count_train_steps(monkeypatch):
+    """count_train_steps() -> a counter of the Trainer.train_step calls from then on (`.calls`)."""
+    return lambda: TrainStepCounter(monkeypatch)
+
+
 class RecordingWriter:
     """Stands in for TensorBoard's SummaryWriter: records what is added, per instance."""
 

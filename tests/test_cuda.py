@@ -105,7 +105,7 @@ RESUME_TOLERANCE = {"fp32": 1e-5, "bf16": 1e-3}
 @pytest.mark.cuda
 @requires_cuda
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_resume_on_cuda_is_exact_within_tolerance(corpus, tmp_path, precision):
+def test_resume_on_cuda_is_exact_within_tolerance(corpus, tmp_path, precision, count_train_steps):
     extra = ("train.max_steps=16", "train.eval_interval=4", "model.dropout=0.1",
              f"train.precision={precision}", "train.peak_flops=null")  # the peak is measured on the GPU
     straight = train(tiny_config(corpus, tmp_path, *extra), run_name="straight", device="cuda",
@@ -113,9 +113,11 @@ def test_resume_on_cuda_is_exact_within_tolerance(corpus, tmp_path, precision):
     first = train(tiny_config(corpus, tmp_path, *extra), run_name="split", device="cuda", progress=False,
                   stop_at_step=8)
     assert first.step == 8
+    steps = count_train_steps()
     resumed = train(tiny_config(corpus, tmp_path, *extra), run_name="split", resume=True, device="cuda",
                     progress=False)
-    assert resumed.step == 16
+    # Only the 8 steps left: a restore that did nothing would retrain all 16 from the seed and match.
+    assert resumed.step == 16 and steps.calls == 8
     a = ckpt.load_checkpoint(straight.run_dir / "step_0000016.pt")
     b = ckpt.load_checkpoint(resumed.run_dir / "step_0000016.pt")
     for name, tensor in a["model"].items():
@@ -135,6 +137,12 @@ def test_fp16_with_the_grad_scaler_trains_with_finite_losses(corpus, tmp_path):
     state = ckpt.load_checkpoint(result.run_dir / "step_0000008.pt")
     scale = state["scaler"]["scale"]  # the scaler ran (an fp32 run saves an empty state)
     assert math.isfinite(scale) and scale > 0
+    # Steps were taken, not skipped. A scaler that found inf/NaN gradients at every step would
+    # skip every optimizer step (halving its scale each time) and leave the weights as they were;
+    # each skip resets its count of steps taken in a row, so a count > 0 means the last ones ran.
+    assert state["scaler"]["_growth_tracker"] > 0
+    four = ckpt.load_checkpoint(result.run_dir / "step_0000004.pt")
+    assert any(not torch.equal(four["model"][name], tensor) for name, tensor in state["model"].items())
     assert all(torch.isfinite(t).all() for t in state["model"].values())
     log = (result.run_dir / "train.log").read_text()
     assert "precision fp16" in log  # and a non-finite loss would have stopped the run

@@ -25,9 +25,7 @@ ALLOWED["__main__"] = {"cli"}  # tinyattn/__main__.py: `python -m tinyattn` runs
 LAZY_EXCEPTIONS = {
     ("train", "hf"),  # train.init_from naming a Hugging Face folder (train/finetune.py)
 }
-KNOWN_VIOLATIONS = {  # being removed: what an evaluation shows becomes a hook
-    ("train", "analysis"), ("train", "generate"),
-}
+KNOWN_VIOLATIONS: set = set()  # none left: what an evaluation shows is a hook (train/hooks.py)
 
 
 def package_of(path: Path) -> str:

@@ -96,9 +96,27 @@ def test_each_option_trains_a_tiny_model_below_a_loss_bound(name):
                                **OPTIONS.get(name, {}))
     cycle = torch.tensor([3, 1, 4, 15, 9, 2, 6, 5]).repeat(200).numpy().astype("uint16")
     cpu = torch.device("cpu")
-    trainer = Trainer.build(model_config, train_config, cycle, cpu, select_precision("fp32", cpu))
+    trainer = Trainer.build(model_config, train_config, cycle, device=cpu, precision=select_precision("fp32", cpu))
     first = trainer.train_step()[0].item()
     for _ in range(149):
         loss = trainer.train_step()[0].item()
     assert first > 2.0 and math.isfinite(loss)
     assert loss < 0.1, f"{name}: loss {loss:.3f} after 150 steps"
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+def test_the_optimizers_hold_every_parameter_once_and_decay_neither_embedding_nor_gains(optimizer, tie):
+    model = LanguageModel(ModelConfig(vocab_size=20, n_layer=2, n_head=2, n_embd=16, context_length=8,
+                                      tie_embeddings=tie, qk_norm=True))
+    optimizers = build_optimizer(model, TrainConfig(optimizer=optimizer, weight_decay=0.1), torch.device("cpu"))
+    decay = {}  # id(parameter) -> the weight decay of the one group that holds it
+    for opt in optimizers.optimizers:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                assert id(p) not in decay, "a parameter in two optimizer groups"
+                decay[id(p)] = group["weight_decay"]
+    assert set(decay) == {id(p) for p in model.parameters()}
+    for name, p in model.named_parameters():
+        wanted = 0.0 if name == "token_embedding.weight" or p.dim() < 2 else 0.1
+        assert decay[id(p)] == wanted, name

@@ -71,6 +71,7 @@ def test_tensorboard_holds_every_curve(corpus, tmp_path):
     scalars = set(events.Tags()["scalars"])
     assert {"train/loss", "val/loss", "train/learning_rate", "train/grad_norm", "perf/tokens_per_second",
             "perf/mfu", "train/tokens_seen"} <= scalars
+    assert {"lr/adamw/embedding", "lr/adamw/gains", "lr/adamw/matrices"} <= scalars  # each group's rate
     assert {"loss_by_position/positions_0", "loss_by_position/positions_16-31"} <= scalars
     assert {"attention/layer_0", "attention/layer_1", "loss_by_position/plot",
             "head_ablation/grid"} <= set(events.Tags()["images"])
@@ -158,8 +159,8 @@ def test_gradient_accumulation_equals_one_large_batch(corpus, tmp_path):
         model = LanguageModel(config.model)
         recorder = RecordGradients(model.parameters())
         config.train.grad_accum_steps = len(micro_batches)
-        trainer = Trainer(model, Optimizers([recorder]), ListBatches(micro_batches), config.train, cpu,
-                          select_precision("fp32", cpu))
+        trainer = Trainer(model, Optimizers([recorder]), ListBatches(micro_batches), config.train, device=cpu,
+                          precision=select_precision("fp32", cpu))
         trainer.train_step()
         return recorder.grads
 
@@ -173,15 +174,17 @@ def test_gradient_accumulation_equals_one_large_batch(corpus, tmp_path):
         torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-7)
 
 
-def test_resume_is_exact(corpus, tmp_path):
+def test_resume_is_exact(corpus, tmp_path, count_train_steps):
     # peak_flops unset: the start-up matmul measurement must not move the random generators.
     extra = ("train.max_steps=16", "train.eval_interval=4", "model.dropout=0.1", "train.precision=fp32",
              "train.peak_flops=null")
     straight = train(tiny_config(corpus, tmp_path, *extra), run_name="straight", progress=False)
     first = train(tiny_config(corpus, tmp_path, *extra), run_name="split", progress=False, stop_at_step=8)
     assert first.step == 8
+    steps = count_train_steps()
     resumed = train(tiny_config(corpus, tmp_path, *extra), run_name="split", resume=True, progress=False)
-    assert resumed.step == 16
+    # Only the 8 steps left: a restore that did nothing would retrain all 16 from the seed and match.
+    assert resumed.step == 16 and steps.calls == 8
     a = ckpt.load_checkpoint(straight.run_dir / "step_0000016.pt")
     b = ckpt.load_checkpoint(resumed.run_dir / "step_0000016.pt")
     # Within 1e-6, not bitwise: an op in the CPU backward accumulates in a thread-dependent
@@ -562,9 +565,49 @@ def test_two_process_gloo_run(corpus, tmp_path):
     # The checkpoint is an ordinary one: it loads into a single process for sampling.
     loaded = ckpt.load_model(tmp_path / "ddp")
     assert loaded.step == 6
+    # DDP averages the two ranks' gradients: the weights are those of one process stepping over
+    # the same global batches (rank 0's batch k and rank 1's batch k as one batch of 8). Without
+    # the averaging each rank would follow its own batches and differ by ~lr (2e-3) a step.
+    reference = one_process_over_global_batches(load_config(tmp_path / "ddp" / "config.yaml"), steps=6,
+                                                world_size=2)
+    for name, tensor in reference.items():
+        torch.testing.assert_close(state["model"][name], tensor, rtol=0, atol=1e-5, msg=name)
+
+
+class GlobalBatches:
+    """Every rank's batch k of a world_size-process run, concatenated: one process's view of it."""
+
+    def __init__(self, tokens, config, world_size: int):
+        from tinyattn.data.batches import BatchSampler
+
+        self.ranks = [BatchSampler(tokens, config.train.batch_size, config.model.context_length,
+                                   seed=config.train.seed, rank=r, world_size=world_size)
+                      for r in range(world_size)]
+        self.batch_size = config.train.batch_size * world_size
+        self.context_length = config.model.context_length
+
+    def next_batch(self):
+        xs, ys = zip(*(sampler.next_batch() for sampler in self.ranks))
+        return torch.cat(xs), torch.cat(ys)  # (world_size * B, T) each
+
+
+def one_process_over_global_batches(config, steps: int, world_size: int) -> dict:
+    """The weights after `steps` single-process steps over a world_size-process run's batches."""
+    from tinyattn.data.batches import prepare_data
+    from tinyattn.system.device import select_precision
+
+    cpu = torch.device("cpu")
+    data = prepare_data(config, progress=False)
+    trainer = Trainer.build(config.model, config.train, data.train, device=cpu,
+                            precision=select_precision("fp32", cpu))
+    trainer.batches = GlobalBatches(data.train, config, world_size)
+    for _ in range(steps):
+        trainer.train_step()
+    return trainer.model.state_dict()
 
 
 @pytest.mark.slow
+@pytest.mark.bench  # a wall-clock assertion: `make test` skips it, `make bench-check` runs it
 def test_time_budget_run_ends_within_its_budget(corpus, tmp_path):
     """The whole process, start-up included, ends at its 20 s budget, and says how it chose.
 
@@ -589,15 +632,18 @@ def test_time_budget_run_ends_within_its_budget(corpus, tmp_path):
 
 
 @pytest.mark.slow  # trains for its measured budget three times over
-def test_time_budget_run_resumes_exactly_and_equals_a_run_of_its_step_count(corpus, tmp_path):
+def test_time_budget_run_resumes_exactly_and_equals_a_run_of_its_step_count(corpus, tmp_path,
+                                                                            count_train_steps):
     """A budget fixes max_steps before step 1 (its measuring steps are undone), so a budget
     run stopped and resumed ends where a plain run of the chosen length ends."""
     extra = ("train.time_budget=6s", "train.eval_interval=50", "model.dropout=0.1")
     first = train(tiny_config(corpus, tmp_path, *extra), run_name="budget", progress=False, stop_at_step=30)
     steps = load_config(tmp_path / "budget" / "config.yaml").train.max_steps
     assert first.step == 30 and steps > 30
+    counter = count_train_steps()
     resumed = train(tiny_config(corpus, tmp_path, *extra), run_name="budget", resume=True, progress=False)
     assert resumed.step == steps  # the recorded step count, not a new measurement
+    assert counter.calls == steps - 30  # only the steps left (no measuring steps, no retraining)
     plain = train(tiny_config(corpus, tmp_path, "train.eval_interval=50", "model.dropout=0.1",
                               f"train.max_steps={steps}"), run_name="plain", progress=False)
     a = ckpt.load_checkpoint(ckpt.latest_checkpoint(tmp_path / "budget"))["model"]
@@ -610,3 +656,170 @@ def test_time_budget_run_resumes_exactly_and_equals_a_run_of_its_step_count(corp
 def test_a_budget_too_small_for_one_step_is_one_line(corpus, tmp_path):
     with pytest.raises(TinyattnError, match=r"train.time_budget 0.01s: .* no step fits"):
         train(tiny_config(corpus, tmp_path, "train.time_budget=0.01s"), run_name="small", progress=False)
+
+
+# ----------------------------------------------------------------------------- the step's arithmetic
+
+
+def tiny_trainer(batches, **train_options) -> Trainer:
+    """A Trainer over a 2-layer model of a 67-token vocabulary (AdamW) and the given batches."""
+    from tinyattn.config import ModelConfig, TrainConfig
+    from tinyattn.system.device import select_precision
+
+    cpu = torch.device("cpu")
+    model_config = ModelConfig(vocab_size=67, n_layer=2, n_head=2, n_embd=32, context_length=32)
+    tokens = np.random.default_rng(0).integers(0, 67, size=2000).astype(np.uint16)
+    trainer = Trainer.build(model_config, TrainConfig(batch_size=8, **train_options), tokens, device=cpu,
+                            precision=select_precision("fp32", cpu))
+    if batches is not None:
+        trainer.batches = batches
+    return trainer
+
+
+def test_the_trainer_steps_with_the_rate_of_the_schedule():
+    trainer = tiny_trainer(None, lr=1e-2, min_lr=1e-3, embedding_lr=3e-2, warmup_steps=2, max_steps=6,
+                           schedule="cosine")
+    used = []  # per step: {group name: the lr the optimizer stepped with}
+    for optimizer in trainer.optimizers.optimizers:
+        optimizer.register_step_pre_hook(
+            lambda opt, args, kwargs: used.append({g["name"]: g["lr"] for g in opt.param_groups}))
+    for _ in range(6):
+        trainer.train_step()
+    # Warmup 5e-3, 1e-2; then cosine from 1e-2 to the 1e-3 floor over steps 2..6 (0-based):
+    # 1e-3 + (1e-2 - 1e-3) * (1 + cos(pi * (k - 2) / 4)) / 2.
+    expected = [5e-3, 1e-2, 1e-2, 8.681981e-3, 5.5e-3, 2.318019e-3]
+    assert [step["matrices"] for step in used] == pytest.approx(expected, rel=1e-6)
+    assert [step["gains"] for step in used] == pytest.approx(expected, rel=1e-6)
+    assert [step["embedding"] for step in used] == pytest.approx([3 * r for r in expected], rel=1e-6)
+
+
+def test_the_logged_learning_rates_are_read_from_the_optimizers(tmp_path, tensorboard_writer):
+    from tinyattn.config import Config
+    from tinyattn.train.log import Logger
+
+    trainer = tiny_trainer(None, optimizer="muon", lr=1e-2)
+    rates = {"embedding": 0.25, "gains": 0.125}  # no schedule gives these: they can only be read
+    for group in trainer.optimizers.optimizers[0].param_groups:
+        group["lr"] = rates[group["name"]]
+    trainer.optimizers.optimizers[1].param_groups[0]["lr"] = 0.5
+    log = Logger(tmp_path, Config(), trainer, peak_flops=1e12, enabled=True, progress=False)
+    log.writer = tensorboard_writer
+    log.train(step=1, losses=[2.0], seconds=1.0, grad_norm=torch.tensor(1.0))
+    logged = {tag: value for tag, value, _ in tensorboard_writer.scalars}
+    assert logged["train/learning_rate"] == 0.125  # the norm gains' group: the one train.lr sets
+    assert {tag: value for tag, value in logged.items() if tag.startswith("lr/")} == {
+        "lr/adamw/embedding": 0.25, "lr/adamw/gains": 0.125, "lr/muon/matrices": 0.5}
+
+
+def test_the_gradient_norm_is_clipped_to_grad_clip():
+    batch = torch.from_numpy(np.random.default_rng(1).integers(0, 67, size=(8, 33)))
+    x, y = batch[:, :-1], batch[:, 1:]
+
+    def step(grad_clip: float) -> tuple[float, float]:
+        trainer = tiny_trainer(ListBatches([(x, y)]), grad_clip=grad_clip)
+        recorder = RecordGradients(trainer.model.parameters())
+        trainer.optimizers.optimizers = [recorder]
+        _, norm = trainer.train_step()
+        stepped = torch.linalg.vector_norm(torch.stack([g.norm() for g in recorder.grads]))
+        return norm.item(), stepped.item()  # (the norm before clipping, the one the optimizer saw)
+
+    unclipped, seen = step(grad_clip=0)  # 0: no clipping
+    assert seen == pytest.approx(unclipped, rel=1e-5) and unclipped > 0.5
+    before, seen = step(grad_clip=0.1)
+    assert before == pytest.approx(unclipped, rel=1e-5)  # the logged norm is the one before clipping
+    assert seen == pytest.approx(0.1, rel=1e-4)
+
+
+def test_checkpoints_are_written_at_every_eval_interval_and_the_last_step(corpus, tmp_path):
+    result = train(tiny_config(corpus, tmp_path, "train.max_steps=7", "train.eval_interval=3",
+                               "train.keep_last=5", "train.sample_tokens=0"), run_name="cadence",
+                   progress=False)
+    files = ckpt.step_checkpoints(result.run_dir)
+    assert [p.name for p in files] == [ckpt.step_filename(s) for s in (3, 6, 7)]
+    assert [ckpt.load_checkpoint(p)["step"] for p in files] == [3, 6, 7]
+    assert (result.run_dir / "best.pt").is_file()
+
+
+# ----------------------------------------------------------------------------- the core and its hooks
+
+
+def test_importing_the_training_core_loads_no_analysis_generation_hf_or_matplotlib():
+    code = ("import sys, tinyattn.train.loop\n"
+            "print('\\n'.join(sorted(m for m in sys.modules if m.startswith(('tinyattn', 'matplotlib')))))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    loaded = done.stdout.split()
+    print("tinyattn.train.loop loads:", ", ".join(loaded))
+    assert "tinyattn.train.loop" in loaded
+    periphery = [m for m in loaded if m.startswith(("tinyattn.analysis", "tinyattn.generate", "tinyattn.hf",
+                                                    "matplotlib"))]
+    assert not periphery, f"the training core imports {periphery}"
+
+
+def test_every_hook_name_of_the_config_has_an_implementation():
+    from tinyattn.config import SHOW_HOOKS
+    from tinyattn.train.hooks import IMPLEMENTATIONS, resolve_hooks
+
+    assert set(IMPLEMENTATIONS) == set(SHOW_HOOKS)
+    assert all(callable(hook) for hook in resolve_hooks(SHOW_HOOKS))
+
+
+def test_a_run_whose_config_lists_no_hook_shows_only_the_validation_loss(corpus, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    result = train(tiny_config(corpus, tmp_path, "train.show=[]", "train.max_steps=4", "train.eval_interval=4"),
+                   run_name="bare", progress=False)
+    events = EventAccumulator(str(result.run_dir), size_guidance={"tensors": 0}).Reload()
+    assert events.Tags()["images"] == []  # no attention maps, head ablation or loss-by-position plot
+    assert set(events.Tags()["tensors"]) == {"config/text_summary"}  # no sample
+    scalars = set(events.Tags()["scalars"])
+    assert "val/loss" in scalars and not [tag for tag in scalars if tag.startswith("loss_by_position")]
+    assert not (result.run_dir / "samples.txt").exists()
+
+
+def test_the_probe_text_belongs_to_the_config_that_sets_it():
+    from tinyattn.config import TrainConfig
+    from tinyattn.errors import ConfigError
+
+    assert TrainConfig().probe_text == "" and TrainConfig().show == []  # by default: none, and no hook
+    assert "ROMEO" not in load_config(ROOT / "configs" / "tinystories.yaml").train.probe_text
+    assert "ROMEO" not in load_config(ROOT / "configs" / "gpt2_small.yaml").train.probe_text
+    with pytest.raises(ConfigError, match=r"^--set: train\.show: 'attenton' is not accepted; expected a list "
+                                          r"of sample, .* \(did you mean 'attention'\?\)$"):
+        load_config(TINY, ["train.show=[sample, attenton]"])
+    with pytest.raises(ConfigError, match=r"^--set: train\.probe_text: '' is not accepted; expected a text "
+                                          r"for train\.show's attention, head_ablation$"):
+        load_config(TINY, ["train.probe_text="])
+
+
+def test_the_cores_validation_loss_equals_the_analysis_loss_by_position(tiny_model):
+    from tinyattn.analysis.evaluate import loss_by_position
+    from tinyattn.train.owners import validation_loss_by_position
+
+    model = tiny_model(seed=3)
+    tokens = np.random.default_rng(2).integers(0, 65, size=1000).astype(np.uint16)
+    core = validation_loss_by_position(model, tokens, 24, 4, 7)
+    assert core.shape == (24,) and core.dtype == np.float64
+    np.testing.assert_array_equal(core, loss_by_position(model, tokens, 24, 4, 7))
+
+
+def test_an_explicit_max_steps_wins_over_the_time_budget(corpus, tmp_path, capsys):
+    budgeted = tmp_path / "budgeted.yaml"
+    budgeted.write_text(f"extends: {TINY}\ntrain:\n  time_budget: 30s\n", encoding="utf-8")
+    code, err = run_main(["--config", str(budgeted), "--run-name", "steps", "--no-progress", "--set",
+                          *tiny_overrides(corpus, tmp_path, "train.max_steps=3", "train.eval_interval=3")], capsys)
+    assert code == 0, err
+    assert "train.max_steps=3 given with --set: the time budget 30s is off for this run" in err
+    assert "measured" not in err and "done: 3 steps" in err
+    saved = load_config(tmp_path / "steps" / "config.yaml").train
+    assert saved.max_steps == 3 and saved.time_budget is None
+    # A budget run resumed with a step count: the typed count wins over the recorded one too.
+    # (In this process, not through main(): the command line counts the process's age against the budget.)
+    train(load_config(budgeted, tiny_overrides(corpus, tmp_path, "train.eval_interval=2")), run_name="resumed",
+          stop_at_step=2, progress=False)
+    assert load_config(tmp_path / "resumed" / "config.yaml").train.max_steps > 4
+    code, err = run_main(["--resume", str(tmp_path / "resumed"), "--no-progress", "--set",
+                          f"train.out_dir={tmp_path}", "train.max_steps=4"], capsys)
+    assert code == 0, err
+    assert "the time budget 30s is off for this run" in err and "done: 4 steps" in err

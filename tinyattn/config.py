@@ -154,6 +154,13 @@ class TokenizerConfig:
             fail("tokenizer.vocab_size", t.vocab_size, "expected a positive integer")
 
 
+# train.show: what an evaluation shows beyond the validation loss, each a hook the loop calls
+# (tinyattn.train.hooks maps the names to their implementations). The two that read
+# train.probe_text need one.
+SHOW_HOOKS = ("sample", "loss_by_position", "attention", "head_ablation")
+PROBE_HOOKS = ("attention", "head_ablation")
+
+
 @dataclass
 class TrainConfig:
     """The optimization loop, evaluation, checkpoints and hardware."""
@@ -188,8 +195,9 @@ class TrainConfig:
     compile: bool = False
     peak_flops: Optional[float] = None  # for MFU; None: measured by a matmul at start-up
     out_dir: str = "checkpoints"
-    sample_tokens: int = 200  # length of the sample logged at each evaluation
-    probe_text: str = "ROMEO:\nBut soft, what light through yonder window breaks?"
+    sample_tokens: int = 200  # length of the `sample` hook's text at each evaluation
+    show: list[str] = field(default_factory=list)  # hooks each evaluation runs: SHOW_HOOKS; none by default
+    probe_text: str = ""  # the text the attention and head_ablation hooks look at (empty: none)
 
     def validate(self, fail: Fail) -> None:
         """Checks that need more than the field's type; `fail(key, value, accepted)` raises."""
@@ -230,6 +238,14 @@ class TrainConfig:
         if tr.eval_windows is not None and tr.eval_windows <= 0:
             fail("train.eval_windows", tr.eval_windows, "expected a positive integer or null (all windows)")
         check_device(tr.device, fail, "train.device")
+        for name in tr.show:
+            if name not in SHOW_HOOKS:
+                close = difflib.get_close_matches(name, SHOW_HOOKS, n=1, cutoff=0.5)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                fail("train.show", name, f"expected a list of {', '.join(SHOW_HOOKS)}{hint}")
+        probing = [name for name in tr.show if name in PROBE_HOOKS]
+        if probing and not tr.probe_text:
+            fail("train.probe_text", tr.probe_text, f"expected a text for train.show's {', '.join(probing)}")
 
 
 @dataclass

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
                 config = apply_overrides(point.config, args.overrides, origin=str(point.file))
         result = train(config, config_path=args.config, run_name=args.run_name, resume=point,
                        device=args.device, progress=not args.no_progress,
-                       stop_at_step=args.stop_at_step, elapsed_before=process_age())
+                       stop_at_step=args.stop_at_step, elapsed_before=process_age(), overrides=args.overrides)
         return 130 if result.interrupted else 0
 
     return run_command(command)

@@ -1,24 +1,29 @@
 """`train.time_budget`: a step count that makes the whole process fit the time given.
 
 `StepBudget` runs throwaway steps (they compile, if asked, and warm the caches), times the
-steps after them, one evaluation and one checkpoint write, and then puts the model,
-optimizers, scaler, random generators and sampler back as they were before the first
-step. The run then trains exactly as a run with that `max_steps` would.
+steps after them, one evaluation (with its train.show hooks) and one checkpoint write, and
+then puts the trainer back as it was before the first step, through the same
+`Trainer.state_dict`/`load_state_dict` a checkpoint goes through. The run then trains
+exactly as a run with that `max_steps` would.
+
+An explicit `--set train.max_steps=N` wins over a config's time budget: the budget is off
+for that run, and the run says so (`explicit_steps`).
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 
 from tinyattn import checkpoint as ckpt
-from tinyattn.config import parse_duration
+from tinyattn.config import Config, override_value, parse_duration
 from tinyattn.errors import TinyattnError
-from tinyattn.system.seeding import random_states, set_random_states
 from tinyattn.system.timing import synchronize
+from tinyattn.train.hooks import DISCARD
 
 if TYPE_CHECKING:
     from tinyattn.train.owners import Evaluator
@@ -56,7 +61,8 @@ class StepBudget:
         if left <= 0 and not trainer.dist.enabled:  # spent already: refuse before measuring anything
             raise TinyattnError(f"train.time_budget {self.text}: {elapsed():.0f} s are gone before training, "
                                 "all the budget leaves; no step fits. Give a larger budget or set train.max_steps")
-        snapshot = _snapshot(trainer)
+        # A copy, not the live tensors state_dict() refers to: the measuring steps move those.
+        snapshot = copy.deepcopy(trainer.state_dict())
         for _ in range(self.WARM_STEPS):
             trainer.train_step()
         synchronize(trainer.device)
@@ -70,10 +76,10 @@ class StepBudget:
         synchronize(trainer.device)
         step_seconds = (time.perf_counter() - start) / timed
         start = time.perf_counter()
-        evaluator.run(trainer.step)
+        evaluator.show(evaluator.run(trainer.step), DISCARD, run_dir=None)  # the hooks log nothing here
         eval_seconds = time.perf_counter() - start
         save_seconds = _time_a_save(trainer, run_dir)
-        _restore(trainer, snapshot)
+        trainer.load_state_dict(snapshot, Path("the time budget's snapshot"))
 
         spent = elapsed()
         available = self.seconds * (1 - self.MARGIN) - self.EXIT_SECONDS - spent
@@ -98,25 +104,6 @@ class StepBudget:
         return more
 
 
-def _snapshot(trainer: Trainer) -> dict:
-    return {"model": {k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
-            "optimizer": [o.state_dict() for o in trainer.optimizers.optimizers],
-            "scaler": trainer.scaler.state_dict(), "random_states": random_states(),
-            "sampler": trainer.batches.state_dict()}
-
-
-def _restore(trainer: Trainer, snapshot: dict) -> None:
-    trainer.model.load_state_dict(snapshot["model"])
-    for optimizer, state in zip(trainer.optimizers.optimizers, snapshot["optimizer"]):
-        optimizer.load_state_dict(state)
-        optimizer.state.clear()  # no moments before step 1
-    if snapshot["scaler"]:
-        trainer.scaler.load_state_dict(snapshot["scaler"])
-    set_random_states(snapshot["random_states"])
-    trainer.batches.load_state_dict(snapshot["sampler"])
-    trainer.step, trainer.tokens_seen = 0, 0
-
-
 def _time_a_save(trainer: Trainer, run_dir: Path) -> float:
     """Seconds to write one checkpoint of this run, measured into a file deleted after."""
     path = run_dir / f".budget_probe.rank{trainer.dist.rank}.tmp"
@@ -126,3 +113,16 @@ def _time_a_save(trainer: Trainer, run_dir: Path) -> float:
         return time.perf_counter() - start
     finally:
         path.unlink(missing_ok=True)
+
+
+def explicit_steps(config: Config, overrides: Sequence[str]) -> Optional[str]:
+    """Turn train.time_budget off when `overrides` (the --set items) give train.max_steps.
+
+    The step count the user typed wins over the budget of the config file (or of the run
+    being resumed). Returns the line the run prints about it, None when nothing changed.
+    """
+    if config.train.time_budget is None or override_value(list(overrides), "train.max_steps", None) is None:
+        return None
+    budget, config.train.time_budget = config.train.time_budget, None
+    return (f"train.max_steps={config.train.max_steps} given with --set: the time budget {budget} is off "
+            "for this run")

@@ -1,7 +1,10 @@
 """What a run shows and keeps of itself: the console lines, TensorBoard and train.log.
 
-`Logger` owns the progress bar, the plain log lines and the TensorBoard writer (curves,
-samples, attention maps, loss by position, head ablation, one HParams session per run).
+`Logger` owns the progress bar, the plain log lines and the TensorBoard writer (the loss,
+learning-rate, gradient-norm and throughput curves, the validation loss, one HParams
+session per run); at each evaluation it hands the writer to the hooks train.show lists
+(samples, loss by position, attention maps, head ablation: `tinyattn.train.hooks`).
+The learning rates logged are read from the optimizers' parameter groups.
 `RunLog` copies every line, warning and the error that ends a run into `<run>/train.log`.
 """
 
@@ -19,8 +22,7 @@ from tqdm import tqdm
 
 from tinyattn.config import Config, config_to_dict
 from tinyattn.errors import TinyattnError
-from tinyattn.system.storage import storage_errors
-from tinyattn.train.optim import learning_rate, optimizer_description
+from tinyattn.train.optim import optimizer_description
 
 if TYPE_CHECKING:
     from tinyattn.train.owners import EvalResult, Evaluator
@@ -59,8 +61,8 @@ class RunLog:
         self.caught.__enter__()
         show = warnings.showwarning
 
-        def show_and_log(message, category, filename, lineno, file=None, line=None):
-            show(message, category, filename, lineno, file, line)
+        def show_and_log(message, category, filename, lineno, *file_and_line):
+            show(message, category, filename, lineno, *file_and_line)
             RUN_LOG.warning(f"warning: {message}")
 
         warnings.showwarning = show_and_log
@@ -101,7 +103,7 @@ def hparams_of(config: Config) -> dict:
 class Logger:
     """The progress bar, the plain log lines and TensorBoard, on the main process only."""
 
-    def __init__(self, run_dir: Path, config: Config, trainer: Trainer, peak_flops: float,
+    def __init__(self, run_dir: Path, config: Config, trainer: Trainer, *, peak_flops: float,
                  enabled: bool, progress: bool):
         self.run_dir = run_dir
         self.config = config
@@ -162,12 +164,15 @@ class Logger:
         if not self.enabled:
             return
         loss = sum(losses) / len(losses)
-        lr = learning_rate(step - 1, self.config.train)
+        rates = self.trainer.optimizers.rates()  # what the last step used
+        lr = self._peak_rate(rates)
         tokens_per_second = tokens / seconds
         mfu = self.flops_per_token * tokens_per_second / self.peak_flops
         w = self.writer
         w.add_scalar("train/loss", loss, step)
         w.add_scalar("train/learning_rate", lr, step)
+        for name, rate in rates.items():
+            w.add_scalar(f"lr/{name}", rate, step)
         w.add_scalar("train/grad_norm", grad_norm.item(), step)
         w.add_scalar("train/tokens_seen", self.trainer.tokens_seen, step)
         w.add_scalar("perf/tokens_per_second", tokens_per_second, step)
@@ -180,30 +185,22 @@ class Logger:
             self.print(f"step {step}: loss {loss:.4f}, lr {lr:.2e}, {tokens_per_second:,.0f} tok/s, "
                        f"mfu {mfu:.1%}")
 
+    @staticmethod
+    def _peak_rate(rates: dict[str, float]) -> float:
+        """train/learning_rate: the rate of the norm gains' group, the one train.lr sets."""
+        gains = [rate for name, rate in rates.items() if name.endswith("/gains")]
+        return gains[0] if gains else next(iter(rates.values()))
+
     def evaluation(self, result: EvalResult, best: bool, evaluator: Evaluator) -> None:
+        """The validation loss (console, TensorBoard), then train.show's hooks with the writer."""
         if not self.enabled:
             return
-        from tinyattn.analysis.ablation import log_head_ablation_to_tensorboard
-        from tinyattn.analysis.attention_maps import log_attention_to_tensorboard
-        from tinyattn.analysis.evaluate import log_loss_by_position_to_tensorboard
-
         step = result.step
         self.writer.add_scalar("val/loss", result.val_loss, step)
         self.writer.add_scalar("hparam/best_val_loss", self.trainer.best_val_loss, step)
         self.writer.add_scalar("hparam/last_val_loss", result.val_loss, step)
         self.print(f"step {step}: validation loss {result.val_loss:.4f}{' (best)' if best else ''}")
-        if result.sample is not None:
-            with storage_errors(self.run_dir / "samples.txt"), \
-                    open(self.run_dir / "samples.txt", "a", encoding="utf-8") as f:
-                f.write(f"--- step {step} ---\n{result.sample}\n")
-            self.writer.add_text("sample", "```\n" + result.sample + "\n```", step)
-        log_loss_by_position_to_tensorboard(self.writer, result.position_losses, step)
-        if self.config.train.probe_text:
-            log_attention_to_tensorboard(self.writer, self.trainer.model, evaluator.tokenizer,
-                                         self.config.train.probe_text, step=step)
-            # Which heads the loss needs, as a layer x head grid: L * H short forwards, batched.
-            log_head_ablation_to_tensorboard(self.writer, self.trainer.model, evaluator.tokenizer,
-                                             self.config.train.probe_text, step=step)
+        evaluator.show(result, self.writer, self.run_dir)
         self.writer.flush()
 
     def close(self) -> None:

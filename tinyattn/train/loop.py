@@ -2,10 +2,12 @@
 
 `train(config, ...)` runs one training job into `<train.out_dir>/<run-name>/`; it is what
 `scripts/train.py` calls. The loop (`_loop`) reads in one screen and hands each per-step
-decision to an owner in `tinyattn.trainer` (`Trainer`, `LossWindow`, `Evaluator`,
-`Checkpointer`); `tinyattn.resume` finds what a run continues from and holds its folder,
-`tinyattn.budget` fixes the step count for `train.time_budget`, and `tinyattn.train_log`
-shows the run (console, TensorBoard, train.log).
+decision to an owner: `trainer.Trainer` steps, `owners` holds `LossWindow`, `Evaluator`
+(the validation loss) and `Checkpointer`; `resume` finds what a run continues from and
+holds its folder, `budget` fixes the step count for `train.time_budget`, and `log` shows
+the run (console, TensorBoard, train.log). What an evaluation shows beyond the validation
+loss is a hook that train.show lists (`hooks`), imported only then: importing this module
+loads no analysis, generation, plotting or Hugging Face code.
 
 What a run guarantees:
 - One process holds a run folder at a time (`run_folder.RunLock`), taken before anything
@@ -25,8 +27,9 @@ What a run guarantees:
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -35,8 +38,9 @@ from tinyattn.data.batches import prepare_data
 from tinyattn.errors import TinyattnError
 from tinyattn.system.device import measure_peak_flops, select_device, select_precision
 from tinyattn.system.distributed import Distributed, init_distributed, shutdown_distributed
-from tinyattn.train.budget import StepBudget
+from tinyattn.train.budget import StepBudget, explicit_steps
 from tinyattn.train.finetune import InitSource, adopt_model, init_source
+from tinyattn.train.hooks import resolve_hooks
 from tinyattn.train.log import Logger, RunLog
 from tinyattn.train.owners import Checkpointer, Evaluator, LossWindow, StopRequest, Timers
 from tinyattn.train.resume import ResumePoint, open_run_folder
@@ -45,10 +49,27 @@ from tinyattn.train.trainer import Trainer, TrainResult
 DEFAULT_OUT_DIR = TrainConfig.out_dir
 
 
+@dataclass
+class _Request:
+    """What `train` was asked besides the config."""
+
+    config_path: Optional[str | Path]
+    run_name: Optional[str]
+    resume: "Optional[ResumePoint | str | Path | bool]"
+    device: Optional[str]
+    progress: bool
+    stop_at_step: Optional[int]
+    started: float  # perf_counter() at the start of the time budget
+    notes: list[str]  # lines the run prints after its first one
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+
 def train(config: Config, *, config_path: Optional[str | Path] = None, run_name: Optional[str] = None,
           resume: "Optional[ResumePoint | str | Path | bool]" = None, device: Optional[str] = None,
-          progress: bool = True, stop_at_step: Optional[int] = None, elapsed_before: float = 0.0
-          ) -> TrainResult:
+          progress: bool = True, stop_at_step: Optional[int] = None, elapsed_before: float = 0.0,
+          overrides: Sequence[str] = ()) -> TrainResult:
     """Run (or resume) one training job. Returns where it went and the figures it reached.
 
     resume: a `ResumePoint`, a run folder or checkpoint file, or True (the --run-name
@@ -56,60 +77,60 @@ def train(config: Config, *, config_path: Optional[str | Path] = None, run_name:
     with a checkpoint, as Ctrl-C would, while the schedule still spans train.max_steps.
     elapsed_before: seconds already spent that count against train.time_budget (the
     command line passes the process's age, so the budget covers start-up too).
+    overrides: the --set items `config` was loaded with (already applied); a
+    train.max_steps among them wins over train.time_budget, which is then off (the run says so).
     """
+    note = explicit_steps(config, overrides)
+    request = _Request(config_path=config_path, run_name=run_name, resume=resume, device=device,
+                       progress=progress, stop_at_step=stop_at_step,
+                       started=time.perf_counter() - elapsed_before, notes=[note] if note else [])
     dist = init_distributed(device or config.train.device)
     try:
-        return _train(config, config_path, run_name, resume, device, progress, stop_at_step, dist,
-                      time.perf_counter() - elapsed_before)
+        return _train(config, request, dist)
     finally:
         shutdown_distributed(dist)
 
 
-def _train(config, config_path, run_name, resume, device_name, progress, stop_at_step,
-           dist: Distributed, started: float) -> TrainResult:
+def _train(config: Config, request: _Request, dist: Distributed) -> TrainResult:
     timers = Timers()
-    point = resume
-    if resume is not None and not isinstance(resume, ResumePoint):
-        point = ResumePoint.find(resume, run_name, config.train.out_dir)
+    point = request.resume
+    if point is not None and not isinstance(point, ResumePoint):
+        point = ResumePoint.find(point, request.run_name, config.train.out_dir)
     if point is not None:
         if config.train.init_from:  # the model and tokenizer its source gave it (not read again)
             adopt_model(config, point.config.model, point.config.tokenizer, f"{point.file} (train.init_from)")
         point.adopt(config)
     source = init_source(config) if point is None else None  # fine-tuning: train.init_from
-    device = select_device(device_name or config.train.device)  # a bad one fails before the folder is made
+    device = select_device(request.device or config.train.device)  # a bad one fails before the folder is made
     if dist.enabled and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
-    run_dir, lock = open_run_folder(config, config_path, run_name, point, dist)
+    run_dir, lock = open_run_folder(config, request.config_path, request.run_name, point, dist)
     with lock, RunLog(run_dir, enabled=dist.is_main):
-        return _train_in(run_dir, config, point, device, progress, stop_at_step, dist, started, timers, source)
+        return _train_in(run_dir, config, request, point=point, device=device, dist=dist, timers=timers,
+                         source=source)
 
 
-def _train_in(run_dir: Path, config: Config, point: Optional[ResumePoint], device: torch.device, progress,
-              stop_at_step, dist: Distributed, started: float, timers: Timers,
-              source: Optional[InitSource] = None) -> TrainResult:
-    def elapsed() -> float:
-        return time.perf_counter() - started
-
-    precision = select_precision(config.train.precision, device)
-    data = _prepare_data(config, dist, progress)
-    if point is not None:
-        point.check_tokenizer(data.tokenizer)
-    # MFU's denominator; the measurement draws from its own generator, so exact resume is unaffected.
-    peak = config.train.peak_flops or measure_peak_flops(device, precision)
-    trainer = Trainer.build(config.model, config.train, data.train, device, precision, dist)
-    evaluator = Evaluator(trainer, config, data.validation, data.tokenizer, dist)
+def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Optional[ResumePoint],
+              device: torch.device, dist: Distributed, timers: Timers,
+              source: Optional[InitSource]) -> TrainResult:
+    trainer, evaluator, data = _build(config, request, point=point, device=device, dist=dist)
     if point is not None:
         point.restore(trainer)
     elif source is not None:
         source.load_into(trainer.model)
+    stop_at_step = request.stop_at_step
     if stop_at_step is not None and stop_at_step <= trainer.step:
         raise TinyattnError(f"--stop-at-step {stop_at_step}: the run is already at step {trainer.step}; "
                             "give a later step")
-    log = Logger(run_dir, config, trainer, peak, enabled=dist.is_main, progress=progress)
+    # MFU's denominator; the measurement draws from its own generator, so exact resume is unaffected.
+    peak = config.train.peak_flops or measure_peak_flops(device, trainer.precision)
+    log = Logger(run_dir, config, trainer, peak_flops=peak, enabled=dist.is_main, progress=request.progress)
     log.announce(point)
+    for line in request.notes:
+        log.print(line)
     if point is None and config.train.time_budget is not None:
         with timers("calibration"):
-            config.train.max_steps = _budget_steps(config, trainer, evaluator, run_dir, elapsed, log)
+            config.train.max_steps = _budget_steps(trainer, evaluator, run_dir, request.elapsed, log)
 
     checkpointer = Checkpointer(run_dir, config, data.tokenizer, dist)
     if dist.is_main:  # written only now that training can start: a failed command changes nothing
@@ -118,13 +139,15 @@ def _train_in(run_dir: Path, config: Config, point: Optional[ResumePoint], devic
         save_config(config, run_dir / "config.yaml")
         data.tokenizer.save(run_dir / "tokenizer.json")
         log.start()
-    timers.seconds["start-up"] = elapsed() - timers.seconds.get("calibration", 0.0)
+    timers.seconds["start-up"] = request.elapsed() - timers.seconds.get("calibration", 0.0)
     try:
-        last_step = config.train.max_steps if stop_at_step is None else min(config.train.max_steps,
-                                                                            stop_at_step)
-        signal_name, last_val = _loop(trainer, evaluator, checkpointer, log, timers, last_step, run_dir)
+        last_step = config.train.max_steps
+        if stop_at_step is not None:
+            last_step = min(last_step, stop_at_step)
+        signal_name, last_val = _loop(trainer, evaluator, checkpointer, log, timers=timers,
+                                      last_step=last_step, run_dir=run_dir)
         result = TrainResult(run_dir, trainer.step, trainer.tokens_seen, trainer.best_val_loss, last_val,
-                             log.tokens_per_second, elapsed(), signal_name is not None,
+                             log.tokens_per_second, request.elapsed(), signal_name is not None,
                              dict(timers.seconds))
         stopped_early = signal_name or ("--stop-at-step" if trainer.step < config.train.max_steps else None)
         log.finish(result, stopped_early)
@@ -133,10 +156,24 @@ def _train_in(run_dir: Path, config: Config, point: Optional[ResumePoint], devic
         log.close()  # the TensorBoard writer and the bar, also when training fails
 
 
-def _budget_steps(config: Config, trainer: Trainer, evaluator: Evaluator, run_dir: Path,
-                  elapsed: Callable[[], float], log: "Logger") -> int:
+def _build(config: Config, request: _Request, *, point: Optional[ResumePoint], device: torch.device,
+           dist: Distributed) -> tuple[Trainer, Evaluator, object]:
+    """The data, a seeded Trainer over it and the Evaluator with train.show's hooks."""
+    precision = select_precision(config.train.precision, device)
+    data = _prepare_data(config, dist, request.progress)
+    if point is not None:
+        point.check_tokenizer(data.tokenizer)
+    trainer = Trainer.build(config.model, config.train, data.train, device=device, precision=precision,
+                            dist=dist)
+    hooks = resolve_hooks(config.train.show) if dist.is_main else ()
+    evaluator = Evaluator(trainer, config, data.validation, data.tokenizer, dist=dist, hooks=hooks)
+    return trainer, evaluator, data
+
+
+def _budget_steps(trainer: Trainer, evaluator: Evaluator, run_dir: Path, elapsed: Callable[[], float],
+                  log: "Logger") -> int:
     """train.max_steps for the time budget, the same on every rank; says how it was chosen."""
-    steps, why = StepBudget(config.train.time_budget).fix_steps(trainer, evaluator, run_dir, elapsed)
+    steps, why = StepBudget(trainer.config.time_budget).fix_steps(trainer, evaluator, run_dir, elapsed)
     if trainer.dist.enabled:
         chosen = [steps]
         torch.distributed.broadcast_object_list(chosen, src=0)  # rank 0's measurement decides
@@ -160,7 +197,7 @@ def _prepare_data(config: Config, dist: Distributed, progress: bool):
     return data
 
 
-def _loop(trainer: Trainer, evaluator: Evaluator, checkpointer: Checkpointer, log: "Logger",
+def _loop(trainer: Trainer, evaluator: Evaluator, checkpointer: Checkpointer, log: "Logger", *,
           timers: Timers, last_step: int, run_dir: Path) -> tuple[Optional[str], float]:
     """Step until last_step or a stop signal; returns (the signal's name or None, last val loss)."""
     window = LossWindow(trainer.config.log_interval, trainer.device)

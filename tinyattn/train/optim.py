@@ -104,7 +104,7 @@ class Muon(torch.optim.Optimizer):
     in torch.optim.Muon). Weight decay is decoupled, as in AdamW.
     """
 
-    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.95, nesterov: bool = True,
+    def __init__(self, params, *, lr: float = 1e-3, momentum: float = 0.95, nesterov: bool = True,
                  weight_decay: float = 0.0, ns_steps: int = 5, ns_dtype: torch.dtype = torch.float32):
         super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov,
                                       weight_decay=weight_decay, ns_steps=ns_steps))
@@ -163,7 +163,17 @@ class Optimizers:
             raise ValueError(f"the checkpoint holds {len(states)} optimizer state(s), this run has "
                              f"{len(self.optimizers)} (was train.optimizer changed?)")
         for optimizer, state in zip(self.optimizers, states):
+            names = [group.get("name") for group in optimizer.param_groups]
             optimizer.load_state_dict(state)
+            for group, name in zip(optimizer.param_groups, names):  # an older checkpoint's groups have none
+                if name is not None:
+                    group.setdefault("name", name)
+
+    def rates(self) -> dict[str, float]:
+        """The rate each parameter group steps with now, by '<optimizer>/<group>' (e.g.
+        'muon/matrices', 'adamw/embedding'): read from the optimizers, not recomputed."""
+        return {f"{type(optimizer).__name__.lower()}/{group.get('name', f'group{i}')}": group["lr"]
+                for optimizer in self.optimizers for i, group in enumerate(optimizer.param_groups)}
 
 
 def parameter_groups(model: nn.Module, config: TrainConfig) -> dict[str, list[nn.Parameter]]:
@@ -214,17 +224,17 @@ def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device,
         return torch.optim.AdamW(param_groups, lr=config.lr, betas=betas, fused=fused,
                                  foreach=None if fused else True)
 
-    adamw_groups = [
-        {"params": groups["embedding"], "lr": embedding_lr, "weight_decay": 0.0},
-        {"params": groups["head"], "lr": head_lr, "weight_decay": config.weight_decay},
-        {"params": groups["gains"], "lr": config.lr, "weight_decay": 0.0},
+    adamw_groups = [  # "name" labels each group's logged rate (Optimizers.rates)
+        {"name": "embedding", "params": groups["embedding"], "lr": embedding_lr, "weight_decay": 0.0},
+        {"name": "head", "params": groups["head"], "lr": head_lr, "weight_decay": config.weight_decay},
+        {"name": "gains", "params": groups["gains"], "lr": config.lr, "weight_decay": 0.0},
     ]
     if config.optimizer == "adamw":
-        adamw_groups.append({"params": groups["matrices"], "lr": config.lr,
+        adamw_groups.append({"name": "matrices", "params": groups["matrices"], "lr": config.lr,
                              "weight_decay": config.weight_decay})
         return Optimizers([adamw(adamw_groups)])
     muon_lr = config.muon_lr or config.lr
-    muon = Muon([{"params": groups["matrices"], "lr": muon_lr, "base_lr": muon_lr}],
+    muon = Muon([{"name": "matrices", "params": groups["matrices"], "lr": muon_lr, "base_lr": muon_lr}],
                 momentum=config.muon_momentum, weight_decay=config.weight_decay,
                 ns_steps=config.muon_ns_steps, ns_dtype=ns_dtype)
     return Optimizers([adamw(adamw_groups), muon])

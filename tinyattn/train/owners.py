@@ -1,4 +1,14 @@
-"""The small owners the training loop hands each decision to."""
+"""The small owners the training loop hands each decision to.
+
+- `LossWindow`: losses stay on the device and are read once per log interval (one host
+  sync), checked for NaN/inf there, and turned into throughput.
+- `Evaluator`: the validation loss (by position), then the hooks `train.show` lists (a
+  sample, loss by position, attention maps, head ablation: `tinyattn.train.hooks`).
+- `Checkpointer`: step checkpoints, pruning, `best.pt` (replaced only by a lower loss).
+- `Timers`, `StopRequest`: where the wall time went; Ctrl-C/SIGTERM as a flag.
+
+`Trainer` (`tinyattn.train.trainer`) owns the step; `tinyattn.train.loop` runs the loop over them.
+"""
 
 
 from __future__ import annotations
@@ -13,12 +23,15 @@ from typing import Optional
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from tinyattn import checkpoint as ckpt
-from tinyattn.analysis.evaluate import loss_by_position
 from tinyattn.config import Config, config_to_dict
+from tinyattn.data.batches import eval_batches
+from tinyattn.model.transformer import evaluation_mode
 from tinyattn.system.distributed import Distributed
 from tinyattn.system.timing import synchronize
+from tinyattn.train.hooks import Hook, Shown
 from tinyattn.train.trainer import Trainer, TrainingError
 
 # ----------------------------------------------------------------------------- the owners
@@ -62,11 +75,29 @@ class LossWindow:
         self.started = time.perf_counter()
 
 
+def validation_loss_by_position(model, tokens: np.ndarray, context_length: int, batch_size: int,
+                                max_windows: Optional[int]) -> np.ndarray:
+    """The mean loss (nats) at each position over `data.eval_batches`'s windows: (T,) float64.
+
+    The same windows every call, so the same model always gets the same loss; its mean is
+    the validation loss. The arithmetic is `analysis.evaluate.loss_by_position`'s (a test
+    holds them equal): logits in fp32, per-target cross-entropy summed in float64.
+    """
+    device = next(model.parameters()).device
+    sums, count = torch.zeros(context_length, dtype=torch.float64), 0  # (T,)
+    with evaluation_mode(model), torch.no_grad():
+        for x, y in eval_batches(np.asarray(tokens), context_length, batch_size, max_windows):
+            logits = model(x.to(device)).logits  # (B, T, V)
+            losses = F.cross_entropy(logits.float().transpose(1, 2), y.to(device), reduction="none")  # (B, T)
+            sums += losses.double().sum(0).cpu()
+            count += x.size(0)
+    return sums.numpy() / count
+
+
 @dataclass
 class EvalResult:
     step: int
     position_losses: np.ndarray  # (context_length,): validation loss at each position
-    sample: Optional[str]
 
     @property
     def val_loss(self) -> float:
@@ -74,16 +105,17 @@ class EvalResult:
 
 
 class Evaluator:
-    """At every eval_interval and the last step: validation loss by position and a sample;
-    logged with the attention maps of a fixed probe text."""
+    """At every eval_interval and the last step: the validation loss by position (`run`), then
+    on the main process the hooks train.show lists (`show`)."""
 
-    def __init__(self, trainer: Trainer, config: Config, validation: np.ndarray, tokenizer,
-                 dist: Distributed = Distributed()):
+    def __init__(self, trainer: Trainer, config: Config, validation: np.ndarray, tokenizer, *,
+                 dist: Distributed = Distributed(), hooks: tuple[Hook, ...] = ()):
         self.trainer = trainer
         self.config = config
         self.validation = validation
         self.tokenizer = tokenizer
         self.dist = dist
+        self.hooks = tuple(hooks)
 
     def due(self, step: int, last_step: int) -> bool:
         return step % self.config.train.eval_interval == 0 or step == last_step
@@ -92,20 +124,19 @@ class Evaluator:
         t, tc = self.trainer, self.config.train
         # The plain module: a compiled one would compile a second graph for evaluation.
         with t.precision.autocast(t.device):
-            losses = loss_by_position(t.model, self.validation, self.config.model.context_length,
-                                      tc.batch_size, tc.eval_windows)
-        return EvalResult(step, losses, self.sample() if self.dist.is_main else None)
+            losses = validation_loss_by_position(t.model, self.validation, self.config.model.context_length,
+                                                 tc.batch_size, tc.eval_windows)
+        return EvalResult(step, losses)
 
-    def sample(self) -> Optional[str]:
-        from tinyattn.generate.text import generate
-
-        t, s, tc = self.trainer, self.config.sample, self.config.train
-        if tc.sample_tokens == 0:
-            return None
-        generator = torch.Generator(device=t.device).manual_seed(tc.seed)
-        return "".join(generate(t.model, self.tokenizer, s.prompt, max_new_tokens=tc.sample_tokens,
-                                temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                                generator=generator))
+    def show(self, result: EvalResult, writer, run_dir: Optional[Path]) -> None:
+        """Run the hooks (main process only) with `writer` (TensorBoard, or hooks.DISCARD)."""
+        if not self.dist.is_main or not self.hooks:
+            return
+        shown = Shown(step=result.step, model=self.trainer.model, tokenizer=self.tokenizer,
+                      config=self.config, position_losses=result.position_losses, writer=writer,
+                      run_dir=run_dir)
+        for hook in self.hooks:
+            hook(shown)
 
 
 class Checkpointer:

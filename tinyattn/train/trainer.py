@@ -1,4 +1,15 @@
-"""The training step: the model, its optimizers, the batches and the counters."""
+"""The training step: the model, its optimizers, the batches and the counters.
+
+- `Trainer`: the model, optimizers, batches and counters of one run; `train_step()` is one
+  update (gradient accumulation, loss scaling, clipping to train.grad_clip, the learning
+  rate of the schedule set on every group first). `state_dict`/`load_state_dict` are what
+  a checkpoint holds of it, and what the time budget puts back after measuring.
+- `TrainResult`: where a run went and the figures it reached.
+
+The small owners the loop hands each other decision to are in `tinyattn.train.owners`
+(`LossWindow`, `Evaluator`, `Checkpointer`, `Timers`, `StopRequest`); `tinyattn.train.loop`
+runs the loop over them.
+"""
 
 
 from __future__ import annotations
@@ -50,7 +61,7 @@ class Trainer:
     """
 
     def __init__(self, model: LanguageModel, optimizers: Optimizers, batches: BatchSampler,
-                 config: TrainConfig, device: torch.device, precision: Precision,
+                 config: TrainConfig, *, device: torch.device, precision: Precision,
                  dist: Distributed = Distributed()):
         self.model = model
         self.optimizers = optimizers
@@ -73,7 +84,7 @@ class Trainer:
                                 * config.grad_accum_steps * dist.world_size)
 
     @classmethod
-    def build(cls, model_config, train_config: TrainConfig, train_tokens: np.ndarray,
+    def build(cls, model_config, train_config: TrainConfig, train_tokens: np.ndarray, *,
               device: torch.device, precision: Precision, dist: Distributed = Distributed()) -> "Trainer":
         """A seeded model, its optimizers and a batch sampler over `train_tokens`."""
         seed_everything(train_config.seed)
@@ -82,7 +93,7 @@ class Trainer:
         optimizers = build_optimizer(model, train_config, device, ns_dtype_for(precision.autocast_dtype))
         batches = BatchSampler(train_tokens, train_config.batch_size, model_config.context_length,
                                seed=train_config.seed, rank=dist.rank, world_size=dist.world_size)
-        return cls(model, optimizers, batches, train_config, device, precision, dist)
+        return cls(model, optimizers, batches, train_config, device=device, precision=precision, dist=dist)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = self.batches.next_batch()
