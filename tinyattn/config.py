@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 import yaml
 
 from tinyattn.errors import ConfigError
-from tinyattn.system.device import PRECISIONS, check_device
+from tinyattn.system.choices import PRECISIONS, check_device
 from tinyattn.system.storage import atomic_write, read_text
 
 Fail = Callable[[str, Any, str], None]  # fail(dotted key, bad value, what is accepted) raises

@@ -6,11 +6,10 @@ import argparse
 
 from tinyattn.cli import run_command
 from tinyattn.cli.options import add_checkpoint, command_parser
+from tinyattn.system.choices import EXPORT_PRECISIONS
 
 
 def parser() -> argparse.ArgumentParser:
-    from tinyattn.hf.convert import DTYPES
-
     p = command_parser(
         "export",
         "Write a checkpoint as a Hugging Face model folder (LlamaForCausalLM): config.json, "
@@ -21,7 +20,7 @@ def parser() -> argparse.ArgumentParser:
         "example: tinyattn export --checkpoint checkpoints/<run> --out exported/<name>")
     add_checkpoint(p)
     p.add_argument("--out", required=True, metavar="DIR", help="the folder to write (new or empty)")
-    p.add_argument("--dtype", choices=list(DTYPES), default="fp32",
+    p.add_argument("--dtype", choices=EXPORT_PRECISIONS, default="fp32",
                    help="the weights' dtype in the folder (default: fp32, the dtype tinyattn trains its "
                         "weights in)")
     p.add_argument("--force", action="store_true", help="replace an earlier export in --out")

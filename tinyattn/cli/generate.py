@@ -56,7 +56,7 @@ examples:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tinyattn.system.device import PRECISIONS
+    from tinyattn.system.choices import PRECISIONS
 
     parser = command_parser("generate", DESCRIPTION, EPILOG,
                             formatter_class=argparse.RawDescriptionHelpFormatter)

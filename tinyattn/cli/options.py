@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from tinyattn.config import ATTENTION_PATHS
-from tinyattn.system.device import DEVICE_NAMES
+from tinyattn.system.choices import DEVICE_NAMES
 
 CHECKPOINT_HELP = ("a run folder (its best.pt, else its latest step), a checkpoint file or a Hugging Face "
                    "Llama folder (config.json, safetensors, tokenizer.json); default: the best checkpoint "

@@ -37,12 +37,14 @@ import torch
 
 from tinyattn.config import ModelConfig
 from tinyattn.errors import CheckpointError, TinyattnError
+from tinyattn.system.choices import EXPORT_PRECISIONS
+from tinyattn.system.device import DTYPES as DEVICE_DTYPES
 
 INSTALL_HINT = 'pip install -e ".[hf]"'
 ARCHITECTURE = "LlamaForCausalLM"
 QK_NORM_ARCHITECTURE = "Qwen3ForCausalLM"  # Llama + QK-norm
 MODEL_TYPES = {ARCHITECTURE: "llama", QK_NORM_ARCHITECTURE: "qwen3"}
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {name: DEVICE_DTYPES[name] for name in EXPORT_PRECISIONS}
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
 

@@ -1,9 +1,8 @@
 """Where and how the computation runs: the device, the precision, the device's peak speed.
 
 Nothing here runs at import time; the training loop and the tools call these functions
-explicitly. The names a user may give are written once, here: `DEVICE_NAMES` (every
-`--device` and `train.device`, checked by `check_device`) and `PRECISIONS` (`train.precision`
-and generate's `--dtype`). The precision rule: `auto` uses bf16 autocast on CUDA devices that
+explicitly. The names a user may give are written once, in `tinyattn.system.choices`
+(torch-free, so config and --help never wait for torch). The precision rule: `auto` uses bf16 autocast on CUDA devices that
 support it (fp16 with a gradient scaler on older ones), bf16 autocast on a CPU whose bf16
 matmuls are fast (`tinyattn.system.cpu.cpu_bf16_is_fast`), and fp32 everywhere else. Seeds
 and random states are in `tinyattn.system.seeding`, the process group in
@@ -13,28 +12,17 @@ and random states are in `tinyattn.system.seeding`, the process group in
 from __future__ import annotations
 
 import contextlib
-import re
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Optional
 
 import torch
 
 from tinyattn.errors import ConfigError
+from tinyattn.system.choices import PRECISION_NAMES, PRECISIONS, check_device
 from tinyattn.system.cpu import cpu_bf16_is_fast
 from tinyattn.system.timing import call_times, seconds_of
 
-DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
-DEVICE_NAMES = "auto, cpu, cuda, cuda:N or mps"  # what DEVICE_PATTERN accepts, as help and errors say it
-
-
-def check_device(name: str, fail: Callable[[str, Any, str], None], key: str = "device") -> None:
-    """The one rule for device names, train.device and every --device: fail(key, name, accepted)."""
-    if not isinstance(name, str) or not DEVICE_PATTERN.match(name):
-        fail(key, name, f"expected {DEVICE_NAMES}")
-
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-PRECISIONS = ("auto", *DTYPES)  # train.precision and generate --dtype; auto: select_precision chooses
+DTYPES = dict(zip(PRECISION_NAMES, (torch.float32, torch.bfloat16, torch.float16)))
 
 
 def select_device(name: str = "auto") -> torch.device:
