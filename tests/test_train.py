@@ -823,3 +823,19 @@ def test_an_explicit_max_steps_wins_over_the_time_budget(corpus, tmp_path, capsy
                           f"train.out_dir={tmp_path}", "train.max_steps=4"], capsys)
     assert code == 0, err
     assert "the time budget 30s is off for this run" in err and "done: 4 steps" in err
+
+
+@pytest.mark.parametrize("probe_text, shown", [
+    ("ROMEO: ", ["sample", "loss_by_position", "attention", "head_ablation"]),
+    ("", ["sample", "loss_by_position"]),
+])
+def test_a_checkpoint_saved_before_train_show_goes_on_showing_what_it_showed(tmp_path, probe_text, shown):
+    from tinyattn.config import config_to_dict
+
+    saved = config_to_dict(load_config("configs/tiny.yaml"))
+    saved["train"]["probe_text"] = probe_text
+    del saved["train"]["show"]  # as written by tinyattn before train.show
+    config = ckpt.config_from_checkpoint({"config": saved}, tmp_path / "old.pt")
+    assert config.train.show == shown
+    saved["train"]["show"] = []  # a run that chose to show nothing keeps its choice
+    assert ckpt.config_from_checkpoint({"config": saved}, tmp_path / "new.pt").train.show == []

@@ -203,9 +203,20 @@ class LoadedModel:
 
 def config_from_checkpoint(state: dict, path: Path) -> Config:
     try:
-        return config_from_dict(state["config"], default_origin=f"{path} (saved config)")
+        return config_from_dict(_with_show(state["config"]), default_origin=f"{path} (saved config)")
     except (ConfigError, KeyError) as e:
         raise CheckpointError(f"{path}: its saved config cannot be used: {e}") from None
+
+
+def _with_show(saved: dict) -> dict:
+    """A config saved before `train.show` existed, with what such a run showed at each evaluation:
+    a sample and the loss by position always, the probe text's attention and head ablation when it
+    had one. A resumed older run goes on showing what it showed."""
+    train = saved.get("train") if isinstance(saved, dict) else None
+    if not isinstance(train, dict) or "show" in train:
+        return saved
+    shown = ["sample", "loss_by_position"] + (["attention", "head_ablation"] if train.get("probe_text") else [])
+    return {**saved, "train": {**train, "show": shown}}
 
 
 def load_weights(model: LanguageModel, state: dict, path: Path) -> None:
