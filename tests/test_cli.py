@@ -18,7 +18,8 @@ from tinyattn.hf.convert import DTYPES as EXPORT_DTYPES
 from tinyattn.system.choices import DEVICE_NAMES, EXPORT_PRECISIONS, PRECISIONS
 
 ROOT = Path(__file__).resolve().parents[1]
-NAMES = ["train", "generate", "eval", "attention", "export"]
+NAMES = ["train", "generate", "eval", "attention", "export", "lab"]
+SCRIPTED = NAMES[:5]  # the commands older than `tinyattn`: a scripts/ launcher and a tinyattn-* alias each
 
 
 def parser_of(name: str) -> argparse.ArgumentParser:
@@ -44,7 +45,7 @@ def recorded_mains(monkeypatch):
     return calls
 
 
-def test_the_subcommands_are_the_five_commands():
+def test_the_subcommands_are_the_six_commands():
     assert list(SUBCOMMANDS) == NAMES
 
 
@@ -60,7 +61,7 @@ def test_an_unknown_subcommand_is_one_line_naming_every_subcommand(recorded_main
     out, err = capsys.readouterr()
     assert out == "" and recorded_mains == []
     assert err == ("error: unknown subcommand 'trian'; expected one of train, generate, eval, attention, "
-                   "export\n")
+                   "export, lab\n")
 
 
 def test_no_subcommand_prints_the_usage_and_help_lists_every_subcommand(recorded_mains, capsys):
@@ -78,7 +79,7 @@ def test_python_dash_m_tinyattn_is_the_command():
     assert result.stderr == f"error: unknown subcommand 'nope'; expected one of {', '.join(NAMES)}\n"
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", SCRIPTED)
 def test_the_script_launches_the_subcommands_main(recorded_mains, name):
     with pytest.raises(SystemExit) as exit:
         runpy.run_path(str(ROOT / "scripts" / f"{name}.py"), run_name="__main__")
@@ -89,7 +90,7 @@ def test_the_console_scripts_are_the_command_and_the_old_names_as_aliases():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
     assert scripts.pop("tinyattn") == "tinyattn.cli.main:main"
-    assert scripts == {f"tinyattn-{name}": f"tinyattn.cli.{name}:main" for name in NAMES}
+    assert scripts == {f"tinyattn-{name}": f"tinyattn.cli.{name}:main" for name in SCRIPTED}
 
 
 # ----------------------------------------------------------------------------- shared options
@@ -101,14 +102,14 @@ def test_each_subcommands_usage_names_it(name):
 
 
 def test_every_device_option_has_one_help_naming_what_check_device_accepts():
-    helps = {name: option(parser_of(name), "--device").help for name in NAMES if name != "export"}
+    helps = {name: option(parser_of(name), "--device").help for name in SCRIPTED if name != "export"}
     assert helps.pop("train") == f"overrides train.device: {DEVICE_NAMES}"
     assert set(helps.values()) == {f"{DEVICE_NAMES} (default: auto)"}
     assert DEVICE_NAMES == "auto, cpu, cuda, cuda:N or mps"
 
 
 def test_every_checkpoint_option_is_the_same_helper():
-    helps = {name: option(parser_of(name), "--checkpoint").help for name in NAMES if name != "train"}
+    helps = {name: option(parser_of(name), "--checkpoint").help for name in SCRIPTED if name != "train"}
     assert helps.pop("generate").endswith("the most recent run under --out-dir")
     assert len(set(helps.values())) == 1 and "Hugging Face Llama folder" in helps["eval"]
 

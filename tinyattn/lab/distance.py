@@ -1,0 +1,15 @@
+"""Placeholder: the `distance` experiment of `tinyattn lab` (being written)."""
+
+from __future__ import annotations
+
+import argparse
+
+from tinyattn.errors import TinyattnError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+def run(args: argparse.Namespace) -> int:
+    raise TinyattnError("tinyattn lab distance is not written yet")
