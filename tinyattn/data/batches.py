@@ -80,7 +80,7 @@ class BatchSampler:
     nothing and keeps sampling O(batch) instead of O(corpus).
     """
 
-    def __init__(self, tokens: np.ndarray, batch_size: int, context_length: int, seed: int,
+    def __init__(self, tokens: np.ndarray, batch_size: int, context_length: int, *, seed: int,
                  rank: int = 0, world_size: int = 1):
         if len(tokens) < context_length + 1:
             raise DataError(f"{len(tokens)} tokens cannot fill one window of model.context_length + 1 = "
