@@ -334,3 +334,16 @@ def test_cli_bad_input_is_one_line_and_exit_status_2(run_dir, args, message, cap
     assert stderr.startswith("error: ") and message in stderr
     assert len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr
     assert not (run_dir / "unused").exists()
+
+
+def test_cli_without_text_on_a_run_without_a_probe_text_says_to_give_one(run_dir, tmp_path, capsys):
+    from tinyattn import checkpoint as ckpt
+
+    state = ckpt.load_checkpoint(run_dir / "best.pt")
+    state["config"]["train"].update(probe_text="", show=["sample"])  # a run that sets no probe text
+    ckpt.save_checkpoint({k: v for k, v in state.items() if k not in ("format", "format_version")},
+                         tmp_path / "no_probe.pt")
+    status, _, stderr = run_cli(capsys, "--checkpoint", str(tmp_path / "no_probe.pt"), "--device", "cpu")
+    assert status == 2
+    assert stderr == (f"error: {tmp_path / 'no_probe.pt'}: its run sets no train.probe_text, so there is no "
+                      "text to look at: give one with --text \"...\"\n")

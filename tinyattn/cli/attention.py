@@ -68,6 +68,9 @@ def command(args: argparse.Namespace) -> int:
     _check_index("--layer", args.layer, model_config.n_layer, "layers")
     _check_index("--head", args.head, model_config.n_head, "heads")
     text = loaded.config.train.probe_text if args.text is None else args.text
+    if args.text is None and not text:
+        raise TinyattnError(f"{loaded.path}: its run sets no train.probe_text, so there is no text to "
+                            "look at: give one with --text \"...\"")
     if args.relevance or args.html:
         return _relevance_and_explorer(args, loaded, text)
     return _heatmaps(args, loaded, text)
