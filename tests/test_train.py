@@ -839,3 +839,19 @@ def test_a_checkpoint_saved_before_train_show_goes_on_showing_what_it_showed(tmp
     assert config.train.show == shown
     saved["train"]["show"] = []  # a run that chose to show nothing keeps its choice
     assert ckpt.config_from_checkpoint({"config": saved}, tmp_path / "new.pt").train.show == []
+
+
+def test_a_resume_steps_at_the_peak_rate_of_its_own_config_not_the_checkpoints():
+    """A fork with --set train.lr=... must train at that rate: loading the optimizer state
+    keeps the moments and step counts, not the saved run's rates."""
+    saved = tiny_trainer(None, lr=2e-3, warmup_steps=0, max_steps=10, schedule="constant")
+    saved.train_step()
+    resumed = tiny_trainer(None, lr=5e-3, warmup_steps=0, max_steps=10, schedule="constant")
+    resumed.load_state_dict(saved.state_dict(), Path("saved.pt"))
+    used = []
+    for optimizer in resumed.optimizers.optimizers:
+        optimizer.register_step_pre_hook(lambda opt, args, kwargs: used.extend(g["lr"] for g in opt.param_groups))
+    resumed.train_step()
+    assert used and all(rate == pytest.approx(5e-3) for rate in used)
+    state = resumed.optimizers.optimizers[0].state_dict()["state"]
+    assert all(int(s["step"]) == 2 for s in state.values())  # the moments came from the checkpoint

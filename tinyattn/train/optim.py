@@ -163,10 +163,14 @@ class Optimizers:
             raise ValueError(f"the checkpoint holds {len(states)} optimizer state(s), this run has "
                              f"{len(self.optimizers)} (was train.optimizer changed?)")
         for optimizer, state in zip(self.optimizers, states):
-            names = [group.get("name") for group in optimizer.param_groups]
+            # torch puts back the saved groups' hyperparameters too; the peak rates are this run's
+            # config's (a fork with --set train.lr=... trains at the rate it names), the step
+            # counts and moments the checkpoint's. Under the same config both are the same.
+            kept = [(group.get("name"), group["base_lr"]) for group in optimizer.param_groups]
             optimizer.load_state_dict(state)
-            for group, name in zip(optimizer.param_groups, names):  # an older checkpoint's groups have none
-                if name is not None:
+            for group, (name, base_lr) in zip(optimizer.param_groups, kept):
+                group["base_lr"] = base_lr
+                if name is not None:  # an older checkpoint's groups have none
                     group.setdefault("name", name)
 
     def rates(self) -> dict[str, float]:
