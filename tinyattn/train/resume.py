@@ -9,6 +9,7 @@ picks the folder and holds it (`run_folder.RunLock`) before anything is written 
 
 from __future__ import annotations
 
+import json
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +19,10 @@ import torch
 
 from tinyattn import checkpoint as ckpt
 from tinyattn.config import Config, config_to_dict
+from tinyattn.data.token_cache import data_differences
 from tinyattn.errors import CheckpointError
 from tinyattn.system.distributed import Distributed
+from tinyattn.system.storage import atomic_write
 from tinyattn.train.run_folder import RunLock, unique_run_dir
 
 if TYPE_CHECKING:
@@ -121,6 +124,26 @@ class ResumePoint:
         if config.train.time_budget is not None and self.config.train.time_budget is not None:
             config.train.max_steps = self.config.train.max_steps
 
+    def check_data(self, fingerprint: dict, *, allow_change: bool) -> Optional[str]:
+        """Refuse to continue on data other than what the checkpoint trained on, naming what
+        changed, unless `allow_change` (--allow-data-change); returns the line the run logs."""
+        saved = self.state.get("data")
+        if saved is None:
+            return (f"note: {self.file} records no data fingerprint (saved by an older tinyattn): "
+                    "whether the data changed since cannot be checked")
+        changes = data_differences(saved, fingerprint)
+        if not changes:
+            return None
+        what = "; ".join(changes)
+        if not allow_change:
+            raise CheckpointError(
+                f"{self.file}: the data differs from what the run trained on: {what}; resuming would go "
+                "on with other tokens and validate on another split: restore the data, or resume anyway "
+                "with --allow-data-change")
+        return (f"warning: --allow-data-change: the data differs from what the run trained on up to step "
+                f"{self.step}: {what}; validation losses before and after step {self.step} (best.pt's "
+                "included) are not comparable")
+
     def check_tokenizer(self, tokenizer) -> None:
         if self.state.get("tokenizer") != tokenizer.to_json():
             raise CheckpointError(f"{self.file}: its tokenizer differs from the one the data now "
@@ -130,6 +153,14 @@ class ResumePoint:
     def restore(self, trainer: Trainer) -> None:
         trainer.load_state_dict(self.state, self.file)
         self.state = {}  # the tensors are in the trainer now; free the copy
+
+
+DATA_FILE = "data.json"  # in the run folder: what the run (last) trained on, as checkpoints record it
+
+
+def save_data_fingerprint(fingerprint: dict, run_dir: Path) -> None:
+    with atomic_write(run_dir / DATA_FILE) as f:
+        f.write(json.dumps(fingerprint, indent=2).encode("utf-8"))
 
 
 def open_run_folder(config: Config, config_path, run_name: Optional[str], point: Optional[ResumePoint],
