@@ -153,5 +153,6 @@ def test_a_key_given_twice_in_yaml_is_refused_naming_the_key_and_line(tmp_path, 
 
 def test_yaml_merge_keys_are_not_taken_for_duplicates(tmp_path):
     path = write(tmp_path / "merge.yaml", "model: &m\n  n_layer: 3\ntrain:\n  lr: 0.01\n"
-                                          "sample:\n  <<: {temperature: 0.5}\n  top_p: 0.9\ndata:\n  files: a.txt\n")
+                                          "sample:\n  <<: {temperature: 0.5}\n  top_p: 0.9\n"
+                                          "data:\n  files: a.txt\n")
     assert load_config(path).sample.temperature == 0.5

@@ -68,7 +68,8 @@ def test_a_run_records_the_data_it_trained_on(corpus, tmp_path):
     result = train(tiny(corpus, tmp_path), run_name="rec", progress=False)
     fingerprint = json.loads((result.run_dir / "data.json").read_text(encoding="utf-8"))
     digest = hashlib.blake2b(corpus.read_bytes()).hexdigest()
-    assert fingerprint["inputs"]["source"]["files"] == [[str(corpus.resolve()), corpus.stat().st_size, digest]]
+    source_files = fingerprint["inputs"]["source"]["files"]
+    assert source_files == [[str(corpus.resolve()), corpus.stat().st_size, digest]]
     assert ckpt.load_checkpoint(result.run_dir / "best.pt")["data"] == fingerprint
     assert fingerprint["train"]["tokens"] > fingerprint["validation"]["tokens"] > 0
 

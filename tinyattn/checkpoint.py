@@ -4,8 +4,8 @@ A checkpoint is one `torch.save` file holding plain data only (tensors, numbers,
 strings, lists, dicts): the model's weights, optimizer and scaler state, counters,
 random-generator and batch-sampler states, the resolved config as a dict, the
 tokenizer as its JSON text, and under "data" what the run trained on
-(`tinyattn.data.token_cache.data_fingerprint`; absent in checkpoints of older versions). It is loaded with `torch.load(weights_only=True)`, so a
-checkpoint file can never run code.
+(`tinyattn.data.token_cache.data_fingerprint`; absent in checkpoints of older versions).
+It is loaded with `torch.load(weights_only=True)`, so a checkpoint file can never run code.
 
 Writing is atomic: the bytes go to a temporary file in the same folder, are flushed
 and fsynced, and the file is renamed over its final name. A process killed at any

@@ -422,8 +422,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 except TypeError:
                     continue  # an unhashable key: SafeLoader's own error names it
                 if line != key_node.start_mark.line + 1:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key!r} (first given at line {line})", key_node.start_mark)
+                    problem = f"duplicate key {key!r} (first given at line {line})"
+                    raise yaml.constructor.ConstructorError(None, None, problem, key_node.start_mark)
         return super().construct_mapping(node, deep=deep)
 
 

@@ -129,6 +129,7 @@ def _say_whether_data_changed(loaded, fingerprint: dict, split: str) -> None:
         return
     changes = data_differences(loaded.data, fingerprint)
     if changes:
-        used, also = ("validated", " and may count text it trained on") if split == "validation" else ("trained", "")
+        validation = split == "validation"
+        used, also = ("validated", " and may count text it trained on") if validation else ("trained", "")
         print(f"warning: the {split} split is not the one {loaded.path} was {used} on: the data changed "
               f"({'; '.join(changes)}); this loss is not comparable with the run's{also}", file=sys.stderr)
