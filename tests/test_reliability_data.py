@@ -103,3 +103,40 @@ def test_eval_of_the_validation_split_says_when_the_data_changed(corpus, tmp_pat
     assert eval_main(["--checkpoint", str(tmp_path / "run"), "--no-plot", "--split", "validation"]) == 0
     err = capsys.readouterr().err
     assert "warning: the validation split is not the one" in err and f"{corpus.resolve()} changed" in err
+
+
+# ----------------------------------------------------------------------------- config.yaml edited before a resume
+
+
+def edit_run_config(run: Path, old: str, new: str) -> str:
+    path = run / "config.yaml"
+    text = path.read_text(encoding="utf-8")
+    assert old in text
+    edited = "# my edit\n" + text.replace(old, new)
+    path.write_text(edited, encoding="utf-8")
+    return edited
+
+
+def test_an_edited_config_yaml_applies_on_resume_and_the_users_text_is_kept(corpus, tmp_path, capsys):
+    train(tiny(corpus, tmp_path), run_name="run", stop_at_step=2, progress=False)
+    run = tmp_path / "run"
+    edited = edit_run_config(run, "  lr: 0.002\n", "  lr: 0.001\n")
+    code = train_main(["--resume", str(run), "--no-progress", "--set", f"train.out_dir={tmp_path}"])
+    assert code == 0, capsys.readouterr().err
+    assert load_config(run / "config.yaml").train.lr == 0.001
+    assert ckpt.load_checkpoint(run / ckpt.step_filename(4))["config"]["train"]["lr"] == 0.001
+    log = (run / "train.log").read_text(encoding="utf-8")
+    assert f"{run / 'config.yaml'}: your edits apply from step 2: train.lr 0.002 -> 0.001" in log
+    assert (run / "config.edited-step2.yaml").read_text(encoding="utf-8") == edited
+
+
+def test_an_edit_of_the_model_size_in_config_yaml_is_refused_naming_the_key(corpus, tmp_path, capsys):
+    train(tiny(corpus, tmp_path), run_name="run", stop_at_step=2, progress=False)
+    run = tmp_path / "run"
+    edited = edit_run_config(run, "  n_layer: 2\n", "  n_layer: 3\n")
+    code = train_main(["--resume", str(run), "--no-progress", "--set", f"train.out_dir={tmp_path}"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"{run / 'config.yaml'}: model.n_layer was edited (2 -> 3), but a resume cannot change" in err
+    assert (run / "config.yaml").read_text(encoding="utf-8") == edited  # left as the user wrote it
+    assert not (run / ckpt.step_filename(4)).exists()

@@ -43,7 +43,7 @@ from tinyattn.train.finetune import InitSource, adopt_model, init_source
 from tinyattn.train.hooks import resolve_hooks
 from tinyattn.train.log import Logger, RunLog
 from tinyattn.train.owners import Checkpointer, Evaluator, LossWindow, StopRequest, Timers
-from tinyattn.train.resume import ResumePoint, open_run_folder, save_data_fingerprint
+from tinyattn.train.resume import ResumePoint, keep_user_config, open_run_folder, save_data_fingerprint
 from tinyattn.train.trainer import Trainer, TrainResult
 
 DEFAULT_OUT_DIR = TrainConfig.out_dir
@@ -103,6 +103,7 @@ def _train(config: Config, request: _Request, dist: Distributed) -> TrainResult:
         if config.train.init_from:  # the model and tokenizer its source gave it (not read again)
             adopt_model(config, point.config.model, point.config.tokenizer, f"{point.file} (train.init_from)")
         point.adopt(config)
+        request.notes[:0] = point.notes  # what the resume took from config.yaml
     source = init_source(config) if point is None else None  # fine-tuning: train.init_from
     device = select_device(request.device or config.train.device)  # a bad one fails before the folder is made
     if dist.enabled and device.type == "cuda":
@@ -140,6 +141,9 @@ def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Option
     if dist.is_main:  # written only now that training can start: a failed command changes nothing
         if point is not None and point.forks_into(run_dir):
             point.fork_into(run_dir)
+        kept = keep_user_config(run_dir, point)  # the user's edited config.yaml is never lost
+        if kept:
+            log.print(kept)
         save_config(config, run_dir / "config.yaml")
         data.tokenizer.save(run_dir / "tokenizer.json")
         save_data_fingerprint(data.fingerprint, run_dir)
