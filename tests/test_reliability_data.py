@@ -81,7 +81,7 @@ def test_a_resume_on_changed_data_is_refused_unless_allowed_and_logged(corpus, t
     with pytest.raises(CheckpointError) as e:
         train(tiny(corpus, tmp_path), resume=run, progress=False)
     message = str(e.value)
-    assert f"{corpus.resolve()} changed" in message and "the validation split differ" in message
+    assert f"{corpus.resolve()} changed" in message and "the validation split differs (" in message
     assert "--allow-data-change" in message and "\n" not in message
     assert not (run / ckpt.step_filename(4)).exists()  # nothing trained
     code = train_main(["--resume", str(run), "--allow-data-change", "--no-progress", "--set",
@@ -105,7 +105,7 @@ def test_eval_of_the_validation_split_says_when_the_data_changed(corpus, tmp_pat
     assert "warning: the validation split is not the one" in err and f"{corpus.resolve()} changed" in err
 
 
-# ----------------------------------------------------------------------------- config.yaml edited before a resume
+# -------------------------------------------------------------------------- config.yaml edited, then resumed
 
 
 def edit_run_config(run: Path, old: str, new: str) -> str:

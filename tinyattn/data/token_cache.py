@@ -165,9 +165,10 @@ def data_differences(saved: dict, current: dict) -> list[str]:
     changes += [f"{key} was {old_inputs.get(key)!r}, now {new_inputs.get(key)!r}"
                 for key in sorted(set(old_inputs) | set(new_inputs))
                 if key != "source" and old_inputs.get(key) != new_inputs.get(key)]
-    for split, what in (("train", "the training tokens"), ("validation", "the validation split")):
+    splits = (("train", "the training tokens differ"), ("validation", "the validation split differs"))
+    for split, what in splits:
         if saved.get(split, {}).get("checksum") != current.get(split, {}).get("checksum"):
-            changes.append(f"{what} differ ({saved.get(split, {}).get('tokens')} tokens then, "
+            changes.append(f"{what} ({saved.get(split, {}).get('tokens')} tokens then, "
                            f"{current.get(split, {}).get('tokens')} now)")
     return changes or ["the data's cache key differs"]
 
