@@ -64,6 +64,12 @@ def test_the_token_cache_is_keyed_by_the_text_not_its_size_and_time(corpus, tmp_
     assert after.tokenizer.decode(np.array(after.validation).tolist()) == text[int(len(text) * 0.9):]
 
 
+def test_a_file_only_touched_keeps_its_token_cache(corpus, tmp_path):
+    first = prepare_data(tiny(corpus, tmp_path), progress=False)
+    os.utime(corpus, ns=(corpus.stat().st_atime_ns, corpus.stat().st_mtime_ns + 10**9))
+    assert prepare_data(tiny(corpus, tmp_path), progress=False).cache_dir == first.cache_dir
+
+
 def test_a_run_records_the_data_it_trained_on(corpus, tmp_path):
     result = train(tiny(corpus, tmp_path), run_name="rec", progress=False)
     fingerprint = json.loads((result.run_dir / "data.json").read_text(encoding="utf-8"))
@@ -91,6 +97,7 @@ def test_a_resume_on_changed_data_is_refused_unless_allowed_and_logged(corpus, t
     assert "warning: --allow-data-change: the data differs from what the run trained on up to step 2" in log
     assert f"{corpus.resolve()} changed" in log
     assert (run / ckpt.step_filename(4)).exists()
+    assert not list(run.glob("config.edited-*"))  # config.yaml was the run's own: nothing to keep
 
 
 def test_eval_of_the_validation_split_says_when_the_data_changed(corpus, tmp_path, capsys):
@@ -140,3 +147,13 @@ def test_an_edit_of_the_model_size_in_config_yaml_is_refused_naming_the_key(corp
     assert f"{run / 'config.yaml'}: model.n_layer was edited (2 -> 3), but a resume cannot change" in err
     assert (run / "config.yaml").read_text(encoding="utf-8") == edited  # left as the user wrote it
     assert not (run / ckpt.step_filename(4)).exists()
+
+
+def test_data_with_the_same_tokens_is_the_same_data():
+    from tinyattn.data.token_cache import data_differences
+
+    saved = {"key": "a", "inputs": {"tokenizers_version": "0.20"}, "train": {"tokens": 9, "checksum": "t"},
+             "validation": {"tokens": 1, "checksum": "v"}}
+    assert data_differences(saved, {**saved, "key": "b", "inputs": {"tokenizers_version": "0.21"}}) == []
+    changed = {**saved, "key": "b", "validation": {"tokens": 2, "checksum": "w"}}
+    assert data_differences(saved, changed) == ["the validation split differs (1 tokens then, 2 now)"]

@@ -157,8 +157,11 @@ def data_fingerprint(meta: dict) -> dict:
 
 
 def data_differences(saved: dict, current: dict) -> list[str]:
-    """What differs between the data a run recorded (`saved`) and the data it would read now."""
-    if saved.get("key") == current.get("key"):
+    """What differs between the data a run recorded (`saved`) and the data it would read now;
+    nothing when the token files are the same (a new tokenizers version that encodes alike)."""
+    same_tokens = all(saved.get(split, {}).get("checksum") == current.get(split, {}).get("checksum")
+                      for split in ("train", "validation"))
+    if saved.get("key") == current.get("key") or same_tokens:
         return []
     old_inputs, new_inputs = saved.get("inputs", {}), current.get("inputs", {})
     changes = _file_changes(old_inputs.get("source", {}), new_inputs.get("source", {}))

@@ -170,10 +170,10 @@ def _build(config: Config, request: _Request, *, point: Optional[ResumePoint], d
     """The data, a seeded Trainer over it and the Evaluator with train.show's hooks."""
     precision = select_precision(config.train.precision, device)
     data = _prepare_data(config, dist, request.progress)
-    if point is not None:
+    if point is not None:  # a changed tokenizer is refused even with --allow-data-change
+        point.check_tokenizer(data.tokenizer)
         note = point.check_data(data.fingerprint, allow_change=request.allow_data_change)
         request.notes.extend([note] if note else [])
-        point.check_tokenizer(data.tokenizer)
     trainer = Trainer.build(config.model, config.train, data.train, device=device, precision=precision,
                             dist=dist)
     hooks = resolve_hooks(config.train.show) if dist.is_main else ()

@@ -1,7 +1,11 @@
 """Where a run writes and what it continues from.
 
 `ResumePoint` is the checkpoint a run continues from: found from a folder or file, loaded
-once, checked against the config's model shape and the data's tokenizer. It decides
+once, checked against the config's model shape, the data it trained on (refused when it
+changed, unless --allow-data-change) and the data's tokenizer. Without --config a resume
+takes its settings from the checkpoint plus the edits made to the folder's config.yaml
+(`edited_config`); a rewritten config.yaml keeps the user's edited text beside it
+(`keep_user_config`). It decides
 whether the run continues in place (only from the folder's latest checkpoint) or forks
 into a new folder (an earlier checkpoint under another --run-name). `open_run_folder`
 picks the folder and holds it (`run_folder.RunLock`) before anything is written there.
