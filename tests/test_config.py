@@ -136,3 +136,23 @@ def test_a_config_file_that_cannot_be_read_is_one_line_naming_it(tmp_path):
         load_config(latin1)
     with pytest.raises(ConfigError, match=r"^\S*: cannot read the config file \(Is a directory\)$"):
         load_config(tmp_path)
+
+
+@pytest.mark.parametrize("text, key, line", [
+    ("train:\n  max_steps: 4\nmodel:\n  n_layer: 2\ntrain:\n  lr: 0.1\n", "'train'", 5),  # a section twice
+    ("model:\n  n_layer: 2\n  n_embd: 64\n  n_layer: 3\n", "'n_layer'", 4),  # a key twice in a section
+])
+def test_a_key_given_twice_in_yaml_is_refused_naming_the_key_and_line(tmp_path, text, key, line):
+    path = write(tmp_path / "twice.yaml", text)
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    message = str(e.value)
+    assert str(path) in message and f"duplicate key {key}" in message and f"at line {line}," in message
+    assert "\n" not in message
+
+
+def test_yaml_merge_keys_are_not_taken_for_duplicates(tmp_path):
+    path = write(tmp_path / "merge.yaml", "model: &m\n  n_layer: 3\ntrain:\n  lr: 0.01\n"
+                                          "sample:\n  <<: {temperature: 0.5}\n  top_p: 0.9\n"
+                                          "data:\n  files: a.txt\n")
+    assert load_config(path).sample.temperature == 0.5

@@ -2,16 +2,17 @@
 
 A checkpoint is one `torch.save` file holding plain data only (tensors, numbers,
 strings, lists, dicts): the model's weights, optimizer and scaler state, counters,
-random-generator and batch-sampler states, the resolved config as a dict and the
-tokenizer as its JSON text. It is loaded with `torch.load(weights_only=True)`, so a
-checkpoint file can never run code.
+random-generator and batch-sampler states, the resolved config as a dict, the
+tokenizer as its JSON text, and under "data" what the run trained on
+(`tinyattn.data.token_cache.data_fingerprint`; absent in checkpoints of older versions).
+It is loaded with `torch.load(weights_only=True)`, so a checkpoint file can never run code.
 
 Writing is atomic: the bytes go to a temporary file in the same folder, are flushed
 and fsynced, and the file is renamed over its final name. A process killed at any
 moment leaves either the old checkpoint or the new one, never half of one.
 
 A run folder (`checkpoints/<run-name>/`) holds `step_<N>.pt` for the last few steps,
-`best.pt` for the lowest validation loss, `config.yaml`, `tokenizer.json`, and the
+`best.pt` for the lowest validation loss, `config.yaml`, `tokenizer.json`, `data.json`, and the
 TensorBoard event files.
 """
 
@@ -199,6 +200,7 @@ class LoadedModel:
     step: int  # 0 for a Hugging Face folder
     tokens_seen: Optional[int] = None
     best_val_loss: Optional[float] = None
+    data: Optional[dict] = None  # the data fingerprint the checkpoint records; None: none recorded
 
 
 def config_from_checkpoint(state: dict, path: Path) -> Config:
@@ -264,4 +266,4 @@ def load_model(path: Optional[str | Path] = None, device: str | torch.device = "
     model.to(device).eval()
     tokenizer = Tokenizer.from_json(state["tokenizer"])
     return LoadedModel(model, tokenizer, config, file, int(state.get("step", 0)),
-                       state.get("tokens_seen"), state.get("best_val_loss"))
+                       state.get("tokens_seen"), state.get("best_val_loss"), state.get("data"))

@@ -406,10 +406,35 @@ def save_config(config: Config, path: str | Path) -> None:
 # ----------------------------------------------------------------------------- internals
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (at any depth): plain YAML
+    keeps the last silently, so a second `train:` section would drop the first one's settings."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first_line: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *alias` merges on purpose
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    line = first_line.setdefault(key, key_node.start_mark.line + 1)
+                except TypeError:
+                    continue  # an unhashable key: SafeLoader's own error names it
+                if line != key_node.start_mark.line + 1:
+                    problem = f"duplicate key {key!r} (first given at line {line})"
+                    raise yaml.constructor.ConstructorError(None, None, problem, key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_UniqueKeyLoader)
+
+
 def _read_yaml(path: Path) -> dict:
     text = read_text(path, "config file", ConfigError)
     try:
-        data = yaml.safe_load(text)
+        data = _load_yaml(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -475,7 +500,7 @@ def _parse_override(item: str) -> tuple[str, Any]:
     if not key or "." not in key:
         raise ConfigError(f"--set: expected a dotted key such as train.lr, got {key!r}")
     try:
-        value = yaml.safe_load(text) if text.strip() else ""
+        value = _load_yaml(text) if text.strip() else ""
     except yaml.YAMLError:
         value = text  # not YAML: keep the string, the field's type decides
     return key, value

@@ -112,4 +112,24 @@ def _split_tokens(loaded, split: str):
     if data.tokenizer.to_json() != loaded.tokenizer.to_json():
         raise DataError(f"{data.cache_dir}: the data's tokenizer differs from the one in {loaded.path}; "
                         "the run's data or tokenizer settings no longer give the tokens it was trained on")
+    _say_whether_data_changed(loaded, data.fingerprint, split)
     return data.validation if split == "validation" else data.train
+
+
+def _say_whether_data_changed(loaded, fingerprint: dict, split: str) -> None:
+    """A plain warning when the split scored now is not the one the run used (its checkpoint
+    records the data it trained and validated on)."""
+    import sys
+
+    from tinyattn.data.token_cache import data_differences
+
+    if loaded.data is None:
+        print(f"note: {loaded.path} records no data fingerprint (saved by an older tinyattn): whether "
+              f"this {split} split is the run's cannot be checked", file=sys.stderr)
+        return
+    changes = data_differences(loaded.data, fingerprint)
+    if changes:
+        validation = split == "validation"
+        used, also = ("validated", " and may count text it trained on") if validation else ("trained", "")
+        print(f"warning: the {split} split is not the one {loaded.path} was {used} on: the data changed "
+              f"({'; '.join(changes)}); this loss is not comparable with the run's{also}", file=sys.stderr)

@@ -41,6 +41,8 @@ def add_config(parser: argparse.ArgumentParser, required_unless: str = "") -> No
     """--config FILE and --set KEY=VALUE ... (dotted keys, typed like the field they set)."""
     optional = f" (optional with {required_unless}: the run's saved config)" if required_unless else ""
     parser.add_argument("--config", metavar="FILE", help=f"YAML config file{optional}")
-    parser.add_argument("--set", dest="overrides", nargs="+", default=[], metavar="KEY=VALUE",
+    # action="extend": `--set a=1 --set b=2` keeps both (argparse's default keeps only the last).
+    parser.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[],
+                        metavar="KEY=VALUE",
                         help="override config values with dotted keys, e.g. train.lr=3e-4 or "
-                             f"model.attention={'|'.join(ATTENTION_PATHS)}")
+                             f"model.attention={'|'.join(ATTENTION_PATHS)}; may be repeated")

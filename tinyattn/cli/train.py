@@ -19,6 +19,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", nargs="?", const=True, default=None, metavar="RUN_DIR|CHECKPOINT",
                    help="continue a run: its folder or a checkpoint file; alone, the --run-name "
                         "run or else the most recent one")
+    p.add_argument("--allow-data-change", action="store_true",
+                   help="with --resume: continue even though the data differs from what the run trained on "
+                        "(refused otherwise; train.log records it)")
     add_device(p, default=None, overrides="train.device")
     p.add_argument("--stop-at-step", type=int, metavar="N",
                    help="save and stop at step N (the schedule still spans train.max_steps)")
@@ -43,11 +46,12 @@ def main(argv: list[str] | None = None) -> int:
             out_dir = config.train.out_dir if config else override_value(args.overrides, "train.out_dir",
                                                                          DEFAULT_OUT_DIR)
             point = ResumePoint.find(args.resume, args.run_name, out_dir)  # the one load
-            if config is None:  # the run continues as it was started, with the overrides
-                config = apply_overrides(point.config, args.overrides, origin=str(point.file))
+            if config is None:  # the run continues as it was, with config.yaml's edits and the overrides
+                config = apply_overrides(point.edited_config(), args.overrides, origin=str(point.file))
         result = train(config, config_path=args.config, run_name=args.run_name, resume=point,
                        device=args.device, progress=not args.no_progress,
-                       stop_at_step=args.stop_at_step, elapsed_before=process_age(), overrides=args.overrides)
+                       stop_at_step=args.stop_at_step, elapsed_before=process_age(), overrides=args.overrides,
+                       allow_data_change=args.allow_data_change)
         return 130 if result.interrupted else 0
 
     return run_command(command)

@@ -17,7 +17,7 @@ token files, one per split, memory-mapped for training:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -27,7 +27,7 @@ import torch
 from tinyattn.config import Config
 from tinyattn.data.sources import resolve_source
 from tinyattn.data.splits import split
-from tinyattn.data.token_cache import TokenCache, check_split_lengths
+from tinyattn.data.token_cache import TokenCache, check_split_lengths, data_fingerprint
 from tinyattn.data.tokenizer import Tokenizer
 from tinyattn.errors import DataError
 
@@ -38,6 +38,7 @@ class TokenData:
     train: np.ndarray  # memmap, uint16 or uint32, flat tokens
     validation: np.ndarray
     cache_dir: Path
+    fingerprint: dict = field(default_factory=dict)  # what the data is (token_cache.data_fingerprint)
 
 
 def prepare_data(config: Config, *, progress: bool = True) -> TokenData:
@@ -62,6 +63,7 @@ def prepare_data(config: Config, *, progress: bool = True) -> TokenData:
         train=np.memmap(folder / "train.bin", dtype=meta["dtype"], mode="r"),
         validation=np.memmap(folder / "validation.bin", dtype=meta["dtype"], mode="r"),
         cache_dir=folder,
+        fingerprint=data_fingerprint(meta),
     )
 
 

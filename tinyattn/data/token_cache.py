@@ -5,11 +5,16 @@ uint32, with `<|endoftext|>` between documents. Documents are encoded in batches
 appended to the file as they come, so memory does not grow with the corpus.
 
 The cache folder's name ends in a hash of everything that produced it (the source and
-each file's size and modification time, the text field, the split rule, the tokenizer
+a BLAKE2b hash of each file's bytes, the text field, the split rule, the tokenizer
 settings, a format version), so a second run reuses it and any change builds a new one.
+The files are keyed by what they hold, not by their size and modification time, which
+`cp -p`, `rsync -a` or `touch -r` carry over to an edited file.
 Every file is written under a temporary name and renamed; `meta.json` is written last,
 and a folder is trusted only when its `meta.json` matches the hash and the file sizes. A
 build that is interrupted, or whose splits turn out too short, leaves no `meta.json`.
+
+`data_fingerprint(meta)` is what a run records of the data it trained on (in each checkpoint
+and the run folder's `data.json`); `data_differences` names what changed between two of them.
 
 `meta.json` also holds a BLAKE2b checksum of each token file and of `tokenizer.json`,
 taken as they are written. Each run reads the files once to check them, and that every
@@ -122,7 +127,7 @@ def cache_inputs(source: Source, config: Config) -> dict:
             raise DataError(f"tokenizer.path: tokenizer file not found: {path}") from None
     return {
         "format_version": FORMAT_VERSION,
-        "source": source.identity,
+        "source": _content_identity(source.identity),
         "text_field": data.text_field,
         "max_documents": data.max_documents,
         "train_split": data.train_split,
@@ -131,6 +136,57 @@ def cache_inputs(source: Source, config: Config) -> dict:
         "tokenizer": tokenizer,
         "tokenizers_version": tokenizers.__version__,  # BPE training may differ between versions
     }
+
+
+def _content_identity(identity: dict) -> dict:
+    """The source's identity with each file's modification time replaced by a hash of its bytes:
+    an edit that keeps the size and restores the time still changes the key, and a file
+    only touched keeps its cache."""
+    if "files" not in identity:
+        return identity
+    files = [[path, size, _checksum(Path(path))] for path, size, _mtime in identity["files"]]
+    return {**identity, "files": files}
+
+
+def data_fingerprint(meta: dict) -> dict:
+    """What a run trained on: the cache's inputs (the source files' hashes among them) and its
+    token files' checksums. Saved in checkpoints and the run folder, compared on resume and eval."""
+    return {"key": meta["key"], "inputs": meta["inputs"], "validation_rule": meta["validation_rule"],
+            **{split: {"tokens": meta[f"{split}_tokens"], "checksum": meta["checksums"][f"{split}.bin"]}
+               for split in ("train", "validation")}}
+
+
+def data_differences(saved: dict, current: dict) -> list[str]:
+    """What differs between the data a run recorded (`saved`) and the data it would read now;
+    nothing when the token files are the same (a new tokenizers version that encodes alike)."""
+    same_tokens = all(saved.get(split, {}).get("checksum") == current.get(split, {}).get("checksum")
+                      for split in ("train", "validation"))
+    if saved.get("key") == current.get("key") or same_tokens:
+        return []
+    old_inputs, new_inputs = saved.get("inputs", {}), current.get("inputs", {})
+    changes = _file_changes(old_inputs.get("source", {}), new_inputs.get("source", {}))
+    changes += [f"{key} was {old_inputs.get(key)!r}, now {new_inputs.get(key)!r}"
+                for key in sorted(set(old_inputs) | set(new_inputs))
+                if key != "source" and old_inputs.get(key) != new_inputs.get(key)]
+    splits = (("train", "the training tokens differ"), ("validation", "the validation split differs"))
+    for split, what in splits:
+        if saved.get(split, {}).get("checksum") != current.get(split, {}).get("checksum"):
+            changes.append(f"{what} ({saved.get(split, {}).get('tokens')} tokens then, "
+                           f"{current.get(split, {}).get('tokens')} now)")
+    return changes or ["the data's cache key differs"]
+
+
+def _file_changes(old: dict, new: dict) -> list[str]:
+    """'FILE changed', 'FILE added', 'FILE removed' between two sources' identities."""
+    before = {entry[0]: entry[1:] for entry in old.get("files", [])}
+    after = {entry[0]: entry[1:] for entry in new.get("files", [])}
+    changes = [f"{path} changed" for path in before if path in after and before[path] != after[path]]
+    changes += [f"{path} added" for path in after if path not in before]
+    changes += [f"{path} removed" for path in before if path not in after]
+    names = {"config": "dataset_config"}  # the identity's names for data.* settings
+    changes += [f"data.{names.get(key, key)} was {old.get(key)!r}, now {new.get(key)!r}"
+                for key in sorted(set(old) | set(new)) if key != "files" and old.get(key) != new.get(key)]
+    return changes
 
 
 def _tokenizer_slug(config: Config) -> str:

@@ -43,7 +43,7 @@ from tinyattn.train.finetune import InitSource, adopt_model, init_source
 from tinyattn.train.hooks import resolve_hooks
 from tinyattn.train.log import Logger, RunLog
 from tinyattn.train.owners import Checkpointer, Evaluator, LossWindow, StopRequest, Timers
-from tinyattn.train.resume import ResumePoint, open_run_folder
+from tinyattn.train.resume import ResumePoint, keep_user_config, open_run_folder, save_data_fingerprint
 from tinyattn.train.trainer import Trainer, TrainResult
 
 DEFAULT_OUT_DIR = TrainConfig.out_dir
@@ -59,6 +59,7 @@ class _Request:
     device: Optional[str]
     progress: bool
     stop_at_step: Optional[int]
+    allow_data_change: bool  # --allow-data-change: a resume may go on with changed data (logged)
     started: float  # perf_counter() at the start of the time budget
     notes: list[str]  # lines the run prints after its first one
 
@@ -69,7 +70,7 @@ class _Request:
 def train(config: Config, *, config_path: Optional[str | Path] = None, run_name: Optional[str] = None,
           resume: "Optional[ResumePoint | str | Path | bool]" = None, device: Optional[str] = None,
           progress: bool = True, stop_at_step: Optional[int] = None, elapsed_before: float = 0.0,
-          overrides: Sequence[str] = ()) -> TrainResult:
+          overrides: Sequence[str] = (), allow_data_change: bool = False) -> TrainResult:
     """Run (or resume) one training job. Returns where it went and the figures it reached.
 
     resume: a `ResumePoint`, a run folder or checkpoint file, or True (the --run-name
@@ -79,10 +80,12 @@ def train(config: Config, *, config_path: Optional[str | Path] = None, run_name:
     command line passes the process's age, so the budget covers start-up too).
     overrides: the --set items `config` was loaded with (already applied); a
     train.max_steps among them wins over train.time_budget, which is then off (the run says so).
+    allow_data_change: resume even though the data differs from what the checkpoint trained
+    on (refused otherwise, naming what changed); train.log says so.
     """
     note = explicit_steps(config, overrides)
     request = _Request(config_path=config_path, run_name=run_name, resume=resume, device=device,
-                       progress=progress, stop_at_step=stop_at_step,
+                       progress=progress, stop_at_step=stop_at_step, allow_data_change=allow_data_change,
                        started=time.perf_counter() - elapsed_before, notes=[note] if note else [])
     dist = init_distributed(device or config.train.device)
     try:
@@ -100,6 +103,7 @@ def _train(config: Config, request: _Request, dist: Distributed) -> TrainResult:
         if config.train.init_from:  # the model and tokenizer its source gave it (not read again)
             adopt_model(config, point.config.model, point.config.tokenizer, f"{point.file} (train.init_from)")
         point.adopt(config)
+        request.notes[:0] = point.notes  # what the resume took from config.yaml
     source = init_source(config) if point is None else None  # fine-tuning: train.init_from
     device = select_device(request.device or config.train.device)  # a bad one fails before the folder is made
     if dist.enabled and device.type == "cuda":
@@ -133,11 +137,16 @@ def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Option
             config.train.max_steps = _budget_steps(trainer, evaluator, run_dir, request.elapsed, log)
 
     checkpointer = Checkpointer(run_dir, config, data.tokenizer, dist)
+    checkpointer.run_state["data"] = data.fingerprint  # what every checkpoint says it trained on
     if dist.is_main:  # written only now that training can start: a failed command changes nothing
         if point is not None and point.forks_into(run_dir):
             point.fork_into(run_dir)
+        kept = keep_user_config(run_dir, point)  # the user's edited config.yaml is never lost
+        if kept:
+            log.print(kept)
         save_config(config, run_dir / "config.yaml")
         data.tokenizer.save(run_dir / "tokenizer.json")
+        save_data_fingerprint(data.fingerprint, run_dir)
         log.start()
     timers.seconds["start-up"] = request.elapsed() - timers.seconds.get("calibration", 0.0)
     try:
@@ -161,8 +170,10 @@ def _build(config: Config, request: _Request, *, point: Optional[ResumePoint], d
     """The data, a seeded Trainer over it and the Evaluator with train.show's hooks."""
     precision = select_precision(config.train.precision, device)
     data = _prepare_data(config, dist, request.progress)
-    if point is not None:
+    if point is not None:  # a changed tokenizer is refused even with --allow-data-change
         point.check_tokenizer(data.tokenizer)
+        note = point.check_data(data.fingerprint, allow_change=request.allow_data_change)
+        request.notes.extend([note] if note else [])
     trainer = Trainer.build(config.model, config.train, data.train, device=device, precision=precision,
                             dist=dist)
     hooks = resolve_hooks(config.train.show) if dist.is_main else ()

@@ -1,7 +1,11 @@
 """Where a run writes and what it continues from.
 
 `ResumePoint` is the checkpoint a run continues from: found from a folder or file, loaded
-once, checked against the config's model shape and the data's tokenizer. It decides
+once, checked against the config's model shape, the data it trained on (refused when it
+changed, unless --allow-data-change) and the data's tokenizer. Without --config a resume
+takes its settings from the checkpoint plus the edits made to the folder's config.yaml
+(`edited_config`); a rewritten config.yaml keeps the user's edited text beside it
+(`keep_user_config`). It decides
 whether the run continues in place (only from the folder's latest checkpoint) or forks
 into a new folder (an earlier checkpoint under another --run-name). `open_run_folder`
 picks the folder and holds it (`run_folder.RunLock`) before anything is written there.
@@ -9,17 +13,21 @@ picks the folder and holds it (`run_folder.RunLock`) before anything is written 
 
 from __future__ import annotations
 
+import json
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import torch
+import yaml
 
 from tinyattn import checkpoint as ckpt
-from tinyattn.config import Config, config_to_dict
+from tinyattn.config import Config, config_from_dict, config_to_dict, load_config
+from tinyattn.data.token_cache import data_differences
 from tinyattn.errors import CheckpointError
 from tinyattn.system.distributed import Distributed
+from tinyattn.system.storage import atomic_write
 from tinyattn.train.run_folder import RunLock, unique_run_dir
 
 if TYPE_CHECKING:
@@ -54,6 +62,7 @@ class ResumePoint:
     state: dict
     config: Config  # the config saved in the checkpoint
     step: int  # the checkpoint's step
+    notes: list[str] = field(default_factory=list)  # lines the run prints about what it took from where
 
     @classmethod
     def find(cls, resume: str | Path | bool, run_name: Optional[str], out_dir: str | Path) -> "ResumePoint":
@@ -121,6 +130,54 @@ class ResumePoint:
         if config.train.time_budget is not None and self.config.train.time_budget is not None:
             config.train.max_steps = self.config.train.max_steps
 
+    def edited_config(self) -> Config:
+        """The config a resume without --config continues with: the checkpoint's, with the edits
+        made since to its folder's config.yaml (which the run wrote from that same config).
+
+        Only for the folder's latest checkpoint (config.yaml describes it); an edit of the
+        model or the tokenizer cannot apply to these weights and is refused naming the key.
+        """
+        path = self.file.parent / CONFIG_FILE
+        latest = ckpt.latest_checkpoint(self.file.parent)
+        if not path.is_file() or (latest is not None and ckpt.step_of(latest) != self.step):
+            return self.config
+        saved, edited = config_to_dict(self.config), config_to_dict(load_config(path))
+        written = _dotted(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
+        changed = [key for key in written if _get(edited, key) != _get(saved, key)]
+        fixed = [key for key in changed if key.startswith("tokenizer.")
+                 or (key.startswith("model.") and key not in ("model.dropout", "model.attention"))]
+        if fixed:
+            key = fixed[0]
+            raise CheckpointError(
+                f"{path}: {key} was edited ({_get(saved, key)!r} -> {_get(edited, key)!r}), but a resume "
+                "cannot change the model's shape or the tokenizer of these weights: undo the edit, or start "
+                "a new run (train.init_from to begin from these weights)")
+        if not changed:
+            return self.config
+        what = ", ".join(f"{key} {_get(saved, key)!r} -> {_get(edited, key)!r}" for key in changed)
+        self.notes.append(f"{path}: your edits apply from step {self.step}: {what}")
+        return config_from_dict(edited, default_origin=str(path))
+
+    def check_data(self, fingerprint: dict, *, allow_change: bool) -> Optional[str]:
+        """Refuse to continue on data other than what the checkpoint trained on, naming what
+        changed, unless `allow_change` (--allow-data-change); returns the line the run logs."""
+        saved = self.state.get("data")
+        if saved is None:
+            return (f"note: {self.file} records no data fingerprint (saved by an older tinyattn): "
+                    "whether the data changed since cannot be checked")
+        changes = data_differences(saved, fingerprint)
+        if not changes:
+            return None
+        what = "; ".join(changes)
+        if not allow_change:
+            raise CheckpointError(
+                f"{self.file}: the data differs from what the run trained on: {what}; resuming would go "
+                "on with other tokens and validate on another split: restore the data, or resume anyway "
+                "with --allow-data-change")
+        return (f"warning: --allow-data-change: the data differs from what the run trained on up to step "
+                f"{self.step}: {what}; validation losses before and after step {self.step} (best.pt's "
+                "included) are not comparable")
+
     def check_tokenizer(self, tokenizer) -> None:
         if self.state.get("tokenizer") != tokenizer.to_json():
             raise CheckpointError(f"{self.file}: its tokenizer differs from the one the data now "
@@ -130,6 +187,48 @@ class ResumePoint:
     def restore(self, trainer: Trainer) -> None:
         trainer.load_state_dict(self.state, self.file)
         self.state = {}  # the tensors are in the trainer now; free the copy
+
+
+def keep_user_config(run_dir: Path, point: Optional[ResumePoint]) -> Optional[str]:
+    """Before a resumed run rewrites config.yaml: a copy of the user's edited file beside it
+    (config.yaml differs from what the run wrote from its checkpoint), and the line saying so."""
+    path = run_dir / CONFIG_FILE
+    if point is None or not path.is_file():
+        return None
+    written = yaml.safe_dump(config_to_dict(point.config), sort_keys=False, allow_unicode=True)
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if text == written:
+        return None
+    kept = run_dir / f"config.edited-step{point.step}.yaml"
+    with atomic_write(kept) as f:
+        f.write(text.encode("utf-8"))
+    return f"{path} differed from the run's own copy: what you wrote is kept in {kept.name}"
+
+
+def _dotted(raw: dict, prefix: str = "") -> list[str]:
+    """The dotted keys a YAML mapping sets (its leaves)."""
+    keys = []
+    for key, value in raw.items():
+        if isinstance(value, dict) and value:
+            keys += _dotted(value, f"{prefix}{key}.")
+        else:
+            keys.append(f"{prefix}{key}")
+    return keys
+
+
+def _get(raw: dict, dotted: str):
+    for part in dotted.split("."):
+        raw = raw.get(part) if isinstance(raw, dict) else None
+    return raw
+
+
+CONFIG_FILE = "config.yaml"  # in the run folder: the run's resolved config, as the user may edit it
+DATA_FILE = "data.json"  # in the run folder: what the run (last) trained on, as checkpoints record it
+
+
+def save_data_fingerprint(fingerprint: dict, run_dir: Path) -> None:
+    with atomic_write(run_dir / DATA_FILE) as f:
+        f.write(json.dumps(fingerprint, indent=2).encode("utf-8"))
 
 
 def open_run_folder(config: Config, config_path, run_name: Optional[str], point: Optional[ResumePoint],

@@ -1,0 +1,159 @@
+"""Issue 23, "silently wrong": repeated --set flags, duplicate YAML keys, data that changed under a
+run (the token cache's key, the data a run records, resume and eval on changed data) and a
+config.yaml edited before a resume."""
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tinyattn import checkpoint as ckpt
+from tinyattn.cli.train import main as train_main
+from tinyattn.cli.train import parser as train_parser
+from tinyattn.config import load_config
+from tinyattn.data.batches import prepare_data
+from tinyattn.errors import CheckpointError
+from tinyattn.train.loop import train
+
+TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+
+
+def test_repeated_set_flags_accumulate():
+    args = train_parser().parse_args(["--config", "c.yaml", "--set", "model.n_layer=3", "--set",
+                                      "train.max_steps=4", "train.lr=0.1"])
+    assert args.overrides == ["model.n_layer=3", "train.max_steps=4", "train.lr=0.1"]
+
+
+# ----------------------------------------------------------------------------- the data changed under a run
+
+
+@pytest.fixture
+def corpus(tmp_path, shakespeare_path) -> Path:
+    """60 kB of Tiny Shakespeare in a file of the test's own (the tests edit it)."""
+    path = tmp_path / "corpus.txt"
+    path.write_text(shakespeare_path.read_text(encoding="utf-8")[:60_000], encoding="utf-8")
+    return path
+
+
+def reorder_keeping_size_and_time(path: Path) -> None:
+    """Swap the two halves of the text (same characters, same size) and set the modification
+    time back, as `cp -p`, `rsync -a` or `touch -r` would."""
+    stat = path.stat()
+    text = path.read_text(encoding="utf-8")
+    half = len(text) // 2
+    path.write_text(text[half:] + text[:half], encoding="utf-8")
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+
+
+def tiny(corpus: Path, out_dir: Path, *extra: str):
+    return load_config(TINY, [f"data.files={corpus}", "data.url=null", "data.sha256=null",
+                              f"data.cache_dir={out_dir / 'cache'}", f"train.out_dir={out_dir}",
+                              "train.max_steps=4", "train.eval_interval=2", *extra])
+
+
+def test_the_token_cache_is_keyed_by_the_text_not_its_size_and_time(corpus, tmp_path):
+    before = np.array(prepare_data(tiny(corpus, tmp_path), progress=False).validation)
+    reorder_keeping_size_and_time(corpus)
+    after = prepare_data(tiny(corpus, tmp_path), progress=False)
+    assert not np.array_equal(before, np.array(after.validation))  # the old cache would give the old tokens
+    text = corpus.read_text(encoding="utf-8")
+    assert after.tokenizer.decode(np.array(after.validation).tolist()) == text[int(len(text) * 0.9):]
+
+
+def test_a_file_only_touched_keeps_its_token_cache(corpus, tmp_path):
+    first = prepare_data(tiny(corpus, tmp_path), progress=False)
+    os.utime(corpus, ns=(corpus.stat().st_atime_ns, corpus.stat().st_mtime_ns + 10**9))
+    assert prepare_data(tiny(corpus, tmp_path), progress=False).cache_dir == first.cache_dir
+
+
+def test_a_run_records_the_data_it_trained_on(corpus, tmp_path):
+    result = train(tiny(corpus, tmp_path), run_name="rec", progress=False)
+    fingerprint = json.loads((result.run_dir / "data.json").read_text(encoding="utf-8"))
+    digest = hashlib.blake2b(corpus.read_bytes()).hexdigest()
+    source_files = fingerprint["inputs"]["source"]["files"]
+    assert source_files == [[str(corpus.resolve()), corpus.stat().st_size, digest]]
+    assert ckpt.load_checkpoint(result.run_dir / "best.pt")["data"] == fingerprint
+    assert fingerprint["train"]["tokens"] > fingerprint["validation"]["tokens"] > 0
+
+
+def test_a_resume_on_changed_data_is_refused_unless_allowed_and_logged(corpus, tmp_path, capsys):
+    train(tiny(corpus, tmp_path), run_name="run", stop_at_step=2, progress=False)
+    run = tmp_path / "run"
+    reorder_keeping_size_and_time(corpus)
+    with pytest.raises(CheckpointError) as e:
+        train(tiny(corpus, tmp_path), resume=run, progress=False)
+    message = str(e.value)
+    assert f"{corpus.resolve()} changed" in message and "the validation split differs (" in message
+    assert "--allow-data-change" in message and "\n" not in message
+    assert not (run / ckpt.step_filename(4)).exists()  # nothing trained
+    code = train_main(["--resume", str(run), "--allow-data-change", "--no-progress", "--set",
+                       f"train.out_dir={tmp_path}"])
+    assert code == 0, capsys.readouterr().err
+    log = (run / "train.log").read_text(encoding="utf-8")
+    assert "warning: --allow-data-change: the data differs from what the run trained on up to step 2" in log
+    assert f"{corpus.resolve()} changed" in log
+    assert (run / ckpt.step_filename(4)).exists()
+    assert not list(run.glob("config.edited-*"))  # config.yaml was the run's own: nothing to keep
+
+
+def test_eval_of_the_validation_split_says_when_the_data_changed(corpus, tmp_path, capsys):
+    from tinyattn.cli.eval import main as eval_main
+
+    train(tiny(corpus, tmp_path), run_name="run", progress=False)
+    assert eval_main(["--checkpoint", str(tmp_path / "run"), "--no-plot"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    reorder_keeping_size_and_time(corpus)
+    assert eval_main(["--checkpoint", str(tmp_path / "run"), "--no-plot", "--split", "validation"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: the validation split is not the one" in err and f"{corpus.resolve()} changed" in err
+
+
+# -------------------------------------------------------------------------- config.yaml edited, then resumed
+
+
+def edit_run_config(run: Path, old: str, new: str) -> str:
+    path = run / "config.yaml"
+    text = path.read_text(encoding="utf-8")
+    assert old in text
+    edited = "# my edit\n" + text.replace(old, new)
+    path.write_text(edited, encoding="utf-8")
+    return edited
+
+
+def test_an_edited_config_yaml_applies_on_resume_and_the_users_text_is_kept(corpus, tmp_path, capsys):
+    train(tiny(corpus, tmp_path), run_name="run", stop_at_step=2, progress=False)
+    run = tmp_path / "run"
+    edited = edit_run_config(run, "  lr: 0.002\n", "  lr: 0.001\n")
+    code = train_main(["--resume", str(run), "--no-progress", "--set", f"train.out_dir={tmp_path}"])
+    assert code == 0, capsys.readouterr().err
+    assert load_config(run / "config.yaml").train.lr == 0.001
+    assert ckpt.load_checkpoint(run / ckpt.step_filename(4))["config"]["train"]["lr"] == 0.001
+    log = (run / "train.log").read_text(encoding="utf-8")
+    assert f"{run / 'config.yaml'}: your edits apply from step 2: train.lr 0.002 -> 0.001" in log
+    assert (run / "config.edited-step2.yaml").read_text(encoding="utf-8") == edited
+
+
+def test_an_edit_of_the_model_size_in_config_yaml_is_refused_naming_the_key(corpus, tmp_path, capsys):
+    train(tiny(corpus, tmp_path), run_name="run", stop_at_step=2, progress=False)
+    run = tmp_path / "run"
+    edited = edit_run_config(run, "  n_layer: 2\n", "  n_layer: 3\n")
+    code = train_main(["--resume", str(run), "--no-progress", "--set", f"train.out_dir={tmp_path}"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"{run / 'config.yaml'}: model.n_layer was edited (2 -> 3), but a resume cannot change" in err
+    assert (run / "config.yaml").read_text(encoding="utf-8") == edited  # left as the user wrote it
+    assert not (run / ckpt.step_filename(4)).exists()
+
+
+def test_data_with_the_same_tokens_is_the_same_data():
+    from tinyattn.data.token_cache import data_differences
+
+    saved = {"key": "a", "inputs": {"tokenizers_version": "0.20"}, "train": {"tokens": 9, "checksum": "t"},
+             "validation": {"tokens": 1, "checksum": "v"}}
+    assert data_differences(saved, {**saved, "key": "b", "inputs": {"tokenizers_version": "0.21"}}) == []
+    changed = {**saved, "key": "b", "validation": {"tokens": 2, "checksum": "w"}}
+    assert data_differences(saved, changed) == ["the validation split differs (1 tokens then, 2 now)"]
