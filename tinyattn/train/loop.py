@@ -36,6 +36,7 @@ import torch
 from tinyattn.config import Config, TrainConfig, save_config
 from tinyattn.data.batches import prepare_data
 from tinyattn.errors import TinyattnError
+from tinyattn.model.memory import check_training_fits
 from tinyattn.system.device import measure_peak_flops, select_device, select_precision
 from tinyattn.system.distributed import Distributed, init_distributed, shutdown_distributed
 from tinyattn.train.budget import StepBudget, explicit_steps
@@ -104,6 +105,7 @@ def _train(config: Config, request: _Request, dist: Distributed) -> TrainResult:
     device = select_device(request.device or config.train.device)  # a bad one fails before the folder is made
     if dist.enabled and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
+    check_training_fits(config.model, config.train, device)  # before the folder; vocab_size may be unknown
     run_dir, lock = open_run_folder(config, request.config_path, request.run_name, point, dist)
     with lock, RunLog(run_dir, enabled=dist.is_main):
         return _train_in(run_dir, config, request, point=point, device=device, dist=dist, timers=timers,
@@ -163,6 +165,7 @@ def _build(config: Config, request: _Request, *, point: Optional[ResumePoint], d
     data = _prepare_data(config, dist, request.progress)
     if point is not None:
         point.check_tokenizer(data.tokenizer)
+    check_training_fits(config.model, config.train, device)  # again, now with the vocabulary's size
     trainer = Trainer.build(config.model, config.train, data.train, device=device, precision=precision,
                             dist=dist)
     hooks = resolve_hooks(config.train.show) if dist.is_main else ()
