@@ -39,7 +39,7 @@ from tinyattn.errors import TinyattnError
 from tinyattn.model.memory import check_training_fits
 from tinyattn.system.device import measure_peak_flops, select_device, select_precision
 from tinyattn.system.distributed import Distributed, init_distributed, shutdown_distributed
-from tinyattn.train.budget import StepBudget, explicit_steps
+from tinyattn.train.budget import CalibrationStopped, StepBudget, explicit_steps
 from tinyattn.train.finetune import InitSource, adopt_model, init_source
 from tinyattn.train.hooks import resolve_hooks
 from tinyattn.train.log import Logger, RunLog
@@ -131,8 +131,9 @@ def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Option
     for line in request.notes:
         log.print(line)
     if point is None and config.train.time_budget is not None:
-        with timers("calibration"):
-            config.train.max_steps = _budget_steps(trainer, evaluator, run_dir, request.elapsed, log)
+        stopped = _calibrate(config, trainer, evaluator, run_dir, request=request, log=log, timers=timers)
+        if stopped is not None:
+            return stopped
 
     checkpointer = Checkpointer(run_dir, config, data.tokenizer, dist)
     if dist.is_main:  # written only now that training can start: a failed command changes nothing
@@ -173,10 +174,29 @@ def _build(config: Config, request: _Request, *, point: Optional[ResumePoint], d
     return trainer, evaluator, data
 
 
+def _calibrate(config: Config, trainer: Trainer, evaluator: Evaluator, run_dir: Path, *,
+               request: _Request, log: Logger, timers: Timers) -> Optional[TrainResult]:
+    """Sets train.max_steps for the time budget; a stop signal meanwhile ends the run before
+    step 1 (the result, interrupted), with nothing written but the line in train.log."""
+    stopper = StopRequest()
+    try:
+        with timers("calibration"), stopper.installed():
+            config.train.max_steps = _budget_steps(trainer, evaluator, run_dir, request.elapsed, log,
+                                                   stop=lambda: stopper.signal_name is not None)
+    except CalibrationStopped:
+        log.print(f"stopped by {stopper.signal_name} during the time budget's calibration, before step 1: "
+                  f"nothing was trained or saved in {run_dir}; run the command again to start over")
+        log.close()
+        return TrainResult(run_dir, 0, 0, trainer.best_val_loss, float("nan"), 0.0, request.elapsed(), True,
+                           dict(timers.seconds))
+    return None
+
+
 def _budget_steps(trainer: Trainer, evaluator: Evaluator, run_dir: Path, elapsed: Callable[[], float],
-                  log: "Logger") -> int:
+                  log: "Logger", *, stop: Callable[[], bool]) -> int:
     """train.max_steps for the time budget, the same on every rank; says how it was chosen."""
-    steps, why = StepBudget(trainer.config.time_budget).fix_steps(trainer, evaluator, run_dir, elapsed)
+    steps, why = StepBudget(trainer.config.time_budget).fix_steps(trainer, evaluator, run_dir, elapsed,
+                                                                  stop=stop)
     if trainer.dist.enabled:
         chosen = [steps]
         torch.distributed.broadcast_object_list(chosen, src=0)  # rank 0's measurement decides
