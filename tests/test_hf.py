@@ -305,11 +305,12 @@ def edit_tensor(folder, name, tensor):
 REFUSALS = {
     # Types and shapes, checked before anything is built or concatenated (issue 23):
     "k-proj-shape": (lambda f: edit_tensor(f, "model.layers.0.self_attn.k_proj.weight", torch.zeros(16, 31)),
-                     "weight model.layers.0.self_attn.k_proj.weight has shape 16x31; config.json gives 16x48"),
+                     "weight model.layers.0.self_attn.k_proj.weight has shape 16x31; "
+                     "config.json gives 16x48"),
     "rope-scaling-text": (lambda f: edit_config(f, rope_parameters=None, rope_scaling="linear"),
                           "rope_scaling is 'linear'; expected an object or null"),
-    "layer-types-number": (lambda f: edit_config(f, layer_types=2), "layer_types is 2; expected a list of "
-                                                                    "strings or null"),
+    "layer-types-number": (lambda f: edit_config(f, layer_types=2),
+                           "layer_types is 2; expected a list of strings or null"),
     "huge-vocab": (lambda f: edit_config(f, vocab_size=10**11),
                    "weight model.embed_tokens.weight has shape 300x48; config.json gives 100000000000x48"),
     "vocab-as-text": (lambda f: edit_config(f, vocab_size="300"), "vocab_size is '300'; expected an integer"),

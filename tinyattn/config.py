@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import re
 import reprlib
@@ -591,10 +592,12 @@ def _coerce(value: Any, tp: Any, key: str, where) -> Any:
     return _coerce_plain(value, tp, key, where, _type_name(tp))
 
 
-def _coerce_plain(value: Any, tp: Any, key: str, where, expected: str) -> Any:
-    def bad() -> ConfigError:  # built only when raised: formatting a value is not free
-        return ConfigError(f"{where(key)}: {key}: expected {expected}, got {show_value(value)}")
+def _type_error(where, key: str, expected: str, value: Any) -> ConfigError:
+    return ConfigError(f"{where(key)}: {key}: expected {expected}, got {show_value(value)}")
 
+
+def _coerce_plain(value: Any, tp: Any, key: str, where, expected: str) -> Any:
+    bad = functools.partial(_type_error, where, key, expected, value)  # formatted only when raised
     if typing.get_origin(tp) is list:
         if isinstance(value, str):
             value = [value]  # a single path is a list of one
@@ -634,7 +637,8 @@ def _coerce_plain(value: Any, tp: Any, key: str, where, expected: str) -> Any:
         if number is None:
             raise bad()
         if not math.isfinite(number):
-            raise ConfigError(f"{where(key)}: {key}: {show_value(value)} is not accepted; expected a finite number")
+            raise ConfigError(f"{where(key)}: {key}: {show_value(value)} is not accepted; "
+                              "expected a finite number")
         return number
     if tp is str:
         if isinstance(value, str):

@@ -158,7 +158,8 @@ def pretrained_file(path: str | Path) -> Path:
     if path.is_dir():
         inside = path / "tokenizer.json"
         hint = f"; did you mean {inside}?" if inside.is_file() else ""
-        raise DataError(f"tokenizer.path: {path} is a folder; expected the path of a tokenizer.json file{hint}")
+        raise DataError(f"tokenizer.path: {path} is a folder; expected the path of a tokenizer.json "
+                        f"file{hint}")
     if not path.exists():
         raise DataError(f"tokenizer.path: tokenizer file not found: {path}")
     return path

@@ -102,7 +102,7 @@ class StepBudget:
         synchronize(trainer.device)
         start, timed = time.perf_counter(), 0
         measure_for = min(3.0, max(1.5, self.MIN_SHARE * self.seconds))
-        while self._keep_measuring(trainer, timed, time.perf_counter() - start, measure_for, stop):
+        while self._keep_measuring(trainer, timed, time.perf_counter() - start, measure_for, stop=stop):
             trainer.train_step()
             timed += 1
             if timed % 5 == 0:
@@ -110,7 +110,7 @@ class StepBudget:
         synchronize(trainer.device)
         return (time.perf_counter() - start) / timed if timed else math.nan
 
-    def _keep_measuring(self, trainer: Trainer, timed: int, seconds: float, measure_for: float,
+    def _keep_measuring(self, trainer: Trainer, timed: int, seconds: float, measure_for: float, *,
                         stop: Callable[[], bool]) -> bool:
         more = (timed < self.MIN_STEPS or seconds < measure_for) and not stop()
         if trainer.dist.enabled:  # rank 0 decides, so every rank runs the same steps
