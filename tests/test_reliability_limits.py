@@ -169,6 +169,14 @@ def test_the_limit_is_the_memory_the_device_has(tmp_path, monkeypatch):
     assert not (tmp_path / "runs").exists()
 
 
+def test_without_psutil_the_cpu_limit_comes_from_proc_meminfo(monkeypatch):
+    if not Path("/proc/meminfo").exists():
+        pytest.skip("no /proc/meminfo here")
+    monkeypatch.setitem(sys.modules, "psutil", None)  # import psutil now fails
+    limit, where = memory.available_bytes(torch.device("cpu"))
+    assert limit == memory._meminfo_available() and limit > 0 and where == "of memory available on this machine"
+
+
 # ----------------------------------------------------------------------------- the tokenizer
 
 

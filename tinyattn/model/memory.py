@@ -5,8 +5,9 @@ computed from the config alone (tests hold the two equal on several tiny models)
 `training_memory(model, train)` adds what one training step holds: the fp32 weights,
 their gradients and the optimizer's state, and the activations one micro-batch keeps
 for the backward pass. `check_training_fits` compares that with the memory the device
-has free and refuses, in one line naming both figures, a run that cannot fit, so a
-mistyped `--set model.n_layer=100000` ends before any tensor or run folder exists.
+has free (psutil, else Linux's /proc/meminfo; a GPU's own count) and refuses, in one
+line naming both figures, a run that cannot fit, so a mistyped
+`--set model.n_layer=100000` ends before any tensor or run folder exists.
 
 The estimate is a floor, not a ceiling: it counts the tensors a step cannot do without
 (activations in the narrowest precision the run may use, nothing for the allocator's
@@ -17,6 +18,7 @@ passes may still be tight.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -75,14 +77,28 @@ def training_memory(model: ModelConfig, train: TrainConfig, *,
     return MemoryEstimate(params, params * per_param, layers + logits)
 
 
-def available_bytes(device: torch.device) -> tuple[int, str]:
-    """Free memory where the run's tensors live, and a name for it."""
+def available_bytes(device: torch.device) -> tuple[Optional[int], str]:
+    """Free memory where the run's tensors live (None: unknown here), and a name for it."""
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         return free, f"free on {device}"
-    import psutil  # only here: the estimate itself needs nothing
+    where = "of memory available on this machine"
+    try:
+        import psutil  # a dev dependency, not a core one: /proc/meminfo says the same on Linux
+    except ImportError:
+        return _meminfo_available(), where
+    return psutil.virtual_memory().available, where
 
-    return psutil.virtual_memory().available, "of memory available on this machine"
+
+def _meminfo_available() -> Optional[int]:
+    """Linux's MemAvailable (free memory plus the caches it can drop), None where there is none."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def check_training_fits(model: ModelConfig, train: TrainConfig, device: torch.device, *,
@@ -90,7 +106,7 @@ def check_training_fits(model: ModelConfig, train: TrainConfig, device: torch.de
     """The estimate, or a ConfigError naming it and the limit when it cannot fit on `device`."""
     estimate = training_memory(model, train, vocab_size=vocab_size)
     limit, where = available_bytes(device)
-    if estimate.total_bytes > limit:
+    if limit is not None and estimate.total_bytes > limit:
         raise ConfigError(
             f"model and train settings need at least {gigabytes(estimate.total_bytes)} to train "
             f"({estimate.parameters:,} parameters: {gigabytes(estimate.state_bytes)} of weights, gradients "

@@ -20,7 +20,10 @@ What a run guarantees:
   uninterrupted one would. Tested: a stopped-and-resumed run ends with the weights of an
   uninterrupted one within 1e-6 on the CPU in fp32 (a CPU backward kernel sums in a
   thread-dependent order, so two fresh runs differ at that level too).
-- Ctrl-C or SIGTERM finishes the current step, saves a checkpoint and says how to resume.
+- A model whose training step cannot fit in the device's free memory (`model.memory`) is
+  refused before the run folder is made, naming both figures.
+- Ctrl-C or SIGTERM finishes the current step, saves a checkpoint and says how to resume;
+  during the time budget's calibration it stops before step 1, with nothing to save.
   A non-finite loss stops the run naming the step; no checkpoint is written after it.
 """
 
