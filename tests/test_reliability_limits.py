@@ -169,6 +169,14 @@ def test_the_limit_is_the_memory_the_device_has(tmp_path, monkeypatch):
     assert not (tmp_path / "runs").exists()
 
 
+def test_on_a_gpu_the_limit_is_its_free_memory(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (3 << 30, 8 << 30))
+    assert memory.available_bytes(torch.device("cuda", 0)) == (3 << 30, "free on cuda:0")
+    model = ModelConfig(vocab_size=50_000, n_layer=24, n_embd=1024, n_head=16, context_length=1024)
+    with pytest.raises(ConfigError, match=r"more than the 3.2 GB free on cuda:0"):
+        check_training_fits(model, TrainConfig(batch_size=8), torch.device("cuda", 0))
+
+
 def test_without_psutil_the_cpu_limit_comes_from_proc_meminfo(monkeypatch):
     if not Path("/proc/meminfo").exists():
         pytest.skip("no /proc/meminfo here")
