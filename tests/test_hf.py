@@ -295,7 +295,25 @@ def edit_config(folder, **changes):
     path.write_text(json.dumps(raw))
 
 
+def edit_tensor(folder, name, tensor):
+    from safetensors.torch import load_file, save_file
+    tensors = load_file(folder / "model.safetensors")
+    tensors[name] = tensor
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+
+
 REFUSALS = {
+    # Types and shapes, checked before anything is built or concatenated (issue 23):
+    "k-proj-shape": (lambda f: edit_tensor(f, "model.layers.0.self_attn.k_proj.weight", torch.zeros(16, 31)),
+                     "weight model.layers.0.self_attn.k_proj.weight has shape 16x31; "
+                     "config.json gives 16x48"),
+    "rope-scaling-text": (lambda f: edit_config(f, rope_parameters=None, rope_scaling="linear"),
+                          "rope_scaling is 'linear'; expected an object or null"),
+    "layer-types-number": (lambda f: edit_config(f, layer_types=2),
+                           "layer_types is 2; expected a list of strings or null"),
+    "huge-vocab": (lambda f: edit_config(f, vocab_size=10**11),
+                   "weight model.embed_tokens.weight has shape 300x48; config.json gives 100000000000x48"),
+    "vocab-as-text": (lambda f: edit_config(f, vocab_size="300"), "vocab_size is '300'; expected an integer"),
     "architecture": (lambda f: edit_config(f, architectures=["MistralForCausalLM"]),
                      "architectures ['MistralForCausalLM']"),
     "rope-scaling": (lambda f: edit_config(f, rope_parameters={"rope_type": "llama3", "rope_theta": 500.0,

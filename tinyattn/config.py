@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import re
+import reprlib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -327,6 +329,61 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * unit
 
 
+# ----------------------------------------------------------------------------- values in errors
+
+SHOWN_CHARS = 120  # the most of one value an error message shows
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxtuple, _SHOWN.maxset = 2, 6, 6, 6, 6
+_SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = 80, 80, 40
+
+
+def show_value(value: Any) -> str:
+    """`value` as an error message shows it: its repr, cut to a readable length.
+
+    The one place that formats a user's value for an error. reprlib stops at a few items
+    and levels, so a huge value costs what its first items cost, not what it holds.
+    """
+    text = _SHOWN.repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
+
+
+MAX_CONFIG_VALUES = 10_000  # values a config may expand to (a real one holds about a hundred)
+
+
+def _check_expansion(raw: dict, where) -> None:
+    """Refuse a config whose YAML aliases repeat a value past MAX_CONFIG_VALUES.
+
+    An alias (*name) repeats the anchored value, and aliases of aliases multiply: a few
+    hundred bytes can stand for billions of items, which every later step (a type check,
+    a copy, an error message) would walk. Aliases are allowed (`lr: &lr 3e-4` reused is
+    fine); only the expanded size is limited. Counted per distinct object, so the count
+    itself costs what the file holds, not what it expands to.
+    """
+    sizes: dict[int, int] = {}
+
+    def size(value: Any) -> int:
+        if not isinstance(value, (dict, list)):
+            return 1
+        if id(value) not in sizes:
+            sizes[id(value)] = 0  # a cycle counts once
+            items = value.values() if isinstance(value, dict) else value
+            sizes[id(value)] = min(1 + sum(size(item) for item in items), MAX_CONFIG_VALUES + 1)
+        return sizes[id(value)]
+
+    for name, section in raw.items():
+        entries = section.items() if isinstance(section, dict) else [(None, section)]
+        for key, value in entries:
+            dotted = name if key is None else f"{name}.{key}"
+            try:
+                too_big = size(value) > MAX_CONFIG_VALUES
+            except RecursionError:
+                too_big = True
+            if too_big:
+                raise ConfigError(f"{where(dotted)}: {dotted}: expands to more than {MAX_CONFIG_VALUES:,} "
+                                  "values (YAML aliases repeating aliases); write the value out, or "
+                                  "repeat it fewer times")
+
+
 # ----------------------------------------------------------------------------- loading
 
 
@@ -376,6 +433,7 @@ def config_from_dict(raw: dict, *, origins: dict[str, str] | None = None,
 
     if not isinstance(raw, dict):
         raise ConfigError(f"{default_origin}: expected a mapping of sections, got {type(raw).__name__}")
+    _check_expansion(raw, where)
     sections = {}
     section_types = {f.name: f.type for f in dataclasses.fields(Config)}
     hints = typing.get_type_hints(Config)
@@ -385,7 +443,7 @@ def config_from_dict(raw: dict, *, origins: dict[str, str] | None = None,
         if value is None:
             value = {}
         if not isinstance(value, dict):
-            raise ConfigError(f"{where(name)}: {name}: expected a mapping, got {value!r}")
+            raise ConfigError(f"{where(name)}: {name}: expected a mapping, got {show_value(value)}")
         sections[name] = _build_section(hints[name], name, value, where)
     config = Config(**sections)
     _validate(config, where)
@@ -458,7 +516,7 @@ def _read_with_extends(path: Path, seen: tuple[Path, ...]) -> tuple[dict, dict[s
     origins: dict[str, str] = {}
     if parent is not None:
         if not isinstance(parent, str):
-            raise ConfigError(f"{path}: extends: expected a file path, got {parent!r}")
+            raise ConfigError(f"{path}: extends: expected a file path, got {show_value(parent)}")
         merged, origins = _read_with_extends(path.parent / parent, (*seen, resolved))
         _drop_inherited_download(merged, data, origins)
     _deep_merge(merged, data, origins, str(path), prefix="")
@@ -559,21 +617,25 @@ def _coerce(value: Any, tp: Any, key: str, where) -> Any:
     return _coerce_plain(value, tp, key, where, _type_name(tp))
 
 
+def _type_error(where, key: str, expected: str, value: Any) -> ConfigError:
+    return ConfigError(f"{where(key)}: {key}: expected {expected}, got {show_value(value)}")
+
+
 def _coerce_plain(value: Any, tp: Any, key: str, where, expected: str) -> Any:
-    bad = ConfigError(f"{where(key)}: {key}: expected {expected}, got {value!r}")
+    bad = functools.partial(_type_error, where, key, expected, value)  # formatted only when raised
     if typing.get_origin(tp) is list:
         if isinstance(value, str):
             value = [value]  # a single path is a list of one
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise bad
+            raise bad()
         return list(value)
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise bad
+        raise bad()
     if tp is int:
         if isinstance(value, bool):
-            raise bad
+            raise bad()
         if isinstance(value, int):
             return value
         if isinstance(value, float) and value.is_integer():
@@ -582,13 +644,13 @@ def _coerce_plain(value: Any, tp: Any, key: str, where, expected: str) -> Any:
             try:
                 number = float(value)  # YAML 1.1 reads 1e6 as a string
             except ValueError:
-                raise bad from None
+                raise bad() from None
             if number.is_integer():
                 return int(number)
-        raise bad
+        raise bad()
     if tp is float:
         if isinstance(value, bool):
-            raise bad
+            raise bad()
         number = None
         if isinstance(value, (int, float)):
             number = float(value)
@@ -596,24 +658,25 @@ def _coerce_plain(value: Any, tp: Any, key: str, where, expected: str) -> Any:
             try:
                 number = float(value)  # YAML 1.1 reads 3e-4 (no dot) as a string
             except ValueError:
-                raise bad from None
+                raise bad() from None
         if number is None:
-            raise bad
+            raise bad()
         if not math.isfinite(number):
-            raise ConfigError(f"{where(key)}: {key}: {value!r} is not accepted; expected a finite number")
+            raise ConfigError(f"{where(key)}: {key}: {show_value(value)} is not accepted; "
+                              "expected a finite number")
         return number
     if tp is str:
         if isinstance(value, str):
             return value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
-        raise bad
-    raise bad
+        raise bad()
+    raise bad()
 
 
 def _validate(config: Config, where) -> None:
     def fail(key: str, value: Any, accepted: str) -> None:
-        raise ConfigError(f"{where(key)}: {key}: {value!r} is not accepted; {accepted}")
+        raise ConfigError(f"{where(key)}: {key}: {show_value(value)} is not accepted; {accepted}")
 
     for key, choices in CHOICES.items():
         section, name = key.split(".")

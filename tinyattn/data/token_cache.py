@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from tinyattn.config import Config
 from tinyattn.data.sources import DocumentParts, Source
-from tinyattn.data.tokenizer import Tokenizer, build_tokenizer
+from tinyattn.data.tokenizer import Tokenizer, build_tokenizer, pretrained_file
 from tinyattn.errors import DataError
 from tinyattn.system.storage import atomic_write, check_writable
 
@@ -120,11 +120,11 @@ def cache_inputs(source: Source, config: Config) -> dict:
     if tok.kind == "bpe":
         tokenizer["vocab_size"] = tok.vocab_size
     if tok.kind == "pretrained":
-        path = Path(tok.path)
+        path = pretrained_file(tok.path)  # a folder or a missing file: one line
         try:
             tokenizer["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
-        except FileNotFoundError:
-            raise DataError(f"tokenizer.path: tokenizer file not found: {path}") from None
+        except OSError as e:
+            raise DataError(f"tokenizer.path: cannot read {path} ({e.strerror or e})") from None
     return {
         "format_version": FORMAT_VERSION,
         "source": _content_identity(source.identity),

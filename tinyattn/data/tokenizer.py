@@ -152,6 +152,19 @@ class Tokenizer:
 # ----------------------------------------------------------------------------- building
 
 
+def pretrained_file(path: str | Path) -> Path:
+    """tokenizer.path as a file to read, or a one-line DataError for a missing path or a folder."""
+    path = Path(path)
+    if path.is_dir():
+        inside = path / "tokenizer.json"
+        hint = f"; did you mean {inside}?" if inside.is_file() else ""
+        raise DataError(f"tokenizer.path: {path} is a folder; expected the path of a tokenizer.json "
+                        f"file{hint}")
+    if not path.exists():
+        raise DataError(f"tokenizer.path: tokenizer file not found: {path}")
+    return path
+
+
 def build_tokenizer(config: TokenizerConfig, texts: Callable[[], Iterator[str]], *,
                     progress: bool = False) -> Tokenizer:
     """Make the tokenizer `config` asks for; `texts()` yields the training documents.
@@ -162,7 +175,7 @@ def build_tokenizer(config: TokenizerConfig, texts: Callable[[], Iterator[str]],
     if config.kind == "pretrained":
         if not config.path:
             raise DataError("tokenizer.path: tokenizer.kind=pretrained needs the path of a tokenizer.json")
-        return Tokenizer.from_file(config.path)
+        return Tokenizer.from_file(pretrained_file(config.path))
     if config.kind == "char":
         return _build_char(texts())
     if config.kind == "bpe":

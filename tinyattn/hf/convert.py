@@ -35,7 +35,7 @@ from typing import Optional
 
 import torch
 
-from tinyattn.config import ModelConfig
+from tinyattn.config import ModelConfig, show_value
 from tinyattn.errors import CheckpointError, TinyattnError
 from tinyattn.system.choices import EXPORT_PRECISIONS
 from tinyattn.system.device import DTYPES as DEVICE_DTYPES
@@ -96,22 +96,72 @@ def to_hf_weights(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[s
     return {name: tensor.detach().contiguous().clone() for name, tensor in out.items()}
 
 
-def from_hf_weights(tensors: dict[str, torch.Tensor], config: ModelConfig,
-                    origin: str) -> dict[str, torch.Tensor]:
-    """Llama names -> a tinyattn state dict (fp32); a missing or extra tensor is named."""
-    tensors = {k: v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}  # old files
-    used: set[str] = set()
+def hf_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a Llama (or Qwen3) folder of `config` holds, by name, with its shape."""
+    c, kv_width = config, config.kv_heads * config.head_dim
+    shapes = {"model.embed_tokens.weight": (c.vocab_size, c.n_embd), "model.norm.weight": (c.n_embd,)}
+    if not c.tie_embeddings:
+        shapes["lm_head.weight"] = (c.vocab_size, c.n_embd)
+    for i in range(c.n_layer):
+        layer = f"model.layers.{i}."
+        shapes.update({
+            layer + "input_layernorm.weight": (c.n_embd,),
+            layer + "self_attn.q_proj.weight": (c.n_embd, c.n_embd),
+            layer + "self_attn.k_proj.weight": (kv_width, c.n_embd),
+            layer + "self_attn.v_proj.weight": (kv_width, c.n_embd),
+            layer + "self_attn.o_proj.weight": (c.n_embd, c.n_embd),
+            layer + "post_attention_layernorm.weight": (c.n_embd,),
+            layer + "mlp.gate_proj.weight": (c.hidden_dim, c.n_embd),
+            layer + "mlp.up_proj.weight": (c.hidden_dim, c.n_embd),
+            layer + "mlp.down_proj.weight": (c.n_embd, c.hidden_dim),
+        })
+        if c.qk_norm:
+            shapes[layer + "self_attn.q_norm.weight"] = (c.head_dim,)
+            shapes[layer + "self_attn.k_norm.weight"] = (c.head_dim,)
+    return shapes
 
-    def take(name: str) -> torch.Tensor:
+
+def check_hf_weights(tensors: dict[str, torch.Tensor], config: ModelConfig, origin: str) -> None:
+    """Every tensor `config` needs is there with its shape, and no other: else one line naming
+    the first that is not (checked before anything is built or concatenated)."""
+    expected = hf_weight_shapes(config)
+    for name, shape in expected.items():
         if name not in tensors:
             raise CheckpointError(f"{origin}: weight {name} is missing")
-        used.add(name)
+        found = tuple(tensors[name].shape)
+        if found != shape:
+            raise CheckpointError(f"{origin}: weight {name} has shape {_shape(found)}; config.json "
+                                  f"gives {_shape(shape)}")
+    if config.tie_embeddings and "lm_head.weight" in tensors:  # a tied head's copy is the embedding
+        expected["lm_head.weight"] = expected["model.embed_tokens.weight"]
+        if tuple(tensors["lm_head.weight"].shape) != expected["lm_head.weight"]:
+            raise CheckpointError(f"{origin}: weight lm_head.weight has shape "
+                                  f"{_shape(tuple(tensors['lm_head.weight'].shape))}; config.json gives "
+                                  f"{_shape(expected['lm_head.weight'])}")
+    extra = sorted(set(tensors) - set(expected))
+    if extra:
+        more = f" and {len(extra) - 3} more" if len(extra) > 3 else ""
+        bias = " (biases are not supported)" if any(k.endswith(".bias") for k in extra) else ""
+        raise CheckpointError(f"{origin}: weights a Llama model of this config does not have: "
+                              f"{', '.join(extra[:3])}{more}{bias}")
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "x".join(str(n) for n in shape) or "a scalar"
+
+
+def from_hf_weights(tensors: dict[str, torch.Tensor], config: ModelConfig,
+                    origin: str) -> dict[str, torch.Tensor]:
+    """Llama names -> a tinyattn state dict (fp32); a missing, extra or misshapen tensor is named."""
+    tensors = {k: v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}  # old files
+    check_hf_weights(tensors, config, origin)
+
+    def take(name: str) -> torch.Tensor:
         return tensors[name].float()
 
     state = {"token_embedding.weight": take("model.embed_tokens.weight"),
              "final_norm.weight": take("model.norm.weight")}
     if config.tie_embeddings:
-        used.add("lm_head.weight")  # a tied head's copy, if the file holds one, is the embedding
         state["head.weight"] = state["token_embedding.weight"]  # as the tied model's state dict lists it
     else:
         state["head.weight"] = take("lm_head.weight")
@@ -130,12 +180,6 @@ def from_hf_weights(tensors: dict[str, torch.Tensor], config: ModelConfig,
         if config.qk_norm:
             state[ours + "attention.q_norm.weight"] = take(theirs + "self_attn.q_norm.weight")
             state[ours + "attention.k_norm.weight"] = take(theirs + "self_attn.k_norm.weight")
-    extra = sorted(set(tensors) - used)
-    if extra:
-        more = f" and {len(extra) - 3} more" if len(extra) > 3 else ""
-        bias = " (biases are not supported)" if any(k.endswith(".bias") for k in extra) else ""
-        raise CheckpointError(f"{origin}: weights a Llama model of this config does not have: "
-                              f"{', '.join(extra[:3])}{more}{bias}")
     return state
 
 
@@ -157,6 +201,44 @@ def architecture(raw: dict, origin: str) -> str:
     return found[0]
 
 
+_INTEGER = ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool))
+_NUMBER = ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool))
+_FLAG = ("true or false", lambda v: isinstance(v, bool))
+_TEXT = ("a string", lambda v: isinstance(v, str))
+_OBJECT = ("an object", lambda v: isinstance(v, dict))
+_NAMES = ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(t, str) for t in v))
+# config.json's fields tinyattn reads: (what is accepted, its check, whether null is allowed)
+HF_FIELDS = {
+    "vocab_size": (*_INTEGER, False), "hidden_size": (*_INTEGER, False),
+    "num_hidden_layers": (*_INTEGER, False), "num_attention_heads": (*_INTEGER, False),
+    "intermediate_size": (*_INTEGER, False), "max_position_embeddings": (*_INTEGER, False),
+    "num_key_value_heads": (*_INTEGER, True), "head_dim": (*_INTEGER, True),
+    "rope_theta": (*_NUMBER, False), "rms_norm_eps": (*_NUMBER, False),
+    "partial_rotary_factor": (*_NUMBER, True), "tie_word_embeddings": (*_FLAG, False),
+    "use_sliding_window": (*_FLAG, True), "attention_bias": (*_FLAG, True), "mlp_bias": (*_FLAG, True),
+    "hidden_act": (*_TEXT, False), "rope_scaling": (*_OBJECT, True), "rope_parameters": (*_OBJECT, True),
+    "layer_types": (*_NAMES, True),
+}
+ROPE_FIELDS = {"rope_type": (*_TEXT, False), "type": (*_TEXT, False), "rope_theta": (*_NUMBER, False),
+               "partial_rotary_factor": (*_NUMBER, False)}
+
+
+def check_field_types(raw: dict, origin: str) -> None:
+    """Each config.json field tinyattn reads has the JSON type it needs; else one line naming
+    the field, what was found and what is accepted (before any value is used)."""
+    def check(fields: dict, values: dict, prefix: str) -> None:
+        for key, (accepted, accepts, nullable) in fields.items():
+            if key in values and not (values[key] is None and nullable) and not accepts(values[key]):
+                null = " or null" if nullable else ""
+                raise CheckpointError(f"{origin}: {prefix}{key} is {show_value(values[key])}; "
+                                      f"expected {accepted}{null}")
+
+    check(HF_FIELDS, raw, "")
+    for key in ("rope_parameters", "rope_scaling"):
+        if isinstance(raw.get(key), dict):
+            check(ROPE_FIELDS, raw[key], f"{key}.")
+
+
 def model_config_from_hf(raw: dict, origin: str, *, tied: Optional[bool] = None) -> ModelConfig:
     """A Llama `config.json` as a ModelConfig; anything tinyattn would compute differently
     is a CheckpointError naming the field. tied: the head's tying when the file omits it."""
@@ -164,6 +246,7 @@ def model_config_from_hf(raw: dict, origin: str, *, tied: Optional[bool] = None)
         raise CheckpointError(f"{origin}: {what}")
 
     qk_norm = architecture(raw, origin) == QK_NORM_ARCHITECTURE
+    check_field_types(raw, origin)
     if raw.get("use_sliding_window") or any(t != "full_attention" for t in raw.get("layer_types") or []):
         refuse("sliding-window attention (use_sliding_window, layer_types): tinyattn's layers all "
                "attend to the whole context")

@@ -13,6 +13,7 @@ for that run, and the run says so (`explicit_steps`).
 from __future__ import annotations
 
 import copy
+import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
@@ -51,10 +52,14 @@ class StepBudget:
         self.seconds = parse_duration(budget_text)
 
     def fix_steps(self, trainer: Trainer, evaluator: Evaluator, run_dir: Path,
-                  elapsed: Callable[[], float]) -> tuple[int, str]:
+                  elapsed: Callable[[], float], *,
+                  stop: Callable[[], bool] = lambda: False) -> tuple[int, str]:
         """The step count for the budget, and one line saying how it was chosen.
 
         elapsed(): seconds of the budget already spent (the CLI counts from process start).
+        stop(): True once a stop was asked for (Ctrl-C, SIGTERM); checked after each
+        measuring step, it ends the measurement with `CalibrationStopped`, the trainer
+        put back as it was and nothing left in run_dir.
         """
         tc = trainer.config
         left = self.seconds * (1 - self.MARGIN) - self.EXIT_SECONDS - elapsed()
@@ -63,23 +68,16 @@ class StepBudget:
                                 "all the budget leaves; no step fits. Give a larger budget or set train.max_steps")
         # A copy, not the live tensors state_dict() refers to: the measuring steps move those.
         snapshot = copy.deepcopy(trainer.state_dict())
-        for _ in range(self.WARM_STEPS):
-            trainer.train_step()
-        synchronize(trainer.device)
-        start, timed = time.perf_counter(), 0
-        measure_for = min(3.0, max(1.5, self.MIN_SHARE * self.seconds))
-        while self._keep_measuring(trainer, timed, time.perf_counter() - start, measure_for):
-            trainer.train_step()
-            timed += 1
-            if timed % 5 == 0:
-                synchronize(trainer.device)
-        synchronize(trainer.device)
-        step_seconds = (time.perf_counter() - start) / timed
-        start = time.perf_counter()
-        evaluator.show(evaluator.run(trainer.step), DISCARD, run_dir=None)  # the hooks log nothing here
-        eval_seconds = time.perf_counter() - start
-        save_seconds = _time_a_save(trainer, run_dir)
+        step_seconds = self._time_steps(trainer, stop)
+        eval_seconds = save_seconds = math.nan
+        if not stop():
+            start = time.perf_counter()
+            evaluator.show(evaluator.run(trainer.step), DISCARD, run_dir=None)  # the hooks log nothing here
+            eval_seconds = time.perf_counter() - start
+            save_seconds = _time_a_save(trainer, run_dir)
         trainer.load_state_dict(snapshot, Path("the time budget's snapshot"))
+        if stop():  # at any point of the measurement: the trainer is as it was, run_dir untouched
+            raise CalibrationStopped()
 
         spent = elapsed()
         available = self.seconds * (1 - self.MARGIN) - self.EXIT_SECONDS - spent
@@ -95,13 +93,35 @@ class StepBudget:
         return steps, why
 
 
-    def _keep_measuring(self, trainer: Trainer, timed: int, seconds: float, measure_for: float) -> bool:
-        more = timed < self.MIN_STEPS or seconds < measure_for
+    def _time_steps(self, trainer: Trainer, stop: Callable[[], bool]) -> float:
+        """Seconds per step, after WARM_STEPS untimed ones; ends early (any value) once stop()."""
+        for _ in range(self.WARM_STEPS):
+            trainer.train_step()
+            if stop():
+                return math.nan
+        synchronize(trainer.device)
+        start, timed = time.perf_counter(), 0
+        measure_for = min(3.0, max(1.5, self.MIN_SHARE * self.seconds))
+        while self._keep_measuring(trainer, timed, time.perf_counter() - start, measure_for, stop=stop):
+            trainer.train_step()
+            timed += 1
+            if timed % 5 == 0:
+                synchronize(trainer.device)
+        synchronize(trainer.device)
+        return (time.perf_counter() - start) / timed if timed else math.nan
+
+    def _keep_measuring(self, trainer: Trainer, timed: int, seconds: float, measure_for: float, *,
+                        stop: Callable[[], bool]) -> bool:
+        more = (timed < self.MIN_STEPS or seconds < measure_for) and not stop()
         if trainer.dist.enabled:  # rank 0 decides, so every rank runs the same steps
             flag = torch.tensor([int(more)], device=trainer.device)
             torch.distributed.broadcast(flag, src=0)
             more = bool(flag.item())
         return more
+
+
+class CalibrationStopped(Exception):
+    """A stop (Ctrl-C, SIGTERM) arrived while the time budget was measured; nothing was trained."""
 
 
 def _time_a_save(trainer: Trainer, run_dir: Path) -> float:

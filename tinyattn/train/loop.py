@@ -20,7 +20,10 @@ What a run guarantees:
   uninterrupted one would. Tested: a stopped-and-resumed run ends with the weights of an
   uninterrupted one within 1e-6 on the CPU in fp32 (a CPU backward kernel sums in a
   thread-dependent order, so two fresh runs differ at that level too).
-- Ctrl-C or SIGTERM finishes the current step, saves a checkpoint and says how to resume.
+- A model whose training step cannot fit in the device's free memory (`model.memory`) is
+  refused before the run folder is made, naming both figures.
+- Ctrl-C or SIGTERM finishes the current step, saves a checkpoint and says how to resume;
+  during the time budget's calibration it stops before step 1, with nothing to save.
   A non-finite loss stops the run naming the step; no checkpoint is written after it.
 """
 
@@ -36,9 +39,10 @@ import torch
 from tinyattn.config import Config, TrainConfig, save_config
 from tinyattn.data.batches import prepare_data
 from tinyattn.errors import TinyattnError
+from tinyattn.model.memory import check_training_fits
 from tinyattn.system.device import measure_peak_flops, select_device, select_precision
 from tinyattn.system.distributed import Distributed, init_distributed, shutdown_distributed
-from tinyattn.train.budget import StepBudget, explicit_steps
+from tinyattn.train.budget import CalibrationStopped, StepBudget, explicit_steps
 from tinyattn.train.finetune import InitSource, adopt_model, init_source
 from tinyattn.train.hooks import resolve_hooks
 from tinyattn.train.log import Logger, RunLog
@@ -108,6 +112,7 @@ def _train(config: Config, request: _Request, dist: Distributed) -> TrainResult:
     device = select_device(request.device or config.train.device)  # a bad one fails before the folder is made
     if dist.enabled and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
+    check_training_fits(config.model, config.train, device)  # before the folder; vocab_size may be unknown
     run_dir, lock = open_run_folder(config, request.config_path, request.run_name, point, dist)
     with lock, RunLog(run_dir, enabled=dist.is_main):
         return _train_in(run_dir, config, request, point=point, device=device, dist=dist, timers=timers,
@@ -133,8 +138,9 @@ def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Option
     for line in request.notes:
         log.print(line)
     if point is None and config.train.time_budget is not None:
-        with timers("calibration"):
-            config.train.max_steps = _budget_steps(trainer, evaluator, run_dir, request.elapsed, log)
+        stopped = _calibrate(config, trainer, evaluator, run_dir, request=request, log=log, timers=timers)
+        if stopped is not None:
+            return stopped
 
     checkpointer = Checkpointer(run_dir, config, data.tokenizer, dist)
     checkpointer.run_state["data"] = data.fingerprint  # what every checkpoint says it trained on
@@ -174,6 +180,7 @@ def _build(config: Config, request: _Request, *, point: Optional[ResumePoint], d
         point.check_tokenizer(data.tokenizer)
         note = point.check_data(data.fingerprint, allow_change=request.allow_data_change)
         request.notes.extend([note] if note else [])
+    check_training_fits(config.model, config.train, device)  # again, now with the vocabulary's size
     trainer = Trainer.build(config.model, config.train, data.train, device=device, precision=precision,
                             dist=dist)
     hooks = resolve_hooks(config.train.show) if dist.is_main else ()
@@ -181,10 +188,29 @@ def _build(config: Config, request: _Request, *, point: Optional[ResumePoint], d
     return trainer, evaluator, data
 
 
+def _calibrate(config: Config, trainer: Trainer, evaluator: Evaluator, run_dir: Path, *,
+               request: _Request, log: Logger, timers: Timers) -> Optional[TrainResult]:
+    """Sets train.max_steps for the time budget; a stop signal meanwhile ends the run before
+    step 1 (the result, interrupted), with nothing written but the line in train.log."""
+    stopper = StopRequest()
+    try:
+        with timers("calibration"), stopper.installed():
+            config.train.max_steps = _budget_steps(trainer, evaluator, run_dir, request.elapsed, log,
+                                                   stop=lambda: stopper.signal_name is not None)
+    except CalibrationStopped:
+        log.print(f"stopped by {stopper.signal_name} during the time budget's calibration, before step 1: "
+                  f"nothing was trained or saved in {run_dir}; run the command again to start over")
+        log.close()
+        return TrainResult(run_dir, 0, 0, trainer.best_val_loss, float("nan"), 0.0, request.elapsed(), True,
+                           dict(timers.seconds))
+    return None
+
+
 def _budget_steps(trainer: Trainer, evaluator: Evaluator, run_dir: Path, elapsed: Callable[[], float],
-                  log: "Logger") -> int:
+                  log: "Logger", *, stop: Callable[[], bool]) -> int:
     """train.max_steps for the time budget, the same on every rank; says how it was chosen."""
-    steps, why = StepBudget(trainer.config.time_budget).fix_steps(trainer, evaluator, run_dir, elapsed)
+    steps, why = StepBudget(trainer.config.time_budget).fix_steps(trainer, evaluator, run_dir, elapsed,
+                                                                  stop=stop)
     if trainer.dist.enabled:
         chosen = [steps]
         torch.distributed.broadcast_object_list(chosen, src=0)  # rank 0's measurement decides

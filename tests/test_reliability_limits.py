@@ -1,0 +1,232 @@
+"""Runaway inputs end in one short line, fast: alias bombs, huge values in errors, models
+too big for the machine, a folder given as a tokenizer file, a stop during calibration.
+
+Nothing here allocates a large model or expands a large bomb: the code under test must
+refuse before it would. The bomb runs in a child process with a memory and time limit, so
+code that expands it fails the test instead of the machine.
+"""
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tinyattn.config import (
+    MAX_CONFIG_VALUES,
+    Config,
+    DataConfig,
+    ModelConfig,
+    TokenizerConfig,
+    TrainConfig,
+    load_config,
+    show_value,
+)
+from tinyattn.data.tokenizer import build_tokenizer
+from tinyattn.errors import ConfigError, DataError
+from tinyattn.model import memory
+from tinyattn.model.memory import check_training_fits, parameter_count, training_memory
+from tinyattn.model.transformer import LanguageModel
+from tinyattn.train.loop import train
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = "the quick brown fox jumps over the lazy dog.\n" * 60
+
+
+def alias_bomb(levels: int) -> str:
+    """A config whose train.probe_text is 9**levels x's through aliases of aliases."""
+    items = ["&a0 [x, x, x, x, x, x, x, x, x]"]
+    items += [f"&a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return "data:\n  files: [c.txt]\ntrain:\n  probe_text: [" + ", ".join(items) + "]\n"
+
+
+# ----------------------------------------------------------------------------- YAML aliases
+
+
+def test_an_alias_bomb_is_refused_fast_in_one_short_line(tmp_path):
+    """The 9-level bomb (about 420 bytes, 387 million x's) ends in a second, under a 2 GB cap."""
+    path = tmp_path / "bomb.yaml"
+    path.write_text(alias_bomb(9))
+    assert path.stat().st_size < 500
+    script = ("import resource, sys\n"
+              "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+              "from tinyattn.config import load_config\n"
+              f"load_config({str(path)!r})\n")
+    start = time.perf_counter()
+    try:
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+    except subprocess.TimeoutExpired:
+        pytest.fail("the bomb was still expanding after 30 s")
+    last = result.stderr.strip().splitlines()[-1]
+    assert time.perf_counter() - start < 20
+    assert last.startswith("tinyattn.errors.ConfigError: ") and "train.probe_text: expands" in last, last
+    assert f"more than {MAX_CONFIG_VALUES:,} values" in last and len(last) < 300
+
+
+def test_aliases_within_the_limit_still_work(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("data: {files: [c.txt]}\ntrain: {lr: &lr 0.002, muon_lr: *lr, show: &s [sample]}\n")
+    config = load_config(path)
+    assert (config.train.lr, config.train.muon_lr, config.train.show) == (0.002, 0.002, ["sample"])
+
+
+# ----------------------------------------------------------------------------- values in errors
+
+
+def test_an_error_shows_a_huge_value_cut_to_a_readable_length(tmp_path):
+    """6,561 x's under the alias limit, a 100,000-character string: each message stays short."""
+    path = tmp_path / "c.yaml"
+    path.write_text(alias_bomb(4))
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    message = str(error.value)
+    assert "train.probe_text: expected a string, got [[" in message and len(message) < 250, message[:300]
+    with pytest.raises(ConfigError) as error:
+        load_config(_plain(tmp_path), ["model.n_layer=" + "y" * 100_000])
+    assert "model.n_layer: expected an integer, got 'yyy" in str(error.value) and len(str(error.value)) < 250
+    assert "\n" not in str(error.value)
+
+
+def _plain(tmp_path):
+    path = tmp_path / "plain.yaml"
+    path.write_text("data: {files: [c.txt]}\n")
+    return path
+
+
+def test_show_value_is_short_and_cheap_for_any_value():
+    nested = [["x"] * 9] * 9
+    for _ in range(12):  # 9**14 items through shared references: only the first few are looked at
+        nested = [nested] * 9
+    start = time.perf_counter()
+    shown = [show_value(v) for v in (nested, "z" * 10**6, 10**500, {"k": list(range(10**5))}, 3e-4)]
+    assert time.perf_counter() - start < 0.5
+    assert all(len(s) <= 120 for s in shown) and shown[-1] == "0.0003"
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+@pytest.mark.parametrize("model", [
+    dict(),
+    dict(tie_embeddings=False, n_kv_head=1),
+    dict(n_head=4, n_kv_head=2, qk_norm=True, mlp_hidden=40),
+    dict(n_layer=3, n_embd=48, n_head=6, n_kv_head=3, tie_embeddings=False, qk_norm=True),
+])
+def test_parameter_count_from_the_config_is_the_built_models(model):
+    config = ModelConfig(**{"vocab_size": 67, "n_layer": 2, "n_head": 2, "n_embd": 32,
+                            "context_length": 16, **model})
+    assert parameter_count(config) == LanguageModel(config).num_parameters()
+    assert parameter_count(ModelConfig(**{**config.__dict__, "vocab_size": None}), vocab_size=67) \
+        == parameter_count(config)
+
+
+def test_the_estimate_counts_weights_gradients_optimizer_state_and_activations():
+    model = ModelConfig(vocab_size=100, n_layer=2, n_head=2, n_embd=32, context_length=16)
+    adamw = training_memory(model, TrainConfig(batch_size=4, precision="fp32"))
+    assert adamw.state_bytes == 16 * parameter_count(model)
+    assert adamw.activation_bytes > 2 * 4 * 16 * 100 * 4  # at least the fp32 logits and their gradient
+    bigger_batch = training_memory(model, TrainConfig(batch_size=8, precision="fp32"))
+    assert bigger_batch.activation_bytes == 2 * adamw.activation_bytes
+
+
+def tiny_config(tmp_path, **model) -> Config:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT)
+    shape = {"n_layer": 1, "n_head": 2, "n_embd": 32, "context_length": 16, **model}
+    return Config(model=ModelConfig(**shape),
+                  data=DataConfig(files=[str(corpus)], cache_dir=str(tmp_path / "cache")),
+                  train=TrainConfig(batch_size=2, max_steps=2, eval_interval=2, eval_windows=2, device="cpu",
+                                    precision="fp32", out_dir=str(tmp_path / "runs")))
+
+
+@pytest.mark.parametrize("model", [dict(n_layer=100_000), dict(n_embd=10_000_000)])
+def test_a_model_too_big_for_this_machine_is_refused_before_its_run_folder(tmp_path, model):
+    config = tiny_config(tmp_path, **model)
+    start = time.perf_counter()
+    with pytest.raises(ConfigError) as error:
+        train(config, run_name="big", progress=False)
+    assert time.perf_counter() - start < 10
+    message = str(error.value)
+    assert f"({parameter_count(config.model):,} parameters" in message and "available" in message, message
+    assert "\n" not in message and not (tmp_path / "runs").exists()
+
+
+def test_the_limit_is_the_memory_the_device_has(tmp_path, monkeypatch):
+    """A model that trains fine is refused when the limit is made smaller than its estimate."""
+    config = tiny_config(tmp_path)
+    needed = training_memory(config.model, config.train).total_bytes
+    monkeypatch.setattr(memory, "available_bytes", lambda device: (needed - 1, "of memory available here"))
+    with pytest.raises(ConfigError, match=r"more than the .* of memory available here"):
+        check_training_fits(config.model, config.train, torch.device("cpu"))
+    with pytest.raises(ConfigError, match="parameters"):
+        train(config, run_name="small", progress=False)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_on_a_gpu_the_limit_is_its_free_memory(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (3 << 30, 8 << 30))
+    assert memory.available_bytes(torch.device("cuda", 0)) == (3 << 30, "free on cuda:0")
+    model = ModelConfig(vocab_size=50_000, n_layer=24, n_embd=1024, n_head=16, context_length=1024)
+    with pytest.raises(ConfigError, match=r"more than the 3.2 GB free on cuda:0"):
+        check_training_fits(model, TrainConfig(batch_size=8), torch.device("cuda", 0))
+
+
+def test_without_psutil_the_cpu_limit_comes_from_proc_meminfo(monkeypatch):
+    if not Path("/proc/meminfo").exists():
+        pytest.skip("no /proc/meminfo here")
+    monkeypatch.setitem(sys.modules, "psutil", None)  # import psutil now fails
+    limit, where = memory.available_bytes(torch.device("cpu"))
+    assert limit == memory._meminfo_available() and limit > 0 and where == "of memory available on this machine"
+
+
+# ----------------------------------------------------------------------------- the tokenizer
+
+
+def test_a_folder_as_the_pretrained_tokenizer_is_one_line(tmp_path):
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    with pytest.raises(DataError, match=r"^tokenizer.path: .*tok is a folder; expected the path of a "
+                                        r"tokenizer.json file$"):
+        build_tokenizer(TokenizerConfig(kind="pretrained", path=str(folder)), lambda: iter([]))
+    config = tiny_config(tmp_path)
+    config.tokenizer = TokenizerConfig(kind="pretrained", path=str(folder))
+    with pytest.raises(DataError, match="is a folder"):
+        train(config, run_name="t", progress=False)
+
+
+# ----------------------------------------------------------------------------- a stop during calibration
+
+
+def test_sigterm_during_the_time_budgets_calibration_stops_cleanly(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(f"data: {{files: [{tmp_path / 'corpus.txt'}], cache_dir: {tmp_path / 'cache'}}}\n"
+                      "model: {n_layer: 1, n_head: 2, n_embd: 32, context_length: 16}\n"
+                      "train: {batch_size: 2, eval_interval: 1000, device: cpu, "
+                      f"out_dir: {tmp_path / 'runs'}}}\n")
+    (tmp_path / "corpus.txt").write_text(TEXT)
+    command = [sys.executable, "-m", "tinyattn", "train", "--config", str(config), "--run-name", "s",
+               "--no-progress", "--set", "train.time_budget=300s"]
+    child = subprocess.Popen(command, cwd=tmp_path,
+                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                             preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30)))
+    try:
+        first = child.stderr.readline()
+        assert "measuring a few steps" in first, first
+        time.sleep(0.3)  # inside the measurement
+        child.send_signal(signal.SIGTERM)
+        rest = child.stderr.read()
+        code = child.wait(timeout=60)
+    finally:
+        child.kill()
+    run = tmp_path / "runs" / "s"
+    log = (run / "train.log").read_text()
+    assert code == 130, rest
+    assert "stopped by SIGTERM during the time budget's calibration, before step 1" in rest
+    assert "stopped by SIGTERM during the time budget's calibration" in log
+    assert sorted(p.name for p in run.iterdir() if p.name != ".lock.filelock") == ["train.log"]

@@ -1,0 +1,120 @@
+"""What a model costs before it exists: its parameter count and the memory a training step needs.
+
+`parameter_count(config)` is the number `LanguageModel(config).num_parameters()` returns,
+computed from the config alone (tests hold the two equal on several tiny models).
+`training_memory(model, train)` adds what one training step holds: the fp32 weights,
+their gradients and the optimizer's state, and the activations one micro-batch keeps
+for the backward pass. `check_training_fits` compares that with the memory the device
+has free (psutil, else Linux's /proc/meminfo; a GPU's own count) and refuses, in one
+line naming both figures, a run that cannot fit, so a mistyped
+`--set model.n_layer=100000` ends before any tensor or run folder exists.
+
+The estimate is a floor, not a ceiling: it counts the tensors a step cannot do without
+(activations in the narrowest precision the run may use, nothing for the allocator's
+slack or the framework), so a refused run could never have fitted, while a run that
+passes may still be tight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from tinyattn.config import ModelConfig, TrainConfig
+from tinyattn.errors import ConfigError
+
+FP32 = 4  # bytes
+
+
+def parameter_count(config: ModelConfig, vocab_size: Optional[int] = None) -> int:
+    """Parameters of `LanguageModel(config)` (a tied head counted once), without building it.
+
+    vocab_size: used when config.vocab_size is still None (before the tokenizer is known).
+    """
+    c, vocab = config, (config.vocab_size if config.vocab_size is not None else vocab_size or 0)
+    width, kv_width, hidden = c.n_embd, c.kv_heads * c.head_dim, c.hidden_dim
+    per_layer = (width  # attention_norm
+                 + width * (width + 2 * kv_width)  # qkv: (C + 2 Hkv D, C)
+                 + width * width  # output: (C, C)
+                 + (2 * c.head_dim if c.qk_norm else 0)  # q_norm, k_norm
+                 + width  # mlp_norm
+                 + width * 2 * hidden  # gate_up: (2 hidden, C)
+                 + hidden * width)  # down: (C, hidden)
+    heads = 1 if c.tie_embeddings else 2  # embedding (V, C), and an untied head (V, C)
+    return heads * vocab * width + c.n_layer * per_layer + width  # + final_norm
+
+
+@dataclass
+class MemoryEstimate:
+    parameters: int
+    state_bytes: int  # weights, gradients, optimizer state
+    activation_bytes: int  # what one micro-batch keeps for backward
+
+    @property
+    def total_bytes(self) -> int:
+        return self.state_bytes + self.activation_bytes
+
+
+def training_memory(model: ModelConfig, train: TrainConfig, *,
+                    vocab_size: Optional[int] = None) -> MemoryEstimate:
+    """The floor of what one training step of this model holds (see the module docstring)."""
+    params = parameter_count(model, vocab_size)
+    vocab = model.vocab_size if model.vocab_size is not None else vocab_size or 0
+    # fp32 weights and gradients, and AdamW's two moments; Muon keeps one for the blocks' matrices.
+    per_param = 4 * FP32 if train.optimizer == "adamw" else 3 * FP32
+    element = FP32 if train.precision == "fp32" else 2  # auto may pick bf16: count the narrower
+    tokens = train.batch_size * model.context_length  # B * T of one micro-batch
+    width, kv_width, hidden = model.n_embd, model.kv_heads * model.head_dim, model.hidden_dim
+    # Per layer and token: both norms' inputs and outputs (4C), q, k, v (C + 2 Hkv D), the
+    # attention's output (C), gate and up (2 hidden) and their product (hidden).
+    per_token = 6 * width + 2 * kv_width + 3 * hidden
+    scores = model.n_head * model.context_length if model.attention == "explicit" else 0  # (H, T) per query
+    layers = model.n_layer * tokens * (per_token + 2 * scores) * element
+    logits = 2 * tokens * vocab * FP32  # the logits and their gradient, fp32 for the loss
+    return MemoryEstimate(params, params * per_param, layers + logits)
+
+
+def available_bytes(device: torch.device) -> tuple[Optional[int], str]:
+    """Free memory where the run's tensors live (None: unknown here), and a name for it."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return free, f"free on {device}"
+    where = "of memory available on this machine"
+    try:
+        import psutil  # a dev dependency, not a core one: /proc/meminfo says the same on Linux
+    except ImportError:
+        return _meminfo_available(), where
+    return psutil.virtual_memory().available, where
+
+
+def _meminfo_available() -> Optional[int]:
+    """Linux's MemAvailable (free memory plus the caches it can drop), None where there is none."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_training_fits(model: ModelConfig, train: TrainConfig, device: torch.device, *,
+                        vocab_size: Optional[int] = None) -> MemoryEstimate:
+    """The estimate, or a ConfigError naming it and the limit when it cannot fit on `device`."""
+    estimate = training_memory(model, train, vocab_size=vocab_size)
+    limit, where = available_bytes(device)
+    if limit is not None and estimate.total_bytes > limit:
+        raise ConfigError(
+            f"model and train settings need at least {gigabytes(estimate.total_bytes)} to train "
+            f"({estimate.parameters:,} parameters: {gigabytes(estimate.state_bytes)} of weights, gradients "
+            f"and optimizer state; {gigabytes(estimate.activation_bytes)} of activations), more than the "
+            f"{gigabytes(limit)} {where}; make model.n_layer, model.n_embd, train.batch_size or "
+            "model.context_length smaller")
+    return estimate
+
+
+def gigabytes(n: int) -> str:
+    return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.1f} MB"
