@@ -20,7 +20,7 @@ from tinyattn import checkpoint as ckpt
 from tinyattn.config import Config, config_to_dict
 from tinyattn.errors import CheckpointError
 from tinyattn.system.distributed import Distributed
-from tinyattn.train.run_folder import RunLock, unique_run_dir
+from tinyattn.train.run_folder import RunLock, check_run_name, unique_run_dir
 
 if TYPE_CHECKING:
     from tinyattn.train.trainer import Trainer
@@ -59,6 +59,8 @@ class ResumePoint:
     def find(cls, resume: str | Path | bool, run_name: Optional[str], out_dir: str | Path) -> "ResumePoint":
         """resume=True: the --run-name run, else the most recent one; else a folder or file."""
         out_dir = Path(out_dir)
+        if run_name is not None:
+            check_run_name(run_name)
         if resume is True and run_name:
             run_dir = out_dir / run_name
             if not run_dir.is_dir():
@@ -141,6 +143,8 @@ def open_run_folder(config: Config, config_path, run_name: Optional[str], point:
     new folder). Nothing is written before the lock is held.
     """
     run_dir, lock = None, nullcontext()
+    if run_name is not None:
+        check_run_name(run_name)  # on every rank: each fails alike, before any folder is made
     if dist.is_main:
         if point is not None:
             run_dir = point.target(run_name, config.train.out_dir)

@@ -1,0 +1,68 @@
+"""Issue 23's third sweep, paths and small things: a run stays inside train.out_dir and never
+writes into a folder tinyattn did not make, an export replaces a folder as one step and an
+interrupted one is cleaned up, and the small refusals and skips say what a user needs."""
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CORPUS, ROOT
+from tinyattn.config import load_config
+from tinyattn.errors import ConfigError, StorageError
+from tinyattn.train.loop import train
+from tinyattn.train.run_folder import RunLock
+
+TINY = ROOT / "configs" / "tiny.yaml"
+MARKER_NAME = ".tinyattn-run"  # run_folder.MARKER_NAME
+
+
+def tiny_config(tmp_path: Path, *extra: str):
+    corpus = tmp_path / "corpus.txt"
+    if not corpus.exists():
+        corpus.write_text(CORPUS, encoding="utf-8")
+    return load_config(TINY, [f"data.files={corpus}", "data.url=null", "data.sha256=null",
+                              f"data.cache_dir={tmp_path / 'cache'}", f"train.out_dir={tmp_path / 'runs'}",
+                              "train.max_steps=2", "train.eval_interval=2", "train.batch_size=4",
+                              "train.sample_tokens=0", *extra])
+
+
+# ----------------------------------------------------------------------------- run names and folders
+
+
+@pytest.mark.parametrize("name", ["../../escape", "../myproject", "a/b", "..", "a\\b", "ABSOLUTE"])
+def test_a_run_name_that_is_not_one_folder_name_is_refused_before_anything_is_made(tmp_path, name):
+    name = str(tmp_path / "elsewhere") if name == "ABSOLUTE" else name
+    config = tiny_config(tmp_path)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with pytest.raises(ConfigError, match=r"--run-name .*: a run name is one folder name inside"):
+        train(config, run_name=name, progress=False)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # not even train.out_dir
+    with pytest.raises(ConfigError, match=r"--run-name"):  # the resume path checks it too
+        train(tiny_config(tmp_path), run_name=name, resume=True, progress=False)
+
+
+def test_an_existing_folder_of_the_users_is_refused_and_left_untouched(tmp_path):
+    project = tmp_path / "runs" / "myproject"
+    project.mkdir(parents=True)
+    (project / "config.yaml").write_text("mine: true\n")
+    (project / ".notes.tmp").write_text("a draft")
+    (project / "samples.txt").write_text("my samples\n")
+    before = {p.name: p.read_bytes() for p in project.iterdir()}
+    with pytest.raises(StorageError, match=r"myproject: an existing folder that is not a tinyattn run"):
+        train(tiny_config(tmp_path), run_name="myproject", progress=False)
+    assert {p.name: p.read_bytes() for p in project.iterdir()} == before
+    with pytest.raises(StorageError, match=r"not a tinyattn run folder"):
+        RunLock.acquire(project)  # the lock's clean-up would delete .notes.tmp
+
+
+def test_a_run_folder_is_marked_and_one_without_the_marker_but_with_checkpoints_is_still_taken(tmp_path):
+    with RunLock.acquire(tmp_path / "new") as lock:
+        assert (lock.folder / MARKER_NAME).is_file()
+    (tmp_path / "new" / "empty").mkdir()
+    RunLock.acquire(tmp_path / "new").release()  # marked: whatever it holds is the run's
+    old = tmp_path / "old"  # a run folder written before the marker existed
+    old.mkdir()
+    (old / "step_0000010.pt").write_bytes(b"")
+    (old / ".step_0000020.pt.x.tmp").write_bytes(b"half")
+    RunLock.acquire(old).release()
+    assert (old / MARKER_NAME).is_file() and not (old / ".step_0000020.pt.x.tmp").exists()
