@@ -66,3 +66,15 @@ def test_a_run_folder_is_marked_and_one_without_the_marker_but_with_checkpoints_
     (old / ".step_0000020.pt.x.tmp").write_bytes(b"half")
     RunLock.acquire(old).release()
     assert (old / MARKER_NAME).is_file() and not (old / ".step_0000020.pt.x.tmp").exists()
+
+
+def test_a_killed_token_cache_builds_temporary_files_go_with_the_next_build(tmp_path):
+    from tinyattn.data.batches import prepare_data
+
+    config = tiny_config(tmp_path)
+    folder = prepare_data(config, progress=False).cache_dir
+    (folder / "meta.json").unlink()  # as a build killed before its end leaves the folder ...
+    (folder / ".train.bin.k1ll3d.tmp").write_bytes(b"\0" * 4096)  # ... with its half-written file
+    prepare_data(config, progress=False)
+    assert sorted(p.name for p in folder.iterdir()) == ["meta.json", "tokenizer.json", "train.bin",
+                                                        "validation.bin"]
