@@ -78,3 +78,28 @@ def test_a_killed_token_cache_builds_temporary_files_go_with_the_next_build(tmp_
     prepare_data(config, progress=False)
     assert sorted(p.name for p in folder.iterdir()) == ["meta.json", "tokenizer.json", "train.bin",
                                                         "validation.bin"]
+
+
+# ----------------------------------------------------------------------------- small things
+
+
+def test_a_zero_byte_best_pt_falls_back_to_the_newest_good_step_checkpoint_with_a_note(
+        trained_run, tmp_path, capsys):
+    import shutil
+
+    from tinyattn import checkpoint as ckpt
+    from tinyattn.errors import CheckpointError
+
+    run = shutil.copytree(trained_run.run_dir, tmp_path / "run")
+    (run / "best.pt").write_bytes(b"")
+    newest = ckpt.step_checkpoints(run)[-1]
+    capsys.readouterr()
+    loaded = ckpt.load_model(run)  # the run's model was asked for: the newest one that verifies
+    assert loaded.path == newest
+    assert f"note: {run / 'best.pt'} is damaged (not a torch.save archive); using {newest.name}" in (
+        capsys.readouterr().err)
+    # best.pt named as a file: refused, naming the good checkpoint to use instead.
+    with pytest.raises(CheckpointError, match=rf"best\.pt: not a readable checkpoint .*; the newest "
+                                              rf"checkpoint in .* that verifies is {newest.name}: use "
+                                              rf"--checkpoint .*{newest.name}"):
+        ckpt.load_model(run / "best.pt")
