@@ -103,3 +103,14 @@ def test_a_zero_byte_best_pt_falls_back_to_the_newest_good_step_checkpoint_with_
                                               rf"checkpoint in .* that verifies is {newest.name}: use "
                                               rf"--checkpoint .*{newest.name}"):
         ckpt.load_model(run / "best.pt")
+
+
+def test_a_resume_on_a_corpus_with_new_characters_names_them_not_vocab_size(tmp_path):
+    from tinyattn.errors import CheckpointError
+
+    train(tiny_config(tmp_path), run_name="run", progress=False)
+    (tmp_path / "corpus.txt").write_text("Ωß é\n" + CORPUS, encoding="utf-8")
+    expected = r"the corpus has 3 characters the run's tokenizer does not know \('ß', 'é', 'Ω'\); token ids"
+    with pytest.raises(CheckpointError, match=expected) as refused:
+        train(tiny_config(tmp_path, "train.max_steps=4"), run_name="run", resume=True, progress=False)
+    assert "vocab_size" not in str(refused.value)

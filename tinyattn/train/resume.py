@@ -9,6 +9,7 @@ picks the folder and holds it (`run_folder.RunLock`) before anything is written 
 
 from __future__ import annotations
 
+import json
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,23 @@ def _verified_alternative(file: Path) -> str:
     return (f"; the newest checkpoint in {file.parent} that verifies is {good.name}: move the damaged "
             f"file away and resume with --resume {file.parent}, or fork from it with --resume {good} "
             "--run-name NEW_NAME")
+
+
+def _tokenizer_change(saved_json, tokenizer) -> str:
+    """What differs between the run's tokenizer and the one the data now builds, in a user's words."""
+    differs = "its tokenizer differs from the one the data now builds"
+    try:
+        saved_spec = json.loads(saved_json)["model"]
+        saved, now = set(saved_spec["vocab"]), set(json.loads(tokenizer.to_json())["model"]["vocab"])
+    except (TypeError, ValueError, KeyError):  # no tokenizer saved, or one of another shape
+        return f"{differs} (the corpus or tokenizer settings changed)"
+    unit = "characters" if saved_spec.get("type") == "WordLevel" else "tokens"
+    for extra, cause in ((now - saved, f"the corpus has {{n}} {unit} the run's tokenizer does not know"),
+                         (saved - now, f"the corpus no longer has {{n}} {unit} the run's tokenizer has")):
+        if extra:
+            shown = ", ".join(repr(t) for t in sorted(extra)[:5]) + (", ..." if len(extra) > 5 else "")
+            return f"{differs}: {cause.format(n=len(extra))} ({shown})"
+    return f"{differs} (the tokenizer settings changed)"
 
 
 @dataclass
@@ -124,10 +142,13 @@ class ResumePoint:
             config.train.max_steps = self.config.train.max_steps
 
     def check_tokenizer(self, tokenizer) -> None:
-        if self.state.get("tokenizer") != tokenizer.to_json():
-            raise CheckpointError(f"{self.file}: its tokenizer differs from the one the data now "
-                                  "builds (the corpus or tokenizer settings changed); token ids would "
-                                  "no longer mean what the model learned")
+        """Refuse data whose tokenizer is not the run's, naming what changed (before any size check:
+        a larger vocabulary is a symptom, the corpus or the tokenizer settings the cause)."""
+        saved = self.state.get("tokenizer")
+        if saved != tokenizer.to_json():
+            raise CheckpointError(f"{self.file}: {_tokenizer_change(saved, tokenizer)}; "
+                                  "token ids would no longer mean what the model learned. Resume on the "
+                                  "data the run was trained on, or start a new run")
 
     def restore(self, trainer: Trainer) -> None:
         trainer.load_state_dict(self.state, self.file)
