@@ -114,3 +114,17 @@ def test_a_resume_on_a_corpus_with_new_characters_names_them_not_vocab_size(tmp_
     with pytest.raises(CheckpointError, match=expected) as refused:
         train(tiny_config(tmp_path, "train.max_steps=4"), run_name="run", resume=True, progress=False)
     assert "vocab_size" not in str(refused.value)
+
+
+@pytest.mark.parametrize("budget", ["1s", "3s"])  # refused before measuring, or after (load decides)
+def test_a_budget_too_small_for_a_step_advises_what_helps_while_a_budget_is_set(tmp_path, budget):
+    from tinyattn.errors import TinyattnError
+
+    with pytest.raises(TinyattnError, match=rf"train.time_budget {budget}: .*no step fits") as refused:
+        train(tiny_config(tmp_path, f"train.time_budget={budget}"), run_name="small", progress=False)
+    message = str(refused.value)
+    assert "or set train.max_steps" not in message  # the budget would still win over a file's max_steps
+    assert ("Give a budget of at least " in message and "or train a fixed number of steps: --set "
+            "train.time_budget=null train.max_steps=N" in message), message
+    at_least = float(message.split("at least ")[1].split("s ")[0])
+    assert at_least > float(budget[:-1])
