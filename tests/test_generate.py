@@ -426,6 +426,18 @@ def test_cli_interactive_reads_prompts_until_end_of_input(run_dir, capsys, monke
     assert out == first.removeprefix("Speak") + second.removeprefix("All:")
 
 
+def test_cli_interactive_skips_a_line_that_is_not_utf8_with_a_warning(run_dir, capsys, monkeypatch):
+    options = ["--checkpoint", str(run_dir), "--max-new-tokens", "8", "--temperature", "0", "--dtype", "fp32",
+               "--interactive"]
+    stdin = io.TextIOWrapper(io.BytesIO(b"Speak\n\xff\xfe latin-1 \xe9\nAll:\n"), encoding="utf-8")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    status, out, err = run_main(options, capsys)
+    assert status == 0 and "Traceback" not in err
+    assert "warning: stdin line 2 is not utf-8 text (invalid start byte at byte 0); skipped" in err
+    # Both good lines were answered, as when the bad one is not there.
+    assert out == run_main(options, capsys, stdin="Speak\nAll:\n", monkeypatch=monkeypatch)[1]
+
+
 def test_cli_prompt_from_stdin_and_stop_escapes(run_dir, capsys, monkeypatch):
     status, out, _ = run_main(["--checkpoint", str(run_dir), "-", "--max-new-tokens", "40", "--seed", "2",
                                "--dtype", "fp32", "--stop", "\\n", "e"], capsys, stdin="All:",

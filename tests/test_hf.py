@@ -187,6 +187,54 @@ def test_a_failed_export_leaves_the_out_folder_as_it_was(tmp_path, capsys, monke
     assert sorted(p.name for p in tmp_path.iterdir()) == ["earlier", "run"]  # no new/, no staging left
 
 
+KILLED_EXPORT = """
+import os, sys, torch
+from pathlib import Path
+from tinyattn.hf.folder import export_folder
+from tinyattn.config import config_from_dict
+from tinyattn.data.tokenizer import Tokenizer
+state = torch.load(sys.argv[1], weights_only=True)
+out, moves, real_replace = Path(sys.argv[2]), [], os.replace
+
+def replace(src, dst):
+    dst = Path(dst)
+    if dst == out or dst.parent in (out, out.parent):  # a move into (or beside) the out folder
+        moves.append(dst)
+        if len(moves) == 2:
+            os._exit(9)  # killed between two moves: no clean-up runs
+    return real_replace(src, dst)
+
+os.replace = replace
+export_folder(state["model"], config_from_dict(state["config"]), Tokenizer.from_json(state["tokenizer"]),
+              out, dtype=torch.bfloat16, force=True)
+"""
+
+
+def test_an_export_killed_while_replacing_a_folder_loses_neither_and_is_cleaned_up(tmp_path):
+    import subprocess
+
+    from tinyattn.errors import CheckpointError
+
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)
+    run = save_run(tmp_path, config, model, tokenizer)
+    out = tmp_path / "out"
+    export_folder(model.state_dict(), config, tokenizer, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    killed = subprocess.run([sys.executable, "-c", KILLED_EXPORT, str(run / "best.pt"), str(out)],
+                            capture_output=True, text=True, timeout=120)
+    assert killed.returncode == 9, killed.stderr
+    (tmp_path / ".out.abcd1234.tmp").mkdir()  # and a staging folder an export killed mid-write left
+    (tmp_path / ".out.abcd1234.tmp" / "config.json").write_text("{")
+    with pytest.raises(CheckpointError, match="holds an earlier export; add --force"):
+        export_folder(model.state_dict(), config, tokenizer, out)  # the earlier export is back, whole
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "run"]  # nothing left beside it
+    export_folder(model.state_dict(), config, tokenizer, out, dtype=torch.bfloat16, force=True)
+    assert hf_model(out).model.embed_tokens.weight.dtype == torch.bfloat16
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "run"]
+
+
 # ----------------------------------------------------------------------------- import
 
 

@@ -277,3 +277,16 @@ def test_one_long_text_is_read_once_per_use(tmp_path, monkeypatch):
     assert len(readings) == 4
     train, validation = documents_of(result)
     assert len(validation[0]) == len(book()) - int(len(book()) * 0.9)  # the last tenth of the characters
+
+
+def test_records_without_text_are_skipped_and_counted_once(tmp_path, capsys):
+    records = [{"text": text} for text in DOCUMENTS]
+    records += [{"text": None}, {"id": 7}, {"id": 8}, {"text": ""}]  # null, missing twice, empty
+    path = tmp_path / "sparse.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    result = prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
+    assert documents_of(result) == expected_split(DOCUMENTS)
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1, err  # the corpus is read several times; said once
+    assert (f"warning: {path}: skipped 4 of 24 records: 3 with no 'text' (null or missing) and 1 whose "
+            "'text' is empty") in err

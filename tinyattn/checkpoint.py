@@ -13,7 +13,9 @@ moment leaves either the old checkpoint or the new one, never half of one.
 
 A run folder (`checkpoints/<run-name>/`) holds `step_<N>.pt` for the last few steps,
 `best.pt` for the lowest validation loss, `config.yaml`, `tokenizer.json`, `data.json`, and the
-TensorBoard event files.
+TensorBoard event files. A run folder named where the best model is wanted whose best.pt
+is damaged gives its newest step checkpoint that verifies, with a note; a damaged best.pt
+named as a file is refused, naming that step checkpoint.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import pickle
 import re
 import shutil
+import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,11 +187,34 @@ def resolve_checkpoint(path: Optional[str | Path], out_dir: str | Path = "checkp
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such checkpoint file or run folder")
     best, latest = path / BEST, latest_checkpoint(path)
+    if prefer == "best" and best.is_file() and (damage := verify_checkpoint(best)):
+        return _instead_of_damaged_best(best, damage)
     order = [best, latest] if prefer == "best" else [latest, best]
     for candidate in order:
         if candidate is not None and candidate.is_file():
             return candidate
     raise CheckpointError(f"{path}: run folder holds no checkpoint (step_*.pt or best.pt)")
+
+
+def _instead_of_damaged_best(best: Path, damage: str) -> Path:
+    """The newest step checkpoint that verifies, said on stderr, for a run folder whose best.pt is
+    damaged (the folder was named, not the file: the user asked for the run's model)."""
+    good = next((p for p in step_checkpoints(best.parent)[::-1] if verify_checkpoint(p) is None), None)
+    if good is None:
+        raise CheckpointError(f"{best}: not a readable checkpoint (truncated or corrupt?): {damage}; "
+                              f"no step checkpoint in {best.parent} verifies either")
+    print(f"note: {best} is damaged ({damage}); using {good.name}, the newest checkpoint that verifies "
+          f"(its validation loss may be above best's)", file=sys.stderr, flush=True)
+    return good
+
+
+def damaged_best_advice(file: Path) -> str:
+    """'; ... use --checkpoint <step file>' when `file` is a damaged best.pt named by the user."""
+    good = newest_verified(file.parent) if file.name == BEST else None
+    if good is None or good == file:
+        return ""
+    return (f"; the newest checkpoint in {file.parent} that verifies is {good.name}: use --checkpoint "
+            f"{good}, or --checkpoint {file.parent} to take it with a note")
 
 
 @dataclass
@@ -259,7 +285,10 @@ def load_model(path: Optional[str | Path] = None, device: str | torch.device = "
         raise CheckpointError(f"{path} is a Hugging Face folder, not a tinyattn checkpoint: load it "
                               "with tinyattn.hf.folder.load_any_model")
     file = resolve_checkpoint(path, out_dir, prefer="best")
-    state = load_checkpoint(file)  # on the CPU: the optimizer state never goes to the device
+    try:
+        state = load_checkpoint(file)  # on the CPU: the optimizer state never goes to the device
+    except CheckpointError as e:
+        raise CheckpointError(f"{e}{damaged_best_advice(file)}") from None
     config = config_from_checkpoint(state, file)
     model = LanguageModel(config.model)
     load_weights(model, state, file)

@@ -14,12 +14,14 @@ What goes where:
   (`warning: ...`), and errors (`error: ...`, exit status 2, no traceback).
 
 `--interactive` reads one prompt per line from stdin until end of input (Ctrl-D) and prints
-each continuation; the prompt itself is not echoed there.
+each continuation; the prompt itself is not echoed there. A line that is not text in stdin's
+encoding is skipped with a warning naming its line number, and the session goes on.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import warnings
 from typing import Optional
@@ -159,17 +161,42 @@ def inference_model(loaded, args: argparse.Namespace, device):
 
 
 def _interactive(out: "StreamPrinter") -> int:
-    """--interactive: one prompt per line from stdin until end of input; prompts not echoed."""
+    """--interactive: one prompt per line from stdin until end of input; prompts not echoed.
+
+    A line that is not text in stdin's encoding is skipped with a warning: the session goes on.
+    """
     interactive = sys.stdin.isatty()
-    while True:
+    for number in itertools.count(1):
         if interactive:
             print("> ", end="", file=sys.stderr, flush=True)
-        line = read_stdin(sys.stdin.readline)
-        if not line:  # end of input
+        line = _read_line(number)
+        if line is None:  # end of input
             if interactive:
                 print(file=sys.stderr)
             return 0
-        out.run(line.rstrip("\r\n"), echo=False)
+        if line is not _SKIPPED:
+            out.run(line.rstrip("\r\n"), echo=False)
+
+
+_SKIPPED = object()  # what _read_line returns for a line it could not decode
+
+
+def _read_line(number: int):
+    """stdin's next line (None at the end); read as bytes and decoded here, so one undecodable
+    line costs only itself (a text stream's decoder would fail for the rest of its buffer)."""
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is None:  # already text (a StringIO in tests): nothing can fail to decode
+        return sys.stdin.readline() or None
+    raw = buffer.readline()
+    if not raw:
+        return None
+    encoding = sys.stdin.encoding or "utf-8"
+    try:
+        return raw.decode(encoding)
+    except UnicodeDecodeError as e:
+        print(f"warning: stdin line {number} is not {encoding} text ({e.reason} at byte {e.start}); "
+              "skipped", file=sys.stderr, flush=True)
+        return _SKIPPED
 
 
 class StreamPrinter:

@@ -20,7 +20,8 @@ files given as paths, globs or folders (`data.files`), optionally downloaded onc
 A document stream is a sequence of parts `(text, starts_document)`: a JSON record or a
 CSV row is one part, a large text file several. When reading fails, the file at fault is
 hunted down so the message can name it: the first byte that is not UTF-8 (with its line),
-or the first JSON line that does not parse.
+or the first JSON line that does not parse. Records whose text field is null, missing or
+empty are skipped, and how many is said once (`SkippedRecords`).
 """
 
 from __future__ import annotations
@@ -117,7 +118,8 @@ def _hub_source(data: DataConfig) -> Source:
             raise DataError(f"data.dataset: {_first_line(e)}") from None
         except ValueError as e:  # an unknown split or config name; the message lists the valid ones
             raise DataError(f"data.dataset {name!r}: {_first_line(e)}") from None
-        return lambda: _dataset_parts(dataset, data.text_field, description, [], "hub")
+        skipped = SkippedRecords(f"{description} split {split!r}", data.text_field)
+        return lambda: _dataset_parts(dataset, data.text_field, description, [], "hub", skipped=skipped)
 
     slug = name.rstrip("/").rsplit("/", 1)[-1]
     return Source(description=description, name=_slug(slug), identity=identity, reader=reader)
@@ -165,7 +167,9 @@ def _records_reader(data: DataConfig, files: list[Path], file_format: str,
         with _reading_errors(description, files, file_format):
             dataset = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train",
                                             streaming=True, cache_dir=str(lock_folder), **options)
-        return lambda: _dataset_parts(dataset, data.text_field, description, files, file_format)
+        skipped = SkippedRecords(description, data.text_field)
+        return lambda: _dataset_parts(dataset, data.text_field, description, files, file_format,
+                                      skipped=skipped)
 
     return reader
 
@@ -366,12 +370,30 @@ class _ReadingReport:
 # ----------------------------------------------------------------------------- records
 
 
+class SkippedRecords:
+    """Says once, after the first complete reading of a split, how many records had no text."""
+
+    def __init__(self, description: str, text_field: str):
+        self.description, self.text_field = description, text_field
+        self.said = False
+
+    def report(self, *, records: int, missing: int, empty: int) -> None:
+        if self.said or not (missing or empty):
+            return
+        self.said = True
+        parts = [f"{missing} with no {self.text_field!r} (null or missing)"] if missing else []
+        parts += [f"{empty} whose {self.text_field!r} is empty"] if empty else []
+        print(f"warning: {self.description}: skipped {missing + empty:,} of {records:,} records: "
+              f"{' and '.join(parts)}", file=sys.stderr, flush=True)
+
+
 def _dataset_parts(dataset, text_field: str, description: str, files: list[Path],
-                   file_format: str) -> DocumentParts:
+                   file_format: str, *, skipped: SkippedRecords) -> DocumentParts:
     """The non-empty texts of a `datasets` dataset, in order, read a batch of rows at a time;
-    each is a whole document."""
+    each is a whole document. The records skipped are counted and said (`skipped`)."""
     import pyarrow
 
+    records = missing = empty = 0
     with _reading_errors(description, files, file_format):
         for table in dataset.with_format("arrow").iter(batch_size=1000):
             column = _text_column(table, text_field, description)
@@ -379,9 +401,14 @@ def _dataset_parts(dataset, text_field: str, description: str, files: list[Path]
                     or pyarrow.types.is_string_view(column.type)):
                 raise DataError(f"data.text_field: {text_field!r} of {description} holds "
                                 f"{column.type} values, not text")
+            records += len(column)
+            missing += column.null_count  # a null field, or none at all: Arrow fills both with null
             for text in column.to_pylist():
                 if text:
                     yield text, True
+                elif text is not None:
+                    empty += 1
+    skipped.report(records=records, missing=missing, empty=empty)  # only a reading that got to the end
 
 
 @contextmanager

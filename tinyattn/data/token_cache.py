@@ -11,7 +11,9 @@ The files are keyed by what they hold, not by their size and modification time, 
 `cp -p`, `rsync -a` or `touch -r` carry over to an edited file.
 Every file is written under a temporary name and renamed; `meta.json` is written last,
 and a folder is trusted only when its `meta.json` matches the hash and the file sizes. A
-build that is interrupted, or whose splits turn out too short, leaves no `meta.json`.
+build that is interrupted, or whose splits turn out too short, leaves no `meta.json`; the
+temporary files of one that was killed are deleted by the next build (under the folder's
+build lock, so never a live build's).
 
 `data_fingerprint(meta)` is what a run records of the data it trained on (in each checkpoint
 and the run folder's `data.json`); `data_differences` names what changed between two of them.
@@ -27,22 +29,25 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 import numpy as np
 import tokenizers
+from filelock import FileLock, Timeout
 from tqdm import tqdm
 
 from tinyattn.config import Config
 from tinyattn.data.sources import DocumentParts, Source
 from tinyattn.data.tokenizer import Tokenizer, build_tokenizer, pretrained_file
 from tinyattn.errors import DataError
-from tinyattn.system.storage import atomic_write, check_writable
+from tinyattn.system.storage import atomic_write, check_writable, remove_temporaries
 
 FORMAT_VERSION = 2  # bump when the layout or meaning of the cache files changes (2: checksums)
 CHECK_CHUNK_BYTES = 1 << 24  # token files are checked this many bytes at a time
 ENCODE_BATCH_CHARS = 1 << 20  # characters handed to the tokenizer at once (encoded in parallel)
+BUILD_LOCK_SUFFIX = ".build.filelock"  # `.<folder>` + this, beside it: held while building it
 
 
 class TokenCache:
@@ -89,7 +94,12 @@ class TokenCache:
 
         tokenizer = build_tokenizer(config.tokenizer, texts, progress=progress)
         check_writable(folder)  # a read-only cache folder is one line, not a traceback
-        (folder / "meta.json").unlink(missing_ok=True)  # from here on, nothing in the folder is trusted
+        with _sole_builder(folder):
+            (folder / "meta.json").unlink(missing_ok=True)  # from here on, nothing in the folder is trusted
+            return self._write(folder, tokenizer, train, validation, rule=rule, progress=progress)
+
+    def _write(self, folder: Path, tokenizer: Tokenizer, train: Callable[[], DocumentParts],
+               validation: Callable[[], DocumentParts], *, rule: str, progress: bool) -> dict:
         dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
         meta = {"format_version": FORMAT_VERSION, "key": self.key, "dtype": np.dtype(dtype).name,
                 "vocab_size": tokenizer.vocab_size, "validation_rule": rule, "inputs": self.inputs,
@@ -111,6 +121,25 @@ class TokenCache:
         """Write meta.json last: from now on the folder is trusted."""
         with atomic_write(self.folder / "meta.json") as f:
             f.write(json.dumps(meta, indent=2).encode())
+
+
+@contextmanager
+def _sole_builder(folder: Path) -> Iterator[None]:
+    """Hold `folder`'s build lock while the block builds; clear a killed build's temporary
+    files (`.train.bin.*.tmp`) when no other process is building there, whose files are live."""
+    # Beside the folder, not in it: a cache folder holds only what meta.json describes.
+    lock = FileLock(folder.parent / f".{folder.name}{BUILD_LOCK_SUFFIX}", timeout=0, thread_local=False)
+    try:
+        lock.acquire()
+    except Timeout:
+        lock = None  # another build runs: it writes its own files; leave them be
+    else:
+        remove_temporaries(folder)
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def cache_inputs(source: Source, config: Config) -> dict:

@@ -7,7 +7,8 @@
   are translated in `tinyattn.hf.convert`.
 - `export_folder(...)`: the reverse, a folder that `AutoModelForCausalLM` and
   `AutoTokenizer` load with no custom code, with a model card. It is staged beside the
-  target and moved in, so a failed export leaves the folder as it was.
+  target and swapped in as one step, so a failed or killed export leaves the folder as it
+  was; what a killed one left beside it is cleaned up by the next export.
 
 Only the `safetensors` package is needed here (never `transformers`), imported when a
 folder is read or written, so the core works without either. Pickled weights
@@ -19,7 +20,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +49,7 @@ from tinyattn.system.storage import TEMPORARY_SUFFIX, atomic_write, read_text, s
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth")
+ASIDE_SUFFIX = ".old" + TEMPORARY_SUFFIX  # the replaced export, for the moment between two renames
 # Files an export writes; an existing folder holding only these may be replaced with --force.
 EXPORTED_FILES = ("config.json", WEIGHTS, "generation_config.json", "tokenizer.json",
                   "tokenizer_config.json", "special_tokens_map.json", "README.md")
@@ -190,6 +194,7 @@ def export_folder(weights: dict[str, torch.Tensor], config: Config, tokenizer: T
     st = safetensors_torch()
     eot = tokenizer.eot_id
     hf = hf_config(config.model, eot, dtype)  # refuses what Llama cannot hold, before any write
+    clean_interrupted_export(out)  # first: an export killed mid-swap may have moved `out` aside
     _check_out_folder(out, force)
     tensors = {name: t.to(dtype) for name, t in to_hf_weights(weights, config.model).items()}
     special = {}
@@ -219,8 +224,8 @@ def _json_bytes(value: dict) -> bytes:
 
 
 def _write_folder(out: Path, files: dict[str, bytes]) -> None:
-    """Write `files` into a staging folder beside `out`, then move them into `out` (the
-    whole folder when `out` does not exist yet): a write that fails changes nothing there."""
+    """Write `files` into a staging folder beside `out`, then put it in `out`'s place as one
+    step (`_swap_in`): a write that fails, or a kill at any moment, never leaves half of one."""
     with storage_errors(out.parent):
         out.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=TEMPORARY_SUFFIX))
@@ -229,13 +234,41 @@ def _write_folder(out: Path, files: dict[str, bytes]) -> None:
             with atomic_write(staging / name) as f:
                 f.write(data)
         with storage_errors(out):
-            if out.is_dir():  # empty, or the earlier export --force replaces
-                for name in files:
-                    os.replace(staging / name, out / name)
-            else:
-                os.replace(staging, out)
+            _swap_in(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _swap_in(staging: Path, out: Path) -> None:
+    """Put the complete `staging` folder at `out`. An existing `out` (empty, or the earlier
+    export --force replaces) is moved aside first and deleted last: at every moment `out`
+    is the old export or the new one, and a kill between the two renames leaves the old one
+    aside, where the next export's `clean_interrupted_export` puts it back."""
+    if out.is_dir():
+        aside = staging.with_name(staging.name.removesuffix(TEMPORARY_SUFFIX) + ASIDE_SUFFIX)
+        os.replace(out, aside)
+        os.replace(staging, out)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.replace(staging, out)
+
+
+def clean_interrupted_export(out: Path) -> None:
+    """Undo what an export into `out` killed part-way left beside it: its staging folders are
+    deleted; a folder it had moved aside goes back to `out` when `out` is missing (else deleted)."""
+    if not out.parent.is_dir():
+        return
+    pattern = re.compile(rf"^\.{re.escape(out.name)}\.[a-z0-9_]{{8}}(\.old)?{re.escape(TEMPORARY_SUFFIX)}$")
+    for path in sorted(out.parent.iterdir(), key=lambda p: not p.name.endswith(ASIDE_SUFFIX)):
+        if not (pattern.match(path.name) and path.is_dir()):
+            continue
+        with storage_errors(path):
+            if path.name.endswith(ASIDE_SUFFIX) and not out.exists():
+                os.replace(path, out)
+                print(f"note: {out}: an earlier export was interrupted while replacing it; put the "
+                      "folder it replaced back", file=sys.stderr)
+            else:
+                shutil.rmtree(path)
 
 
 def _check_out_folder(out: Path, force: bool) -> None:

@@ -64,8 +64,9 @@ class StepBudget:
         tc = trainer.config
         left = self.seconds * (1 - self.MARGIN) - self.EXIT_SECONDS - elapsed()
         if left <= 0 and not trainer.dist.enabled:  # spent already: refuse before measuring anything
+            advice = self._advice(elapsed() + 1.5)  # the measuring alone takes 1.5 s or more
             raise TinyattnError(f"train.time_budget {self.text}: {elapsed():.0f} s are gone before training, "
-                                "all the budget leaves; no step fits. Give a larger budget or set train.max_steps")
+                                f"all the budget leaves; no step fits. {advice}")
         # A copy, not the live tensors state_dict() refers to: the measuring steps move those.
         snapshot = copy.deepcopy(trainer.state_dict())
         step_seconds = self._time_steps(trainer, stop)
@@ -86,12 +87,20 @@ class StepBudget:
         if steps < 1:
             raise TinyattnError(
                 f"train.time_budget {self.text}: {spent:.0f} s are gone before training and a "
-                f"step takes {step_seconds:.2f} s; no step fits. Give a larger budget or set train.max_steps")
+                f"step takes {step_seconds:.2f} s; no step fits. "
+                + self._advice(spent + eval_seconds + 2 * save_seconds + per_step))
         why = (f"time budget {self.text}: measured {step_seconds:.3f} s/step, {eval_seconds:.2f} s per "
                f"evaluation, {save_seconds:.2f} s per checkpoint, {spent:.0f} s of start-up "
                f"-> {steps:,} steps")
         return steps, why
 
+
+    def _advice(self, seconds_needed: float) -> str:
+        """What helps when no step fits: a budget that holds `seconds_needed` of the run's own
+        time, or no budget (train.max_steps counts only once the budget is off)."""
+        at_least = math.ceil((seconds_needed + self.EXIT_SECONDS) / (1 - self.MARGIN))
+        return (f"Give a budget of at least {at_least}s (--set train.time_budget={at_least}s), or train "
+                "a fixed number of steps: --set train.time_budget=null train.max_steps=N")
 
     def _time_steps(self, trainer: Trainer, stop: Callable[[], bool]) -> float:
         """Seconds per step, after WARM_STEPS untimed ones; ends early (any value) once stop()."""

@@ -175,9 +175,8 @@ def _build(config: Config, request: _Request, *, point: Optional[ResumePoint], d
            dist: Distributed) -> tuple[Trainer, Evaluator, object]:
     """The data, a seeded Trainer over it and the Evaluator with train.show's hooks."""
     precision = select_precision(config.train.precision, device)
-    data = _prepare_data(config, dist, request.progress)
-    if point is not None:  # a changed tokenizer is refused even with --allow-data-change
-        point.check_tokenizer(data.tokenizer)
+    data = _prepare_data(config, dist, request.progress, point=point)
+    if point is not None:
         note = point.check_data(data.fingerprint, allow_change=request.allow_data_change)
         request.notes.extend([note] if note else [])
     check_training_fits(config.model, config.train, device)  # again, now with the vocabulary's size
@@ -219,13 +218,15 @@ def _budget_steps(trainer: Trainer, evaluator: Evaluator, run_dir: Path, elapsed
     return steps
 
 
-def _prepare_data(config: Config, dist: Distributed, progress: bool):
+def _prepare_data(config: Config, dist: Distributed, progress: bool, *, point: Optional[ResumePoint] = None):
     """The token data (rank 0 builds the cache, the others then read it); sets vocab_size."""
     if dist.enabled and not dist.is_main:
         torch.distributed.barrier()
     data = prepare_data(config, progress=progress and dist.is_main)
     if dist.enabled and dist.is_main:
         torch.distributed.barrier()
+    if point is not None:  # first: new characters are the cause a vocab_size check would hide
+        point.check_tokenizer(data.tokenizer)
     if config.model.vocab_size is None:
         config.model.vocab_size = data.tokenizer.vocab_size
     elif config.model.vocab_size < data.tokenizer.vocab_size:

@@ -28,7 +28,7 @@ from tinyattn.data.token_cache import data_differences
 from tinyattn.errors import CheckpointError
 from tinyattn.system.distributed import Distributed
 from tinyattn.system.storage import atomic_write
-from tinyattn.train.run_folder import RunLock, unique_run_dir
+from tinyattn.train.run_folder import RunLock, check_run_name, unique_run_dir
 
 if TYPE_CHECKING:
     from tinyattn.train.trainer import Trainer
@@ -54,6 +54,23 @@ def _verified_alternative(file: Path) -> str:
             "--run-name NEW_NAME")
 
 
+def _tokenizer_change(saved_json, tokenizer) -> str:
+    """What differs between the run's tokenizer and the one the data now builds, in a user's words."""
+    differs = "its tokenizer differs from the one the data now builds"
+    try:
+        saved_spec = json.loads(saved_json)["model"]
+        saved, now = set(saved_spec["vocab"]), set(json.loads(tokenizer.to_json())["model"]["vocab"])
+    except (TypeError, ValueError, KeyError):  # no tokenizer saved, or one of another shape
+        return f"{differs} (the corpus or tokenizer settings changed)"
+    unit = "characters" if saved_spec.get("type") == "WordLevel" else "tokens"
+    for extra, cause in ((now - saved, f"the corpus has {{n}} {unit} the run's tokenizer does not know"),
+                         (saved - now, f"the corpus no longer has {{n}} {unit} the run's tokenizer has")):
+        if extra:
+            shown = ", ".join(repr(t) for t in sorted(extra)[:5]) + (", ..." if len(extra) > 5 else "")
+            return f"{differs}: {cause.format(n=len(extra))} ({shown})"
+    return f"{differs} (the tokenizer settings changed)"
+
+
 @dataclass
 class ResumePoint:
     """The checkpoint a run continues from: loaded once, then checked against the run."""
@@ -68,6 +85,8 @@ class ResumePoint:
     def find(cls, resume: str | Path | bool, run_name: Optional[str], out_dir: str | Path) -> "ResumePoint":
         """resume=True: the --run-name run, else the most recent one; else a folder or file."""
         out_dir = Path(out_dir)
+        if run_name is not None:
+            check_run_name(run_name)
         if resume is True and run_name:
             run_dir = out_dir / run_name
             if not run_dir.is_dir():
@@ -179,10 +198,13 @@ class ResumePoint:
                 "included) are not comparable")
 
     def check_tokenizer(self, tokenizer) -> None:
-        if self.state.get("tokenizer") != tokenizer.to_json():
-            raise CheckpointError(f"{self.file}: its tokenizer differs from the one the data now "
-                                  "builds (the corpus or tokenizer settings changed); token ids would "
-                                  "no longer mean what the model learned")
+        """Refuse data whose tokenizer is not the run's, naming what changed (before any size check:
+        a larger vocabulary is a symptom, the corpus or the tokenizer settings the cause)."""
+        saved = self.state.get("tokenizer")
+        if saved != tokenizer.to_json():
+            raise CheckpointError(f"{self.file}: {_tokenizer_change(saved, tokenizer)}; "
+                                  "token ids would no longer mean what the model learned. Resume on the "
+                                  "data the run was trained on, or start a new run")
 
     def restore(self, trainer: Trainer) -> None:
         trainer.load_state_dict(self.state, self.file)
@@ -240,6 +262,8 @@ def open_run_folder(config: Config, config_path, run_name: Optional[str], point:
     new folder). Nothing is written before the lock is held.
     """
     run_dir, lock = None, nullcontext()
+    if run_name is not None:
+        check_run_name(run_name)  # on every rank: each fails alike, before any folder is made
     if dist.is_main:
         if point is not None:
             run_dir = point.target(run_name, config.train.out_dir)

@@ -13,6 +13,14 @@ a locked region) and must survive a refused attempt (older filelock versions tru
 lock file when they open it). The kernel's lock file stays on disk after release: deleting
 it would let a process that opened it just before lock a name nobody else sees.
 
+Only a folder tinyattn made as a run folder is ever written or cleaned: one it creates gets
+a marker file (`.tinyattn-run`), and an existing folder is taken only when it has that
+marker, holds a run's checkpoints (runs from before the marker), or is empty. Any other
+folder (a project of the user's) is refused before anything in it is touched, since the
+lock's clean-up deletes its `.*.tmp` files and the run overwrites `config.yaml`.
+`check_run_name` keeps a --run-name a name: no separators, no `..`, not absolute, so a
+run cannot land outside `train.out_dir`.
+
 `unique_run_dir` gives a default run name its own folder even when two runs start in
 the same second.
 """
@@ -27,11 +35,12 @@ from typing import Optional
 
 from filelock import FileLock, Timeout
 
-from tinyattn.errors import StorageError
+from tinyattn.errors import ConfigError, StorageError
 from tinyattn.system.storage import check_writable, remove_temporaries, storage_errors
 
 LOCK_NAME = ".lock"  # the holder's pid, one line; there while the folder is held
 KERNEL_LOCK_NAME = ".lock.filelock"  # what the kernel locks; empty, kept between runs
+MARKER_NAME = ".tinyattn-run"  # written into every folder tinyattn makes a run folder
 
 
 class RunLock:
@@ -43,6 +52,7 @@ class RunLock:
 
     @classmethod
     def acquire(cls, folder: str | Path) -> "RunLock":
+        check_run_folder(Path(folder))  # before anything is written there
         folder = check_writable(folder)
         pid_file = folder / LOCK_NAME
         # thread_local=False: the hold belongs to the process, whichever thread releases it.
@@ -60,6 +70,7 @@ class RunLock:
                   file=sys.stderr)
         with storage_errors(pid_file):
             pid_file.write_text(f"{os.getpid()}\n", encoding="ascii")
+            (folder / MARKER_NAME).touch()
         remove_temporaries(folder)  # ours now: a killed writer's half files can go
         return cls(folder, kernel_lock)
 
@@ -77,6 +88,35 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def check_run_name(name: str) -> str:
+    """`name` if it names one folder inside train.out_dir, else a ConfigError saying what is accepted."""
+    separators = {"/", "\\", os.sep, os.altsep} - {None}
+    if (not name or name in (".", "..") or any(s in name for s in separators)
+            or Path(name).is_absolute() or Path(name).drive):
+        raise ConfigError(f"--run-name {name!r}: a run name is one folder name inside train.out_dir "
+                          "(no '/', '\\', '..' or absolute path); to write elsewhere, set train.out_dir")
+    return name
+
+
+def is_run_folder(folder: Path) -> bool:
+    """Whether tinyattn made `folder` a run folder: its marker, or (older runs) its checkpoints."""
+    from tinyattn.checkpoint import has_checkpoints  # here: the lock itself needs no torch
+
+    return (folder / MARKER_NAME).is_file() or has_checkpoints(folder)
+
+
+def check_run_folder(folder: Path) -> None:
+    """Refuse an existing folder that tinyattn did not make a run folder and that is not empty."""
+    if folder.exists() and not folder.is_dir():
+        raise StorageError(f"{folder}: exists and is not a folder; choose another --run-name")
+    lock_files = {LOCK_NAME, KERNEL_LOCK_NAME}  # all a run that died before its first save left
+    if (folder.is_dir() and not is_run_folder(folder)
+            and any(p.name not in lock_files for p in folder.iterdir())):
+        raise StorageError(f"{folder}: an existing folder that is not a tinyattn run folder (no "
+                           f"{MARKER_NAME}, no checkpoints); nothing was written there. Choose another "
+                           "--run-name or train.out_dir")
 
 
 def _read_pid(path: Path) -> Optional[int]:

@@ -1,0 +1,130 @@
+"""Issue 23's third sweep, paths and small things: a run stays inside train.out_dir and never
+writes into a folder tinyattn did not make, an export replaces a folder as one step and an
+interrupted one is cleaned up, and the small refusals and skips say what a user needs."""
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CORPUS, ROOT
+from tinyattn.config import load_config
+from tinyattn.errors import ConfigError, StorageError
+from tinyattn.train.loop import train
+from tinyattn.train.run_folder import RunLock
+
+TINY = ROOT / "configs" / "tiny.yaml"
+MARKER_NAME = ".tinyattn-run"  # run_folder.MARKER_NAME
+
+
+def tiny_config(tmp_path: Path, *extra: str):
+    corpus = tmp_path / "corpus.txt"
+    if not corpus.exists():
+        corpus.write_text(CORPUS, encoding="utf-8")
+    return load_config(TINY, [f"data.files={corpus}", "data.url=null", "data.sha256=null",
+                              f"data.cache_dir={tmp_path / 'cache'}", f"train.out_dir={tmp_path / 'runs'}",
+                              "train.max_steps=2", "train.eval_interval=2", "train.batch_size=4",
+                              "train.sample_tokens=0", *extra])
+
+
+# ----------------------------------------------------------------------------- run names and folders
+
+
+@pytest.mark.parametrize("name", ["../../escape", "../myproject", "a/b", "..", "a\\b", "ABSOLUTE"])
+def test_a_run_name_that_is_not_one_folder_name_is_refused_before_anything_is_made(tmp_path, name):
+    name = str(tmp_path / "elsewhere") if name == "ABSOLUTE" else name
+    config = tiny_config(tmp_path)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with pytest.raises(ConfigError, match=r"--run-name .*: a run name is one folder name inside"):
+        train(config, run_name=name, progress=False)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # not even train.out_dir
+    with pytest.raises(ConfigError, match=r"--run-name"):  # the resume path checks it too
+        train(tiny_config(tmp_path), run_name=name, resume=True, progress=False)
+
+
+def test_an_existing_folder_of_the_users_is_refused_and_left_untouched(tmp_path):
+    project = tmp_path / "runs" / "myproject"
+    project.mkdir(parents=True)
+    (project / "config.yaml").write_text("mine: true\n")
+    (project / ".notes.tmp").write_text("a draft")
+    (project / "samples.txt").write_text("my samples\n")
+    before = {p.name: p.read_bytes() for p in project.iterdir()}
+    with pytest.raises(StorageError, match=r"myproject: an existing folder that is not a tinyattn run"):
+        train(tiny_config(tmp_path), run_name="myproject", progress=False)
+    assert {p.name: p.read_bytes() for p in project.iterdir()} == before
+    with pytest.raises(StorageError, match=r"not a tinyattn run folder"):
+        RunLock.acquire(project)  # the lock's clean-up would delete .notes.tmp
+
+
+def test_a_run_folder_is_marked_and_one_without_the_marker_but_with_checkpoints_is_still_taken(tmp_path):
+    with RunLock.acquire(tmp_path / "new") as lock:
+        assert (lock.folder / MARKER_NAME).is_file()
+    (tmp_path / "new" / "empty").mkdir()
+    RunLock.acquire(tmp_path / "new").release()  # marked: whatever it holds is the run's
+    old = tmp_path / "old"  # a run folder written before the marker existed
+    old.mkdir()
+    (old / "step_0000010.pt").write_bytes(b"")
+    (old / ".step_0000020.pt.x.tmp").write_bytes(b"half")
+    RunLock.acquire(old).release()
+    assert (old / MARKER_NAME).is_file() and not (old / ".step_0000020.pt.x.tmp").exists()
+
+
+def test_a_killed_token_cache_builds_temporary_files_go_with_the_next_build(tmp_path):
+    from tinyattn.data.batches import prepare_data
+
+    config = tiny_config(tmp_path)
+    folder = prepare_data(config, progress=False).cache_dir
+    (folder / "meta.json").unlink()  # as a build killed before its end leaves the folder ...
+    (folder / ".train.bin.k1ll3d.tmp").write_bytes(b"\0" * 4096)  # ... with its half-written file
+    prepare_data(config, progress=False)
+    assert sorted(p.name for p in folder.iterdir()) == ["meta.json", "tokenizer.json", "train.bin",
+                                                        "validation.bin"]
+
+
+# ----------------------------------------------------------------------------- small things
+
+
+def test_a_zero_byte_best_pt_falls_back_to_the_newest_good_step_checkpoint_with_a_note(
+        trained_run, tmp_path, capsys):
+    import shutil
+
+    from tinyattn import checkpoint as ckpt
+    from tinyattn.errors import CheckpointError
+
+    run = shutil.copytree(trained_run.run_dir, tmp_path / "run")
+    (run / "best.pt").write_bytes(b"")
+    newest = ckpt.step_checkpoints(run)[-1]
+    capsys.readouterr()
+    loaded = ckpt.load_model(run)  # the run's model was asked for: the newest one that verifies
+    assert loaded.path == newest
+    assert f"note: {run / 'best.pt'} is damaged (not a torch.save archive); using {newest.name}" in (
+        capsys.readouterr().err)
+    # best.pt named as a file: refused, naming the good checkpoint to use instead.
+    with pytest.raises(CheckpointError, match=rf"best\.pt: not a readable checkpoint .*; the newest "
+                                              rf"checkpoint in .* that verifies is {newest.name}: use "
+                                              rf"--checkpoint .*{newest.name}"):
+        ckpt.load_model(run / "best.pt")
+
+
+def test_a_resume_on_a_corpus_with_new_characters_names_them_not_vocab_size(tmp_path):
+    from tinyattn.errors import CheckpointError
+
+    train(tiny_config(tmp_path), run_name="run", progress=False)
+    (tmp_path / "corpus.txt").write_text("Ωß é\n" + CORPUS, encoding="utf-8")
+    expected = r"the corpus has 3 characters the run's tokenizer does not know \('ß', 'é', 'Ω'\); token ids"
+    with pytest.raises(CheckpointError, match=expected) as refused:
+        train(tiny_config(tmp_path, "train.max_steps=4"), run_name="run", resume=True, progress=False)
+    assert "vocab_size" not in str(refused.value)
+
+
+@pytest.mark.parametrize("budget", ["1s", "3s"])  # refused before measuring, or after (load decides)
+def test_a_budget_too_small_for_a_step_advises_what_helps_while_a_budget_is_set(tmp_path, budget):
+    from tinyattn.errors import TinyattnError
+
+    with pytest.raises(TinyattnError, match=rf"train.time_budget {budget}: .*no step fits") as refused:
+        train(tiny_config(tmp_path, f"train.time_budget={budget}"), run_name="small", progress=False)
+    message = str(refused.value)
+    assert "or set train.max_steps" not in message  # the budget would still win over a file's max_steps
+    assert ("Give a budget of at least " in message and "or train a fixed number of steps: --set "
+            "train.time_budget=null train.max_steps=N" in message), message
+    at_least = float(message.split("at least ")[1].split("s ")[0])
+    assert at_least > float(budget[:-1])
