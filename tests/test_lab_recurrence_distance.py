@@ -130,3 +130,36 @@ def test_recall_batches_ask_for_the_pair_exactly_d_tokens_back():
             assert x[n, q] == x[n, q - d]  # the key d tokens back is the query
             assert y[n, q] == x[n, q - d + 1]  # and the target is the value after it
     assert distance.min() >= 2
+
+
+# ----------------------------------------------------------------------------- the commands
+
+
+@pytest.mark.slow
+def test_lab_recurrence_writes_its_table_figure_and_tensorboard_runs(tmp_path, capsys):
+    from tinyattn.cli.lab import main
+    from tests.conftest import CORPUS
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS * 4, encoding="utf-8")
+    out = tmp_path / "out"
+    assert main(["recurrence", "--config", str(ROOT / "configs" / "tiny.yaml"), "--seconds", "2",
+                 "--contexts", "8", "16", "--out", str(out), "--set", f"data.files={corpus}", "data.url=null",
+                 "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}", "train.batch_size=4",
+                 "train.eval_windows=4"]) == 0
+    table = (out / "recurrence.txt").read_text()
+    assert "training tokens/s" in table and "gradient norm" in table and table in capsys.readouterr().out + "\n"
+    assert (out / "recurrence.png").stat().st_size > 0
+    assert any((out / "attention").iterdir()) and any((out / "lstm").iterdir())
+
+
+@pytest.mark.slow
+def test_lab_distance_writes_its_table_and_figure(trained_run, tmp_path):
+    from tinyattn.cli.lab import main
+
+    out = tmp_path / "out"
+    assert main(["distance", "--checkpoint", str(trained_run.run_dir), "--recall-steps", "3", "--pairs", "4",
+                 "--string-length", "3", "--out", str(out)]) == 0
+    table = (out / "distance.txt").read_text()
+    assert "first copy" in table and "recall" in table
+    assert (out / "distance.png").stat().st_size > 0 and any((out / "key_value").iterdir())
