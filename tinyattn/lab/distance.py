@@ -10,8 +10,8 @@ measurements of where a model stops using what it can reach:
    first (which is random); the loss on each copy against d, up to the context length.
    `repeat_probe` measures it; the first token of each copy is left out of both means (nothing
    before it says a copy begins).
-2. Key-value recall, trained here: 8 pairs (`--pairs`) (key, value), then each key again as a query whose
-   target is its value; the queried pair stands d tokens back. A small attention model trains
+2. Key-value recall, trained here: 8 pairs (key, value) (`--pairs`), then 8 queries, each a key
+   of the pairs whose target is its value; the queried pair stands d tokens back. A small attention model trains
    for a fixed number of steps (the project's Trainer and optimizer), then its recall accuracy
    against d on fresh sequences. TensorBoard: `<out>/key_value/`.
 
@@ -168,8 +168,8 @@ class KeyValueRecall:
     """Batches of the recall task for `Trainer`: x, y (B, T) with y = IGNORE_INDEX except at queries.
 
     Tokens: keys 0..2P-1 (P distinct keys per sequence), values 2P..3P-1. A sequence is P pairs
-    (key, value) and then the P keys again in a random order, each followed by its value; the
-    target at a query is its value, d = the query's position minus its key's.
+    (key, value) and then P queries, each a key of the pairs (drawn with replacement) followed by
+    its value; the target at a query is its value, d = the query's position minus its key's.
     """
 
     def __init__(self, pairs: int, batch_size: int, seed: int):
@@ -183,7 +183,9 @@ class KeyValueRecall:
         P = self.pairs
         keys = np.argsort(rng.random((count, 2 * P)), axis=1)[:, :P]  # (N, P) distinct keys
         values = rng.integers(2 * P, 3 * P, size=(count, P))  # (N, P)
-        order = np.argsort(rng.random((count, P)), axis=1)  # (N, P) which pair each query asks for
+        # Which pair each query asks for, drawn with replacement: were every key asked once, the
+        # last queries could be answered by elimination, without looking the pair up.
+        order = rng.integers(0, P, size=(count, P))  # (N, P)
         pairs = np.stack([keys, values], axis=2).reshape(count, 2 * P)  # k1 v1 k2 v2 ...
         asked = np.stack([np.take_along_axis(keys, order, 1), np.take_along_axis(values, order, 1)], axis=2)
         sequence = np.concatenate([pairs, asked.reshape(count, 2 * P)], axis=1)  # (N, 4P)
@@ -224,7 +226,7 @@ def train_recall(*, pairs: int, steps: int, seed: int, device: torch.device, wri
     task = KeyValueRecall(pairs, batch_size=32, seed=seed)
     seed_everything(seed)
     model = recall_model(task).to(device)
-    config = TrainConfig(batch_size=task.batch_size, max_steps=steps, lr=1e-2, min_lr=1e-3,
+    config = TrainConfig(batch_size=task.batch_size, max_steps=steps, lr=3e-3, min_lr=3e-4,
                          warmup_steps=min(50, steps // 5), weight_decay=0.0, seed=seed)
     trainer = Trainer(model, build_optimizer(model, config, device), task, config, device=device,
                       precision=select_precision("fp32", device))
@@ -270,7 +272,7 @@ def report(probe: list[ProbeRow], recall: RecallResult, source: str, machine: st
              f"{'d':>5} {'first copy':>11} {'second copy':>12} {'drop':>7}"]
     for row in probe:
         lines.append(f"{row.gap:>5} {row.first:>11.3f} {row.second:>12.3f} {row.first - row.second:>7.3f}")
-    lines += ["", f"key-value recall: {args.pairs} pairs then each key as a query; a {recall.parameters:,}-parameter "
+    lines += ["", f"key-value recall: {args.pairs} pairs then as many queries (keys of the pairs); a {recall.parameters:,}-parameter "
               f"attention model (2 layers, width 64) trained {recall.steps} steps in {recall.seconds:.0f} s, "
               f"final train loss {recall.final_loss:.3f}; accuracy on {RECALL_EVAL_SEQUENCES} fresh sequences "
               f"(chance {1 / args.pairs:.3f})",

@@ -8,7 +8,7 @@ language model (`tinyattn.lab.lstm`) whose parameter count is within a few perce
 
 1. Speed: training tokens per second at contexts 64, 256 and 1024, the same tokens per step.
 2. Validation loss after the same wall time of training each (the config's optimizer and
-   schedule, the schedule's length fixed by the measured step time).
+   schedule, the schedule's length fixed by the step time measured in 1).
 3. Loss by position for both (what each makes of more context).
 4. The path length itself: the norm of the gradient of the loss at the last position with
    respect to the input embedding k positions back, against k, at initialisation and trained.
@@ -206,7 +206,8 @@ def train_and_measure(contender: Contender, config: Config, data, *, seconds: fl
     model = contender.build(context)
     contender.parameters = sum(p.numel() for p in model.parameters())
     contender.gradient_at_init = gradient_by_distance(model, x.to(device), y.to(device))
-    # The schedule spans the steps the measured speed fits in `seconds`; the clock stops it too.
+    # The schedule spans the steps the measured speed fits in `seconds`; the clock alone stops the
+    # run (past the schedule's end the rate stays at its floor), so both train the same wall time.
     steps = max(10, int(seconds * contender.speed.get(context, 0) / (tc.batch_size * context)))
     train_config = dataclasses.replace(tc, max_steps=steps, warmup_steps=min(tc.warmup_steps, steps // 5))
     trainer = make_trainer(model, train_config, data.train, batch_size=tc.batch_size, context=context,
@@ -229,9 +230,9 @@ def train_and_measure(contender: Contender, config: Config, data, *, seconds: fl
 
 
 def train_for(trainer: Trainer, contender: Contender, seconds: float, writer) -> None:
-    """Step until the schedule ends or `seconds` of wall time pass; log the train loss."""
+    """Step until `seconds` of wall time pass; log the train loss."""
     start = time.perf_counter()
-    while trainer.step < trainer.config.max_steps and time.perf_counter() - start < seconds:
+    while time.perf_counter() - start < seconds:
         loss, _ = trainer.train_step()
         if trainer.step % LOG_EVERY == 0 or trainer.step == 1:
             value = float(loss)
