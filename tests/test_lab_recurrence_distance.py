@@ -122,10 +122,12 @@ def test_recall_batches_ask_for_the_pair_exactly_d_tokens_back():
     task = KeyValueRecall(pairs=6, batch_size=4, seed=0)
     x, y, distance = task.sample(np.random.default_rng(0), 5)
     assert x.shape == y.shape == (5, task.context_length)
-    queries = 2 * 6 + 2 * np.arange(6)
+    assert task.queries == 3
+    queries = 2 * 6 + 2 * np.arange(3)
     assert (y[:, np.setdiff1d(np.arange(task.context_length), queries)] == IGNORE_INDEX).all()
     for n in range(5):
         assert len(set(x[n, :12:2].tolist())) == 6  # distinct keys
+        assert len(set(x[n, queries].tolist())) == 3  # each asked once
         for q, d in zip(queries, distance[n]):
             assert x[n, q] == x[n, q - d]  # the key d tokens back is the query
             assert y[n, q] == x[n, q - d + 1]  # and the target is the value after it

@@ -10,8 +10,8 @@ measurements of where a model stops using what it can reach:
    first (which is random); the loss on each copy against d, up to the context length.
    `repeat_probe` measures it; the first token of each copy is left out of both means (nothing
    before it says a copy begins).
-2. Key-value recall, trained here: 8 pairs (key, value) (`--pairs`), then 8 queries, each a key
-   of the pairs whose target is its value; the queried pair stands d tokens back. A small attention model trains
+2. Key-value recall, trained here: 8 pairs (key, value) (`--pairs`), then 4 queries, each a
+   different key of the pairs whose target is its value; the queried pair stands d tokens back. A small attention model trains
    for a fixed number of steps (the project's Trainer and optimizer), then its recall accuracy
    against d on fresh sequences. TensorBoard: `<out>/key_value/`.
 
@@ -168,32 +168,34 @@ class KeyValueRecall:
     """Batches of the recall task for `Trainer`: x, y (B, T) with y = IGNORE_INDEX except at queries.
 
     Tokens: keys 0..2P-1 (P distinct keys per sequence), values 2P..3P-1. A sequence is P pairs
-    (key, value) and then P queries, each a key of the pairs (drawn with replacement) followed by
-    its value; the target at a query is its value, d = the query's position minus its key's.
+    (key, value) and then Q = P/2 queries, each a different key of the pairs followed by its
+    value; the target at a query is its value, d = the query's position minus its key's.
     """
 
     def __init__(self, pairs: int, batch_size: int, seed: int):
         self.pairs, self.batch_size, self.seed = pairs, batch_size, seed
-        self.context_length = 4 * pairs - 1
+        self.queries = max(1, pairs // 2)
+        self.context_length = 2 * pairs + 2 * self.queries - 1
         self.vocab_size = 3 * pairs
         self.batches_drawn = 0
 
     def sample(self, rng: np.random.Generator, count: int) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-        """x, y: (count, 4P - 1); distance: (count, P) d of each query, in query order."""
-        P = self.pairs
+        """x, y: (count, 2P + 2Q - 1); distance: (count, Q) d of each query, in query order."""
+        P, Q = self.pairs, self.queries
         keys = np.argsort(rng.random((count, 2 * P)), axis=1)[:, :P]  # (N, P) distinct keys
         values = rng.integers(2 * P, 3 * P, size=(count, P))  # (N, P)
-        # Which pair each query asks for, drawn with replacement: were every key asked once, the
-        # last queries could be answered by elimination, without looking the pair up.
-        order = rng.integers(0, P, size=(count, P))  # (N, P)
+        # Which pairs the queries ask for: Q = P/2 distinct ones. Distinct, so no answer stands nearer
+        # than its pair (after an earlier query of the same key); half of them, so the last query
+        # cannot be answered by elimination.
+        order = np.argsort(rng.random((count, P)), axis=1)[:, :Q]  # (N, Q)
         pairs = np.stack([keys, values], axis=2).reshape(count, 2 * P)  # k1 v1 k2 v2 ...
         asked = np.stack([np.take_along_axis(keys, order, 1), np.take_along_axis(values, order, 1)], axis=2)
-        sequence = np.concatenate([pairs, asked.reshape(count, 2 * P)], axis=1)  # (N, 4P)
+        sequence = np.concatenate([pairs, asked.reshape(count, 2 * Q)], axis=1)  # (N, 2P + 2Q)
         x, y = sequence[:, :-1], sequence[:, 1:].copy()
-        query_positions = 2 * P + 2 * np.arange(P)  # (P,) where each query key stands in x
+        query_positions = 2 * P + 2 * np.arange(Q)  # (Q,) where each query key stands in x
         target = np.full_like(y, IGNORE_INDEX)
         target[:, query_positions] = y[:, query_positions]
-        distance = query_positions[None, :] - 2 * order  # (N, P): the queried key stood at 2 * pair index
+        distance = query_positions[None, :] - 2 * order  # (N, Q): the queried key stood at 2 * pair index
         return torch.from_numpy(x.astype(np.int64)), torch.from_numpy(target.astype(np.int64)), distance
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -253,7 +255,7 @@ def recall_accuracy(model: nn.Module, task: KeyValueRecall, *, seed: int,
     device = next(model.parameters()).device
     with evaluation_mode(model), torch.no_grad():
         predicted = model(x.to(device)).logits.argmax(-1).cpu()  # (N, T)
-    positions = 2 * task.pairs + 2 * np.arange(task.pairs)
+    positions = 2 * task.pairs + 2 * np.arange(task.queries)
     correct = (predicted[:, positions] == y[:, positions]).numpy().ravel()  # (N * P,)
     bins = distance.ravel() // DISTANCE_BIN
     counts = np.bincount(bins)
@@ -272,9 +274,9 @@ def report(probe: list[ProbeRow], recall: RecallResult, source: str, machine: st
              f"{'d':>5} {'first copy':>11} {'second copy':>12} {'drop':>7}"]
     for row in probe:
         lines.append(f"{row.gap:>5} {row.first:>11.3f} {row.second:>12.3f} {row.first - row.second:>7.3f}")
-    lines += ["", f"key-value recall: {args.pairs} pairs then as many queries (keys of the pairs); a {recall.parameters:,}-parameter "
-              f"attention model (2 layers, width 64) trained {recall.steps} steps in {recall.seconds:.0f} s, "
-              f"final train loss {recall.final_loss:.3f}; accuracy on {RECALL_EVAL_SEQUENCES} fresh sequences "
+    lines += ["", f"key-value recall: {args.pairs} pairs then {max(1, args.pairs // 2)} queries (distinct keys "
+              f"of the pairs); a {recall.parameters:,}-parameter attention model (2 layers, width 64) trained "
+              f"{recall.steps} steps in {recall.seconds:.0f} s, final train loss {recall.final_loss:.3f}; accuracy on {RECALL_EVAL_SEQUENCES} fresh sequences "
               f"(chance {1 / args.pairs:.3f})",
               f"{'d':>9} {'accuracy':>9} {'queries':>8}"]
     for d, accuracy, count in zip(recall.distances, recall.accuracy, recall.counts):
