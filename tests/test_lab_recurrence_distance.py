@@ -139,8 +139,8 @@ def test_recall_batches_ask_for_the_pair_exactly_d_tokens_back():
 
 @pytest.mark.slow
 def test_lab_recurrence_writes_its_table_figure_and_tensorboard_runs(tmp_path, capsys):
-    from tinyattn.cli.lab import main
     from tests.conftest import CORPUS
+    from tinyattn.cli.lab import main
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(CORPUS * 4, encoding="utf-8")
