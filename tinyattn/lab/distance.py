@@ -46,6 +46,7 @@ from tinyattn.lab.outputs import (
 from tinyattn.model.transformer import IGNORE_INDEX, LanguageModel, evaluation_mode
 from tinyattn.system.device import select_device, select_precision
 from tinyattn.system.seeding import seed_everything
+from tinyattn.system.storage import read_text
 from tinyattn.train.optim import build_optimizer
 from tinyattn.train.trainer import Trainer
 
@@ -106,8 +107,6 @@ def run(args: argparse.Namespace) -> int:
 def gap_text(path: str | None, loaded) -> np.ndarray:
     """Token ids of ordinary text: `--text` encoded with the model's tokenizer, or its validation split."""
     if path is not None:
-        from tinyattn.system.storage import read_text
-
         return np.asarray(loaded.tokenizer.encode(read_text(path, "--text file")), dtype=np.int64)
     try:
         data = prepare_data(loaded.config, progress=False)

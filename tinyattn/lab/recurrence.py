@@ -28,7 +28,7 @@ import dataclasses
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -90,9 +90,9 @@ class Contender:
     shape: str  # layers and width, for the report
     build: Callable[[int], nn.Module]  # context length -> a fresh model, the same weights every call
     speed: dict[int, float] = field(default_factory=dict)  # context -> training tokens/s
-    gradient_at_init: np.ndarray = None  # (T,) gradient norm k positions back
-    gradient_trained: np.ndarray = None
-    position_losses: np.ndarray = None  # (T,) validation loss by position
+    gradient_at_init: Optional[np.ndarray] = None  # (T,) gradient norm k positions back
+    gradient_trained: Optional[np.ndarray] = None
+    position_losses: Optional[np.ndarray] = None  # (T,) validation loss by position
     curve: list[tuple[float, float]] = field(default_factory=list)  # (seconds, train loss)
     steps: int = 0
     seconds: float = 0.0
