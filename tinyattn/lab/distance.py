@@ -1,15 +1,304 @@
-"""Placeholder: the `distance` experiment of `tinyattn lab` (being written)."""
+"""`tinyattn lab distance`: access does not ensure use, measured against distance.
+
+Attention lets every position read every earlier one directly, whatever the distance; the
+chapter's warning is that the connection being there does not mean the model uses it. Two
+measurements of where a model stops using what it can reach:
+
+1. The repeated-sequence probe, on the user's checkpoint (`--checkpoint`): a random string of
+   the model's tokens, a gap of d tokens of ordinary text (the validation split, or `--text`),
+   and the same string again. A model that copies predicts the second copy far better than the
+   first (which is random); the loss on each copy against d, up to the context length.
+   `repeat_probe` measures it; the first token of each copy is left out of both means (nothing
+   before it says a copy begins).
+2. Key-value recall, trained here: 8 pairs (key, value) (`--pairs`), then 4 queries, each a
+   different key of the pairs whose target is its value; the queried pair stands d tokens back. A small attention model trains
+   for a fixed number of steps (the project's Trainer and optimizer), then its recall accuracy
+   against d on fresh sequences. TensorBoard: `<out>/key_value/`.
+
+Writes `distance.txt` and `distance.png` into `--out` (default `checkpoints/lab/distance-<date>-<time>`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
+import torch
+import torch.nn as nn
+
+from tinyattn.analysis.evaluate import token_losses
+from tinyattn.config import ModelConfig, TrainConfig
+from tinyattn.data.batches import prepare_data
+from tinyattn.data.tokenizer import END_OF_TEXT, UNKNOWN
 from tinyattn.errors import TinyattnError
+from tinyattn.hf.folder import load_any_model
+from tinyattn.lab.outputs import (
+    add_threads,
+    experiment_folder,
+    machine_line,
+    save_report,
+    tensorboard_writer,
+    use_threads,
+)
+from tinyattn.model.transformer import IGNORE_INDEX, LanguageModel, evaluation_mode
+from tinyattn.system.device import select_device, select_precision
+from tinyattn.system.seeding import seed_everything
+from tinyattn.system.storage import read_text
+from tinyattn.train.optim import build_optimizer
+from tinyattn.train.trainer import Trainer
+
+PROBE_SAMPLES = 64  # random strings per gap length
+RECALL_EVAL_SEQUENCES = 512
+DISTANCE_BIN = 8  # recall accuracy is reported over d in bins this wide
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("--checkpoint", metavar="RUN_DIR|FILE",
+                        help="the model the probe reads: a run folder, a checkpoint file or a Hugging Face "
+                             "folder (default: the most recent run under checkpoints/)")
+    parser.add_argument("--text", metavar="FILE", help="the gap's ordinary text (default: the validation "
+                        "split of the checkpoint's data)")
+    parser.add_argument("--string-length", type=int, default=8, help="tokens in the repeated string (default: 8)")
+    parser.add_argument("--recall-steps", type=int, default=1500,
+                        help="training steps of the key-value recall model (default: 1500)")
+    parser.add_argument("--pairs", type=int, default=8, help="key-value pairs per recall sequence (default: 8)")
+    parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--device", help="auto, cpu, cuda, cuda:N or mps (default: cpu)")
+    add_threads(parser)
+    parser.add_argument("--out", metavar="DIR", help="folder for the table, figure and TensorBoard "
+                        "(default: a new checkpoints/lab/distance-<date>-<time>)")
 
 
 def run(args: argparse.Namespace) -> int:
-    raise TinyattnError("tinyattn lab distance is not written yet")
+    started = time.perf_counter()
+    use_threads(args.threads)
+    device = select_device(args.device or "cpu")
+    if args.string_length < 2 or args.recall_steps <= 0 or args.pairs < 2:
+        raise TinyattnError("--string-length and --pairs: expected at least 2; --recall-steps: a positive integer")
+    loaded = load_any_model(args.checkpoint, device)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    text = gap_text(args.text, loaded)
+    context = model.config.context_length
+    if 2 * args.string_length > context:
+        raise TinyattnError(f"--string-length {args.string_length}: two copies must fit the context of "
+                            f"{context} tokens; give at most {context // 2}")
+    rng = np.random.default_rng(args.seed)
+    probe = repeat_probe(model, string_tokens=ordinary_tokens(tokenizer), text=text,
+                         length=args.string_length, distances=gap_lengths(context, args.string_length),
+                         rng=rng)
+    folder = experiment_folder(args.out, "distance")
+    recall = train_recall(pairs=args.pairs, steps=args.recall_steps, seed=args.seed, device=device,
+                          writer_folder=folder)
+    machine = machine_line(device, "fp32")
+    text_report = report(probe, recall, f"{loaded.path} (step {loaded.step})", machine, args,
+                         wall=time.perf_counter() - started)
+    save_report(folder, "distance", text_report)
+    save_figure(probe, recall, folder / "distance.png", length=args.string_length)
+    print(f"wrote {folder}/distance.txt, distance.png and TensorBoard (tensorboard --logdir {folder})", flush=True)
+    return 0
+
+
+# ----------------------------------------------------------------------------- the probe
+
+
+def gap_text(path: str | None, loaded) -> np.ndarray:
+    """Token ids of ordinary text: `--text` encoded with the model's tokenizer, or its validation split."""
+    if path is not None:
+        return np.asarray(loaded.tokenizer.encode(read_text(path, "--text file")), dtype=np.int64)
+    try:
+        data = prepare_data(loaded.config, progress=False)
+    except TinyattnError as e:
+        raise TinyattnError(f"the gap text comes from the checkpoint's data, which cannot be read ({e}); "
+                            "give --text FILE") from None
+    if data.tokenizer.to_json() != loaded.tokenizer.to_json():
+        raise TinyattnError(f"{data.cache_dir}: the data's tokenizer is not the checkpoint's; give --text FILE")
+    return np.asarray(data.validation, dtype=np.int64)
+
+
+def ordinary_tokens(tokenizer) -> np.ndarray:
+    """Every token id but the special ones (<|endoftext|>, <unk>): what the random string draws from."""
+    return np.array([i for i in range(tokenizer.vocab_size)
+                     if tokenizer.token_text(i) not in (END_OF_TEXT, UNKNOWN)], dtype=np.int64)
+
+
+def gap_lengths(context: int, length: int) -> list[int]:
+    """d = 0, 1, 2, 4, ... and every eighth of the way to the largest gap that fits: 2 * length + d - 1 inputs."""
+    largest = context + 1 - 2 * length
+    grid = {0, largest} | {2 ** i for i in range(largest.bit_length()) if 2 ** i <= largest}
+    grid |= {round(largest * i / 8) for i in range(1, 8)}
+    return sorted(grid)
+
+
+@dataclass
+class ProbeRow:
+    gap: int  # d
+    first: float  # mean loss (nats) on the first copy, tokens 2..n
+    second: float  # the same on the second copy
+
+
+def repeat_probe(model: nn.Module, *, string_tokens: np.ndarray, text: np.ndarray, length: int,
+                 distances: list[int], rng: np.random.Generator, samples: int = PROBE_SAMPLES) -> list[ProbeRow]:
+    """Loss on each copy of a random string repeated after a gap of d text tokens, for each d."""
+    rows = []
+    for d in distances:
+        if len(text) < d + 1:
+            raise TinyattnError(f"the gap text has {len(text)} tokens; the probe needs at least {d + 1}")
+        strings = rng.choice(string_tokens, size=(samples, length))  # (S, n)
+        starts = rng.integers(0, len(text) - d + 1, size=samples)  # (S,)
+        gaps = text[starts[:, None] + np.arange(d)] if d else np.zeros((samples, 0), dtype=np.int64)  # (S, d)
+        sequences = torch.from_numpy(np.concatenate([strings, gaps, strings], axis=1))  # (S, 2n + d)
+        with evaluation_mode(model), torch.no_grad():
+            losses = token_losses(model, sequences[:, :-1], sequences[:, 1:]).cpu()  # (S, 2n + d - 1)
+        # Target j is token j + 1: the first copy's tokens 1..n-1 are targets 0..n-2, the
+        # second copy's (it starts at n + d) are targets n+d..2n+d-2.
+        first = losses[:, :length - 1].mean().item()
+        second = losses[:, length + d:].mean().item()
+        rows.append(ProbeRow(d, first, second))
+    return rows
+
+
+# ----------------------------------------------------------------------------- key-value recall
+
+
+class KeyValueRecall:
+    """Batches of the recall task for `Trainer`: x, y (B, T) with y = IGNORE_INDEX except at queries.
+
+    Tokens: keys 0..2P-1 (P distinct keys per sequence), values 2P..3P-1. A sequence is P pairs
+    (key, value) and then Q = P/2 queries, each a different key of the pairs followed by its
+    value; the target at a query is its value, d = the query's position minus its key's.
+    """
+
+    def __init__(self, pairs: int, batch_size: int, seed: int):
+        self.pairs, self.batch_size, self.seed = pairs, batch_size, seed
+        self.queries = max(1, pairs // 2)
+        self.context_length = 2 * pairs + 2 * self.queries - 1
+        self.vocab_size = 3 * pairs
+        self.batches_drawn = 0
+
+    def sample(self, rng: np.random.Generator, count: int) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+        """x, y: (count, 2P + 2Q - 1); distance: (count, Q) d of each query, in query order."""
+        P, Q = self.pairs, self.queries
+        keys = np.argsort(rng.random((count, 2 * P)), axis=1)[:, :P]  # (N, P) distinct keys
+        values = rng.integers(2 * P, 3 * P, size=(count, P))  # (N, P)
+        # Which pairs the queries ask for: Q = P/2 distinct ones. Distinct, so no answer stands nearer
+        # than its pair (after an earlier query of the same key); half of them, so the last query
+        # cannot be answered by elimination.
+        order = np.argsort(rng.random((count, P)), axis=1)[:, :Q]  # (N, Q)
+        pairs = np.stack([keys, values], axis=2).reshape(count, 2 * P)  # k1 v1 k2 v2 ...
+        asked = np.stack([np.take_along_axis(keys, order, 1), np.take_along_axis(values, order, 1)], axis=2)
+        sequence = np.concatenate([pairs, asked.reshape(count, 2 * Q)], axis=1)  # (N, 2P + 2Q)
+        x, y = sequence[:, :-1], sequence[:, 1:].copy()
+        query_positions = 2 * P + 2 * np.arange(Q)  # (Q,) where each query key stands in x
+        target = np.full_like(y, IGNORE_INDEX)
+        target[:, query_positions] = y[:, query_positions]
+        distance = query_positions[None, :] - 2 * order  # (N, Q): the queried key stood at 2 * pair index
+        return torch.from_numpy(x.astype(np.int64)), torch.from_numpy(target.astype(np.int64)), distance
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        rng = np.random.default_rng([self.seed, self.batches_drawn])
+        self.batches_drawn += 1
+        x, y, _ = self.sample(rng, self.batch_size)
+        return x, y
+
+
+@dataclass
+class RecallResult:
+    distances: np.ndarray  # (bins,) the first d of each bin
+    accuracy: np.ndarray  # (bins,) recall accuracy over the queries whose d is in the bin
+    counts: np.ndarray  # (bins,) queries in each bin
+    steps: int
+    seconds: float
+    parameters: int
+    final_loss: float
+    pairs: int  # chance is 1 / pairs
+
+
+def recall_model(task: KeyValueRecall) -> LanguageModel:
+    """The small attention model the recall task trains: 2 layers, width 64, 4 heads."""
+    return LanguageModel(ModelConfig(vocab_size=task.vocab_size, n_layer=2, n_head=4, n_embd=64,
+                                     context_length=task.context_length), "fused")
+
+
+def train_recall(*, pairs: int, steps: int, seed: int, device: torch.device, writer_folder: Path) -> RecallResult:
+    """Train the recall model for `steps` steps, then its accuracy by distance on fresh sequences."""
+    task = KeyValueRecall(pairs, batch_size=32, seed=seed)
+    seed_everything(seed)
+    model = recall_model(task).to(device)
+    config = TrainConfig(batch_size=task.batch_size, max_steps=steps, lr=3e-3, min_lr=3e-4,
+                         warmup_steps=min(50, steps // 5), weight_decay=0.0, seed=seed)
+    trainer = Trainer(model, build_optimizer(model, config, device), task, config, device=device,
+                      precision=select_precision("fp32", device))
+    writer = tensorboard_writer(writer_folder, "key_value")
+    start, loss = time.perf_counter(), torch.zeros(())
+    try:
+        while trainer.step < steps:
+            loss, _ = trainer.train_step()
+            if trainer.step % 10 == 0:
+                writer.add_scalar("train/loss", float(loss), trainer.step)
+        result = recall_accuracy(model, task, seed=seed + 1)
+        for d, accuracy in zip(result[0], result[1]):
+            writer.add_scalar("recall_accuracy_by_distance", accuracy, int(d))
+    finally:
+        writer.close()
+    return RecallResult(*result, steps=steps, seconds=time.perf_counter() - start,
+                        parameters=model.num_parameters(), final_loss=float(loss), pairs=pairs)
+
+
+def recall_accuracy(model: nn.Module, task: KeyValueRecall, *, seed: int,
+                    sequences: int = RECALL_EVAL_SEQUENCES) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first d of each bin, accuracy, count) over the queries of `sequences` fresh sequences."""
+    x, y, distance = task.sample(np.random.default_rng(seed), sequences)
+    device = next(model.parameters()).device
+    with evaluation_mode(model), torch.no_grad():
+        predicted = model(x.to(device)).logits.argmax(-1).cpu()  # (N, T)
+    positions = 2 * task.pairs + 2 * np.arange(task.queries)
+    correct = (predicted[:, positions] == y[:, positions]).numpy().ravel()  # (N * P,)
+    bins = distance.ravel() // DISTANCE_BIN
+    counts = np.bincount(bins)
+    hits = np.bincount(bins, weights=correct)
+    keep = counts > 0
+    return np.flatnonzero(keep) * DISTANCE_BIN, hits[keep] / counts[keep], counts[keep]
+
+
+# ----------------------------------------------------------------------------- reporting
+
+
+def report(probe: list[ProbeRow], recall: RecallResult, source: str, machine: str, args, *, wall: float) -> str:
+    lines = [f"tinyattn lab distance: {source}; {machine}", "",
+             f"repeated-sequence probe: a random string of {args.string_length} tokens, d tokens of text, "
+             f"the string again ({PROBE_SAMPLES} strings per d; loss in nats on tokens 2..n of each copy)",
+             f"{'d':>5} {'first copy':>11} {'second copy':>12} {'drop':>7}"]
+    for row in probe:
+        lines.append(f"{row.gap:>5} {row.first:>11.3f} {row.second:>12.3f} {row.first - row.second:>7.3f}")
+    lines += ["", f"key-value recall: {args.pairs} pairs then {max(1, args.pairs // 2)} queries (distinct keys "
+              f"of the pairs); a {recall.parameters:,}-parameter attention model (2 layers, width 64) trained "
+              f"{recall.steps} steps in {recall.seconds:.0f} s, final train loss {recall.final_loss:.3f}; accuracy on {RECALL_EVAL_SEQUENCES} fresh sequences "
+              f"(chance {1 / args.pairs:.3f})",
+              f"{'d':>9} {'accuracy':>9} {'queries':>8}"]
+    for d, accuracy, count in zip(recall.distances, recall.accuracy, recall.counts):
+        lines.append(f"{f'{d}-{d + DISTANCE_BIN - 1}':>9} {accuracy:>9.3f} {count:>8}")
+    lines += ["", f"wall time of the command: {wall:.0f} s"]
+    return "\n".join(lines)
+
+
+def save_figure(probe: list[ProbeRow], recall: RecallResult, path: Path, *, length: int) -> None:
+    from tinyattn.analysis.plotting import new_figure
+
+    figure = new_figure(11.0, 4.0, dpi=100, layout="constrained")
+    left, right = figure.subplots(1, 2)
+    gaps = [row.gap for row in probe]
+    left.plot(gaps, [row.first for row in probe], marker="o", label="first copy (random)")
+    left.plot(gaps, [row.second for row in probe], marker="o", label="second copy (seen d tokens before)")
+    left.set(xlabel=f"gap d (tokens of text between the two copies of {length} tokens)",
+             ylabel="loss (nats)", title="repeated-sequence probe")
+    right.plot(recall.distances + DISTANCE_BIN / 2, recall.accuracy, marker="o", label="trained model")
+    right.axhline(1 / recall.pairs, linestyle="--", color="grey", label="chance")
+    right.set(xlabel="d (tokens from the query back to its key)", ylabel="recall accuracy", ylim=(0, 1.02),
+              title="key-value recall")
+    for ax in (left, right):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    figure.savefig(path, dpi=100)
