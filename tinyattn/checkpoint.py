@@ -244,7 +244,8 @@ def require_causal(loaded: LoadedModel, command: str) -> None:
     command that predicts left to right: each of its positions read the tokens after it."""
     if not loaded.config.model.causal:
         raise CheckpointError(f"{loaded.path}: model.causal is false (a bidirectional model, trained by "
-                              f"tinyattn lab causal to show the mask's effect): {command} needs a causal model")
+                              f"tinyattn lab causal to show the mask's effect): {command} needs a causal "
+                              "model")
 
 
 def is_hf_folder(path: str | Path) -> bool:

@@ -110,8 +110,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     # Heavy imports here, so --help and argument errors answer without loading a model.
-    from tinyattn.generate.text import PromptWarning
     from tinyattn.checkpoint import require_causal
+    from tinyattn.generate.text import PromptWarning
     from tinyattn.hf.folder import load_any_model
     from tinyattn.system.device import select_device
 

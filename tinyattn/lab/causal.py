@@ -34,7 +34,7 @@ from tinyattn.errors import TinyattnError
 
 DEFAULT_CONFIG = "configs/shakespeare_char.yaml"
 DEFAULT_OUT = "checkpoints/lab/causal"
-DEFAULT_STEPS = 300  # each run; both together stay within 3 minutes on 2 CPU cores in fp32
+DEFAULT_STEPS = 200  # each run; both together stay within 3 minutes on 2 CPU cores in fp32
 # A smaller model than the config's (before --set, which may change it): the effect needs no size.
 SMALL_MODEL = ["model.n_layer=2", "model.n_head=4", "model.n_embd=64", "train.batch_size=16"]
 EVAL_WINDOWS = 64  # validation windows for both losses (the same windows)
@@ -47,12 +47,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=DEFAULT_CONFIG, metavar="FILE",
                         help=f"the model and data both runs train (default: {DEFAULT_CONFIG})")
     parser.add_argument("--set", dest="overrides", nargs="+", default=[], metavar="KEY=VALUE",
-                        help="override config values (dotted keys), after the lab's own: 2 layers of width 64, "
-                             "batch 16, fp32, no compile, no time budget, one evaluation at the end")
+                        help="override config values (dotted keys), after the lab's own: 2 layers of "
+                             "width 64, batch 16, fp32, no compile, no time budget, one evaluation "
+                             "at the end")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                         help=f"training steps of each run (default: {DEFAULT_STEPS})")
     parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
-                        help=f"the lab's folder: two run folders, causal.md, causal.png (default: {DEFAULT_OUT})")
+                        help=f"the lab's folder: two run folders, causal.md, causal.png "
+                             f"(default: {DEFAULT_OUT})")
     parser.add_argument("--force", action="store_true", help="replace the runs of an earlier lab in --out")
     parser.add_argument("--checkpoint", metavar="RUN_DIR|FILE",
                         help="also run the leak test on this trained model (a run folder, checkpoint file or "
@@ -60,7 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--position", type=int, default=None, metavar="T",
                         help="the leak test changes the token at T+1 (default: the middle of the context)")
     parser.add_argument("--prompt", default=None,
-                        help=f"the samples' prompt (default: the first {PROMPT_TOKENS} tokens of the validation split)")
+                        help=f"the samples' prompt (default: the first {PROMPT_TOKENS} tokens of the "
+                             "validation split)")
 
 
 @dataclass
@@ -160,7 +163,8 @@ def prefix_sample(model, prompt: list[int], *, tokens: int, temperature: float, 
 
 
 def lab_overrides(steps: int, out: Path) -> list[str]:
-    """The lab's settings for both runs: a small model, fp32, a fixed step count, one evaluation at the end."""
+    """The lab's settings for both runs: a small model, fp32, a fixed step count, one evaluation
+    at the end."""
     return SMALL_MODEL + [f"train.max_steps={steps}", "train.time_budget=null", "train.precision=fp32",
             "train.compile=false", "train.show=[]", f"train.eval_interval={steps}",
             f"train.eval_windows={EVAL_WINDOWS}", f"train.warmup_steps={max(1, steps // 10)}",
@@ -284,7 +288,8 @@ def run(args: argparse.Namespace) -> int:
         loaded = load_any_model(results[name].run_dir)
         curves[name] = training_curve(results[name].run_dir)
         losses = (float(curves[name][1][-1]), results[name].last_val_loss)
-        rows.append(measure(name, loaded, tokens=tokens, position=args.position, prompt=prompt, losses=losses))
+        rows.append(measure(name, loaded, tokens=tokens, position=args.position, prompt=prompt,
+                            losses=losses))
     if args.checkpoint:
         loaded = load_any_model(args.checkpoint)
         if loaded.tokenizer.to_json() != data.tokenizer.to_json():

@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", metavar="RUN_DIR|FILE",
                         help="a run folder, checkpoint file or Hugging Face folder; default: the best "
                              "checkpoint of the most recent run under checkpoints/")
-    parser.add_argument("--word", default=DEFAULT_WORD, help=f"the word to follow (default: {DEFAULT_WORD!r})")
+    parser.add_argument("--word", default=DEFAULT_WORD,
+                        help=f"the word to follow (default: {DEFAULT_WORD!r})")
     parser.add_argument("--context", dest="contexts", action="append", metavar="TEXT",
                         help="a text holding the word; give it twice or more (default: the chapter's "
                              "river and money sentences)")
