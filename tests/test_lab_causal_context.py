@@ -51,6 +51,7 @@ def _final_losses(causal: bool, tokens: np.ndarray, steps: int = 120) -> float:
     return float(np.mean(losses[-10:]))
 
 
+@pytest.mark.slow  # 2 x 120 training steps
 def test_a_bidirectional_models_training_loss_falls_far_below_a_causal_ones_on_the_same_batches():
     # Uniform random tokens: nothing before a token predicts it, so a causal model stays near
     # ln(32); a bidirectional one reads the target at the next position and copies it.
