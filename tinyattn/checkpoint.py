@@ -267,6 +267,15 @@ def load_weights(model: LanguageModel, state: dict, path: Path) -> None:
     model.load_state_dict(weights)
 
 
+def require_causal(loaded: LoadedModel, command: str) -> None:
+    """Refuse a bidirectional model (model.causal false, from `tinyattn lab causal`) for a
+    command that predicts left to right: each of its positions read the tokens after it."""
+    if not loaded.config.model.causal:
+        raise CheckpointError(f"{loaded.path}: model.causal is false (a bidirectional model, trained by "
+                              f"tinyattn lab causal to show the mask's effect): {command} needs a causal "
+                              "model")
+
+
 def is_hf_folder(path: str | Path) -> bool:
     """A folder with a Hugging Face `config.json` (a tinyattn run folder has config.yaml)."""
     path = Path(path)

@@ -56,6 +56,9 @@ class ModelConfig:
     # Initialisation only (any architecture holds it):
     zero_init_projections: bool = False  # attention output and MLP down start at zero
     attention: str = "auto"  # auto (chosen for the hardware), fused (one kernel) or explicit (the textbook matmuls)
+    # An experiment only (tinyattn lab causal): false lets every position attend to every other,
+    # the future too; generate and export refuse such a model.
+    causal: bool = True
 
     @property
     def head_dim(self) -> int:

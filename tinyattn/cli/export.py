@@ -31,11 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
 
     def command() -> int:
+        from tinyattn.checkpoint import require_causal
         from tinyattn.hf.convert import DTYPES, safetensors_torch
         from tinyattn.hf.folder import ModelCard, export_folder, load_any_model
 
         safetensors_torch()  # before any work: a missing extra is a one-line error
         loaded = load_any_model(args.checkpoint)
+        require_causal(loaded, "tinyattn export")
         card = ModelCard(str(loaded.path), loaded.step, loaded.tokens_seen, loaded.best_val_loss)
         files = export_folder(loaded.model.state_dict(), loaded.config, loaded.tokenizer, args.out,
                               dtype=DTYPES[args.dtype], card=card, force=args.force)

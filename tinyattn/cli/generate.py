@@ -112,6 +112,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     # Heavy imports here, so --help and argument errors answer without loading a model.
+    from tinyattn.checkpoint import require_causal
     from tinyattn.generate.text import PromptWarning
     from tinyattn.hf.folder import load_any_model
     from tinyattn.system.device import select_device
@@ -120,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
     device = select_device(args.device)
     prompt = None if args.interactive else read_prompt(args)
     loaded = load_any_model(args.checkpoint, device, args.out_dir)
+    require_causal(loaded, "tinyattn generate")
     options = sampling_options(args, loaded.config.sample, stop)  # the one check, before any output
     model = inference_model(loaded, args, device)
     out = StreamPrinter(sys.stdout, model, loaded.tokenizer, options, compile=args.compile)

@@ -1,15 +1,305 @@
-"""Placeholder: the `causal` experiment of `tinyattn lab` (being written)."""
+"""`tinyattn lab causal`: the causal mask keeps the future out of a next-token predictor, measured.
+
+The chapter's claim: a position attends only to itself and earlier ones, which keeps a model
+trained to predict the next token from reading it. The experiment trains the same model twice on
+the same batches (same seed, so the same initial weights and windows) with
+`tinyattn.train.loop.train`: once causal and once bidirectional (`model.causal: false`, an
+experiment-only setting that generate and export refuse), into <out>/causal and
+<out>/bidirectional, so `tensorboard --logdir <out>` shows the two curves side by side. Then:
+
+- training loss: the bidirectional one collapses, since at position t it can read token t+1,
+  which is the answer;
+- validation loss as trained (each model under its own mask, the run's own evaluation) and on
+  the causal task (`prefix_losses`): every target predicted from the tokens before it alone,
+  by running the model on that prefix, the only use a next-token predictor has;
+- a sample from each, decoded the same way (the whole prefix at every step, no KV cache);
+- the leak test (`leak_test`): change the token at position t+1 and see how far every
+  position's logits move. Under the mask those at positions <= t move by exactly 0.
+  `--checkpoint` runs it on a model of yours as well.
+
+It writes <out>/causal.md (the table and the samples) and <out>/causal.png, and prints the table.
+Torch is imported inside the functions, so `tinyattn lab --help` answers without it.
+"""
 
 from __future__ import annotations
 
 import argparse
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
 
 from tinyattn.errors import TinyattnError
 
+DEFAULT_CONFIG = "configs/shakespeare_char.yaml"
+DEFAULT_OUT = "checkpoints/lab/causal"
+DEFAULT_STEPS = 200  # each run; both together stay within 3 minutes on 2 CPU cores in fp32
+# A smaller model than the config's (before --set, which may change it): the effect needs no size.
+SMALL_MODEL = ["model.n_layer=2", "model.n_head=4", "model.n_embd=64", "train.batch_size=16"]
+EVAL_WINDOWS = 64  # validation windows for both losses (the same windows)
+SAMPLE_TOKENS = 120
+PROMPT_TOKENS = 24  # the default prompt: the first tokens of the validation split
+RUNS = ("causal", "bidirectional")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("--config", default=DEFAULT_CONFIG, metavar="FILE",
+                        help=f"the model and data both runs train (default: {DEFAULT_CONFIG})")
+    parser.add_argument("--set", dest="overrides", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="override config values (dotted keys), after the lab's own: 2 layers of "
+                             "width 64, batch 16, fp32, no compile, no time budget, one evaluation "
+                             "at the end")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
+                        help=f"training steps of each run (default: {DEFAULT_STEPS})")
+    parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
+                        help=f"the lab's folder: two run folders, causal.md, causal.png "
+                             f"(default: {DEFAULT_OUT})")
+    parser.add_argument("--force", action="store_true", help="replace the runs of an earlier lab in --out")
+    parser.add_argument("--checkpoint", metavar="RUN_DIR|FILE",
+                        help="also run the leak test on this trained model (a run folder, checkpoint file or "
+                             "Hugging Face folder)")
+    parser.add_argument("--position", type=int, default=None, metavar="T",
+                        help="the leak test changes the token at T+1 (default: the middle of the context)")
+    parser.add_argument("--prompt", default=None,
+                        help=f"the samples' prompt (default: the first {PROMPT_TOKENS} tokens of the "
+                             "validation split)")
+
+
+@dataclass
+class Row:
+    """One model's line of the table."""
+
+    name: str
+    train_loss: float  # the last logged training loss (nan for a --checkpoint)
+    val_loss: float  # under its own mask, the run's evaluation (nan for a --checkpoint)
+    causal_task_loss: float  # each target from its prefix alone (`prefix_losses`)
+    leak: "object"  # (T,) numpy: the largest |logit change| at each position (`leak_test`)
+    position: int  # the leak test changed the token at position + 1
+    sample: str
+
+
+# ----------------------------------------------------------------------------- measurements
+
+
+def prefix_losses(model, x, y):
+    """Cross-entropy (B, T) of each target y[:, t] predicted from x[:, :t+1] alone, in fp32.
+
+    Running the model on each prefix gives a bidirectional model nothing after position t to
+    read, so this is the loss on the causal task for any model; for a causal model it equals
+    the ordinary loss (its mask already hides the rest)."""
+    import torch
+    import torch.nn.functional as F
+
+    from tinyattn.model.transformer import evaluation_mode
+
+    device = next(model.parameters()).device
+    x, y = x.to(device), y.to(device)
+    losses = []
+    with evaluation_mode(model), torch.no_grad():
+        for t in range(x.size(1)):
+            logits = model(x[:, :t + 1]).logits[:, -1]  # (B, V): the prediction at position t
+            losses.append(F.cross_entropy(logits.float(), y[:, t], reduction="none"))  # (B,)
+    return torch.stack(losses, dim=1)  # (B, T)
+
+
+def causal_task_loss(model, tokens, context_length: int, *, windows: int = EVAL_WINDOWS,
+                     batch_size: int = 32) -> float:
+    """Mean `prefix_losses` over the evaluation windows the training loop's evaluation reads."""
+    from tinyattn.data.batches import eval_batches
+
+    total, count = 0.0, 0
+    for x, y in eval_batches(tokens, context_length, batch_size, windows):
+        losses = prefix_losses(model, x, y)  # (b, T)
+        total, count = total + losses.double().sum().item(), count + losses.numel()
+    return total / count
+
+
+def leak_test(model, x, position: int):
+    """How far each position's logits move when the token at position + 1 changes.
+
+    x: (1, T) token ids. Returns (T,) float64 numpy: the largest |logit difference| at each
+    position. The mask makes positions 0..position read nothing at position + 1, so for a
+    causal model those entries are exactly 0, not merely small."""
+    import torch
+
+    from tinyattn.model.transformer import evaluation_mode
+
+    if not 0 <= position < x.size(1) - 1:
+        raise TinyattnError(f"--position {position}: expected 0..{x.size(1) - 2} (the token at "
+                            f"position + 1 is changed, within the context of {x.size(1)})")
+    changed = x.clone()
+    vocab = model.config.vocab_size
+    changed[0, position + 1] = (changed[0, position + 1] + 1) % vocab  # any other token
+    device = next(model.parameters()).device
+    with evaluation_mode(model), torch.no_grad():
+        before = model(x.to(device)).logits.float()  # (1, T, V)
+        after = model(changed.to(device)).logits.float()
+    return (after - before).abs().amax(dim=-1)[0].double().cpu().numpy()  # (T,)
+
+
+def prefix_sample(model, prompt: list[int], *, tokens: int, temperature: float, seed: int) -> list[int]:
+    """`tokens` ids drawn after `prompt`, the model run on the whole (cropped) prefix at each step.
+
+    No KV cache: a bidirectional model's cached keys would be those of shorter prefixes, so
+    each step recomputes every position, as `prefix_losses` scores them."""
+    import torch
+
+    from tinyattn.generate.sampling import sample_next_token
+    from tinyattn.model.transformer import evaluation_mode
+
+    device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(seed)
+    ids = list(prompt)
+    with evaluation_mode(model), torch.no_grad():
+        for _ in range(tokens):
+            context = torch.tensor([ids[-model.config.context_length:]], device=device)  # (1, t)
+            logits = model(context).logits[:, -1].float().cpu()  # (1, V)
+            ids.append(int(sample_next_token(logits, generator, temperature)[0]))
+    return ids[len(prompt):]
+
+
+# ----------------------------------------------------------------------------- the two runs
+
+
+def lab_overrides(steps: int, out: Path) -> list[str]:
+    """The lab's settings for both runs: a small model, fp32, a fixed step count, one evaluation
+    at the end."""
+    return SMALL_MODEL + [f"train.max_steps={steps}", "train.time_budget=null", "train.precision=fp32",
+            "train.compile=false", "train.show=[]", f"train.eval_interval={steps}",
+            f"train.eval_windows={EVAL_WINDOWS}", f"train.warmup_steps={max(1, steps // 10)}",
+            f"train.out_dir={out}"]
+
+
+def train_both(args: argparse.Namespace, out: Path) -> dict:
+    """Train the causal and the bidirectional run; returns {name: TrainResult}."""
+    from tinyattn.config import load_config
+    from tinyattn.train.loop import train
+
+    if args.steps <= 0:
+        raise TinyattnError(f"--steps {args.steps}: expected a positive integer")
+    results = {}
+    for name in RUNS:
+        run_dir = out / name
+        if run_dir.exists() and any(run_dir.iterdir()):
+            if not args.force:
+                raise TinyattnError(f"{run_dir}: holds an earlier lab run; add --force to replace it "
+                                    "or choose another --out")
+            shutil.rmtree(run_dir)
+        items = lab_overrides(args.steps, out) + list(args.overrides) + [f"model.causal={name == 'causal'}"]
+        config = load_config(args.config, items)
+        print(f"training {name} ({args.steps} steps) into {run_dir}/", flush=True)
+        results[name] = train(config, config_path=args.config, run_name=name, progress=False,
+                              overrides=items)
+    return results
+
+
+def training_curve(run_dir: Path):
+    """(steps, losses) of train/loss from a run's TensorBoard events, as numpy arrays."""
+    import numpy as np
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    points = events.Scalars("train/loss")
+    return np.array([p.step for p in points]), np.array([p.value for p in points])
+
+
+def measure(name: str, loaded, *, tokens, position: Optional[int], prompt: list[int],
+            losses: tuple[float, float] = (float("nan"), float("nan"))) -> Row:
+    """One model's row: the causal-task loss, the leak test on the first window, a sample."""
+    import torch
+
+    T = loaded.config.model.context_length
+    t = T // 2 - 1 if position is None else position
+    x = torch.from_numpy(tokens[:T].astype("int64")).unsqueeze(0)  # (1, T)
+    sample_ids = prefix_sample(loaded.model, prompt, tokens=SAMPLE_TOKENS,
+                               temperature=loaded.config.sample.temperature, seed=1337)
+    return Row(name, losses[0], losses[1], causal_task_loss(loaded.model, tokens, T),
+               leak_test(loaded.model, x, t), t, loaded.tokenizer.decode(sample_ids))
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+def format_table(rows: list[Row]) -> str:
+    """The markdown table `run` prints and writes."""
+    lines = ["| model | train loss | val loss (own mask) | val loss, causal task | "
+             "leak: max abs logit change at positions <= t | at positions > t |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        early, late = r.leak[:r.position + 1].max(), r.leak[r.position + 1:].max()
+        shown = "0 (exactly)" if early == 0 else f"{early:.3g}"
+        lines.append(f"| {r.name} | {r.train_loss:.3f} | {r.val_loss:.3f} | {r.causal_task_loss:.3f} | "
+                     f"{shown} | {late:.3g} |")
+    return "\n".join(lines)
+
+
+def save_figure(rows: list[Row], curves: dict, path: Path) -> Path:
+    """Left: the two training losses with each causal-task loss; right: the leak test by position."""
+    from tinyattn.analysis.plotting import new_figure
+
+    figure = new_figure(11.0, 4.0, 100, layout="constrained")
+    left, right = figure.subplots(1, 2)
+    for i, row in enumerate(rows):
+        colour = f"C{i}"
+        if row.name in curves:
+            steps, losses = curves[row.name]
+            left.plot(steps, losses, color=colour, label=f"{row.name}: training loss")
+            left.axhline(row.causal_task_loss, color=colour, linestyle="--",
+                         label=f"{row.name}: val loss, causal task ({row.causal_task_loss:.2f})")
+        right.plot(range(len(row.leak)), row.leak, color=colour, marker=".", label=row.name)
+    t = rows[0].position
+    right.axvline(t + 1, color="grey", linestyle=":", label=f"changed token (position {t + 1})")
+    left.set(xlabel="step", ylabel="loss (nats)", title="same model, same batches: causal vs bidirectional")
+    right.set(xlabel="position", ylabel="max |logit change|", title="leak test: change one token")
+    left.legend(fontsize=7)
+    right.legend(fontsize=7)
+    figure.savefig(path)
+    return path
+
+
+def write_report(rows: list[Row], out: Path, seconds: float) -> str:
+    """causal.md: the table, the leak position and each model's sample."""
+    table = format_table(rows)
+    parts = [f"# tinyattn lab causal\n\n{table}\n\nleak test: the token at position {rows[0].position + 1} "
+             f"changed; wall time {seconds:.0f} s\n"]
+    for r in rows:
+        parts.append(f"\n## sample: {r.name}\n\n```\n{r.sample}\n```\n")
+    (out / "causal.md").write_text("".join(parts), encoding="utf-8")
+    return table
 
 
 def run(args: argparse.Namespace) -> int:
-    raise TinyattnError("tinyattn lab causal is not written yet")
+    from tinyattn.config import load_config
+    from tinyattn.data.batches import prepare_data
+    from tinyattn.hf.folder import load_any_model
+
+    started = time.perf_counter()
+    out = Path(args.out)
+    results = train_both(args, out)
+    config = load_config(args.config, lab_overrides(args.steps, out) + list(args.overrides))
+    data = prepare_data(config, progress=False)
+    tokens = data.validation
+    prompt = (data.tokenizer.encode(args.prompt) if args.prompt
+              else [int(i) for i in tokens[:PROMPT_TOKENS]])
+    rows, curves = [], {}
+    for name in RUNS:
+        loaded = load_any_model(results[name].run_dir)
+        curves[name] = training_curve(results[name].run_dir)
+        losses = (float(curves[name][1][-1]), results[name].last_val_loss)
+        rows.append(measure(name, loaded, tokens=tokens, position=args.position, prompt=prompt,
+                            losses=losses))
+    if args.checkpoint:
+        loaded = load_any_model(args.checkpoint)
+        if loaded.tokenizer.to_json() != data.tokenizer.to_json():
+            raise TinyattnError(f"--checkpoint {args.checkpoint}: its tokenizer is not the one of --config "
+                                f"{args.config}; give the config it was trained with")
+        rows.append(measure(str(args.checkpoint), loaded, tokens=tokens, position=args.position,
+                            prompt=prompt))
+    figure = save_figure(rows, curves, out / "causal.png")
+    table = write_report(rows, out, time.perf_counter() - started)
+    print(table)
+    print(f"wrote {out / 'causal.md'} and {figure} in {time.perf_counter() - started:.0f} s; "
+          f"tensorboard --logdir {out} shows both runs")
+    return 0

@@ -1,15 +1,145 @@
-"""Placeholder: the `context` experiment of `tinyattn lab` (being written)."""
+"""`tinyattn lab context`: attention makes a token's representation depend on its context, measured.
+
+The chapter's claim: 'bank' beside a river and 'bank' beside money start as one vector (the token
+embedding is a table lookup) and become different ones as attention mixes in the words around
+them. For one word in two or more contexts, `hidden_states` reads the residual stream at the
+word's last token at every depth (layer 0: the embedding, layer i: after block i) and
+`similarity_table` gives the cosine similarity of each pair of contexts at each depth: exactly
+what it is at the embedding (1.0 for the same token, as the embedding holds no position:
+RoPE acts inside attention), and then how far the contexts pull it apart.
+
+It writes <out>/context.md (the table) and <out>/context.png (similarity against depth, one
+line per pair), and prints the table. Torch is imported inside the functions, so `tinyattn lab
+--help` answers without it.
+"""
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import time
+from pathlib import Path
 
 from tinyattn.errors import TinyattnError
 
+DEFAULT_WORD = "bank"
+DEFAULT_CONTEXTS = (  # the chapter's example: two river banks, one for money
+    "They sat on the river bank and watched the water.",
+    "The boat drifted to the muddy bank of the stream.",
+    "She paid the money into the bank on Monday.",
+)
+DEFAULT_OUT = "checkpoints/lab/context"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("--checkpoint", metavar="RUN_DIR|FILE",
+                        help="a run folder, checkpoint file or Hugging Face folder; default: the best "
+                             "checkpoint of the most recent run under checkpoints/")
+    parser.add_argument("--word", default=DEFAULT_WORD,
+                        help=f"the word to follow (default: {DEFAULT_WORD!r})")
+    parser.add_argument("--context", dest="contexts", action="append", metavar="TEXT",
+                        help="a text holding the word; give it twice or more (default: the chapter's "
+                             "river and money sentences)")
+    parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
+                        help=f"where context.md and context.png go (default: {DEFAULT_OUT})")
+
+
+def word_position(tokenizer, context: str, word: str) -> tuple[list[int], int]:
+    """The context's token ids and the position of the word's last token (its first occurrence).
+
+    The position is the length of the encoded text up to the word's end, less one; a tokenizer
+    that merges the word with what follows it is refused, as no token then ends the word."""
+    start = context.find(word)
+    if not word or start < 0:
+        raise TinyattnError(f"--context {context!r}: does not contain the word {word!r}")
+    ids = tokenizer.encode(context)
+    prefix = tokenizer.encode(context[:start + len(word)])
+    if ids[:len(prefix)] != prefix:
+        raise TinyattnError(f"--context {context!r}: the tokenizer merges {word!r} with the text after it; "
+                            "put a space or punctuation after the word")
+    return ids, len(prefix) - 1
+
+
+def hidden_states(model, ids: list[int], position: int):
+    """(n_layer + 1, C) float64: the residual stream at `position`, at the embedding (row 0)
+    and after each block (row i), read by forward hooks (the model is unchanged)."""
+    import torch
+
+    from tinyattn.model.transformer import evaluation_mode
+
+    if len(ids) > model.config.context_length:
+        raise TinyattnError(f"a context of {len(ids)} tokens is longer than the model's context length "
+                            f"{model.config.context_length}; give a shorter text")
+    captured = []
+    modules = [model.token_embedding, *model.blocks]
+    handles = [m.register_forward_hook(lambda _m, _inputs, output: captured.append(output[0, position]))
+               for m in modules]
+    try:
+        device = next(model.parameters()).device
+        with evaluation_mode(model), torch.no_grad():
+            model(torch.tensor([ids], device=device))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return torch.stack(captured).double().cpu()  # (n_layer + 1, C)
+
+
+def similarity_table(model, tokenizer, word: str, contexts: list[str]):
+    """Cosine similarity of the word's hidden state between each pair of contexts, by depth.
+
+    Returns (pairs, table): pairs [(i, j), ...] of context indices, and a (n_layer + 1, pairs)
+    float64 numpy array, row 0 the embedding, row i after block i."""
+    import torch
+    import torch.nn.functional as F
+
+    if len(contexts) < 2:
+        raise TinyattnError(f"--context: {len(contexts)} given; give at least two texts holding {word!r}")
+    states = [hidden_states(model, *word_position(tokenizer, text, word)) for text in contexts]
+    pairs = list(itertools.combinations(range(len(contexts)), 2))
+    columns = [F.cosine_similarity(states[i], states[j], dim=-1) for i, j in pairs]  # (L + 1,) each
+    return pairs, torch.stack(columns, dim=1).numpy()  # (L + 1, pairs)
+
+
+def format_table(word: str, contexts: list[str], pairs, table) -> str:
+    """The markdown table `run` prints and writes: one row per depth, one column per pair."""
+    legend = "\n".join(f"- context {i + 1}: {text!r}" for i, text in enumerate(contexts))
+    head = "| depth | " + " | ".join(f"cos(context {i + 1}, {j + 1})" for i, j in pairs) + " |"
+    lines = [f"{word!r} at its last token\n\n{legend}\n", head, "| --- |" + " ---: |" * len(pairs)]
+    for depth, row in enumerate(table):
+        name = "embedding" if depth == 0 else f"after block {depth}"
+        lines.append(f"| {name} | " + " | ".join(f"{value:.4f}" for value in row) + " |")
+    return "\n".join(lines)
+
+
+def save_figure(word: str, pairs, table, path: Path) -> Path:
+    from tinyattn.analysis.plotting import new_figure
+
+    figure = new_figure(6.0, 4.0, 100, layout="constrained")
+    axes = figure.subplots()
+    depths = range(len(table))
+    for column, (i, j) in enumerate(pairs):
+        axes.plot(depths, table[:, column], marker="o", label=f"contexts {i + 1} and {j + 1}")
+    axes.set_xticks(list(depths), ["emb"] + [str(d) for d in depths][1:])
+    axes.set(xlabel="depth (blocks)", ylabel="cosine similarity",
+             title=f"{word!r}: one token, different contexts")
+    axes.legend(fontsize=8)
+    figure.savefig(path)
+    return path
 
 
 def run(args: argparse.Namespace) -> int:
-    raise TinyattnError("tinyattn lab context is not written yet")
+    from tinyattn.hf.folder import load_any_model
+
+    started = time.perf_counter()
+    contexts = args.contexts or list(DEFAULT_CONTEXTS)
+    loaded = load_any_model(args.checkpoint)
+    pairs, table = similarity_table(loaded.model, loaded.tokenizer, args.word, contexts)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = format_table(args.word, contexts, pairs, table)
+    figure = save_figure(args.word, pairs, table, out / "context.png")
+    (out / "context.md").write_text(f"# tinyattn lab context: {loaded.path} (step {loaded.step})\n\n{text}\n",
+                                    encoding="utf-8")
+    print(f"{loaded.path} (step {loaded.step})\n{text}")
+    print(f"wrote {out / 'context.md'} and {figure} in {time.perf_counter() - started:.1f} s")
+    return 0

@@ -119,6 +119,7 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.n_embd, sum(self.qkv_split), bias=False)
         self.output = nn.Linear(config.n_embd, config.n_embd, bias=False)
         self.dropout = config.dropout
+        self.causal = config.causal  # False (tinyattn lab causal): no mask when none is given
         self.fused = fused  # which path: the kernel, or the explicit matmuls (model.attention)
         # Called with each explicit forward's weights (B, H, Tq, Tk); set only by
         # `recording_attention_weights`, None (nothing to call) the rest of the time.
@@ -132,7 +133,8 @@ class CausalSelfAttention(nn.Module):
                 mask: Optional[torch.Tensor] = None, cache: Optional[CacheWrite] = None) -> torch.Tensor:
         """x: (B, T, C); cos, sin: (T, D/2), the rotary angles of its T positions. Returns (B, T, C).
 
-        mask: boolean (Tq, Tk) or broadcastable to (B, H, Tq, Tk), True = allowed; None is causal.
+        mask: boolean (Tq, Tk) or broadcastable to (B, H, Tq, Tk), True = allowed; None is causal
+        (or no mask at all for a model.causal false model, tinyattn lab causal's experiment).
         cache: this layer's `CacheWrite`: k and v are stored there, and the queries attend over
         every key it gives back, under its mask when it gives one.
         """
@@ -166,7 +168,7 @@ class CausalSelfAttention(nn.Module):
         if group > 1:
             k = k.repeat_interleave(group, dim=1)  # (B, H, Tk, D)
             v = v.repeat_interleave(group, dim=1)  # (B, H, Tk, D)
-        allowed = causal_mask(q.size(2), k.size(2), q.device) if mask is None else mask
+        allowed = causal_mask(q.size(2), k.size(2), q.device) if mask is None and self.causal else mask
         y, weights = attention(q, k, v, allowed, dropout_p)  # (B, H, Tq, D), (B, H, Tq, Tk)
         if self.weights_hook is not None:
             self.weights_hook(weights)
@@ -178,8 +180,8 @@ class CausalSelfAttention(nn.Module):
         T, Tk = q.size(2), k.size(2)
         # is_causal assumes Tq == Tk, so a cached step with earlier keys passes the
         # explicit causal mask instead.
-        is_causal = mask is None and T == Tk and T > 1
-        if mask is None and not is_causal and T > 1:
+        is_causal = self.causal and mask is None and T == Tk and T > 1
+        if self.causal and mask is None and not is_causal and T > 1:
             mask = causal_mask(T, Tk, q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                               dropout_p=dropout_p, enable_gqa=self.n_kv_head != self.n_head)

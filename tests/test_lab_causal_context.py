@@ -1,0 +1,133 @@
+"""`tinyattn lab causal` and `tinyattn lab context` on tiny models: the causal mask leaves the
+outputs before a changed token exactly equal and a bidirectional model does not; a bidirectional
+model reads the answer and its training loss collapses on batches where a causal one cannot
+learn; the prefix loss is the ordinary loss for a causal model; generate and export refuse a
+bidirectional checkpoint; one token's hidden state is the same at the embedding in any context
+and differs after a block that mixes context."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tinyattn.cli.main import main
+from tinyattn.config import ModelConfig, TrainConfig
+from tinyattn.lab.causal import leak_test, prefix_losses
+from tinyattn.lab.context import similarity_table, word_position
+from tinyattn.system.device import select_precision
+from tinyattn.train.trainer import Trainer
+
+POSITION = 10  # the leak test changes the token at 11
+
+
+@pytest.mark.parametrize("attention", ["fused", "explicit"])
+def test_changing_token_t_plus_1_leaves_every_causal_output_up_to_t_exactly_equal(
+        tiny_model, random_tokens, attention):
+    model = tiny_model(attention=attention)
+    leak = leak_test(model, random_tokens(batch=1), POSITION)  # (T,)
+    assert leak.shape == (24,)
+    assert np.array_equal(leak[:POSITION + 1], np.zeros(POSITION + 1))  # exactly, not nearly
+    assert leak[POSITION + 1:].min() > 1e-4  # the changed token and everything after it move
+
+
+@pytest.mark.parametrize("attention", ["fused", "explicit"])
+def test_a_model_with_the_mask_removed_fails_the_leak_test(tiny_model, random_tokens, attention):
+    model = tiny_model(attention=attention, causal=False)
+    leak = leak_test(model, random_tokens(batch=1), POSITION)
+    assert leak[:POSITION + 1].min() > 1e-4  # every earlier position reads the changed token
+
+
+def _final_losses(causal: bool, tokens: np.ndarray, steps: int = 120) -> float:
+    """Mean training loss of the last 10 of `steps` steps of the real Trainer on `tokens`."""
+    model_config = ModelConfig(vocab_size=32, n_layer=1, n_head=2, n_embd=32, context_length=16,
+                               causal=causal)
+    train_config = TrainConfig(batch_size=16, max_steps=steps, warmup_steps=5, lr=3e-2, min_lr=3e-3, seed=3,
+                               precision="fp32")
+    device = torch.device("cpu")
+    trainer = Trainer.build(model_config, train_config, tokens, device=device,
+                            precision=select_precision("fp32", device))
+    losses = [trainer.train_step()[0].item() for _ in range(steps)]
+    return float(np.mean(losses[-10:]))
+
+
+@pytest.mark.slow  # 2 x 120 training steps
+def test_a_bidirectional_models_training_loss_falls_far_below_a_causal_ones_on_the_same_batches():
+    # Uniform random tokens: nothing before a token predicts it, so a causal model stays near
+    # ln(32); a bidirectional one reads the target at the next position and copies it.
+    tokens = np.random.default_rng(0).integers(0, 32, 20_000).astype(np.uint16)
+    causal, bidirectional = _final_losses(True, tokens), _final_losses(False, tokens)
+    assert causal > 0.9 * math.log(32)
+    assert bidirectional < 0.5 * causal  # it is still falling: far below, and no more asked
+
+
+def test_prefix_losses_are_the_ordinary_losses_for_a_causal_model_and_not_for_a_bidirectional_one(
+        tiny_model, random_tokens):
+    x, y = random_tokens(batch=2, length=13)[:, :-1], random_tokens(batch=2, length=13)[:, 1:]
+    for causal in (True, False):
+        model = tiny_model(causal=causal)
+        ordinary = torch.nn.functional.cross_entropy(model(x).logits.transpose(1, 2), y, reduction="none")
+        close = torch.allclose(prefix_losses(model, x, y), ordinary, atol=1e-5)
+        assert close == causal
+
+
+@pytest.fixture(scope="module")
+def bidirectional_run(tmp_path_factory, corpus_text):
+    from tests.conftest import ROOT
+    from tinyattn.config import load_config
+    from tinyattn.train.loop import train
+
+    folder = tmp_path_factory.mktemp("bidirectional")
+    corpus = folder / "corpus.txt"
+    corpus.write_text(corpus_text, encoding="utf-8")
+    config = load_config(ROOT / "configs" / "tiny.yaml", [
+        f"data.files={corpus}", "data.url=null", "data.sha256=null", f"data.cache_dir={folder / 'cache'}",
+        f"train.out_dir={folder / 'runs'}", "train.max_steps=2", "train.eval_interval=2",
+        "model.causal=false"])
+    return train(config, run_name="bidirectional", progress=False).run_dir
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "To be"], ["export", "--out", "exported"]])
+def test_generate_and_export_refuse_a_bidirectional_checkpoint_in_one_line(
+        bidirectional_run, tmp_path, capsys, command):
+    if command[0] == "export":
+        pytest.importorskip("safetensors")
+        command = ["export", "--out", str(tmp_path / "exported")]
+    assert main([command[0], "--checkpoint", str(bidirectional_run), *command[1:]]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith(f"error: {bidirectional_run}") and "model.causal is false" in err
+    assert f"tinyattn {command[0]} needs a causal model" in err
+    assert not (tmp_path / "exported").exists()
+
+
+# ----------------------------------------------------------------------------- lab context
+
+CONTEXTS = ["First Citizen: we speak", "All: speak, speak"]
+
+
+def test_the_word_position_is_its_last_token(char_tokenizer):
+    ids, position = word_position(char_tokenizer, "All: speak, speak", "speak")
+    assert char_tokenizer.decode(ids[:position + 1]) == "All: speak"
+
+
+def test_one_tokens_similarity_is_1_at_the_embedding_and_below_1_after_a_block_that_mixes_context(
+        tiny_model, char_tokenizer):
+    model = tiny_model(vocab_size=char_tokenizer.vocab_size)
+    pairs, table = similarity_table(model, char_tokenizer, "speak", CONTEXTS)
+    assert pairs == [(0, 1)] and table.shape == (3, 1)  # the embedding and after each of 2 blocks
+    assert table[0, 0] == pytest.approx(1.0, abs=1e-12)  # one table row, whatever the context
+    assert table[1, 0] < 0.999 and table[2, 0] < 0.999  # attention mixed different contexts in
+
+
+def test_a_model_that_attends_only_to_itself_keeps_the_similarity_at_1(tiny_model, char_tokenizer,
+                                                                        monkeypatch):
+    # The control: with each position attending only to itself nothing of the context is mixed
+    # in, so the same token at different positions stays the same vector at every depth.
+    from tinyattn.model import attention
+
+    monkeypatch.setattr(attention, "causal_mask",
+                        lambda queries, keys, device=None: torch.eye(queries, keys, dtype=torch.bool))
+    model = tiny_model(vocab_size=char_tokenizer.vocab_size, attention="explicit")
+    _, table = similarity_table(model, char_tokenizer, "speak", CONTEXTS)
+    assert table == pytest.approx(np.ones((3, 1)), abs=1e-9)
