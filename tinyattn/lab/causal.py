@@ -33,7 +33,6 @@ from typing import Optional
 from tinyattn.errors import TinyattnError
 
 DEFAULT_CONFIG = "configs/shakespeare_char.yaml"
-DEFAULT_OUT = "checkpoints/lab/causal"
 DEFAULT_STEPS = 200  # each run; both together stay within 3 minutes on 2 CPU cores in fp32
 # A smaller model than the config's (before --set, which may change it): the effect needs no size.
 SMALL_MODEL = ["model.n_layer=2", "model.n_head=4", "model.n_embd=64", "train.batch_size=16"]
@@ -52,9 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "at the end")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                         help=f"training steps of each run (default: {DEFAULT_STEPS})")
-    parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
-                        help=f"the lab's folder: two run folders, causal.md, causal.png "
-                             f"(default: {DEFAULT_OUT})")
+    parser.add_argument("--out", metavar="DIR",
+                        help="the lab's folder: two run folders, causal.md, causal.png "
+                             "(default: a new checkpoints/lab/causal-<date>-<time>)")
     parser.add_argument("--force", action="store_true", help="replace the runs of an earlier lab in --out")
     parser.add_argument("--checkpoint", metavar="RUN_DIR|FILE",
                         help="also run the leak test on this trained model (a run folder, checkpoint file or "
@@ -276,7 +275,9 @@ def run(args: argparse.Namespace) -> int:
     from tinyattn.hf.folder import load_any_model
 
     started = time.perf_counter()
-    out = Path(args.out)
+    from tinyattn.lab.outputs import experiment_folder
+
+    out = experiment_folder(args.out, "causal")
     results = train_both(args, out)
     config = load_config(args.config, lab_overrides(args.steps, out) + list(args.overrides))
     data = prepare_data(config, progress=False)

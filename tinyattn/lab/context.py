@@ -28,7 +28,6 @@ DEFAULT_CONTEXTS = (  # the chapter's example: two river banks, one for money
     "The boat drifted to the muddy bank of the stream.",
     "She paid the money into the bank on Monday.",
 )
-DEFAULT_OUT = "checkpoints/lab/context"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,8 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", dest="contexts", action="append", metavar="TEXT",
                         help="a text holding the word; give it twice or more (default: the chapter's "
                              "river and money sentences)")
-    parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
-                        help=f"where context.md and context.png go (default: {DEFAULT_OUT})")
+    parser.add_argument("--out", metavar="DIR",
+                        help="where context.md and context.png go "
+                             "(default: a new checkpoints/lab/context-<date>-<time>)")
 
 
 def word_position(tokenizer, context: str, word: str) -> tuple[list[int], int]:
@@ -134,7 +134,9 @@ def run(args: argparse.Namespace) -> int:
     contexts = args.contexts or list(DEFAULT_CONTEXTS)
     loaded = load_any_model(args.checkpoint)
     pairs, table = similarity_table(loaded.model, loaded.tokenizer, args.word, contexts)
-    out = Path(args.out)
+    from tinyattn.lab.outputs import experiment_folder
+
+    out = experiment_folder(args.out, "context")
     out.mkdir(parents=True, exist_ok=True)
     text = format_table(args.word, contexts, pairs, table)
     figure = save_figure(args.word, pairs, table, out / "context.png")
