@@ -624,6 +624,23 @@ def _type_error(where, key: str, expected: str, value: Any) -> ConfigError:
     return ConfigError(f"{where(key)}: {key}: expected {expected}, got {show_value(value)}")
 
 
+def _coerce_int(value: Any, bad: Callable[[], ConfigError]) -> int:
+    if isinstance(value, bool):
+        raise bad()
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            number = float(value)  # YAML 1.1 reads 1e6 as a string
+        except ValueError:
+            raise bad() from None
+        if number.is_integer():
+            return int(number)
+    raise bad()
+
+
 def _coerce_plain(value: Any, tp: Any, key: str, where, expected: str) -> Any:
     bad = functools.partial(_type_error, where, key, expected, value)  # formatted only when raised
     if typing.get_origin(tp) is list:
@@ -637,20 +654,7 @@ def _coerce_plain(value: Any, tp: Any, key: str, where, expected: str) -> Any:
             return value
         raise bad()
     if tp is int:
-        if isinstance(value, bool):
-            raise bad()
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                number = float(value)  # YAML 1.1 reads 1e6 as a string
-            except ValueError:
-                raise bad() from None
-            if number.is_integer():
-                return int(number)
-        raise bad()
+        return _coerce_int(value, bad)
     if tp is float:
         if isinstance(value, bool):
             raise bad()
