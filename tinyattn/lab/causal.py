@@ -24,6 +24,7 @@ Torch is imported inside the functions, so `tinyattn lab --help` answers without
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import time
 from dataclasses import dataclass
@@ -229,9 +230,9 @@ def format_table(rows: list[Row]) -> str:
     for r in rows:
         early, late = r.leak[:r.position + 1].max(), r.leak[r.position + 1:].max()
         shown = "0 (exactly)" if early == 0 else f"{early:.3g}"
-        lines.append(f"| {r.name} | {r.train_loss:.3f} | {r.val_loss:.3f} | {r.causal_task_loss:.3f} | "
-                     f"{shown} | {late:.3g} |")
-    return "\n".join(lines)
+        losses = " | ".join("" if math.isnan(x) else f"{x:.3f}" for x in (r.train_loss, r.val_loss))
+        lines.append(f"| {r.name} | {losses} | {r.causal_task_loss:.3f} | {shown} | {late:.3g} |")
+    return "\n".join(lines)  # a --checkpoint's row has no training run of the lab: blank there
 
 
 def save_figure(rows: list[Row], curves: dict, path: Path) -> Path:
