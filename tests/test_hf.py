@@ -210,6 +210,7 @@ export_folder(state["model"], config_from_dict(state["config"]), Tokenizer.from_
 """
 
 
+@pytest.mark.slow  # a subprocess that dies mid-export
 def test_an_export_killed_while_replacing_a_folder_loses_neither_and_is_cleaned_up(tmp_path):
     import subprocess
 

@@ -203,6 +203,7 @@ def test_a_folder_as_the_pretrained_tokenizer_is_one_line(tmp_path):
 # ----------------------------------------------------------------------------- a stop during calibration
 
 
+@pytest.mark.slow  # a subprocess killed with SIGTERM
 def test_sigterm_during_the_time_budgets_calibration_stops_cleanly(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text(f"data: {{files: [{tmp_path / 'corpus.txt'}], cache_dir: {tmp_path / 'cache'}}}\n"

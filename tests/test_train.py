@@ -744,6 +744,7 @@ def test_checkpoints_are_written_at_every_eval_interval_and_the_last_step(corpus
 # ----------------------------------------------------------------------------- the core and its hooks
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_importing_the_training_core_loads_no_analysis_generation_hf_or_matplotlib():
     code = ("import sys, tinyattn.train.loop\n"
             "print('\\n'.join(sorted(m for m in sys.modules if m.startswith(('tinyattn', 'matplotlib')))))")
@@ -805,6 +806,7 @@ def test_the_cores_validation_loss_equals_the_analysis_loss_by_position(tiny_mod
     np.testing.assert_array_equal(core, loss_by_position(model, tokens, 24, 4, 7))
 
 
+@pytest.mark.slow  # measures a time budget
 def test_an_explicit_max_steps_wins_over_the_time_budget(corpus, tmp_path, capsys):
     budgeted = tmp_path / "budgeted.yaml"
     budgeted.write_text(f"extends: {TINY}\ntrain:\n  time_budget: 30s\n", encoding="utf-8")
