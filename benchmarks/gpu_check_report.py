@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -63,7 +64,19 @@ def environment() -> dict:
             info["nvidia_smi"] = f"unavailable: {e}"
     info["gloo_available"] = torch.distributed.is_gloo_available()
     info["datasets_check"] = _datasets_check()
+    info["datasets_from"] = _datasets_origin()
     return info
+
+
+def _datasets_origin() -> str:
+    """'the wheels' when `datasets` is imported from the check's own site folder (installed from
+    gpu-wheels/), else the folder it came from: a machine that had it already proves no wheel."""
+    spec = importlib.util.find_spec("datasets")
+    if spec is None or spec.origin is None:
+        return "nowhere (not installed)"
+    site = os.environ.get("SITE")
+    inside = site and Path(spec.origin).resolve().is_relative_to(Path(site).resolve())
+    return "the wheels" if inside else str(Path(spec.origin).parent.parent)
 
 
 def _datasets_check() -> str:
@@ -289,7 +302,7 @@ def summary_lines(result: dict) -> list[str]:
 def _env_lines(f: dict) -> list[str]:
     env = f.get("env", {})
     return [f"machine: {env.get('gpu') or 'no GPU'}, torch {env.get('versions', {}).get('torch')}, "
-            f"python {env.get('python')}, datasets from the wheels: {env.get('datasets_check')}"]
+            f"python {env.get('python')}, datasets from {env.get('datasets_from')}: {env.get('datasets_check')}"]
 
 
 def _pytest_lines(f: dict) -> list[str]:

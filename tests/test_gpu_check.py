@@ -60,3 +60,13 @@ def test_the_summary_reports_a_missing_or_broken_piece_instead_of_failing(report
 
 def test_the_script_parses():
     subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "gpu_check.sh")], check=True)
+
+
+def test_the_summary_says_where_datasets_came_from(report, monkeypatch):
+    import datasets
+
+    site_packages = str(Path(datasets.__file__).resolve().parents[1])
+    monkeypatch.setenv("SITE", site_packages)  # as if gpu_check.sh had installed it there from the wheels
+    assert report._datasets_origin() == "the wheels"
+    monkeypatch.setenv("SITE", "/nonexistent/site")  # the machine had its own datasets: no wheel proved
+    assert report._datasets_origin() == site_packages
