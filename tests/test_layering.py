@@ -19,8 +19,11 @@ ORDER = ["errors", "system", "config", "model", "data", "checkpoint"]
 TOP = ["generate", "analysis", "hf", "train"]
 ALLOWED = {name: set(ORDER[:i]) for i, name in enumerate(ORDER)}
 ALLOWED.update({name: set(ORDER) for name in TOP})
+# gguf (GGUF files for llama.cpp) sits above hf: it reuses hf.convert's split of the stacked
+# matrices and its RMSNorm epsilon, the route llama.cpp's own converter takes (HF -> GGUF).
+ALLOWED["gguf"] = set(ORDER) | {"hf"}
 ALLOWED["lab"] = set(ORDER) | set(TOP)  # the chapter's experiments train, generate and analyse
-ALLOWED["cli"] = set(ORDER) | set(TOP) | {"lab"}
+ALLOWED["cli"] = set(ORDER) | set(TOP) | {"lab", "gguf"}
 ALLOWED["__main__"] = {"cli"}  # tinyattn/__main__.py: `python -m tinyattn` runs the tinyattn command
 # (importer, imported): allowed only inside a function, never at the top of a module.
 LAZY_EXCEPTIONS = {

@@ -1,4 +1,5 @@
-"""`tinyattn export` (`scripts/export.py`): a checkpoint as a Hugging Face Llama folder."""
+"""`tinyattn export` (`scripts/export.py`): a checkpoint as a Hugging Face Llama folder, or as
+one GGUF file for llama.cpp (`--format gguf`, or `--gguf FILE`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,11 @@ import argparse
 
 from tinyattn.cli import run_command
 from tinyattn.cli.options import add_checkpoint, command_parser
+from tinyattn.errors import ConfigError
 from tinyattn.system.choices import EXPORT_PRECISIONS
+
+FORMATS = ("hf", "gguf")
+GGUF_PRECISIONS = ("fp32", "fp16", "bf16")  # tinyattn.gguf.writer.GGUF_DTYPES, named without importing it
 
 
 def parser() -> argparse.ArgumentParser:
@@ -16,15 +21,36 @@ def parser() -> argparse.ArgumentParser:
         "model.safetensors, generation_config.json (from the run's sample section), the tokenizer files "
         "and a model card README.md. transformers' AutoModelForCausalLM and AutoTokenizer load it with no "
         "custom code. A model with model.qk_norm is written as Qwen3ForCausalLM; model.logit_softcap, "
-        "which no standard architecture holds, is refused.",
-        "example: tinyattn export --checkpoint checkpoints/<run> --out exported/<name>")
+        "which no standard architecture holds, is refused. With --format gguf (or --gguf FILE) it writes "
+        "one .gguf file instead, which llama.cpp (llama-cli, ollama, LM Studio) loads: the llama "
+        "architecture, or qwen3 with model.qk_norm; this needs the gguf extra.",
+        "example: tinyattn export --checkpoint checkpoints/<run> --out exported/<name>\n"
+        "         tinyattn export --checkpoint checkpoints/<run> --gguf exported/<name>.gguf --dtype fp16")
     add_checkpoint(p)
-    p.add_argument("--out", required=True, metavar="DIR", help="the folder to write (new or empty)")
-    p.add_argument("--dtype", choices=EXPORT_PRECISIONS, default="fp32",
-                   help="the weights' dtype in the folder (default: fp32, the dtype tinyattn trains its "
-                        "weights in)")
+    p.add_argument("--out", metavar="DIR|FILE",
+                   help="the folder to write (new or empty); with --format gguf, the .gguf file")
+    p.add_argument("--format", choices=FORMATS, default="hf",
+                   help="hf: a Hugging Face folder (default); gguf: one file for llama.cpp")
+    p.add_argument("--gguf", metavar="FILE", help="the same as --format gguf --out FILE")
+    p.add_argument("--dtype", choices=sorted(set(EXPORT_PRECISIONS) | set(GGUF_PRECISIONS)), default="fp32",
+                   help="the weights' dtype (default: fp32, the dtype tinyattn trains its weights in); "
+                        f"a folder holds {', '.join(EXPORT_PRECISIONS)}, a GGUF file {', '.join(GGUF_PRECISIONS)}")
     p.add_argument("--force", action="store_true", help="replace an earlier export in --out")
     return p
+
+
+def destination(args: argparse.Namespace) -> tuple[str, str]:
+    """(format, path) from --format/--out/--gguf, or a one-line ConfigError."""
+    if args.gguf is not None:
+        if args.out is not None or args.format != "hf":
+            raise ConfigError("--gguf FILE stands for --format gguf --out FILE: give one or the other")
+        return "gguf", args.gguf
+    if args.out is None:
+        raise ConfigError("--out: the folder (or with --format gguf, the file) to write is required")
+    accepted = EXPORT_PRECISIONS if args.format == "hf" else GGUF_PRECISIONS
+    if args.dtype not in accepted:
+        raise ConfigError(f"--dtype {args.dtype}: --format {args.format} writes {', '.join(accepted)}")
+    return args.format, args.out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,16 +58,43 @@ def main(argv: list[str] | None = None) -> int:
 
     def command() -> int:
         from tinyattn.checkpoint import require_causal
-        from tinyattn.hf.convert import DTYPES, safetensors_torch
-        from tinyattn.hf.folder import ModelCard, export_folder, load_any_model
+        from tinyattn.hf.folder import load_any_model
 
-        safetensors_torch()  # before any work: a missing extra is a one-line error
+        kind, out = destination(args)
+        if kind == "gguf":
+            from tinyattn.gguf.writer import gguf_package
+            gguf_package()  # before any work: a missing extra is a one-line error
+            loaded = load_any_model(args.checkpoint)
+            require_causal(loaded, "tinyattn export")
+            return export_gguf(loaded, out, args)
+        from tinyattn.hf.convert import safetensors_torch
+        safetensors_torch()
         loaded = load_any_model(args.checkpoint)
         require_causal(loaded, "tinyattn export")
-        card = ModelCard(str(loaded.path), loaded.step, loaded.tokens_seen, loaded.best_val_loss)
-        files = export_folder(loaded.model.state_dict(), loaded.config, loaded.tokenizer, args.out,
-                              dtype=DTYPES[args.dtype], card=card, force=args.force)
-        print(f"{loaded.path} (step {loaded.step}): wrote {args.out}/ ({', '.join(f.name for f in files)})")
-        return 0
+        return export_hf(loaded, out, args)
 
     return run_command(command)
+
+
+def export_hf(loaded, out: str, args: argparse.Namespace) -> int:
+    from tinyattn.hf.convert import DTYPES
+    from tinyattn.hf.folder import ModelCard, export_folder
+
+    card = ModelCard(str(loaded.path), loaded.step, loaded.tokens_seen, loaded.best_val_loss)
+    files = export_folder(loaded.model.state_dict(), loaded.config, loaded.tokenizer, out,
+                          dtype=DTYPES[args.dtype], card=card, force=args.force)
+    print(f"{loaded.path} (step {loaded.step}): wrote {out}/ ({', '.join(f.name for f in files)})")
+    return 0
+
+
+def export_gguf(loaded, out: str, args: argparse.Namespace) -> int:
+    from tinyattn.gguf.writer import architecture_of, write_gguf
+
+    model_config = loaded.config.model
+    architecture = architecture_of(model_config)  # refuses what llama.cpp cannot hold, before writing
+    path = write_gguf(loaded.model.state_dict(), model_config, loaded.tokenizer, out, dtype=args.dtype,
+                      name=loaded.path.parent.name or "tinyattn", force=args.force)  # the run's name
+    size = path.stat().st_size / 2**20
+    print(f"{loaded.path} (step {loaded.step}): wrote {path} (llama.cpp architecture {architecture}, "
+          f"{args.dtype}, {size:.1f} MiB)")
+    return 0

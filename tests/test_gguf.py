@@ -1,0 +1,327 @@
+"""GGUF export, checked in llama.cpp itself (through llama-cpp-python): logits, greedy text, tokens.
+
+Every model is tiny and random, its weights scaled up from the initialisation (as in
+tests/test_hf.py) so logits spread over a few units and greedy choices never hang on a near
+tie. "Relative difference" is, at each position, the largest |llama.cpp - tinyattn| logit
+over the largest |tinyattn| logit; the tests bound its maximum over every position of the
+text. A Llama export whose query/key rows are not reordered for llama.cpp's RoPE keeps most
+argmaxes and misses these bounds by orders of magnitude (tests/test_gguf.py was run so).
+
+The tests that need llama.cpp skip where llama_cpp is not importable (.ci/run builds
+llama-cpp-python==0.3.36); the others need only the gguf package.
+"""
+
+import random
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+try:
+    import llama_cpp
+except ImportError:
+    llama_cpp = None
+
+from tinyattn import checkpoint as ckpt  # noqa: E402
+from tinyattn.cli import export as export_cli  # noqa: E402
+from tinyattn.config import Config, DataConfig, ModelConfig, TokenizerConfig, config_to_dict  # noqa: E402
+from tinyattn.data.tokenizer import UNKNOWN, Tokenizer, build_tokenizer  # noqa: E402
+from tinyattn.errors import CheckpointError  # noqa: E402
+from tinyattn.generate.decoder import generate_tokens  # noqa: E402
+from tinyattn.gguf.writer import gguf_tensors, interleaved_rope_rows, write_gguf  # noqa: E402
+from tinyattn.model.attention import apply_rotary, rotary_tables  # noqa: E402
+from tinyattn.model.transformer import LanguageModel  # noqa: E402
+
+needs_llama_cpp = pytest.mark.skipif(
+    llama_cpp is None, reason="llama-cpp-python is not installed (.ci/run builds it: "
+                              "pip install llama-cpp-python==0.3.36)")
+
+TEXT = ("ROMEO: But soft, what light through yonder window breaks?\n"
+        "JULIET: Привет, мир! Καλημέρα. 日本語のテキスト, 中文.\n"
+        "NURSE: Emoji too 😀🎉👍🏽 and done.\n\n  indented\ttab\n") * 3
+CONTEXT = 96
+
+
+def tokenizer_of(kind: str) -> Tokenizer:
+    return build_tokenizer(TokenizerConfig(kind=kind, vocab_size=300), lambda: iter([TEXT]))
+
+
+def random_model(tokenizer: Tokenizer, *, n_kv_head: int = 2, qk_norm: bool = False, tied: bool = True,
+                 seed: int = 0) -> LanguageModel:
+    config = ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=4, n_kv_head=n_kv_head,
+                         n_embd=32, context_length=CONTEXT, qk_norm=qk_norm, tie_embeddings=tied)
+    torch.manual_seed(seed)
+    model = LanguageModel(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.15)  # norm gains too: each one is checked
+    return model
+
+
+def load(path, *, f32_cache: bool = True):
+    """The file in llama.cpp: every position's logits kept, one thread (reproducible)."""
+    cache = {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32} if f32_cache else {}
+    return llama_cpp.Llama(model_path=str(path), n_ctx=CONTEXT, logits_all=True, verbose=False,
+                           n_threads=1, n_threads_batch=1, **cache)
+
+
+def llama_logits(llm, ids: list[int]) -> np.ndarray:
+    llm.reset()
+    llm.eval(ids)
+    return np.array(llm.scores[:len(ids)], dtype=np.float64)  # (T, V)
+
+
+def tinyattn_logits(model: LanguageModel, ids: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].double().numpy()  # (T, V)
+
+
+def relative_difference(theirs: np.ndarray, ours: np.ndarray) -> float:
+    """max over positions of max |theirs - ours| / max |ours| at that position."""
+    return float((np.abs(theirs - ours).max(axis=1) / np.abs(ours).max(axis=1)).max())
+
+
+def text_ids(tokenizer: Tokenizer) -> list[int]:
+    return tokenizer.encode(TEXT)[:CONTEXT]
+
+
+def export(tmp_path, model, tokenizer, name="model.gguf", dtype="fp32"):
+    return write_gguf(model.state_dict(), model.config, tokenizer, tmp_path / name, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- logits
+
+CASES = {  # name: (tokenizer kind, model options)
+    "char": ("char", dict(n_kv_head=4)),
+    "char-gqa-untied": ("char", dict(n_kv_head=2, tied=False)),
+    "bpe-gqa": ("bpe", dict(n_kv_head=2)),
+    "bpe-mqa-untied": ("bpe", dict(n_kv_head=1, tied=False)),
+    "char-qk_norm": ("char", dict(n_kv_head=2, qk_norm=True)),
+    "bpe-qk_norm-untied": ("bpe", dict(n_kv_head=4, qk_norm=True, tied=False)),
+}
+
+
+@needs_llama_cpp
+@pytest.mark.parametrize("case", CASES)
+def test_llama_cpp_logits_equal_tinyattn_at_every_position(tmp_path, case):
+    kind, options = CASES[case]
+    tokenizer = tokenizer_of(kind)
+    model = random_model(tokenizer, **options)
+    path = export(tmp_path, model, tokenizer)
+    architecture = gguf.GGUFReader(path).fields["general.architecture"].contents()
+    assert architecture == ("qwen3" if options.get("qk_norm") else "llama")
+    ids = text_ids(tokenizer)
+    assert len(ids) == CONTEXT  # the whole context
+    ours = tinyattn_logits(model, ids)
+    assert np.abs(ours).max(axis=1).min() > 1.0  # spread logits: the bound means something
+    assert relative_difference(llama_logits(load(path), ids), ours) <= 1e-5  # f32 KV cache
+    assert relative_difference(llama_logits(load(path, f32_cache=False), ids), ours) <= 1e-3  # f16
+
+
+@needs_llama_cpp
+@pytest.mark.parametrize("case", ["char", "bpe-gqa", "bpe-qk_norm-untied"])
+def test_greedy_20_tokens_are_identical(tmp_path, case):
+    kind, options = CASES[case]
+    tokenizer = tokenizer_of(kind)
+    model = random_model(tokenizer, seed=1, **options)
+    llm = load(export(tmp_path, model, tokenizer))
+    prompt = tokenizer.encode("ROMEO: But")
+    ours = torch.stack(list(generate_tokens(model, torch.tensor([prompt]), 20, temperature=0.0)))[:, 0]
+    theirs = []
+    for token in llm.generate(prompt, temp=0.0, top_k=1, reset=True):  # llama.cpp's own greedy sampler
+        theirs.append(token)
+        if len(theirs) == 20:
+            break
+    assert theirs == ours.tolist()
+    assert len(set(theirs)) > 5  # a real sequence, not one token repeated
+    assert llm.detokenize(theirs, special=True).decode("utf-8", errors="replace") == tokenizer.decode(ours)
+
+
+# ----------------------------------------------------------------------------- tokenizers
+
+SAMPLES = {"ascii": "ROMEO: what light breaks? It's 2 o'clock", "newlines": "a\nb\n\nc \n d\r\n\t\n",
+           "spaces": "  two  spaces   three \t", "non-latin": "Привет, мир! 日本語 Καλημέρα",
+           "emoji": "done 😀🎉👍🏽", "end-of-text": "one<|endoftext|>two", "empty": ""}
+PIECES = [" ", "  ", "\n", "\n\n", "\t", "\r\n", "a", "Z", "the", "The", " the", "'s", "'ll", "'", "42", "3.14",
+          "!", "?!", "...", "é", "ß", "Ω", "п", "日本", "語", "😀", "👍🏽", "\u0301", "\u00a0", "\u3000", "<|endoftext|>"]
+
+
+def random_strings(count: int, seed: int = 0) -> list[str]:
+    """Strings made of pieces that stress the splitter, random code points and corpus slices."""
+    rng = random.Random(seed)
+    strings = []
+    for _ in range(count):
+        parts = []
+        for _ in range(rng.randint(1, 12)):
+            roll = rng.random()
+            if roll < 0.5:
+                parts.append(rng.choice(PIECES))
+            elif roll < 0.8:
+                start = rng.randrange(len(TEXT))
+                parts.append(TEXT[start:start + rng.randint(1, 20)])
+            else:  # any code point but the surrogates, which UTF-8 cannot carry
+                point = rng.choice([rng.randint(32, 0x2FF), rng.randint(0x300, 0xD7FF), rng.randint(0xE000, 0x10FFFF)])
+                parts.append(chr(point))
+        strings.append("".join(parts))
+    return strings
+
+
+def llama_tokens(llm, text: str) -> list[int]:
+    return llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+
+
+@needs_llama_cpp
+def test_bpe_tokenization_is_identical_on_samples_and_random_strings(tmp_path):
+    tokenizer = tokenizer_of("bpe")
+    llm = load(export(tmp_path, random_model(tokenizer), tokenizer))
+    for name, text in SAMPLES.items():
+        assert llama_tokens(llm, text) == tokenizer.encode(text), name
+    mismatches = [text for text in random_strings(3000) if llama_tokens(llm, text) != tokenizer.encode(text)]
+    assert mismatches == []
+    ids = tokenizer.encode(TEXT)
+    assert llm.detokenize(ids, special=True).decode("utf-8") == tokenizer.decode(ids) == TEXT
+
+
+@needs_llama_cpp
+def test_char_tokenization_is_identical_but_an_unseen_character_is_dropped(tmp_path):
+    """The known difference: llama.cpp's BPE has no unknown token, where tinyattn's char
+    tokenizer encodes a character it never saw as [UNK]; everything else is identical."""
+    tokenizer = tokenizer_of("char")
+    llm = load(export(tmp_path, random_model(tokenizer), tokenizer))
+    unk = tokenizer.encode("\u00e6")  # never in the training text
+    assert len(unk) == 1 and tokenizer.decode(unk) == "\ufffd"
+    assert llm.detokenize(unk).decode("utf-8") == "\ufffd"  # [UNK] decodes alike in both
+    texts = [*SAMPLES.values(), TEXT, "[UNK]", "ab\u00e6c Z!", *random_strings(3000)]
+    unseen = 0
+    for text in texts:
+        ours = tokenizer.encode(text)
+        unseen += ours.count(unk[0])
+        assert llama_tokens(llm, text) == [i for i in ours if i != unk[0]], text
+    assert unseen > 1000  # the rule was tested on many unseen characters
+    assert tokenizer.encode("[UNK]") != unk  # the five characters are five tokens in both
+    ids = tokenizer.encode(TEXT)
+    assert llm.detokenize(ids, special=True).decode("utf-8") == TEXT
+
+
+# ----------------------------------------------------------------------------- the file
+
+
+def test_reordered_query_rows_rotated_in_adjacent_pairs_equal_the_rotated_halves_reordered():
+    """The permutation itself, without llama.cpp: project with the reordered rows and rotate
+    adjacent pairs (llama.cpp's llama RoPE), or project as tinyattn does and rotate halves: the
+    same vectors, in the reordered order. Queries and keys reordered alike keep every q.k."""
+    heads, head_dim, width, positions = 3, 8, 5, 7
+    weight = torch.randn(heads * head_dim, width, dtype=torch.float64)  # (H*D, C)
+    x = torch.randn(positions, width, dtype=torch.float64)  # (T, C)
+    cos, sin = (t.double() for t in rotary_tables(head_dim, positions, 10000.0))  # (T, D/2)
+    halves = apply_rotary((x @ weight.T).view(positions, heads, head_dim).transpose(0, 1), cos, sin)
+    halves = halves.transpose(0, 1).reshape(positions, heads * head_dim)  # (T, H*D)
+    pairs = (x @ interleaved_rope_rows(weight, heads).T).view(positions, heads, head_dim // 2, 2)
+    even, odd = pairs[..., 0], pairs[..., 1]  # (T, H, D/2) each
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    pairs = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)  # (T, H, D/2, 2)
+    reordered = interleaved_rope_rows(halves.T, heads).T  # (T, H*D): each vector's dims reordered
+    assert torch.allclose(pairs.reshape(positions, heads * head_dim), reordered, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_half_precision_files_hold_torch_rounded_weights_and_float32_norms(tmp_path, dtype):
+    tokenizer = tokenizer_of("bpe")
+    model = random_model(tokenizer, tied=False)
+    reader = gguf.GGUFReader(export(tmp_path, model, tokenizer, dtype=dtype))
+    expected = gguf_tensors(model.state_dict(), model.config)
+    assert [t.name for t in reader.tensors] == list(expected)
+    torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    for stored in reader.tensors:
+        tensor = expected[stored.name]
+        if tensor.dim() == 1:
+            assert stored.tensor_type.name == "F32" and np.array_equal(stored.data, tensor.numpy())
+            continue
+        assert stored.tensor_type.name == dtype.upper().replace("FP", "F")
+        bits = np.asarray(stored.data).view(np.int16).reshape(tensor.shape)
+        assert np.array_equal(bits, tensor.to(torch_dtype).view(torch.int16).numpy()), stored.name
+
+
+@needs_llama_cpp
+@pytest.mark.parametrize("dtype,bound", [("fp16", 3e-3), ("bf16", 3e-2)])
+def test_half_precision_files_give_the_rounded_models_logits(tmp_path, dtype, bound):
+    """llama.cpp multiplies f16/bf16 weights by activations rounded to the same type, so the
+    logits differ from tinyattn's (with the same rounded weights, float32 arithmetic) by that
+    rounding: bounded here, and measured in docs/BENCHMARKS.md."""
+    tokenizer = tokenizer_of("bpe")
+    model = random_model(tokenizer, n_kv_head=2)
+    path = export(tmp_path, model, tokenizer, dtype=dtype)
+    rounded = random_model(tokenizer, n_kv_head=2)
+    torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    with torch.no_grad():
+        for param in rounded.parameters():
+            if param.dim() == 2:
+                param.copy_(param.to(torch_dtype).float())
+    ids = text_ids(tokenizer)
+    assert relative_difference(llama_logits(load(path), ids), tinyattn_logits(rounded, ids)) <= bound
+
+
+def save_run(tmp_path, model: LanguageModel, tokenizer: Tokenizer):
+    config = Config(model=model.config, data=DataConfig(files=["corpus.txt"]),
+                    tokenizer=TokenizerConfig(kind="bpe"))
+    run = tmp_path / "run"
+    ckpt.save_checkpoint({"config": config_to_dict(config), "model": model.state_dict(),
+                          "tokenizer": tokenizer.to_json(), "step": 20}, run / "best.pt")
+    return run
+
+
+def run_main(argv, capsys):
+    code = export_cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_export_cli_writes_one_gguf_file_and_replaces_it_only_with_force(tmp_path, capsys):
+    tokenizer = tokenizer_of("bpe")
+    run = save_run(tmp_path, random_model(tokenizer), tokenizer)
+    out = tmp_path / "exported" / "model.gguf"
+    code, printed, err = run_main(["--checkpoint", run, "--format", "gguf", "--out", out, "--dtype", "fp16"], capsys)
+    assert code == 0 and err == "" and f"wrote {out} (llama.cpp architecture llama, fp16, " in printed
+    assert gguf.GGUFReader(out).fields["general.file_type"].contents() == gguf.LlamaFileType.MOSTLY_F16
+    assert sorted(p.name for p in out.parent.iterdir()) == ["model.gguf"]  # no temporary left
+    code, _, err = run_main(["--checkpoint", run, "--gguf", out], capsys)
+    assert code == 2 and err == f"error: {out}: exists (--force replaces it); expected the path of a new .gguf file\n"
+    code, printed, _ = run_main(["--checkpoint", run, "--gguf", out, "--force"], capsys)
+    assert code == 0 and "fp32" in printed
+    assert gguf.GGUFReader(out).fields["general.file_type"].contents() == gguf.LlamaFileType.ALL_F32
+    code, _, err = run_main(["--checkpoint", run, "--out", tmp_path / "hf", "--dtype", "fp16"], capsys)
+    assert code == 2 and err == "error: --dtype fp16: --format hf writes fp32, bf16\n"
+
+
+def test_soft_capping_is_refused_in_one_line(tmp_path, capsys):
+    tokenizer = tokenizer_of("bpe")
+    model = random_model(tokenizer)
+    model.config.logit_softcap = 30.0
+    run = save_run(tmp_path, model, tokenizer)
+    code, out, err = run_main(["--checkpoint", run, "--gguf", tmp_path / "model.gguf"], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith("error: model.logit_softcap: 30.0 cannot be exported to GGUF: "), err
+    assert not (tmp_path / "model.gguf").exists()
+
+
+def test_a_tokenizer_llama_cpp_cannot_reproduce_is_refused_in_one_line(tmp_path):
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models, pre_tokenizers
+
+    backend = Backend(models.WordPiece({"[UNK]": 0, "a": 1, "<|endoftext|>": 2}, unk_token=UNKNOWN))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = Tokenizer(backend)
+    model = random_model(tokenizer)
+    with pytest.raises(CheckpointError) as raised:
+        export(tmp_path, model, tokenizer)
+    assert str(raised.value) == ("tokenizer: a WordPiece tokenizer with pre-tokenizer Whitespace: GGUF export "
+                                 "writes tinyattn's char and byte-level bpe tokenizers only")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_without_the_gguf_package_the_command_says_how_to_install(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "gguf", None)  # import gguf now raises ImportError
+    code, out, err = run_main(["--checkpoint", tmp_path / "nothing", "--gguf", tmp_path / "m.gguf"], capsys)
+    assert code == 2 and err == "error: writing a GGUF file needs the gguf package: pip install 'tinyattn[gguf]'\n"

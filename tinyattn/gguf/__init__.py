@@ -1,0 +1,1 @@
+"""GGUF files for llama.cpp: `writer` (metadata and tensors), `vocab` (the tokenizer)."""

@@ -1,0 +1,129 @@
+"""A tinyattn tokenizer as llama.cpp's vocabulary: tokens, their types, BPE merges.
+
+llama.cpp rebuilds the tokenizer from the GGUF file's `tokenizer.ggml.*` keys, so what is
+written here decides whether it tokenizes a text as tinyattn does. Both of tinyattn's kinds
+go out as llama.cpp's byte-level BPE (`tokenizer.ggml.model = "gpt2"`), whose tokens are
+spelled in the GPT-2 byte alphabet (each byte one printable character):
+
+- `bpe`: the vocabulary and merges as trained, with the pre-tokenizer `gpt-2`. tinyattn's
+  is the `tokenizers` ByteLevel one (GPT-2's regular expression, no prefix space) and
+  llama.cpp's `gpt-2` is a hand-written splitter for the same expression; tests/test_gguf.py
+  checks them equal on thousands of random strings.
+- `char`: each character of the vocabulary becomes the byte-level spelling of its UTF-8
+  bytes, and a multi-byte character gets the merges that join its bytes again (byte 1 with
+  byte 2, that with byte 3, ...). A merge always starts at a UTF-8 lead byte and extends it
+  by its own continuation bytes, so no merge can cross from one character into the next:
+  every character of the vocabulary comes out as its one token, whatever the pre-tokenizer.
+  The known difference: llama.cpp's BPE has no unknown token, so a character the model
+  never saw is dropped where tinyattn encodes it as `[UNK]` (pinned by a test; the README
+  says so). `[UNK]` itself is written spelled as U+FFFD, the character tinyattn decodes it
+  to, so decoding agrees.
+
+`<|endoftext|>` is a control token (llama.cpp matches it in text it tokenizes with special
+tokens parsed, as tinyattn always does, and stops generating at it); no BOS or EOS is added
+automatically. Any other tokenizer (a pretrained one of another design) is refused in one
+line rather than written approximately.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from tokenizers import pre_tokenizers
+
+from tinyattn.data.tokenizer import END_OF_TEXT, UNKNOWN, Tokenizer
+from tinyattn.errors import CheckpointError
+
+# llama.cpp's token types (gguf.TokenType; kept here so this module needs no gguf import).
+NORMAL, UNKNOWN_TYPE, CONTROL, UNUSED = 1, 2, 3, 5
+TOKENIZER_MODEL = "gpt2"  # llama.cpp's name for byte-level BPE
+PRE_TOKENIZER = "gpt-2"  # llama.cpp's GPT-2 splitter: the regex tinyattn's ByteLevel uses
+REPLACEMENT = "\ufffd"  # what tinyattn decodes [UNK] to
+
+
+@dataclass
+class GGUFVocab:
+    tokens: list[str]  # by id, spelled in the byte alphabet (control tokens as they are)
+    types: list[int]  # NORMAL, CONTROL, ... per token
+    merges: list[str]  # "left right", highest priority first
+    end_of_text: int  # <|endoftext|>: llama.cpp's end-of-generation token
+
+
+def gguf_vocab(tokenizer: Tokenizer) -> GGUFVocab:
+    """The vocabulary llama.cpp needs to tokenize exactly as `tokenizer` does, or a
+    CheckpointError naming what llama.cpp could not reproduce."""
+    spec = json.loads(tokenizer.to_json())
+    if tokenizer.eot_id is None:
+        raise CheckpointError(f"tokenizer: no {END_OF_TEXT} token: GGUF export needs it as the "
+                              "end-of-generation token")
+    model = spec.get("model") or {}
+    if _is_char(spec):
+        return _char_vocab(model["vocab"], tokenizer.eot_id)
+    if _is_byte_level_bpe(spec):
+        return _bpe_vocab(model, spec.get("added_tokens") or [], tokenizer.eot_id)
+    raise CheckpointError(f"tokenizer: a {model.get('type', '?')} tokenizer with pre-tokenizer "
+                          f"{(spec.get('pre_tokenizer') or {}).get('type')}: GGUF export writes tinyattn's "
+                          "char and byte-level bpe tokenizers only")
+
+
+def _is_char(spec: dict) -> bool:
+    pre = spec.get("pre_tokenizer") or {}
+    return ((spec.get("model") or {}).get("type") == "WordLevel" and spec.get("normalizer") is None
+            and pre.get("type") == "FixedLength" and pre.get("length") == 1)
+
+
+def _is_byte_level_bpe(spec: dict) -> bool:
+    """GPT-2's design, as tinyattn trains it: no normalizer, ByteLevel splitting with the
+    regex and no prefix space, a BPE model without byte fallback or word suffixes."""
+    model, pre = spec.get("model") or {}, spec.get("pre_tokenizer") or {}
+    return (model.get("type") == "BPE" and spec.get("normalizer") is None
+            and pre.get("type") == "ByteLevel" and pre.get("add_prefix_space") is False
+            and pre.get("use_regex", True) is True and not model.get("byte_fallback")
+            and not model.get("continuing_subword_prefix") and not model.get("end_of_word_suffix"))
+
+
+def _tokens_by_id(vocab: dict[str, int]) -> list[str]:
+    tokens = [""] * len(vocab)
+    for token, id in vocab.items():
+        tokens[id] = token
+    return tokens
+
+
+def _bpe_vocab(model: dict, added: list[dict], eot_id: int) -> GGUFVocab:
+    vocab = dict(model["vocab"])
+    for token in added:  # added tokens are in the BPE vocabulary already; kept if one is not
+        vocab.setdefault(token["content"], token["id"])
+    tokens = _tokens_by_id(vocab)
+    special = {token["content"] for token in added if token.get("special")}
+    types = [CONTROL if token in special else NORMAL for token in tokens]
+    # tokenizers writes a merge as [left, right] (0.20 and later) or as "left right" (older).
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    return GGUFVocab(tokens, types, merges, eot_id)
+
+
+def byte_spelling(text: str) -> str:
+    """`text`'s UTF-8 bytes in the GPT-2 byte alphabet, as byte-level BPE tokens are spelled."""
+    splitter = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    return "".join(piece for piece, _ in splitter.pre_tokenize_str(text))
+
+
+def _char_vocab(vocab: dict[str, int], eot_id: int) -> GGUFVocab:
+    tokens, types, merges = [], [], {}
+    for id, character in enumerate(_tokens_by_id(vocab)):
+        if id == eot_id:
+            tokens.append(character)
+            types.append(CONTROL)
+        elif character == UNKNOWN:
+            # Spelled as U+FFFD so llama.cpp decodes it as tinyattn does; should the training
+            # text hold U+FFFD itself, the name is taken and [UNK] decodes to nothing instead.
+            taken = REPLACEMENT in vocab
+            tokens.append(UNKNOWN if taken else byte_spelling(REPLACEMENT))
+            types.append(UNUSED if taken else NORMAL)
+        else:
+            spelled = byte_spelling(character)  # (bytes,) one alphabet character per byte
+            tokens.append(spelled)
+            types.append(NORMAL)
+            for end in range(1, len(spelled)):  # join byte 1 with 2, then that with 3, ...
+                merges.setdefault(f"{spelled[:end]} {spelled[end]}", None)
+    return GGUFVocab(tokens, types, list(merges), eot_id)

@@ -1,0 +1,203 @@
+"""A tinyattn model as one GGUF file, the format llama.cpp (and ollama, LM Studio) loads.
+
+llama.cpp's own `convert_hf_to_gguf.py` refuses an exported Hugging Face folder (it knows
+pre-tokenizers by a hash of their vocabulary, and every trained vocabulary hashes anew), so
+the file is written here with `gguf`, the format's own Python package. The weights take
+the route llama.cpp's converter takes: tinyattn's names become Llama's
+(`tinyattn.hf.convert.to_hf_weights`, which splits the stacked q/k/v and gate/up
+matrices), and Llama's become llama.cpp's:
+
+    model.embed_tokens.weight                 token_embd.weight
+    model.layers.i.input_layernorm.weight     blk.i.attn_norm.weight
+    model.layers.i.self_attn.{q,k,v}_proj     blk.i.attn_{q,k,v}.weight
+    model.layers.i.self_attn.o_proj           blk.i.attn_output.weight
+    model.layers.i.self_attn.{q,k}_norm       blk.i.attn_{q,k}_norm.weight (Qwen3 only)
+    model.layers.i.post_attention_layernorm   blk.i.ffn_norm.weight
+    model.layers.i.mlp.{gate,up,down}_proj    blk.i.ffn_{gate,up,down}.weight
+    model.norm.weight                         output_norm.weight
+    lm_head.weight                            output.weight (absent when tied: llama.cpp reuses
+                                                             token_embd, as tinyattn does)
+
+RoPE: tinyattn (like Hugging Face) rotates the two halves of each head, dimension i with
+i + D/2. llama.cpp's `llama` architecture rotates adjacent pairs (2i with 2i + 1), Meta's
+original layout, so the query and key rows of each head are reordered into it
+(`interleaved_rope_rows`): first half's row i goes to 2i, second half's to 2i + 1. The
+scores q.k are unchanged by a permutation applied to both. A QK-norm model goes out as
+llama.cpp's `qwen3`, whose RoPE rotates halves ("neox" style): no reordering there (the
+per-head norm weights would have to follow one, and need not).
+
+Norm gains stay float32 at every dtype (llama.cpp's converters keep 1-D tensors so);
+matrices are float32, float16 or bfloat16 (`GGUF_DTYPES`), rounded by torch. Logit
+soft-capping has no place in either architecture and is refused. The file is written
+beside its target and renamed into place, so a failed export leaves no partial file.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from tinyattn.config import ModelConfig
+from tinyattn.data.tokenizer import Tokenizer
+from tinyattn.errors import CheckpointError, TinyattnError
+from tinyattn.gguf.vocab import PRE_TOKENIZER, TOKENIZER_MODEL, gguf_vocab
+from tinyattn.hf.convert import norm_eps, to_hf_weights
+from tinyattn.system.storage import TEMPORARY_SUFFIX, storage_errors
+
+INSTALL_HINT = "pip install 'tinyattn[gguf]'"
+ARCHITECTURE, QK_NORM_ARCHITECTURE = "llama", "qwen3"
+GGUF_DTYPES = ("fp32", "fp16", "bf16")  # export --dtype for a GGUF file
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+# Hugging Face Llama names (per layer after "model.layers.i.") -> llama.cpp's, from gguf's tables.
+GLOBAL_NAMES = {"model.embed_tokens.weight": "TOKEN_EMBD", "model.norm.weight": "OUTPUT_NORM",
+                "lm_head.weight": "OUTPUT"}
+LAYER_NAMES = {
+    "input_layernorm.weight": "ATTN_NORM", "self_attn.q_proj.weight": "ATTN_Q",
+    "self_attn.k_proj.weight": "ATTN_K", "self_attn.v_proj.weight": "ATTN_V",
+    "self_attn.o_proj.weight": "ATTN_OUT", "self_attn.q_norm.weight": "ATTN_Q_NORM",
+    "self_attn.k_norm.weight": "ATTN_K_NORM", "post_attention_layernorm.weight": "FFN_NORM",
+    "mlp.gate_proj.weight": "FFN_GATE", "mlp.up_proj.weight": "FFN_UP", "mlp.down_proj.weight": "FFN_DOWN",
+}
+
+
+def gguf_package():
+    """The `gguf` package, or a one-line error saying how to install it."""
+    try:
+        import gguf
+    except ImportError:
+        raise TinyattnError(f"writing a GGUF file needs the gguf package: {INSTALL_HINT}") from None
+    return gguf
+
+
+def architecture_of(config: ModelConfig) -> str:
+    """llama.cpp's architecture for `config`, or a CheckpointError for what neither holds."""
+    if config.logit_softcap is not None:
+        raise CheckpointError(f"model.logit_softcap: {config.logit_softcap} cannot be exported to GGUF: "
+                              f"llama.cpp's {ARCHITECTURE} and {QK_NORM_ARCHITECTURE} do not soft-cap logits")
+    return QK_NORM_ARCHITECTURE if config.qk_norm else ARCHITECTURE
+
+
+def interleaved_rope_rows(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """Query or key rows (heads * D, C) from rotate-halves order to adjacent pairs: in each
+    head, row i of the first half goes to 2i and row i of the second half to 2i + 1."""
+    rows, width = weight.shape
+    halves = weight.reshape(heads, 2, rows // heads // 2, width)  # (H, 2, D/2, C)
+    return halves.transpose(1, 2).reshape(rows, width)  # (H, D/2, 2, C) -> (H*D, C)
+
+
+def gguf_tensors(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """tinyattn's state dict under llama.cpp's tensor names (float32, in file order)."""
+    gguf = gguf_package()
+    permute = architecture_of(config) == ARCHITECTURE
+    out = {}
+    for hf_name, tensor in to_hf_weights(state, config).items():
+        if hf_name in GLOBAL_NAMES:
+            name = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR[GLOBAL_NAMES[hf_name]]]
+        else:
+            layer, rest = hf_name.removeprefix("model.layers.").split(".", 1)
+            name = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR[LAYER_NAMES[rest]]].format(bid=int(layer))
+            if permute and rest == "self_attn.q_proj.weight":
+                tensor = interleaved_rope_rows(tensor, config.n_head)
+            elif permute and rest == "self_attn.k_proj.weight":
+                tensor = interleaved_rope_rows(tensor, config.kv_heads)
+        out[name + ".weight"] = tensor.float()
+    return out
+
+
+def tensor_data(tensor: torch.Tensor, dtype: str) -> tuple[np.ndarray, Optional[object]]:
+    """(array, gguf raw type or None) for one tensor; 1-D tensors (norm gains) stay float32."""
+    gguf = gguf_package()
+    if tensor.dim() == 1 or dtype == "fp32":
+        return tensor.float().numpy(), None
+    if dtype == "fp16":
+        return tensor.half().numpy(), None
+    # numpy has no bfloat16: torch rounds, and the bytes go out as GGML's BF16.
+    raw = tensor.bfloat16().view(torch.int16).numpy().view(np.uint8)  # (rows, 2 * cols) bytes
+    return raw, gguf.GGMLQuantizationType.BF16
+
+
+def add_metadata(writer, config: ModelConfig, *, dtype: str, name: str) -> None:
+    """The hyperparameters llama.cpp reads for `llama` and `qwen3` (`general.*`, `<arch>.*`)."""
+    gguf = gguf_package()
+    file_types = {"fp32": gguf.LlamaFileType.ALL_F32, "fp16": gguf.LlamaFileType.MOSTLY_F16,
+                  "bf16": gguf.LlamaFileType.MOSTLY_BF16}
+    writer.add_name(name)
+    writer.add_file_type(file_types[dtype])
+    writer.add_context_length(config.context_length)
+    writer.add_embedding_length(config.n_embd)
+    writer.add_block_count(config.n_layer)
+    writer.add_feed_forward_length(config.hidden_dim)
+    writer.add_head_count(config.n_head)
+    writer.add_head_count_kv(config.kv_heads)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    writer.add_rope_dimension_count(config.head_dim)  # every dimension of a head rotates
+    writer.add_rope_freq_base(config.rope_base)
+    writer.add_layer_norm_rms_eps(norm_eps(config))
+    writer.add_vocab_size(config.vocab_size)
+
+
+def add_tokenizer(writer, tokenizer: Tokenizer) -> None:
+    """`tokenizer.ggml.*`: byte-level BPE, <|endoftext|> as end of text, nothing added."""
+    vocab = gguf_vocab(tokenizer)
+    writer.add_tokenizer_model(TOKENIZER_MODEL)
+    writer.add_tokenizer_pre(PRE_TOKENIZER)
+    writer.add_token_list(vocab.tokens)
+    writer.add_token_types(vocab.types)
+    writer.add_token_merges(vocab.merges)
+    writer.add_bos_token_id(vocab.end_of_text)  # as config.json has it; never added (below)
+    writer.add_eos_token_id(vocab.end_of_text)
+    writer.add_add_bos_token(False)
+    writer.add_add_eos_token(False)
+
+
+def write_gguf(state: dict[str, torch.Tensor], config: ModelConfig, tokenizer: Tokenizer,
+               path: str | Path, *, dtype: str = "fp32", name: str = "tinyattn",
+               force: bool = False) -> Path:
+    """Write `path` (one .gguf file) for the model `state`/`config` and its tokenizer."""
+    gguf = gguf_package()
+    path = Path(path)
+    if dtype not in GGUF_DTYPES:
+        raise CheckpointError(f"--dtype {dtype}: a GGUF file holds {', '.join(GGUF_DTYPES)}")
+    if path.is_dir() or (path.exists() and not force):
+        what = "is a folder" if path.is_dir() else "exists (--force replaces it)"
+        raise CheckpointError(f"{path}: {what}; expected the path of a new .gguf file")
+    if tokenizer.vocab_size != config.vocab_size:
+        raise CheckpointError(f"tokenizer: {tokenizer.vocab_size} tokens but model.vocab_size is "
+                              f"{config.vocab_size}")
+    writer = gguf.GGUFWriter(None, architecture_of(config))
+    add_metadata(writer, config, dtype=dtype, name=name)
+    add_tokenizer(writer, tokenizer)
+    for tensor_name, tensor in gguf_tensors(state, config).items():
+        data, raw_dtype = tensor_data(tensor, dtype)
+        writer.add_tensor(tensor_name, data, raw_dtype=raw_dtype)
+    _write_beside_then_rename(writer, path)
+    return path
+
+
+def _write_beside_then_rename(writer, path: Path) -> None:
+    """Write the file under a temporary name in the same folder and rename it into place."""
+    with storage_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX)
+        os.close(fd)
+    try:
+        with storage_errors(path):
+            writer.write_header_to_file(Path(temporary))
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+            for file in writer.fout:  # on disk before the rename makes it the file
+                file.flush()
+                os.fsync(file.fileno())
+            writer.close()
+            os.replace(temporary, path)
+    finally:
+        writer.close()
+        if os.path.exists(temporary):
+            os.unlink(temporary)
