@@ -181,6 +181,12 @@ def write_gguf(state: dict[str, torch.Tensor], config: ModelConfig, tokenizer: T
     return path
 
 
+def _umask() -> int:
+    mask = os.umask(0)  # the only way to read it is to set it: put it straight back
+    os.umask(mask)
+    return mask
+
+
 def _write_beside_then_rename(writer, path: Path) -> None:
     """Write the file under a temporary name in the same folder and rename it into place."""
     with storage_errors(path):
@@ -196,6 +202,7 @@ def _write_beside_then_rename(writer, path: Path) -> None:
                 file.flush()
                 os.fsync(file.fileno())
             writer.close()
+            os.chmod(temporary, 0o666 & ~_umask())  # mkstemp's 0600 would keep ollama's own user out
             os.replace(temporary, path)
     finally:
         writer.close()
