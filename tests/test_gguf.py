@@ -93,6 +93,11 @@ def export(tmp_path, model, tokenizer, name="model.gguf", dtype="fp32"):
 
 # ----------------------------------------------------------------------------- logits
 
+# llama.cpp's default KV cache stores keys and values in f16 and multiplies queries and softmax
+# weights in f16 against them: four roundings of 2^-11 each. These random models measure
+# 0.6-1.6e-3 (a trained Shakespeare model 3e-4, docs/BENCHMARKS.md), so the bound is 2e-3,
+# not the 1e-3 asked for; the f32 cache's 1e-5 holds with room (about 1e-6 measured).
+F16_CACHE_BOUND = 2e-3
 CASES = {  # name: (tokenizer kind, model options)
     "char": ("char", dict(n_kv_head=4)),
     "char-gqa-untied": ("char", dict(n_kv_head=2, tied=False)),
@@ -117,15 +122,15 @@ def test_llama_cpp_logits_equal_tinyattn_at_every_position(tmp_path, case):
     ours = tinyattn_logits(model, ids)
     assert np.abs(ours).max(axis=1).min() > 1.0  # spread logits: the bound means something
     assert relative_difference(llama_logits(load(path), ids), ours) <= 1e-5  # f32 KV cache
-    assert relative_difference(llama_logits(load(path, f32_cache=False), ids), ours) <= 1e-3  # f16
+    assert relative_difference(llama_logits(load(path, f32_cache=False), ids), ours) <= F16_CACHE_BOUND
 
 
 @needs_llama_cpp
-@pytest.mark.parametrize("case", ["char", "bpe-gqa", "bpe-qk_norm-untied"])
-def test_greedy_20_tokens_are_identical(tmp_path, case):
+@pytest.mark.parametrize("case,seed", [("char", 6), ("bpe-gqa", 7), ("bpe-qk_norm-untied", 1)])
+def test_greedy_20_tokens_are_identical(tmp_path, case, seed):
     kind, options = CASES[case]
     tokenizer = tokenizer_of(kind)
-    model = random_model(tokenizer, seed=1, **options)
+    model = random_model(tokenizer, seed=seed, **options)  # seeds whose greedy text does not loop at once
     llm = load(export(tmp_path, model, tokenizer))
     prompt = tokenizer.encode("ROMEO: But")
     ours = torch.stack(list(generate_tokens(model, torch.tensor([prompt]), 20, temperature=0.0)))[:, 0]
@@ -323,5 +328,5 @@ def test_a_tokenizer_llama_cpp_cannot_reproduce_is_refused_in_one_line(tmp_path)
 
 def test_without_the_gguf_package_the_command_says_how_to_install(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "gguf", None)  # import gguf now raises ImportError
-    code, out, err = run_main(["--checkpoint", tmp_path / "nothing", "--gguf", tmp_path / "m.gguf"], capsys)
+    code, _, err = run_main(["--checkpoint", tmp_path / "nothing", "--gguf", tmp_path / "m.gguf"], capsys)
     assert code == 2 and err == "error: writing a GGUF file needs the gguf package: pip install 'tinyattn[gguf]'\n"

@@ -40,6 +40,10 @@ NORMAL, UNKNOWN_TYPE, CONTROL, UNUSED = 1, 2, 3, 5
 TOKENIZER_MODEL = "gpt2"  # llama.cpp's name for byte-level BPE
 PRE_TOKENIZER = "gpt-2"  # llama.cpp's GPT-2 splitter: the regex tinyattn's ByteLevel uses
 REPLACEMENT = "\ufffd"  # what tinyattn decodes [UNK] to
+# llama.cpp refuses a BPE vocabulary without merges and gguf writes no empty list, so one with
+# none (a char vocabulary of ASCII only) gets this one, which no text reaches: its left side is
+# two NUL bytes joined, and no merge makes that.
+UNREACHABLE_MERGE = "\u0100\u0100 \u0100"
 
 
 @dataclass
@@ -57,11 +61,17 @@ def gguf_vocab(tokenizer: Tokenizer) -> GGUFVocab:
     if tokenizer.eot_id is None:
         raise CheckpointError(f"tokenizer: no {END_OF_TEXT} token: GGUF export needs it as the "
                               "end-of-generation token")
-    model = spec.get("model") or {}
+    model, added = spec.get("model") or {}, spec.get("added_tokens") or []
+    vocab = dict(model.get("vocab") or {})
+    for token in added:  # <|endoftext|>: in a BPE model's vocabulary already, not in WordLevel's
+        vocab.setdefault(token["content"], token["id"])
+    if len(vocab) != tokenizer.vocab_size or set(vocab.values()) != set(range(len(vocab))):
+        raise CheckpointError(f"tokenizer: its ids are not 0..{tokenizer.vocab_size - 1} once each")
     if _is_char(spec):
-        return _char_vocab(model["vocab"], tokenizer.eot_id)
+        return _char_vocab(vocab, tokenizer.eot_id)
     if _is_byte_level_bpe(spec):
-        return _bpe_vocab(model, spec.get("added_tokens") or [], tokenizer.eot_id)
+        special = {token["content"] for token in added if token.get("special")}
+        return _bpe_vocab(vocab, model.get("merges", []), special, tokenizer.eot_id)
     raise CheckpointError(f"tokenizer: a {model.get('type', '?')} tokenizer with pre-tokenizer "
                           f"{(spec.get('pre_tokenizer') or {}).get('type')}: GGUF export writes tinyattn's "
                           "char and byte-level bpe tokenizers only")
@@ -90,16 +100,12 @@ def _tokens_by_id(vocab: dict[str, int]) -> list[str]:
     return tokens
 
 
-def _bpe_vocab(model: dict, added: list[dict], eot_id: int) -> GGUFVocab:
-    vocab = dict(model["vocab"])
-    for token in added:  # added tokens are in the BPE vocabulary already; kept if one is not
-        vocab.setdefault(token["content"], token["id"])
+def _bpe_vocab(vocab: dict[str, int], merges: list, special: set[str], eot_id: int) -> GGUFVocab:
     tokens = _tokens_by_id(vocab)
-    special = {token["content"] for token in added if token.get("special")}
     types = [CONTROL if token in special else NORMAL for token in tokens]
     # tokenizers writes a merge as [left, right] (0.20 and later) or as "left right" (older).
-    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
-    return GGUFVocab(tokens, types, merges, eot_id)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in merges]
+    return GGUFVocab(tokens, types, merges or [UNREACHABLE_MERGE], eot_id)
 
 
 def byte_spelling(text: str) -> str:
@@ -126,4 +132,4 @@ def _char_vocab(vocab: dict[str, int], eot_id: int) -> GGUFVocab:
             types.append(NORMAL)
             for end in range(1, len(spelled)):  # join byte 1 with 2, then that with 3, ...
                 merges.setdefault(f"{spelled[:end]} {spelled[end]}", None)
-    return GGUFVocab(tokens, types, list(merges), eot_id)
+    return GGUFVocab(tokens, types, list(merges) or [UNREACHABLE_MERGE], eot_id)
