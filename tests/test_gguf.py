@@ -179,7 +179,11 @@ def llama_tokens(llm, text: str) -> list[int]:
 
 @needs_llama_cpp
 def test_bpe_tokenization_is_identical_on_samples_and_random_strings(tmp_path):
-    tokenizer = tokenizer_of("bpe")
+    # Trained on strings like the ones tested, so that merges join what the splitter must keep
+    # apart (spaces, digits, punctuation, letters of any script): a splitter that cut those
+    # differently would show here.
+    corpus = TEXT + "\n".join(random_strings(3000, seed=1))
+    tokenizer = build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=2000), lambda: iter([corpus]))
     llm = load(export(tmp_path, random_model(tokenizer), tokenizer))
     for name, text in SAMPLES.items():
         assert llama_tokens(llm, text) == tokenizer.encode(text), name
@@ -229,6 +233,29 @@ def test_reordered_query_rows_rotated_in_adjacent_pairs_equal_the_rotated_halves
     pairs = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)  # (T, H, D/2, 2)
     reordered = interleaved_rope_rows(halves.T, heads).T  # (T, H*D): each vector's dims reordered
     assert torch.allclose(pairs.reshape(positions, heads * head_dim), reordered, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_the_file_holds_the_hyperparameters_and_the_tokenizer_keys(tmp_path, kind):
+    tokenizer = tokenizer_of(kind)
+    model = random_model(tokenizer, n_kv_head=2)
+    model.config.rope_base, model.config.norm_eps = 5000.0, 1e-5
+    fields = {k: v.contents() for k, v in gguf.GGUFReader(export(tmp_path, model, tokenizer)).fields.items()}
+    assert {k: fields[f"llama.{k}"] for k in ("context_length", "embedding_length", "block_count",
+            "feed_forward_length", "attention.head_count", "attention.head_count_kv",
+            "rope.dimension_count", "rope.freq_base", "vocab_size")} == {
+        "context_length": CONTEXT, "embedding_length": 32, "block_count": 2, "feed_forward_length": 128,
+        "attention.head_count": 4, "attention.head_count_kv": 2, "rope.dimension_count": 8,
+        "rope.freq_base": 5000.0, "vocab_size": tokenizer.vocab_size}
+    assert fields["llama.attention.layer_norm_rms_epsilon"] == pytest.approx(1e-5)
+    eot = tokenizer.eot_id
+    assert (fields["tokenizer.ggml.model"], fields["tokenizer.ggml.pre"]) == ("gpt2", "gpt-2")
+    assert fields["tokenizer.ggml.eos_token_id"] == fields["tokenizer.ggml.bos_token_id"] == eot
+    assert fields["tokenizer.ggml.add_bos_token"] is False and fields["tokenizer.ggml.add_eos_token"] is False
+    types = fields["tokenizer.ggml.token_type"]
+    assert len(types) == len(fields["tokenizer.ggml.tokens"]) == tokenizer.vocab_size
+    assert types[eot] == gguf.TokenType.CONTROL and fields["tokenizer.ggml.tokens"][eot] == "<|endoftext|>"
+    assert [i for i, t in enumerate(types) if t != gguf.TokenType.NORMAL] == [eot]  # [UNK] is a normal token
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
