@@ -4,8 +4,9 @@ Every model is tiny and random, its weights scaled up from the initialisation (a
 tests/test_hf.py) so logits spread over a few units and greedy choices never hang on a near
 tie. "Relative difference" is, at each position, the largest |llama.cpp - tinyattn| logit
 over the largest |tinyattn| logit; the tests bound its maximum over every position of the
-text. A Llama export whose query/key rows are not reordered for llama.cpp's RoPE keeps most
-argmaxes and misses these bounds by orders of magnitude (tests/test_gguf.py was run so).
+text. A Llama export whose query/key rows are not reordered for llama.cpp's RoPE moves the
+logits by about their own size while the argmax still agrees at many positions: compared
+by argmax alone it could pass.
 
 The tests that need llama.cpp skip where llama_cpp is not importable (.ci/run builds
 llama-cpp-python==0.3.36); the others need only the gguf package.
@@ -94,9 +95,9 @@ def export(tmp_path, model, tokenizer, name="model.gguf", dtype="fp32"):
 # ----------------------------------------------------------------------------- logits
 
 # llama.cpp's default KV cache stores keys and values in f16 and multiplies queries and softmax
-# weights in f16 against them: four roundings of 2^-11 each. These random models measure
-# 0.6-1.6e-3 (a trained Shakespeare model 3e-4, docs/BENCHMARKS.md), so the bound is 2e-3,
-# not the 1e-3 asked for; the f32 cache's 1e-5 holds with room (about 1e-6 measured).
+# weights in f16 against them: four roundings of 2^-11 each. On these random models that
+# comes to more than 1e-3 (a trained model's stays under it: docs/BENCHMARKS.md has both), so
+# the bound here is 2e-3; the f32 cache's 1e-5 holds with room.
 F16_CACHE_BOUND = 2e-3
 CASES = {  # name: (tokenizer kind, model options)
     "char": ("char", dict(n_kv_head=4)),
@@ -212,6 +213,15 @@ def test_char_tokenization_is_identical_but_an_unseen_character_is_dropped(tmp_p
     assert tokenizer.encode("[UNK]") != unk  # the five characters are five tokens in both
     ids = tokenizer.encode(TEXT)
     assert llm.detokenize(ids, special=True).decode("utf-8") == TEXT
+
+
+@needs_llama_cpp
+def test_an_ascii_only_char_vocabulary_without_merges_loads_and_tokenizes_alike(tmp_path):
+    """Tiny Shakespeare's characters are all ASCII: no merges, which llama.cpp would refuse."""
+    text = "First Citizen:\nBefore we proceed any further, hear me speak.\n"
+    tokenizer = build_tokenizer(TokenizerConfig(kind="char"), lambda: iter([text]))
+    llm = load(export(tmp_path, random_model(tokenizer), tokenizer))
+    assert llama_tokens(llm, text) == tokenizer.encode(text)
 
 
 # ----------------------------------------------------------------------------- the file
