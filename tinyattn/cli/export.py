@@ -24,8 +24,8 @@ def parser() -> argparse.ArgumentParser:
         "which no standard architecture holds, is refused. With --format gguf (or --gguf FILE) it writes "
         "one .gguf file instead, which llama.cpp (llama-cli, ollama, LM Studio) loads: the llama "
         "architecture, or qwen3 with model.qk_norm; this needs the gguf extra.",
-        "example: tinyattn export --checkpoint checkpoints/<run> --out exported/<name>\n"
-        "         tinyattn export --checkpoint checkpoints/<run> --gguf exported/<name>.gguf --dtype fp16")
+        "examples: tinyattn export --checkpoint checkpoints/<run> --out exported/<name>; "
+        "tinyattn export --checkpoint checkpoints/<run> --gguf exported/<name>.gguf --dtype fp16")
     add_checkpoint(p)
     p.add_argument("--out", metavar="DIR|FILE",
                    help="the folder to write (new or empty); with --format gguf, the .gguf file")
