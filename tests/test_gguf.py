@@ -367,3 +367,20 @@ def test_without_the_gguf_package_the_command_says_how_to_install(tmp_path, caps
     monkeypatch.setitem(sys.modules, "gguf", None)  # import gguf now raises ImportError
     code, _, err = run_main(["--checkpoint", tmp_path / "nothing", "--gguf", tmp_path / "m.gguf"], capsys)
     assert code == 2 and err == "error: writing a GGUF file needs the gguf package: pip install 'tinyattn[gguf]'\n"
+
+
+@needs_llama_cpp
+def test_a_trained_model_meets_the_f16_cache_bound_of_1e_3(tmp_path, trained_run):
+    """The issue's 1e-3 with llama.cpp's default f16 KV cache, on a model that has trained
+    (peaked logits, as a user's are), not only the random models' looser F16_CACHE_BOUND."""
+    model, tokenizer = _trained(trained_run)
+    path = export(tmp_path, model, tokenizer)
+    ids = tokenizer.encode(TEXT)[:model.config.context_length]
+    ours = tinyattn_logits(model, ids)
+    assert relative_difference(llama_logits(load(path, f32_cache=False), ids), ours) <= 1e-3
+    assert relative_difference(llama_logits(load(path), ids), ours) <= 1e-5
+
+
+def _trained(run) -> tuple[LanguageModel, Tokenizer]:
+    loaded = ckpt.load_model(run.run_dir / "best.pt", device="cpu")
+    return loaded.model.float().eval(), loaded.tokenizer
