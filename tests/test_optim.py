@@ -121,3 +121,50 @@ def test_the_optimizers_hold_every_parameter_once_and_decay_neither_embedding_no
     for name, p in model.named_parameters():
         wanted = 0.0 if name == "token_embedding.weight" or p.dim() < 2 else 0.1
         assert decay[id(p)] == wanted, name
+
+
+# ----------------------------------------------------------------------------- Muon on stacked weights
+
+
+def _muon_step(weights: list[torch.Tensor], grads: list[torch.Tensor], rows=None) -> list[torch.Tensor]:
+    params = [torch.nn.Parameter(w.clone()) for w in weights]
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    Muon([{"params": params, "rows": rows}], lr=0.1, weight_decay=0.1).step()
+    return [p.detach() for p in params]
+
+
+def test_muon_updates_each_matrix_of_a_stacked_weight_as_if_it_were_its_own_parameter():
+    """q, k, v stacked into one (C + 2 * kv, C) weight move exactly as three separate weights
+    would (grouped-query shapes, so the pieces differ in size and batch apart)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(rows, 16, generator=g) for rows in (16, 8, 8))
+    dq, dk, dv = (torch.randn(rows, 16, generator=g) for rows in (16, 8, 8))
+    (stacked,) = _muon_step([torch.cat([q, k, v])], [torch.cat([dq, dk, dv])], rows=[(16, 8, 8)])
+    separate = torch.cat(_muon_step([q, k, v], [dq, dk, dv]))
+    torch.testing.assert_close(stacked, separate, rtol=1e-5, atol=1e-6)
+    (whole,) = _muon_step([torch.cat([q, k, v])], [torch.cat([dq, dk, dv])])  # rows None: one matrix
+    assert (whole - separate).abs().max() > 1e-3  # the split is not a no-op
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_the_muon_group_splits_the_models_stacked_weights_as_the_config_says(split):
+    model = LanguageModel(ModelConfig(vocab_size=20, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
+                                      context_length=8))
+    config = TrainConfig(optimizer="muon", muon_lr=1e-2, muon_split_stacked=split)
+    (group,) = build_optimizer(model, config, torch.device("cpu")).optimizers[1].param_groups
+    names = {id(p): name for name, p in model.named_parameters()}
+    split_rows = {names[id(p)]: rows for p, rows in zip(group["params"], group["rows"]) if rows}
+    expected = {f"blocks.{i}.attention.qkv.weight": (32, 16, 16) for i in range(2)}
+    expected.update({f"blocks.{i}.mlp.gate_up.weight": (model.config.hidden_dim,) * 2 for i in range(2)})
+    assert split_rows == (expected if split else {})
+
+
+def test_a_config_saved_before_the_split_existed_keeps_muon_orthogonalising_whole_weights(tmp_path):
+    from tinyattn import checkpoint as ckpt
+    from tinyattn.config import Config, DataConfig, config_to_dict
+
+    saved = config_to_dict(Config(data=DataConfig(files="corpus.txt")))
+    del saved["train"]["muon_split_stacked"]
+    assert ckpt.config_from_checkpoint({"config": saved}, tmp_path / "old.pt").train.muon_split_stacked is False
+    assert Config().train.muon_split_stacked is True

@@ -231,7 +231,8 @@ class LoadedModel:
 
 def config_from_checkpoint(state: dict, path: Path) -> Config:
     try:
-        return config_from_dict(_with_show(state["config"]), default_origin=f"{path} (saved config)")
+        return config_from_dict(_with_muon_whole(_with_show(state["config"])),
+                                default_origin=f"{path} (saved config)")
     except (ConfigError, KeyError) as e:
         raise CheckpointError(f"{path}: its saved config cannot be used: {e}") from None
 
@@ -245,6 +246,15 @@ def _with_show(saved: dict) -> dict:
         return saved
     shown = ["sample", "loss_by_position"] + (["attention", "head_ablation"] if train.get("probe_text") else [])
     return {**saved, "train": {**train, "show": shown}}
+
+
+def _with_muon_whole(saved: dict) -> dict:
+    """A config saved before `train.muon_split_stacked` existed: Muon orthogonalised each stacked
+    weight whole then, and a resumed older run goes on doing so."""
+    train = saved.get("train") if isinstance(saved, dict) else None
+    if not isinstance(train, dict) or "muon_split_stacked" in train:
+        return saved
+    return {**saved, "train": {**train, "muon_split_stacked": False}}
 
 
 def load_weights(model: LanguageModel, state: dict, path: Path) -> None:

@@ -183,6 +183,9 @@ class TrainConfig:
     muon_lr: Optional[float] = None  # None: train.lr
     muon_momentum: float = 0.95
     muon_ns_steps: int = 5  # Newton-Schulz iterations per Muon update (fewer: cheaper, rougher)
+    # Orthogonalise each matrix a stacked weight holds (query, key, value; gate, up) on its own,
+    # as if they were separate weights, instead of the stacked one as a whole.
+    muon_split_stacked: bool = True
     embedding_lr: Optional[float] = None  # token embedding (and a tied head); None: train.lr
     head_lr: Optional[float] = None  # an untied output head; None: train.lr
     weight_decay: float = 0.1  # matrices only; norms, biases and the embedding are not decayed

@@ -158,6 +158,17 @@ class LanguageModel(nn.Module):
             else:
                 param.copy_(torch.randn(param.shape) * 0.02)
 
+    def stacked_matrices(self) -> dict[str, tuple[int, ...]]:
+        """Weights that stack several matrices into one (so one matmul computes them all), by
+        parameter name, with the row count of each: every layer's query/key/value projection
+        and its MLP's gate and up projections. An optimizer that treats a matrix as a whole
+        (Muon) splits these first."""
+        stacked = {}
+        for i, block in enumerate(self.blocks):
+            stacked[f"blocks.{i}.attention.qkv.weight"] = tuple(block.attention.qkv_split)
+            stacked[f"blocks.{i}.mlp.gate_up.weight"] = (self.config.hidden_dim,) * 2
+        return stacked
+
     def num_parameters(self, exclude_embedding: bool = False) -> int:
         """Parameter count; a tied head is counted once."""
         total = sum(p.numel() for p in self.parameters())

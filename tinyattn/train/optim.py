@@ -98,7 +98,10 @@ def newton_schulz(grads: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> tor
 class Muon(torch.optim.Optimizer):
     """Muon for 2-D weight matrices: momentum, then the orthogonalised direction.
 
-    The update of a (rows, cols) matrix is scaled by 0.2 * sqrt(max(rows, cols)), which
+    A group's optional "rows" lists, per parameter, how its rows split into the separate
+    matrices it stacks (None: one matrix); each is orthogonalised on its own, as it would be
+    if it were its own parameter. The update of a (rows, cols) matrix is scaled by
+    0.2 * sqrt(max(rows, cols)), which
     gives it about the root-mean-square size of an AdamW update; Muon's lr therefore
     sits in AdamW's range (Moonshot's "match RMS" rule, `adjust_lr_fn="match_rms_adamw"`
     in torch.optim.Muon). Weight decay is decoupled, as in AdamW.
@@ -117,18 +120,28 @@ class Muon(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         for group in self.param_groups:
+            momenta = {p: self._momentum(p, group) for p in group["params"] if p.grad is not None}
+            rows_of = dict(zip(group["params"], group.get("rows") or [None] * len(group["params"])))
+            # Each matrix a weight holds (several when stacked), grouped by shape so that
+            # same-shaped ones are orthogonalised together in one batched chain.
+            pieces = {p: m.split(rows_of[p] or (m.size(0),)) for p, m in momenta.items()}
             by_shape: dict[tuple, list[torch.Tensor]] = {}
-            for p in group["params"]:
-                if p.grad is not None:
-                    by_shape.setdefault(tuple(p.shape), []).append(p)
-            for shape, params in by_shape.items():
-                grads = torch.stack([self._momentum(p, group) for p in params])  # (N, rows, cols)
-                updates = newton_schulz(grads.to(self.ns_dtype), group["ns_steps"]).to(grads.dtype)
+            for piece in (piece for parts in pieces.values() for piece in parts):
+                by_shape.setdefault(tuple(piece.shape), []).append(piece)
+            done = {}
+            for shape, same in by_shape.items():
+                updates = newton_schulz(torch.stack(same).to(self.ns_dtype), group["ns_steps"])  # (N, rows, cols)
                 scale = 0.2 * math.sqrt(max(shape))
-                for p, update in zip(params, updates):
-                    if group["weight_decay"]:
-                        p.mul_(1 - group["lr"] * group["weight_decay"])
+                done.update({id(piece): (update.to(piece.dtype), scale) for piece, update in zip(same, updates)})
+            for p, parts in pieces.items():
+                if group["weight_decay"]:
+                    p.mul_(1 - group["lr"] * group["weight_decay"])
+                if len(parts) == 1:
+                    update, scale = done[id(parts[0])]
                     p.add_(update, alpha=-group["lr"] * scale)
+                else:  # each stacked matrix at its own scale
+                    p.add_(torch.cat([update * scale for update, scale in map(done.get, map(id, parts))]),
+                           alpha=-group["lr"])
 
     def _momentum(self, p: torch.Tensor, group: dict) -> torch.Tensor:
         """Update the momentum buffer with p.grad; return the direction to orthogonalise."""
@@ -166,10 +179,12 @@ class Optimizers:
             # torch puts back the saved groups' hyperparameters too; the peak rates are this run's
             # config's (a fork with --set train.lr=... trains at the rate it names), the step
             # counts and moments the checkpoint's. Under the same config both are the same.
-            kept = [(group.get("name"), group["base_lr"]) for group in optimizer.param_groups]
+            kept = [(group.get("name"), group["base_lr"], group.get("rows")) for group in optimizer.param_groups]
             optimizer.load_state_dict(state)
-            for group, (name, base_lr) in zip(optimizer.param_groups, kept):
+            for group, (name, base_lr, rows) in zip(optimizer.param_groups, kept):
                 group["base_lr"] = base_lr
+                if rows is not None:  # how Muon splits stacked weights: this run's config's choice
+                    group["rows"] = rows
                 if name is not None:  # an older checkpoint's groups have none
                     group.setdefault("name", name)
 
@@ -238,7 +253,11 @@ def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device,
                              "weight_decay": config.weight_decay})
         return Optimizers([adamw(adamw_groups)])
     muon_lr = config.muon_lr or config.lr
-    muon = Muon([{"name": "matrices", "params": groups["matrices"], "lr": muon_lr, "base_lr": muon_lr}],
+    stacked = model.stacked_matrices() if config.muon_split_stacked and hasattr(model, "stacked_matrices") else {}
+    names = {id(p): name for name, p in model.named_parameters()}
+    rows = [stacked.get(names[id(p)]) for p in groups["matrices"]]
+    muon = Muon([{"name": "matrices", "params": groups["matrices"], "lr": muon_lr, "base_lr": muon_lr,
+                  "rows": rows}],
                 momentum=config.muon_momentum, weight_decay=config.weight_decay,
                 ns_steps=config.muon_ns_steps, ns_dtype=ns_dtype)
     return Optimizers([adamw(adamw_groups), muon])
