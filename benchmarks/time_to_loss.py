@@ -1,0 +1,109 @@
+"""Time to a validation loss, tinyattn against nanoGPT, on this machine.
+
+Both programs run as a user would run them, as whole processes: nanoGPT's CPU recipe from
+its README (4 layers, 4 heads, width 128, context 64, batch 12, 2,000 steps, an evaluation
+every 250 steps) from a checkout you name, and tinyattn's main config at the same size
+with its own optimizer, schedule and rates (`TINYATTN_SETS`). Every line a program prints
+is stamped with the seconds since it started; the figure is the stamp of the first
+evaluation at or below the target (nanoGPT's own final loss by default, 1.8857 in its
+README), and each program's whole wall time. Rounds alternate the two programs, since
+this machine's speed drifts within minutes.
+
+    python -m benchmarks.time_to_loss --nanogpt /path/to/nanoGPT --rounds 2
+
+nanoGPT needs its data prepared once (`python data/shakespeare_char/prepare.py` there,
+with input.txt beside it); nothing of it is part of this project.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+NANOGPT_ARGS = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
+                "--log_interval=1", "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4",
+                "--n_embd=128", "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0"]
+TINYATTN_SETS = ["model.n_layer=4",
+                 "model.n_head=4", "model.n_embd=128", "model.context_length=64", "train.batch_size=12",
+                 "train.max_steps=1000", "train.time_budget=null", "train.precision=fp32",
+                 "train.compile=false", "train.eval_interval=250", "train.show=[]"]
+NANOGPT_VAL = re.compile(r"^step (\d+): train loss [\d.]+, val loss ([\d.]+)")
+TINYATTN_VAL = re.compile(r"^step (\d+): validation loss ([\d.]+)")
+
+
+def stamped_run(command: list[str], cwd: Path) -> tuple[list[tuple[float, str]], float]:
+    """Run `command`, return each output line with its seconds since start, and the wall time."""
+    start = time.perf_counter()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env=env)
+    lines = [(time.perf_counter() - start, line.rstrip("\n")) for line in process.stdout]
+    if process.wait() != 0:
+        tail = "\n".join(line for _, line in lines[-15:])
+        raise SystemExit(f"{command[:3]} failed with exit code {process.returncode}:\n{tail}")
+    return lines, time.perf_counter() - start
+
+
+def evaluations(lines: list[tuple[float, str]], pattern: re.Pattern) -> list[dict]:
+    """Each evaluation's step, validation loss and seconds since the process started."""
+    found = []
+    for seconds, line in lines:
+        match = pattern.match(line.strip())
+        if match:
+            found.append({"step": int(match[1]), "val": float(match[2]), "seconds": round(seconds, 2)})
+    return found
+
+
+def first_at_or_below(evals: list[dict], target: float) -> Optional[dict]:
+    return next((e for e in evals if e["val"] <= target), None)
+
+
+def one_round(nanogpt: Path, tinyattn_extra: list[str], target: Optional[float]) -> dict:
+    lines, wall = stamped_run([sys.executable, "train.py", *NANOGPT_ARGS], nanogpt)
+    theirs = {"wall": round(wall, 1), "evaluations": evaluations(lines, NANOGPT_VAL)}
+    target = target if target is not None else theirs["evaluations"][-1]["val"]
+    run_name = f"time-to-loss-{os.getpid()}-{time.time_ns()}"
+    lines, wall = stamped_run([sys.executable, "scripts/train.py", "--config", "configs/shakespeare_char.yaml",
+                               "--no-progress", "--run-name", run_name, "--set", *TINYATTN_SETS,
+                               *tinyattn_extra, "train.out_dir=/tmp/tinyattn-time-to-loss"], ROOT)
+    ours = {"wall": round(wall, 1), "evaluations": evaluations(lines, TINYATTN_VAL)}
+    reached = first_at_or_below(ours["evaluations"], target)
+    ratio = reached["seconds"] / theirs["wall"] if reached else None
+    return {"target": target, "nanogpt": theirs, "tinyattn": ours, "tinyattn_reached": reached,
+            "ratio_to_nanogpt_wall": None if ratio is None else round(ratio, 3)}
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nanogpt", type=Path, required=True, help="a nanoGPT checkout, data prepared")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--target", type=float, default=None,
+                        help="validation loss to reach (default: nanoGPT's final loss in the same round)")
+    parser.add_argument("--set", nargs="*", default=[], help="more tinyattn overrides, KEY=VALUE")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    rounds = []
+    for r in range(args.rounds):
+        result = one_round(args.nanogpt, args.set, args.target)
+        rounds.append(result)
+        reached = result["tinyattn_reached"]
+        print(f"round {r}: nanoGPT {result['nanogpt']['wall']} s for 2,000 steps "
+              f"(final val {result['nanogpt']['evaluations'][-1]['val']}); tinyattn reached "
+              f"{result['target']} " + (f"at step {reached['step']} after {reached['seconds']} s "
+                                        f"= {result['ratio_to_nanogpt_wall']}x" if reached else "never")
+              + f"; tinyattn whole run {result['tinyattn']['wall']} s, final val "
+              f"{result['tinyattn']['evaluations'][-1]['val']}", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rounds, indent=1))
+
+
+if __name__ == "__main__":
+    main()
