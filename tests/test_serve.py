@@ -7,24 +7,30 @@ tokens and a click on one shows the model's own attention weights."""
 import http.client
 import json
 import os
+import re
 import shutil
+import sys
 import time
 
 import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install -e '.[serve]')")
-pytest.importorskip("uvicorn", reason="the serve extra is not installed (pip install -e '.[serve]')")
-openai = pytest.importorskip("openai", reason="the openai client is not installed (pip install -e '.[dev]')")
+from tinyattn import checkpoint as ckpt
+from tinyattn.config import Config, DataConfig, ModelConfig, SampleConfig, TokenizerConfig, config_to_dict
+from tinyattn.generate.text import generate
+from tinyattn.model.transformer import LanguageModel
 
-from tinyattn import checkpoint as ckpt  # noqa: E402
-from tinyattn.config import Config, DataConfig, ModelConfig, SampleConfig, TokenizerConfig, config_to_dict  # noqa: E402
-from tinyattn.generate.text import generate  # noqa: E402
-from tinyattn.model.transformer import LanguageModel  # noqa: E402
-from tinyattn.serve.app import create_app  # noqa: E402
-from tinyattn.serve.schemas import Limits  # noqa: E402
-from tinyattn.serve.server import ServerThread, listening_socket  # noqa: E402
+try:  # the serve extra and the dev extra's openai client; without them the server tests skip
+    import fastapi  # noqa: F401
+    import openai
+    import uvicorn  # noqa: F401
+
+    from tinyattn.serve.schemas import Limits
+    MISSING = None
+except ImportError as e:
+    MISSING = f"{e.name} is not installed (pip install -e '.[serve,dev]')"
+    Limits = lambda **limits: None  # noqa: E731
 
 LIMITS = Limits(max_tokens=5000, max_prompt_tokens=48, max_n=4, max_active=4)
 PROMPT = "ROMEO:"
@@ -36,6 +42,8 @@ def loaded(char_tokenizer, tmp_path_factory):
 
     The end-of-text token's embedding row (tied to the output head) is zero, so its logit is 0
     and greedy decoding never picks it: greedy generations run to max_tokens."""
+    if MISSING:
+        pytest.skip(MISSING)
     tokenizer = char_tokenizer
     config = Config(model=ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
                                       context_length=64),
@@ -55,6 +63,9 @@ def loaded(char_tokenizer, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(loaded):
+    from tinyattn.serve.app import create_app
+    from tinyattn.serve.server import ServerThread, listening_socket
+
     app = create_app(loaded, limits=LIMITS)
     with ServerThread(app, listening_socket("127.0.0.1", 0)) as running:
         yield running
@@ -71,6 +82,16 @@ def worker(server):
 
 def reference(loaded, prompt=PROMPT, **options) -> str:
     return "".join(generate(loaded.model, loaded.tokenizer, prompt, **options))
+
+
+def test_without_the_extra_the_command_is_one_line_naming_it(monkeypatch, capsys):
+    from tinyattn.cli.serve import main
+
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # `import fastapi` now raises ImportError
+    assert main(["--checkpoint", "nowhere"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("error: tinyattn serve needs the serve extra (fastapi is missing): "
+                   "pip install 'tinyattn[serve]'\n")
 
 
 def test_models_and_health_name_the_run(client, server):
@@ -208,6 +229,45 @@ def test_a_client_that_disconnects_mid_stream_stops_its_generation(client, serve
     job = worker(server).stats.recent[-1]
     assert job.ended == "cancelled" and 5 <= job.turns < 5000
     assert worker(server).load["active"] == 0
+
+
+# ----------------------------------------------------------------------------- the playground and the explorer route
+
+
+def post(server, path: str, body: dict):
+    connection = http.client.HTTPConnection(*server.sock.getsockname()[:2])
+    connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    return response.status, response.read().decode()
+
+
+def test_the_playground_is_one_page_that_fetches_nothing_from_elsewhere(server):
+    connection = http.client.HTTPConnection(*server.sock.getsockname()[:2])
+    connection.request("GET", "/")
+    response = connection.getresponse()
+    page = response.read().decode()
+    assert response.status == 200 and response.getheader("content-type").startswith("text/html")
+    assert 'data-model="tiny-serve"' in page and all(f'id="{i}"' in page for i in ("prompt", "generate", "output"))
+    assert not re.search(r"https?://|//cdn|\bsrc=|@import|url\(", page)  # no network but this server's routes
+    assert "%SCRIPT%" not in page and "%STYLE%" not in page
+
+
+def test_the_explorer_route_shows_the_prediction_that_produced_the_token_at_an_offset(server, loaded):
+    from tinyattn.analysis.explorer import data_of_page
+
+    status, page = post(server, "/explorer", {"text": "ROMEO:\nBut soft", "offset": 8})  # "u", token 8
+    data = data_of_page(page)
+    assert status == 200 and data["tokens"][7:9] == ["B", "u"] and data["query"] == 7
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"text": "ROMEO:", "offset": 6}, "offset 6 is not accepted: expected 0 to 5"),
+    ({"text": "R", "offset": 0}, "text: 1 tokens; the explorer takes 2 to 256"),
+    ({"text": "ROMEO:", "offset": 1, "query": 3}, "unknown field 'query'"),
+], ids=["offset-past-the-end", "one-token", "unknown-field"])
+def test_a_bad_explorer_request_is_a_400(server, body, message):
+    status, answer = post(server, "/explorer", body)
+    assert status == 400 and message in json.loads(answer)["error"]["message"]
 
 
 # ----------------------------------------------------------------------------- the playground in a browser

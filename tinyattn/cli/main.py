@@ -18,8 +18,8 @@ SUBCOMMANDS = {  # name: what it does (tinyattn.cli.<name>.main runs it)
     "eval": "loss, perplexity, bits per character or byte, and loss by position of a checkpoint",
     "attention": "attention maps, relevance and the explorer page of a text",
     "export": "write a checkpoint as a Hugging Face Llama folder",
-    "serve": "an OpenAI-compatible endpoint and a playground page for a checkpoint",
     "lab": "the attention chapter's claims, each measured on a model (docs/LAB.md)",
+    "serve": "an OpenAI-compatible endpoint and a playground page for a checkpoint",
 }
 
 

@@ -105,6 +105,13 @@ class ModelWorker:
             self.changed.notify()
         self.thread.join(timeout=10)
 
+    def cancel_all(self) -> None:
+        """Cancel every job, decoding or waiting: on shutdown, so that open streams end at once."""
+        with self.changed:
+            for job in self.active + list(self.waiting):
+                job.cancel()
+            self.changed.notify()
+
     def submit(self, job: Job) -> Job:
         with self.changed:
             if len(self.waiting) >= self.max_waiting:
