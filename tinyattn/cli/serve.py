@@ -39,18 +39,22 @@ examples:
 def build_parser() -> argparse.ArgumentParser:
     from tinyattn.system.choices import PRECISIONS
 
-    parser = command_parser("serve", DESCRIPTION, EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_parser("serve", DESCRIPTION, EPILOG,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     add_checkpoint(parser, where="--out-dir")
     parser.add_argument("--out-dir", default="checkpoints", metavar="DIR",
-                        help="where runs are looked for when --checkpoint is not given (default: checkpoints)")
+                        help="where runs are looked for when --checkpoint is not given "
+                             "(default: checkpoints)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this "
                                                             "machine only; 0.0.0.0: every interface)")
-    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000; 0: any free one)")
+    parser.add_argument("--port", type=int, default=8000,
+                        help="port to listen on (default: 8000; 0: any free one)")
     parser.add_argument("--model-name", metavar="NAME", help="the model's id in the API (default: the run "
                                                               "folder's name)")
     parser.add_argument("--max-tokens", type=int, default=1024, metavar="N",
                         help="the most new tokens one choice may ask for (default: 1024)")
-    parser.add_argument("--max-n", type=int, default=8, metavar="N", help="the most choices per request (default: 8)")
+    parser.add_argument("--max-n", type=int, default=8, metavar="N",
+                        help="the most choices per request (default: 8)")
     parser.add_argument("--max-active", type=int, default=4, metavar="N",
                         help="requests decoding at once, taking turns (default: 4); the rest wait in order")
     add_device(parser)
@@ -83,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace, sock) -> int:
     from tinyattn.checkpoint import require_causal
+    from tinyattn.generate.cpu_weights import pack_linear_weights
     from tinyattn.generate.decoder import inference_dtype
     from tinyattn.hf.folder import load_any_model
     from tinyattn.serve.app import create_app
@@ -95,13 +100,17 @@ def _serve(args: argparse.Namespace, sock) -> int:
     require_causal(loaded, "tinyattn serve")
     dtype = inference_dtype(args.dtype, device)
     loaded.model.to(dtype)
+    # The model as `tinyattn generate` runs it (same dtype, same packed weights), so a completion's
+    # text is the command's for the same options and seed.
+    packed = pack_linear_weights(loaded.model)
     limits = Limits(max_tokens=args.max_tokens, max_n=args.max_n, max_active=args.max_active)
     app = create_app(loaded, limits=limits, model_id=args.model_name)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
+    weights = f"{str(dtype).removeprefix('torch.')} on {device}{', packed weights' if packed else ''}"
     print(f"{loaded.path} (step {loaded.step}): serving {app.state.served.model_id!r}, "
-          f"{loaded.model.num_parameters() / 1e6:.2f}M parameters, {str(dtype).removeprefix('torch.')} on "
-          f"{device}, at http://{shown}:{port} (playground: /, API: /v1; Ctrl-C stops)", file=sys.stderr, flush=True)
+          f"{loaded.model.num_parameters() / 1e6:.2f}M parameters, {weights}, at http://{shown}:{port} "
+          "(playground: /, API: /v1; Ctrl-C stops)", file=sys.stderr, flush=True)
     if host not in ("127.0.0.1", "::1", "localhost"):
         print(f"warning: listening on {host}: anyone who can reach this machine can use the model "
               "(there is no authentication)", file=sys.stderr, flush=True)

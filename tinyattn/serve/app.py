@@ -64,8 +64,9 @@ class Served:
 def create_app(loaded, *, limits: Limits = Limits(), model_id: Optional[str] = None) -> FastAPI:
     """The app serving `loaded` (a `tinyattn.checkpoint.LoadedModel`); its worker runs while it is served."""
     model_id = model_id or (loaded.path.parent.name if loaded.path.name.endswith(".pt") else loaded.path.name)
-    served = Served(loaded.model, loaded.tokenizer, loaded.config.sample, model_id, limits,
-                    ModelWorker(max_active=limits.max_active, max_waiting=limits.max_waiting), int(time.time()))
+    worker = ModelWorker(max_active=limits.max_active, max_waiting=limits.max_waiting)
+    served = Served(loaded.model, loaded.tokenizer, loaded.config.sample, model_id, limits, worker,
+                    int(time.time()))
 
     @asynccontextmanager
     async def lifespan(app):
@@ -93,7 +94,7 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def http_error(request, error: StarletteHTTPException):
         kind = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code)
         message = f"{request.method} {request.url.path}: {error.detail}"
-        return _error_response(ApiError(message, status=error.status_code, type="invalid_request_error", code=kind))
+        return _error_response(ApiError(message, status=error.status_code, code=kind))
 
     @app.exception_handler(Exception)
     async def server_error(request, error: Exception):
@@ -124,8 +125,10 @@ def _add_routes(app: FastAPI, served: Served) -> None:
         body = parse(CompletionRequest, await request.body())
         _check_model(served, body.model)
         completion = check_completion(body, limits=served.limits, defaults=served.sample,
-                                      tokenizer=served.tokenizer, context_length=served.model.config.context_length)
-        job = served.worker.submit(Job(_samples(served, completion), asyncio.get_running_loop(), "a completion"))
+                                      tokenizer=served.tokenizer,
+                                      context_length=served.model.config.context_length)
+        job = Job(_samples(served, completion), asyncio.get_running_loop(), "a completion")
+        served.worker.submit(job)
         if completion.stream:
             return StreamingResponse(_events(served, completion, job), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -223,8 +226,8 @@ async def _events(served: Served, completion: Completion, job: Job) -> AsyncIter
     try:
         async for piece in job.items():
             texts[piece.sample] += piece.text
-            yield _event(_body(served, completion_id, [_choice(piece.sample, piece.text, piece.finish_reason)],
-                               None))
+            choice = _choice(piece.sample, piece.text, piece.finish_reason)
+            yield _event(_body(served, completion_id, [choice], None))
         if completion.include_usage:
             yield _event(_body(served, completion_id, [], _usage(served, completion, texts)))
     except ApiError as error:  # the worker failed mid-stream: the headers are gone, so say it in the stream

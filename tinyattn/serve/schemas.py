@@ -189,7 +189,8 @@ def check_completion(request: CompletionRequest, *, limits: Limits, defaults: Sa
                    num_samples=n, seed=request.seed, stop=_stop_of(request, limits))
     check_sampling(_fail, **options)
     if request.seed is not None and request.seed + n > 2**63:  # sample i is seeded with seed + i
-        raise ApiError(f"seed {request.seed} is too large for n {n}: expected seed + n <= 2**63", param="seed")
+        raise ApiError(f"seed {request.seed} is too large for n {n}: expected seed + n <= 2**63",
+                       param="seed")
     prompt = _prompt_of(request)
     prompt_tokens = len(tokenizer.encode(prompt)) if prompt else 1  # an empty prompt: one start token
     most = limits.max_prompt_tokens or context_length

@@ -37,8 +37,8 @@ def listening_socket(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as e:
         sock.close()
-        raise TinyattnError(f"cannot listen on {host}:{port}: {e.strerror or e} (choose another --port or --host)") \
-            from None
+        raise TinyattnError(f"cannot listen on {host}:{port}: {e.strerror or e} "
+                            "(choose another --port or --host)") from None
     sock.listen(128)
     sock.set_inheritable(True)
     return sock
