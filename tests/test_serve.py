@@ -231,6 +231,42 @@ def test_a_client_that_disconnects_mid_stream_stops_its_generation(client, serve
     assert worker(server).load["active"] == 0
 
 
+def test_a_client_that_disconnects_while_waiting_for_a_whole_completion_stops_it(server):
+    before = worker(server).stats.cancelled
+    connection = http.client.HTTPConnection(*server.sock.getsockname()[:2])
+    connection.request("POST", "/v1/completions", json.dumps({"model": "tiny-serve", "prompt": PROMPT,
+                                                              "max_tokens": 5000, "temperature": 0}),
+                       {"Content-Type": "application/json"})
+    time.sleep(0.3)
+    connection.close()  # gone before the answer
+    deadline = time.monotonic() + 30
+    while worker(server).stats.cancelled == before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    job = worker(server).stats.recent[-1]
+    assert job.ended == "cancelled" and job.turns < 5000
+
+
+def test_past_the_waiting_limit_a_request_is_a_429():
+    import asyncio
+
+    if MISSING:
+        pytest.skip(MISSING)
+
+    from tinyattn.serve.schemas import ApiError
+    from tinyattn.serve.worker import Job, ModelWorker
+
+    loop = asyncio.new_event_loop()
+    try:
+        full = ModelWorker(max_active=1, max_waiting=1)  # not started: what is submitted stays waiting
+        full.submit(Job(iter([1]), loop))
+        with pytest.raises(ApiError) as caught:
+            full.submit(Job(iter([2]), loop))
+        assert caught.value.status == 429 and caught.value.body()["error"]["code"] == "too_many_requests"
+        assert full.load["waiting"] == 1
+    finally:
+        loop.close()
+
+
 # ----------------------------------------------------------------------------- the playground and the explorer route
 
 

@@ -8,7 +8,8 @@
   the end-of-text token) and "length". `usage.completion_tokens` counts the returned text's
   tokens as the tokenizer encodes it (a byte-level BPE text may re-encode differently from
   the sampled ids).
-- `GET /health`: {"status": "ok"} with the worker's load (requests decoding, waiting, done).
+- `GET /health`: {"status": "ok"} with the worker's load (requests decoding, waiting, done);
+  a 503 if the model thread has stopped.
 - `GET /`: the playground page; `POST /explorer` returns the explorer page
   (`tinyattn.analysis.explorer`) of a text, at the prediction that produced the token holding
   a given character: what the playground shows when a generated token is clicked.
@@ -109,6 +110,9 @@ def _add_routes(app: FastAPI, served: Served) -> None:
 
     @app.get("/health")
     async def health():
+        if not served.worker.alive:  # nothing can be generated: say so, with a status monitors read
+            return JSONResponse({"status": "the model thread has stopped", "model": served.model_id},
+                                status_code=503)
         return {"status": "ok", "model": served.model_id, **served.worker.load}
 
     @app.get("/v1/models")

@@ -123,6 +123,10 @@ class ModelWorker:
         return job
 
     @property
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    @property
     def load(self) -> dict:
         with self.changed:
             return {"active": len(self.active), "waiting": len(self.waiting), "completed": self.stats.jobs,
