@@ -45,8 +45,8 @@ def loaded(char_tokenizer, tmp_path_factory):
     if MISSING:
         pytest.skip(MISSING)
     tokenizer = char_tokenizer
-    config = Config(model=ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
-                                      context_length=64),
+    config = Config(model=ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=4, n_kv_head=2,
+                                      n_embd=32, context_length=64),
                     data=DataConfig(files=["corpus.txt"]), tokenizer=TokenizerConfig(kind="char"),
                     sample=SampleConfig(temperature=1.0, max_new_tokens=100))
     torch.manual_seed(0)
@@ -106,26 +106,27 @@ def test_models_and_health_name_the_run(client, server):
 
 
 def test_a_completion_equals_generate_with_the_same_seed(client, loaded):
-    done = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=40, temperature=1.0, top_p=0.9,
-                                     seed=7)
+    done = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=40, temperature=1.0,
+                                     top_p=0.9, seed=7)
     expected = reference(loaded, max_new_tokens=40, temperature=1.0, top_p=0.9, seed=7)
     assert done.choices[0].text == expected and len(expected) > 10
     assert done.choices[0].finish_reason == ("length" if len(expected) == 40 else "stop")
     assert done.usage.prompt_tokens == len(PROMPT) and done.usage.completion_tokens == len(expected)
-    other = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=40, temperature=1.0, top_p=0.9,
-                                      seed=8)
+    other = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=40, temperature=1.0,
+                                      top_p=0.9, seed=8)
     assert other.choices[0].text != expected  # the seed is what fixes the text
 
 
 def test_n_choices_are_the_samples_of_seed_plus_i_and_a_stop_string_ends_one(client, loaded):
-    done = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=30, temperature=1.0, seed=3, n=3)
+    done = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=30, temperature=1.0, seed=3,
+                                     n=3)
     assert [c.index for c in done.choices] == [0, 1, 2]
-    assert [c.text for c in done.choices] == [reference(loaded, max_new_tokens=30, temperature=1.0, seed=3 + i)
-                                              for i in range(3)]
+    expected = [reference(loaded, max_new_tokens=30, temperature=1.0, seed=3 + i) for i in range(3)]
+    assert [c.text for c in done.choices] == expected
     full = reference(loaded, max_new_tokens=30, temperature=1.0, seed=3)
     stop = full[5:7]  # two characters the text is known to reach
-    stopped = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=30, temperature=1.0, seed=3,
-                                        stop=[stop])
+    stopped = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=30, temperature=1.0,
+                                        seed=3, stop=[stop])
     assert stopped.choices[0].text == full[:full.index(stop)] and stopped.choices[0].finish_reason == "stop"
 
 
@@ -135,16 +136,17 @@ def test_a_streamed_completion_joins_to_the_same_text_and_ends_with_done(client,
     expected = reference(loaded, max_new_tokens=40, temperature=1.0, seed=11)
     assert "".join(c.choices[0].text for c in chunks) == expected
     assert len(chunks) >= len(expected) // 2  # token by token, not one block at the end
-    assert all(c.choices[0].finish_reason is None for c in chunks[:-1]) and chunks[-1].choices[0].finish_reason
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+    assert chunks[-1].choices[0].finish_reason
     # On the wire: OpenAI's chunk objects as server-sent events, the last event `data: [DONE]`.
     connection = http.client.HTTPConnection(*server.sock.getsockname()[:2])
-    connection.request("POST", "/v1/completions", json.dumps({"model": "tiny-serve", "prompt": PROMPT,
-                                                              "max_tokens": 5, "temperature": 0, "stream": True}),
-                       {"Content-Type": "application/json"})
+    body = {"model": "tiny-serve", "prompt": PROMPT, "max_tokens": 5, "temperature": 0, "stream": True}
+    connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
     response = connection.getresponse()
     assert response.getheader("content-type").startswith("text/event-stream")
     events = [block for block in response.read().decode().split("\n\n") if block]
-    assert events[-1] == "data: [DONE]" and json.loads(events[0][len("data: "):])["object"] == "text_completion"
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[0][len("data: "):])["object"] == "text_completion"
 
 
 # ----------------------------------------------------------------------------- bad requests
@@ -156,7 +158,8 @@ BAD_REQUESTS = {
     "negative-temperature": ({"temperature": -0.5}, "temperature", "temperature -0.5 is not accepted"),
     "top-p-zero": ({"top_p": 0.0}, "top_p", "a number in (0, 1]"),
     "top-p-above-one": ({"top_p": 1.5}, "top_p", "a number in (0, 1]"),
-    "prompt-too-long": ({"prompt": "x" * 49}, "prompt", "the prompt is 49 tokens; this server takes at most 48"),
+    "prompt-too-long": ({"prompt": "x" * 49}, "prompt",
+                        "the prompt is 49 tokens; this server takes at most 48"),
     "n-too-large": ({"n": 5}, "n", "n 5 is not accepted: expected 1 to 4"),
     "wrong-type": ({"extra_body": {"max_tokens": "ten"}}, "max_tokens", "valid integer"),
     "unsupported": ({"logprobs": 2}, "logprobs", "logprobs is not supported"),
@@ -170,8 +173,10 @@ def test_a_bad_request_is_a_400_with_an_openai_error_and_the_server_stays_up(cli
         client.completions.create(**{"model": "tiny-serve", "prompt": PROMPT, "max_tokens": 4, **options})
     error = caught.value.body
     assert caught.value.status_code == 400 and set(error) == {"message", "type", "param", "code"}
-    assert error["type"] == "invalid_request_error" and error["param"] == param and message in error["message"]
-    assert client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=2).choices[0].text is not None
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert message in error["message"]
+    after = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=2)  # still up
+    assert after.choices[0].finish_reason is not None
 
 
 @pytest.mark.parametrize("body, message", [
@@ -204,9 +209,11 @@ def test_an_unknown_model_is_a_404_and_an_unknown_route_too(client, server):
 def test_two_clients_at_once_stream_side_by_side_and_each_gets_its_own_text(server, loaded):
     first = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
     second = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-    long = first.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=600, temperature=0, stream=True)
+    long = first.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=600, temperature=0,
+                                    stream=True)
     pieces = [next(iter(long)).choices[0].text]  # the long one is decoding ...
-    short = second.completions.create(model="tiny-serve", prompt="All:", max_tokens=30, temperature=1.0, seed=5)
+    short = second.completions.create(model="tiny-serve", prompt="All:", max_tokens=30, temperature=1.0,
+                                      seed=5)
     pieces += [c.choices[0].text for c in long]  # ... and the short one was answered meanwhile
     short_job, long_job = list(worker(server).stats.recent)[-2:]  # in the order they ended
     assert short_job.ended == long_job.ended == "done"
@@ -267,7 +274,7 @@ def test_past_the_waiting_limit_a_request_is_a_429():
         loop.close()
 
 
-# ----------------------------------------------------------------------------- the playground and the explorer route
+# ----------------------------------------------------------------------------- the playground, the explorer route
 
 
 def post(server, path: str, body: dict):
@@ -283,7 +290,8 @@ def test_the_playground_is_one_page_that_fetches_nothing_from_elsewhere(server):
     response = connection.getresponse()
     page = response.read().decode()
     assert response.status == 200 and response.getheader("content-type").startswith("text/html")
-    assert 'data-model="tiny-serve"' in page and all(f'id="{i}"' in page for i in ("prompt", "generate", "output"))
+    assert 'data-model="tiny-serve"' in page
+    assert all(f'id="{name}"' in page for name in ("prompt", "generate", "output"))
     assert not re.search(r"https?://|//cdn|\bsrc=|@import|url\(", page)  # no network but this server's routes
     assert "%SCRIPT%" not in page and "%STYLE%" not in page
 
@@ -310,7 +318,7 @@ def test_a_bad_explorer_request_is_a_400(server, body, message):
 
 
 def chromium_executable():
-    """Debian's chromium (or TINYATTN_CHROMIUM), as tests/test_explorer.py finds it; None: Playwright's own."""
+    """Debian's chromium (or TINYATTN_CHROMIUM), found as tests/test_explorer.py does; None: Playwright's."""
     named = os.environ.get("TINYATTN_CHROMIUM")
     if named:
         return named
@@ -333,7 +341,8 @@ def browser():
 
 
 @pytest.mark.slow
-def test_in_chromium_the_playground_streams_tokens_and_a_click_shows_the_models_weights(browser, server, loaded):
+def test_in_chromium_the_playground_streams_tokens_and_a_click_shows_the_models_weights(browser, server,
+                                                                                        loaded):
     from tinyattn.analysis.attention_maps import compute_attention_maps
 
     page = browser.new_page(viewport={"width": 1200, "height": 900})
@@ -348,7 +357,7 @@ def test_in_chromium_the_playground_streams_tokens_and_a_click_shows_the_models_
     page.fill("#seed", "11")
     page.click("#generate")
     page.wait_for_selector("#output .tok")  # tokens arrive ...
-    page.wait_for_function("document.getElementById('status').textContent.startsWith('done')")  # ... to the end
+    page.wait_for_function("document.getElementById('status').textContent.startsWith('done')")  # ... all
     expected = reference(loaded, max_new_tokens=40, temperature=1.0, seed=11)
     assert page.inner_text("#output") == PROMPT + expected
     assert page.locator("#output .tok").count() == len(expected)  # one span per streamed token (char model)
@@ -357,8 +366,8 @@ def test_in_chromium_the_playground_streams_tokens_and_a_click_shows_the_models_
     frame = page.frame_locator("#explorer")
     frame.locator("#weights-row .tok").first.wait_for()
     query = len(PROMPT) + 20 - 1  # the prediction that produced it
-    shown = frame.locator("#weights-row .tok").evaluate_all("spans => spans.map(s => s.dataset.weight)")
-    relevance = frame.locator("#relevance-row .tok").evaluate_all("spans => spans.map(s => s.dataset.relevance)")
+    shown = frame.locator("#weights-row .tok").evaluate_all("s => s.map(span => span.dataset.weight)")
+    relevance = frame.locator("#relevance-row .tok").evaluate_all("s => s.map(span => span.dataset.relevance)")
     maps = compute_attention_maps(loaded.model, loaded.tokenizer, PROMPT + expected)
     assert len(shown) == len(PROMPT + expected) and all(v == "" for v in shown[query + 1:])
     np.testing.assert_allclose([float(v) for v in shown[:query + 1]], maps.weights[0][0, query, :query + 1],

@@ -187,29 +187,23 @@ def _choice(index: int, text: str, finish_reason: Optional[str]) -> dict:
             "finish_reason": None if finish_reason is None else FINISH_REASONS[finish_reason]}
 
 
-async def _pieces_while_connected(job: Job, request: Request) -> AsyncIterator:
-    """The job's pieces; cancels it if its client goes away while it is waiting for them."""
-    items = job.items().__aiter__()
-    while True:
-        next_item = asyncio.ensure_future(items.__anext__())
-        while not next_item.done():
-            await asyncio.wait([next_item], timeout=DISCONNECT_POLL_S)
-            if not next_item.done() and await request.is_disconnected():
-                job.cancel()
-        try:
-            yield next_item.result()
-        except StopAsyncIteration:
-            return
+async def _cancel_when_gone(job: Job, request: Request) -> None:
+    """Cancel `job` if its client goes away (a non-streamed request has no send to fail on)."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(DISCONNECT_POLL_S)
+    job.cancel()
 
 
 async def _whole(served: Served, completion: Completion, job: Job, request: Request) -> JSONResponse:
     n = completion.options.num_samples
     texts, finished = [""] * n, [None] * n
+    watcher = asyncio.create_task(_cancel_when_gone(job, request))
     try:
-        async for piece in _pieces_while_connected(job, request):
+        async for piece in job.items():
             texts[piece.sample] += piece.text
             finished[piece.sample] = piece.finish_reason or finished[piece.sample]
     finally:
+        watcher.cancel()
         job.cancel()  # a no-op when it has ended; stops it when this handler is cancelled
     choices = [_choice(i, texts[i], finished[i]) for i in range(n)]
     return JSONResponse(_body(served, _completion_id(), choices, _usage(served, completion, texts)))
