@@ -118,8 +118,8 @@ def test_a_completion_equals_generate_with_the_same_seed(client, loaded):
 
 
 def test_n_choices_are_the_samples_of_seed_plus_i_and_a_stop_string_ends_one(client, loaded):
-    done = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=30, temperature=1.0, seed=3,
-                                     n=3)
+    done = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=30, temperature=1.0,
+                                     seed=3, n=3)
     assert [c.index for c in done.choices] == [0, 1, 2]
     expected = [reference(loaded, max_new_tokens=30, temperature=1.0, seed=3 + i) for i in range(3)]
     assert [c.text for c in done.choices] == expected
@@ -274,7 +274,7 @@ def test_past_the_waiting_limit_a_request_is_a_429():
         loop.close()
 
 
-# ----------------------------------------------------------------------------- the playground, the explorer route
+# ----------------------------------------------------------------------------- the playground, the explorer
 
 
 def post(server, path: str, body: dict):
@@ -367,7 +367,7 @@ def test_in_chromium_the_playground_streams_tokens_and_a_click_shows_the_models_
     frame.locator("#weights-row .tok").first.wait_for()
     query = len(PROMPT) + 20 - 1  # the prediction that produced it
     shown = frame.locator("#weights-row .tok").evaluate_all("s => s.map(span => span.dataset.weight)")
-    relevance = frame.locator("#relevance-row .tok").evaluate_all("s => s.map(span => span.dataset.relevance)")
+    relevance = frame.locator("#relevance-row .tok").evaluate_all("s => s.map(t => t.dataset.relevance)")
     maps = compute_attention_maps(loaded.model, loaded.tokenizer, PROMPT + expected)
     assert len(shown) == len(PROMPT + expected) and all(v == "" for v in shown[query + 1:])
     np.testing.assert_allclose([float(v) for v in shown[:query + 1]], maps.weights[0][0, query, :query + 1],
