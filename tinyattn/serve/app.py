@@ -64,8 +64,10 @@ class Served:
 
 def create_app(loaded, *, limits: Limits = Limits(), model_id: Optional[str] = None) -> FastAPI:
     """The app serving `loaded` (a `tinyattn.checkpoint.LoadedModel`); its worker runs while it is served."""
-    model_id = model_id or (loaded.path.parent.name if loaded.path.name.endswith(".pt") else loaded.path.name)
-    worker = ModelWorker(max_active=limits.max_active, max_waiting=limits.max_waiting)
+    # loaded.path is the checkpoint file (best.pt) or a Hugging Face folder's weights file: name its folder.
+    model_id = model_id or (loaded.path.parent.name if loaded.path.suffix else loaded.path.name)
+    worker = ModelWorker(max_active=limits.max_active, max_waiting=limits.max_waiting,
+                         warm_up=lambda: _warm_up(loaded.model, loaded.tokenizer))
     served = Served(loaded.model, loaded.tokenizer, loaded.config.sample, model_id, limits, worker,
                     int(time.time()))
 
@@ -165,6 +167,17 @@ def _samples(served: Served, completion: Completion):
     from tinyattn.generate.text import stream_samples
 
     return stream_samples(served.model, served.tokenizer, completion.prompt, completion.options)
+
+
+def _warm_up(model, tokenizer) -> None:
+    """Two sampled tokens on the model thread: a thread's first model calls are much slower than
+    the rest (thread pools, kernels chosen), and the first client should not wait for that."""
+    from tinyattn.generate.sampling import SamplingOptions
+    from tinyattn.generate.text import stream_samples
+
+    options = SamplingOptions(max_new_tokens=2, temperature=1.0, top_p=0.9, seed=0)
+    for _ in stream_samples(model, tokenizer, "", options):
+        pass
 
 
 def _completion_id() -> str:

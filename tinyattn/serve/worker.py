@@ -23,7 +23,7 @@ import collections
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterator, Optional
+from typing import Any, AsyncIterator, Callable, Iterator, Optional
 
 import torch
 
@@ -87,8 +87,9 @@ class WorkerStats:
 class ModelWorker:
     """The thread every model call runs on; `submit` a Job, read its `items()`."""
 
-    def __init__(self, *, max_active: int = 4, max_waiting: int = 64):
+    def __init__(self, *, max_active: int = 4, max_waiting: int = 64, warm_up: Optional[Callable] = None):
         self.max_active, self.max_waiting = max_active, max_waiting
+        self.warm_up = warm_up  # run once on the thread before any job: the first model call is slow
         self.active: list[Job] = []
         self.waiting: collections.deque[Job] = collections.deque()
         self.stats = WorkerStats()
@@ -133,6 +134,12 @@ class ModelWorker:
                     "cancelled": self.stats.cancelled, "turns": self.stats.turns}
 
     def _run(self) -> None:
+        if self.warm_up is not None:
+            try:
+                with torch.inference_mode():
+                    self.warm_up()
+            except Exception:  # only a warm-up: the requests will show what is wrong
+                log.exception("warming up the model failed")
         while self._admit():
             for job in list(self.active):
                 self._turn(job)
