@@ -11,6 +11,7 @@ import re
 import shutil
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,6 +33,7 @@ except ImportError as e:
     MISSING = f"{e.name} is not installed (pip install -e '.[serve,dev]')"
     Limits = lambda **limits: None  # noqa: E731
 
+ROOT = Path(__file__).resolve().parents[1]
 LIMITS = Limits(max_tokens=5000, max_prompt_tokens=48, max_n=4, max_active=4)
 PROMPT = "ROMEO:"
 
@@ -92,6 +94,46 @@ def test_without_the_extra_the_command_is_one_line_naming_it(monkeypatch, capsys
     err = capsys.readouterr().err
     assert err == ("error: tinyattn serve needs the serve extra (fastapi is missing): "
                    "pip install 'tinyattn[serve]'\n")
+
+
+def test_a_port_in_use_is_one_line_naming_it(capsys):
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.cli.serve import main
+    from tinyattn.serve.server import listening_socket
+
+    taken = listening_socket("127.0.0.1", 0)
+    try:
+        port = taken.getsockname()[1]
+        assert main(["--checkpoint", "nowhere", "--port", str(port)]) == 2
+    finally:
+        taken.close()
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot listen on 127.0.0.1:{port}: ") and len(err.splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_the_command_serves_until_ctrl_c_and_then_exits_cleanly(loaded):
+    import signal
+    import subprocess
+
+    run = loaded.path.parent
+    command = [sys.executable, "-m", "tinyattn", "serve", "--checkpoint", str(run), "--port", "0", "--dtype", "fp32"]
+    server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        line = server.stderr.readline()
+        found = re.search(r"serving 'tiny-serve', .* at http://127\.0\.0\.1:(\d+) ", line)
+        assert found, line + server.stderr.read()
+        url = f"http://127.0.0.1:{found.group(1)}/v1"
+        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
+        done = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=20, temperature=1.0,
+                                         seed=7)
+        assert done.choices[0].text == reference(loaded, max_new_tokens=20, temperature=1.0, seed=7)
+    finally:
+        server.send_signal(signal.SIGINT)
+        status = server.wait(timeout=60)
+    assert status == 0 and server.stderr.read() == "stopped\n"  # and no traceback
 
 
 def test_models_and_health_name_the_run(client, server):

@@ -115,4 +115,5 @@ def _serve(args: argparse.Namespace, sock) -> int:
         print(f"warning: listening on {host}: anyone who can reach this machine can use the model "
               "(there is no authentication)", file=sys.stderr, flush=True)
     serve_forever(app, sock)
+    print("stopped", file=sys.stderr)
     return 0

@@ -61,8 +61,11 @@ def uvicorn_server(app, sock: socket.socket):
 
 
 def serve_forever(app, sock: socket.socket) -> None:
-    """uvicorn in the foreground until Ctrl-C (or SIGTERM)."""
-    uvicorn_server(app, sock).run(sockets=[sock])
+    """uvicorn in the foreground until Ctrl-C (or SIGTERM): the normal way to stop, so no error."""
+    try:
+        uvicorn_server(app, sock).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn raises the signal again once it has shut down
+        pass
 
 
 class ServerThread:
