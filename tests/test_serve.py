@@ -118,7 +118,8 @@ def test_the_command_serves_until_ctrl_c_and_then_exits_cleanly(loaded):
     import subprocess
 
     run = loaded.path.parent
-    command = [sys.executable, "-m", "tinyattn", "serve", "--checkpoint", str(run), "--port", "0", "--dtype", "fp32"]
+    command = [sys.executable, "-m", "tinyattn", "serve", "--checkpoint", str(run), "--port", "0",
+               "--dtype", "fp32"]  # packed fp32 weights: the same draws as the test's unpacked fp32 model
     server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
