@@ -18,7 +18,7 @@ from tinyattn.hf.convert import DTYPES as EXPORT_DTYPES
 from tinyattn.system.choices import DEVICE_NAMES, EXPORT_PRECISIONS, PRECISIONS
 
 ROOT = Path(__file__).resolve().parents[1]
-NAMES = ["train", "generate", "eval", "attention", "export", "lab"]
+NAMES = ["train", "generate", "eval", "attention", "export", "lab", "serve"]
 SCRIPTED = NAMES[:5]  # the commands older than `tinyattn`: a scripts/ launcher and a tinyattn-* alias each
 
 
@@ -45,7 +45,7 @@ def recorded_mains(monkeypatch):
     return calls
 
 
-def test_the_subcommands_are_the_six_commands():
+def test_the_subcommands_are_the_seven_commands():
     assert list(SUBCOMMANDS) == NAMES
 
 
@@ -61,7 +61,7 @@ def test_an_unknown_subcommand_is_one_line_naming_every_subcommand(recorded_main
     out, err = capsys.readouterr()
     assert out == "" and recorded_mains == []
     assert err == ("error: unknown subcommand 'trian'; expected one of train, generate, eval, attention, "
-                   "export, lab\n")
+                   "export, lab, serve\n")
 
 
 def test_no_subcommand_prints_the_usage_and_help_lists_every_subcommand(recorded_mains, capsys):

@@ -1,6 +1,6 @@
 """The package rules: imports flow one way, from the periphery down to the core.
 
-    errors <- system <- config <- model <- data <- checkpoint <- {generate, analysis, hf, train} <- lab <- cli
+    errors <- system <- config <- model <- data <- checkpoint <- {generate, analysis, hf, train} <- {lab, serve} <- cli
 
 A package may import its own modules and those of the packages to its left; the four on
 the same level do not import one another, with the one exception named in LAZY_EXCEPTIONS
@@ -23,7 +23,8 @@ ALLOWED.update({name: set(ORDER) for name in TOP})
 # matrices and its RMSNorm epsilon, the route llama.cpp's own converter takes (HF -> GGUF).
 ALLOWED["gguf"] = set(ORDER) | {"hf"}
 ALLOWED["lab"] = set(ORDER) | set(TOP)  # the chapter's experiments train, generate and analyse
-ALLOWED["cli"] = set(ORDER) | set(TOP) | {"lab", "gguf"}
+ALLOWED["serve"] = set(ORDER) | set(TOP)  # the server generates and shows the explorer
+ALLOWED["cli"] = set(ORDER) | set(TOP) | {"lab", "gguf", "serve"}
 ALLOWED["__main__"] = {"cli"}  # tinyattn/__main__.py: `python -m tinyattn` runs the tinyattn command
 # (importer, imported): allowed only inside a function, never at the top of a module.
 LAZY_EXCEPTIONS = {

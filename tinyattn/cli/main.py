@@ -19,6 +19,7 @@ SUBCOMMANDS = {  # name: what it does (tinyattn.cli.<name>.main runs it)
     "attention": "attention maps, relevance and the explorer page of a text",
     "export": "write a checkpoint as a Hugging Face Llama folder",
     "lab": "the attention chapter's claims, each measured on a model (docs/LAB.md)",
+    "serve": "an OpenAI-compatible endpoint and a playground page for a checkpoint",
 }
 
 

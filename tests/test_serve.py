@@ -1,0 +1,420 @@
+"""`tinyattn serve`, through the official openai client against a real server on a free loopback
+port: completions equal `generate()` with the same seed, streamed or not; bad requests are
+400s with OpenAI's error body and the server stays up; two clients are served at once; a client
+that goes away mid-stream stops its generation; and in headless Chromium the playground streams
+tokens and a click on one shows the model's own attention weights."""
+
+import http.client
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tinyattn import checkpoint as ckpt
+from tinyattn.config import Config, DataConfig, ModelConfig, SampleConfig, TokenizerConfig, config_to_dict
+from tinyattn.generate.text import generate
+from tinyattn.model.transformer import LanguageModel
+
+try:  # the serve extra and the dev extra's openai client; without them the server tests skip
+    import fastapi  # noqa: F401
+    import openai
+    import uvicorn  # noqa: F401
+
+    from tinyattn.serve.schemas import Limits
+    MISSING = None
+except ImportError as e:
+    MISSING = f"{e.name} is not installed (pip install -e '.[serve,dev]')"
+    Limits = lambda **limits: None  # noqa: E731
+
+ROOT = Path(__file__).resolve().parents[1]
+LIMITS = Limits(max_tokens=5000, max_prompt_tokens=48, max_n=4, max_active=4)
+PROMPT = "ROMEO:"
+
+
+@pytest.fixture(scope="module")
+def loaded(char_tokenizer, tmp_path_factory):
+    """A random-weight char model (context 64) saved as a run folder `tiny-serve` and loaded back.
+
+    The end-of-text token's embedding row (tied to the output head) is zero, so its logit is 0
+    and greedy decoding never picks it: greedy generations run to max_tokens."""
+    if MISSING:
+        pytest.skip(MISSING)
+    tokenizer = char_tokenizer
+    config = Config(model=ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=4, n_kv_head=2,
+                                      n_embd=32, context_length=64),
+                    data=DataConfig(files=["corpus.txt"]), tokenizer=TokenizerConfig(kind="char"),
+                    sample=SampleConfig(temperature=1.0, max_new_tokens=100))
+    torch.manual_seed(0)
+    model = LanguageModel(config.model).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.15)
+        model.token_embedding.weight[tokenizer.eot_id] = 0
+    run = tmp_path_factory.mktemp("serve") / "tiny-serve"
+    ckpt.save_checkpoint({"config": config_to_dict(config), "model": model.state_dict(),
+                          "tokenizer": tokenizer.to_json(), "step": 7}, run / "best.pt")
+    return ckpt.load_model(run)
+
+
+@pytest.fixture(scope="module")
+def server(loaded):
+    from tinyattn.serve.app import create_app
+    from tinyattn.serve.server import ServerThread, listening_socket
+
+    app = create_app(loaded, limits=LIMITS)
+    with ServerThread(app, listening_socket("127.0.0.1", 0)) as running:
+        yield running
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def worker(server):
+    return server.app.state.served.worker
+
+
+def reference(loaded, prompt=PROMPT, **options) -> str:
+    return "".join(generate(loaded.model, loaded.tokenizer, prompt, **options))
+
+
+def test_without_the_extra_the_command_is_one_line_naming_it(monkeypatch, capsys):
+    from tinyattn.cli.serve import main
+
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # `import fastapi` now raises ImportError
+    assert main(["--checkpoint", "nowhere"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("error: tinyattn serve needs the serve extra (fastapi is missing): "
+                   "pip install 'tinyattn[serve]'\n")
+
+
+def test_a_port_in_use_is_one_line_naming_it(capsys):
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.cli.serve import main
+    from tinyattn.serve.server import listening_socket
+
+    taken = listening_socket("127.0.0.1", 0)
+    try:
+        port = taken.getsockname()[1]
+        assert main(["--checkpoint", "nowhere", "--port", str(port)]) == 2
+    finally:
+        taken.close()
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot listen on 127.0.0.1:{port}: ") and len(err.splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_the_command_serves_until_ctrl_c_and_then_exits_cleanly(loaded):
+    import signal
+    import subprocess
+
+    run = loaded.path.parent
+    command = [sys.executable, "-m", "tinyattn", "serve", "--checkpoint", str(run), "--port", "0",
+               "--dtype", "fp32"]  # packed fp32 weights: the same draws as the test's unpacked fp32 model
+    server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        line = server.stderr.readline()
+        found = re.search(r"serving 'tiny-serve', .* at http://127\.0\.0\.1:(\d+) ", line)
+        assert found, line + server.stderr.read()
+        url = f"http://127.0.0.1:{found.group(1)}/v1"
+        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
+        done = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=20, temperature=1.0,
+                                         seed=7)
+        assert done.choices[0].text == reference(loaded, max_new_tokens=20, temperature=1.0, seed=7)
+    finally:
+        server.send_signal(signal.SIGINT)
+        status = server.wait(timeout=60)
+    assert status == 0 and server.stderr.read() == "stopped\n"  # and no traceback
+
+
+def test_models_and_health_name_the_run(client, server):
+    assert [m.id for m in client.models.list().data] == ["tiny-serve"]
+    connection = http.client.HTTPConnection(server.sock.getsockname()[0], server.sock.getsockname()[1])
+    connection.request("GET", "/health")
+    health = json.loads(connection.getresponse().read())
+    assert health["status"] == "ok" and health["model"] == "tiny-serve"
+
+
+# ----------------------------------------------------------------------------- completions equal generate()
+
+
+def test_a_completion_equals_generate_with_the_same_seed(client, loaded):
+    done = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=40, temperature=1.0,
+                                     top_p=0.9, seed=7)
+    expected = reference(loaded, max_new_tokens=40, temperature=1.0, top_p=0.9, seed=7)
+    assert done.choices[0].text == expected and len(expected) > 10
+    assert done.choices[0].finish_reason == ("length" if len(expected) == 40 else "stop")
+    assert done.usage.prompt_tokens == len(PROMPT) and done.usage.completion_tokens == len(expected)
+    other = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=40, temperature=1.0,
+                                      top_p=0.9, seed=8)
+    assert other.choices[0].text != expected  # the seed is what fixes the text
+
+
+def test_n_choices_are_the_samples_of_seed_plus_i_and_a_stop_string_ends_one(client, loaded):
+    done = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=30, temperature=1.0,
+                                     seed=3, n=3)
+    assert [c.index for c in done.choices] == [0, 1, 2]
+    expected = [reference(loaded, max_new_tokens=30, temperature=1.0, seed=3 + i) for i in range(3)]
+    assert [c.text for c in done.choices] == expected
+    full = reference(loaded, max_new_tokens=30, temperature=1.0, seed=3)
+    stop = full[5:7]  # two characters the text is known to reach
+    stopped = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=30, temperature=1.0,
+                                        seed=3, stop=[stop])
+    assert stopped.choices[0].text == full[:full.index(stop)] and stopped.choices[0].finish_reason == "stop"
+
+
+def test_a_streamed_completion_joins_to_the_same_text_and_ends_with_done(client, loaded, server):
+    chunks = list(client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=40, temperature=1.0,
+                                            seed=11, stream=True))
+    expected = reference(loaded, max_new_tokens=40, temperature=1.0, seed=11)
+    assert "".join(c.choices[0].text for c in chunks) == expected
+    assert len(chunks) >= len(expected) // 2  # token by token, not one block at the end
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+    assert chunks[-1].choices[0].finish_reason
+    # On the wire: OpenAI's chunk objects as server-sent events, the last event `data: [DONE]`.
+    connection = http.client.HTTPConnection(*server.sock.getsockname()[:2])
+    body = {"model": "tiny-serve", "prompt": PROMPT, "max_tokens": 5, "temperature": 0, "stream": True}
+    connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    assert response.getheader("content-type").startswith("text/event-stream")
+    events = [block for block in response.read().decode().split("\n\n") if block]
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[0][len("data: "):])["object"] == "text_completion"
+
+
+# ----------------------------------------------------------------------------- bad requests
+
+
+BAD_REQUESTS = {
+    "unknown-field": ({"extra_body": {"temprature": 0.5}}, "temprature", "unknown field 'temprature'"),
+    "max-tokens-over-the-limit": ({"max_tokens": 5001}, "max_tokens", "expected 0 to 5000"),
+    "negative-temperature": ({"temperature": -0.5}, "temperature", "temperature -0.5 is not accepted"),
+    "top-p-zero": ({"top_p": 0.0}, "top_p", "a number in (0, 1]"),
+    "top-p-above-one": ({"top_p": 1.5}, "top_p", "a number in (0, 1]"),
+    "prompt-too-long": ({"prompt": "x" * 49}, "prompt",
+                        "the prompt is 49 tokens; this server takes at most 48"),
+    "n-too-large": ({"n": 5}, "n", "n 5 is not accepted: expected 1 to 4"),
+    "wrong-type": ({"extra_body": {"max_tokens": "ten"}}, "max_tokens", "valid integer"),
+    "unsupported": ({"logprobs": 2}, "logprobs", "logprobs is not supported"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_REQUESTS)
+def test_a_bad_request_is_a_400_with_an_openai_error_and_the_server_stays_up(client, name):
+    options, param, message = BAD_REQUESTS[name]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(**{"model": "tiny-serve", "prompt": PROMPT, "max_tokens": 4, **options})
+    error = caught.value.body
+    assert caught.value.status_code == 400 and set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert message in error["message"]
+    after = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=2)  # still up
+    assert after.choices[0].finish_reason is not None
+
+
+@pytest.mark.parametrize("body, message", [
+    (b'{"model": "tiny-serve", "prompt": ', "not valid JSON"),
+    (b'["tiny-serve"]', "must be a JSON object"),
+    (b'{"prompt": "x"}', "the field 'model' is required"),
+], ids=["malformed-json", "not-an-object", "no-model"])
+def test_a_body_that_is_not_a_request_is_a_400(server, body, message):
+    connection = http.client.HTTPConnection(*server.sock.getsockname()[:2])
+    connection.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    error = json.loads(response.read())["error"]
+    assert response.status == 400 and message in error["message"] and error["type"] == "invalid_request_error"
+
+
+def test_an_unknown_model_is_a_404_and_an_unknown_route_too(client, server):
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.completions.create(model="gpt-4", prompt=PROMPT, max_tokens=2)
+    assert caught.value.body["code"] == "model_not_found" and "'tiny-serve'" in caught.value.body["message"]
+    connection = http.client.HTTPConnection(*server.sock.getsockname()[:2])
+    connection.request("GET", "/v1/chat")
+    response = connection.getresponse()
+    assert response.status == 404 and json.loads(response.read())["error"]["code"] == "not_found"
+
+
+# ----------------------------------------------------------------------------- concurrency and disconnects
+
+
+@pytest.mark.slow
+def test_two_clients_at_once_stream_side_by_side_and_each_gets_its_own_text(server, loaded):
+    first = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    second = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    long = first.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=600, temperature=0,
+                                    stream=True)
+    pieces = [next(iter(long)).choices[0].text]  # the long one is decoding ...
+    short = second.completions.create(model="tiny-serve", prompt="All:", max_tokens=30, temperature=1.0,
+                                      seed=5)
+    pieces += [c.choices[0].text for c in long]  # ... and the short one was answered meanwhile
+    short_job, long_job = list(worker(server).stats.recent)[-2:]  # in the order they ended
+    assert short_job.ended == long_job.ended == "done"
+    # The short job had its turns while the long one was running: it did not wait for it to end.
+    assert long_job.first_turn < short_job.first_turn <= short_job.last_turn < long_job.last_turn
+    assert short.choices[0].text == reference(loaded, "All:", max_new_tokens=30, temperature=1.0, seed=5)
+    assert "".join(pieces) == reference(loaded, max_new_tokens=600, temperature=0)
+
+
+def test_a_client_that_disconnects_mid_stream_stops_its_generation(client, server):
+    before = worker(server).stats.cancelled
+    stream = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=5000, temperature=0,
+                                       stream=True)
+    for _, chunk in zip(range(5), stream):
+        pass
+    stream.close()  # the connection goes away after five pieces
+    deadline = time.monotonic() + 30
+    while worker(server).stats.cancelled == before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    job = worker(server).stats.recent[-1]
+    assert job.ended == "cancelled" and 5 <= job.turns < 5000
+    assert worker(server).load["active"] == 0
+
+
+def test_a_client_that_disconnects_while_waiting_for_a_whole_completion_stops_it(server):
+    before = worker(server).stats.cancelled
+    connection = http.client.HTTPConnection(*server.sock.getsockname()[:2])
+    connection.request("POST", "/v1/completions", json.dumps({"model": "tiny-serve", "prompt": PROMPT,
+                                                              "max_tokens": 5000, "temperature": 0}),
+                       {"Content-Type": "application/json"})
+    time.sleep(0.3)
+    connection.close()  # gone before the answer
+    deadline = time.monotonic() + 30
+    while worker(server).stats.cancelled == before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    job = worker(server).stats.recent[-1]
+    assert job.ended == "cancelled" and job.turns < 5000
+
+
+def test_past_the_waiting_limit_a_request_is_a_429():
+    import asyncio
+
+    if MISSING:
+        pytest.skip(MISSING)
+
+    from tinyattn.serve.schemas import ApiError
+    from tinyattn.serve.worker import Job, ModelWorker
+
+    loop = asyncio.new_event_loop()
+    try:
+        full = ModelWorker(max_active=1, max_waiting=1)  # not started: what is submitted stays waiting
+        full.submit(Job(iter([1]), loop))
+        with pytest.raises(ApiError) as caught:
+            full.submit(Job(iter([2]), loop))
+        assert caught.value.status == 429 and caught.value.body()["error"]["code"] == "too_many_requests"
+        assert full.load["waiting"] == 1
+    finally:
+        loop.close()
+
+
+# ----------------------------------------------------------------------------- the playground, the explorer
+
+
+def post(server, path: str, body: dict):
+    connection = http.client.HTTPConnection(*server.sock.getsockname()[:2])
+    connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    return response.status, response.read().decode()
+
+
+def test_the_playground_is_one_page_that_fetches_nothing_from_elsewhere(server):
+    connection = http.client.HTTPConnection(*server.sock.getsockname()[:2])
+    connection.request("GET", "/")
+    response = connection.getresponse()
+    page = response.read().decode()
+    assert response.status == 200 and response.getheader("content-type").startswith("text/html")
+    assert 'data-model="tiny-serve"' in page
+    assert all(f'id="{name}"' in page for name in ("prompt", "generate", "output"))
+    assert not re.search(r"https?://|//cdn|\bsrc=|@import|url\(", page)  # no network but this server's routes
+    assert "%SCRIPT%" not in page and "%STYLE%" not in page
+
+
+def test_the_explorer_route_shows_the_prediction_that_produced_the_token_at_an_offset(server, loaded):
+    from tinyattn.analysis.explorer import data_of_page
+
+    status, page = post(server, "/explorer", {"text": "ROMEO:\nBut soft", "offset": 8})  # "u", token 8
+    data = data_of_page(page)
+    assert status == 200 and data["tokens"][7:9] == ["B", "u"] and data["query"] == 7
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"text": "ROMEO:", "offset": 6}, "offset 6 is not accepted: expected 0 to 5"),
+    ({"text": "R", "offset": 0}, "text: 1 tokens; the explorer takes 2 to 256"),
+    ({"text": "ROMEO:", "offset": 1, "query": 3}, "unknown field 'query'"),
+], ids=["offset-past-the-end", "one-token", "unknown-field"])
+def test_a_bad_explorer_request_is_a_400(server, body, message):
+    status, answer = post(server, "/explorer", body)
+    assert status == 400 and message in json.loads(answer)["error"]["message"]
+
+
+# ----------------------------------------------------------------------------- the playground in a browser
+
+
+def chromium_executable():
+    """Debian's chromium (or TINYATTN_CHROMIUM), found as tests/test_explorer.py does; None: Playwright's."""
+    named = os.environ.get("TINYATTN_CHROMIUM")
+    if named:
+        return named
+    return next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")
+                 if shutil.which(name)), None)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed "
+                                         "(pip install -e '.[dev]')")
+    with playwright_api.sync_playwright() as p:
+        try:
+            launched = p.chromium.launch(executable_path=chromium_executable())
+        except Exception as e:  # no browser on this machine
+            pytest.skip(f"no Chromium to run the playground in (apt-get install chromium, or "
+                        f"python -m playwright install chromium): {str(e).splitlines()[0]}")
+        yield launched
+        launched.close()
+
+
+@pytest.mark.slow
+def test_in_chromium_the_playground_streams_tokens_and_a_click_shows_the_models_weights(browser, server,
+                                                                                        loaded):
+    from tinyattn.analysis.attention_maps import compute_attention_maps
+
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    requests, errors = [], []
+    page.on("request", lambda r: requests.append(r.url))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(server.url + "/")
+    page.fill("#prompt", PROMPT)
+    page.fill("#max-tokens", "40")
+    page.fill("#temperature", "1")
+    page.fill("#seed", "11")
+    page.click("#generate")
+    page.wait_for_selector("#output .tok")  # tokens arrive ...
+    page.wait_for_function("document.getElementById('status').textContent.startsWith('done')")  # ... all
+    expected = reference(loaded, max_new_tokens=40, temperature=1.0, seed=11)
+    assert page.inner_text("#output") == PROMPT + expected
+    assert page.locator("#output .tok").count() == len(expected)  # one span per streamed token (char model)
+
+    page.click("#output .tok[data-index='20']")  # the 21st generated token, at position 6 + 20
+    frame = page.frame_locator("#explorer")
+    frame.locator("#weights-row .tok").first.wait_for()
+    query = len(PROMPT) + 20 - 1  # the prediction that produced it
+    shown = frame.locator("#weights-row .tok").evaluate_all("s => s.map(span => span.dataset.weight)")
+    relevance = frame.locator("#relevance-row .tok").evaluate_all("s => s.map(t => t.dataset.relevance)")
+    maps = compute_attention_maps(loaded.model, loaded.tokenizer, PROMPT + expected)
+    assert len(shown) == len(PROMPT + expected) and all(v == "" for v in shown[query + 1:])
+    np.testing.assert_allclose([float(v) for v in shown[:query + 1]], maps.weights[0][0, query, :query + 1],
+                               rtol=0, atol=0.5 / 255 + 1e-4)  # layer 0, head 0: the explorer's first view
+    assert all(v != "" for v in relevance[:query]) and relevance[query] == ""  # relevance beside each weight
+    assert f"query {maps.labels[query]} at {query}" in frame.locator("#query-info").inner_text()
+    assert all(url.startswith(server.url) for url in requests) and errors == []

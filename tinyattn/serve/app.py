@@ -1,0 +1,296 @@
+"""The routes of `tinyattn serve` (FastAPI): OpenAI's completions API, a health route, the playground.
+
+- `GET /v1/models`, `GET /v1/models/{id}`: the one model served (its run folder's name).
+- `POST /v1/completions`: OpenAI's fields (`schemas.CompletionRequest`); with `"stream": true`
+  the text comes as server-sent events in OpenAI's chunk format, ending with `data: [DONE]`.
+  Every completion is `tinyattn.generate.text.stream_samples` with the request's options, so
+  choice i equals `generate()` with seed `seed + i`. Finish reasons: "stop" (a stop string or
+  the end-of-text token) and "length". `usage.completion_tokens` counts the returned text's
+  tokens as the tokenizer encodes it (a byte-level BPE text may re-encode differently from
+  the sampled ids).
+- `GET /health`: {"status": "ok"} with the worker's load (requests decoding, waiting, done);
+  a 503 if the model thread has stopped.
+- `GET /`: the playground page; `POST /explorer` returns the explorer page
+  (`tinyattn.analysis.explorer`) of a text, at the prediction that produced the token holding
+  a given character: what the playground shows when a generated token is clicked.
+
+Mistakes in a request are 400s with OpenAI's error body (`schemas.ApiError`), unknown routes
+404s, and anything unexpected a 500 with the same body: the server stays up. Model calls run
+on one thread (`worker.ModelWorker`); a client that goes away mid-stream cancels its job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from importlib import resources
+from typing import AsyncIterator, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from tinyattn.serve.schemas import (
+    ApiError,
+    Completion,
+    CompletionRequest,
+    ExploreRequest,
+    Limits,
+    check_completion,
+    parse,
+)
+from tinyattn.serve.worker import Job, ModelWorker, one_call
+
+FINISH_REASONS = {"stop": "stop", "eot": "stop", "length": "length"}  # tinyattn's -> OpenAI's
+DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its client is still there
+
+
+@dataclass
+class Served:
+    """What the routes share: the model, its name, the limits and the worker thread."""
+
+    model: object
+    tokenizer: object
+    sample: object  # the checkpoint's SampleConfig: defaults for options a request leaves out
+    model_id: str
+    limits: Limits
+    worker: ModelWorker
+    created: int
+
+
+def create_app(loaded, *, limits: Limits = Limits(), model_id: Optional[str] = None) -> FastAPI:
+    """The app serving `loaded` (a `tinyattn.checkpoint.LoadedModel`); its worker runs while it is served."""
+    # loaded.path is the checkpoint file (best.pt) or a Hugging Face folder's weights file: name its folder.
+    model_id = model_id or (loaded.path.parent.name if loaded.path.suffix else loaded.path.name)
+    worker = ModelWorker(max_active=limits.max_active, max_waiting=limits.max_waiting,
+                         warm_up=lambda: _warm_up(loaded.model, loaded.tokenizer))
+    served = Served(loaded.model, loaded.tokenizer, loaded.config.sample, model_id, limits, worker,
+                    int(time.time()))
+
+    @asynccontextmanager
+    async def lifespan(app):
+        served.worker.start()
+        yield
+        served.worker.stop()
+
+    app = FastAPI(title="tinyattn serve", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.served = served
+    _add_error_handlers(app)
+    _add_routes(app, served)
+    return app
+
+
+def _error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(request, error: ApiError):
+        return _error_response(error)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, error: StarletteHTTPException):
+        kind = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code)
+        message = f"{request.method} {request.url.path}: {error.detail}"
+        return _error_response(ApiError(message, status=error.status_code, code=kind))
+
+    @app.exception_handler(Exception)
+    async def server_error(request, error: Exception):
+        return _error_response(ApiError(f"the server failed on this request: {type(error).__name__}",
+                                        status=500, type="server_error"))
+
+
+def _add_routes(app: FastAPI, served: Served) -> None:
+    def model_card() -> dict:
+        return {"id": served.model_id, "object": "model", "created": served.created, "owned_by": "tinyattn",
+                "context_length": served.model.config.context_length}
+
+    @app.get("/health")
+    async def health():
+        if not served.worker.alive:  # nothing can be generated: say so, with a status monitors read
+            return JSONResponse({"status": "the model thread has stopped", "model": served.model_id},
+                                status_code=503)
+        return {"status": "ok", "model": served.model_id, **served.worker.load}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        _check_model(served, model_id)
+        return model_card()
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = parse(CompletionRequest, await request.body())
+        _check_model(served, body.model)
+        completion = check_completion(body, limits=served.limits, defaults=served.sample,
+                                      tokenizer=served.tokenizer,
+                                      context_length=served.model.config.context_length)
+        job = Job(_samples(served, completion), asyncio.get_running_loop(), "a completion")
+        served.worker.submit(job)
+        if completion.stream:
+            return StreamingResponse(_events(served, completion, job), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await _whole(served, completion, job, request)
+
+    @app.post("/explorer", response_class=HTMLResponse)
+    async def explorer(request: Request):
+        body = parse(ExploreRequest, await request.body())
+        ids, query = _explorer_query(served, body)
+        job = served.worker.submit(Job(one_call(lambda: _explorer_page(served, ids, query)),
+                                       asyncio.get_running_loop(), "an explorer page"))
+        async for page in job.items():
+            return HTMLResponse(page)
+
+    @app.get("/", response_class=HTMLResponse)
+    async def playground():
+        return HTMLResponse(playground_html(served.model_id))
+
+
+def _check_model(served: Served, name: str) -> None:
+    if name != served.model_id:
+        raise ApiError(f"model {name!r} is not served here; this server serves {served.model_id!r}",
+                       status=404, param="model", code="model_not_found")
+
+
+# ----------------------------------------------------------------------------- completions
+
+
+def _samples(served: Served, completion: Completion):
+    from tinyattn.generate.text import stream_samples
+
+    return stream_samples(served.model, served.tokenizer, completion.prompt, completion.options)
+
+
+def _warm_up(model, tokenizer) -> None:
+    """Two sampled tokens on the model thread: a thread's first model calls are much slower than
+    the rest (thread pools, kernels chosen), and the first client should not wait for that."""
+    from tinyattn.generate.sampling import SamplingOptions
+    from tinyattn.generate.text import stream_samples
+
+    options = SamplingOptions(max_new_tokens=2, temperature=1.0, top_p=0.9, seed=0)
+    for _ in stream_samples(model, tokenizer, "", options):
+        pass
+
+
+def _completion_id() -> str:
+    return f"cmpl-{uuid.uuid4().hex[:24]}"
+
+
+def _usage(served: Served, completion: Completion, texts: list[str]) -> dict:
+    generated = sum(len(served.tokenizer.encode(text)) for text in texts if text)
+    return {"prompt_tokens": completion.prompt_tokens, "completion_tokens": generated,
+            "total_tokens": completion.prompt_tokens + generated}
+
+
+def _body(served: Served, completion_id: str, choices: list[dict], usage: Optional[dict]) -> dict:
+    return {"id": completion_id, "object": "text_completion", "created": int(time.time()),
+            "model": served.model_id, "choices": choices, "usage": usage}
+
+
+def _choice(index: int, text: str, finish_reason: Optional[str]) -> dict:
+    return {"index": index, "text": text, "logprobs": None,
+            "finish_reason": None if finish_reason is None else FINISH_REASONS[finish_reason]}
+
+
+async def _cancel_when_gone(job: Job, request: Request) -> None:
+    """Cancel `job` if its client goes away (a non-streamed request has no send to fail on)."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(DISCONNECT_POLL_S)
+    job.cancel()
+
+
+async def _whole(served: Served, completion: Completion, job: Job, request: Request) -> JSONResponse:
+    n = completion.options.num_samples
+    texts, finished = [""] * n, [None] * n
+    watcher = asyncio.create_task(_cancel_when_gone(job, request))
+    try:
+        async for piece in job.items():
+            texts[piece.sample] += piece.text
+            finished[piece.sample] = piece.finish_reason or finished[piece.sample]
+    finally:
+        watcher.cancel()
+        job.cancel()  # a no-op when it has ended; stops it when this handler is cancelled
+    choices = [_choice(i, texts[i], finished[i]) for i in range(n)]
+    return JSONResponse(_body(served, _completion_id(), choices, _usage(served, completion, texts)))
+
+
+def _event(value: dict) -> str:
+    return f"data: {json.dumps(value, ensure_ascii=False)}\n\n"
+
+
+async def _events(served: Served, completion: Completion, job: Job) -> AsyncIterator[str]:
+    """Server-sent events: one chunk per piece, the usage chunk if asked for, then [DONE].
+
+    When the client goes away, sending the next chunk fails and Starlette closes this
+    generator: its `finally` cancels the job, which the worker then closes before its next turn.
+    """
+    completion_id = _completion_id()
+    texts = [""] * completion.options.num_samples
+    try:
+        async for piece in job.items():
+            texts[piece.sample] += piece.text
+            choice = _choice(piece.sample, piece.text, piece.finish_reason)
+            yield _event(_body(served, completion_id, [choice], None))
+        if completion.include_usage:
+            yield _event(_body(served, completion_id, [], _usage(served, completion, texts)))
+    except ApiError as error:  # the worker failed mid-stream: the headers are gone, so say it in the stream
+        yield _event(error.body())
+    finally:
+        job.cancel()
+    yield "data: [DONE]\n\n"
+
+
+# ----------------------------------------------------------------------------- the explorer and the page
+
+
+def _explorer_query(served: Served, body: ExploreRequest) -> tuple[list[int], int]:
+    """The text's token ids and the query: the prediction that produced the token holding `offset`."""
+    from tinyattn.analysis.attention_maps import token_spans
+
+    ids = served.tokenizer.encode(body.text)
+    most = served.limits.max_explore_tokens
+    if not 2 <= len(ids) <= most:
+        raise ApiError(f"text: {len(ids)} tokens; the explorer takes 2 to {most}", param="text")
+    text, spans = token_spans(served.tokenizer, ids)
+    if not 0 <= body.offset < len(text):
+        raise ApiError(f"offset {body.offset} is not accepted: expected 0 to {len(text) - 1}, a character of "
+                       "the text", param="offset")
+    position = next(t for t, (start, end) in enumerate(spans) if end > body.offset)
+    return ids, max(position - 1, 0)
+
+
+def _explorer_page(served: Served, ids: list[int], query: int) -> str:
+    """On the worker thread: the explorer page of `ids` (relevance measured here), at `query`."""
+    from tinyattn.analysis.ablation import compute_relevance
+    from tinyattn.analysis.attention_maps import visible
+    from tinyattn.analysis.explorer import explorer_html
+
+    labels = [visible(served.tokenizer.token_text(i)) for i in ids]
+    relevance = compute_relevance(served.model, ids, labels)
+    return explorer_html(relevance, title=f"{served.model_id}: token {query + 1}",
+                         source=f"the prediction at position {query}, which produced token {query + 1}",
+                         query=query)
+
+
+PAGE_FILES = {"PAGE": "playground.html", "STYLE": "playground.css", "SCRIPT": "playground.js"}
+
+
+def playground_html(model_id: str) -> str:
+    """The playground: one page, its style and script inline, nothing fetched but this server's routes."""
+    import html
+
+    part = {name: resources.files("tinyattn.serve").joinpath(file).read_text(encoding="utf-8")
+            for name, file in PAGE_FILES.items()}
+    values = {"STYLE": part["STYLE"], "SCRIPT": part["SCRIPT"], "MODEL": html.escape(model_id, quote=True)}
+    page = part["PAGE"]
+    for name, value in values.items():  # the model's name goes last: it cannot bring in a placeholder
+        page = page.replace(f"%{name}%", value)
+    return page

@@ -1,0 +1,201 @@
+"""The wire format of `tinyattn serve`: request models, the server's limits, OpenAI-style errors.
+
+A request body is parsed here and nowhere else (`parse_completion`, `parse_explore`): JSON
+that does not parse, a field this server does not know, a value of the wrong type or out of
+range all become an `ApiError`, which the app answers with a 400 and OpenAI's error body
+`{"error": {"message", "type", "param", "code"}}`. The sampling rules are the project's own
+(`tinyattn.config.check_sampling`, what `tinyattn generate` and `SamplingOptions` apply),
+so the server accepts exactly what the library does, within the server's `Limits`.
+
+Fields of OpenAI's completions API that this server does not implement (echo, logprobs,
+best_of, suffix, the frequency and presence penalties, logit_bias) are accepted only at
+their "off" values, so a client that sends the defaults works and one that asks for the
+feature is told it is not supported. `top_k` and `repetition_penalty` are tinyattn's
+additions (vLLM accepts the same names).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from tinyattn.config import SampleConfig, check_sampling
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+class ApiError(Exception):
+    """An error answered with OpenAI's error body; `status` is the HTTP status."""
+
+    def __init__(self, message: str, *, status: int = 400, type: str = "invalid_request_error",
+                 param: Optional[str] = None, code: Optional[str] = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for; beyond it, a 400 naming the limit."""
+
+    max_tokens: int = 1024  # new tokens per choice
+    max_prompt_tokens: Optional[int] = None  # None: the model's context length
+    max_n: int = 8  # choices per request (decoded together as one batch)
+    max_stop: int = 4  # stop strings per request (OpenAI's limit)
+    max_explore_tokens: int = 256  # tokens of a text the explorer route measures
+    max_active: int = 4  # requests decoding at once, taking turns token by token
+    max_waiting: int = 64  # requests queued behind them; beyond: 429
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    include_usage: bool = False
+
+
+class CompletionRequest(BaseModel):
+    """The body of POST /v1/completions (OpenAI's fields; None: not given)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str
+    prompt: Union[str, list[str]] = ""
+    max_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    repetition_penalty: Optional[float] = None
+    stop: Union[str, list[str], None] = None
+    seed: Optional[int] = None
+    n: Optional[int] = None
+    stream: Optional[bool] = False
+    stream_options: Optional[StreamOptions] = None
+    user: Optional[str] = None  # accepted and ignored, as OpenAI's own is only for abuse monitoring
+    # Accepted only at their "off" values (OFF_VALUES).
+    echo: Optional[bool] = None
+    logprobs: Optional[int] = None
+    best_of: Optional[int] = None
+    suffix: Optional[str] = None
+    frequency_penalty: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    logit_bias: Optional[dict[str, float]] = None
+
+
+OFF_VALUES = {"echo": (None, False), "logprobs": (None,), "suffix": (None, ""),
+              "frequency_penalty": (None, 0), "presence_penalty": (None, 0), "logit_bias": (None, {})}
+
+
+class ExploreRequest(BaseModel):
+    """The body of POST /explorer: a text and a character of it (the token holding it is shown)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    text: str
+    offset: int  # a character offset into text
+
+
+def validation_error(e: ValidationError) -> ApiError:
+    """The first problem pydantic found, as one OpenAI-style 400."""
+    first = e.errors()[0]
+    kind, loc = first["type"], [str(part) for part in first["loc"]]
+    param = loc[0] if loc else None
+    if kind == "json_invalid":
+        return ApiError(f"the request body is not valid JSON: {first['msg']}", code="invalid_json")
+    if kind == "extra_forbidden":
+        return ApiError(f"unknown field {param!r}", param=param, code="unknown_field")
+    if kind == "missing":
+        return ApiError(f"the field {param!r} is required", param=param, code="missing_field")
+    if not loc:
+        return ApiError(f"the request body must be a JSON object: {first['msg']}")
+    return ApiError(f"{'.'.join(loc[:1] + loc[2:]) if len(loc) > 1 else param}: {first['msg']}", param=param)
+
+
+def parse(model: type[BaseModel], body: bytes) -> Any:
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        raise validation_error(e) from None
+
+
+# ----------------------------------------------------------------------------- a completion request
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A checked completion request: what `tinyattn.generate.text.stream_samples` is called with."""
+
+    prompt: str
+    prompt_tokens: int
+    options: Any  # tinyattn.generate.sampling.SamplingOptions
+    stream: bool
+    include_usage: bool
+
+
+def _fail(name: str, value, accepted: str):
+    raise ApiError(f"{name} {value!r} is not accepted: expected {accepted}", param=name)
+
+
+def _prompt_of(request: CompletionRequest) -> str:
+    prompt = request.prompt
+    if isinstance(prompt, list):
+        if len(prompt) != 1:
+            raise ApiError(f"prompt: this server takes one prompt per request, got a list of {len(prompt)}"
+                           " (ask for several continuations of one prompt with n)", param="prompt")
+        prompt = prompt[0]
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:  # a lone surrogate, which JSON's \ud800 escapes can carry
+        raise ApiError(f"prompt: not valid Unicode text at character {e.start}", param="prompt") from None
+    return prompt
+
+
+def _stop_of(request: CompletionRequest, limits: Limits) -> tuple[str, ...]:
+    stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+    if len(stop) > limits.max_stop:
+        raise ApiError(f"stop: at most {limits.max_stop} stop strings, got {len(stop)}", param="stop")
+    return tuple(stop)
+
+
+def _refuse_unsupported(request: CompletionRequest, n: int) -> None:
+    for name, off in OFF_VALUES.items():
+        if getattr(request, name) not in off:
+            raise ApiError(f"{name} is not supported by tinyattn serve (send it unset)", param=name,
+                           code="unsupported_parameter")
+    if request.best_of not in (None, n):
+        raise ApiError("best_of is not supported by tinyattn serve (send it unset, or equal to n)",
+                       param="best_of", code="unsupported_parameter")
+
+
+def check_completion(request: CompletionRequest, *, limits: Limits, defaults: SampleConfig, tokenizer,
+                     context_length: int) -> Completion:
+    """The request checked against the sampling rules and `limits`; options not given: `defaults`."""
+    from tinyattn.generate.sampling import SamplingOptions
+
+    n = 1 if request.n is None else request.n
+    if not 1 <= n <= limits.max_n:
+        raise ApiError(f"n {n} is not accepted: expected 1 to {limits.max_n}", param="n")
+    _refuse_unsupported(request, n)
+    max_tokens = DEFAULT_MAX_TOKENS if request.max_tokens is None else request.max_tokens
+    if not 0 <= max_tokens <= limits.max_tokens:
+        raise ApiError(f"max_tokens {max_tokens} is not accepted: expected 0 to {limits.max_tokens}",
+                       param="max_tokens")
+    given = lambda value, default: default if value is None else value  # noqa: E731
+    options = dict(max_new_tokens=max_tokens, temperature=given(request.temperature, defaults.temperature),
+                   top_k=given(request.top_k, defaults.top_k), top_p=given(request.top_p, defaults.top_p),
+                   repetition_penalty=given(request.repetition_penalty, defaults.repetition_penalty),
+                   num_samples=n, seed=request.seed, stop=_stop_of(request, limits))
+    check_sampling(_fail, **options)
+    if request.seed is not None and request.seed + n > 2**63:  # sample i is seeded with seed + i
+        raise ApiError(f"seed {request.seed} is too large for n {n}: expected seed + n <= 2**63",
+                       param="seed")
+    prompt = _prompt_of(request)
+    prompt_tokens = len(tokenizer.encode(prompt)) if prompt else 1  # an empty prompt: one start token
+    most = limits.max_prompt_tokens or context_length
+    if prompt_tokens > most:
+        raise ApiError(f"the prompt is {prompt_tokens} tokens; this server takes at most {most}",
+                       param="prompt", code="context_length_exceeded")
+    return Completion(prompt, prompt_tokens, SamplingOptions(**options), bool(request.stream),
+                      bool(request.stream_options and request.stream_options.include_usage))
