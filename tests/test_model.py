@@ -16,7 +16,7 @@ from tinyattn.model.attention import (
     rotary_tables,
 )
 from tinyattn.model.attention_path import attention_path, prefer_explicit_attention
-from tinyattn.model.transformer import IGNORE_INDEX, LanguageModel
+from tinyattn.model.transformer import IGNORE_INDEX, Block, LanguageModel
 from tinyattn.system.device import Precision
 
 VOCAB = 65  # conftest's tiny_model and random_tokens
@@ -294,6 +294,24 @@ def test_attention_dropout_drops_weights_in_training_on_both_paths(fused):
     torch.testing.assert_close(layer(x, cos=cos, sin=sin), evaluated, rtol=0, atol=0)
     dropped = layer.train()(x, cos=cos, sin=sin)
     assert (dropped - evaluated).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "explicit"])
+def test_attention_dropout_sets_the_weights_dropout_apart_from_the_residuals(fused):
+    """model.attention_dropout=0 with model.dropout=0.5: the attention layer, alone, is the same
+    in training as in evaluation, while the block around it still drops its residual branch."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=65, n_layer=1, n_head=4, n_embd=32, context_length=24, dropout=0.5,
+                         attention_dropout=0.0)
+    layer = CausalSelfAttention(config, fused=fused)
+    x = torch.randn(2, 24, 32)
+    cos, sin = rotary_tables(8, 24, 10000.0)
+    torch.testing.assert_close(layer.train()(x, cos=cos, sin=sin), layer.eval()(x, cos=cos, sin=sin),
+                               rtol=0, atol=0)
+    block = Block(config, fused)
+    evaluated = block.eval()(x, cos=cos, sin=sin)
+    assert (block.train()(x, cos=cos, sin=sin) - evaluated).abs().max() > 1e-3
+    assert CausalSelfAttention(ModelConfig(vocab_size=65, n_embd=32, dropout=0.5)).dropout == 0.5  # None: dropout
 
 
 # ----------------------------------------------------------------------------- the attention path

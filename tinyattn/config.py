@@ -46,7 +46,8 @@ class ModelConfig:
     n_embd: int = 256
     mlp_hidden: Optional[int] = None  # None: about 8/3 * n_embd rounded up to a multiple of 64 (SwiGLU)
     context_length: int = 256
-    dropout: float = 0.0
+    dropout: float = 0.0  # on the embedding, each residual branch and the attention weights
+    attention_dropout: Optional[float] = None  # on the attention weights alone; None: model.dropout
     tie_embeddings: bool = True  # the output head reuses the token embedding matrix
     rope_base: float = 10000.0
     norm_eps: Optional[float] = None  # RMSNorm epsilon; None: torch's default, the dtype's machine epsilon
@@ -93,6 +94,8 @@ class ModelConfig:
             fail("model.n_head", m.n_head, f"must be divisible by model.n_kv_head={m.kv_heads}")
         if not 0.0 <= m.dropout < 1.0:
             fail("model.dropout", m.dropout, "expected a number in [0, 1)")
+        if m.attention_dropout is not None and not 0.0 <= m.attention_dropout < 1.0:
+            fail("model.attention_dropout", m.attention_dropout, "expected a number in [0, 1) or null (model.dropout)")
         if m.rope_base <= 0:
             fail("model.rope_base", m.rope_base, "expected a positive number")
         if m.logit_softcap is not None and m.logit_softcap <= 0:
