@@ -178,6 +178,7 @@ class Logger:
         w.add_scalar("perf/tokens_per_second", tokens_per_second, step)
         w.add_scalar("perf/mfu", mfu, step)
         if self.bar is not None:
+            self.bar.total = self.trainer.plan.total_steps(step)  # a time budget's plan moves it
             self.bar.update(len(losses))
             self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:,.0f}",
                                  refresh=False)
@@ -225,6 +226,8 @@ class Logger:
         s = result.seconds
         split = ", ".join(f"{name} {s[name]:.1f} s ({s[name] / result.wall_seconds:.1%})"
                           for name in ("start-up", "calibration", "train", "eval", "save") if name in s)
+        budget = self.trainer.plan.describe()  # a time budget's: the seconds spent over every session
+        split += f"; {budget}" if budget else ""
         say(f"done: {result.step} steps in {result.wall_seconds:.0f} s ({split}), "
             f"{result.tokens_per_second:,.0f} tok/s, best validation loss "
             f"{result.best_val_loss:.4f}; checkpoints in {result.run_dir}")
