@@ -11,6 +11,7 @@ import os
 import signal
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -19,7 +20,7 @@ from tinyattn.config import load_config
 from tinyattn.train.budget import TimePlan
 from tinyattn.train.loop import train
 from tinyattn.train.optim import lr_factor, progress_lr_factor
-from tinyattn.train.owners import Evaluator
+from tinyattn.train.owners import EvalResult, Evaluator
 from tinyattn.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +57,8 @@ class FakeMachine:
     step_seconds(now, step): what step `step` (0-based), started at fake time `now`, takes. A resumed
     run is a new process whose clock starts again at 0: its steps are told apart by number.
     compute=False: a step
-    only counts (no forward or backward), for runs of hundreds of steps.
+    only counts (no forward or backward) and an evaluation gives a constant loss, for runs of
+    hundreds of steps.
     """
 
     def __init__(self, monkeypatch, clock: FakeClock, step_seconds, *, eval_seconds: float = 0.5,
@@ -82,7 +84,9 @@ class FakeMachine:
 
         def run(evaluator, step):
             clock.now += eval_seconds
-            return real_eval(evaluator, step)
+            if compute:
+                return real_eval(evaluator, step)
+            return EvalResult(step, np.full(evaluator.config.model.context_length, 3.0))
 
         monkeypatch.setattr(Trainer, "train_step", train_step)
         monkeypatch.setattr(Evaluator, "run", run)
@@ -98,7 +102,8 @@ def test_a_run_ends_within_its_budget_and_uses_it_when_the_machine_changes_speed
     """Planned once at the start, the slowed run would end at 115 s of 100, the faster one at 89."""
     clock = FakeClock()
     machine = FakeMachine(monkeypatch, clock, lambda now, step: before if now < 50 else after, compute=False)
-    result = train(budget_config(corpus, tmp_path, "100s"), run_name="speed", progress=False, clock=clock)
+    result = train(budget_config(corpus, tmp_path, "100s", "train.log_interval=50"), run_name="speed",
+                   progress=False, clock=clock)
     assert not result.interrupted
     assert 95.0 <= result.wall_seconds <= 100.0 - TimePlan.EXIT_SECONDS, result.wall_seconds
     # The schedule reached its end, and the re-planning moved it smoothly: no step changes the
