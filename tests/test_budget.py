@@ -65,10 +65,12 @@ class FakeMachine:
                  compute: bool = True, signal_at_step=None):
         self.clock, self.step_seconds, self.signal_at_step = clock, step_seconds, signal_at_step
         self.rates: dict[int, float] = {}  # step (0-based) -> its learning-rate factor (the last run's)
+        self.calls = 0  # train_step calls, the calibration's throwaway steps included
         real_step, real_eval = Trainer.train_step, Evaluator.run
         machine = self
 
         def train_step(trainer):
+            machine.calls += 1
             machine.rates[trainer.step] = trainer.plan.factor(trainer.step)
             seconds = machine.step_seconds(clock.now, trainer.step)
             if compute:
@@ -152,14 +154,16 @@ def test_an_interrupted_and_resumed_budget_run_equals_an_uninterrupted_one(corpu
 
 
 def test_a_resumed_budget_run_counts_the_time_already_spent(corpus, tmp_path, monkeypatch):
-    """A resume whose start-up took 10 s ends within the budget over both sessions, not 10 s late."""
+    """A resume whose start-up took 10 s ends within the budget over both sessions, not 10 s late;
+    it continues the recorded plan, measuring nothing again."""
     clock = FakeClock()
     machine = FakeMachine(monkeypatch, clock, lambda now, step: 0.25, compute=False, signal_at_step=100)
     first = train(budget_config(corpus, tmp_path, "100s"), run_name="run", progress=False, clock=clock)
     spent_first = ckpt.load_checkpoint(ckpt.latest_checkpoint(first.run_dir))["plan"]["spent"]
-    machine.signal_at_step, clock.now = None, 0.0
+    machine.signal_at_step, clock.now, machine.calls = None, 0.0, 0
     resumed = train(budget_config(corpus, tmp_path, "100s"), run_name="run", resume=True, progress=False,
                     clock=clock, elapsed_before=10.0)
+    assert machine.calls == resumed.step - 100  # no measuring steps: only the steps left
     total = spent_first + resumed.wall_seconds
     assert 95.0 <= total <= 100.0 - TimePlan.EXIT_SECONDS, total
     state = ckpt.load_checkpoint(ckpt.latest_checkpoint(resumed.run_dir))
