@@ -225,8 +225,9 @@ class Calibration:
     """
 
     WARM_STEPS = 3  # the first compiles; the next settle the allocator and thread pool
-    MIN_STEPS = 10  # timed steps, at least ...
-    MIN_SHARE = 0.005  # ... and at least this share of the budget (1.5 s to 3 s)
+    # Timed: MIN_SHARE of the budget (1.5 s to 3 s), and at least one step: a first estimate
+    # only, which the plan's own step times replace (a slow machine loses no more to it).
+    MIN_SHARE = 0.005
 
     def __init__(self, plan: TimePlan, clock: Clock):
         self.plan = plan
@@ -289,7 +290,7 @@ class Calibration:
 
     def _keep_measuring(self, trainer: Trainer, timed: int, seconds: float, measure_for: float, *,
                         stop: Callable[[], bool]) -> bool:
-        more = (timed < self.MIN_STEPS or seconds < measure_for) and not stop()
+        more = (timed < 1 or seconds < measure_for) and not stop()
         if trainer.dist.enabled:  # rank 0 decides, so every rank runs the same steps
             flag = torch.tensor([int(more)], device=trainer.device)
             torch.distributed.broadcast(flag, src=0)
