@@ -232,7 +232,7 @@ def _first_plan(trainer: Trainer, evaluator: Evaluator, run_dir: Path, clock: Ca
             + calibration.advice(spent + measured.evaluation + measured.save + measured.step))
     log.print(f"time budget {plan.text}: measured {measured.step:.3f} s/step, {measured.evaluation:.2f} s "
               f"per evaluation, {measured.save / 2:.2f} s per checkpoint, {spent:.0f} s of start-up "
-              f"-> about {steps:,} steps; the schedule follows the time left")
+              f"-> about {steps:,} step{'s' if steps > 1 else ''}; the schedule follows the time left")
     return steps
 
 
