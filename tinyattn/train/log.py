@@ -126,8 +126,12 @@ class Logger:
         what = "starting"
         if point is not None:
             what = f"{'forked from' if point.forks_into(self.run_dir) else 'resuming from'} {point.file} at step {t.step}"
-        steps = (f"{tc.max_steps:,} steps" if point or tc.time_budget is None
-                 else f"measuring a few steps to fit the {tc.time_budget} budget")
+        if t.plan.kind == "steps":
+            steps = f"{tc.max_steps:,} steps"
+        elif point is None:
+            steps = f"measuring a few steps to fit the {tc.time_budget} budget"
+        else:  # a time plan resumed: it goes on from the seconds its earlier sessions spent
+            steps = f"the {tc.time_budget} budget's plan, {t.plan.spent():.0f} s of it spent"
         self.print(f"run {self.run_dir} ({what}): {t.model.num_parameters():,} parameters, "
                    f"device {t.device}, precision {t.precision.name}, {optimizer_description(tc)}, "
                    f"{len(t.batches.tokens):,} train tokens, {steps}")

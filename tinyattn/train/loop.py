@@ -85,7 +85,8 @@ def train(config: Config, *, config_path: Optional[str | Path] = None, run_name:
 
     resume: a `ResumePoint`, a run folder or checkpoint file, or True (the --run-name
     run, else the most recent one under train.out_dir). stop_at_step ends the run early
-    with a checkpoint, as Ctrl-C would, while the schedule still spans train.max_steps.
+    with a checkpoint, as Ctrl-C would, while the schedule still spans train.max_steps (or
+    the time budget).
     elapsed_before: seconds already spent that count against train.time_budget (the
     command line passes the process's age, so the budget covers start-up too).
     overrides: the --set items `config` was loaded with (already applied); a
