@@ -24,10 +24,10 @@ What a run guarantees:
   refused before the run folder is made, naming both figures.
 - Ctrl-C or SIGTERM finishes the current step, saves a checkpoint and says how to resume;
   during the time budget's calibration it stops before step 1, with nothing to save.
+  A non-finite loss stops the run naming the step; no checkpoint is written after it.
 - Under train.time_budget the whole process ends within the budget, however the machine's
   speed changes during the run (`budget.TimePlan`): the schedule follows the time left and
   the run ends when no further step fits, with its last evaluation and checkpoint.
-  A non-finite loss stops the run naming the step; no checkpoint is written after it.
 """
 
 from __future__ import annotations
