@@ -610,14 +610,14 @@ def one_process_over_global_batches(config, steps: int, world_size: int) -> dict
 @pytest.mark.slow
 @pytest.mark.bench  # a wall-clock assertion: `make test` skips it, `make bench-check` runs it
 def test_time_budget_run_ends_within_its_budget(corpus, tmp_path):
-    """The whole process, start-up included, ends at its 20 s budget, and says how it chose.
+    """The whole process, start-up included, ends within its 20 s budget and uses it.
 
-    Without the budget this config stops after 20 steps (about 3 s). The bound is +-15%:
-    the step time measured at the start drifts by a few percent over a run on a shared CPU,
-    and how close the budget lands is a benchmark figure (docs/BENCHMARKS.md), not this test's.
+    Without the budget this config stops after 20 steps (about 3 s). The run re-plans from
+    the time left after every step, so it lands within its budget whatever the shared CPU
+    does; tests/test_budget.py pins how, with a fake clock. The bound here is loose (the
+    process's own start-up and exit are outside the plan's view); how close the budget lands
+    is a benchmark figure (docs/BENCHMARKS.md), not this test's.
     """
-    # One thread and batch 16: a tiny model's step is mostly thread wake-ups otherwise,
-    # whose time varies more from second to second than a budget can plan for.
     start = time.perf_counter()
     result = run_cli("--config", str(TINY), "--run-name", "budget", "--no-progress", "--set",
                      *tiny_overrides(corpus, tmp_path, "train.time_budget=20s", "train.eval_interval=400",
@@ -625,33 +625,10 @@ def test_time_budget_run_ends_within_its_budget(corpus, tmp_path):
                      env={**os.environ, "OMP_NUM_THREADS": "1"})
     wall = time.perf_counter() - start
     assert result.returncode == 0, result.stderr
-    assert 17.0 <= wall <= 23.0, f"{wall:.1f} s\n{result.stderr[-2000:]}"
-    chosen = load_config(tmp_path / "budget" / "config.yaml").train
-    assert chosen.time_budget == "20s" and chosen.max_steps > 100
-    assert f"-> {chosen.max_steps:,} steps" in result.stderr
-    assert f"done: {chosen.max_steps} steps" in result.stderr
-
-
-@pytest.mark.slow  # trains for its measured budget three times over
-def test_time_budget_run_resumes_exactly_and_equals_a_run_of_its_step_count(corpus, tmp_path,
-                                                                            count_train_steps):
-    """A budget fixes max_steps before step 1 (its measuring steps are undone), so a budget
-    run stopped and resumed ends where a plain run of the chosen length ends."""
-    extra = ("train.time_budget=6s", "train.eval_interval=50", "model.dropout=0.1")
-    first = train(tiny_config(corpus, tmp_path, *extra), run_name="budget", progress=False, stop_at_step=30)
-    steps = load_config(tmp_path / "budget" / "config.yaml").train.max_steps
-    assert first.step == 30 and steps > 30
-    counter = count_train_steps()
-    resumed = train(tiny_config(corpus, tmp_path, *extra), run_name="budget", resume=True, progress=False)
-    assert resumed.step == steps  # the recorded step count, not a new measurement
-    assert counter.calls == steps - 30  # only the steps left (no measuring steps, no retraining)
-    plain = train(tiny_config(corpus, tmp_path, "train.eval_interval=50", "model.dropout=0.1",
-                              f"train.max_steps={steps}"), run_name="plain", progress=False)
-    a = ckpt.load_checkpoint(ckpt.latest_checkpoint(tmp_path / "budget"))["model"]
-    b = ckpt.load_checkpoint(ckpt.latest_checkpoint(tmp_path / "plain"))["model"]
-    for key in a:
-        torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-6)
-    assert resumed.best_val_loss == pytest.approx(plain.best_val_loss, abs=1e-6)
+    assert 17.0 <= wall <= 21.0, f"{wall:.1f} s\n{result.stderr[-2000:]}"
+    assert "-> about " in result.stderr and "the schedule follows the time left" in result.stderr
+    done = [line for line in result.stderr.splitlines() if line.startswith("done: ")]
+    assert done and int(done[0].split()[1]) > 100 and "of the 20s budget spent" in done[0]
 
 
 def test_a_budget_too_small_for_one_step_is_one_line(corpus, tmp_path):

@@ -175,13 +175,13 @@ class TrainConfig:
 
     batch_size: int = 16
     grad_accum_steps: int = 1
-    max_steps: int = 2000  # the schedule's length; with time_budget, chosen by the run and recorded
+    max_steps: int = 2000  # the schedule's length; with time_budget, the run's first estimate (recorded)
     time_budget: Optional[str] = None  # e.g. 90s, 10m, 2h: the whole process ends within it
     lr: float = 1e-3  # peak rate of AdamW (and of Muon unless muon_lr is set)
     min_lr: float = 1e-4  # the floor the schedule decays to (every group in proportion)
     warmup_steps: int = 100
     schedule: str = "cosine"  # cosine, linear, constant or wsd (after warmup); see tinyattn/optim.py
-    decay_fraction: float = 0.3  # wsd only: the final share of the run that decays to min_lr
+    decay_fraction: float = 0.3  # wsd: the final share of the run (with a budget: of its time) to decay
     optimizer: str = "adamw"  # adamw, or muon (Muon for the blocks' matrices, AdamW for the rest)
     muon_lr: Optional[float] = None  # None: train.lr
     muon_momentum: float = 0.95

@@ -1,104 +1,273 @@
-"""`train.time_budget`: a step count that makes the whole process fit the time given.
+"""`train.time_budget`: a run that ends within the time given, whatever the machine does meanwhile.
 
-`StepBudget` runs throwaway steps (they compile, if asked, and warm the caches), times the
-steps after them, one evaluation (with its train.show hooks) and one checkpoint write, and
-then puts the trainer back as it was before the first step, through the same
-`Trainer.state_dict`/`load_state_dict` a checkpoint goes through. The run then trains
-exactly as a run with that `max_steps` would.
-
-An explicit `--set train.max_steps=N` wins over a config's time budget: the budget is off
-for that run, and the run says so (`explicit_steps`).
+- `TimePlan`: the trainer's plan under a budget. The learning rate follows a recorded
+  progress p in [0, 1] (`optim.progress_lr_factor`) instead of step / max_steps. After
+  every step the plan counts the steps that still fit in the time left and moves p by
+  (1 - p) / (that count + 1), so the rest of the schedule always spans the steps that fit:
+  a machine that slows down makes the schedule move faster per step, never jump, and the
+  run ends (with its last evaluation) when no further step fits and p is 1.
+- `Calibration`: before step 1 of a new budget run, throwaway steps (they compile, if asked,
+  and warm the caches), one timed evaluation (with its train.show hooks) and one checkpoint
+  write give the plan its first measurements; the trainer is then put back as it was
+  before the first step, through the same `Trainer.state_dict`/`load_state_dict` a
+  checkpoint goes through.
+- `plan_for`: which plan a run gets. An explicit `--set train.max_steps=N` wins over a
+  config's time budget (`explicit_steps`): the budget is off for that run, the schedule is
+  `optim.StepPlan`'s, and the run says so.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-import time
+import statistics
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence
 
 import torch
 
 from tinyattn import checkpoint as ckpt
-from tinyattn.config import Config, override_value, parse_duration
+from tinyattn.config import Config, TrainConfig, override_value, parse_duration
 from tinyattn.errors import TinyattnError
 from tinyattn.system.timing import synchronize
 from tinyattn.train.hooks import DISCARD
+from tinyattn.train.optim import StepPlan, progress_lr_factor
 
 if TYPE_CHECKING:
+    from tinyattn.system.distributed import Distributed
     from tinyattn.train.owners import Evaluator
     from tinyattn.train.trainer import Trainer
 
+Clock = Callable[[], float]
 
-class StepBudget:
-    """Chooses `max_steps` so that the whole process ends within `train.time_budget`.
 
-    It runs throwaway steps first (they compile, if asked, and warm the caches), times
-    the steps after them, one evaluation and one checkpoint write, and then restores the
-    model, optimizers, scaler, random generators and sampler to their state before the
-    first step. The run then trains exactly as a run with `max_steps` set to the chosen
-    number would, so the schedule spans the steps that will run and resume stays exact.
+class TimePlan:
+    """The rate and the end of a run under train.time_budget, from a progress p the time left moves.
+
+    The steps that fit: the budget, less a margin, the exit, the seconds spent (earlier
+    sessions' included: the checkpoint holds them) and the last evaluation with its
+    checkpoint, with each evaluation due on the way counted at its measured cost, divided
+    by the median of the last WINDOW step times. Steps, evaluations (hooks included) and
+    checkpoint writes are timed apart (`measuring`), so an evaluation never passes for a
+    slow step. Everything a decision reads is in `state_dict`: a resumed run counts the
+    time already spent, and given the same clock readings makes the decisions an
+    uninterrupted run makes.
+
+    elapsed(): seconds of the budget this process has spent (the CLI counts from its start).
+    replan_every: steps between counts (1; a distributed run's rank 0 counts every
+    log_interval steps and `share` sends its count to every rank, which count down between).
     """
 
-    WARM_STEPS = 3  # the first compiles; the next settle the allocator and thread pool
-    MIN_STEPS = 10  # timed steps, at least ...
-    MIN_SHARE = 0.005  # ... and at least this share of the budget (1.5 s to 3 s)
+    kind = "time"
+    WINDOW = 31  # step times the median is taken over: a recompile or a stall is outvoted
+    RECENT = 3  # evaluations and checkpoint writes: the slowest of the last few is planned for
     MARGIN = 0.015  # of the budget kept for timing noise ...
     EXIT_SECONDS = 1.0  # ... and for the process's exit after the last line (torch's teardown)
 
-    def __init__(self, budget_text: str):
+    def __init__(self, budget_text: str, config: TrainConfig, elapsed: Clock, *, replan_every: int = 1,
+                 share: Callable[[int], int] = lambda count: count):
         self.text = budget_text
         self.seconds = parse_duration(budget_text)
+        self.config = config
+        self.elapsed = elapsed
+        self.replan_every = replan_every
+        self.share = share
+        self.spent_before = 0.0  # seconds earlier sessions of the run spent (from the checkpoint)
+        self.progress = 0.0
+        self.steps_left: Optional[int] = None  # the last count of the steps that fit
+        self.finished = False
+        self.times: dict[str, list[float]] = {"step": [], "eval": [], "save": []}
+        self.history: list[tuple] = []  # (step, spent, s/step, steps that fit, progress) per evaluation
+        self._mark = 0.0  # elapsed() at the end of the last step
+        self._overhead = 0.0  # seconds of evaluations and writes since then
 
-    def fix_steps(self, trainer: Trainer, evaluator: Evaluator, run_dir: Path,
-                  elapsed: Callable[[], float], *,
-                  stop: Callable[[], bool] = lambda: False) -> tuple[int, str]:
-        """The step count for the budget, and one line saying how it was chosen.
+    def spent(self) -> float:
+        return self.spent_before + self.elapsed()
 
-        elapsed(): seconds of the budget already spent (the CLI counts from process start).
+    def seed(self, step_seconds: float, eval_seconds: float, save_seconds: float) -> int:
+        """The calibration's measurements; returns the steps that fit (0: none)."""
+        self.times = {"step": [step_seconds], "eval": [eval_seconds], "save": [save_seconds]}
+        self.steps_left = self.share(self.steps_that_fit(0))
+        return self.steps_left
+
+    def factor(self, step: int) -> float:
+        return progress_lr_factor(step, self.progress, self.config)
+
+    def done(self, step: int) -> bool:
+        return self.finished
+
+    def total_steps(self, step: int) -> int:
+        """The run's length as now planned (the progress bar's total)."""
+        return step + (self.steps_left or 0)
+
+    def start(self) -> None:
+        """The loop starts: the first step is timed from here."""
+        self._mark, self._overhead = self.elapsed(), 0.0
+
+    def after_step(self, step: int) -> None:
+        """`step` steps are done: time the last one, count the steps that fit, move p."""
+        now = self.elapsed()
+        self._record("step", now - self._mark - self._overhead, self.WINDOW)
+        self._mark, self._overhead = now, 0.0
+        if self.steps_left is None or step % self.replan_every == 0:
+            self.steps_left = self.share(self.steps_that_fit(step))
+        else:
+            self.steps_left = max(0, self.steps_left - 1)
+        if self.steps_left == 0:
+            self.progress, self.finished = 1.0, True
+        elif step > self.config.warmup_steps:  # the step just done was past warmup
+            # Spreads what is left of p evenly over the steps left and the next one.
+            self.progress += (1.0 - self.progress) / (self.steps_left + 1)
+
+    @contextmanager
+    def measuring(self, kind: str) -> Iterator[None]:
+        """Times an evaluation ("eval", hooks included) or a checkpoint write ("save")."""
+        start = self.elapsed()
+        try:
+            yield
+        finally:
+            seconds = self.elapsed() - start
+            self._overhead += seconds
+            self._record(kind, seconds, self.RECENT)
+
+    def steps_that_fit(self, step: int) -> int:
+        """How many more steps fit after `step`, evaluations due on the way and the last one counted."""
+        step_seconds = max(statistics.median(self.times["step"]), 1e-9)
+        evaluation = max(self.times["eval"], default=0.0) + max(self.times["save"], default=0.0)
+        left = self.seconds * (1 - self.MARGIN) - self.EXIT_SECONDS - self.spent() - evaluation
+        if left < step_seconds:
+            return 0
+        interval = self.config.eval_interval
+
+        def cost(more: int) -> float:  # the last step's evaluation is in `evaluation` already
+            return more * step_seconds + ((step + more - 1) // interval - step // interval) * evaluation
+
+        low, high = 0, int(left / step_seconds)  # cost(high) ignores evaluations: an upper bound
+        while low < high:  # the largest count whose cost fits
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if cost(middle) <= left else (low, middle - 1)
+        return low
+
+    def note(self, step: int) -> str:
+        """Records the plan at an evaluation; returns the line that says it."""
+        step_seconds = statistics.median(self.times["step"])
+        spent = self.spent()
+        self.history.append((step, spent, step_seconds, self.steps_left, self.progress))
+        return (f"time budget {self.text}: {spent:.0f} s spent, about {self.steps_left:,} more steps at "
+                f"{step_seconds:.3f} s/step, schedule {self.progress:.0%} done")
+
+    def describe(self) -> Optional[str]:
+        """The run's last line's word on the budget."""
+        return f"{self.spent():.0f} s of the {self.text} budget spent"
+
+    def state_dict(self) -> dict:
+        return {"kind": self.kind, "budget": self.text, "progress": self.progress, "spent": self.spent(),
+                "steps_left": self.steps_left, "finished": self.finished,
+                "times": {kind: list(values) for kind, values in self.times.items()},
+                "history": list(self.history)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """A resumed run continues the recorded plan; the budget is this run's config's."""
+        self.spent_before = float(state["spent"])
+        self.progress = float(state["progress"])
+        self.steps_left = state["steps_left"]
+        self.finished = bool(state["finished"])
+        self.times = {kind: list(values) for kind, values in state["times"].items()}
+        self.history = list(state["history"])
+
+    def _record(self, kind: str, seconds: float, keep: int) -> None:
+        self.times[kind] = (self.times[kind] + [seconds])[-keep:]
+
+
+def plan_for(config: TrainConfig, saved: Optional[dict], elapsed: Clock, *, dist: Distributed,
+             device: torch.device) -> "StepPlan | TimePlan":
+    """The plan of a run. `saved`: the checkpoint a resume continues from, None for a new run.
+
+    A TimePlan for train.time_budget, unless the run resumed recorded no time plan: one
+    saved before plans were (its config.yaml holds the step count it chose, which the resume
+    took) or one that trained a step count. Otherwise StepPlan (train.max_steps).
+    """
+    if config.time_budget is None:
+        return StepPlan(config)
+    if saved is not None and (saved.get("plan") or {}).get("kind") != TimePlan.kind:
+        return StepPlan(config)
+    if not dist.enabled:
+        return TimePlan(config.time_budget, config, elapsed)
+    return TimePlan(config.time_budget, config, elapsed, replan_every=config.log_interval,
+                    share=partial(_from_rank0, device=device))
+
+
+def _from_rank0(count: int, device: torch.device) -> int:
+    """Rank 0's count on every rank, so all of them step, evaluate and stop together."""
+    shared = torch.tensor([count], device=device)
+    torch.distributed.broadcast(shared, src=0)
+    return int(shared.item())
+
+
+@dataclass
+class Measured:
+    """What the calibration measured: seconds per step, per evaluation, per checkpoint write."""
+
+    step: float
+    evaluation: float
+    save: float
+
+
+class Calibration:
+    """The first measurements of a new budget run, taken before step 1 and then undone.
+
+    Throwaway steps first (they compile, if asked, and warm the caches), then timed steps,
+    one evaluation and one checkpoint write; then the model, optimizers, scaler, random
+    generators and sampler go back to their state before the first step.
+    """
+
+    WARM_STEPS = 3  # the first compiles; the next settle the allocator and thread pool
+    # Timed: MIN_SHARE of the budget (1.5 s to 3 s), and at least one step: a first estimate
+    # only, which the plan's own step times replace (a slow machine loses no more to it).
+    MIN_SHARE = 0.005
+
+    def __init__(self, plan: TimePlan, clock: Clock):
+        self.plan = plan
+        self.text = plan.text
+        self.clock = clock
+
+    def measure(self, trainer: Trainer, evaluator: Evaluator, run_dir: Path, *,
+                stop: Callable[[], bool] = lambda: False) -> Measured:
+        """The measurements; refuses a budget already spent before anything is measured.
+
         stop(): True once a stop was asked for (Ctrl-C, SIGTERM); checked after each
         measuring step, it ends the measurement with `CalibrationStopped`, the trainer
         put back as it was and nothing left in run_dir.
         """
-        tc = trainer.config
-        left = self.seconds * (1 - self.MARGIN) - self.EXIT_SECONDS - elapsed()
-        if left <= 0 and not trainer.dist.enabled:  # spent already: refuse before measuring anything
-            advice = self._advice(elapsed() + 1.5)  # the measuring alone takes 1.5 s or more
-            raise TinyattnError(f"train.time_budget {self.text}: {elapsed():.0f} s are gone before training, "
+        plan = self.plan
+        spent = plan.spent()
+        if plan.seconds * (1 - plan.MARGIN) - plan.EXIT_SECONDS - spent <= 0 and not trainer.dist.enabled:
+            advice = self.advice(spent + 1.5)  # the measuring alone takes 1.5 s or more
+            raise TinyattnError(f"train.time_budget {self.text}: {spent:.0f} s are gone before training, "
                                 f"all the budget leaves; no step fits. {advice}")
         # A copy, not the live tensors state_dict() refers to: the measuring steps move those.
-        snapshot = copy.deepcopy(trainer.state_dict())
+        # Without the plan: it measures nothing here, and its clock must not be put back.
+        snapshot = copy.deepcopy({k: v for k, v in trainer.state_dict().items() if k != "plan"})
         step_seconds = self._time_steps(trainer, stop)
         eval_seconds = save_seconds = math.nan
         if not stop():
-            start = time.perf_counter()
+            start = self.clock()
             evaluator.show(evaluator.run(trainer.step), DISCARD, run_dir=None)  # the hooks log nothing here
-            eval_seconds = time.perf_counter() - start
-            save_seconds = _time_a_save(trainer, run_dir)
+            eval_seconds = self.clock() - start
+            save_seconds = _time_a_save(trainer, run_dir, self.clock)
         trainer.load_state_dict(snapshot, Path("the time budget's snapshot"))
         if stop():  # at any point of the measurement: the trainer is as it was, run_dir untouched
             raise CalibrationStopped()
+        # An evaluation writes its step checkpoint and, when it is the best so far, best.pt.
+        return Measured(step_seconds, eval_seconds, 2 * save_seconds)
 
-        spent = elapsed()
-        available = self.seconds * (1 - self.MARGIN) - self.EXIT_SECONDS - spent
-        per_step = step_seconds + (eval_seconds + 2 * save_seconds) / tc.eval_interval
-        steps = int((available - eval_seconds - 2 * save_seconds) / per_step)
-        if steps < 1:
-            raise TinyattnError(
-                f"train.time_budget {self.text}: {spent:.0f} s are gone before training and a "
-                f"step takes {step_seconds:.2f} s; no step fits. "
-                + self._advice(spent + eval_seconds + 2 * save_seconds + per_step))
-        why = (f"time budget {self.text}: measured {step_seconds:.3f} s/step, {eval_seconds:.2f} s per "
-               f"evaluation, {save_seconds:.2f} s per checkpoint, {spent:.0f} s of start-up "
-               f"-> {steps:,} steps")
-        return steps, why
-
-
-    def _advice(self, seconds_needed: float) -> str:
+    def advice(self, seconds_needed: float) -> str:
         """What helps when no step fits: a budget that holds `seconds_needed` of the run's own
         time, or no budget (train.max_steps counts only once the budget is off)."""
-        at_least = math.ceil((seconds_needed + self.EXIT_SECONDS) / (1 - self.MARGIN))
+        at_least = math.ceil((seconds_needed + self.plan.EXIT_SECONDS) / (1 - self.plan.MARGIN))
         return (f"Give a budget of at least {at_least}s (--set train.time_budget={at_least}s), or train "
                 "a fixed number of steps: --set train.time_budget=null train.max_steps=N")
 
@@ -109,19 +278,19 @@ class StepBudget:
             if stop():
                 return math.nan
         synchronize(trainer.device)
-        start, timed = time.perf_counter(), 0
-        measure_for = min(3.0, max(1.5, self.MIN_SHARE * self.seconds))
-        while self._keep_measuring(trainer, timed, time.perf_counter() - start, measure_for, stop=stop):
+        start, timed = self.clock(), 0
+        measure_for = min(3.0, max(1.5, self.MIN_SHARE * self.plan.seconds))
+        while self._keep_measuring(trainer, timed, self.clock() - start, measure_for, stop=stop):
             trainer.train_step()
             timed += 1
             if timed % 5 == 0:
                 synchronize(trainer.device)
         synchronize(trainer.device)
-        return (time.perf_counter() - start) / timed if timed else math.nan
+        return (self.clock() - start) / timed if timed else math.nan
 
     def _keep_measuring(self, trainer: Trainer, timed: int, seconds: float, measure_for: float, *,
                         stop: Callable[[], bool]) -> bool:
-        more = (timed < self.MIN_STEPS or seconds < measure_for) and not stop()
+        more = (timed < 1 or seconds < measure_for) and not stop()
         if trainer.dist.enabled:  # rank 0 decides, so every rank runs the same steps
             flag = torch.tensor([int(more)], device=trainer.device)
             torch.distributed.broadcast(flag, src=0)
@@ -133,13 +302,13 @@ class CalibrationStopped(Exception):
     """A stop (Ctrl-C, SIGTERM) arrived while the time budget was measured; nothing was trained."""
 
 
-def _time_a_save(trainer: Trainer, run_dir: Path) -> float:
+def _time_a_save(trainer: Trainer, run_dir: Path, clock: Clock) -> float:
     """Seconds to write one checkpoint of this run, measured into a file deleted after."""
     path = run_dir / f".budget_probe.rank{trainer.dist.rank}.tmp"
-    start = time.perf_counter()
+    start = clock()
     try:
         ckpt.save_checkpoint(trainer.state_dict(), path)
-        return time.perf_counter() - start
+        return clock() - start
     finally:
         path.unlink(missing_ok=True)
 

@@ -126,8 +126,12 @@ class Logger:
         what = "starting"
         if point is not None:
             what = f"{'forked from' if point.forks_into(self.run_dir) else 'resuming from'} {point.file} at step {t.step}"
-        steps = (f"{tc.max_steps:,} steps" if point or tc.time_budget is None
-                 else f"measuring a few steps to fit the {tc.time_budget} budget")
+        if t.plan.kind == "steps":
+            steps = f"{tc.max_steps:,} steps"
+        elif point is None:
+            steps = f"measuring a few steps to fit the {tc.time_budget} budget"
+        else:  # a time plan resumed: it goes on from the seconds its earlier sessions spent
+            steps = f"the {tc.time_budget} budget's plan, {t.plan.spent():.0f} s of it spent"
         self.print(f"run {self.run_dir} ({what}): {t.model.num_parameters():,} parameters, "
                    f"device {t.device}, precision {t.precision.name}, {optimizer_description(tc)}, "
                    f"{len(t.batches.tokens):,} train tokens, {steps}")
@@ -178,6 +182,7 @@ class Logger:
         w.add_scalar("perf/tokens_per_second", tokens_per_second, step)
         w.add_scalar("perf/mfu", mfu, step)
         if self.bar is not None:
+            self.bar.total = self.trainer.plan.total_steps(step)  # a time budget's plan moves it
             self.bar.update(len(losses))
             self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:,.0f}",
                                  refresh=False)
@@ -225,6 +230,8 @@ class Logger:
         s = result.seconds
         split = ", ".join(f"{name} {s[name]:.1f} s ({s[name] / result.wall_seconds:.1%})"
                           for name in ("start-up", "calibration", "train", "eval", "save") if name in s)
+        budget = self.trainer.plan.describe()  # a time budget's: the seconds spent over every session
+        split += f"; {budget}" if budget else ""
         say(f"done: {result.step} steps in {result.wall_seconds:.0f} s ({split}), "
             f"{result.tokens_per_second:,.0f} tok/s, best validation loss "
             f"{result.best_val_loss:.4f}; checkpoints in {result.run_dir}")

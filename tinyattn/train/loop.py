@@ -4,7 +4,7 @@
 `scripts/train.py` calls. The loop (`_loop`) reads in one screen and hands each per-step
 decision to an owner: `trainer.Trainer` steps, `owners` holds `LossWindow`, `Evaluator`
 (the validation loss) and `Checkpointer`; `resume` finds what a run continues from and
-holds its folder, `budget` fixes the step count for `train.time_budget`, and `log` shows
+holds its folder, `budget` plans a `train.time_budget` run by the time left, and `log` shows
 the run (console, TensorBoard, train.log). What an evaluation shows beyond the validation
 loss is a hook that train.show lists (`hooks`), imported only then: importing this module
 loads no analysis, generation, plotting or Hugging Face code.
@@ -25,10 +25,14 @@ What a run guarantees:
 - Ctrl-C or SIGTERM finishes the current step, saves a checkpoint and says how to resume;
   during the time budget's calibration it stops before step 1, with nothing to save.
   A non-finite loss stops the run naming the step; no checkpoint is written after it.
+- Under train.time_budget the whole process ends within the budget, however the machine's
+  speed changes during the run (`budget.TimePlan`): the schedule follows the time left and
+  the run ends when no further step fits, with its last evaluation and checkpoint.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +46,7 @@ from tinyattn.errors import TinyattnError
 from tinyattn.model.memory import check_training_fits
 from tinyattn.system.device import measure_peak_flops, select_device, select_precision
 from tinyattn.system.distributed import Distributed, init_distributed, shutdown_distributed
-from tinyattn.train.budget import CalibrationStopped, StepBudget, explicit_steps
+from tinyattn.train.budget import Calibration, CalibrationStopped, explicit_steps, plan_for
 from tinyattn.train.finetune import InitSource, adopt_model, init_source
 from tinyattn.train.hooks import resolve_hooks
 from tinyattn.train.log import Logger, RunLog
@@ -64,33 +68,37 @@ class _Request:
     progress: bool
     stop_at_step: Optional[int]
     allow_data_change: bool  # --allow-data-change: a resume may go on with changed data (logged)
-    started: float  # perf_counter() at the start of the time budget
+    started: float  # clock() at the start of the time budget
     notes: list[str]  # lines the run prints after its first one
+    clock: Callable[[], float] = time.perf_counter  # the time budget's clock (a test's fake one)
 
     def elapsed(self) -> float:
-        return time.perf_counter() - self.started
+        return self.clock() - self.started
 
 
 def train(config: Config, *, config_path: Optional[str | Path] = None, run_name: Optional[str] = None,
           resume: "Optional[ResumePoint | str | Path | bool]" = None, device: Optional[str] = None,
           progress: bool = True, stop_at_step: Optional[int] = None, elapsed_before: float = 0.0,
-          overrides: Sequence[str] = (), allow_data_change: bool = False) -> TrainResult:
+          overrides: Sequence[str] = (), allow_data_change: bool = False,
+          clock: Callable[[], float] = time.perf_counter) -> TrainResult:
     """Run (or resume) one training job. Returns where it went and the figures it reached.
 
     resume: a `ResumePoint`, a run folder or checkpoint file, or True (the --run-name
     run, else the most recent one under train.out_dir). stop_at_step ends the run early
-    with a checkpoint, as Ctrl-C would, while the schedule still spans train.max_steps.
+    with a checkpoint, as Ctrl-C would, while the schedule still spans train.max_steps (or
+    the time budget).
     elapsed_before: seconds already spent that count against train.time_budget (the
     command line passes the process's age, so the budget covers start-up too).
     overrides: the --set items `config` was loaded with (already applied); a
     train.max_steps among them wins over train.time_budget, which is then off (the run says so).
     allow_data_change: resume even though the data differs from what the checkpoint trained
     on (refused otherwise, naming what changed); train.log says so.
+    clock: seconds, for the time budget and the wall-time split (tests give a fake one).
     """
     note = explicit_steps(config, overrides)
     request = _Request(config_path=config_path, run_name=run_name, resume=resume, device=device,
                        progress=progress, stop_at_step=stop_at_step, allow_data_change=allow_data_change,
-                       started=time.perf_counter() - elapsed_before, notes=[note] if note else [])
+                       started=clock() - elapsed_before, notes=[note] if note else [], clock=clock)
     dist = init_distributed(device or config.train.device)
     try:
         return _train(config, request, dist)
@@ -99,7 +107,7 @@ def train(config: Config, *, config_path: Optional[str | Path] = None, run_name:
 
 
 def _train(config: Config, request: _Request, dist: Distributed) -> TrainResult:
-    timers = Timers()
+    timers = Timers(request.clock)
     point = request.resume
     if point is not None and not isinstance(point, ResumePoint):
         point = ResumePoint.find(point, request.run_name, config.train.out_dir)
@@ -123,8 +131,10 @@ def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Option
               device: torch.device, dist: Distributed, timers: Timers,
               source: Optional[InitSource]) -> TrainResult:
     trainer, evaluator, data = _build(config, request, point=point, device=device, dist=dist)
+    trainer.plan = plan_for(config.train, point.state if point is not None else None, request.elapsed,
+                            dist=dist, device=device)
     if point is not None:
-        point.restore(trainer)
+        point.restore(trainer)  # the plan's recorded state too
     elif source is not None:
         source.load_into(trainer.model)
     stop_at_step = request.stop_at_step
@@ -156,15 +166,12 @@ def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Option
         log.start()
     timers.seconds["start-up"] = request.elapsed() - timers.seconds.get("calibration", 0.0)
     try:
-        last_step = config.train.max_steps
-        if stop_at_step is not None:
-            last_step = min(last_step, stop_at_step)
         signal_name, last_val = _loop(trainer, evaluator, checkpointer, log, timers=timers,
-                                      last_step=last_step, run_dir=run_dir)
+                                      stop_at=stop_at_step or math.inf, run_dir=run_dir)
         result = TrainResult(run_dir, trainer.step, trainer.tokens_seen, trainer.best_val_loss, last_val,
                              log.tokens_per_second, request.elapsed(), signal_name is not None,
                              dict(timers.seconds))
-        stopped_early = signal_name or ("--stop-at-step" if trainer.step < config.train.max_steps else None)
+        stopped_early = signal_name or ("--stop-at-step" if not trainer.plan.done(trainer.step) else None)
         log.finish(result, stopped_early)
         return result
     finally:
@@ -189,32 +196,44 @@ def _build(config: Config, request: _Request, *, point: Optional[ResumePoint], d
 
 def _calibrate(config: Config, trainer: Trainer, evaluator: Evaluator, run_dir: Path, *,
                request: _Request, log: Logger, timers: Timers) -> Optional[TrainResult]:
-    """Sets train.max_steps for the time budget; a stop signal meanwhile ends the run before
-    step 1 (the result, interrupted), with nothing written but the line in train.log."""
+    """Gives the time plan its first measurements (and train.max_steps its first estimate); a
+    stop signal meanwhile ends the run before step 1 (the result, interrupted), with nothing
+    written but the line in train.log."""
     stopper = StopRequest()
     try:
         with timers("calibration"), stopper.installed():
-            config.train.max_steps = _budget_steps(trainer, evaluator, run_dir, request.elapsed, log,
-                                                   stop=lambda: stopper.signal_name is not None)
+            steps = _first_plan(trainer, evaluator, run_dir, request.clock, log,
+                                stop=lambda: stopper.signal_name is not None)
     except CalibrationStopped:
         log.print(f"stopped by {stopper.signal_name} during the time budget's calibration, before step 1: "
                   f"nothing was trained or saved in {run_dir}; run the command again to start over")
         log.close()
         return TrainResult(run_dir, 0, 0, trainer.best_val_loss, float("nan"), 0.0, request.elapsed(), True,
                            dict(timers.seconds))
+    config.train.max_steps = steps  # recorded in config.yaml: the first estimate, not a limit
     return None
 
 
-def _budget_steps(trainer: Trainer, evaluator: Evaluator, run_dir: Path, elapsed: Callable[[], float],
-                  log: "Logger", *, stop: Callable[[], bool]) -> int:
-    """train.max_steps for the time budget, the same on every rank; says how it was chosen."""
-    steps, why = StepBudget(trainer.config.time_budget).fix_steps(trainer, evaluator, run_dir, elapsed,
-                                                                  stop=stop)
+def _first_plan(trainer: Trainer, evaluator: Evaluator, run_dir: Path, clock: Callable[[], float],
+                log: "Logger", *, stop: Callable[[], bool]) -> int:
+    """Seeds the time plan with rank 0's measurements; returns the steps it first expects."""
+    plan = trainer.plan
+    calibration = Calibration(plan, clock)
+    measured = calibration.measure(trainer, evaluator, run_dir, stop=stop)
     if trainer.dist.enabled:
-        chosen = [steps]
+        chosen = [measured]
         torch.distributed.broadcast_object_list(chosen, src=0)  # rank 0's measurement decides
-        steps = chosen[0]
-    log.print(why)
+        measured = chosen[0]
+    steps = plan.seed(measured.step, measured.evaluation, measured.save)
+    spent = plan.spent()
+    if steps < 1:
+        raise TinyattnError(
+            f"train.time_budget {plan.text}: {spent:.0f} s are gone before training and a "
+            f"step takes {measured.step:.2f} s; no step fits. "
+            + calibration.advice(spent + measured.evaluation + measured.save + measured.step))
+    log.print(f"time budget {plan.text}: measured {measured.step:.3f} s/step, {measured.evaluation:.2f} s "
+              f"per evaluation, {measured.save / 2:.2f} s per checkpoint, {spent:.0f} s of start-up "
+              f"-> about {steps:,} step{'s' if steps > 1 else ''}; the schedule follows the time left")
     return steps
 
 
@@ -236,34 +255,48 @@ def _prepare_data(config: Config, dist: Distributed, progress: bool, *, point: O
 
 
 def _loop(trainer: Trainer, evaluator: Evaluator, checkpointer: Checkpointer, log: "Logger", *,
-          timers: Timers, last_step: int, run_dir: Path) -> tuple[Optional[str], float]:
-    """Step until last_step or a stop signal; returns (the signal's name or None, last val loss)."""
+          timers: Timers, stop_at: float, run_dir: Path) -> tuple[Optional[str], float]:
+    """Step until the plan is done, step stop_at or a stop signal; returns (the signal's name or
+    None, the last validation loss). The plan times steps, evaluations and writes apart."""
+    plan = trainer.plan
     window = LossWindow(trainer.config.log_interval, trainer.device)
     stopper = StopRequest()
     last_val, at_eval = float("nan"), False
     with stopper.installed():
-        while trainer.step < last_step and stopper.signal_name is None:
+        plan.start()
+        while not (plan.done(trainer.step) or trainer.step >= stop_at) and stopper.signal_name is None:
             with timers("train"):
                 loss, grad_norm = trainer.train_step()
                 window.add(loss, grad_norm)
-                at_eval = evaluator.due(trainer.step, last_step)
+                plan.after_step(trainer.step)
+                at_eval = evaluator.due(trainer.step, last=plan.done(trainer.step) or trainer.step >= stop_at)
                 # Every checkpoint follows a read of the losses, whose NaN check keeps bad weights out.
                 if window.full or at_eval or stopper.signal_name is not None:
                     losses, seconds = window.read(trainer.step, run_dir)
                     log.train(trainer.step, losses, seconds, window.grad_norm)
             if at_eval:
-                with timers("eval"):
-                    result = evaluator.run(trainer.step)
-                    last_val = result.val_loss
-                    best = last_val < trainer.best_val_loss
-                    trainer.best_val_loss = min(trainer.best_val_loss, last_val)
-                with timers("save"):
-                    checkpointer.save(trainer, best)
-                with timers("eval"):
-                    log.evaluation(result, best, evaluator)
+                last_val = _evaluate(trainer, evaluator, checkpointer, log, timers)
             if window.pending == 0:
                 window.restart()
         if stopper.signal_name is not None and not at_eval:
-            with timers("save"):
+            with timers("save"), plan.measuring("save"):
                 checkpointer.save(trainer, best=False)
     return stopper.signal_name, last_val
+
+
+def _evaluate(trainer: Trainer, evaluator: Evaluator, checkpointer: Checkpointer, log: "Logger",
+              timers: Timers) -> float:
+    """The validation loss and what train.show shows, then the checkpoint (last: it records the
+    time the evaluation took); returns the loss."""
+    plan = trainer.plan
+    with timers("eval"), plan.measuring("eval"):
+        result = evaluator.run(trainer.step)
+        best = result.val_loss < trainer.best_val_loss
+        trainer.best_val_loss = min(trainer.best_val_loss, result.val_loss)
+        log.evaluation(result, best, evaluator)
+    line = plan.note(trainer.step)
+    if line:
+        log.print(line)
+    with timers("save"), plan.measuring("save"):
+        checkpointer.save(trainer, best)
+    return result.val_loss

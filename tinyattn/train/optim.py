@@ -6,6 +6,11 @@
   whole run, `constant`, or `wsd` (warmup-stable-decay): the full rate until the last
   `train.decay_fraction` of the run, then a linear decay to the floor. WSD trains at
   the full rate for longest and suits a run whose length is fixed late (a time budget).
+- `progress_lr_factor(step, progress, config)`: the same shapes for a run whose length is
+  not a step count (train.time_budget): after warmup (still by step) they follow a
+  recorded progress p in [0, 1] that `budget.TimePlan` advances by the time left.
+- `StepPlan`: what the trainer asks for its rate and its end when the run is train.max_steps
+  long (`budget.TimePlan` answers the same questions under a time budget).
 - `build_optimizer(model, config, ...)`: the parameter groups and their optimizers.
   `adamw`: AdamW everywhere, weight decay on matrices only. `muon`: Muon for the
   matrices inside the blocks (attention and MLP projections), AdamW for the token
@@ -24,6 +29,7 @@ they see one row per token, not every row every step, and often want a larger on
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Optional
 
@@ -36,7 +42,8 @@ from tinyattn.config import TrainConfig
 
 
 def lr_factor(step: int, config: TrainConfig) -> float:
-    """The learning rate at `step` (0-based) as a fraction of the peak rate."""
+    """The learning rate at `step` (0-based) as a fraction of the peak rate, for a run of
+    train.max_steps steps."""
     floor = config.min_lr / config.lr
     if step < config.warmup_steps:
         return (step + 1) / config.warmup_steps
@@ -50,11 +57,79 @@ def lr_factor(step: int, config: TrainConfig) -> float:
         progress = min(1.0, (step - decay_start) / max(1, config.max_steps - decay_start))
         return floor + (1.0 - progress) * (1.0 - floor)
     progress = min(1.0, (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps))
-    if config.schedule == "cosine":
-        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
-    else:  # linear
-        decay = 1.0 - progress
-    return floor + decay * (1.0 - floor)
+    return floor + _decay(progress, config.schedule) * (1.0 - floor)
+
+
+def progress_lr_factor(step: int, progress: float, config: TrainConfig) -> float:
+    """The learning rate at `step` as a fraction of the peak rate, when `progress` in [0, 1] is
+    the share of the run after warmup done so far (a time budget's `TimePlan` keeps it).
+
+    Warmup still counts steps. cosine and linear span progress 0 -> 1; wsd holds the full rate
+    until progress 1 - decay_fraction, then decays linearly: the decay is the last
+    decay_fraction of the run after warmup, placed by the progress, hence by the time left.
+    """
+    floor = config.min_lr / config.lr
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    if config.schedule == "constant":
+        return 1.0
+    progress = min(1.0, max(0.0, progress))
+    if config.schedule == "wsd":
+        decay_start = 1.0 - config.decay_fraction
+        if progress <= decay_start:
+            return 1.0
+        return floor + (1.0 - (progress - decay_start) / config.decay_fraction) * (1.0 - floor)
+    return floor + _decay(progress, config.schedule) * (1.0 - floor)
+
+
+def _decay(progress: float, schedule: str) -> float:
+    """cosine or linear: 1 at progress 0, 0 at progress 1."""
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    return 1.0 - progress  # linear
+
+
+class StepPlan:
+    """The rate and the end of a run of train.max_steps steps: `lr_factor` of the step.
+
+    `budget.TimePlan` has the same methods; this one measures nothing and its state is only
+    its kind, so a run of a step count behaves (and checkpoints) as it always did.
+    """
+
+    kind = "steps"
+
+    def __init__(self, config: TrainConfig):
+        self.config = config
+
+    def factor(self, step: int) -> float:
+        return lr_factor(step, self.config)
+
+    def done(self, step: int) -> bool:
+        return step >= self.config.max_steps
+
+    def total_steps(self, step: int) -> int:
+        return self.config.max_steps
+
+    def start(self) -> None:
+        pass
+
+    def after_step(self, step: int) -> None:
+        pass
+
+    def measuring(self, kind: str):
+        return nullcontext()
+
+    def note(self, step: int) -> Optional[str]:
+        return None
+
+    def describe(self) -> Optional[str]:
+        return None
+
+    def state_dict(self) -> dict:
+        return {"kind": self.kind}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
 
 
 def learning_rate(step: int, config: TrainConfig) -> float:

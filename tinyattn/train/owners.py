@@ -19,7 +19,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -117,8 +117,9 @@ class Evaluator:
         self.dist = dist
         self.hooks = tuple(hooks)
 
-    def due(self, step: int, last_step: int) -> bool:
-        return step % self.config.train.eval_interval == 0 or step == last_step
+    def due(self, step: int, *, last: bool) -> bool:
+        """At every eval_interval steps, and at the run's last step (`last`)."""
+        return step % self.config.train.eval_interval == 0 or last
 
     def run(self, step: int) -> EvalResult:
         t, tc = self.trainer, self.config.train
@@ -166,16 +167,17 @@ class Checkpointer:
 class Timers:
     """Wall seconds spent per activity: the split the run's last line reports."""
 
-    def __init__(self):
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self.clock = clock  # the run's (the time budget's) clock
         self.seconds: dict[str, float] = {}
 
     @contextmanager
     def __call__(self, name: str):
-        start = time.perf_counter()
+        start = self.clock()
         try:
             yield
         finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+            self.seconds[name] = self.seconds.get(name, 0.0) + self.clock() - start
 
 
 class StopRequest:

@@ -134,8 +134,9 @@ class ResumePoint:
     def adopt(self, config: Config) -> None:
         """Check that `config` can continue this checkpoint; take what the run fixed at its start.
 
-        The vocabulary size came from the tokenizer, and a time-budget run's step count
-        was measured when it started: both are taken from the checkpoint.
+        The vocabulary size came from the tokenizer: it is taken from the checkpoint. So is a
+        time-budget run's step count, which a run saved before time plans (`budget.TimePlan`)
+        fixed at its start and continues with; a newer one continues its recorded plan.
         """
         saved = config_to_dict(self.config)["model"]
         current = config_to_dict(config)["model"]

@@ -2,8 +2,10 @@
 
 - `Trainer`: the model, optimizers, batches and counters of one run; `train_step()` is one
   update (gradient accumulation, loss scaling, clipping to train.grad_clip, the learning
-  rate of the schedule set on every group first). `state_dict`/`load_state_dict` are what
-  a checkpoint holds of it, and what the time budget puts back after measuring.
+  rate of the schedule set on every group first). `plan` says that rate and when the run
+  ends: `optim.StepPlan` (train.max_steps) unless the loop gives it a time budget's
+  `budget.TimePlan`. `state_dict`/`load_state_dict` are what a checkpoint holds of it (the
+  plan's state included), and what the time budget puts back after measuring.
 - `TrainResult`: where a run went and the figures it reached.
 
 The small owners the loop hands each other decision to are in `tinyattn.train.owners`
@@ -31,7 +33,7 @@ from tinyattn.model.transformer import LanguageModel
 from tinyattn.system.device import Precision
 from tinyattn.system.distributed import Distributed
 from tinyattn.system.seeding import random_states, seed_everything, set_random_states
-from tinyattn.train.optim import Optimizers, build_optimizer, lr_factor, ns_dtype_for, set_learning_rates
+from tinyattn.train.optim import Optimizers, StepPlan, build_optimizer, ns_dtype_for, set_learning_rates
 
 
 class TrainingError(TinyattnError):
@@ -74,6 +76,7 @@ class Trainer:
         self.step = 0
         self.tokens_seen = 0
         self.best_val_loss = float("inf")
+        self.plan = StepPlan(config)  # the rate and the end; a time budget's loop replaces it
         self.forward_model: nn.Module = model
         if dist.enabled:
             self.forward_model = nn.parallel.DistributedDataParallel(
@@ -108,7 +111,7 @@ class Trainer:
         gradients are those of the mean loss over one large batch.
         """
         accum = self.config.grad_accum_steps
-        set_learning_rates(self.optimizers.optimizers, lr_factor(self.step, self.config))
+        set_learning_rates(self.optimizers.optimizers, self.plan.factor(self.step))
         total_loss = torch.zeros((), device=self.device)
         for micro in range(accum):
             x, y = self.next_batch()
@@ -146,6 +149,7 @@ class Trainer:
             # Batch k of rank r is a function of (seed, r, k): rank 0's count serves every rank.
             "sampler": self.batches.state_dict(),
             "world_size": self.dist.world_size,
+            "plan": self.plan.state_dict(),  # a time budget's progress and measurements
         }
 
     def load_state_dict(self, state: dict, path: Path) -> None:
@@ -157,6 +161,8 @@ class Trainer:
             self.tokens_seen = int(state["tokens_seen"])
             self.best_val_loss = float(state["best_val_loss"])
             self.batches.load_state_dict(state["sampler"])  # keeps this process's own rank
+            if "plan" in state:  # absent: written before plans were saved (the loop chose for it)
+                self.plan.load_state_dict(state["plan"])
             if state["world_size"] != self.dist.world_size and self.dist.is_main:
                 warnings.warn(f"{path} was written by {state['world_size']} process(es), this run has "
                               f"{self.dist.world_size}: the batches and tokens per step differ from the "

@@ -1,0 +1,247 @@
+"""The time budget: a run ends within its budget and uses it, whatever the machine's speed does.
+
+Every run here trains under a fake clock that a step, an evaluation or the start-up advance
+by the seconds a test gives, so a machine that slows down halfway is a line of code and no
+assertion reads the wall clock. The seconds are binary fractions (0.25, 0.375, ...): their
+sums are exact, so two runs that see the same readings make bit-for-bit the same decisions.
+"""
+
+import math
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tinyattn import checkpoint as ckpt
+from tinyattn.config import load_config
+from tinyattn.train.budget import TimePlan
+from tinyattn.train.loop import train
+from tinyattn.train.optim import lr_factor, progress_lr_factor
+from tinyattn.train.owners import EvalResult, Evaluator
+from tinyattn.train.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs" / "tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, shakespeare_path) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "shakespeare_head.txt"
+    path.write_text(shakespeare_path.read_text(encoding="utf-8")[:60_000], encoding="utf-8")
+    return path
+
+
+def budget_config(corpus: Path, out_dir: Path, budget: str, *extra: str):
+    return load_config(TINY, [f"data.files={corpus}", "data.url=null", "data.sha256=null",
+                              f"data.cache_dir={out_dir / 'cache'}", f"train.out_dir={out_dir}",
+                              f"train.time_budget={budget}", "train.show=[]", "train.eval_interval=25",
+                              "train.warmup_steps=4", *extra])
+
+
+class FakeClock:
+    """The run's clock: it moves only when the fake machine says an operation took time."""
+
+    def __init__(self, now: float = 0.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeMachine:
+    """Patches Trainer.train_step and Evaluator.run to advance `clock`; records each step's rate.
+
+    step_seconds(now, step): what step `step` (0-based), started at fake time `now`, takes. A resumed
+    run is a new process whose clock starts again at 0: its steps are told apart by number.
+    compute=False: a step
+    only counts (no forward or backward) and an evaluation gives a constant loss, for runs of
+    hundreds of steps.
+    """
+
+    def __init__(self, monkeypatch, clock: FakeClock, step_seconds, *, eval_seconds: float = 0.5,
+                 compute: bool = True, signal_at_step=None):
+        self.clock, self.step_seconds, self.signal_at_step = clock, step_seconds, signal_at_step
+        self.rates: dict[int, float] = {}  # step (0-based) -> its learning-rate factor (the last run's)
+        self.calls = 0  # train_step calls, the calibration's throwaway steps included
+        real_step, real_eval = Trainer.train_step, Evaluator.run
+        machine = self
+
+        def train_step(trainer):
+            machine.calls += 1
+            machine.rates[trainer.step] = trainer.plan.factor(trainer.step)
+            seconds = machine.step_seconds(clock.now, trainer.step)
+            if compute:
+                out = real_step(trainer)
+            else:
+                trainer.step += 1
+                trainer.tokens_seen += trainer.tokens_per_step
+                out = torch.tensor(2.0), torch.tensor(0.5)
+            clock.now += seconds
+            if trainer.step == machine.signal_at_step:
+                os.kill(os.getpid(), signal.SIGTERM)  # as `kill` would: the loop saves and stops
+            return out
+
+        def run(evaluator, step):
+            clock.now += eval_seconds
+            if compute:
+                return real_eval(evaluator, step)
+            return EvalResult(step, np.full(evaluator.config.model.context_length, 3.0))
+
+        monkeypatch.setattr(Trainer, "train_step", train_step)
+        monkeypatch.setattr(Evaluator, "run", run)
+
+
+def factors_after_warmup(rates: dict, warmup: int) -> list[float]:
+    return [rates[s] for s in sorted(rates) if s >= warmup]
+
+
+@pytest.mark.parametrize("before, after", [(0.25, 0.325), (0.325, 0.25)], ids=["slows-30%", "speeds-up-30%"])
+def test_a_run_ends_within_its_budget_and_uses_it_when_the_machine_changes_speed_halfway(
+        corpus, tmp_path, monkeypatch, before, after):
+    """Planned once at the start, the slowed run would end at 115 s of 100, the faster one at 89."""
+    clock = FakeClock()
+    machine = FakeMachine(monkeypatch, clock, lambda now, step: before if now < 50 else after, compute=False)
+    result = train(budget_config(corpus, tmp_path, "100s", "train.log_interval=50"), run_name="speed",
+                   progress=False, clock=clock)
+    assert not result.interrupted
+    assert 95.0 <= result.wall_seconds <= 100.0 - TimePlan.EXIT_SECONDS, result.wall_seconds
+    # The schedule reached its end, and the re-planning moved it smoothly: no step changes the
+    # rate by more than twice what a cosine of the same length changes it at its steepest.
+    factors = factors_after_warmup(machine.rates, 4)
+    floor = 2.0e-4 / 2.0e-3
+    assert factors[-1] < floor + 1e-3
+    steepest = (1 - floor) * math.pi / 2 / len(factors)
+    assert max(abs(a - b) for a, b in zip(factors, factors[1:])) < 2 * steepest
+    state = ckpt.load_checkpoint(ckpt.latest_checkpoint(result.run_dir))
+    assert state["step"] == result.step and state["plan"]["progress"] == 1.0 and state["plan"]["finished"]
+
+
+@pytest.mark.slow  # three runs of about 100 real steps
+def test_an_interrupted_and_resumed_budget_run_equals_an_uninterrupted_one(corpus, tmp_path, monkeypatch):
+    """Same steps, same rates, same plan, the same weights; SIGTERM still saves and ends the run."""
+    extra = ("model.dropout=0.1",)
+
+    def step_seconds(now, step):
+        return 0.25 if step < 40 else 0.375  # the machine slows after the resume point
+
+    clock = FakeClock()
+    machine = FakeMachine(monkeypatch, clock, step_seconds)
+    straight = train(budget_config(corpus, tmp_path, "30s", *extra), run_name="straight", progress=False,
+                     clock=clock)
+    straight_rates = dict(machine.rates)
+
+    clock.now = 0.0
+    machine.signal_at_step = 37  # not an evaluation step: the stop's own checkpoint
+    first = train(budget_config(corpus, tmp_path, "30s", *extra), run_name="split", progress=False, clock=clock)
+    assert first.interrupted and first.step == 37
+    saved = ckpt.load_checkpoint(ckpt.latest_checkpoint(first.run_dir))
+    assert saved["step"] == 37 and saved["plan"]["kind"] == "time" and 0 < saved["plan"]["progress"] < 1
+    machine.signal_at_step, clock.now = None, 0.0  # a new process, its start-up taking no time
+    resumed = train(budget_config(corpus, tmp_path, "30s", *extra), run_name="split", resume=True,
+                    progress=False, clock=clock)
+
+    assert resumed.step == straight.step > 37
+    assert machine.rates == straight_rates  # every step's rate, the resumed ones and those before
+    a = ckpt.load_checkpoint(ckpt.latest_checkpoint(straight.run_dir))
+    b = ckpt.load_checkpoint(ckpt.latest_checkpoint(resumed.run_dir))
+    assert a["plan"] == b["plan"]  # progress, seconds spent, measurements and the re-plan history
+    for name, tensor in a["model"].items():  # CPU thread order: within 1e-6, not bitwise
+        torch.testing.assert_close(tensor, b["model"][name], rtol=0, atol=1e-6, msg=name)
+    assert resumed.best_val_loss == pytest.approx(straight.best_val_loss, abs=1e-6)
+
+
+def test_a_resumed_budget_run_counts_the_time_already_spent(corpus, tmp_path, monkeypatch):
+    """A resume whose start-up took 10 s ends within the budget over both sessions, not 10 s late;
+    it continues the recorded plan, measuring nothing again."""
+    clock = FakeClock()
+    machine = FakeMachine(monkeypatch, clock, lambda now, step: 0.25, compute=False, signal_at_step=100)
+    first = train(budget_config(corpus, tmp_path, "100s"), run_name="run", progress=False, clock=clock)
+    spent_first = ckpt.load_checkpoint(ckpt.latest_checkpoint(first.run_dir))["plan"]["spent"]
+    machine.signal_at_step, clock.now, machine.calls = None, 0.0, 0
+    resumed = train(budget_config(corpus, tmp_path, "100s"), run_name="run", resume=True, progress=False,
+                    clock=clock, elapsed_before=10.0)
+    assert machine.calls == resumed.step - 100  # no measuring steps: only the steps left
+    total = spent_first + resumed.wall_seconds
+    assert 95.0 <= total <= 100.0 - TimePlan.EXIT_SECONDS, total
+    state = ckpt.load_checkpoint(ckpt.latest_checkpoint(resumed.run_dir))
+    assert state["plan"]["spent"] == pytest.approx(total) and state["plan"]["finished"]
+
+
+def old_lr_factor(step: int, config) -> float:
+    """tinyattn's schedule before time plans, copied: a fixed step count must keep it bit for bit."""
+    floor = config.min_lr / config.lr
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    if config.schedule == "constant":
+        return 1.0
+    if config.schedule == "wsd":
+        decay_steps = max(1, round(config.decay_fraction * config.max_steps))
+        decay_start = max(config.warmup_steps, config.max_steps - decay_steps)
+        if step < decay_start:
+            return 1.0
+        progress = min(1.0, (step - decay_start) / max(1, config.max_steps - decay_start))
+        return floor + (1.0 - progress) * (1.0 - floor)
+    progress = min(1.0, (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps))
+    if config.schedule == "cosine":
+        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
+    else:  # linear
+        decay = 1.0 - progress
+    return floor + decay * (1.0 - floor)
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "wsd", "constant"])
+def test_an_explicit_step_count_keeps_the_schedule_bit_for_bit(schedule):
+    config = load_config(TINY, ["train.lr=4.0e-3", "train.min_lr=4.0e-4", "train.warmup_steps=100",
+                                "train.max_steps=437", f"train.schedule={schedule}"]).train
+    from tinyattn.train.optim import StepPlan
+
+    plan = StepPlan(config)
+    for step in range(500):
+        assert plan.factor(step) == lr_factor(step, config) == old_lr_factor(step, config), step
+
+
+def test_the_progress_schedule_has_the_shapes_of_the_step_schedule():
+    config = load_config(TINY, ["train.lr=1.0", "train.min_lr=0.1", "train.warmup_steps=10",
+                                "train.schedule=cosine"]).train
+    assert progress_lr_factor(3, 0.9, config) == pytest.approx(0.4)  # warmup counts steps
+    assert progress_lr_factor(10, 0.0, config) == 1.0
+    assert progress_lr_factor(50, 0.5, config) == pytest.approx(0.55)
+    assert progress_lr_factor(50, 1.0, config) == pytest.approx(0.1)
+    config.schedule, config.decay_fraction = "wsd", 0.25  # the decay: the last quarter of the progress
+    assert progress_lr_factor(50, 0.75, config) == 1.0
+    assert progress_lr_factor(50, 0.875, config) == pytest.approx(0.55)
+    assert progress_lr_factor(50, 1.0, config) == pytest.approx(0.1)
+
+
+def test_the_steps_that_fit_count_the_evaluations_due_on_the_way():
+    config = load_config(TINY, ["train.eval_interval=10"]).train
+    clock = FakeClock(0.0)
+    plan = TimePlan("100s", config, clock)
+    # 100 s less 1.5 % and 1 s of exit: 97.5 s; less the last evaluation and write (2 + 0.5): 95 s.
+    steps = plan.seed(step_seconds=1.0, eval_seconds=2.0, save_seconds=0.5)
+    # n steps cost n s plus 2.5 s for each of the evaluations at steps 10, 20, ... before the last.
+    assert steps == 77  # 77 s + 7 evaluations (10..70) * 2.5 = 94.5 <= 95; 78 would need 95.5 s
+    assert steps == max(n for n in range(200) if n + ((n - 1) // 10) * 2.5 <= 95.0)
+    clock.now = 97.0
+    assert plan.steps_that_fit(0) == 0
+
+
+def test_no_step_is_timed_with_an_evaluation_in_it():
+    config = load_config(TINY, ["train.warmup_steps=0"]).train
+    clock = FakeClock()
+    plan = TimePlan("1000s", config, clock)
+    plan.seed(1.0, 5.0, 1.0)
+    plan.start()
+    for step in range(1, 40):  # the loop's order: the step, the plan, then an evaluation if due
+        clock.now += 1.0
+        plan.after_step(step)
+        if step % 10 == 0:
+            with plan.measuring("eval"):
+                clock.now += 5.0
+            with plan.measuring("save"):
+                clock.now += 1.0
+    assert plan.times["step"] == [1.0] * TimePlan.WINDOW
+    assert plan.times["eval"] == [5.0] * TimePlan.RECENT and plan.times["save"] == [1.0] * TimePlan.RECENT
