@@ -1,5 +1,6 @@
 """Config loading: inheritance, overrides, YAML round trip, and every validation error."""
 
+import re
 import warnings
 from pathlib import Path
 
@@ -156,3 +157,36 @@ def test_yaml_merge_keys_are_not_taken_for_duplicates(tmp_path):
                                           "sample:\n  <<: {temperature: 0.5}\n  top_p: 0.9\n"
                                           "data:\n  files: a.txt\n")
     assert load_config(path).sample.temperature == 0.5
+
+
+BY_PRECISION = ("extends: {main}\nby_precision:\n  bf16:\n    model: {{dropout: 0.1, attention_dropout: 0.0}}\n"
+                "  fp32:\n    train: {{batch_size: 16}}\n")
+
+
+def test_for_precision_applies_that_precisions_entry_keeps_set_keys_and_empties_by_precision(tmp_path):
+    from tinyattn.config import for_precision
+
+    path = tmp_path / "c.yaml"
+    path.write_text(BY_PRECISION.format(main=ROOT / "configs" / "shakespeare_char.yaml"))
+    config = load_config(path)
+    bf16, changed = for_precision(config, "bf16")
+    assert (bf16.model.dropout, bf16.model.attention_dropout, bf16.train.batch_size) == (0.1, 0.0, 32)
+    assert changed == ["model.dropout=0.1", "model.attention_dropout=0.0"] and bf16.by_precision == {}
+    kept, changed = for_precision(config, "bf16", keep=["model.dropout"])  # what --set gave wins
+    assert (kept.model.dropout, changed) == (0.0, ["model.attention_dropout=0.0"])
+    fp32, _ = for_precision(config, "fp32")
+    assert (fp32.model.dropout, fp32.train.batch_size) == (0.0, 16)
+    assert for_precision(config, "fp16")[1] == []  # no entry: nothing changes
+
+
+@pytest.mark.parametrize("entry,message", [
+    ("bf17: {model: {dropout: 0.1}}", "by_precision.bf17: 'bf17' is not a precision; expected one of"),
+    ("bf16: {model: {dropout: 2}}", "by_precision.bf16: model.dropout: 2.0 is not accepted"),
+    ("bf16: {model: {dropot: 0.1}}", "by_precision.bf16: unknown key 'model.dropot'"),
+    ("bf16: 3", "by_precision.bf16: expected sections of keys"),
+])
+def test_a_bad_by_precision_entry_is_refused_naming_it(tmp_path, entry, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(f"extends: {ROOT / 'configs' / 'shakespeare_char.yaml'}\nby_precision: {{{entry}}}\n")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(path)

@@ -835,3 +835,19 @@ def test_a_resume_steps_at_the_peak_rate_of_its_own_config_not_the_checkpoints()
     assert used and all(rate == pytest.approx(5e-3) for rate in used)
     state = resumed.optimizers.optimizers[0].state_dict()["state"]
     assert all(int(s["step"]) == 2 for s in state.values())  # the moments came from the checkpoint
+
+
+def test_by_precision_sizes_a_new_run_for_its_precision_and_the_saved_config_holds_the_result(corpus, tmp_path):
+    """A config's by_precision entry for the precision the run resolves to is applied before the
+    model is built (a --set key wins over it); config.yaml holds the result with by_precision
+    empty, so a resume builds the same model whatever precision its machine would pick."""
+    config = tiny_config(corpus, tmp_path, "train.max_steps=2", "train.eval_interval=2", "train.precision=fp32",
+                         "by_precision.fp32.model.n_layer=1", "by_precision.fp32.model.n_embd=48",
+                         "by_precision.bf16.model.n_layer=3", "model.n_embd=32")
+    result = train(config, run_name="sized", progress=False, overrides=["model.n_embd=32"])
+    saved = load_config(result.run_dir / "config.yaml")
+    assert (saved.model.n_layer, saved.model.n_embd, saved.by_precision) == (1, 32, {})
+    weights = torch.load(result.run_dir / "best.pt", map_location="cpu", weights_only=False)["model"]
+    assert not any(name.startswith("blocks.1.") for name in weights)  # one block was built
+    log = (result.run_dir / "train.log").read_text()
+    assert "precision fp32: model.n_layer=1 (the config's by_precision)" in log

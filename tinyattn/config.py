@@ -311,6 +311,11 @@ class Config:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
+    # What changes with the precision a training run resolves to (train.precision auto picks
+    # bf16 where the hardware has fast bf16, and so trains more steps in the same minutes):
+    # {precision: {section: {key: value}}}, applied when a new run starts (`for_precision`);
+    # a value given with --set wins. A run's saved config holds the result, with this empty.
+    by_precision: dict = field(default_factory=dict)
 
 
 ATTENTION_PATHS = ("auto", "fused", "explicit")  # model.attention; "auto" picks per hardware
@@ -453,10 +458,49 @@ def config_from_dict(raw: dict, *, origins: dict[str, str] | None = None,
             value = {}
         if not isinstance(value, dict):
             raise ConfigError(f"{where(name)}: {name}: expected a mapping, got {show_value(value)}")
-        sections[name] = _build_section(hints[name], name, value, where)
+        if name == "by_precision":
+            sections[name] = _check_by_precision(raw, value, where)
+        else:
+            sections[name] = _build_section(hints[name], name, value, where)
     config = Config(**sections)
     _validate(config, where)
     return config
+
+
+def _check_by_precision(raw: dict, value: dict, where) -> dict:
+    """by_precision as given, once each precision's version of the config is itself valid."""
+    for precision, changes in value.items():
+        key = f"by_precision.{precision}"
+        if precision not in PRECISIONS or precision == "auto":
+            raise ConfigError(f"{where(key)}: {key}: {show_value(precision)} is not a precision; expected "
+                              f"one of {', '.join(p for p in PRECISIONS if p != 'auto')}")
+        if not isinstance(changes, dict) or not all(isinstance(v, dict) for v in changes.values()):
+            raise ConfigError(f"{where(key)}: {key}: expected sections of keys, e.g. "
+                              "{model: {dropout: 0.1}}")
+        merged = _copy_sections({name: section for name, section in raw.items() if name != "by_precision"})
+        _deep_merge(merged, changes, {}, "", prefix="")
+        config_from_dict(merged, default_origin=f"{where(key)}: {key}")
+    return value
+
+
+def _copy_sections(raw: dict) -> dict:
+    return {name: dict(section) if isinstance(section, dict) else section for name, section in raw.items()}
+
+
+def for_precision(config: Config, precision: str, *, keep: typing.Sequence[str] = ()) -> tuple[Config, list[str]]:
+    """`config` as a run in `precision` trains it: its by_precision entry applied (but for the
+    dotted keys in `keep`, the ones --set gave) and by_precision emptied. Also the changes made,
+    as `key=value` items, for the run to say."""
+    raw = config_to_dict(config)
+    changes = raw.pop("by_precision").get(precision, {})
+    items = [f"{section}.{key}={value!r}" for section, keys in changes.items() for key, value in keys.items()
+             if f"{section}.{key}" not in keep]
+    merged = _copy_sections(raw)
+    for item in items:
+        dotted, value = item.split("=", 1)
+        section, key = dotted.split(".", 1)
+        merged[section][key] = changes[section][key]
+    return config_from_dict(merged, default_origin=f"by_precision.{precision}"), items
 
 
 def config_to_dict(config: Config) -> dict:

@@ -40,7 +40,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from tinyattn.config import Config, TrainConfig, save_config
+from tinyattn.config import Config, TrainConfig, for_precision, save_config
 from tinyattn.data.batches import prepare_data
 from tinyattn.errors import TinyattnError
 from tinyattn.model.memory import check_training_fits
@@ -71,6 +71,7 @@ class _Request:
     started: float  # clock() at the start of the time budget
     notes: list[str]  # lines the run prints after its first one
     clock: Callable[[], float] = time.perf_counter  # the time budget's clock (a test's fake one)
+    given: tuple[str, ...] = ()  # the dotted keys --set gave: by_precision does not change them
 
     def elapsed(self) -> float:
         return self.clock() - self.started
@@ -98,7 +99,8 @@ def train(config: Config, *, config_path: Optional[str | Path] = None, run_name:
     note = explicit_steps(config, overrides)
     request = _Request(config_path=config_path, run_name=run_name, resume=resume, device=device,
                        progress=progress, stop_at_step=stop_at_step, allow_data_change=allow_data_change,
-                       started=clock() - elapsed_before, notes=[note] if note else [], clock=clock)
+                       started=clock() - elapsed_before, notes=[note] if note else [], clock=clock,
+                       given=tuple(item.split("=", 1)[0].strip() for item in overrides))
     dist = init_distributed(device or config.train.device)
     try:
         return _train(config, request, dist)
@@ -120,6 +122,11 @@ def _train(config: Config, request: _Request, dist: Distributed) -> TrainResult:
     device = select_device(request.device or config.train.device)  # a bad one fails before the folder is made
     if dist.enabled and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
+    if point is None and config.by_precision:  # a resumed run's config holds what its start chose
+        precision = select_precision(config.train.precision, device).name
+        config, changed = for_precision(config, precision, keep=request.given)
+        request.notes.extend([f"precision {precision}: {' '.join(changed)} (the config's by_precision)"]
+                             if changed else [])
     check_training_fits(config.model, config.train, device)  # before the folder; vocab_size may be unknown
     run_dir, lock = open_run_folder(config, request.config_path, request.run_name, point, dist)
     with lock, RunLog(run_dir, enabled=dist.is_main):
