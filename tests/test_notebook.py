@@ -84,7 +84,9 @@ def unresolved(module: str, name: str | None) -> str | None:
         imported = importlib.import_module(module)
     except ImportError as e:
         return f"{module}: {e}"
-    if name is None or hasattr(imported, name) or importlib.util.find_spec(f"{module}.{name}"):
+    if name is None or hasattr(imported, name):
+        return None
+    if hasattr(imported, "__path__") and importlib.util.find_spec(f"{module}.{name}"):  # a submodule
         return None
     return f"{module} has no {name}"
 
