@@ -126,7 +126,7 @@ def execute(path: Path, out: Path):
                                      resources={"metadata": {"path": str(path.parent)}})
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        client.execute()
+        client.execute(cleanup_kc=True)  # shut the kernel down: nbclient does not for a km it was given
     finally:
         nbformat.write(notebook, out)
     return notebook
