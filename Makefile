@@ -11,7 +11,7 @@ TORCH_INDEX ?=
 CONFIG ?= configs/shakespeare_char.yaml
 PY := $(VENV)/bin/python
 
-.PHONY: install train test test-fast bench-check bench gpu-wheels clean-venv
+.PHONY: install train test test-fast tour bench-check bench gpu-wheels clean-venv
 
 install: $(VENV)/.installed
 
@@ -28,10 +28,15 @@ train: install
 # Speed is measured by the benchmarks, not by the suite: the tests that time the machine
 # (marked bench) run only in bench-check.
 test: install
-	$(PY) -m pytest -q -m "not bench"
+	$(PY) -m pytest -q -m "not bench and not tour"
 
 test-fast: install  # also skips the tests marked slow (subprocesses, compile, kills, torchrun)
 	$(PY) -m pytest -q -m "not slow and not bench"
+
+# Executes notebooks/tour.ipynb in a kernel of $(PY) (about a minute of training, then the rest);
+# fails on any cell that raises. The executed copy: notebooks/runs/tour.executed.ipynb.
+tour: install
+	$(PY) -m pytest -q -s -m tour tests/test_notebook.py
 
 bench-check: install  # the wall-clock tests and the benchmark smoke run
 	$(PY) -m pytest -q -m bench
