@@ -100,9 +100,12 @@ class DecodeStep:
         self.embedding = model.token_embedding.weight  # (V, C)
         self.final_norm, self.head = model.final_norm.weight, _linear(model.head)
         self.layers = [_layer_weights(block) for block in model.blocks]
-        dtype = self.embedding.dtype
+        # Queries and keys are rotated and attended in the caches' dtype (`cache_dtype`), as in the
+        # model's cached forward; with rows of that dtype the product casts a bf16 model's up.
+        dtype = caches[0].keys.dtype
+        self.downcast = dtype != self.embedding.dtype  # attention's output back to the weights' dtype
         cos, sin = model.rope_cos, model.rope_sin  # (context, D/2), fp32
-        # Row p: what multiplies x and swap_halves(x) at position p, (D,) each, in the model's dtype.
+        # Row p: what multiplies x and swap_halves(x) at position p, (D,) each.
         self.rope_cos = torch.cat((cos, cos), dim=-1).to(dtype).unbind(0)
         self.rope_sin = torch.cat((-sin, sin), dim=-1).to(dtype).unbind(0)
 
@@ -139,26 +142,29 @@ class DecodeStep:
         cos, sin = rope
         function, weight = layer.qkv
         heads = function(F.rms_norm(x, self.width, layer.attention_norm, self.eps), weight)
-        heads = heads.view(B, H + 2 * Hkv, D)  # (B, H + 2Hkv, D): queries, keys, values
+        heads = heads.view(B, H + 2 * Hkv, 1, D)  # (B, H + 2Hkv, 1, D): queries, keys, values
         if layer.q_norm is None:
-            qk = heads[:, :H + Hkv]  # (B, H + Hkv, D)
+            qk = heads[:, :H + Hkv]  # (B, H + Hkv, 1, D)
         else:
             qk = torch.cat((F.rms_norm(heads[:, :H], (D,), layer.q_norm, self.eps),
                             F.rms_norm(heads[:, H:H + Hkv], (D,), layer.k_norm, self.eps)), dim=1)
-        qk = qk * cos + qk.roll(D // 2, dims=-1) * sin  # (B, H + Hkv, D), rotated
-        cache.keys.select(2, position).copy_(qk[:, H:])  # (B, Hkv, D) into the slot of `position`
-        cache.values.select(2, position).copy_(heads[:, H + Hkv:])
+        qk = qk * cos + qk.roll(D // 2, dims=-1) * sin  # (B, H + Hkv, 1, D), rotated, in the caches' dtype
+        cache.keys.narrow(2, position, 1).copy_(qk[:, H:])  # (B, Hkv, 1, D) into the slot of `position`
+        cache.values.narrow(2, position, 1).copy_(heads[:, H + Hkv:])
         keys = cache.keys.narrow(2, 0, position + 1)  # (B, Hkv, position + 1, D)
         values = cache.values.narrow(2, 0, position + 1)
-        q = qk[:, :H].unsqueeze(2)  # (B, H, 1, D)
+        q = qk[:, :H]  # (B, H, 1, D)
         if layer.fused:
             y = F.scaled_dot_product_attention(q, keys, values, enable_gqa=self.gqa)  # (B, H, 1, D)
         else:
             if self.gqa:
                 keys, values = keys.repeat_interleave(H // Hkv, 1), values.repeat_interleave(H // Hkv, 1)
             y = attention(q, keys, values)[0]  # (B, H, 1, D)
+        y = y.view(B, H * D)  # (B, C)
+        if self.downcast:
+            y = y.to(x.dtype)
         function, weight = layer.output
-        x = x + function(y.view(B, H * D), weight)  # (B, C)
+        x = x + function(y, weight)  # (B, C)
         function, weight = layer.gate_up
         gate, up = function(F.rms_norm(x, self.width, layer.mlp_norm, self.eps), weight).chunk(2, dim=-1)
         function, weight = layer.down
@@ -179,6 +185,18 @@ def _layer_weights(block) -> LayerWeights:
         q_norm=None if a.q_norm is None else a.q_norm.weight, k_norm=None if a.k_norm is None else a.k_norm.weight,
         fused=a.fused, output=_linear(a.output), mlp_norm=block.mlp_norm.weight,
         gate_up=_linear(block.mlp.gate_up), down=_linear(block.mlp.down))
+
+
+def cache_dtype(model) -> torch.dtype:
+    """The dtype decoding keeps keys and values in: fp32 on the CPU, the weights' own elsewhere.
+
+    On the CPU, torch's fused attention kernel is several times slower for one bf16 query than
+    for one fp32 query (docs/BENCHMARKS.md "Decoding"), and fp32 holds every bf16 key and value
+    exactly: a bf16 model's queries are cast up and attention computes in fp32 what bf16 would
+    have rounded. The cache is small next to the weights (2 * n_layer * context * C values a row).
+    """
+    weight = next(model.parameters())
+    return torch.float32 if weight.device.type == "cpu" else weight.dtype
 
 
 def compile_decode_step(model):
@@ -219,7 +237,7 @@ class CachedDecoder:
         self.model = model
         self.context_length = model.config.context_length
         self.keep = max(1, self.context_length // 2)  # tokens kept by a refill, the new one included
-        self.caches = model.new_kv_caches(batch_size)
+        self.caches = model.new_kv_caches(batch_size, dtype=cache_dtype(model))
         device = next(model.parameters()).device
         self.ids = torch.zeros(batch_size, self.context_length, dtype=torch.long, device=device)  # (B, ctx)
         self.position = 0
