@@ -5,8 +5,10 @@ Steps 2, 3 and 6 of generation (1 is `tinyattn.generate.sampling`, 4 and 5
 
 2. `CachedDecoder`: the prompt goes through the model in one parallel forward pass (prefill)
    and fills a preallocated KV cache per layer; after that each new token costs one position,
-   eagerly or through `decode_one_token`, whose shapes are the same at every position so
-   that torch.compile compiles it once (`compile=True`).
+   eagerly through `DecodeStep` (the model's arithmetic for one token without its nn.Module
+   calls) or through `decode_one_token`, whose shapes are the same at every position so
+   that torch.compile compiles it once (`compile=True`). On the CPU the caches hold fp32
+   (`cache_dtype`).
    The context rule: when the caches hold `context_length` positions and one more token
    comes, the last `max(1, context_length // 2)` tokens of the sequence (the new one
    included) are fed again, from position 0, in one forward pass (a refill), and decoding
@@ -202,8 +204,9 @@ def cache_dtype(model) -> torch.dtype:
 def compile_decode_step(model):
     """`decode_one_token` through `torch.compile`, compiled on its first call.
 
-    One token at a time, the eager model spends its time launching about a thousand small
-    operators and reading every weight matrix through a general matmul kernel. Compiled for
+    One token at a time, the eager model spends its time launching small operators (fewer
+    through `DecodeStep`, still hundreds) and reading every weight matrix through a general
+    matmul kernel. Compiled for
     the one shape a step has, on the CPU inductor fuses each layer into a few loops and,
     told to by `decompose_mm_pass`, computes each batch-1 matmul as a vector reduction inside
     those loops. On CUDA, mode "reduce-overhead" replays the step as a CUDA graph.
@@ -227,7 +230,9 @@ class CachedDecoder:
     The refill rule is in the module docstring; `refills` counts them.
 
     Prefills and refills run eagerly, at positions 0..T-1 in one pass. A step runs eagerly
-    with its position as an int, attending to the written keys only; with `compile=True` it
+    with its position as an int, attending to the written keys only, through `DecodeStep`
+    where the model allows it (`DecodeStep.for_model`; `eager_step` None: the model's own
+    forward); with `compile=True` it
     runs `compile_decode_step` instead, which is built at the first step (so the first token
     never waits for it) and is fed from two small tensors updated in place, so it sees the
     same inputs at every position. Both give the same logits up to float rounding (tested).
