@@ -4,6 +4,7 @@
     python -m benchmarks.decode --dtypes bf16 --threads 2 --pack yes --uncached-tokens 100 --json d.json
     python -m benchmarks.decode --dtypes fp32 --threads 2 --pack yes --compile no yes
     python -m benchmarks.decode --device cuda --dtypes bf16 --threads 1 --pack no --batch-sizes 1 16
+    python -m benchmarks.decode --nanogpt /path/to/nanoGPT     # against nanoGPT's generate(), A/B
 
 The model is the 6-layer, 6-head, width-384, context-256, vocabulary-65 one with random
 weights (--config takes the shape of a config's model instead), generating 500 tokens after
@@ -12,20 +13,44 @@ a 200-token prompt (shortened to fit the context) at batch 1 (--batch-sizes: mor
 the warm-up run of 50 tokens, which with --compile yes includes compiling the decode step
 (cold, or from inductor's cache on disk). Run it on an otherwise idle machine: with another
 process busy, two torch threads can run many times slower than one.
+
+--nanogpt DIR instead times nanoGPT's `GPT.generate()` (DIR/model.py, imported from there,
+never copied) against the loop `tinyattn generate` runs, on the same architecture size (6
+layers, 6 heads, width 384, context 256, vocabulary 65, random weights, batch 1): nanoGPT in
+fp32 as it runs on a CPU (--nanogpt-bf16 adds a row with it under bf16 autocast), ours as the
+command line prepares it (`inference_dtype("auto")`, weights packed, eager: no --compile).
+Both get the same random prompt (--prompt-tokens) and sample --new-tokens at temperature 0.8
+with no top-k; nanoGPT recomputes its whole window (up to 256 tokens) for every token, as its
+generate() does. Rounds alternate the two (--repeats rounds); each side's figure is the
+median of its rounds, wall time from the prompt to the last token.
 """
 
 import argparse
+import contextlib
+import importlib.util
 import itertools
 import json
+import statistics
+import time
 from pathlib import Path
+
+import torch
 
 from benchmarks.measure import measure_decode
 from tinyattn.cli import run_command
-from tinyattn.config import load_config
+from tinyattn.config import ModelConfig, load_config
+from tinyattn.errors import TinyattnError
+from tinyattn.generate.cpu_weights import pack_linear_weights
+from tinyattn.generate.decoder import generate_tokens, inference_dtype
+from tinyattn.model.transformer import LanguageModel
+from tinyattn.system.cpu import cpu_name
 
 
 def main() -> int:
     args = _parser().parse_args()
+    if args.nanogpt:
+        return _against_nanogpt(args)
+    args.threads = args.threads or [1, 2]
     shape = _model_shape(args.config, args.vocab_size)
     prompt_tokens = min(args.prompt_tokens, shape.get("context_length", 256))
     results = []
@@ -66,11 +91,95 @@ def _model_shape(config_path: str | None, vocab_size: int | None) -> dict:
     return shape
 
 
+# ----------------------------------------------------------------------------- against nanoGPT
+
+NANOGPT_SHAPE = dict(n_layer=6, n_head=6, n_embd=384, context_length=256, vocab_size=65)
+
+
+def _against_nanogpt(args) -> int:
+    """Alternating rounds of nanoGPT's generate() and ours; prints each round and the medians."""
+    if args.threads:
+        torch.set_num_threads(args.threads[0])
+    nanogpt = _nanogpt_model(args.nanogpt)
+    ours = _our_model()
+    prompt_tokens = min(args.prompt_tokens, NANOGPT_SHAPE["context_length"])
+    prompt = torch.randint(0, NANOGPT_SHAPE["vocab_size"], (1, prompt_tokens),
+                           generator=torch.Generator().manual_seed(0))  # (1, T)
+    sides = {"nanoGPT generate() fp32": lambda n: _time_nanogpt(nanogpt, prompt, n)}
+    if args.nanogpt_bf16:
+        sides["nanoGPT generate() bf16 autocast"] = lambda n: _time_nanogpt(nanogpt, prompt, n, autocast=True)
+    sides[f"tinyattn generate ({ours[1]})"] = lambda n: _time_ours(ours[0], prompt, n)
+    print(f"{cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads; batch 1, "
+          f"{args.new_tokens} tokens after a {prompt_tokens}-token prompt, {args.repeats} alternating rounds\n")
+    seconds = {name: [] for name in sides}
+    for run in sides.values():  # warm-up: kernels, oneDNN's primitives
+        run(min(args.new_tokens, 20))
+    for round_number in range(1, args.repeats + 1):
+        for name, run in sides.items():
+            seconds[name].append(run(args.new_tokens))
+        print(f"round {round_number}: " + ", ".join(f"{name} {s[-1]:.2f} s" for name, s in seconds.items()),
+              flush=True)
+    ours_s = statistics.median(seconds[list(sides)[-1]])
+    print("\n| path | tokens/s | ms/token | tinyattn's speedup |\n|---|---:|---:|---:|")
+    for name, s in seconds.items():
+        median = statistics.median(s)
+        print(f"| {name} | {args.new_tokens / median:.1f} | {1000 * median / args.new_tokens:.2f} "
+              f"| {median / ours_s:.1f}x |")
+    return 0
+
+
+def _nanogpt_model(folder: Path):
+    """nanoGPT's GPT with random weights, in eval mode, imported from folder/model.py."""
+    path = folder / "model.py"
+    if not path.is_file():
+        raise TinyattnError(f"--nanogpt {folder}: no model.py there; expected a nanoGPT checkout")
+    spec = importlib.util.spec_from_file_location("nanogpt_model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    s = NANOGPT_SHAPE
+    config = module.GPTConfig(block_size=s["context_length"], vocab_size=s["vocab_size"], n_layer=s["n_layer"],
+                              n_head=s["n_head"], n_embd=s["n_embd"], dropout=0.0, bias=False)  # its train.py's bias
+    torch.manual_seed(0)
+    return module.GPT(config).eval()
+
+
+def _our_model() -> tuple[LanguageModel, str]:
+    """Our model as `tinyattn generate` prepares it (cli.generate.inference_model), and how."""
+    torch.manual_seed(0)
+    dtype = inference_dtype("auto", torch.device("cpu"))
+    model = LanguageModel(ModelConfig(**NANOGPT_SHAPE)).to(dtype).eval()
+    packed = pack_linear_weights(model)
+    return model, f"{str(dtype).removeprefix('torch.')}{', packed' if packed else ''}, eager"
+
+
+def _time_nanogpt(model, prompt: torch.Tensor, new_tokens: int, autocast: bool = False) -> float:
+    """Seconds for nanoGPT's generate() to sample new_tokens after prompt, as its sample.py calls it."""
+    context = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+    torch.manual_seed(1)
+    start = time.perf_counter()
+    with torch.no_grad(), context:
+        model.generate(prompt, new_tokens, temperature=0.8, top_k=None)
+    return time.perf_counter() - start
+
+
+def _time_ours(model, prompt: torch.Tensor, new_tokens: int) -> float:
+    """Seconds for the token loop of `tinyattn generate` (one generator per sample, each token read back
+    as a list as the text streams do), detokenizing and printing left out."""
+    generator = [torch.Generator().manual_seed(1)]
+    start = time.perf_counter()
+    for token in generate_tokens(model, prompt, new_tokens, temperature=0.8, generator=generator):
+        token.tolist()
+    return time.perf_counter() - start
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
-    parser.add_argument("--threads", nargs="+", type=int, default=[1, 2],
-                        help="torch.set_num_threads values to try (default: 1 2)")
+    parser.add_argument("--threads", nargs="+", type=int, default=None,
+                        help="torch.set_num_threads values to try (default: 1 2; with --nanogpt: torch's own)")
     parser.add_argument("--pack", nargs="+", default=["no", "yes"], choices=["no", "yes"],
                         help="weights as they are and/or packed for oneDNN (pack_linear_weights)")
     parser.add_argument("--compile", nargs="+", default=["no"], choices=["no", "yes"],
@@ -88,6 +197,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="vocabulary of the random model (default: the config's, else 65)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    parser.add_argument("--nanogpt", type=Path, metavar="DIR",
+                        help="time nanoGPT's generate() from this checkout against ours instead (A/B rounds; "
+                             "--threads: its first value, else torch's default; --new-tokens, --prompt-tokens, --repeats apply)")
+    parser.add_argument("--nanogpt-bf16", action="store_true",
+                        help="with --nanogpt: also time nanoGPT under bf16 autocast")
     return parser
 
 

@@ -9,16 +9,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tinyattn.checkpoint import FORMAT, load_model
 from tinyattn.cli.generate import main
 from tinyattn.config import ModelConfig, TokenizerConfig
 from tinyattn.data.tokenizer import build_tokenizer
 from tinyattn.errors import ConfigError
+from tinyattn.generate import decoder as decoder_module
 from tinyattn.generate.cpu_weights import pack_linear_weights
-from tinyattn.generate.decoder import CachedDecoder, generate_tokens
+from tinyattn.generate.decoder import CachedDecoder, DecodeStep, generate_tokens
 from tinyattn.generate.sampling import apply_repetition_penalty, nucleus_mask, sample_next_token
 from tinyattn.generate.text import PromptWarning, StopStringFilter, generate, generate_samples
+from tinyattn.model.attention import recording_attention_weights
 from tinyattn.model.transformer import ModelOutput
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +52,7 @@ class BigramModel(torch.nn.Module):
                                   context_length=context_length)
         self.table = torch.nn.Parameter(table, requires_grad=False)  # (V, V): logits after each token
 
-    def new_kv_caches(self, batch_size):
+    def new_kv_caches(self, batch_size, **options):
         return []
 
     def forward(self, idx, kv_caches=None, start_pos=0, positions=None):
@@ -137,6 +140,93 @@ def test_compiled_decoding_equals_eager_decoding_token_for_token(tiny_model, tok
     assert greedy_and_sampled(True) == greedy_and_sampled(False)
     if pack_linear_weights(model):  # as the command line runs: packed eager prefill, compiled steps
         assert greedy_and_sampled(True) == greedy_and_sampled(False)
+
+
+# ----------------------------------------------------------------------------- the eager decode step
+
+
+def perturbed(model, dtype=torch.float32, pack=False):
+    """The model in `dtype` with every parameter nudged (norm gains included, so they matter)."""
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(param.numel())) * 0.05)
+    model = model.to(dtype)
+    if pack and not pack_linear_weights(model):
+        pytest.skip("this torch build cannot pack weights for oneDNN")
+    return model
+
+
+STEP_MODELS = {  # ModelConfig overrides, dtype, packed
+    "mha": (dict(n_kv_head=4), torch.float32, False),
+    "gqa-qk-norm-softcap": (dict(qk_norm=True, logit_softcap=5.0), torch.float32, False),
+    "explicit-attention": (dict(attention="explicit"), torch.float32, False),
+    "bf16-packed": ({}, torch.bfloat16, True),
+    "fp32-packed": ({}, torch.float32, True),
+}
+
+
+@pytest.mark.parametrize("name", STEP_MODELS)
+def test_the_eager_decode_step_gives_the_models_own_cached_logits_bitwise(tiny_model, tokenizer, name):
+    overrides, dtype, pack = STEP_MODELS[name]
+    model = perturbed(tiny_model(**overrides), dtype, pack)
+    ids = random_ids(tokenizer.vocab_size, 24)
+    with torch.inference_mode():
+        fast, plain = CachedDecoder(model, batch_size=2), CachedDecoder(model, batch_size=2)
+        plain.eager_step = None  # the model's own forward, one position at a time
+        assert fast.eager_step is not None
+        torch.testing.assert_close(fast.prefill(ids[:, :3]), plain.prefill(ids[:, :3]), rtol=0, atol=0)
+        for t in range(3, 24):
+            assert torch.equal(fast.step(ids[:, t]), plain.step(ids[:, t])), f"position {t}"
+        for ours, theirs in zip(fast.caches, plain.caches):  # the same keys and values were stored
+            assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values)
+
+
+def test_the_decode_step_leaves_to_the_model_what_it_cannot_compute_the_same(tiny_model, monkeypatch):
+    model = tiny_model()
+    caches = model.new_kv_caches(1)
+    assert DecodeStep.for_model(model, caches) is not None
+    assert DecodeStep.for_model(model.train(), caches) is None  # dropout runs in the model only
+    model.eval()
+    with recording_attention_weights(model):  # the weights are recorded by the model's own layers
+        assert DecodeStep.for_model(model, caches) is None
+    monkeypatch.setattr(decoder_module, "_STEP_KNOWS", decoder_module._STEP_KNOWS - {"qk_norm"})
+    assert DecodeStep.for_model(tiny_model(qk_norm=True), caches) is None  # an option it does not know
+    assert DecodeStep.for_model(tiny_model(), caches) is not None  # ... only when set away from its default
+    assert CachedDecoder(model, batch_size=1, compile=True).eager_step is None
+
+
+class OperatorCounter(TorchDispatchMode):
+    """Counts the operator calls that reach torch's dispatcher from Python, views included."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def operators_per_token(model, steps: int = 8) -> float:
+    """Operator calls per token of the loop `tinyattn generate` runs: a step and a draw from its generator."""
+    with torch.inference_mode():
+        decoder = CachedDecoder(model, batch_size=1)
+        generator = [torch.Generator().manual_seed(0)]
+        token = sample_next_token(decoder.prefill(random_ids(model.config.vocab_size, 4, batch=1)), generator, 0.8)
+        with OperatorCounter() as counter:
+            for _ in range(steps):
+                token = sample_next_token(decoder.step(token), generator, 0.8)
+    return counter.calls / steps
+
+
+def test_operator_calls_per_generated_token_stay_few(tiny_model):
+    # Counted at batch 1 for the default options (temperature 0.8): each layer's 4 matmuls, 2 norms,
+    # RoPE (4), the cache writes and reads (8), attention, the residual adds and the MLP's activation,
+    # and views between them; then the final norm, the head and the draw. The model's own forward
+    # took 51 calls a layer and 26 besides (docs/BENCHMARKS.md "Decoding").
+    one_layer, three_layers = (operators_per_token(tiny_model(n_layer=n)) for n in (1, 3))
+    per_layer = (three_layers - one_layer) / 2
+    assert per_layer <= 28 and one_layer - per_layer <= 11, (per_layer, one_layer - per_layer)
 
 
 # ----------------------------------------------------------------------------- sampling

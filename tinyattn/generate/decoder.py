@@ -5,8 +5,10 @@ Steps 2, 3 and 6 of generation (1 is `tinyattn.generate.sampling`, 4 and 5
 
 2. `CachedDecoder`: the prompt goes through the model in one parallel forward pass (prefill)
    and fills a preallocated KV cache per layer; after that each new token costs one position,
-   eagerly or through `decode_one_token`, whose shapes are the same at every position so
-   that torch.compile compiles it once (`compile=True`).
+   eagerly through `DecodeStep` (the model's arithmetic for one token without its nn.Module
+   calls) or through `decode_one_token`, whose shapes are the same at every position so
+   that torch.compile compiles it once (`compile=True`). On the CPU the caches hold fp32
+   (`cache_dtype`).
    The context rule: when the caches hold `context_length` positions and one more token
    comes, the last `max(1, context_length // 2)` tokens of the sequence (the new one
    included) are fed again, from position 0, in one forward pass (a refill), and decoding
@@ -29,12 +31,16 @@ penalty as a (B, V) mask updated in place instead of scanning the history every 
 
 from __future__ import annotations
 
-from typing import Iterator, Optional
+import dataclasses
+from typing import Iterator, NamedTuple, Optional
 
 import torch
+import torch.nn.functional as F
 
+from tinyattn.generate.cpu_weights import PackedLinear
 from tinyattn.generate.sampling import Generators, apply_repetition_penalty, sample_next_token
-from tinyattn.model.transformer import evaluation_mode
+from tinyattn.model.attention import attention
+from tinyattn.model.transformer import Block, LanguageModel, SwiGLU, evaluation_mode
 from tinyattn.system.device import select_precision
 
 # ----------------------------------------------------------------------------- 2. the cached model
@@ -50,11 +56,157 @@ def decode_one_token(model, token: torch.Tensor, position: torch.Tensor, caches:
     return model(token, kv_caches=caches, positions=position).logits[:, -1]
 
 
+class LayerWeights(NamedTuple):
+    """One block's tensors as `DecodeStep` reads them; each linear is (function, weight)."""
+
+    attention_norm: torch.Tensor  # (C,)
+    qkv: tuple  # (C,) -> (H*D + 2*Hkv*D,): queries, keys, values side by side
+    q_norm: Optional[torch.Tensor]  # (D,), with model.qk_norm
+    k_norm: Optional[torch.Tensor]  # (D,)
+    fused: bool  # the layer's attention path: the fused kernel, or `attention` written out
+    output: tuple  # (C,) -> (C,)
+    mlp_norm: torch.Tensor  # (C,)
+    gate_up: tuple  # (C,) -> (2 * hidden,)
+    down: tuple  # (hidden,) -> (C,)
+
+
+# ModelConfig fields the step computes as the model does; any other field set away from its
+# default (an option added later) sends decoding down the model's own forward instead.
+_STEP_KNOWS = {"vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "mlp_hidden", "context_length",
+               "dropout", "tie_embeddings", "rope_base", "norm_eps", "qk_norm", "logit_softcap",
+               "zero_init_projections", "attention", "causal"}
+
+
+class DecodeStep:
+    """One token through every layer into the KV caches: `LanguageModel.forward` for T = 1, in fewer calls.
+
+    The eager decode step. At batch 1 a token's matmuls are a small part of its time; the rest is
+    the calls around them, each a trip through Python and torch's dispatcher. This step does
+    the model's arithmetic operator for operator in the same dtypes, so its logits are bitwise
+    the model's own cached forward's (tested), but it reads the weights from flat per-layer
+    tuples instead of calling nn.Modules, has no dropout calls (eval only), applies RoPE to the
+    queries and keys of all heads at once from rows of (cos, cos) and (-sin, sin) made once in
+    the model's dtype (x * cos + swap_halves(x) * sin rounds as the textbook's two halves do),
+    writes keys and values into the cache slot of the position with one copy each, and runs
+    attention for its single query with no mask (every written key is in its past).
+    `DecodeStep.for_model` returns None where it cannot promise the same numbers.
+    """
+
+    def __init__(self, model, caches: list):
+        c = model.config
+        self.caches = caches
+        self.heads, self.kv_heads, self.head_dim = c.n_head, c.kv_heads, c.head_dim
+        self.width, self.softcap = (c.n_embd,), c.logit_softcap
+        self.gqa = c.kv_heads != c.n_head
+        self.eps = model.final_norm.eps
+        self.embedding = model.token_embedding.weight  # (V, C)
+        self.final_norm, self.head = model.final_norm.weight, _linear(model.head)
+        self.layers = [_layer_weights(block) for block in model.blocks]
+        # Queries and keys are rotated and attended in the caches' dtype (`cache_dtype`), as in the
+        # model's cached forward; with rows of that dtype the product casts a bf16 model's up.
+        dtype = caches[0].keys.dtype
+        self.downcast = dtype != self.embedding.dtype  # attention's output back to the weights' dtype
+        cos, sin = model.rope_cos, model.rope_sin  # (context, D/2), fp32
+        # Row p: what multiplies x and swap_halves(x) at position p, (D,) each.
+        self.rope_cos = torch.cat((cos, cos), dim=-1).to(dtype).unbind(0)
+        self.rope_sin = torch.cat((-sin, sin), dim=-1).to(dtype).unbind(0)
+
+    @classmethod
+    def for_model(cls, model, caches: list) -> Optional["DecodeStep"]:
+        """The step for a `LanguageModel` in eval mode with the architecture it knows; else None."""
+        if type(model) is not LanguageModel or model.training:  # dropout only runs in the model
+            return None
+        defaults = type(model.config)()
+        if any(getattr(model.config, f.name) != getattr(defaults, f.name)
+               for f in dataclasses.fields(model.config) if f.name not in _STEP_KNOWS):
+            return None
+        if any(type(b) is not Block or type(b.mlp) is not SwiGLU or b.attention.weights_hook is not None
+               for b in model.blocks):
+            return None  # another block, or attention weights being recorded: the model's own path
+        return cls(model, caches)
+
+    def __call__(self, token: torch.Tensor, position: int) -> torch.Tensor:
+        """token: (B,) at `position` (an int, < the caches' length). Returns the logits after it, (B, V)."""
+        x = F.embedding(token, self.embedding)  # (B, C)
+        cos, sin = self.rope_cos[position], self.rope_sin[position]  # (D,) each
+        for layer, cache in zip(self.layers, self.caches):
+            x = self.block(x, layer, cache, position=position, rope=(cos, sin))  # (B, C)
+        function, weight = self.head
+        logits = function(F.rms_norm(x, self.width, self.final_norm, self.eps), weight)  # (B, V)
+        if self.softcap is not None:
+            logits = self.softcap * torch.tanh(logits / self.softcap)
+        return logits
+
+    def block(self, x: torch.Tensor, layer: LayerWeights, cache, *, position: int, rope: tuple) -> torch.Tensor:
+        """`Block.forward` for one position: x (B, C) -> (B, C), its keys and values stored in `cache`.
+        rope: the (cos, sin) rows of `position`, (D,) each."""
+        B, H, Hkv, D = x.size(0), self.heads, self.kv_heads, self.head_dim
+        cos, sin = rope
+        function, weight = layer.qkv
+        heads = function(F.rms_norm(x, self.width, layer.attention_norm, self.eps), weight)
+        heads = heads.view(B, H + 2 * Hkv, 1, D)  # (B, H + 2Hkv, 1, D): queries, keys, values
+        if layer.q_norm is None:
+            qk = heads[:, :H + Hkv]  # (B, H + Hkv, 1, D)
+        else:
+            qk = torch.cat((F.rms_norm(heads[:, :H], (D,), layer.q_norm, self.eps),
+                            F.rms_norm(heads[:, H:H + Hkv], (D,), layer.k_norm, self.eps)), dim=1)
+        qk = qk * cos + qk.roll(D // 2, dims=-1) * sin  # (B, H + Hkv, 1, D), rotated, in the caches' dtype
+        cache.keys.narrow(2, position, 1).copy_(qk[:, H:])  # (B, Hkv, 1, D) into the slot of `position`
+        cache.values.narrow(2, position, 1).copy_(heads[:, H + Hkv:])
+        keys = cache.keys.narrow(2, 0, position + 1)  # (B, Hkv, position + 1, D)
+        values = cache.values.narrow(2, 0, position + 1)
+        q = qk[:, :H]  # (B, H, 1, D)
+        if layer.fused:
+            y = F.scaled_dot_product_attention(q, keys, values, enable_gqa=self.gqa)  # (B, H, 1, D)
+        else:
+            if self.gqa:
+                keys, values = keys.repeat_interleave(H // Hkv, 1), values.repeat_interleave(H // Hkv, 1)
+            y = attention(q, keys, values)[0]  # (B, H, 1, D)
+        y = y.view(B, H * D)  # (B, C)
+        if self.downcast:
+            y = y.to(x.dtype)
+        function, weight = layer.output
+        x = x + function(y, weight)  # (B, C)
+        function, weight = layer.gate_up
+        gate, up = function(F.rms_norm(x, self.width, layer.mlp_norm, self.eps), weight).chunk(2, dim=-1)
+        function, weight = layer.down
+        return x + function(F.silu(gate) * up, weight)  # (B, C)
+
+
+def _linear(module) -> tuple:
+    """(function, weight) computing what `module(x)` does: the packed weight where there is one."""
+    if isinstance(module, PackedLinear):
+        return module.operators.linear, module.packed_weight
+    return F.linear, module.weight
+
+
+def _layer_weights(block) -> LayerWeights:
+    a = block.attention
+    return LayerWeights(
+        attention_norm=block.attention_norm.weight, qkv=_linear(a.qkv),
+        q_norm=None if a.q_norm is None else a.q_norm.weight, k_norm=None if a.k_norm is None else a.k_norm.weight,
+        fused=a.fused, output=_linear(a.output), mlp_norm=block.mlp_norm.weight,
+        gate_up=_linear(block.mlp.gate_up), down=_linear(block.mlp.down))
+
+
+def cache_dtype(model) -> torch.dtype:
+    """The dtype decoding keeps keys and values in: fp32 on the CPU, the weights' own elsewhere.
+
+    On the CPU, torch's fused attention kernel is several times slower for one bf16 query than
+    for one fp32 query (docs/BENCHMARKS.md "Decoding"), and fp32 holds every bf16 key and value
+    exactly: a bf16 model's queries are cast up and attention computes in fp32 what bf16 would
+    have rounded. The cache is small next to the weights (2 * n_layer * context * C values a row).
+    """
+    weight = next(model.parameters())
+    return torch.float32 if weight.device.type == "cpu" else weight.dtype
+
+
 def compile_decode_step(model):
     """`decode_one_token` through `torch.compile`, compiled on its first call.
 
-    One token at a time, the eager model spends its time launching about a thousand small
-    operators and reading every weight matrix through a general matmul kernel. Compiled for
+    One token at a time, the eager model spends its time launching small operators (fewer
+    through `DecodeStep`, still hundreds) and reading every weight matrix through a general
+    matmul kernel. Compiled for
     the one shape a step has, on the CPU inductor fuses each layer into a few loops and,
     told to by `decompose_mm_pass`, computes each batch-1 matmul as a vector reduction inside
     those loops. On CUDA, mode "reduce-overhead" replays the step as a CUDA graph.
@@ -78,7 +230,9 @@ class CachedDecoder:
     The refill rule is in the module docstring; `refills` counts them.
 
     Prefills and refills run eagerly, at positions 0..T-1 in one pass. A step runs eagerly
-    with its position as an int, attending to the written keys only; with `compile=True` it
+    with its position as an int, attending to the written keys only, through `DecodeStep`
+    where the model allows it (`DecodeStep.for_model`; `eager_step` None: the model's own
+    forward); with `compile=True` it
     runs `compile_decode_step` instead, which is built at the first step (so the first token
     never waits for it) and is fed from two small tensors updated in place, so it sees the
     same inputs at every position. Both give the same logits up to float rounding (tested).
@@ -88,7 +242,7 @@ class CachedDecoder:
         self.model = model
         self.context_length = model.config.context_length
         self.keep = max(1, self.context_length // 2)  # tokens kept by a refill, the new one included
-        self.caches = model.new_kv_caches(batch_size)
+        self.caches = model.new_kv_caches(batch_size, dtype=cache_dtype(model))
         device = next(model.parameters()).device
         self.ids = torch.zeros(batch_size, self.context_length, dtype=torch.long, device=device)  # (B, ctx)
         self.position = 0
@@ -97,6 +251,8 @@ class CachedDecoder:
         self.compiled_step = None  # built at the first step when compile is asked for
         self.step_token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)  # (B, 1)
         self.step_position = torch.zeros(1, dtype=torch.long, device=device)  # (1,)
+        self.columns = self.ids.unbind(1)  # ids[:, p] for each p, (B,) views: one copy writes a token
+        self.eager_step = None if compile else DecodeStep.for_model(model, self.caches)
 
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
         """ids: (B, T) with 1 <= T <= context_length, fed at positions 0..T-1. Returns (B, V)."""
@@ -116,8 +272,10 @@ class CachedDecoder:
             self.position = self.keep
             self.refills += 1
             return self._forward(0, self.keep)
-        self.ids[:, self.position] = token
+        self.columns[self.position].copy_(token)
         self.position += 1
+        if self.eager_step is not None:
+            return self.eager_step(token, self.position - 1)
         if not self.compile:
             return self._forward(self.position - 1, self.position)
         if self.compiled_step is None:

@@ -150,9 +150,11 @@ class CausalSelfAttention(nn.Module):
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)  # over D, per head and position
+        if cache is not None:  # a cache may keep more precision than the weights (decoder.cache_dtype):
+            q, k = q.to(cache.dtype), k.to(cache.dtype)  # RoPE and attention then run in its dtype
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if cache is not None:
-            k, v, cache_mask = cache.store(k, v)  # (B, Hkv, Tk, D) each
+            k, v, cache_mask = cache.store(k, v)  # (B, Hkv, Tk, D) each, in the cache's dtype
             mask = mask if cache_mask is None else cache_mask
         dropout_p = self.dropout if self.training else 0.0
         # A step over the whole static cache compiles better explicit (`CacheWrite.reads_every_slot`).
@@ -161,6 +163,8 @@ class CausalSelfAttention(nn.Module):
         else:
             y = self.explicit_attention(q, k, v, mask, dropout_p)  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C): heads side by side again
+        if cache is not None:
+            y = y.to(x.dtype)  # back from the cache's dtype
         return self.output(y)
 
     def explicit_attention(self, q, k, v, mask, dropout_p: float) -> torch.Tensor:

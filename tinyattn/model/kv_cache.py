@@ -89,6 +89,11 @@ class CacheWrite(NamedTuple):
         return keys, values, self.mask
 
     @property
+    def dtype(self) -> torch.dtype:
+        """What the cache stores keys and values in; attention computes in it too."""
+        return self.cache.keys.dtype
+
+    @property
     def reads_every_slot(self) -> bool:
         """True on the static path: attention reads the whole buffer, written or not.
 
