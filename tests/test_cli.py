@@ -15,7 +15,8 @@ from tinyattn.cli import run_command
 from tinyattn.cli.main import SUBCOMMANDS, main
 from tinyattn.config import ATTENTION_PATHS, CHOICES
 from tinyattn.hf.convert import DTYPES as EXPORT_DTYPES
-from tinyattn.system.choices import DEVICE_NAMES, EXPORT_PRECISIONS, PRECISIONS
+from tinyattn.gguf.writer import GGUF_DTYPES
+from tinyattn.system.choices import DEVICE_NAMES, EXPORT_PRECISIONS, GGUF_PRECISIONS, PRECISIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ["train", "generate", "eval", "attention", "export", "lab", "serve"]
@@ -116,7 +117,8 @@ def test_every_checkpoint_option_is_the_same_helper():
 
 def test_the_choices_are_the_librarys_own():
     assert option(parser_of("generate"), "--dtype").choices == PRECISIONS == CHOICES["train.precision"]
-    assert tuple(option(parser_of("export"), "--dtype").choices) == tuple(EXPORT_DTYPES) == EXPORT_PRECISIONS
+    assert tuple(EXPORT_DTYPES) == EXPORT_PRECISIONS and GGUF_DTYPES == GGUF_PRECISIONS
+    assert option(parser_of("export"), "--dtype").choices == sorted(set(EXPORT_PRECISIONS) | set(GGUF_PRECISIONS))
     assert f"model.attention={'|'.join(ATTENTION_PATHS)}" in option(parser_of("train"), "--set").help
 
 

@@ -458,12 +458,12 @@ def config_from_dict(raw: dict, *, origins: dict[str, str] | None = None,
             value = {}
         if not isinstance(value, dict):
             raise ConfigError(f"{where(name)}: {name}: expected a mapping, got {show_value(value)}")
-        if name == "by_precision":
-            sections[name] = _check_by_precision(raw, value, where)
-        else:
+        if name != "by_precision":  # checked once the config it changes is valid
             sections[name] = _build_section(hints[name], name, value, where)
     config = Config(**sections)
     _validate(config, where)
+    if raw.get("by_precision"):
+        config.by_precision = _check_by_precision(raw, raw["by_precision"], where)
     return config
 
 

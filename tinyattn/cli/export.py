@@ -8,10 +8,9 @@ import argparse
 from tinyattn.cli import run_command
 from tinyattn.cli.options import add_checkpoint, command_parser
 from tinyattn.errors import ConfigError
-from tinyattn.system.choices import EXPORT_PRECISIONS
+from tinyattn.system.choices import EXPORT_PRECISIONS, GGUF_PRECISIONS
 
 FORMATS = ("hf", "gguf")
-GGUF_PRECISIONS = ("fp32", "fp16", "bf16")  # tinyattn.gguf.writer.GGUF_DTYPES, named without importing it
 
 
 def parser() -> argparse.ArgumentParser:

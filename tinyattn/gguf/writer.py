@@ -48,10 +48,11 @@ from tinyattn.errors import CheckpointError, TinyattnError
 from tinyattn.gguf.vocab import PRE_TOKENIZER, TOKENIZER_MODEL, gguf_vocab
 from tinyattn.hf.convert import norm_eps, to_hf_weights
 from tinyattn.system.storage import TEMPORARY_SUFFIX, storage_errors
+from tinyattn.system.choices import GGUF_PRECISIONS
 
 INSTALL_HINT = "pip install 'tinyattn[gguf]'"
 ARCHITECTURE, QK_NORM_ARCHITECTURE = "llama", "qwen3"
-GGUF_DTYPES = ("fp32", "fp16", "bf16")  # export --dtype for a GGUF file
+GGUF_DTYPES = GGUF_PRECISIONS  # export --dtype for a GGUF file (system.choices: named without torch)
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 # Hugging Face Llama names (per layer after "model.layers.i.") -> llama.cpp's, from gguf's tables.

@@ -15,6 +15,7 @@ DEVICE_NAMES = "auto, cpu, cuda, cuda:N or mps"  # what DEVICE_PATTERN accepts, 
 PRECISION_NAMES = ("fp32", "bf16", "fp16")  # the dtypes computation can run in (device.DTYPES)
 PRECISIONS = ("auto", *PRECISION_NAMES)  # train.precision and generate --dtype; auto: select_precision chooses
 EXPORT_PRECISIONS = ("fp32", "bf16")  # export --dtype: what a Hugging Face folder's weights are saved in
+GGUF_PRECISIONS = ("fp32", "fp16", "bf16")  # export --dtype for a GGUF file's matrices
 
 
 def check_device(name: str, fail: Callable[[str, Any, str], None], key: str = "device") -> None:
