@@ -168,11 +168,19 @@ def test_attention_setting_chooses_the_path_and_both_agree(tiny_model, random_to
     assert tiny_model(attention="auto").attention_path == "fused"  # auto, unresolved: the kernel
 
 
-def test_qk_norm_normalises_queries_and_keys_and_stays_causal(tiny_model, random_tokens):
+def test_qk_norm_normalises_queries_and_keys_and_stays_causal(tiny_model, random_tokens, monkeypatch):
+    import tinyattn.model.attention as attention_module
+
     model = tiny_model(qk_norm=True)
-    attention_layer = model.blocks[0].attention
     seen = {}
-    attention_layer.q_norm.register_forward_hook(lambda m, i, o: seen.setdefault("q", o))
+    norm_heads = attention_module.norm_heads
+
+    def recording(norm, x):
+        out = norm_heads(norm, x)
+        seen.setdefault("q", out)  # the first call: layer 0's queries
+        return out
+
+    monkeypatch.setattr(attention_module, "norm_heads", recording)
     idx = random_tokens()
     logits = model(idx).logits
     rms = seen["q"].pow(2).mean(-1).sqrt()  # (B, H, T): unit RMS per head and position
@@ -348,3 +356,16 @@ def test_auto_resolves_for_the_hardware_and_a_setting_is_kept(tiny_model, random
         torch.manual_seed(0)
         torch.testing.assert_close(model(idx).logits, LanguageModel(config, other).eval()(idx).logits,
                                    rtol=0, atol=1e-5)
+
+
+def test_qk_norm_under_bf16_autocast_runs_without_a_mixed_dtype_warning(recwarn):
+    """The projections give bf16 under autocast while the gains stay fp32: norm_heads casts the
+    gain, so torch's fused RMSNorm runs instead of warning on every call of every step."""
+    model = LanguageModel(ModelConfig(vocab_size=65, n_layer=1, n_head=2, n_embd=32, context_length=16,
+                                      qk_norm=True))
+    idx = torch.randint(0, 65, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(idx, idx).loss
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert not [w for w in recwarn if "Mismatch dtype" in str(w.message)]

@@ -149,7 +149,7 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)  # over D, per head and position
+            q, k = norm_heads(self.q_norm, q), norm_heads(self.k_norm, k)  # over D, per head and position
         if cache is not None:  # a cache may keep more precision than the weights (decoder.cache_dtype):
             q, k = q.to(cache.dtype), k.to(cache.dtype)  # RoPE and attention then run in its dtype
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
@@ -190,6 +190,13 @@ class CausalSelfAttention(nn.Module):
             mask = causal_mask(T, Tk, q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                               dropout_p=dropout_p, enable_gqa=self.n_kv_head != self.n_head)
+
+
+def norm_heads(norm: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    """QK-norm of x (B, H, T, D) in x's dtype. Under bf16 autocast the projections give bf16
+    while the gain is kept in fp32; the gain is cast to x's dtype so torch's fused kernel
+    runs (mixed dtypes fall back to a composite path, with a warning on every call)."""
+    return F.rms_norm(x, norm.normalized_shape, norm.weight.to(x.dtype), norm.eps)
 
 
 # ----------------------------------------------------------------------------- 4. looking inside
