@@ -15,7 +15,8 @@ import torch
 
 from tinyattn.train.optim import Muon
 
-# The main config's matrices: per layer qkv (576, 192), output (192, 192), gate_up (1024, 192), down (192, 512).
+# The main config's matrices, per layer: qkv (576, 192), output (192, 192), gate_up (1024, 192),
+# down (192, 512).
 SHAPES = [(576, 192), (192, 192), (1024, 192), (192, 512)] * 4
 
 

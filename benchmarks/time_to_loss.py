@@ -71,9 +71,10 @@ def one_round(nanogpt: Path, tinyattn_extra: list[str], target: Optional[float])
     theirs = {"wall": round(wall, 1), "evaluations": evaluations(lines, NANOGPT_VAL)}
     target = target if target is not None else theirs["evaluations"][-1]["val"]
     run_name = f"time-to-loss-{os.getpid()}-{time.time_ns()}"
-    lines, wall = stamped_run([sys.executable, "scripts/train.py", "--config", "configs/shakespeare_char.yaml",
-                               "--no-progress", "--run-name", run_name, "--set", *TINYATTN_SETS,
-                               *tinyattn_extra, "train.out_dir=/tmp/tinyattn-time-to-loss"], ROOT)
+    command = [sys.executable, "scripts/train.py", "--config", "configs/shakespeare_char.yaml", "--no-progress",
+               "--run-name", run_name, "--set", *TINYATTN_SETS, *tinyattn_extra,
+               "train.out_dir=/tmp/tinyattn-time-to-loss"]
+    lines, wall = stamped_run(command, ROOT)
     ours = {"wall": round(wall, 1), "evaluations": evaluations(lines, TINYATTN_VAL)}
     reached = first_at_or_below(ours["evaluations"], target)
     ratio = reached["seconds"] / theirs["wall"] if reached else None

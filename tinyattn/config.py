@@ -95,7 +95,8 @@ class ModelConfig:
         if not 0.0 <= m.dropout < 1.0:
             fail("model.dropout", m.dropout, "expected a number in [0, 1)")
         if m.attention_dropout is not None and not 0.0 <= m.attention_dropout < 1.0:
-            fail("model.attention_dropout", m.attention_dropout, "expected a number in [0, 1) or null (model.dropout)")
+            fail("model.attention_dropout", m.attention_dropout,
+                 "expected a number in [0, 1) or null (model.dropout)")
         if m.rope_base <= 0:
             fail("model.rope_base", m.rope_base, "expected a positive number")
         if m.logit_softcap is not None and m.logit_softcap <= 0:
@@ -487,7 +488,8 @@ def _copy_sections(raw: dict) -> dict:
     return {name: dict(section) if isinstance(section, dict) else section for name, section in raw.items()}
 
 
-def for_precision(config: Config, precision: str, *, keep: typing.Sequence[str] = ()) -> tuple[Config, list[str]]:
+def for_precision(config: Config, precision: str, *,
+                  keep: typing.Sequence[str] = ()) -> tuple[Config, list[str]]:
     """`config` as a run in `precision` trains it: its by_precision entry applied (but for the
     dotted keys in `keep`, the ones --set gave) and by_precision emptied. Also the changes made,
     as `key=value` items, for the run to say."""
