@@ -1,6 +1,7 @@
 """Shared fixtures: the repository root, the real corpus when present, offline hub."""
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -21,6 +22,48 @@ def shakespeare_path() -> Path:
         if path.exists():
             return path
     pytest.skip("data/tinyshakespeare.txt is missing (CI copies it from ../shared/data)")
+
+
+@pytest.fixture(scope="session")
+def shakespeare_head(tmp_path_factory, shakespeare_path) -> Path:
+    """The first 60 kB of Tiny Shakespeare in a file of its own: real text, quick to tokenize."""
+    path = tmp_path_factory.mktemp("corpus") / "shakespeare_head.txt"
+    path.write_text(shakespeare_path.read_text(encoding="utf-8")[:60_000], encoding="utf-8")
+    return path
+
+
+def local_corpus(corpus: Path, out_dir: Path) -> list[str]:
+    """--set items that train on the local file `corpus` (no download) with caches and runs in out_dir."""
+    return [f"data.files={corpus}", "data.url=null", "data.sha256=null",
+            f"data.cache_dir={out_dir / 'cache'}", f"train.out_dir={out_dir}"]
+
+
+def chromium_executable():
+    """Debian's chromium (or TINYATTN_CHROMIUM); None: Playwright's own browser, if installed."""
+    named = os.environ.get("TINYATTN_CHROMIUM")
+    if named:
+        return named
+    return next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")
+                 if shutil.which(name)), None)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium through Playwright for the explorer's and the playground's pages; skipped
+    where there is none, except in CI, whose .ci/run installs it."""
+    playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed "
+                                         "(pip install -e '.[dev]')")
+    with playwright_api.sync_playwright() as p:
+        try:
+            launched = p.chromium.launch(executable_path=chromium_executable())
+        except Exception as e:  # no browser on this machine
+            reason = (f"no Chromium to run the pages in (apt-get install chromium, or "
+                      f"python -m playwright install chromium): {str(e).splitlines()[0]}")
+            if os.environ.get("CI"):
+                pytest.fail(reason + "; .ci/run installs it, so CI must have it")
+            pytest.skip(reason)
+        yield launched
+        launched.close()
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import local_corpus
 from tinyattn import checkpoint as ckpt
 from tinyattn.config import load_config
 from tinyattn.train.budget import TimePlan
@@ -28,17 +29,13 @@ TINY = ROOT / "configs" / "tiny.yaml"
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory, shakespeare_path) -> Path:
-    path = tmp_path_factory.mktemp("corpus") / "shakespeare_head.txt"
-    path.write_text(shakespeare_path.read_text(encoding="utf-8")[:60_000], encoding="utf-8")
-    return path
+def corpus(shakespeare_head) -> Path:
+    return shakespeare_head
 
 
 def budget_config(corpus: Path, out_dir: Path, budget: str, *extra: str):
-    return load_config(TINY, [f"data.files={corpus}", "data.url=null", "data.sha256=null",
-                              f"data.cache_dir={out_dir / 'cache'}", f"train.out_dir={out_dir}",
-                              f"train.time_budget={budget}", "train.show=[]", "train.eval_interval=25",
-                              "train.warmup_steps=4", *extra])
+    return load_config(TINY, [*local_corpus(corpus, out_dir), f"train.time_budget={budget}", "train.show=[]",
+                              "train.eval_interval=25", "train.warmup_steps=4", *extra])
 
 
 class FakeClock:

@@ -2,9 +2,7 @@
 command writes it; and in headless Chromium, the colours the page shows are the model's
 weights, with no network request and no console error."""
 
-import os
 import re
-import shutil
 
 import numpy as np
 import pytest
@@ -139,34 +137,6 @@ def test_command_mistakes_are_one_line(run_dir, capsys, args, message):
 
 
 # ----------------------------------------------------------------------------- in a browser
-
-
-def chromium_executable():
-    """Debian's chromium (or TINYATTN_CHROMIUM); None: Playwright's own browser, if installed."""
-    named = os.environ.get("TINYATTN_CHROMIUM")
-    if named:
-        return named
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        if shutil.which(name):
-            return shutil.which(name)
-    return None
-
-
-@pytest.fixture(scope="module")
-def browser():
-    playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed "
-                                         "(pip install -e '.[dev]')")
-    with playwright_api.sync_playwright() as p:
-        try:
-            launched = p.chromium.launch(executable_path=chromium_executable())
-        except Exception as e:  # no browser on this machine
-            reason = (f"no Chromium to run the explorer in (apt-get install chromium, or "
-                      f"python -m playwright install chromium): {str(e).splitlines()[0]}")
-            if os.environ.get("CI"):
-                pytest.fail(reason + "; .ci/run installs it, so CI must have it")
-            pytest.skip(reason)
-        yield launched
-        launched.close()
 
 
 @pytest.mark.slow

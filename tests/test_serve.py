@@ -8,7 +8,6 @@ import http.client
 import json
 import os
 import re
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -358,29 +357,6 @@ def test_a_bad_explorer_request_is_a_400(server, body, message):
 
 
 # ----------------------------------------------------------------------------- the playground in a browser
-
-
-def chromium_executable():
-    """Debian's chromium (or TINYATTN_CHROMIUM), found as tests/test_explorer.py does; None: Playwright's."""
-    named = os.environ.get("TINYATTN_CHROMIUM")
-    if named:
-        return named
-    return next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")
-                 if shutil.which(name)), None)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed "
-                                         "(pip install -e '.[dev]')")
-    with playwright_api.sync_playwright() as p:
-        try:
-            launched = p.chromium.launch(executable_path=chromium_executable())
-        except Exception as e:  # no browser on this machine
-            pytest.skip(f"no Chromium to run the playground in (apt-get install chromium, or "
-                        f"python -m playwright install chromium): {str(e).splitlines()[0]}")
-        yield launched
-        launched.close()
 
 
 @pytest.mark.slow

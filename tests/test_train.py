@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import local_corpus
 from tinyattn import checkpoint as ckpt
 from tinyattn.config import load_config
 from tinyattn.errors import CheckpointError, TinyattnError
@@ -25,16 +26,12 @@ TINY = ROOT / "configs" / "tiny.yaml"
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory, shakespeare_path) -> Path:
-    """The first 60 kB of Tiny Shakespeare: real text, quick to tokenize."""
-    path = tmp_path_factory.mktemp("corpus") / "shakespeare_head.txt"
-    path.write_text(shakespeare_path.read_text(encoding="utf-8")[:60_000], encoding="utf-8")
-    return path
+def corpus(shakespeare_head) -> Path:
+    return shakespeare_head
 
 
 def tiny_overrides(corpus: Path, out_dir: Path, *extra: str) -> list[str]:
-    return [f"data.files={corpus}", "data.url=null", "data.sha256=null",
-            f"data.cache_dir={out_dir / 'cache'}", f"train.out_dir={out_dir}", *extra]
+    return [*local_corpus(corpus, out_dir), *extra]
 
 
 def tiny_config(corpus, out_dir, *extra):

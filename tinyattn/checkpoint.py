@@ -231,8 +231,10 @@ class LoadedModel:
 
 def config_from_checkpoint(state: dict, path: Path) -> Config:
     try:
-        return config_from_dict(_with_muon_whole(_with_show(state["config"])),
-                                default_origin=f"{path} (saved config)")
+        saved = state["config"]
+        for older in SAVED_CONFIG_MIGRATIONS:
+            saved = older(saved)
+        return config_from_dict(saved, default_origin=f"{path} (saved config)")
     except (ConfigError, KeyError) as e:
         raise CheckpointError(f"{path}: its saved config cannot be used: {e}") from None
 
@@ -255,6 +257,10 @@ def _with_muon_whole(saved: dict) -> dict:
     if not isinstance(train, dict) or "muon_split_stacked" in train:
         return saved
     return {**saved, "train": {**train, "muon_split_stacked": False}}
+
+
+# A config saved before a key existed, given the value that reproduces what such a run did.
+SAVED_CONFIG_MIGRATIONS = (_with_show, _with_muon_whole)
 
 
 def load_weights(model: LanguageModel, state: dict, path: Path) -> None:

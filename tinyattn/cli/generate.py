@@ -27,7 +27,7 @@ import warnings
 from typing import Optional
 
 from tinyattn.cli import run_command
-from tinyattn.cli.options import add_checkpoint, add_device, command_parser
+from tinyattn.cli.options import add_checkpoint, add_device, add_inference_dtype, add_out_dir, command_parser
 from tinyattn.errors import ConfigError, DataError
 
 DESCRIPTION = """\
@@ -58,14 +58,10 @@ examples:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tinyattn.system.choices import PRECISIONS
-
     parser = command_parser("generate", DESCRIPTION, EPILOG,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     add_checkpoint(parser, where="--out-dir")
-    parser.add_argument("--out-dir", default="checkpoints", metavar="DIR",
-                        help="where runs are looked for when --checkpoint is not given "
-                             "(default: checkpoints)")
+    add_out_dir(parser)
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--prompt", metavar="TEXT", help="the text to continue")
     source.add_argument("--prompt-file", metavar="FILE",
@@ -76,9 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="read prompts from stdin, one per line, until end of input")
     _add_sampling_options(parser)
     add_device(parser)
-    parser.add_argument("--dtype", default="auto", choices=PRECISIONS,
-                        help="weights' dtype; auto: bf16 on CUDA and on CPUs with fast bf16 "
-                             "(measured), else fp32")
+    add_inference_dtype(parser)
     parser.add_argument("--compile", action="store_true",
                         help="compile the one-token decoding step with torch.compile: the same "
                              "text, faster per token, after a compile of seconds (tens of seconds "
@@ -146,15 +140,21 @@ def sampling_options(args: argparse.Namespace, saved, stop: list[str]):
         num_samples=args.num_samples, seed=args.seed, stop=tuple(stop))
 
 
-def inference_model(loaded, args: argparse.Namespace, device):
-    """The loaded model in the --dtype, its weights packed for the CPU; says so on stderr."""
+def prepared_model(loaded, dtype_name: str, device):
+    """The loaded model as generate and serve run it: in --dtype's dtype, its weights packed for
+    fast CPU matmuls (it is only ever used to generate). Returns (model, dtype, packed)."""
     from tinyattn.generate.cpu_weights import pack_linear_weights
     from tinyattn.generate.decoder import inference_dtype
 
-    dtype = inference_dtype(args.dtype, device)
+    dtype = inference_dtype(dtype_name, device)
     model = loaded.model.to(dtype)
+    return model, dtype, pack_linear_weights(model)
+
+
+def inference_model(loaded, args: argparse.Namespace, device):
+    """The loaded model in the --dtype, its weights packed for the CPU; says so on stderr."""
+    model, dtype, packed = prepared_model(loaded, args.dtype, device)
     size = model.num_parameters()
-    packed = pack_linear_weights(model)  # only ever used to generate: store weights for fast CPU matmuls
     print(f"{loaded.path} (step {loaded.step}): {size / 1e6:.2f}M parameters, "
           f"{str(dtype).removeprefix('torch.')} on {device}{', packed weights' if packed else ''}"
           f"{', compiled decoding' if args.compile else ''}",

@@ -28,6 +28,22 @@ def add_checkpoint(parser: argparse.ArgumentParser, where: str = "checkpoints/")
     parser.add_argument("--checkpoint", metavar="RUN_DIR|FILE", help=CHECKPOINT_HELP.format(where=where))
 
 
+def add_out_dir(parser: argparse.ArgumentParser) -> None:
+    """--out-dir: where runs are looked for when --checkpoint is not given."""
+    parser.add_argument("--out-dir", default="checkpoints", metavar="DIR",
+                        help="where runs are looked for when --checkpoint is not given "
+                             "(default: checkpoints)")
+
+
+def add_inference_dtype(parser: argparse.ArgumentParser) -> None:
+    """--dtype of a model loaded to generate with (`generate.decoder.inference_dtype`)."""
+    from tinyattn.system.choices import PRECISIONS
+
+    parser.add_argument("--dtype", default="auto", choices=PRECISIONS,
+                        help="weights' dtype; auto: bf16 on CUDA and on CPUs with fast bf16 "
+                             "(measured), else fp32")
+
+
 def add_device(parser: argparse.ArgumentParser, default: str | None = "auto", overrides: str = "") -> None:
     """--device; `overrides` names the config key it replaces (train.device), default then None."""
     if overrides:

@@ -12,7 +12,7 @@ import sys
 from typing import Optional
 
 from tinyattn.cli import run_command
-from tinyattn.cli.options import add_checkpoint, add_device, command_parser
+from tinyattn.cli.options import add_checkpoint, add_device, add_inference_dtype, add_out_dir, command_parser
 
 DESCRIPTION = """\
 Serve a checkpoint over HTTP: GET /v1/models, POST /v1/completions (OpenAI's completions API,
@@ -37,14 +37,10 @@ examples:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tinyattn.system.choices import PRECISIONS
-
     parser = command_parser("serve", DESCRIPTION, EPILOG,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     add_checkpoint(parser, where="--out-dir")
-    parser.add_argument("--out-dir", default="checkpoints", metavar="DIR",
-                        help="where runs are looked for when --checkpoint is not given "
-                             "(default: checkpoints)")
+    add_out_dir(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this "
                                                             "machine only; 0.0.0.0: every interface)")
     parser.add_argument("--port", type=int, default=8000,
@@ -58,8 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-active", type=int, default=4, metavar="N",
                         help="requests decoding at once, taking turns (default: 4); the rest wait in order")
     add_device(parser)
-    parser.add_argument("--dtype", default="auto", choices=PRECISIONS,
-                        help="weights' dtype; auto: bf16 on CUDA and on CPUs with fast bf16, else fp32")
+    add_inference_dtype(parser)
     return parser
 
 
@@ -87,8 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace, sock) -> int:
     from tinyattn.checkpoint import require_causal
-    from tinyattn.generate.cpu_weights import pack_linear_weights
-    from tinyattn.generate.decoder import inference_dtype
+    from tinyattn.cli.generate import prepared_model
     from tinyattn.hf.folder import load_any_model
     from tinyattn.serve.app import create_app
     from tinyattn.serve.schemas import Limits
@@ -98,11 +92,9 @@ def _serve(args: argparse.Namespace, sock) -> int:
     device = select_device(args.device)
     loaded = load_any_model(args.checkpoint, device, args.out_dir)
     require_causal(loaded, "tinyattn serve")
-    dtype = inference_dtype(args.dtype, device)
-    loaded.model.to(dtype)
     # The model as `tinyattn generate` runs it (same dtype, same packed weights), so a completion's
     # text is the command's for the same options and seed.
-    packed = pack_linear_weights(loaded.model)
+    _, dtype, packed = prepared_model(loaded, args.dtype, device)
     limits = Limits(max_tokens=args.max_tokens, max_n=args.max_n, max_active=args.max_active)
     app = create_app(loaded, limits=limits, model_id=args.model_name)
     host, port = sock.getsockname()[:2]
