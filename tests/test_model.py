@@ -16,6 +16,7 @@ from tinyattn.model.attention import (
     rotary_tables,
 )
 from tinyattn.model.attention_path import attention_path, prefer_explicit_attention
+from tinyattn.model.dropout import Dropout
 from tinyattn.model.transformer import IGNORE_INDEX, Block, LanguageModel
 from tinyattn.system.device import Precision
 
@@ -291,6 +292,44 @@ def test_dropout_acts_in_training_only_and_eval_is_deterministic(tiny_model, ran
     torch.testing.assert_close(without(idx).logits, without.eval()(idx).logits, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_cpu_dropout_keeps_each_element_with_probability_1_minus_p_and_scales_the_rest(p):
+    """The mask drawn two elements per 32-bit random integer is nn.Dropout's distribution:
+    each element kept with probability 1 - p, independently of its neighbour (the other half
+    of the same draw), the kept ones scaled by 1 / (1 - p), and a new mask on each call."""
+    torch.manual_seed(0)
+    n = 1 << 20
+    dropout = Dropout(p).train()
+    first, second = dropout(torch.ones(n)), dropout(torch.ones(n))
+    kept = first != 0
+    sigma = math.sqrt(p * (1 - p) / n)
+    assert abs(kept.float().mean().item() - (1 - p)) < 5 * sigma
+    both = (kept[0::2] & kept[1::2]).float().mean().item()  # the two halves of each draw
+    assert abs(both - (1 - p) ** 2) < 5 * math.sqrt((1 - p) ** 2 * (1 - (1 - p) ** 2) / (n // 2))
+    torch.testing.assert_close(first[kept], torch.full_like(first[kept], 1 / (1 - p)))
+    assert (kept != (second != 0)).float().mean() > p * (1 - p)  # independent draws: at about 2p(1-p)
+    x = torch.randn(7, 5)  # an odd number of elements; eval mode is the identity
+    assert dropout(x).shape == x.shape and torch.equal(dropout.eval()(x), x)
+
+
+def test_compiled_dropout_gradient_uses_the_forward_mask():
+    """Under torch.compile the mask is one opaque call: backward multiplies by the mask the
+    forward drew (not a second draw), and each forward draws a new one."""
+    torch.manual_seed(0)
+    dropout = Dropout(0.3).train()
+    x, w = torch.randn(64, 96, requires_grad=True), torch.randn(96, 96)
+    step = torch.compile(lambda x: dropout(x @ w), backend="aot_eager", fullgraph=True)
+    masks = []
+    for _ in range(2):
+        x.grad = None
+        h = step(x)
+        h.sum().backward()
+        kept = (h != 0).float()
+        torch.testing.assert_close(x.grad, (kept / 0.7) @ w.T)
+        masks.append(kept)
+    assert not torch.equal(*masks)
+
+
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "explicit"])
 def test_attention_dropout_drops_weights_in_training_on_both_paths(fused):
     torch.manual_seed(0)
@@ -335,6 +374,10 @@ def test_the_explicit_path_is_preferred_only_for_short_bf16_training_on_the_cpu_
     assert not prefer_explicit_attention(CPU, FP32, 256, 0.0)
     assert not prefer_explicit_attention(CUDA, BF16, 256, 0.0)
     assert not prefer_explicit_attention(CPU, BF16, 256, 0.1)  # the kernel draws dropout itself
+    # Dropout on the residual branches only (the main config in bf16) keeps the explicit path.
+    residual_only = ModelConfig(context_length=64, dropout=0.1, attention_dropout=0.0)
+    assert attention_path("auto", CPU, BF16, residual_only) == "explicit"
+    assert attention_path("auto", CPU, BF16, ModelConfig(context_length=64, dropout=0.1)) == "fused"
 
 
 def test_auto_resolves_for_the_hardware_and_a_setting_is_kept(tiny_model, random_tokens):

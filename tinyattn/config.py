@@ -70,6 +70,11 @@ class ModelConfig:
         return self.n_kv_head or self.n_head
 
     @property
+    def weights_dropout(self) -> float:
+        """The dropout on the attention weights: attention_dropout, else dropout."""
+        return self.dropout if self.attention_dropout is None else self.attention_dropout
+
+    @property
     def hidden_dim(self) -> int:
         if self.mlp_hidden:
             return self.mlp_hidden

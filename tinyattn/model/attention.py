@@ -119,7 +119,7 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.n_embd, sum(self.qkv_split), bias=False)
         self.output = nn.Linear(config.n_embd, config.n_embd, bias=False)
         # On the attention weights; model.attention_dropout sets it apart from the residual's.
-        self.dropout = config.dropout if config.attention_dropout is None else config.attention_dropout
+        self.dropout = config.weights_dropout
         self.causal = config.causal  # False (tinyattn lab causal): no mask when none is given
         self.fused = fused  # which path: the kernel, or the explicit matmuls (model.attention)
         # Called with each explicit forward's weights (B, H, Tq, Tk); set only by

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from tinyattn.config import ATTENTION_PATHS, ModelConfig
 from tinyattn.model.attention import CausalSelfAttention, recording_attention_weights, rotary_tables
+from tinyattn.model.dropout import Dropout
 from tinyattn.model.kv_cache import CacheWrite, KVCache, cache_writes
 
 IGNORE_INDEX = -100  # targets with this value (padding) do not count in the loss
@@ -77,7 +78,7 @@ class Block(nn.Module):
         self.attention = CausalSelfAttention(config, fused_attention)
         self.mlp_norm = nn.RMSNorm(config.n_embd, config.norm_eps)
         self.mlp = SwiGLU(config)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor, *, cos: torch.Tensor, sin: torch.Tensor,
                 mask: Optional[torch.Tensor] = None, cache: Optional[CacheWrite] = None) -> torch.Tensor:
@@ -113,7 +114,7 @@ class LanguageModel(nn.Module):
         self.attention_path = "explicit" if attention == "explicit" else "fused"
         fused = self.attention_path == "fused"
         self.token_embedding = nn.Embedding(config.vocab_size, config.n_embd)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, fused) for _ in range(config.n_layer))
         self.final_norm = nn.RMSNorm(config.n_embd, config.norm_eps)
         self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
