@@ -1,0 +1,82 @@
+"""The training step of a config, with variants side by side: median seconds per step.
+
+    python -m benchmarks.train_step --set train.precision=bf16 \\
+        --variant "model.dropout=0.0" --variant "model.dropout=0.1 model.attention_dropout=0.0"
+
+Each variant is the config (default: the main job's) with the --set overrides and then its
+own; the step is `Trainer.train_step` exactly as a run takes it (the config's optimizer,
+batch, precision, attention path and torch.compile), on random tokens. Every variant runs in
+a fresh process, in alternating rounds (--rounds), since this machine's speed drifts within
+minutes; each process reports the median of --steps steps after --warmup untimed ones (the
+first of which compiles, when the config compiles). `by_precision` is not applied: name what
+it would change as a variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+
+def one_process(config_path: str, overrides: list[str], steps: int, warmup: int) -> dict:
+    from tinyattn.config import load_config
+    from tinyattn.system.device import select_device, select_precision
+    from tinyattn.train.trainer import Trainer
+
+    config = load_config(config_path, overrides)
+    device = select_device(config.train.device)
+    precision = select_precision(config.train.precision, device)
+    if config.model.vocab_size is None:
+        config.model.vocab_size = 65  # the character vocabulary of the main corpus
+    tokens = np.random.default_rng(0).integers(0, config.model.vocab_size, 1_000_000).astype(np.uint16)
+    trainer = Trainer.build(config.model, config.train, tokens, device=device, precision=precision)
+    for _ in range(warmup):
+        trainer.train_step()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        trainer.train_step()
+        times.append(time.perf_counter() - start)
+    return {"precision": precision.name, "attention": trainer.model.attention_path,
+            "median_s": statistics.median(times), "min_s": min(times)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="configs/shakespeare_char.yaml")
+    parser.add_argument("--set", nargs="*", default=[], dest="overrides", metavar="KEY=VALUE")
+    parser.add_argument("--variant", action="append", default=[],
+                        help="space-separated KEY=VALUE overrides of one variant (repeatable)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=8)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        print(json.dumps(one_process(args.config, json.loads(args.child), args.steps, args.warmup)))
+        return
+    variants = args.variant or [""]
+    results: dict[str, list[dict]] = {v: [] for v in variants}
+    for _ in range(args.rounds):
+        for variant in variants:
+            overrides = args.overrides + variant.split()
+            out = subprocess.run([sys.executable, "-m", "benchmarks.train_step", "--config", args.config,
+                                  "--steps", str(args.steps), "--warmup", str(args.warmup),
+                                  "--child", json.dumps(overrides)],
+                                 capture_output=True, text=True, check=True)
+            results[variant].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print("| variant | precision | attention | median s/step per round |")
+    print("| --- | --- | --- | --- |")
+    for variant, rounds in results.items():
+        medians = ", ".join(f"{r['median_s']:.3f}" for r in rounds)
+        print(f"| {variant or '(the config)'} | {rounds[0]['precision']} | {rounds[0]['attention']} | {medians} |")
+
+
+if __name__ == "__main__":
+    main()
