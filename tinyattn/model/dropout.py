@@ -14,6 +14,9 @@ The draw is one custom operator (`tinyattn::keep_mask`), so torch.compile calls 
 (no graph break, no inductor generator) and fuses the multiplication around it. It takes
 its numbers from torch's default generator, which a checkpoint saves and a resume restores.
 On a GPU the kernel's own dropout is already cheap, and `Dropout` is `F.dropout` there.
+One caveat of an operator that compile sees as a function of its input: two masks of the very
+same tensor in one compiled graph may be merged into one (common-subexpression elimination);
+the model drops each tensor once, so this never arises there.
 """
 
 from __future__ import annotations
