@@ -186,6 +186,8 @@ def test_the_decode_step_leaves_to_the_model_what_it_cannot_compute_the_same(tin
     caches = model.new_kv_caches(1)
     assert DecodeStep.for_model(model, caches) is not None
     assert DecodeStep.for_model(model.train(), caches) is None  # dropout runs in the model only
+    # The main config's bf16 runs save dropout on the residual branches only: still the fast step.
+    assert DecodeStep.for_model(tiny_model(dropout=0.1, attention_dropout=0.0), caches) is not None
     model.eval()
     with recording_attention_weights(model):  # the weights are recorded by the model's own layers
         assert DecodeStep.for_model(model, caches) is None

@@ -70,11 +70,12 @@ class LayerWeights(NamedTuple):
     down: tuple  # (hidden,) -> (C,)
 
 
-# ModelConfig fields the step computes as the model does; any other field set away from its
-# default (an option added later) sends decoding down the model's own forward instead.
+# ModelConfig fields the step computes as the model does (both dropouts act in training only,
+# and the step runs in eval); any other field set away from its default (an option added later)
+# sends decoding down the model's own forward instead.
 _STEP_KNOWS = {"vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "mlp_hidden", "context_length",
-               "dropout", "tie_embeddings", "rope_base", "norm_eps", "qk_norm", "logit_softcap",
-               "zero_init_projections", "attention", "causal"}
+               "dropout", "attention_dropout", "tie_embeddings", "rope_base", "norm_eps", "qk_norm",
+               "logit_softcap", "zero_init_projections", "attention", "causal"}
 
 
 class DecodeStep:
