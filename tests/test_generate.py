@@ -165,13 +165,14 @@ STEP_MODELS = {  # ModelConfig overrides, dtype, packed
 }
 
 
+@pytest.mark.parametrize("batch", [1, 2])  # one row: packed bf16 weights multiply through aten's kernel
 @pytest.mark.parametrize("name", STEP_MODELS)
-def test_the_eager_decode_step_gives_the_models_own_cached_logits_bitwise(tiny_model, tokenizer, name):
+def test_the_eager_decode_step_gives_the_models_own_cached_logits_bitwise(tiny_model, tokenizer, name, batch):
     overrides, dtype, pack = STEP_MODELS[name]
     model = perturbed(tiny_model(**overrides), dtype, pack)
-    ids = random_ids(tokenizer.vocab_size, 24)
+    ids = random_ids(tokenizer.vocab_size, 24, batch=batch)
     with torch.inference_mode():
-        fast, plain = CachedDecoder(model, batch_size=2), CachedDecoder(model, batch_size=2)
+        fast, plain = CachedDecoder(model, batch_size=batch), CachedDecoder(model, batch_size=batch)
         plain.eager_step = None  # the model's own forward, one position at a time
         assert fast.eager_step is not None
         torch.testing.assert_close(fast.prefill(ids[:, :3]), plain.prefill(ids[:, :3]), rtol=0, atol=0)

@@ -6,7 +6,7 @@ import types
 import pytest
 import torch
 
-from tinyattn.generate.cpu_weights import ONEDNN, PackedLinear, pack_linear_weights
+from tinyattn.generate.cpu_weights import ONEDNN, PackedLinear, matrix_vector, pack_linear_weights
 from tinyattn.generate.decoder import generate_tokens
 
 
@@ -51,3 +51,24 @@ def test_without_the_private_operators_the_model_is_left_unchanged(tiny_model, r
     assert {name: type(module) for name, module in model.named_modules()} == before
     ids = random_tokens(length=8)
     torch.testing.assert_close(model(ids).logits, tiny_model()(ids).logits, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+def test_one_bf16_row_multiplies_through_atens_kernel_and_more_rows_through_onednn(monkeypatch):
+    calls = []
+    def counted(x, packed):
+        calls.append(x.shape)
+        return ONEDNN.linear(x, packed)
+    weight = torch.randn(48, 32, generator=torch.Generator().manual_seed(0)).bfloat16()
+    layer = PackedLinear(weight, ONEDNN._replace(linear=counted))
+    one, two = (torch.randn(*shape, generator=torch.Generator().manual_seed(1)).bfloat16() for shape in [(1, 1, 32), (2, 1, 32)])
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(one), torch.nn.functional.linear(one, weight), rtol=0, atol=3e-2)
+        assert calls == []  # a decode step of one sequence: aten's matrix-vector kernel
+        torch.testing.assert_close(layer(two), torch.nn.functional.linear(two, weight), rtol=0, atol=3e-2)
+        assert calls == [(2, 1, 32)]  # two sequences: the packed weight
+    assert torch._C._get_mkldnn_enabled()  # switched back on after each call ...
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        matrix_vector(one, weight)
+    assert torch._C._get_mkldnn_enabled()  # ... even after one that failed

@@ -6,6 +6,12 @@ every call; oneDNN reads a weight reordered once into its own layout faster on t
 measured, most of all in bf16 (docs/BENCHMARKS.md). The arithmetic is the same, so outputs
 equal nn.Linear's up to float rounding.
 
+One exception, measured in the decode loop itself: a single bf16 row (one sequence, one
+token) goes through aten's own matrix-vector kernel (`matrix_vector`), which accumulates in
+fp32 as oneDNN does. Timed alone, oneDNN's call is as fast or faster; between the other
+operators of a decode step each of its calls costs two to three times as long, and the whole
+step ran about 30% faster with aten's kernel (docs/BENCHMARKS.md "Eager decode step").
+
 The risk, stated once: packing calls two private operators of PyTorch's oneDNN integration,
 `torch.ops.mkldnn._reorder_linear_weight` and `torch.ops.mkldnn._linear_pointwise` (the ones
 inductor's own CPU weight prepacking uses). They are not public API and may change or vanish
@@ -33,6 +39,21 @@ def _packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
+def matrix_vector(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x (..., in) holding one row times weight (out, in) -> (..., out), through aten's own kernel.
+
+    torch sends a bf16 product to oneDNN wherever the CPU has bf16 instructions; with oneDNN
+    switched off for the call (a process-wide flag, restored at once) the same product runs
+    aten's matrix-vector kernel instead.
+    """
+    enabled = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        return F.linear(x, weight)
+    finally:
+        torch._C._set_mkldnn_enabled(enabled)
+
+
 class PackingOperators(NamedTuple):
     """What packing calls: `reorder(weight (out, in))` once per layer, `linear(x, reordered)` per call."""
 
@@ -48,8 +69,8 @@ class PackedLinear(nn.Module):
 
     The plain weight is kept: code being compiled (`torch.compile`, which cannot lower the
     private op) multiplies by it, and inductor generates its own matrix-vector kernels from
-    it; eager calls use the packed copy. Inference only: no autograd, and cast the model
-    before packing it.
+    it; eager calls use the packed copy, except a single bf16 row (`product`). Inference only:
+    no autograd, and cast the model before packing it.
     """
 
     def __init__(self, weight: torch.Tensor, operators: PackingOperators = ONEDNN):
@@ -64,7 +85,13 @@ class PackedLinear(nn.Module):
             return F.linear(x, self.weight)  # (..., out)
         if x.requires_grad:
             raise RuntimeError("PackedLinear is for inference only; run it under torch.inference_mode()")
-        return self.operators.linear(x, self.packed_weight)  # (..., out)
+        return self.product(x)  # (..., out)
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., in) -> (..., out), eagerly: one bf16 row by `matrix_vector`, anything else by oneDNN."""
+        if x.dtype == torch.bfloat16 and x.numel() == self.in_features:
+            return matrix_vector(x, self.weight)
+        return self.operators.linear(x, self.packed_weight)
 
 
 def pack_linear_weights(model: nn.Module, operators: PackingOperators = ONEDNN) -> bool:

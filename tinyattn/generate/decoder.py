@@ -32,7 +32,8 @@ penalty as a (B, V) mask updated in place instead of scanning the history every 
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator, NamedTuple, Optional
+import functools
+from typing import Callable, Iterator, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -57,17 +58,17 @@ def decode_one_token(model, token: torch.Tensor, position: torch.Tensor, caches:
 
 
 class LayerWeights(NamedTuple):
-    """One block's tensors as `DecodeStep` reads them; each linear is (function, weight)."""
+    """One block's tensors as `DecodeStep` reads them; each linear is a function of x (`_linear`)."""
 
     attention_norm: torch.Tensor  # (C,)
-    qkv: tuple  # (C,) -> (H*D + 2*Hkv*D,): queries, keys, values side by side
+    qkv: Callable  # (C,) -> (H*D + 2*Hkv*D,): queries, keys, values side by side
     q_norm: Optional[torch.Tensor]  # (D,), with model.qk_norm
     k_norm: Optional[torch.Tensor]  # (D,)
     fused: bool  # the layer's attention path: the fused kernel, or `attention` written out
-    output: tuple  # (C,) -> (C,)
+    output: Callable  # (C,) -> (C,)
     mlp_norm: torch.Tensor  # (C,)
-    gate_up: tuple  # (C,) -> (2 * hidden,)
-    down: tuple  # (hidden,) -> (C,)
+    gate_up: Callable  # (C,) -> (2 * hidden,)
+    down: Callable  # (hidden,) -> (C,)
 
 
 # ModelConfig fields the step computes as the model does (both dropouts act in training only,
@@ -132,8 +133,7 @@ class DecodeStep:
         cos, sin = self.rope_cos[position], self.rope_sin[position]  # (D,) each
         for layer, cache in zip(self.layers, self.caches):
             x = self.block(x, layer, cache, position=position, rope=(cos, sin))  # (B, C)
-        function, weight = self.head
-        logits = function(F.rms_norm(x, self.width, self.final_norm, self.eps), weight)  # (B, V)
+        logits = self.head(F.rms_norm(x, self.width, self.final_norm, self.eps))  # (B, V)
         if self.softcap is not None:
             logits = self.softcap * torch.tanh(logits / self.softcap)
         return logits
@@ -143,8 +143,7 @@ class DecodeStep:
         rope: the (cos, sin) rows of `position`, (D,) each."""
         B, H, Hkv, D = x.size(0), self.heads, self.kv_heads, self.head_dim
         cos, sin = rope
-        function, weight = layer.qkv
-        heads = function(F.rms_norm(x, self.width, layer.attention_norm, self.eps), weight)
+        heads = layer.qkv(F.rms_norm(x, self.width, layer.attention_norm, self.eps))
         heads = heads.view(B, H + 2 * Hkv, 1, D)  # (B, H + 2Hkv, 1, D): queries, keys, values
         if layer.q_norm is None:
             qk = heads[:, :H + Hkv]  # (B, H + Hkv, 1, D)
@@ -166,19 +165,16 @@ class DecodeStep:
         y = y.view(B, H * D)  # (B, C)
         if self.downcast:
             y = y.to(x.dtype)
-        function, weight = layer.output
-        x = x + function(y, weight)  # (B, C)
-        function, weight = layer.gate_up
-        gate, up = function(F.rms_norm(x, self.width, layer.mlp_norm, self.eps), weight).chunk(2, dim=-1)
-        function, weight = layer.down
-        return x + function(F.silu(gate) * up, weight)  # (B, C)
+        x = x + layer.output(y)  # (B, C)
+        gate, up = layer.gate_up(F.rms_norm(x, self.width, layer.mlp_norm, self.eps)).chunk(2, dim=-1)
+        return x + layer.down(F.silu(gate) * up)  # (B, C)
 
 
-def _linear(module) -> tuple:
-    """(function, weight) computing what `module(x)` does: the packed weight where there is one."""
+def _linear(module) -> Callable:
+    """x -> what `module(x)` computes, without the nn.Module call: `PackedLinear.product` where packed."""
     if isinstance(module, PackedLinear):
-        return module.operators.linear, module.packed_weight
-    return F.linear, module.weight
+        return module.product
+    return functools.partial(F.linear, weight=module.weight)
 
 
 def _layer_weights(block) -> LayerWeights:
