@@ -9,8 +9,8 @@ equal nn.Linear's up to float rounding.
 One exception, measured in the decode loop itself: a single bf16 row (one sequence, one
 token) goes through aten's own matrix-vector kernel (`matrix_vector`), which accumulates in
 fp32 as oneDNN does. Timed alone, oneDNN's call is as fast or faster; between the other
-operators of a decode step each of its calls costs two to three times as long, and the whole
-step ran about 30% faster with aten's kernel (docs/BENCHMARKS.md "Eager decode step").
+operators of a decode step it is the slower one, and the whole step is faster with aten's
+kernel (docs/BENCHMARKS.md, "One bf16 row through aten's kernel").
 
 The risk, stated once: packing calls two private operators of PyTorch's oneDNN integration,
 `torch.ops.mkldnn._reorder_linear_weight` and `torch.ops.mkldnn._linear_pointwise` (the ones
@@ -44,7 +44,8 @@ def matrix_vector(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
     torch sends a bf16 product to oneDNN wherever the CPU has bf16 instructions; with oneDNN
     switched off for the call (a process-wide flag, restored at once) the same product runs
-    aten's matrix-vector kernel instead.
+    aten's matrix-vector kernel instead. A bf16 matmul on another thread in that instant
+    would run aten's kernel too: slower, the same product.
     """
     enabled = torch._C._get_mkldnn_enabled()
     torch._C._set_mkldnn_enabled(False)
