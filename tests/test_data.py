@@ -549,14 +549,16 @@ def test_batches_are_deterministic_and_differ_by_rank():
     assert not any(torch.equal(p, q) for p, q in zip(a, other_seed))
 
 
-def test_restored_sampler_draws_the_same_batches(tmp_path):
-    sampler = BatchSampler(counting_tokens(), 4, 8, seed=3)
-    for _ in range(5):
+@pytest.mark.parametrize("sampling", ["random", "passes"])
+def test_restored_sampler_draws_the_same_batches(tmp_path, sampling):
+    sampler = BatchSampler(counting_tokens(), 4, 8, seed=3, sampling=sampling)
+    for _ in range(30):  # a pass holds 124 windows: the state is taken in the first, restored into the second
         sampler.next_batch()
     torch.save({"sampler": sampler.state_dict()}, tmp_path / "state.pt")
     expected = [sampler.next_batch() for _ in range(5)]
     state = torch.load(tmp_path / "state.pt", weights_only=True)["sampler"]
-    fresh = BatchSampler(counting_tokens(), 4, 8, seed=999)
+    fresh = BatchSampler(counting_tokens(), 4, 8, seed=999, sampling=sampling)
+    fresh.next_batch()  # its own pass cached: restoring must not keep it
     fresh.load_state_dict(state)
     for x, y in expected:
         x2, y2 = fresh.next_batch()
@@ -573,6 +575,29 @@ def test_any_rank_resumes_from_rank_zeros_state():
     resumed = BatchSampler(counting_tokens(), 4, 8, seed=3, rank=1, world_size=2)
     resumed.load_state_dict(rank_zero.state_dict())
     assert torch.equal(resumed.next_batch()[0], rank_one.next_batch()[0])
+
+
+def test_passes_show_every_window_of_a_pass_once_before_the_next_pass():
+    T, per_pass = 16, (1000 - 16) // 16  # 61 windows a pass
+    sampler = BatchSampler(counting_tokens(), batch_size=per_pass, context_length=T, seed=4, sampling="passes")
+    passes = []
+    for _ in range(3):
+        x, y = sampler.next_batch()  # one batch is one whole pass
+        starts = x[:, 0].tolist()
+        assert torch.equal(y, x + 1) and y.max() <= 999  # shifted windows, inside the text
+        offset = min(starts)
+        assert offset < T and sorted(starts) == [offset + T * k for k in range(per_pass)]  # no overlap, none left out
+        passes.append(starts)
+    assert passes[0] != passes[1] != passes[2]  # each pass in its own order (and offset)
+
+
+def test_passes_are_dealt_between_ranks_without_overlap():
+    def starts(sampler, batches=6):
+        return {start for _ in range(batches) for start in sampler.next_batch()[0][:, 0].tolist()}
+    ours, theirs = (starts(BatchSampler(counting_tokens(), 5, 16, seed=4, rank=rank, world_size=2, sampling="passes"))
+                    for rank in (0, 1))
+    assert len(ours) == len(theirs) == 30 and not ours & theirs  # 60 distinct windows of the 61 in pass 0
+    assert ours | theirs == starts(BatchSampler(counting_tokens(), 10, 16, seed=4, sampling="passes"))
 
 
 def test_sampler_needs_one_window():

@@ -171,10 +171,11 @@ def test_gradient_accumulation_equals_one_large_batch(corpus, tmp_path):
         torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-7)
 
 
-def test_resume_is_exact(corpus, tmp_path, count_train_steps):
+@pytest.mark.parametrize("sampling", ["random", "passes"])
+def test_resume_is_exact(corpus, tmp_path, count_train_steps, sampling):
     # peak_flops unset: the start-up matmul measurement must not move the random generators.
     extra = ("train.max_steps=16", "train.eval_interval=4", "model.dropout=0.1", "train.precision=fp32",
-             "train.peak_flops=null")
+             "train.peak_flops=null", f"train.sampling={sampling}")
     straight = train(tiny_config(corpus, tmp_path, *extra), run_name="straight", progress=False)
     first = train(tiny_config(corpus, tmp_path, *extra), run_name="split", progress=False, stop_at_step=8)
     assert first.step == 8
@@ -649,6 +650,11 @@ def tiny_trainer(batches, **train_options) -> Trainer:
     if batches is not None:
         trainer.batches = batches
     return trainer
+
+
+def test_the_trainer_draws_its_windows_as_train_sampling_says():
+    assert tiny_trainer(None).batches.sampling == "random"
+    assert tiny_trainer(None, sampling="passes").batches.sampling == "passes"
 
 
 def test_the_trainer_steps_with_the_rate_of_the_schedule():

@@ -198,6 +198,9 @@ class TrainConfig:
     embedding_lr: Optional[float] = None  # token embedding (and a tied head); None: train.lr
     head_lr: Optional[float] = None  # an untied output head; None: train.lr
     weight_decay: float = 0.1  # matrices only; norms, biases and the embedding are not decayed
+    # How training windows are drawn: random (at random starts; they may overlap and repeat) or
+    # passes (each pass over the text in non-overlapping windows, in a shuffled order).
+    sampling: str = "random"
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0  # 0 disables clipping
@@ -326,6 +329,7 @@ class Config:
 
 ATTENTION_PATHS = ("auto", "fused", "explicit")  # model.attention; "auto" picks per hardware
 TOKENIZER_KINDS = ("char", "bpe", "pretrained")  # tokenizer.kind (see tinyattn.data.tokenizer)
+SAMPLINGS = ("random", "passes")  # train.sampling (see tinyattn.data.batches.BatchSampler)
 
 CHOICES = {
     "model.attention": ATTENTION_PATHS,
@@ -333,6 +337,7 @@ CHOICES = {
     "tokenizer.kind": TOKENIZER_KINDS,
     "train.schedule": ("cosine", "linear", "constant", "wsd"),
     "train.optimizer": ("adamw", "muon"),
+    "train.sampling": SAMPLINGS,
     "train.precision": PRECISIONS,  # tinyattn.system.device names them
 }
 

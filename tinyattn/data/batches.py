@@ -24,7 +24,7 @@ from typing import Iterator, Optional
 import numpy as np
 import torch
 
-from tinyattn.config import Config
+from tinyattn.config import SAMPLINGS, Config
 from tinyattn.data.sources import resolve_source
 from tinyattn.data.splits import split
 from tinyattn.data.token_cache import TokenCache, check_split_lengths, data_fingerprint
@@ -71,44 +71,80 @@ def prepare_data(config: Config, *, progress: bool = True) -> TokenData:
 
 
 class BatchSampler:
-    """Random windows of context_length + 1 tokens -> (x, y) int64 tensors of shape (B, T),
+    """Windows of context_length + 1 tokens -> (x, y) int64 tensors of shape (B, T),
     y = x shifted by one.
 
-    Batch k of rank r is drawn by a numpy Generator seeded with (seed, r, k), so the whole
-    state is the number of batches drawn: `state_dict` saves that count, a resumed run
-    draws exactly the batches it would have drawn, and any rank can resume from the state
-    rank 0 saved (the rank is not restored from it, so ranks keep drawing different
-    windows). Windows may overlap and repeat; with far more windows than draws that costs
-    nothing and keeps sampling O(batch) instead of O(corpus).
+    sampling "random": batch k of rank r is drawn by a numpy Generator seeded with
+    (seed, r, k). Windows may overlap and repeat; with far more windows than draws that
+    costs nothing and keeps sampling O(batch) instead of O(corpus).
+    sampling "passes": pass p over the text cuts it into non-overlapping windows from an
+    offset below T, and visits them in an order, both drawn from (seed, p) (`_pass_starts`);
+    the ranks deal the windows of one sequence between them (rank r takes batches r, r + W,
+    ...). Every window of a pass is seen once before any is seen again; a pass holds
+    len / T windows, and its order is made when it begins (O(corpus / T) memory).
+
+    Either way the whole state is the number of batches drawn: `state_dict` saves that
+    count, a resumed run draws exactly the batches it would have drawn, and any rank can
+    resume from the state rank 0 saved (the rank is not restored from it, so ranks keep
+    drawing different windows).
     """
 
     def __init__(self, tokens: np.ndarray, batch_size: int, context_length: int, *, seed: int,
-                 rank: int = 0, world_size: int = 1):
+                 rank: int = 0, world_size: int = 1, sampling: str = "random"):
         if len(tokens) < context_length + 1:
             raise DataError(f"{len(tokens)} tokens cannot fill one window of model.context_length + 1 = "
                             f"{context_length + 1}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
+        if sampling not in SAMPLINGS:
+            raise ValueError(f"sampling {sampling!r}: expected one of {', '.join(SAMPLINGS)}")
+        if sampling == "passes" and len(tokens) < 2 * context_length:
+            raise DataError(f"{len(tokens)} tokens cannot fill a pass of train.sampling: passes (it needs "
+                            f"at least 2 * model.context_length = {2 * context_length}); use random")
         self.tokens = tokens
         self.batch_size = batch_size
         self.context_length = context_length
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
+        self.sampling = sampling
         self.batches_drawn = 0
         self._offsets = np.arange(context_length + 1)  # (T+1,)
+        self._pass = (-1, None)  # (pass number, its window starts in visiting order)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        # SeedSequence needs non-negative entropy; the modulo maps a negative seed into range.
-        rng = np.random.default_rng([self.seed % (1 << 64), self.rank, self.batches_drawn])
+        if self.sampling == "passes":
+            batch = self.batches_drawn * self.world_size + self.rank  # in the sequence all ranks deal from
+            starts = self._pass_window_starts(batch * self.batch_size + np.arange(self.batch_size))  # (B,)
+        else:
+            # SeedSequence needs non-negative entropy; the modulo maps a negative seed into range.
+            rng = np.random.default_rng([self.seed % (1 << 64), self.rank, self.batches_drawn])
+            starts = rng.integers(0, len(self.tokens) - self.context_length, size=self.batch_size)  # (B,)
         self.batches_drawn += 1
-        starts = rng.integers(0, len(self.tokens) - self.context_length, size=self.batch_size)  # (B,)
         # One fancy-indexing gather: numpy reads only the pages these windows touch, so the
         # memmap is never loaded whole and no Python loop runs over tokens.
         windows = self.tokens[starts[:, None] + self._offsets].astype(np.int64)  # (B, T+1)
         x = torch.from_numpy(np.ascontiguousarray(windows[:, :-1]))  # (B, T)
         y = torch.from_numpy(np.ascontiguousarray(windows[:, 1:]))  # (B, T)
         return x, y
+
+    def _pass_window_starts(self, windows: np.ndarray) -> np.ndarray:
+        """Start tokens of windows (their numbers in the sequence of all passes), (B,) -> (B,)."""
+        per_pass = (len(self.tokens) - self.context_length) // self.context_length
+        return np.array([self._pass_starts(int(w) // per_pass, per_pass)[int(w) % per_pass] for w in windows])
+
+    def _pass_starts(self, number: int, per_pass: int) -> np.ndarray:
+        """Pass `number`'s window starts in visiting order: offset + T * (a permutation of 0..per_pass-1).
+
+        With offset < T, the last window ends at most at token per_pass * T + T <= len(tokens).
+        """
+        if self._pass[0] != number:
+            # (seed, pass) seeds it, not the rank: every rank deals from the same sequence. The 2
+            # keeps these draws apart from the random sampling's (seed, rank, batch).
+            rng = np.random.default_rng([self.seed % (1 << 64), 2, number])
+            offset = int(rng.integers(0, self.context_length))
+            self._pass = (number, offset + self.context_length * rng.permutation(per_pass))
+        return self._pass[1]
 
     def state_dict(self) -> dict:
         return {"seed": self.seed, "batches_drawn": self.batches_drawn, "rank": self.rank,
@@ -117,6 +153,7 @@ class BatchSampler:
     def load_state_dict(self, state: dict) -> None:
         self.seed = int(state["seed"])
         self.batches_drawn = int(state["batches_drawn"])
+        self._pass = (-1, None)  # made again from the restored seed
 
 
 def full_window_count(n_tokens: int, context_length: int) -> int:

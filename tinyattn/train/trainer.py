@@ -95,7 +95,8 @@ class Trainer:
         model = LanguageModel(model_config, attention).to(device)
         optimizers = build_optimizer(model, train_config, device, ns_dtype_for(precision.autocast_dtype))
         batches = BatchSampler(train_tokens, train_config.batch_size, model_config.context_length,
-                               seed=train_config.seed, rank=dist.rank, world_size=dist.world_size)
+                               seed=train_config.seed, rank=dist.rank, world_size=dist.world_size,
+                               sampling=train_config.sampling)
         return cls(model, optimizers, batches, train_config, device=device, precision=precision, dist=dist)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
