@@ -580,7 +580,8 @@ class GlobalBatches:
         from tinyattn.data.batches import BatchSampler
 
         self.ranks = [BatchSampler(tokens, config.train.batch_size, config.model.context_length,
-                                   seed=config.train.seed, rank=r, world_size=world_size)
+                                   seed=config.train.seed, rank=r, world_size=world_size,
+                                   sampling=config.train.sampling)
                       for r in range(world_size)]
         self.batch_size = config.train.batch_size * world_size
         self.context_length = config.model.context_length
