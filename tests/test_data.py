@@ -600,6 +600,13 @@ def test_passes_are_dealt_between_ranks_without_overlap():
     assert ours | theirs == starts(BatchSampler(counting_tokens(), 10, 16, seed=4, sampling="passes"))
 
 
+def test_passes_need_two_windows_and_name_the_key_that_avoids_them():
+    x, _ = BatchSampler(counting_tokens(32), 4, 16, seed=0, sampling="passes").next_batch()  # 32 tokens: passes of one window
+    assert (x[:, 0] < 16).all()
+    with pytest.raises(DataError, match=r"31 tokens cannot fill a pass .*set train.sampling: random"):
+        BatchSampler(counting_tokens(31), 4, 16, seed=0, sampling="passes")
+
+
 def test_sampler_needs_one_window():
     with pytest.raises(DataError, match="cannot fill one window"):
         BatchSampler(counting_tokens(8), 4, 8, seed=0)

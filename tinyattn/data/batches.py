@@ -100,7 +100,7 @@ class BatchSampler:
             raise ValueError(f"sampling {sampling!r}: expected one of {', '.join(SAMPLINGS)}")
         if sampling == "passes" and len(tokens) < 2 * context_length:
             raise DataError(f"{len(tokens)} tokens cannot fill a pass of train.sampling: passes (it needs "
-                            f"at least 2 * model.context_length = {2 * context_length}); use random")
+                            f"at least 2 * model.context_length = {2 * context_length}); set train.sampling: random")
         self.tokens = tokens
         self.batch_size = batch_size
         self.context_length = context_length
@@ -110,6 +110,7 @@ class BatchSampler:
         self.sampling = sampling
         self.batches_drawn = 0
         self._offsets = np.arange(context_length + 1)  # (T+1,)
+        self._per_pass = (len(tokens) - context_length) // context_length  # windows in one pass
         self._pass = (-1, None)  # (pass number, its window starts in visiting order)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,20 +131,23 @@ class BatchSampler:
 
     def _pass_window_starts(self, windows: np.ndarray) -> np.ndarray:
         """Start tokens of windows (their numbers in the sequence of all passes), (B,) -> (B,)."""
-        per_pass = (len(self.tokens) - self.context_length) // self.context_length
-        return np.array([self._pass_starts(int(w) // per_pass, per_pass)[int(w) % per_pass] for w in windows])
+        numbers, within = np.divmod(windows, self._per_pass)  # (B,) each: the pass, the place in it
+        starts = np.empty_like(windows)
+        for number in np.unique(numbers):  # one pass, or two where the batch crosses into the next
+            chosen = numbers == number
+            starts[chosen] = self._pass_starts(int(number))[within[chosen]]
+        return starts
 
-    def _pass_starts(self, number: int, per_pass: int) -> np.ndarray:
-        """Pass `number`'s window starts in visiting order: offset + T * (a permutation of 0..per_pass-1).
+    def _pass_starts(self, number: int) -> np.ndarray:
+        """Pass `number`'s window starts in visiting order: offset + T * (a permutation of the windows).
 
         With offset < T, the last window ends at most at token per_pass * T + T <= len(tokens).
         """
         if self._pass[0] != number:
-            # (seed, pass) seeds it, not the rank: every rank deals from the same sequence. The 2
-            # keeps these draws apart from the random sampling's (seed, rank, batch).
+            # Seeded by (seed, 2, pass), not by the rank: every rank deals from the same sequence.
             rng = np.random.default_rng([self.seed % (1 << 64), 2, number])
             offset = int(rng.integers(0, self.context_length))
-            self._pass = (number, offset + self.context_length * rng.permutation(per_pass))
+            self._pass = (number, offset + self.context_length * rng.permutation(self._per_pass))
         return self._pass[1]
 
     def state_dict(self) -> dict:

@@ -156,8 +156,9 @@ def newton_schulz(grads: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> tor
     towards 1 after X is scaled to spectral norm <= 1 (by its Frobenius norm). It
     converges only roughly (to [0.7, 1.2]), which is enough for an update direction and
     takes 5 steps instead of ~15. Each step is three batched matmuls, the sums folded into
-    them (`baddbmm`) rather than made by separate elementwise passes. Runs in the input's dtype: bf16 where the hardware has
-    fast bf16, fp32 elsewhere (emulated bf16 is many times slower; docs/BENCHMARKS.md).
+    them (`baddbmm`) rather than made by separate elementwise passes. Runs in the input's
+    dtype: bf16 where the hardware has fast bf16, fp32 elsewhere (emulated bf16 is many times
+    slower; docs/BENCHMARKS.md).
     """
     a, b, c = 3.4445, -4.7750, 2.0315
     x = grads
