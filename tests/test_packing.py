@@ -6,7 +6,7 @@ import types
 import pytest
 import torch
 
-from tinyattn.generate.cpu_weights import ONEDNN, PackedLinear, matrix_vector, pack_linear_weights
+from tinyattn.generate.cpu_weights import ONEDNN, PackedLinear, _packing_works, matrix_vector, pack_linear_weights
 from tinyattn.generate.decoder import generate_tokens
 
 
@@ -54,7 +54,9 @@ def test_without_the_private_operators_the_model_is_left_unchanged(tiny_model, r
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
-def test_one_bf16_row_multiplies_through_atens_kernel_and_more_rows_through_onednn(monkeypatch):
+def test_one_bf16_row_multiplies_through_atens_kernel_and_more_rows_through_onednn():
+    if not _packing_works(torch.bfloat16, ONEDNN):
+        pytest.skip("this CPU's oneDNN does not multiply bf16")  # packing refuses bf16 here
     calls = []
     def counted(x, packed):
         calls.append(x.shape)
@@ -67,8 +69,22 @@ def test_one_bf16_row_multiplies_through_atens_kernel_and_more_rows_through_oned
         assert calls == []  # a decode step of one sequence: aten's matrix-vector kernel
         torch.testing.assert_close(layer(two), torch.nn.functional.linear(two, weight), rtol=0, atol=3e-2)
         assert calls == [(2, 1, 32)]  # two sequences: the packed weight
-    assert torch._C._get_mkldnn_enabled()  # switched back on after each call ...
+
+
+def test_matrix_vector_switches_onednn_back_on_even_after_a_failure(monkeypatch):
+    one = torch.randn(1, 1, 32, generator=torch.Generator().manual_seed(1)).bfloat16()
+    weight = torch.randn(48, 32, generator=torch.Generator().manual_seed(0)).bfloat16()
+    assert torch._C._get_mkldnn_enabled()
+    seen = []
+    def linear(x, w):
+        seen.append(torch._C._get_mkldnn_enabled())
+        return x @ w.T
+    monkeypatch.setattr(torch.nn.functional, "linear", linear)
+    torch.testing.assert_close(matrix_vector(one, weight), one @ weight.T, rtol=0, atol=0)
+    assert seen == [False] and torch._C._get_mkldnn_enabled()  # off for the call, back on after it
     monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         matrix_vector(one, weight)
     assert torch._C._get_mkldnn_enabled()  # ... even after one that failed
+
+
