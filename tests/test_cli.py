@@ -130,3 +130,16 @@ def test_run_command_turns_a_user_mistake_into_one_line(capsys):
 
     assert run_command(command) == 2
     assert capsys.readouterr().err == "error: x.yaml: train.lr: -1 is not accepted\n"
+
+
+def test_a_command_freezes_what_is_alive_at_exit_so_teardown_skips_collecting_it():
+    # The interpreter's last collection walks every object importing torch made (over a second
+    # per command here, docs/BENCHMARKS.md "Start-up"); frozen objects are skipped. A real
+    # process: its exit handlers run as at any exit, the one registered first last of all.
+    child = ("import atexit, gc, sys\n"
+             "atexit.register(lambda: print(gc.get_freeze_count(), file=sys.stderr))  # after the command's\n"
+             "from tinyattn.cli import run_command\n"
+             "assert run_command(lambda: 0) == 0 and gc.get_freeze_count() == 0  # not before the exit\n")
+    result = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert int(result.stderr) > 1000  # every object still alive at exit

@@ -12,6 +12,8 @@ status 2 instead of a traceback.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import sys
 from typing import Callable
 
@@ -20,6 +22,7 @@ from tinyattn.errors import TinyattnError
 
 def run_command(command: Callable[[], int | None]) -> int:
     """Run `command`; a TinyattnError prints `error: <message>` and returns 2."""
+    _end_without_a_final_collection()
     try:
         return command() or 0
     except TinyattnError as e:
@@ -34,3 +37,16 @@ def run_command(command: Callable[[], int | None]) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
+
+
+def _end_without_a_final_collection() -> None:
+    """At exit, after the other exit handlers, freeze what is still alive (`gc.freeze`).
+
+    The interpreter's teardown then does not walk the millions of objects importing torch
+    leaves behind, which took longer than a small training run (docs/BENCHMARKS.md,
+    "Start-up"). Nothing relies on the collector at exit: files, writers and process groups
+    are closed where they are used.
+    """
+    if not getattr(_end_without_a_final_collection, "registered", False):
+        atexit.register(gc.freeze)
+        _end_without_a_final_collection.registered = True
