@@ -26,12 +26,15 @@ train: install
 	$(PY) scripts/train.py --config $(CONFIG)
 
 # Speed is measured by the benchmarks, not by the suite: the tests that time the machine
-# (marked bench) run only in bench-check.
+# (marked bench) run only in bench-check. The suite runs one pytest-xdist worker per core,
+# each with one torch thread (most of its time is single-threaded: imports, subprocesses).
+TEST_RUN := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto
+
 test: install
-	$(PY) -m pytest -q -m "not bench and not tour"
+	$(TEST_RUN) -m "not bench and not tour"
 
 test-fast: install  # also skips the tests marked slow (subprocesses, compile, kills, torchrun)
-	$(PY) -m pytest -q -m "not slow and not bench"
+	$(TEST_RUN) -m "not slow and not bench"
 
 # Executes notebooks/tour.ipynb in a kernel of $(PY) (about a minute of training, then the rest);
 # fails on any cell that raises. The executed copy: notebooks/runs/tour.executed.ipynb.
