@@ -86,5 +86,3 @@ def test_matrix_vector_switches_onednn_back_on_even_after_a_failure(monkeypatch)
     with pytest.raises(ZeroDivisionError):
         matrix_vector(one, weight)
     assert torch._C._get_mkldnn_enabled()  # ... even after one that failed
-
-

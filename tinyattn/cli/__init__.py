@@ -13,6 +13,7 @@ status 2 instead of a traceback.
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import sys
 from typing import Callable
@@ -39,14 +40,13 @@ def run_command(command: Callable[[], int | None]) -> int:
         return 141
 
 
+@functools.cache  # registered once per process, however many commands it runs
 def _end_without_a_final_collection() -> None:
-    """At exit, after the other exit handlers, freeze what is still alive (`gc.freeze`).
+    """At exit, freeze what is still alive (`gc.freeze`), so the teardown skips collecting it.
 
-    The interpreter's teardown then does not walk the millions of objects importing torch
+    The interpreter's teardown otherwise walks the millions of objects importing torch
     leaves behind, which took longer than a small training run (docs/BENCHMARKS.md,
     "Start-up"). Nothing relies on the collector at exit: files, writers and process groups
     are closed where they are used.
     """
-    if not getattr(_end_without_a_final_collection, "registered", False):
-        atexit.register(gc.freeze)
-        _end_without_a_final_collection.registered = True
+    atexit.register(gc.freeze)
