@@ -18,10 +18,11 @@ import torch
 from tests.conftest import local_corpus
 from tinyattn import checkpoint as ckpt
 from tinyattn.config import load_config
-from tinyattn.train.budget import TimePlan
+from tinyattn.train.budget import TimePlan, dropout_for
 from tinyattn.train.loop import train
 from tinyattn.train.optim import lr_factor, progress_lr_factor
 from tinyattn.train.owners import EvalResult, Evaluator
+from tinyattn.train.resume import ResumePoint
 from tinyattn.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,6 +166,58 @@ def test_a_resumed_budget_run_counts_the_time_already_spent(corpus, tmp_path, mo
     assert 95.0 <= total <= 100.0 - TimePlan.EXIT_SECONDS, total
     state = ckpt.load_checkpoint(ckpt.latest_checkpoint(resumed.run_dir))
     assert state["plan"]["spent"] == pytest.approx(total) and state["plan"]["finished"]
+
+
+def test_dropout_for_takes_the_entry_with_the_most_passes_at_or_below_the_count():
+    table = {3.0: 0.1, 8.0: 0.2}
+    assert [dropout_for(table, passes) for passes in (0.5, 2.99, 3.0, 7.9, 8.0, 40.0)] == \
+        [None, None, 0.1, 0.1, 0.2, 0.2]
+    assert dropout_for({}, 100.0) is None
+
+
+@pytest.mark.parametrize("idle_step, passes, chosen", [(0.5, 0.4, 0.0), (0.125, 1.8, 0.1), (0.03125, 7.3, 0.2)],
+                         ids=["slow", "fast", "fastest"])
+def test_the_budget_gives_a_faster_machine_more_dropout_and_a_resume_keeps_it(
+        corpus, tmp_path, monkeypatch, idle_step, passes, chosen):
+    """Under one budget a faster machine fits more passes over the text, and gets the dropout the
+    config's table names for them; the model is measured again with it (each dropped-out step is
+    slower here), config.yaml records it and a resumed run builds the same model."""
+    seen = []
+
+    def step_seconds(now, step):  # the fake machine: dropout makes a step 1.5 times as slow
+        return idle_step * (1.5 if seen[-1] > 0 else 1.0)
+
+    clock = FakeClock()
+    FakeMachine(monkeypatch, clock, step_seconds, compute=False, signal_at_step=100)
+    timed_step = Trainer.train_step
+    monkeypatch.setattr(Trainer, "train_step", lambda trainer: (seen.append(trainer.model.blocks[1].dropout.p),
+                                                                timed_step(trainer))[1])
+    table = "train.dropout_by_passes={0.5: 0.1, 3: 0.2}"
+    first = train(budget_config(corpus, tmp_path, "100s", table, "train.log_interval=50"), run_name="run",
+                  progress=False, clock=clock)
+    log = (first.run_dir / "train.log").read_text()
+    if chosen:  # 0.985 * 100 s less 1 s of exit and 4 s measuring, / step time, * 128 tokens / 54,000
+        assert f"about {passes} passes over the training text fit -> model.dropout={chosen:g}" in log
+    expected_step = idle_step * (1.5 if chosen else 1.0)
+    assert f"measured {expected_step:.3f} s/step" in log  # the chosen model's step, measured again
+    assert seen[-1] == chosen and first.step == 100
+    saved = load_config(first.run_dir / "config.yaml")
+    assert (saved.model.dropout, saved.model.weights_dropout) == (chosen, 0.0)  # the attention weights: none
+
+    clock.now, seen[:] = 0.0, []  # resumed as the run's last line says: --resume RUN_DIR, no --config
+    point = ResumePoint.find(first.run_dir, None, tmp_path)
+    resumed = train(point.edited_config(), resume=point, progress=False, clock=clock)
+    assert resumed.step > 100 and set(seen) == {chosen}
+
+
+def test_a_dropout_given_with_set_wins_over_the_table(corpus, tmp_path, monkeypatch):
+    clock = FakeClock()
+    FakeMachine(monkeypatch, clock, lambda now, step: 0.25, compute=False)
+    items = ["train.dropout_by_passes={0: 0.3}", "model.dropout=0.05"]
+    result = train(budget_config(corpus, tmp_path, "100s", *items), run_name="run", progress=False, clock=clock,
+                   overrides=items)
+    assert load_config(result.run_dir / "config.yaml").model.dropout == 0.05
+    assert "train.dropout_by_passes" not in (result.run_dir / "train.log").read_text()
 
 
 def old_lr_factor(step: int, config) -> float:

@@ -84,6 +84,19 @@ def test_yaml_round_trip_and_rebuild(tmp_path):
     assert config_from_dict(config_to_dict(config)) == config
 
 
+def test_a_dropout_table_reads_as_numbers_and_survives_the_round_trip(tmp_path):
+    path = write(tmp_path / "c.yaml", "data:\n  files: a.txt\ntrain:\n  dropout_by_passes: {6: 0.075, 9.5: '1e-1'}\n")
+    config = load_config(path)
+    assert config.train.dropout_by_passes == {6.0: 0.075, 9.5: 0.1}
+    assert load_config(path, ["train.dropout_by_passes={}"]).train.dropout_by_passes == {}
+    save_config(config, tmp_path / "resolved.yaml")
+    assert load_config(tmp_path / "resolved.yaml") == config
+    child = write(tmp_path / "child.yaml", "extends: c.yaml\ntrain:\n  dropout_by_passes: {3: 0.2}\n")
+    assert load_config(child).train.dropout_by_passes == {3.0: 0.2}  # replaced whole, not merged
+    cleared = write(tmp_path / "cleared.yaml", "extends: c.yaml\ntrain:\n  dropout_by_passes: {}\n")
+    assert load_config(cleared).train.dropout_by_passes == {}
+
+
 @pytest.mark.parametrize("text, overrides, message", [
     ("model:\n  n_layr: 4\n", [], r"c\.yaml: unknown key 'model\.n_layr'; did you mean 'n_layer'\?"),
     ("modle:\n  n_layer: 4\n", [], r"unknown key 'modle'; did you mean 'model'\?"),
@@ -107,6 +120,10 @@ def test_yaml_round_trip_and_rebuild(tmp_path):
     ("", ["model.rope_base=.nan"], r"--set: model\.rope_base: nan is not accepted; expected a finite number"),
     ("", ["train.min_lr=inf"], r"--set: train\.min_lr: 'inf' is not accepted; expected a finite number"),
     ("train:\n  weight_decay: -.inf\n", [], r"c\.yaml: train\.weight_decay: -inf is not accepted; expected a finite"),
+    ("", ["train.dropout_by_passes={6: 1.5}"], r"--set: train\.dropout_by_passes\.6: 1\.5 is not accepted; expected a dropout in \[0, 1\)"),
+    ("", ["train.dropout_by_passes={-1: 0.1}"], r"train\.dropout_by_passes: -1\.0 is not accepted; expected passes >= 0"),
+    ("train:\n  dropout_by_passes: 0.1\n", [], r"c\.yaml: train\.dropout_by_passes: expected a mapping of numbers to numbers, got 0\.1"),
+    ("train:\n  dropout_by_passes: {six: 0.1}\n", [], r"train\.dropout_by_passes: expected a mapping of numbers to numbers, got"),
 ])
 def test_validation_errors_name_file_key_and_what_is_accepted(tmp_path, text, overrides, message):
     path = write(tmp_path / "c.yaml", "data:\n  files: a.txt\n" + text)

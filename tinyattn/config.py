@@ -198,6 +198,10 @@ class TrainConfig:
     embedding_lr: Optional[float] = None  # token embedding (and a tied head); None: train.lr
     head_lr: Optional[float] = None  # an untied output head; None: train.lr
     weight_decay: float = 0.1  # matrices only; norms, biases and the embedding are not decayed
+    # With time_budget: passes over the training text -> model.dropout. The calibration counts the
+    # passes its plan expects and the entry with the most passes at or below that count sets the
+    # dropout on the embedding and residual branches (budget.dropout_for); {}: never.
+    dropout_by_passes: dict[float, float] = field(default_factory=dict)
     # How training windows are drawn: random (at random starts; they may overlap and repeat) or
     # passes (each pass over the text in non-overlapping windows, in a shuffled order).
     sampling: str = "random"
@@ -255,6 +259,7 @@ class TrainConfig:
         if tr.weight_decay < 0 or tr.grad_clip < 0:
             key = "train.weight_decay" if tr.weight_decay < 0 else "train.grad_clip"
             fail(key, getattr(tr, key.split(".")[1]), "expected a non-negative number")
+        tr._validate_dropout_table(fail)
         if tr.eval_windows is not None and tr.eval_windows <= 0:
             fail("train.eval_windows", tr.eval_windows, "expected a positive integer or null (all windows)")
         check_device(tr.device, fail, "train.device")
@@ -266,6 +271,13 @@ class TrainConfig:
         probing = [name for name in tr.show if name in PROBE_HOOKS]
         if probing and not tr.probe_text:
             fail("train.probe_text", tr.probe_text, f"expected a text for train.show's {', '.join(probing)}")
+
+    def _validate_dropout_table(self, fail: Fail) -> None:
+        for passes, dropout in self.dropout_by_passes.items():
+            if passes < 0:
+                fail("train.dropout_by_passes", passes, "expected passes >= 0 as keys, e.g. {6: 0.075, 10: 0.1}")
+            if not 0.0 <= dropout < 1.0:
+                fail(f"train.dropout_by_passes.{passes:g}", dropout, "expected a dropout in [0, 1)")
 
 
 @dataclass
@@ -605,10 +617,14 @@ def _drop_inherited_download(inherited: dict, child: dict, origins: dict[str, st
                 origins.pop(f"data.{key}", None)
 
 
+# Values that are mappings themselves: a child config's table replaces its parent's whole.
+TABLE_KEYS = ("train.dropout_by_passes",)
+
+
 def _deep_merge(base: dict, update: dict, origins: dict[str, str], origin: str, prefix: str) -> None:
     for key, value in update.items():
         dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
+        if isinstance(value, dict) and isinstance(base.get(key), dict) and dotted not in TABLE_KEYS:
             _deep_merge(base[key], value, origins, origin, prefix=f"{dotted}.")
         else:
             base[key] = value
@@ -665,6 +681,8 @@ def _type_name(tp: Any) -> str:
         return names[tp]
     if typing.get_origin(tp) is list:
         return "a list of strings"
+    if typing.get_origin(tp) is dict:
+        return "a mapping of numbers to numbers"
     args = [a for a in typing.get_args(tp) if a is not type(None)]
     if args:
         return _type_name(args[0]) + " or null"
@@ -711,6 +729,13 @@ def _coerce_plain(value: Any, tp: Any, key: str, where, expected: str) -> Any:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise bad()
         return list(value)
+    if typing.get_origin(tp) is dict:  # dict[float, float]: a table such as {6: 0.075, 10: 0.1}
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise bad()
+        return {_coerce_plain(k, float, key, where, expected): _coerce_plain(v, float, key, where, expected)
+                for k, v in value.items()}
     if tp is bool:
         if isinstance(value, bool):
             return value

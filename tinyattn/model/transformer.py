@@ -159,6 +159,13 @@ class LanguageModel(nn.Module):
             else:
                 param.copy_(torch.randn(param.shape) * 0.02)
 
+    def set_dropout(self, p: float) -> None:
+        """Dropout p on the embedding and every residual branch from the next forward on (the
+        time budget chooses it, `train.dropout_by_passes`). The attention weights keep theirs:
+        the attention path was chosen for it."""
+        for module in (self.dropout, *(block.dropout for block in self.blocks)):
+            module.p = p
+
     def stacked_matrices(self) -> dict[str, tuple[int, ...]]:
         """Weights that stack several matrices into one (so one matmul computes them all), by
         parameter name, with the row count of each: every layer's query/key/value projection

@@ -46,7 +46,7 @@ from tinyattn.errors import TinyattnError
 from tinyattn.model.memory import check_training_fits
 from tinyattn.system.device import measure_peak_flops, select_device, select_precision
 from tinyattn.system.distributed import Distributed, init_distributed, shutdown_distributed
-from tinyattn.train.budget import Calibration, CalibrationStopped, explicit_steps, plan_for
+from tinyattn.train.budget import Calibration, CalibrationStopped, Measured, explicit_steps, plan_for
 from tinyattn.train.finetune import InitSource, adopt_model, init_source
 from tinyattn.train.hooks import resolve_hooks
 from tinyattn.train.log import Logger, RunLog
@@ -209,8 +209,12 @@ def _calibrate(config: Config, trainer: Trainer, evaluator: Evaluator, run_dir: 
     stopper = StopRequest()
     try:
         with timers("calibration"), stopper.installed():
-            steps = _first_plan(trainer, evaluator, run_dir, request.clock, log,
-                                stop=lambda: stopper.signal_name is not None)
+            # --set model.dropout=... wins over the config's train.dropout_by_passes
+            table = {} if "model.dropout" in request.given else config.train.dropout_by_passes
+            calibration = Calibration(trainer.plan, request.clock, dropout_by_passes=table,
+                                      tokens_per_pass=len(trainer.batches.tokens))
+            steps, measured = _first_plan(calibration, trainer, evaluator, run_dir, log,
+                                          stop=lambda: stopper.signal_name is not None)
     except CalibrationStopped:
         log.print(f"stopped by {stopper.signal_name} during the time budget's calibration, before step 1: "
                   f"nothing was trained or saved in {run_dir}; run the command again to start over")
@@ -218,19 +222,24 @@ def _calibrate(config: Config, trainer: Trainer, evaluator: Evaluator, run_dir: 
         return TrainResult(run_dir, 0, 0, trainer.best_val_loss, float("nan"), 0.0, request.elapsed(), True,
                            dict(timers.seconds))
     config.train.max_steps = steps  # recorded in config.yaml: the first estimate, not a limit
+    if measured.dropout is not None:  # recorded in config.yaml too, so a resume builds this model
+        config.model.attention_dropout = config.model.weights_dropout  # as the model was built
+        config.model.dropout = measured.dropout
     return None
 
 
-def _first_plan(trainer: Trainer, evaluator: Evaluator, run_dir: Path, clock: Callable[[], float],
-                log: "Logger", *, stop: Callable[[], bool]) -> int:
-    """Seeds the time plan with rank 0's measurements; returns the steps it first expects."""
+def _first_plan(calibration: Calibration, trainer: Trainer, evaluator: Evaluator, run_dir: Path,
+                log: "Logger", *, stop: Callable[[], bool]) -> tuple[int, Measured]:
+    """Seeds the time plan with rank 0's measurements; returns the steps it first expects and them."""
     plan = trainer.plan
-    calibration = Calibration(plan, clock)
     measured = calibration.measure(trainer, evaluator, run_dir, stop=stop)
     if trainer.dist.enabled:
         chosen = [measured]
         torch.distributed.broadcast_object_list(chosen, src=0)  # rank 0's measurement decides
         measured = chosen[0]
+    if measured.dropout is not None:
+        log.print(f"time budget {plan.text}: about {measured.passes:.1f} passes over the training text "
+                  f"fit -> model.dropout={measured.dropout:g} (train.dropout_by_passes)")
     steps = plan.seed(measured.step, measured.evaluation, measured.save)
     spent = plan.spent()
     if steps < 1:
@@ -241,7 +250,7 @@ def _first_plan(trainer: Trainer, evaluator: Evaluator, run_dir: Path, clock: Ca
     log.print(f"time budget {plan.text}: measured {measured.step:.3f} s/step, {measured.evaluation:.2f} s "
               f"per evaluation, {measured.save / 2:.2f} s per checkpoint, {spent:.0f} s of start-up "
               f"-> about {steps:,} step{'s' if steps > 1 else ''}; the schedule follows the time left")
-    return steps
+    return steps, measured
 
 
 def _prepare_data(config: Config, dist: Distributed, progress: bool, *, point: Optional[ResumePoint] = None):

@@ -41,7 +41,7 @@ def model_shape_differences(saved: dict, current: dict) -> list[str]:
     """
     keys = sorted(set(saved) | set(current))
     return [f"model.{k}: checkpoint {saved.get(k)!r}, config {current.get(k)!r}"
-            for k in keys if saved.get(k) != current.get(k) and k not in ("dropout", "attention")]
+            for k in keys if saved.get(k) != current.get(k) and k not in ("dropout", "attention_dropout", "attention")]
 
 
 def _verified_alternative(file: Path) -> str:
