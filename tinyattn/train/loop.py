@@ -27,7 +27,9 @@ What a run guarantees:
   A non-finite loss stops the run naming the step; no checkpoint is written after it.
 - Under train.time_budget the whole process ends within the budget, however the machine's
   speed changes during the run (`budget.TimePlan`): the schedule follows the time left and
-  the run ends when no further step fits, with its last evaluation and checkpoint.
+  the run ends when no further step fits, with its last evaluation and checkpoint. Before
+  step 1 its calibration may set the dropout from the passes that fit (train.dropout_by_passes),
+  and config.yaml records what it chose.
 """
 
 from __future__ import annotations
