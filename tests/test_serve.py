@@ -261,8 +261,13 @@ def test_two_clients_at_once_stream_side_by_side_and_each_gets_its_own_text(serv
     short = second.completions.create(model="tiny-serve", prompt="All:", max_tokens=30, temperature=1.0,
                                       seed=5)
     pieces += [c.choices[0].text for c in long]  # ... and the short one was answered meanwhile
-    ours = [job for job in worker(server).stats.recent if (job.first_turn or 0) > turns_before]
-    short_job, long_job = ours  # in the order they ended
+    def ours():
+        return [job for job in worker(server).stats.recent if (job.first_turn or 0) > turns_before]
+
+    deadline = time.monotonic() + 30
+    while len(ours()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)  # the worker sends a job's end before it files the job among the ended ones
+    short_job, long_job = ours()  # in the order they ended
     assert short_job.ended == long_job.ended == "done"
     # The short job had its turns while the long one was running: it did not wait for it to end.
     assert long_job.first_turn < short_job.first_turn <= short_job.last_turn < long_job.last_turn
