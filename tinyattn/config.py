@@ -617,14 +617,19 @@ def _drop_inherited_download(inherited: dict, child: dict, origins: dict[str, st
                 origins.pop(f"data.{key}", None)
 
 
-# Values that are mappings themselves: a child config's table replaces its parent's whole.
-TABLE_KEYS = ("train.dropout_by_passes",)
+@functools.cache
+def _table_keys() -> frozenset[str]:
+    """The dotted keys of fields whose value is a mapping (train.dropout_by_passes): a child
+    config's table replaces its parent's whole instead of merging into it."""
+    return frozenset(f"{name}.{key}" for name, section in typing.get_type_hints(Config).items()
+                     if dataclasses.is_dataclass(section)
+                     for key, tp in typing.get_type_hints(section).items() if typing.get_origin(tp) is dict)
 
 
 def _deep_merge(base: dict, update: dict, origins: dict[str, str], origin: str, prefix: str) -> None:
     for key, value in update.items():
         dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and isinstance(base.get(key), dict) and dotted not in TABLE_KEYS:
+        if isinstance(value, dict) and isinstance(base.get(key), dict) and dotted not in _table_keys():
             _deep_merge(base[key], value, origins, origin, prefix=f"{dotted}.")
         else:
             base[key] = value
