@@ -261,6 +261,7 @@ def test_two_clients_at_once_stream_side_by_side_and_each_gets_its_own_text(serv
     short = second.completions.create(model="tiny-serve", prompt="All:", max_tokens=30, temperature=1.0,
                                       seed=5)
     pieces += [c.choices[0].text for c in long]  # ... and the short one was answered meanwhile
+
     def ours():
         return [job for job in worker(server).stats.recent if (job.first_turn or 0) > turns_before]
 

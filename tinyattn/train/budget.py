@@ -221,8 +221,8 @@ def dropout_for(table: dict[float, float], passes: float) -> Optional[float]:
 
 @dataclass
 class Measured:
-    """What the calibration measured: seconds per step, per evaluation, per checkpoint write;
-    and, where train.dropout_by_passes changed the model, the passes it expected and the dropout."""
+    """What the calibration measured: seconds per step, per evaluation, per checkpoint write; with
+    train.dropout_by_passes, the passes it expected, and the dropout it set (None: unchanged)."""
 
     step: float
     evaluation: float
@@ -244,13 +244,11 @@ class Calibration:
     # only, which the plan's own step times replace (a slow machine loses no more to it).
     MIN_SHARE = 0.005
 
-    def __init__(self, plan: TimePlan, clock: Clock, *, dropout_by_passes: Optional[dict[float, float]] = None,
-                 tokens_per_pass: int = 0):
+    def __init__(self, plan: TimePlan, clock: Clock, *, dropout_by_passes: Optional[dict[float, float]] = None):
         self.plan = plan
         self.text = plan.text
         self.clock = clock
         self.dropout_by_passes = dropout_by_passes or {}
-        self.tokens_per_pass = tokens_per_pass  # the training text's tokens
 
     def measure(self, trainer: Trainer, evaluator: Evaluator, run_dir: Path, *,
                 stop: Callable[[], bool] = lambda: False) -> Measured:
@@ -291,8 +289,8 @@ class Calibration:
         """The passes the plan expects at this step time (evaluations aside; in a distributed run
         rank 0's count, so every rank chooses alike) and the dropout `dropout_for` then gives,
         set on the model; None where it leaves the model as it is."""
-        steps = self.plan.seed(step_seconds, 0.0, 0.0)
-        passes = steps * trainer.tokens_per_step / self.tokens_per_pass
+        steps = self.plan.seed(step_seconds, 0.0, 0.0)  # seeded again with every measurement after
+        passes = steps * trainer.tokens_per_step / len(trainer.batches.tokens)
         dropout = dropout_for(self.dropout_by_passes, passes)
         if dropout is None or dropout == trainer.model.dropout.p:
             return passes, None

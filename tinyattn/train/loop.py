@@ -213,8 +213,7 @@ def _calibrate(config: Config, trainer: Trainer, evaluator: Evaluator, run_dir: 
         with timers("calibration"), stopper.installed():
             # --set model.dropout=... wins over the config's train.dropout_by_passes
             table = {} if "model.dropout" in request.given else config.train.dropout_by_passes
-            calibration = Calibration(trainer.plan, request.clock, dropout_by_passes=table,
-                                      tokens_per_pass=len(trainer.batches.tokens))
+            calibration = Calibration(trainer.plan, request.clock, dropout_by_passes=table)
             steps, measured = _first_plan(calibration, trainer, evaluator, run_dir, log,
                                           stop=lambda: stopper.signal_name is not None)
     except CalibrationStopped:
