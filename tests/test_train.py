@@ -146,7 +146,8 @@ def test_gradient_accumulation_equals_one_large_batch(corpus, tmp_path):
     from tinyattn.train.optim import Optimizers
 
     cpu = torch.device("cpu")
-    config = tiny_config(corpus, tmp_path, "train.grad_clip=0", "model.vocab_size=67")
+    # Tied: an untied head starts at zero, so at the first step only the head has a gradient.
+    config = tiny_config(corpus, tmp_path, "train.grad_clip=0", "model.vocab_size=67", "model.tie_embeddings=true")
     tokens = np.random.default_rng(0).integers(0, 67, size=(8, 33))
     batch = torch.from_numpy(tokens)
     x, y = batch[:, :-1], batch[:, 1:]
@@ -359,7 +360,8 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_last_checkpoint(corp
     # A 256 KiB disk holds the run's small files and one checkpoint of this model, not two.
     args = ["--config", str(TINY), "--run-name", "full", "--no-progress", "--set",
             *tiny_overrides(corpus, small_tmpfs, "train.max_steps=4", "train.eval_interval=2",
-                            "model.n_embd=16", "model.n_layer=1", "train.keep_last=1"),
+                            "model.n_embd=16", "model.n_layer=1", "model.tie_embeddings=true",
+                            "train.keep_last=1"),
             f"data.cache_dir={tmp_path / 'cache'}"]
     code, err = run_main(args, capsys)
     assert code == 2
