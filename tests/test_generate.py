@@ -533,19 +533,19 @@ def test_cli_interactive_skips_a_line_that_is_not_utf8_with_a_warning(run_dir, c
 
 def test_cli_prompt_from_stdin_and_stop_escapes(run_dir, capsys, monkeypatch):
     # The draws without stop strings, from the library with the checkpoint's sampling options, for
-    # the first seed whose text stops at a newline (the escape "\\n"), not at an "e", with text on
+    # the first seed whose text stops at a newline (the escape \n), not at an "e", with text on
     # both sides (the tiny model's text changes with its weights; the seed is chosen, not assumed).
     loaded = load_model(run_dir)
     saved = loaded.config.sample
-
-    def text_and_cut(seed):
+    for seed in range(50):
         whole = "".join(generate(loaded.model, loaded.tokenizer, "All:\n", max_new_tokens=40, seed=seed,
                                  temperature=saved.temperature, top_k=saved.top_k, top_p=saved.top_p,
                                  repetition_penalty=saved.repetition_penalty))
-        return whole, min([i for i in (whole.find("\n"), whole.find("e")) if i >= 0] or [len(whole)])
-
-    seed, whole, cut = next((seed, *found) for seed, found in ((s, text_and_cut(s)) for s in range(50))
-                            if 10 <= found[1] < len(found[0]) - 10 and found[0][found[1]] == "\n")
+        cut = min([i for i in (whole.find("\n"), whole.find("e")) if i >= 0] or [len(whole)])
+        if 10 <= cut < len(whole) - 10 and whole[cut] == "\n":
+            break
+    else:
+        pytest.fail("no seed in 0..49 gives a text that stops at a newline with text on both sides")
     status, out, _ = run_main(["--checkpoint", str(run_dir), "-", "--max-new-tokens", "40", "--seed", str(seed),
                                "--dtype", "fp32", "--stop", "\\n", "e"], capsys, stdin="All:\n",
                               monkeypatch=monkeypatch)
