@@ -172,11 +172,13 @@ def test_gradient_accumulation_equals_one_large_batch(corpus, tmp_path):
         torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("sampling", ["random", "passes"])
-def test_resume_is_exact(corpus, tmp_path, count_train_steps, sampling):
+@pytest.mark.parametrize("sampling, ema", [("random", None), ("passes", None), ("passes", 0.8)])
+def test_resume_is_exact(corpus, tmp_path, count_train_steps, sampling, ema):
     # peak_flops unset: the start-up matmul measurement must not move the random generators.
+    # With train.ema the checkpoint's "model" is the average: a resume that restarted it from
+    # the weights would differ from the straight run's by far more than the tolerance.
     extra = ("train.max_steps=16", "train.eval_interval=4", "model.dropout=0.1", "train.precision=fp32",
-             "train.peak_flops=null", f"train.sampling={sampling}")
+             "train.peak_flops=null", f"train.sampling={sampling}", f"train.ema={ema or 'null'}")
     straight = train(tiny_config(corpus, tmp_path, *extra), run_name="straight", progress=False)
     first = train(tiny_config(corpus, tmp_path, *extra), run_name="split", progress=False, stop_at_step=8)
     assert first.step == 8
@@ -189,10 +191,47 @@ def test_resume_is_exact(corpus, tmp_path, count_train_steps, sampling):
     # Within 1e-6, not bitwise: an op in the CPU backward accumulates in a thread-dependent
     # order (two fresh runs differ by ~1e-8 per step; torch.use_deterministic_algorithms
     # removes it). A wrong batch, learning rate or random state would differ by ~1e-2.
-    for name, tensor in a["model"].items():
-        torch.testing.assert_close(tensor, b["model"][name], rtol=0, atol=1e-6, msg=name)
+    for key in ("model", "trained_model") if ema else ("model",):
+        for name, tensor in a[key].items():
+            torch.testing.assert_close(tensor, b[key][name], rtol=0, atol=1e-6, msg=f"{key}: {name}")
     assert a["tokens_seen"] == b["tokens_seen"] and a["sampler"] == b["sampler"]
     assert a["best_val_loss"] == pytest.approx(b["best_val_loss"], abs=1e-6)
+
+
+def test_the_moving_average_is_what_a_run_evaluates_and_saves(corpus, tmp_path):
+    from tinyattn.analysis.evaluate import loss_by_position
+    from tinyattn.data.batches import prepare_data
+    from tinyattn.system.device import select_precision
+
+    config = tiny_config(corpus, tmp_path, "train.ema=0.5", "train.max_steps=6")
+    cpu = torch.device("cpu")
+    data = prepare_data(config, progress=False)
+    config.model.vocab_size = data.tokenizer.vocab_size
+    trainer = Trainer.build(config.model, config.train, data.train, device=cpu, precision=select_precision("fp32", cpu))
+    weights = [{k: v.clone() for k, v in trainer.model.state_dict().items()}]
+    for _ in range(3):
+        trainer.train_step()
+        weights.append({k: v.clone() for k, v in trainer.model.state_dict().items()})
+    state = trainer.state_dict()
+    for name, p in trainer.model.named_parameters():
+        expected = weights[0][name]
+        for w in weights[1:]:
+            expected = 0.5 * expected + 0.5 * w[name]  # average_t = decay * average_(t-1) + (1 - decay) * w_t
+        torch.testing.assert_close(state["model"][name], expected, msg=name)
+        torch.testing.assert_close(state["trained_model"][name], p.detach(), rtol=0, atol=0, msg=name)
+        assert not torch.equal(expected, p.detach())  # the two differ: the check above can fail
+    with trainer.evaluated_weights():
+        inside = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    for name, p in trainer.model.named_parameters():
+        torch.testing.assert_close(inside[name], state["model"][name], rtol=0, atol=0, msg=name)
+        assert torch.equal(p.detach(), weights[-1][name])  # the trained weights back after the block
+
+    # A whole run: best.pt holds the average, and its validation loss is the one the run reported.
+    result = train(config, run_name="ema", progress=False)
+    loaded = ckpt.load_model(result.run_dir / "best.pt")
+    losses = loss_by_position(loaded.model, data.validation, config.model.context_length,
+                              config.train.batch_size, config.train.eval_windows)
+    assert float(losses.mean()) == pytest.approx(result.best_val_loss, abs=1e-6)
 
 
 @pytest.mark.slow  # torch.compile (dynamo, eager backend)

@@ -208,6 +208,9 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0  # 0 disables clipping
+    # Evaluate and save a moving average of the weights (tinyattn.train.averaging): each step it
+    # moves (1 - ema) of the way to the weights. None: the weights themselves.
+    ema: Optional[float] = None
     eval_interval: int = 250
     eval_windows: Optional[int] = 200  # None: every window of the validation split
     log_interval: int = 10
@@ -259,6 +262,8 @@ class TrainConfig:
         if tr.weight_decay < 0 or tr.grad_clip < 0:
             key = "train.weight_decay" if tr.weight_decay < 0 else "train.grad_clip"
             fail(key, getattr(tr, key.split(".")[1]), "expected a non-negative number")
+        if tr.ema is not None and not 0.0 < tr.ema < 1.0:
+            fail("train.ema", tr.ema, "expected a number in (0, 1), e.g. 0.98, or null (no average)")
         tr._validate_dropout_table(fail)
         if tr.eval_windows is not None and tr.eval_windows <= 0:
             fail("train.eval_windows", tr.eval_windows, "expected a positive integer or null (all windows)")

@@ -306,7 +306,7 @@ def _evaluate(trainer: Trainer, evaluator: Evaluator, checkpointer: Checkpointer
     """The validation loss and what train.show shows, then the checkpoint (last: it records the
     time the evaluation took); returns the loss."""
     plan = trainer.plan
-    with timers("eval"), plan.measuring("eval"):
+    with timers("eval"), plan.measuring("eval"), trainer.evaluated_weights():
         result = evaluator.run(trainer.step)
         best = result.val_loss < trainer.best_val_loss
         trainer.best_val_loss = min(trainer.best_val_loss, result.val_loss)

@@ -343,9 +343,10 @@ def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device,
 
 def optimizer_description(config: TrainConfig) -> str:
     """One line for the run's start-up message."""
+    average = f", weights averaged (ema {config.ema:g})" if config.ema is not None else ""
     if config.optimizer == "muon":
-        return f"Muon (lr {config.muon_lr or config.lr:g}) + AdamW (lr {config.lr:g})"
-    return f"AdamW (lr {config.lr:g})"
+        return f"Muon (lr {config.muon_lr or config.lr:g}) + AdamW (lr {config.lr:g}){average}"
+    return f"AdamW (lr {config.lr:g}){average}"
 
 
 def ns_dtype_for(autocast_dtype: Optional[torch.dtype]) -> torch.dtype:

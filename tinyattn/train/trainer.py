@@ -33,6 +33,7 @@ from tinyattn.model.transformer import LanguageModel
 from tinyattn.system.device import Precision
 from tinyattn.system.distributed import Distributed
 from tinyattn.system.seeding import random_states, seed_everything, set_random_states
+from tinyattn.train.averaging import WeightAverage
 from tinyattn.train.optim import Optimizers, StepPlan, build_optimizer, ns_dtype_for, set_learning_rates
 
 
@@ -85,6 +86,8 @@ class Trainer:
             self.forward_model = torch.compile(self.forward_model)
         self.tokens_per_step = (batches.batch_size * batches.context_length
                                 * config.grad_accum_steps * dist.world_size)
+        # train.ema: what evaluations and checkpoints see (`evaluated_weights`, `state_dict`)
+        self.average = WeightAverage(model, config.ema) if config.ema is not None else None
 
     @classmethod
     def build(cls, model_config, train_config: TrainConfig, train_tokens: np.ndarray, *,
@@ -134,13 +137,27 @@ class Trainer:
             self.scaler.step(optimizer)
         self.scaler.update()
         self.optimizers.zero_grad()
+        if self.average is not None:
+            self.average.update(self.model)
         self.step += 1
         self.tokens_seen += self.tokens_per_step
         return total_loss, grad_norm
 
+    def evaluated_weights(self):
+        """A context in which the model holds the weights an evaluation judges: the moving
+        average with train.ema, else its own (then it changes nothing)."""
+        return self.average.evaluated(self.model) if self.average is not None else nullcontext()
+
     def state_dict(self) -> dict:
+        # "model" is what every reader of a checkpoint loads (generate, export, eval): with
+        # train.ema the average, and the weights the optimizer steps beside it, for resuming.
+        if self.average is not None:
+            weights = {"model": self.average.model_state_dict(self.model),
+                       "trained_model": self.model.state_dict()}
+        else:
+            weights = {"model": self.model.state_dict()}
         return {
-            "model": self.model.state_dict(),
+            **weights,
             "optimizer": self.optimizers.state_dict(),
             "scaler": self.scaler.state_dict(),
             "step": self.step,
@@ -155,7 +172,11 @@ class Trainer:
 
     def load_state_dict(self, state: dict, path: Path) -> None:
         try:
-            self.model.load_state_dict(state["model"])
+            self.model.load_state_dict(state.get("trained_model", state["model"]))
+            if self.average is not None:
+                # From a checkpoint without an average (train.ema added on resume): it starts here.
+                self.average.load_model_state_dict(state["model"] if "trained_model" in state
+                                                   else self.model.state_dict())
             self.optimizers.load_state_dict(state["optimizer"])
             self.scaler.load_state_dict(state["scaler"])
             self.step = int(state["step"])

@@ -1,0 +1,79 @@
+"""An exponential moving average of the weights: what a run evaluates and saves when train.ema is set.
+
+After every optimizer step each averaged tensor moves a fraction (1 - decay) of the way to
+its weight:
+
+    average_t = decay * average_(t-1) + (1 - decay) * weight_t,    average_0 = weight_0
+
+so it weighs the last ~1 / (1 - decay) steps most (decay 0.98: about 50). The optimizer
+keeps stepping the weights themselves; the average only reads them. Each step's weights carry
+the noise of its batch; their average over the last few dozen steps carries less of it, which
+is what the decay of the learning rate buys too, more slowly (what it gains is measured in
+docs/BENCHMARKS.md, "Learning more per token").
+
+`WeightAverage` holds one fp32 tensor per trainable parameter. `evaluated(model)` puts the
+averages into the model for the length of a block (copies, so a compiled or DDP-wrapped
+module keeps its own tensors) and the trained weights back after it; a checkpoint saves the
+averages as "model", which every reader of checkpoints (generate, export, eval) loads, and the
+trained weights beside them for resuming (`tinyattn.train.trainer`).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+import torch.nn as nn
+
+
+class WeightAverage:
+    """The moving average of `model`'s trainable parameters, started at their current values."""
+
+    def __init__(self, model: nn.Module, decay: float):
+        if not 0.0 < decay < 1.0:
+            raise ValueError(f"the average's decay must be between 0 and 1, got {decay}")
+        self.decay = decay
+        self.names = [name for name, p in model.named_parameters() if p.requires_grad]
+        self.averages = [p.detach().float().clone() for p in self._parameters(model)]
+
+    def _parameters(self, model: nn.Module) -> list[nn.Parameter]:
+        params = dict(model.named_parameters())
+        return [params[name] for name in self.names]
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        """One step of the average toward the model's weights now."""
+        weights = [p.detach().float() for p in self._parameters(model)]
+        torch._foreach_lerp_(self.averages, weights, 1.0 - self.decay)
+
+    @contextmanager
+    def evaluated(self, model: nn.Module) -> Iterator[None]:
+        """Inside the block the model holds the averages; after it, its own weights again."""
+        params = self._parameters(model)
+        with torch.no_grad():
+            trained = [p.detach().clone() for p in params]
+            for p, average in zip(params, self.averages):
+                p.copy_(average)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, weight in zip(params, trained):
+                    p.copy_(weight)
+
+    def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """`model.state_dict()` with the averages, in each parameter's dtype, instead of the weights."""
+        state = model.state_dict()
+        params = dict(model.named_parameters())
+        for name, average in zip(self.names, self.averages):
+            state[name] = average.to(params[name].dtype).clone()
+        return state
+
+    def load_model_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Take the averages back from what `model_state_dict` returned."""
+        missing = [name for name in self.names if name not in state]
+        if missing:
+            raise KeyError(f"the saved average has no {missing[0]!r}")
+        self.averages = [state[name].detach().float().clone().to(average.device)
+                         for name, average in zip(self.names, self.averages)]
