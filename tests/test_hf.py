@@ -424,11 +424,14 @@ def test_without_safetensors_the_command_says_how_to_install(tmp_path, capsys, m
     assert code == 2 and err.count("\n") == 1 and 'pip install -e ".[hf]"' in err, err
 
 
-def test_init_from_starts_from_the_source_weights(tmp_path, corpus):
+@pytest.mark.parametrize("ema", [None, 0.99])
+def test_init_from_starts_from_the_source_weights(tmp_path, corpus, ema):
+    # With train.ema the saved model is the average: it must start from the source, not the random init.
     tokenizer = tokenizer_of("bpe")
     random_llama(tmp_path / "llama", tokenizer)
     config = finetune_config(corpus, tmp_path, tmp_path / "llama")
     config.train.lr, config.train.min_lr, config.train.max_steps = 1e-7, 1e-8, 2  # barely moves
+    config.train.ema = ema
     result = train(config, run_name="ft", progress=False)
     source, tuned = load_any_model(tmp_path / "llama").model, load_any_model(result.run_dir).model
     for (name, before), after in zip(source.state_dict().items(), tuned.state_dict().values()):

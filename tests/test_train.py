@@ -198,12 +198,13 @@ def test_resume_is_exact(corpus, tmp_path, count_train_steps, sampling, ema):
     assert a["best_val_loss"] == pytest.approx(b["best_val_loss"], abs=1e-6)
 
 
-def test_the_moving_average_is_what_a_run_evaluates_and_saves(corpus, tmp_path):
+@pytest.mark.parametrize("tied", [False, True])  # tied: the head's name must hold the average too
+def test_the_moving_average_is_what_a_run_evaluates_and_saves(corpus, tmp_path, tied):
     from tinyattn.analysis.evaluate import loss_by_position
     from tinyattn.data.batches import prepare_data
     from tinyattn.system.device import select_precision
 
-    config = tiny_config(corpus, tmp_path, "train.ema=0.5", "train.max_steps=6")
+    config = tiny_config(corpus, tmp_path, "train.ema=0.5", "train.max_steps=6", f"model.tie_embeddings={tied}")
     cpu = torch.device("cpu")
     data = prepare_data(config, progress=False)
     config.model.vocab_size = data.tokenizer.vocab_size

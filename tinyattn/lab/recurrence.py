@@ -159,7 +159,8 @@ def contenders_for(config: Config, lstm_layers: int, device: torch.device,
 def make_trainer(model: nn.Module, train_config: TrainConfig, tokens, *, batch_size: int, context: int,
                  device: torch.device, precision: Precision) -> Trainer:
     """The project's Trainer over either model (compile off: both run eagerly)."""
-    train_config = dataclasses.replace(train_config, compile=False, grad_accum_steps=1)
+    # No moving average: the lab compares the two models' own weights, step for step.
+    train_config = dataclasses.replace(train_config, compile=False, grad_accum_steps=1, ema=None)
     optimizers = build_optimizer(model, train_config, device, ns_dtype_for(precision.autocast_dtype))
     batches = BatchSampler(tokens, batch_size, context, seed=train_config.seed)
     return Trainer(model, optimizers, batches, train_config, device=device, precision=precision)

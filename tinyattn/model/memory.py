@@ -3,7 +3,8 @@
 `parameter_count(config)` is the number `LanguageModel(config).num_parameters()` returns,
 computed from the config alone (tests hold the two equal on several tiny models).
 `training_memory(model, train)` adds what one training step holds: the fp32 weights,
-their gradients and the optimizer's state, and the activations one micro-batch keeps
+their gradients and the optimizer's state (train.ema's average and the copy an evaluation
+sets aside too), and the activations one micro-batch keeps
 for the backward pass. `check_training_fits` compares that with the memory the device
 has free (psutil, else Linux's /proc/meminfo; a GPU's own count) and refuses, in one
 line naming both figures, a run that cannot fit, so a mistyped
@@ -65,6 +66,8 @@ def training_memory(model: ModelConfig, train: TrainConfig, *,
     vocab = model.vocab_size if model.vocab_size is not None else vocab_size or 0
     # fp32 weights and gradients, and AdamW's two moments; Muon keeps one for the blocks' matrices.
     per_param = 4 * FP32 if train.optimizer == "adamw" else 3 * FP32
+    if train.ema is not None:  # the average, and the copy of the weights an evaluation sets aside
+        per_param += 2 * FP32
     element = FP32 if train.precision == "fp32" else 2  # auto may pick bf16: count the narrower
     tokens = train.batch_size * model.context_length  # B * T of one micro-batch
     width, kv_width, hidden = model.n_embd, model.kv_heads * model.head_dim, model.hidden_dim

@@ -35,11 +35,15 @@ class WeightAverage:
             raise ValueError(f"the average's decay must be between 0 and 1, got {decay}")
         self.decay = decay
         self.names = [name for name, p in model.named_parameters() if p.requires_grad]
-        self.averages = [p.detach().float().clone() for p in self._parameters(model)]
+        self.restart(model)
 
     def _parameters(self, model: nn.Module) -> list[nn.Parameter]:
         params = dict(model.named_parameters())
         return [params[name] for name in self.names]
+
+    def restart(self, model: nn.Module) -> None:
+        """Start again from the model's weights now (after weights were loaded into it)."""
+        self.averages = [p.detach().float().clone() for p in self._parameters(model)]
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
@@ -63,12 +67,10 @@ class WeightAverage:
                     p.copy_(weight)
 
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """`model.state_dict()` with the averages, in each parameter's dtype, instead of the weights."""
-        state = model.state_dict()
-        params = dict(model.named_parameters())
-        for name, average in zip(self.names, self.averages):
-            state[name] = average.to(params[name].dtype).clone()
-        return state
+        """`model.state_dict()` as it is with the averages in: every name of a shared weight (a
+        tied head's too) holds the average, in the parameter's dtype."""
+        with self.evaluated(model):
+            return {name: tensor.clone() for name, tensor in model.state_dict().items()}
 
     def load_model_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Take the averages back from what `model_state_dict` returned."""

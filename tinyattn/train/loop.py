@@ -146,6 +146,7 @@ def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Option
         point.restore(trainer)  # the plan's recorded state too
     elif source is not None:
         source.load_into(trainer.model)
+        trainer.weights_loaded()  # train.ema's average starts from them, not from the random init
     stop_at_step = request.stop_at_step
     if stop_at_step is not None and stop_at_step <= trainer.step:
         raise TinyattnError(f"--stop-at-step {stop_at_step}: the run is already at step {trainer.step}; "

@@ -143,6 +143,12 @@ class Trainer:
         self.tokens_seen += self.tokens_per_step
         return total_loss, grad_norm
 
+    def weights_loaded(self) -> None:
+        """Weights were loaded into the model from elsewhere (train.init_from): the average, if
+        any, restarts from them."""
+        if self.average is not None:
+            self.average.restart(self.model)
+
     def evaluated_weights(self):
         """A context in which the model holds the weights an evaluation judges: the moving
         average with train.ema, else its own (then it changes nothing)."""
