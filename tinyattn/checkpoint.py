@@ -1,7 +1,8 @@
 """Checkpoints: atomic saves, safe loads, and rebuilding a model from a run folder.
 
 A checkpoint is one `torch.save` file holding plain data only (tensors, numbers,
-strings, lists, dicts): the model's weights, optimizer and scaler state, counters,
+strings, lists, dicts): the model's weights under "model" (with train.ema their moving
+average, and the weights the optimizer steps under "trained_model"), optimizer and scaler state, counters,
 random-generator and batch-sampler states, the resolved config as a dict, the
 tokenizer as its JSON text, and under "data" what the run trained on
 (`tinyattn.data.token_cache.data_fingerprint`; absent in checkpoints of older versions).

@@ -5,7 +5,9 @@
   rate of the schedule set on every group first). `plan` says that rate and when the run
   ends: `optim.StepPlan` (train.max_steps) unless the loop gives it a time budget's
   `budget.TimePlan`. `state_dict`/`load_state_dict` are what a checkpoint holds of it (the
-  plan's state included), and what the time budget puts back after measuring.
+  plan's state included), and what the time budget puts back after measuring. With train.ema it
+  also keeps the moving average of the weights that evaluations and checkpoints see
+  (`evaluated_weights`; `tinyattn.train.averaging`).
 - `TrainResult`: where a run went and the figures it reached.
 
 The small owners the loop hands each other decision to are in `tinyattn.train.owners`
