@@ -11,7 +11,7 @@ the noise of its batch; their average over the last few dozen steps carries less
 is what the decay of the learning rate buys too, more slowly (what it gains is measured in
 docs/BENCHMARKS.md, "Learning more per token").
 
-`WeightAverage` holds one fp32 tensor per trainable parameter. `evaluated(model)` puts the
+`WeightAverage` holds one fp32 tensor per trainable parameter. `evaluated()` puts the
 averages into the model for the length of a block (copies, so a compiled or DDP-wrapped
 module keeps its own tensors) and the trained weights back after it; a checkpoint saves the
 averages as "model", which every reader of checkpoints (generate, export, eval) loads, and the
@@ -28,49 +28,47 @@ import torch.nn as nn
 
 
 class WeightAverage:
-    """The moving average of `model`'s trainable parameters, started at their current values."""
+    """The moving average of `model`'s trainable parameters, started at their current values.
+
+    It holds the parameters themselves (loading a checkpoint copies into them, so they stay
+    the model's), and their names for the checkpoint's keys."""
 
     def __init__(self, model: nn.Module, decay: float):
         if not 0.0 < decay < 1.0:
             raise ValueError(f"the average's decay must be between 0 and 1, got {decay}")
+        self.model = model
         self.decay = decay
-        self.names = [name for name, p in model.named_parameters() if p.requires_grad]
-        self.restart(model)
+        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        self.names = [name for name, _ in named]
+        self.params = [p for _, p in named]
+        self.restart()
 
-    def _parameters(self, model: nn.Module) -> list[nn.Parameter]:
-        params = dict(model.named_parameters())
-        return [params[name] for name in self.names]
-
-    def restart(self, model: nn.Module) -> None:
+    def restart(self) -> None:
         """Start again from the model's weights now (after weights were loaded into it)."""
-        self.averages = [p.detach().float().clone() for p in self._parameters(model)]
+        self.averages = [p.detach().float().clone() for p in self.params]
 
     @torch.no_grad()
-    def update(self, model: nn.Module) -> None:
+    def update(self) -> None:
         """One step of the average toward the model's weights now."""
-        weights = [p.detach().float() for p in self._parameters(model)]
-        torch._foreach_lerp_(self.averages, weights, 1.0 - self.decay)
+        torch._foreach_lerp_(self.averages, [p.detach().float() for p in self.params], 1.0 - self.decay)
 
     @contextmanager
-    def evaluated(self, model: nn.Module) -> Iterator[None]:
+    def evaluated(self) -> Iterator[None]:
         """Inside the block the model holds the averages; after it, its own weights again."""
-        params = self._parameters(model)
         with torch.no_grad():
-            trained = [p.detach().clone() for p in params]
-            for p, average in zip(params, self.averages):
-                p.copy_(average)
+            trained = [p.detach().clone() for p in self.params]
+            torch._foreach_copy_(self.params, self.averages)
         try:
             yield
         finally:
             with torch.no_grad():
-                for p, weight in zip(params, trained):
-                    p.copy_(weight)
+                torch._foreach_copy_(self.params, trained)
 
-    def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+    def model_state_dict(self) -> dict[str, torch.Tensor]:
         """`model.state_dict()` as it is with the averages in: every name of a shared weight (a
         tied head's too) holds the average, in the parameter's dtype."""
-        with self.evaluated(model):
-            return {name: tensor.clone() for name, tensor in model.state_dict().items()}
+        with self.evaluated():
+            return {name: tensor.clone() for name, tensor in self.model.state_dict().items()}
 
     def load_model_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Take the averages back from what `model_state_dict` returned."""

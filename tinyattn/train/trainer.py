@@ -140,7 +140,7 @@ class Trainer:
         self.scaler.update()
         self.optimizers.zero_grad()
         if self.average is not None:
-            self.average.update(self.model)
+            self.average.update()
         self.step += 1
         self.tokens_seen += self.tokens_per_step
         return total_loss, grad_norm
@@ -149,18 +149,18 @@ class Trainer:
         """Weights were loaded into the model from elsewhere (train.init_from): the average, if
         any, restarts from them."""
         if self.average is not None:
-            self.average.restart(self.model)
+            self.average.restart()
 
     def evaluated_weights(self):
         """A context in which the model holds the weights an evaluation judges: the moving
         average with train.ema, else its own (then it changes nothing)."""
-        return self.average.evaluated(self.model) if self.average is not None else nullcontext()
+        return self.average.evaluated() if self.average is not None else nullcontext()
 
     def state_dict(self) -> dict:
         # "model" is what every reader of a checkpoint loads (generate, export, eval): with
         # train.ema the average, and the weights the optimizer steps beside it, for resuming.
         if self.average is not None:
-            weights = {"model": self.average.model_state_dict(self.model),
+            weights = {"model": self.average.model_state_dict(),
                        "trained_model": self.model.state_dict()}
         else:
             weights = {"model": self.model.state_dict()}
@@ -181,10 +181,10 @@ class Trainer:
     def load_state_dict(self, state: dict, path: Path) -> None:
         try:
             self.model.load_state_dict(state.get("trained_model", state["model"]))
-            if self.average is not None:
-                # From a checkpoint without an average (train.ema added on resume): it starts here.
-                self.average.load_model_state_dict(state["model"] if "trained_model" in state
-                                                   else self.model.state_dict())
+            if "trained_model" in state and self.average is not None:
+                self.average.load_model_state_dict(state["model"])
+            else:  # no average saved (train.ema added on resume): it starts from these weights
+                self.weights_loaded()
             self.optimizers.load_state_dict(state["optimizer"])
             self.scaler.load_state_dict(state["scaler"])
             self.step = int(state["step"])
