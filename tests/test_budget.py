@@ -18,7 +18,8 @@ import torch
 from tests.conftest import local_corpus
 from tinyattn import checkpoint as ckpt
 from tinyattn.config import load_config
-from tinyattn.train.budget import TimePlan, dropout_for
+from tinyattn.train import budget
+from tinyattn.train.budget import TimePlan, entry_for
 from tinyattn.train.loop import train
 from tinyattn.train.optim import lr_factor, progress_lr_factor
 from tinyattn.train.owners import EvalResult, Evaluator
@@ -168,11 +169,11 @@ def test_a_resumed_budget_run_counts_the_time_already_spent(corpus, tmp_path, mo
     assert state["plan"]["spent"] == pytest.approx(total) and state["plan"]["finished"]
 
 
-def test_dropout_for_takes_the_entry_with_the_most_passes_at_or_below_the_count():
+def test_entry_for_takes_the_entry_with_the_most_passes_at_or_below_the_count():
     table = {3.0: 0.1, 8.0: 0.2}
-    assert [dropout_for(table, passes) for passes in (0.5, 2.99, 3.0, 7.9, 8.0, 40.0)] == \
+    assert [entry_for(table, passes) for passes in (0.5, 2.99, 3.0, 7.9, 8.0, 40.0)] == \
         [None, None, 0.1, 0.1, 0.2, 0.2]
-    assert dropout_for({}, 100.0) is None
+    assert entry_for({}, 100.0) is None
 
 
 @pytest.mark.parametrize("idle_step, passes, chosen", [(0.5, 0.4, 0.0), (0.125, 1.8, 0.1), (0.03125, 7.3, 0.2)],
@@ -210,14 +211,39 @@ def test_the_budget_gives_a_faster_machine_more_dropout_and_a_resume_keeps_it(
     assert resumed.step > 100 and set(seen) == {chosen}
 
 
-def test_a_dropout_given_with_set_wins_over_the_table(corpus, tmp_path, monkeypatch):
+def test_the_budget_sets_the_schedules_floor_from_the_passes_and_a_resume_keeps_it(corpus, tmp_path, monkeypatch):
+    """train.min_lr_by_passes: the entry for the passes that fit becomes train.min_lr, the floor
+    the time plan's schedule decays to at every step; config.yaml records it, and a run resumed
+    from its folder decays to the same floor."""
+    clock = FakeClock()
+    FakeMachine(monkeypatch, clock, lambda now, step: 0.125, compute=False, signal_at_step=100)
+    floors = []  # train.min_lr as the schedule reads it, one per step
+    schedule = budget.progress_lr_factor
+    monkeypatch.setattr(budget, "progress_lr_factor", lambda step, progress, config: (
+        floors.append(config.min_lr), schedule(step, progress, config))[1])
+    table = "train.min_lr_by_passes={0.5: 5e-4, 3: 1e-3}"  # 1.8 passes fit (the dropout test's "fast")
+    first = train(budget_config(corpus, tmp_path, "100s", table), run_name="run", progress=False, clock=clock)
+    assert "about 1.8 passes over the training text fit -> train.min_lr=0.0005 (train.min_lr_by_passes)" in \
+        (first.run_dir / "train.log").read_text()
+    assert load_config(first.run_dir / "config.yaml").train.min_lr == 5e-4  # tiny.yaml's own: 2e-4
+    assert first.step == 100 and set(floors[-100:]) == {5e-4}  # before them: the calibration's steps, undone
+
+    clock.now, floors[:] = 0.0, []  # resumed as the run's last line says: --resume RUN_DIR, no --config
+    point = ResumePoint.find(first.run_dir, None, tmp_path)
+    resumed = train(point.edited_config(), resume=point, progress=False, clock=clock)
+    assert resumed.step > 100 and set(floors) == {5e-4}
+
+
+def test_a_value_given_with_set_wins_over_its_table(corpus, tmp_path, monkeypatch):
     clock = FakeClock()
     FakeMachine(monkeypatch, clock, lambda now, step: 0.25, compute=False)
-    items = ["train.dropout_by_passes={0: 0.3}", "model.dropout=0.05"]
+    items = ["train.dropout_by_passes={0: 0.3}", "model.dropout=0.05",
+             "train.min_lr_by_passes={0: 1e-3}", "train.min_lr=1e-4"]
     result = train(budget_config(corpus, tmp_path, "100s", *items), run_name="run", progress=False, clock=clock,
                    overrides=items)
-    assert load_config(result.run_dir / "config.yaml").model.dropout == 0.05
-    assert "train.dropout_by_passes" not in (result.run_dir / "train.log").read_text()
+    saved = load_config(result.run_dir / "config.yaml")
+    assert (saved.model.dropout, saved.train.min_lr) == (0.05, 1e-4)
+    assert "passes over the training text fit" not in (result.run_dir / "train.log").read_text()
 
 
 def old_lr_factor(step: int, config) -> float:

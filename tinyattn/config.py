@@ -200,8 +200,11 @@ class TrainConfig:
     weight_decay: float = 0.1  # matrices only; norms, biases and the embedding are not decayed
     # With time_budget: passes over the training text -> model.dropout. The calibration counts the
     # passes its plan expects and the entry with the most passes at or below that count sets the
-    # dropout on the embedding and residual branches (budget.dropout_for); {}: never.
+    # dropout on the embedding and residual branches (budget.entry_for); {}: never.
     dropout_by_passes: dict[float, float] = field(default_factory=dict)
+    # With time_budget: passes over the training text -> train.min_lr, by the same rule from the
+    # same count: where many passes fit, the schedule can stop decaying higher; {}: never.
+    min_lr_by_passes: dict[float, float] = field(default_factory=dict)
     # How training windows are drawn: random (at random starts; they may overlap and repeat) or
     # passes (each pass over the text in non-overlapping windows, in a shuffled order).
     sampling: str = "random"
@@ -264,7 +267,7 @@ class TrainConfig:
             fail(key, getattr(tr, key.split(".")[1]), "expected a non-negative number")
         if tr.ema is not None and not 0.0 < tr.ema < 1.0:
             fail("train.ema", tr.ema, "expected a number in (0, 1), e.g. 0.98, or null (no average)")
-        tr._validate_dropout_table(fail)
+        tr._validate_pass_tables(fail)
         if tr.eval_windows is not None and tr.eval_windows <= 0:
             fail("train.eval_windows", tr.eval_windows, "expected a positive integer or null (all windows)")
         check_device(tr.device, fail, "train.device")
@@ -277,12 +280,17 @@ class TrainConfig:
         if probing and not tr.probe_text:
             fail("train.probe_text", tr.probe_text, f"expected a text for train.show's {', '.join(probing)}")
 
-    def _validate_dropout_table(self, fail: Fail) -> None:
+    def _validate_pass_tables(self, fail: Fail) -> None:
+        for name, example in (("dropout_by_passes", "{6: 0.075, 10: 0.1}"), ("min_lr_by_passes", "{10: 1.2e-3}")):
+            for passes in getattr(self, name):
+                if passes < 0:
+                    fail(f"train.{name}", passes, f"expected passes >= 0 as keys, e.g. {example}")
         for passes, dropout in self.dropout_by_passes.items():
-            if passes < 0:
-                fail("train.dropout_by_passes", passes, "expected passes >= 0 as keys, e.g. {6: 0.075, 10: 0.1}")
             if not 0.0 <= dropout < 1.0:
                 fail(f"train.dropout_by_passes.{passes:g}", dropout, "expected a dropout in [0, 1)")
+        for passes, min_lr in self.min_lr_by_passes.items():
+            if not 0.0 <= min_lr <= self.lr:
+                fail(f"train.min_lr_by_passes.{passes:g}", min_lr, f"expected a number in [0, train.lr={self.lr}]")
 
 
 @dataclass

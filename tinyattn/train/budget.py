@@ -11,11 +11,12 @@
   write give the plan its first measurements; the trainer is then put back as it was
   before the first step, through the same `Trainer.state_dict`/`load_state_dict` a
   checkpoint goes through.
-- `dropout_for`: the rule by which the calibration chooses the model's dropout
-  (`train.dropout_by_passes`): overfitting follows the passes a run makes over its text, so the
-  faster the machine, the more steps fit, and the more dropout the model gets. The rule reads
-  the passes the plan expects at the config's own dropout; a changed model is then measured
-  again, so the plan's first count is the chosen model's.
+- `entry_for`: the rule by which the calibration chooses the model's dropout
+  (`train.dropout_by_passes`) and the schedule's floor (`train.min_lr_by_passes`): overfitting
+  follows the passes a run makes over its text, so the faster the machine, the more steps fit,
+  and the more dropout the model gets (and, where the table says so, the higher its rate stays
+  at the end). The rule reads the passes the plan expects at the config's own dropout; a
+  changed model is then measured again, so the plan's first count is the chosen model's.
 - `plan_for`: which plan a run gets. An explicit `--set train.max_steps=N` wins over a
   config's time budget (`explicit_steps`): the budget is off for that run, the schedule is
   `optim.StepPlan`'s, and the run says so.
@@ -212,9 +213,10 @@ def _from_rank0(count: int, device: torch.device) -> int:
     return int(shared.item())
 
 
-def dropout_for(table: dict[float, float], passes: float) -> Optional[float]:
-    """The dropout `train.dropout_by_passes` gives a run that expects `passes` over its text: the
-    entry with the most passes at or below `passes`; None when no entry is that low (or none)."""
+def entry_for(table: dict[float, float], passes: float) -> Optional[float]:
+    """What a table keyed by passes (`train.dropout_by_passes`, `train.min_lr_by_passes`) gives a
+    run that expects `passes` over its text: the entry with the most passes at or below
+    `passes`; None when no entry is that low (or none)."""
     reached = [key for key in table if key <= passes]
     return table[max(reached)] if reached else None
 
@@ -222,13 +224,15 @@ def dropout_for(table: dict[float, float], passes: float) -> Optional[float]:
 @dataclass
 class Measured:
     """What the calibration measured: seconds per step, per evaluation, per checkpoint write; with
-    train.dropout_by_passes, the passes it expected, and the dropout it set (None: unchanged)."""
+    a table by passes, the passes it expected, and the dropout it set and the floor the schedule
+    is to take (None: unchanged)."""
 
     step: float
     evaluation: float
     save: float
     passes: Optional[float] = None
     dropout: Optional[float] = None
+    min_lr: Optional[float] = None
 
 
 class Calibration:
@@ -244,11 +248,13 @@ class Calibration:
     # only, which the plan's own step times replace (a slow machine loses no more to it).
     MIN_SHARE = 0.005
 
-    def __init__(self, plan: TimePlan, clock: Clock, *, dropout_by_passes: Optional[dict[float, float]] = None):
+    def __init__(self, plan: TimePlan, clock: Clock, *, dropout_by_passes: Optional[dict[float, float]] = None,
+                 min_lr_by_passes: Optional[dict[float, float]] = None):
         self.plan = plan
         self.text = plan.text
         self.clock = clock
         self.dropout_by_passes = dropout_by_passes or {}
+        self.min_lr_by_passes = min_lr_by_passes or {}
 
     def measure(self, trainer: Trainer, evaluator: Evaluator, run_dir: Path, *,
                 stop: Callable[[], bool] = lambda: False) -> Measured:
@@ -268,11 +274,14 @@ class Calibration:
         # Without the plan: it measures nothing here, and its clock must not be put back.
         snapshot = copy.deepcopy({k: v for k, v in trainer.state_dict().items() if k != "plan"})
         step_seconds = self._time_steps(trainer, stop)
-        passes = dropout = None
-        if self.dropout_by_passes and not stop():
-            passes, dropout = self._choose_dropout(trainer, step_seconds)
+        passes = dropout = min_lr = None
+        if (self.dropout_by_passes or self.min_lr_by_passes) and not stop():
+            passes = self._expected_passes(trainer, step_seconds)
+            dropout = self._choose_dropout(trainer, passes)
             if dropout is not None:  # the model changed: its step is measured again (and compiled)
                 step_seconds = self._time_steps(trainer, stop)
+            min_lr = entry_for(self.min_lr_by_passes, passes)
+            min_lr = None if min_lr == self.plan.config.min_lr else min_lr  # the loop records it in the config
         eval_seconds = save_seconds = math.nan
         if not stop():
             start = self.clock()
@@ -283,19 +292,22 @@ class Calibration:
         if stop():  # at any point of the measurement: the trainer is as it was, run_dir untouched
             raise CalibrationStopped()
         # An evaluation writes its step checkpoint and, when it is the best so far, best.pt.
-        return Measured(step_seconds, eval_seconds, 2 * save_seconds, passes, dropout)
+        return Measured(step_seconds, eval_seconds, 2 * save_seconds, passes, dropout, min_lr)
 
-    def _choose_dropout(self, trainer: Trainer, step_seconds: float) -> tuple[float, Optional[float]]:
-        """The passes the plan expects at this step time (evaluations aside; in a distributed run
-        rank 0's count, so every rank chooses alike) and the dropout `dropout_for` then gives,
-        set on the model; None where it leaves the model as it is."""
+    def _expected_passes(self, trainer: Trainer, step_seconds: float) -> float:
+        """The passes over the text the plan expects at this step time (evaluations aside; in a
+        distributed run rank 0's count, so every rank chooses alike)."""
         steps = self.plan.seed(step_seconds, 0.0, 0.0)  # seeded again with every measurement after
-        passes = steps * trainer.tokens_per_step / len(trainer.batches.tokens)
-        dropout = dropout_for(self.dropout_by_passes, passes)
+        return steps * trainer.tokens_per_step / len(trainer.batches.tokens)
+
+    def _choose_dropout(self, trainer: Trainer, passes: float) -> Optional[float]:
+        """The dropout `entry_for` gives `passes`, set on the model; None where it leaves the
+        model as it is."""
+        dropout = entry_for(self.dropout_by_passes, passes)
         if dropout is None or dropout == trainer.model.dropout.p:
-            return passes, None
+            return None
         trainer.model.set_dropout(dropout)
-        return passes, dropout
+        return dropout
 
     def advice(self, seconds_needed: float) -> str:
         """What helps when no step fits: a budget that holds `seconds_needed` of the run's own

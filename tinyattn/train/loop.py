@@ -28,8 +28,8 @@ What a run guarantees:
 - Under train.time_budget the whole process ends within the budget, however the machine's
   speed changes during the run (`budget.TimePlan`): the schedule follows the time left and
   the run ends when no further step fits, with its last evaluation and checkpoint. Before
-  step 1 its calibration may set the dropout from the passes that fit (train.dropout_by_passes),
-  and config.yaml records what it chose.
+  step 1 its calibration may set the dropout and the schedule's floor from the passes that fit
+  (train.dropout_by_passes, train.min_lr_by_passes), and config.yaml records what it chose.
 """
 
 from __future__ import annotations
@@ -212,9 +212,11 @@ def _calibrate(config: Config, trainer: Trainer, evaluator: Evaluator, run_dir: 
     stopper = StopRequest()
     try:
         with timers("calibration"), stopper.installed():
-            # --set model.dropout=... wins over the config's train.dropout_by_passes
-            table = {} if "model.dropout" in request.given else config.train.dropout_by_passes
-            calibration = Calibration(trainer.plan, request.clock, dropout_by_passes=table)
+            # --set model.dropout=... wins over the config's train.dropout_by_passes, and
+            # --set train.min_lr=... over its train.min_lr_by_passes
+            tables = {name: {} if key in request.given else getattr(config.train, name)
+                      for name, key in (("dropout_by_passes", "model.dropout"), ("min_lr_by_passes", "train.min_lr"))}
+            calibration = Calibration(trainer.plan, request.clock, **tables)
             steps, measured = _first_plan(calibration, trainer, evaluator, run_dir, log,
                                           stop=lambda: stopper.signal_name is not None)
     except CalibrationStopped:
@@ -227,6 +229,8 @@ def _calibrate(config: Config, trainer: Trainer, evaluator: Evaluator, run_dir: 
     if measured.dropout is not None:  # recorded in config.yaml too, so a resume builds this model
         config.model.attention_dropout = config.model.weights_dropout  # as the model was built
         config.model.dropout = measured.dropout
+    if measured.min_lr is not None:  # the plan's schedule reads it from here; config.yaml records it
+        config.train.min_lr = measured.min_lr
     return None
 
 
@@ -239,9 +243,12 @@ def _first_plan(calibration: Calibration, trainer: Trainer, evaluator: Evaluator
         chosen = [measured]
         torch.distributed.broadcast_object_list(chosen, src=0)  # rank 0's measurement decides
         measured = chosen[0]
-    if measured.dropout is not None:
+    chosen = [f"{key}={value:g} (train.{table})" for key, value, table in (
+        ("model.dropout", measured.dropout, "dropout_by_passes"), ("train.min_lr", measured.min_lr, "min_lr_by_passes"))
+        if value is not None]
+    if chosen:
         log.print(f"time budget {plan.text}: about {measured.passes:.1f} passes over the training text "
-                  f"fit -> model.dropout={measured.dropout:g} (train.dropout_by_passes)")
+                  f"fit -> {', '.join(chosen)}")
     steps = plan.seed(measured.step, measured.evaluation, measured.save)
     spent = plan.spent()
     if steps < 1:
