@@ -164,9 +164,9 @@ def prefix_sample(model, prompt: list[int], *, tokens: int, temperature: float, 
 
 def lab_overrides(steps: int, out: Path) -> list[str]:
     """The lab's settings for both runs: a small model, fp32, a fixed step count, one evaluation
-    at the end."""
+    at the end, of the weights themselves (no moving average: the lab compares two models)."""
     return SMALL_MODEL + [f"train.max_steps={steps}", "train.time_budget=null", "train.precision=fp32",
-            "train.compile=false", "train.show=[]", f"train.eval_interval={steps}",
+            "train.compile=false", "train.show=[]", "train.ema=null", f"train.eval_interval={steps}",
             f"train.eval_windows={EVAL_WINDOWS}", f"train.warmup_steps={max(1, steps // 10)}",
             f"train.out_dir={out}"]
 
