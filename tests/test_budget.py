@@ -205,6 +205,12 @@ def test_the_budget_gives_a_faster_machine_more_dropout_and_a_resume_keeps_it(
     saved = load_config(first.run_dir / "config.yaml")
     assert (saved.model.dropout, saved.model.weights_dropout) == (chosen, 0.0)  # the attention weights: none
 
+    clock.now, seen[:] = 0.0, []  # forked from its step-100 checkpoint with --config: the table, not the choice
+    point = ResumePoint.find(ckpt.latest_checkpoint(first.run_dir), "with_config", tmp_path)
+    resumed = train(budget_config(corpus, tmp_path, "100s", table, "train.log_interval=50"), resume=point,
+                    run_name="with_config", progress=False, clock=clock)
+    assert resumed.step > 100 and set(seen) == {chosen}
+
     clock.now, seen[:] = 0.0, []  # resumed as the run's last line says: --resume RUN_DIR, no --config
     point = ResumePoint.find(first.run_dir, None, tmp_path)
     resumed = train(point.edited_config(), resume=point, progress=False, clock=clock)
@@ -212,33 +218,37 @@ def test_the_budget_gives_a_faster_machine_more_dropout_and_a_resume_keeps_it(
 
 
 def test_the_budget_sets_the_schedules_floor_from_the_passes_and_a_resume_keeps_it(corpus, tmp_path, monkeypatch):
-    """train.min_lr_by_passes: the entry for the passes that fit becomes train.min_lr, the floor
-    the time plan's schedule decays to at every step; config.yaml records it, and a run resumed
-    from its folder decays to the same floor."""
+    """train.floor_by_passes: the share for the passes that fit, times train.lr, becomes
+    train.min_lr, the floor the time plan's schedule decays to at every step; config.yaml records
+    it, and a run resumed from its folder decays to the same floor."""
     clock = FakeClock()
     FakeMachine(monkeypatch, clock, lambda now, step: 0.125, compute=False, signal_at_step=100)
     floors = []  # train.min_lr as the schedule reads it, one per step
     schedule = budget.progress_lr_factor
     monkeypatch.setattr(budget, "progress_lr_factor", lambda step, progress, config: (
         floors.append(config.min_lr), schedule(step, progress, config))[1])
-    table = "train.min_lr_by_passes={0.5: 5e-4, 3: 1e-3}"  # 1.8 passes fit (the dropout test's "fast")
+    table = "train.floor_by_passes={0.5: 0.25, 3: 0.5}"  # 1.8 passes fit (the dropout test's "fast"); lr 2e-3
     first = train(budget_config(corpus, tmp_path, "100s", table), run_name="run", progress=False, clock=clock)
-    assert "about 1.8 passes over the training text fit -> train.min_lr=0.0005 (train.min_lr_by_passes)" in \
+    assert "about 1.8 passes over the training text fit -> train.min_lr=0.0005 (train.floor_by_passes)" in \
         (first.run_dir / "train.log").read_text()
     assert load_config(first.run_dir / "config.yaml").train.min_lr == 5e-4  # tiny.yaml's own: 2e-4
     assert first.step == 100 and set(floors[-100:]) == {5e-4}  # before them: the calibration's steps, undone
 
-    clock.now, floors[:] = 0.0, []  # resumed as the run's last line says: --resume RUN_DIR, no --config
-    point = ResumePoint.find(first.run_dir, None, tmp_path)
-    resumed = train(point.edited_config(), resume=point, progress=False, clock=clock)
-    assert resumed.step > 100 and set(floors) == {5e-4}
+    # Resumed from its step-100 checkpoint into new folders: as the run's last line says
+    # (--resume, no --config: its config.yaml), and with --config (the file's table, floor 2e-4)
+    step_100 = ckpt.latest_checkpoint(first.run_dir)
+    for name, config in (("from_its_folder", None), ("with_config", budget_config(corpus, tmp_path, "100s", table))):
+        clock.now, floors[:] = 0.0, []
+        point = ResumePoint.find(step_100, name, tmp_path)
+        resumed = train(config or point.edited_config(), resume=point, run_name=name, progress=False, clock=clock)
+        assert resumed.step > 100 and set(floors) == {5e-4}, name
 
 
 def test_a_value_given_with_set_wins_over_its_table(corpus, tmp_path, monkeypatch):
     clock = FakeClock()
     FakeMachine(monkeypatch, clock, lambda now, step: 0.25, compute=False)
     items = ["train.dropout_by_passes={0: 0.3}", "model.dropout=0.05",
-             "train.min_lr_by_passes={0: 1e-3}", "train.min_lr=1e-4"]
+             "train.floor_by_passes={0: 0.5}", "train.min_lr=1e-4"]
     result = train(budget_config(corpus, tmp_path, "100s", *items), run_name="run", progress=False, clock=clock,
                    overrides=items)
     saved = load_config(result.run_dir / "config.yaml")

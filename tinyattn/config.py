@@ -202,9 +202,10 @@ class TrainConfig:
     # passes its plan expects and the entry with the most passes at or below that count sets the
     # dropout on the embedding and residual branches (budget.entry_for); {}: never.
     dropout_by_passes: dict[float, float] = field(default_factory=dict)
-    # With time_budget: passes over the training text -> train.min_lr, by the same rule from the
-    # same count: where many passes fit, the schedule can stop decaying higher; {}: never.
-    min_lr_by_passes: dict[float, float] = field(default_factory=dict)
+    # With time_budget: passes over the training text -> the floor the schedule decays to, as a
+    # share of the peak rate (train.min_lr = share * train.lr), by the same rule from the same
+    # count: where many passes fit, the schedule can stop decaying higher; {}: never.
+    floor_by_passes: dict[float, float] = field(default_factory=dict)
     # How training windows are drawn: random (at random starts; they may overlap and repeat) or
     # passes (each pass over the text in non-overlapping windows, in a shuffled order).
     sampling: str = "random"
@@ -281,16 +282,16 @@ class TrainConfig:
             fail("train.probe_text", tr.probe_text, f"expected a text for train.show's {', '.join(probing)}")
 
     def _validate_pass_tables(self, fail: Fail) -> None:
-        for name, example in (("dropout_by_passes", "{6: 0.075, 10: 0.1}"), ("min_lr_by_passes", "{10: 1.2e-3}")):
+        for name, example in (("dropout_by_passes", "{6: 0.075, 10: 0.1}"), ("floor_by_passes", "{10: 0.3}")):
             for passes in getattr(self, name):
                 if passes < 0:
                     fail(f"train.{name}", passes, f"expected passes >= 0 as keys, e.g. {example}")
         for passes, dropout in self.dropout_by_passes.items():
             if not 0.0 <= dropout < 1.0:
                 fail(f"train.dropout_by_passes.{passes:g}", dropout, "expected a dropout in [0, 1)")
-        for passes, min_lr in self.min_lr_by_passes.items():
-            if not 0.0 <= min_lr <= self.lr:
-                fail(f"train.min_lr_by_passes.{passes:g}", min_lr, f"expected a number in [0, train.lr={self.lr}]")
+        for passes, share in self.floor_by_passes.items():
+            if not 0.0 <= share <= 1.0:
+                fail(f"train.floor_by_passes.{passes:g}", share, "expected a share of train.lr in [0, 1]")
 
 
 @dataclass

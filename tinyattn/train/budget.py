@@ -12,7 +12,7 @@
   before the first step, through the same `Trainer.state_dict`/`load_state_dict` a
   checkpoint goes through.
 - `entry_for`: the rule by which the calibration chooses the model's dropout
-  (`train.dropout_by_passes`) and the schedule's floor (`train.min_lr_by_passes`): overfitting
+  (`train.dropout_by_passes`) and the schedule's floor (`train.floor_by_passes`): overfitting
   follows the passes a run makes over its text, so the faster the machine, the more steps fit,
   and the more dropout the model gets (and, where the table says so, the higher its rate stays
   at the end). The rule reads the passes the plan expects at the config's own dropout; a
@@ -214,7 +214,7 @@ def _from_rank0(count: int, device: torch.device) -> int:
 
 
 def entry_for(table: dict[float, float], passes: float) -> Optional[float]:
-    """What a table keyed by passes (`train.dropout_by_passes`, `train.min_lr_by_passes`) gives a
+    """What a table keyed by passes (`train.dropout_by_passes`, `train.floor_by_passes`) gives a
     run that expects `passes` over its text: the entry with the most passes at or below
     `passes`; None when no entry is that low (or none)."""
     reached = [key for key in table if key <= passes]
@@ -249,12 +249,12 @@ class Calibration:
     MIN_SHARE = 0.005
 
     def __init__(self, plan: TimePlan, clock: Clock, *, dropout_by_passes: Optional[dict[float, float]] = None,
-                 min_lr_by_passes: Optional[dict[float, float]] = None):
+                 floor_by_passes: Optional[dict[float, float]] = None):
         self.plan = plan
         self.text = plan.text
         self.clock = clock
         self.dropout_by_passes = dropout_by_passes or {}
-        self.min_lr_by_passes = min_lr_by_passes or {}
+        self.floor_by_passes = floor_by_passes or {}
 
     def measure(self, trainer: Trainer, evaluator: Evaluator, run_dir: Path, *,
                 stop: Callable[[], bool] = lambda: False) -> Measured:
@@ -275,13 +275,12 @@ class Calibration:
         snapshot = copy.deepcopy({k: v for k, v in trainer.state_dict().items() if k != "plan"})
         step_seconds = self._time_steps(trainer, stop)
         passes = dropout = min_lr = None
-        if (self.dropout_by_passes or self.min_lr_by_passes) and not stop():
+        if (self.dropout_by_passes or self.floor_by_passes) and not stop():
             passes = self._expected_passes(trainer, step_seconds)
             dropout = self._choose_dropout(trainer, passes)
             if dropout is not None:  # the model changed: its step is measured again (and compiled)
                 step_seconds = self._time_steps(trainer, stop)
-            min_lr = entry_for(self.min_lr_by_passes, passes)
-            min_lr = None if min_lr == self.plan.config.min_lr else min_lr  # the loop records it in the config
+            min_lr = self._choose_min_lr(passes)
         eval_seconds = save_seconds = math.nan
         if not stop():
             start = self.clock()
@@ -299,6 +298,14 @@ class Calibration:
         distributed run rank 0's count, so every rank chooses alike)."""
         steps = self.plan.seed(step_seconds, 0.0, 0.0)  # seeded again with every measurement after
         return steps * trainer.tokens_per_step / len(trainer.batches.tokens)
+
+    def _choose_min_lr(self, passes: float) -> Optional[float]:
+        """train.min_lr from the share of train.lr `entry_for` gives `passes`; None where it leaves
+        the schedule as it is. The loop records it in the config, whose value the plan reads."""
+        share = entry_for(self.floor_by_passes, passes)
+        config = self.plan.config
+        min_lr = None if share is None else share * config.lr
+        return None if min_lr == config.min_lr else min_lr
 
     def _choose_dropout(self, trainer: Trainer, passes: float) -> Optional[float]:
         """The dropout `entry_for` gives `passes`, set on the model; None where it leaves the

@@ -29,7 +29,7 @@ What a run guarantees:
   speed changes during the run (`budget.TimePlan`): the schedule follows the time left and
   the run ends when no further step fits, with its last evaluation and checkpoint. Before
   step 1 its calibration may set the dropout and the schedule's floor from the passes that fit
-  (train.dropout_by_passes, train.min_lr_by_passes), and config.yaml records what it chose.
+  (train.dropout_by_passes, train.floor_by_passes), and config.yaml records what it chose.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def _train(config: Config, request: _Request, dist: Distributed) -> TrainResult:
     if point is not None:
         if config.train.init_from:  # the model and tokenizer its source gave it (not read again)
             adopt_model(config, point.config.model, point.config.tokenizer, f"{point.file} (train.init_from)")
-        point.adopt(config)
+        point.adopt(config, request.given)
         request.notes[:0] = point.notes  # what the resume took from config.yaml
     source = init_source(config) if point is None else None  # fine-tuning: train.init_from
     device = select_device(request.device or config.train.device)  # a bad one fails before the folder is made
@@ -213,9 +213,9 @@ def _calibrate(config: Config, trainer: Trainer, evaluator: Evaluator, run_dir: 
     try:
         with timers("calibration"), stopper.installed():
             # --set model.dropout=... wins over the config's train.dropout_by_passes, and
-            # --set train.min_lr=... over its train.min_lr_by_passes
+            # --set train.min_lr=... over its train.floor_by_passes
             tables = {name: {} if key in request.given else getattr(config.train, name)
-                      for name, key in (("dropout_by_passes", "model.dropout"), ("min_lr_by_passes", "train.min_lr"))}
+                      for name, key in (("dropout_by_passes", "model.dropout"), ("floor_by_passes", "train.min_lr"))}
             calibration = Calibration(trainer.plan, request.clock, **tables)
             steps, measured = _first_plan(calibration, trainer, evaluator, run_dir, log,
                                           stop=lambda: stopper.signal_name is not None)
@@ -244,7 +244,7 @@ def _first_plan(calibration: Calibration, trainer: Trainer, evaluator: Evaluator
         torch.distributed.broadcast_object_list(chosen, src=0)  # rank 0's measurement decides
         measured = chosen[0]
     chosen = [f"{key}={value:g} (train.{table})" for key, value, table in (
-        ("model.dropout", measured.dropout, "dropout_by_passes"), ("train.min_lr", measured.min_lr, "min_lr_by_passes"))
+        ("model.dropout", measured.dropout, "dropout_by_passes"), ("train.min_lr", measured.min_lr, "floor_by_passes"))
         if value is not None]
     if chosen:
         log.print(f"time budget {plan.text}: about {measured.passes:.1f} passes over the training text "

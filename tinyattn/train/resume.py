@@ -17,7 +17,7 @@ import json
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 import yaml
@@ -131,12 +131,15 @@ class ResumePoint:
         if best_step is not None and best_step <= self.step:
             ckpt.copy_checkpoint(best, run_dir / ckpt.BEST)
 
-    def adopt(self, config: Config) -> None:
+    def adopt(self, config: Config, given: Sequence[str] = ()) -> None:
         """Check that `config` can continue this checkpoint; take what the run fixed at its start.
 
         The vocabulary size came from the tokenizer: it is taken from the checkpoint. So is a
         time-budget run's step count, which a run saved before time plans (`budget.TimePlan`)
-        fixed at its start and continues with; a newer one continues its recorded plan.
+        fixed at its start and continues with; a newer one continues its recorded plan. So are
+        the dropout and the schedule's floor that its calibration chose from the passes that fit
+        (where `config` has the table; not a key in `given`, the ones --set gives now): a
+        `--config FILE` holds the table, not the choice.
         """
         saved = config_to_dict(self.config)["model"]
         current = config_to_dict(config)["model"]
@@ -149,6 +152,11 @@ class ResumePoint:
         config.model.vocab_size = self.config.model.vocab_size
         if config.train.time_budget is not None and self.config.train.time_budget is not None:
             config.train.max_steps = self.config.train.max_steps
+            if config.train.floor_by_passes and "train.min_lr" not in given:
+                config.train.min_lr = self.config.train.min_lr
+            if config.train.dropout_by_passes and "model.dropout" not in given:
+                config.model.dropout = self.config.model.dropout
+                config.model.attention_dropout = self.config.model.attention_dropout
 
     def edited_config(self) -> Config:
         """The config a resume without --config continues with: the checkpoint's, with the edits
