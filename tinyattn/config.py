@@ -172,6 +172,9 @@ class TokenizerConfig:
 # (tinyattn.train.hooks maps the names to their implementations). The two that read
 # train.probe_text need one.
 SHOW_HOOKS = ("sample", "loss_by_position", "attention", "head_ablation")
+# The tables a time budget's calibration reads by the passes that fit (budget.entry_for), each
+# with the key its entry sets; that key given with --set wins over the table.
+PASS_TABLES = {"dropout_by_passes": "model.dropout", "floor_by_passes": "train.min_lr"}
 PROBE_HOOKS = ("attention", "head_ablation")
 
 
@@ -282,10 +285,11 @@ class TrainConfig:
             fail("train.probe_text", tr.probe_text, f"expected a text for train.show's {', '.join(probing)}")
 
     def _validate_pass_tables(self, fail: Fail) -> None:
-        for name, example in (("dropout_by_passes", "{6: 0.075, 10: 0.1}"), ("floor_by_passes", "{10: 0.3}")):
+        examples = {"dropout_by_passes": "{6: 0.075, 10: 0.1}", "floor_by_passes": "{10: 0.3}"}
+        for name in PASS_TABLES:
             for passes in getattr(self, name):
                 if passes < 0:
-                    fail(f"train.{name}", passes, f"expected passes >= 0 as keys, e.g. {example}")
+                    fail(f"train.{name}", passes, f"expected passes >= 0 as keys, e.g. {examples[name]}")
         for passes, dropout in self.dropout_by_passes.items():
             if not 0.0 <= dropout < 1.0:
                 fail(f"train.dropout_by_passes.{passes:g}", dropout, "expected a dropout in [0, 1)")

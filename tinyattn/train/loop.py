@@ -42,7 +42,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from tinyattn.config import Config, TrainConfig, for_precision, save_config
+from tinyattn.config import PASS_TABLES, Config, TrainConfig, for_precision, save_config
 from tinyattn.data.batches import prepare_data
 from tinyattn.errors import TinyattnError
 from tinyattn.model.memory import check_training_fits
@@ -212,10 +212,9 @@ def _calibrate(config: Config, trainer: Trainer, evaluator: Evaluator, run_dir: 
     stopper = StopRequest()
     try:
         with timers("calibration"), stopper.installed():
-            # --set model.dropout=... wins over the config's train.dropout_by_passes, and
-            # --set train.min_lr=... over its train.floor_by_passes
+            # --set model.dropout=... wins over the config's train.dropout_by_passes, and so on
             tables = {name: {} if key in request.given else getattr(config.train, name)
-                      for name, key in (("dropout_by_passes", "model.dropout"), ("floor_by_passes", "train.min_lr"))}
+                      for name, key in PASS_TABLES.items()}
             calibration = Calibration(trainer.plan, request.clock, **tables)
             steps, measured = _first_plan(calibration, trainer, evaluator, run_dir, log,
                                           stop=lambda: stopper.signal_name is not None)
@@ -243,12 +242,12 @@ def _first_plan(calibration: Calibration, trainer: Trainer, evaluator: Evaluator
         chosen = [measured]
         torch.distributed.broadcast_object_list(chosen, src=0)  # rank 0's measurement decides
         measured = chosen[0]
-    chosen = [f"{key}={value:g} (train.{table})" for key, value, table in (
-        ("model.dropout", measured.dropout, "dropout_by_passes"), ("train.min_lr", measured.min_lr, "floor_by_passes"))
-        if value is not None]
-    if chosen:
+    values = {"model.dropout": measured.dropout, "train.min_lr": measured.min_lr}
+    choices = [f"{key}={values[key]:g} (train.{table})" for table, key in PASS_TABLES.items()
+               if values[key] is not None]
+    if choices:
         log.print(f"time budget {plan.text}: about {measured.passes:.1f} passes over the training text "
-                  f"fit -> {', '.join(chosen)}")
+                  f"fit -> {', '.join(choices)}")
     steps = plan.seed(measured.step, measured.evaluation, measured.save)
     spent = plan.spent()
     if steps < 1:
