@@ -197,8 +197,13 @@ def test_the_budget_gives_a_faster_machine_more_dropout_and_a_resume_keeps_it(
     first = train(budget_config(corpus, tmp_path, "100s", table, "train.log_interval=50"), run_name="run",
                   progress=False, clock=clock)
     log = (first.run_dir / "train.log").read_text()
-    if chosen:  # 0.985 * 100 s less 1 s of exit and 4 s measuring, / step time, * 128 tokens / 54,000
-        assert f"about {passes} passes over the training text fit -> model.dropout={chosen:g}" in log
+    # 0.985 * 100 s less 1 s of exit and 4 s measuring, / step time, * 128 tokens / 54,000
+    if chosen:
+        assert f"about {passes} passes over the training text fit -> model.dropout={chosen:g} " \
+               "(train.dropout_by_passes)" in log
+    else:  # below the table's first entry: the run says so
+        assert f"about {passes} passes over the training text fit -> model.dropout=0 kept " \
+               "(train.dropout_by_passes starts at 0.5)" in log
     expected_step = idle_step * (1.5 if chosen else 1.0)
     assert f"measured {expected_step:.3f} s/step" in log  # the chosen model's step, measured again
     assert seen[-1] == chosen and first.step == 100

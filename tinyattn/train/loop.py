@@ -48,7 +48,7 @@ from tinyattn.errors import TinyattnError
 from tinyattn.model.memory import check_training_fits
 from tinyattn.system.device import measure_peak_flops, select_device, select_precision
 from tinyattn.system.distributed import Distributed, init_distributed, shutdown_distributed
-from tinyattn.train.budget import Calibration, CalibrationStopped, Measured, explicit_steps, plan_for
+from tinyattn.train.budget import Calibration, CalibrationStopped, Measured, entry_for, explicit_steps, plan_for
 from tinyattn.train.finetune import InitSource, adopt_model, init_source
 from tinyattn.train.hooks import resolve_hooks
 from tinyattn.train.log import Logger, RunLog
@@ -242,12 +242,9 @@ def _first_plan(calibration: Calibration, trainer: Trainer, evaluator: Evaluator
         chosen = [measured]
         torch.distributed.broadcast_object_list(chosen, src=0)  # rank 0's measurement decides
         measured = chosen[0]
-    values = {"model.dropout": measured.dropout, "train.min_lr": measured.min_lr}
-    choices = [f"{key}={values[key]:g} (train.{table})" for table, key in PASS_TABLES.items()
-               if values[key] is not None]
-    if choices:
+    if measured.passes is not None:
         log.print(f"time budget {plan.text}: about {measured.passes:.1f} passes over the training text "
-                  f"fit -> {', '.join(choices)}")
+                  f"fit -> {', '.join(_pass_choices(calibration, measured, trainer))}")
     steps = plan.seed(measured.step, measured.evaluation, measured.save)
     spent = plan.spent()
     if steps < 1:
@@ -259,6 +256,25 @@ def _first_plan(calibration: Calibration, trainer: Trainer, evaluator: Evaluator
               f"per evaluation, {measured.save / 2:.2f} s per checkpoint, {spent:.0f} s of start-up "
               f"-> about {steps:,} step{'s' if steps > 1 else ''}; the schedule follows the time left")
     return steps, measured
+
+
+def _pass_choices(calibration: Calibration, measured: Measured, trainer: Trainer) -> list[str]:
+    """What each table by passes in play made of the count: "model.dropout=0.1
+    (train.dropout_by_passes)", or, where the count is below its first entry, the value kept
+    and where the table starts (a slow machine's run says why it has no dropout)."""
+    now = {"model.dropout": (measured.dropout, trainer.model.dropout.p),
+           "train.min_lr": (measured.min_lr, trainer.plan.config.min_lr)}
+    choices = []
+    for table_name, key in PASS_TABLES.items():
+        table = getattr(calibration, table_name)
+        if not table:
+            continue  # none in the config, or its key given with --set
+        chosen, current = now[key]
+        if entry_for(table, measured.passes) is None:
+            choices.append(f"{key}={current:g} kept (train.{table_name} starts at {min(table):g})")
+        else:  # the table's entry (None from the calibration where it equals the value already set)
+            choices.append(f"{key}={current if chosen is None else chosen:g} (train.{table_name})")
+    return choices
 
 
 def _prepare_data(config: Config, dist: Distributed, progress: bool, *, point: Optional[ResumePoint] = None):
