@@ -14,7 +14,7 @@ import torch
 
 from tests.conftest import local_corpus
 from tinyattn import checkpoint as ckpt
-from tinyattn.config import load_config
+from tinyattn.config import SHOW_HOOKS, load_config
 from tinyattn.errors import CheckpointError, TinyattnError
 from tinyattn.train.loop import train
 from tinyattn.train.optim import learning_rate
@@ -22,7 +22,7 @@ from tinyattn.train.trainer import Trainer, TrainingError
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TINY = ROOT / "configs" / "tiny.yaml"
+TINY = ROOT / "configs" / "tiny.yaml"  # evaluates the validation loss only (train.show: [])
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def run_cli(*args, cwd=ROOT, timeout=240, **kwargs):
 @pytest.mark.slow
 def test_cli_end_to_end_writes_a_complete_run(corpus, tmp_path):
     result = run_cli("--config", str(TINY), "--run-name", "e2e", "--no-progress",
-                     "--set", *tiny_overrides(corpus, tmp_path))
+                     "--set", *tiny_overrides(corpus, tmp_path, f"train.show=[{', '.join(SHOW_HOOKS)}]"))
     assert result.returncode == 0, result.stderr
     run = tmp_path / "e2e"
     assert (run / "config.yaml").is_file() and (run / "tokenizer.json").is_file()
@@ -63,7 +63,8 @@ def test_cli_end_to_end_writes_a_complete_run(corpus, tmp_path):
 def test_tensorboard_holds_every_curve(corpus, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    result = train(tiny_config(corpus, tmp_path), run_name="tb", progress=False)
+    result = train(tiny_config(corpus, tmp_path, f"train.show=[{', '.join(SHOW_HOOKS)}]"), run_name="tb",
+                   progress=False)
     events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0}).Reload()
     scalars = set(events.Tags()["scalars"])
     assert {"train/loss", "val/loss", "train/learning_rate", "train/grad_norm", "perf/tokens_per_second",
@@ -815,7 +816,7 @@ def test_the_probe_text_belongs_to_the_config_that_sets_it():
         load_config(TINY, ["train.show=[sample, attenton]"])
     with pytest.raises(ConfigError, match=r"^--set: train\.probe_text: '' is not accepted; expected a text "
                                           r"for train\.show's attention, head_ablation$"):
-        load_config(TINY, ["train.probe_text="])
+        load_config(TINY, ["train.show=[attention, head_ablation]", "train.probe_text="])
 
 
 def test_the_cores_validation_loss_equals_the_analysis_loss_by_position(tiny_model):
