@@ -8,6 +8,7 @@ computes its RoPE tables in float64, transformers in float32, so they grow with 
 logits' size.
 """
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -16,7 +17,8 @@ import pytest
 import torch
 
 pytest.importorskip("safetensors")
-transformers = pytest.importorskip("transformers")
+if importlib.util.find_spec("transformers") is None:  # looked up, not imported: every worker collects this
+    pytest.skip("transformers is not installed (pip install -e '.[dev]')", allow_module_level=True)
 
 from tinyattn import checkpoint as ckpt  # noqa: E402
 from tinyattn.analysis.evaluate import evaluate_tokens  # noqa: E402
@@ -66,6 +68,8 @@ def random_model(tokenizer: Tokenizer, kind: str, n_kv_head: int, seed: int = 0)
 
 
 def hf_model(folder):
+    import transformers
+
     return transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
 
 
@@ -105,6 +109,8 @@ def test_exported_folder_gives_transformers_equal_logits(tmp_path, kind, n_kv_he
 
 
 def test_greedy_generation_matches_transformers_token_for_token(tmp_path):
+    import transformers
+
     tokenizer = tokenizer_of("bpe")
     config, model = random_model(tokenizer, "bpe", 2, seed=1)
     export_folder(model.state_dict(), config, tokenizer, tmp_path / "out")
@@ -120,6 +126,8 @@ def test_greedy_generation_matches_transformers_token_for_token(tmp_path):
 
 @pytest.mark.parametrize("kind", ["char", "bpe"])
 def test_tokenizer_round_trip_matches_auto_tokenizer(tmp_path, kind):
+    import transformers
+
     tokenizer = tokenizer_of(kind)
     config, model = random_model(tokenizer, kind, 4)
     export_folder(model.state_dict(), config, tokenizer, tmp_path / "out")
@@ -241,6 +249,8 @@ def test_an_export_killed_while_replacing_a_folder_loses_neither_and_is_cleaned_
 
 def random_llama(folder, tokenizer: Tokenizer, seed: int = 0):
     """A LlamaForCausalLM built by transformers: GQA, untied head, eps 1e-5, RoPE base 500."""
+    import transformers
+
     hf_config = transformers.LlamaConfig(
         vocab_size=tokenizer.vocab_size, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,

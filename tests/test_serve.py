@@ -5,6 +5,7 @@ that goes away mid-stream stops its generation; and in headless Chromium the pla
 tokens and a click on one shows the model's own attention weights."""
 
 import http.client
+import importlib.util
 import json
 import os
 import re
@@ -21,19 +22,13 @@ from tinyattn.config import Config, DataConfig, ModelConfig, SampleConfig, Token
 from tinyattn.generate.text import generate
 from tinyattn.model.transformer import LanguageModel
 
-try:  # the serve extra and the dev extra's openai client; without them the server tests skip
-    import fastapi  # noqa: F401
-    import openai
-    import uvicorn  # noqa: F401
-
-    from tinyattn.serve.schemas import Limits
-    MISSING = None
-except ImportError as e:
-    MISSING = f"{e.name} is not installed (pip install -e '.[serve,dev]')"
-    Limits = lambda **limits: None  # noqa: E731
+# The serve extra and the dev extra's openai client; without them the server tests skip. Looked up,
+# not imported: every pytest worker collects this module, and importing them costs about 1.3 s.
+MISSING = next((f"{name} is not installed (pip install -e '.[serve,dev]')"
+                for name in ("fastapi", "uvicorn", "openai") if importlib.util.find_spec(name) is None), None)
 
 ROOT = Path(__file__).resolve().parents[1]
-LIMITS = Limits(max_tokens=5000, max_prompt_tokens=48, max_n=4, max_active=4)
+LIMITS = dict(max_tokens=5000, max_prompt_tokens=48, max_n=4, max_active=4)
 PROMPT = "ROMEO:"
 
 
@@ -65,15 +60,18 @@ def loaded(char_tokenizer, tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(loaded):
     from tinyattn.serve.app import create_app
+    from tinyattn.serve.schemas import Limits
     from tinyattn.serve.server import ServerThread, listening_socket
 
-    app = create_app(loaded, limits=LIMITS)
+    app = create_app(loaded, limits=Limits(**LIMITS))
     with ServerThread(app, listening_socket("127.0.0.1", 0)) as running:
         yield running
 
 
 @pytest.fixture
 def client(server):
+    import openai
+
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
 
 
@@ -115,6 +113,8 @@ def test_a_port_in_use_is_one_line_naming_it(capsys):
 def test_the_command_serves_until_ctrl_c_and_then_exits_cleanly(loaded):
     import signal
     import subprocess
+
+    import openai
 
     run = loaded.path.parent
     command = [sys.executable, "-m", "tinyattn", "serve", "--checkpoint", str(run), "--port", "0",
@@ -210,6 +210,8 @@ BAD_REQUESTS = {
 
 @pytest.mark.parametrize("name", BAD_REQUESTS)
 def test_a_bad_request_is_a_400_with_an_openai_error_and_the_server_stays_up(client, name):
+    import openai
+
     options, param, message = BAD_REQUESTS[name]
     with pytest.raises(openai.BadRequestError) as caught:
         client.completions.create(**{"model": "tiny-serve", "prompt": PROMPT, "max_tokens": 4, **options})
@@ -235,6 +237,8 @@ def test_a_body_that_is_not_a_request_is_a_400(server, body, message):
 
 
 def test_an_unknown_model_is_a_404_and_an_unknown_route_too(client, server):
+    import openai
+
     with pytest.raises(openai.NotFoundError) as caught:
         client.completions.create(model="gpt-4", prompt=PROMPT, max_tokens=2)
     assert caught.value.body["code"] == "model_not_found" and "'tiny-serve'" in caught.value.body["message"]
@@ -249,6 +253,8 @@ def test_an_unknown_model_is_a_404_and_an_unknown_route_too(client, server):
 
 @pytest.mark.slow
 def test_two_clients_at_once_stream_side_by_side_and_each_gets_its_own_text(server, loaded):
+    import openai
+
     deadline = time.monotonic() + 30
     while worker(server).load["active"] and time.monotonic() < deadline:
         time.sleep(0.02)  # an earlier test's job may still be ending
