@@ -172,10 +172,10 @@ class TokenizerConfig:
 # (tinyattn.train.hooks maps the names to their implementations). The two that read
 # train.probe_text need one.
 SHOW_HOOKS = ("sample", "loss_by_position", "attention", "head_ablation")
+PROBE_HOOKS = ("attention", "head_ablation")
 # The tables a time budget's calibration reads by the passes that fit (budget.entry_for), each
 # with the key its entry sets; that key given with --set wins over the table.
 PASS_TABLES = {"dropout_by_passes": "model.dropout", "floor_by_passes": "train.min_lr"}
-PROBE_HOOKS = ("attention", "head_ablation")
 
 
 @dataclass
