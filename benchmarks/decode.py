@@ -18,7 +18,8 @@ process busy, two torch threads can run many times slower than one.
 never copied) against the loop `tinyattn generate` runs, on the same architecture size (6
 layers, 6 heads, width 384, context 256, vocabulary 65, random weights, batch 1): nanoGPT in
 fp32 as it runs on a CPU (--nanogpt-bf16 adds a row with it under bf16 autocast), ours as the
-command line prepares it (`inference_dtype("auto")`, weights packed, eager: no --compile).
+command line prepares it (`prepare_for_generation(..., "auto")`: its dtype, packed weights with
+fp16 copies for one-row products where it keeps them; eager: no --compile).
 Both get the same random prompt (--prompt-tokens) and sample --new-tokens at temperature 0.8
 with no top-k; nanoGPT recomputes its whole window (up to 256 tokens) for every token, as its
 generate() does. Rounds alternate the two (--repeats rounds); each side's figure is the
@@ -40,8 +41,7 @@ from benchmarks.measure import measure_decode
 from tinyattn.cli import run_command
 from tinyattn.config import ModelConfig, load_config
 from tinyattn.errors import TinyattnError
-from tinyattn.generate.cpu_weights import pack_linear_weights
-from tinyattn.generate.decoder import generate_tokens, inference_dtype
+from tinyattn.generate.decoder import generate_tokens, prepare_for_generation
 from tinyattn.model.transformer import LanguageModel
 from tinyattn.system.cpu import cpu_name
 
@@ -58,7 +58,8 @@ def main() -> int:
                                                                   args.compile, args.batch_sizes):
         r = measure_decode(new_tokens=args.new_tokens, prompt_tokens=prompt_tokens,
                            uncached_tokens=args.uncached_tokens, dtype=dtype, threads=threads,
-                           pack=pack == "yes", compile=compile == "yes", repeats=args.repeats,
+                           pack=pack != "no", row_dtype="fp16" if pack == "fp16-rows" else None,
+                           compile=compile == "yes", repeats=args.repeats,
                            device=args.device, batch_size=batch, **shape)
         if not results:
             print(f"{r['cpu']}, torch {r['torch']}, {r['device']}; "
@@ -67,7 +68,8 @@ def main() -> int:
             print("| dtype | threads | packed | compiled | batch | cached tok/s | ms/token | TTFT ms "
                   "| first run s | uncached tok/s | speedup |")
             print("|---|---|---|---|---|---|---|---|---|---|---|")
-        print(f"| {dtype} | {threads} | {'yes' if r['packed'] else 'no'} | {compile} | {batch} | "
+        packed = ("yes, fp16 rows" if r["row_dtype"] else "yes") if r["packed"] else "no"
+        print(f"| {dtype} | {threads} | {packed} | {compile} | {batch} | "
               f"{r['cached_tokens_per_s']:.0f} | {r['cached_ms_per_token']:.2f} | "
               f"{r['ttft_ms']:.1f} | {r['first_run_s']:.1f} | {r['uncached_tokens_per_s']:.1f} | "
               f"{r['speedup']:.1f}x |", flush=True)
@@ -144,12 +146,11 @@ def _nanogpt_model(folder: Path):
 
 
 def _our_model() -> tuple[LanguageModel, str]:
-    """Our model as `tinyattn generate` prepares it (cli.generate.inference_model), and how."""
+    """Our model as `tinyattn generate` prepares it (`prepare_for_generation`, "auto"), and how."""
     torch.manual_seed(0)
-    dtype = inference_dtype("auto", torch.device("cpu"))
-    model = LanguageModel(ModelConfig(**NANOGPT_SHAPE)).to(dtype).eval()
-    packed = pack_linear_weights(model)
-    return model, f"{str(dtype).removeprefix('torch.')}{', packed' if packed else ''}, eager"
+    prepared = prepare_for_generation(LanguageModel(ModelConfig(**NANOGPT_SHAPE)).eval(), "auto",
+                                      torch.device("cpu"))
+    return prepared.model, f"{prepared.describe()}, eager"
 
 
 def _time_nanogpt(model, prompt: torch.Tensor, new_tokens: int, autocast: bool = False) -> float:
@@ -180,8 +181,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     parser.add_argument("--threads", nargs="+", type=int, default=None,
                         help="torch.set_num_threads values to try (default: 1 2; with --nanogpt: torch's own)")
-    parser.add_argument("--pack", nargs="+", default=["no", "yes"], choices=["no", "yes"],
-                        help="weights as they are and/or packed for oneDNN (pack_linear_weights)")
+    parser.add_argument("--pack", nargs="+", default=["no", "yes"], choices=["no", "yes", "fp16-rows"],
+                        help="weights as they are and/or packed for oneDNN (pack_linear_weights); "
+                             "fp16-rows: packed, with fp16 copies for one-row products")
     parser.add_argument("--compile", nargs="+", default=["no"], choices=["no", "yes"],
                         help="the one-token decode step eager and/or compiled (default: no)")
     parser.add_argument("--new-tokens", type=int, default=500)

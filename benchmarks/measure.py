@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from tinyattn.config import ModelConfig, TrainConfig, load_config
 from tinyattn.generate.cpu_weights import pack_linear_weights
-from tinyattn.generate.decoder import CachedDecoder
+from tinyattn.generate.decoder import CachedDecoder, row_weight_dtype
 from tinyattn.generate.sampling import sample_next_token
 from tinyattn.model.attention import attention, causal_mask
 from tinyattn.model.transformer import LanguageModel
@@ -40,9 +40,9 @@ from tinyattn.train.trainer import Trainer
 def measure_decode(*, n_layer: int = 6, n_head: int = 6, n_embd: int = 384, context_length: int = 256,
                    n_kv_head: int | None = None, vocab_size: int = 65, new_tokens: int = 500,
                    prompt_tokens: int = 200, uncached_tokens: int | None = None, dtype: str = "fp32",
-                   threads: int | None = None,
-                   pack: bool = False, compile: bool = False, temperature: float = 0.8, repeats: int = 3,
-                   device: str = "cpu", seed: int = 0, batch_size: int = 1) -> dict:
+                   threads: int | None = None, pack: bool = False, row_dtype: str | None = None,
+                   compile: bool = False, temperature: float = 0.8, repeats: int = 3, device: str = "cpu",
+                   seed: int = 0, batch_size: int = 1) -> dict:
     """Decoding speed with the KV cache (the loop of `generate_tokens`) and without it.
 
     The model has random weights (its own initialisation, seeded); speed does not depend on
@@ -60,9 +60,9 @@ def measure_decode(*, n_layer: int = 6, n_head: int = 6, n_embd: int = 384, cont
       (default `new_tokens`); timed once, it is slow.
     Cached figures are medians of `repeats` runs after one warm-up run. `dtype` is "fp32" or "bf16" (the
     weights are cast); `threads` sets torch.set_num_threads for the measurement; `pack` stores the
-    weights in oneDNN's layout first (`tinyattn.generate.cpu_weights.pack_linear_weights`), for both
-    loops; `compile` compiles the cached loop's one-token step (`generate.decoder.compile_decode_step`).
-    `batch_size` sequences are decoded together (one random prompt each): tokens/s count every
+    weights in oneDNN's layout first (`generate.cpu_weights.pack_linear_weights`), for both loops,
+    with `row_dtype` ("fp16") copies for one-row products; `compile` compiles the cached loop's
+    one-token step (`generate.decoder.compile_decode_step`). `batch_size` sequences are decoded together (one random prompt each): tokens/s count every
     sequence's tokens, ms_per_token is one step of the batch, ttft_ms the batch's prefill and first draw.
     """
     torch_device = select_device(device)
@@ -70,7 +70,7 @@ def measure_decode(*, n_layer: int = 6, n_head: int = 6, n_embd: int = 384, cont
         config = ModelConfig(vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head,
                              n_embd=n_embd, context_length=context_length)
         model, packed, prompt = _model_and_prompt(
-            config, device=torch_device, dtype=dtype, pack=pack, batch_size=batch_size,
+            config, device=torch_device, dtype=dtype, pack=pack, row_dtype=row_dtype, batch_size=batch_size,
             prompt_tokens=prompt_tokens, seed=seed)
         uncached_tokens = new_tokens if uncached_tokens is None else uncached_tokens
         first_run_seconds, runs, uncached_seconds = _decode_runs(
@@ -83,7 +83,7 @@ def measure_decode(*, n_layer: int = 6, n_head: int = 6, n_embd: int = 384, cont
         return {
             "device": str(torch_device), "cpu": cpu_name(), "machine": platform.machine(),
             "torch": torch.__version__, "threads": torch.get_num_threads(), "dtype": dtype, "packed": packed,
-            "compile": compile, "batch_size": batch_size, "model": shape,
+            "row_dtype": row_dtype if packed else None, "compile": compile, "batch_size": batch_size, "model": shape,
             "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "uncached_tokens": uncached_tokens,
             "temperature": temperature, "repeats": repeats, "refills": runs[0].refills,
             "first_run_s": first_run_seconds, **speeds}
@@ -114,12 +114,13 @@ def _decode_speeds(runs: list["CachedRun"], uncached_seconds: float, *, batch_si
             "speedup": cached / uncached}
 
 
-def _model_and_prompt(config: ModelConfig, *, device: torch.device, dtype: str, pack: bool, batch_size: int,
-                      prompt_tokens: int, seed: int) -> tuple[LanguageModel, bool, torch.Tensor]:
+def _model_and_prompt(config: ModelConfig, *, device: torch.device, dtype: str, pack: bool,
+                      row_dtype: str | None, batch_size: int, prompt_tokens: int,
+                      seed: int) -> tuple[LanguageModel, bool, torch.Tensor]:
     """A seeded random model in `dtype` (packed if asked and possible) and random prompts (B, T)."""
     torch.manual_seed(seed)
     model = LanguageModel(config).to(device, DTYPES[dtype]).eval()
-    packed = pack and pack_linear_weights(model)
+    packed = pack and pack_linear_weights(model, row_dtype=row_dtype and DTYPES[row_dtype])
     prompt = torch.randint(0, config.vocab_size, (batch_size, prompt_tokens),
                            generator=torch.Generator().manual_seed(seed)).to(device)
     return model, packed, prompt
@@ -445,9 +446,10 @@ def run_suite(config_path: str, *, overrides=(), device: str = "auto", precision
     if "decode" not in skip:
         torch_device = select_device(device)
         dtype = "bf16" if select_precision(precision, torch_device).name == "bf16" else "fp32"
+        rows = row_weight_dtype(precision, torch_device)  # as `tinyattn generate --dtype <precision>`
         r = measure_decode(n_layer=m.n_layer, n_head=m.n_head, n_kv_head=m.n_kv_head, n_embd=m.n_embd,
                            context_length=m.context_length, vocab_size=m.vocab_size, dtype=dtype,
-                           pack=torch_device.type == "cpu", device=str(torch_device),
+                           pack=torch_device.type == "cpu", row_dtype=rows and "fp16", device=str(torch_device),
                            new_tokens=500, prompt_tokens=min(200, m.context_length))
         report(f"decode ({dtype}, batch 1): cached {r['cached_tokens_per_s']:,.0f} tok/s, uncached "
                f"{r['uncached_tokens_per_s']:,.1f} tok/s ({r['speedup']:.1f}x), time to first token "

@@ -105,16 +105,16 @@ def _random_run(folder: Path, config_path: str) -> Path:
 
 def _in_process_tokens_per_s(checkpoint: str, max_tokens: int, threads: int) -> float:
     """generate()'s tokens/s after the first token, in this process, on the model as the server
-    holds it (fp32, weights packed as `tinyattn serve` and `tinyattn generate` pack them)."""
+    holds it (`--dtype fp32`, prepared as `tinyattn serve` and `tinyattn generate` prepare it)."""
     import torch
 
-    from tinyattn.generate.cpu_weights import pack_linear_weights
+    from tinyattn.generate.decoder import prepare_for_generation
     from tinyattn.generate.text import generate_samples
     from tinyattn.hf.folder import load_any_model
 
     torch.set_num_threads(threads)
     loaded = load_any_model(checkpoint, "cpu")
-    pack_linear_weights(loaded.model)
+    prepare_for_generation(loaded.model, "fp32", torch.device("cpu"))
     for _ in range(2):  # the first run warms up
         times = [time.perf_counter()]
         for piece in generate_samples(loaded.model, loaded.tokenizer, PROMPT, max_new_tokens=max_tokens,

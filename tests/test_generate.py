@@ -17,8 +17,9 @@ from tinyattn.config import ModelConfig, TokenizerConfig
 from tinyattn.data.tokenizer import build_tokenizer
 from tinyattn.errors import ConfigError
 from tinyattn.generate import decoder as decoder_module
-from tinyattn.generate.cpu_weights import pack_linear_weights
-from tinyattn.generate.decoder import CachedDecoder, DecodeStep, generate_tokens
+from tinyattn.generate.cpu_weights import PackedLinear, pack_linear_weights
+from tinyattn.generate.decoder import (CachedDecoder, DecodeStep, generate_tokens, prepare_for_generation,
+                                       row_weight_dtype)
 from tinyattn.generate.sampling import apply_repetition_penalty, nucleus_mask, sample_next_token
 from tinyattn.generate.text import PromptWarning, StopStringFilter, generate, generate_samples
 from tinyattn.model.attention import recording_attention_weights
@@ -146,22 +147,25 @@ def test_compiled_decoding_equals_eager_decoding_token_for_token(tiny_model, tok
 
 
 def perturbed(model, dtype=torch.float32, pack=False):
-    """The model in `dtype` with every parameter nudged (norm gains included, so they matter)."""
+    """The model in `dtype` with every parameter nudged (norm gains included, so they matter).
+    pack: False, True, or the dtype of copies for one-row products (`pack_linear_weights`'s row_dtype)."""
     with torch.no_grad():
         for param in model.parameters():
             param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(param.numel())) * 0.05)
     model = model.to(dtype)
-    if pack and not pack_linear_weights(model):
+    row_dtype = pack if isinstance(pack, torch.dtype) else None
+    if pack is not False and not pack_linear_weights(model, row_dtype=row_dtype):
         pytest.skip("this torch build cannot pack weights for oneDNN")
     return model
 
 
-STEP_MODELS = {  # ModelConfig overrides, dtype, packed
+STEP_MODELS = {  # ModelConfig overrides, dtype, packed (or the dtype of copies for one-row products)
     "mha": (dict(n_kv_head=4), torch.float32, False),
     "gqa-qk-norm-softcap": (dict(qk_norm=True, logit_softcap=5.0), torch.float32, False),
     "explicit-attention": (dict(attention="explicit"), torch.float32, False),
     "bf16-packed": ({}, torch.bfloat16, True),
     "fp32-packed": ({}, torch.float32, True),
+    "fp32-packed-fp16-rows": ({}, torch.float32, torch.float16),  # what "auto" runs on an AVX2 CPU
 }
 
 
@@ -180,6 +184,43 @@ def test_the_eager_decode_step_gives_the_models_own_cached_logits_bitwise(tiny_m
             assert torch.equal(fast.step(ids[:, t]), plain.step(ids[:, t])), f"position {t}"
         for ours, theirs in zip(fast.caches, plain.caches):  # the same keys and values were stored
             assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values)
+
+
+def test_decoding_with_fp16_row_copies_stays_near_the_fp32_models_logits(tiny_model, tokenizer):
+    exact = perturbed(tiny_model(context_length=24))
+    rows = perturbed(tiny_model(context_length=24), pack=torch.float16)
+    ids = random_ids(tokenizer.vocab_size, 24, batch=1)
+    decoder, largest = CachedDecoder(rows, batch_size=1), 0.0
+    with torch.inference_mode():
+        logits = decoder.prefill(ids[:, :5])  # five rows: fp32, as the full forward
+        torch.testing.assert_close(logits, exact(ids[:, :5]).logits[:, -1], rtol=0, atol=1e-4)
+        for t in range(5, 24):
+            logits = decoder.step(ids[:, t])  # one row: the fp16 copies
+            full = exact(ids[:, :t + 1]).logits[:, -1]  # (1, V), the fp32 model recomputed
+            largest = max(largest, (logits - full).abs().max().item())
+    assert 0 < largest < 4e-3  # fp16's rounding of weights and rows (bf16's would be several times more)
+
+
+@pytest.mark.parametrize("name, capability, bf16_fast, expected", [
+    ("auto", "AVX2", "0", torch.float16),  # a CPU without bf16 units: fp32, with fp16 copies
+    ("auto", "AVX512", "0", torch.float16),
+    ("fp32", "AVX2", "0", None),  # fp32 asked for by name: its numbers exactly
+    ("auto", "AVX512", "1", None),  # bf16 units: bf16 weights, no copies
+    ("auto", "DEFAULT", "0", None),  # fp16 rows not known to be fast (no AVX2): none
+])
+def test_fp16_row_copies_are_kept_only_where_auto_decodes_in_fp32_on_an_avx2_cpu(
+        tiny_model, monkeypatch, name, capability, bf16_fast, expected):
+    monkeypatch.setenv("TINYATTN_CPU_BF16", bf16_fast)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    assert row_weight_dtype(name, torch.device("cpu")) == expected
+    prepared = prepare_for_generation(tiny_model(), name, torch.device("cpu"))
+    assert prepared.dtype == (torch.bfloat16 if bf16_fast == "1" else torch.float32)
+    if expected is not None and not prepared.packed:
+        pytest.skip("this torch build cannot pack weights for oneDNN")
+    linears = [m for m in prepared.model.modules() if isinstance(m, PackedLinear)]
+    assert prepared.row_dtype == expected and len(linears) == (9 if prepared.packed else 0)
+    assert all((m.row_weight is None) if expected is None else m.row_weight.dtype == expected for m in linears)
+    assert ("float16 copies for one-row steps" in prepared.describe()) == (expected is not None)
 
 
 def test_the_decode_step_leaves_to_the_model_what_it_cannot_compute_the_same(tiny_model, monkeypatch):

@@ -86,3 +86,24 @@ def test_matrix_vector_switches_onednn_back_on_even_after_a_failure(monkeypatch)
     with pytest.raises(ZeroDivisionError):
         matrix_vector(one, weight)
     assert torch._C._get_mkldnn_enabled()  # ... even after one that failed
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+def test_with_fp16_copies_one_row_multiplies_in_fp16_and_more_rows_by_the_fp32_weight():
+    calls = []
+    def counted(x, packed):
+        calls.append(x.shape)
+        return ONEDNN.linear(x, packed)
+    weight = torch.randn(48, 32, generator=torch.Generator().manual_seed(0))
+    layer = PackedLinear(weight, ONEDNN._replace(linear=counted), row_dtype=torch.float16)
+    assert layer.row_weight.dtype == torch.float16 and layer.weight.dtype == torch.float32
+    one, two = (torch.randn(*shape, generator=torch.Generator().manual_seed(1)) for shape in [(1, 1, 32), (2, 1, 32)])
+    with torch.inference_mode():
+        product = layer(one)  # a decode step of one sequence: row and weight rounded to fp16
+        assert product.dtype == torch.float32 and calls == []
+        assert torch.equal(product, torch.nn.functional.linear(one.half(), weight.half()).float())
+        assert not torch.equal(product, torch.nn.functional.linear(one, weight))  # not fp32's own numbers ...
+        torch.testing.assert_close(product, torch.nn.functional.linear(one, weight), rtol=0, atol=1e-2)  # ... near them
+        torch.testing.assert_close(layer(two), torch.nn.functional.linear(two, weight), rtol=0, atol=1e-5)
+        assert calls == [(2, 1, 32)]  # two sequences (a prefill too): the fp32 packed weight
+    assert PackedLinear(weight, row_dtype=torch.float32).row_weight is None  # a copy in its own dtype: none

@@ -140,26 +140,16 @@ def sampling_options(args: argparse.Namespace, saved, stop: list[str]):
         num_samples=args.num_samples, seed=args.seed, stop=tuple(stop))
 
 
-def prepared_model(loaded, dtype_name: str, device):
-    """The loaded model as generate and serve run it: in --dtype's dtype, its weights packed for
-    fast CPU matmuls (it is only ever used to generate). Returns (model, dtype, packed)."""
-    from tinyattn.generate.cpu_weights import pack_linear_weights
-    from tinyattn.generate.decoder import inference_dtype
-
-    dtype = inference_dtype(dtype_name, device)
-    model = loaded.model.to(dtype)
-    return model, dtype, pack_linear_weights(model)
-
-
 def inference_model(loaded, args: argparse.Namespace, device):
     """The loaded model in the --dtype, its weights packed for the CPU; says so on stderr."""
-    model, dtype, packed = prepared_model(loaded, args.dtype, device)
-    size = model.num_parameters()
+    from tinyattn.generate.decoder import prepare_for_generation
+
+    prepared = prepare_for_generation(loaded.model, args.dtype, device)
+    size = prepared.model.num_parameters()
     print(f"{loaded.path} (step {loaded.step}): {size / 1e6:.2f}M parameters, "
-          f"{str(dtype).removeprefix('torch.')} on {device}{', packed weights' if packed else ''}"
-          f"{', compiled decoding' if args.compile else ''}",
+          f"{prepared.describe()} on {device}{', compiled decoding' if args.compile else ''}",
           file=sys.stderr)
-    return model
+    return prepared.model
 
 
 def _interactive(out: "StreamPrinter") -> int:

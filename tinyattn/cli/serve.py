@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace, sock) -> int:
     from tinyattn.checkpoint import require_causal
-    from tinyattn.cli.generate import prepared_model
+    from tinyattn.generate.decoder import prepare_for_generation
     from tinyattn.hf.folder import load_any_model
     from tinyattn.serve.app import create_app
     from tinyattn.serve.schemas import Limits
@@ -94,12 +94,12 @@ def _serve(args: argparse.Namespace, sock) -> int:
     require_causal(loaded, "tinyattn serve")
     # The model as `tinyattn generate` runs it (same dtype, same packed weights), so a completion's
     # text is the command's for the same options and seed.
-    _, dtype, packed = prepared_model(loaded, args.dtype, device)
+    prepared = prepare_for_generation(loaded.model, args.dtype, device)  # in place: loaded.model
     limits = Limits(max_tokens=args.max_tokens, max_n=args.max_n, max_active=args.max_active)
     app = create_app(loaded, limits=limits, model_id=args.model_name)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    weights = f"{str(dtype).removeprefix('torch.')} on {device}{', packed weights' if packed else ''}"
+    weights = f"{prepared.describe()} on {device}"
     print(f"{loaded.path} (step {loaded.step}): serving {app.state.served.model_id!r}, "
           f"{loaded.model.num_parameters() / 1e6:.2f}M parameters, {weights}, at http://{shown}:{port} "
           "(playground: /, API: /v1; Ctrl-C stops)", file=sys.stderr, flush=True)

@@ -12,6 +12,15 @@ fp32 as oneDNN does. Timed alone, oneDNN's call is as fast or faster; between th
 operators of a decode step it is the slower one, and the whole step is faster with aten's
 kernel (docs/BENCHMARKS.md, "One bf16 row through aten's kernel").
 
+On a CPU without bf16 units, where generation runs in fp32, a step's 25 products read every
+fp32 weight, and that read is most of a token's time. There `pack_linear_weights(row_dtype=
+torch.float16)` keeps an fp16 copy of each weight too, and a single row is rounded to fp16
+and multiplied by it (`matrix_vector`: aten's kernel, which accumulates in fp32): half the
+bytes to read, and a much faster step on an AVX2 CPU (docs/BENCHMARKS.md, "fp16 copies for
+one-row steps"). Its outputs are fp32's up to fp16's rounding of the weight and the row
+(finer than bf16's); prefills, refills and batches of sequences stay fp32. Like every fp16
+product, it assumes no output beyond fp16's range (65,504).
+
 The risk, stated once: packing calls two private operators of PyTorch's oneDNN integration,
 `torch.ops.mkldnn._reorder_linear_weight` and `torch.ops.mkldnn._linear_pointwise` (the ones
 inductor's own CPU weight prepacking uses). They are not public API and may change or vanish
@@ -22,7 +31,7 @@ leaves the model as it was: slower, never wrong.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import torch
 import torch.nn as nn
@@ -42,7 +51,8 @@ def _packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
 def matrix_vector(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x (..., in) holding one row times weight (out, in) -> (..., out), through aten's own kernel.
 
-    torch sends a bf16 product to oneDNN wherever the CPU has bf16 instructions; with oneDNN
+    For bf16 and fp16 weights; x is in the weight's dtype. torch sends such a product to oneDNN
+    wherever the CPU has instructions for the dtype; with oneDNN
     switched off for the call (a process-wide flag, restored at once) the same product runs
     aten's matrix-vector kernel instead. A bf16 matmul on another thread in that instant
     would run aten's kernel too: slower, the same product.
@@ -70,16 +80,21 @@ class PackedLinear(nn.Module):
 
     The plain weight is kept: code being compiled (`torch.compile`, which cannot lower the
     private op) multiplies by it, and inductor generates its own matrix-vector kernels from
-    it; eager calls use the packed copy, except a single bf16 row (`product`). Inference only:
-    no autograd, and cast the model before packing it.
+    it; eager calls use the packed copy, except a single row (`product`): a bf16 one through
+    aten's kernel, and with `row_dtype` any one by a copy of the weight in that dtype
+    (`row_weight`; the module docstring says why). Inference only: no autograd, and cast
+    the model before packing it.
     """
 
-    def __init__(self, weight: torch.Tensor, operators: PackingOperators = ONEDNN):
+    def __init__(self, weight: torch.Tensor, operators: PackingOperators = ONEDNN,
+                 row_dtype: Optional[torch.dtype] = None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
         self.operators = operators
         self.register_buffer("packed_weight", operators.reorder(weight.detach()), persistent=False)
+        row_weight = None if row_dtype in (None, weight.dtype) else weight.detach().to(row_dtype)
+        self.register_buffer("row_weight", row_weight, persistent=False)  # (out, in) or None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
@@ -89,17 +104,24 @@ class PackedLinear(nn.Module):
         return self.product(x)  # (..., out)
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
-        """x (..., in) -> (..., out), eagerly: one bf16 row by `matrix_vector`, anything else by oneDNN."""
-        if x.dtype == torch.bfloat16 and x.numel() == self.in_features:
-            return matrix_vector(x, self.weight)
+        """x (..., in) -> (..., out), eagerly: one row by `matrix_vector` (by `row_weight` where there
+        is one, else if bf16), anything else by oneDNN."""
+        if x.numel() == self.in_features:
+            if self.row_weight is not None:
+                return matrix_vector(x.to(self.row_weight.dtype), self.row_weight).to(x.dtype)
+            if x.dtype == torch.bfloat16:
+                return matrix_vector(x, self.weight)
         return self.operators.linear(x, self.packed_weight)
 
 
-def pack_linear_weights(model: nn.Module, operators: PackingOperators = ONEDNN) -> bool:
+def pack_linear_weights(model: nn.Module, operators: PackingOperators = ONEDNN,
+                        row_dtype: Optional[torch.dtype] = None) -> bool:
     """Swap each bias-free nn.Linear of a CPU model for a `PackedLinear`, in place.
 
     For a model loaded only to generate (measured gains: docs/BENCHMARKS.md). A tied output
-    head gets its own packed copy (the embedding keeps the original). Returns False, leaving
+    head gets its own packed copy (the embedding keeps the original). row_dtype: also keep a
+    copy of each weight in this dtype for one-row products (torch.float16 for an fp32 model:
+    the module docstring; None: the weights' own). Returns False, leaving
     the model unchanged, where the model is not on the CPU, oneDNN is not available, or the
     private operators (see the module docstring) are missing or fail a trial on a small matrix.
     `operators` replaces them (a test gives ones that are missing or fail).
@@ -109,7 +131,7 @@ def pack_linear_weights(model: nn.Module, operators: PackingOperators = ONEDNN) 
         return False
     if not _packing_works(weight.dtype, operators):
         return False
-    replacements = [(parent, name, PackedLinear(child.weight, operators))
+    replacements = [(parent, name, PackedLinear(child.weight, operators, row_dtype))
                     for parent in model.modules() for name, child in parent.named_children()
                     if isinstance(child, nn.Linear) and child.bias is None]
     for parent, name, packed in replacements:

@@ -18,8 +18,9 @@ Steps 2, 3 and 6 of generation (1 is `tinyattn.generate.sampling`, 4 and 5
    `context_length // 2` tokens every `context_length // 2` tokens: half of what sliding the
    window by one token would save, at a cost per token that never grows.
 3. `generate_tokens`: the batched token loop (sample, feed back, repeat).
-6. Speed on the CPU: the dtype to decode in (`inference_dtype`;
-   `tinyattn.generate.cpu_weights` stores weights for fast CPU matmuls).
+6. Speed on the CPU: the dtype to decode in (`inference_dtype`, `row_weight_dtype`;
+   `tinyattn.generate.cpu_weights` stores weights for fast CPU matmuls), and the model
+   prepared with both (`prepare_for_generation`).
 
 Departures from a textbook loop, all for the decode hot path: the loop runs under
 `torch.inference_mode()`, writes each new token into a preallocated id buffer and feeds the
@@ -38,10 +39,11 @@ from typing import Callable, Iterator, NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-from tinyattn.generate.cpu_weights import PackedLinear
+from tinyattn.generate.cpu_weights import PackedLinear, pack_linear_weights
 from tinyattn.generate.sampling import Generators, apply_repetition_penalty, sample_next_token
 from tinyattn.model.attention import attention
 from tinyattn.model.transformer import Block, LanguageModel, SwiGLU, evaluation_mode
+from tinyattn.system.cpu import cpu_fp16_rows_are_fast
 from tinyattn.system.device import select_precision
 
 # ----------------------------------------------------------------------------- 2. the cached model
@@ -347,3 +349,45 @@ def inference_dtype(name: str, device: torch.device) -> torch.dtype:
     bf16 weights are half the bytes (benchmarks/decode.py).
     """
     return select_precision(name, device).autocast_dtype or torch.float32
+
+
+def row_weight_dtype(name: str, device: torch.device) -> Optional[torch.dtype]:
+    """The dtype of a second copy of the weights for one-row products (`pack_linear_weights`), or None.
+
+    fp16 where "auto" decodes in fp32 on a CPU whose fp16 matrix-vector products are fast
+    (`cpu.cpu_fp16_rows_are_fast`): a CPU without bf16 units, where reading the fp32 weights
+    is most of a token's time and fp16 halves it (`tinyattn.generate.cpu_weights`). A
+    precision asked for by name ("fp32") gets no copy: its numbers exactly.
+    """
+    if name != "auto" or device.type != "cpu" or inference_dtype(name, device) != torch.float32:
+        return None
+    return torch.float16 if cpu_fp16_rows_are_fast() else None
+
+
+class PreparedModel(NamedTuple):
+    """A model ready to generate with (`prepare_for_generation`) and what was done to it."""
+
+    model: LanguageModel
+    dtype: torch.dtype  # its weights'
+    packed: bool  # its linear weights are `PackedLinear`s
+    row_dtype: Optional[torch.dtype]  # one-row products' weight copies (`row_weight_dtype`); None: none
+
+    def describe(self) -> str:
+        """What was done, for a log line: "float32, packed weights, fp16 copies for one-row steps"."""
+        parts = [str(self.dtype).removeprefix("torch.")]
+        if self.packed:
+            parts.append("packed weights")
+        if self.row_dtype is not None:
+            parts.append(f"{str(self.row_dtype).removeprefix('torch.')} copies for one-row steps")
+        return ", ".join(parts)
+
+
+def prepare_for_generation(model: LanguageModel, dtype_name: str, device: torch.device) -> PreparedModel:
+    """The model as `tinyattn generate` and `tinyattn serve` run it: cast to `inference_dtype`, its
+    weights packed for fast CPU matmuls with `row_weight_dtype`'s copies (it is only ever used to
+    generate afterwards). The model is changed in place (`nn.Module.to`, the packing) and returned."""
+    dtype = inference_dtype(dtype_name, device)
+    model = model.to(dtype)
+    row_dtype = row_weight_dtype(dtype_name, device)
+    packed = pack_linear_weights(model, row_dtype=row_dtype)
+    return PreparedModel(model, dtype, packed, row_dtype if packed else None)

@@ -92,6 +92,16 @@ def cpu_bf16_is_fast() -> bool:
     return measured_cpu_bf16_is_fast()
 
 
+def cpu_fp16_rows_are_fast() -> bool:
+    """Whether one fp16 row times an fp16 matrix runs a vectorised kernel here (fp32 accumulation).
+
+    torch's x86 builds at AVX2 or above convert fp16 with F16C, eight values an instruction,
+    so such a product reads half the bytes of fp32's at about the same speed a byte (measured
+    on AVX2: docs/BENCHMARKS.md); elsewhere it is not measured, and the answer is no.
+    """
+    return torch.backends.cpu.get_cpu_capability() in X86_CAPABILITIES
+
+
 def measure_cpu_bf16_speedup(size: int = 256, rounds: int = 7, budget_s: float = 0.25) -> float:
     """How many times faster a bf16 matmul is than fp32 on this CPU, in a fraction of a second.
 
