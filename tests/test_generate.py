@@ -1,5 +1,6 @@
 """Generation: cached == uncached, the context rule, sampling, seeds, stops, batches, the CLI."""
 
+import copy
 import functools
 import io
 import subprocess
@@ -17,7 +18,7 @@ from tinyattn.config import ModelConfig, TokenizerConfig
 from tinyattn.data.tokenizer import build_tokenizer
 from tinyattn.errors import ConfigError
 from tinyattn.generate import decoder as decoder_module
-from tinyattn.generate.cpu_weights import PackedLinear, pack_linear_weights
+from tinyattn.generate.cpu_weights import PackedLinear, has_row_weights, pack_linear_weights
 from tinyattn.generate.decoder import (CachedDecoder, DecodeStep, generate_tokens, prepare_for_generation,
                                        row_weight_dtype)
 from tinyattn.generate.sampling import apply_repetition_penalty, nucleus_mask, sample_next_token
@@ -199,6 +200,27 @@ def test_decoding_with_fp16_row_copies_stays_near_the_fp32_models_logits(tiny_mo
             full = exact(ids[:, :t + 1]).logits[:, -1]  # (1, V), the fp32 model recomputed
             largest = max(largest, (logits - full).abs().max().item())
     assert 0 < largest < 4e-3  # fp16's rounding of weights and rows (bf16's would be several times more)
+
+
+def test_an_fp16_overflow_drops_the_row_copies_and_decodes_that_token_again_in_fp32(tiny_model, tokenizer):
+    exact = perturbed(tiny_model(context_length=24))
+    with torch.no_grad():
+        exact.blocks[-1].mlp.down.weight.mul_(1e6)  # outputs far beyond fp16's 65,504, fine in fp32
+    rows = copy.deepcopy(exact)
+    if not pack_linear_weights(rows, row_dtype=torch.float16):
+        pytest.skip("this torch build cannot pack weights for oneDNN")
+    ids = random_ids(tokenizer.vocab_size, 12, batch=1)
+    with torch.inference_mode():
+        decoder, reference = CachedDecoder(rows, batch_size=1), CachedDecoder(exact, batch_size=1)
+        torch.testing.assert_close(decoder.prefill(ids[:, :5]), reference.prefill(ids[:, :5]))  # 5 rows: fp32
+        with pytest.warns(RuntimeWarning, match="fp16 product overflowed .* decodes in fp32 from here on"):
+            logits = decoder.step(ids[:, 5])  # one row: the fp16 copies overflow
+        torch.testing.assert_close(logits, reference.step(ids[:, 5]))  # computed again in fp32
+        assert not has_row_weights(rows) and not decoder.row_copies
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # fp32 from here on, without another warning
+            for t in range(6, 12):
+                torch.testing.assert_close(decoder.step(ids[:, t]), reference.step(ids[:, t]))
 
 
 @pytest.mark.parametrize("name, capability, bf16_fast, expected", [

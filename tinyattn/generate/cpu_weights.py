@@ -18,8 +18,9 @@ torch.float16)` keeps an fp16 copy of each weight too, and a single row is round
 and multiplied by it (`matrix_vector`: aten's kernel, which accumulates in fp32): half the
 bytes to read, and a much faster step on an AVX2 CPU (docs/BENCHMARKS.md, "fp16 copies for
 one-row steps"). Its outputs are fp32's up to fp16's rounding of the weight and the row
-(finer than bf16's); prefills, refills and batches of sequences stay fp32. Like every fp16
-product, it assumes no output beyond fp16's range (65,504).
+(finer than bf16's); prefills, refills and batches of sequences stay fp32. fp16 holds no
+value beyond 65,504: where a product overflows, the decoder drops the copies
+(`drop_row_weights`) and computes that token again in fp32 (`generate.decoder.CachedDecoder`).
 
 The risk, stated once: packing calls two private operators of PyTorch's oneDNN integration,
 `torch.ops.mkldnn._reorder_linear_weight` and `torch.ops.mkldnn._linear_pointwise` (the ones
@@ -137,6 +138,18 @@ def pack_linear_weights(model: nn.Module, operators: PackingOperators = ONEDNN,
     for parent, name, packed in replacements:
         setattr(parent, name, packed)
     return True
+
+
+def has_row_weights(model: nn.Module) -> bool:
+    """Whether any layer of the model multiplies one row by a copy of its weight (`row_dtype`)."""
+    return any(isinstance(m, PackedLinear) and m.row_weight is not None for m in model.modules())
+
+
+def drop_row_weights(model: nn.Module) -> None:
+    """Forget every layer's row copy, in place: one rows multiply by the weights as packed from now on."""
+    for module in model.modules():
+        if isinstance(module, PackedLinear):
+            module.row_weight = None
 
 
 def _packing_works(dtype: torch.dtype, operators: PackingOperators) -> bool:

@@ -34,12 +34,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from typing import Callable, Iterator, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
 
-from tinyattn.generate.cpu_weights import PackedLinear, pack_linear_weights
+from tinyattn.generate.cpu_weights import PackedLinear, drop_row_weights, has_row_weights, pack_linear_weights
 from tinyattn.generate.sampling import Generators, apply_repetition_penalty, sample_next_token
 from tinyattn.model.attention import attention
 from tinyattn.model.transformer import Block, LanguageModel, SwiGLU, evaluation_mode
@@ -235,6 +236,9 @@ class CachedDecoder:
     runs `compile_decode_step` instead, which is built at the first step (so the first token
     never waits for it) and is fed from two small tensors updated in place, so it sees the
     same inputs at every position. Both give the same logits up to float rounding (tested).
+    With fp16 row copies (`prepare_for_generation`), logits that are not finite mean an fp16
+    product overflowed: the copies are dropped with a warning and the token is computed again
+    in fp32 (`_in_fp32_if_overflowed`), which rewrites its cache slots.
     """
 
     def __init__(self, model, batch_size: int, compile: bool = False):
@@ -252,6 +256,7 @@ class CachedDecoder:
         self.step_position = torch.zeros(1, dtype=torch.long, device=device)  # (1,)
         self.columns = self.ids.unbind(1)  # ids[:, p] for each p, (B,) views: one copy writes a token
         self.eager_step = None if compile else DecodeStep.for_model(model, self.caches)
+        self.row_copies = has_row_weights(model)  # fp16 copies for one-row products in play
 
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
         """ids: (B, T) with 1 <= T <= context_length, fed at positions 0..T-1. Returns (B, V)."""
@@ -260,7 +265,8 @@ class CachedDecoder:
             raise ValueError(f"prefill takes 1 to {self.context_length} tokens per row, got {T}")
         self.ids[:, :T] = ids
         self.position = T
-        return self._forward(0, T)
+        forward = functools.partial(self._forward, 0, T)
+        return self._in_fp32_if_overflowed(forward(), forward)
 
     def step(self, token: torch.Tensor) -> torch.Tensor:
         """token: (B,), the next token of each row. Returns the logits after it, (B, V)."""
@@ -270,18 +276,29 @@ class CachedDecoder:
             self.ids[:, older] = token
             self.position = self.keep
             self.refills += 1
-            return self._forward(0, self.keep)
+            forward = functools.partial(self._forward, 0, self.keep)
+            return self._in_fp32_if_overflowed(forward(), forward)
         self.columns[self.position].copy_(token)
         self.position += 1
-        if self.eager_step is not None:
-            return self.eager_step(token, self.position - 1)
-        if not self.compile:
-            return self._forward(self.position - 1, self.position)
-        if self.compiled_step is None:
+        if not self.compile:  # eager: the fast step where the model allows it, else its own forward
+            forward = (functools.partial(self.eager_step, token, self.position - 1) if self.eager_step is not None
+                       else functools.partial(self._forward, self.position - 1, self.position))
+            return self._in_fp32_if_overflowed(forward(), forward)
+        if self.compiled_step is None:  # compiled: the fp32 weights, never the row copies
             self.compiled_step = self._compile()
         self.step_token.copy_(token.unsqueeze(1))
         self.step_position.fill_(self.position - 1)
         return self.compiled_step(self.model, self.step_token, self.step_position, self.caches)
+
+    def _in_fp32_if_overflowed(self, logits: torch.Tensor, again: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """logits, or where fp16 row copies gave ones that are not finite, `again()` without the copies."""
+        if not self.row_copies or bool(torch.isfinite(logits).all()):
+            return logits
+        drop_row_weights(self.model)
+        self.row_copies = False
+        warnings.warn("an fp16 product overflowed (beyond 65,504) while decoding; the model decodes in fp32 "
+                      "from here on (--dtype fp32 does so from the start)", RuntimeWarning, stacklevel=2)
+        return again()
 
     def _forward(self, start: int, end: int) -> torch.Tensor:
         """Feed ids[:, start:end] at positions start..end-1; logits of the last one, (B, V)."""
