@@ -1,6 +1,6 @@
 """Decoding speed: tokens/s with and without the KV cache, and time to first token.
 
-    python -m benchmarks.decode                 # fp32/bf16 x 1/2 threads x plain/packed weights
+    python -m benchmarks.decode                 # fp32/bf16 x 1/2 threads x plain/packed/fp16-row weights
     python -m benchmarks.decode --dtypes bf16 --threads 2 --pack yes --uncached-tokens 100 --json d.json
     python -m benchmarks.decode --dtypes fp32 --threads 2 --pack yes --compile no yes
     python -m benchmarks.decode --device cuda --dtypes bf16 --threads 1 --pack no --batch-sizes 1 16
@@ -56,6 +56,8 @@ def main() -> int:
     results = []
     for dtype, threads, pack, compile, batch in itertools.product(args.dtypes, args.threads, args.pack,
                                                                   args.compile, args.batch_sizes):
+        if pack == "fp16-rows" and dtype != "fp32":
+            continue  # fp16 copies are kept beside fp32 weights only (generate.decoder.row_weight_dtype)
         r = measure_decode(new_tokens=args.new_tokens, prompt_tokens=prompt_tokens,
                            uncached_tokens=args.uncached_tokens, dtype=dtype, threads=threads,
                            pack=pack != "no", row_dtype="fp16" if pack == "fp16-rows" else None,
@@ -181,9 +183,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     parser.add_argument("--threads", nargs="+", type=int, default=None,
                         help="torch.set_num_threads values to try (default: 1 2; with --nanogpt: torch's own)")
-    parser.add_argument("--pack", nargs="+", default=["no", "yes"], choices=["no", "yes", "fp16-rows"],
+    parser.add_argument("--pack", nargs="+", default=["no", "yes", "fp16-rows"], choices=["no", "yes", "fp16-rows"],
                         help="weights as they are and/or packed for oneDNN (pack_linear_weights); "
-                             "fp16-rows: packed, with fp16 copies for one-row products")
+                             "fp16-rows: packed, with fp16 copies for one-row products (fp32 only)")
     parser.add_argument("--compile", nargs="+", default=["no"], choices=["no", "yes"],
                         help="the one-token decode step eager and/or compiled (default: no)")
     parser.add_argument("--new-tokens", type=int, default=500)
