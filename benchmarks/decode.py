@@ -152,7 +152,7 @@ def _our_model() -> tuple[LanguageModel, str]:
     torch.manual_seed(0)
     prepared = prepare_for_generation(LanguageModel(ModelConfig(**NANOGPT_SHAPE)).eval(), "auto",
                                       torch.device("cpu"))
-    return prepared.model, f"{prepared.describe()}, eager"
+    return prepared.model, f"{prepared.describe(torch.device('cpu'))}, eager"
 
 
 def _time_nanogpt(model, prompt: torch.Tensor, new_tokens: int, autocast: bool = False) -> float:

@@ -60,10 +60,10 @@ def measure_decode(*, n_layer: int = 6, n_head: int = 6, n_embd: int = 384, cont
       (default `new_tokens`); timed once, it is slow.
     Cached figures are medians of `repeats` runs after one warm-up run. `dtype` is "fp32" or "bf16" (the
     weights are cast); `threads` sets torch.set_num_threads for the measurement; `pack` stores the
-    weights in oneDNN's layout first (`generate.cpu_weights.pack_linear_weights`), for both loops,
-    with `row_dtype` ("fp16") copies for one-row products; `compile` compiles the cached loop's
-    one-token step (`generate.decoder.compile_decode_step`). `batch_size` sequences are decoded together (one random prompt each): tokens/s count every
-    sequence's tokens, ms_per_token is one step of the batch, ttft_ms the batch's prefill and first draw.
+    weights in oneDNN's layout (`generate.cpu_weights.pack_linear_weights`) for both loops, with
+    `row_dtype` ("fp16") copies for one-row products; `compile` compiles the cached loop's step.
+    `batch_size` sequences are decoded together (one random prompt each): tokens/s count every
+    sequence's tokens, ms_per_token is one step of the batch, ttft_ms its prefill and first draw.
     """
     torch_device = select_device(device)
     with _num_threads(threads):

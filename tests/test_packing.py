@@ -101,9 +101,12 @@ def test_with_fp16_copies_one_row_multiplies_in_fp16_and_more_rows_by_the_fp32_w
     with torch.inference_mode():
         product = layer(one)  # a decode step of one sequence: row and weight rounded to fp16
         assert product.dtype == torch.float32 and calls == []
-        assert torch.equal(product, torch.nn.functional.linear(one.half(), weight.half()).float())
+        assert torch.equal(product, matrix_vector(one.half(), weight.half()).float())
         assert not torch.equal(product, torch.nn.functional.linear(one, weight))  # not fp32's own numbers ...
         torch.testing.assert_close(product, torch.nn.functional.linear(one, weight), rtol=0, atol=1e-2)  # ... near them
         torch.testing.assert_close(layer(two), torch.nn.functional.linear(two, weight), rtol=0, atol=1e-5)
         assert calls == [(2, 1, 32)]  # two sequences (a prefill too): the fp32 packed weight
     assert PackedLinear(weight, row_dtype=torch.float32).row_weight is None  # a copy in its own dtype: none
+    with pytest.raises(ValueError, match="beside fp32 weights only; this model's are torch.bfloat16"):
+        pack_linear_weights(torch.nn.Sequential(torch.nn.Linear(32, 48, bias=False)).bfloat16(),
+                            row_dtype=torch.float16)

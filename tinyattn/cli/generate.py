@@ -41,7 +41,9 @@ character-level tokenizer never saw become [UNK] (with a warning naming them).
 
 Sampling options not given default to the checkpoint's saved `sample` config. Temperature 0
 is greedy decoding. --seed N fixes the text: sample i (from 1) of --num-samples uses seed
-N + i - 1, so each sample equals the single sample of a run with that seed.
+N + i - 1, so each sample equals the single sample of a run with that seed (exactly in fp32;
+in bf16, or with the fp16 copies --dtype auto keeps on some CPUs, a batch's products round
+differently from one sequence's, and a long sample can part from the single run).
 
 Past the model's context length, generation goes on: when the context is full, the last
 context_length // 2 tokens are re-read (positions restart at 0) and decoding continues.
@@ -75,8 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_inference_dtype(parser)
     parser.add_argument("--compile", action="store_true",
                         help="compile the one-token decoding step with torch.compile: the same "
-                             "text, faster per token, after a compile of seconds (tens of seconds "
-                             "the first time on a machine); worth it for long generations")
+                             "text as eager fp32, faster per token, after a compile of seconds (tens "
+                             "of seconds the first time on a machine); worth it for long generations")
     return parser
 
 
@@ -144,10 +146,10 @@ def inference_model(loaded, args: argparse.Namespace, device):
     """The loaded model in the --dtype, its weights packed for the CPU; says so on stderr."""
     from tinyattn.generate.decoder import prepare_for_generation
 
-    prepared = prepare_for_generation(loaded.model, args.dtype, device)
+    prepared = prepare_for_generation(loaded.model, args.dtype, device, compile=args.compile)
     size = prepared.model.num_parameters()
     print(f"{loaded.path} (step {loaded.step}): {size / 1e6:.2f}M parameters, "
-          f"{prepared.describe()} on {device}{', compiled decoding' if args.compile else ''}",
+          f"{prepared.describe(device)}{', compiled decoding' if args.compile else ''}",
           file=sys.stderr)
     return prepared.model
 

@@ -99,7 +99,7 @@ def _serve(args: argparse.Namespace, sock) -> int:
     app = create_app(loaded, limits=limits, model_id=args.model_name)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    weights = f"{prepared.describe()} on {device}"
+    weights = prepared.describe(device)
     print(f"{loaded.path} (step {loaded.step}): serving {app.state.served.model_id!r}, "
           f"{loaded.model.num_parameters() / 1e6:.2f}M parameters, {weights}, at http://{shown}:{port} "
           "(playground: /, API: /v1; Ctrl-C stops)", file=sys.stderr, flush=True)

@@ -12,15 +12,15 @@ fp32 as oneDNN does. Timed alone, oneDNN's call is as fast or faster; between th
 operators of a decode step it is the slower one, and the whole step is faster with aten's
 kernel (docs/BENCHMARKS.md, "One bf16 row through aten's kernel").
 
-On a CPU without bf16 units, where generation runs in fp32, a step's 25 products read every
+On a CPU without bf16 units, where generation runs in fp32, a step's products read every
 fp32 weight, and that read is most of a token's time. There `pack_linear_weights(row_dtype=
 torch.float16)` keeps an fp16 copy of each weight too, and a single row is rounded to fp16
 and multiplied by it (`matrix_vector`: aten's kernel, which accumulates in fp32): half the
 bytes to read, and a much faster step on an AVX2 CPU (docs/BENCHMARKS.md, "fp16 copies for
 one-row steps"). Its outputs are fp32's up to fp16's rounding of the weight and the row
-(finer than bf16's); prefills, refills and batches of sequences stay fp32. fp16 holds no
-value beyond 65,504: where a product overflows, the decoder drops the copies
-(`drop_row_weights`) and computes that token again in fp32 (`generate.decoder.CachedDecoder`).
+(finer than bf16's); products of more rows (prefills, batches of sequences) stay fp32. Where
+a product overflows fp16's range, the decoder drops the copies (`drop_row_weights`) and
+decodes in fp32 from there (`generate.decoder.CachedDecoder`).
 
 The risk, stated once: packing calls two private operators of PyTorch's oneDNN integration,
 `torch.ops.mkldnn._reorder_linear_weight` and `torch.ops.mkldnn._linear_pointwise` (the ones
@@ -121,13 +121,16 @@ def pack_linear_weights(model: nn.Module, operators: PackingOperators = ONEDNN,
 
     For a model loaded only to generate (measured gains: docs/BENCHMARKS.md). A tied output
     head gets its own packed copy (the embedding keeps the original). row_dtype: also keep a
-    copy of each weight in this dtype for one-row products (torch.float16 for an fp32 model:
-    the module docstring; None: the weights' own). Returns False, leaving
+    copy of each weight in this dtype for one-row products (torch.float16 beside the weights of
+    an fp32 model, the only pairing allowed: the module docstring; None: none). Returns False, leaving
     the model unchanged, where the model is not on the CPU, oneDNN is not available, or the
     private operators (see the module docstring) are missing or fail a trial on a small matrix.
     `operators` replaces them (a test gives ones that are missing or fail).
     """
     weight = next(model.parameters())
+    if row_dtype not in (None, weight.dtype) and weight.dtype != torch.float32:
+        raise ValueError(f"row_dtype {row_dtype} copies are kept beside fp32 weights only; this model's "
+                         f"are {weight.dtype}")
     if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return False
     if not _packing_works(weight.dtype, operators):

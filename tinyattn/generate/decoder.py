@@ -236,9 +236,9 @@ class CachedDecoder:
     runs `compile_decode_step` instead, which is built at the first step (so the first token
     never waits for it) and is fed from two small tensors updated in place, so it sees the
     same inputs at every position. Both give the same logits up to float rounding (tested).
-    With fp16 row copies (`prepare_for_generation`), logits that are not finite mean an fp16
-    product overflowed: the copies are dropped with a warning and the token is computed again
-    in fp32 (`_in_fp32_if_overflowed`), which rewrites its cache slots.
+    With fp16 row copies (`prepare_for_generation`) and one sequence, logits that are not finite
+    mean an fp16 product overflowed: the copies are dropped with a warning, and every position
+    the caches hold is computed again in fp32 (`_in_fp32_if_overflowed`), which rewrites them.
     """
 
     def __init__(self, model, batch_size: int, compile: bool = False):
@@ -256,7 +256,7 @@ class CachedDecoder:
         self.step_position = torch.zeros(1, dtype=torch.long, device=device)  # (1,)
         self.columns = self.ids.unbind(1)  # ids[:, p] for each p, (B,) views: one copy writes a token
         self.eager_step = None if compile else DecodeStep.for_model(model, self.caches)
-        self.row_copies = has_row_weights(model)  # fp16 copies for one-row products in play
+        self.row_copies = batch_size == 1 and has_row_weights(model)  # fp16 copies for one-row products in play
 
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
         """ids: (B, T) with 1 <= T <= context_length, fed at positions 0..T-1. Returns (B, V)."""
@@ -265,8 +265,7 @@ class CachedDecoder:
             raise ValueError(f"prefill takes 1 to {self.context_length} tokens per row, got {T}")
         self.ids[:, :T] = ids
         self.position = T
-        forward = functools.partial(self._forward, 0, T)
-        return self._in_fp32_if_overflowed(forward(), forward)
+        return self._in_fp32_if_overflowed(self._forward(0, T))
 
     def step(self, token: torch.Tensor) -> torch.Tensor:
         """token: (B,), the next token of each row. Returns the logits after it, (B, V)."""
@@ -276,29 +275,30 @@ class CachedDecoder:
             self.ids[:, older] = token
             self.position = self.keep
             self.refills += 1
-            forward = functools.partial(self._forward, 0, self.keep)
-            return self._in_fp32_if_overflowed(forward(), forward)
+            return self._in_fp32_if_overflowed(self._forward(0, self.keep))
         self.columns[self.position].copy_(token)
         self.position += 1
-        if not self.compile:  # eager: the fast step where the model allows it, else its own forward
-            forward = (functools.partial(self.eager_step, token, self.position - 1) if self.eager_step is not None
-                       else functools.partial(self._forward, self.position - 1, self.position))
-            return self._in_fp32_if_overflowed(forward(), forward)
-        if self.compiled_step is None:  # compiled: the fp32 weights, never the row copies
+        if self.eager_step is not None:
+            return self._in_fp32_if_overflowed(self.eager_step(token, self.position - 1))
+        if not self.compile:
+            return self._in_fp32_if_overflowed(self._forward(self.position - 1, self.position))
+        if self.compiled_step is None:  # compiled code multiplies by the fp32 weights, never the row copies
             self.compiled_step = self._compile()
         self.step_token.copy_(token.unsqueeze(1))
         self.step_position.fill_(self.position - 1)
         return self.compiled_step(self.model, self.step_token, self.step_position, self.caches)
 
-    def _in_fp32_if_overflowed(self, logits: torch.Tensor, again: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """logits, or where fp16 row copies gave ones that are not finite, `again()` without the copies."""
+    def _in_fp32_if_overflowed(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits (B, V), or where fp16 row copies gave ones that are not finite, the same position's
+        logits from the caches' every position fed again without the copies (a refill in fp32)."""
         if not self.row_copies or bool(torch.isfinite(logits).all()):
             return logits
         drop_row_weights(self.model)
         self.row_copies = False
-        warnings.warn("an fp16 product overflowed (beyond 65,504) while decoding; the model decodes in fp32 "
-                      "from here on (--dtype fp32 does so from the start)", RuntimeWarning, stacklevel=2)
-        return again()
+        warnings.warn("logits with fp16 copies of the weights were not finite (an fp16 product beyond 65,504); "
+                      "decoding in fp32 from here on (--dtype fp32 does so from the start)",
+                      RuntimeWarning, stacklevel=3)
+        return self._forward(0, self.position)
 
     def _forward(self, start: int, end: int) -> torch.Tensor:
         """Feed ids[:, start:end] at positions start..end-1; logits of the last one, (B, V)."""
@@ -327,7 +327,8 @@ def generate_tokens(model, prompt_ids: torch.Tensor, max_new_tokens: int, *, tem
     its last `context_length` tokens. The repetition penalty counts the prompt's tokens and the
     generated ones. `generator`: see `sample_next_token`. The model runs in eval mode under
     `torch.inference_mode()`; its previous train/eval mode is restored when the loop ends.
-    compile: compile the one-token step (`compile_decode_step`); the tokens are the same.
+    compile: compile the one-token step (`compile_decode_step`); the tokens are the same (up to
+    rounding where eager steps multiply by fp16 row copies, which compiled code does not use).
     """
     # The options are taken as valid: `SamplingOptions` checked them once (generate_samples).
     if prompt_ids.dim() != 2 or prompt_ids.size(1) == 0:
@@ -389,9 +390,9 @@ class PreparedModel(NamedTuple):
     packed: bool  # its linear weights are `PackedLinear`s
     row_dtype: Optional[torch.dtype]  # one-row products' weight copies (`row_weight_dtype`); None: none
 
-    def describe(self) -> str:
-        """What was done, for a log line: "float32, packed weights, fp16 copies for one-row steps"."""
-        parts = [str(self.dtype).removeprefix("torch.")]
+    def describe(self, device: torch.device) -> str:
+        """What was done, for a log line: "float32 on cpu, packed weights, float16 copies for one-row steps"."""
+        parts = [f"{str(self.dtype).removeprefix('torch.')} on {device}"]
         if self.packed:
             parts.append("packed weights")
         if self.row_dtype is not None:
@@ -399,12 +400,14 @@ class PreparedModel(NamedTuple):
         return ", ".join(parts)
 
 
-def prepare_for_generation(model: LanguageModel, dtype_name: str, device: torch.device) -> PreparedModel:
+def prepare_for_generation(model: LanguageModel, dtype_name: str, device: torch.device,
+                           compile: bool = False) -> PreparedModel:
     """The model as `tinyattn generate` and `tinyattn serve` run it: cast to `inference_dtype`, its
-    weights packed for fast CPU matmuls with `row_weight_dtype`'s copies (it is only ever used to
-    generate afterwards). The model is changed in place (`nn.Module.to`, the packing) and returned."""
+    weights packed for fast CPU matmuls with `row_weight_dtype`'s copies (none with `compile`, whose
+    steps multiply by the fp32 weights). It is only ever used to generate afterwards: the model is
+    changed in place (`nn.Module.to`, the packing) and returned."""
     dtype = inference_dtype(dtype_name, device)
     model = model.to(dtype)
-    row_dtype = row_weight_dtype(dtype_name, device)
+    row_dtype = None if compile else row_weight_dtype(dtype_name, device)
     packed = pack_linear_weights(model, row_dtype=row_dtype)
     return PreparedModel(model, dtype, packed, row_dtype if packed else None)

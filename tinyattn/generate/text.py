@@ -161,10 +161,11 @@ def generate_samples(model, tokenizer, prompt: str, num_samples: int = 1, *, max
     included) or "length" (max_new_tokens reached).
 
     Sample i draws from its own generator, seeded with `seed + i` (seed None: a fresh random
-    seed), so sample i equals the single sample of a run with seed `seed + i`. `generators`
+    seed), so sample i equals the single sample of a run with seed `seed + i` (exactly in fp32; in
+    bf16 or with fp16 row copies a batch rounds differently from one sequence). `generators`
     (one per sample) replaces the seeding. `compile=True` compiles the one-token step
-    (`compile_decode_step`): the same text, faster per token, after a compile that only long
-    generations repay.
+    (`compile_decode_step`): the same text (up to rounding where the model keeps fp16 row copies),
+    faster per token, after a compile that only long generations repay.
     """
     # The one check of the call's options, before anything is decoded; stream_samples trusts them.
     options = SamplingOptions(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,

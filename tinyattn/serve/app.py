@@ -4,7 +4,8 @@
 - `POST /v1/completions`: OpenAI's fields (`schemas.CompletionRequest`); with `"stream": true`
   the text comes as server-sent events in OpenAI's chunk format, ending with `data: [DONE]`.
   Every completion is `tinyattn.generate.text.stream_samples` with the request's options, so
-  choice i equals `generate()` with seed `seed + i`. Finish reasons: "stop" (a stop string or
+  choice i equals `generate()` with seed `seed + i` (exactly in fp32; with n > 1 in bf16 or with
+  fp16 row copies, the choices' batch rounds differently from one sequence). Finish reasons: "stop" (a stop string or
   the end-of-text token) and "length". `usage.completion_tokens` counts the returned text's
   tokens as the tokenizer encodes it (a byte-level BPE text may re-encode differently from
   the sampled ids).

@@ -95,9 +95,10 @@ def cpu_bf16_is_fast() -> bool:
 def cpu_fp16_rows_are_fast() -> bool:
     """Whether one fp16 row times an fp16 matrix runs a vectorised kernel here (fp32 accumulation).
 
-    torch's x86 builds at AVX2 or above convert fp16 with F16C, eight values an instruction,
-    so such a product reads half the bytes of fp32's at about the same speed a byte (measured
-    on AVX2: docs/BENCHMARKS.md); elsewhere it is not measured, and the answer is no.
+    torch's x86 builds at AVX2 or above convert fp16 with vector instructions (F16C), so such a
+    product reads half the bytes of fp32's at about the same speed a byte: measured on AVX2
+    (docs/BENCHMARKS.md), assumed for AVX-512, which has the same instructions. Elsewhere (ARM,
+    x86 below AVX2) it is not measured, and the answer is no.
     """
     return torch.backends.cpu.get_cpu_capability() in X86_CAPABILITIES
 
