@@ -446,10 +446,12 @@ def run_suite(config_path: str, *, overrides=(), device: str = "auto", precision
     if "decode" not in skip:
         torch_device = select_device(device)
         dtype = "bf16" if select_precision(precision, torch_device).name == "bf16" else "fp32"
-        rows = row_weight_dtype(precision, torch_device)  # as `tinyattn generate --dtype <precision>`
+        # fp16 row copies where `tinyattn generate --dtype <precision>` keeps them
+        rows = row_weight_dtype(precision, DTYPES[dtype], torch_device) == torch.float16
         r = measure_decode(n_layer=m.n_layer, n_head=m.n_head, n_kv_head=m.n_kv_head, n_embd=m.n_embd,
                            context_length=m.context_length, vocab_size=m.vocab_size, dtype=dtype,
-                           pack=torch_device.type == "cpu", row_dtype=rows and "fp16", device=str(torch_device),
+                           pack=torch_device.type == "cpu", row_dtype="fp16" if rows else None,
+                           device=str(torch_device),
                            new_tokens=500, prompt_tokens=min(200, m.context_length))
         report(f"decode ({dtype}, batch 1): cached {r['cached_tokens_per_s']:,.0f} tok/s, uncached "
                f"{r['uncached_tokens_per_s']:,.1f} tok/s ({r['speedup']:.1f}x), time to first token "

@@ -245,8 +245,8 @@ def test_fp16_row_copies_are_kept_only_where_auto_decodes_in_fp32_on_an_avx2_cpu
         tiny_model, monkeypatch, name, capability, bf16_fast, expected):
     monkeypatch.setenv("TINYATTN_CPU_BF16", bf16_fast)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-    assert row_weight_dtype(name, torch.device("cpu")) == expected
     prepared = prepare_for_generation(tiny_model(), name, torch.device("cpu"))
+    assert row_weight_dtype(name, prepared.dtype, torch.device("cpu")) == expected
     assert prepared.dtype == (torch.bfloat16 if bf16_fast == "1" else torch.float32)
     if expected is not None and not prepared.packed:
         pytest.skip("this torch build cannot pack weights for oneDNN")

@@ -289,8 +289,8 @@ class CachedDecoder:
         return self.compiled_step(self.model, self.step_token, self.step_position, self.caches)
 
     def _in_fp32_if_overflowed(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits (B, V), or where fp16 row copies gave ones that are not finite, the same position's
-        logits from the caches' every position fed again without the copies (a refill in fp32)."""
+        """logits (B, V); where fp16 row copies made them not finite, the copies are dropped and every
+        position the caches hold is fed again in fp32 (a refill), whose last logits are returned."""
         if not self.row_copies or bool(torch.isfinite(logits).all()):
             return logits
         drop_row_weights(self.model)
@@ -369,15 +369,16 @@ def inference_dtype(name: str, device: torch.device) -> torch.dtype:
     return select_precision(name, device).autocast_dtype or torch.float32
 
 
-def row_weight_dtype(name: str, device: torch.device) -> Optional[torch.dtype]:
+def row_weight_dtype(name: str, dtype: torch.dtype, device: torch.device) -> Optional[torch.dtype]:
     """The dtype of a second copy of the weights for one-row products (`pack_linear_weights`), or None.
 
-    fp16 where "auto" decodes in fp32 on a CPU whose fp16 matrix-vector products are fast
+    name: the precision asked for; dtype: what `inference_dtype` made of it. fp16 where "auto"
+    decodes in fp32 on a CPU whose fp16 matrix-vector products are fast
     (`cpu.cpu_fp16_rows_are_fast`): a CPU without bf16 units, where reading the fp32 weights
     is most of a token's time and fp16 halves it (`tinyattn.generate.cpu_weights`). A
     precision asked for by name ("fp32") gets no copy: its numbers exactly.
     """
-    if name != "auto" or device.type != "cpu" or inference_dtype(name, device) != torch.float32:
+    if name != "auto" or device.type != "cpu" or dtype != torch.float32:
         return None
     return torch.float16 if cpu_fp16_rows_are_fast() else None
 
@@ -408,6 +409,6 @@ def prepare_for_generation(model: LanguageModel, dtype_name: str, device: torch.
     changed in place (`nn.Module.to`, the packing) and returned."""
     dtype = inference_dtype(dtype_name, device)
     model = model.to(dtype)
-    row_dtype = None if compile else row_weight_dtype(dtype_name, device)
+    row_dtype = None if compile else row_weight_dtype(dtype_name, dtype, device)
     packed = pack_linear_weights(model, row_dtype=row_dtype)
     return PreparedModel(model, dtype, packed, row_dtype if packed else None)
