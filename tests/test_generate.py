@@ -19,7 +19,8 @@ from tinyattn.config import ModelConfig, TokenizerConfig
 from tinyattn.data.tokenizer import build_tokenizer
 from tinyattn.errors import ConfigError
 from tinyattn.generate import decoder as decoder_module
-from tinyattn.generate.cpu_weights import PackedLinear, has_row_weights, pack_linear_weights
+from tinyattn.generate.cpu_weights import (ONEDNN, PackedLinear, PackingOperators, _packing_works, has_row_weights,
+                                           pack_linear_weights)
 from tinyattn.generate.decoder import (CachedDecoder, DecodeStep, generate_tokens, prepare_for_generation,
                                        row_weight_dtype)
 from tinyattn.generate.sampling import apply_repetition_penalty, nucleus_mask, sample_next_token
@@ -156,18 +157,25 @@ def perturbed(model, dtype=torch.float32, pack=False):
             param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(param.numel())) * 0.05)
     model = model.to(dtype)
     row_dtype = pack if isinstance(pack, torch.dtype) else None
-    if pack is not False and not pack_linear_weights(model, row_dtype=row_dtype):
+    operators = ONEDNN if _packing_works(dtype, ONEDNN) else PLAIN  # bf16 on a CPU without bf16 units
+    if pack is not False and not pack_linear_weights(model, operators, row_dtype=row_dtype):
         pytest.skip("this torch build cannot pack weights for oneDNN")
     return model
+
+
+# Stands in for oneDNN where it refuses a dtype: what the decoder does with a packed model (which
+# weight each product reads) is then still tested, on every CPU.
+PLAIN = PackingOperators(reorder=torch.clone, linear=torch.nn.functional.linear)
 
 
 STEP_MODELS = {  # ModelConfig overrides, dtype, packed (or the dtype of copies for one-row products)
     "mha": (dict(n_kv_head=4), torch.float32, False),
     "gqa-qk-norm-softcap": (dict(qk_norm=True, logit_softcap=5.0), torch.float32, False),
     "explicit-attention": (dict(attention="explicit"), torch.float32, False),
-    "bf16-packed": ({}, torch.bfloat16, True),
+    "bf16-packed-qk-norm": (dict(qk_norm=True), torch.bfloat16, True),  # the main config's model on a bf16 CPU
     "fp32-packed": ({}, torch.float32, True),
     "fp32-packed-fp16-rows": ({}, torch.float32, torch.float16),  # what "auto" runs on an AVX2 CPU
+    "fp16-rows-qk-norm": (dict(qk_norm=True), torch.float32, torch.float16),  # the main config's model there
 }
 
 

@@ -32,7 +32,8 @@ leaves the model as it was: slower, never wrong.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Optional
+from contextlib import contextmanager
+from typing import Callable, Iterator, NamedTuple, Optional
 
 import torch
 import torch.nn as nn
@@ -49,21 +50,29 @@ def _packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
-def matrix_vector(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x (..., in) holding one row times weight (out, in) -> (..., out), through aten's own kernel.
+@contextmanager
+def aten_kernels() -> Iterator[None]:
+    """Inside the block, bf16 and fp16 matrix products run aten's own kernels, never oneDNN's.
 
-    For bf16 and fp16 weights; x is in the weight's dtype. torch sends such a product to oneDNN
-    wherever the CPU has instructions for the dtype; with oneDNN
-    switched off for the call (a process-wide flag, restored at once) the same product runs
-    aten's matrix-vector kernel instead. A bf16 matmul on another thread in that instant
-    would run aten's kernel too: slower, the same product.
+    torch sends such a product to oneDNN wherever the CPU has instructions for the dtype; with
+    oneDNN switched off (a process-wide flag, restored when the block ends) the same product of
+    one row runs aten's matrix-vector kernel, which accumulates in fp32 as oneDNN does. A bf16
+    matmul on another thread in that time would run aten's kernel too: slower, the same product.
+    Calls of the private packed operator (`_packed_linear`) are not affected.
     """
     enabled = torch._C._get_mkldnn_enabled()
     torch._C._set_mkldnn_enabled(False)
     try:
-        return F.linear(x, weight)
+        yield
     finally:
         torch._C._set_mkldnn_enabled(enabled)
+
+
+def matrix_vector(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x (..., in) holding one row times weight (out, in) -> (..., out), through aten's own kernel
+    (`aten_kernels`). For bf16 and fp16 weights; x is in the weight's dtype."""
+    with aten_kernels():
+        return F.linear(x, weight)
 
 
 class PackingOperators(NamedTuple):
@@ -105,14 +114,22 @@ class PackedLinear(nn.Module):
         return self.product(x)  # (..., out)
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
-        """x (..., in) -> (..., out), eagerly: one row by `matrix_vector` (by `row_weight` where there
-        is one, else if bf16), anything else by oneDNN."""
-        if x.numel() == self.in_features:
-            if self.row_weight is not None:
-                return matrix_vector(x.to(self.row_weight.dtype), self.row_weight).to(x.dtype)
-            if x.dtype == torch.bfloat16:
-                return matrix_vector(x, self.weight)
+        """x (..., in) -> (..., out), eagerly: one row by `matrix_vector` (by `one_row_weight`, where
+        there is one), anything else by oneDNN."""
+        if x.numel() == self.in_features and (weight := one_row_weight(self)) is not None:
+            return matrix_vector(x.to(weight.dtype), weight).to(x.dtype)
         return self.operators.linear(x, self.packed_weight)
+
+
+def one_row_weight(module: nn.Module) -> Optional[torch.Tensor]:
+    """The weight a packed layer multiplies a single row by through aten's kernel (`matrix_vector`):
+    its copy for one-row products (`row_dtype`), else a bf16 layer's own weight; None where one row
+    goes through oneDNN as more rows do (fp32 without a copy), or the layer is not packed."""
+    if not isinstance(module, PackedLinear):
+        return None
+    if module.row_weight is not None:
+        return module.row_weight
+    return module.weight if module.weight.dtype == torch.bfloat16 else None
 
 
 def pack_linear_weights(model: nn.Module, operators: PackingOperators = ONEDNN,

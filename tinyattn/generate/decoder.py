@@ -40,7 +40,8 @@ from typing import Callable, Iterator, NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-from tinyattn.generate.cpu_weights import PackedLinear, drop_row_weights, has_row_weights, pack_linear_weights
+from tinyattn.generate.cpu_weights import (PackedLinear, aten_kernels, drop_row_weights, has_row_weights,
+                                           one_row_weight, pack_linear_weights)
 from tinyattn.generate.sampling import Generators, apply_repetition_penalty, sample_next_token
 from tinyattn.model.attention import attention
 from tinyattn.model.transformer import Block, LanguageModel, SwiGLU, evaluation_mode
@@ -61,12 +62,12 @@ def decode_one_token(model, token: torch.Tensor, position: torch.Tensor, caches:
 
 
 class LayerWeights(NamedTuple):
-    """One block's tensors as `DecodeStep` reads them; each linear is a function of x (`_linear`)."""
+    """One block's tensors as `DecodeStep` reads them; each linear is a function of x (`_linear`),
+    taking and giving the step's product dtype."""
 
     attention_norm: torch.Tensor  # (C,)
     qkv: Callable  # (C,) -> (H*D + 2*Hkv*D,): queries, keys, values side by side
-    q_norm: Optional[torch.Tensor]  # (D,), with model.qk_norm
-    k_norm: Optional[torch.Tensor]  # (D,)
+    qk_norm: Optional[torch.Tensor]  # (H + Hkv, 1, D), fp32, with model.qk_norm: each query head's gain, then each key's
     fused: bool  # the layer's attention path: the fused kernel, or `attention` written out
     output: Callable  # (C,) -> (C,)
     mlp_norm: torch.Tensor  # (C,)
@@ -95,6 +96,15 @@ class DecodeStep:
     writes keys and values into the cache slot of the position with one copy each, and runs
     attention for its single query with no mask (every written key is in its past).
     `DecodeStep.for_model` returns None where it cannot promise the same numbers.
+
+    One sequence whose packed layers multiply a single row through aten's kernel (fp16 copies,
+    or bf16 weights: `cpu_weights.one_row_weight`) is multiplied by those weights directly, in
+    their dtype (`products`), under one `aten_kernels()` for the whole step: a product's input is
+    cast to that dtype once, where the norm or the attention leaves it, and its output is left
+    there for the next operator to read (adding an fp16 product to the fp32 residual computes in
+    fp32, the sum `PackedLinear.product` would give). The same numbers in fewer calls (counted in
+    docs/BENCHMARKS.md, "Fewer calls around the one-row products"). QK-norm normalises the query
+    and key heads together, each with its own gain.
     """
 
     def __init__(self, model, caches: list):
@@ -105,12 +115,19 @@ class DecodeStep:
         self.gqa = c.kv_heads != c.n_head
         self.eps = model.final_norm.eps
         self.embedding = model.token_embedding.weight  # (V, C)
-        self.final_norm, self.head = model.final_norm.weight, _linear(model.head)
-        self.layers = [_layer_weights(block) for block in model.blocks]
+        self.final_norm = model.final_norm.weight
+        linears = [model.head, *(m for b in model.blocks for m in (b.attention.qkv, b.attention.output,
+                                                                  b.mlp.gate_up, b.mlp.down))]
+        one_row = caches[0].keys.size(0) == 1 and all(one_row_weight(m) is not None for m in linears)
+        self.one_row = one_row  # the products by `one_row_weight`s, under `aten_kernels`
+        self.products = one_row_weight(model.head).dtype if one_row else self.embedding.dtype
+        self.cast = self.products != self.embedding.dtype  # fp16 copies beside fp32 weights
+        self.head = _linear(model.head, one_row)
+        self.layers = [_layer_weights(block, one_row) for block in model.blocks]
         # Queries and keys are rotated and attended in the caches' dtype (`cache_dtype`), as in the
         # model's cached forward; with rows of that dtype the product casts a bf16 model's up.
         dtype = caches[0].keys.dtype
-        self.downcast = dtype != self.embedding.dtype  # attention's output back to the weights' dtype
+        self.downcast = dtype != self.products  # attention's output to the products' dtype
         cos, sin = model.rope_cos, model.rope_sin  # (context, D/2), fp32
         # Row p: what multiplies x and swap_halves(x) at position p, (D,) each.
         self.rope_cos = torch.cat((cos, cos), dim=-1).to(dtype).unbind(0)
@@ -132,11 +149,20 @@ class DecodeStep:
 
     def __call__(self, token: torch.Tensor, position: int) -> torch.Tensor:
         """token: (B,) at `position` (an int, < the caches' length). Returns the logits after it, (B, V)."""
+        if not self.one_row:
+            return self.logits(token, position)
+        with aten_kernels():
+            return self.logits(token, position)
+
+    def logits(self, token: torch.Tensor, position: int) -> torch.Tensor:
+        """`__call__`'s arithmetic."""
         x = F.embedding(token, self.embedding)  # (B, C)
         cos, sin = self.rope_cos[position], self.rope_sin[position]  # (D,) each
         for layer, cache in zip(self.layers, self.caches):
             x = self.block(x, layer, cache, position=position, rope=(cos, sin))  # (B, C)
-        logits = self.head(F.rms_norm(x, self.width, self.final_norm, self.eps))  # (B, V)
+        logits = self.head(self.norm(x, self.final_norm))  # (B, V)
+        if self.cast:
+            logits = logits.to(x.dtype)
         if self.softcap is not None:
             logits = self.softcap * torch.tanh(logits / self.softcap)
         return logits
@@ -146,13 +172,12 @@ class DecodeStep:
         rope: the (cos, sin) rows of `position`, (D,) each."""
         B, H, Hkv, D = x.size(0), self.heads, self.kv_heads, self.head_dim
         cos, sin = rope
-        heads = layer.qkv(F.rms_norm(x, self.width, layer.attention_norm, self.eps))
+        heads = layer.qkv(self.norm(x, layer.attention_norm))  # in the products' dtype
         heads = heads.view(B, H + 2 * Hkv, 1, D)  # (B, H + 2Hkv, 1, D): queries, keys, values
-        if layer.q_norm is None:
-            qk = heads[:, :H + Hkv]  # (B, H + Hkv, 1, D)
-        else:
-            qk = torch.cat((F.rms_norm(heads[:, :H], (D,), layer.q_norm, self.eps),
-                            F.rms_norm(heads[:, H:H + Hkv], (D,), layer.k_norm, self.eps)), dim=1)
+        qk = heads[:, :H + Hkv]  # (B, H + Hkv, 1, D)
+        if layer.qk_norm is not None:  # every query and key head at once, in fp32 and rounded to x's dtype,
+            normed = F.rms_norm(qk.float(), (D,), None, self.eps) * layer.qk_norm  # as torch's rms_norm does
+            qk = normed.to(x.dtype)
         qk = qk * cos + qk.roll(D // 2, dims=-1) * sin  # (B, H + Hkv, 1, D), rotated, in the caches' dtype
         cache.keys.narrow(2, position, 1).copy_(qk[:, H:])  # (B, Hkv, 1, D) into the slot of `position`
         cache.values.narrow(2, position, 1).copy_(heads[:, H + Hkv:])
@@ -167,26 +192,38 @@ class DecodeStep:
             y = attention(q, keys, values)[0]  # (B, H, 1, D)
         y = y.view(B, H * D)  # (B, C)
         if self.downcast:
-            y = y.to(x.dtype)
-        x = x + layer.output(y)  # (B, C)
-        gate, up = layer.gate_up(F.rms_norm(x, self.width, layer.mlp_norm, self.eps)).chunk(2, dim=-1)
-        return x + layer.down(F.silu(gate) * up)  # (B, C)
+            y = y.to(self.products)
+        x = x + layer.output(y)  # (B, C), in x's dtype
+        gate_up = layer.gate_up(self.norm(x, layer.mlp_norm))  # (B, 2 * hidden)
+        gate, up = (gate_up.to(x.dtype) if self.cast else gate_up).chunk(2, dim=-1)  # in x's dtype
+        hidden = F.silu(gate) * up  # (B, hidden)
+        return x + layer.down(hidden.to(self.products) if self.cast else hidden)  # (B, C)
+
+    def norm(self, x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
+        """RMSNorm of x (B, C) in x's dtype, given in the products' dtype."""
+        normed = F.rms_norm(x, self.width, gain, self.eps)
+        return normed.to(self.products) if self.cast else normed
 
 
-def _linear(module) -> Callable:
-    """x -> what `module(x)` computes, without the nn.Module call: `PackedLinear.product` where packed."""
+def _linear(module, one_row: bool) -> Callable:
+    """x -> what `module(x)` computes, without the nn.Module call: with `one_row`, F.linear by the
+    layer's `one_row_weight` (x and the product in that weight's dtype; under `aten_kernels`, as
+    `DecodeStep` calls it); else `PackedLinear.product` where packed, F.linear where not."""
+    if one_row:
+        return functools.partial(F.linear, weight=one_row_weight(module))
     if isinstance(module, PackedLinear):
         return module.product
     return functools.partial(F.linear, weight=module.weight)
 
 
-def _layer_weights(block) -> LayerWeights:
-    a = block.attention
+def _layer_weights(block, one_row: bool) -> LayerWeights:
+    a, mlp = block.attention, block.mlp
     return LayerWeights(
-        attention_norm=block.attention_norm.weight, qkv=_linear(a.qkv),
-        q_norm=None if a.q_norm is None else a.q_norm.weight, k_norm=None if a.k_norm is None else a.k_norm.weight,
-        fused=a.fused, output=_linear(a.output), mlp_norm=block.mlp_norm.weight,
-        gate_up=_linear(block.mlp.gate_up), down=_linear(block.mlp.down))
+        attention_norm=block.attention_norm.weight, qkv=_linear(a.qkv, one_row),
+        qk_norm=None if a.q_norm is None else torch.cat((a.q_norm.weight.expand(a.n_head, 1, -1),
+                                                         a.k_norm.weight.expand(a.n_kv_head, 1, -1))).float(),
+        fused=a.fused, output=_linear(a.output, one_row), mlp_norm=block.mlp_norm.weight,
+        gate_up=_linear(mlp.gate_up, one_row), down=_linear(mlp.down, one_row))
 
 
 def cache_dtype(model) -> torch.dtype:
@@ -295,6 +332,8 @@ class CachedDecoder:
             return logits
         drop_row_weights(self.model)
         self.row_copies = False
+        if self.eager_step is not None:  # it multiplies by the copies it was made with
+            self.eager_step = DecodeStep.for_model(self.model, self.caches)
         warnings.warn("logits with fp16 copies of the weights were not finite (an fp16 product beyond 65,504); "
                       "decoding in fp32 from here on (--dtype fp32 does so from the start)",
                       RuntimeWarning, stacklevel=3)
