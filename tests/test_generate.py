@@ -316,6 +316,17 @@ def test_operator_calls_per_generated_token_stay_few(tiny_model):
     assert per_layer <= 28 and one_layer - per_layer <= 11, (per_layer, one_layer - per_layer)
 
 
+def test_one_row_products_by_fp16_copies_add_few_calls(tiny_model):
+    # The main config's model as `auto` decodes it on an AVX2 CPU (QK-norm, fp16 copies): each product
+    # is called directly, its input cast once where a norm or the attention leaves it and its fp16
+    # output read as it is; QK-norm is one call for all heads. Through `PackedLinear.product` (a cast
+    # either side of each product) and a norm per query and key it took 40 calls a layer and 16 besides.
+    one_layer, three_layers = (operators_per_token(perturbed(tiny_model(n_layer=n, qk_norm=True), pack=torch.float16))
+                               for n in (1, 3))
+    per_layer = (three_layers - one_layer) / 2
+    assert per_layer <= 37 and one_layer - per_layer <= 16, (per_layer, one_layer - per_layer)
+
+
 # ----------------------------------------------------------------------------- sampling
 
 
