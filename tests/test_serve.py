@@ -11,6 +11,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -411,3 +412,17 @@ def test_in_chromium_the_playground_streams_tokens_and_a_click_shows_the_models_
     assert all(v != "" for v in relevance[:query]) and relevance[query] == ""  # relevance beside each weight
     assert f"query {maps.labels[query]} at {query}" in frame.locator("#query-info").inner_text()
     assert all(url.startswith(server.url) for url in requests) and errors == []
+
+
+def test_a_warning_while_serving_is_one_line_as_generate_prints_it(loaded, monkeypatch, capsys):
+    # What the decoder warns while a server runs (fp16 copies dropped after an overflow) reaches the
+    # terminal as `tinyattn generate` prints it, not as Python's header and source line.
+    import tinyattn.serve.server as server_module
+    from tinyattn.cli.serve import main
+
+    def warn_and_return(app, sock):
+        warnings.warn("logits were not finite", RuntimeWarning)
+    monkeypatch.setattr(server_module, "serve_forever", warn_and_return)
+    assert main(["--checkpoint", str(loaded.path.parent), "--port", "0", "--dtype", "fp32"]) == 0
+    err = capsys.readouterr().err
+    assert err.endswith("warning: logits were not finite\nstopped\n") and "RuntimeWarning" not in err, err

@@ -16,7 +16,9 @@ import atexit
 import functools
 import gc
 import sys
-from typing import Callable
+import warnings
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 from tinyattn.errors import TinyattnError
 
@@ -38,6 +40,20 @@ def run_command(command: Callable[[], int | None]) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
+
+
+@contextmanager
+def warnings_as_lines() -> Iterator[None]:
+    """Inside the block a warning prints as one `warning: <message>` line on stderr, as the
+    commands' own warnings do, without Python's file-and-line header and source line."""
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        yield
+
+
+def _show_warning(message, *args, **kwargs) -> None:
+    """warnings.showwarning's replacement (the other arguments unused)."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 @functools.cache  # registered once per process, however many commands it runs

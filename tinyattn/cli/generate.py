@@ -26,7 +26,7 @@ import sys
 import warnings
 from typing import Optional
 
-from tinyattn.cli import run_command
+from tinyattn.cli import run_command, warnings_as_lines
 from tinyattn.cli.options import add_checkpoint, add_device, add_inference_dtype, add_out_dir, command_parser
 from tinyattn.errors import ConfigError, DataError
 
@@ -121,9 +121,8 @@ def run(args: argparse.Namespace) -> int:
     options = sampling_options(args, loaded.config.sample, stop)  # the one check, before any output
     model = inference_model(loaded, args, device)
     out = StreamPrinter(sys.stdout, model, loaded.tokenizer, options, compile=args.compile)
-    with warnings.catch_warnings():
+    with warnings_as_lines():
         warnings.simplefilter("always", PromptWarning)
-        warnings.showwarning = _show_warning
         if not args.interactive:
             out.run(_given(prompt, loaded.config.sample.prompt), echo=True)
             return 0
@@ -259,8 +258,3 @@ def unescape(text: str) -> str:
 
 def _given(value, default):
     return default if value is None else value
-
-
-def _show_warning(message, *args, **kwargs) -> None:
-    """warnings.showwarning's replacement: one `warning: ...` line (the other arguments unused)."""
-    print(f"warning: {message}", file=sys.stderr, flush=True)

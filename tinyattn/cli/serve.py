@@ -2,7 +2,8 @@
 
 Parses the arguments, checks the `serve` extra, binds the socket (a port in use is one line),
 loads the checkpoint and runs `tinyattn.serve.app` under uvicorn until Ctrl-C. stderr: one
-line naming the model and the address, then uvicorn's warnings and errors only.
+line naming the model and the address, then one `warning: ...` line per warning, uvicorn's
+warnings and errors.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import argparse
 import sys
 from typing import Optional
 
-from tinyattn.cli import run_command
+from tinyattn.cli import run_command, warnings_as_lines
 from tinyattn.cli.options import add_checkpoint, add_device, add_inference_dtype, add_out_dir, command_parser
 
 DESCRIPTION = """\
@@ -106,6 +107,7 @@ def _serve(args: argparse.Namespace, sock) -> int:
     if host not in ("127.0.0.1", "::1", "localhost"):
         print(f"warning: listening on {host}: anyone who can reach this machine can use the model "
               "(there is no authentication)", file=sys.stderr, flush=True)
-    serve_forever(app, sock)
+    with warnings_as_lines():  # e.g. fp16 copies dropped after an overflow: one line, as generate prints it
+        serve_forever(app, sock)
     print("stopped", file=sys.stderr)
     return 0
