@@ -189,11 +189,37 @@ def test_the_eager_decode_step_gives_the_models_own_cached_logits_bitwise(tiny_m
         fast, plain = CachedDecoder(model, batch_size=batch), CachedDecoder(model, batch_size=batch)
         plain.eager_step = None  # the model's own forward, one position at a time
         assert fast.eager_step is not None
+        # one sequence by fp16 copies or bf16 weights: the products called directly (`one_row_weight`)
+        direct = batch == 1 and (isinstance(pack, torch.dtype) or (pack is True and dtype == torch.bfloat16))
+        assert fast.eager_step.one_row == direct
         torch.testing.assert_close(fast.prefill(ids[:, :3]), plain.prefill(ids[:, :3]), rtol=0, atol=0)
         for t in range(3, 24):
             assert torch.equal(fast.step(ids[:, t]), plain.step(ids[:, t])), f"position {t}"
         for ours, theirs in zip(fast.caches, plain.caches):  # the same keys and values were stored
             assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values)
+
+
+def test_a_one_row_step_multiplies_with_onednn_off_and_switches_it_back_on_even_after_a_failure(
+        tiny_model, tokenizer, monkeypatch):
+    seen, real = [], torch.nn.functional.linear
+    def linear(x, weight):
+        seen.append(torch._C._get_mkldnn_enabled())
+        return real(x, weight)
+    monkeypatch.setattr(torch.nn.functional, "linear", linear)  # before the step takes its products
+    model = perturbed(tiny_model(), pack=torch.float16)
+    ids = random_ids(tokenizer.vocab_size, 6, batch=1)
+    assert torch._C._get_mkldnn_enabled()
+    with torch.inference_mode():
+        decoder = CachedDecoder(model, batch_size=1)
+        decoder.prefill(ids[:, :4])
+        seen.clear()
+        decoder.step(ids[:, 4])
+        assert len(seen) == 4 * 2 + 1 and not any(seen)  # every product of the step with oneDNN off
+        assert torch._C._get_mkldnn_enabled()  # and back on after it
+        monkeypatch.setattr(decoder.eager_step, "block", lambda *args, **kwargs: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            decoder.step(ids[:, 5])
+    assert torch._C._get_mkldnn_enabled()  # ... even after a step that failed
 
 
 def test_decoding_with_fp16_row_copies_stays_near_the_fp32_models_logits(tiny_model, tokenizer):

@@ -6,7 +6,8 @@ import types
 import pytest
 import torch
 
-from tinyattn.generate.cpu_weights import ONEDNN, PackedLinear, _packing_works, matrix_vector, pack_linear_weights
+from tinyattn.generate.cpu_weights import (ONEDNN, PackedLinear, _packing_works, aten_kernels, matrix_vector,
+                                           pack_linear_weights)
 from tinyattn.generate.decoder import generate_tokens
 
 
@@ -86,6 +87,19 @@ def test_matrix_vector_switches_onednn_back_on_even_after_a_failure(monkeypatch)
     with pytest.raises(ZeroDivisionError):
         matrix_vector(one, weight)
     assert torch._C._get_mkldnn_enabled()  # ... even after one that failed
+
+
+def test_onednn_comes_back_on_when_the_last_open_block_closes_whichever_opened_first():
+    # Two threads' blocks overlapping: the first to open closes first. oneDNN stays off while the
+    # second is open and is back on, as it was, after both (saving the flag per block left it off).
+    assert torch._C._get_mkldnn_enabled()
+    first, second = aten_kernels(), aten_kernels()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert not torch._C._get_mkldnn_enabled()
+    second.__exit__(None, None, None)
+    assert torch._C._get_mkldnn_enabled()
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")

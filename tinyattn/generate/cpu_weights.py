@@ -7,7 +7,8 @@ measured, most of all in bf16 (docs/BENCHMARKS.md). The arithmetic is the same, 
 equal nn.Linear's up to float rounding.
 
 One exception, measured in the decode loop itself: a single bf16 row (one sequence, one
-token) goes through aten's own matrix-vector kernel (`matrix_vector`), which accumulates in
+token) goes through aten's own matrix-vector kernel (`matrix_vector`, or in the decoder's
+one-token step `F.linear` by `one_row_weight` under `aten_kernels`), which accumulates in
 fp32 as oneDNN does. Timed alone, oneDNN's call is as fast or faster; between the other
 operators of a decode step it is the slower one, and the whole step is faster with aten's
 kernel (docs/BENCHMARKS.md, "One bf16 row through aten's kernel").
@@ -15,7 +16,7 @@ kernel (docs/BENCHMARKS.md, "One bf16 row through aten's kernel").
 On a CPU without bf16 units, where generation runs in fp32, a step's products read every
 fp32 weight, and that read is most of a token's time. There `pack_linear_weights(row_dtype=
 torch.float16)` keeps an fp16 copy of each weight too, and a single row is rounded to fp16
-and multiplied by it (`matrix_vector`: aten's kernel, which accumulates in fp32): half the
+and multiplied by it (`one_row_weight`; aten's kernel, which accumulates in fp32): half the
 bytes to read, and a much faster step on an AVX2 CPU (docs/BENCHMARKS.md, "fp16 copies for
 one-row steps"). Its outputs are fp32's up to fp16's rounding of the weight and the row
 (finer than bf16's); products of more rows (prefills, batches of sequences) stay fp32. Where
@@ -32,6 +33,7 @@ leaves the model as it was: slower, never wrong.
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator, NamedTuple, Optional
 
@@ -50,22 +52,36 @@ def _packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
+_ATEN_LOCK = threading.Lock()
+_aten_blocks = 0  # `aten_kernels` blocks open, in any thread
+_onednn_before = True  # the flag as the first of them found it
+
+
 @contextmanager
 def aten_kernels() -> Iterator[None]:
     """Inside the block, bf16 and fp16 matrix products run aten's own kernels, never oneDNN's.
 
     torch sends such a product to oneDNN wherever the CPU has instructions for the dtype; with
-    oneDNN switched off (a process-wide flag, restored when the block ends) the same product of
-    one row runs aten's matrix-vector kernel, which accumulates in fp32 as oneDNN does. A bf16
-    matmul on another thread in that time would run aten's kernel too: slower, the same product.
-    Calls of the private packed operator (`_packed_linear`) are not affected.
+    oneDNN switched off (a process-wide flag) the same product of one row runs aten's
+    matrix-vector kernel, which accumulates in fp32 as oneDNN does. The flag is switched off when
+    the first block opens and back as it was when the last one closes, whichever threads open
+    and close them. Meanwhile another thread's bf16 or fp16 matmuls run aten's kernels too:
+    slower, and for more than one row rounded differently. Calls of the private packed operator
+    (`_packed_linear`) are not affected.
     """
-    enabled = torch._C._get_mkldnn_enabled()
-    torch._C._set_mkldnn_enabled(False)
+    global _aten_blocks, _onednn_before
+    with _ATEN_LOCK:
+        if _aten_blocks == 0:
+            _onednn_before = torch._C._get_mkldnn_enabled()
+            torch._C._set_mkldnn_enabled(False)
+        _aten_blocks += 1
     try:
         yield
     finally:
-        torch._C._set_mkldnn_enabled(enabled)
+        with _ATEN_LOCK:
+            _aten_blocks -= 1
+            if _aten_blocks == 0:
+                torch._C._set_mkldnn_enabled(_onednn_before)
 
 
 def matrix_vector(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -67,7 +67,9 @@ class LayerWeights(NamedTuple):
 
     attention_norm: torch.Tensor  # (C,)
     qkv: Callable  # (C,) -> (H*D + 2*Hkv*D,): queries, keys, values side by side
-    qk_norm: Optional[torch.Tensor]  # (H + Hkv, 1, D), fp32, with model.qk_norm: each query head's gain, then each key's
+    q_norm: Optional[torch.Tensor]  # (D,), with model.qk_norm
+    k_norm: Optional[torch.Tensor]  # (D,)
+    qk_norm: Optional[torch.Tensor]  # on the CPU, (H + Hkv, 1, D) fp32: each query head's gain, then each key head's
     fused: bool  # the layer's attention path: the fused kernel, or `attention` written out
     output: Callable  # (C,) -> (C,)
     mlp_norm: torch.Tensor  # (C,)
@@ -88,11 +90,11 @@ class DecodeStep:
 
     The eager decode step. At batch 1 a token's matmuls are a small part of its time; the rest is
     the calls around them, each a trip through Python and torch's dispatcher. This step does
-    the model's arithmetic operator for operator in the same dtypes, so its logits are bitwise
-    the model's own cached forward's (tested), but it reads the weights from flat per-layer
+    the model's arithmetic with the same roundings, so its logits are bitwise the model's own
+    cached forward's (tested), but it reads the weights from flat per-layer
     tuples instead of calling nn.Modules, has no dropout calls (eval only), applies RoPE to the
     queries and keys of all heads at once from rows of (cos, cos) and (-sin, sin) made once in
-    the model's dtype (x * cos + swap_halves(x) * sin rounds as the textbook's two halves do),
+    the caches' dtype (x * cos + swap_halves(x) * sin rounds as the textbook's two halves do),
     writes keys and values into the cache slot of the position with one copy each, and runs
     attention for its single query with no mask (every written key is in its past).
     `DecodeStep.for_model` returns None where it cannot promise the same numbers.
@@ -103,8 +105,8 @@ class DecodeStep:
     cast to that dtype once, where the norm or the attention leaves it, and its output is left
     there for the next operator to read (adding an fp16 product to the fp32 residual computes in
     fp32, the sum `PackedLinear.product` would give). The same numbers in fewer calls (counted in
-    docs/BENCHMARKS.md, "Fewer calls around the one-row products"). QK-norm normalises the query
-    and key heads together, each with its own gain.
+    docs/BENCHMARKS.md, "Fewer calls around the one-row products"). On the CPU, QK-norm
+    normalises the query and key heads in one call, each with its own gain (`qk_norm`).
     """
 
     def __init__(self, model, caches: list):
@@ -175,9 +177,8 @@ class DecodeStep:
         heads = layer.qkv(self.norm(x, layer.attention_norm))  # in the products' dtype
         heads = heads.view(B, H + 2 * Hkv, 1, D)  # (B, H + 2Hkv, 1, D): queries, keys, values
         qk = heads[:, :H + Hkv]  # (B, H + Hkv, 1, D)
-        if layer.qk_norm is not None:  # every query and key head at once, in fp32 and rounded to x's dtype,
-            normed = F.rms_norm(qk.float(), (D,), None, self.eps) * layer.qk_norm  # as torch's rms_norm does
-            qk = normed.to(x.dtype)
+        if layer.q_norm is not None:
+            qk = self.qk_norm(qk, layer, x.dtype)
         qk = qk * cos + qk.roll(D // 2, dims=-1) * sin  # (B, H + Hkv, 1, D), rotated, in the caches' dtype
         cache.keys.narrow(2, position, 1).copy_(qk[:, H:])  # (B, Hkv, 1, D) into the slot of `position`
         cache.values.narrow(2, position, 1).copy_(heads[:, H + Hkv:])
@@ -199,6 +200,22 @@ class DecodeStep:
         hidden = F.silu(gate) * up  # (B, hidden)
         return x + layer.down(hidden.to(self.products) if self.cast else hidden)  # (B, C)
 
+    def qk_norm(self, qk: torch.Tensor, layer: LayerWeights, dtype: torch.dtype) -> torch.Tensor:
+        """QK-norm of qk (B, H + Hkv, 1, D), queries then keys, in `dtype` (x's) as the model's
+        `norm_heads` computes it, from qk in the products' dtype.
+
+        On the CPU every head in one call: torch's CPU `rms_norm` computes in fp32 and rounds the
+        product with the gain to the input's dtype, which this does in the same order (bitwise,
+        tested). Elsewhere one call for the queries and one for the keys, as the model makes them.
+        """
+        D = self.head_dim
+        if layer.qk_norm is not None:
+            normed = F.rms_norm(qk.float(), (D,), None, self.eps) * layer.qk_norm  # fp32
+            return normed if dtype == torch.float32 else normed.to(dtype)
+        qk = qk.to(dtype)
+        return torch.cat((F.rms_norm(qk[:, :self.heads], (D,), layer.q_norm, self.eps),
+                          F.rms_norm(qk[:, self.heads:], (D,), layer.k_norm, self.eps)), dim=1)
+
     def norm(self, x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
         """RMSNorm of x (B, C) in x's dtype, given in the products' dtype."""
         normed = F.rms_norm(x, self.width, gain, self.eps)
@@ -218,11 +235,13 @@ def _linear(module, one_row: bool) -> Callable:
 
 def _layer_weights(block, one_row: bool) -> LayerWeights:
     a, mlp = block.attention, block.mlp
+    q_norm, k_norm = (None, None) if a.q_norm is None else (a.q_norm.weight, a.k_norm.weight)
+    qk_norm = None  # the CPU's one call for every head (`DecodeStep.qk_norm`)
+    if q_norm is not None and q_norm.device.type == "cpu":
+        qk_norm = torch.cat((q_norm.expand(a.n_head, 1, -1), k_norm.expand(a.n_kv_head, 1, -1))).float()
     return LayerWeights(
         attention_norm=block.attention_norm.weight, qkv=_linear(a.qkv, one_row),
-        qk_norm=None if a.q_norm is None else torch.cat((a.q_norm.weight.expand(a.n_head, 1, -1),
-                                                         a.k_norm.weight.expand(a.n_kv_head, 1, -1))).float(),
-        fused=a.fused, output=_linear(a.output, one_row), mlp_norm=block.mlp_norm.weight,
+        q_norm=q_norm, k_norm=k_norm, qk_norm=qk_norm, fused=a.fused, output=_linear(a.output, one_row), mlp_norm=block.mlp_norm.weight,
         gate_up=_linear(mlp.gate_up, one_row), down=_linear(mlp.down, one_row))
 
 
@@ -332,8 +351,8 @@ class CachedDecoder:
             return logits
         drop_row_weights(self.model)
         self.row_copies = False
-        if self.eager_step is not None:  # it multiplies by the copies it was made with
-            self.eager_step = DecodeStep.for_model(self.model, self.caches)
+        if self.eager_step is not None:  # it multiplies by the copies it was made with (so does another
+            self.eager_step = DecodeStep.for_model(self.model, self.caches)  # decoder's, until it ends)
         warnings.warn("logits with fp16 copies of the weights were not finite (an fp16 product beyond 65,504); "
                       "decoding in fp32 from here on (--dtype fp32 does so from the start)",
                       RuntimeWarning, stacklevel=3)
