@@ -38,6 +38,7 @@ import warnings
 from typing import Callable, Iterator, NamedTuple, Optional
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from tinyattn.generate.cpu_weights import (PackedLinear, aten_kernels, drop_row_weights, has_row_weights,
@@ -118,8 +119,7 @@ class DecodeStep:
         self.eps = model.final_norm.eps
         self.embedding = model.token_embedding.weight  # (V, C)
         self.final_norm = model.final_norm.weight
-        linears = [model.head, *(m for b in model.blocks for m in (b.attention.qkv, b.attention.output,
-                                                                  b.mlp.gate_up, b.mlp.down))]
+        linears = [m for m in model.modules() if isinstance(m, (nn.Linear, PackedLinear))]
         one_row = caches[0].keys.size(0) == 1 and all(one_row_weight(m) is not None for m in linears)
         self.one_row = one_row  # the products by `one_row_weight`s, under `aten_kernels`
         self.products = one_row_weight(model.head).dtype if one_row else self.embedding.dtype
@@ -241,8 +241,8 @@ def _layer_weights(block, one_row: bool) -> LayerWeights:
         qk_norm = torch.cat((q_norm.expand(a.n_head, 1, -1), k_norm.expand(a.n_kv_head, 1, -1))).float()
     return LayerWeights(
         attention_norm=block.attention_norm.weight, qkv=_linear(a.qkv, one_row),
-        q_norm=q_norm, k_norm=k_norm, qk_norm=qk_norm, fused=a.fused, output=_linear(a.output, one_row), mlp_norm=block.mlp_norm.weight,
-        gate_up=_linear(mlp.gate_up, one_row), down=_linear(mlp.down, one_row))
+        q_norm=q_norm, k_norm=k_norm, qk_norm=qk_norm, fused=a.fused, output=_linear(a.output, one_row),
+        mlp_norm=block.mlp_norm.weight, gate_up=_linear(mlp.gate_up, one_row), down=_linear(mlp.down, one_row))
 
 
 def cache_dtype(model) -> torch.dtype:
