@@ -201,11 +201,11 @@ def test_the_eager_decode_step_gives_the_models_own_cached_logits_bitwise(tiny_m
 
 def test_a_one_row_step_multiplies_with_onednn_off_and_switches_it_back_on_even_after_a_failure(
         tiny_model, tokenizer, monkeypatch):
-    seen, real = [], torch.nn.functional.linear
-    def linear(x, weight):
+    seen, real = [], torch.mv
+    def mv(weight, x):
         seen.append(torch._C._get_mkldnn_enabled())
-        return real(x, weight)
-    monkeypatch.setattr(torch.nn.functional, "linear", linear)  # before the step takes its products
+        return real(weight, x)
+    monkeypatch.setattr(torch, "mv", mv)  # before the step takes its products
     model = perturbed(tiny_model(), pack=torch.float16)
     ids = random_ids(tokenizer.vocab_size, 6, batch=1)
     assert torch._C._get_mkldnn_enabled()
@@ -347,10 +347,12 @@ def test_one_row_products_by_fp16_copies_add_few_calls(tiny_model):
     # is called directly, its input cast once where a norm or the attention leaves it and its fp16
     # output read as it is; QK-norm is one call for all heads. Through `PackedLinear.product` (a cast
     # either side of each product) and a norm per query and key it took 40 calls a layer and 16 besides.
+    # The row is a vector (C,) for `torch.mv` (one call here, as F.linear is, but none of F.linear's
+    # four inside torch): a view of the embedding into it and of the logits out of it, 2 calls besides.
     one_layer, three_layers = (operators_per_token(perturbed(tiny_model(n_layer=n, qk_norm=True), pack=torch.float16))
                                for n in (1, 3))
     per_layer = (three_layers - one_layer) / 2
-    assert per_layer <= 37 and one_layer - per_layer <= 16, (per_layer, one_layer - per_layer)
+    assert per_layer <= 37 and one_layer - per_layer <= 18, (per_layer, one_layer - per_layer)
 
 
 # ----------------------------------------------------------------------------- sampling

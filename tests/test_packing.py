@@ -77,13 +77,13 @@ def test_matrix_vector_switches_onednn_back_on_even_after_a_failure(monkeypatch)
     weight = torch.randn(48, 32, generator=torch.Generator().manual_seed(0)).bfloat16()
     assert torch._C._get_mkldnn_enabled()
     seen = []
-    def linear(x, w):
+    def mv(w, x):
         seen.append(torch._C._get_mkldnn_enabled())
-        return x @ w.T
-    monkeypatch.setattr(torch.nn.functional, "linear", linear)
+        return w @ x
+    monkeypatch.setattr(torch, "mv", mv)
     torch.testing.assert_close(matrix_vector(one, weight), one @ weight.T, rtol=0, atol=0)
     assert seen == [False] and torch._C._get_mkldnn_enabled()  # off for the call, back on after it
-    monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w: 1 / 0)
+    monkeypatch.setattr(torch, "mv", lambda w, x: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         matrix_vector(one, weight)
     assert torch._C._get_mkldnn_enabled()  # ... even after one that failed
@@ -124,3 +124,16 @@ def test_with_fp16_copies_one_row_multiplies_in_fp16_and_more_rows_by_the_fp32_w
     with pytest.raises(ValueError, match="beside fp32 weights only; this model's are torch.bfloat16"):
         pack_linear_weights(torch.nn.Sequential(torch.nn.Linear(32, 48, bias=False)).bfloat16(),
                             row_dtype=torch.float16)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_matrix_vector_gives_aten_linears_numbers_for_one_row(dtype):
+    # torch.mv is the same kernel as F.linear of one row with oneDNN off, in fewer calls: the tokens
+    # of a decode step did not change when it replaced F.linear
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(1152, 384, generator=generator).to(dtype)
+    one = torch.randn(1, 1, 384, generator=generator).to(dtype)
+    with aten_kernels():
+        expected = torch.nn.functional.linear(one, weight)  # (1, 1, 1152)
+    product = matrix_vector(one, weight)
+    assert product.shape == expected.shape and torch.equal(product, expected)

@@ -8,7 +8,7 @@ equal nn.Linear's up to float rounding.
 
 One exception, measured in the decode loop itself: a single bf16 row (one sequence, one
 token) goes through aten's own matrix-vector kernel (`matrix_vector`, or in the decoder's
-one-token step `F.linear` by `one_row_weight` under `aten_kernels`), which accumulates in
+one-token step `torch.mv` by `one_row_weight` under `aten_kernels`), which accumulates in
 fp32 as oneDNN does. Timed alone, oneDNN's call is as fast or faster; between the other
 operators of a decode step it is the slower one, and the whole step is faster with aten's
 kernel (docs/BENCHMARKS.md, "One bf16 row through aten's kernel").
@@ -86,9 +86,14 @@ def aten_kernels() -> Iterator[None]:
 
 def matrix_vector(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x (..., in) holding one row times weight (out, in) -> (..., out), through aten's own kernel
-    (`aten_kernels`). For bf16 and fp16 weights; x is in the weight's dtype."""
+    (`aten_kernels`). For bf16 and fp16 weights; x is in the weight's dtype.
+
+    `torch.mv` calls the kernel directly; `F.linear` reaches the same kernel (the same numbers)
+    through four more dispatcher calls (linear, matmul, t, mm), which at 25 products a token cost
+    a measurable part of a decode step (docs/BENCHMARKS.md, "torch.mv for the one-row products").
+    """
     with aten_kernels():
-        return F.linear(x, weight)
+        return torch.mv(weight, x.reshape(-1)).view(*x.shape[:-1], -1)
 
 
 class PackingOperators(NamedTuple):

@@ -102,7 +102,8 @@ class DecodeStep:
 
     One sequence whose packed layers multiply a single row through aten's kernel (fp16 copies,
     or bf16 weights: `cpu_weights.one_row_weight`) is multiplied by those weights directly, in
-    their dtype (`products`), under one `aten_kernels()` for the whole step: a product's input is
+    their dtype (`products`), as a vector (C,) by `torch.mv` (`_linear`), under one
+    `aten_kernels()` for the whole step: a product's input is
     cast to that dtype once, where the norm or the attention leaves it, and its output is left
     there for the next operator to read (adding an fp16 product to the fp32 residual computes in
     fp32, the sum `PackedLinear.product` would give). The same numbers in fewer calls (counted in
@@ -159,23 +160,25 @@ class DecodeStep:
     def logits(self, token: torch.Tensor, position: int) -> torch.Tensor:
         """`__call__`'s arithmetic."""
         x = F.embedding(token, self.embedding)  # (B, C)
+        if self.one_row:
+            x = x.view(self.width)  # (C,): the one row, multiplied by `torch.mv`
         cos, sin = self.rope_cos[position], self.rope_sin[position]  # (D,) each
         for layer, cache in zip(self.layers, self.caches):
-            x = self.block(x, layer, cache, position=position, rope=(cos, sin))  # (B, C)
-        logits = self.head(self.norm(x, self.final_norm))  # (B, V)
+            x = self.block(x, layer, cache, position=position, rope=(cos, sin))  # (B, C) or (C,)
+        logits = self.head(self.norm(x, self.final_norm))  # (B, V) or (V,)
         if self.cast:
             logits = logits.to(x.dtype)
         if self.softcap is not None:
             logits = self.softcap * torch.tanh(logits / self.softcap)
-        return logits
+        return logits.view(1, -1) if self.one_row else logits  # (B, V)
 
     def block(self, x: torch.Tensor, layer: LayerWeights, cache, *, position: int, rope: tuple) -> torch.Tensor:
-        """`Block.forward` for one position: x (B, C) -> (B, C), its keys and values stored in `cache`.
-        rope: the (cos, sin) rows of `position`, (D,) each."""
-        B, H, Hkv, D = x.size(0), self.heads, self.kv_heads, self.head_dim
+        """`Block.forward` for one position: x (B, C) -> (B, C), its keys and values stored in `cache`;
+        with `one_row` x is (C,) (B = 1). rope: the (cos, sin) rows of `position`, (D,) each."""
+        H, Hkv, D = self.heads, self.kv_heads, self.head_dim
         cos, sin = rope
         heads = layer.qkv(self.norm(x, layer.attention_norm))  # in the products' dtype
-        heads = heads.view(B, H + 2 * Hkv, 1, D)  # (B, H + 2Hkv, 1, D): queries, keys, values
+        heads = heads.view(-1, H + 2 * Hkv, 1, D)  # (B, H + 2Hkv, 1, D): queries, keys, values
         qk = heads[:, :H + Hkv]  # (B, H + Hkv, 1, D)
         if layer.q_norm is not None:
             qk = self.qk_norm(qk, layer, x.dtype)
@@ -191,7 +194,7 @@ class DecodeStep:
             if self.gqa:
                 keys, values = keys.repeat_interleave(H // Hkv, 1), values.repeat_interleave(H // Hkv, 1)
             y = attention(q, keys, values)[0]  # (B, H, 1, D)
-        y = y.view(B, H * D)  # (B, C)
+        y = y.view(x.shape)  # (B, C) or (C,)
         if self.downcast:
             y = y.to(self.products)
         x = x + layer.output(y)  # (B, C), in x's dtype
@@ -223,11 +226,12 @@ class DecodeStep:
 
 
 def _linear(module, one_row: bool) -> Callable:
-    """x -> what `module(x)` computes, without the nn.Module call: with `one_row`, F.linear by the
-    layer's `one_row_weight` (x and the product in that weight's dtype; under `aten_kernels`, as
-    `DecodeStep` calls it); else `PackedLinear.product` where packed, F.linear where not."""
+    """x -> what `module(x)` computes, without the nn.Module call: with `one_row`, x (in,) -> (out,) by
+    `torch.mv` with the layer's `one_row_weight` (x and the product in that weight's dtype; under
+    `aten_kernels`, as `DecodeStep` calls it: `cpu_weights.matrix_vector`'s kernel); else
+    `PackedLinear.product` where packed, F.linear where not."""
     if one_row:
-        return functools.partial(F.linear, weight=one_row_weight(module))
+        return functools.partial(torch.mv, one_row_weight(module))
     if isinstance(module, PackedLinear):
         return module.product
     return functools.partial(F.linear, weight=module.weight)
