@@ -70,7 +70,7 @@ class LayerWeights(NamedTuple):
     qkv: Callable  # (C,) -> (H*D + 2*Hkv*D,): queries, keys, values side by side
     q_norm: Optional[torch.Tensor]  # (D,), with model.qk_norm
     k_norm: Optional[torch.Tensor]  # (D,)
-    qk_norm: Optional[torch.Tensor]  # on the CPU, (H + Hkv, 1, D) fp32: each query head's gain, then each key head's
+    qk_gains: Optional[torch.Tensor]  # on the CPU, (H + Hkv, 1, D) fp32: each query head's gain, then each key head's
     fused: bool  # the layer's attention path: the fused kernel, or `attention` written out
     output: Callable  # (C,) -> (C,)
     mlp_norm: torch.Tensor  # (C,)
@@ -212,8 +212,8 @@ class DecodeStep:
         tested). Elsewhere one call for the queries and one for the keys, as the model makes them.
         """
         D = self.head_dim
-        if layer.qk_norm is not None:
-            normed = F.rms_norm(qk.float(), (D,), None, self.eps) * layer.qk_norm  # fp32
+        if layer.qk_gains is not None:
+            normed = F.rms_norm(qk.float(), (D,), None, self.eps) * layer.qk_gains  # fp32
             return normed if dtype == torch.float32 else normed.to(dtype)
         qk = qk.to(dtype)
         return torch.cat((F.rms_norm(qk[:, :self.heads], (D,), layer.q_norm, self.eps),
@@ -240,12 +240,12 @@ def _linear(module, one_row: bool) -> Callable:
 def _layer_weights(block, one_row: bool) -> LayerWeights:
     a, mlp = block.attention, block.mlp
     q_norm, k_norm = (None, None) if a.q_norm is None else (a.q_norm.weight, a.k_norm.weight)
-    qk_norm = None  # the CPU's one call for every head (`DecodeStep.qk_norm`)
+    qk_gains = None  # the CPU's one call for every head (`DecodeStep.qk_norm`)
     if q_norm is not None and q_norm.device.type == "cpu":
-        qk_norm = torch.cat((q_norm.expand(a.n_head, 1, -1), k_norm.expand(a.n_kv_head, 1, -1))).float()
+        qk_gains = torch.cat((q_norm.expand(a.n_head, 1, -1), k_norm.expand(a.n_kv_head, 1, -1))).float()
     return LayerWeights(
         attention_norm=block.attention_norm.weight, qkv=_linear(a.qkv, one_row),
-        q_norm=q_norm, k_norm=k_norm, qk_norm=qk_norm, fused=a.fused, output=_linear(a.output, one_row),
+        q_norm=q_norm, k_norm=k_norm, qk_gains=qk_gains, fused=a.fused, output=_linear(a.output, one_row),
         mlp_norm=block.mlp_norm.weight, gate_up=_linear(mlp.gate_up, one_row), down=_linear(mlp.down, one_row))
 
 
