@@ -10,6 +10,7 @@ import json
 import os
 import re
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -416,12 +417,15 @@ def test_in_chromium_the_playground_streams_tokens_and_a_click_shows_the_models_
 
 def test_a_warning_while_serving_is_one_line_as_generate_prints_it(loaded, monkeypatch, capsys):
     # What the decoder warns while a server runs (fp16 copies dropped after an overflow) reaches the
-    # terminal as `tinyattn generate` prints it, not as Python's header and source line.
+    # terminal as `tinyattn generate` prints it, not as Python's header and source line: warned, as
+    # the decoder warns it, from the thread that runs the model (`serve.worker`), not the main one.
     import tinyattn.serve.server as server_module
     from tinyattn.cli.serve import main
 
     def warn_and_return(app, sock):
-        warnings.warn("logits were not finite", RuntimeWarning)
+        model_thread = threading.Thread(target=warnings.warn, args=("logits were not finite", RuntimeWarning))
+        model_thread.start()
+        model_thread.join()
     monkeypatch.setattr(server_module, "serve_forever", warn_and_return)
     assert main(["--checkpoint", str(loaded.path.parent), "--port", "0", "--dtype", "fp32"]) == 0
     err = capsys.readouterr().err
