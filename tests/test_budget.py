@@ -249,15 +249,45 @@ def test_the_budget_sets_the_schedules_floor_from_the_passes_and_a_resume_keeps_
         assert resumed.step > 100 and set(floors) == {5e-4}, name
 
 
+def test_the_budget_sets_the_weight_decay_from_the_passes_and_a_resume_keeps_it(corpus, tmp_path, monkeypatch):
+    """train.decay_by_passes: the entry for the passes that fit becomes train.weight_decay, which
+    the decayed groups (matrices, head) step with from step 1 and the others (embedding, gains)
+    never take; config.yaml records it, and a run resumed from its folder, or forked with the
+    config's table, steps with the same decay."""
+    clock = FakeClock()
+    FakeMachine(monkeypatch, clock, lambda now, step: 0.125, compute=False, signal_at_step=100)
+    decays = []  # per step: {group name: weight decay} as the optimizer steps with it
+    timed_step = Trainer.train_step
+    monkeypatch.setattr(Trainer, "train_step", lambda trainer: (decays.append(
+        {g["name"]: g["weight_decay"] for o in trainer.optimizers.optimizers for g in o.param_groups}),
+        timed_step(trainer))[1])
+    table = "train.decay_by_passes={0.5: 0.25, 3: 0.5}"  # 1.8 passes fit; tiny.yaml's own decay: 0.1
+    first = train(budget_config(corpus, tmp_path, "100s", table), run_name="run", progress=False, clock=clock)
+    assert "about 1.8 passes over the training text fit -> train.weight_decay=0.25 (train.decay_by_passes)" in \
+        (first.run_dir / "train.log").read_text()
+    assert load_config(first.run_dir / "config.yaml").train.weight_decay == 0.25
+    chosen = {"embedding": 0.0, "head": 0.25, "gains": 0.0, "matrices": 0.25}
+    assert first.step == 100 and all(d == chosen for d in decays[-100:])  # before: the calibration's, undone
+
+    step_100 = ckpt.latest_checkpoint(first.run_dir)
+    for name, config in (("from_its_folder", None), ("with_config", budget_config(corpus, tmp_path, "100s", table))):
+        clock.now, decays[:] = 0.0, []
+        point = ResumePoint.find(step_100, name, tmp_path)
+        resumed = train(config or point.edited_config(), resume=point, run_name=name, progress=False, clock=clock)
+        assert resumed.step > 100 and all(d == chosen for d in decays), name
+        assert load_config(resumed.run_dir / "config.yaml").train.weight_decay == 0.25, name
+
+
 def test_a_value_given_with_set_wins_over_its_table(corpus, tmp_path, monkeypatch):
     clock = FakeClock()
     FakeMachine(monkeypatch, clock, lambda now, step: 0.25, compute=False)
     items = ["train.dropout_by_passes={0: 0.3}", "model.dropout=0.05",
-             "train.floor_by_passes={0: 0.5}", "train.min_lr=1e-4"]
+             "train.floor_by_passes={0: 0.5}", "train.min_lr=1e-4",
+             "train.decay_by_passes={0: 0.5}", "train.weight_decay=0.05"]
     result = train(budget_config(corpus, tmp_path, "100s", *items), run_name="run", progress=False, clock=clock,
                    overrides=items)
     saved = load_config(result.run_dir / "config.yaml")
-    assert (saved.model.dropout, saved.train.min_lr) == (0.05, 1e-4)
+    assert (saved.model.dropout, saved.train.min_lr, saved.train.weight_decay) == (0.05, 1e-4, 0.05)
     assert "passes over the training text fit" not in (result.run_dir / "train.log").read_text()
 
 

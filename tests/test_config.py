@@ -126,6 +126,7 @@ def test_a_dropout_table_reads_as_numbers_and_survives_the_round_trip(tmp_path):
     ("train:\n  dropout_by_passes: {six: 0.1}\n", [], r"train\.dropout_by_passes: expected a mapping of numbers to numbers, got"),
     ("", ["train.floor_by_passes={10: 1.5}"], r"--set: train\.floor_by_passes\.10: 1\.5 is not accepted; expected a share of train\.lr in \[0, 1\]"),
     ("", ["train.floor_by_passes={-2: 0.3}"], r"train\.floor_by_passes: -2\.0 is not accepted; expected passes >= 0 as keys, e\.g\. \{10: 0\.3\}"),
+    ("", ["train.decay_by_passes={4: -0.1}"], r"--set: train\.decay_by_passes\.4: -0\.1 is not accepted; expected a weight decay >= 0"),
 ])
 def test_validation_errors_name_file_key_and_what_is_accepted(tmp_path, text, overrides, message):
     path = write(tmp_path / "c.yaml", "data:\n  files: a.txt\n" + text)

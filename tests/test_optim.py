@@ -108,19 +108,23 @@ def test_each_option_trains_a_tiny_model_below_a_loss_bound(name):
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 @pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
 def test_the_optimizers_hold_every_parameter_once_and_decay_neither_embedding_nor_gains(optimizer, tie):
+    """As built from train.weight_decay, and after `set_weight_decay` (the time budget's
+    train.decay_by_passes) changes it: the matrices and the head take it, nothing else does."""
     model = LanguageModel(ModelConfig(vocab_size=20, n_layer=2, n_head=2, n_embd=16, context_length=8,
                                       tie_embeddings=tie, qk_norm=True))
     optimizers = build_optimizer(model, TrainConfig(optimizer=optimizer, weight_decay=0.1), torch.device("cpu"))
-    decay = {}  # id(parameter) -> the weight decay of the one group that holds it
-    for opt in optimizers.optimizers:
-        for group in opt.param_groups:
-            for p in group["params"]:
-                assert id(p) not in decay, "a parameter in two optimizer groups"
-                decay[id(p)] = group["weight_decay"]
-    assert set(decay) == {id(p) for p in model.parameters()}
-    for name, p in model.named_parameters():
-        wanted = 0.0 if name == "token_embedding.weight" or p.dim() < 2 else 0.1
-        assert decay[id(p)] == wanted, name
+    for wanted_decay in (0.1, 0.3):
+        optimizers.set_weight_decay(wanted_decay)  # 0.1: as built
+        decay = {}  # id(parameter) -> the weight decay of the one group that holds it
+        for opt in optimizers.optimizers:
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    assert id(p) not in decay, "a parameter in two optimizer groups"
+                    decay[id(p)] = group["weight_decay"]
+        assert set(decay) == {id(p) for p in model.parameters()}
+        for name, p in model.named_parameters():
+            wanted = 0.0 if name == "token_embedding.weight" or p.dim() < 2 else wanted_decay
+            assert decay[id(p)] == wanted, name
 
 
 # ----------------------------------------------------------------------------- Muon on stacked weights

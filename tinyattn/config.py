@@ -175,7 +175,8 @@ SHOW_HOOKS = ("sample", "loss_by_position", "attention", "head_ablation")
 PROBE_HOOKS = ("attention", "head_ablation")
 # The tables a time budget's calibration reads by the passes that fit (budget.entry_for), each
 # with the key its entry sets; that key given with --set wins over the table.
-PASS_TABLES = {"dropout_by_passes": "model.dropout", "floor_by_passes": "train.min_lr"}
+PASS_TABLES = {"dropout_by_passes": "model.dropout", "floor_by_passes": "train.min_lr",
+               "decay_by_passes": "train.weight_decay"}
 
 
 @dataclass
@@ -209,6 +210,9 @@ class TrainConfig:
     # share of the peak rate (train.min_lr = share * train.lr), by the same rule from the same
     # count: where many passes fit, the schedule can stop decaying higher; {}: never.
     floor_by_passes: dict[float, float] = field(default_factory=dict)
+    # With time_budget: passes over the training text -> train.weight_decay (the matrices' and
+    # the head's), by the same rule from the same count; {}: never.
+    decay_by_passes: dict[float, float] = field(default_factory=dict)
     # How training windows are drawn: random (at random starts; they may overlap and repeat) or
     # passes (each pass over the text in non-overlapping windows, in a shuffled order).
     sampling: str = "random"
@@ -285,7 +289,8 @@ class TrainConfig:
             fail("train.probe_text", tr.probe_text, f"expected a text for train.show's {', '.join(probing)}")
 
     def _validate_pass_tables(self, fail: Fail) -> None:
-        examples = {"dropout_by_passes": "{6: 0.075, 10: 0.1}", "floor_by_passes": "{10: 0.3}"}
+        examples = {"dropout_by_passes": "{6: 0.075, 10: 0.1}", "floor_by_passes": "{10: 0.3}",
+                    "decay_by_passes": "{3.5: 0.2}"}
         for name in PASS_TABLES:
             for passes in getattr(self, name):
                 if passes < 0:
@@ -296,6 +301,9 @@ class TrainConfig:
         for passes, share in self.floor_by_passes.items():
             if not 0.0 <= share <= 1.0:
                 fail(f"train.floor_by_passes.{passes:g}", share, "expected a share of train.lr in [0, 1]")
+        for passes, decay in self.decay_by_passes.items():
+            if decay < 0:
+                fail(f"train.decay_by_passes.{passes:g}", decay, "expected a weight decay >= 0")
 
 
 @dataclass

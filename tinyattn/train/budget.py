@@ -12,10 +12,10 @@
   before the first step, through the same `Trainer.state_dict`/`load_state_dict` a
   checkpoint goes through.
 - `entry_for`: the rule by which the calibration chooses the model's dropout
-  (`train.dropout_by_passes`) and the schedule's floor (`train.floor_by_passes`): overfitting
-  follows the passes a run makes over its text, so the faster the machine, the more steps fit,
-  and the more dropout the model gets (and, where the table says so, the higher its rate stays
-  at the end). The rule reads the passes the plan expects at the config's own dropout; a
+  (`train.dropout_by_passes`), the schedule's floor (`train.floor_by_passes`) and the weight
+  decay (`train.decay_by_passes`): overfitting follows the passes a run makes over its text, so
+  the faster the machine, the more steps fit, and the more dropout and decay the model gets
+  (and, where the table says so, the higher its rate stays at the end). The rule reads the passes the plan expects at the config's own dropout; a
   changed model is then measured again, so the plan's first count is the chosen model's.
 - `plan_for`: which plan a run gets. An explicit `--set train.max_steps=N` wins over a
   config's time budget (`explicit_steps`): the budget is off for that run, the schedule is
@@ -224,8 +224,8 @@ def entry_for(table: dict[float, float], passes: float) -> Optional[float]:
 @dataclass
 class Measured:
     """What the calibration measured: seconds per step, per evaluation, per checkpoint write; with
-    a table by passes, the passes it expected, and the dropout it set and the floor the schedule
-    is to take (None: unchanged)."""
+    a table by passes, the passes it expected, and the dropout it set, the floor the schedule
+    is to take and the weight decay the optimizers are to take (None: unchanged)."""
 
     step: float
     evaluation: float
@@ -233,6 +233,7 @@ class Measured:
     passes: Optional[float] = None
     dropout: Optional[float] = None
     min_lr: Optional[float] = None
+    weight_decay: Optional[float] = None
 
 
 class Calibration:
@@ -249,12 +250,14 @@ class Calibration:
     MIN_SHARE = 0.005
 
     def __init__(self, plan: TimePlan, clock: Clock, *, dropout_by_passes: Optional[dict[float, float]] = None,
-                 floor_by_passes: Optional[dict[float, float]] = None):
+                 floor_by_passes: Optional[dict[float, float]] = None,
+                 decay_by_passes: Optional[dict[float, float]] = None):
         self.plan = plan
         self.text = plan.text
         self.clock = clock
         self.dropout_by_passes = dropout_by_passes or {}
         self.floor_by_passes = floor_by_passes or {}
+        self.decay_by_passes = decay_by_passes or {}
 
     def measure(self, trainer: Trainer, evaluator: Evaluator, run_dir: Path, *,
                 stop: Callable[[], bool] = lambda: False) -> Measured:
@@ -274,13 +277,14 @@ class Calibration:
         # Without the plan: it measures nothing here, and its clock must not be put back.
         snapshot = copy.deepcopy({k: v for k, v in trainer.state_dict().items() if k != "plan"})
         step_seconds = self._time_steps(trainer, stop)
-        passes = dropout = min_lr = None
-        if (self.dropout_by_passes or self.floor_by_passes) and not stop():
+        passes = dropout = min_lr = weight_decay = None
+        if (self.dropout_by_passes or self.floor_by_passes or self.decay_by_passes) and not stop():
             passes = self._expected_passes(trainer, step_seconds)
             dropout = self._choose_dropout(trainer, passes)
             if dropout is not None:  # the model changed: its step is measured again (and compiled)
                 step_seconds = self._time_steps(trainer, stop)
             min_lr = self._choose_min_lr(passes)
+            weight_decay = self._choose_weight_decay(passes)
         eval_seconds = save_seconds = math.nan
         if not stop():
             start = self.clock()
@@ -291,7 +295,7 @@ class Calibration:
         if stop():  # at any point of the measurement: the trainer is as it was, run_dir untouched
             raise CalibrationStopped()
         # An evaluation writes its step checkpoint and, when it is the best so far, best.pt.
-        return Measured(step_seconds, eval_seconds, 2 * save_seconds, passes, dropout, min_lr)
+        return Measured(step_seconds, eval_seconds, 2 * save_seconds, passes, dropout, min_lr, weight_decay)
 
     def _expected_passes(self, trainer: Trainer, step_seconds: float) -> float:
         """The passes over the text the plan expects at this step time (evaluations aside; in a
@@ -306,6 +310,12 @@ class Calibration:
         config = self.plan.config
         min_lr = None if share is None else share * config.lr
         return None if min_lr == config.min_lr else min_lr
+
+    def _choose_weight_decay(self, passes: float) -> Optional[float]:
+        """train.weight_decay from `entry_for`; None where it leaves it as it is. Not set here: the
+        snapshot put back after measuring would undo it (the loop sets it on the optimizers)."""
+        decay = entry_for(self.decay_by_passes, passes)
+        return None if decay is None or decay == self.plan.config.weight_decay else decay
 
     def _choose_dropout(self, trainer: Trainer, passes: float) -> Optional[float]:
         """The dropout `entry_for` gives `passes`, set on the model; None where it leaves the

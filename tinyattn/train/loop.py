@@ -28,8 +28,9 @@ What a run guarantees:
 - Under train.time_budget the whole process ends within the budget, however the machine's
   speed changes during the run (`budget.TimePlan`): the schedule follows the time left and
   the run ends when no further step fits, with its last evaluation and checkpoint. Before
-  step 1 its calibration may set the dropout and the schedule's floor from the passes that fit
-  (train.dropout_by_passes, train.floor_by_passes), and config.yaml records what it chose.
+  step 1 its calibration may set the dropout, the schedule's floor and the weight decay from
+  the passes that fit (train.dropout_by_passes, train.floor_by_passes, train.decay_by_passes),
+  and config.yaml records what it chose.
 """
 
 from __future__ import annotations
@@ -230,6 +231,9 @@ def _calibrate(config: Config, trainer: Trainer, evaluator: Evaluator, run_dir: 
         config.model.dropout = measured.dropout
     if measured.min_lr is not None:  # the plan's schedule reads it from here; config.yaml records it
         config.train.min_lr = measured.min_lr
+    if measured.weight_decay is not None:  # config.yaml records it; a resume's optimizers are built with it
+        config.train.weight_decay = measured.weight_decay
+        trainer.optimizers.set_weight_decay(measured.weight_decay)
     return None
 
 
@@ -263,7 +267,8 @@ def _pass_choices(calibration: Calibration, measured: Measured, trainer: Trainer
     (train.dropout_by_passes)", or, where the count is below its first entry, the value kept
     and where the table starts (a slow machine's run says why it has no dropout)."""
     now = {"model.dropout": (measured.dropout, trainer.model.dropout.p),
-           "train.min_lr": (measured.min_lr, trainer.plan.config.min_lr)}
+           "train.min_lr": (measured.min_lr, trainer.plan.config.min_lr),
+           "train.weight_decay": (measured.weight_decay, trainer.plan.config.weight_decay)}
     choices = []
     for table_name, key in PASS_TABLES.items():
         table = getattr(calibration, table_name)

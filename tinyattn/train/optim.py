@@ -234,6 +234,9 @@ class Muon(torch.optim.Optimizer):
 # ----------------------------------------------------------------------------- parameter groups
 
 
+DECAYED = ("head", "matrices")  # the groups train.weight_decay applies to (build_optimizer)
+
+
 @dataclass
 class Optimizers:
     """The optimizers of one run; the training loop steps and saves them together."""
@@ -265,6 +268,14 @@ class Optimizers:
                     group["rows"] = rows
                 if name is not None:  # an older checkpoint's groups have none
                     group.setdefault("name", name)
+
+    def set_weight_decay(self, decay: float) -> None:
+        """train.weight_decay changed after the optimizers were built (the time budget's
+        train.decay_by_passes): every group that takes it (DECAYED) steps with `decay` from now."""
+        for optimizer in self.optimizers:
+            for group in optimizer.param_groups:
+                if group.get("name") in DECAYED:
+                    group["weight_decay"] = decay
 
     def rates(self) -> dict[str, float]:
         """The rate each parameter group steps with now, by '<optimizer>/<group>' (e.g.

@@ -137,8 +137,8 @@ class ResumePoint:
         The vocabulary size came from the tokenizer: it is taken from the checkpoint. So is a
         time-budget run's step count, which a run saved before time plans (`budget.TimePlan`)
         fixed at its start and continues with; a newer one continues its recorded plan. So are
-        the dropout and the schedule's floor that its calibration chose from the passes that fit
-        (where `config` has the table; not a key in `given`, the ones --set gives now): a
+        the dropout, the schedule's floor and the weight decay that its calibration chose from
+        the passes that fit (where `config` has the table; not a key in `given`, the ones --set gives now): a
         `--config FILE` holds the table, not the choice.
         """
         saved = config_to_dict(self.config)["model"]
@@ -154,6 +154,8 @@ class ResumePoint:
             config.train.max_steps = self.config.train.max_steps
             if config.train.floor_by_passes and "train.min_lr" not in given:
                 config.train.min_lr = self.config.train.min_lr
+            if config.train.decay_by_passes and "train.weight_decay" not in given:
+                config.train.weight_decay = self.config.train.weight_decay
             if config.train.dropout_by_passes and "model.dropout" not in given:
                 config.model.dropout = self.config.model.dropout
                 config.model.attention_dropout = self.config.model.attention_dropout
