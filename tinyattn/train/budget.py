@@ -15,8 +15,9 @@
   (`train.dropout_by_passes`), the schedule's floor (`train.floor_by_passes`) and the weight
   decay (`train.decay_by_passes`): overfitting follows the passes a run makes over its text, so
   the faster the machine, the more steps fit, and the more dropout and decay the model gets
-  (and, where the table says so, the higher its rate stays at the end). The rule reads the passes the plan expects at the config's own dropout; a
-  changed model is then measured again, so the plan's first count is the chosen model's.
+  (and, where the table says so, the higher its rate stays at the end). The rule reads the
+  passes the plan expects at the config's own dropout; a changed model is then measured
+  again, so the plan's first count is the chosen model's.
 - `plan_for`: which plan a run gets. An explicit `--set train.max_steps=N` wins over a
   config's time budget (`explicit_steps`): the budget is off for that run, the schedule is
   `optim.StepPlan`'s, and the run says so.
