@@ -332,14 +332,16 @@ def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device,
         return torch.optim.AdamW(param_groups, lr=config.lr, betas=betas, fused=fused,
                                  foreach=None if fused else True)
 
+    def decay(name: str) -> float:
+        return config.weight_decay if name in DECAYED else 0.0
+
     adamw_groups = [  # "name" labels each group's logged rate (Optimizers.rates)
-        {"name": "embedding", "params": groups["embedding"], "lr": embedding_lr, "weight_decay": 0.0},
-        {"name": "head", "params": groups["head"], "lr": head_lr, "weight_decay": config.weight_decay},
-        {"name": "gains", "params": groups["gains"], "lr": config.lr, "weight_decay": 0.0},
+        {"name": name, "params": groups[name], "lr": lr, "weight_decay": decay(name)}
+        for name, lr in (("embedding", embedding_lr), ("head", head_lr), ("gains", config.lr))
     ]
     if config.optimizer == "adamw":
         adamw_groups.append({"name": "matrices", "params": groups["matrices"], "lr": config.lr,
-                             "weight_decay": config.weight_decay})
+                             "weight_decay": decay("matrices")})
         return Optimizers([adamw(adamw_groups)])
     muon_lr = config.muon_lr or config.lr
     stacked = model.stacked_matrices() if config.muon_split_stacked and hasattr(model, "stacked_matrices") else {}
@@ -347,7 +349,7 @@ def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device,
     rows = [stacked.get(names[id(p)]) for p in groups["matrices"]]
     muon = Muon([{"name": "matrices", "params": groups["matrices"], "lr": muon_lr, "base_lr": muon_lr,
                   "rows": rows}],
-                momentum=config.muon_momentum, weight_decay=config.weight_decay,
+                momentum=config.muon_momentum, weight_decay=decay("matrices"),
                 ns_steps=config.muon_ns_steps, ns_dtype=ns_dtype)
     return Optimizers([adamw(adamw_groups), muon])
 

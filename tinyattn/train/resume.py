@@ -138,8 +138,8 @@ class ResumePoint:
         time-budget run's step count, which a run saved before time plans (`budget.TimePlan`)
         fixed at its start and continues with; a newer one continues its recorded plan. So are
         the dropout, the schedule's floor and the weight decay that its calibration chose from
-        the passes that fit (where `config` has the table; not a key in `given`, the ones --set gives now): a
-        `--config FILE` holds the table, not the choice.
+        the passes that fit (where `config` has the table; not a key in `given`, the ones --set
+        gives now): a `--config FILE` holds the table, not the choice.
         """
         saved = config_to_dict(self.config)["model"]
         current = config_to_dict(config)["model"]
