@@ -257,13 +257,15 @@ class Optimizers:
             raise ValueError(f"the checkpoint holds {len(states)} optimizer state(s), this run has "
                              f"{len(self.optimizers)} (was train.optimizer changed?)")
         for optimizer, state in zip(self.optimizers, states):
-            # torch puts back the saved groups' hyperparameters too; the peak rates are this run's
-            # config's (a fork with --set train.lr=... trains at the rate it names), the step
-            # counts and moments the checkpoint's. Under the same config both are the same.
-            kept = [(group.get("name"), group["base_lr"], group.get("rows")) for group in optimizer.param_groups]
+            # torch puts back the saved groups' hyperparameters too; the peak rates and weight
+            # decay are this run's config's (a fork with --set train.lr=... trains at the rate it
+            # names), the step counts and moments the checkpoint's. Under the same config both
+            # are the same.
+            kept = [(group.get("name"), group["base_lr"], group["weight_decay"], group.get("rows"))
+                    for group in optimizer.param_groups]
             optimizer.load_state_dict(state)
-            for group, (name, base_lr, rows) in zip(optimizer.param_groups, kept):
-                group["base_lr"] = base_lr
+            for group, (name, base_lr, decay, rows) in zip(optimizer.param_groups, kept):
+                group["base_lr"], group["weight_decay"] = base_lr, decay
                 if rows is not None:  # how Muon splits stacked weights: this run's config's choice
                     group["rows"] = rows
                 if name is not None:  # an older checkpoint's groups have none
