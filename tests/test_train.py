@@ -17,7 +17,7 @@ from tinyattn import checkpoint as ckpt
 from tinyattn.config import SHOW_HOOKS, load_config
 from tinyattn.errors import CheckpointError, TinyattnError
 from tinyattn.train.loop import train
-from tinyattn.train.optim import learning_rate
+from tinyattn.train.optim import DECAYED, learning_rate
 from tinyattn.train.trainer import Trainer, TrainingError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -874,8 +874,6 @@ def test_a_checkpoint_saved_before_train_show_goes_on_showing_what_it_showed(tmp
 def test_a_resume_steps_at_the_peak_rate_and_weight_decay_of_its_own_config_not_the_checkpoints(optimizer):
     """A fork with --set train.lr=... or train.weight_decay=... must train with them: loading the
     optimizer state keeps the moments and step counts, not the saved run's rates or decay."""
-    from tinyattn.train.optim import DECAYED
-
     saved = tiny_trainer(None, optimizer=optimizer, lr=2e-3, muon_lr=2e-3, weight_decay=0.1,
                          warmup_steps=0, max_steps=10, schedule="constant")
     saved.train_step()
