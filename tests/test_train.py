@@ -174,7 +174,7 @@ def test_gradient_accumulation_equals_one_large_batch(corpus, tmp_path):
 
 
 @pytest.mark.parametrize("sampling, ema, peak_flops", [("random", None, "null"), ("passes", None, "1e12"),
-                                                       ("passes_one_order", 0.8, "1e12")])
+                                                       ("passes", 0.8, "1e12")])
 def test_resume_is_exact(corpus, tmp_path, count_train_steps, sampling, ema, peak_flops):
     # peak_flops null (once: it takes about half a second a run): the start-up matmul measurement
     # must not move the random generators. With train.ema the checkpoint's "model" is the

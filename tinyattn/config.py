@@ -367,7 +367,7 @@ class Config:
 
 ATTENTION_PATHS = ("auto", "fused", "explicit")  # model.attention; "auto" picks per hardware
 TOKENIZER_KINDS = ("char", "bpe", "pretrained")  # tokenizer.kind (see tinyattn.data.tokenizer)
-SAMPLINGS = ("random", "passes", "passes_one_order")  # train.sampling (see tinyattn.data.batches.BatchSampler)
+SAMPLINGS = ("random", "passes")  # train.sampling (see tinyattn.data.batches.BatchSampler)
 
 CHOICES = {
     "model.attention": ATTENTION_PATHS,

@@ -82,11 +82,6 @@ class BatchSampler:
     the ranks deal the windows of one sequence between them (rank r takes batches r, r + W,
     ...). Every window of a pass is seen once before any is seen again; a pass holds
     len / T windows, and its order is made when it begins (O(corpus / T) memory).
-    sampling "passes_one_order": the same, but every pass visits its windows in one order,
-    drawn once from the seed (each pass still cuts the text at an offset of its own). Shuffled
-    anew, the first windows of a pass were seen on average half a pass before and the last ones
-    a pass and a half before, so a model that can memorise sees its most recent text as each
-    pass begins; in one order every stretch of text comes back one pass after its last visit.
 
     Either way the whole state is the number of batches drawn: `state_dict` saves that
     count, a resumed run draws exactly the batches it would have drawn, and any rank can
@@ -103,7 +98,7 @@ class BatchSampler:
             raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
         if sampling not in SAMPLINGS:
             raise ValueError(f"sampling {sampling!r}: expected one of {', '.join(SAMPLINGS)}")
-        if sampling.startswith("passes") and len(tokens) < 2 * context_length:
+        if sampling == "passes" and len(tokens) < 2 * context_length:
             raise DataError(f"{len(tokens)} tokens cannot fill a pass of train.sampling: passes (it needs "
                             f"at least 2 * model.context_length = {2 * context_length}); set train.sampling: random")
         self.tokens = tokens
@@ -117,10 +112,9 @@ class BatchSampler:
         self._offsets = np.arange(context_length + 1)  # (T+1,)
         self._per_pass = (len(tokens) - context_length) // context_length  # windows in one pass
         self._pass = (-1, None)  # (pass number, its window starts in visiting order)
-        self._one_order = None  # passes_one_order: the visiting order of every pass
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.sampling.startswith("passes"):
+        if self.sampling == "passes":
             batch = self.batches_drawn * self.world_size + self.rank  # in the sequence all ranks deal from
             starts = self._pass_window_starts(batch * self.batch_size + np.arange(self.batch_size))  # (B,)
         else:
@@ -153,15 +147,8 @@ class BatchSampler:
             # Seeded by (seed, 2, pass), not by the rank: every rank deals from the same sequence.
             rng = np.random.default_rng([self.seed % (1 << 64), 2, number])
             offset = int(rng.integers(0, self.context_length))
-            order = rng.permutation(self._per_pass) if self.sampling == "passes" else self._order()
-            self._pass = (number, offset + self.context_length * order)
+            self._pass = (number, offset + self.context_length * rng.permutation(self._per_pass))
         return self._pass[1]
-
-    def _order(self) -> np.ndarray:
-        """passes_one_order's visiting order of the windows, drawn once from (seed, 3)."""
-        if self._one_order is None:
-            self._one_order = np.random.default_rng([self.seed % (1 << 64), 3]).permutation(self._per_pass)
-        return self._one_order
 
     def state_dict(self) -> dict:
         return {"seed": self.seed, "batches_drawn": self.batches_drawn, "rank": self.rank,
@@ -170,7 +157,7 @@ class BatchSampler:
     def load_state_dict(self, state: dict) -> None:
         self.seed = int(state["seed"])
         self.batches_drawn = int(state["batches_drawn"])
-        self._pass, self._one_order = (-1, None), None  # made again from the restored seed
+        self._pass = (-1, None)  # made again from the restored seed
 
 
 def full_window_count(n_tokens: int, context_length: int) -> int:
