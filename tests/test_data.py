@@ -600,6 +600,88 @@ def test_passes_are_dealt_between_ranks_without_overlap():
     assert ours | theirs == starts(BatchSampler(counting_tokens(), 10, 16, seed=4, sampling="passes"))
 
 
+def draw_pass_windows(sampler, batches, end_after=None):
+    """Draws `batches` batches, the run planned to end after `end_after` (default: `batches`);
+    returns each pass's window starts, in the order drawn."""
+    passes = {}
+    for _ in range(batches):
+        sampler.plan_end(batches if end_after is None else end_after)
+        drawn = sampler.batches_drawn * sampler.batch_size
+        for k, start in enumerate(sampler.next_batch()[0][:, 0].tolist()):
+            number = int(np.searchsorted(sampler.pass_starts, drawn + k, side="right")) - 1
+            passes.setdefault(number, []).append(start)
+    return [passes[number] for number in sorted(passes)]
+
+
+@pytest.mark.parametrize("batches", [9, 20, 40, 45, 61])  # 61 windows a pass: 0.6 to 4 passes
+def test_the_runs_last_window_ends_a_pass_and_the_passes_share_the_run_equally(batches):
+    T, per_pass = 16, (1000 - 16) // 16
+    sampler = BatchSampler(counting_tokens(), batch_size=4, context_length=T, seed=4, sampling="passes")
+    passes = draw_pass_windows(sampler, batches)
+    total = 4 * batches
+    assert len(passes) == -(-total // per_pass)  # the fewest passes that hold the run
+    assert sum(map(len, passes)) == total and max(map(len, passes)) - min(map(len, passes)) <= 1
+    assert sampler.pass_starts[-1] + len(passes[-1]) == total  # the last window drawn ends the last pass
+    for starts in passes:  # a cut pass is part of a whole one: no window twice, none overlapping
+        offset = min(starts) % T
+        assert len(set(starts)) == len(starts) and all(start % T == offset for start in starts)
+
+
+def test_a_pass_follows_the_plan_until_its_end_is_reached():
+    T, per_pass = 16, (1000 - 16) // 16
+    sampler = BatchSampler(counting_tokens(), batch_size=4, context_length=T, seed=4, sampling="passes")
+    draw_pass_windows(sampler, 20, end_after=20)  # 80 windows planned: two passes of 40
+    assert sampler.pass_starts == [0, 40]
+    draw_pass_windows(sampler, 10, end_after=40)  # the plan moves to 160 while the second pass runs: ...
+    assert sampler.pass_starts == [0, 40, 100]  # ... not cut at 80: it shares the 120 left with a third
+    sampler = BatchSampler(counting_tokens(), batch_size=4, context_length=T, seed=4, sampling="passes")
+    draw_pass_windows(sampler, 5, end_after=100)  # 400 windows planned: 7 passes of 57 or 58
+    passes = draw_pass_windows(sampler, 5, end_after=10)  # the plan shrinks to 40 windows, 20 drawn
+    assert sampler.pass_starts == [0] and len(passes[0]) == 20  # the first pass ends with the run, at 40
+    without_plan = BatchSampler(counting_tokens(), 4, T, seed=4, sampling="passes")
+    for _ in range(30):
+        without_plan.next_batch()
+    assert without_plan.pass_starts == [0, per_pass]  # no plan: whole passes
+
+
+def test_a_resumed_sampler_keeps_the_passes_cut_before_it_stopped(tmp_path):
+    sampler = BatchSampler(counting_tokens(), 4, 16, seed=3, sampling="passes")
+    draw_pass_windows(sampler, 14, end_after=20)  # passes of 40 windows: the state is taken in the second
+    torch.save({"sampler": sampler.state_dict()}, tmp_path / "state.pt")
+    expected = [sampler.next_batch()[0] for _ in range(4)]
+    fresh = BatchSampler(counting_tokens(), 4, 16, seed=999, sampling="passes")
+    fresh.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True)["sampler"])
+    for x in expected:  # no plan told after the resume: the cut is in the state, not remade
+        assert torch.equal(fresh.next_batch()[0], x)
+
+
+def test_a_sampler_state_saved_before_passes_were_cut_resumes_in_whole_passes():
+    sampler = BatchSampler(counting_tokens(), 4, 16, seed=3, sampling="passes")
+    for _ in range(20):  # 80 windows, no plan: whole passes of 61, the state taken in the second
+        sampler.next_batch()
+    state = sampler.state_dict()
+    del state["pass_starts"]  # as checkpoints written before it held them
+    expected = [sampler.next_batch()[0] for _ in range(4)]
+    fresh = BatchSampler(counting_tokens(), 4, 16, seed=3, sampling="passes")
+    fresh.load_state_dict(state)
+    assert fresh.pass_starts == [0, 61] and all(torch.equal(fresh.next_batch()[0], x) for x in expected)
+
+
+def test_ranks_cut_their_passes_alike():
+    def starts(sampler, batches=8):
+        drawn = []
+        for _ in range(batches):
+            sampler.plan_end(batches)
+            drawn += sampler.next_batch()[0][:, 0].tolist()
+        return sorted(drawn), sampler.pass_starts
+    (ours, our_passes), (theirs, their_passes) = (
+        starts(BatchSampler(counting_tokens(), 5, 16, seed=4, rank=rank, world_size=2, sampling="passes"))
+        for rank in (0, 1))
+    one, one_passes = starts(BatchSampler(counting_tokens(), 10, 16, seed=4, sampling="passes"))
+    assert our_passes == their_passes == one_passes == [0, 40]  # 80 windows: two passes of 40
+    assert sorted(ours + theirs) == one  # dealt between them: the windows one process would draw
+
+
 def test_passes_need_two_windows_and_name_the_key_that_avoids_them():
     x, _ = BatchSampler(counting_tokens(32), 4, 16, seed=0, sampling="passes").next_batch()  # 32 tokens: passes of one window
     assert (x[:, 0] < 16).all()

@@ -129,6 +129,9 @@ class ListBatches:
     def next_batch(self):
         return self.queue.pop(0)
 
+    def plan_end(self, batches):
+        pass  # given batches have no passes to end
+
 
 class RecordGradients(torch.optim.Optimizer):
     """An optimizer whose step keeps a copy of every gradient and moves nothing."""
@@ -631,6 +634,10 @@ class GlobalBatches:
         self.batch_size = config.train.batch_size * world_size
         self.context_length = config.model.context_length
 
+    def plan_end(self, batches):
+        for sampler in self.ranks:  # each rank's trainer tells its own sampler the same end
+            sampler.plan_end(batches)
+
     def next_batch(self):
         xs, ys = zip(*(sampler.next_batch() for sampler in self.ranks))
         return torch.cat(xs), torch.cat(ys)  # (world_size * B, T) each
@@ -701,6 +708,14 @@ def tiny_trainer(batches, **train_options) -> Trainer:
 def test_the_trainer_draws_its_windows_as_train_sampling_says():
     assert tiny_trainer(None).batches.sampling == "random"
     assert tiny_trainer(None, sampling="passes").batches.sampling == "passes"
+
+
+def test_the_trainer_ends_its_last_pass_with_the_run():
+    trainer = tiny_trainer(None, sampling="passes", max_steps=12, grad_accum_steps=2)
+    for _ in range(12):
+        trainer.train_step()
+    # 12 steps of 2 batches of 8 windows, 61 windows a pass: 192 windows in 4 passes of 48.
+    assert trainer.batches.pass_starts == [0, 48, 96, 144]
 
 
 def test_the_trainer_steps_with_the_rate_of_the_schedule():

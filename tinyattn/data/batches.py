@@ -80,13 +80,19 @@ class BatchSampler:
     sampling "passes": pass p over the text cuts it into non-overlapping windows from an
     offset below T, and visits them in an order, both drawn from (seed, p) (`_pass_starts`);
     the ranks deal the windows of one sequence between them (rank r takes batches r, r + W,
-    ...). Every window of a pass is seen once before any is seen again; a pass holds
+    ...). Every window of a pass is seen once before any is seen again; a pass holds at most
     len / T windows, and its order is made when it begins (O(corpus / T) memory).
+    The passes end with the run: told where the run is planned to end (`plan_end`, before
+    each step), the sampler shares the windows left between the fewest passes that hold
+    them, in equal parts, so the run's last window is a pass's last (validation is lowest
+    at the end of a pass, where the windows seen longest ago come: docs/BENCHMARKS.md).
+    A pass's end is placed only when the windows reach it, from the plan then; the last
+    pass follows the plan to the end (up to a whole pass).
 
-    Either way the whole state is the number of batches drawn: `state_dict` saves that
-    count, a resumed run draws exactly the batches it would have drawn, and any rank can
-    resume from the state rank 0 saved (the rank is not restored from it, so ranks keep
-    drawing different windows).
+    Either way the state is the number of batches drawn, and for passes the windows where
+    each pass began: `state_dict` saves them, a resumed run draws exactly the batches it
+    would have drawn, and any rank can resume from the state rank 0 saved (the rank is not
+    restored from it, so ranks keep drawing different windows).
     """
 
     def __init__(self, tokens: np.ndarray, batch_size: int, context_length: int, *, seed: int,
@@ -110,11 +116,21 @@ class BatchSampler:
         self.sampling = sampling
         self.batches_drawn = 0
         self._offsets = np.arange(context_length + 1)  # (T+1,)
-        self._per_pass = (len(tokens) - context_length) // context_length  # windows in one pass
+        self._per_pass = (len(tokens) - context_length) // context_length  # windows in a whole pass
         self._pass = (-1, None)  # (pass number, its window starts in visiting order)
+        self.pass_starts = [0]  # the window (in the sequence of all passes) each pass began at
+        self.end: Optional[int] = None  # the window the run is planned to end before (`plan_end`)
+
+    def plan_end(self, batches: Optional[int]) -> None:
+        """The run is planned to end after this rank has drawn `batches` batches (None: not known)."""
+        self.end = None if batches is None else batches * self.world_size * self.batch_size
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.sampling == "passes":
+            # Every rank places the pass ends through the windows all ranks draw now, from the
+            # same plan: their passes agree.
+            first = self.batches_drawn * self.world_size * self.batch_size
+            self._place_pass_ends(first, first + self.world_size * self.batch_size - 1)
             batch = self.batches_drawn * self.world_size + self.rank  # in the sequence all ranks deal from
             starts = self._pass_window_starts(batch * self.batch_size + np.arange(self.batch_size))  # (B,)
         else:
@@ -129,9 +145,33 @@ class BatchSampler:
         y = torch.from_numpy(np.ascontiguousarray(windows[:, 1:]))  # (B, T)
         return x, y
 
+    def _place_pass_ends(self, first: int, last: int) -> None:
+        """Begins the passes that windows first..last (those drawn now) fall in.
+
+        A pass ends after `_pass_length` windows, but never before `first`: windows already
+        drawn stay in the pass they were drawn in.
+        """
+        while True:
+            start = self.pass_starts[-1]
+            end = max(start + self._pass_length(start), first)
+            if end > last:
+                return
+            self.pass_starts.append(end)
+
+    def _pass_length(self, start: int) -> int:
+        """Windows in the pass that begins at window `start`: those the plan leaves, shared
+        equally between the fewest passes that hold them; a whole pass without a plan, or
+        where the run goes on past it."""
+        left = None if self.end is None else self.end - start
+        if left is None or left <= 0:
+            return self._per_pass
+        passes = -(-left // self._per_pass)  # the fewest that hold what is left
+        return -(-left // passes)
+
     def _pass_window_starts(self, windows: np.ndarray) -> np.ndarray:
         """Start tokens of windows (their numbers in the sequence of all passes), (B,) -> (B,)."""
-        numbers, within = np.divmod(windows, self._per_pass)  # (B,) each: the pass, the place in it
+        numbers = np.searchsorted(self.pass_starts, windows, side="right") - 1  # (B,): the pass
+        within = windows - np.asarray(self.pass_starts)[numbers]  # (B,): the place in it
         starts = np.empty_like(windows)
         for number in np.unique(numbers):  # one pass, or two where the batch crosses into the next
             chosen = numbers == number
@@ -152,11 +192,16 @@ class BatchSampler:
 
     def state_dict(self) -> dict:
         return {"seed": self.seed, "batches_drawn": self.batches_drawn, "rank": self.rank,
-                "world_size": self.world_size}
+                "world_size": self.world_size, "pass_starts": list(self.pass_starts)}
 
     def load_state_dict(self, state: dict) -> None:
         self.seed = int(state["seed"])
         self.batches_drawn = int(state["batches_drawn"])
+        if "pass_starts" in state:
+            self.pass_starts = [int(start) for start in state["pass_starts"]]
+        else:  # saved before passes could end early: every pass so far was whole
+            drawn = self.batches_drawn * state["world_size"] * self.batch_size
+            self.pass_starts = list(range(0, drawn, self._per_pass)) or [0]
         self._pass = (-1, None)  # made again from the restored seed
 
 

@@ -118,6 +118,7 @@ class Trainer:
         """
         accum = self.config.grad_accum_steps
         set_learning_rates(self.optimizers.optimizers, self.plan.factor(self.step))
+        self.batches.plan_end(self.plan.total_steps(self.step) * accum)  # passes end with the run
         total_loss = torch.zeros((), device=self.device)
         for micro in range(accum):
             x, y = self.next_batch()
