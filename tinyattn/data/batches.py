@@ -119,11 +119,12 @@ class BatchSampler:
         self._per_pass = (len(tokens) - context_length) // context_length  # windows in a whole pass
         self._pass = (-1, None)  # (pass number, its window starts in visiting order)
         self.pass_starts = [0]  # the window (in the sequence of all passes) each pass began at
-        self.end: Optional[int] = None  # the window the run is planned to end before (`plan_end`)
+        self.end: Optional[int] = None  # the window the run is planned to end before (None: not told)
 
-    def plan_end(self, batches: Optional[int]) -> None:
-        """The run is planned to end after this rank has drawn `batches` batches (None: not known)."""
-        self.end = None if batches is None else batches * self.world_size * self.batch_size
+    def plan_end(self, batches: int) -> None:
+        """The run is planned to end after this rank has drawn `batches` batches (the Trainer says
+        so before every step; a time budget not yet measured says the step it is at)."""
+        self.end = batches * self.world_size * self.batch_size
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.sampling == "passes":
@@ -161,7 +162,7 @@ class BatchSampler:
     def _pass_length(self, start: int) -> int:
         """Windows in the pass that begins at window `start`: those the plan leaves, shared
         equally between the fewest passes that hold them; a whole pass without a plan, or
-        where the run goes on past it."""
+        where the plan leaves none (a run that goes on past it, or a budget still measuring)."""
         left = None if self.end is None else self.end - start
         if left is None or left <= 0:
             return self._per_pass
