@@ -176,13 +176,18 @@ def test_entry_for_takes_the_entry_with_the_most_passes_at_or_below_the_count():
     assert entry_for({}, 100.0) is None
 
 
-@pytest.mark.parametrize("idle_step, passes, chosen", [(0.5, 0.4, 0.0), (0.125, 1.8, 0.1), (0.03125, 7.3, 0.2)],
+@pytest.mark.parametrize("idle_step, passes, chosen", [(0.5, "0.4 passes over the training text fit", 0.0),
+                                                       (0.125, "1.8 passes over the training text fit, "
+                                                               "1.2 with model.dropout=0.1", 0.1),
+                                                       (0.03125, "7.3 passes over the training text fit, "
+                                                                 "4.8 with model.dropout=0.2", 0.2)],
                          ids=["slow", "fast", "fastest"])
 def test_the_budget_gives_a_faster_machine_more_dropout_and_a_resume_keeps_it(
         corpus, tmp_path, monkeypatch, idle_step, passes, chosen):
     """Under one budget a faster machine fits more passes over the text, and gets the dropout the
-    config's table names for them; the model is measured again with it (each dropped-out step is
-    slower here), config.yaml records it and a resumed run builds the same model."""
+    config's table names for the passes it makes with it: the model is measured again with it
+    (each dropped-out step is slower here), config.yaml records it and a resumed run builds the
+    same model."""
     seen = []
 
     def step_seconds(now, step):  # the fake machine: dropout makes a step 1.5 times as slow
@@ -199,11 +204,9 @@ def test_the_budget_gives_a_faster_machine_more_dropout_and_a_resume_keeps_it(
     log = (first.run_dir / "train.log").read_text()
     # 0.985 * 100 s less 1 s of exit and 4 s measuring, / step time, * 128 tokens / 54,000
     if chosen:
-        assert f"about {passes} passes over the training text fit -> model.dropout={chosen:g} " \
-               "(train.dropout_by_passes)" in log
+        assert f"about {passes} -> model.dropout={chosen:g} (train.dropout_by_passes)" in log
     else:  # below the table's first entry: the run says so
-        assert f"about {passes} passes over the training text fit -> model.dropout=0 kept " \
-               "(train.dropout_by_passes starts at 0.5)" in log
+        assert f"about {passes} -> model.dropout=0 kept (train.dropout_by_passes starts at 0.5)" in log
     expected_step = idle_step * (1.5 if chosen else 1.0)
     assert f"measured {expected_step:.3f} s/step" in log  # the chosen model's step, measured again
     assert seen[-1] == chosen and first.step == 100
@@ -220,6 +223,38 @@ def test_the_budget_gives_a_faster_machine_more_dropout_and_a_resume_keeps_it(
     point = ResumePoint.find(first.run_dir, None, tmp_path)
     resumed = train(point.edited_config(), resume=point, progress=False, clock=clock)
     assert resumed.step > 100 and set(seen) == {chosen}
+
+
+@pytest.mark.parametrize("dropouts, chosen, decay, step, choices", [
+    ("{1.5: 0.1}", 0.0, 0.25, 0.125,
+     "model.dropout=0 kept (the dearer step leaves it short of the 1.5 passes of its entry in "
+     "train.dropout_by_passes), train.min_lr=0.0002 kept (train.floor_by_passes from 1.5 passes: with dropout), "
+     "train.weight_decay=0.25 (train.decay_by_passes)"),
+    ("{1: 0.05, 1.5: 0.1}", 0.05, 0.25, 0.1875,
+     "model.dropout=0.05 (train.dropout_by_passes), train.min_lr=0.0002 kept (train.floor_by_passes starts at 1.5), "
+     "train.weight_decay=0.25 (train.decay_by_passes)")], ids=["none-left", "a-lower-entry"])
+def test_a_dropout_whose_dearer_step_falls_short_of_its_entry_is_not_taken(
+        corpus, tmp_path, monkeypatch, dropouts, chosen, decay, step, choices):
+    """1.8 passes fit at the model's own dropout (0) and 1.2 with the table's 0.1 (a dropped-out
+    step is 1.5 times as slow): short of the 1.5 passes that chose it. The run takes the entry
+    1.2 passes reach, none or a lower one, at the step time it was measured with, and the other
+    tables read the passes of the model chosen: their entries from 1.5 passes on are for runs
+    with the dropout that was not taken."""
+    seen = []
+    clock = FakeClock()
+    FakeMachine(monkeypatch, clock, lambda now, step: 0.125 * (1.5 if seen[-1] > 0 else 1.0), compute=False)
+    timed_step = Trainer.train_step
+    monkeypatch.setattr(Trainer, "train_step", lambda trainer: (seen.append(trainer.model.blocks[1].dropout.p),
+                                                                timed_step(trainer))[1])
+    tables = [f"train.dropout_by_passes={dropouts}", "train.floor_by_passes={1.5: 0.5}",
+              "train.decay_by_passes={0.5: 0.25, 1.5: 0.5}"]
+    result = train(budget_config(corpus, tmp_path, "100s", *tables), run_name="run", progress=False, clock=clock)
+    log = (result.run_dir / "train.log").read_text()
+    assert "about 1.8 passes over the training text fit, 1.2 with model.dropout=0.1 -> " + choices in log
+    assert f"measured {step:.3f} s/step" in log  # the step of the model chosen
+    saved = load_config(result.run_dir / "config.yaml")
+    assert (saved.model.dropout, saved.train.min_lr, saved.train.weight_decay) == (chosen, 2e-4, decay)
+    assert seen[-1] == chosen
 
 
 def test_the_budget_sets_the_schedules_floor_from_the_passes_and_a_resume_keeps_it(corpus, tmp_path, monkeypatch):

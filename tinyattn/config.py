@@ -204,14 +204,16 @@ class TrainConfig:
     weight_decay: float = 0.1  # matrices only; norms, biases and the embedding are not decayed
     # With time_budget: passes over the training text -> model.dropout. The calibration counts the
     # passes its plan expects and the entry with the most passes at or below that count sets the
-    # dropout on the embedding and residual branches (budget.entry_for); {}: never.
+    # dropout on the embedding and residual branches (budget.entry_for), if the passes the model
+    # makes with that dropout (measured again) still reach an entry giving one; {}: never.
     dropout_by_passes: dict[float, float] = field(default_factory=dict)
     # With time_budget: passes over the training text -> the floor the schedule decays to, as a
-    # share of the peak rate (train.min_lr = share * train.lr), by the same rule from the same
-    # count: where many passes fit, the schedule can stop decaying higher; {}: never.
+    # share of the peak rate (train.min_lr = share * train.lr), by the same rule from the passes
+    # of the model chosen: where many passes fit, the schedule can stop decaying higher. Where a
+    # dropout fell short, only the entries below the one it fell short of count; {}: never.
     floor_by_passes: dict[float, float] = field(default_factory=dict)
     # With time_budget: passes over the training text -> train.weight_decay (the matrices' and
-    # the head's), by the same rule from the same count; {}: never.
+    # the head's), by the floor's rule; {}: never.
     decay_by_passes: dict[float, float] = field(default_factory=dict)
     # How training windows are drawn: random (at random starts; they may overlap and repeat) or
     # passes (each pass over the text in non-overlapping windows, in a shuffled order).

@@ -15,9 +15,9 @@
   (`train.dropout_by_passes`), the schedule's floor (`train.floor_by_passes`) and the weight
   decay (`train.decay_by_passes`): overfitting follows the passes a run makes over its text, so
   the faster the machine, the more steps fit, and the more dropout and decay the model gets
-  (and, where the table says so, the higher its rate stays at the end). The rule reads the
-  passes the plan expects at the config's own dropout; a changed model is then measured
-  again, so the plan's first count is the chosen model's.
+  (and, where the table says so, the higher its rate stays at the end). The tables read the
+  passes the run makes with the dropout they give: a model given a dropout is measured again
+  with it, and keeps its own where the dearer step leaves it short of the dropout's entry.
 - `plan_for`: which plan a run gets. An explicit `--set train.max_steps=N` wins over a
   config's time budget (`explicit_steps`): the budget is off for that run, the schedule is
   `optim.StepPlan`'s, and the run says so.
@@ -26,6 +26,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import statistics
 from contextlib import contextmanager
@@ -214,19 +215,20 @@ def _from_rank0(count: int, device: torch.device) -> int:
     return int(shared.item())
 
 
-def entry_for(table: dict[float, float], passes: float) -> Optional[float]:
+def entry_for(table: dict[float, float], passes: float, *, below: Optional[float] = None) -> Optional[float]:
     """What a table keyed by passes (`train.dropout_by_passes`, `train.floor_by_passes`) gives a
     run that expects `passes` over its text: the entry with the most passes at or below
-    `passes`; None when no entry is that low (or none)."""
-    reached = [key for key in table if key <= passes]
+    `passes` (and under `below`, where given); None when no entry is that low (or none)."""
+    reached = [key for key in table if key <= passes and (below is None or key < below)]
     return table[max(reached)] if reached else None
 
 
 @dataclass
 class Measured:
-    """What the calibration measured: seconds per step, per evaluation, per checkpoint write; with
-    a table by passes, the passes it expected, and the dropout it set, the floor the schedule
-    is to take and the weight decay the optimizers are to take (None: unchanged)."""
+    """What the calibration measured: seconds per step (of the model chosen), per evaluation, per
+    checkpoint write; with a table by passes, the passes it expects at the model's own dropout,
+    and the dropout it set, the floor the schedule is to take and the weight decay the
+    optimizers are to take (None: unchanged)."""
 
     step: float
     evaluation: float
@@ -235,6 +237,13 @@ class Measured:
     dropout: Optional[float] = None
     min_lr: Optional[float] = None
     weight_decay: Optional[float] = None
+    tried: Optional[tuple[float, float]] = None  # a dropout the model was measured with, and its passes
+    below: Optional[float] = None  # that dropout was not taken: the tables read their entries under this
+
+    @property
+    def passes_chosen(self) -> Optional[float]:
+        """The passes the tables read: the run's with the dropout chosen."""
+        return self.tried[1] if self.dropout is not None and self.tried else self.passes
 
 
 class Calibration:
@@ -277,15 +286,9 @@ class Calibration:
         # A copy, not the live tensors state_dict() refers to: the measuring steps move those.
         # Without the plan: it measures nothing here, and its clock must not be put back.
         snapshot = copy.deepcopy({k: v for k, v in trainer.state_dict().items() if k != "plan"})
-        step_seconds = self._time_steps(trainer, stop)
-        passes = dropout = min_lr = weight_decay = None
+        measured = Measured(self._time_steps(trainer, stop), math.nan, math.nan)
         if (self.dropout_by_passes or self.floor_by_passes or self.decay_by_passes) and not stop():
-            passes = self._expected_passes(trainer, step_seconds)
-            dropout = self._choose_dropout(trainer, passes)
-            if dropout is not None:  # the model changed: its step is measured again (and compiled)
-                step_seconds = self._time_steps(trainer, stop)
-            min_lr = self._choose_min_lr(passes)
-            weight_decay = self._choose_weight_decay(passes)
+            measured = self._choose(trainer, measured.step, stop)
         eval_seconds = save_seconds = math.nan
         if not stop():
             start = self.clock()
@@ -296,7 +299,39 @@ class Calibration:
         if stop():  # at any point of the measurement: the trainer is as it was, run_dir untouched
             raise CalibrationStopped()
         # An evaluation writes its step checkpoint and, when it is the best so far, best.pt.
-        return Measured(step_seconds, eval_seconds, 2 * save_seconds, passes, dropout, min_lr, weight_decay)
+        return dataclasses.replace(measured, evaluation=eval_seconds, save=2 * save_seconds)
+
+    def _choose(self, trainer: Trainer, step_seconds: float, stop: Callable[[], bool]) -> Measured:
+        """What the tables give the passes the run makes with what they give, from the step
+        measured at the config's dropout; the dropout chosen is set on the model.
+
+        A dropout from the table makes every step dearer, so the model is measured again with it
+        (and compiled), and takes the entry those passes reach (its cost hardly depends on its
+        rate). Where they reach none but the model's own, it keeps its own, and the other tables
+        read only their entries below the passes of the dropout entry it fell short of: those are
+        for runs with that dropout.
+        """
+        passes = own_passes = self._expected_passes(trainer, step_seconds)
+        own = trainer.model.dropout.p
+        dropout = entry_for(self.dropout_by_passes, passes)
+        tried = below = None
+        if dropout is not None and dropout != own:
+            trainer.model.set_dropout(dropout)
+            with_it = self._time_steps(trainer, stop)
+            if stop():  # measure() raises CalibrationStopped
+                return Measured(with_it, math.nan, math.nan)
+            tried = (dropout, self._expected_passes(trainer, with_it))
+            dropout = entry_for(self.dropout_by_passes, tried[1])
+            if dropout is None or dropout == own:  # short of every entry giving one at its cost
+                trainer.model.set_dropout(own)
+                below = min(key for key in self.dropout_by_passes if key > tried[1])
+                dropout = None
+            else:  # taken (a lower entry where the cost moved the run below the one tried)
+                trainer.model.set_dropout(dropout)
+                step_seconds, passes = with_it, tried[1]
+        dropout = None if dropout == own else dropout
+        return Measured(step_seconds, math.nan, math.nan, own_passes, dropout, self._choose_min_lr(passes, below),
+                        self._choose_weight_decay(passes, below), tried, below)
 
     def _expected_passes(self, trainer: Trainer, step_seconds: float) -> float:
         """The passes over the text the plan expects at this step time (evaluations aside; in a
@@ -304,28 +339,19 @@ class Calibration:
         steps = self.plan.seed(step_seconds, 0.0, 0.0)  # seeded again with every measurement after
         return steps * trainer.tokens_per_step / len(trainer.batches.tokens)
 
-    def _choose_min_lr(self, passes: float) -> Optional[float]:
+    def _choose_min_lr(self, passes: float, below: Optional[float]) -> Optional[float]:
         """train.min_lr from the share of train.lr `entry_for` gives `passes`; None where it leaves
         the schedule as it is. The loop records it in the config, whose value the plan reads."""
-        share = entry_for(self.floor_by_passes, passes)
+        share = entry_for(self.floor_by_passes, passes, below=below)
         config = self.plan.config
         min_lr = None if share is None else share * config.lr
         return None if min_lr == config.min_lr else min_lr
 
-    def _choose_weight_decay(self, passes: float) -> Optional[float]:
+    def _choose_weight_decay(self, passes: float, below: Optional[float]) -> Optional[float]:
         """train.weight_decay from `entry_for`; None where it leaves it as it is. Not set here: the
         snapshot put back after measuring would undo it (the loop sets it on the optimizers)."""
-        decay = entry_for(self.decay_by_passes, passes)
+        decay = entry_for(self.decay_by_passes, passes, below=below)
         return None if decay is None or decay == self.plan.config.weight_decay else decay
-
-    def _choose_dropout(self, trainer: Trainer, passes: float) -> Optional[float]:
-        """The dropout `entry_for` gives `passes`, set on the model; None where it leaves the
-        model as it is."""
-        dropout = entry_for(self.dropout_by_passes, passes)
-        if dropout is None or dropout == trainer.model.dropout.p:
-            return None
-        trainer.model.set_dropout(dropout)
-        return dropout
 
     def advice(self, seconds_needed: float) -> str:
         """What helps when no step fits: a budget that holds `seconds_needed` of the run's own

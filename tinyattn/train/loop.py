@@ -247,8 +247,10 @@ def _first_plan(calibration: Calibration, trainer: Trainer, evaluator: Evaluator
         torch.distributed.broadcast_object_list(chosen, src=0)  # rank 0's measurement decides
         measured = chosen[0]
     if measured.passes is not None:
+        with_dropout = "" if measured.tried is None else \
+            f", {measured.tried[1]:.1f} with model.dropout={measured.tried[0]:g}"
         log.print(f"time budget {plan.text}: about {measured.passes:.1f} passes over the training text "
-                  f"fit -> {', '.join(_pass_choices(calibration, measured, trainer))}")
+                  f"fit{with_dropout} -> {', '.join(_pass_choices(calibration, measured, trainer))}")
     steps = plan.seed(measured.step, measured.evaluation, measured.save)
     spent = plan.spent()
     if steps < 1:
@@ -269,14 +271,19 @@ def _pass_choices(calibration: Calibration, measured: Measured, trainer: Trainer
     now = {"model.dropout": (measured.dropout, trainer.model.dropout.p),
            "train.min_lr": (measured.min_lr, trainer.plan.config.min_lr),
            "train.weight_decay": (measured.weight_decay, trainer.plan.config.weight_decay)}
-    choices = []
+    choices, passes, below = [], measured.passes_chosen, measured.below
     for table_name, key in PASS_TABLES.items():
         table = getattr(calibration, table_name)
         if not table:
             continue  # none in the config, or its key given with --set
         chosen, current = now[key]
-        if entry_for(table, measured.passes) is None:
+        if table_name == "dropout_by_passes" and below is not None:
+            choices.append(f"{key}={current:g} kept (the dearer step leaves it short of the {below:g} "
+                           f"passes of its entry in train.{table_name})")
+        elif entry_for(table, passes) is None:
             choices.append(f"{key}={current:g} kept (train.{table_name} starts at {min(table):g})")
+        elif entry_for(table, passes, below=below) is None:
+            choices.append(f"{key}={current:g} kept (train.{table_name} from {below:g} passes: with dropout)")
         else:  # the table's entry (None from the calibration where it equals the value already set)
             choices.append(f"{key}={current if chosen is None else chosen:g} (train.{table_name})")
     return choices
