@@ -324,7 +324,7 @@ class Calibration:
             dropout = entry_for(self.dropout_by_passes, tried[1])
             if dropout is None or dropout == own:  # short of every entry giving one at its cost
                 trainer.model.set_dropout(own)
-                below = min(key for key in self.dropout_by_passes if key > tried[1])
+                below = min((key for key in self.dropout_by_passes if key > tried[1]), default=None)
                 dropout = None
             else:  # taken (a lower entry where the cost moved the run below the one tried)
                 trainer.model.set_dropout(dropout)
