@@ -325,11 +325,10 @@ class Calibration:
             if dropout is None or dropout == own:  # short of every entry giving one at its cost
                 trainer.model.set_dropout(own)
                 below = min((key for key in self.dropout_by_passes if key > tried[1]), default=None)
-                dropout = None
             else:  # taken (a lower entry where the cost moved the run below the one tried)
                 trainer.model.set_dropout(dropout)
                 step_seconds, passes = with_it, tried[1]
-        dropout = None if dropout == own else dropout
+        dropout = None if dropout == own else dropout  # None: the model keeps its own
         return Measured(step_seconds, math.nan, math.nan, own_passes, dropout, self._choose_min_lr(passes, below),
                         self._choose_weight_decay(passes, below), tried, below)
 
