@@ -9,7 +9,9 @@
 #       first token, for the baby and the 124M shapes
 #   (e) the attention cost table, fused against explicit, to context 8192
 #   (f) the 2-process gloo torchrun launch (tests/test_train.py); multi-GPU NCCL is not measured
-# then (if time is left) the baby config again with Muon. Each step has its own timeout and
+# then (if time is left) the baby config again with Muon. GPU_CHECK_PLAN=runs runs instead the
+# follow-up of the first H200 check (docs/BENCHMARKS.md): the baby config with Muon for 1,000
+# steps, with AdamW for nanoGPT's published 5,000, and the main config with a 60 s budget. Each step has its own timeout and
 # a failure stops only that step; it is recorded, with its log, and the next one runs. The
 # whole script stops starting steps after GPU_CHECK_SECONDS (540) so that it ends inside one
 # 10-minute device call.
@@ -32,7 +34,7 @@
 # else python3: on the H200 the one with its own torch, which nothing here installs over);
 # GPU_CHECK_DEVICE (cuda); GPU_CHECK_TINY (0); GPU_CHECK_SECONDS (540); GPU_CHECK_WORK (the
 # scratch folder, default /tmp/gpu-check-work); GPU_CHECK_BUDGET (the baby run's
-# train.time_budget, default 60s).
+# train.time_budget, default 60s); GPU_CHECK_PLAN (check, or runs: the follow-up above).
 set -uo pipefail  # no -e: a failing step is recorded and the next one runs
 cd "$(dirname "$0")/.."
 started=$SECONDS
@@ -41,6 +43,7 @@ DEVICE="${GPU_CHECK_DEVICE:-cuda}"
 TINY="${GPU_CHECK_TINY:-0}"
 LIMIT="${GPU_CHECK_SECONDS:-540}"
 BUDGET="${GPU_CHECK_BUDGET:-60s}"
+PLAN="${GPU_CHECK_PLAN:-check}"
 OUT="${OUT:-/tmp/gpu-check-out}"
 WORK="${GPU_CHECK_WORK:-/tmp/gpu-check-work}"
 rm -rf "$WORK" && mkdir -p "$OUT" "$WORK/logs" "$WORK/json" "$WORK/runs"
@@ -120,6 +123,9 @@ if [[ "$TINY" == 1 ]]; then  # the rehearsal: every step's code path, at sizes a
                  --prompt-tokens 10 --uncached-tokens 5 --repeats 1 --batch-sizes 1 4)
     MAX_CONTEXT=256
     PYTEST_CUDA=(tests/test_cuda.py)  # its CPU halves run; the CUDA ones report skipped
+    RUNS_SET=("${SMALL[@]}" train.batch_size=8 train.compile=false train.eval_interval=20 train.eval_windows=8)
+    MUON_STEPS=40 ADAMW_STEPS=60
+    MAIN_SET=(model.n_layer=2 model.n_embd=64 train.compile=false train.eval_windows=8 train.time_budget=20s)
 else
     PRECISION=bf16 PEAK_SIZES="2048 8192"
     BABY_SET=(train.time_budget="$BUDGET")
@@ -130,6 +136,9 @@ else
                  --uncached-tokens 100 --batch-sizes 1 16)
     MAX_CONTEXT=8192
     PYTEST_CUDA=(-m cuda --continue-on-collection-errors tests/)
+    RUNS_SET=()
+    MUON_STEPS=1000 ADAMW_STEPS=5000  # Muon where the 60 s run had its best; nanoGPT's published schedule
+    MAIN_SET=(train.time_budget=60s)
 fi
 MUON_SET=(train.optimizer=muon train.muon_lr=6.0e-3 train.lr=4.0e-3 train.embedding_lr=1.0e-2)
 
@@ -143,25 +152,43 @@ train_baby() {  # train_baby NAME OVERRIDES...: the baby config on the device, t
     return $rc
 }
 
+train_main() {  # train_main NAME OVERRIDES...: the main config (make train) on the device, then its figures
+    local name=$1
+    shift
+    "$PY" scripts/train.py --config configs/shakespeare_char.yaml --device "$DEVICE" --no-progress \
+        --run-name "$name" --set train.out_dir="$WORK/runs" data.cache_dir="$WORK/data-cache" "$@"
+    local rc=$?
+    "$PY" -m benchmarks.gpu_check_report run "$WORK/runs/$name" --target-loss 1.47 --json "$WORK/json/$name.json"
+    return $rc
+}
+
 export PY DEVICE WORK SITE PRECISION PEAK_SIZES
-export -f install_wheels environment train_baby
+export -f install_wheels environment train_baby train_main
 
 echo "gpu_check: device $DEVICE, tiny $TINY, python $PY, out $OUT, work $WORK, $(date -u)"
-step env 150 30 environment
-step pytest-cuda 240 60 "$PY" -m pytest -q -p no:cacheprovider "${PYTEST_CUDA[@]}" \
-    --junitxml="$WORK/json/pytest-cuda.xml"
-step baby-adamw 150 90 train_baby baby-adamw "${BABY_SET[@]}"
-step train-124m 200 90 "$PY" -m benchmarks.suite --device "$DEVICE" --config configs/gpt2_small.yaml \
-    --vocab-size 50304 --skip decode attention "${BENCH_124M[@]}" --json "$WORK/json/train-124m.json"
-step decode-baby 150 45 "$PY" -m benchmarks.decode --device "$DEVICE" --threads 1 --pack no \
-    "${DECODE_BABY[@]}" --json "$WORK/json/decode-baby.json"
-step decode-124m 180 60 "$PY" -m benchmarks.decode --device "$DEVICE" --threads 1 --pack no \
-    "${DECODE_124M[@]}" --json "$WORK/json/decode-124m.json"
-step attention 90 20 "$PY" -m benchmarks.suite --device "$DEVICE" --config configs/shakespeare_char_gpu.yaml \
-    --skip training decode --max-context "$MAX_CONTEXT" --json "$WORK/json/attention.json"
-step pytest-gloo 150 40 "$PY" -m pytest -q -p no:cacheprovider tests/test_train.py::test_two_process_gloo_run \
-    --junitxml="$WORK/json/pytest-gloo.xml"
-step baby-muon 150 90 train_baby baby-muon "${BABY_SET[@]}" "${MUON_SET[@]}"
+if [[ "$PLAN" == runs ]]; then  # the follow-up: three training runs, about 4 minutes on an H200
+    step wheels 60 10 install_wheels
+    step baby-muon-1000 100 40 train_baby baby-muon-1000 "${RUNS_SET[@]}" "${MUON_SET[@]}" train.max_steps="$MUON_STEPS"
+    step baby-adamw-5000 160 60 train_baby baby-adamw-5000 "${RUNS_SET[@]}" train.max_steps="$ADAMW_STEPS"
+    step main-60s 90 45 train_main main-60s "${MAIN_SET[@]}"
+else
+    step env 150 30 environment
+    step pytest-cuda 240 60 "$PY" -m pytest -q -p no:cacheprovider "${PYTEST_CUDA[@]}" \
+        --junitxml="$WORK/json/pytest-cuda.xml"
+    step baby-adamw 150 90 train_baby baby-adamw "${BABY_SET[@]}"
+    step train-124m 200 90 "$PY" -m benchmarks.suite --device "$DEVICE" --config configs/gpt2_small.yaml \
+        --vocab-size 50304 --skip decode attention "${BENCH_124M[@]}" --json "$WORK/json/train-124m.json"
+    step decode-baby 150 45 "$PY" -m benchmarks.decode --device "$DEVICE" --threads 1 --pack no \
+        "${DECODE_BABY[@]}" --json "$WORK/json/decode-baby.json"
+    step decode-124m 180 60 "$PY" -m benchmarks.decode --device "$DEVICE" --threads 1 --pack no \
+        "${DECODE_124M[@]}" --json "$WORK/json/decode-124m.json"
+    step attention 90 20 "$PY" -m benchmarks.suite --device "$DEVICE" --config configs/shakespeare_char_gpu.yaml \
+        --skip training decode --max-context "$MAX_CONTEXT" --json "$WORK/json/attention.json"
+    step pytest-gloo 150 40 "$PY" -m pytest -q -p no:cacheprovider tests/test_train.py::test_two_process_gloo_run \
+        --junitxml="$WORK/json/pytest-gloo.xml"
+    step baby-muon 150 90 train_baby baby-muon "${BABY_SET[@]}" "${MUON_SET[@]}"
+
+fi
 
 echo "=== summary ($((SECONDS - started)) s in all; figures in $OUT/gpu_check.json, logs in $OUT/logs.tar.gz)"
 cat "$OUT/summary.txt" 2>/dev/null || echo "no summary: see $OUT/console.log"

@@ -300,7 +300,9 @@ def summary_lines(result: dict) -> list[str]:
 
 
 def _env_lines(f: dict) -> list[str]:
-    env = f.get("env", {})
+    if "env" not in f:  # the follow-up plan (GPU_CHECK_PLAN=runs) measures no environment
+        return []
+    env = f["env"]
     return [f"machine: {env.get('gpu') or 'no GPU'}, torch {env.get('versions', {}).get('torch')}, "
             f"python {env.get('python')}, datasets from {env.get('datasets_from')}: {env.get('datasets_check')}"]
 
@@ -318,7 +320,7 @@ def _pytest_lines(f: dict) -> list[str]:
 
 def _baby_lines(f: dict) -> list[str]:
     lines = []
-    for name in sorted(k for k in f if k.startswith("baby")):
+    for name in sorted(k for k in f if k.startswith(("baby", "main"))):
         r = f[name]
         done, tensorboard = r.get("done", {}), r.get("tensorboard", {})
         step = r.get("target_reached_at_step")

@@ -58,6 +58,16 @@ def test_the_summary_reports_a_missing_or_broken_piece_instead_of_failing(report
     assert lines[-1].startswith("not measured: multi-GPU NCCL")
 
 
+def test_the_follow_up_plans_summary_names_no_machine_it_did_not_measure_and_lists_the_main_run(report, tmp_path):
+    (tmp_path / "json").mkdir()  # GPU_CHECK_PLAN=runs: no env step, a main-config run beside the baby ones
+    (tmp_path / "json" / "main-60s.json").write_text(json.dumps({"best_val_loss": 1.5233, "target_loss": 1.47,
+                                                                 "done": {"steps": 704}}))
+    _, lines = report.summary(tmp_path)
+    assert not any(line.startswith("machine:") for line in lines)
+    assert any(line.startswith("main-60s: best validation loss 1.5233 (target 1.47: not reached); 704 steps")
+               for line in lines)
+
+
 def test_the_script_parses():
     subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / "gpu_check.sh")], check=True)
 

@@ -78,12 +78,15 @@ def select_precision(name: str, device: torch.device) -> Precision:
     return Precision(name, dtype, use_grad_scaler=(name == "fp16"))
 
 
-PEAK_SIZES = (256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)  # each under 3.4x the time of the last
+PEAK_SIZES = (256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144)  # each under 3.4x the time of the last
+# The largest matmul each device type measures. A GPU's 2048 matmul runs far under its peak (an
+# H200: 372 against 779 TFLOP/s at 8192, docs/BENCHMARKS.md), which made MFU read over 100%.
+PEAK_SIZE_LIMIT = {"cpu": 2048, "cuda": 8192}
 PEAK_CALL_SECONDS = 0.05  # a matmul slower than this is big enough: the ladder stops there
 PEAK_FINAL_SECONDS = 0.25  # time for the repeats at the last size
 
 
-def measure_peak_flops(device: torch.device, precision: Precision, size: int = 2048,
+def measure_peak_flops(device: torch.device, precision: Precision, size: int | None = None,
                        repeats: int = 5) -> float:
     """FLOP/s of a large square matmul in the training precision: the MFU denominator.
 
@@ -96,12 +99,14 @@ def measure_peak_flops(device: torch.device, precision: Precision, size: int = 2
     busy machine, where every call carries a fixed delay, from stopping the ladder early.
     """
     dtype = precision.autocast_dtype or torch.float32
+    size = size or PEAK_SIZE_LIMIT.get(device.type, 2048)
     # An own generator: measuring must not move the global one (exact resume relies on it).
-    generator = torch.Generator().manual_seed(0)
+    # Drawn where they are used: an 8192 pair drawn on the host would take the GPU's start-up a second.
+    generator = torch.Generator(device=device).manual_seed(0)
     ladder = sorted({n for n in PEAK_SIZES if n < size} | {size})
     for n in ladder:
-        a = torch.randn(n, n, generator=generator).to(device, dtype)
-        b = torch.randn(n, n, generator=generator).to(device, dtype)
+        a = torch.randn(n, n, generator=generator, device=device).to(dtype)
+        b = torch.randn(n, n, generator=generator, device=device).to(dtype)
         first = call_times(lambda: a @ b, 1, warmup=1, device=device)[0]  # the warm-up picks kernels
         if first > PEAK_CALL_SECONDS:
             break
