@@ -142,28 +142,20 @@ else
 fi
 MUON_SET=(train.optimizer=muon train.muon_lr=6.0e-3 train.lr=4.0e-3 train.embedding_lr=1.0e-2)
 
-train_baby() {  # train_baby NAME OVERRIDES...: the baby config on the device, then its figures
-    local name=$1
-    shift
-    "$PY" scripts/train.py --config configs/shakespeare_char_gpu.yaml --device "$DEVICE" --no-progress \
+train_config() {  # train_config CONFIG NAME OVERRIDES...: CONFIG trained on the device, then its figures
+    local config=$1 name=$2
+    shift 2
+    "$PY" scripts/train.py --config "$config" --device "$DEVICE" --no-progress \
         --run-name "$name" --set train.out_dir="$WORK/runs" data.cache_dir="$WORK/data-cache" "$@"
     local rc=$?
     "$PY" -m benchmarks.gpu_check_report run "$WORK/runs/$name" --target-loss 1.47 --json "$WORK/json/$name.json"
     return $rc
 }
-
-train_main() {  # train_main NAME OVERRIDES...: the main config (make train) on the device, then its figures
-    local name=$1
-    shift
-    "$PY" scripts/train.py --config configs/shakespeare_char.yaml --device "$DEVICE" --no-progress \
-        --run-name "$name" --set train.out_dir="$WORK/runs" data.cache_dir="$WORK/data-cache" "$@"
-    local rc=$?
-    "$PY" -m benchmarks.gpu_check_report run "$WORK/runs/$name" --target-loss 1.47 --json "$WORK/json/$name.json"
-    return $rc
-}
+train_baby() { train_config configs/shakespeare_char_gpu.yaml "$@"; }  # train_baby NAME OVERRIDES...
+train_main() { train_config configs/shakespeare_char.yaml "$@"; }  # the main config, as make train runs it
 
 export PY DEVICE WORK SITE PRECISION PEAK_SIZES
-export -f install_wheels environment train_baby train_main
+export -f install_wheels environment train_config train_baby train_main
 
 echo "gpu_check: device $DEVICE, tiny $TINY, python $PY, out $OUT, work $WORK, $(date -u)"
 if [[ "$PLAN" == runs ]]; then  # the follow-up: three training runs, about 4 minutes on an H200
