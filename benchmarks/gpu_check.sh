@@ -4,7 +4,7 @@
 #   (b) the baby config (configs/shakespeare_char_gpu.yaml, 6L/6H/384, context 256) trained for
 #       train.time_budget=60s: validation curve, wall time, seconds to a validation loss <= 1.47
 #   (c) the 124M config (configs/gpt2_small.yaml): training tokens/s and MFU in bf16, eager and
-#       compiled, against the measured matmul peak (and against an 8192 matmul, see peak.json)
+#       compiled, against the measured matmul peak (8192 on CUDA; peak.json has 2048 too)
 #   (d) decoding with the KV cache, batch 1 and 16, eager and compiled (CUDA graphs), time to
 #       first token, for the baby and the 124M shapes
 #   (e) the attention cost table, fused against explicit, to context 8192
@@ -44,6 +44,10 @@ TINY="${GPU_CHECK_TINY:-0}"
 LIMIT="${GPU_CHECK_SECONDS:-540}"
 BUDGET="${GPU_CHECK_BUDGET:-60s}"
 PLAN="${GPU_CHECK_PLAN:-check}"
+case "$PLAN" in
+    check | runs) ;;
+    *) echo "GPU_CHECK_PLAN=$PLAN is not accepted: expected check (the default) or runs" >&2; exit 2 ;;
+esac
 OUT="${OUT:-/tmp/gpu-check-out}"
 WORK="${GPU_CHECK_WORK:-/tmp/gpu-check-work}"
 rm -rf "$WORK" && mkdir -p "$OUT" "$WORK/logs" "$WORK/json" "$WORK/runs"
@@ -152,7 +156,7 @@ train_config() {  # train_config CONFIG NAME OVERRIDES...: CONFIG trained on the
     return $rc
 }
 train_baby() { train_config configs/shakespeare_char_gpu.yaml "$@"; }  # train_baby NAME OVERRIDES...
-train_main() { train_config configs/shakespeare_char.yaml "$@"; }  # the main config, as make train runs it
+train_main() { train_config configs/shakespeare_char.yaml "$@"; }  # the main config (make train's)
 
 export PY DEVICE WORK SITE PRECISION PEAK_SIZES
 export -f install_wheels environment train_config train_baby train_main
@@ -179,7 +183,6 @@ else
     step pytest-gloo 150 40 "$PY" -m pytest -q -p no:cacheprovider tests/test_train.py::test_two_process_gloo_run \
         --junitxml="$WORK/json/pytest-gloo.xml"
     step baby-muon 150 90 train_baby baby-muon "${BABY_SET[@]}" "${MUON_SET[@]}"
-
 fi
 
 echo "=== summary ($((SECONDS - started)) s in all; figures in $OUT/gpu_check.json, logs in $OUT/logs.tar.gz)"

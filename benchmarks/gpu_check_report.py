@@ -101,10 +101,11 @@ def _datasets_check() -> str:
 
 
 def peak(device: str, precision: str, sizes: list[int]) -> dict:
-    """The MFU denominator as tinyattn measures it (a 2048 matmul at most) and at larger sizes.
+    """The matmul's FLOP/s at each of `sizes`: what MFU is measured against, and how it grows.
 
     On a GPU a 2048 x 2048 matmul is too small to reach the chip's rate, so MFU against it
-    reads high; the figure at 8192 is the fairer denominator (the summary gives MFU both ways).
+    reads high; tinyattn measures MFU against 8192 on CUDA (`PEAK_SIZE_LIMIT`), the figure the
+    summary judges the target by.
     """
     import torch
 
@@ -283,7 +284,7 @@ def summary_lines(result: dict) -> list[str]:
     """The short summary: one line per figure the issue asks for. A section whose figures are
     missing or malformed says so in one line instead of failing the summary."""
     lines = []
-    for section in (_env_lines, _pytest_lines, _baby_lines, _training_lines, _decode_lines, _attention_lines):
+    for section in (_env_lines, _pytest_lines, _run_lines, _training_lines, _decode_lines, _attention_lines):
         try:
             lines += section(result["figures"])
         except Exception as e:  # noqa: BLE001 - one broken section must not hide the others
@@ -318,7 +319,7 @@ def _pytest_lines(f: dict) -> list[str]:
     return lines
 
 
-def _baby_lines(f: dict) -> list[str]:
+def _run_lines(f: dict) -> list[str]:
     lines = []
     for name in sorted(k for k in f if k.startswith(("baby", "main"))):
         r = f[name]

@@ -163,3 +163,23 @@ def test_a_checkpoint_saved_on_a_device_loads_on_the_cpu_with_the_same_logits(co
     # fp32 both: the same weights through two devices' kernels (CUDA matmuls sum in another order).
     torch.testing.assert_close(cpu_logits, device_logits, rtol=0, atol=1e-4)
     assert on_cpu.step == 4
+
+
+# ----------------------------------------------------------------------------- MFU
+
+
+@pytest.mark.cuda
+@requires_cuda
+def test_the_cuda_peak_climbs_to_8192_and_leaves_the_global_generators_alone(monkeypatch):
+    from tinyattn.system import device
+    from tinyattn.system.device import measure_peak_flops, select_precision
+
+    cuda = torch.device("cuda")
+    bf16 = select_precision("bf16", cuda)
+    cpu_state, cuda_state = torch.get_rng_state(), torch.cuda.get_rng_state()
+    assert measure_peak_flops(cuda, bf16) > 0
+    assert torch.equal(torch.get_rng_state(), cpu_state) and torch.equal(torch.cuda.get_rng_state(), cuda_state)
+    # Every matmul "takes" 1 ms, so the ladder climbs to its limit; the FLOP/s give away the size there.
+    monkeypatch.setattr(device, "call_times", lambda fn, n, warmup, device: [1e-3] * n)
+    monkeypatch.setattr(device, "seconds_of", lambda fn, device: 1e-3)
+    assert measure_peak_flops(cuda, bf16) == 2 * 8192 ** 3 / 1e-3

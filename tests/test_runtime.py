@@ -50,3 +50,15 @@ def test_peak_flops_leaves_the_global_generator_alone():
     state = torch.get_rng_state()
     assert measure_peak_flops(CPU, select_precision("fp32", CPU), size=512) > 0
     assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_peak_flops_on_the_cpu_stops_its_ladder_at_2048_so_cpu_mfu_figures_stay_comparable(monkeypatch):
+    from tinyattn.system import device
+
+    # Every matmul "takes" 1 ms: no size is slow enough to stop the ladder, so it climbs to its limit,
+    # and the FLOP/s returned give away the size it measured there (2 n^3 / 1 ms).
+    monkeypatch.setattr(device, "call_times", lambda fn, n, warmup, device: [1e-3] * n)
+    monkeypatch.setattr(device, "seconds_of", lambda fn, device: 1e-3)
+    flops = measure_peak_flops(CPU, select_precision("fp32", CPU))
+    assert flops == 2 * 2048 ** 3 / 1e-3
+

@@ -79,8 +79,8 @@ def select_precision(name: str, device: torch.device) -> Precision:
 
 
 PEAK_SIZES = (256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144)  # each under 3.4x the time of the last
-# The largest matmul each device type measures. A GPU's 2048 matmul runs far under its peak (an
-# H200: 372 against 779 TFLOP/s at 8192, docs/BENCHMARKS.md), which made MFU read over 100%.
+# The largest matmul each device type measures (others: 2048). A GPU's 2048 matmul runs far under
+# its peak, which made MFU read over 100% on an H200 (docs/BENCHMARKS.md, "GPU check on an H200").
 PEAK_SIZE_LIMIT = {"cpu": 2048, "cuda": 8192}
 PEAK_CALL_SECONDS = 0.05  # a matmul slower than this is big enough: the ladder stops there
 PEAK_FINAL_SECONDS = 0.25  # time for the repeats at the last size
@@ -90,7 +90,8 @@ def measure_peak_flops(device: torch.device, precision: Precision, size: int | N
                        repeats: int = 5) -> float:
     """FLOP/s of a large square matmul in the training precision: the MFU denominator.
 
-    The matrix grows from 256 towards `size` and stops at the first size whose matmul
+    The matrix grows from 256 towards `size` (by default the device type's
+    `PEAK_SIZE_LIMIT`) and stops at the first size whose matmul
     takes longer than PEAK_CALL_SECONDS; the best of up to `repeats` calls there (as
     many as fit in PEAK_FINAL_SECONDS) counts. Growing from small sizes keeps the
     measurement well under a second on a small CPU, even in a precision it emulates
@@ -99,7 +100,7 @@ def measure_peak_flops(device: torch.device, precision: Precision, size: int | N
     busy machine, where every call carries a fixed delay, from stopping the ladder early.
     """
     dtype = precision.autocast_dtype or torch.float32
-    size = size or PEAK_SIZE_LIMIT.get(device.type, 2048)
+    size = PEAK_SIZE_LIMIT.get(device.type, 2048) if size is None else size
     # An own generator: measuring must not move the global one (exact resume relies on it).
     # Drawn where they are used: an 8192 pair drawn on the host would take the GPU's start-up a second.
     generator = torch.Generator(device=device).manual_seed(0)
