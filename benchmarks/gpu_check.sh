@@ -11,7 +11,8 @@
 #   (f) the 2-process gloo torchrun launch (tests/test_train.py); multi-GPU NCCL is not measured
 # then (if time is left) the baby config again with Muon. GPU_CHECK_PLAN=runs runs instead the
 # follow-up of the first H200 check (docs/BENCHMARKS.md): the baby config with Muon for 1,000
-# steps, with AdamW for nanoGPT's published 5,000, and the main config with a 60 s budget. Each step has its own timeout and
+# steps, with AdamW for nanoGPT's published 5,000, and the main config with a 60 s budget.
+# Each step has its own timeout and
 # a failure stops only that step; it is recorded, with its log, and the next one runs. The
 # whole script stops starting steps after GPU_CHECK_SECONDS (540) so that it ends inside one
 # 10-minute device call.

@@ -61,4 +61,3 @@ def test_peak_flops_on_the_cpu_stops_its_ladder_at_2048_so_cpu_mfu_figures_stay_
     monkeypatch.setattr(device, "seconds_of", lambda fn, device: 1e-3)
     flops = measure_peak_flops(CPU, select_precision("fp32", CPU))
     assert flops == 2 * 2048 ** 3 / 1e-3
-
