@@ -4,7 +4,8 @@ Steps 2, 3 and 6 of generation (1 is `tinyattn.generate.sampling`, 4 and 5
 `tinyattn.generate.text`):
 
 2. `CachedDecoder`: the prompt goes through the model in one parallel forward pass (prefill)
-   and fills a preallocated KV cache per layer; after that each new token costs one position,
+   and fills a preallocated KV cache per layer (the head computes the last position's logits
+   only, `LanguageModel.forward(last_only=True)`); after that each new token costs one position,
    eagerly through `DecodeStep` (the model's arithmetic for one token without its nn.Module
    calls) or through `decode_one_token`, whose shapes are the same at every position so
    that torch.compile compiles it once (`compile=True`). On the CPU the caches hold fp32
@@ -363,8 +364,10 @@ class CachedDecoder:
         return self._forward(0, self.position)
 
     def _forward(self, start: int, end: int) -> torch.Tensor:
-        """Feed ids[:, start:end] at positions start..end-1; logits of the last one, (B, V)."""
-        logits = self.model(self.ids[:, start:end], kv_caches=self.caches, start_pos=start).logits
+        """Feed ids[:, start:end] at positions start..end-1; logits of the last one, (B, V)
+        (the head runs on that one position only: `LanguageModel.forward(last_only=True)`)."""
+        logits = self.model(self.ids[:, start:end], kv_caches=self.caches, start_pos=start,
+                            last_only=True).logits
         return logits[:, -1]  # (B, V)
 
     def _compile(self):

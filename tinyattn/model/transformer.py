@@ -90,7 +90,7 @@ class Block(nn.Module):
 
 
 class ModelOutput(NamedTuple):
-    logits: torch.Tensor  # (B, T, V), always
+    logits: torch.Tensor  # (B, T, V); (B, 1, V) with last_only
     loss: Optional[torch.Tensor]  # mean cross-entropy when targets were given, else None
     attention_weights: Optional[list[torch.Tensor]]  # per layer (B, H, T, Tk) when need_weights
 
@@ -196,7 +196,7 @@ class LanguageModel(nn.Module):
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None, *,
                 mask: Optional[torch.Tensor] = None, kv_caches: Optional[list[KVCache]] = None,
                 start_pos: int = 0, positions: Optional[torch.Tensor] = None,
-                need_weights: bool = False) -> ModelOutput:
+                need_weights: bool = False, last_only: bool = False) -> ModelOutput:
         """idx: (B, T) token ids at positions start_pos..start_pos+T-1.
 
         targets: (B, T) next-token ids (IGNORE_INDEX where no loss should count).
@@ -212,14 +212,21 @@ class LanguageModel(nn.Module):
         decode step compiled for one token then serves every position. Positions are not checked.
         need_weights: run the explicit attention path and return its weights
         (`recording_attention_weights`).
+        last_only: logits for the last position only, (B, 1, V): all that decoding needs from a
+        prompt. Every position still goes through every block (their keys and values fill the
+        caches), but the final norm and the head over the vocabulary run on one row instead
+        of T (transformers calls this logits_to_keep=1). Not with targets.
         """
         if need_weights:
             with recording_attention_weights(self) as weights:
                 output = self(idx, targets, mask=mask, kv_caches=kv_caches, start_pos=start_pos,
-                              positions=positions)
+                              positions=positions, last_only=last_only)
             return output._replace(attention_weights=weights)
         if positions is not None and (kv_caches is None or mask is not None):
             raise ValueError("positions needs kv_caches and builds its own mask")
+        if last_only and targets is not None:
+            raise ValueError("last_only gives the last position's logits, "
+                             "and the loss needs every position's")
         B, T = idx.shape
         cos, sin = self.rotary_angles(T, start_pos=start_pos, positions=positions)  # (T, D/2) each
         writes = (cache_writes(kv_caches, start_pos=start_pos, positions=positions)
@@ -227,17 +234,22 @@ class LanguageModel(nn.Module):
         x = self.dropout(self.token_embedding(idx))  # (B, T, C)
         for block, cache in zip(self.blocks, writes):
             x = block(x, cos=cos, sin=sin, mask=mask, cache=cache)  # (B, T, C)
+        logits = self.logits(x[:, -1:] if last_only else x)  # (B, T, V), or (B, 1, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T),
+                                   ignore_index=IGNORE_INDEX)
+        return ModelOutput(logits, loss, None)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The last block's output x (B, T, C) -> logits (B, T, V): final norm, then the head."""
         logits = self.head(self.final_norm(x))  # (B, T, V)
         if self.config.logit_softcap is not None:
             # Soft-capping squashes logits smoothly into (-cap, cap): no single logit can
             # run away, which steadies training at high learning rates.
             cap = self.config.logit_softcap
             logits = cap * torch.tanh(logits / cap)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T),
-                                   ignore_index=IGNORE_INDEX)
-        return ModelOutput(logits, loss, None)
+        return logits
 
     def rotary_angles(self, num_tokens: int, *, start_pos: int = 0,
                       positions: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
