@@ -172,7 +172,7 @@ def _uncached_seconds(model, prompt: torch.Tensor, n: int, *, temperature: float
     def run() -> None:
         nonlocal sequence
         for _ in range(n):
-            logits = model(sequence[:, -context_length:]).logits[:, -1]  # (B, V)
+            logits = model.next_token_logits(sequence[:, -context_length:])  # (B, V), as nanoGPT's generate()
             token = sample_next_token(logits, generator, temperature)  # (B,)
             sequence = torch.cat([sequence, token.unsqueeze(1)], dim=1)
 

@@ -59,9 +59,11 @@ class BigramModel(torch.nn.Module):
     def new_kv_caches(self, batch_size, **options):
         return []
 
-    def forward(self, idx, kv_caches=None, start_pos=0, positions=None, last_only=False):
-        logits = self.table[idx]  # (B, T, V)
-        return ModelOutput(logits[:, -1:] if last_only else logits, None, None)
+    def forward(self, idx, kv_caches=None, start_pos=0, positions=None):
+        return ModelOutput(self.table[idx], None, None)  # (B, T, V)
+
+    def next_token_logits(self, idx, kv_caches=None, start_pos=0):
+        return self.table[idx[:, -1]]  # (B, V)
 
 
 # ----------------------------------------------------------------------------- the cached model
@@ -241,12 +243,20 @@ def test_decoding_with_fp16_row_copies_stays_near_the_fp32_models_logits(tiny_mo
     rows = perturbed(tiny_model(context_length=24), pack=torch.float16)
     ids = random_ids(tokenizer.vocab_size, 24, batch=1)
     decoder, largest = CachedDecoder(rows, batch_size=1), 0.0
+    head_inputs = []  # what the head multiplies: the last position's row after the final norm
+    for model in (rows, exact):
+        model.head.register_forward_pre_hook(
+            lambda module, inputs: head_inputs.append(inputs[0].flatten(0, -2)[-1]))  # (C,)
     with torch.inference_mode():
-        logits = decoder.prefill(ids[:, :5])  # five rows through the blocks in fp32, the head's one in fp16
+        logits = decoder.prefill(ids[:, :5])  # five rows through the blocks, the head's one row in fp16
+        full = exact(ids[:, :5]).logits[:, -1]
+        # Products of more than one row stay fp32: the row the head gets is the fp32 model's.
+        torch.testing.assert_close(head_inputs[0], head_inputs[1], rtol=0, atol=1e-5)
         for t in range(5, 24):
-            full = exact(ids[:, :t]).logits[:, -1]  # (1, V), the fp32 model recomputed
             largest = max(largest, (logits - full).abs().max().item())
             logits = decoder.step(ids[:, t])  # one row: the fp16 copies
+            full = exact(ids[:, :t + 1]).logits[:, -1]  # (1, V), the fp32 model recomputed
+        largest = max(largest, (logits - full).abs().max().item())
     # fp16's rounding of weights and rows: far more than fp32 kernels' own (about 1e-6), several
     # times less than bf16's
     assert 1e-4 < largest < 4e-3
@@ -262,7 +272,7 @@ def test_an_fp16_overflow_drops_the_row_copies_and_decodes_on_in_fp32(tiny_model
     if not pack_linear_weights(rows, row_dtype=torch.float16):
         pytest.skip("this torch build cannot pack weights for oneDNN")
     ids = random_ids(tokenizer.vocab_size, 12, batch=1)
-    first = 1 if path == "one-token-prefill" else 2  # one row overflows; two rows are fp32
+    first = 1 if path == "one-token-prefill" else 2  # one row overflows; two through the blocks stay fp32
     overflowing = pytest.warns(RuntimeWarning, match="fp16 copies .* not finite .* decoding in fp32 from here on")
     with torch.inference_mode():
         decoder, reference = CachedDecoder(rows, batch_size=1), CachedDecoder(exact, batch_size=1)

@@ -110,14 +110,12 @@ def test_logits_shape_and_loss_ignores_padding(tiny_model, random_tokens):
     torch.testing.assert_close(model(idx, padded).loss, expected)
 
 
-def test_last_only_gives_the_last_positions_logits_and_refuses_targets(tiny_model, random_tokens):
+def test_next_token_logits_are_the_full_forwards_last_position(tiny_model, random_tokens):
     model = tiny_model()
     idx = random_tokens(length=10)
-    last = model(idx, last_only=True).logits
-    assert last.shape == (2, 1, VOCAB)
-    torch.testing.assert_close(last, model(idx).logits[:, -1:], rtol=0, atol=1e-6)
-    with pytest.raises(ValueError, match="last_only .* the loss needs every position"):
-        model(idx, random_tokens(length=10, seed=2), last_only=True)
+    last = model.next_token_logits(idx)
+    assert last.shape == (2, VOCAB)
+    torch.testing.assert_close(last, model(idx).logits[:, -1], rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("n_embd, vocab", [(32, 65), (384, 65), (256, 4096)])

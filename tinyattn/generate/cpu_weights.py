@@ -20,7 +20,8 @@ and multiplied by it (`one_row_weight`; aten's kernel, which accumulates in fp32
 bytes to read, and a much faster step on an AVX2 CPU (docs/BENCHMARKS.md, "fp16 copies for
 one-row steps"). Its outputs are fp32's up to fp16's rounding of the weight and the row
 (finer than bf16's); products of more rows (a prefill's blocks, batches of sequences) stay fp32.
-A prefill's head is a one-row product: the decoder asks for the last position's logits only. Where
+For one sequence a prefill's head is a one-row product too: the decoder asks for the last
+position's logits only (`LanguageModel.next_token_logits`). Where
 a product overflows fp16's range, the decoder drops the copies (`drop_row_weights`) and
 decodes in fp32 from there (`generate.decoder.CachedDecoder`).
 

@@ -5,7 +5,7 @@ Steps 2, 3 and 6 of generation (1 is `tinyattn.generate.sampling`, 4 and 5
 
 2. `CachedDecoder`: the prompt goes through the model in one parallel forward pass (prefill)
    and fills a preallocated KV cache per layer (the head computes the last position's logits
-   only, `LanguageModel.forward(last_only=True)`); after that each new token costs one position,
+   only, `LanguageModel.next_token_logits`); after that each new token costs one position,
    eagerly through `DecodeStep` (the model's arithmetic for one token without its nn.Module
    calls) or through `decode_one_token`, whose shapes are the same at every position so
    that torch.compile compiles it once (`compile=True`). On the CPU the caches hold fp32
@@ -285,6 +285,9 @@ def compile_decode_step(model):
 class CachedDecoder:
     """Feeds a batch of sequences to the model one token at a time through its KV caches.
 
+    The model is a `LanguageModel`, or anything with its `new_kv_caches`, `next_token_logits`
+    (prefills and refills) and `forward` (steps where `DecodeStep` does not apply).
+
     Owns one preallocated cache per layer, the position the next token goes to, and the ids
     of the tokens whose keys and values the caches hold (`ids[:, :position]`), which a refill
     needs. `prefill(ids)` and `step(token)` return the logits for the next token, (B, V).
@@ -365,10 +368,9 @@ class CachedDecoder:
 
     def _forward(self, start: int, end: int) -> torch.Tensor:
         """Feed ids[:, start:end] at positions start..end-1; logits of the last one, (B, V)
-        (the head runs on that one position only: `LanguageModel.forward(last_only=True)`)."""
-        logits = self.model(self.ids[:, start:end], kv_caches=self.caches, start_pos=start,
-                            last_only=True).logits
-        return logits[:, -1]  # (B, V)
+        (the head runs on that one position only: `LanguageModel.next_token_logits`)."""
+        return self.model.next_token_logits(self.ids[:, start:end], kv_caches=self.caches,
+                                            start_pos=start)  # (B, V)
 
     def _compile(self):
         step = compile_decode_step(self.model)

@@ -5,9 +5,10 @@ this file puts it to work, top to bottom:
 
 1. `SwiGLU` feed-forward network, applied to each position alone.
 2. `Block`: pre-norm residual, x + attention(norm(x)), then x + mlp(norm(x)).
-3. `LanguageModel`: token embedding, n_layer blocks, final norm, a head over the vocabulary;
-   the one place for initialisation (`init_weights`); per-layer KV caches for decoding
-   (`new_kv_caches`, `tinyattn.model.kv_cache`).
+3. `LanguageModel`: token embedding, n_layer blocks (`hidden_states`), final norm, a head over
+   the vocabulary (`head_logits`); the one place for initialisation (`init_weights`); per-layer
+   KV caches for decoding (`new_kv_caches`, `tinyattn.model.kv_cache`), and the logits after a
+   prompt's last token alone (`next_token_logits`).
 
 Departures from the original 2017 transformer, all standard in current small models:
 RMSNorm instead of LayerNorm, RoPE instead of learned absolute positions, SwiGLU
@@ -90,7 +91,7 @@ class Block(nn.Module):
 
 
 class ModelOutput(NamedTuple):
-    logits: torch.Tensor  # (B, T, V); (B, 1, V) with last_only
+    logits: torch.Tensor  # (B, T, V), always
     loss: Optional[torch.Tensor]  # mean cross-entropy when targets were given, else None
     attention_weights: Optional[list[torch.Tensor]]  # per layer (B, H, T, Tk) when need_weights
 
@@ -196,7 +197,7 @@ class LanguageModel(nn.Module):
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None, *,
                 mask: Optional[torch.Tensor] = None, kv_caches: Optional[list[KVCache]] = None,
                 start_pos: int = 0, positions: Optional[torch.Tensor] = None,
-                need_weights: bool = False, last_only: bool = False) -> ModelOutput:
+                need_weights: bool = False) -> ModelOutput:
         """idx: (B, T) token ids at positions start_pos..start_pos+T-1.
 
         targets: (B, T) next-token ids (IGNORE_INDEX where no loss should count).
@@ -212,38 +213,52 @@ class LanguageModel(nn.Module):
         decode step compiled for one token then serves every position. Positions are not checked.
         need_weights: run the explicit attention path and return its weights
         (`recording_attention_weights`).
-        last_only: logits for the last position only, (B, 1, V): all that decoding needs from a
-        prompt. Every position still goes through every block (their keys and values fill the
-        caches), but the final norm and the head over the vocabulary run on one row instead
-        of T (transformers calls this logits_to_keep=1). Not with targets.
         """
         if need_weights:
             with recording_attention_weights(self) as weights:
                 output = self(idx, targets, mask=mask, kv_caches=kv_caches, start_pos=start_pos,
-                              positions=positions, last_only=last_only)
+                              positions=positions)
             return output._replace(attention_weights=weights)
-        if positions is not None and (kv_caches is None or mask is not None):
-            raise ValueError("positions needs kv_caches and builds its own mask")
-        if last_only and targets is not None:
-            raise ValueError("last_only gives the last position's logits, "
-                             "and the loss needs every position's")
         B, T = idx.shape
-        cos, sin = self.rotary_angles(T, start_pos=start_pos, positions=positions)  # (T, D/2) each
-        writes = (cache_writes(kv_caches, start_pos=start_pos, positions=positions)
-                  if kv_caches is not None else [None] * len(self.blocks))
-        x = self.dropout(self.token_embedding(idx))  # (B, T, C)
-        for block, cache in zip(self.blocks, writes):
-            x = block(x, cos=cos, sin=sin, mask=mask, cache=cache)  # (B, T, C)
-        logits = self.logits(x[:, -1:] if last_only else x)  # (B, T, V), or (B, 1, V)
+        x = self.hidden_states(idx, mask=mask, kv_caches=kv_caches, start_pos=start_pos,
+                               positions=positions)  # (B, T, C)
+        logits = self.head_logits(x)  # (B, T, V)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T),
                                    ignore_index=IGNORE_INDEX)
         return ModelOutput(logits, loss, None)
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """The last block's output x (B, T, C) -> logits (B, T, V): final norm, then the head."""
-        logits = self.head(self.final_norm(x))  # (B, T, V)
+    def next_token_logits(self, idx: torch.Tensor, *, kv_caches: Optional[list[KVCache]] = None,
+                          start_pos: int = 0) -> torch.Tensor:
+        """The logits after the last of idx's (B, T) tokens, (B, V): all that decoding needs from a prompt.
+
+        Every position goes through every block (with kv_caches, their keys and values fill the
+        caches), but the final norm and the head over the vocabulary run on the last position
+        only, not on all T (transformers calls this logits_to_keep=1): with a large vocabulary
+        the head is the largest matrix of a small model.
+        """
+        x = self.hidden_states(idx, kv_caches=kv_caches, start_pos=start_pos)  # (B, T, C)
+        return self.head_logits(x[:, -1])  # (B, V)
+
+    def hidden_states(self, idx: torch.Tensor, *, mask: Optional[torch.Tensor] = None,
+                      kv_caches: Optional[list[KVCache]] = None, start_pos: int = 0,
+                      positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """idx (B, T) -> the last block's output (B, T, C), before the final norm. The options
+        are `forward`'s."""
+        if positions is not None and (kv_caches is None or mask is not None):
+            raise ValueError("positions needs kv_caches and builds its own mask")
+        cos, sin = self.rotary_angles(idx.size(1), start_pos=start_pos, positions=positions)  # (T, D/2) each
+        writes = (cache_writes(kv_caches, start_pos=start_pos, positions=positions)
+                  if kv_caches is not None else [None] * len(self.blocks))
+        x = self.dropout(self.token_embedding(idx))  # (B, T, C)
+        for block, cache in zip(self.blocks, writes):
+            x = block(x, cos=cos, sin=sin, mask=mask, cache=cache)  # (B, T, C)
+        return x
+
+    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The last block's output x (..., C) -> logits (..., V): the final norm, then the head."""
+        logits = self.head(self.final_norm(x))  # (..., V)
         if self.config.logit_softcap is not None:
             # Soft-capping squashes logits smoothly into (-cap, cap): no single logit can
             # run away, which steadies training at high learning rates.
