@@ -98,7 +98,7 @@ def prefix_losses(model, x, y):
     losses = []
     with evaluation_mode(model), torch.no_grad():
         for t in range(x.size(1)):
-            logits = model(x[:, :t + 1]).logits[:, -1]  # (B, V): the prediction at position t
+            logits = model.next_token_logits(x[:, :t + 1])  # (B, V): the prediction at position t
             losses.append(F.cross_entropy(logits.float(), y[:, t], reduction="none"))  # (B,)
     return torch.stack(losses, dim=1)  # (B, T)
 
@@ -154,7 +154,7 @@ def prefix_sample(model, prompt: list[int], *, tokens: int, temperature: float, 
     with evaluation_mode(model), torch.no_grad():
         for _ in range(tokens):
             context = torch.tensor([ids[-model.config.context_length:]], device=device)  # (1, t)
-            logits = model(context).logits[:, -1].float().cpu()  # (1, V)
+            logits = model.next_token_logits(context).float().cpu()  # (1, V)
             ids.append(int(sample_next_token(logits, generator, temperature)[0]))
     return ids[len(prompt):]
 
