@@ -159,7 +159,8 @@ class DecodeStep:
             return self.logits(token, position)
 
     def logits(self, token: torch.Tensor, position: int) -> torch.Tensor:
-        """`__call__`'s arithmetic."""
+        """`__call__`'s arithmetic: the model's `hidden_states` for one position, then its
+        `head_logits` (final norm, head, soft-cap) written out."""
         x = F.embedding(token, self.embedding)  # (B, C)
         if self.one_row:
             x = x.view(self.width)  # (C,): the one row, multiplied by `torch.mv`

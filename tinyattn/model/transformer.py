@@ -248,7 +248,8 @@ class LanguageModel(nn.Module):
         are `forward`'s."""
         if positions is not None and (kv_caches is None or mask is not None):
             raise ValueError("positions needs kv_caches and builds its own mask")
-        cos, sin = self.rotary_angles(idx.size(1), start_pos=start_pos, positions=positions)  # (T, D/2) each
+        T = idx.size(1)
+        cos, sin = self.rotary_angles(T, start_pos=start_pos, positions=positions)  # (T, D/2) each
         writes = (cache_writes(kv_caches, start_pos=start_pos, positions=positions)
                   if kv_caches is not None else [None] * len(self.blocks))
         x = self.dropout(self.token_embedding(idx))  # (B, T, C)
