@@ -9,7 +9,7 @@ from tests.conftest import ROOT
 from tinyattn.config import ModelConfig, load_config
 from tinyattn.lab.distance import KeyValueRecall, gap_lengths, repeat_probe
 from tinyattn.lab.lstm import LSTMConfig, LSTMLanguageModel, lstm_parameters, lstm_width_for
-from tinyattn.lab.recurrence import gradient_by_distance
+from tinyattn.lab.recurrence import at_initialisation, gradient_by_distance
 from tinyattn.model.transformer import IGNORE_INDEX, LanguageModel, ModelOutput
 
 
@@ -56,6 +56,23 @@ def test_attention_reaches_every_earlier_embedding_and_the_lstm_fades(random_tok
     assert np.all(attended > 0) and attended[-1] > 0.1 * attended[1:].mean()  # direct at every distance
     assert np.all(recurrent[:-1] > 0)
     assert recurrent[-1] < 1e-3 * recurrent[0]  # 23 steps of recurrence later
+
+
+def test_an_untied_head_at_init_is_measured_as_the_tied_model_would_be(random_tokens):
+    # The main config's head is untied and starts at zero, which passes no gradient back: the
+    # path length at initialisation would read 0 at every distance.
+    shape = dict(vocab_size=65, n_layer=1, n_head=2, n_embd=32, context_length=24)
+    x = random_tokens(batch=3, length=24)
+    torch.manual_seed(0)
+    untied = LanguageModel(ModelConfig(**shape, tie_embeddings=False))
+    torch.manual_seed(0)
+    tied = LanguageModel(ModelConfig(**shape))
+    assert np.all(gradient_by_distance(untied, x, torch.roll(x, -1, 1)) == 0.0)
+    measured = gradient_by_distance(at_initialisation(untied), x, torch.roll(x, -1, 1))
+    np.testing.assert_allclose(measured, gradient_by_distance(tied, x, torch.roll(x, -1, 1)), rtol=1e-6)
+    assert np.all(measured > 0)
+    assert not untied.head.weight.any()  # the model itself is not changed
+    assert at_initialisation(tied) is tied
 
 
 # ----------------------------------------------------------------------------- the repeated-sequence probe

@@ -11,7 +11,9 @@ language model (`tinyattn.lab.lstm`) whose parameter count is within a few perce
    schedule, the schedule's length fixed by the step time measured in 1).
 3. Loss by position for both (what each makes of more context).
 4. The path length itself: the norm of the gradient of the loss at the last position with
-   respect to the input embedding k positions back, against k, at initialisation and trained.
+   respect to the input embedding k positions back, against k, at initialisation and trained
+   (an untied head starts at zero and passes back nothing: at initialisation it is measured as
+   a tied one, `at_initialisation`).
 
 Reused: `train.trainer.Trainer` steps both models (the LSTM has the training interface of a
 `LanguageModel`), `train.optim.build_optimizer` builds their optimizers,
@@ -24,6 +26,7 @@ one folder (`--out`, default `checkpoints/lab/recurrence-<date>-<time>`).
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import statistics
 import time
@@ -198,6 +201,23 @@ def gradient_by_distance(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> 
     return norms.flip(0).double().cpu().numpy()  # (T,) by distance back from the last position
 
 
+def at_initialisation(model: nn.Module) -> nn.Module:
+    """The model whose gradients by distance stand for its initialisation.
+
+    An untied output head starts at zero (`LanguageModel.init_weights`), and a zero head passes
+    no gradient back to any position: every distance would read 0. For such a model this is a
+    copy whose head starts as a tied one would, as a copy of the token embedding; any other
+    model (the LSTM, a tied head, a head already trained) is returned as it is.
+    """
+    head = getattr(model, "head", None)
+    if head is None or head.weight is model.token_embedding.weight or head.weight.count_nonzero():
+        return model
+    tied = copy.deepcopy(model)
+    with torch.no_grad():
+        tied.head.weight.copy_(tied.token_embedding.weight)
+    return tied
+
+
 def train_and_measure(contender: Contender, config: Config, data, *, seconds: float, folder,
                       device: torch.device, precision: Precision) -> None:
     """Gradient norms at initialisation, `seconds` of training, then the loss by position and the
@@ -206,7 +226,7 @@ def train_and_measure(contender: Contender, config: Config, data, *, seconds: fl
     x, y = next(iter_validation(data.validation, context, GRADIENT_WINDOWS))
     model = contender.build(context)
     contender.parameters = sum(p.numel() for p in model.parameters())
-    contender.gradient_at_init = gradient_by_distance(model, x.to(device), y.to(device))
+    contender.gradient_at_init = gradient_by_distance(at_initialisation(model), x.to(device), y.to(device))
     # The schedule spans the steps the measured speed fits in `seconds`; the clock alone stops the
     # run (past the schedule's end the rate stays at its floor), so both train the same wall time.
     steps = max(10, int(seconds * contender.speed.get(context, 0) / (tc.batch_size * context)))
@@ -271,7 +291,8 @@ def report(contenders: list[Contender], config: Config, args: argparse.Namespace
     for c in contenders:
         lines += ["", f"loss by position, {c.name}", format_loss_by_position(c.position_losses)]
     lines += ["", "gradient norm of the last position's loss w.r.t. the input embedding k tokens back "
-              f"(mean over {GRADIENT_WINDOWS} validation windows)",
+              f"(mean over {GRADIENT_WINDOWS} validation windows; an untied head, which starts at zero, "
+              "is measured at init as a tied one: `at_initialisation`)",
               f"{'k':>5} {'attn init':>10} {'lstm init':>10} {'attn':>10} {'lstm':>10}"]
     for k in distance_rows(config.model.context_length):
         row = [c.gradient_at_init[k] for c in contenders] + [c.gradient_trained[k] for c in contenders]
