@@ -101,6 +101,8 @@ def test_a_dropout_table_reads_as_numbers_and_survives_the_round_trip(tmp_path):
     ("model:\n  n_layr: 4\n", [], r"c\.yaml: unknown key 'model\.n_layr'; did you mean 'n_layer'\?"),
     ("modle:\n  n_layer: 4\n", [], r"unknown key 'modle'; did you mean 'model'\?"),
     ("", ["train.learning_rate=1"], r"--set: unknown key 'train\.learning_rate'"),
+    ("", ["trian.lr=1"], r"--set: unknown key 'trian'; did you mean 'train'\?"),
+    ("train:\n  lr: 0.1\n", ["train.lr.x=3"], r"--set: train\.lr: expected a number, got \{'x': 3\}"),
     ("model:\n  n_layer: four\n", [], r"c\.yaml: model\.n_layer: expected an integer, got 'four'"),
     ("train:\n  lr: fast\n", [], r"train\.lr: expected a number, got 'fast'"),
     ("model:\n  tie_embeddings: 1\n", [], r"model\.tie_embeddings: expected true or false"),

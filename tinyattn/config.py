@@ -489,7 +489,14 @@ def config_from_dict(raw: dict, *, origins: dict[str, str] | None = None,
     origins = origins or {}
 
     def where(key: str) -> str:
-        # The most specific origin we recorded for this key or one of its parents.
+        # The origin recorded for this key; else for keys under it (a section or value that exists
+        # only because `--set` named something inside it: trian.lr=1, train.lr.x=3); else the most
+        # specific one recorded for one of its parents.
+        if key in origins:
+            return origins[key]
+        below = sorted(origin for name, origin in origins.items() if name.startswith(f"{key}."))
+        if below:
+            return below[0]
         parts = key.split(".")
         for i in range(len(parts), 0, -1):
             if ".".join(parts[:i]) in origins:
