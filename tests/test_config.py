@@ -43,6 +43,11 @@ def test_extends_with_own_files_drops_the_inherited_download(tmp_path):
     assert (own.data.url, own.data.sha256) == ("https://example.org/b.txt", None)  # the child's own url
     same = load_config(write(tmp_path / "same.yaml", "extends: base.yaml\nmodel:\n  n_layer: 2\n"))
     assert same.data.url == "https://example.org/s.txt"  # not naming data.files: the download is kept
+    # --set data.files names other data in the same way: the file the url describes is not it.
+    assert load_config(tmp_path / "base.yaml", ["data.files=mine.txt"]).data.url is None
+    assert load_config(tmp_path / "base.yaml", ["data.files=mine.txt", "data.url=https://example.org/m.txt"]
+                       ).data.url == "https://example.org/m.txt"
+    assert load_config(tmp_path / "base.yaml", ["model.n_layer=2"]).data.url == "https://example.org/s.txt"
 
 
 def test_default_prompt_starts_from_end_of_text_whatever_the_corpus(tmp_path):

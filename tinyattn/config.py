@@ -122,9 +122,9 @@ class DataConfig:
     streaming: bool = False  # stream a hub dataset instead of downloading it whole
     files: Optional[list[str]] = None  # paths, globs or folders of .txt .jsonl .csv .tsv .parquet (.gz .bz2 .xz .zst)
     format: str = "auto"  # auto (from the file extension), text, json, csv, tsv or parquet
-    # Downloaded once to files[0] when that file is missing. A config that sets data.files or
-    # data.dataset does not inherit url, sha256 or size_bytes through `extends` (see
-    # _drop_inherited_download).
+    # Downloaded once to files[0] when that file is missing. A config (or --set) that sets
+    # data.files or data.dataset does not inherit url, sha256 or size_bytes through `extends`
+    # (see _drop_inherited_download).
     url: Optional[str] = None
     sha256: Optional[str] = None  # checked after a download
     size_bytes: Optional[int] = None  # checked after a download
@@ -455,10 +455,13 @@ def _check_expansion(raw: dict, where) -> None:
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     """Read a YAML config (following `extends`), apply `key=value` overrides, validate."""
     raw, origins = _read_with_extends(Path(path), seen=())
+    given: dict = {}  # the overrides alone, as nested sections
     for item in overrides or []:
         key, value = _parse_override(item)
         _set_dotted(raw, key, value)
+        _set_dotted(given, key, value)
         origins[key] = "--set"
+    _drop_inherited_download(raw, given, origins)  # --set data.files=mine.txt: the config's url is not for it
     return config_from_dict(raw, origins=origins, default_origin=str(path))
 
 
