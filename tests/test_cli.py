@@ -112,7 +112,7 @@ def test_every_device_option_has_one_help_naming_what_check_device_accepts():
 def test_every_checkpoint_option_is_the_same_helper():
     helps = {name: option(parser_of(name), "--checkpoint").help for name in SCRIPTED if name != "train"}
     assert helps.pop("generate").endswith("the most recent run under --out-dir")
-    assert len(set(helps.values())) == 1 and "Hugging Face Llama folder" in helps["eval"]
+    assert len(set(helps.values())) == 1 and "Hugging Face folder (Llama or Qwen3" in helps["eval"]
 
 
 def test_the_choices_are_the_librarys_own():

@@ -333,6 +333,9 @@ def test_export_cli_writes_one_gguf_file_and_replaces_it_only_with_force(tmp_pat
     code, printed, _ = run_main(["--checkpoint", run, "--gguf", out, "--force"], capsys)
     assert code == 0 and "fp32" in printed
     assert gguf.GGUFReader(out).fields["general.file_type"].contents() == gguf.LlamaFileType.ALL_F32
+    by_name = tmp_path / "exported" / "named.GGUF"  # --out FILE.gguf without --format: a GGUF file too
+    code, printed, _ = run_main(["--checkpoint", run, "--out", by_name, "--dtype", "fp16"], capsys)
+    assert code == 0 and by_name.is_file() and "llama.cpp architecture" in printed
     code, _, err = run_main(["--checkpoint", run, "--out", tmp_path / "hf", "--dtype", "fp16"], capsys)
     assert code == 2 and err == "error: --dtype fp16: --format hf writes fp32, bf16\n"
 

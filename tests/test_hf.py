@@ -159,6 +159,7 @@ def test_export_cli_writes_config_generation_defaults_and_card(tmp_path, capsys)
             generation["max_new_tokens"]) == (True, 0.7, 20, 100)
     card = (folder / "README.md").read_text()
     assert "`corpus.txt`" in card and "20 steps, 2,560 tokens" in card and "2.3456" in card
+    assert "tags: [tinyattn, llama]" in card
     # Exported again into the same folder: refused without --force, replaced with it.
     code, _, err = run_main(export_cli.main, ["--checkpoint", run, "--out", folder], capsys)
     assert code == 2 and "--force" in err
@@ -421,6 +422,7 @@ def test_qk_norm_exports_as_qwen3_and_imports_back(tmp_path):
     export_folder(model.state_dict(), config, tokenizer, tmp_path / "out")
     reference = hf_model(tmp_path / "out")
     assert type(reference).__name__ == "Qwen3ForCausalLM"
+    assert "tags: [tinyattn, qwen3]" in (tmp_path / "out" / "README.md").read_text()
     ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
     assert max_logit_difference(model, reference, ids) < 1e-5
     loaded = load_any_model(tmp_path / "out")

@@ -1,4 +1,4 @@
-"""`tinyattn export` (`scripts/export.py`): a checkpoint as a Hugging Face Llama folder, or as
+"""`tinyattn export` (`scripts/export.py`): a checkpoint as a Hugging Face folder (Llama, or Qwen3), or as
 one GGUF file for llama.cpp (`--format gguf`, or `--gguf FILE`)."""
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ def parser() -> argparse.ArgumentParser:
     add_checkpoint(p)
     p.add_argument("--out", metavar="DIR|FILE",
                    help="the folder to write (new or empty); with --format gguf, the .gguf file")
-    p.add_argument("--format", choices=FORMATS, default="hf",
-                   help="hf: a Hugging Face folder (default); gguf: one file for llama.cpp")
+    p.add_argument("--format", choices=FORMATS,
+                   help="hf: a Hugging Face folder; gguf: one file for llama.cpp (default: gguf when --out "
+                        "ends in .gguf, else hf)")
     p.add_argument("--gguf", metavar="FILE", help="the same as --format gguf --out FILE")
     p.add_argument("--dtype", choices=sorted(set(EXPORT_PRECISIONS) | set(GGUF_PRECISIONS)), default="fp32",
                    help="the weights' dtype (default: fp32, the dtype tinyattn trains its weights in); "
@@ -41,15 +42,16 @@ def parser() -> argparse.ArgumentParser:
 def destination(args: argparse.Namespace) -> tuple[str, str]:
     """(format, path) from --format/--out/--gguf, or a one-line ConfigError."""
     if args.gguf is not None:
-        if args.out is not None or args.format != "hf":
+        if args.out is not None or args.format is not None:
             raise ConfigError("--gguf FILE stands for --format gguf --out FILE: give one or the other")
         return "gguf", args.gguf
     if args.out is None:
         raise ConfigError("--out: the folder (or with --format gguf, the file) to write is required")
-    accepted = EXPORT_PRECISIONS if args.format == "hf" else GGUF_PRECISIONS
+    kind = args.format or ("gguf" if args.out.lower().endswith(".gguf") else "hf")
+    accepted = EXPORT_PRECISIONS if kind == "hf" else GGUF_PRECISIONS
     if args.dtype not in accepted:
-        raise ConfigError(f"--dtype {args.dtype}: --format {args.format} writes {', '.join(accepted)}")
-    return args.format, args.out
+        raise ConfigError(f"--dtype {args.dtype}: --format {kind} writes {', '.join(accepted)}")
+    return kind, args.out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ SUBCOMMANDS = {  # name: what it does (tinyattn.cli.<name>.main runs it)
     "generate": "sample text from a checkpoint, streamed as it is produced",
     "eval": "loss, perplexity, bits per character or byte, and loss by position of a checkpoint",
     "attention": "attention maps, relevance and the explorer page of a text",
-    "export": "write a checkpoint as a Hugging Face Llama folder",
+    "export": "write a checkpoint as a Hugging Face folder (Llama or Qwen3) or a GGUF file",
     "lab": "the attention chapter's claims, each measured on a model (docs/LAB.md)",
     "serve": "an OpenAI-compatible endpoint and a playground page for a checkpoint",
 }

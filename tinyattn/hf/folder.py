@@ -314,7 +314,7 @@ def model_card(config: Config, card: Optional[ModelCard], tokenizer: Tokenizer,
     else:
         data = "unknown data"
     lines = ["---", "library_name: transformers", "pipeline_tag: text-generation",
-             "tags: [tinyattn, llama]", "---", "",
+             f"tags: [tinyattn, {family.lower()}]", "---", "",
              f"# A {parameters / 1e6:.2f}M-parameter {family}-architecture language model", "",
              f"Trained with tinyattn and exported as `{architecture}`; it "
              "loads with `AutoModelForCausalLM` and `AutoTokenizer`, no custom code.", "",
