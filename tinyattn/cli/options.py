@@ -41,7 +41,8 @@ def add_inference_dtype(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--dtype", default="auto", choices=PRECISIONS,
                         help="weights' dtype; auto: bf16 on CUDA and on CPUs with fast bf16 "
-                             "(measured), else fp32, with fp16 copies of the weights for one-token "
+                             "(read from the CPU's flags; timed once and cached only where they cannot tell), "
+                             "else fp32, with fp16 copies of the weights for one-token "
                              "steps on an x86 CPU (faster; --dtype fp32 keeps fp32's numbers exactly)")
 
 
