@@ -122,6 +122,22 @@ def test_the_choices_are_the_librarys_own():
     assert f"model.attention={'|'.join(ATTENTION_PATHS)}" in option(parser_of("train"), "--set").help
 
 
+@pytest.mark.parametrize("argv0, expected", [
+    ("scripts/train.py", "python scripts/train.py"),
+    ("/home/me/tinyattn/scripts/generate.py", "python scripts/train.py"),  # from another script of a checkout
+    ("/venv/bin/tinyattn", "tinyattn train"),
+    ("/venv/lib/python3.12/site-packages/tinyattn/__main__.py", "tinyattn train"),  # python -m tinyattn
+])
+def test_the_commands_messages_print_are_the_ones_this_process_was_started_with(monkeypatch, tmp_path,
+                                                                                argv0, expected):
+    from tinyattn import checkpoint as ckpt
+    from tinyattn.errors import CheckpointError
+
+    monkeypatch.setattr(sys, "argv", [argv0, "generate"])
+    with pytest.raises(CheckpointError, match=f"train a model first: {expected} --config"):
+        ckpt.resolve_checkpoint(None, tmp_path)
+
+
 def test_run_command_turns_a_user_mistake_into_one_line(capsys):
     from tinyattn.errors import ConfigError
 

@@ -36,6 +36,7 @@ from tinyattn.config import Config, config_from_dict
 from tinyattn.data.tokenizer import Tokenizer
 from tinyattn.errors import CheckpointError, ConfigError
 from tinyattn.model.transformer import LanguageModel
+from tinyattn.system.invocation import command
 from tinyattn.system.storage import atomic_write
 
 FORMAT = "tinyattn-checkpoint"
@@ -180,7 +181,7 @@ def resolve_checkpoint(path: Optional[str | Path], out_dir: str | Path = "checkp
         run_dir = latest_run(out_dir)
         if run_dir is None:
             raise CheckpointError(f"no checkpoints under {out_dir}/; train a model first: "
-                                  "python scripts/train.py --config configs/shakespeare_char.yaml")
+                                  f"{command('train')} --config configs/shakespeare_char.yaml")
         path = run_dir
     path = Path(path)
     if path.is_file():

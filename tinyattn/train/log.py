@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from tinyattn.config import Config, config_to_dict
 from tinyattn.errors import TinyattnError
+from tinyattn.system.invocation import command
 from tinyattn.train.optim import optimizer_description
 
 if TYPE_CHECKING:
@@ -225,7 +226,7 @@ class Logger:
         self.close()
         if stopped_by:
             say(f"stopped by {stopped_by} at step {result.step}; checkpoint saved in {result.run_dir}. "
-                f"Resume with: python scripts/train.py --resume {result.run_dir}")
+                f"Resume with: {command('train')} --resume {result.run_dir}")
             return
         s = result.seconds
         split = ", ".join(f"{name} {s[name]:.1f} s ({s[name] / result.wall_seconds:.1%})"
