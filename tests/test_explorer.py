@@ -106,7 +106,7 @@ def test_a_256_token_text_of_a_6x6_model_makes_a_page_well_under_two_megabytes()
 
 
 def test_the_command_prints_the_table_and_writes_the_page(run_dir, relevance, tmp_path, capsys):
-    page = tmp_path / "explorer.html"
+    page = tmp_path / "new folder" / "explorer.html"  # made, as eval --plot makes its folder
     pngs_before = sorted((run_dir / "attention").glob("*.png"))  # other tests may have drawn some
     status = attention_main(["--checkpoint", str(run_dir), "--text", TEXT, "--query", "student", "--relevance",
                              "--top", "3", "--html", str(page), "--device", "cpu"])
@@ -128,9 +128,11 @@ def test_the_command_prints_the_table_and_writes_the_page(run_dir, relevance, tm
 @pytest.mark.parametrize("args, message", [
     (["--relevance", "--query-position", "-1"], "it predicts nothing in the text"),
     (["--relevance", "--top", "0"], "--top 0: expected a positive number"),
-    (["--html", "/no/such/folder/page.html"], "/no/such/folder/page.html: cannot write the page"),
-], ids=["last-token", "top-zero", "unwritable"])
+    (["--top", "3"], "--top 3: only with --relevance"),
+    (["--html", "{run}/config.yaml/page.html"], "config.yaml/page.html: cannot write the page"),  # a file's folder
+], ids=["last-token", "top-zero", "top-without-relevance", "unwritable"])
 def test_command_mistakes_are_one_line(run_dir, capsys, args, message):
+    args = [arg.format(run=run_dir) for arg in args]
     status = attention_main(["--checkpoint", str(run_dir), "--text", "The book", "--device", "cpu", *args])
     err = capsys.readouterr().err
     assert status == 2 and err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1

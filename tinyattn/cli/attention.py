@@ -61,6 +61,9 @@ def command(args: argparse.Namespace) -> int:
     from tinyattn.hf.folder import load_any_model
     from tinyattn.system.device import select_device
 
+    if args.top is not None and not args.relevance:
+        raise TinyattnError(f"--top {args.top}: only with --relevance (it shortens the relevance table); "
+                            "add --relevance")
     if not (args.relevance or args.html):
         require_matplotlib()  # before any work: a missing extra is a one-line error
     loaded = load_any_model(args.checkpoint, select_device(args.device))
