@@ -13,6 +13,7 @@ import torch
 
 from tinyattn.cli.main import main
 from tinyattn.config import ModelConfig, TrainConfig
+from tinyattn.errors import TinyattnError
 from tinyattn.lab.causal import leak_test, prefix_losses
 from tinyattn.lab.context import similarity_table, word_position
 from tinyattn.system.device import select_precision
@@ -109,6 +110,8 @@ CONTEXTS = ["First Citizen: we speak", "All: speak, speak"]
 def test_the_word_position_is_its_last_token(char_tokenizer):
     ids, position = word_position(char_tokenizer, "All: speak, speak", "speak")
     assert char_tokenizer.decode(ids[:position + 1]) == "All: speak"
+    with pytest.raises(TinyattnError, match=r"--word 'zebra': not in the context 'All: speak, speak'; give "):
+        word_position(char_tokenizer, "All: speak, speak", "zebra")
 
 
 def test_one_tokens_similarity_is_1_at_the_embedding_and_below_1_after_a_block_that_mixes_context(

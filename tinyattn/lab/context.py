@@ -51,7 +51,8 @@ def word_position(tokenizer, context: str, word: str) -> tuple[list[int], int]:
     that merges the word with what follows it is refused, as no token then ends the word."""
     start = context.find(word)
     if not word or start < 0:
-        raise TinyattnError(f"--context {context!r}: does not contain the word {word!r}")
+        raise TinyattnError(f"--word {word!r}: not in the context {context!r}; give contexts that hold it "
+                            "(--context, twice or more)")
     ids = tokenizer.encode(context)
     prefix = tokenizer.encode(context[:start + len(word)])
     if ids[:len(prefix)] != prefix:
