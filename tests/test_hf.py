@@ -328,7 +328,8 @@ def test_generate_eval_and_attention_take_a_hf_folder(tmp_path, capsys):
                                                   "--max-new-tokens", "8", "--temperature", "0",
                                                   "--device", "cpu"], capsys)
     assert code == 0, err
-    assert out.startswith("ROMEO:") and "model.safetensors" in err
+    assert out.startswith("ROMEO:") and f"{tmp_path / 'llama'} (a Hugging Face folder)" in err
+    assert "(step 0)" not in err  # a folder records no step
     text = tmp_path / "text.txt"
     text.write_text(TEXT, encoding="utf-8")
     code, out, err = run_main(eval_cli.main, ["--checkpoint", tmp_path / "llama", "--text-file", text,

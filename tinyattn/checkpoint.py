@@ -229,6 +229,12 @@ class LoadedModel:
     tokens_seen: Optional[int] = None
     best_val_loss: Optional[float] = None
     data: Optional[dict] = None  # the data fingerprint the checkpoint records; None: none recorded
+    hf_folder: bool = False  # read from a Hugging Face folder, which records no step
+
+    @property
+    def label(self) -> str:
+        """What messages call the model: the file and its step, or the Hugging Face folder."""
+        return f"{self.path.parent} (a Hugging Face folder)" if self.hf_folder else f"{self.path} (step {self.step})"
 
 
 def config_from_checkpoint(state: dict, path: Path) -> Config:

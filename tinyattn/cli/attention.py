@@ -175,7 +175,7 @@ def _relevance_query(args: argparse.Namespace, loaded, text: str) -> int:
 def _write_page(args: argparse.Namespace, loaded, text: str, rel, position: int) -> None:
     from tinyattn.analysis.explorer import write_explorer
 
-    source = f"{loaded.path} (step {loaded.step})"
+    source = f"{loaded.label}"
     shown = text if len(text) <= 80 else text[:79] + "…"
     try:
         path = write_explorer(args.html, rel, title="attention explorer: " + shown, source=source,

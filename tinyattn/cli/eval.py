@@ -73,7 +73,7 @@ def _print_scores(loaded, result, num_tokens: int, source: str) -> None:
 
     T = loaded.config.model.context_length
     tail = f" + a tail of {result.tail_tokens}" if result.tail_tokens else ""
-    print(f"{loaded.path} (step {loaded.step}) on {source}: {num_tokens:,} tokens, "
+    print(f"{loaded.label} on {source}: {num_tokens:,} tokens, "
           f"{result.full_windows:,} windows of {T}{tail}")
     bits = f"bits per {result.unit}"
     print(f"{'loss':<19} {result.loss:.4f} nats per token")
@@ -94,7 +94,8 @@ def _plot(args: argparse.Namespace, loaded, result, source: str, name: str) -> N
         print("plot skipped: matplotlib is missing (pip install 'tinyattn[plot]'), or use --no-plot")
         return
     path = args.plot or loaded.path.parent / f"loss_by_position_{name}.png"
-    title = f"loss by position: {loaded.path.parent.name}, step {loaded.step}, {source}"
+    step = "" if loaded.hf_folder else f", step {loaded.step}"
+    title = f"loss by position: {loaded.path.parent.name}{step}, {source}"
     try:
         save_loss_by_position_plot(result.loss_by_position, path, title)
     except OSError as e:

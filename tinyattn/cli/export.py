@@ -84,7 +84,7 @@ def export_hf(loaded, out: str, args: argparse.Namespace) -> int:
     card = ModelCard(str(loaded.path), loaded.step, loaded.tokens_seen, loaded.best_val_loss)
     files = export_folder(loaded.model.state_dict(), loaded.config, loaded.tokenizer, out,
                           dtype=DTYPES[args.dtype], card=card, force=args.force)
-    print(f"{loaded.path} (step {loaded.step}): wrote {out}/ ({', '.join(f.name for f in files)})")
+    print(f"{loaded.label}: wrote {out}/ ({', '.join(f.name for f in files)})")
     return 0
 
 
@@ -96,6 +96,6 @@ def export_gguf(loaded, out: str, args: argparse.Namespace) -> int:
     path = write_gguf(loaded.model.state_dict(), model_config, loaded.tokenizer, out, dtype=args.dtype,
                       name=loaded.path.parent.name or "tinyattn", force=args.force)  # the run's name
     size = path.stat().st_size / 2**20
-    print(f"{loaded.path} (step {loaded.step}): wrote {path} (llama.cpp architecture {architecture}, "
+    print(f"{loaded.label}: wrote {path} (llama.cpp architecture {architecture}, "
           f"{args.dtype}, {size:.1f} MiB)")
     return 0

@@ -147,7 +147,7 @@ def inference_model(loaded, args: argparse.Namespace, device):
 
     prepared = prepare_for_generation(loaded.model, args.dtype, device, compile=args.compile)
     size = prepared.model.num_parameters()
-    print(f"{loaded.path} (step {loaded.step}): {size / 1e6:.2f}M parameters, "
+    print(f"{loaded.label}: {size / 1e6:.2f}M parameters, "
           f"{prepared.describe(device)}{', compiled decoding' if args.compile else ''}",
           file=sys.stderr)
     return prepared.model

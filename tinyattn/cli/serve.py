@@ -101,7 +101,7 @@ def _serve(args: argparse.Namespace, sock) -> int:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     weights = prepared.describe(device)
-    print(f"{loaded.path} (step {loaded.step}): serving {app.state.served.model_id!r}, "
+    print(f"{loaded.label}: serving {app.state.served.model_id!r}, "
           f"{loaded.model.num_parameters() / 1e6:.2f}M parameters, {weights}, at http://{shown}:{port} "
           "(playground: /, API: /v1; Ctrl-C stops)", file=sys.stderr, flush=True)
     if host not in ("127.0.0.1", "::1", "localhost"):

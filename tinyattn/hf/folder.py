@@ -69,7 +69,7 @@ def load_any_model(path: Optional[str | Path] = None, device: str | torch.device
     model = LanguageModel(imported.config.model)
     load_weights(model, {"model": imported.weights}, imported.weights_file)
     model.to(device).eval()
-    return LoadedModel(model, imported.tokenizer, imported.config, imported.weights_file, 0)
+    return LoadedModel(model, imported.tokenizer, imported.config, imported.weights_file, 0, hf_folder=True)
 
 
 

@@ -141,8 +141,8 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     text = format_table(args.word, contexts, pairs, table)
     figure = save_figure(args.word, pairs, table, out / "context.png")
-    (out / "context.md").write_text(f"# tinyattn lab context: {loaded.path} (step {loaded.step})\n\n{text}\n",
+    (out / "context.md").write_text(f"# tinyattn lab context: {loaded.label}\n\n{text}\n",
                                     encoding="utf-8")
-    print(f"{loaded.path} (step {loaded.step})\n{text}")
+    print(f"{loaded.label}\n{text}")
     print(f"wrote {out / 'context.md'} and {figure} in {time.perf_counter() - started:.1f} s")
     return 0
