@@ -9,7 +9,10 @@ deletes the temporary file and leaves `path` untouched.
 A write the file system refuses (disk full, read-only folder, no permission) becomes a
 `StorageError` naming the path, so commands end with one line instead of a traceback.
 `check_writable(folder)` asks the same question before a command writes anything, and
-`remove_temporaries(folder)` clears what a killed writer left behind.
+`remove_temporaries(folder)` clears what a killed writer left behind. The file gets the
+permissions a plain `open(path, "w")` would give it (those of the file it replaces, else
+0666 less the umask), not the temporary file's owner-only 0600: a checkpoint folder shared
+with a class stays readable.
 
 Reading has its one helper too: `read_text(path, what)` is a UTF-8 file's text, or one
 line naming the file and what went wrong (not found, not UTF-8, unreadable).
@@ -31,6 +34,24 @@ STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.E
 TEMPORARY_SUFFIX = ".tmp"
 
 
+def _umask() -> int:
+    """The process's umask, read at import (setting it to read it back is not thread-safe later)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()
+
+
+def _mode_for(path: Path) -> int:
+    """The permissions `open(path, "w")` would leave `path` with: its own if it exists, else 0666 less the umask."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        return 0o666 & ~_UMASK
+
+
 @contextmanager
 def atomic_write(path: str | Path) -> Iterator[BinaryIO]:  # yields a file-like writer
     """Yield a binary file whose contents replace `path` only if the block succeeds."""
@@ -38,6 +59,8 @@ def atomic_write(path: str | Path) -> Iterator[BinaryIO]:  # yields a file-like 
     with storage_errors(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX)
+        if hasattr(os, "fchmod"):  # POSIX; mkstemp's file is owner-only
+            os.fchmod(fd, _mode_for(path))
     try:
         with storage_errors(path):
             with os.fdopen(fd, "wb") as f:
