@@ -44,8 +44,8 @@ tour: install
 bench-check: install  # the wall-clock tests and the benchmark smoke run
 	$(PY) -m pytest -q -m bench
 
-bench: install
-	$(PY) -m benchmarks.suite --json docs/bench-cpu.json
+bench: install  # what docs/bench-cpu.json holds (docs/BENCHMARKS.md's first command): compiled too, no dropout
+	$(PY) -m benchmarks.suite --compile --set model.dropout=0.0 --json docs/bench-cpu.json
 
 # Wheels for benchmarks/gpu_check.sh on the GPU machine (no network there; Python 3.12, its own
 # torch): what tinyattn imports and that machine lacks, at the versions installed here, for
