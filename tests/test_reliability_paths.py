@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import CORPUS, ROOT
 from tinyattn.config import load_config
-from tinyattn.errors import ConfigError, StorageError
+from tinyattn.errors import ConfigError, StorageError, TinyattnError
 from tinyattn.train.loop import train
 from tinyattn.train.run_folder import RunLock
 
@@ -116,6 +116,24 @@ def test_a_resume_on_a_corpus_with_new_characters_names_them_not_vocab_size(tmp_
     assert "vocab_size" not in str(refused.value)
 
 
+def test_a_run_that_fails_before_step_1_takes_back_only_the_folder_it_made(tmp_path):
+    from tinyattn.errors import DataError
+
+    missing = f"data.files={tmp_path / 'nope.txt'}"
+    with pytest.raises(DataError, match="file not found"):
+        train(tiny_config(tmp_path, missing), progress=False)  # a default name: a folder of its own
+    assert list((tmp_path / "runs").iterdir()) == []
+    kept = tmp_path / "runs" / "mine"
+    kept.mkdir()  # the user's (empty) folder, named with --run-name: it was there before
+    with pytest.raises(DataError, match="file not found"):
+        train(tiny_config(tmp_path, missing), run_name="mine", progress=False)
+    assert "file not found" in (kept / "train.log").read_text(encoding="utf-8")
+    train(tiny_config(tmp_path), run_name="done", progress=False)
+    with pytest.raises(TinyattnError):  # a run that trained keeps its folder, whatever fails later
+        train(tiny_config(tmp_path, "train.max_steps=4", missing), run_name="done", resume=True, progress=False)
+    assert (tmp_path / "runs" / "done" / "config.yaml").is_file()
+
+
 @pytest.mark.parametrize("budget", ["0.5s", "1s"])  # each shorter than the measuring itself, on any machine
 def test_a_budget_too_small_for_a_step_advises_what_helps_while_a_budget_is_set(tmp_path, budget):
     from tinyattn.errors import TinyattnError
@@ -128,3 +146,4 @@ def test_a_budget_too_small_for_a_step_advises_what_helps_while_a_budget_is_set(
             "train.time_budget=null train.max_steps=N" in message), message
     at_least = float(message.split("at least ")[1].split("s ")[0])
     assert at_least > float(budget[:-1])
+    assert list((tmp_path / "runs").iterdir()) == []  # a failed command leaves no run folder behind

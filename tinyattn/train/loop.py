@@ -55,6 +55,7 @@ from tinyattn.train.hooks import resolve_hooks
 from tinyattn.train.log import Logger, RunLog
 from tinyattn.train.owners import Checkpointer, Evaluator, LossWindow, StopRequest, Timers
 from tinyattn.train.resume import ResumePoint, keep_user_config, open_run_folder, save_data_fingerprint
+from tinyattn.train.run_folder import remove_failed_start
 from tinyattn.train.trainer import Trainer, TrainResult
 
 DEFAULT_OUT_DIR = TrainConfig.out_dir
@@ -131,10 +132,18 @@ def _train(config: Config, request: _Request, dist: Distributed) -> TrainResult:
         request.notes.extend([f"precision {precision}: {' '.join(changed)} (the config's by_precision)"]
                              if changed else [])
     check_training_fits(config.model, config.train, device)  # before the folder; vocab_size may be unknown
+    named = Path(config.train.out_dir) / request.run_name if request.run_name else None
+    made = dist.is_main and point is None and not (named is not None and named.exists())
     run_dir, lock = open_run_folder(config, request.config_path, request.run_name, point, dist)
-    with lock, RunLog(run_dir, enabled=dist.is_main):
-        return _train_in(run_dir, config, request, point=point, device=device, dist=dist, timers=timers,
-                         source=source)
+    with lock:
+        try:
+            with RunLog(run_dir, enabled=dist.is_main) as run_log:
+                return _train_in(run_dir, config, request, point=point, device=device, dist=dist,
+                                 timers=timers, source=source)
+        except TinyattnError:  # a user's mistake before step 1 leaves no folder behind
+            if made:
+                remove_failed_start(run_dir, run_log.path.name)
+            raise
 
 
 def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Optional[ResumePoint],

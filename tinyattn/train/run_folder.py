@@ -22,7 +22,9 @@ lock's clean-up deletes its `.*.tmp` files and the run overwrites `config.yaml`.
 run cannot land outside `train.out_dir`.
 
 `unique_run_dir` gives a default run name its own folder even when two runs start in
-the same second.
+the same second. `remove_failed_start` takes back a folder a command made and then failed in
+before its first step (a missing data file, a budget no step fits): a failed command leaves
+nothing behind, as it writes no config.yaml.
 """
 
 from __future__ import annotations
@@ -117,6 +119,24 @@ def check_run_folder(folder: Path) -> None:
         raise StorageError(f"{folder}: an existing folder that is not a tinyattn run folder (no "
                            f"{MARKER_NAME}, no checkpoints); nothing was written there. Choose another "
                            "--run-name or train.out_dir")
+
+
+def remove_failed_start(folder: Path, log_name: str) -> bool:
+    """Delete `folder` if it holds only what a run that failed before its first step leaves: its
+    log (`log_name`), the lock files and the marker. Call it holding the lock, on a folder this
+    command made. True if it went; anything else in it (config.yaml, a checkpoint, a file of the
+    user's), or a file system that refuses, leaves it as it is."""
+    failed_start = {log_name, LOCK_NAME, KERNEL_LOCK_NAME, MARKER_NAME}
+    try:
+        entries = list(folder.iterdir())
+        if any(p.name not in failed_start or not p.is_file() for p in entries):
+            return False
+        for p in entries:
+            p.unlink()
+        folder.rmdir()  # fails if another process has just made a lock file here: then it stays
+    except OSError:
+        return False
+    return True
 
 
 def _read_pid(path: Path) -> Optional[int]:
