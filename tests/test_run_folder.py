@@ -54,18 +54,30 @@ def test_two_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
 # ----------------------------------------------------------------------------- refused writes
 
 
-@pytest.mark.skipif(not hasattr(os, "fchmod"), reason="POSIX permissions")
-def test_a_written_file_has_the_permissions_a_plain_write_gives(tmp_path):
-    plain = tmp_path / "plain.txt"
-    plain.write_text("x")
-    new = tmp_path / "new.pt"
-    with atomic_write(new) as f:
-        f.write(b"x")
-    assert new.stat().st_mode & 0o777 == plain.stat().st_mode & 0o777  # 0644 under umask 022, not 0600
+@pytest.mark.skipif(not hasattr(os, "fchmod") or os.name == "nt", reason="POSIX permissions")
+def test_a_written_file_has_the_permissions_a_plain_write_gives(tmp_path, monkeypatch):
+    mask = os.umask(0o022)  # the usual umask, whatever the test process was given
+    try:
+        plain = tmp_path / "plain.txt"
+        plain.write_text("x")
+        new = tmp_path / "new.pt"
+        with atomic_write(new) as f:
+            f.write(b"x")
+    finally:
+        os.umask(mask)
+    assert new.stat().st_mode & 0o777 == plain.stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
     new.chmod(0o640)
     with atomic_write(new) as f:  # a replaced file keeps its own
         f.write(b"y")
     assert new.stat().st_mode & 0o777 == 0o640 and new.read_bytes() == b"y"
+
+    def refused(fd, mode):  # a file system that keeps no modes (FAT, some network mounts)
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "fchmod", refused)
+    with atomic_write(new) as f:  # written all the same, and no temporary left
+        f.write(b"z")
+    assert new.read_bytes() == b"z" and sorted(p.name for p in tmp_path.iterdir()) == ["new.pt", "plain.txt"]
 
 
 def test_a_full_disk_is_one_line_naming_the_file_and_leaves_no_partial_file(small_tmpfs):

@@ -47,7 +47,7 @@ from tinyattn.data.tokenizer import Tokenizer
 from tinyattn.errors import CheckpointError, TinyattnError
 from tinyattn.gguf.vocab import PRE_TOKENIZER, TOKENIZER_MODEL, gguf_vocab
 from tinyattn.hf.convert import norm_eps, to_hf_weights
-from tinyattn.system.storage import TEMPORARY_SUFFIX, storage_errors
+from tinyattn.system.storage import TEMPORARY_SUFFIX, new_file_mode, storage_errors
 from tinyattn.system.choices import GGUF_PRECISIONS
 
 INSTALL_HINT = "pip install 'tinyattn[gguf]'"
@@ -182,12 +182,6 @@ def write_gguf(state: dict[str, torch.Tensor], config: ModelConfig, tokenizer: T
     return path
 
 
-def _umask() -> int:
-    mask = os.umask(0)  # the only way to read it is to set it: put it straight back
-    os.umask(mask)
-    return mask
-
-
 def _write_beside_then_rename(writer, path: Path) -> None:
     """Write the file under a temporary name in the same folder and rename it into place."""
     with storage_errors(path):
@@ -203,7 +197,7 @@ def _write_beside_then_rename(writer, path: Path) -> None:
                 file.flush()
                 os.fsync(file.fileno())
             writer.close()
-            os.chmod(temporary, 0o666 & ~_umask())  # mkstemp's 0600 would keep ollama's own user out
+            os.chmod(temporary, new_file_mode(path))  # mkstemp's 0600 would keep ollama's own user out
             os.replace(temporary, path)
     finally:
         writer.close()

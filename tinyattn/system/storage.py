@@ -34,22 +34,35 @@ STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.E
 TEMPORARY_SUFFIX = ".tmp"
 
 
+def new_file_mode(path: Path) -> int:
+    """The permissions `open(path, "w")` leaves `path` with: the replaced file's, else 0666 less the umask."""
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        return 0o666 & ~_umask()
+
+
 def _umask() -> int:
-    """The process's umask, read at import (setting it to read it back is not thread-safe later)."""
+    """The process's umask: Linux shows it in /proc/self/status; elsewhere it is set and put back."""
+    try:
+        for line in Path("/proc/self/status").read_text(encoding="ascii").splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
 
 
-_UMASK = _umask()
-
-
-def _mode_for(path: Path) -> int:
-    """The permissions `open(path, "w")` would leave `path` with: its own if it exists, else 0666 less the umask."""
-    try:
-        return path.stat().st_mode & 0o7777
-    except OSError:
-        return 0o666 & ~_UMASK
+def _as_a_plain_write(fd: int, path: Path) -> None:
+    """Give mkstemp's owner-only file the mode a plain write of `path` would have. A file system
+    that keeps no modes (FAT, some network mounts) refuses: the file keeps its own."""
+    if hasattr(os, "fchmod"):
+        try:
+            os.fchmod(fd, new_file_mode(path))
+        except OSError:
+            pass
 
 
 @contextmanager
@@ -59,9 +72,8 @@ def atomic_write(path: str | Path) -> Iterator[BinaryIO]:  # yields a file-like 
     with storage_errors(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX)
-        if hasattr(os, "fchmod"):  # POSIX; mkstemp's file is owner-only
-            os.fchmod(fd, _mode_for(path))
     try:
+        _as_a_plain_write(fd, path)
         with storage_errors(path):
             with os.fdopen(fd, "wb") as f:
                 recorder = _WriteRecorder(f)
