@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tinyattn.config import Config, config_from_dict, config_to_dict, load_config, save_config
+from tinyattn.config import Config, apply_overrides, config_from_dict, config_to_dict, load_config, save_config
 from tinyattn.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +48,9 @@ def test_extends_with_own_files_drops_the_inherited_download(tmp_path):
     assert load_config(tmp_path / "base.yaml", ["data.files=mine.txt", "data.url=https://example.org/m.txt"]
                        ).data.url == "https://example.org/m.txt"
     assert load_config(tmp_path / "base.yaml", ["model.n_layer=2"]).data.url == "https://example.org/s.txt"
+    saved = load_config(tmp_path / "base.yaml")  # a resumed run's config with --set (apply_overrides)
+    assert apply_overrides(saved, ["data.files=mine.txt"]).data.url is None
+    assert apply_overrides(saved, ["model.n_layer=2"]).data.url == "https://example.org/s.txt"
 
 
 def test_default_prompt_starts_from_end_of_text_whatever_the_corpus(tmp_path):
@@ -108,6 +111,9 @@ def test_a_dropout_table_reads_as_numbers_and_survives_the_round_trip(tmp_path):
     ("", ["train.learning_rate=1"], r"--set: unknown key 'train\.learning_rate'"),
     ("", ["trian.lr=1"], r"--set: unknown key 'trian'; did you mean 'train'\?"),
     ("train:\n  lr: 0.1\n", ["train.lr.x=3"], r"--set: train\.lr: expected a number, got \{'x': 3\}"),
+    # --set adding to a table of the file's: the file's bad entry is still the file's
+    ("train:\n  dropout_by_passes: {1: 0.1, 2: bad}\n", ["train.dropout_by_passes.3=0.2"],
+     r"c\.yaml: train\.dropout_by_passes: expected a mapping of numbers to numbers"),
     ("model:\n  n_layer: four\n", [], r"c\.yaml: model\.n_layer: expected an integer, got 'four'"),
     ("train:\n  lr: fast\n", [], r"train\.lr: expected a number, got 'fast'"),
     ("model:\n  tie_embeddings: 1\n", [], r"model\.tie_embeddings: expected true or false"),

@@ -458,9 +458,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     given: dict = {}  # the overrides alone, as nested sections
     for item in overrides or []:
         key, value = _parse_override(item)
-        _set_dotted(raw, key, value)
+        origins[key] = origins[_set_dotted(raw, key, value)] = "--set"
         _set_dotted(given, key, value)
-        origins[key] = "--set"
     _drop_inherited_download(raw, given, origins)  # --set data.files=mine.txt: the config's url is not for it
     return config_from_dict(raw, origins=origins, default_origin=str(path))
 
@@ -468,11 +467,13 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
 def apply_overrides(config: Config, overrides: list[str], origin: str = "saved config") -> Config:
     """A copy of `config` with `key=value` overrides applied and validated again."""
     raw = config_to_dict(config)
-    origins = {}
+    origins: dict[str, str] = {}
+    given: dict = {}
     for item in overrides:
         key, value = _parse_override(item)
-        _set_dotted(raw, key, value)
-        origins[key] = "--set"
+        origins[key] = origins[_set_dotted(raw, key, value)] = "--set"
+        _set_dotted(given, key, value)
+    _drop_inherited_download(raw, given, origins)  # --set data.files=other.txt: the saved url is not for it
     return config_from_dict(raw, origins=origins, default_origin=origin)
 
 
@@ -492,14 +493,7 @@ def config_from_dict(raw: dict, *, origins: dict[str, str] | None = None,
     origins = origins or {}
 
     def where(key: str) -> str:
-        # The origin recorded for this key; else for keys under it (a section or value that exists
-        # only because `--set` named something inside it: trian.lr=1, train.lr.x=3); else the most
-        # specific one recorded for one of its parents.
-        if key in origins:
-            return origins[key]
-        below = sorted(origin for name, origin in origins.items() if name.startswith(f"{key}."))
-        if below:
-            return below[0]
+        # The most specific origin we recorded for this key or one of its parents.
         parts = key.split(".")
         for i in range(len(parts), 0, -1):
             if ".".join(parts[:i]) in origins:
@@ -694,16 +688,22 @@ def _parse_override(item: str) -> tuple[str, Any]:
     return key, value
 
 
-def _set_dotted(raw: dict, key: str, value: Any) -> None:
+def _set_dotted(raw: dict, key: str, value: Any) -> str:
+    """raw[a][b][c] = value for key a.b.c, making or replacing the sections on the way. Returns the
+    shortest part of the key that is new or replaced (a section `--set trian.lr=1` made, a value
+    `--set train.lr.x=3` turned into a section), so that an error in it names where it came from."""
     node = raw
     *parents, last = key.split(".")
-    for part in parents:
+    made = None
+    for i, part in enumerate(parents):
         child = node.get(part)
         if not isinstance(child, dict):
             child = {}
             node[part] = child
+            made = made or ".".join(parents[:i + 1])
         node = child
     node[last] = value
+    return made or key
 
 
 def _unknown_key_message(origin: str, key: str, valid: list[str]) -> str:
