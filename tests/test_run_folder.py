@@ -20,6 +20,12 @@ def test_a_second_holder_is_told_the_pid_and_the_folder_frees_on_release(tmp_pat
         RunLock.acquire(tmp_path / "run")
     lock.release()
     assert not (tmp_path / "run" / LOCK_NAME).exists()
+    # A pid file that is not this process's (another holder's, after this one's folder was taken
+    # back) stays at release.
+    lock = RunLock.acquire(tmp_path / "run")
+    (tmp_path / "run" / LOCK_NAME).write_text("4194304\n")
+    lock.release()
+    assert (tmp_path / "run" / LOCK_NAME).read_text() == "4194304\n"
     RunLock.acquire(tmp_path / "run").release()
 
 

@@ -80,7 +80,9 @@ class RunLock:
         if self._kernel_lock is None:
             return
         try:
-            (self.folder / LOCK_NAME).unlink(missing_ok=True)  # before the unlock: no one else's pid
+            pid_file = self.folder / LOCK_NAME
+            if _read_pid(pid_file) == os.getpid():  # before the unlock; never another holder's pid
+                pid_file.unlink(missing_ok=True)
         finally:
             self._kernel_lock.release()
             self._kernel_lock = None
@@ -131,9 +133,12 @@ def remove_failed_start(folder: Path, log_name: str) -> bool:
         entries = list(folder.iterdir())
         if any(p.name not in failed_start or not p.is_file() for p in entries):
             return False
-        for p in entries:
+        # The held lock file first: where it cannot go while held (Windows), nothing else goes.
+        # A process that opens the name after it is gone makes a lock file of its own, which the
+        # rmdir then finds: the folder stays, with that process's files.
+        for p in sorted(entries, key=lambda p: p.name != KERNEL_LOCK_NAME):
             p.unlink()
-        folder.rmdir()  # fails if another process has just made a lock file here: then it stays
+        folder.rmdir()
     except OSError:
         return False
     return True
