@@ -123,8 +123,9 @@ def test_the_choices_are_the_librarys_own():
 
 
 @pytest.mark.parametrize("argv0, expected", [
-    ("scripts/train.py", "python scripts/train.py"),
-    ("/home/me/tinyattn/scripts/generate.py", "python scripts/train.py"),  # from another script of a checkout
+    ("scripts/train.py", "python scripts/train.py"),  # as the user wrote it, from the checkout
+    (str(ROOT / "scripts" / "generate.py"), f"python {ROOT / 'scripts' / 'train.py'}"),  # another script
+    ("/home/me/project/scripts/mine.py", "tinyattn train"),  # a script of the user's: no train.py beside it
     ("/venv/bin/tinyattn", "tinyattn train"),
     ("/venv/lib/python3.12/site-packages/tinyattn/__main__.py", "tinyattn train"),  # python -m tinyattn
 ])
@@ -133,6 +134,7 @@ def test_the_commands_messages_print_are_the_ones_this_process_was_started_with(
     from tinyattn import checkpoint as ckpt
     from tinyattn.errors import CheckpointError
 
+    monkeypatch.chdir(ROOT)
     monkeypatch.setattr(sys, "argv", [argv0, "generate"])
     with pytest.raises(CheckpointError, match=f"train a model first: {expected} --config"):
         ckpt.resolve_checkpoint(None, tmp_path)

@@ -129,7 +129,7 @@ def test_the_command_prints_the_table_and_writes_the_page(run_dir, relevance, tm
     (["--relevance", "--query-position", "-1"], "it predicts nothing in the text"),
     (["--relevance", "--top", "0"], "--top 0: expected a positive number"),
     (["--top", "3"], "--top 3: only with --relevance"),
-    (["--html", "{run}/config.yaml/page.html"], "config.yaml/page.html: cannot write the page"),  # a file's folder
+    (["--html", "{run}/config.yaml/page.html"], "config.yaml is a file, not a folder"),
 ], ids=["last-token", "top-zero", "top-without-relevance", "unwritable"])
 def test_command_mistakes_are_one_line(run_dir, capsys, args, message):
     args = [arg.format(run=run_dir) for arg in args]

@@ -330,6 +330,10 @@ def test_generate_eval_and_attention_take_a_hf_folder(tmp_path, capsys):
     assert code == 0, err
     assert out.startswith("ROMEO:") and f"{tmp_path / 'llama'} (a Hugging Face folder)" in err
     assert "(step 0)" not in err  # a folder records no step
+    code, out, err = run_main(export_cli.main, ["--checkpoint", tmp_path / "llama", "--out", tmp_path / "again"],
+                              capsys)
+    assert code == 0, err
+    assert "| training |" not in (tmp_path / "again" / "README.md").read_text()  # no run: no "0 steps"
     text = tmp_path / "text.txt"
     text.write_text(TEXT, encoding="utf-8")
     code, out, err = run_main(eval_cli.main, ["--checkpoint", tmp_path / "llama", "--text-file", text,

@@ -523,7 +523,7 @@ def test_ctrl_c_saves_and_says_how_to_resume(corpus, tmp_path, sig):
     _, rest = process.communicate(timeout=120)
     stderr = "".join(lines) + rest
     assert process.returncode == 130, stderr
-    assert f"stopped by {sig.name}" in stderr and "Resume with: python scripts/train.py --resume" in stderr
+    assert f"stopped by {sig.name}" in stderr and f"Resume with: python {args[1]} --resume" in stderr
     latest = ckpt.latest_checkpoint(tmp_path / "sig")
     assert latest is not None and ckpt.load_checkpoint(latest)["step"] >= 3
 

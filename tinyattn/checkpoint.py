@@ -234,7 +234,9 @@ class LoadedModel:
     @property
     def label(self) -> str:
         """What messages call the model: the file and its step, or the Hugging Face folder."""
-        return f"{self.path.parent} (a Hugging Face folder)" if self.hf_folder else f"{self.path} (step {self.step})"
+        if self.hf_folder:
+            return f"{self.path.parent} (a Hugging Face folder)"
+        return f"{self.path} (step {self.step})"
 
 
 def config_from_checkpoint(state: dict, path: Path) -> Config:

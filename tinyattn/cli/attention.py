@@ -175,11 +175,13 @@ def _relevance_query(args: argparse.Namespace, loaded, text: str) -> int:
 def _write_page(args: argparse.Namespace, loaded, text: str, rel, position: int) -> None:
     from tinyattn.analysis.explorer import write_explorer
 
-    source = f"{loaded.label}"
+    source = loaded.label
     shown = text if len(text) <= 80 else text[:79] + "…"
     try:
         path = write_explorer(args.html, rel, title="attention explorer: " + shown, source=source,
                               query=position)
     except OSError as e:
-        raise TinyattnError(f"{args.html}: cannot write the page ({e.strerror or e})") from None
+        folder = Path(args.html).parent
+        why = f"{folder} is a file, not a folder" if folder.is_file() else e.strerror or e
+        raise TinyattnError(f"{args.html}: cannot write the page ({why})") from None
     print(f"wrote {path} ({path.stat().st_size / 1024:,.0f} KiB)")

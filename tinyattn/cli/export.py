@@ -81,7 +81,9 @@ def export_hf(loaded, out: str, args: argparse.Namespace) -> int:
     from tinyattn.hf.convert import DTYPES
     from tinyattn.hf.folder import ModelCard, export_folder
 
-    card = ModelCard(str(loaded.path), loaded.step, loaded.tokens_seen, loaded.best_val_loss)
+    # A Hugging Face folder records no training run: its card says none.
+    card = None if loaded.hf_folder else ModelCard(str(loaded.path), loaded.step, loaded.tokens_seen,
+                                                   loaded.best_val_loss)
     files = export_folder(loaded.model.state_dict(), loaded.config, loaded.tokenizer, out,
                           dtype=DTYPES[args.dtype], card=card, force=args.force)
     print(f"{loaded.label}: wrote {out}/ ({', '.join(f.name for f in files)})")

@@ -14,8 +14,8 @@ from tinyattn.config import ATTENTION_PATHS
 from tinyattn.system.choices import DEVICE_NAMES
 
 CHECKPOINT_HELP = ("a run folder (its best.pt, else its latest step), a checkpoint file or a Hugging Face "
-                   "folder (Llama or Qwen3: config.json, safetensors, tokenizer.json); default: the best checkpoint "
-                   "of the most recent run under {where}")
+                   "folder (Llama or Qwen3: config.json, safetensors, tokenizer.json); default: the best "
+                   "checkpoint of the most recent run under {where}")
 
 
 def command_parser(name: str, description: str, epilog: str, **options) -> argparse.ArgumentParser:

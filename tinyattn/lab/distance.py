@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     recall = train_recall(pairs=args.pairs, steps=args.recall_steps, seed=args.seed, device=device,
                           writer_folder=folder)
     machine = machine_line(device, "fp32")
-    text_report = report(probe, recall, f"{loaded.label}", machine, args,
+    text_report = report(probe, recall, loaded.label, machine, args,
                          wall=time.perf_counter() - started)
     save_report(folder, "distance", text_report)
     save_figure(probe, recall, folder / "distance.png", length=args.string_length)

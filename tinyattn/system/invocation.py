@@ -8,9 +8,11 @@ from pathlib import Path
 
 def command(name: str) -> str:
     """The command that runs tinyattn's `name` (train, generate, ...) as this process was started:
-    `python scripts/<name>.py` from a checkout's scripts, else `tinyattn <name>` (the installed
-    command, which `python -m tinyattn` also is)."""
+    `python <its folder>/<name>.py` when it is a script beside tinyattn's (a checkout's scripts/,
+    as the user wrote the path), else `tinyattn <name>` (the installed command, which
+    `python -m tinyattn` also is)."""
     script = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
-    if script.parent.name == "scripts" and script.suffix == ".py":
-        return f"python scripts/{name}.py"
+    sibling = script.parent / f"{name}.py"
+    if script.parent.name == "scripts" and script.suffix == ".py" and sibling.is_file():
+        return f"python {sibling}"
     return f"tinyattn {name}"
