@@ -445,6 +445,22 @@ def test_temperature_zero_is_argmax_and_logits_are_not_modified():
     assert torch.equal(logits, before)
 
 
+def test_temperature_divides_the_logits_before_the_softmax(monkeypatch):
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    drawn_from = []
+    real = torch.multinomial
+
+    def recording(probs, *args, **kwargs):
+        drawn_from.append(probs.clone())
+        return real(probs, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "multinomial", recording)
+    for temperature in (0.5, 1.0, 2.0):
+        sample_next_token(logits, torch.Generator().manual_seed(0), temperature=temperature)
+    for probs, temperature in zip(drawn_from, (0.5, 1.0, 2.0)):
+        torch.testing.assert_close(probs, torch.softmax(logits / temperature, dim=-1))
+
+
 def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
     logits = torch.tensor([[2.0, -2.0, 1.0, -1.0]])
     present = torch.tensor([[True, True, False, False]])
@@ -596,6 +612,9 @@ def test_the_models_train_mode_is_restored(tiny_model, tokenizer):
     model = tiny_model().train()
     list(generate(model, tokenizer, "All", max_new_tokens=3, seed=0))
     assert model.training
+    model.eval()  # and eval mode stays eval mode (no dropout switched on behind the caller's back)
+    list(generate(model, tokenizer, "All", max_new_tokens=3, seed=0))
+    assert not model.training
 
 
 # ----------------------------------------------------------------------------- the command line
