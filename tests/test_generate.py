@@ -521,6 +521,20 @@ def collect(pieces) -> list[tuple[str, str]]:
 # ----------------------------------------------------------------------------- ending a sample
 
 
+def test_streamed_bpe_text_never_shows_half_a_character():
+    # Byte-level BPE splits a character the training text never had into single bytes: streamed
+    # token by token, no piece may show U+FFFD for a character a later token completes.
+    from tinyattn.generate.text import IncrementalDetokenizer
+
+    text = "ab 😀 é 東京 done"
+    bpe = build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), lambda: iter(["ab done " * 20]))
+    ids = bpe.encode(text)
+    assert len(ids) > len(text)  # some characters really span several tokens
+    stream = IncrementalDetokenizer(bpe)
+    pieces = [stream.push(i) for i in ids] + [stream.flush()]
+    assert "".join(pieces) == text and not any("\ufffd" in piece for piece in pieces)
+
+
 def test_stop_string_filter_holds_back_possible_starts():
     f = StopStringFilter(["\n\n", "END"])
     assert f.push("ab\n") == "ab"  # "\n" may start "\n\n"
