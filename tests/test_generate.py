@@ -20,7 +20,7 @@ from tinyattn.data.tokenizer import build_tokenizer
 from tinyattn.errors import ConfigError
 from tinyattn.generate import decoder as decoder_module
 from tinyattn.generate.cpu_weights import (ONEDNN, PackedLinear, PackingOperators, _packing_works, has_row_weights,
-                                           pack_linear_weights)
+                                           one_row_weight, pack_linear_weights)
 from tinyattn.generate.decoder import (CachedDecoder, DecodeStep, generate_tokens, prepare_for_generation,
                                        row_weight_dtype)
 from tinyattn.generate.sampling import apply_repetition_penalty, nucleus_mask, sample_next_token
@@ -292,6 +292,25 @@ def test_an_fp16_overflow_drops_the_row_copies_and_decodes_on_in_fp32(tiny_model
             for t in range(first + 1, 12):
                 torch.testing.assert_close(decoder.step(ids[:, t]), reference.step(ids[:, t]))
     assert decoder.refills == reference.refills == (5 if path == "one-token-refill" else 0)  # every other step
+
+
+def test_one_overflowing_logit_mid_sequence_recomputes_every_cached_position_in_fp32(tiny_model, tokenizer):
+    exact = perturbed(tiny_model(context_length=24))
+    rows = copy.deepcopy(exact)
+    if not pack_linear_weights(rows, row_dtype=torch.float16):
+        pytest.skip("this torch build cannot pack weights for oneDNN")
+    ids = random_ids(tokenizer.vocab_size, 12, batch=1)
+    with torch.inference_mode():
+        decoder, reference = CachedDecoder(rows, batch_size=1), CachedDecoder(exact, batch_size=1)
+        decoder.prefill(ids[:, :4]), reference.prefill(ids[:, :4])
+        for t in range(4, 7):  # positions cached through the fp16 copies, near fp32 but not equal
+            torch.testing.assert_close(decoder.step(ids[:, t]), reference.step(ids[:, t]), rtol=0, atol=4e-3)
+        one_row_weight(rows.head)[5].fill_(float("inf"))  # from here one logit of V overflows
+        with pytest.warns(RuntimeWarning, match="not finite"):
+            logits = decoder.step(ids[:, 7])
+        torch.testing.assert_close(logits, reference.step(ids[:, 7]))  # every position again in fp32
+        for t in range(8, 12):
+            torch.testing.assert_close(decoder.step(ids[:, t]), reference.step(ids[:, t]))
 
 
 @pytest.mark.parametrize("name, capability, bf16_fast, expected", [
