@@ -156,6 +156,7 @@ def test_a_completion_equals_generate_with_the_same_seed(client, loaded):
     assert done.choices[0].text == expected and len(expected) > 10
     assert done.choices[0].finish_reason == ("length" if len(expected) == 40 else "stop")
     assert done.usage.prompt_tokens == len(PROMPT) and done.usage.completion_tokens == len(expected)
+    assert done.usage.total_tokens == len(PROMPT) + len(expected)
     other = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=40, temperature=1.0,
                                       top_p=0.9, seed=8)
     assert other.choices[0].text != expected  # the seed is what fixes the text
@@ -172,6 +173,29 @@ def test_n_choices_are_the_samples_of_seed_plus_i_and_a_stop_string_ends_one(cli
     stopped = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=30, temperature=1.0,
                                         seed=3, stop=[stop])
     assert stopped.choices[0].text == full[:full.index(stop)] and stopped.choices[0].finish_reason == "stop"
+    # Four stop strings are accepted (OpenAI's limit; five are a 400, BAD_REQUESTS).
+    four = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=30, temperature=1.0,
+                                     seed=3, stop=[stop, "\x01", "\x02", "\x03"])
+    assert four.choices[0].text == stopped.choices[0].text
+    # One stop string given as a string (as OpenAI's API allows) is that string, not its characters:
+    # one whose first character the text has earlier on its own.
+    at = next(i for i in range(1, len(full) - 1) if full[i] in full[:i] and full.find(full[i:i + 2]) == i)
+    plain = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=30, temperature=1.0,
+                                      seed=3, stop=full[at:at + 2])
+    assert plain.choices[0].text == full[:at]
+
+
+def test_streamed_choices_carry_their_index_and_the_usage_comes_last_when_asked(client, loaded):
+    options = dict(model="tiny-serve", prompt=PROMPT, max_tokens=20, temperature=1.0, seed=5, n=2)
+    whole = client.completions.create(**options)
+    chunks = list(client.completions.create(**options, stream=True, stream_options={"include_usage": True}))
+    *pieces, last = chunks
+    assert last.choices == [] and last.usage.model_dump() == whole.usage.model_dump()
+    texts = {0: "", 1: ""}
+    for chunk in pieces:
+        assert chunk.usage is None and len(chunk.choices) == 1
+        texts[chunk.choices[0].index] += chunk.choices[0].text
+    assert [texts[0], texts[1]] == [c.text for c in whole.choices] and texts[0] != texts[1]
 
 
 def test_a_streamed_completion_joins_to_the_same_text_and_ends_with_done(client, loaded, server):
@@ -203,8 +227,9 @@ BAD_REQUESTS = {
     "top-p-zero": ({"top_p": 0.0}, "top_p", "a number in (0, 1]"),
     "top-p-above-one": ({"top_p": 1.5}, "top_p", "a number in (0, 1]"),
     "prompt-too-long": ({"prompt": "x" * 49}, "prompt",
-                        "the prompt is 49 tokens; this server takes at most 48"),
+                        "the prompt is 49 tokens; this server takes at most 48"),  # 48 are served (below)
     "n-too-large": ({"n": 5}, "n", "n 5 is not accepted: expected 1 to 4"),
+    "five-stops": ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4 stop strings, got 5"),
     "wrong-type": ({"extra_body": {"max_tokens": "ten"}}, "max_tokens", "valid integer"),
     "unsupported": ({"logprobs": 2}, "logprobs", "logprobs is not supported"),
 }
@@ -223,6 +248,8 @@ def test_a_bad_request_is_a_400_with_an_openai_error_and_the_server_stays_up(cli
     assert message in error["message"]
     after = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=2)  # still up
     assert after.choices[0].finish_reason is not None
+    at_the_limit = client.completions.create(model="tiny-serve", prompt="x" * 48, max_tokens=2)
+    assert at_the_limit.usage.prompt_tokens == 48
 
 
 @pytest.mark.parametrize("body, message", [
