@@ -83,8 +83,9 @@ def test_cached_decoding_equals_recomputing_at_every_step(tiny_model, tokenizer,
     assert decoder.refills == 0
 
 
-def test_past_the_context_the_cache_is_refilled_by_the_documented_rule(tiny_model, tokenizer):
-    context, keep = 16, 8  # keep = context_length // 2
+@pytest.mark.parametrize("context, keep, refills", [(16, 8, 5), (15, 7, 5)])  # keep = context_length // 2
+def test_past_the_context_the_cache_is_refilled_by_the_documented_rule(tiny_model, tokenizer, context, keep,
+                                                                        refills):
     model = tiny_model(context_length=context)
     ids = random_ids(tokenizer.vocab_size, 60)
     decoder = CachedDecoder(model, batch_size=2)
@@ -96,7 +97,7 @@ def test_past_the_context_the_cache_is_refilled_by_the_documented_rule(tiny_mode
             if end + 1 - start > context:  # the next token does not fit: keep the last `keep`
                 start = end + 1 - keep
             logits = decoder.step(ids[:, end])
-    assert decoder.refills == 5  # after 16 tokens, then every 8
+    assert decoder.refills == refills  # after `context` tokens, then each time the window is full again
 
 
 def test_prefills_and_refills_run_the_head_on_the_last_position_only(tiny_model, tokenizer):
