@@ -204,13 +204,43 @@ def test_resume_is_exact(corpus, tmp_path, count_train_steps, sampling, ema, pea
     assert a["best_val_loss"] == pytest.approx(b["best_val_loss"], abs=1e-6)
 
 
+def test_a_trainer_takes_back_what_it_saved_and_an_average_added_on_resume_starts_from_it(corpus, tmp_path):
+    from tinyattn.data.batches import prepare_data
+    from tinyattn.system.device import select_precision
+
+    cpu, fp32 = torch.device("cpu"), select_precision("fp32", torch.device("cpu"))
+
+    def trainer_of(*extra):
+        config = tiny_config(corpus, tmp_path, "train.max_steps=6", *extra)
+        data = prepare_data(config, progress=False)
+        config.model.vocab_size = data.tokenizer.vocab_size
+        return Trainer.build(config.model, config.train, data.train, device=cpu, precision=fp32), config
+
+    saved, config = trainer_of()
+    saved.train_step()
+    saved.train_step()
+    saved.best_val_loss = 2.5
+    state = saved.state_dict()
+    resumed, _ = trainer_of("train.ema=0.9")  # the average asked for only now
+    resumed.load_state_dict(state, tmp_path / "step.pt")
+    assert (resumed.step, resumed.tokens_seen, resumed.best_val_loss) == (2, saved.tokens_seen, 2.5)
+    with resumed.evaluated_weights():  # the average starts from the loaded weights, not the random init
+        for name, p in resumed.model.named_parameters():
+            torch.testing.assert_close(p, saved.model.state_dict()[name], rtol=0, atol=0, msg=name)
+    # Accumulated micro-batches count as tokens seen: B * T per micro-batch.
+    accumulating, _ = trainer_of("train.grad_accum_steps=2")
+    accumulating.train_step()
+    assert accumulating.tokens_seen == 2 * config.train.batch_size * config.model.context_length
+
+
 @pytest.mark.parametrize("tied", [False, True])  # tied: the head's name must hold the average too
 def test_the_moving_average_is_what_a_run_evaluates_and_saves(corpus, tmp_path, tied):
     from tinyattn.analysis.evaluate import loss_by_position
     from tinyattn.data.batches import prepare_data
     from tinyattn.system.device import select_precision
 
-    config = tiny_config(corpus, tmp_path, "train.ema=0.5", "train.max_steps=6", f"model.tie_embeddings={tied}")
+    # decay 0.8, not 0.5: at 0.5 the decay and its complement are the same number, and swapping them passes
+    config = tiny_config(corpus, tmp_path, "train.ema=0.8", "train.max_steps=6", f"model.tie_embeddings={tied}")
     cpu = torch.device("cpu")
     data = prepare_data(config, progress=False)
     config.model.vocab_size = data.tokenizer.vocab_size
@@ -223,7 +253,7 @@ def test_the_moving_average_is_what_a_run_evaluates_and_saves(corpus, tmp_path, 
     for name, p in trainer.model.named_parameters():
         expected = weights[0][name]
         for w in weights[1:]:
-            expected = 0.5 * expected + 0.5 * w[name]  # average_t = decay * average_(t-1) + (1 - decay) * w_t
+            expected = 0.8 * expected + 0.2 * w[name]  # average_t = decay * average_(t-1) + (1 - decay) * w_t
         torch.testing.assert_close(state["model"][name], expected, msg=name)
         torch.testing.assert_close(state["trained_model"][name], p.detach(), rtol=0, atol=0, msg=name)
         assert not torch.equal(expected, p.detach())  # the two differ: the check above can fail
