@@ -328,6 +328,23 @@ def test_resuming_an_earlier_checkpoint_with_a_new_run_name_forks(corpus, tmp_pa
     assert "forked from" in (fork / "train.log").read_text(encoding="utf-8")
 
 
+def test_a_fork_never_takes_a_later_best_nor_trains_into_another_runs_checkpoints(corpus, tmp_path, twelve_steps):
+    run, before = twelve_steps
+    assert ckpt.saved_value(run / "best.pt", "step") > 6  # the original's best is past the fork's start
+    from tinyattn.train.resume import ResumePoint
+
+    (tmp_path / "fork").mkdir()
+    ResumePoint.find(run / "step_0000006.pt", "fork", tmp_path).fork_into(tmp_path / "fork")
+    assert sorted(p.name for p in (tmp_path / "fork").iterdir()) == ["step_0000006.pt"]  # no later best.pt
+    config = tiny_config(corpus, tmp_path, "train.max_steps=12", "train.eval_interval=3", "train.keep_last=4")
+    train(tiny_config(corpus, tmp_path, "train.max_steps=3", "train.eval_interval=3"), run_name="other",
+          progress=False)
+    other = _file_digests(tmp_path / "other")
+    with pytest.raises(CheckpointError, match=r"other already holds checkpoints"):
+        train(config, run_name="other", resume=run / "step_0000006.pt", progress=False)
+    assert _file_digests(tmp_path / "other") == other and _file_digests(run) == before
+
+
 def test_resuming_an_earlier_checkpoint_in_place_is_refused(corpus, tmp_path, twelve_steps, capsys):
     from tinyattn.cli.train import main
 
