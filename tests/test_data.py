@@ -287,7 +287,7 @@ def test_second_run_reuses_the_cache(tmp_path, builds):
     assert second.tokenizer.to_json() == first.tokenizer.to_json()
 
 
-@pytest.mark.parametrize("change", ["tokenizer", "vocab_size", "fraction", "text_field", "file"])
+@pytest.mark.parametrize("change", ["tokenizer", "vocab_size", "fraction", "text_field", "file", "max_documents"])
 def test_any_change_rebuilds(tmp_path, builds, change):
     path = write_jsonl(tmp_path / "corpus.jsonl")
     data = {"files": [str(path)]}
@@ -304,6 +304,8 @@ def test_any_change_rebuilds(tmp_path, builds, change):
         data["text_field"] = "body"
     elif change == "file":
         write_jsonl(path, DOCUMENTS + ["one more document, long enough to matter.\n"])
+    elif change == "max_documents":
+        data["max_documents"] = 15
     second = prepare_data(make_config(tmp_path, data, tokenizer), progress=False)
     assert len(builds) == 4 and second.cache_dir != first.cache_dir
     assert len(trusted_caches(tmp_path)) == 2
@@ -359,7 +361,7 @@ def test_damaged_cache_is_rebuilt(tmp_path, builds, damage):
     assert len(builds) == 2 and np.array_equal(result.train, expected)
 
 
-@pytest.mark.parametrize("damage", ["zeros", "ids outside the vocabulary"])
+@pytest.mark.parametrize("damage", ["zeros", "ids outside the vocabulary", "the id one past the vocabulary"])
 def test_token_file_changed_in_place_is_rebuilt_with_a_warning(tmp_path, builds, capsys, damage):
     folder = write_text_folder(tmp_path / "books")
     config = make_config(tmp_path, {"files": [str(folder)]})
@@ -373,12 +375,13 @@ def test_token_file_changed_in_place_is_rebuilt_with_a_warning(tmp_path, builds,
             f.write(bytes(min(4096, size)))
         reason = r"train\.bin does not match its checksum in meta\.json"
     else:  # ids the model has no embedding for, with a checksum that agrees
-        bad = np.full(size // 2, vocab_size + 7, dtype=np.uint16)
+        bad_id = vocab_size + 7 if damage == "ids outside the vocabulary" else vocab_size
+        bad = np.full(size // 2, bad_id, dtype=np.uint16)
         bad.tofile(cache / "train.bin")
         meta = json.loads((cache / "meta.json").read_text())
         meta["checksums"]["train.bin"] = hashlib.blake2b(bad.tobytes()).hexdigest()
         (cache / "meta.json").write_text(json.dumps(meta))
-        reason = rf"train\.bin holds token id {vocab_size + 7}, outside the vocabulary of {vocab_size}"
+        reason = rf"train\.bin holds token id {bad_id}, outside the vocabulary of {vocab_size}"
     builds.clear()
     capsys.readouterr()
     result = prepare_data(config, progress=False)
