@@ -67,6 +67,26 @@ def test_newton_schulz_sets_every_singular_value_near_one_for_a_stack():
     torch.testing.assert_close(tall, out.transpose(-2, -1), rtol=1e-4, atol=1e-5)
 
 
+def test_a_muon_step_is_the_orthogonalised_nesterov_momentum_at_its_documented_scale():
+    """Two steps on a (16, 64) matrix by hand: buffer = m * buffer + (1 - m) * g, the direction
+    g.lerp(buffer, m) (Nesterov), its Newton-Schulz orthogonalisation, times lr * 0.2 *
+    sqrt(max(rows, cols)); decoupled weight decay first."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(16, 64, generator=gen)
+    grads = [torch.randn(16, 64, generator=gen) for _ in range(2)]
+    p = torch.nn.Parameter(w.clone())
+    lr, m, decay = 0.05, 0.9, 0.1
+    muon = Muon([p], lr=lr, momentum=m, weight_decay=decay)
+    expected, buffer = w.clone(), torch.zeros_like(w)
+    for g in grads:
+        p.grad = g.clone()
+        muon.step()
+        buffer = m * buffer + (1 - m) * g
+        direction = newton_schulz(g.lerp(buffer, m)[None])[0]
+        expected = expected * (1 - lr * decay) - lr * 0.2 * math.sqrt(64) * direction
+    torch.testing.assert_close(p.detach(), expected, rtol=1e-5, atol=1e-6)
+
+
 def test_muon_refuses_a_vector():
     with pytest.raises(ValueError, match="matrices only"):
         Muon([torch.nn.Parameter(torch.zeros(4))])
