@@ -383,6 +383,32 @@ def test_the_steps_that_fit_count_the_evaluations_due_on_the_way():
     assert steps == max(n for n in range(200) if n + ((n - 1) // 10) * 2.5 <= 95.0)
     clock.now = 97.0
     assert plan.steps_that_fit(0) == 0
+    # A run whose last step lands on an evaluation step: that evaluation is the last one, counted once.
+    clock.now = 0.0
+    plan.seconds = (97.6 + TimePlan.EXIT_SECONDS + 2.5) / (1 - TimePlan.MARGIN)  # 97.6 s for steps
+    assert plan.steps_that_fit(0) == 80  # 80 s + 7 evaluations (10..70) * 2.5 = 97.5 s; 81 would need 101
+
+
+def test_the_plan_follows_the_last_steps_starts_after_warmup_and_a_finished_run_stays_finished():
+    config = load_config(TINY, ["train.warmup_steps=5"]).train
+    clock = FakeClock()
+    plan = TimePlan("1000s", config, clock)
+    plan.seed(1.0, 0.0, 0.0)
+    plan.start()
+    for step in range(1, 2 * TimePlan.WINDOW + 1):  # a machine that halves its speed midway
+        clock.now += 1.0 if step <= TimePlan.WINDOW else 2.0
+        plan.after_step(step)
+        if step == 5:
+            assert plan.progress == 0.0  # still warming up: the schedule has not moved
+        if step == 6:
+            assert plan.progress > 0.0
+    assert plan.times["step"] == [2.0] * TimePlan.WINDOW  # the median is of the latest steps
+    clock.now = 999.0  # past the budget: the next step finishes the run
+    plan.after_step(2 * TimePlan.WINDOW + 1)
+    assert plan.done(63) and plan.progress == 1.0
+    resumed = TimePlan("1000s", config, FakeClock())
+    resumed.load_state_dict(plan.state_dict())
+    assert resumed.done(63)  # a resumed finished run takes no step past its budget
 
 
 def test_no_step_is_timed_with_an_evaluation_in_it():
