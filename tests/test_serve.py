@@ -248,7 +248,7 @@ def test_a_bad_request_is_a_400_with_an_openai_error_and_the_server_stays_up(cli
     assert message in error["message"]
     after = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=2)  # still up
     assert after.choices[0].finish_reason is not None
-    at_the_limit = client.completions.create(model="tiny-serve", prompt="x" * 48, max_tokens=2)
+    at_the_limit = client.completions.create(model="tiny-serve", prompt=PROMPT * 8, max_tokens=2)  # 48 tokens
     assert at_the_limit.usage.prompt_tokens == 48
 
 
