@@ -311,6 +311,24 @@ def test_any_change_rebuilds(tmp_path, builds, change):
     assert len(trusted_caches(tmp_path)) == 2
 
 
+def test_a_pretrained_tokenizer_file_replaced_in_place_rebuilds_with_the_new_one(tmp_path, builds):
+    from tinyattn.config import TokenizerConfig
+    from tinyattn.data.tokenizer import build_tokenizer
+
+    path = write_jsonl(tmp_path / "corpus.jsonl")
+    text = "".join(DOCUMENTS)
+    first_tokenizer = build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), lambda: iter([text]))
+    first_tokenizer.save(tmp_path / "tokenizer.json")
+    config = make_config(tmp_path, {"files": [str(path)]},
+                         tokenizer={"kind": "pretrained", "path": str(tmp_path / "tokenizer.json")})
+    first = prepare_data(config, progress=False)
+    replacement = build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=280), lambda: iter([text]))
+    replacement.save(tmp_path / "tokenizer.json")  # same path, other tokenizer
+    second = prepare_data(config, progress=False)
+    assert len(builds) == 4 and second.cache_dir != first.cache_dir
+    assert second.tokenizer.to_json() == replacement.to_json() != first.tokenizer.to_json()
+
+
 @pytest.mark.parametrize("stage", ["validation", "tokenizer"])
 def test_interrupted_build_is_not_trusted(tmp_path, monkeypatch, builds, stage):
     folder = write_text_folder(tmp_path / "books")
