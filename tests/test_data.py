@@ -311,6 +311,18 @@ def test_any_change_rebuilds(tmp_path, builds, change):
     assert len(trusted_caches(tmp_path)) == 2
 
 
+@pytest.mark.parametrize("documents", [9, 10])
+def test_ten_documents_hold_the_tenth_out_and_nine_the_last_tenth_of_the_characters(tmp_path, documents):
+    folder = write_text_folder(tmp_path / "books", DOCUMENTS[:documents])
+    result = prepare_data(make_config(tmp_path, {"files": [str(folder)]}), progress=False)
+    validation = result.tokenizer.decode(result.validation.tolist())
+    if documents == 10:  # document 9 is the first whose floor((i+1) * 0.1) moves
+        assert split_documents(result.validation, result.tokenizer) == [DOCUMENTS[9]]
+    else:  # no document is held out whole: the characters after int(0.9 * n)
+        text = "".join(DOCUMENTS[:9])
+        assert validation.replace("<|endoftext|>", "") == text[int(len(text) * 0.9):]
+
+
 def test_a_pretrained_tokenizer_file_replaced_in_place_rebuilds_with_the_new_one(tmp_path, builds):
     from tinyattn.config import TokenizerConfig
     from tinyattn.data.tokenizer import build_tokenizer
