@@ -135,6 +135,11 @@ def test_an_edited_config_yaml_applies_on_resume_and_the_users_text_is_kept(corp
     log = (run / "train.log").read_text(encoding="utf-8")
     assert f"{run / 'config.yaml'}: your edits apply from step 2: train.lr 0.002 -> 0.001" in log
     assert (run / "config.edited-step2.yaml").read_text(encoding="utf-8") == edited
+    # config.yaml now describes step 4: a fork from step 2 continues step 2's own config.
+    from tinyattn.train.resume import ResumePoint
+
+    fork = ResumePoint.find(run / ckpt.step_filename(2), "fork", tmp_path)
+    assert fork.edited_config().train.lr == 0.002
 
 
 def test_an_edit_of_the_model_size_in_config_yaml_is_refused_naming_the_key(corpus, tmp_path, capsys):
