@@ -250,6 +250,8 @@ def test_a_bad_request_is_a_400_with_an_openai_error_and_the_server_stays_up(cli
     assert after.choices[0].finish_reason is not None
     at_the_limit = client.completions.create(model="tiny-serve", prompt=PROMPT * 8, max_tokens=2)  # 48 tokens
     assert at_the_limit.usage.prompt_tokens == 48
+    nothing = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=0)  # 0 is in "0 to 5000"
+    assert nothing.choices[0].text == "" and nothing.usage.completion_tokens == 0
 
 
 @pytest.mark.parametrize("body, message", [
