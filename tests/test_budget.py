@@ -389,12 +389,18 @@ def test_the_steps_that_fit_count_the_evaluations_due_on_the_way():
     assert plan.steps_that_fit(0) == 80  # 80 s + 7 evaluations (10..70) * 2.5 = 97.5 s; 81 would need 101
 
 
-def test_the_plan_follows_the_last_steps_starts_after_warmup_and_a_finished_run_stays_finished():
-    config = load_config(TINY, ["train.warmup_steps=5"]).train
+def started_plan(warmup: int, eval_seconds: float, save_seconds: float):
+    """A 1,000 s TimePlan on a fake clock, seeded with 1 s steps and started: (plan, clock, config)."""
+    config = load_config(TINY, [f"train.warmup_steps={warmup}"]).train
     clock = FakeClock()
     plan = TimePlan("1000s", config, clock)
-    plan.seed(1.0, 0.0, 0.0)
+    plan.seed(1.0, eval_seconds, save_seconds)
     plan.start()
+    return plan, clock, config
+
+
+def test_the_plan_follows_the_last_steps_starts_after_warmup_and_a_finished_run_stays_finished():
+    plan, clock, config = started_plan(5, 0.0, 0.0)
     for step in range(1, 2 * TimePlan.WINDOW + 1):  # a machine that halves its speed midway
         clock.now += 1.0 if step <= TimePlan.WINDOW else 2.0
         plan.after_step(step)
@@ -412,11 +418,7 @@ def test_the_plan_follows_the_last_steps_starts_after_warmup_and_a_finished_run_
 
 
 def test_no_step_is_timed_with_an_evaluation_in_it():
-    config = load_config(TINY, ["train.warmup_steps=0"]).train
-    clock = FakeClock()
-    plan = TimePlan("1000s", config, clock)
-    plan.seed(1.0, 5.0, 1.0)
-    plan.start()
+    plan, clock, _ = started_plan(0, 5.0, 1.0)
     for step in range(1, 40):  # the loop's order: the step, the plan, then an evaluation if due
         clock.now += 1.0
         plan.after_step(step)
