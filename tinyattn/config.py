@@ -455,12 +455,7 @@ def _check_expansion(raw: dict, where) -> None:
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     """Read a YAML config (following `extends`), apply `key=value` overrides, validate."""
     raw, origins = _read_with_extends(Path(path), seen=())
-    given: dict = {}  # the overrides alone, as nested sections
-    for item in overrides or []:
-        key, value = _parse_override(item)
-        origins[key] = origins[_set_dotted(raw, key, value)] = "--set"
-        _set_dotted(given, key, value)
-    _drop_inherited_download(raw, given, origins)  # --set data.files=mine.txt: the config's url is not for it
+    _apply_sets(raw, overrides or [], origins)
     return config_from_dict(raw, origins=origins, default_origin=str(path))
 
 
@@ -468,13 +463,20 @@ def apply_overrides(config: Config, overrides: list[str], origin: str = "saved c
     """A copy of `config` with `key=value` overrides applied and validated again."""
     raw = config_to_dict(config)
     origins: dict[str, str] = {}
-    given: dict = {}
+    _apply_sets(raw, overrides, origins)
+    return config_from_dict(raw, origins=origins, default_origin=origin)
+
+
+def _apply_sets(raw: dict, overrides: list[str], origins: dict[str, str]) -> None:
+    """The `key=value` items into raw, each key (and the section it made or the value it replaced)
+    recorded as from --set. A --set data.files=mine.txt drops the download the config's url
+    described, as a child config's data.files does (`_drop_inherited_download`)."""
+    given: dict = {}  # the overrides alone, as nested sections
     for item in overrides:
         key, value = _parse_override(item)
         origins[key] = origins[_set_dotted(raw, key, value)] = "--set"
         _set_dotted(given, key, value)
-    _drop_inherited_download(raw, given, origins)  # --set data.files=other.txt: the saved url is not for it
-    return config_from_dict(raw, origins=origins, default_origin=origin)
+    _drop_inherited_download(raw, given, origins)
 
 
 def override_value(overrides: list[str], key: str, default: Any) -> Any:

@@ -1,5 +1,5 @@
-"""`tinyattn export` (`scripts/export.py`): a checkpoint as a Hugging Face folder (Llama, or Qwen3), or as
-one GGUF file for llama.cpp (`--format gguf`, or `--gguf FILE`)."""
+"""`tinyattn export` (`scripts/export.py`): a checkpoint as a Hugging Face folder (Llama, or
+Qwen3), or as one GGUF file for llama.cpp (`--format gguf`, `--gguf FILE`, or `--out FILE.gguf`)."""
 
 from __future__ import annotations
 

@@ -132,9 +132,7 @@ def _train(config: Config, request: _Request, dist: Distributed) -> TrainResult:
         request.notes.extend([f"precision {precision}: {' '.join(changed)} (the config's by_precision)"]
                              if changed else [])
     check_training_fits(config.model, config.train, device)  # before the folder; vocab_size may be unknown
-    named = Path(config.train.out_dir) / request.run_name if request.run_name else None
-    made = dist.is_main and point is None and not (named is not None and named.exists())
-    run_dir, lock = open_run_folder(config, request.config_path, request.run_name, point, dist)
+    run_dir, lock, made = open_run_folder(config, request.config_path, request.run_name, point, dist)
     with lock:
         try:
             with RunLog(run_dir, enabled=dist.is_main) as run_log:

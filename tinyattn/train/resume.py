@@ -265,14 +265,15 @@ def save_data_fingerprint(fingerprint: dict, run_dir: Path) -> None:
 
 
 def open_run_folder(config: Config, config_path, run_name: Optional[str], point: Optional[ResumePoint],
-                     dist: Distributed) -> tuple[Path, "RunLock | nullcontext"]:
+                     dist: Distributed) -> tuple[Path, "RunLock | nullcontext", bool]:
     """The folder this run writes, held (locked) by rank 0 until the run ends; the same on every rank.
+    Also whether this call made it for a new run (rank 0 only), which a failed start may take back.
 
     A new run gets `--run-name` or a fresh `<config>-<date>-<time>` folder; a resumed one its
     checkpoint's folder, or with another --run-name a fork (a copy of the checkpoint in a
     new folder). Nothing is written before the lock is held.
     """
-    run_dir, lock = None, nullcontext()
+    run_dir, lock, made = None, nullcontext(), False
     if run_name is not None:
         check_run_name(run_name)  # on every rank: each fails alike, before any folder is made
     if dist.is_main:
@@ -280,8 +281,10 @@ def open_run_folder(config: Config, config_path, run_name: Optional[str], point:
             run_dir = point.target(run_name, config.train.out_dir)
         elif run_name:
             run_dir = Path(config.train.out_dir) / run_name
+            made = not run_dir.exists()
         else:
             run_dir = unique_run_dir(config.train.out_dir, Path(config_path).stem if config_path else "run")
+            made = True
         lock = RunLock.acquire(run_dir)
         if (point is None or point.forks_into(run_dir)) and ckpt.has_checkpoints(run_dir):
             lock.release()
@@ -291,4 +294,4 @@ def open_run_folder(config: Config, config_path, run_name: Optional[str], point:
         shared = [str(run_dir) if run_dir is not None else None]
         torch.distributed.broadcast_object_list(shared, src=0)
         run_dir = Path(shared[0])
-    return run_dir, lock
+    return run_dir, lock, made
