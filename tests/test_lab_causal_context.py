@@ -5,7 +5,9 @@ learn; the prefix loss is the ordinary loss for a causal model; generate and exp
 bidirectional checkpoint; one token's hidden state is the same at the embedding in any context
 and differs after a block that mixes context."""
 
+import argparse
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,8 +15,18 @@ import torch
 
 from tinyattn.cli.main import main
 from tinyattn.config import ModelConfig, TrainConfig
+from tinyattn.data.batches import eval_batches
 from tinyattn.errors import TinyattnError
-from tinyattn.lab.causal import leak_test, prefix_losses
+from tinyattn.lab.causal import (
+    Row,
+    causal_task_loss,
+    format_table,
+    leak_test,
+    measure,
+    prefix_losses,
+    prefix_sample,
+    train_both,
+)
 from tinyattn.lab.context import similarity_table, word_position
 from tinyattn.system.device import select_precision
 from tinyattn.train.trainer import Trainer
@@ -70,6 +82,76 @@ def test_prefix_losses_are_the_ordinary_losses_for_a_causal_model_and_not_for_a_
         ordinary = torch.nn.functional.cross_entropy(model(x).logits.transpose(1, 2), y, reduction="none")
         close = torch.allclose(prefix_losses(model, x, y), ordinary, atol=1e-5)
         assert close == causal
+
+
+def test_the_leak_is_the_largest_absolute_logit_change_at_each_position(tiny_model, random_tokens):
+    model = tiny_model(causal=False)
+    x = random_tokens(batch=1)
+    changed = x.clone()
+    changed[0, POSITION + 1] = (changed[0, POSITION + 1] + 1) % 65
+    with torch.no_grad():
+        difference = (model(changed).logits - model(x).logits).abs()[0]  # (T, V)
+    expected = difference.amax(-1).double().numpy()  # the largest over the vocabulary, not the mean
+    np.testing.assert_allclose(leak_test(model, x, POSITION), expected, rtol=1e-6)
+
+
+def test_the_causal_task_loss_is_the_mean_loss_per_target_over_the_evaluation_windows(tiny_model):
+    model = tiny_model()  # causal: the prefix loss is its ordinary loss
+    tokens = np.random.default_rng(4).integers(0, 65, 400).astype(np.uint16)
+    with torch.no_grad():
+        losses = [torch.nn.functional.cross_entropy(model(x).logits.transpose(1, 2), y, reduction="none")
+                  for x, y in eval_batches(tokens, 24, 2, 5)]
+    expected = torch.cat([loss.flatten() for loss in losses]).double().mean().item()
+    assert causal_task_loss(model, tokens, 24, windows=5, batch_size=2) == pytest.approx(expected, rel=1e-5)
+
+
+def test_the_table_puts_the_leak_up_to_t_and_after_t_in_their_own_columns():
+    causal = Row("causal", 2.5, 2.6, 2.7, np.array([0.0, 0.0, 0.0, 0.5, 2.0]), 2, "")
+    leaky = Row("bidirectional", 0.5, 0.6, 4.0, np.array([0.25, 0.75, 0.125, 1.0, 3.0]), 2, "")
+    lines = format_table([causal, leaky]).splitlines()
+    assert [cell.strip() for cell in lines[2].split("|")[1:-1]] == [
+        "causal", "2.500", "2.600", "2.700", "0 (exactly)", "2"]
+    assert [cell.strip() for cell in lines[3].split("|")[1:-1]] == [
+        "bidirectional", "0.500", "0.600", "4.000", "0.75", "3"]
+
+
+def test_a_models_row_runs_the_leak_test_at_the_position_asked(tiny_model, char_tokenizer):
+    model = tiny_model(vocab_size=char_tokenizer.vocab_size)
+    config = SimpleNamespace(model=model.config, sample=SimpleNamespace(temperature=1.0))
+    loaded = SimpleNamespace(model=model, tokenizer=char_tokenizer, config=config)
+    text = "First Citizen: we speak. All: speak, speak. " * 4
+    tokens = np.asarray(char_tokenizer.encode(text), dtype=np.uint16)
+    row = measure("causal", loaded, tokens=tokens, position=5, prompt=[1, 2, 3])
+    assert row.position == 5
+    assert np.all(row.leak[:6] == 0) and row.leak[6] > 0  # the token at 6 changed
+    assert measure("causal", loaded, tokens=tokens, position=None, prompt=[1, 2, 3]).position == 24 // 2 - 1
+
+
+def test_a_sample_at_temperature_0_is_the_greedy_continuation_whatever_the_seed(tiny_model):
+    model = tiny_model()
+    ids = [1, 2, 3]
+    with torch.no_grad():
+        for _ in range(6):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    for seed in (1, 2):
+        assert prefix_sample(model, [1, 2, 3], tokens=6, temperature=0.0, seed=seed) == ids[3:]
+
+
+def test_the_two_runs_differ_in_the_mask_alone_and_the_users_set_comes_after_the_labs(tmp_path, monkeypatch):
+    from tests.conftest import ROOT
+    from tinyattn.train import loop
+
+    trained = []
+    monkeypatch.setattr(loop, "train", lambda config, **options: trained.append((config, options)) or
+                        SimpleNamespace(run_dir=tmp_path / options["run_name"]))
+    args = argparse.Namespace(config=str(ROOT / "configs" / "tiny.yaml"), steps=3, force=False,
+                              overrides=["model.n_layer=3"])
+    assert set(train_both(args, tmp_path)) == {"causal", "bidirectional"}
+    assert [(options["run_name"], config.model.causal) for config, options in trained] == [
+        ("causal", True), ("bidirectional", False)]
+    for config, _ in trained:
+        assert config.model.n_layer == 3  # the user's --set, over the lab's 2 layers
+        assert (config.model.n_embd, config.train.max_steps, config.train.precision) == (64, 3, "fp32")
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +216,20 @@ def test_a_model_that_attends_only_to_itself_keeps_the_similarity_at_1(tiny_mode
     model = tiny_model(vocab_size=char_tokenizer.vocab_size, attention="explicit")
     _, table = similarity_table(model, char_tokenizer, "speak", CONTEXTS)
     assert table == pytest.approx(np.ones((3, 1)), abs=1e-9)
+
+
+def test_the_words_state_reads_only_the_text_before_it(tiny_model, char_tokenizer):
+    # The same text up to the word, another after it: under the causal mask the word's state is
+    # the same at every depth, so the similarity is 1 throughout.
+    model = tiny_model(vocab_size=char_tokenizer.vocab_size)
+    _, table = similarity_table(model, char_tokenizer, "speak", ["All: speak, speak", "All: speak to me"])
+    assert table == pytest.approx(np.ones((3, 1)), abs=1e-6)
+
+
+def test_hidden_states_are_read_without_dropout_and_the_models_mode_is_kept(tiny_model, char_tokenizer):
+    model = tiny_model(vocab_size=char_tokenizer.vocab_size, dropout=0.5)
+    _, evaluated = similarity_table(model, char_tokenizer, "speak", CONTEXTS)
+    model.train()  # as in the middle of training
+    _, training = similarity_table(model, char_tokenizer, "speak", CONTEXTS)
+    np.testing.assert_array_equal(training, evaluated)
+    assert model.training
