@@ -1,5 +1,9 @@
 """`tinyattn lab recurrence` and `tinyattn lab distance`: each measurement pinned on a model whose answer is known."""
 
+import argparse
+import math
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -7,10 +11,27 @@ import torch.nn as nn
 
 from tests.conftest import ROOT
 from tinyattn.config import ModelConfig, load_config
-from tinyattn.lab.distance import KeyValueRecall, gap_lengths, repeat_probe
+from tinyattn.lab import distance, recurrence
+from tinyattn.lab.distance import (
+    KeyValueRecall,
+    ProbeRow,
+    RecallResult,
+    gap_lengths,
+    ordinary_tokens,
+    recall_accuracy,
+    repeat_probe,
+)
 from tinyattn.lab.lstm import LSTMConfig, LSTMLanguageModel, lstm_parameters, lstm_width_for
-from tinyattn.lab.recurrence import at_initialisation, gradient_by_distance
+from tinyattn.lab.outputs import use_threads
+from tinyattn.lab.recurrence import (
+    Contender,
+    at_initialisation,
+    contenders_for,
+    gradient_by_distance,
+    train_and_measure,
+)
 from tinyattn.model.transformer import IGNORE_INDEX, LanguageModel, ModelOutput
+from tinyattn.system.device import select_precision
 
 
 @pytest.mark.parametrize("shape", [dict(n_layer=4, n_head=4, n_embd=192, vocab_size=65),  # the main config
@@ -22,6 +43,43 @@ def test_lstm_parameter_count_is_within_10_percent_of_the_attention_model(shape)
         lstm = LSTMLanguageModel(LSTMConfig(shape["vocab_size"], width, layers))
         assert lstm.num_parameters() == lstm_parameters(shape["vocab_size"], width, layers)
         assert 0.9 < lstm.num_parameters() / attention.num_parameters() < 1.1
+
+
+@pytest.mark.parametrize("layers", [1, 2, 3])
+def test_the_lstm_width_is_the_one_whose_parameter_count_is_nearest(layers):
+    for target in (5_000, 40_000, 1_234_567):
+        width = lstm_width_for(target, 65, layers)
+        miss = abs(lstm_parameters(65, width, layers) - target)
+        assert miss <= abs(lstm_parameters(65, width - 1, layers) - target)
+        assert miss <= abs(lstm_parameters(65, width + 1, layers) - target)
+
+
+def test_an_untrained_lstm_starts_at_the_loss_of_a_uniform_guess(random_tokens):
+    # As LanguageModel: a small tied embedding starts every logit near 0, the loss near ln V.
+    torch.manual_seed(0)
+    lstm = LSTMLanguageModel(LSTMConfig(65, 32, n_layer=2))
+    x = random_tokens(batch=4, length=24)
+    with torch.no_grad():
+        loss = lstm(x, torch.roll(x, -1, 1)).loss.item()
+    assert loss == pytest.approx(math.log(65), abs=0.05)
+
+
+def test_the_lstm_contender_has_the_layers_asked_and_about_the_attention_models_parameters():
+    config = load_config(ROOT / "configs" / "tiny.yaml", ["model.vocab_size=65"])
+    device = torch.device("cpu")
+    attention, lstm = contenders_for(config, 3, device, select_precision("fp32", device))
+    built = lstm.build(16)
+    assert built.lstm.num_layers == 3 and lstm.shape.startswith("3 layers")
+    assert 0.9 < built.num_parameters() / attention.build(16).num_parameters() < 1.1
+
+
+def test_threads_sets_torchs_cpu_threads():
+    before = torch.get_num_threads()
+    try:
+        use_threads(before + 1)
+        assert torch.get_num_threads() == before + 1
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_the_recurrence_default_config_is_the_main_config():
@@ -75,18 +133,44 @@ def test_an_untied_head_at_init_is_measured_as_the_tied_model_would_be(random_to
     assert at_initialisation(tied) is tied
 
 
+def test_the_gradient_by_distance_is_the_mean_of_each_windows_own(random_tokens):
+    # Three copies of one window measure what the window measures alone: each window's gradient
+    # is that of its own loss (summed, not averaged, over the batch), then averaged.
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig(vocab_size=65, n_layer=1, n_head=2, n_embd=32, context_length=24))
+    x = random_tokens(batch=1, length=24)
+    alone = gradient_by_distance(model, x, torch.roll(x, -1, 1))
+    copies = gradient_by_distance(model, x.repeat(3, 1), torch.roll(x, -1, 1).repeat(3, 1))
+    np.testing.assert_allclose(copies, alone, rtol=1e-5)
+
+
+def test_an_untied_head_is_measured_at_init_as_a_tied_one_in_the_lab_and_the_model_still_trains(tmp_path):
+    config = load_config(ROOT / "configs" / "tiny.yaml", ["model.vocab_size=65", "train.batch_size=2",
+                                                          "train.eval_windows=2"])
+    assert not config.model.tie_embeddings  # the main config's untied head, zero at init
+    device = torch.device("cpu")
+    contender = contenders_for(config, 1, device, select_precision("fp32", device))[0]
+    tokens = np.random.default_rng(0).integers(0, 65, 600).astype(np.uint16)
+    train_and_measure(contender, config, SimpleNamespace(train=tokens, validation=tokens), seconds=0.05,
+                      folder=tmp_path, device=device, precision=select_precision("fp32", device))
+    assert contender.gradient_at_init.shape == (32,) and np.all(contender.gradient_at_init > 0)
+    assert contender.steps >= 1 and contender.position_losses.shape == (32,)
+    assert (tmp_path / "attention").is_dir()
+
+
 # ----------------------------------------------------------------------------- the repeated-sequence probe
 
 
 class InductionRule(nn.Module):
     """A hand-built copier: at each position, predict the token that followed the latest earlier
-    occurrence of the current token (an induction head's rule), with logit 20; with
+    occurrence of the current token (an induction head's rule), with logit 20, if that occurrence
+    is at most `reach` tokens back; with
     copy=False (no such head) a fixed random bigram table: the logits depend on the current
     token alone, so both copies of a string get exactly the same loss."""
 
-    def __init__(self, vocab_size: int, copy: bool = True):
+    def __init__(self, vocab_size: int, copy: bool = True, reach: int = 10**9):
         super().__init__()
-        self.vocab_size, self.copy = vocab_size, copy
+        self.vocab_size, self.copy, self.reach = vocab_size, copy, reach  # reach: the farthest d copied
         self.bigram = nn.Parameter(torch.randn(vocab_size, vocab_size, generator=torch.Generator().manual_seed(0)))
 
     def forward(self, idx: torch.Tensor) -> ModelOutput:
@@ -98,7 +182,7 @@ class InductionRule(nn.Module):
             seen: dict[int, int] = {}  # token -> the position after its latest occurrence
             for t in range(T):
                 token = int(idx[b, t])
-                if token in seen:
+                if token in seen and t - (seen[token] - 1) <= self.reach:
                     logits[b, t, int(idx[b, seen[token]])] = 20.0
                 if t + 1 < T:
                     seen[token] = t + 1
@@ -151,6 +235,28 @@ def test_recall_batches_ask_for_the_pair_exactly_d_tokens_back():
     assert distance.min() >= 2
 
 
+@pytest.mark.parametrize("reach, expected", [(10**9, [1.0, 1.0, 1.0]), (7, [1.0, 0.0, 0.0]),
+                                             (15, [1.0, 1.0, 0.0])])
+def test_recall_accuracy_is_the_share_of_queries_answered_in_each_bin_of_distance(reach, expected):
+    # 8 pairs, 4 queries: d runs from 2 to 22, bins of 8. The copier answers a query exactly
+    # when its key is at most `reach` back; beyond it every logit is 0 and argmax names a key.
+    task = KeyValueRecall(pairs=8, batch_size=4, seed=0)
+    starts, accuracy, counts = recall_accuracy(InductionRule(task.vocab_size, reach=reach), task, seed=3,
+                                               sequences=64)
+    assert list(starts) == [0, 8, 16]
+    assert list(accuracy) == expected
+    assert counts.sum() == 64 * task.queries
+
+
+def test_ordinary_tokens_leave_out_end_of_text_and_the_unknown_token(char_tokenizer):
+    # The random string draws from them. [UNK] (what the corpus never held: "é") reads as U+FFFD
+    # in token_text, so it is told apart by its id.
+    unknown = char_tokenizer.encode("é")[0]
+    assert unknown != char_tokenizer.eot_id
+    expected = [i for i in range(char_tokenizer.vocab_size) if i not in (unknown, char_tokenizer.eot_id)]
+    assert list(ordinary_tokens(char_tokenizer)) == expected
+
+
 # ----------------------------------------------------------------------------- the commands
 
 
@@ -182,3 +288,30 @@ def test_lab_distance_writes_its_table_and_figure(trained_run, tmp_path):
     table = (out / "distance.txt").read_text()
     assert "first copy" in table and "recall" in table
     assert (out / "distance.png").stat().st_size > 0 and any((out / "key_value").iterdir())
+
+
+def test_the_distance_table_shows_each_copys_loss_and_the_drop_and_the_recall_by_distance():
+    recall = RecallResult(np.array([0, 8]), np.array([0.75, 0.125]), np.array([40, 24]), steps=3, seconds=1.0,
+                          parameters=1000, final_loss=1.5, pairs=8)
+    text = distance.report([ProbeRow(4, 7.5, 0.25)], recall, "run", "cpu",
+                           argparse.Namespace(string_length=8, pairs=8), wall=2.0)
+    lines = text.splitlines()
+    assert lines[4].split() == ["4", "7.500", "0.250", "7.250"]  # d, first copy, second copy, drop
+    assert [line.split() for line in lines[8:10]] == [["0-7", "0.750", "40"], ["8-15", "0.125", "24"]]
+
+
+def test_the_recurrence_table_gives_each_models_gradient_at_init_and_trained_to_the_farthest_k():
+    config = load_config(ROOT / "configs" / "tiny.yaml")
+    T = config.model.context_length
+
+    def contender(name, scale):
+        return Contender(name, "shape", lambda t: None, speed={8: 100.0 * scale}, steps=5, seconds=1.0,
+                         gradient_at_init=np.full(T, 1.0 * scale), gradient_trained=np.full(T, 10.0 * scale),
+                         position_losses=np.full(T, 2.0), parameters=1000)
+
+    args = argparse.Namespace(config="tiny.yaml", contexts=[8], seconds=1.0)
+    text = recurrence.report([contender("attention", 1), contender("lstm", 2)], config, args, "cpu", wall=1.0)
+    rows = {int(line.split()[0]): [float(v) for v in line.split()[1:]]
+            for line in text.split("gradient norm", 1)[1].splitlines()[2:] if line.strip()[:1].isdigit()}
+    assert sorted(rows) == [0, 1, 2, 4, 8, 16, T - 1]  # doubling, and the farthest
+    assert rows[T - 1] == [1.0, 2.0, 10.0, 20.0]  # attn init, lstm init, attn trained, lstm trained

@@ -87,6 +87,11 @@ class Tokenizer:
         """Id of `<|endoftext|>`, or None for a pretrained tokenizer without it."""
         return self._eot_id
 
+    @property
+    def unk_id(self) -> Optional[int]:
+        """Id of `[UNK]` (the character tokenizer's, for a character its corpus lacks), or None."""
+        return self._backend.token_to_id(UNKNOWN)
+
     def token_text(self, id: int) -> str:
         """Readable text of one token, for plot labels.
 

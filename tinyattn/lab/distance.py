@@ -32,7 +32,6 @@ import torch.nn as nn
 from tinyattn.analysis.evaluate import token_losses
 from tinyattn.config import ModelConfig, TrainConfig
 from tinyattn.data.batches import prepare_data
-from tinyattn.data.tokenizer import END_OF_TEXT, UNKNOWN
 from tinyattn.errors import TinyattnError
 from tinyattn.hf.folder import load_any_model
 from tinyattn.lab.outputs import (
@@ -119,9 +118,11 @@ def gap_text(path: str | None, loaded) -> np.ndarray:
 
 
 def ordinary_tokens(tokenizer) -> np.ndarray:
-    """Every token id but the special ones (<|endoftext|>, <unk>): what the random string draws from."""
-    return np.array([i for i in range(tokenizer.vocab_size)
-                     if tokenizer.token_text(i) not in (END_OF_TEXT, UNKNOWN)], dtype=np.int64)
+    """Every token id but the special ones (<|endoftext|>, [UNK]): what the random string draws from.
+
+    By id: `token_text` shows [UNK] as the character it decodes to, U+FFFD."""
+    special = {tokenizer.eot_id, tokenizer.unk_id}
+    return np.array([i for i in range(tokenizer.vocab_size) if i not in special], dtype=np.int64)
 
 
 def gap_lengths(context: int, length: int) -> list[int]:
