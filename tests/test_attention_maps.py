@@ -112,6 +112,17 @@ def test_long_text_keeps_its_end_and_training_mode_is_restored(tiny_model, token
     assert model.training
 
 
+def test_maps_of_a_model_in_training_are_its_weights_without_dropout(tiny_model, tokenizer):
+    # The training loop's attention hook hands over the model as it trains, dropout on.
+    model = tiny_model(dropout=0.5)
+    evaluated = compute_attention_maps(model, tokenizer, SENTENCE)
+    model.train()
+    in_training = compute_attention_maps(model, tokenizer, SENTENCE)
+    for weights, expected in zip(in_training.weights, evaluated.weights):
+        np.testing.assert_array_equal(weights, expected)
+    assert model.training
+
+
 def test_labels_make_whitespace_visible(tiny_model, tokenizer):
     assert visible(" a\tb\n") == "␣a\\tb\\n"
     assert visible("\u00a0") == "\\xa0"  # a no-break space would draw as nothing
@@ -287,6 +298,13 @@ def test_query_table_names_real_tokens_of_the_text_with_their_weights(tiny_model
     key, label, weight = rows[0].keys[0]
     assert f"{label}@{key} {weight:.3f}" in lines[2]
     assert query_table(maps, position, layers=[1], heads=[2])[0].layer == 1
+
+
+def test_query_table_keeps_only_the_layers_and_heads_asked(tiny_model, tokenizer):
+    maps = compute_attention_maps(tiny_model(), tokenizer, SENTENCE)
+    rows = query_table(maps, 10, top_k=3, layers=[1], heads=[2, 0])
+    assert [(row.layer, row.head) for row in rows] == [(1, 2), (1, 0)]
+    assert rows[0].keys[0][2] == pytest.approx(float(maps.weights[1][2, 10, :11].max()))
 
 
 # ----------------------------------------------------------------------------- command line

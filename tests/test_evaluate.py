@@ -118,6 +118,17 @@ def test_loss_by_position_has_one_entry_per_position_and_averages_to_the_loss_of
     assert every_window[0] > every_window[CONTEXT // 2:].mean()
 
 
+def test_a_model_in_training_is_evaluated_without_dropout_and_left_training():
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig(vocab_size=20, n_layer=1, n_head=2, n_embd=16, context_length=16,
+                                      dropout=0.5)).eval()
+    tokens = np.random.default_rng(0).integers(0, 20, 200)
+    by_position = loss_by_position(model, tokens, 16, batch_size=4)
+    model.train()
+    np.testing.assert_array_equal(loss_by_position(model, tokens, 16, batch_size=4), by_position)
+    assert model.training
+
+
 def test_a_text_shorter_than_one_window_is_only_a_tail(run):
     model, tokenizer = run["model"], run["tokenizer"]
     tokens = np.asarray(tokenizer.encode("First Citizen:"))  # 14 tokens, 13 targets < CONTEXT

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from tinyattn.analysis.ablation import Relevance, relevance_of_text
+from tinyattn.analysis.ablation import Relevance, agreement, relevance_of_text
 from tinyattn.analysis.explorer import (
     WEIGHT_LEVELS,
     data_of_page,
@@ -63,6 +63,15 @@ def test_the_page_holds_the_models_weights_relevance_losses_and_head_ablation(re
     np.testing.assert_allclose(losses, relevance.losses, rtol=0, atol=5e-4)
     np.testing.assert_allclose(data["head_ablation"], relevance.head_relevance, rtol=0, atol=5e-4)
     assert data["query"] == relevance.num_tokens - 2  # default: the last token that predicts one
+
+
+def test_the_page_holds_the_rank_correlation_of_weight_with_relevance(relevance):
+    stored = data_of_page(explorer_html(relevance))["agreement"]
+    whole = agreement(relevance)
+    assert stored["pairs"] == whole.pairs
+    values = [stored["mean"], *stored["by_layer"], *np.ravel(stored["by_head"])]
+    expected = [whole.mean, *whole.by_layer, *whole.by_head.ravel()]
+    np.testing.assert_allclose(np.array(values, dtype=float), expected, rtol=0, atol=5e-4)
 
 
 def test_the_page_is_self_contained_and_a_token_cannot_end_its_script(relevance):

@@ -188,6 +188,17 @@ def test_relevance_is_the_loss_of_a_forward_with_that_key_masked():
     assert rel.head_relevance[1, 2] == pytest.approx(float(zeroed) - rel.mean_loss, abs=1e-5)
 
 
+def test_head_ablation_of_a_model_in_training_runs_without_dropout_and_leaves_it_training():
+    # The training loop's head_ablation hook hands over the model as it trains, dropout on.
+    model = random_model(dropout=0.5)
+    ids = torch.randint(0, 11, (16,), generator=torch.Generator().manual_seed(6)).tolist()
+    rises, mean_loss = head_ablation(model, ids)
+    model.train()
+    in_training = head_ablation(model, ids)
+    np.testing.assert_array_equal(in_training[0], rises)
+    assert in_training[1] == mean_loss and model.training
+
+
 # ----------------------------------------------------------------------------- windows
 
 
@@ -293,3 +304,29 @@ def test_head_ablation_is_logged_to_tensorboard_as_an_image(char_tokenizer, tmp_
     rises, _ = head_ablation(model, char_tokenizer.encode("abc defg"))
     assert logged.step == 3
     np.testing.assert_array_equal(decoded, head_ablation_image(rises))
+
+
+def test_agreement_ranks_each_layers_and_each_heads_weight_against_relevance():
+    model = random_model()
+    ids = torch.randint(0, 11, (16,), generator=torch.Generator().manual_seed(7)).tolist()
+    rel = compute_relevance(model, ids)
+    pairs, relevance = rel.measured(), rel.token_relevance[rel.measured()]
+    result = agreement(rel)
+    for layer in range(2):
+        expected = rank_correlation(rel.weights[layer].mean(0)[pairs], relevance)
+        assert result.by_layer[layer] == pytest.approx(expected)
+        for head in range(4):
+            assert result.by_head[layer, head] == pytest.approx(
+                rank_correlation(rel.weights[layer, head][pairs], relevance))
+    assert result.by_layer[0] != pytest.approx(result.by_layer[1])  # the layers tell apart
+    assert result.mean == pytest.approx(rank_correlation(rel.weights.mean((0, 1))[pairs], relevance))
+
+
+def test_the_table_shows_only_the_layers_and_heads_asked(char_tokenizer):
+    model = random_model(vocab_size=char_tokenizer.vocab_size, context_length=32)
+    rel = relevance_of_text(model, char_tokenizer, "abc defg hij")
+    lines = format_relevance_table(rel, 7, layers=[1], heads=[2]).splitlines()
+    assert lines[2].split() == ["pos", "token", "relevance", "weight", "L1", "L1H2"]
+    cells = lines[3 + 5].split()  # key 5
+    expected = [rel.weights[1, :, 7, 5].mean(), rel.weights[1, 2, 7, 5]]
+    assert [float(c) for c in cells[4:]] == pytest.approx(expected, abs=5e-4)
