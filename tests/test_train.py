@@ -855,6 +855,32 @@ def test_every_hook_name_of_the_config_has_an_implementation():
     assert all(callable(hook) for hook in resolve_hooks(SHOW_HOOKS))
 
 
+def test_the_analysis_hooks_show_the_probe_text_at_the_evaluations_step(tiny_model, char_tokenizer,
+                                                                         tensorboard_writer):
+    from tinyattn.analysis import training_hooks
+    from tinyattn.analysis.ablation import head_ablation, head_ablation_image
+    from tinyattn.analysis.attention_maps import attention_heatmap_images
+    from tinyattn.train.hooks import Shown
+
+    config = load_config(TINY)
+    config.train.probe_text = "ROMEO:\nBut soft, what light"
+    model = tiny_model(vocab_size=char_tokenizer.vocab_size)
+    shown = Shown(step=7, model=model, tokenizer=char_tokenizer, config=config,
+                  position_losses=np.linspace(3.0, 2.0, 24), writer=tensorboard_writer, run_dir=None)
+    for hook in (training_hooks.show_loss_by_position, training_hooks.show_attention,
+                 training_hooks.show_head_ablation):
+        hook(shown)
+    assert {step for _, _, step in tensorboard_writer.scalars} == {7}
+    images = {tag: (image, step) for tag, image, step, _ in tensorboard_writer.images}
+    assert sorted(images) == ["attention/layer_0", "attention/layer_1", "head_ablation/grid",
+                              "loss_by_position/plot"]
+    assert {step for _, step in images.values()} == {7}
+    for layer, image in enumerate(attention_heatmap_images(model, char_tokenizer, config.train.probe_text)):
+        np.testing.assert_array_equal(images[f"attention/layer_{layer}"][0], image)
+    rises, _ = head_ablation(model, char_tokenizer.encode(config.train.probe_text))
+    np.testing.assert_array_equal(images["head_ablation/grid"][0], head_ablation_image(rises))
+
+
 def test_a_run_whose_config_lists_no_hook_shows_only_the_validation_loss(corpus, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
