@@ -85,6 +85,31 @@ def test_overrides_are_typed_like_the_field(tmp_path):
     assert config.sample.prompt == "Hello there"
 
 
+def test_the_last_set_of_a_key_is_the_one_that_counts(tmp_path):
+    from tinyattn.config import override_value
+
+    path = write(tmp_path / "c.yaml", "data:\n  files: a.txt\n")
+    items = ["train.out_dir=first", "model.n_layer=3", "train.out_dir=second"]
+    assert load_config(path, items).train.out_dir == "second"
+    assert override_value(items, "train.out_dir", "checkpoints") == "second"  # what --resume looks in
+    assert override_value(items, "train.max_steps", None) is None
+
+
+@pytest.mark.parametrize("text, seconds", [("90s", 90), ("10m", 600), ("10min", 600), ("1.5h", 5400),
+                                           ("2h", 7200), ("600", 600), (" 45 s ", 45)])
+def test_a_duration_is_read_in_seconds_minutes_or_hours(text, seconds):
+    from tinyattn.config import parse_duration
+
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["0s", "0", "-5m", "10d", "m", "ten minutes"])
+def test_a_duration_that_is_not_positive_or_has_another_unit_is_refused(text):
+    from tinyattn.config import parse_duration
+
+    with pytest.raises(ValueError, match="expected a positive duration such as 90s, 10m or 2h"):
+        parse_duration(text)
+
 def test_yaml_round_trip_and_rebuild(tmp_path):
     config = load_config(ROOT / "configs" / "tinystories.yaml", ["model.vocab_size=300"])
     save_config(config, tmp_path / "resolved.yaml")
@@ -140,6 +165,25 @@ def test_a_dropout_table_reads_as_numbers_and_survives_the_round_trip(tmp_path):
     ("", ["train.floor_by_passes={10: 1.5}"], r"--set: train\.floor_by_passes\.10: 1\.5 is not accepted; expected a share of train\.lr in \[0, 1\]"),
     ("", ["train.floor_by_passes={-2: 0.3}"], r"train\.floor_by_passes: -2\.0 is not accepted; expected passes >= 0 as keys, e\.g\. \{10: 0\.3\}"),
     ("", ["train.decay_by_passes={4: -0.1}"], r"--set: train\.decay_by_passes\.4: -0\.1 is not accepted; expected a weight decay >= 0"),
+    # An integer field takes only whole numbers: 2.5 layers is not rounded, true is not 1.
+    ("", ["model.n_layer=2.5"], r"--set: model\.n_layer: expected an integer, got 2\.5"),
+    ("", ["model.n_layer=true"], r"--set: model\.n_layer: expected an integer, got True"),
+    ("model:\n  attention_dropout: 1.0\n", [],
+     r"c\.yaml: model\.attention_dropout: 1\.0 is not accepted; expected a number in \[0, 1\)"),
+    ("", ["train.min_lr=0.01", "train.lr=0.001"],
+     r"--set: train\.min_lr: 0\.01 is not accepted; expected a number in \[0, train\.lr=0\.001\]"),
+    ("", ["train.grad_clip=-1"],
+     r"--set: train\.grad_clip: -1\.0 is not accepted; expected a non-negative number"),
+    ("", ["train.warmup_steps=-1"],
+     r"--set: train\.warmup_steps: -1 is not accepted; expected a non-negative integer"),
+    ("", ["train.ema=1.0"], r"--set: train\.ema: 1\.0 is not accepted; expected a number in \(0, 1\)"),
+    ("", ["train.keep_last=0"], r"--set: train\.keep_last: 0 is not accepted; expected an integer >= 1"),
+    ("", ["train.time_budget=0s"],
+     r"--set: train\.time_budget: '0s' is not accepted; expected a positive duration"),
+    ("", ["data.validation_fraction=1.0"],
+     r"--set: data\.validation_fraction: 1\.0 is not accepted; expected a number in \(0, 1\)"),
+    ("tokenizer:\n  kind: bpe\n  vocab_size: 0\n", [],
+     r"c\.yaml: tokenizer\.vocab_size: 0 is not accepted; expected a positive integer"),
 ])
 def test_validation_errors_name_file_key_and_what_is_accepted(tmp_path, text, overrides, message):
     path = write(tmp_path / "c.yaml", "data:\n  files: a.txt\n" + text)
@@ -214,6 +258,8 @@ def test_for_precision_applies_that_precisions_entry_keeps_set_keys_and_empties_
 
 @pytest.mark.parametrize("entry,message", [
     ("bf17: {model: {dropout: 0.1}}", "by_precision.bf17: 'bf17' is not a precision; expected one of"),
+    # auto is what a run resolves, never what it resolves to: such an entry would never apply.
+    ("auto: {model: {dropout: 0.1}}", "by_precision.auto: 'auto' is not a precision; expected one of"),
     ("bf16: {model: {dropout: 2}}", "by_precision.bf16: model.dropout: 2.0 is not accepted"),
     ("bf16: {model: {dropot: 0.1}}", "by_precision.bf16: unknown key 'model.dropot'"),
     ("bf16: 3", "by_precision.bf16: expected sections of keys"),
