@@ -57,6 +57,41 @@ def test_two_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
     assert first.is_dir() and second.is_dir()
 
 
+# ----------------------------------------------------------------------------- atomic writes
+
+
+def test_a_write_is_fsynced_before_its_rename_and_the_rename_fsynced_after(tmp_path, monkeypatch):
+    import stat
+
+    calls = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        calls.append("fsync folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file")
+        real_fsync(fd)
+
+    def replace(source, target):
+        calls.append("rename")
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    with atomic_write(tmp_path / "step.pt") as f:
+        f.write(b"weights")
+    assert calls == ["fsync file", "rename", "fsync folder"]  # a crash after any of them loses nothing
+    assert (tmp_path / "step.pt").read_bytes() == b"weights"
+
+
+def test_an_error_inside_the_block_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
+    target = tmp_path / "best.pt"
+    target.write_bytes(b"old")
+    with pytest.raises(ValueError, match="the writer failed"):
+        with atomic_write(target) as f:
+            f.write(b"half of the new")
+            raise ValueError("the writer failed")
+    assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["best.pt"]
+
+
 # ----------------------------------------------------------------------------- refused writes
 
 

@@ -1,13 +1,18 @@
-"""runtime: device names checked by one rule, the peak measurement leaves the random state alone."""
+"""runtime: device names checked by one rule, the precision each device gets, seeds and random states
+restored whole, the peak measurement leaves the random state alone."""
 
+import io
+import random
 import re
 
+import numpy as np
 import pytest
 import torch
 
 from tinyattn.config import config_from_dict
 from tinyattn.errors import ConfigError
-from tinyattn.system.device import measure_peak_flops, select_device, select_precision
+from tinyattn.system.device import Precision, measure_peak_flops, select_device, select_precision
+from tinyattn.system.seeding import random_states, seed_everything, set_random_states
 
 CPU = torch.device("cpu")
 
@@ -45,6 +50,53 @@ def test_good_device_names_are_accepted(name):
         with pytest.raises(ConfigError, match=re.escape(f"device {name!r} was asked for but")):
             select_device(name)
 
+
+def test_a_cuda_index_past_the_machines_gpus_is_refused_naming_how_many_it_has(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert select_device("cuda:1") == torch.device("cuda:1")
+    refused = "device 'cuda:2' was asked for but this machine has 2 CUDA device(s)"
+    with pytest.raises(ConfigError, match=re.escape(refused)):
+        select_device("cuda:2")
+
+
+def test_each_precision_autocasts_to_its_dtype_and_only_fp16_scales_the_loss(monkeypatch):
+    assert select_precision("fp32", CPU) == Precision("fp32", None, use_grad_scaler=False)
+    assert select_precision("bf16", CPU) == Precision("bf16", torch.bfloat16, use_grad_scaler=False)
+    gpu = torch.device("cuda")
+    assert select_precision("fp16", gpu) == Precision("fp16", torch.float16, use_grad_scaler=True)
+    with pytest.raises(ConfigError, match=r"^precision 'fp16' is not supported on the CPU; use bf16 or fp32"):
+        select_precision("fp16", CPU)
+    # auto on a GPU: bf16 where it has bf16, else fp16 with its gradient scaler
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    assert select_precision("auto", gpu).name == "bf16"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
+    assert select_precision("auto", gpu) == Precision("fp16", torch.float16, use_grad_scaler=True)
+
+
+def draws() -> tuple[float, float, float]:
+    """One number from each global generator: Python's, numpy's and torch's."""
+    return random.random(), float(np.random.rand()), torch.rand(1).item()
+
+
+def test_seed_everything_seeds_python_numpy_and_torch():
+    seed_everything(5)
+    first = draws()
+    draws()
+    seed_everything(5)
+    assert draws() == first
+    seed_everything(6)
+    assert all(a != b for a, b in zip(draws(), first))
+
+
+def test_random_states_kept_in_a_checkpoint_put_every_generator_back():
+    seed_everything(7)
+    buffer = io.BytesIO()
+    torch.save(random_states(), buffer)  # as a checkpoint keeps them: loaded back with weights_only
+    expected = [draws() for _ in range(3)]
+    buffer.seek(0)
+    set_random_states(torch.load(buffer, weights_only=True))
+    assert [draws() for _ in range(3)] == expected
 
 def test_peak_flops_leaves_the_global_generator_alone():
     state = torch.get_rng_state()

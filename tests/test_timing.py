@@ -3,6 +3,7 @@
 import time
 
 import pytest
+import torch
 
 from tinyattn.system import timing
 from tinyattn.system.timing import call_times, median_time, process_age
@@ -40,3 +41,18 @@ def test_process_age_counts_wall_time_since_the_process_started():
     time.sleep(0.05)
     after = process_age()
     assert before > 0 and 0.03 <= after - before < 1.0
+
+
+def test_a_timed_call_on_a_device_stops_the_clock_only_once_the_device_has_finished(monkeypatch):
+    work = FakeWork(monkeypatch, [0.01])  # the call returns after 10 ms: its kernels are only launched
+    waited = []
+
+    def synchronize(device):  # the device finishes the queued work 2 s later
+        waited.append(device)
+        work.now += 2.0
+
+    monkeypatch.setattr(timing, "synchronize", synchronize)
+    gpu = torch.device("cuda")
+    assert timing.seconds_of(work, gpu) == pytest.approx(2.01)
+    assert call_times(work, repeats=2, warmup=1, device=gpu) == pytest.approx([2.01, 2.01])
+    assert timing.seconds_of(work) == pytest.approx(0.01) and waited == [gpu] * 4  # no device: no wait
