@@ -161,3 +161,42 @@ def test_a_command_freezes_what_is_alive_at_exit_so_teardown_skips_collecting_it
     result = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert int(result.stderr) > 1000  # every object still alive at exit
+
+
+# ----------------------------------------------------------------------------- argument checks
+
+
+def test_train_without_device_keeps_the_configs_train_device():
+    assert parser_of("train").parse_args(["--config", "c.yaml"]).device is None  # train.device decides
+    assert parser_of("train").parse_args(["--config", "c.yaml", "--device", "cpu"]).device == "cpu"
+    assert parser_of("eval").parse_args([]).device == "auto"
+
+
+def test_train_without_config_or_resume_is_a_usage_error(capsys):
+    from tinyattn.cli.train import main as train_main
+
+    with pytest.raises(SystemExit) as exit:
+        train_main(["--set", "train.max_steps=5"])
+    assert exit.value.code == 2
+    assert "error: --config is required (or --resume to continue a run)" in capsys.readouterr().err
+
+
+def test_resume_without_config_looks_for_the_run_under_the_out_dir_set_gives(tmp_path, capsys):
+    from tinyattn.cli.train import main as train_main
+
+    assert train_main(["--resume", "--run-name", "gone", "--set", f"train.out_dir={tmp_path}"]) == 2
+    expected = f"error: {tmp_path / 'gone'}: no such run to resume (check --run-name)\n"
+    assert capsys.readouterr().err == expected  # not checkpoints/gone
+
+
+@pytest.mark.parametrize("name, argv, message", [
+    ("eval", ["--batch-size", "0"], "--batch-size 0: expected a positive integer"),
+    ("export", ["--gguf", "m.gguf", "--out", "m.gguf"], "--gguf FILE stands for --format gguf --out FILE: "
+                                                          "give one or the other"),
+    ("export", ["--gguf", "m.gguf", "--format", "hf"], "--gguf FILE stands for --format gguf --out FILE"),
+])
+def test_a_bad_option_is_one_line_before_any_checkpoint_is_read(name, argv, message, capsys):
+    module = importlib.import_module(f"tinyattn.cli.{name}")
+    assert module.main(["--checkpoint", "no/such/run", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message}") and err.count("\n") == 1, err

@@ -111,6 +111,22 @@ def test_a_port_in_use_is_one_line_naming_it(capsys):
     assert err.startswith(f"error: cannot listen on 127.0.0.1:{port}: ") and len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--port", "65536"], "--port 65536: expected 0 to 65535"),
+    (["--port", "-1"], "--port -1: expected 0 to 65535"),
+    (["--max-tokens", "0"], "--max-tokens 0: expected a positive number"),
+    (["--max-n", "0"], "--max-n 0: expected a positive number"),
+    (["--max-active", "0"], "--max-active 0: expected a positive number"),
+])
+def test_a_port_or_limit_out_of_range_is_one_line_before_anything_is_bound_or_loaded(argv, message, capsys):
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.cli.serve import main
+
+    assert main(["--checkpoint", "nowhere", *argv]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+
+
 @pytest.mark.slow
 def test_the_command_serves_until_ctrl_c_and_then_exits_cleanly(loaded):
     import signal
