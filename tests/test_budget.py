@@ -169,6 +169,40 @@ def test_a_resumed_budget_run_counts_the_time_already_spent(corpus, tmp_path, mo
     assert state["plan"]["spent"] == pytest.approx(total) and state["plan"]["finished"]
 
 
+def test_a_run_whose_checkpoint_writes_are_slow_keeps_time_for_the_last_evaluations_two(
+        corpus, tmp_path, monkeypatch):
+    """The last evaluation writes its step checkpoint and, being the best so far, best.pt: the one
+    write the calibration times counts twice, so 4 s writes still end the run within its budget."""
+    clock = FakeClock()
+    FakeMachine(monkeypatch, clock, lambda now, step: 0.25, compute=False)
+    real_save = ckpt.save_checkpoint
+
+    def slow_save(state, path):
+        real_save(state, path)
+        clock.now += 4.0
+
+    monkeypatch.setattr(ckpt, "save_checkpoint", slow_save)
+    result = train(budget_config(corpus, tmp_path, "60s", "train.eval_interval=100000"),
+                   run_name="slow-writes", progress=False, clock=clock)
+    assert sorted(p.name for p in result.run_dir.glob("*.pt")) == ["best.pt", ckpt.step_filename(result.step)]
+    assert 55.0 <= result.wall_seconds <= 60.0 - TimePlan.EXIT_SECONDS, result.wall_seconds
+
+
+def test_a_run_saved_before_time_plans_resumed_with_config_continues_to_the_step_count_it_chose():
+    """A checkpoint saved before time plans records no plan: its run fixed a step count at its start
+    (its config records it), and a resume with --config FILE (which says 20) goes on to that count."""
+    from tinyattn.system.distributed import Distributed
+    from tinyattn.train.optim import StepPlan
+
+    saved = load_config(TINY, ["train.time_budget=10m", "train.max_steps=777"])
+    point = ResumePoint(Path("run") / ckpt.step_filename(100), {"step": 100}, saved, 100)
+    config = load_config(TINY, ["train.time_budget=10m"])
+    point.adopt(config)
+    plan = budget.plan_for(config.train, point.state, FakeClock(), dist=Distributed(),
+                           device=torch.device("cpu"))
+    assert isinstance(plan, StepPlan) and config.train.max_steps == 777
+    assert not plan.done(776) and plan.done(777)
+
 def test_entry_for_takes_the_entry_with_the_most_passes_at_or_below_the_count():
     table = {3.0: 0.1, 8.0: 0.2}
     assert [entry_for(table, passes) for passes in (0.5, 2.99, 3.0, 7.9, 8.0, 40.0)] == \
