@@ -29,6 +29,15 @@ def test_wsd_holds_the_peak_then_decays_linearly_over_the_last_fraction():
     assert learning_rate(100, config) == pytest.approx(0.1)
 
 
+def test_wsd_whose_decay_would_begin_inside_warmup_starts_it_at_the_peak_where_warmup_ends():
+    # 80% of 20 steps would start the decay at step 4, inside the 10 warmup steps
+    config = TrainConfig(lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=20, schedule="wsd",
+                         decay_fraction=0.8)
+    assert learning_rate(9, config) == pytest.approx(1.0)  # warmup's last step
+    assert learning_rate(10, config) == pytest.approx(1.0)  # no drop where warmup ends
+    assert learning_rate(15, config) == pytest.approx(1.0 - 0.9 * 0.5)  # halfway down the last 10 steps
+    assert learning_rate(20, config) == pytest.approx(0.1)
+
 def test_every_group_follows_the_schedule_in_proportion_to_its_base_rate():
     torch.manual_seed(0)
     model = LanguageModel(ModelConfig(vocab_size=20, n_layer=1, n_head=2, n_embd=16, context_length=8,
