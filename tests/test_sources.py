@@ -246,6 +246,19 @@ def test_a_text_file_is_read_in_pieces_that_leave_the_tokens_unchanged(tmp_path,
     assert np.array_equal(pieces.train, whole.train) and np.array_equal(pieces.validation, whole.validation)
 
 
+def test_a_cut_in_a_later_piece_of_a_long_file_still_sets_the_next_file_off_with_end_of_text(tmp_path,
+                                                                                            monkeypatch):
+    """Two files hold out the last tenth of their characters: here the end of the long one, read in
+    pieces, and the whole short one, which starts a document of its own in the validation split."""
+    long, short = tmp_path / "long.txt", tmp_path / "short.txt"
+    long.write_text(book(), encoding="utf-8")
+    short.write_text("that is the question.\n", encoding="utf-8")
+    monkeypatch.setattr(sources, "READ_CHARS", 1000)  # the cut falls in about the 100th piece
+    result = prepare_data(make_config(tmp_path, {"files": [str(long), str(short)]}), progress=False)
+    cut = int((len(book()) + len("that is the question.\n")) * 0.9)
+    assert documents_of(result) == ([book()[:cut]], [book()[cut:], "that is the question.\n"])
+
+
 @pytest.mark.parametrize("progress", [False, True])
 def test_reading_a_large_file_reports_how_far_it_got(tmp_path, monkeypatch, capsys, progress):
     path = tmp_path / "book.txt"
