@@ -24,7 +24,8 @@ from tinyattn.generate.cpu_weights import (ONEDNN, PackedLinear, PackingOperator
 from tinyattn.generate.decoder import (CachedDecoder, DecodeStep, generate_tokens, prepare_for_generation,
                                        row_weight_dtype)
 from tinyattn.generate.sampling import apply_repetition_penalty, nucleus_mask, sample_next_token
-from tinyattn.generate.text import PromptWarning, StopStringFilter, generate, generate_samples
+from tinyattn.generate.text import (PromptWarning, SamplePiece, SampleStreams, StopStringFilter, generate,
+                                   generate_samples)
 from tinyattn.model.attention import recording_attention_weights
 from tinyattn.model.transformer import ModelOutput
 
@@ -567,6 +568,29 @@ def test_stop_string_filter_holds_back_possible_starts():
     assert g.push("wxy") == "w" and g.flush() == "xy"  # the end of a sample releases held text
     h = StopStringFilter(["bc", "ab"])
     assert h.push("zabc") == "z"  # the earliest occurrence wins
+
+
+class ByteTokenizer:
+    """Tokens of raw bytes, decoded together as UTF-8 (U+FFFD for a character cut short), as
+    byte-level BPE decodes: token 2 ends inside "é", so its text is held until what follows."""
+
+    eot_id = 0
+    BYTES = {1: b"a", 2: b"b\xc3", 3: b"\xa9"}
+
+    def decode(self, ids):
+        return b"".join(self.BYTES[i] for i in ids).decode("utf-8", errors="replace")
+
+
+@pytest.mark.parametrize("ending", ["length", "eot"])
+def test_a_stop_string_in_the_text_released_at_the_end_finishes_the_sample_as_stop(ending):
+    streams = SampleStreams(ByteTokenizer(), 1, stop=["b"])
+    streams.push([1])
+    streams.push([2])  # "b" and half of "é": held by the detokenizer, not yet seen by the filter
+    if ending == "eot":
+        streams.push([ByteTokenizer.eot_id])
+    else:
+        streams.end_the_rest("length")  # max_new_tokens reached
+    assert list(streams.ready()) == [SamplePiece(0, "a", "stop")]  # cut at "b", as the text says
 
 
 def test_stop_string_ends_the_sample_and_is_not_printed(tiny_model, tokenizer):
