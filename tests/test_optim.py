@@ -2,6 +2,7 @@
 and that each option trains a tiny model."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -180,17 +181,27 @@ def test_muon_updates_each_matrix_of_a_stacked_weight_as_if_it_were_its_own_para
     assert (whole - separate).abs().max() > 1e-3  # the split is not a no-op
 
 
-@pytest.mark.parametrize("split", [True, False])
-def test_the_muon_group_splits_the_models_stacked_weights_as_the_config_says(split):
+@pytest.mark.parametrize("split, heads", [(True, False), (False, False), (True, True), (False, True)])
+def test_the_muon_group_splits_the_models_stacked_weights_as_the_config_says(split, heads):
+    """4 query heads and 2 key/value heads of width 8: per head, the query's 32 rows are four
+    matrices and the key's 16 two; the value stays whole (and muon_split_heads implies the split)."""
     model = LanguageModel(ModelConfig(vocab_size=20, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
                                       context_length=8))
-    config = TrainConfig(optimizer="muon", muon_lr=1e-2, muon_split_stacked=split)
+    config = TrainConfig(optimizer="muon", muon_lr=1e-2, muon_split_stacked=split, muon_split_heads=heads)
     (group,) = build_optimizer(model, config, torch.device("cpu")).optimizers[1].param_groups
     names = {id(p): name for name, p in model.named_parameters()}
     split_rows = {names[id(p)]: rows for p, rows in zip(group["params"], group["rows"]) if rows}
-    expected = {f"blocks.{i}.attention.qkv.weight": (32, 16, 16) for i in range(2)}
+    qkv_rows = (8,) * 4 + (8,) * 2 + (16,) if heads else (32, 16, 16)
+    expected = {f"blocks.{i}.attention.qkv.weight": qkv_rows for i in range(2)}
     expected.update({f"blocks.{i}.mlp.gate_up.weight": (model.config.hidden_dim,) * 2 for i in range(2)})
-    assert split_rows == (expected if split else {})
+    assert split_rows == (expected if split or heads else {})
+
+
+def test_the_main_config_orthogonalises_each_heads_query_and_key_rows_on_their_own():
+    from tinyattn.config import load_config
+
+    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "shakespeare_char.yaml")
+    assert config.train.optimizer == "muon" and config.train.muon_split_heads
 
 
 def test_a_config_saved_before_the_split_existed_keeps_muon_orthogonalising_whole_weights(tmp_path):

@@ -199,6 +199,9 @@ class TrainConfig:
     # Orthogonalise each matrix a stacked weight holds (query, key, value; gate, up) on its own,
     # as if they were separate weights, instead of the stacked one as a whole.
     muon_split_stacked: bool = True
+    # Also split the query and key projections into one matrix per head (implies the split
+    # above): each head's rows orthogonalised on their own.
+    muon_split_heads: bool = False
     embedding_lr: Optional[float] = None  # token embedding (and a tied head); None: train.lr
     head_lr: Optional[float] = None  # an untied output head; None: train.lr
     weight_decay: float = 0.1  # matrices only; norms, biases and the embedding are not decayed

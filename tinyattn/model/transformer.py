@@ -167,14 +167,23 @@ class LanguageModel(nn.Module):
         for module in (self.dropout, *(block.dropout for block in self.blocks)):
             module.p = p
 
-    def stacked_matrices(self) -> dict[str, tuple[int, ...]]:
+    def stacked_matrices(self, query_key_heads: bool = False) -> dict[str, tuple[int, ...]]:
         """Weights that stack several matrices into one (so one matmul computes them all), by
         parameter name, with the row count of each: every layer's query/key/value projection
         and its MLP's gate and up projections. An optimizer that treats a matrix as a whole
-        (Muon) splits these first."""
+        (Muon) splits these first.
+
+        With `query_key_heads` the query and key projections split further, into one (D, C)
+        matrix per head: head h's scores q_h . k_h read only its own D rows of each.
+        """
         stacked = {}
+        d = self.config.head_dim
         for i, block in enumerate(self.blocks):
-            stacked[f"blocks.{i}.attention.qkv.weight"] = tuple(block.attention.qkv_split)
+            q_rows, k_rows, v_rows = block.attention.qkv_split
+            rows = (q_rows, k_rows, v_rows)
+            if query_key_heads:
+                rows = (d,) * (q_rows // d) + (d,) * (k_rows // d) + (v_rows,)
+            stacked[f"blocks.{i}.attention.qkv.weight"] = rows
             stacked[f"blocks.{i}.mlp.gate_up.weight"] = (self.config.hidden_dim,) * 2
         return stacked
 

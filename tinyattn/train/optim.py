@@ -346,7 +346,8 @@ def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device,
                              "weight_decay": decay("matrices")})
         return Optimizers([adamw(adamw_groups)])
     muon_lr = config.muon_lr or config.lr
-    stacked = model.stacked_matrices() if config.muon_split_stacked and hasattr(model, "stacked_matrices") else {}
+    split = (config.muon_split_stacked or config.muon_split_heads) and hasattr(model, "stacked_matrices")
+    stacked = model.stacked_matrices(query_key_heads=config.muon_split_heads) if split else {}
     names = {id(p): name for name, p in model.named_parameters()}
     rows = [stacked.get(names[id(p)]) for p in groups["matrices"]]
     muon = Muon([{"name": "matrices", "params": groups["matrices"], "lr": muon_lr, "base_lr": muon_lr,
