@@ -203,6 +203,7 @@ def test_a_run_saved_before_time_plans_resumed_with_config_continues_to_the_step
     assert isinstance(plan, StepPlan) and config.train.max_steps == 777
     assert not plan.done(776) and plan.done(777)
 
+
 def test_entry_for_takes_the_entry_with_the_most_passes_at_or_below_the_count():
     table = {3.0: 0.1, 8.0: 0.2}
     assert [entry_for(table, passes) for passes in (0.5, 2.99, 3.0, 7.9, 8.0, 40.0)] == \

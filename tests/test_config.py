@@ -110,6 +110,7 @@ def test_a_duration_that_is_not_positive_or_has_another_unit_is_refused(text):
     with pytest.raises(ValueError, match="expected a positive duration such as 90s, 10m or 2h"):
         parse_duration(text)
 
+
 def test_yaml_round_trip_and_rebuild(tmp_path):
     config = load_config(ROOT / "configs" / "tinystories.yaml", ["model.vocab_size=300"])
     save_config(config, tmp_path / "resolved.yaml")

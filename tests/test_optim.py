@@ -2,7 +2,6 @@
 and that each option trains a tiny model."""
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -38,6 +37,7 @@ def test_wsd_whose_decay_would_begin_inside_warmup_starts_it_at_the_peak_where_w
     assert learning_rate(10, config) == pytest.approx(1.0)  # no drop where warmup ends
     assert learning_rate(15, config) == pytest.approx(1.0 - 0.9 * 0.5)  # halfway down the last 10 steps
     assert learning_rate(20, config) == pytest.approx(0.1)
+
 
 def test_every_group_follows_the_schedule_in_proportion_to_its_base_rate():
     torch.manual_seed(0)
@@ -181,27 +181,41 @@ def test_muon_updates_each_matrix_of_a_stacked_weight_as_if_it_were_its_own_para
     assert (whole - separate).abs().max() > 1e-3  # the split is not a no-op
 
 
+def muon_rows(model, config) -> dict[str, tuple]:
+    """How the Muon group built for `config` splits each of the model's weights it splits."""
+    (group,) = build_optimizer(model, config, torch.device("cpu")).optimizers[1].param_groups
+    names = {id(p): name for name, p in model.named_parameters()}
+    return {names[id(p)]: rows for p, rows in zip(group["params"], group["rows"]) if rows}
+
+
 @pytest.mark.parametrize("split, heads", [(True, False), (False, False), (True, True), (False, True)])
 def test_the_muon_group_splits_the_models_stacked_weights_as_the_config_says(split, heads):
     """4 query heads and 2 key/value heads of width 8: per head, the query's 32 rows are four
-    matrices and the key's 16 two; the value stays whole (and muon_split_heads implies the split)."""
+    matrices and the key's 16 two, the value whole; the MLP's gate and up split only with
+    muon_split_stacked."""
     model = LanguageModel(ModelConfig(vocab_size=20, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
                                       context_length=8))
     config = TrainConfig(optimizer="muon", muon_lr=1e-2, muon_split_stacked=split, muon_split_heads=heads)
-    (group,) = build_optimizer(model, config, torch.device("cpu")).optimizers[1].param_groups
-    names = {id(p): name for name, p in model.named_parameters()}
-    split_rows = {names[id(p)]: rows for p, rows in zip(group["params"], group["rows"]) if rows}
-    qkv_rows = (8,) * 4 + (8,) * 2 + (16,) if heads else (32, 16, 16)
-    expected = {f"blocks.{i}.attention.qkv.weight": qkv_rows for i in range(2)}
-    expected.update({f"blocks.{i}.mlp.gate_up.weight": (model.config.hidden_dim,) * 2 for i in range(2)})
-    assert split_rows == (expected if split or heads else {})
+    expected = {}
+    for i in range(2):
+        if heads or split:
+            expected[f"blocks.{i}.attention.qkv.weight"] = (8,) * 4 + (8,) * 2 + (16,) if heads else (32, 16, 16)
+        if split:
+            expected[f"blocks.{i}.mlp.gate_up.weight"] = (model.config.hidden_dim,) * 2
+    assert muon_rows(model, config) == expected
 
 
-def test_the_main_config_orthogonalises_each_heads_query_and_key_rows_on_their_own():
-    from tinyattn.config import load_config
-
-    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "shakespeare_char.yaml")
-    assert config.train.optimizer == "muon" and config.train.muon_split_heads
+def test_a_resume_splits_muon_as_its_own_config_says_whatever_the_checkpoint_did():
+    model = LanguageModel(ModelConfig(vocab_size=20, n_layer=1, n_head=4, n_embd=32, context_length=8))
+    for before, after in ((False, True), (True, False)):
+        saved = build_optimizer(model, TrainConfig(optimizer="muon", muon_split_heads=before),
+                                torch.device("cpu"))
+        resumed = build_optimizer(model, TrainConfig(optimizer="muon", muon_split_heads=after),
+                                  torch.device("cpu"))
+        resumed.load_state_dict(saved.state_dict())
+        (group,) = resumed.optimizers[1].param_groups
+        qkv_rows = (8,) * 8 + (32,) if after else (32, 32, 32)
+        assert qkv_rows in group["rows"]
 
 
 def test_a_config_saved_before_the_split_existed_keeps_muon_orthogonalising_whole_weights(tmp_path):

@@ -98,6 +98,7 @@ def test_random_states_kept_in_a_checkpoint_put_every_generator_back():
     set_random_states(torch.load(buffer, weights_only=True))
     assert [draws() for _ in range(3)] == expected
 
+
 def test_peak_flops_leaves_the_global_generator_alone():
     state = torch.get_rng_state()
     assert measure_peak_flops(CPU, select_precision("fp32", CPU), size=512) > 0

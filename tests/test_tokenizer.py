@@ -138,6 +138,15 @@ def test_pretrained_loads_the_file_and_reads_no_text(tmp_path, bpe_tokenizer):
     assert loaded.encode(HARD) == bpe_tokenizer.encode(HARD)
 
 
+def test_special_ids_are_end_of_text_the_unknown_token_and_added_specials(char_tokenizer, bpe_tokenizer):
+    unknown = char_tokenizer.encode("é")[0]  # a character the corpus never held: [UNK]
+    assert char_tokenizer.special_ids == {char_tokenizer.eot_id, unknown}
+    assert bpe_tokenizer.special_ids == {bpe_tokenizer.eot_id}  # byte-level: no unknown token
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "[UNK]": 1, "?": 2}, unk_token="?"))
+    backend.add_special_tokens(["<s>"])  # id 3; "[UNK]" is an ordinary word here
+    assert Tokenizer(backend).special_ids == {2, 3}
+
+
 def test_pretrained_without_end_of_text_has_no_eot_id():
     backend = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "b": 1, "?": 2}, unk_token="?"))
     backend.pre_tokenizer = tokenizers.pre_tokenizers.FixedLength(length=1)

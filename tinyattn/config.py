@@ -199,8 +199,8 @@ class TrainConfig:
     # Orthogonalise each matrix a stacked weight holds (query, key, value; gate, up) on its own,
     # as if they were separate weights, instead of the stacked one as a whole.
     muon_split_stacked: bool = True
-    # Also split the query and key projections into one matrix per head (implies the split
-    # above): each head's rows orthogonalised on their own.
+    # Split the query and key projections further, into one matrix per head: each head's rows
+    # orthogonalised on their own (without the split above, the value and MLP stay whole).
     muon_split_heads: bool = False
     embedding_lr: Optional[float] = None  # token embedding (and a tied head); None: train.lr
     head_lr: Optional[float] = None  # an untied output head; None: train.lr

@@ -88,9 +88,16 @@ class Tokenizer:
         return self._eot_id
 
     @property
-    def unk_id(self) -> Optional[int]:
-        """Id of `[UNK]` (the character tokenizer's, for a character its corpus lacks), or None."""
-        return self._backend.token_to_id(UNKNOWN)
+    def special_ids(self) -> frozenset[int]:
+        """Ids of the tokens that stand for no text: `<|endoftext|>`, the model's unknown token
+        (the character tokenizer's `[UNK]`, for a character its corpus lacks) and every added
+        token marked special (a pretrained tokenizer's `<s>`, `<|im_start|>`, ...)."""
+        ids = {i for i, token in self._backend.get_added_tokens_decoder().items() if token.special}
+        unknown = getattr(self._backend.model, "unk_token", None)
+        for token_id in (self._eot_id, self._backend.token_to_id(unknown) if unknown else None):
+            if token_id is not None:
+                ids.add(token_id)
+        return frozenset(ids)
 
     def token_text(self, id: int) -> str:
         """Readable text of one token, for plot labels.

@@ -118,10 +118,9 @@ def gap_text(path: str | None, loaded) -> np.ndarray:
 
 
 def ordinary_tokens(tokenizer) -> np.ndarray:
-    """Every token id but the special ones (<|endoftext|>, [UNK]): what the random string draws from.
-
-    By id: `token_text` shows [UNK] as the character it decodes to, U+FFFD."""
-    special = {tokenizer.eot_id, tokenizer.unk_id}
+    """Every token id but the special ones (`Tokenizer.special_ids`: <|endoftext|>, [UNK], a
+    pretrained tokenizer's added specials): what the random string draws from."""
+    special = tokenizer.special_ids
     return np.array([i for i in range(tokenizer.vocab_size) if i not in special], dtype=np.int64)
 
 

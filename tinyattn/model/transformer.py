@@ -167,24 +167,30 @@ class LanguageModel(nn.Module):
         for module in (self.dropout, *(block.dropout for block in self.blocks)):
             module.p = p
 
-    def stacked_matrices(self, query_key_heads: bool = False) -> dict[str, tuple[int, ...]]:
+    def stacked_matrices(self, by_matrix: bool = True,
+                         query_key_heads: bool = False) -> dict[str, tuple[int, ...]]:
         """Weights that stack several matrices into one (so one matmul computes them all), by
         parameter name, with the row count of each: every layer's query/key/value projection
         and its MLP's gate and up projections. An optimizer that treats a matrix as a whole
         (Muon) splits these first.
 
-        With `query_key_heads` the query and key projections split further, into one (D, C)
-        matrix per head: head h's scores q_h . k_h read only its own D rows of each.
+        `by_matrix`: each stacked weight split into the matrices it stacks. `query_key_heads`:
+        the query and key projections split further, into one (D, C) matrix per head (the key
+        per key/value head): head h's scores read only its own D query rows and the D key rows
+        of its key/value head. With `query_key_heads` alone only the query/key/value weight
+        splits, its value whole.
         """
         stacked = {}
         d = self.config.head_dim
         for i, block in enumerate(self.blocks):
             q_rows, k_rows, v_rows = block.attention.qkv_split
-            rows = (q_rows, k_rows, v_rows)
             if query_key_heads:
                 rows = (d,) * (q_rows // d) + (d,) * (k_rows // d) + (v_rows,)
-            stacked[f"blocks.{i}.attention.qkv.weight"] = rows
-            stacked[f"blocks.{i}.mlp.gate_up.weight"] = (self.config.hidden_dim,) * 2
+                stacked[f"blocks.{i}.attention.qkv.weight"] = rows
+            elif by_matrix:
+                stacked[f"blocks.{i}.attention.qkv.weight"] = (q_rows, k_rows, v_rows)
+            if by_matrix:
+                stacked[f"blocks.{i}.mlp.gate_up.weight"] = (self.config.hidden_dim,) * 2
         return stacked
 
     def num_parameters(self, exclude_embedding: bool = False) -> int:

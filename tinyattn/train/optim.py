@@ -346,8 +346,10 @@ def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device,
                              "weight_decay": decay("matrices")})
         return Optimizers([adamw(adamw_groups)])
     muon_lr = config.muon_lr or config.lr
-    split = (config.muon_split_stacked or config.muon_split_heads) and hasattr(model, "stacked_matrices")
-    stacked = model.stacked_matrices(query_key_heads=config.muon_split_heads) if split else {}
+    stacked = {}
+    if hasattr(model, "stacked_matrices"):  # how Muon splits stacked weights (Muon's "rows")
+        stacked = model.stacked_matrices(by_matrix=config.muon_split_stacked,
+                                         query_key_heads=config.muon_split_heads)
     names = {id(p): name for name, p in model.named_parameters()}
     rows = [stacked.get(names[id(p)]) for p in groups["matrices"]]
     muon = Muon([{"name": "matrices", "params": groups["matrices"], "lr": muon_lr, "base_lr": muon_lr,
