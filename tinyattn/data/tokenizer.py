@@ -94,10 +94,8 @@ class Tokenizer:
         token marked special (a pretrained tokenizer's `<s>`, `<|im_start|>`, ...)."""
         ids = {i for i, token in self._backend.get_added_tokens_decoder().items() if token.special}
         unknown = getattr(self._backend.model, "unk_token", None)
-        for token_id in (self._eot_id, self._backend.token_to_id(unknown) if unknown else None):
-            if token_id is not None:
-                ids.add(token_id)
-        return frozenset(ids)
+        ids |= {self._eot_id, self._backend.token_to_id(unknown) if unknown else None}
+        return frozenset(ids - {None})
 
     def token_text(self, id: int) -> str:
         """Readable text of one token, for plot labels.
