@@ -173,8 +173,9 @@ class TokenizerConfig:
 # train.probe_text need one.
 SHOW_HOOKS = ("sample", "loss_by_position", "attention", "head_ablation")
 PROBE_HOOKS = ("attention", "head_ablation")
-# The tables a time budget's calibration reads by the passes that fit (budget.entry_for), each
-# with the key its entry sets; that key given with --set wins over the table.
+# The tables read by the passes a new run makes over its training text (budget.entry_for): a
+# time budget's calibration counts the passes that fit, a run of train.max_steps the passes its
+# steps make. Each with the key its entry sets; that key given with --set wins over the table.
 PASS_TABLES = {"dropout_by_passes": "model.dropout", "floor_by_passes": "train.min_lr",
                "decay_by_passes": "train.weight_decay"}
 
@@ -205,18 +206,19 @@ class TrainConfig:
     embedding_lr: Optional[float] = None  # token embedding (and a tied head); None: train.lr
     head_lr: Optional[float] = None  # an untied output head; None: train.lr
     weight_decay: float = 0.1  # matrices only; norms, biases and the embedding are not decayed
-    # With time_budget: passes over the training text -> model.dropout. The calibration counts the
-    # passes its plan expects and the entry with the most passes at or below that count sets the
-    # dropout on the embedding and residual branches (budget.entry_for), if the passes the model
-    # makes with that dropout (measured again) still reach an entry giving one; {}: never.
+    # Passes over the training text -> model.dropout. A new run counts the passes it makes (under
+    # time_budget, those its plan expects; else max_steps') and the entry with the most passes at
+    # or below that count sets the dropout on the embedding and residual branches
+    # (budget.entry_for); under a budget, if the passes the model makes with that dropout
+    # (measured again) still reach an entry giving one; {}: never.
     dropout_by_passes: dict[float, float] = field(default_factory=dict)
-    # With time_budget: passes over the training text -> the floor the schedule decays to, as a
+    # Passes over the training text -> the floor the schedule decays to, as a
     # share of the peak rate (train.min_lr = share * train.lr), by the same rule from the passes
     # of the model chosen: where many passes fit, the schedule can stop decaying higher. Where a
     # dropout fell short, only the entries below the one it fell short of count; {}: never.
     floor_by_passes: dict[float, float] = field(default_factory=dict)
-    # With time_budget: passes over the training text -> train.weight_decay (the matrices' and
-    # the head's), by the floor's rule; {}: never.
+    # Passes over the training text -> train.weight_decay (the matrices' and the head's), by the
+    # floor's rule; {}: never.
     decay_by_passes: dict[float, float] = field(default_factory=dict)
     # How training windows are drawn: random (at random starts; they may overlap and repeat) or
     # passes (each pass over the text in non-overlapping windows, in a shuffled order).

@@ -11,13 +11,14 @@
   write give the plan its first measurements; the trainer is then put back as it was
   before the first step, through the same `Trainer.state_dict`/`load_state_dict` a
   checkpoint goes through.
-- `entry_for`: the rule by which the calibration chooses the model's dropout
+- `PassTables`, `entry_for`: the rule by which the calibration chooses the model's dropout
   (`train.dropout_by_passes`), the schedule's floor (`train.floor_by_passes`) and the weight
   decay (`train.decay_by_passes`): overfitting follows the passes a run makes over its text, so
   the faster the machine, the more steps fit, and the more dropout and decay the model gets
   (and, where the table says so, the higher its rate stays at the end). The tables read the
   passes the run makes with the dropout they give: a model given a dropout is measured again
   with it, and keeps its own where the dearer step leaves it short of the dropout's entry.
+  `choose_by_steps` gives a run of train.max_steps the entries for the passes its steps make.
 - `plan_for`: which plan a run gets. An explicit `--set train.max_steps=N` wins over a
   config's time budget (`explicit_steps`): the budget is off for that run, the schedule is
   `optim.StepPlan`'s, and the run says so.
@@ -228,7 +229,8 @@ class Measured:
     """What the calibration measured: seconds per step (of the model chosen), per evaluation, per
     checkpoint write; with a table by passes, the passes it expects at the model's own dropout,
     and the dropout it set, the floor the schedule is to take and the weight decay the
-    optimizers are to take (None: unchanged)."""
+    optimizers are to take (None: unchanged).
+    `choose_by_steps` gives a run of train.max_steps the same choices, without the timings."""
 
     step: float
     evaluation: float
@@ -246,6 +248,50 @@ class Measured:
         return self.tried[1] if self.dropout is not None and self.tried else self.passes
 
 
+class PassTables:
+    """The tables by passes in play (config.PASS_TABLES; {} for one whose key --set gave) and what
+    they give a run that expects a count of passes over its text, against what `config` holds now.
+    The dropout's table is read by the caller: under a budget its entry changes the step's cost
+    and so the passes (`Calibration`); the others follow from the passes chosen."""
+
+    def __init__(self, config: TrainConfig, *, dropout_by_passes: Optional[dict[float, float]] = None,
+                 floor_by_passes: Optional[dict[float, float]] = None,
+                 decay_by_passes: Optional[dict[float, float]] = None):
+        self.config = config
+        self.by_name = {"dropout_by_passes": dropout_by_passes or {}, "floor_by_passes": floor_by_passes or {},
+                        "decay_by_passes": decay_by_passes or {}}
+
+    def __bool__(self) -> bool:
+        return any(self.by_name.values())
+
+    @property
+    def dropout_by_passes(self) -> dict[float, float]:
+        return self.by_name["dropout_by_passes"]
+
+    def choose(self, passes: float, below: Optional[float] = None) -> tuple:
+        """train.min_lr and train.weight_decay for `passes` by `entry_for` (only the entries under
+        `below`, where given), each None where it leaves the config's value as it is. Neither is
+        set here: a budget's snapshot, put back after measuring, would undo it (the loop sets
+        them, and config.yaml records them)."""
+        share = entry_for(self.by_name["floor_by_passes"], passes, below=below)
+        min_lr = None if share is None else share * self.config.lr
+        decay = entry_for(self.by_name["decay_by_passes"], passes, below=below)
+        return (None if min_lr == self.config.min_lr else min_lr,
+                None if decay == self.config.weight_decay else decay)
+
+
+def choose_by_steps(trainer: Trainer, tables: PassTables) -> Measured:
+    """What the tables by passes give a new run of train.max_steps: the passes its steps make over
+    the training text, counted exactly (nothing is timed; a dropout does not change them). The
+    dropout chosen is set on the model; the rest is left to the caller, as after a calibration."""
+    passes = trainer.config.max_steps * trainer.tokens_per_step / len(trainer.batches.tokens)
+    dropout = entry_for(tables.dropout_by_passes, passes)
+    dropout = None if dropout == trainer.model.dropout.p else dropout
+    if dropout is not None:
+        trainer.model.set_dropout(dropout)
+    return Measured(math.nan, math.nan, math.nan, passes, dropout, *tables.choose(passes))
+
+
 class Calibration:
     """The first measurements of a new budget run, taken before step 1 and then undone.
 
@@ -259,15 +305,11 @@ class Calibration:
     # only, which the plan's own step times replace (a slow machine loses no more to it).
     MIN_SHARE = 0.005
 
-    def __init__(self, plan: TimePlan, clock: Clock, *, dropout_by_passes: Optional[dict[float, float]] = None,
-                 floor_by_passes: Optional[dict[float, float]] = None,
-                 decay_by_passes: Optional[dict[float, float]] = None):
+    def __init__(self, plan: TimePlan, clock: Clock, tables: Optional[PassTables] = None):
         self.plan = plan
         self.text = plan.text
         self.clock = clock
-        self.dropout_by_passes = dropout_by_passes or {}
-        self.floor_by_passes = floor_by_passes or {}
-        self.decay_by_passes = decay_by_passes or {}
+        self.tables = tables or PassTables(plan.config)
 
     def measure(self, trainer: Trainer, evaluator: Evaluator, run_dir: Path, *,
                 stop: Callable[[], bool] = lambda: False) -> Measured:
@@ -287,7 +329,7 @@ class Calibration:
         # Without the plan: it measures nothing here, and its clock must not be put back.
         snapshot = copy.deepcopy({k: v for k, v in trainer.state_dict().items() if k != "plan"})
         measured = Measured(self._time_steps(trainer, stop), math.nan, math.nan)
-        if (self.dropout_by_passes or self.floor_by_passes or self.decay_by_passes) and not stop():
+        if self.tables and not stop():
             measured = self._choose(trainer, measured.step, stop)
         eval_seconds = save_seconds = math.nan
         if not stop():
@@ -313,7 +355,8 @@ class Calibration:
         """
         passes = own_passes = self._expected_passes(trainer, step_seconds)
         own = trainer.model.dropout.p
-        dropout = entry_for(self.dropout_by_passes, passes)
+        by_passes = self.tables.dropout_by_passes
+        dropout = entry_for(by_passes, passes)
         tried = below = None
         if dropout is not None and dropout != own:
             trainer.model.set_dropout(dropout)
@@ -321,36 +364,22 @@ class Calibration:
             if stop():  # measure() raises CalibrationStopped
                 return Measured(with_it, math.nan, math.nan)
             tried = (dropout, self._expected_passes(trainer, with_it))
-            dropout = entry_for(self.dropout_by_passes, tried[1])
+            dropout = entry_for(by_passes, tried[1])
             if dropout is None or dropout == own:  # short of every entry giving one at its cost
                 trainer.model.set_dropout(own)
-                below = min((key for key in self.dropout_by_passes if key > tried[1]), default=None)
+                below = min((key for key in by_passes if key > tried[1]), default=None)
             else:  # taken (a lower entry where the cost moved the run below the one tried)
                 trainer.model.set_dropout(dropout)
                 step_seconds, passes = with_it, tried[1]
         dropout = None if dropout == own else dropout  # None: the model keeps its own
-        return Measured(step_seconds, math.nan, math.nan, own_passes, dropout, self._choose_min_lr(passes, below),
-                        self._choose_weight_decay(passes, below), tried, below)
+        return Measured(step_seconds, math.nan, math.nan, own_passes, dropout, *self.tables.choose(passes, below),
+                        tried, below)
 
     def _expected_passes(self, trainer: Trainer, step_seconds: float) -> float:
         """The passes over the text the plan expects at this step time (evaluations aside; in a
         distributed run rank 0's count, so every rank chooses alike)."""
         steps = self.plan.seed(step_seconds, 0.0, 0.0)  # seeded again with every measurement after
         return steps * trainer.tokens_per_step / len(trainer.batches.tokens)
-
-    def _choose_min_lr(self, passes: float, below: Optional[float]) -> Optional[float]:
-        """train.min_lr from the share of train.lr `entry_for` gives `passes`; None where it leaves
-        the schedule as it is. The loop records it in the config, whose value the plan reads."""
-        share = entry_for(self.floor_by_passes, passes, below=below)
-        config = self.plan.config
-        min_lr = None if share is None else share * config.lr
-        return None if min_lr == config.min_lr else min_lr
-
-    def _choose_weight_decay(self, passes: float, below: Optional[float]) -> Optional[float]:
-        """train.weight_decay from `entry_for`; None where it leaves it as it is. Not set here: the
-        snapshot put back after measuring would undo it (the loop sets it on the optimizers)."""
-        decay = entry_for(self.decay_by_passes, passes, below=below)
-        return None if decay is None or decay == self.plan.config.weight_decay else decay
 
     def advice(self, seconds_needed: float) -> str:
         """What helps when no step fits: a budget that holds `seconds_needed` of the run's own

@@ -30,7 +30,8 @@ What a run guarantees:
   the run ends when no further step fits, with its last evaluation and checkpoint. Before
   step 1 its calibration may set the dropout, the schedule's floor and the weight decay from
   the passes that fit (train.dropout_by_passes, train.floor_by_passes, train.decay_by_passes),
-  and config.yaml records what it chose.
+  and config.yaml records what it chose. A new run of train.max_steps takes the same tables'
+  entries for the passes its steps make.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ from tinyattn.errors import TinyattnError
 from tinyattn.model.memory import check_training_fits
 from tinyattn.system.device import measure_peak_flops, select_device, select_precision
 from tinyattn.system.distributed import Distributed, init_distributed, shutdown_distributed
-from tinyattn.train.budget import Calibration, CalibrationStopped, Measured, entry_for, explicit_steps, plan_for
+from tinyattn.train.budget import (Calibration, CalibrationStopped, Measured, PassTables, choose_by_steps, entry_for,
+                                   explicit_steps, plan_for)
 from tinyattn.train.finetune import InitSource, adopt_model, init_source
 from tinyattn.train.hooks import resolve_hooks
 from tinyattn.train.log import Logger, RunLog
@@ -165,10 +167,10 @@ def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Option
     log.announce(point)
     for line in request.notes:
         log.print(line)
-    if point is None and config.train.time_budget is not None:
-        stopped = _calibrate(config, trainer, evaluator, run_dir, request=request, log=log, timers=timers)
-        if stopped is not None:
-            return stopped
+    stopped = _choose_at_start(config, trainer, evaluator, run_dir, point=point, request=request, log=log,
+                               timers=timers)
+    if stopped is not None:
+        return stopped
 
     checkpointer = Checkpointer(run_dir, config, data.tokenizer, dist)
     checkpointer.run_state["data"] = data.fingerprint  # what every checkpoint says it trained on
@@ -212,6 +214,21 @@ def _build(config: Config, request: _Request, *, point: Optional[ResumePoint], d
     return trainer, evaluator, data
 
 
+def _choose_at_start(config: Config, trainer: Trainer, evaluator: Evaluator, run_dir: Path, *,
+                     point: Optional[ResumePoint], request: _Request, log: Logger,
+                     timers: Timers) -> Optional[TrainResult]:
+    """A new run's choices before step 1: under a time budget the calibration's (the steps that
+    fit, and what the tables by passes give their passes), else what the tables give the passes
+    train.max_steps makes. A resume keeps what its start chose (config.yaml and the checkpoint
+    hold it). None, or the result of a run stopped meanwhile."""
+    if point is not None:
+        return None
+    if config.train.time_budget is not None:
+        return _calibrate(config, trainer, evaluator, run_dir, request=request, log=log, timers=timers)
+    _choose_by_steps(config, trainer, request, log)
+    return None
+
+
 def _calibrate(config: Config, trainer: Trainer, evaluator: Evaluator, run_dir: Path, *,
                request: _Request, log: Logger, timers: Timers) -> Optional[TrainResult]:
     """Gives the time plan its first measurements (and train.max_steps its first estimate); a
@@ -220,10 +237,7 @@ def _calibrate(config: Config, trainer: Trainer, evaluator: Evaluator, run_dir: 
     stopper = StopRequest()
     try:
         with timers("calibration"), stopper.installed():
-            # --set model.dropout=... wins over the config's train.dropout_by_passes, and so on
-            tables = {name: {} if key in request.given else getattr(config.train, name)
-                      for name, key in PASS_TABLES.items()}
-            calibration = Calibration(trainer.plan, request.clock, **tables)
+            calibration = Calibration(trainer.plan, request.clock, _pass_tables(config, request))
             steps, measured = _first_plan(calibration, trainer, evaluator, run_dir, log,
                                           stop=lambda: stopper.signal_name is not None)
     except CalibrationStopped:
@@ -233,15 +247,39 @@ def _calibrate(config: Config, trainer: Trainer, evaluator: Evaluator, run_dir: 
         return TrainResult(run_dir, 0, 0, trainer.best_val_loss, float("nan"), 0.0, request.elapsed(), True,
                            dict(timers.seconds))
     config.train.max_steps = steps  # recorded in config.yaml: the first estimate, not a limit
-    if measured.dropout is not None:  # recorded in config.yaml too, so a resume builds this model
+    _take_choices(config, trainer, measured)
+    return None
+
+
+def _pass_tables(config: Config, request: _Request) -> PassTables:
+    """The config's tables by passes; --set model.dropout=... wins over train.dropout_by_passes,
+    and so on (that table is left out)."""
+    return PassTables(config.train, **{name: {} if key in request.given else getattr(config.train, name)
+                                       for name, key in PASS_TABLES.items()})
+
+
+def _choose_by_steps(config: Config, trainer: Trainer, request: _Request, log: Logger) -> None:
+    """A new run of train.max_steps takes what the tables by passes give the passes its steps make."""
+    tables = _pass_tables(config, request)
+    if not tables:
+        return
+    measured = choose_by_steps(trainer, tables)
+    log.print(f"train.max_steps {config.train.max_steps:,}: {measured.passes:.1f} passes over the training "
+              f"text -> {', '.join(_pass_choices(tables, measured, trainer))}")
+    _take_choices(config, trainer, measured)
+
+
+def _take_choices(config: Config, trainer: Trainer, measured: Measured) -> None:
+    """What the tables by passes chose, into the config (config.yaml records it, so a resume
+    builds this model and these optimizers) and the optimizers; the dropout is on the model."""
+    if measured.dropout is not None:
         config.model.attention_dropout = config.model.weights_dropout  # as the model was built
         config.model.dropout = measured.dropout
-    if measured.min_lr is not None:  # the plan's schedule reads it from here; config.yaml records it
+    if measured.min_lr is not None:  # the plan's schedule reads it from here
         config.train.min_lr = measured.min_lr
-    if measured.weight_decay is not None:  # config.yaml records it; a resume's optimizers are built with it
+    if measured.weight_decay is not None:
         config.train.weight_decay = measured.weight_decay
         trainer.optimizers.set_weight_decay(measured.weight_decay)
-    return None
 
 
 def _first_plan(calibration: Calibration, trainer: Trainer, evaluator: Evaluator, run_dir: Path,
@@ -257,7 +295,7 @@ def _first_plan(calibration: Calibration, trainer: Trainer, evaluator: Evaluator
         with_dropout = "" if measured.tried is None else \
             f", {measured.tried[1]:.1f} with model.dropout={measured.tried[0]:g}"
         log.print(f"time budget {plan.text}: about {measured.passes:.1f} passes over the training text "
-                  f"fit{with_dropout} -> {', '.join(_pass_choices(calibration, measured, trainer))}")
+                  f"fit{with_dropout} -> {', '.join(_pass_choices(calibration.tables, measured, trainer))}")
     steps = plan.seed(measured.step, measured.evaluation, measured.save)
     spent = plan.spent()
     if steps < 1:
@@ -271,7 +309,7 @@ def _first_plan(calibration: Calibration, trainer: Trainer, evaluator: Evaluator
     return steps, measured
 
 
-def _pass_choices(calibration: Calibration, measured: Measured, trainer: Trainer) -> list[str]:
+def _pass_choices(tables: PassTables, measured: Measured, trainer: Trainer) -> list[str]:
     """What each table by passes in play made of the count: "model.dropout=0.1
     (train.dropout_by_passes)", or, where the count is below its first entry, the value kept
     and where the table starts (a slow machine's run says why it has no dropout)."""
@@ -280,7 +318,7 @@ def _pass_choices(calibration: Calibration, measured: Measured, trainer: Trainer
            "train.weight_decay": (measured.weight_decay, trainer.plan.config.weight_decay)}
     choices, passes, below = [], measured.passes_chosen, measured.below
     for table_name, key in PASS_TABLES.items():
-        table = getattr(calibration, table_name)
+        table = tables.by_name[table_name]
         if not table:
             continue  # none in the config, or its key given with --set
         chosen, current = now[key]

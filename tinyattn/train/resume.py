@@ -137,9 +137,9 @@ class ResumePoint:
         The vocabulary size came from the tokenizer: it is taken from the checkpoint. So is a
         time-budget run's step count, which a run saved before time plans (`budget.TimePlan`)
         fixed at its start and continues with; a newer one continues its recorded plan. So are
-        the dropout, the schedule's floor and the weight decay that its calibration chose from
-        the passes that fit (where `config` has the table; not a key in `given`, the ones --set
-        gives now): a `--config FILE` holds the table, not the choice.
+        the dropout, the schedule's floor and the weight decay that its start chose from the
+        passes it makes (where `config` has the table; not a key in `given`, the ones --set
+        gives now), under a budget or not: a `--config FILE` holds the table, not the choice.
         """
         saved = config_to_dict(self.config)["model"]
         current = config_to_dict(config)["model"]
@@ -152,13 +152,13 @@ class ResumePoint:
         config.model.vocab_size = self.config.model.vocab_size
         if config.train.time_budget is not None and self.config.train.time_budget is not None:
             config.train.max_steps = self.config.train.max_steps
-            if config.train.floor_by_passes and "train.min_lr" not in given:
-                config.train.min_lr = self.config.train.min_lr
-            if config.train.decay_by_passes and "train.weight_decay" not in given:
-                config.train.weight_decay = self.config.train.weight_decay
-            if config.train.dropout_by_passes and "model.dropout" not in given:
-                config.model.dropout = self.config.model.dropout
-                config.model.attention_dropout = self.config.model.attention_dropout
+        if config.train.floor_by_passes and "train.min_lr" not in given:
+            config.train.min_lr = self.config.train.min_lr
+        if config.train.decay_by_passes and "train.weight_decay" not in given:
+            config.train.weight_decay = self.config.train.weight_decay
+        if config.train.dropout_by_passes and "model.dropout" not in given:
+            config.model.dropout = self.config.model.dropout
+            config.model.attention_dropout = self.config.model.attention_dropout
 
     def edited_config(self) -> Config:
         """The config a resume without --config continues with: the checkpoint's, with the edits
