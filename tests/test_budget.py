@@ -348,18 +348,24 @@ def test_the_budget_sets_the_weight_decay_from_the_passes_and_a_resume_keeps_it(
         assert load_config(resumed.run_dir / "config.yaml").train.weight_decay == 0.25, name
 
 
-@pytest.mark.parametrize("steps, choices, chosen", [
-    (100, "0.2 passes over the training text -> model.dropout=0.05 (train.dropout_by_passes), train.min_lr=0.0002 "
-          "kept (train.floor_by_passes starts at 0.5), train.weight_decay=0.25 (train.decay_by_passes)",
+FIXED_STEP_TABLES = ["train.dropout_by_passes={0.2: 0.05, 0.5: 0.1}", "train.floor_by_passes={0.5: 0.5}",
+                     "train.decay_by_passes={0.2: 0.25, 0.5: 0.5}"]
+
+
+@pytest.mark.parametrize("steps, accumulate, choices, chosen", [
+    (100, 1, "0.24 passes over the training text -> model.dropout=0.05 (train.dropout_by_passes), train.min_lr=0.0002 "
+             "kept (train.floor_by_passes starts at 0.5), train.weight_decay=0.25 (train.decay_by_passes)",
      (0.05, 2e-4, 0.25)),
-    (300, "0.7 passes over the training text -> model.dropout=0.1 (train.dropout_by_passes), train.min_lr=0.001 "
-          "(train.floor_by_passes), train.weight_decay=0.5 (train.decay_by_passes)", (0.1, 1e-3, 0.5))])
+    (300, 1, "0.71 passes over the training text -> model.dropout=0.1 (train.dropout_by_passes), train.min_lr=0.001 "
+             "(train.floor_by_passes), train.weight_decay=0.5 (train.decay_by_passes)", (0.1, 1e-3, 0.5)),
+    (150, 2, "0.71 passes", (0.1, 1e-3, 0.5))], ids=["0.24", "0.71", "0.71-accumulating"])
 def test_a_run_of_fixed_steps_takes_the_entries_for_the_passes_its_steps_make(
-        corpus, tmp_path, monkeypatch, steps, choices, chosen):
-    """Without a time budget the passes are train.max_steps' own, exactly: 128 tokens a step over
-    the training text's 54,000, so 100 steps make 0.24 passes and 300 make 0.71. The entries at or
-    below them set the dropout, the schedule's floor and the weight decay from step 1; the run says
-    so, config.yaml records them, and a run resumed with the config's tables keeps them."""
+        corpus, tmp_path, monkeypatch, steps, accumulate, choices, chosen):
+    """Without a time budget the passes are train.max_steps' own, exactly: 128 tokens a step (256
+    accumulating two batches) over the training text's 54,000, so 100 steps make 0.24 passes and
+    300 (or 150 of two batches) 0.71. The entries at or below them set the dropout, the schedule's
+    floor and the weight decay from step 1; the run says so, config.yaml records them, and a run
+    resumed with other tables in its --config keeps them."""
     clock = FakeClock()
     FakeMachine(monkeypatch, clock, lambda now, step: 0.125, compute=False, signal_at_step=steps // 2)
     seen = []  # per step: the model's dropout, the floor the schedule reads, the matrices' weight decay
@@ -368,18 +374,41 @@ def test_a_run_of_fixed_steps_takes_the_entries_for_the_passes_its_steps_make(
         (trainer.model.blocks[1].dropout.p, trainer.plan.config.min_lr,
          next(g["weight_decay"] for g in trainer.optimizers.optimizers[0].param_groups if g["name"] == "matrices"))),
         timed_step(trainer))[1])
-    items = [*local_corpus(corpus, tmp_path), f"train.max_steps={steps}", "train.dropout_by_passes={0.2: 0.05, 0.5: 0.1}",
-             "train.floor_by_passes={0.5: 0.5}", "train.decay_by_passes={0.2: 0.25, 0.5: 0.5}"]
-    first = train(load_config(TINY, items), run_name="run", progress=False, clock=clock)
+    items = [*local_corpus(corpus, tmp_path), f"train.max_steps={steps}", f"train.grad_accum_steps={accumulate}"]
+    first = train(load_config(TINY, items + FIXED_STEP_TABLES), run_name="run", progress=False, clock=clock)
     assert f"train.max_steps {steps}: {choices}" in (first.run_dir / "train.log").read_text()
     saved = load_config(first.run_dir / "config.yaml")
     assert (saved.model.dropout, saved.train.min_lr, saved.train.weight_decay) == chosen
     assert first.step == steps // 2 and set(seen) == {chosen}
 
-    seen[:] = []  # forked with --config: the file holds the tables, the checkpoint the choices
+    seen[:] = []  # forked with a --config whose tables differ: the file holds tables, the checkpoint the choices
     point = ResumePoint.find(ckpt.latest_checkpoint(first.run_dir), "with_config", tmp_path)
-    resumed = train(load_config(TINY, items), resume=point, run_name="with_config", progress=False, clock=clock)
+    other = ["train.dropout_by_passes={0: 0.2}", "train.floor_by_passes={0: 0.9}", "train.decay_by_passes={0: 0.9}"]
+    resumed = train(load_config(TINY, items + other), resume=point, run_name="with_config", progress=False,
+                    clock=clock)
     assert resumed.step == steps and set(seen) == {chosen}
+
+
+def test_a_choice_edited_in_config_yaml_wins_when_the_run_resumes(corpus, tmp_path, monkeypatch):
+    """The run's config.yaml records what the tables chose; an edit there applies from the resume
+    on (the run logs it), as any other edit does: the checkpoint's choice does not undo it."""
+    clock = FakeClock()
+    FakeMachine(monkeypatch, clock, lambda now, step: 0.125, compute=False, signal_at_step=50)
+    decays = []
+    timed_step = Trainer.train_step
+    monkeypatch.setattr(Trainer, "train_step", lambda trainer: (decays.append(next(
+        g["weight_decay"] for g in trainer.optimizers.optimizers[0].param_groups if g["name"] == "matrices")),
+        timed_step(trainer))[1])
+    items = [*local_corpus(corpus, tmp_path), "train.max_steps=100", "train.decay_by_passes={0.2: 0.25}"]
+    first = train(load_config(TINY, items), run_name="run", progress=False, clock=clock)
+    assert first.step == 50 and set(decays) == {0.25}
+    path = first.run_dir / "config.yaml"
+    path.write_text(path.read_text().replace("weight_decay: 0.25", "weight_decay: 0.05"))
+    decays[:] = []
+    point = ResumePoint.find(first.run_dir, None, tmp_path)
+    resumed = train(point.edited_config(), resume=point, progress=False, clock=clock)
+    assert resumed.step == 100 and set(decays) == {0.05}
+    assert "train.weight_decay 0.25 -> 0.05" in (first.run_dir / "train.log").read_text()
 
 
 def test_a_value_given_with_set_wins_over_its_table(corpus, tmp_path, monkeypatch):

@@ -162,7 +162,7 @@ class LanguageModel(nn.Module):
 
     def set_dropout(self, p: float) -> None:
         """Dropout p on the embedding and every residual branch from the next forward on (the
-        time budget chooses it, `train.dropout_by_passes`). The attention weights keep theirs:
+        table by passes chooses it, `train.dropout_by_passes`). The attention weights keep theirs:
         the attention path was chosen for it."""
         for module in (self.dropout, *(block.dropout for block in self.blocks)):
             module.p = p

@@ -249,10 +249,12 @@ class Measured:
 
 
 class PassTables:
-    """The tables by passes in play (config.PASS_TABLES; {} for one whose key --set gave) and what
-    they give a run that expects a count of passes over its text, against what `config` holds now.
-    The dropout's table is read by the caller: under a budget its entry changes the step's cost
-    and so the passes (`Calibration`); the others follow from the passes chosen."""
+    """The tables by passes in play (config.PASS_TABLES; {} for one whose key --set gave).
+
+    `choose` gives what the floor's and the decay's tables make of a count of passes, against
+    what `config` holds now. The dropout's table is read by the caller: under a budget its entry
+    changes the step's cost and so the passes (`Calibration`).
+    """
 
     def __init__(self, config: TrainConfig, *, dropout_by_passes: Optional[dict[float, float]] = None,
                  floor_by_passes: Optional[dict[float, float]] = None,
@@ -268,7 +270,7 @@ class PassTables:
     def dropout_by_passes(self) -> dict[float, float]:
         return self.by_name["dropout_by_passes"]
 
-    def choose(self, passes: float, below: Optional[float] = None) -> tuple:
+    def choose(self, passes: float, below: Optional[float] = None) -> tuple[Optional[float], Optional[float]]:
         """train.min_lr and train.weight_decay for `passes` by `entry_for` (only the entries under
         `below`, where given), each None where it leaves the config's value as it is. Neither is
         set here: a budget's snapshot, put back after measuring, would undo it (the loop sets
@@ -282,13 +284,12 @@ class PassTables:
 
 def choose_by_steps(trainer: Trainer, tables: PassTables) -> Measured:
     """What the tables by passes give a new run of train.max_steps: the passes its steps make over
-    the training text, counted exactly (nothing is timed; a dropout does not change them). The
-    dropout chosen is set on the model; the rest is left to the caller, as after a calibration."""
+    the training text, counted exactly (nothing is timed, so the timings are NaN; a dropout does
+    not change the count). Nothing is set here: the caller takes the choices, as after a
+    calibration."""
     passes = trainer.config.max_steps * trainer.tokens_per_step / len(trainer.batches.tokens)
     dropout = entry_for(tables.dropout_by_passes, passes)
     dropout = None if dropout == trainer.model.dropout.p else dropout
-    if dropout is not None:
-        trainer.model.set_dropout(dropout)
     return Measured(math.nan, math.nan, math.nan, passes, dropout, *tables.choose(passes))
 
 
@@ -309,7 +310,7 @@ class Calibration:
         self.plan = plan
         self.text = plan.text
         self.clock = clock
-        self.tables = tables or PassTables(plan.config)
+        self.tables = tables if tables is not None else PassTables(plan.config)
 
     def measure(self, trainer: Trainer, evaluator: Evaluator, run_dir: Path, *,
                 stop: Callable[[], bool] = lambda: False) -> Measured:

@@ -225,7 +225,7 @@ def _choose_at_start(config: Config, trainer: Trainer, evaluator: Evaluator, run
         return None
     if config.train.time_budget is not None:
         return _calibrate(config, trainer, evaluator, run_dir, request=request, log=log, timers=timers)
-    _choose_by_steps(config, trainer, request, log)
+    _take_tables_by_steps(config, trainer, request, log)
     return None
 
 
@@ -258,21 +258,22 @@ def _pass_tables(config: Config, request: _Request) -> PassTables:
                                        for name, key in PASS_TABLES.items()})
 
 
-def _choose_by_steps(config: Config, trainer: Trainer, request: _Request, log: Logger) -> None:
+def _take_tables_by_steps(config: Config, trainer: Trainer, request: _Request, log: Logger) -> None:
     """A new run of train.max_steps takes what the tables by passes give the passes its steps make."""
     tables = _pass_tables(config, request)
     if not tables:
         return
     measured = choose_by_steps(trainer, tables)
-    log.print(f"train.max_steps {config.train.max_steps:,}: {measured.passes:.1f} passes over the training "
+    log.print(f"train.max_steps {config.train.max_steps:,}: {measured.passes:.2f} passes over the training "
               f"text -> {', '.join(_pass_choices(tables, measured, trainer))}")
     _take_choices(config, trainer, measured)
 
 
 def _take_choices(config: Config, trainer: Trainer, measured: Measured) -> None:
     """What the tables by passes chose, into the config (config.yaml records it, so a resume
-    builds this model and these optimizers) and the optimizers; the dropout is on the model."""
+    builds this model and these optimizers), the model and the optimizers."""
     if measured.dropout is not None:
+        trainer.model.set_dropout(measured.dropout)  # a calibration has set it already
         config.model.attention_dropout = config.model.weights_dropout  # as the model was built
         config.model.dropout = measured.dropout
     if measured.min_lr is not None:  # the plan's schedule reads it from here

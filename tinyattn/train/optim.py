@@ -272,7 +272,7 @@ class Optimizers:
                     group.setdefault("name", name)
 
     def set_weight_decay(self, decay: float) -> None:
-        """train.weight_decay changed after the optimizers were built (the time budget's
+        """train.weight_decay changed after the optimizers were built (a new run's
         train.decay_by_passes): every group that takes it (DECAYED) steps with `decay` from now."""
         for optimizer in self.optimizers:
             for group in optimizer.param_groups:

@@ -80,6 +80,7 @@ class ResumePoint:
     config: Config  # the config saved in the checkpoint
     step: int  # the checkpoint's step
     notes: list[str] = field(default_factory=list)  # lines the run prints about what it took from where
+    edited: tuple[str, ...] = ()  # the dotted keys `edited_config` found edited in config.yaml
 
     @classmethod
     def find(cls, resume: str | Path | bool, run_name: Optional[str], out_dir: str | Path) -> "ResumePoint":
@@ -139,8 +140,10 @@ class ResumePoint:
         fixed at its start and continues with; a newer one continues its recorded plan. So are
         the dropout, the schedule's floor and the weight decay that its start chose from the
         passes it makes (where `config` has the table; not a key in `given`, the ones --set
-        gives now), under a budget or not: a `--config FILE` holds the table, not the choice.
+        gives now, nor one edited in the folder's config.yaml, `edited_config`), under a budget
+        or not: a `--config FILE` holds the table, not the choice.
         """
+        given = (*given, *self.edited)
         saved = config_to_dict(self.config)["model"]
         current = config_to_dict(config)["model"]
         if current.get("vocab_size") is None:
@@ -184,6 +187,7 @@ class ResumePoint:
                 "a new run (train.init_from to begin from these weights)")
         if not changed:
             return self.config
+        self.edited = tuple(changed)  # a table's choice edited by hand: the edit wins (`adopt`)
         what = ", ".join(f"{key} {_get(saved, key)!r} -> {_get(edited, key)!r}" for key in changed)
         self.notes.append(f"{path}: your edits apply from step {self.step}: {what}")
         return config_from_dict(edited, default_origin=str(path))
