@@ -19,7 +19,8 @@ from tests.conftest import local_corpus
 from tinyattn import checkpoint as ckpt
 from tinyattn.config import load_config
 from tinyattn.train import budget
-from tinyattn.train.budget import TimePlan, entry_for
+from tinyattn.train.budget import TimePlan
+from tinyattn.train.passes import entry_for
 from tinyattn.train.loop import train
 from tinyattn.train.optim import lr_factor, progress_lr_factor
 from tinyattn.train.owners import EvalResult, Evaluator

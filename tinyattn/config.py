@@ -173,7 +173,7 @@ class TokenizerConfig:
 # train.probe_text need one.
 SHOW_HOOKS = ("sample", "loss_by_position", "attention", "head_ablation")
 PROBE_HOOKS = ("attention", "head_ablation")
-# The tables read by the passes a new run makes over its training text (budget.entry_for): a
+# The tables read by the passes a new run makes over its training text (passes.entry_for): a
 # time budget's calibration counts the passes that fit, a run of train.max_steps the passes its
 # steps make. Each with the key its entry sets; that key given with --set wins over the table.
 PASS_TABLES = {"dropout_by_passes": "model.dropout", "floor_by_passes": "train.min_lr",
@@ -209,7 +209,7 @@ class TrainConfig:
     # Passes over the training text -> model.dropout. A new run counts the passes it makes (under
     # time_budget, those its plan expects; else max_steps') and the entry with the most passes at
     # or below that count sets the dropout on the embedding and residual branches
-    # (budget.entry_for); under a budget, if the passes the model makes with that dropout
+    # (passes.entry_for); under a budget, if the passes the model makes with that dropout
     # (measured again) still reach an entry giving one; {}: never.
     dropout_by_passes: dict[float, float] = field(default_factory=dict)
     # Passes over the training text -> the floor the schedule decays to, as a

@@ -11,14 +11,10 @@
   write give the plan its first measurements; the trainer is then put back as it was
   before the first step, through the same `Trainer.state_dict`/`load_state_dict` a
   checkpoint goes through.
-- `PassTables`, `entry_for`: the rule by which the calibration chooses the model's dropout
-  (`train.dropout_by_passes`), the schedule's floor (`train.floor_by_passes`) and the weight
-  decay (`train.decay_by_passes`): overfitting follows the passes a run makes over its text, so
-  the faster the machine, the more steps fit, and the more dropout and decay the model gets
-  (and, where the table says so, the higher its rate stays at the end). The tables read the
-  passes the run makes with the dropout they give: a model given a dropout is measured again
-  with it, and keeps its own where the dearer step leaves it short of the dropout's entry.
-  `choose_by_steps` gives a run of train.max_steps the entries for the passes its steps make.
+  With tables by passes (`passes`), it counts the passes that fit and takes their entries. The
+  tables read the passes the run makes with the dropout they give: a model given a dropout is
+  measured again with it, and keeps its own where the dearer step leaves it short of the
+  dropout's entry.
 - `plan_for`: which plan a run gets. An explicit `--set train.max_steps=N` wins over a
   config's time budget (`explicit_steps`): the budget is off for that run, the schedule is
   `optim.StepPlan`'s, and the run says so.
@@ -44,6 +40,7 @@ from tinyattn.errors import TinyattnError
 from tinyattn.system.timing import synchronize
 from tinyattn.train.hooks import DISCARD
 from tinyattn.train.optim import StepPlan, progress_lr_factor
+from tinyattn.train.passes import PassChoices, PassTables, entry_for
 
 if TYPE_CHECKING:
     from tinyattn.system.distributed import Distributed
@@ -216,81 +213,15 @@ def _from_rank0(count: int, device: torch.device) -> int:
     return int(shared.item())
 
 
-def entry_for(table: dict[float, float], passes: float, *, below: Optional[float] = None) -> Optional[float]:
-    """What a table keyed by passes (`train.dropout_by_passes`, `train.floor_by_passes`) gives a
-    run that expects `passes` over its text: the entry with the most passes at or below
-    `passes` (and under `below`, where given); None when no entry is that low (or none)."""
-    reached = [key for key in table if key <= passes and (below is None or key < below)]
-    return table[max(reached)] if reached else None
-
-
 @dataclass
 class Measured:
     """What the calibration measured: seconds per step (of the model chosen), per evaluation, per
-    checkpoint write; with a table by passes, the passes it expects at the model's own dropout,
-    and the dropout it set, the floor the schedule is to take and the weight decay the
-    optimizers are to take (None: unchanged).
-    `choose_by_steps` gives a run of train.max_steps the same choices, without the timings."""
+    checkpoint write; with a table by passes, what the tables chose for the passes that fit."""
 
     step: float
     evaluation: float
     save: float
-    passes: Optional[float] = None
-    dropout: Optional[float] = None
-    min_lr: Optional[float] = None
-    weight_decay: Optional[float] = None
-    tried: Optional[tuple[float, float]] = None  # a dropout the model was measured with, and its passes
-    below: Optional[float] = None  # that dropout was not taken: the tables read their entries under this
-
-    @property
-    def passes_chosen(self) -> Optional[float]:
-        """The passes the tables read: the run's with the dropout chosen."""
-        return self.tried[1] if self.dropout is not None and self.tried else self.passes
-
-
-class PassTables:
-    """The tables by passes in play (config.PASS_TABLES; {} for one whose key --set gave).
-
-    `choose` gives what the floor's and the decay's tables make of a count of passes, against
-    what `config` holds now. The dropout's table is read by the caller: under a budget its entry
-    changes the step's cost and so the passes (`Calibration`).
-    """
-
-    def __init__(self, config: TrainConfig, *, dropout_by_passes: Optional[dict[float, float]] = None,
-                 floor_by_passes: Optional[dict[float, float]] = None,
-                 decay_by_passes: Optional[dict[float, float]] = None):
-        self.config = config
-        self.by_name = {"dropout_by_passes": dropout_by_passes or {}, "floor_by_passes": floor_by_passes or {},
-                        "decay_by_passes": decay_by_passes or {}}
-
-    def __bool__(self) -> bool:
-        return any(self.by_name.values())
-
-    @property
-    def dropout_by_passes(self) -> dict[float, float]:
-        return self.by_name["dropout_by_passes"]
-
-    def choose(self, passes: float, below: Optional[float] = None) -> tuple[Optional[float], Optional[float]]:
-        """train.min_lr and train.weight_decay for `passes` by `entry_for` (only the entries under
-        `below`, where given), each None where it leaves the config's value as it is. Neither is
-        set here: a budget's snapshot, put back after measuring, would undo it (the loop sets
-        them, and config.yaml records them)."""
-        share = entry_for(self.by_name["floor_by_passes"], passes, below=below)
-        min_lr = None if share is None else share * self.config.lr
-        decay = entry_for(self.by_name["decay_by_passes"], passes, below=below)
-        return (None if min_lr == self.config.min_lr else min_lr,
-                None if decay == self.config.weight_decay else decay)
-
-
-def choose_by_steps(trainer: Trainer, tables: PassTables) -> Measured:
-    """What the tables by passes give a new run of train.max_steps: the passes its steps make over
-    the training text, counted exactly (nothing is timed, so the timings are NaN; a dropout does
-    not change the count). Nothing is set here: the caller takes the choices, as after a
-    calibration."""
-    passes = trainer.config.max_steps * trainer.tokens_per_step / len(trainer.batches.tokens)
-    dropout = entry_for(tables.dropout_by_passes, passes)
-    dropout = None if dropout == trainer.model.dropout.p else dropout
-    return Measured(math.nan, math.nan, math.nan, passes, dropout, *tables.choose(passes))
+    choices: Optional[PassChoices] = None
 
 
 class Calibration:
@@ -373,8 +304,8 @@ class Calibration:
                 trainer.model.set_dropout(dropout)
                 step_seconds, passes = with_it, tried[1]
         dropout = None if dropout == own else dropout  # None: the model keeps its own
-        return Measured(step_seconds, math.nan, math.nan, own_passes, dropout, *self.tables.choose(passes, below),
-                        tried, below)
+        return Measured(step_seconds, math.nan, math.nan,
+                        self.tables.choose(passes, dropout, own_passes=own_passes, tried=tried, below=below))
 
     def _expected_passes(self, trainer: Trainer, step_seconds: float) -> float:
         """The passes over the text the plan expects at this step time (evaluations aside; in a

@@ -50,12 +50,12 @@ from tinyattn.errors import TinyattnError
 from tinyattn.model.memory import check_training_fits
 from tinyattn.system.device import measure_peak_flops, select_device, select_precision
 from tinyattn.system.distributed import Distributed, init_distributed, shutdown_distributed
-from tinyattn.train.budget import (Calibration, CalibrationStopped, Measured, PassTables, choose_by_steps, entry_for,
-                                   explicit_steps, plan_for)
+from tinyattn.train.budget import Calibration, CalibrationStopped, Measured, explicit_steps, plan_for
 from tinyattn.train.finetune import InitSource, adopt_model, init_source
 from tinyattn.train.hooks import resolve_hooks
 from tinyattn.train.log import Logger, RunLog
 from tinyattn.train.owners import Checkpointer, Evaluator, LossWindow, StopRequest, Timers
+from tinyattn.train.passes import PassChoices, PassTables, choose_by_steps, entry_for
 from tinyattn.train.resume import ResumePoint, keep_user_config, open_run_folder, save_data_fingerprint
 from tinyattn.train.run_folder import remove_failed_start
 from tinyattn.train.trainer import Trainer, TrainResult
@@ -247,7 +247,8 @@ def _calibrate(config: Config, trainer: Trainer, evaluator: Evaluator, run_dir: 
         return TrainResult(run_dir, 0, 0, trainer.best_val_loss, float("nan"), 0.0, request.elapsed(), True,
                            dict(timers.seconds))
     config.train.max_steps = steps  # recorded in config.yaml: the first estimate, not a limit
-    _take_choices(config, trainer, measured)
+    if measured.choices is not None:
+        _take_choices(config, trainer, measured.choices)
     return None
 
 
@@ -263,24 +264,24 @@ def _take_tables_by_steps(config: Config, trainer: Trainer, request: _Request, l
     tables = _pass_tables(config, request)
     if not tables:
         return
-    measured = choose_by_steps(trainer, tables)
-    log.print(f"train.max_steps {config.train.max_steps:,}: {measured.passes:.2f} passes over the training "
-              f"text -> {', '.join(_pass_choices(tables, measured, trainer))}")
-    _take_choices(config, trainer, measured)
+    choices = choose_by_steps(trainer, tables)
+    log.print(f"train.max_steps {config.train.max_steps:,}: {choices.passes:.2f} passes over the training "
+              f"text -> {', '.join(_pass_choices(tables, choices, trainer))}")
+    _take_choices(config, trainer, choices)
 
 
-def _take_choices(config: Config, trainer: Trainer, measured: Measured) -> None:
+def _take_choices(config: Config, trainer: Trainer, choices: PassChoices) -> None:
     """What the tables by passes chose, into the config (config.yaml records it, so a resume
     builds this model and these optimizers), the model and the optimizers."""
-    if measured.dropout is not None:
-        trainer.model.set_dropout(measured.dropout)  # a calibration has set it already
+    if choices.dropout is not None:
+        trainer.model.set_dropout(choices.dropout)  # a calibration has set it already
         config.model.attention_dropout = config.model.weights_dropout  # as the model was built
-        config.model.dropout = measured.dropout
-    if measured.min_lr is not None:  # the plan's schedule reads it from here
-        config.train.min_lr = measured.min_lr
-    if measured.weight_decay is not None:
-        config.train.weight_decay = measured.weight_decay
-        trainer.optimizers.set_weight_decay(measured.weight_decay)
+        config.model.dropout = choices.dropout
+    if choices.min_lr is not None:  # the plan's schedule reads it from here
+        config.train.min_lr = choices.min_lr
+    if choices.weight_decay is not None:
+        config.train.weight_decay = choices.weight_decay
+        trainer.optimizers.set_weight_decay(choices.weight_decay)
 
 
 def _first_plan(calibration: Calibration, trainer: Trainer, evaluator: Evaluator, run_dir: Path,
@@ -292,11 +293,12 @@ def _first_plan(calibration: Calibration, trainer: Trainer, evaluator: Evaluator
         chosen = [measured]
         torch.distributed.broadcast_object_list(chosen, src=0)  # rank 0's measurement decides
         measured = chosen[0]
-    if measured.passes is not None:
-        with_dropout = "" if measured.tried is None else \
-            f", {measured.tried[1]:.1f} with model.dropout={measured.tried[0]:g}"
-        log.print(f"time budget {plan.text}: about {measured.passes:.1f} passes over the training text "
-                  f"fit{with_dropout} -> {', '.join(_pass_choices(calibration.tables, measured, trainer))}")
+    choices = measured.choices
+    if choices is not None:
+        with_dropout = "" if choices.tried is None else \
+            f", {choices.tried[1]:.1f} with model.dropout={choices.tried[0]:g}"
+        log.print(f"time budget {plan.text}: about {choices.passes:.1f} passes over the training text "
+                  f"fit{with_dropout} -> {', '.join(_pass_choices(calibration.tables, choices, trainer))}")
     steps = plan.seed(measured.step, measured.evaluation, measured.save)
     spent = plan.spent()
     if steps < 1:
@@ -310,29 +312,29 @@ def _first_plan(calibration: Calibration, trainer: Trainer, evaluator: Evaluator
     return steps, measured
 
 
-def _pass_choices(tables: PassTables, measured: Measured, trainer: Trainer) -> list[str]:
+def _pass_choices(tables: PassTables, choices: PassChoices, trainer: Trainer) -> list[str]:
     """What each table by passes in play made of the count: "model.dropout=0.1
     (train.dropout_by_passes)", or, where the count is below its first entry, the value kept
     and where the table starts (a slow machine's run says why it has no dropout)."""
-    now = {"model.dropout": (measured.dropout, trainer.model.dropout.p),
-           "train.min_lr": (measured.min_lr, trainer.plan.config.min_lr),
-           "train.weight_decay": (measured.weight_decay, trainer.plan.config.weight_decay)}
-    choices, passes, below = [], measured.passes_chosen, measured.below
+    now = {"model.dropout": (choices.dropout, trainer.model.dropout.p),
+           "train.min_lr": (choices.min_lr, trainer.plan.config.min_lr),
+           "train.weight_decay": (choices.weight_decay, trainer.plan.config.weight_decay)}
+    lines, passes, below = [], choices.passes_chosen, choices.below
     for table_name, key in PASS_TABLES.items():
         table = tables.by_name[table_name]
         if not table:
             continue  # none in the config, or its key given with --set
         chosen, current = now[key]
         if table_name == "dropout_by_passes" and below is not None:
-            choices.append(f"{key}={current:g} kept (the dearer step leaves it short of the {below:g} "
-                           f"passes of its entry in train.{table_name})")
+            lines.append(f"{key}={current:g} kept (the dearer step leaves it short of the {below:g} "
+                         f"passes of its entry in train.{table_name})")
         elif entry_for(table, passes) is None:
-            choices.append(f"{key}={current:g} kept (train.{table_name} starts at {min(table):g})")
+            lines.append(f"{key}={current:g} kept (train.{table_name} starts at {min(table):g})")
         elif entry_for(table, passes, below=below) is None:
-            choices.append(f"{key}={current:g} kept (train.{table_name} from {below:g} passes: with dropout)")
+            lines.append(f"{key}={current:g} kept (train.{table_name} from {below:g} passes: with dropout)")
         else:  # the table's entry (None from the calibration where it equals the value already set)
-            choices.append(f"{key}={current if chosen is None else chosen:g} (train.{table_name})")
-    return choices
+            lines.append(f"{key}={current if chosen is None else chosen:g} (train.{table_name})")
+    return lines
 
 
 def _prepare_data(config: Config, dist: Distributed, progress: bool, *, point: Optional[ResumePoint] = None):
