@@ -237,11 +237,11 @@ class Calibration:
     # only, which the plan's own step times replace (a slow machine loses no more to it).
     MIN_SHARE = 0.005
 
-    def __init__(self, plan: TimePlan, clock: Clock, tables: Optional[PassTables] = None):
+    def __init__(self, plan: TimePlan, clock: Clock, tables: PassTables):
         self.plan = plan
         self.text = plan.text
         self.clock = clock
-        self.tables = tables if tables is not None else PassTables(plan.config)
+        self.tables = tables
 
     def measure(self, trainer: Trainer, evaluator: Evaluator, run_dir: Path, *,
                 stop: Callable[[], bool] = lambda: False) -> Measured:

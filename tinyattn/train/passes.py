@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 
 
 def entry_for(table: dict[float, float], passes: float, *, below: Optional[float] = None) -> Optional[float]:
-    """What a table keyed by passes (`train.dropout_by_passes`, `train.floor_by_passes`) gives a
-    run that expects `passes` over its text: the entry with the most passes at or below
+    """What a table keyed by passes (one of config.PASS_TABLES) gives a run that expects
+    `passes` over its text: the entry with the most passes at or below
     `passes` (and under `below`, where given); None when no entry is that low (or none)."""
     reached = [key for key in table if key <= passes and (below is None or key < below)]
     return table[max(reached)] if reached else None
