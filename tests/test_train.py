@@ -960,22 +960,28 @@ def test_a_checkpoint_saved_before_train_show_goes_on_showing_what_it_showed(tmp
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_a_resume_steps_at_the_peak_rate_and_weight_decay_of_its_own_config_not_the_checkpoints(optimizer):
-    """A fork with --set train.lr=... or train.weight_decay=... must train with them: loading the
-    optimizer state keeps the moments and step counts, not the saved run's rates or decay."""
+    """A fork with --set train.lr=..., train.weight_decay=..., train.beta1/beta2=... or
+    train.muon_momentum/muon_ns_steps=... must train with them: loading the optimizer state keeps
+    the moments and step counts, not the saved run's hyperparameters."""
     saved = tiny_trainer(None, optimizer=optimizer, lr=2e-3, muon_lr=2e-3, weight_decay=0.1,
-                         warmup_steps=0, max_steps=10, schedule="constant")
+                         warmup_steps=0, max_steps=10, schedule="constant", beta1=0.9, beta2=0.95,
+                         muon_momentum=0.95, muon_ns_steps=5)
     saved.train_step()
     resumed = tiny_trainer(None, optimizer=optimizer, lr=5e-3, muon_lr=5e-3, weight_decay=0.3,
-                           warmup_steps=0, max_steps=10, schedule="constant")
+                           warmup_steps=0, max_steps=10, schedule="constant", beta1=0.8, beta2=0.99,
+                           muon_momentum=0.85, muon_ns_steps=3)
     resumed.load_state_dict(saved.state_dict(), Path("saved.pt"))
-    used = []
+    used, hyper = [], []
     for opt in resumed.optimizers.optimizers:
         opt.register_step_pre_hook(lambda o, args, kwargs: used.extend(
             (g["name"], g["base_lr"], g["weight_decay"]) for g in o.param_groups))
+        opt.register_step_pre_hook(lambda o, args, kwargs: hyper.extend(
+            g.get("betas") or (g["momentum"], g["ns_steps"]) for g in o.param_groups))
     resumed.train_step()
     assert used and all(base_lr == pytest.approx(5e-3) for _, base_lr, _ in used)
     assert [(name, decay) for name, _, decay in used] == [(name, 0.3 if name in DECAYED else 0.0) for name, _, _ in used]
     assert "matrices" in {name for name, _, _ in used}  # a decayed group was checked (the tiny model ties its head)
+    assert set(hyper) == ({(0.8, 0.99)} if optimizer == "adamw" else {(0.8, 0.99), (0.85, 3)})
     state = resumed.optimizers.optimizers[0].state_dict()["state"]
     assert all(int(s["step"]) == 2 for s in state.values())  # the moments came from the checkpoint
 

@@ -257,19 +257,16 @@ class Optimizers:
             raise ValueError(f"the checkpoint holds {len(states)} optimizer state(s), this run has "
                              f"{len(self.optimizers)} (was train.optimizer changed?)")
         for optimizer, state in zip(self.optimizers, states):
-            # torch puts back the saved groups' hyperparameters too; the peak rates and weight
-            # decay are this run's config's (a fork with --set train.lr=... trains at the rate it
-            # names), the step counts and moments the checkpoint's. Under the same config both
-            # are the same.
-            kept = [(group.get("name"), group["base_lr"], group["weight_decay"], group.get("rows"))
+            # torch puts back the saved groups' hyperparameters too. Every one of them is this
+            # run's config's (a fork with --set train.lr=..., train.beta2=... or
+            # train.muon_momentum=... trains with what it names; Muon's row split is this run's
+            # choice); the step counts and moments are the checkpoint's. Under the same config
+            # both are the same. The current rate is set before every step (`set_learning_rates`).
+            kept = [{key: value for key, value in group.items() if key not in ("params", "lr")}
                     for group in optimizer.param_groups]
             optimizer.load_state_dict(state)
-            for group, (name, base_lr, decay, rows) in zip(optimizer.param_groups, kept):
-                group["base_lr"], group["weight_decay"] = base_lr, decay
-                if rows is not None:  # how Muon splits stacked weights: this run's config's choice
-                    group["rows"] = rows
-                if name is not None:  # an older checkpoint's groups have none
-                    group.setdefault("name", name)
+            for group, mine in zip(optimizer.param_groups, kept):
+                group.update(mine)
 
     def set_weight_decay(self, decay: float) -> None:
         """train.weight_decay changed after the optimizers were built (a new run's
