@@ -328,6 +328,15 @@ def test_resuming_an_earlier_checkpoint_with_a_new_run_name_forks(corpus, tmp_pa
     assert "forked from" in (fork / "train.log").read_text(encoding="utf-8")
 
 
+
+def test_a_fork_that_fails_before_its_first_step_leaves_no_folder_behind(corpus, tmp_path, twelve_steps):
+    run, before = twelve_steps
+    with pytest.raises(TinyattnError, match="already at step 6"):
+        train(tiny_config(corpus, tmp_path, "train.max_steps=12"), run_name="fork",
+              resume=run / "step_0000006.pt", stop_at_step=5, progress=False)
+    assert not (tmp_path / "fork").exists()
+    assert _file_digests(run) == before
+
 def test_a_fork_never_takes_a_later_best_nor_trains_into_another_runs_checkpoints(corpus, tmp_path, twelve_steps):
     run, before = twelve_steps
     assert ckpt.saved_value(run / "best.pt", "step") > 6  # the original's best is past the fork's start
@@ -1000,3 +1009,17 @@ def test_by_precision_sizes_a_new_run_for_its_precision_and_the_saved_config_hol
     assert not any(name.startswith("blocks.1.") for name in weights)  # one block was built
     log = (result.run_dir / "train.log").read_text()
     assert "precision fp32: model.n_layer=1 (the config's by_precision)" in log
+
+
+def test_a_resume_with_another_lr_keeps_the_floor_its_table_chose_as_a_share_of_the_new_peak(corpus, tmp_path):
+    """train.floor_by_passes chooses the floor as a share of train.lr: a resume with --config and
+    --set train.lr=... keeps the share, so the floor never rises above the new peak (the rate
+    would climb past it, and the run's config.yaml would no longer load)."""
+    table = ("train.floor_by_passes={0: 0.5}",)
+    first = train(tiny_config(corpus, tmp_path, *table), run_name="floor", progress=False, stop_at_step=10)
+    assert load_config(first.run_dir / "config.yaml").train.min_lr == pytest.approx(1e-3)  # 0.5 x 2e-3
+    resumed = train(tiny_config(corpus, tmp_path, *table, "train.lr=5e-4"), resume=first.run_dir,
+                    progress=False, overrides=["train.lr=5e-4"])
+    saved = load_config(resumed.run_dir / "config.yaml").train
+    assert (saved.lr, saved.min_lr) == (pytest.approx(5e-4), pytest.approx(2.5e-4))
+    assert max(learning_rate(step, saved) for step in range(10, 20)) <= 5e-4

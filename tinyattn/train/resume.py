@@ -141,7 +141,8 @@ class ResumePoint:
         the dropout, the schedule's floor and the weight decay that its start chose from the
         passes it makes (where `config` has the table; not a key in `given`, the ones --set
         gives now, nor one edited in the folder's config.yaml, `edited_config`), under a budget
-        or not: a `--config FILE` holds the table, not the choice.
+        or not: a `--config FILE` holds the table, not the choice. The floor stays the same share
+        of the peak when train.lr changes.
         """
         given = (*given, *self.edited)
         saved = config_to_dict(self.config)["model"]
@@ -156,12 +157,19 @@ class ResumePoint:
         if config.train.time_budget is not None and self.config.train.time_budget is not None:
             config.train.max_steps = self.config.train.max_steps
         if config.train.floor_by_passes and "train.min_lr" not in given:
-            config.train.min_lr = self.config.train.min_lr
+            config.train.min_lr = self._floor_for(config.train.lr)
         if config.train.decay_by_passes and "train.weight_decay" not in given:
             config.train.weight_decay = self.config.train.weight_decay
         if config.train.dropout_by_passes and "model.dropout" not in given:
             config.model.dropout = self.config.model.dropout
             config.model.attention_dropout = self.config.model.attention_dropout
+
+    def _floor_for(self, lr: float) -> float:
+        """The checkpoint's schedule floor for a run at peak `lr`: the same floor, or under another
+        train.lr the same share of the peak (a table's floor is a share, and a floor above a new,
+        lower peak would raise the rate past it)."""
+        saved = self.config.train
+        return saved.min_lr if lr == saved.lr else saved.min_lr / saved.lr * lr
 
     def edited_config(self) -> Config:
         """The config a resume without --config continues with: the checkpoint's, with the edits
@@ -283,6 +291,7 @@ def open_run_folder(config: Config, config_path, run_name: Optional[str], point:
     if dist.is_main:
         if point is not None:
             run_dir = point.target(run_name, config.train.out_dir)
+            made = point.forks_into(run_dir) and not run_dir.exists()
         elif run_name:
             run_dir = Path(config.train.out_dir) / run_name
             made = not run_dir.exists()
