@@ -1011,6 +1011,18 @@ def test_by_precision_sizes_a_new_run_for_its_precision_and_the_saved_config_hol
     assert "precision fp32: model.n_layer=1 (the config's by_precision)" in log
 
 
+def test_a_resume_with_the_config_file_applies_its_by_precision_as_the_start_did(corpus, tmp_path):
+    """--config FILE --resume RUN: the file's by_precision entry is applied again, so the model
+    matches the weights and the rates are the ones the run started with."""
+    items = ("train.max_steps=4", "train.eval_interval=2", "train.precision=fp32",
+             "by_precision.fp32.model.n_layer=1", "by_precision.fp32.train.lr=1e-3")
+    first = train(tiny_config(corpus, tmp_path, *items), run_name="sized", progress=False, stop_at_step=2)
+    resumed = train(tiny_config(corpus, tmp_path, *items), resume=first.run_dir, progress=False)
+    assert resumed.step == 4
+    saved = load_config(resumed.run_dir / "config.yaml")
+    assert (saved.model.n_layer, saved.train.lr, saved.by_precision) == (1, pytest.approx(1e-3), {})
+
+
 def test_a_resume_with_another_lr_keeps_the_floor_its_table_chose_as_a_share_of_the_new_peak(corpus, tmp_path):
     """train.floor_by_passes chooses the floor as a share of train.lr: a resume with --config and
     --set train.lr=... keeps the share, so the floor never rises above the new peak (the rate

@@ -119,20 +119,20 @@ def _train(config: Config, request: _Request, dist: Distributed) -> TrainResult:
     point = request.resume
     if point is not None and not isinstance(point, ResumePoint):
         point = ResumePoint.find(point, request.run_name, config.train.out_dir)
+    device = select_device(request.device or config.train.device)  # a bad one fails before the folder is made
+    if dist.enabled and device.type == "cuda":
+        device = torch.device("cuda", dist.local_rank)
     if point is not None:
+        # A --config file's by_precision: what the run's start chose (the run's own config.yaml
+        # holds the result, by_precision emptied), before the model is checked against the weights.
+        config = _for_precision(config, device, request, keep=point.edited)
         if config.train.init_from:  # the model and tokenizer its source gave it (not read again)
             adopt_model(config, point.config.model, point.config.tokenizer, f"{point.file} (train.init_from)")
         point.adopt(config, request.given)
         request.notes[:0] = point.notes  # what the resume took from config.yaml
     source = init_source(config) if point is None else None  # fine-tuning: train.init_from
-    device = select_device(request.device or config.train.device)  # a bad one fails before the folder is made
-    if dist.enabled and device.type == "cuda":
-        device = torch.device("cuda", dist.local_rank)
-    if point is None and config.by_precision:  # a resumed run's config holds what its start chose
-        precision = select_precision(config.train.precision, device).name
-        config, changed = for_precision(config, precision, keep=request.given)
-        request.notes.extend([f"precision {precision}: {' '.join(changed)} (the config's by_precision)"]
-                             if changed else [])
+    if point is None:
+        config = _for_precision(config, device, request)
     check_training_fits(config.model, config.train, device)  # before the folder; vocab_size may be unknown
     run_dir, lock, made = open_run_folder(config, request.config_path, request.run_name, point, dist)
     with lock:
@@ -144,6 +144,19 @@ def _train(config: Config, request: _Request, dist: Distributed) -> TrainResult:
             if made:
                 remove_failed_start(run_dir, run_log.path.name)
             raise
+
+
+def _for_precision(config: Config, device: torch.device, request: _Request,
+                   keep: Sequence[str] = ()) -> Config:
+    """`config` with its by_precision entry for the precision this run trains in applied (keys given
+    with --set, and `keep`, win over it), saying what changed; as it is without by_precision."""
+    if not config.by_precision:
+        return config
+    precision = select_precision(config.train.precision, device).name
+    config, changed = for_precision(config, precision, keep=(*request.given, *keep))
+    request.notes.extend([f"precision {precision}: {' '.join(changed)} (the config's by_precision)"]
+                         if changed else [])
+    return config
 
 
 def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Optional[ResumePoint],
