@@ -1019,6 +1019,7 @@ def test_a_resume_with_the_config_file_applies_its_by_precision_as_the_start_did
     first = train(tiny_config(corpus, tmp_path, *items), run_name="sized", progress=False, stop_at_step=2)
     resumed = train(tiny_config(corpus, tmp_path, *items), resume=first.run_dir, progress=False)
     assert resumed.step == 4
+    assert "done: 2 steps (steps 3-4) in" in (resumed.run_dir / "train.log").read_text()  # this session's
     saved = load_config(resumed.run_dir / "config.yaml")
     assert (saved.model.n_layer, saved.train.lr, saved.by_precision) == (1, pytest.approx(1e-3), {})
 

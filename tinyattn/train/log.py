@@ -116,6 +116,7 @@ class Logger:
         self.bar = None
         self.progress = progress and enabled
         self.train_seconds, self.train_tokens = 0.0, 0
+        self.first_step = trainer.step  # a resumed run's: the figures of the last line are this session's
 
     @property
     def tokens_per_second(self) -> float:
@@ -233,6 +234,8 @@ class Logger:
                           for name in ("start-up", "calibration", "train", "eval", "save") if name in s)
         budget = self.trainer.plan.describe()  # a time budget's: the seconds spent over every session
         split += f"; {budget}" if budget else ""
-        say(f"done: {result.step} steps in {result.wall_seconds:.0f} s ({split}), "
+        steps = f"{result.step - self.first_step} steps"
+        steps += f" (steps {self.first_step + 1}-{result.step})" if self.first_step else ""
+        say(f"done: {steps} in {result.wall_seconds:.0f} s ({split}), "
             f"{result.tokens_per_second:,.0f} tok/s, best validation loss "
             f"{result.best_val_loss:.4f}; checkpoints in {result.run_dir}")
