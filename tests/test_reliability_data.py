@@ -154,6 +154,25 @@ def test_an_edit_of_the_model_size_in_config_yaml_is_refused_naming_the_key(corp
     assert not (run / ckpt.step_filename(4)).exists()
 
 
+
+def test_dropout_edited_in_config_yaml_or_given_with_set_applies_on_resume(corpus, tmp_path, capsys):
+    """The dropouts change how the weights are used, not their shape: an edit of either in
+    config.yaml applies, and a --set of either wins over what train.dropout_by_passes chose."""
+    table = "train.dropout_by_passes={0: 0.1}"
+    train(tiny(corpus, tmp_path, table), run_name="run", stop_at_step=2, progress=False)
+    run = tmp_path / "run"
+    assert load_config(run / "config.yaml").model.attention_dropout == 0.0
+    edit_run_config(run, "  attention_dropout: 0.0\n", "  attention_dropout: 0.05\n")
+    code = train_main(["--resume", str(run), "--no-progress", "--set", f"train.out_dir={tmp_path}",
+                       "train.max_steps=6", "--stop-at-step", "4"])
+    assert code == 0, capsys.readouterr().err
+    assert load_config(run / "config.yaml").model.attention_dropout == 0.05
+    code = train_main(["--resume", str(run), "--no-progress", "--set", f"train.out_dir={tmp_path}",
+                       "train.max_steps=6", "model.attention_dropout=0.2", "model.dropout=0.15"])
+    assert code == 0, capsys.readouterr().err
+    saved = load_config(run / "config.yaml").model
+    assert (saved.dropout, saved.attention_dropout) == (0.15, 0.2)
+
 def test_data_with_the_same_tokens_is_the_same_data():
     from tinyattn.data.token_cache import data_differences
 

@@ -34,14 +34,16 @@ if TYPE_CHECKING:
     from tinyattn.train.trainer import Trainer
 
 
-def model_shape_differences(saved: dict, current: dict) -> list[str]:
-    """The model keys whose values differ between a checkpoint's config and this one.
+# Model keys that change how the same weights are used, not their shape: a resume may change them.
+USE_NOT_SHAPE = ("model.dropout", "model.attention_dropout", "model.attention")
 
-    Dropout and the attention path change how the same weights are used, not their shape.
-    """
+
+def model_shape_differences(saved: dict, current: dict) -> list[str]:
+    """The model keys whose values differ between a checkpoint's config and this one, but for
+    `USE_NOT_SHAPE`."""
     keys = sorted(set(saved) | set(current))
     return [f"model.{k}: checkpoint {saved.get(k)!r}, config {current.get(k)!r}"
-            for k in keys if saved.get(k) != current.get(k) and k not in ("dropout", "attention_dropout", "attention")]
+            for k in keys if saved.get(k) != current.get(k) and f"model.{k}" not in USE_NOT_SHAPE]
 
 
 def _verified_alternative(file: Path) -> str:
@@ -160,9 +162,10 @@ class ResumePoint:
             config.train.min_lr = self._floor_for(config.train.lr)
         if config.train.decay_by_passes and "train.weight_decay" not in given:
             config.train.weight_decay = self.config.train.weight_decay
-        if config.train.dropout_by_passes and "model.dropout" not in given:
-            config.model.dropout = self.config.model.dropout
-            config.model.attention_dropout = self.config.model.attention_dropout
+        if config.train.dropout_by_passes:
+            for key in ("dropout", "attention_dropout"):
+                if f"model.{key}" not in given:
+                    setattr(config.model, key, getattr(self.config.model, key))
 
     def _floor_for(self, lr: float) -> float:
         """The checkpoint's schedule floor for a run at peak `lr`: the same floor, or under another
@@ -186,7 +189,7 @@ class ResumePoint:
         written = _dotted(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
         changed = [key for key in written if _get(edited, key) != _get(saved, key)]
         fixed = [key for key in changed if key.startswith("tokenizer.")
-                 or (key.startswith("model.") and key not in ("model.dropout", "model.attention"))]
+                 or (key.startswith("model.") and key not in USE_NOT_SHAPE)]
         if fixed:
             key = fixed[0]
             raise CheckpointError(
