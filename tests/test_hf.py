@@ -179,6 +179,8 @@ def test_a_failed_export_leaves_the_out_folder_as_it_was(tmp_path, capsys, monke
     earlier = tmp_path / "earlier"
     assert run_main(export_cli.main, ["--checkpoint", run, "--out", earlier], capsys)[0] == 0
     before = {p.name: p.read_bytes() for p in earlier.iterdir()}
+    code, _, err = run_main(export_cli.main, ["--checkpoint", run, "--out", earlier / "config.json" / "sub"], capsys)
+    assert code == 2 and f"{earlier / 'config.json'} is a file, not a folder" in err and err.count("\n") == 1, err
     real_atomic_write = hf.atomic_write
 
     def disk_full_at_the_weights(path):

@@ -136,3 +136,15 @@ def test_a_read_only_folder_is_refused_before_anything_is_written(small_tmpfs):
         check_writable(small_tmpfs / "run")
     with pytest.raises(StorageError, match=r"Read-only file system"):
         RunLock.acquire(small_tmpfs / "run")
+
+
+@pytest.mark.parametrize("below", ["run", "run/deeper"])
+def test_a_file_where_a_folder_should_be_is_one_line_naming_it(tmp_path, below):
+    (tmp_path / "taken").write_text("a file")
+    target = tmp_path / "taken" / below / "model.bin"
+    with pytest.raises(StorageError, match=rf"cannot write {target}: {tmp_path / 'taken'} is a file, not a folder"):
+        with atomic_write(target) as f:
+            f.write(b"x")
+    with pytest.raises(StorageError, match="is a file, not a folder"):
+        check_writable(tmp_path / "taken" / below)
+    assert (tmp_path / "taken").read_text() == "a file"

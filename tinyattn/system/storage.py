@@ -30,7 +30,10 @@ from typing import BinaryIO, Iterator
 from tinyattn.errors import DataError, StorageError, TinyattnError
 
 # What the file system says when a folder cannot take a file: these are the user's to fix.
-STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
+# ENOTDIR and EEXIST: a name on the way to the file is a file, not a folder (mkdir says EEXIST).
+NOT_A_FOLDER_ERRNOS = {errno.ENOTDIR, errno.EEXIST}
+STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG,
+                  *NOT_A_FOLDER_ERRNOS}
 TEMPORARY_SUFFIX = ".tmp"
 
 
@@ -115,6 +118,10 @@ class _WriteRecorder:
 def storage_message(path: Path, error: OSError) -> str:
     """One line: the path, what the file system said, and what the user can do."""
     reason = os.strerror(error.errno) if error.errno else str(error)
+    if error.errno in NOT_A_FOLDER_ERRNOS:
+        in_the_way = next((p for p in (*reversed(path.parents), path) if p.exists() and not p.is_dir()), None)
+        if in_the_way is not None:
+            return f"cannot write {path}: {in_the_way} is a file, not a folder; choose another path"
     if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         advice = "free some space there or choose another folder"
     else:
