@@ -482,6 +482,18 @@ def test_temperature_divides_the_logits_before_the_softmax(monkeypatch):
         torch.testing.assert_close(probs, torch.softmax(logits / temperature, dim=-1))
 
 
+
+def test_a_tiny_temperature_or_penalty_samples_the_top_token_instead_of_overflowing():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0], [-3.0, 5.0, 4.9, 0.0]])
+    drawn = sample_next_token(logits, torch.Generator().manual_seed(0), temperature=1e-40)
+    assert drawn.tolist() == [0, 1]
+    present = torch.tensor([[False, True, False, False], [False, False, True, False]])
+    penalized = apply_repetition_penalty(logits, present, 1e-40)
+    assert penalized.isfinite().all()
+    for temperature in (1e-40, 1e-3, 0.5):
+        drawn = sample_next_token(penalized, torch.Generator().manual_seed(0), temperature=temperature)
+        assert drawn.tolist() == [1, 2]  # a penalty below 1 rewards what is present
+
 def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
     logits = torch.tensor([[2.0, -2.0, 1.0, -1.0]])
     present = torch.tensor([[True, True, False, False]])

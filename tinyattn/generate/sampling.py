@@ -67,6 +67,9 @@ class SamplingOptions:
         check_sampling_options(**dataclasses.asdict(self))
 
 
+SHIFT_BELOW = 1e-3  # a temperature below it divides logits shifted to a maximum of 0 (`sample_next_token`)
+
+
 def apply_repetition_penalty(logits: torch.Tensor, present: torch.Tensor, penalty: float) -> torch.Tensor:
     """CTRL-style penalty: tokens already present get less likely, whatever their logit's sign.
 
@@ -75,7 +78,9 @@ def apply_repetition_penalty(logits: torch.Tensor, present: torch.Tensor, penalt
     (dividing a negative logit would make the token more likely). Returns a new (B, V) tensor.
     """
     penalized = torch.where(logits > 0, logits / penalty, logits * penalty)  # (B, V)
-    return torch.where(present, penalized, logits)
+    # A tiny penalty would overflow: held where a temperature of SHIFT_BELOW still divides it finitely.
+    limit = torch.finfo(penalized.dtype).max * SHIFT_BELOW
+    return torch.where(present, penalized.clamp(-limit, limit), logits)
 
 
 def nucleus_mask(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -106,7 +111,10 @@ def sample_next_token(logits: torch.Tensor, generator: Generators = None, temper
     """
     if temperature == 0:
         return logits.argmax(dim=-1)  # (B,)
-    logits = logits.float() / temperature  # (B, V), a new tensor
+    logits = logits.float()
+    if temperature < SHIFT_BELOW:  # shifted so the largest is 0 (the same softmax): no overflow
+        logits = logits - logits.amax(dim=-1, keepdim=True)
+    logits = logits / temperature  # (B, V), a new tensor
     if top_k and top_k < logits.size(-1):
         kth_largest = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth_largest, float("-inf"))
