@@ -169,6 +169,23 @@ def test_export_cli_writes_config_generation_defaults_and_card(tmp_path, capsys)
     assert hf_model(folder).model.embed_tokens.weight.dtype == torch.bfloat16
 
 
+
+def test_null_sampling_values_in_generation_config_read_as_transformers_reads_them(tmp_path):
+    from tinyattn.errors import CheckpointError
+
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)
+    folder = tmp_path / "out"
+    export_folder(model.state_dict(), config, tokenizer, folder)
+    path = folder / "generation_config.json"
+    path.write_text(json.dumps({"do_sample": True, "temperature": 0.7, "top_p": None, "top_k": None,
+                                "repetition_penalty": None, "max_new_tokens": None}))
+    sample = load_any_model(folder).config.sample
+    assert (sample.temperature, sample.top_k, sample.top_p, sample.repetition_penalty) == (0.7, None, 1.0, 1.0)
+    path.write_text(json.dumps({"do_sample": True, "top_p": "high"}))
+    with pytest.raises(CheckpointError, match=r"generation_config\.json: gives top_p='high': expected a number"):
+        load_any_model(folder)
+
 def test_a_failed_export_leaves_the_out_folder_as_it_was(tmp_path, capsys, monkeypatch):
     from tinyattn.errors import StorageError
     from tinyattn.hf import folder as hf

@@ -149,19 +149,26 @@ def _sample_config(path: Path) -> SampleConfig:
     if not path.is_file():
         return sample
     raw = read_json(path)
-    if raw.get("do_sample"):
-        sample.temperature = float(raw.get("temperature", 1.0))
-        top_k = raw.get("top_k", 50)
-        sample.top_k = int(top_k) if top_k else None
-        sample.top_p = float(raw.get("top_p", 1.0))
-    else:
-        sample.temperature = 0.0
-    sample.repetition_penalty = float(raw.get("repetition_penalty", 1.0))
-    if raw.get("max_new_tokens"):
-        sample.max_new_tokens = int(raw["max_new_tokens"])
 
     def fail(key, value, accepted):
         raise CheckpointError(f"{path}: gives {key}={value!r}: {accepted}")
+
+    def number(key, default, kind=float):  # null: not given, as transformers reads it
+        value = raw.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            fail(key, value, "expected a number or null")
+        return kind(value)
+
+    if raw.get("do_sample"):
+        sample.temperature = number("temperature", 1.0)
+        sample.top_k = number("top_k", 50 if "top_k" not in raw else None, int) or None  # null: off
+        sample.top_p = number("top_p", 1.0)
+    else:
+        sample.temperature = 0.0
+    sample.repetition_penalty = number("repetition_penalty", 1.0)
+    sample.max_new_tokens = number("max_new_tokens", None, int) or sample.max_new_tokens
 
     sample.validate(fail)
     return sample
