@@ -568,6 +568,29 @@ def test_streamed_bpe_text_never_shows_half_a_character():
     assert "".join(pieces) == text and not any("\ufffd" in piece for piece in pieces)
 
 
+
+def test_the_first_new_token_reads_as_it_does_after_the_prompt_with_a_sentencepiece_decoder():
+    # Llama 2's decoder strips the space that starts a text ("▁A" alone decodes to "A"): decoded
+    # after the prompt's last tokens, the first new token keeps it, as the whole text has it.
+    from tokenizers import Tokenizer as Backend, decoders, models
+
+    backend = Backend(models.WordLevel({"ROMEO:": 0, "▁A": 1, "▁b": 2, "<unk>": 3}, unk_token="<unk>"))
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+
+    class Llama2Like:
+        eot_id = 3
+
+        def encode(self, text):
+            return [0] if text == "ROMEO:" else []
+
+        def decode(self, ids):
+            return backend.decode(list(ids), skip_special_tokens=False)
+
+    table = torch.zeros(4, 4)
+    table[0, 1] = table[1, 2] = table[2, 1] = 10.0  # ROMEO: -> ▁A -> ▁b -> ▁A
+    text = "".join(generate(BigramModel(table), Llama2Like(), "ROMEO:", max_new_tokens=3, temperature=0))
+    assert text == " A b A" and "ROMEO:" + text == backend.decode([0, 1, 2, 1])
+
 def test_stop_string_filter_holds_back_possible_starts():
     f = StopStringFilter(["\n\n", "END"])
     assert f.push("ab\n") == "ab"  # "\n" may start "\n\n"

@@ -38,13 +38,18 @@ class IncrementalDetokenizer:
     short window of recent ids with and without the newest and returns the difference. Text
     ending in U+FFFD (an incomplete UTF-8 character) is held until the next token completes
     it; a character-level [UNK], which decodes to U+FFFD, is therefore shown one token late.
+
+    context: the ids just before the first one pushed (the prompt's last few), decoded with it
+    and never shown. A decoder that treats the start of a text differently (SentencePiece's
+    `Strip` drops the space a first "▁word" carries) then gives the first new token the text it
+    has in the middle of one.
     """
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, context: Sequence[int] = ()):
         self.tokenizer = tokenizer
-        self.ids: list[int] = []
+        self.ids: list[int] = list(context)
         self.prefix = 0  # ids[prefix:read] are decoded for context only
-        self.read = 0  # ids[read:] have not been shown yet
+        self.read = len(self.ids)  # ids[read:] have not been shown yet
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
@@ -141,6 +146,9 @@ def encode_prompt(tokenizer, prompt: str, context_length: int) -> list[int]:
 # ----------------------------------------------------------------------------- 5. prompt to text
 
 
+DETOKENIZER_CONTEXT = 4  # prompt ids each sample's detokenizer starts from (`IncrementalDetokenizer`)
+
+
 class SamplePiece(NamedTuple):
     sample: int  # which sample, 0-based
     text: str  # new text of that sample (may be empty on its last piece)
@@ -183,7 +191,7 @@ def stream_samples(model, tokenizer, prompt: str, options: SamplingOptions, *,
     generators = sample_generators(o.num_samples, o.seed, generators, device)
     ids = encode_prompt(tokenizer, prompt, model.config.context_length)
     prompt_ids = torch.tensor([ids] * o.num_samples, dtype=torch.long, device=device)  # (S, T)
-    streams = SampleStreams(tokenizer, o.num_samples, o.stop)
+    streams = SampleStreams(tokenizer, o.num_samples, o.stop, context=ids[-DETOKENIZER_CONTEXT:])
     tokens = generate_tokens(model, prompt_ids, o.max_new_tokens, temperature=o.temperature, top_k=o.top_k,
                              top_p=o.top_p, repetition_penalty=o.repetition_penalty, generator=generators,
                              compile=compile)
@@ -218,9 +226,9 @@ class SampleStreams:
     to stream has not come is held until every earlier sample has ended.
     """
 
-    def __init__(self, tokenizer, num_samples: int, stop: Sequence[str]):
+    def __init__(self, tokenizer, num_samples: int, stop: Sequence[str], context: Sequence[int] = ()):
         self.eot_id = tokenizer.eot_id
-        self.detokenizers = [IncrementalDetokenizer(tokenizer) for _ in range(num_samples)]
+        self.detokenizers = [IncrementalDetokenizer(tokenizer, context) for _ in range(num_samples)]
         self.filters = [StopStringFilter(stop) for _ in range(num_samples)]
         self.finished: list[Optional[str]] = [None] * num_samples  # finish reason of each sample
         self.held = [""] * num_samples  # text not let out yet
