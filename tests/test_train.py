@@ -948,7 +948,7 @@ def test_an_explicit_max_steps_wins_over_the_time_budget(corpus, tmp_path, capsy
     code, err = run_main(["--resume", str(tmp_path / "resumed"), "--no-progress", "--set",
                           f"train.out_dir={tmp_path}", "train.max_steps=4"], capsys)
     assert code == 0, err
-    assert "the time budget 30s is off for this run" in err and "done: 4 steps" in err
+    assert "the time budget 30s is off for this run" in err and "done: 2 steps (steps 3-4)" in err
 
 
 @pytest.mark.parametrize("probe_text, shown", [
