@@ -25,7 +25,7 @@ from typing import AbstractSet, Optional
 
 import torch
 
-from tinyattn.errors import ConfigError
+from tinyattn.errors import ConfigError, StorageError
 from tinyattn.system.storage import atomic_write
 from tinyattn.system.timing import seconds_of
 
@@ -163,7 +163,7 @@ def measured_cpu_bf16_is_fast() -> bool:
     try:
         with atomic_write(path) as f:
             f.write(json.dumps(entries, indent=2, sort_keys=True).encode("utf-8"))
-    except OSError as e:
+    except (OSError, StorageError) as e:  # StorageError: a folder that refuses the file, named
         warnings.warn(f"{path}: cannot keep the CPU bf16 measurement ({e}); set {CACHE_DIR_ENV} "
                       "to a writable folder", stacklevel=2)
     return verdict
