@@ -166,6 +166,7 @@ def test_a_dropout_table_reads_as_numbers_and_survives_the_round_trip(tmp_path):
     ("", ["train.floor_by_passes={10: 1.5}"], r"--set: train\.floor_by_passes\.10: 1\.5 is not accepted; expected a share of train\.lr in \[0, 1\]"),
     ("", ["train.floor_by_passes={-2: 0.3}"], r"train\.floor_by_passes: -2\.0 is not accepted; expected passes >= 0 as keys, e\.g\. \{10: 0\.3\}"),
     ("", ["train.decay_by_passes={4: -0.1}"], r"--set: train\.decay_by_passes\.4: -0\.1 is not accepted; expected a weight decay >= 0"),
+    ("", ["tokenizer.end_of_text=</s>"], r"tokenizer\.end_of_text: '</s>' is not accepted; a token of a pretrained tokenizer"),
     # An integer field takes only whole numbers: 2.5 layers is not rounded, true is not 1.
     ("", ["model.n_layer=2.5"], r"--set: model\.n_layer: expected an integer, got 2\.5"),
     ("", ["model.n_layer=true"], r"--set: model\.n_layer: expected an integer, got True"),

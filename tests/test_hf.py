@@ -12,6 +12,7 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -218,6 +219,7 @@ def test_a_failed_export_leaves_the_out_folder_as_it_was(tmp_path, capsys, monke
 KILLED_EXPORT = """
 import os, sys, torch
 from pathlib import Path
+from typing import Optional
 from tinyattn.hf.folder import export_folder
 from tinyattn.config import config_from_dict
 from tinyattn.data.tokenizer import Tokenizer
@@ -267,15 +269,16 @@ def test_an_export_killed_while_replacing_a_folder_loses_neither_and_is_cleaned_
 # ----------------------------------------------------------------------------- import
 
 
-def random_llama(folder, tokenizer: Tokenizer, seed: int = 0):
-    """A LlamaForCausalLM built by transformers: GQA, untied head, eps 1e-5, RoPE base 500."""
+def random_llama(folder, tokenizer: Tokenizer, seed: int = 0, eos: Optional[int] = None):
+    """A LlamaForCausalLM built by transformers: GQA, untied head, eps 1e-5, RoPE base 500; its
+    eos token `eos` (None: the tokenizer's <|endoftext|>)."""
     import transformers
 
     hf_config = transformers.LlamaConfig(
         vocab_size=tokenizer.vocab_size, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
         rope_parameters={"rope_type": "default", "rope_theta": 500.0}, tie_word_embeddings=False,
-        bos_token_id=tokenizer.eot_id, eos_token_id=tokenizer.eot_id)
+        bos_token_id=tokenizer.eot_id, eos_token_id=tokenizer.eot_id if eos is None else eos)
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(hf_config).eval()
     with torch.no_grad():
@@ -294,6 +297,21 @@ def test_imported_llama_gives_equal_logits(tmp_path):
     assert (m.n_kv_head, m.tie_embeddings, m.norm_eps, m.rope_base) == (2, False, 1e-5, 500.0)
     ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
     assert max_logit_difference(loaded.model, reference, ids) < 1e-5
+
+
+def test_an_imported_folders_eos_token_ends_texts_and_survives_fine_tuning_and_export(tmp_path, corpus):
+    tokenizer = tokenizer_of("bpe")
+    eos = 5  # a Llama folder's "</s>": not <|endoftext|>
+    random_llama(tmp_path / "llama", tokenizer, eos=eos)
+    loaded = load_any_model(tmp_path / "llama")
+    assert loaded.tokenizer.eot_id == eos and loaded.config.tokenizer.end_of_text == tokenizer.token(eos)
+    export_folder(loaded.model.state_dict(), loaded.config, loaded.tokenizer, tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["eos_token_id"] == eos
+    assert json.loads((tmp_path / "out" / "generation_config.json").read_text())["eos_token_id"] == eos
+    config = finetune_config(corpus, tmp_path, tmp_path / "llama")
+    config.train.max_steps = config.train.eval_interval = 2
+    result = train(config, run_name="ft", progress=False)
+    assert load_any_model(result.run_dir).tokenizer.eot_id == eos  # the run's config keeps it
 
 
 @pytest.fixture

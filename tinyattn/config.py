@@ -158,12 +158,18 @@ class TokenizerConfig:
     kind: str = "char"  # char, bpe or pretrained
     vocab_size: int = 4096  # bpe only
     path: Optional[str] = None  # pretrained only: an existing tokenizer.json
+    # pretrained only: the token that ends a text (generation stops at it, documents are joined
+    # with it), e.g. a Llama folder's "</s>"; None: <|endoftext|>, where the tokenizer has it
+    end_of_text: Optional[str] = None
 
     def validate(self, fail: Fail) -> None:
         """Checks that need more than the field's type; `fail(key, value, accepted)` raises."""
         t = self
         if t.kind == "pretrained" and not t.path:
             fail("tokenizer.path", t.path, "tokenizer.kind=pretrained needs the path of a tokenizer.json")
+        if t.end_of_text is not None and (t.kind != "pretrained" or not t.end_of_text):
+            fail("tokenizer.end_of_text", t.end_of_text, "a token of a pretrained tokenizer (tokenizer.kind="
+                 "pretrained); char and bpe tokenizers end texts with <|endoftext|>")
         if t.kind == "bpe" and t.vocab_size <= 0:
             fail("tokenizer.vocab_size", t.vocab_size, "expected a positive integer")
 

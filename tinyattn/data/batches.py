@@ -59,7 +59,7 @@ def prepare_data(config: Config, *, progress: bool = True) -> TokenData:
         check_split_lengths(meta, config)
     folder = cache.folder
     return TokenData(
-        tokenizer=Tokenizer.from_file(folder / "tokenizer.json"),
+        tokenizer=Tokenizer.from_file(folder / "tokenizer.json", config.tokenizer.end_of_text),
         train=np.memmap(folder / "train.bin", dtype=meta["dtype"], mode="r"),
         validation=np.memmap(folder / "validation.bin", dtype=meta["dtype"], mode="r"),
         cache_dir=folder,

@@ -154,6 +154,8 @@ def cache_inputs(source: Source, config: Config) -> dict:
             tokenizer["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
         except OSError as e:
             raise DataError(f"tokenizer.path: cannot read {path} ({e.strerror or e})") from None
+        if tok.end_of_text is not None:  # documents are joined with it
+            tokenizer["end_of_text"] = tok.end_of_text
     return {
         "format_version": FORMAT_VERSION,
         "source": _content_identity(source.identity),

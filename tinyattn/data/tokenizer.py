@@ -43,10 +43,14 @@ PIECE_CHARS = 1 << 16  # long texts are encoded in pieces of about this many cha
 class Tokenizer:
     """A `tokenizers.Tokenizer` with the small API the rest of tinyattn uses."""
 
-    def __init__(self, backend: tokenizers.Tokenizer):
+    def __init__(self, backend: tokenizers.Tokenizer, end_of_text: Optional[str] = None):
+        """end_of_text: the token that ends a text (`eot_id`); None: <|endoftext|>."""
         self._backend = backend
         spec = json.loads(backend.to_str())
-        self._eot_id = backend.token_to_id(END_OF_TEXT)
+        self.end_of_text = end_of_text or END_OF_TEXT
+        self._eot_id = backend.token_to_id(self.end_of_text)
+        if end_of_text is not None and self._eot_id is None:
+            raise DataError(f"tokenizer.end_of_text: {end_of_text!r} is not a token of this tokenizer")
         self._byte_level = (spec.get("decoder") or {}).get("type") == "ByteLevel"
         self._splittable = _cuts_at_newlines_are_exact(spec)
         self._model_type = (spec.get("model") or {}).get("type", "?")
@@ -54,16 +58,17 @@ class Tokenizer:
     # ------------------------------------------------------------------ loading and saving
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "Tokenizer":
-        return cls.from_json(read_text(path, "tokenizer file"), origin=str(path))
+    def from_file(cls, path: str | Path, end_of_text: Optional[str] = None) -> "Tokenizer":
+        return cls.from_json(read_text(path, "tokenizer file"), origin=str(path), end_of_text=end_of_text)
 
     @classmethod
-    def from_json(cls, text: str, *, origin: str = "tokenizer JSON") -> "Tokenizer":
+    def from_json(cls, text: str, *, origin: str = "tokenizer JSON",
+                  end_of_text: Optional[str] = None) -> "Tokenizer":
         try:
             backend = tokenizers.Tokenizer.from_str(text)
         except Exception as e:  # the Rust parser raises a bare Exception with serde's message
             raise DataError(f"{origin}: not a valid tokenizer.json ({str(e).splitlines()[0]})") from None
-        return cls(backend)
+        return cls(backend, end_of_text)
 
     def to_json(self) -> str:
         return self._backend.to_str()
@@ -84,7 +89,8 @@ class Tokenizer:
 
     @property
     def eot_id(self) -> Optional[int]:
-        """Id of `<|endoftext|>`, or None for a pretrained tokenizer without it."""
+        """Id of the token that ends a text: `<|endoftext|>`, or a pretrained tokenizer's own
+        (`tokenizer.end_of_text`, an imported folder's eos token); None without either."""
         return self._eot_id
 
     @property
@@ -96,6 +102,10 @@ class Tokenizer:
         unknown = getattr(self._backend.model, "unk_token", None)
         ids |= {self._eot_id, self._backend.token_to_id(unknown) if unknown else None}
         return frozenset(ids - {None})
+
+    def token(self, id: int) -> Optional[str]:
+        """The token `id` stands for, as the vocabulary spells it ("</s>", "▁the"); None outside it."""
+        return self._backend.id_to_token(int(id))
 
     def token_text(self, id: int) -> str:
         """Readable text of one token, for plot labels.
@@ -185,7 +195,7 @@ def build_tokenizer(config: TokenizerConfig, texts: Callable[[], Iterator[str]],
     if config.kind == "pretrained":
         if not config.path:
             raise DataError("tokenizer.path: tokenizer.kind=pretrained needs the path of a tokenizer.json")
-        return Tokenizer.from_file(pretrained_file(config.path))
+        return Tokenizer.from_file(pretrained_file(config.path), config.end_of_text)
     if config.kind == "char":
         return _build_char(texts())
     if config.kind == "bpe":

@@ -32,7 +32,7 @@ import torch
 
 from tinyattn.checkpoint import LoadedModel, is_hf_folder, load_model, load_weights
 from tinyattn.config import Config, SampleConfig, TokenizerConfig
-from tinyattn.data.tokenizer import END_OF_TEXT, UNKNOWN, Tokenizer
+from tinyattn.data.tokenizer import UNKNOWN, Tokenizer
 from tinyattn.errors import CheckpointError
 from tinyattn.hf.convert import (
     ARCHITECTURE,
@@ -106,11 +106,30 @@ def read_folder(folder: str | Path) -> ImportedModel:
                                         tied="lm_head.weight" not in tensors)
     weights = from_hf_weights(tensors, model_config, str(weights_file))
     tokenizer_file = folder / "tokenizer.json"
-    tokenizer = Tokenizer.from_file(tokenizer_file)
+    end_of_text = _end_of_text(folder, raw, Tokenizer.from_file(tokenizer_file))
+    tokenizer = Tokenizer.from_file(tokenizer_file, end_of_text)
     sample = _sample_config(folder / "generation_config.json")
     config = Config(model=model_config, sample=sample,
-                    tokenizer=TokenizerConfig(kind="pretrained", path=str(tokenizer_file)))
+                    tokenizer=TokenizerConfig(kind="pretrained", path=str(tokenizer_file), end_of_text=end_of_text))
     return ImportedModel(config, weights, tokenizer, weights_file)
+
+
+def _end_of_text(folder: Path, raw: dict, tokenizer: Tokenizer) -> Optional[str]:
+    """The folder's eos token (generation_config.json's eos_token_id, else config.json's; of a
+    list, the first), where it is not <|endoftext|>, which the tokenizer ends texts with anyway."""
+    generation = folder / "generation_config.json"
+    sources = [(generation, read_json(generation))] if generation.is_file() else []
+    for path, values in (*sources, (folder / "config.json", raw)):
+        eos = values.get("eos_token_id")
+        eos = eos[0] if isinstance(eos, list) and eos else eos
+        if eos is None:
+            continue
+        if isinstance(eos, bool) or not isinstance(eos, int) or not 0 <= eos < tokenizer.vocab_size:
+            raise CheckpointError(f"{path}: eos_token_id {values['eos_token_id']!r} is not a token id of "
+                                  f"its tokenizer.json (0 to {tokenizer.vocab_size - 1})")
+        token = tokenizer.token(eos)
+        return None if token == tokenizer.end_of_text else token
+    return None
 
 
 def _read_weights(folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
@@ -206,7 +225,7 @@ def export_folder(weights: dict[str, torch.Tensor], config: Config, tokenizer: T
     tensors = {name: t.to(dtype) for name, t in to_hf_weights(weights, config.model).items()}
     special = {}
     if eot is not None:
-        special.update(bos_token=END_OF_TEXT, eos_token=END_OF_TEXT)
+        special.update(bos_token=tokenizer.end_of_text, eos_token=tokenizer.end_of_text)
     if config.tokenizer.kind == "char":
         special["unk_token"] = UNKNOWN
     files = {
@@ -341,6 +360,6 @@ def model_card(config: Config, card: Optional[ModelCard], tokenizer: Tokenizer,
     lines += ["", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
               'model = AutoModelForCausalLM.from_pretrained("<this folder>")',
               'tokenizer = AutoTokenizer.from_pretrained("<this folder>")',
-              f'ids = tokenizer({config.sample.prompt or END_OF_TEXT!r}, return_tensors="pt").input_ids',
+              f'ids = tokenizer({config.sample.prompt or tokenizer.end_of_text!r}, return_tensors="pt").input_ids',
               "print(tokenizer.decode(model.generate(ids, max_new_tokens=200)[0]))", "```", ""]
     return "\n".join(lines)

@@ -45,6 +45,7 @@ class InitSource:
     model_config: ModelConfig
     tokenizer_path: Path
     weights: dict[str, torch.Tensor]
+    end_of_text: Optional[str] = None  # the source's tokenizer.end_of_text (an imported folder's eos)
 
     @classmethod
     def load(cls, location: str, tokenizer_dir: str | Path) -> "InitSource":
@@ -55,7 +56,7 @@ class InitSource:
 
             imported = read_folder(location)
             return cls(location, imported.weights_file, imported.config.model,
-                       Path(imported.config.tokenizer.path), imported.weights)
+                       Path(imported.config.tokenizer.path), imported.weights, imported.config.tokenizer.end_of_text)
         file = ckpt.resolve_checkpoint(location, prefer="best")
         state = ckpt.load_checkpoint(file)
         config = ckpt.config_from_checkpoint(state, file)
@@ -71,12 +72,12 @@ class InitSource:
         weights = state.get("model")
         if not isinstance(weights, dict):
             raise CheckpointError(f"{file}: holds no model weights")
-        return cls(location, file, config.model, tokenizer_path, weights)
+        return cls(location, file, config.model, tokenizer_path, weights, config.tokenizer.end_of_text)
 
     def adopt(self, config: Config) -> None:
         """Give `config` the source's model section and tokenizer; conflicts in one line."""
-        adopt_model(config, self.model_config, TokenizerConfig(kind="pretrained", path=str(self.tokenizer_path)),
-                    f"train.init_from {self.location}")
+        tokenizer = TokenizerConfig(kind="pretrained", path=str(self.tokenizer_path), end_of_text=self.end_of_text)
+        adopt_model(config, self.model_config, tokenizer, f"train.init_from {self.location}")
 
     def load_into(self, model: LanguageModel) -> None:
         ckpt.load_weights(model, {"model": self.weights}, self.file)
