@@ -134,7 +134,7 @@ def evaluate_tokens(model, tokenizer, tokens, batch_size: int, char_level: bool)
 def text_units(tokenizer, tokens: np.ndarray, char_level: bool) -> int:
     """Characters (char_level: one per token) or UTF-8 bytes of the text `tokens` spell.
 
-    `<|endoftext|>` separators count as no text (their prediction still counts in the
+    End-of-text separators (`<|endoftext|>`, or the tokenizer's own) count as no text (their prediction still counts in the
     loss). Bytes come from decoding DECODE_CHUNK tokens at a time, so a split of any size
     fits in memory; a chunk boundary inside a multi-byte character miscounts it by a few
     bytes, a relative error below 1e-5.
@@ -145,7 +145,7 @@ def text_units(tokenizer, tokens: np.ndarray, char_level: bool) -> int:
         return len(tokens) - separators
     size = sum(len(tokenizer.decode(tokens[start:start + DECODE_CHUNK]).encode("utf-8"))
                for start in range(0, len(tokens), DECODE_CHUNK))
-    return size - separators * len(END_OF_TEXT)
+    return size - separators * len(getattr(tokenizer, "end_of_text", END_OF_TEXT).encode("utf-8"))
 
 
 # ----------------------------------------------------------------------------- reporting
