@@ -328,6 +328,7 @@ def load_model(path: Optional[str | Path] = None, device: str | torch.device = "
     model = LanguageModel(config.model)
     load_weights(model, state, file)
     model.to(device).eval()
-    tokenizer = Tokenizer.from_json(state["tokenizer"], origin=str(file), end_of_text=config.tokenizer.end_of_text)
+    tokenizer = Tokenizer.from_json(state["tokenizer"], origin=str(file),
+                                    end_of_text=config.tokenizer.end_of_text)
     return LoadedModel(model, tokenizer, config, file, int(state.get("step", 0)),
                        state.get("tokens_seen"), state.get("best_val_loss"), state.get("data"))

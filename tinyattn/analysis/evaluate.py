@@ -134,8 +134,8 @@ def evaluate_tokens(model, tokenizer, tokens, batch_size: int, char_level: bool)
 def text_units(tokenizer, tokens: np.ndarray, char_level: bool) -> int:
     """Characters (char_level: one per token) or UTF-8 bytes of the text `tokens` spell.
 
-    End-of-text separators (`<|endoftext|>`, or the tokenizer's own) count as no text (their prediction still counts in the
-    loss). Bytes come from decoding DECODE_CHUNK tokens at a time, so a split of any size
+    End-of-text separators (`<|endoftext|>`, or the tokenizer's own) count as no text (their
+    prediction still counts in the loss). Bytes come from decoding DECODE_CHUNK tokens at a time, so a split of any size
     fits in memory; a chunk boundary inside a multi-byte character miscounts it by a few
     bytes, a relative error below 1e-5.
     """

@@ -110,7 +110,8 @@ def read_folder(folder: str | Path) -> ImportedModel:
     tokenizer = Tokenizer.from_file(tokenizer_file, end_of_text)
     sample = _sample_config(folder / "generation_config.json")
     config = Config(model=model_config, sample=sample,
-                    tokenizer=TokenizerConfig(kind="pretrained", path=str(tokenizer_file), end_of_text=end_of_text))
+                    tokenizer=TokenizerConfig(kind="pretrained", path=str(tokenizer_file),
+                                              end_of_text=end_of_text))
     return ImportedModel(config, weights, tokenizer, weights_file)
 
 
@@ -360,6 +361,7 @@ def model_card(config: Config, card: Optional[ModelCard], tokenizer: Tokenizer,
     lines += ["", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
               'model = AutoModelForCausalLM.from_pretrained("<this folder>")',
               'tokenizer = AutoTokenizer.from_pretrained("<this folder>")',
-              f'ids = tokenizer({config.sample.prompt or tokenizer.end_of_text!r}, return_tensors="pt").input_ids',
+              f'ids = tokenizer({config.sample.prompt or tokenizer.end_of_text!r}, '
+              'return_tensors="pt").input_ids',
               "print(tokenizer.decode(model.generate(ids, max_new_tokens=200)[0]))", "```", ""]
     return "\n".join(lines)

@@ -55,8 +55,9 @@ class InitSource:
             from tinyattn.hf.folder import read_folder  # only here: training never loads hf otherwise
 
             imported = read_folder(location)
-            return cls(location, imported.weights_file, imported.config.model,
-                       Path(imported.config.tokenizer.path), imported.weights, imported.config.tokenizer.end_of_text)
+            tokenizer = imported.config.tokenizer
+            return cls(location, imported.weights_file, imported.config.model, Path(tokenizer.path),
+                       imported.weights, tokenizer.end_of_text)
         file = ckpt.resolve_checkpoint(location, prefer="best")
         state = ckpt.load_checkpoint(file)
         config = ckpt.config_from_checkpoint(state, file)
@@ -76,7 +77,8 @@ class InitSource:
 
     def adopt(self, config: Config) -> None:
         """Give `config` the source's model section and tokenizer; conflicts in one line."""
-        tokenizer = TokenizerConfig(kind="pretrained", path=str(self.tokenizer_path), end_of_text=self.end_of_text)
+        tokenizer = TokenizerConfig(kind="pretrained", path=str(self.tokenizer_path),
+                                    end_of_text=self.end_of_text)
         adopt_model(config, self.model_config, tokenizer, f"train.init_from {self.location}")
 
     def load_into(self, model: LanguageModel) -> None:
