@@ -542,6 +542,8 @@ def test_validation_split_needs_a_dataset(tmp_path):
     folder = write_text_folder(tmp_path / "books")
     config = make_config(tmp_path, {"files": [str(folder)], "validation_split": "validation"})
     assert_one_line_error(tmp_path, config, r"data\.validation_split: 'validation' needs a hub dataset")
+    config = make_config(tmp_path, {"files": [str(folder)], "train_split": "test"})
+    assert_one_line_error(tmp_path, config, r"data\.train_split: 'test' needs a hub dataset")
 
 
 # ----------------------------------------------------------------------------- batches

@@ -142,6 +142,23 @@ def test_folder_and_glob_of_gzipped_json_lines(tmp_path):
         assert documents_of(result) == expected_split(DOCUMENTS)
 
 
+
+@pytest.mark.parametrize("entry", ["data", "data/**/*"])
+def test_a_folder_or_glob_never_reads_the_token_cache_inside_it(tmp_path, monkeypatch, entry):
+    # The default data.cache_dir, data/cache, sits inside data/: the second run must read the
+    # same corpus as the first, not the first run's cache files too.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    for i in range(2):
+        (tmp_path / "data" / f"book-{i}.txt").write_text(DOCUMENTS[i] * 50, encoding="utf-8")
+    config = config_from_dict({"model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "context_length": 8},
+                               "data": {"files": [entry], "cache_dir": "data/cache"}})
+    first = documents_of(prepare_data(config, progress=False))
+    assert (tmp_path / "data" / "cache").is_dir()
+    assert [p.name for p in sources._resolve_files([entry], "auto", skip=tmp_path / "data" / "cache")] == \
+        ["book-0.txt", "book-1.txt"]
+    assert documents_of(prepare_data(config, progress=False)) == first
+
 def test_zst_without_a_zstd_reader_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.delitem(fsspec.compression.compr, "zstd", raising=False)
     path = tmp_path / "corpus.jsonl.zst"

@@ -77,6 +77,9 @@ def resolve_source(data: DataConfig, progress: bool) -> Source:
     if data.validation_split is not None:
         raise DataError(f"data.validation_split: {data.validation_split!r} needs a hub dataset "
                         "(data.dataset); local files are split by data.validation_fraction")
+    if data.train_split != "train":
+        raise DataError(f"data.train_split: {data.train_split!r} needs a hub dataset (data.dataset); "
+                        "local files are read whole and split by data.validation_fraction")
     if data.url is not None:
         target = Path(data.files[0])
         if target.is_dir() or data.files[0].endswith(("/", os.sep)):
@@ -84,7 +87,7 @@ def resolve_source(data: DataConfig, progress: bool) -> Source:
                             "file, so give its path (e.g. data/corpus.txt)")
         if not target.exists():
             download(data.url, target, sha256=data.sha256, size_bytes=data.size_bytes, progress=progress)
-    files = _resolve_files(data.files, data.format)
+    files = _resolve_files(data.files, data.format, skip=Path(data.cache_dir))
     file_format = _common_format(files, data.format)
     return _file_source(data, files, file_format, progress)
 
@@ -177,20 +180,28 @@ def _records_reader(data: DataConfig, files: list[Path], file_format: str,
 # ----------------------------------------------------------------------------- files and formats
 
 
-def _resolve_files(entries: list[str], file_format: str) -> list[Path]:
-    """Paths, globs and folders -> the files they name, in order, each once."""
+def _resolve_files(entries: list[str], file_format: str, skip: Optional[Path] = None) -> list[Path]:
+    """Paths, globs and folders -> the files they name, in order, each once. A glob or a folder
+    never takes a file under `skip` (the token cache's folder, which data/ holds by default)."""
     accepted = _extensions(file_format)
+    skipped = skip.resolve() if skip is not None else None
+
+    def kept(p: Path) -> bool:
+        return skipped is None or not p.resolve().is_relative_to(skipped)
+
     files: list[Path] = []
     for entry in entries:
         path = Path(entry)
         if any(c in entry for c in "*?["):
-            matches = sorted(Path(p) for p in glob.glob(entry, recursive=True) if Path(p).is_file())
+            matches = sorted(Path(p) for p in glob.glob(entry, recursive=True)
+                             if Path(p).is_file() and kept(Path(p)))
             if not matches:
                 raise DataError(f"data.files: no file matches the pattern {entry!r}")
             files.extend(matches)
         elif path.is_dir():
             matches = sorted(p for p in path.rglob("*") if p.is_file() and format_suffix(p) in accepted
-                             and not any(part.startswith(".") for part in p.relative_to(path).parts))
+                             and not any(part.startswith(".") for part in p.relative_to(path).parts)
+                             and kept(p))
             if not matches:
                 compressed = "/".join(COMPRESSIONS)
                 raise DataError(f"data.files: the folder {entry} has no {', '.join(accepted)} files "
