@@ -100,6 +100,14 @@ def test_csv_with_an_unclosed_quote_is_one_line(tmp_path):
         prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
 
 
+
+def test_an_empty_csv_file_is_one_line_naming_it(tmp_path):
+    (tmp_path / "a.csv").write_text("text,label\nhello there,1\n", encoding="utf-8")
+    (tmp_path / "b.csv").write_text("", encoding="utf-8")
+    for files in ([str(tmp_path / "a.csv"), str(tmp_path / "b.csv")], [str(tmp_path / "b.csv")]):
+        with pytest.raises(DataError, match=rf"{tmp_path / 'b.csv'}: an empty CSV file \(not even a header row\)"):
+            prepare_data(make_config(tmp_path, {"files": files}), progress=False)
+
 def test_csv_without_the_text_field_lists_its_columns(tmp_path):
     path = tmp_path / "reviews.csv"
     path.write_text("id,body\n1,hello\n", encoding="utf-8")

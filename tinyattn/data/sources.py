@@ -433,6 +433,10 @@ def _reading_errors(description: str, files: list[Path], file_format: str) -> It
     except UnicodeDecodeError as e:
         found = _find_invalid_utf8(files)
         raise DataError(found or f"{description}: not valid UTF-8 ({e})") from None
+    except pandas.errors.EmptyDataError:  # a CSV or TSV file without even a header row
+        empty = next((p for p in files if p.stat().st_size == 0), None)
+        raise DataError(f"{empty or description}: an empty {file_format.upper()} file (not even a header "
+                        "row); remove it, or give it a header and records") from None
     except (pyarrow.ArrowInvalid, pandas.errors.ParserError) as e:  # bad JSON; bad CSV quoting
         found = _find_invalid_json(files) if file_format == "json" else None
         raise DataError(found or f"{description}: cannot read it ({_first_line(e)})") from None
