@@ -748,3 +748,25 @@ def test_eval_batches_spread_a_fixed_number_of_windows():
     assert len(x) == 20 and starts[0] == 0 and x[-1, -1] == 998  # first window to the last
     assert bool(((starts[1:] - starts[:-1]) >= 10).all())  # evenly spread, no overlap
     assert len(torch.cat([b[0] for b in eval_batches(tokens, 10, 8, max_windows=10_000)])) == 99
+
+
+def test_a_tokenizer_whose_output_changes_at_a_cut_encodes_each_document_whole():
+    # SentencePiece's Metaspace puts "▁" before a text's first word only: a document read in
+    # parts (a large text file is) would get a "▁" at every cut if the parts were encoded alone.
+    import io
+
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    backend = tokenizers.Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+    backend.decoder = decoders.Metaspace(prepend_scheme="first")
+    text = "hello there\nline number two\nand three more words\n"
+    backend.train_from_iterator([text * 20], trainers.BpeTrainer(vocab_size=80, special_tokens=["<unk>"]))
+    tokenizer = Tokenizer(backend)
+    assert not tokenizer.cuts_are_exact
+    parts = [("hello there\nline numb", True), ("er two\nand three", False), (" more words\n", False),
+             (text, True)]
+    out = io.BytesIO()
+    tokens, documents = token_cache.write_tokens(iter(parts), tokenizer, out, np.uint16)
+    assert documents == 2
+    assert np.frombuffer(out.getvalue(), dtype=np.uint16).tolist() == tokenizer.encode(text) * 2

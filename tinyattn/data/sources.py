@@ -7,8 +7,10 @@ files given as paths, globs or folders (`data.files`), optionally downloaded onc
 `data.url` (`tinyattn.download`):
 
 - plain text (.txt .text .md): one document per file, read here in pieces of
-  `READ_CHARS` characters cut where no token changes (`tokenizer.text_pieces`), so a
-  single file of any size is read in flat memory; a UTF-8 byte-order mark is dropped;
+  `READ_CHARS` characters cut at newlines (`tokenizer.text_pieces`), where our tokenizers'
+  tokens do not change, so a single file of any size is read in flat memory (a tokenizer
+  whose tokens change at a cut gets the pieces joined back, `token_cache.write_tokens`); a
+  UTF-8 byte-order mark is dropped;
 - JSON lines or a JSON array (.jsonl .json .ndjson), CSV (.csv), TSV (.tsv) and Parquet,
   read through `datasets`' builders, streamed, never copied into an Arrow cache; the
   text is the `data.text_field` column, or a nested field named by a dotted path

@@ -232,10 +232,14 @@ def write_tokens(documents: DocumentParts, tokenizer: Tokenizer, out, dtype, *, 
 
     `documents` yields parts `(text, starts_document)` (see `tinyattn.sources`). They are
     cut into pieces (`Tokenizer.text_pieces`) and encoded about a megabyte at a time, in
-    parallel: memory grows with the longest part, never with the corpus.
+    parallel: memory grows with the longest part, never with the corpus. A tokenizer whose
+    output changes where a text is cut (`Tokenizer.cuts_are_exact`; SentencePiece's, say) gets
+    each document's parts joined back and encodes it whole: memory grows with the longest document.
     """
     eot = tokenizer.eot_id
     tokens = documents_seen = 0
+    if not tokenizer.cuts_are_exact:
+        documents = _whole_documents(documents)
 
     def batches() -> Iterator[list[tuple[str, bool]]]:
         batch: list[tuple[str, bool]] = []
@@ -264,6 +268,21 @@ def write_tokens(documents: DocumentParts, tokenizer: Tokenizer, out, dtype, *, 
             tokens += len(flat)
             bar.update(len(flat))
     return tokens, documents_seen
+
+
+def _whole_documents(documents: DocumentParts) -> DocumentParts:
+    """The same stream with each document's parts joined into one."""
+    parts: list[str] = []
+    starts = False
+    for text, begins in documents:
+        if begins and parts:
+            yield "".join(parts), starts
+            parts = []
+        if not parts:
+            starts = begins
+        parts.append(text)
+    if parts:
+        yield "".join(parts), starts
 
 
 def check_split_lengths(meta: dict, config: Config) -> None:

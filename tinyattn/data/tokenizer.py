@@ -148,6 +148,13 @@ class Tokenizer:
             position += count
         return result
 
+    @property
+    def cuts_are_exact(self) -> bool:
+        """Whether a text cut at newlines (`text_pieces`) encodes, piece by piece, to the ids of
+        the whole (ours, and pretrained byte-level GPT-2-style tokenizers); else a text must be
+        encoded whole."""
+        return self._splittable
+
     def text_pieces(self, text: str, max_chars: int = PIECE_CHARS) -> Iterator[str]:
         """Cut `text` into pieces whose encodings, joined, equal the encoding of `text`.
 
