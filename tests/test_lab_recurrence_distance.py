@@ -278,6 +278,25 @@ def test_lab_recurrence_writes_its_table_figure_and_tensorboard_runs(tmp_path, c
     assert any((out / "attention").iterdir()) and any((out / "lstm").iterdir())
 
 
+def test_the_loss_comparisons_schedule_follows_the_speed_at_the_training_context(tmp_path, monkeypatch):
+    # --contexts without the training context (32 in tiny.yaml): the schedule must still span the
+    # steps that fit, not the 10-step floor left when that speed was never measured.
+    from tests.conftest import CORPUS
+    from tinyattn.cli.lab import main
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS * 4, encoding="utf-8")
+    schedules = []
+    real = recurrence.make_trainer
+    monkeypatch.setattr(recurrence, "make_trainer", lambda model, train_config, *args, **kwargs: (
+        schedules.append(train_config.max_steps) or real(model, train_config, *args, **kwargs)))
+    assert main(["recurrence", "--config", str(ROOT / "configs" / "tiny.yaml"), "--seconds", "0.5",
+                 "--contexts", "8", "--out", str(tmp_path / "out"), "--set", f"data.files={corpus}",
+                 "data.url=null", "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}",
+                 "train.batch_size=4", "train.eval_windows=4"]) == 0
+    assert min(schedules[-2:]) > 10  # the last two: the contenders' runs (the first, the speed's)
+
+
 @pytest.mark.slow
 def test_lab_distance_writes_its_table_and_figure(trained_run, tmp_path):
     from tinyattn.cli.lab import main

@@ -120,7 +120,9 @@ def run(args: argparse.Namespace) -> int:
     folder = experiment_folder(args.out, "recurrence")
     tokens_per_step = config.train.batch_size * config.model.context_length
     for c in contenders:
-        for context in args.contexts:
+        # The training context too, where the table does not ask for it: its speed sets the
+        # schedule of the loss comparison (`train_and_measure`).
+        for context in dict.fromkeys([*args.contexts, config.model.context_length]):
             c.speed[context] = tokens_per_second(c, config.train, data.train, context=context,
                                                  tokens_per_step=tokens_per_step, device=device,
                                                  precision=precision)
