@@ -223,6 +223,18 @@ def test_cli_scores_a_text_file_and_plots_loss_by_position(run, tmp_path, capsys
     assert f"wrote {plot}" in stdout and plot.read_bytes()[:4] == b"\x89PNG"
 
 
+
+def test_cli_plot_goes_where_it_says_and_a_format_it_cannot_write_is_one_line(run, tmp_path, capsys):
+    args = ("--checkpoint", str(run["run_dir"]), "--split", "validation", "--plot")
+    for given, written in ((tmp_path / "lbp", tmp_path / "lbp.png"),  # no extension: .png, said
+                           (tmp_path, tmp_path / "loss_by_position_validation.png")):  # a folder
+        status, stdout, stderr = run_cli(capsys, *args, str(given))
+        assert status == 0, stderr
+        assert f"wrote {written}\n" in stdout and written.read_bytes()[:4] == b"\x89PNG"
+    status, stdout, stderr = run_cli(capsys, *args, str(tmp_path / "lbp.txt"))
+    assert status == 2 and stdout == "" and stderr.count("\n") == 1
+    assert "'.txt' is not an image format this writes" in stderr
+
 def test_cli_scores_the_runs_validation_split(run, capsys):
     status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run["run_dir"] / "best.pt"), "--split",
                                      "validation", "--no-plot")

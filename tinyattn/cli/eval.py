@@ -44,6 +44,8 @@ def command(args: argparse.Namespace) -> int:
 
     if args.batch_size is not None and args.batch_size <= 0:
         raise TinyattnError(f"--batch-size {args.batch_size}: expected a positive integer")
+    if args.plot is not None and not args.no_plot:
+        _check_plot_format(args.plot)  # before the scoring, which can take a while
     loaded = load_any_model(args.checkpoint, select_device(args.device))
     tokens, source, name = _tokens(args, loaded)
     batch_size = args.batch_size or loaded.config.train.batch_size
@@ -86,6 +88,26 @@ def _print_scores(loaded, result, num_tokens: int, source: str) -> None:
     print(format_loss_by_position(result.loss_by_position))
 
 
+PLOT_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".jpeg")  # what --plot writes, by its extension
+
+
+def _check_plot_format(path: Path) -> None:
+    """A --plot path whose extension names no format the plot is written in: one line."""
+    if not path.is_dir() and path.suffix and path.suffix.lower() not in PLOT_FORMATS:
+        raise TinyattnError(f"--plot {path}: {path.suffix!r} is not an image format this writes; "
+                            f"expected a file ending in {', '.join(PLOT_FORMATS)} (none: .png) or a folder")
+
+
+def _plot_file(given: Path | None, default: Path) -> Path:
+    """Where the plot goes: --plot as given, in a folder it names (the default file name), or with
+    .png added where it has no extension (which the plotting library would add unsaid)."""
+    if given is None:
+        return default
+    if given.is_dir():
+        return given / default.name
+    return given if given.suffix else given.with_name(given.name + ".png")
+
+
 def _plot(args: argparse.Namespace, loaded, result, source: str, name: str) -> None:
     from tinyattn.analysis.evaluate import save_loss_by_position_plot
     from tinyattn.analysis.plotting import plotting_available
@@ -93,7 +115,7 @@ def _plot(args: argparse.Namespace, loaded, result, source: str, name: str) -> N
     if not plotting_available():
         print("plot skipped: matplotlib is missing (pip install 'tinyattn[plot]'), or use --no-plot")
         return
-    path = args.plot or loaded.path.parent / f"loss_by_position_{name}.png"
+    path = _plot_file(args.plot, loaded.path.parent / f"loss_by_position_{name}.png")
     step = "" if loaded.hf_folder else f", step {loaded.step}"
     title = f"loss by position: {loaded.path.parent.name}{step}, {source}"
     try:
