@@ -196,6 +196,13 @@ def test_the_word_position_is_its_last_token(char_tokenizer):
         word_position(char_tokenizer, "All: speak, speak", "zebra")
 
 
+def test_the_word_is_found_as_a_whole_word_not_inside_another(char_tokenizer):
+    ids, position = word_position(char_tokenizer, "The man ran to an inn.", "an")
+    assert char_tokenizer.decode(ids[:position + 1]) == "The man ran to an"
+    with pytest.raises(TinyattnError, match=r"--word 'an': not in the context"):
+        word_position(char_tokenizer, "The man ran.", "an")
+
+
 def test_one_tokens_similarity_is_1_at_the_embedding_and_below_1_after_a_block_that_mixes_context(
         tiny_model, char_tokenizer):
     model = tiny_model(vocab_size=char_tokenizer.vocab_size)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import re
 import time
 from pathlib import Path
 
@@ -45,12 +46,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def word_position(tokenizer, context: str, word: str) -> tuple[list[int], int]:
-    """The context's token ids and the position of the word's last token (its first occurrence).
+    """The context's token ids and the position of the word's last token (its first occurrence as a
+    whole word: "an" is not found in "man").
 
     The position is the length of the encoded text up to the word's end, less one; a tokenizer
     that merges the word with what follows it is refused, as no token then ends the word."""
-    start = context.find(word)
-    if not word or start < 0:
+    found = re.search(rf"(?<!\w){re.escape(word)}(?!\w)", context) if word else None
+    start = found.start() if found else -1
+    if start < 0:
         raise TinyattnError(f"--word {word!r}: not in the context {context!r}; give contexts that hold it "
                             "(--context, twice or more)")
     ids = tokenizer.encode(context)
