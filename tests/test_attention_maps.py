@@ -333,9 +333,20 @@ def test_cli_writes_heatmaps_and_prints_the_query_table(run_dir, capsys):
         assert f"wrote {run_dir / 'attention' / name}" in stdout
     table = stdout.split("\n\n", 1)[1].splitlines()
     position = SENTENCE.index("was") + 2 - (len(SENTENCE) - context)  # its "s", in the kept end of the text
-    assert table[0] == f"--query 'was': its first occurrence ends in token s at position {position}"
+    in_text = SENTENCE.index("was") + 2
+    assert table[0] == (f"--query 'was': its first occurrence ends in token s at position {position} of the "
+                        f"kept window (token {in_text} of the text)")
     assert table[1].startswith(f"query s at position {position} (of {context} tokens)")
     assert len(table) == 3 + 8
+    # --query-position counts in the text too, as --relevance does; the cut-off start is one line.
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run_dir), "--text", SENTENCE,
+                                     "--query-position", str(in_text), "--device", "cpu")
+    assert status == 0 and f"query s at position {position} (of {context} tokens)" in stdout, stderr
+    first_word = SENTENCE.split()[0].strip(",.;:")
+    for option in (["--query", first_word], ["--query-position", "0"]):
+        status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run_dir), "--text", SENTENCE, *option,
+                                         "--device", "cpu")
+        assert status == 2 and "which do not fit the context" in stderr and stderr.count("error:") == 1, stderr
 
 
 @pytest.mark.parametrize("args, message", [

@@ -91,14 +91,19 @@ def _heatmaps(args: argparse.Namespace, loaded, text: str) -> int:
     )
 
     maps = compute_attention_maps(loaded.model, loaded.tokenizer, text)
-    position = None
+    kept, dropped = len(maps.token_ids), maps.dropped_tokens
+    position = None  # in the text, as --relevance counts; then in the kept window
     if args.query is not None:
-        position = query_position_of_word(loaded.tokenizer, maps.token_ids, args.query)
+        position = query_position_of_word(loaded.tokenizer, loaded.tokenizer.encode(text), args.query)
     elif args.query_position is not None:
-        position = check_query_position(len(maps.token_ids), args.query_position)
-    if maps.dropped_tokens:
-        kept = len(maps.token_ids)
-        print(f"warning: the text is {kept + maps.dropped_tokens} tokens, longer than the context of "
+        position = check_query_position(kept + dropped, args.query_position)
+    if position is not None and position < dropped:
+        what = f"--query {args.query!r}" if args.query is not None else f"--query-position {args.query_position}"
+        raise TinyattnError(f"{what}: token {position} of the text, in the first {dropped} tokens, which do not "
+                            f"fit the context of {kept}; shorten the text or ask about a later token")
+    position = None if position is None else position - dropped
+    if dropped:
+        print(f"warning: the text is {kept + dropped} tokens, longer than the context of "
               f"{kept}: kept the last {kept}", file=sys.stderr)
 
     out_dir = Path(args.out_dir) if args.out_dir else loaded.path.parent / "attention"
@@ -113,8 +118,9 @@ def _heatmaps(args: argparse.Namespace, loaded, text: str) -> int:
         heads = None if args.head is None else [args.head]
         print()
         if args.query is not None:
+            where = f" of the kept window (token {position + dropped} of the text)" if dropped else ""
             print(f"--query {args.query!r}: its first occurrence ends in token {maps.labels[position]} "
-                  f"at position {position}")
+                  f"at position {position}{where}")
         print(format_query_table(maps, position, query_table(maps, position, layers=layers, heads=heads)))
     return 0
 
