@@ -154,6 +154,28 @@ def test_the_two_runs_differ_in_the_mask_alone_and_the_users_set_comes_after_the
         assert (config.model.n_embd, config.train.max_steps, config.train.precision) == (64, 3, "fp32")
 
 
+
+@pytest.mark.parametrize("option, message", [
+    (["--position", "100"], "--position 100: expected 0..30"),
+    (["--checkpoint", "no/such/run"], "no/such/run: no such checkpoint file or run folder"),
+], ids=["position", "checkpoint"])
+def test_a_bad_position_or_checkpoint_is_refused_before_anything_trains(tmp_path, monkeypatch, capsys,
+                                                                        corpus_text, option, message):
+    from tests.conftest import ROOT
+    from tinyattn.cli.lab import main
+    from tinyattn.train import loop
+
+    monkeypatch.setattr(loop, "train", lambda *args, **kwargs: pytest.fail("trained before checking"))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(corpus_text, encoding="utf-8")
+    out = tmp_path / "out"
+    assert main(["causal", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "3", "--out", str(out),
+                 *option, "--set", f"data.files={corpus}", "data.url=null", "data.sha256=null",
+                 f"data.cache_dir={tmp_path / 'cache'}"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not out.exists()
+
 @pytest.fixture(scope="module")
 def bidirectional_run(tmp_path_factory, corpus_text):
     from tests.conftest import ROOT

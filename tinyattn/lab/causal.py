@@ -270,6 +270,17 @@ def write_report(rows: list[Row], out: Path, seconds: float) -> str:
     return table
 
 
+def _other_checkpoint(args: argparse.Namespace, tokenizer):
+    """--checkpoint, loaded, once its tokenizer is known to be the config's."""
+    from tinyattn.hf.folder import load_any_model
+
+    loaded = load_any_model(args.checkpoint)
+    if loaded.tokenizer.to_json() != tokenizer.to_json():
+        raise TinyattnError(f"--checkpoint {args.checkpoint}: its tokenizer is not the one of --config "
+                            f"{args.config}; give the config it was trained with")
+    return loaded
+
+
 def run(args: argparse.Namespace) -> int:
     from tinyattn.config import load_config
     from tinyattn.data.batches import prepare_data
@@ -278,10 +289,19 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     from tinyattn.lab.outputs import experiment_folder
 
+    # What the two runs cannot change is checked before they train (minutes): the steps, the
+    # position, the checkpoint and its tokenizer. Nothing is written until then.
+    if args.steps <= 0:
+        raise TinyattnError(f"--steps {args.steps}: expected a positive integer")
+    config = load_config(args.config, lab_overrides(args.steps, Path(args.out or ".")) + list(args.overrides))
+    data = prepare_data(config, progress=False)
+    context = config.model.context_length
+    if args.position is not None and not 0 <= args.position < context - 1:
+        raise TinyattnError(f"--position {args.position}: expected 0..{context - 2} (the token at "
+                            f"position + 1 is changed, within the context of {context})")
+    checkpoint = _other_checkpoint(args, data.tokenizer) if args.checkpoint else None
     out = experiment_folder(args.out, "causal")
     results = train_both(args, out)
-    config = load_config(args.config, lab_overrides(args.steps, out) + list(args.overrides))
-    data = prepare_data(config, progress=False)
     tokens = data.validation
     prompt = (data.tokenizer.encode(args.prompt) if args.prompt
               else [int(i) for i in tokens[:PROMPT_TOKENS]])
@@ -292,12 +312,8 @@ def run(args: argparse.Namespace) -> int:
         losses = (float(curves[name][1][-1]), results[name].last_val_loss)
         rows.append(measure(name, loaded, tokens=tokens, position=args.position, prompt=prompt,
                             losses=losses))
-    if args.checkpoint:
-        loaded = load_any_model(args.checkpoint)
-        if loaded.tokenizer.to_json() != data.tokenizer.to_json():
-            raise TinyattnError(f"--checkpoint {args.checkpoint}: its tokenizer is not the one of --config "
-                                f"{args.config}; give the config it was trained with")
-        rows.append(measure(str(args.checkpoint), loaded, tokens=tokens, position=args.position,
+    if checkpoint is not None:
+        rows.append(measure(str(args.checkpoint), checkpoint, tokens=tokens, position=args.position,
                             prompt=prompt))
     figure = save_figure(rows, curves, out / "causal.png")
     table = write_report(rows, out, time.perf_counter() - started)
