@@ -85,6 +85,15 @@ def test_overrides_are_typed_like_the_field(tmp_path):
     assert config.sample.prompt == "Hello there"
 
 
+
+@pytest.mark.parametrize("typed, kept", [("1.10", "1.10"), ("0123", "0123"), ("yes", "yes"), ("1_000", "1_000"),
+                                         ("Q: what", "Q: what"), ("#1 hit", "#1 hit"), ("'1.10'", "1.10")])
+def test_a_set_text_field_keeps_the_text_as_typed(tmp_path, typed, kept):
+    path = write(tmp_path / "c.yaml", "data:\n  files: a.txt\n")
+    config = load_config(path, [f"sample.prompt={typed}", f"data.revision={typed}"])
+    assert (config.sample.prompt, config.data.revision) == (kept, kept)
+    assert load_config(path, ["data.revision=null"]).data.revision is None  # null still means null
+
 def test_the_last_set_of_a_key_is_the_one_that_counts(tmp_path):
     from tinyattn.config import override_value
 

@@ -341,7 +341,7 @@ SAMPLING_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {  # option: (acc
     "max_new_tokens": (lambda v: v >= 0, "an integer >= 0"),
     "temperature": (lambda v: 0 <= v < math.inf, "a number >= 0 (0 means greedy)"),
     "top_k": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-              "an integer >= 0 (0 or none: no top-k)"),
+              "an integer >= 0 (0 or null: no top-k)"),
     "top_p": (lambda v: 0 < v <= 1, "a number in (0, 1] (1 means no top-p)"),
     "repetition_penalty": (lambda v: 0 < v < math.inf, "a positive number (1 means none)"),
     "num_samples": (lambda v: v >= 1, "an integer >= 1"),
@@ -687,7 +687,25 @@ def _deep_merge(base: dict, update: dict, origins: dict[str, str], origin: str, 
             origins[dotted] = origin
 
 
+@functools.cache
+def _text_keys() -> frozenset[str]:
+    """The dotted keys of fields that hold text (str, or str or null): sample.prompt, data.revision."""
+    def holds_text(tp: Any) -> bool:
+        return tp is str or (typing.get_origin(tp) in (typing.Union, types.UnionType)
+                             and [a for a in typing.get_args(tp) if a is not type(None)] == [str])
+
+    return frozenset(f"{name}.{key}" for name, section in typing.get_type_hints(Config).items()
+                     if dataclasses.is_dataclass(section)
+                     for key, tp in typing.get_type_hints(section).items() if holds_text(tp))
+
+
+YAML_NULLS = ("null", "Null", "NULL", "~")
+
+
 def _parse_override(item: str) -> tuple[str, Any]:
+    """(key, value) of a --set item. The value is read as YAML, but a field that holds text keeps
+    the text as typed where YAML would make it something else: sample.prompt=1.10 is "1.10", not 1.1,
+    0123 not 83, yes not true, "Q: what" not a mapping (null still means null)."""
     if "=" not in item:
         raise ConfigError(f"--set: expected key=value (e.g. model.n_layer=8), got {item!r}")
     key, text = item.split("=", 1)
@@ -698,6 +716,8 @@ def _parse_override(item: str) -> tuple[str, Any]:
         value = _load_yaml(text) if text.strip() else ""
     except yaml.YAMLError:
         value = text  # not YAML: keep the string, the field's type decides
+    if key in _text_keys() and not isinstance(value, str) and text.strip() not in YAML_NULLS:
+        value = text.strip()
     return key, value
 
 
