@@ -53,6 +53,16 @@ def test_extends_with_own_files_drops_the_inherited_download(tmp_path):
     assert apply_overrides(saved, ["model.n_layer=2"]).data.url == "https://example.org/s.txt"
 
 
+
+def test_a_child_naming_a_dataset_reads_it_and_not_the_parents_files_too(tmp_path):
+    write(tmp_path / "base.yaml", "data:\n  files: shakespeare.txt\n  url: https://example.org/s.txt\n")
+    hub = load_config(write(tmp_path / "hub.yaml", "extends: base.yaml\ndata:\n  dataset: roneneldan/TinyStories\n"))
+    assert (hub.data.dataset, hub.data.files, hub.data.url) == ("roneneldan/TinyStories", None, None)
+    assert load_config(tmp_path / "base.yaml", ["data.dataset=roneneldan/TinyStories"]).data.files is None
+    back = load_config(write(tmp_path / "back.yaml", "extends: hub.yaml\ndata:\n  files: mine.txt\n"))
+    assert (back.data.dataset, back.data.files) == (None, ["mine.txt"])
+
+
 def test_default_prompt_starts_from_end_of_text_whatever_the_corpus(tmp_path):
     from tinyattn.data.tokenizer import build_tokenizer
     from tinyattn.generate.text import encode_prompt

@@ -657,7 +657,8 @@ DOWNLOAD_KEYS = ("url", "sha256", "size_bytes")  # what describes data.files[0]'
 def _drop_inherited_download(inherited: dict, child: dict, origins: dict[str, str]) -> None:
     """A child that names its own data (data.files or data.dataset) does not inherit the
     parent's download: the url and checksums describe the parent's file, and kept they would
-    download it into the child's path."""
+    download it into the child's path. Nor the parent's other source: a child naming a dataset
+    reads that, not the parent's files too (and the other way round)."""
     mine, theirs = child.get("data"), inherited.get("data")
     if not (isinstance(mine, dict) and isinstance(theirs, dict)):
         return
@@ -666,6 +667,10 @@ def _drop_inherited_download(inherited: dict, child: dict, origins: dict[str, st
             if key not in mine:
                 theirs.pop(key, None)
                 origins.pop(f"data.{key}", None)
+    for own, other in (("files", "dataset"), ("dataset", "files")):
+        if mine.get(own) is not None and other not in mine:
+            theirs.pop(other, None)
+            origins.pop(f"data.{other}", None)
 
 
 @functools.cache
