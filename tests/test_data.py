@@ -482,6 +482,9 @@ def test_unknown_extension_and_mixed_formats(tmp_path):
     write_jsonl(tmp_path / "b.jsonl")
     config = make_config(tmp_path, {"files": [str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl")]})
     assert_one_line_error(tmp_path, config, r"mixes formats: text \(a\.txt\), json \(b\.jsonl\)")
+    # The advice holds: a glob with data.format set takes only the files of that format.
+    config = make_config(tmp_path, {"files": [str(tmp_path / "*")], "format": "json"})
+    assert prepare_data(config, progress=False).train.size > 0
 
 
 def test_empty_corpus(tmp_path):

@@ -195,8 +195,10 @@ def _resolve_files(entries: list[str], file_format: str, skip: Optional[Path] = 
     for entry in entries:
         path = Path(entry)
         if any(c in entry for c in "*?["):
+            # A glob takes what it matches; with data.format set, only the files of that format.
             matches = sorted(Path(p) for p in glob.glob(entry, recursive=True)
-                             if Path(p).is_file() and kept(Path(p)))
+                             if Path(p).is_file() and kept(Path(p))
+                             and (file_format == "auto" or format_suffix(Path(p)) in accepted))
             if not matches:
                 raise DataError(f"data.files: no file matches the pattern {entry!r}")
             files.extend(matches)
@@ -270,8 +272,8 @@ def _common_format(files: list[Path], file_format: str) -> str:
         by_format.setdefault(found[0], path)
     if len(by_format) > 1:
         mixed = ", ".join(f"{name} ({path.name})" for name, path in by_format.items())
-        raise DataError(f"data.files: mixes formats: {mixed}; use files of one format (set data.format "
-                        "to read only that one, or name them with a glob)")
+        raise DataError(f"data.files: mixes formats: {mixed}; use files of one format (a folder or a "
+                        "glob with data.format set reads only the files of that format)")
     return next(iter(by_format))
 
 
