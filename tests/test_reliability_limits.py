@@ -135,6 +135,41 @@ def test_the_estimate_counts_weights_gradients_optimizer_state_and_activations()
     assert bigger_batch.activation_bytes == 2 * adamw.activation_bytes
 
 
+
+@pytest.mark.parametrize("attention, dropout", [("explicit", 0.0), ("explicit", 0.1), ("fused", 0.0)])
+def test_the_activation_estimate_is_a_floor_of_what_a_forward_keeps_for_the_backward(attention, dropout):
+    # Long enough that the explicit path's (H, T, T) weights dominate: counted twice, the estimate
+    # exceeded what the step keeps, and refused runs that fit.
+    model = ModelConfig(vocab_size=65, n_layer=2, n_head=8, n_embd=64, context_length=512,
+                        attention=attention, dropout=dropout)
+    kept: dict[int, int] = {}
+
+    def pack(tensor):
+        kept[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    torch.manual_seed(0)
+    x, y = torch.randint(0, 65, (1, 512)), torch.randint(0, 65, (1, 512))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        LanguageModel(model).train()(x, y)
+    estimate = training_memory(model, TrainConfig(batch_size=1, precision="fp32")).activation_bytes
+    scores = 2 * 512 * 8 * 512 * 4  # one layer-pair's (H, T, T) fp32 weights
+    assert estimate <= sum(kept.values())
+    if attention == "explicit":  # and it counts them: once, twice with dropout on the weights
+        fused = training_memory(ModelConfig(**{**model.__dict__, "attention": "fused"}),
+                                TrainConfig(batch_size=1, precision="fp32")).activation_bytes
+        assert estimate - fused == scores * (2 if dropout else 1)
+
+
+def test_auto_attention_is_counted_as_the_path_the_run_will_take():
+    auto = ModelConfig(vocab_size=65, n_layer=2, n_head=8, n_embd=64, context_length=512)
+    cpu = torch.device("cpu")
+    explicit = training_memory(ModelConfig(**{**auto.__dict__, "attention": "explicit"}),
+                               TrainConfig(batch_size=1, precision="bf16"))
+    assert check_training_fits(auto, TrainConfig(batch_size=1, precision="bf16"), cpu) == explicit
+    fused = training_memory(auto, TrainConfig(batch_size=1, precision="fp32"))  # fp32: the fused kernel
+    assert check_training_fits(auto, TrainConfig(batch_size=1, precision="fp32"), cpu) == fused
+
 def tiny_config(tmp_path, **model) -> Config:
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(TEXT)

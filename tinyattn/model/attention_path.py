@@ -7,7 +7,7 @@ import torch
 from tinyattn.system.device import Precision
 
 
-def prefer_explicit_attention(device: torch.device, precision: Precision, context_length: int,
+def prefer_explicit_attention(device: torch.device, precision: Precision | str, context_length: int,
                               weights_dropout: float) -> bool:
     """Whether training should use the explicit attention path instead of the fused kernel.
 
@@ -15,9 +15,10 @@ def prefer_explicit_attention(device: torch.device, precision: Precision, contex
     plain batched matmuls beat PyTorch's CPU flash kernel up to context 512 and lost
     beyond (the figures: docs/BENCHMARKS.md). With attention dropout the fused kernel wins
     again (it draws the dropout mask inside the kernel; the explicit path materialises it).
-    On GPUs and in fp32 the fused kernel wins.
+    On GPUs and in fp32 the fused kernel wins. precision: resolved, or its name.
     """
-    return (device.type == "cpu" and precision.name == "bf16" and context_length <= 512
+    name = precision if isinstance(precision, str) else precision.name
+    return (device.type == "cpu" and name == "bf16" and context_length <= 512
             and weights_dropout == 0.0)
 
 

@@ -26,6 +26,7 @@ import torch
 
 from tinyattn.config import ModelConfig, TrainConfig
 from tinyattn.errors import ConfigError
+from tinyattn.model.attention_path import prefer_explicit_attention
 
 FP32 = 4  # bytes
 
@@ -59,9 +60,13 @@ class MemoryEstimate:
         return self.state_bytes + self.activation_bytes
 
 
-def training_memory(model: ModelConfig, train: TrainConfig, *,
-                    vocab_size: Optional[int] = None) -> MemoryEstimate:
-    """The floor of what one training step of this model holds (see the module docstring)."""
+def training_memory(model: ModelConfig, train: TrainConfig, *, vocab_size: Optional[int] = None,
+                    explicit_attention: Optional[bool] = None) -> MemoryEstimate:
+    """The floor of what one training step of this model holds (see the module docstring).
+
+    explicit_attention: whether the run's attention is the explicit path, which keeps each
+    layer's (H, T, T) weights for the backward pass; None: model.attention says "explicit".
+    """
     params = parameter_count(model, vocab_size)
     vocab = model.vocab_size if model.vocab_size is not None else vocab_size or 0
     # fp32 weights and gradients, and AdamW's two moments; Muon keeps one for the blocks' matrices.
@@ -74,8 +79,13 @@ def training_memory(model: ModelConfig, train: TrainConfig, *,
     # Per layer and token: both norms' inputs and outputs (4C), q, k, v (C + 2 Hkv D), the
     # attention's output (C), gate and up (2 hidden) and their product (hidden).
     per_token = 6 * width + 2 * kv_width + 3 * hidden
-    scores = model.n_head * model.context_length if model.attention == "explicit" else 0  # (H, T) per query
-    layers = model.n_layer * tokens * (per_token + 2 * scores) * element
+    if explicit_attention is None:
+        explicit_attention = model.attention == "explicit"
+    # The explicit path keeps the softmax's output (H, T per query), and with dropout on the
+    # weights also the dropped copy; the fused kernel keeps neither.
+    kept = 1 + (model.weights_dropout > 0) if explicit_attention else 0
+    scores = kept * model.n_head * model.context_length
+    layers = model.n_layer * tokens * (per_token + scores) * element
     logits = 2 * tokens * vocab * FP32  # the logits and their gradient, fp32 for the loss
     return MemoryEstimate(params, params * per_param, layers + logits)
 
@@ -106,8 +116,14 @@ def _meminfo_available() -> Optional[int]:
 
 def check_training_fits(model: ModelConfig, train: TrainConfig, device: torch.device, *,
                         vocab_size: Optional[int] = None) -> MemoryEstimate:
-    """The estimate, or a ConfigError naming it and the limit when it cannot fit on `device`."""
-    estimate = training_memory(model, train, vocab_size=vocab_size)
+    """The estimate, or a ConfigError naming it and the limit when it cannot fit on `device`.
+
+    model.attention "auto" counts the explicit path's weights only where it is sure to take it
+    (`attention_path.prefer_explicit_attention` with train.precision bf16 as given)."""
+    explicit = model.attention == "explicit" or (
+        model.attention == "auto" and train.precision == "bf16"
+        and prefer_explicit_attention(device, "bf16", model.context_length, model.weights_dropout))
+    estimate = training_memory(model, train, vocab_size=vocab_size, explicit_attention=explicit)
     limit, where = available_bytes(device)
     if limit is not None and estimate.total_bytes > limit:
         raise ConfigError(
