@@ -73,6 +73,24 @@ def test_padding_mask_hides_padded_keys(tiny_model, random_tokens):
                                model(changed, mask=allowed).logits[:, :20], rtol=0, atol=1e-6)
 
 
+
+def test_a_left_padded_row_that_may_read_no_key_is_zero_on_both_paths_not_nan(tiny_model, random_tokens):
+    # Left padding: sequence 1's first 3 positions are padding, which no query may read, so those
+    # queries have no key at all. Softmax over -inf alone is NaN, which the next layer spread.
+    model = tiny_model(n_kv_head=2)
+    idx = random_tokens(batch=2)
+    real = torch.ones(2, 24, dtype=torch.bool)
+    real[1, :3] = False
+    allowed = causal_mask(24, 24)[None, None] & real[:, None, None, :]  # (B, 1, T, T)
+    fused = model(idx, mask=allowed).logits
+    explicit = model(idx, mask=allowed, need_weights=True)
+    assert explicit.logits.isfinite().all()
+    torch.testing.assert_close(explicit.logits[real], fused[real], rtol=0, atol=1e-5)
+    assert all(torch.all(w[1, :, :3] == 0) for w in explicit.attention_weights)  # no key: no weight
+    model.train()
+    model(idx, mask=allowed, need_weights=True).logits[real].sum().backward()
+    assert all(p.grad.isfinite().all() for p in model.parameters() if p.grad is not None)
+
 def test_attention_weights_rows_sum_to_one_and_are_zero_where_masked(tiny_model, random_tokens):
     model = tiny_model(n_kv_head=2)
     out = model(random_tokens(), need_weights=True)

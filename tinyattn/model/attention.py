@@ -174,7 +174,13 @@ class CausalSelfAttention(nn.Module):
             k = k.repeat_interleave(group, dim=1)  # (B, H, Tk, D)
             v = v.repeat_interleave(group, dim=1)  # (B, H, Tk, D)
         allowed = causal_mask(q.size(2), k.size(2), q.device) if mask is None and self.causal else mask
+        empty = None
+        if mask is not None:  # a given mask may leave a query no key (a padded row): softmax over -inf
+            empty = ~mask.any(dim=-1, keepdim=True)  # alone is NaN; such a row reads every key, then
+            allowed = mask | empty  # its output and weights are zeroed, as the fused kernel gives
         y, weights = attention(q, k, v, allowed, dropout_p)  # (B, H, Tq, D), (B, H, Tq, Tk)
+        if empty is not None:
+            y, weights = y.masked_fill(empty, 0.0), weights.masked_fill(empty, 0.0)
         if self.weights_hook is not None:
             self.weights_hook(weights)
         return y
