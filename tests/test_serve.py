@@ -359,6 +359,24 @@ def test_a_client_that_disconnects_while_waiting_for_a_whole_completion_stops_it
     assert job.ended == "cancelled" and job.turns < 5000
 
 
+
+def test_a_completion_the_shutdown_stops_is_a_503_not_a_200_with_part_of_the_text(server):
+    # Ctrl-C cancels every job first (`uvicorn_server`): a whole completion cut short must not
+    # look like a finished one.
+    import threading
+
+    answers = []
+    request = threading.Thread(target=lambda: answers.append(post(server, "/v1/completions", {
+        "model": "tiny-serve", "prompt": PROMPT, "max_tokens": 5000, "temperature": 0})))
+    request.start()
+    deadline = time.monotonic() + 30
+    while worker(server).load["active"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    worker(server).cancel_all()
+    request.join(timeout=60)
+    status, body = answers[0]
+    assert status == 503 and json.loads(body)["error"]["code"] == "server_shutting_down", body
+
 def test_past_the_waiting_limit_a_request_is_a_429():
     import asyncio
 

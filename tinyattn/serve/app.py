@@ -149,6 +149,7 @@ def _add_routes(app: FastAPI, served: Served) -> None:
                                        asyncio.get_running_loop(), "an explorer page"))
         async for page in job.items():
             return HTMLResponse(page)
+        raise _stopped("this explorer page")  # cancelled before its turn: the server is stopping
 
     @app.get("/", response_class=HTMLResponse)
     async def playground():
@@ -219,8 +220,16 @@ async def _whole(served: Served, completion: Completion, job: Job, request: Requ
     finally:
         watcher.cancel()
         job.cancel()  # a no-op when it has ended; stops it when this handler is cancelled
+    if any(reason is None for reason in finished):  # cancelled: the server is stopping (Ctrl-C)
+        raise _stopped("this completion")
     choices = [_choice(i, texts[i], finished[i]) for i in range(n)]
     return JSONResponse(_body(served, _completion_id(), choices, _usage(served, completion, texts)))
+
+
+def _stopped(what: str) -> ApiError:
+    """A request the server's shutdown cancelled: a 503, not a 200 with part of the answer."""
+    return ApiError(f"the server is shutting down: {what} was stopped before it ended; send it again to "
+                    "a running server", status=503, type="server_error", code="server_shutting_down")
 
 
 def _event(value: dict) -> str:
