@@ -153,7 +153,7 @@ def test_the_activation_estimate_is_a_floor_of_what_a_forward_keeps_for_the_back
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         LanguageModel(model).train()(x, y)
     estimate = training_memory(model, TrainConfig(batch_size=1, precision="fp32")).activation_bytes
-    scores = 2 * 512 * 8 * 512 * 4  # one layer-pair's (H, T, T) fp32 weights
+    scores = 2 * 512 * 8 * 512 * 4  # the two layers' (H, T, T) fp32 weights, one batch row
     assert estimate <= sum(kept.values())
     if attention == "explicit":  # and it counts them: once, twice with dropout on the weights
         fused = training_memory(ModelConfig(**{**model.__dict__, "attention": "fused"}),
