@@ -368,6 +368,21 @@ def test_resuming_an_earlier_checkpoint_in_place_is_refused(corpus, tmp_path, tw
     assert _file_digests(run) == before
 
 
+
+def test_resuming_a_folder_a_training_still_writes_says_it_is_in_use_not_fork(corpus, tmp_path, twelve_steps):
+    # A resume picks the newest checkpoint, and the training holding the folder saves a later one
+    # meanwhile: the answer is that the folder is in use, not that the run goes on past it.
+    from tinyattn.errors import StorageError
+    from tinyattn.train.run_folder import RunLock
+
+    run, before = twelve_steps
+    with RunLock.acquire(run):  # another training's hold
+        with pytest.raises(StorageError, match=rf"orig is in use by pid {os.getpid()}: another training"):
+            train(tiny_config(corpus, tmp_path, "train.max_steps=12"), resume=run / "step_0000006.pt",
+                  progress=False)
+    assert RunLock.holder(run) is None  # released: nothing holds it now
+    assert _file_digests(run) == before
+
 def test_best_checkpoint_is_never_replaced_by_a_worse_one(corpus, tmp_path):
     config = tiny_config(corpus, tmp_path, "train.max_steps=6", "train.eval_interval=3")
     train(config, run_name="best", progress=False)

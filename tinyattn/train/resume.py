@@ -25,10 +25,10 @@ import yaml
 from tinyattn import checkpoint as ckpt
 from tinyattn.config import Config, config_from_dict, config_to_dict, load_config
 from tinyattn.data.token_cache import data_differences
-from tinyattn.errors import CheckpointError
+from tinyattn.errors import CheckpointError, StorageError
 from tinyattn.system.distributed import Distributed
 from tinyattn.system.storage import atomic_write
-from tinyattn.train.run_folder import RunLock, check_run_name, unique_run_dir
+from tinyattn.train.run_folder import RunLock, check_run_name, in_use_message, unique_run_dir
 
 if TYPE_CHECKING:
     from tinyattn.train.trainer import Trainer
@@ -115,6 +115,9 @@ class ResumePoint:
             latest = ckpt.latest_checkpoint(own)
             latest_step = ckpt.step_of(latest) if latest is not None else None
             if latest_step is not None and latest_step > self.step:
+                holder = RunLock.holder(own)  # a training still writing there: say so, not "fork"
+                if holder is not None:
+                    raise StorageError(in_use_message(own, holder))
                 raise CheckpointError(
                     f"{self.file} is step {self.step}, but {own} goes on to step {latest_step}: "
                     f"continuing there would overwrite its later checkpoints. To branch from this "

@@ -63,9 +63,7 @@ class RunLock:
             with storage_errors(folder / KERNEL_LOCK_NAME):
                 kernel_lock.acquire()
         except Timeout:
-            holder = _read_pid(pid_file)
-            raise StorageError(f"{folder} is in use by pid {holder or '(unknown)'}: another training "
-                               "writes there; wait for it to end or choose another --run-name") from None
+            raise StorageError(in_use_message(folder, _read_pid(pid_file))) from None
         previous = _read_pid(pid_file)
         if previous and previous != os.getpid():
             print(f"note: {pid_file} was left by pid {previous}, which is no longer running; taking it over",
@@ -75,6 +73,24 @@ class RunLock:
             (folder / MARKER_NAME).touch()
         remove_temporaries(folder)  # ours now: a killed writer's half files can go
         return cls(folder, kernel_lock)
+
+    @staticmethod
+    def holder(folder: str | Path) -> Optional[int]:
+        """Whether a process holds `folder` now: its pid (0 where unknown), else None. Holds
+        nothing itself: a resume asks before it compares the folder's checkpoints, which a
+        training that holds it is still writing."""
+        lock_file = Path(folder) / KERNEL_LOCK_NAME
+        if not lock_file.is_file():
+            return None
+        probe = FileLock(lock_file, timeout=0, thread_local=False)
+        try:
+            probe.acquire()
+        except Timeout:
+            return _read_pid(Path(folder) / LOCK_NAME) or 0
+        except OSError:  # a folder that cannot be locked here is not held by a training either
+            return None
+        probe.release()
+        return None
 
     def release(self) -> None:
         if self._kernel_lock is None:
@@ -92,6 +108,11 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def in_use_message(folder: Path, pid: Optional[int]) -> str:
+    return (f"{folder} is in use by pid {pid or '(unknown)'}: another training writes there; wait for it "
+            "to end or choose another --run-name")
 
 
 def check_run_name(name: str) -> str:
