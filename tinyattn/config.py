@@ -279,8 +279,7 @@ class TrainConfig:
             except ValueError as e:
                 fail("train.time_budget", tr.time_budget, str(e))
         if not 0 <= tr.min_lr <= tr.lr:
-            fail("train.min_lr", tr.min_lr, f"expected a number in [0, train.lr={tr.lr}] (a lower "
-                 "train.lr needs a lower train.min_lr too)")
+            fail("train.min_lr", tr.min_lr, f"expected a number in [0, train.lr={tr.lr}] (lower both)")
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(tr, name) < 1.0:
                 fail(f"train.{name}", getattr(tr, name), "expected a number in [0, 1)")
