@@ -235,6 +235,19 @@ def test_cli_plot_goes_where_it_says_and_a_format_it_cannot_write_is_one_line(ru
     assert status == 2 and stdout == "" and stderr.count("\n") == 1
     assert "'.txt' is not an image format this writes" in stderr
 
+
+def test_cli_says_which_characters_of_a_text_file_a_character_model_scores_as_unknown(run, tmp_path, capsys):
+    text_file = tmp_path / "accents.txt"
+    text_file.write_text(TEXT[:200] + "héllo wörld", encoding="utf-8")
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run["run_dir"]), "--text-file", str(text_file),
+                                     "--no-plot")
+    assert status == 0, stderr
+    assert f"warning: {text_file}: 2 characters the tokenizer has never seen are scored as [UNK]: 'é', 'ö'" \
+        in stderr
+    text_file.write_text(TEXT[:200], encoding="utf-8")
+    assert "warning" not in run_cli(capsys, "--checkpoint", str(run["run_dir"]), "--text-file", str(text_file),
+                                    "--no-plot")[2]
+
 def test_cli_scores_the_runs_validation_split(run, capsys):
     status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run["run_dir"] / "best.pt"), "--split",
                                      "validation", "--no-plot")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from tinyattn.cli import run_command
@@ -61,10 +62,17 @@ def _tokens(args: argparse.Namespace, loaded):
     """(token ids, what they are for the report, the name of the plot's file)."""
     import numpy as np
 
+    from tinyattn.data.tokenizer import unknown_characters
     from tinyattn.system.storage import read_text
 
     if args.text_file is not None:
-        ids = loaded.tokenizer.encode(read_text(args.text_file, "text file"))
+        text = read_text(args.text_file, "text file")
+        ids = loaded.tokenizer.encode(text)
+        unknown = unknown_characters(loaded.tokenizer, text, ids)
+        if unknown:
+            shown = ", ".join(repr(c) for c in unknown[:10]) + (", ..." if len(unknown) > 10 else "")
+            print(f"warning: {args.text_file}: {len(unknown)} characters the tokenizer has never seen are "
+                  f"scored as [UNK]: {shown}", file=sys.stderr)
         return np.asarray(ids, dtype=np.int64), str(args.text_file), args.text_file.stem
     name = args.split or "validation"
     return _split_tokens(loaded, name), f"the {name} split", name

@@ -179,6 +179,15 @@ class Tokenizer:
 # ----------------------------------------------------------------------------- building
 
 
+def unknown_characters(tokenizer, text: str, ids: Optional[list[int]] = None) -> list[str]:
+    """The characters of `text` that `tokenizer` (anything with encode and decode) cannot give
+    back (a character tokenizer reads them as [UNK]), in order of first appearance; [] when the
+    ids (`ids`, else encoded here) decode to `text` again."""
+    if tokenizer.decode(tokenizer.encode(text) if ids is None else ids) == text:
+        return []
+    return [c for c in dict.fromkeys(text) if tokenizer.decode(tokenizer.encode(c)) != c]
+
+
 def pretrained_file(path: str | Path) -> Path:
     """tokenizer.path as a file to read, or a one-line DataError for a missing path or a folder."""
     path = Path(path)

@@ -18,6 +18,7 @@ from typing import Iterator, NamedTuple, Optional, Sequence
 
 import torch
 
+from tinyattn.data.tokenizer import unknown_characters
 from tinyattn.errors import DataError
 from tinyattn.generate.decoder import generate_tokens
 from tinyattn.generate.sampling import SamplingOptions
@@ -128,12 +129,11 @@ def encode_prompt(tokenizer, prompt: str, context_length: int) -> list[int]:
         raise DataError(f"the prompt is not valid UTF-8 text (at character {e.start}: "
                         f"{prompt[e.start:e.end]!r})") from None
     ids = tokenizer.encode(prompt)
-    if tokenizer.decode(ids) != prompt:  # only then look for the characters at fault
-        unknown = [c for c in dict.fromkeys(prompt) if tokenizer.decode(tokenizer.encode(c)) != c]
-        if unknown:
-            names = ", ".join(repr(c) for c in unknown)
-            warnings.warn(f"the prompt has characters the tokenizer has never seen, read as [UNK]: "
-                          f"{names}", PromptWarning, stacklevel=3)
+    unknown = unknown_characters(tokenizer, prompt, ids)
+    if unknown:
+        names = ", ".join(repr(c) for c in unknown)
+        warnings.warn(f"the prompt has characters the tokenizer has never seen, read as [UNK]: "
+                      f"{names}", PromptWarning, stacklevel=3)
     if not ids:
         raise DataError(f"the prompt {prompt!r} encodes to no tokens")
     if len(ids) > context_length:
