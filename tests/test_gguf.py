@@ -268,6 +268,62 @@ def test_the_file_holds_the_hyperparameters_and_the_tokenizer_keys(tmp_path, kin
     assert [i for i, t in enumerate(types) if t != gguf.TokenType.NORMAL] == [eot]  # [UNK] is a normal token
 
 
+
+def gguf_forward(path, ids: list[int]) -> np.ndarray:
+    """The file's logits (T, V) computed as llama.cpp reads it, in numpy, without llama.cpp:
+    its tensor names and metadata, and RoPE by the architecture's rule there (llama rotates
+    adjacent pairs of each head, qwen3 its two halves). Written from llama.cpp's model, not from
+    the exporter, so a tensor misnamed, transposed or left in the wrong row order shows."""
+    reader = gguf.GGUFReader(path)
+    fields = {k: v.contents() for k, v in reader.fields.items()}
+    arch = fields["general.architecture"]
+    w = {t.name: np.asarray(t.data, dtype=np.float64) for t in reader.tensors}
+    heads, kv_heads = fields[f"{arch}.attention.head_count"], fields[f"{arch}.attention.head_count_kv"]
+    eps, base = fields[f"{arch}.attention.layer_norm_rms_epsilon"], fields[f"{arch}.rope.freq_base"]
+
+    def norm(x, gain):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * gain
+
+    def rope(x):  # (T, H, D)
+        T, _, D = x.shape
+        angle = np.arange(T)[:, None, None] * base ** (-np.arange(0, D, 2) / D)  # (T, 1, D/2)
+        cos, sin = np.cos(angle), np.sin(angle)
+        a, b = (x[..., 0::2], x[..., 1::2]) if arch == "llama" else (x[..., :D // 2], x[..., D // 2:])
+        turned = (a * cos - b * sin, a * sin + b * cos)
+        return np.stack(turned, -1).reshape(x.shape) if arch == "llama" else np.concatenate(turned, -1)
+
+    x = w["token_embd.weight"][ids]  # (T, C)
+    T = len(ids)
+    for i in range(fields[f"{arch}.block_count"]):
+        blk = {k.split(".", 2)[2]: v for k, v in w.items() if k.startswith(f"blk.{i}.")}
+        h = norm(x, blk["attn_norm.weight"])
+        q, k, v = ((h @ blk[f"attn_{n}.weight"].T).reshape(T, count, -1)
+                   for n, count in (("q", heads), ("k", kv_heads), ("v", kv_heads)))
+        if "attn_q_norm.weight" in blk:
+            q, k = norm(q, blk["attn_q_norm.weight"]), norm(k, blk["attn_k_norm.weight"])
+        q, k = rope(q), rope(k)
+        k, v = (np.repeat(t, heads // kv_heads, axis=1) for t in (k, v))  # (T, H, D)
+        scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(q.shape[-1])
+        scores[:, np.triu(np.ones((T, T), dtype=bool), 1)] = -np.inf
+        weights = np.exp(scores - scores.max(-1, keepdims=True))
+        weights /= weights.sum(-1, keepdims=True)
+        x = x + np.einsum("hts,shd->thd", weights, v).reshape(T, -1) @ blk["attn_output.weight"].T
+        h = norm(x, blk["ffn_norm.weight"])
+        gate, up = h @ blk["ffn_gate.weight"].T, h @ blk["ffn_up.weight"].T
+        x = x + (gate / (1 + np.exp(-gate)) * up) @ blk["ffn_down.weight"].T
+    return norm(x, w["output_norm.weight"]) @ w.get("output.weight", w["token_embd.weight"]).T
+
+
+@pytest.mark.parametrize("case", ["char-gqa-untied", "bpe-mqa-untied", "char-qk_norm"])
+def test_the_files_tensors_give_tinyattns_logits_as_llama_cpp_reads_them(tmp_path, case):
+    # Runs without llama.cpp (whose tests skip where it is not installed).
+    kind, options = CASES[case]
+    tokenizer = tokenizer_of(kind)
+    model = random_model(tokenizer, **options)
+    ids = text_ids(tokenizer)
+    theirs = gguf_forward(export(tmp_path, model, tokenizer), ids)
+    assert relative_difference(theirs, tinyattn_logits(model, ids)) < 1e-5
+
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_half_precision_files_hold_torch_rounded_weights_and_float32_norms(tmp_path, dtype):
     tokenizer = tokenizer_of("bpe")
