@@ -124,7 +124,7 @@ class DataConfig:
     format: str = "auto"  # auto (from the file extension), text, json, csv, tsv or parquet
     # Downloaded once to files[0] when that file is missing. A config (or --set) that sets
     # data.files or data.dataset does not inherit url, sha256 or size_bytes through `extends`
-    # (see _drop_inherited_download).
+    # (see _drop_inherited_source).
     url: Optional[str] = None
     sha256: Optional[str] = None  # checked after a download
     size_bytes: Optional[int] = None  # checked after a download
@@ -481,13 +481,13 @@ def apply_overrides(config: Config, overrides: list[str], origin: str = "saved c
 def _apply_sets(raw: dict, overrides: list[str], origins: dict[str, str]) -> None:
     """The `key=value` items into raw, each key (and the section it made or the value it replaced)
     recorded as from --set. A --set data.files=mine.txt drops the download the config's url
-    described, as a child config's data.files does (`_drop_inherited_download`)."""
+    described, as a child config's data.files does (`_drop_inherited_source`)."""
     given: dict = {}  # the overrides alone, as nested sections
     for item in overrides:
         key, value = _parse_override(item)
         origins[key] = origins[_set_dotted(raw, key, value)] = "--set"
         _set_dotted(given, key, value)
-    _drop_inherited_download(raw, given, origins)
+    _drop_inherited_source(raw, given, origins)
 
 
 def override_value(overrides: list[str], key: str, default: Any) -> Any:
@@ -646,7 +646,7 @@ def _read_with_extends(path: Path, seen: tuple[Path, ...]) -> tuple[dict, dict[s
         if not isinstance(parent, str):
             raise ConfigError(f"{path}: extends: expected a file path, got {show_value(parent)}")
         merged, origins = _read_with_extends(path.parent / parent, (*seen, resolved))
-        _drop_inherited_download(merged, data, origins)
+        _drop_inherited_source(merged, data, origins)
     _deep_merge(merged, data, origins, str(path), prefix="")
     return merged, origins
 
@@ -654,7 +654,7 @@ def _read_with_extends(path: Path, seen: tuple[Path, ...]) -> tuple[dict, dict[s
 DOWNLOAD_KEYS = ("url", "sha256", "size_bytes")  # what describes data.files[0]'s download
 
 
-def _drop_inherited_download(inherited: dict, child: dict, origins: dict[str, str]) -> None:
+def _drop_inherited_source(inherited: dict, child: dict, origins: dict[str, str]) -> None:
     """A child that names its own data (data.files or data.dataset) does not inherit the
     parent's download: the url and checksums describe the parent's file, and kept they would
     download it into the child's path. Nor the parent's other source: a child naming a dataset

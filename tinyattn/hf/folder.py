@@ -106,8 +106,10 @@ def read_folder(folder: str | Path) -> ImportedModel:
                                         tied="lm_head.weight" not in tensors)
     weights = from_hf_weights(tensors, model_config, str(weights_file))
     tokenizer_file = folder / "tokenizer.json"
-    end_of_text = _end_of_text(folder, raw, Tokenizer.from_file(tokenizer_file))
-    tokenizer = Tokenizer.from_file(tokenizer_file, end_of_text)
+    tokenizer = Tokenizer.from_file(tokenizer_file)
+    end_of_text = _end_of_text(folder, raw, tokenizer)
+    if end_of_text is not None:  # the folder's own eos ends texts: read again with it
+        tokenizer = Tokenizer.from_file(tokenizer_file, end_of_text)
     sample = _sample_config(folder / "generation_config.json")
     config = Config(model=model_config, sample=sample,
                     tokenizer=TokenizerConfig(kind="pretrained", path=str(tokenizer_file),

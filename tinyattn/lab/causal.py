@@ -115,6 +115,18 @@ def causal_task_loss(model, tokens, context_length: int, *, windows: int = EVAL_
     return total / count
 
 
+def check_position(position: int, context: int) -> None:
+    """--position: the token after it must be in the window (a TinyattnError otherwise)."""
+    if not 0 <= position < context - 1:
+        raise TinyattnError(f"--position {position}: expected 0..{context - 2} (the token at "
+                            f"position + 1 is changed, within the context of {context})")
+
+
+def check_steps(steps: int) -> None:
+    if steps <= 0:
+        raise TinyattnError(f"--steps {steps}: expected a positive integer")
+
+
 def leak_test(model, x, position: int):
     """How far each position's logits move when the token at position + 1 changes.
 
@@ -125,9 +137,7 @@ def leak_test(model, x, position: int):
 
     from tinyattn.model.transformer import evaluation_mode
 
-    if not 0 <= position < x.size(1) - 1:
-        raise TinyattnError(f"--position {position}: expected 0..{x.size(1) - 2} (the token at "
-                            f"position + 1 is changed, within the context of {x.size(1)})")
+    check_position(position, x.size(1))
     changed = x.clone()
     vocab = model.config.vocab_size
     changed[0, position + 1] = (changed[0, position + 1] + 1) % vocab  # any other token
@@ -176,8 +186,7 @@ def train_both(args: argparse.Namespace, out: Path) -> dict:
     from tinyattn.config import load_config
     from tinyattn.train.loop import train
 
-    if args.steps <= 0:
-        raise TinyattnError(f"--steps {args.steps}: expected a positive integer")
+    check_steps(args.steps)
     results = {}
     for name in RUNS:
         run_dir = out / name
@@ -291,14 +300,11 @@ def run(args: argparse.Namespace) -> int:
 
     # What the two runs cannot change is checked before they train (minutes): the steps, the
     # position, the checkpoint and its tokenizer. Nothing is written until then.
-    if args.steps <= 0:
-        raise TinyattnError(f"--steps {args.steps}: expected a positive integer")
+    check_steps(args.steps)
     config = load_config(args.config, lab_overrides(args.steps, Path(args.out or ".")) + list(args.overrides))
     data = prepare_data(config, progress=False)
-    context = config.model.context_length
-    if args.position is not None and not 0 <= args.position < context - 1:
-        raise TinyattnError(f"--position {args.position}: expected 0..{context - 2} (the token at "
-                            f"position + 1 is changed, within the context of {context})")
+    if args.position is not None:
+        check_position(args.position, config.model.context_length)
     checkpoint = _other_checkpoint(args, data.tokenizer) if args.checkpoint else None
     out = experiment_folder(args.out, "causal")
     results = train_both(args, out)

@@ -156,26 +156,29 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v, cache_mask = cache.store(k, v)  # (B, Hkv, Tk, D) each, in the cache's dtype
             mask = mask if cache_mask is None else cache_mask
+        # A caller's mask may leave a query no key (left padding); a cache's never does.
+        padded = mask is not None and (cache is None or cache_mask is None)
         dropout_p = self.dropout if self.training else 0.0
         # A step over the whole static cache compiles better explicit (`CacheWrite.reads_every_slot`).
         if self.fused and not (cache is not None and cache.reads_every_slot):
             y = self.fused_attention(q, k, v, mask, dropout_p)  # (B, H, T, D)
         else:
-            y = self.explicit_attention(q, k, v, mask, dropout_p)  # (B, H, T, D)
+            y = self.explicit_attention(q, k, v, mask, dropout_p, padded=padded)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C): heads side by side again
         if cache is not None:
             y = y.to(x.dtype)  # back from the cache's dtype
         return self.output(y)
 
-    def explicit_attention(self, q, k, v, mask, dropout_p: float) -> torch.Tensor:
-        """`attention` itself. q: (B, H, Tq, D); k, v: (B, Hkv, Tk, D). Returns (B, H, Tq, D)."""
+    def explicit_attention(self, q, k, v, mask, dropout_p: float, *, padded: bool = False) -> torch.Tensor:
+        """`attention` itself. q: (B, H, Tq, D); k, v: (B, Hkv, Tk, D). Returns (B, H, Tq, D).
+        padded: `mask` is a caller's, which may leave a query no key at all."""
         group = self.n_head // self.n_kv_head  # query heads served by each key/value head
         if group > 1:
             k = k.repeat_interleave(group, dim=1)  # (B, H, Tk, D)
             v = v.repeat_interleave(group, dim=1)  # (B, H, Tk, D)
         allowed = causal_mask(q.size(2), k.size(2), q.device) if mask is None and self.causal else mask
         empty = None
-        if mask is not None:  # a given mask may leave a query no key (a padded row): softmax over -inf
+        if padded:  # a query the mask leaves no key (a padded row): softmax over -inf
             empty = ~mask.any(dim=-1, keepdim=True)  # alone is NaN; such a row reads every key, then
             allowed = mask | empty  # its output and weights are zeroed, as the fused kernel gives
         y, weights = attention(q, k, v, allowed, dropout_p)  # (B, H, Tq, D), (B, H, Tq, Tk)
