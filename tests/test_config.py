@@ -104,6 +104,20 @@ def test_a_set_text_field_keeps_the_text_as_typed(tmp_path, typed, kept):
     assert (config.sample.prompt, config.data.revision) == (kept, kept)
     assert load_config(path, ["data.revision=null"]).data.revision is None  # null still means null
 
+
+@pytest.mark.parametrize("typed, kept", [("1.10", "1.10"), ("0123", "0123"), ("yes", "yes"), ("1_000", "1_000"),
+                                         ("2024-01-05", "2024-01-05"), ("'1.10'", "1.10")])
+def test_a_text_field_in_a_config_file_keeps_the_text_as_typed(tmp_path, typed, kept):
+    path = write(tmp_path / "c.yaml", f"data:\n  files: a.txt\n  revision: {typed}\n"
+                                      f"sample:\n  prompt: {typed}\n  temperature: 1.10\n")
+    config = load_config(path)
+    assert (config.sample.prompt, config.data.revision) == (kept, kept)
+    assert config.sample.temperature == 1.1  # a number field still reads a number
+    for null in ("null", "~", ""):
+        assert load_config(write(tmp_path / "n.yaml", f"data:\n  files: a.txt\n  revision: {null}\n")
+                           ).data.revision is None  # null still means null
+
+
 def test_the_last_set_of_a_key_is_the_one_that_counts(tmp_path):
     from tinyattn.config import override_value
 

@@ -613,14 +613,38 @@ class _UniqueKeyLoader(_SAFE_LOADER):
         return super().construct_mapping(node, deep=deep)
 
 
-def _load_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_UniqueKeyLoader)
+def _load_yaml(text: str, *, config_file: bool = False) -> Any:
+    """The YAML document in text. In a config file, a field that holds text keeps a plain scalar
+    as typed, as `--set` does: `revision: 1.10` is "1.10", not 1.1 (null still means null)."""
+    loader = _UniqueKeyLoader(text)
+    try:
+        node = loader.get_single_node()
+        if config_file and node is not None:
+            _plain_text_fields_as_typed(node)
+        return loader.construct_document(node) if node is not None else None
+    finally:
+        loader.dispose()
+
+
+def _plain_text_fields_as_typed(root: yaml.Node) -> None:
+    """Tag the unquoted values of text fields (section.key in _text_keys()) as strings, so that
+    they are read as written instead of as the number, date or boolean YAML would make them."""
+    if not isinstance(root, yaml.MappingNode):
+        return
+    for section, body in root.value:
+        if not isinstance(section, yaml.ScalarNode) or not isinstance(body, yaml.MappingNode):
+            continue
+        for key, value in body.value:
+            if (isinstance(key, yaml.ScalarNode) and f"{section.value}.{key.value}" in _text_keys()
+                    and isinstance(value, yaml.ScalarNode) and not value.style  # plain: unquoted
+                    and value.value not in YAML_NULLS + ("",)):
+                value.tag = "tag:yaml.org,2002:str"
 
 
 def _read_yaml(path: Path) -> dict:
     text = read_text(path, "config file", ConfigError)
     try:
-        data = _load_yaml(text)
+        data = _load_yaml(text, config_file=True)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
