@@ -193,12 +193,16 @@ class RecordingWriter:
     def __init__(self):
         self.scalars: list[tuple] = []  # (tag, value, step)
         self.images: list[tuple] = []  # (tag, image, step, dataformats)
+        self.texts: list[tuple] = []  # (tag, text, step)
 
     def add_scalar(self, tag, value, step):
         self.scalars.append((tag, value, step))
 
     def add_image(self, tag, image, step, dataformats="CHW"):
         self.images.append((tag, image, step, dataformats))
+
+    def add_text(self, tag, text, step):
+        self.texts.append((tag, text, step))
 
 
 @pytest.fixture

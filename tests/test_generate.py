@@ -493,6 +493,11 @@ def test_a_tiny_temperature_or_penalty_samples_the_top_token_instead_of_overflow
     for temperature in (1e-40, 1e-3, 0.5):
         drawn = sample_next_token(penalized, torch.Generator().manual_seed(0), temperature=temperature)
         assert drawn.tolist() == [1, 2]  # a penalty below 1 rewards what is present
+    # Below fp32's smallest number a temperature would be 0 there, above its largest a penalty inf.
+    drawn = sample_next_token(logits, torch.Generator().manual_seed(0), temperature=1e-46)
+    assert drawn.tolist() == [0, 1]
+    huge = apply_repetition_penalty(torch.tensor([[0.0, 1.0, -2.0]]), torch.ones(1, 3, dtype=torch.bool), 1e39)
+    assert huge.isfinite().all() and huge.argmax().item() == 1  # 0 stays 0 (not 0 * inf), 1 nearly 0
 
 def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
     logits = torch.tensor([[2.0, -2.0, 1.0, -1.0]])

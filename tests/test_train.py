@@ -905,6 +905,31 @@ def test_the_analysis_hooks_show_the_probe_text_at_the_evaluations_step(tiny_mod
     np.testing.assert_array_equal(images["head_ablation/grid"][0], head_ablation_image(rises))
 
 
+def test_the_training_sample_uses_every_sampling_option_of_the_config(tiny_model, char_tokenizer,
+                                                                         tensorboard_writer, tmp_path):
+    import torch
+
+    from tinyattn.generate import training_hooks
+    from tinyattn.generate.text import generate
+    from tinyattn.train.hooks import Shown
+
+    config = load_config(TINY)
+    config.sample.prompt, config.sample.temperature, config.train.sample_tokens = "ROMEO:", 0.0, 40
+    model = tiny_model(vocab_size=char_tokenizer.vocab_size)
+
+    def expected(penalty):
+        return "".join(generate(model, char_tokenizer, "ROMEO:", max_new_tokens=40, temperature=0.0,
+                                repetition_penalty=penalty, generator=torch.Generator()))
+
+    for penalty in (1.0, 5.0):
+        config.sample.repetition_penalty = penalty
+        training_hooks.show_sample(Shown(step=penalty, model=model, tokenizer=char_tokenizer, config=config,
+                                         position_losses=None, writer=tensorboard_writer, run_dir=tmp_path))
+    assert expected(1.0) != expected(5.0)  # the penalty changes this model's greedy text
+    assert [text for _, text, _ in tensorboard_writer.texts] == [f"```\n{expected(p)}\n```" for p in (1.0, 5.0)]
+    assert f"--- step 5.0 ---\n{expected(5.0)}\n" in (tmp_path / "samples.txt").read_text(encoding="utf-8")
+
+
 def test_a_run_whose_config_lists_no_hook_shows_only_the_validation_loss(corpus, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -395,8 +395,9 @@ def generate_tokens(model, prompt_ids: torch.Tensor, max_new_tokens: int, *, tem
     its last `context_length` tokens. The repetition penalty counts the prompt's tokens and the
     generated ones. `generator`: see `sample_next_token`. The model runs in eval mode under
     `torch.inference_mode()`; its previous train/eval mode is restored when the loop ends.
-    compile: compile the one-token step (`compile_decode_step`); the tokens are the same (up to
-    rounding where eager steps multiply by fp16 row copies, which compiled code does not use).
+    compile: compile the one-token step (`compile_decode_step`); the tokens are the same in fp32
+    (in bf16 compiled code fuses and rounds differently, and eager steps may multiply by fp16 row
+    copies, which compiled code does not use: the text can part after some tokens).
     """
     # The options are taken as valid: `SamplingOptions` checked them once (generate_samples).
     if prompt_ids.dim() != 2 or prompt_ids.size(1) == 0:

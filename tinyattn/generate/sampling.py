@@ -77,6 +77,7 @@ def apply_repetition_penalty(logits: torch.Tensor, present: torch.Tensor, penalt
     Positive logits of present tokens are divided by `penalty`, negative ones multiplied by it
     (dividing a negative logit would make the token more likely). Returns a new (B, V) tensor.
     """
+    penalty = min(penalty, torch.finfo(logits.dtype).max)  # 1e39 would be inf, and 0 * inf NaN
     penalized = torch.where(logits > 0, logits / penalty, logits * penalty)  # (B, V)
     # A tiny penalty would overflow: held where a temperature of SHIFT_BELOW still divides it finitely.
     limit = torch.finfo(penalized.dtype).max * SHIFT_BELOW
@@ -114,7 +115,8 @@ def sample_next_token(logits: torch.Tensor, generator: Generators = None, temper
     logits = logits.float()
     if temperature < SHIFT_BELOW:  # shifted so the largest is 0 (the same softmax): no overflow
         logits = logits - logits.amax(dim=-1, keepdim=True)
-    logits = logits / temperature  # (B, V), a new tensor
+    # A temperature below fp32's smallest normal (1e-46) would be 0 there: divide by that instead.
+    logits = logits / max(temperature, torch.finfo(torch.float32).tiny)  # (B, V), a new tensor
     if top_k and top_k < logits.size(-1):
         kth_largest = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth_largest, float("-inf"))

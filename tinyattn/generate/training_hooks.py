@@ -22,7 +22,8 @@ def show_sample(shown) -> None:
     device = next(shown.model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(tc.seed)
     text = "".join(generate(shown.model, shown.tokenizer, s.prompt, max_new_tokens=tc.sample_tokens,
-                            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, generator=generator))
+                            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                            repetition_penalty=s.repetition_penalty, generator=generator))
     if shown.run_dir is not None:
         path = shown.run_dir / "samples.txt"
         with storage_errors(path), open(path, "a", encoding="utf-8") as f:
