@@ -55,9 +55,10 @@ def tokenizer_of(kind: str) -> Tokenizer:
     return build_tokenizer(TokenizerConfig(kind=kind, vocab_size=300), lambda: iter([TEXT]))
 
 
-def random_model(tokenizer: Tokenizer, kind: str, n_kv_head: int, seed: int = 0):
+def random_model(tokenizer: Tokenizer, kind: str, n_kv_head: int, seed: int = 0, *, n_embd: int = 32,
+                 context_length: int = 64):
     config = Config(model=ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=4,
-                                      n_kv_head=n_kv_head, n_embd=32, context_length=64),
+                                      n_kv_head=n_kv_head, n_embd=n_embd, context_length=context_length),
                     data=DataConfig(files=["corpus.txt"]), tokenizer=TokenizerConfig(kind=kind),
                     sample=SampleConfig(temperature=0.7, top_k=20, max_new_tokens=100))
     torch.manual_seed(seed)
@@ -107,6 +108,16 @@ def test_exported_folder_gives_transformers_equal_logits(tmp_path, kind, n_kv_he
     assert type(reference).__name__ == "LlamaForCausalLM"
     ids = torch.tensor([tokenizer.encode(TEXT)[:64]])  # the whole context
     assert max_logit_difference(model, reference, ids) < 1e-5
+
+
+def test_exported_logits_stay_equal_at_the_end_of_a_long_context(tmp_path):
+    # RoPE's angles grow with the position: computed otherwise than transformers computes them
+    # (in float64, say), the logits drift apart by 1e-4 at position 2,048.
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 4, n_embd=64, context_length=2048)
+    export_folder(model.state_dict(), config, tokenizer, tmp_path / "out")
+    ids = torch.randint(0, tokenizer.vocab_size, (1, 2048), generator=torch.Generator().manual_seed(0))
+    assert max_logit_difference(model, hf_model(tmp_path / "out"), ids) < 1e-5
 
 
 def test_greedy_generation_matches_transformers_token_for_token(tmp_path):
