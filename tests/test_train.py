@@ -599,6 +599,32 @@ def test_ctrl_c_saves_and_says_how_to_resume(corpus, tmp_path, sig):
     assert latest is not None and ckpt.load_checkpoint(latest)["step"] >= 3
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("nohup", [False, True], ids=["closed-terminal", "nohup"])
+def test_a_closed_terminal_saves_and_logs_the_stop_unless_the_run_ignores_hangups(corpus, tmp_path, nohup):
+    # A closed terminal: SIGHUP, then every console write fails (here EPIPE: the reader is gone).
+    args = [sys.executable, str(ROOT / "scripts" / "train.py"), "--config", str(TINY), "--run-name", "hup",
+            "--no-progress", "--set",
+            *tiny_overrides(corpus, tmp_path, "train.max_steps=100000", "train.eval_interval=100000",
+                            "train.log_interval=1")]
+    ignore = (lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None
+    process = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, text=True, preexec_fn=ignore)
+    for line in process.stderr:  # wait until training really runs
+        if line.startswith("step 3:"):
+            break
+    process.stderr.close()
+    process.send_signal(signal.SIGHUP)
+    if nohup:
+        with pytest.raises(subprocess.TimeoutExpired):
+            process.wait(timeout=3)  # still training, writing to no console
+        process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=120) == 130
+    log = (tmp_path / "hup" / "train.log").read_text(encoding="utf-8")
+    assert f"stopped by {'SIGTERM' if nohup else 'SIGHUP'} at step" in log and "failed" not in log, log
+    latest = ckpt.latest_checkpoint(tmp_path / "hup")
+    assert latest is not None and ckpt.load_checkpoint(latest)["step"] >= 3
+
+
 SAVE_AND_PAUSE = """
 import os, sys, time, torch
 import tinyattn.system.storage as files

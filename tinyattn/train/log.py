@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -86,8 +87,21 @@ class RunLog:
 
 def say(line: str) -> None:
     """A line for the console and the run's train.log."""
-    print(line, file=sys.stderr, flush=True)
+    to_console(lambda: print(line, file=sys.stderr, flush=True))
     RUN_LOG.info(line)
+
+
+def to_console(write) -> None:
+    """Runs `write()`, a write to the console. A console that went away (a closed terminal: EIO;
+    a reader gone, `... 2>&1 | head`: EPIPE) does not end the run: from then on the console
+    writes go to /dev/null, and train.log keeps every line."""
+    try:
+        write()
+    except OSError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for stream in (sys.stdout, sys.stderr):
+            os.dup2(devnull, stream.fileno())
+        os.close(devnull)
 
 
 def hparams_of(config: Config) -> dict:
@@ -158,7 +172,7 @@ class Logger:
         if not self.enabled:
             return
         if self.bar is not None:
-            self.bar.write(line, file=sys.stderr)
+            to_console(lambda: self.bar.write(line, file=sys.stderr))
             RUN_LOG.info(line)
         else:
             say(line)
@@ -184,10 +198,11 @@ class Logger:
         w.add_scalar("perf/tokens_per_second", tokens_per_second, step)
         w.add_scalar("perf/mfu", mfu, step)
         if self.bar is not None:
-            self.bar.total = self.trainer.plan.total_steps(step)  # a time budget's plan moves it
-            self.bar.update(len(losses))
-            self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:,.0f}",
-                                 refresh=False)
+            bar = self.bar
+            bar.total = self.trainer.plan.total_steps(step)  # a time budget's plan moves it
+            to_console(lambda: bar.update(len(losses)))
+            bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:,.0f}",
+                            refresh=False)
         else:
             self.print(f"step {step}: loss {loss:.4f}, lr {lr:.2e}, {tokens_per_second:,.0f} tok/s, "
                        f"mfu {mfu:.1%}")
@@ -212,7 +227,7 @@ class Logger:
 
     def close(self) -> None:
         if self.bar is not None:
-            self.bar.close()
+            to_console(self.bar.close)
             self.bar = None
         if self.writer is not None:
             self.writer.close()
@@ -221,9 +236,6 @@ class Logger:
     def finish(self, result: TrainResult, stopped_by: Optional[str]) -> None:
         if not self.enabled:
             return
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
         self.close()
         if stopped_by:
             say(f"stopped by {stopped_by} at step {result.step}; checkpoint saved in {result.run_dir}. "

@@ -181,7 +181,8 @@ class Timers:
 
 
 class StopRequest:
-    """Turns SIGINT/SIGTERM into a flag the loop checks after each step."""
+    """Turns SIGINT/SIGTERM, and SIGHUP (a closed terminal) unless the run ignores it (`nohup`),
+    into a flag the loop checks after each step."""
 
     def __init__(self):
         self.signal_name: Optional[str] = None
@@ -195,7 +196,11 @@ class StopRequest:
                 raise KeyboardInterrupt
             self.signal_name = signal.Signals(signum).name
 
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        hangup = getattr(signal, "SIGHUP", None)  # not on Windows
+        stops = [signal.SIGINT, signal.SIGTERM]
+        if hangup is not None and signal.getsignal(hangup) is not signal.SIG_IGN:
+            stops.append(hangup)
+        for sig in stops:
             try:
                 previous[sig] = signal.signal(sig, handler)
             except ValueError:  # not the main thread: leave signals alone
