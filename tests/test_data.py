@@ -203,6 +203,25 @@ def test_unreachable_hub_dataset_is_one_line_error(tmp_path):
     assert not (tmp_path / "cache").exists()
 
 
+def test_an_unreachable_hub_shows_no_retry_warnings_before_its_one_line(tmp_path, monkeypatch, caplog):
+    import logging
+
+    import datasets
+
+    def no_network(*args, **kwargs):  # what the hub's client does without a network, shortened
+        for attempt in range(1, 6):
+            logging.getLogger("huggingface_hub.utils._http").warning(
+                f"'[Errno -2] Name or service not known' thrown while requesting HEAD ... [Retry {attempt}/5].")
+        raise ConnectionError("Couldn't reach 'nobody/no-such-dataset' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", no_network)
+    level = logging.getLogger("huggingface_hub").level
+    with caplog.at_level(logging.WARNING), pytest.raises(DataError, match="cannot reach 'nobody/no-such"):
+        prepare_data(make_config(tmp_path, {"dataset": "nobody/no-such-dataset"}), progress=False)
+    assert not [record for record in caplog.records if "Retry" in record.getMessage()]
+    assert logging.getLogger("huggingface_hub").level == level  # put back afterwards
+
+
 def test_unknown_hub_split_names_the_valid_ones(tmp_path, hf_cache):
     folder = tmp_path / "my_dataset"
     folder.mkdir()

@@ -33,6 +33,7 @@ import glob
 import io
 import itertools
 import json
+import logging
 import os
 import re
 import sys
@@ -107,8 +108,9 @@ def _hub_source(data: DataConfig) -> Source:
         import datasets  # imported here: it is slow to import and only data preparation needs it
 
         try:
-            dataset = datasets.load_dataset(name, data.dataset_config, split=split, revision=data.revision,
-                                            streaming=data.streaming)
+            with _hub_warnings_silenced():
+                dataset = datasets.load_dataset(name, data.dataset_config, split=split, revision=data.revision,
+                                                streaming=data.streaming)
         except ConnectionError:
             raise DataError(f"data.dataset: cannot reach {name!r} on the Hugging Face Hub (offline or "
                             "no network); download it while online, or point data.files at local files"
@@ -128,6 +130,22 @@ def _hub_source(data: DataConfig) -> Source:
 
     slug = name.rstrip("/").rsplit("/", 1)[-1]
     return Source(description=description, name=_slug(slug), identity=identity, reader=reader)
+
+
+@contextmanager
+def _hub_warnings_silenced() -> Iterator[None]:
+    """Without a network the hub's client retries each request five times, logging a warning at
+    each ("... Retrying in 1s [Retry 1/5]"): kept to errors, the user sees the one line that
+    ends it (`_hub_source`)."""
+    loggers = [logging.getLogger(name) for name in ("huggingface_hub", "datasets")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def _file_source(data: DataConfig, files: list[Path], file_format: str, progress: bool) -> Source:
