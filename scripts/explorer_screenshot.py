@@ -1,6 +1,6 @@
 """Picture an explorer page in headless Chromium, a query pinned and a head chosen, as the README's.
 
-    python scripts/explorer_screenshot.py PAGE.html OUT.png --query 54 --layer 0 --head 2
+    python scripts/explorer_screenshot.py PAGE.html OUT.png --query 54 --layer 1 --head 1
 
 Needs playwright (the dev extra) and a Chromium: Debian's `chromium` package, found on the
 PATH, or `--chromium PATH`. The PNG is reduced to a 256-colour palette, which keeps it small.

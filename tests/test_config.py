@@ -196,6 +196,9 @@ def test_a_dropout_table_reads_as_numbers_and_survives_the_round_trip(tmp_path):
     ("", ["train.dropout_by_passes={-1: 0.1}"], r"train\.dropout_by_passes: -1\.0 is not accepted; expected passes >= 0"),
     ("train:\n  dropout_by_passes: 0.1\n", [], r"c\.yaml: train\.dropout_by_passes: expected a mapping of numbers to numbers, got 0\.1"),
     ("train:\n  dropout_by_passes: {six: 0.1}\n", [], r"train\.dropout_by_passes: expected a mapping of numbers to numbers, got"),
+    # Without the space YAML reads 6:0.1 as one key (a number in base 60) with no value.
+    ("", ["train.dropout_by_passes={6:0.1}"], r"--set: train\.dropout_by_passes: a key without a value; write a space after each colon"),
+    ("train:\n  decay_by_passes: {3.5:0.2, 6: 0.5}\n", [], r"c\.yaml: train\.decay_by_passes: a key without a value; write a space"),
     ("", ["train.floor_by_passes={10: 1.5}"], r"--set: train\.floor_by_passes\.10: 1\.5 is not accepted; expected a share of train\.lr in \[0, 1\]"),
     ("", ["train.floor_by_passes={-2: 0.3}"], r"train\.floor_by_passes: -2\.0 is not accepted; expected passes >= 0 as keys, e\.g\. \{10: 0\.3\}"),
     ("", ["train.decay_by_passes={4: -0.1}"], r"--set: train\.decay_by_passes\.4: -0\.1 is not accepted; expected a weight decay >= 0"),

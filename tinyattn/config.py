@@ -845,6 +845,10 @@ def _coerce_plain(value: Any, tp: Any, key: str, where, expected: str) -> Any:
             return {}
         if not isinstance(value, dict):
             raise bad()
+        if any(v is None for v in value.values()):
+            # YAML reads {6:0.1} as one key (6:0.1, a number in base 60) with no value
+            raise ConfigError(f"{where(key)}: {key}: a key without a value; write a space after "
+                              "each colon, as in {6: 0.1, 10: 0.2}")
         return {_coerce_plain(k, float, key, where, expected): _coerce_plain(v, float, key, where, expected)
                 for k, v in value.items()}
     if tp is bool:
