@@ -178,6 +178,18 @@ def test_a_completion_equals_generate_with_the_same_seed(client, loaded):
     assert other.choices[0].text != expected  # the seed is what fixes the text
 
 
+def test_options_not_given_are_the_checkpoints_and_top_k_and_the_penalty_apply(client, loaded):
+    options = dict(model="tiny-serve", prompt=PROMPT, max_tokens=40, seed=7)
+    plain = reference(loaded, max_new_tokens=40, temperature=1.0, seed=7)
+    # No temperature: the checkpoint's sample.temperature, 1.0 (the library's default is 0.8).
+    assert client.completions.create(**options).choices[0].text == plain
+    assert plain != reference(loaded, max_new_tokens=40, temperature=0.8, seed=7)
+    for extra in ({"top_k": 3}, {"repetition_penalty": 1.5}):  # tinyattn's additions to the API
+        expected = reference(loaded, max_new_tokens=40, temperature=1.0, seed=7, **extra)
+        assert expected != plain, extra
+        assert client.completions.create(**options, extra_body=extra).choices[0].text == expected, extra
+
+
 def test_n_choices_are_the_samples_of_seed_plus_i_and_a_stop_string_ends_one(client, loaded):
     done = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=30, temperature=1.0,
                                      seed=3, n=3)
@@ -248,6 +260,9 @@ BAD_REQUESTS = {
     "five-stops": ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4 stop strings, got 5"),
     "wrong-type": ({"extra_body": {"max_tokens": "ten"}}, "max_tokens", "valid integer"),
     "unsupported": ({"logprobs": 2}, "logprobs", "logprobs is not supported"),
+    "best-of-more-than-n": ({"best_of": 2}, "best_of", "best_of is not supported"),
+    "seed-past-int64-for-n": ({"seed": 2**63 - 1, "n": 2}, "seed", "too large for n 2"),
+    "a-list-of-prompts": ({"prompt": ["ROMEO:", "JULIET:"]}, "prompt", "one prompt per request"),
 }
 
 
