@@ -435,6 +435,10 @@ REFUSALS = {
     "mlp-bias": (lambda f: edit_config(f, mlp_bias=True), "mlp_bias true"),
     "head-dim": (lambda f: edit_config(f, head_dim=16), "head_dim 16"),
     "activation": (lambda f: edit_config(f, hidden_act="gelu"), "hidden_act 'gelu'"),
+    "sliding-window": (lambda f: edit_config(f, use_sliding_window=True), "sliding-window attention"),
+    "sliding-layer-types": (lambda f: edit_config(f, layer_types=["sliding_attention", "full_attention"]),
+                            "sliding-window attention"),
+    "partial-rotary": (lambda f: edit_config(f, partial_rotary_factor=0.5), "partial_rotary_factor"),
     "pickle": (lambda f: ((f / "model.safetensors").rename(f / "pytorch_model.bin")),
                "pytorch_model.bin, a pickle"),
 }
