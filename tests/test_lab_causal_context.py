@@ -127,14 +127,20 @@ def test_a_models_row_runs_the_leak_test_at_the_position_asked(tiny_model, char_
     assert measure("causal", loaded, tokens=tokens, position=None, prompt=[1, 2, 3]).position == 24 // 2 - 1
 
 
-def test_a_sample_at_temperature_0_is_the_greedy_continuation_whatever_the_seed(tiny_model):
-    model = tiny_model()
-    ids = [1, 2, 3]
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_a_sample_at_temperature_0_is_the_greedy_continuation_whatever_the_seed(tiny_model, causal):
+    model = tiny_model(causal=causal)
     with torch.no_grad():
-        for _ in range(6):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+        for param in model.parameters():  # weights spread enough that the whole prefix matters
+            param.add_(torch.randn_like(param) * 0.15)
+    prompt = [int(i) for i in torch.randint(0, 65, (20,), generator=torch.Generator().manual_seed(0))]
+    ids = list(prompt)
+    with torch.no_grad():  # from scratch: the whole prefix, cropped to the context (24), at every step
+        for _ in range(10):
+            ids.append(int(model(torch.tensor([ids[-24:]])).logits[0, -1].argmax()))
+    assert len(set(ids[20:])) > 2  # a real continuation, not one token repeated
     for seed in (1, 2):
-        assert prefix_sample(model, [1, 2, 3], tokens=6, temperature=0.0, seed=seed) == ids[3:]
+        assert prefix_sample(model, prompt, tokens=10, temperature=0.0, seed=seed) == ids[20:]
 
 
 def test_the_two_runs_differ_in_the_mask_alone_and_the_users_set_comes_after_the_labs(tmp_path, monkeypatch):
