@@ -488,6 +488,30 @@ def test_the_steps_that_fit_count_the_evaluations_due_on_the_way():
     assert plan.steps_that_fit(0) == 80  # 80 s + 7 evaluations (10..70) * 2.5 = 97.5 s; 81 would need 101
 
 
+def test_the_slowest_of_the_last_few_evaluations_and_writes_is_planned_for():
+    config = load_config(TINY, ["train.eval_interval=10"]).train
+    clock = FakeClock(0.0)
+    plan = TimePlan("100s", config, clock)
+    plan.seed(step_seconds=1.0, eval_seconds=0.5, save_seconds=0.5)
+
+    def measured(kind, *seconds):
+        for each in seconds:
+            with plan.measuring(kind):
+                clock.now += each
+        clock.now = 0.0  # only the times recorded matter here, not the time they took
+
+    def fitting(evaluation):  # 100 s less the margin and the exit, less the last evaluation and write
+        left = 100 * (1 - TimePlan.MARGIN) - TimePlan.EXIT_SECONDS - evaluation
+        return max(n for n in range(200) if n + ((n - 1) // 10) * evaluation <= left)
+
+    measured("eval", 4.0, 0.5)
+    measured("save", 1.5, 0.5)
+    assert plan.steps_that_fit(0) == fitting(4.0 + 1.5) < fitting(0.5 + 0.5)  # the slowest, not the last
+    measured("eval", *[0.5] * TimePlan.RECENT)
+    measured("save", *[0.5] * TimePlan.RECENT)
+    assert plan.steps_that_fit(0) == fitting(0.5 + 0.5)  # of the last few only: a slow one passes
+
+
 def started_plan(warmup: int, eval_seconds: float, save_seconds: float):
     """A 1,000 s TimePlan on a fake clock, seeded with 1 s steps and started: (plan, clock, config)."""
     config = load_config(TINY, [f"train.warmup_steps={warmup}"]).train
