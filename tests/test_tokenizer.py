@@ -229,3 +229,19 @@ def test_unsplittable_pretrained_tokenizer_encodes_whole():
     tokenizer = Tokenizer.from_json(json.dumps(spec))
     text = "ab\nab\n" * 100
     assert list(tokenizer.text_pieces(text, 10)) == [text]
+
+
+@pytest.mark.parametrize("change, cut", [({}, True), ({"add_prefix_space": True}, False),
+                                         ({"use_regex": False}, False)],
+                         ids=["gpt2-style", "prefix-space", "no-regex"])
+def test_a_byte_level_tokenizer_is_cut_only_where_cuts_leave_its_tokens_alone(change, cut):
+    # A prefix space is added to every piece; without the regex, words run across the cut.
+    spec = json.loads(build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300),
+                                      texts_of("hello world\nab\n" * 50)).to_json())
+    spec["pre_tokenizer"].update(change)
+    tokenizer = Tokenizer.from_json(json.dumps(spec))
+    text = "hello world\nab\n" * 100
+    pieces = list(tokenizer.text_pieces(text, 40))
+    assert (len(pieces) > 1) == cut and "".join(pieces) == text
+    whole = tokenizers.Tokenizer.from_str(json.dumps(spec)).encode(text, add_special_tokens=False).ids
+    assert tokenizer.encode(text) == whole
