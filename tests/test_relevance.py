@@ -222,6 +222,9 @@ def test_a_long_text_measures_each_query_in_its_window_as_the_model_sees_that_wi
     np.testing.assert_allclose(rel.token_relevance[24:31, 16:31], alone.token_relevance[8:15, :15], atol=1e-5)
     assert np.all(rel.weights[:, :, 24:32, :16] == 0) and np.all(np.isnan(rel.token_relevance[24:32, :16]))
     assert np.isnan(rel.losses[39]) and not np.isnan(rel.losses[:39]).any()
+    # Head ablation scores the same predictions, each once, in the window that owns it.
+    _, mean_loss = head_ablation(model, ids)
+    assert mean_loss == pytest.approx(float(np.mean(rel.losses[:39])), abs=1e-5)
 
 
 # ----------------------------------------------------------------------------- correlation, table, images
