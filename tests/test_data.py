@@ -360,6 +360,38 @@ def test_a_pretrained_tokenizer_file_replaced_in_place_rebuilds_with_the_new_one
     assert second.tokenizer.to_json() == replacement.to_json() != first.tokenizer.to_json()
 
 
+def test_another_end_of_text_for_a_pretrained_tokenizer_rebuilds(tmp_path, builds):
+    import tokenizers
+
+    from tinyattn.config import TokenizerConfig
+    from tinyattn.data.tokenizer import build_tokenizer
+
+    path = write_jsonl(tmp_path / "corpus.jsonl")
+    spec = build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), lambda: iter(["".join(DOCUMENTS)])).to_json()
+    backend = tokenizers.Tokenizer.from_str(spec)
+    backend.add_special_tokens(["</s>"])
+    backend.save(str(tmp_path / "tokenizer.json"))
+    results = []
+    for end in (None, "</s>"):
+        tokenizer = {"kind": "pretrained", "path": str(tmp_path / "tokenizer.json"), "end_of_text": end}
+        results.append(prepare_data(make_config(tmp_path, {"files": [str(path)]}, tokenizer), progress=False))
+    first, second = results
+    assert len(builds) == 4 and second.cache_dir != first.cache_dir  # documents are joined with it
+    assert second.tokenizer.eot_id != first.tokenizer.eot_id and second.tokenizer.eot_id in second.train
+
+
+def test_another_train_split_of_a_hub_dataset_rebuilds(tmp_path, builds, hf_cache):
+    folder = tmp_path / "my_dataset"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl", DOCUMENTS[:15])
+    write_jsonl(folder / "test.jsonl", DOCUMENTS[5:])
+    write_jsonl(folder / "validation.jsonl", DOCUMENTS[15:])
+    caches = {prepare_data(make_config(tmp_path, {"dataset": str(folder), "validation_split": "validation",
+                                                  "train_split": split}), progress=False).cache_dir
+              for split in ("train", "test")}
+    assert len(builds) == 4 and len(caches) == 2
+
+
 @pytest.mark.parametrize("stage", ["validation", "tokenizer"])
 def test_interrupted_build_is_not_trusted(tmp_path, monkeypatch, builds, stage):
     folder = write_text_folder(tmp_path / "books")
