@@ -129,6 +129,16 @@ def test_a_full_disk_is_one_line_naming_the_file_and_leaves_no_partial_file(smal
     assert list(small_tmpfs.iterdir()) == []
 
 
+def test_a_checkpoint_copied_onto_a_full_disk_leaves_no_partial_file(small_tmpfs, tmp_path):
+    from tinyattn.checkpoint import copy_checkpoint
+
+    source = tmp_path / "step_0000010.pt"  # a fork copies the checkpoint it starts from
+    source.write_bytes(os.urandom(512 * 1024))
+    with pytest.raises(StorageError, match=r"cannot write .*step_0000010\.pt: No space left on device"):
+        copy_checkpoint(source, small_tmpfs / source.name)
+    assert list(small_tmpfs.iterdir()) == []
+
+
 def test_a_read_only_folder_is_refused_before_anything_is_written(small_tmpfs):
     (small_tmpfs / "run").mkdir()
     small_tmpfs.make_read_only()
