@@ -7,6 +7,7 @@ and differs after a block that mixes context."""
 
 import argparse
 import math
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -229,6 +230,23 @@ def test_the_word_is_found_as_a_whole_word_not_inside_another(char_tokenizer):
     assert char_tokenizer.decode(ids[:position + 1]) == "The man ran to an"
     with pytest.raises(TinyattnError, match=r"--word 'an': not in the context"):
         word_position(char_tokenizer, "The man ran.", "an")
+
+
+def test_a_tokenizer_that_merges_the_word_with_what_follows_is_refused_in_one_line():
+    class Merging:  # "speak," is one token, as a subword vocabulary may have it
+        def encode(self, text):
+            return [100 if piece == "speak," else ord(piece) for piece in re.findall(r"speak,|.", text, re.S)]
+
+    with pytest.raises(TinyattnError, match=r"the tokenizer merges 'speak' with the text after it; put a space"):
+        word_position(Merging(), "All: speak, speak", "speak")
+    assert word_position(Merging(), "All: speak and speak,", "speak")[1] == 9  # ends a token there
+
+
+def test_a_context_longer_than_the_models_is_one_line(tiny_model, char_tokenizer):
+    model = tiny_model(vocab_size=char_tokenizer.vocab_size)  # context 24
+    long = "All: speak, speak, and all speak at once"
+    with pytest.raises(TinyattnError, match=r"a context of 40 tokens is longer than the model's context length 24"):
+        similarity_table(model, char_tokenizer, "speak", [long, "All: speak, speak"])
 
 
 def test_one_tokens_similarity_is_1_at_the_embedding_and_below_1_after_a_block_that_mixes_context(
