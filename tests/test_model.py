@@ -438,3 +438,13 @@ def test_qk_norm_under_bf16_autocast_runs_without_a_mixed_dtype_warning(recwarn)
     loss.backward()
     assert torch.isfinite(loss)
     assert not [w for w in recwarn if "Mismatch dtype" in str(w.message)]
+
+
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+def test_training_flops_per_token_are_6_per_weight_read_plus_the_attention_term(tie):
+    # PaLM's estimate, which the MFU figures use: 6 per parameter a token's forward and backward
+    # multiply by (not the embedding's lookup; a tied head's matmul does read it), plus 12 * L * T * C.
+    model = LanguageModel(ModelConfig(vocab_size=65, n_layer=2, n_head=4, n_embd=32, context_length=24,
+                                      tie_embeddings=tie))
+    read = sum(p.numel() for name, p in model.named_parameters() if tie or name != "token_embedding.weight")
+    assert model.flops_per_token() == 6 * read + 12 * 2 * 24 * 32
