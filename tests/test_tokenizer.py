@@ -183,6 +183,8 @@ def test_token_text_is_readable(char_tokenizer, bpe_tokenizer):
     assert [bpe_tokenizer.token_text(i) for i in halves] == ["\\xc3", "\\xa9"]
     word = bpe_tokenizer.encode(" speak")
     assert "".join(bpe_tokenizer.token_text(i) for i in word) == " speak"
+    for control, shown in (("\x01", "\\x01"), ("\x7f", "\\x7f"), ("\t", "\\t")):  # DEL is a control too
+        assert [bpe_tokenizer.token_text(i) for i in bpe_tokenizer.encode(control)] == [shown]
     with pytest.raises(ValueError):
         bpe_tokenizer.token_text(10 ** 6)
 
