@@ -32,8 +32,9 @@ from tinyattn.errors import CheckpointError, ConfigError
 from tinyattn.model.transformer import LanguageModel
 from tinyattn.system.storage import atomic_write
 
-# Model keys the fine-tuning config keeps: they change how the weights are used, not what they are.
-CONFIG_KEEPS = ("context_length", "dropout", "attention", "zero_init_projections")
+# Model keys the fine-tuning config keeps: they change how the weights are trained or used, not
+# what they are (the dropouts are the fine-tune's regularisation, whatever the source trained with).
+CONFIG_KEEPS = ("context_length", "dropout", "attention_dropout", "attention", "zero_init_projections")
 
 
 @dataclass
