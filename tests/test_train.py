@@ -412,6 +412,30 @@ def test_a_damaged_checkpoint_is_refused_and_the_newest_good_one_named(corpus, t
         train(tiny_config(corpus, tmp_path, "train.max_steps=12"), resume=run, progress=False)
 
 
+def test_resuming_from_a_file_that_is_no_checkpoint_points_at_the_run_not_at_moving_it(corpus, tmp_path,
+                                                                                        twelve_steps):
+    run, before = twelve_steps
+    with pytest.raises(CheckpointError) as caught:
+        train(tiny_config(corpus, tmp_path, "train.max_steps=15"), resume=run / "config.yaml", progress=False)
+    message = str(caught.value)
+    assert "not a readable checkpoint" in message and f"such as --resume {run}" in message
+    assert "move the damaged file away" not in message  # the user's config.yaml is not damaged
+    assert _file_digests(run) == before
+
+
+@pytest.mark.parametrize("change, named", [("tokenizer.kind=bpe", "tokenizer.kind: checkpoint 'char', config 'bpe'"),
+                                           ("tokenizer.vocab_size=300", None)])
+def test_a_resume_under_another_tokenizer_setting_names_the_key(corpus, tmp_path, twelve_steps, change, named):
+    run, before = twelve_steps
+    config = tiny_config(corpus, tmp_path, "train.max_steps=15", change)
+    if named is None:  # vocab_size is BPE's: a char run ignores it
+        assert train(config, run_name="orig", resume=True, progress=False).step == 15
+        return
+    with pytest.raises(CheckpointError, match=rf"the config's tokenizer differs from the checkpoint's: {named}; "):
+        train(config, run_name="orig", resume=True, progress=False)
+    assert _file_digests(run) == before
+
+
 def test_leftovers_of_a_killed_save_are_removed_and_the_latest_step_is_by_number(corpus, tmp_path,
                                                                                   twelve_steps):
     run, _ = twelve_steps

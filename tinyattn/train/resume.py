@@ -47,7 +47,11 @@ def model_shape_differences(saved: dict, current: dict) -> list[str]:
 
 
 def _verified_alternative(file: Path) -> str:
-    """'; the newest checkpoint that verifies is ...' for a resume whose checkpoint is damaged."""
+    """'; the newest checkpoint that verifies is ...' for a resume whose checkpoint is damaged;
+    for another file (a run's config.yaml, say), where --resume points instead."""
+    if file.name != ckpt.BEST and ckpt.step_of(file) is None:
+        return (f"; --resume takes a run folder or one of its checkpoints (step_*.pt, best.pt), "
+                f"such as --resume {file.parent}")
     good = ckpt.newest_verified(file.parent)
     if good is None or good == file:
         return ""
@@ -158,6 +162,7 @@ class ResumePoint:
         if differences:
             raise CheckpointError(f"{self.file}: the config's model differs from the checkpoint's: "
                                   + "; ".join(differences))
+        self._check_tokenizer_settings(config)
         config.model.vocab_size = self.config.model.vocab_size
         if config.train.time_budget is not None and self.config.train.time_budget is not None:
             config.train.max_steps = self.config.train.max_steps
@@ -169,6 +174,18 @@ class ResumePoint:
             for key in ("dropout", "attention_dropout"):
                 if f"model.{key}" not in given:
                     setattr(config.model, key, getattr(self.config.model, key))
+
+    def _check_tokenizer_settings(self, config: Config) -> None:
+        """Refuse another tokenizer kind (or BPE size) before any data is read: the model learned
+        the run's token ids. (A pretrained tokenizer's path may move: its file is checked later.)"""
+        saved, now = self.config.tokenizer, config.tokenizer
+        keys = ["kind"] + (["vocab_size"] if saved.kind == now.kind == "bpe" else [])
+        changed = [f"tokenizer.{key}: checkpoint {getattr(saved, key)!r}, config {getattr(now, key)!r}"
+                   for key in keys if getattr(saved, key) != getattr(now, key)]
+        if changed:
+            raise CheckpointError(f"{self.file}: the config's tokenizer differs from the checkpoint's: "
+                                  f"{'; '.join(changed)}; the model learned the run's token ids: set it "
+                                  "back to resume, or start a new run")
 
     def _floor_for(self, lr: float) -> float:
         """The checkpoint's schedule floor for a run at peak `lr`: the same floor, or under another
