@@ -216,6 +216,10 @@ def test_a_dropout_table_reads_as_numbers_and_survives_the_round_trip(tmp_path):
      r"--set: train\.warmup_steps: -1 is not accepted; expected a non-negative integer"),
     ("", ["train.ema=1.0"], r"--set: train\.ema: 1\.0 is not accepted; expected a number in \(0, 1\)"),
     ("", ["train.keep_last=0"], r"--set: train\.keep_last: 0 is not accepted; expected an integer >= 1"),
+    ("", ["train.seed=100000000000000000000000"], r"--set: train\.seed: 100000000000000000000000 is not accepted; "
+                                                  r"expected an integer in \[0, 2\*\*63\)"),
+    ("", ["train.seed=-1"], r"--set: train\.seed: -1 is not accepted"),
+    ("", ["train.peak_flops=-1e12"], r"--set: train\.peak_flops: -1000000000000\.0 is not accepted; expected a positive"),
     ("", ["train.time_budget=0s"],
      r"--set: train\.time_budget: '0s' is not accepted; expected a positive duration"),
     ("", ["data.validation_fraction=1.0"],

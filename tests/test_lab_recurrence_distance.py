@@ -309,6 +309,16 @@ def test_lab_distance_writes_its_table_and_figure(trained_run, tmp_path):
     assert (out / "distance.png").stat().st_size > 0 and any((out / "key_value").iterdir())
 
 
+@pytest.mark.parametrize("flag, value", [("--seed", "-1"), ("--seed", str(2**64)), ("--pairs", "1"),
+                                         ("--string-length", "0"), ("--recall-steps", "0")])
+def test_lab_distance_names_the_value_it_refuses_in_one_line(tmp_path, capsys, flag, value):
+    from tinyattn.cli.lab import main
+
+    assert main(["distance", "--checkpoint", str(tmp_path / "nowhere"), flag, value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {flag} {value}: expected an integer >= ") and err.count("\n") == 1, err
+
+
 def test_the_distance_table_shows_each_copys_loss_and_the_drop_and_the_recall_by_distance():
     recall = RecallResult(np.array([0, 8]), np.array([0.75, 0.125]), np.array([40, 24]), steps=3, seconds=1.0,
                           parameters=1000, final_loss=1.5, pairs=8)

@@ -291,6 +291,10 @@ class TrainConfig:
         tr._validate_pass_tables(fail)
         if tr.eval_windows is not None and tr.eval_windows <= 0:
             fail("train.eval_windows", tr.eval_windows, "expected a positive integer or null (all windows)")
+        if not 0 <= tr.seed < 2**63:  # what torch.manual_seed takes
+            fail("train.seed", tr.seed, "expected an integer in [0, 2**63)")
+        if tr.peak_flops is not None and not tr.peak_flops > 0:
+            fail("train.peak_flops", tr.peak_flops, "expected a positive number of FLOP/s, or null (measured)")
         check_device(tr.device, fail, "train.device")
         for name in tr.show:
             if name not in SHOW_HOOKS:

@@ -75,8 +75,10 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     use_threads(args.threads)
     device = select_device(args.device or "cpu")
-    if args.string_length < 2 or args.recall_steps <= 0 or args.pairs < 2:
-        raise TinyattnError("--string-length and --pairs: expected at least 2; --recall-steps: a positive integer")
+    for flag, value, lowest in (("--string-length", args.string_length, 2), ("--pairs", args.pairs, 2),
+                                ("--recall-steps", args.recall_steps, 1), ("--seed", args.seed, 0)):
+        if not lowest <= value < 2**63:
+            raise TinyattnError(f"{flag} {value}: expected an integer >= {lowest}")
     loaded = load_any_model(args.checkpoint, device)
     model, tokenizer = loaded.model, loaded.tokenizer
     text = gap_text(args.text, loaded)
