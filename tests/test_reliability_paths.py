@@ -41,6 +41,21 @@ def test_a_run_name_that_is_not_one_folder_name_is_refused_before_anything_is_ma
         train(tiny_config(tmp_path), run_name=name, resume=True, progress=False)
 
 
+@pytest.mark.parametrize("command", ["train", "generate", "export", "eval"])
+def test_a_path_with_a_name_over_255_bytes_is_one_line(tmp_path, capsys, trained_run, command):
+    from tinyattn.cli.main import main
+
+    long = "x" * 300
+    argv = {"train": ["train", "--config", str(TINY), "--run-name", long, "--set", f"train.out_dir={tmp_path}"],
+            "generate": ["generate", "--checkpoint", str(tmp_path / long)],
+            "export": ["export", "--checkpoint", str(trained_run.run_dir), "--out", str(tmp_path / long)],
+            "eval": ["eval", "--checkpoint", str(trained_run.run_dir), "--plot", str(tmp_path / f"{long}.png")]}
+    assert main(argv[command]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "File name too long" in err and err.count("\n") == 1, err
+    assert "255 bytes" in err
+
+
 def test_an_existing_folder_of_the_users_is_refused_and_left_untouched(tmp_path):
     project = tmp_path / "runs" / "myproject"
     project.mkdir(parents=True)

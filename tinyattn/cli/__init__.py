@@ -13,6 +13,7 @@ status 2 instead of a traceback.
 from __future__ import annotations
 
 import atexit
+import errno
 import functools
 import gc
 import sys
@@ -40,6 +41,12 @@ def run_command(command: Callable[[], int | None]) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
+    except OSError as e:  # after BrokenPipeError, one of its kind
+        if e.errno != errno.ENAMETOOLONG:
+            raise
+        # A path given with a part over 255 bytes fails wherever it is first looked at.
+        print(f"error: {e.filename}: {e.strerror}; a name may have at most 255 bytes", file=sys.stderr)
+        return 2
 
 
 @contextmanager

@@ -33,7 +33,7 @@ from tinyattn.errors import DataError, StorageError, TinyattnError
 # ENOTDIR and EEXIST: a name on the way to the file is a file, not a folder (mkdir says EEXIST).
 NOT_A_FOLDER_ERRNOS = {errno.ENOTDIR, errno.EEXIST}
 STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG,
-                  *NOT_A_FOLDER_ERRNOS}
+                  errno.ENAMETOOLONG, *NOT_A_FOLDER_ERRNOS}
 TEMPORARY_SUFFIX = ".tmp"
 
 
@@ -124,6 +124,8 @@ def storage_message(path: Path, error: OSError) -> str:
             return f"cannot write {path}: {in_the_way} is a file, not a folder; choose another path"
     if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         advice = "free some space there or choose another folder"
+    elif error.errno == errno.ENAMETOOLONG:
+        advice = "a name may have at most 255 bytes; choose a shorter one"
     else:
         advice = "make it writable or choose another folder"
     return f"cannot write {path}: {reason}; {advice}"
