@@ -286,3 +286,13 @@ def test_hidden_states_are_read_without_dropout_and_the_models_mode_is_kept(tiny
     _, training = similarity_table(model, char_tokenizer, "speak", CONTEXTS)
     np.testing.assert_array_equal(training, evaluated)
     assert model.training
+
+
+@pytest.mark.parametrize("lab", ["causal", "recurrence"])
+def test_a_labs_repeated_set_flags_add_up(lab):
+    import importlib
+
+    parser = argparse.ArgumentParser()
+    importlib.import_module(f"tinyattn.lab.{lab}").add_arguments(parser)
+    args = parser.parse_args(["--set", "model.n_layr=1", "--set", "train.batch_size=2", "train.lr=1e-3"])
+    assert args.overrides == ["model.n_layr=1", "train.batch_size=2", "train.lr=1e-3"]  # the typo is not dropped

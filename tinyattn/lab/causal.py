@@ -46,7 +46,9 @@ RUNS = ("causal", "bidirectional")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=DEFAULT_CONFIG, metavar="FILE",
                         help=f"the model and data both runs train (default: {DEFAULT_CONFIG})")
-    parser.add_argument("--set", dest="overrides", nargs="+", default=[], metavar="KEY=VALUE",
+    # action="extend": `--set a=1 --set b=2` keeps both (argparse's default keeps only the last).
+    parser.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[],
+                        metavar="KEY=VALUE",
                         help="override config values (dotted keys), after the lab's own: 2 layers of "
                              "width 64, batch 16, fp32, no compile, no time budget, one evaluation "
                              "at the end")

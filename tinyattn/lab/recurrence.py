@@ -70,7 +70,9 @@ LOG_EVERY = 10  # steps between the train-loss points logged
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=DEFAULT_CONFIG, metavar="FILE",
                         help=f"the attention model, data and training to compare (default: {DEFAULT_CONFIG})")
-    parser.add_argument("--set", dest="overrides", nargs="+", default=[], metavar="KEY=VALUE",
+    # action="extend": `--set a=1 --set b=2` keeps both (argparse's default keeps only the last).
+    parser.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[],
+                        metavar="KEY=VALUE",
                         help="override config values, e.g. model.n_layer=2 train.batch_size=16")
     parser.add_argument("--seconds", type=float, default=40.0,
                         help="wall seconds each model trains (default: 40)")
