@@ -120,6 +120,20 @@ def test_exported_logits_stay_equal_at_the_end_of_a_long_context(tmp_path):
     assert max_logit_difference(model, hf_model(tmp_path / "out"), ids) < 1e-5
 
 
+def test_an_exported_folder_and_its_files_get_the_permissions_a_plain_write_gives(tmp_path):
+    import os
+
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 4)
+    old = os.umask(0o022)
+    try:
+        export_folder(model.state_dict(), config, tokenizer, tmp_path / "out")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "out").stat().st_mode & 0o777 == 0o755  # readable by a class, a container
+    assert {p.stat().st_mode & 0o777 for p in (tmp_path / "out").iterdir()} == {0o644}
+
+
 def test_greedy_generation_matches_transformers_token_for_token(tmp_path):
     import transformers
 

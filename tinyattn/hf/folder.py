@@ -44,7 +44,8 @@ from tinyattn.hf.convert import (
     to_hf_weights,
 )
 from tinyattn.model.transformer import LanguageModel
-from tinyattn.system.storage import TEMPORARY_SUFFIX, atomic_write, read_text, storage_errors
+from tinyattn.system.storage import (TEMPORARY_SUFFIX, atomic_write, new_folder_mode, read_text,
+                                     storage_errors)
 
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
@@ -258,6 +259,7 @@ def _write_folder(out: Path, files: dict[str, bytes]) -> None:
     with storage_errors(out.parent):
         out.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=TEMPORARY_SUFFIX))
+        os.chmod(staging, new_folder_mode(out))  # mkdtemp's 0700 would keep a class or a container out
     try:
         for name, data in files.items():
             with atomic_write(staging / name) as f:

@@ -45,6 +45,15 @@ def new_file_mode(path: Path) -> int:
         return 0o666 & ~_umask()
 
 
+def new_folder_mode(path: Path) -> int:
+    """The permissions `mkdir(path)` leaves a folder with (0777 less the umask), or the replaced
+    folder's: for a folder made elsewhere (`tempfile.mkdtemp`'s owner-only 0700) and renamed in."""
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        return 0o777 & ~_umask()
+
+
 def _umask() -> int:
     """The process's umask: Linux shows it in /proc/self/status; elsewhere it is set and put back."""
     try:
