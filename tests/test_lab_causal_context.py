@@ -162,6 +162,28 @@ def test_the_two_runs_differ_in_the_mask_alone_and_the_users_set_comes_after_the
 
 
 
+@pytest.mark.parametrize("earlier", ["causal.md", "causal.png", "bidirectional"])
+def test_an_out_holding_what_the_lab_writes_is_refused_before_anything_trains_and_force_clears_it(
+        tmp_path, monkeypatch, earlier):
+    from tests.conftest import ROOT
+    from tinyattn.train import loop
+
+    monkeypatch.setattr(loop, "train", lambda config, **options: SimpleNamespace(run_dir=tmp_path / "x"))
+    path = tmp_path / earlier
+    if earlier == "bidirectional":  # an earlier lab's second run: found before the first run trains
+        path.mkdir()
+        (path / "best.pt").write_bytes(b"run")
+    else:
+        path.write_text("my own notes")
+    args = argparse.Namespace(config=str(ROOT / "configs" / "tiny.yaml"), steps=3, force=False, overrides=[])
+    with pytest.raises(TinyattnError, match=rf"holds {earlier}, which this lab writes; add --force"):
+        train_both(args, tmp_path)
+    assert path.exists()
+    args.force = True
+    train_both(args, tmp_path)
+    assert not path.exists()
+
+
 @pytest.mark.parametrize("option, message", [
     (["--position", "100"], "--position 100: expected 0..30"),
     (["--checkpoint", "no/such/run"], "no/such/run: no such checkpoint file or run folder"),

@@ -183,20 +183,32 @@ def lab_overrides(steps: int, out: Path) -> list[str]:
             f"train.out_dir={out}"]
 
 
+OUTPUTS = ("causal.md", "causal.png")  # what `run` writes into --out beside the two run folders
+
+
+def clear_earlier_lab(out: Path, force: bool) -> None:
+    """Refuse an --out holding what this lab writes (an earlier lab's runs, or a file of the user's
+    by one of its names), before anything trains; with --force remove them."""
+    earlier = [out / name for name in RUNS if (out / name).is_dir() and any((out / name).iterdir())]
+    earlier += [out / name for name in OUTPUTS if (out / name).exists()]
+    if earlier and not force:
+        names = ", ".join(path.name for path in earlier)
+        raise TinyattnError(f"{out} holds {names}, which this lab writes; add --force to replace them "
+                            "or choose another --out")
+    for path in earlier:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
 def train_both(args: argparse.Namespace, out: Path) -> dict:
     """Train the causal and the bidirectional run; returns {name: TrainResult}."""
     from tinyattn.config import load_config
     from tinyattn.train.loop import train
 
     check_steps(args.steps)
+    clear_earlier_lab(out, args.force)
     results = {}
     for name in RUNS:
         run_dir = out / name
-        if run_dir.exists() and any(run_dir.iterdir()):
-            if not args.force:
-                raise TinyattnError(f"{run_dir}: holds an earlier lab run; add --force to replace it "
-                                    "or choose another --out")
-            shutil.rmtree(run_dir)
         items = lab_overrides(args.steps, out) + list(args.overrides) + [f"model.causal={name == 'causal'}"]
         config = load_config(args.config, items)
         print(f"training {name} ({args.steps} steps) into {run_dir}/", flush=True)
