@@ -436,6 +436,17 @@ def test_a_resume_under_another_tokenizer_setting_names_the_key(corpus, tmp_path
     assert _file_digests(run) == before
 
 
+@pytest.mark.parametrize("max_steps", [12, 5])
+def test_resuming_a_run_with_no_step_left_is_refused_before_anything_is_written(corpus, tmp_path, twelve_steps,
+                                                                                max_steps):
+    run, before = twelve_steps
+    with pytest.raises(TinyattnError, match=rf"the run is at step 12, and train\.max_steps is {max_steps}: "
+                                            r"nothing is left to train; --set train\.max_steps=N with N above 12"):
+        train(tiny_config(corpus, tmp_path, f"train.max_steps={max_steps}"), run_name="orig", resume=True,
+              progress=False)
+    assert _file_digests(run) == before  # config.yaml keeps max_steps 12; no new TensorBoard file
+
+
 def test_leftovers_of_a_killed_save_are_removed_and_the_latest_step_is_by_number(corpus, tmp_path,
                                                                                   twelve_steps):
     run, _ = twelve_steps

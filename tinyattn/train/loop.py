@@ -159,6 +159,15 @@ def _for_precision(config: Config, device: torch.device, request: _Request,
     return config
 
 
+def _nothing_left(train: TrainConfig, step: int) -> str:
+    """Why a resumed run has no step left to train (before it writes anything)."""
+    if train.time_budget is not None:
+        return (f"the run ended at step {step}, its {train.time_budget} time budget spent: nothing is "
+                "left to train; start a new run, or fork this one with --run-name NEW_NAME")
+    return (f"the run is at step {step}, and train.max_steps is {train.max_steps}: nothing is left to "
+            f"train; --set train.max_steps=N with N above {step} trains on")
+
+
 def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Optional[ResumePoint],
               device: torch.device, dist: Distributed, timers: Timers,
               source: Optional[InitSource]) -> TrainResult:
@@ -170,6 +179,8 @@ def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Option
     elif source is not None:
         source.load_into(trainer.model)
         trainer.weights_loaded()  # train.ema's average starts from them, not from the random init
+    if point is not None and trainer.plan.done(trainer.step):
+        raise TinyattnError(_nothing_left(config.train, trainer.step))
     stop_at_step = request.stop_at_step
     if stop_at_step is not None and stop_at_step <= trainer.step:
         raise TinyattnError(f"--stop-at-step {stop_at_step}: the run is already at step {trainer.step}; "
