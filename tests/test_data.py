@@ -578,12 +578,13 @@ def test_invalid_utf8_names_file_byte_and_line(tmp_path):
     assert_one_line_error(tmp_path, config, r"doc05\.txt: not valid UTF-8 at byte 22 \(line 2\)")
 
 
-def test_invalid_json_line_names_file_and_line(tmp_path):
+def test_invalid_json_line_names_file_and_line(tmp_path, capfd):
     path = write_jsonl(tmp_path / "corpus.jsonl")
     with open(path, "a") as f:
         f.write('{"text": "unterminated}\n')
     config = make_config(tmp_path, {"files": [str(path)]})
     assert_one_line_error(tmp_path, config, r"corpus\.jsonl: line 21 is not valid JSON")
+    assert "Failed to load JSON" not in capfd.readouterr().err  # no library log line before the error
 
 
 def test_bpe_vocabulary_too_small(tmp_path):

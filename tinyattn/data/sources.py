@@ -108,7 +108,7 @@ def _hub_source(data: DataConfig) -> Source:
         import datasets  # imported here: it is slow to import and only data preparation needs it
 
         try:
-            with _hub_warnings_silenced():
+            with _library_logs_quiet():
                 dataset = datasets.load_dataset(name, data.dataset_config, split=split, revision=data.revision,
                                                 streaming=data.streaming)
         except ConnectionError:
@@ -133,14 +133,15 @@ def _hub_source(data: DataConfig) -> Source:
 
 
 @contextmanager
-def _hub_warnings_silenced() -> Iterator[None]:
-    """Without a network the hub's client retries each request five times, logging a warning at
-    each ("... Retrying in 1s [Retry 1/5]"): kept to errors, the user sees the one line that
-    ends it (`_hub_source`)."""
+def _library_logs_quiet() -> Iterator[None]:
+    """The libraries' own log lines kept from the console while they read: without a network the
+    hub's client logs a warning at each of five retries ("... Retrying in 1s [Retry 1/5]"), and
+    datasets logs "Failed to load JSON from file ..." before it raises. What ends the read is
+    raised, and becomes one line (`_hub_source`, `_reading_errors`)."""
     loggers = [logging.getLogger(name) for name in ("huggingface_hub", "datasets")]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
-        logger.setLevel(logging.ERROR)
+        logger.setLevel(logging.CRITICAL)
     try:
         yield
     finally:
@@ -451,7 +452,8 @@ def _reading_errors(description: str, files: list[Path], file_format: str) -> It
     import pyarrow
 
     try:
-        yield
+        with _library_logs_quiet():
+            yield
     except UnicodeDecodeError as e:
         found = _find_invalid_utf8(files)
         raise DataError(found or f"{description}: not valid UTF-8 ({e})") from None
