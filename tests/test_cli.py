@@ -87,6 +87,19 @@ def test_the_script_launches_the_subcommands_main(recorded_mains, name):
     assert exit.value.code == 40 + NAMES.index(name) and recorded_mains == [(name, None)]
 
 
+def test_a_script_runs_its_own_checkouts_tinyattn_installed_or_not(tmp_path):
+    import shutil
+
+    for folder in ("tinyattn", "scripts"):  # another checkout, while this one is the installed tinyattn
+        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(tmp_path / "tinyattn" / "__init__.py", "a") as f:
+        f.write("\nimport sys\nsys.stderr.write('the other checkout\\n')\n")
+    result = subprocess.run([sys.executable, str(tmp_path / "scripts" / "eval.py"), "--help"],
+                            capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert result.returncode == 0 and result.stderr == "the other checkout\n", result.stderr
+    assert "usage: tinyattn eval" in result.stdout
+
+
 def test_the_console_scripts_are_the_command_and_the_old_names_as_aliases():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
