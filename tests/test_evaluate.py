@@ -236,6 +236,16 @@ def test_cli_plot_goes_where_it_says_and_a_format_it_cannot_write_is_one_line(ru
     assert "'.txt' is not an image format this writes" in stderr
 
 
+def test_cli_a_plot_it_cannot_write_is_one_line_before_the_scoring(run, tmp_path, capsys, small_tmpfs):
+    text_file = tmp_path / "text.txt"
+    text_file.write_text(TEXT, encoding="utf-8")
+    small_tmpfs.make_read_only()  # as a run folder on a read-only disk
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run["run_dir"]), "--text-file",
+                                     str(text_file), "--plot", str(small_tmpfs / "lbp.png"))
+    assert status == 2 and stdout == "" and stderr.count("\n") == 1, stderr  # nothing scored first
+    assert f"cannot write {small_tmpfs}: Read-only file system" in stderr and "--no-plot" in stderr
+
+
 def test_cli_says_which_characters_of_a_text_file_a_character_model_scores_as_unknown(run, tmp_path, capsys):
     text_file = tmp_path / "accents.txt"
     text_file.write_text(TEXT[:200] + "héllo wörld", encoding="utf-8")

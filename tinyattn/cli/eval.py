@@ -49,6 +49,8 @@ def command(args: argparse.Namespace) -> int:
         _check_plot_format(args.plot)  # before the scoring, which can take a while
     loaded = load_any_model(args.checkpoint, select_device(args.device))
     tokens, source, name = _tokens(args, loaded)
+    if not args.no_plot:  # a plot that cannot be written is said before the scoring, not after
+        _check_plot_folder(_plot_file(args.plot, loaded.path.parent / f"loss_by_position_{name}.png"))
     batch_size = args.batch_size or loaded.config.train.batch_size
     char_level = loaded.config.tokenizer.kind == "char"
     result = evaluate_tokens(loaded.model, loaded.tokenizer, tokens, batch_size, char_level)
@@ -104,6 +106,16 @@ def _check_plot_format(path: Path) -> None:
     if not path.is_dir() and path.suffix and path.suffix.lower() not in PLOT_FORMATS:
         raise TinyattnError(f"--plot {path}: {path.suffix!r} is not an image format this writes; "
                             f"expected a file ending in {', '.join(PLOT_FORMATS)} (none: .png) or a folder")
+
+
+def _check_plot_folder(path: Path) -> None:
+    from tinyattn.system.storage import check_writable
+
+    try:
+        check_writable(path.parent)
+    except TinyattnError as e:
+        raise TinyattnError(f"{e}; or put the plot elsewhere with --plot PNG, or skip it with --no-plot"
+                            ) from None
 
 
 def _plot_file(given: Path | None, default: Path) -> Path:
