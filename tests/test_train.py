@@ -423,25 +423,41 @@ def test_resuming_from_a_file_that_is_no_checkpoint_points_at_the_run_not_at_mov
     assert _file_digests(run) == before
 
 
-@pytest.mark.parametrize("change, named", [("tokenizer.kind=bpe", "tokenizer.kind: checkpoint 'char', config 'bpe'"),
-                                           ("tokenizer.vocab_size=300", None)])
-def test_a_resume_under_another_tokenizer_setting_names_the_key(corpus, tmp_path, twelve_steps, change, named):
+@pytest.mark.parametrize("change, named", [
+    ("tokenizer.kind=bpe", "tokenizer.kind: checkpoint 'char', config 'bpe'"),
+    ("tokenizer.vocab_size=300", None)])
+def test_a_resume_under_another_tokenizer_setting_names_the_key(corpus, tmp_path, twelve_steps, change,
+                                                                named):
     run, before = twelve_steps
     config = tiny_config(corpus, tmp_path, "train.max_steps=15", change)
     if named is None:  # vocab_size is BPE's: a char run ignores it
         assert train(config, run_name="orig", resume=True, progress=False).step == 15
         return
-    with pytest.raises(CheckpointError, match=rf"the config's tokenizer differs from the checkpoint's: {named}; "):
+    with pytest.raises(CheckpointError, match=rf"the config's tokenizer differs from the checkpoint's: "
+                                              rf"{named}; "):
         train(config, run_name="orig", resume=True, progress=False)
     assert _file_digests(run) == before
 
 
+def test_an_emptied_config_yaml_resumes_with_the_checkpoints_config_and_says_so(corpus, tmp_path,
+                                                                                twelve_steps, capsys):
+    run, _ = twelve_steps
+    from tinyattn.cli.train import main
+
+    (run / "config.yaml").write_text("")
+    assert main(["--resume", str(run), "--no-progress", "--set", "train.max_steps=15"]) == 0
+    assert "config.yaml is empty; the run continues with its checkpoint's config" in capsys.readouterr().err
+    assert ckpt.step_of(ckpt.latest_checkpoint(run)) == 15
+    assert "max_steps: 15" in (run / "config.yaml").read_text()
+
+
 @pytest.mark.parametrize("max_steps", [12, 5])
-def test_resuming_a_run_with_no_step_left_is_refused_before_anything_is_written(corpus, tmp_path, twelve_steps,
-                                                                                max_steps):
+def test_resuming_a_run_with_no_step_left_is_refused_before_anything_is_written(corpus, tmp_path,
+                                                                                twelve_steps, max_steps):
     run, before = twelve_steps
     with pytest.raises(TinyattnError, match=rf"the run is at step 12, and train\.max_steps is {max_steps}: "
-                                            r"nothing is left to train; --set train\.max_steps=N with N above 12"):
+                                            r"nothing is left to train; --set train\.max_steps=N with N "
+                                            r"above 12"):
         train(tiny_config(corpus, tmp_path, f"train.max_steps={max_steps}"), run_name="orig", resume=True,
               progress=False)
     assert _file_digests(run) == before  # config.yaml keeps max_steps 12; no new TensorBoard file
@@ -987,7 +1003,8 @@ def test_the_training_sample_uses_every_sampling_option_of_the_config(tiny_model
         training_hooks.show_sample(Shown(step=penalty, model=model, tokenizer=char_tokenizer, config=config,
                                          position_losses=None, writer=tensorboard_writer, run_dir=tmp_path))
     assert expected(1.0) != expected(5.0)  # the penalty changes this model's greedy text
-    assert [text for _, text, _ in tensorboard_writer.texts] == [f"```\n{expected(p)}\n```" for p in (1.0, 5.0)]
+    shown = [text for _, text, _ in tensorboard_writer.texts]
+    assert shown == [f"```\n{expected(p)}\n```" for p in (1.0, 5.0)]
     assert f"--- step 5.0 ---\n{expected(5.0)}\n" in (tmp_path / "samples.txt").read_text(encoding="utf-8")
 
 

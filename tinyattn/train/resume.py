@@ -205,6 +205,11 @@ class ResumePoint:
         latest = ckpt.latest_checkpoint(self.file.parent)
         if not path.is_file() or (latest is not None and ckpt.step_of(latest) != self.step):
             return self.config
+        if not path.read_text(encoding="utf-8", errors="replace").strip():
+            # emptied (a full disk while it was written, say): nothing is edited in it
+            self.notes.append(f"note: {path} is empty; the run continues with its checkpoint's config "
+                              "and writes config.yaml again")
+            return self.config
         saved, edited = config_to_dict(self.config), config_to_dict(load_config(path))
         written = _dotted(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
         changed = [key for key in written if _get(edited, key) != _get(saved, key)]
