@@ -105,8 +105,9 @@ def test_a_set_text_field_keeps_the_text_as_typed(tmp_path, typed, kept):
     assert load_config(path, ["data.revision=null"]).data.revision is None  # null still means null
 
 
-@pytest.mark.parametrize("typed, kept", [("1.10", "1.10"), ("0123", "0123"), ("yes", "yes"), ("1_000", "1_000"),
-                                         ("2024-01-05", "2024-01-05"), ("'1.10'", "1.10")])
+@pytest.mark.parametrize("typed, kept", [("1.10", "1.10"), ("0123", "0123"), ("yes", "yes"),
+                                         ("1_000", "1_000"), ("2024-01-05", "2024-01-05"),
+                                         ("'1.10'", "1.10")])
 def test_a_text_field_in_a_config_file_keeps_the_text_as_typed(tmp_path, typed, kept):
     path = write(tmp_path / "c.yaml", f"data:\n  files: a.txt\n  revision: {typed}\n"
                                       f"sample:\n  prompt: {typed}\n  temperature: 1.10\n")
@@ -197,8 +198,10 @@ def test_a_dropout_table_reads_as_numbers_and_survives_the_round_trip(tmp_path):
     ("train:\n  dropout_by_passes: 0.1\n", [], r"c\.yaml: train\.dropout_by_passes: expected a mapping of numbers to numbers, got 0\.1"),
     ("train:\n  dropout_by_passes: {six: 0.1}\n", [], r"train\.dropout_by_passes: expected a mapping of numbers to numbers, got"),
     # Without the space YAML reads 6:0.1 as one key (a number in base 60) with no value.
-    ("", ["train.dropout_by_passes={6:0.1}"], r"--set: train\.dropout_by_passes: a key without a value; write a space after each colon"),
-    ("train:\n  decay_by_passes: {3.5:0.2, 6: 0.5}\n", [], r"c\.yaml: train\.decay_by_passes: a key without a value; write a space"),
+    ("", ["train.dropout_by_passes={6:0.1}"],
+     r"--set: train\.dropout_by_passes: a key without a value; write a space after each colon"),
+    ("train:\n  decay_by_passes: {3.5:0.2, 6: 0.5}\n", [],
+     r"c\.yaml: train\.decay_by_passes: a key without a value; write a space"),
     ("", ["train.floor_by_passes={10: 1.5}"], r"--set: train\.floor_by_passes\.10: 1\.5 is not accepted; expected a share of train\.lr in \[0, 1\]"),
     ("", ["train.floor_by_passes={-2: 0.3}"], r"train\.floor_by_passes: -2\.0 is not accepted; expected passes >= 0 as keys, e\.g\. \{10: 0\.3\}"),
     ("", ["train.decay_by_passes={4: -0.1}"], r"--set: train\.decay_by_passes\.4: -0\.1 is not accepted; expected a weight decay >= 0"),
@@ -216,10 +219,11 @@ def test_a_dropout_table_reads_as_numbers_and_survives_the_round_trip(tmp_path):
      r"--set: train\.warmup_steps: -1 is not accepted; expected a non-negative integer"),
     ("", ["train.ema=1.0"], r"--set: train\.ema: 1\.0 is not accepted; expected a number in \(0, 1\)"),
     ("", ["train.keep_last=0"], r"--set: train\.keep_last: 0 is not accepted; expected an integer >= 1"),
-    ("", ["train.seed=100000000000000000000000"], r"--set: train\.seed: 100000000000000000000000 is not accepted; "
-                                                  r"expected an integer in \[0, 2\*\*63\)"),
+    ("", ["train.seed=100000000000000000000000"],
+     r"--set: train\.seed: 100000000000000000000000 is not accepted; expected an integer in \[0, 2\*\*63\)"),
     ("", ["train.seed=-1"], r"--set: train\.seed: -1 is not accepted"),
-    ("", ["train.peak_flops=-1e12"], r"--set: train\.peak_flops: -1000000000000\.0 is not accepted; expected a positive"),
+    ("", ["train.peak_flops=-1e12"],
+     r"--set: train\.peak_flops: -1000000000000\.0 is not accepted; expected a positive"),
     ("", ["train.time_budget=0s"],
      r"--set: train\.time_budget: '0s' is not accepted; expected a positive duration"),
     ("", ["data.validation_fraction=1.0"],

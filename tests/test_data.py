@@ -211,7 +211,8 @@ def test_an_unreachable_hub_shows_no_retry_warnings_before_its_one_line(tmp_path
     def no_network(*args, **kwargs):  # what the hub's client does without a network, shortened
         for attempt in range(1, 6):
             logging.getLogger("huggingface_hub.utils._http").warning(
-                f"'[Errno -2] Name or service not known' thrown while requesting HEAD ... [Retry {attempt}/5].")
+                f"'[Errno -2] Name or service not known' thrown while requesting HEAD ... "
+                f"[Retry {attempt}/5].")
         raise ConnectionError("Couldn't reach 'nobody/no-such-dataset' on the Hub (LocalEntryNotFoundError)")
 
     monkeypatch.setattr(datasets, "load_dataset", no_network)
@@ -367,7 +368,8 @@ def test_another_end_of_text_for_a_pretrained_tokenizer_rebuilds(tmp_path, build
     from tinyattn.data.tokenizer import build_tokenizer
 
     path = write_jsonl(tmp_path / "corpus.jsonl")
-    spec = build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), lambda: iter(["".join(DOCUMENTS)])).to_json()
+    texts = lambda: iter(["".join(DOCUMENTS)])  # noqa: E731
+    spec = build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), texts).to_json()
     backend = tokenizers.Tokenizer.from_str(spec)
     backend.add_special_tokens(["</s>"])
     backend.save(str(tmp_path / "tokenizer.json"))

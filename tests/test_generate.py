@@ -496,7 +496,8 @@ def test_a_tiny_temperature_or_penalty_samples_the_top_token_instead_of_overflow
     # Below fp32's smallest number a temperature would be 0 there, above its largest a penalty inf.
     drawn = sample_next_token(logits, torch.Generator().manual_seed(0), temperature=1e-46)
     assert drawn.tolist() == [0, 1]
-    huge = apply_repetition_penalty(torch.tensor([[0.0, 1.0, -2.0]]), torch.ones(1, 3, dtype=torch.bool), 1e39)
+    everything = torch.ones(1, 3, dtype=torch.bool)
+    huge = apply_repetition_penalty(torch.tensor([[0.0, 1.0, -2.0]]), everything, 1e39)
     assert huge.isfinite().all() and huge.argmax().item() == 1  # 0 stays 0 (not 0 * inf), 1 nearly 0
 
 def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():

@@ -46,10 +46,12 @@ def test_a_path_with_a_name_over_255_bytes_is_one_line(tmp_path, capsys, trained
     from tinyattn.cli.main import main
 
     long = "x" * 300
-    argv = {"train": ["train", "--config", str(TINY), "--run-name", long, "--set", f"train.out_dir={tmp_path}"],
+    run = str(trained_run.run_dir)
+    argv = {"train": ["train", "--config", str(TINY), "--run-name", long,
+                      "--set", f"train.out_dir={tmp_path}"],
             "generate": ["generate", "--checkpoint", str(tmp_path / long)],
-            "export": ["export", "--checkpoint", str(trained_run.run_dir), "--out", str(tmp_path / long)],
-            "eval": ["eval", "--checkpoint", str(trained_run.run_dir), "--plot", str(tmp_path / f"{long}.png")]}
+            "export": ["export", "--checkpoint", run, "--out", str(tmp_path / long)],
+            "eval": ["eval", "--checkpoint", run, "--plot", str(tmp_path / f"{long}.png")]}
     assert main(argv[command]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "File name too long" in err and err.count("\n") == 1, err

@@ -294,7 +294,7 @@ class TrainConfig:
         if not 0 <= tr.seed < 2**63:  # what torch.manual_seed takes
             fail("train.seed", tr.seed, "expected an integer in [0, 2**63)")
         if tr.peak_flops is not None and not tr.peak_flops > 0:
-            fail("train.peak_flops", tr.peak_flops, "expected a positive number of FLOP/s, or null (measured)")
+            fail("train.peak_flops", tr.peak_flops, "expected a positive number (FLOP/s), or null (measured)")
         check_device(tr.device, fail, "train.device")
         for name in tr.show:
             if name not in SHOW_HOOKS:

@@ -109,8 +109,8 @@ def _hub_source(data: DataConfig) -> Source:
 
         try:
             with _library_logs_quiet():
-                dataset = datasets.load_dataset(name, data.dataset_config, split=split, revision=data.revision,
-                                                streaming=data.streaming)
+                dataset = datasets.load_dataset(name, data.dataset_config, split=split,
+                                                revision=data.revision, streaming=data.streaming)
         except ConnectionError:
             raise DataError(f"data.dataset: cannot reach {name!r} on the Hugging Face Hub (offline or "
                             "no network); download it while online, or point data.files at local files"

@@ -173,7 +173,8 @@ def generate_samples(model, tokenizer, prompt: str, num_samples: int = 1, *, max
     bf16 or with fp16 row copies a batch rounds differently from one sequence). `generators`
     (one per sample) replaces the seeding. `compile=True` compiles the one-token step
     (`compile_decode_step`): the same text in fp32 (in bf16, or where the model keeps fp16 row
-    copies, rounding can part the texts after some tokens), faster per token, after a compile that only long generations repay.
+    copies, rounding can part the texts after some tokens), faster per token, after a compile that
+    only long generations repay.
     """
     # The one check of the call's options, before anything is decoded; stream_samples trusts them.
     options = SamplingOptions(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
