@@ -883,3 +883,21 @@ def test_cli_incompatible_checkpoint_in_a_real_process(tmp_path):
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
     assert "Traceback" not in result.stderr
+
+
+def test_samples_whose_kv_caches_cannot_fit_are_refused_before_any_is_made(tiny_model, char_tokenizer,
+                                                                           monkeypatch):
+    from tinyattn.errors import ConfigError
+    from tinyattn.model import memory
+
+    from tinyattn.generate.decoder import cache_dtype
+
+    model = tiny_model(vocab_size=char_tokenizer.vocab_size)
+    c = model.config  # keys and values of every layer, at every position of the context:
+    per_sample = 2 * c.n_layer * c.kv_heads * c.context_length * c.head_dim * torch.empty(
+        (), dtype=cache_dtype(model)).element_size()
+    monkeypatch.setattr(memory, "available_bytes", lambda device: (10 * per_sample, "available here"))
+    assert len(list(generate_samples(model, char_tokenizer, "RO", 10, max_new_tokens=2, seed=0))) > 0
+    with pytest.raises(ConfigError, match=r"decoding 11 sequences at once needs .* MB for their KV caches "
+                                          r"alone, more than the .* MB available here; ask for fewer"):
+        list(generate_samples(model, char_tokenizer, "RO", 11, max_new_tokens=2, seed=0))

@@ -46,6 +46,7 @@ from tinyattn.generate.cpu_weights import (PackedLinear, aten_kernels, drop_row_
                                            one_row_weight, pack_linear_weights)
 from tinyattn.generate.sampling import Generators, apply_repetition_penalty, sample_next_token
 from tinyattn.model.attention import attention
+from tinyattn.model.memory import check_decoding_fits
 from tinyattn.model.transformer import Block, LanguageModel, SwiGLU, evaluation_mode
 from tinyattn.system.cpu import cpu_fp16_rows_are_fast
 from tinyattn.system.device import select_precision
@@ -310,8 +311,10 @@ class CachedDecoder:
         self.model = model
         self.context_length = model.config.context_length
         self.keep = max(1, self.context_length // 2)  # tokens kept by a refill, the new one included
-        self.caches = model.new_kv_caches(batch_size, dtype=cache_dtype(model))
         device = next(model.parameters()).device
+        if isinstance(model, LanguageModel):  # a million samples asked for: one line, not a stall
+            check_decoding_fits(model.config, batch_size, device, cache_dtype(model))
+        self.caches = model.new_kv_caches(batch_size, dtype=cache_dtype(model))
         self.ids = torch.zeros(batch_size, self.context_length, dtype=torch.long, device=device)  # (B, ctx)
         self.position = 0
         self.refills = 0

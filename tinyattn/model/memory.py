@@ -135,5 +135,16 @@ def check_training_fits(model: ModelConfig, train: TrainConfig, device: torch.de
     return estimate
 
 
+def check_decoding_fits(model: ModelConfig, batch_size: int, device: torch.device, dtype: torch.dtype) -> None:
+    """A ConfigError, before they are made, when the KV caches of `batch_size` sequences decoded
+    together (2 * n_layer tensors of (B, kv_heads, context_length, head_dim)) cannot fit."""
+    element = torch.empty((), dtype=dtype).element_size()
+    need = 2 * model.n_layer * batch_size * model.kv_heads * model.context_length * model.head_dim * element
+    limit, where = available_bytes(device)
+    if limit is not None and need > limit:
+        raise ConfigError(f"decoding {batch_size:,} sequences at once needs {gigabytes(need)} for their KV "
+                          f"caches alone, more than the {gigabytes(limit)} {where}; ask for fewer samples")
+
+
 def gigabytes(n: int) -> str:
     return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.1f} MB"
