@@ -222,6 +222,8 @@ def test_a_dropout_table_reads_as_numbers_and_survives_the_round_trip(tmp_path):
     ("", ["train.seed=100000000000000000000000"],
      r"--set: train\.seed: 100000000000000000000000 is not accepted; expected an integer in \[0, 2\*\*63\)"),
     ("", ["train.seed=-1"], r"--set: train\.seed: -1 is not accepted"),
+    ("", ["tokenizer.path=tok.json"],
+     r"--set: tokenizer\.path: 'tok\.json' is not accepted; it is read only with tokenizer\.kind=pretrained"),
     ("", ["train.peak_flops=-1e12"],
      r"--set: train\.peak_flops: -1000000000000\.0 is not accepted; expected a positive"),
     ("", ["train.time_budget=0s"],

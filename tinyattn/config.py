@@ -167,6 +167,9 @@ class TokenizerConfig:
         t = self
         if t.kind == "pretrained" and not t.path:
             fail("tokenizer.path", t.path, "tokenizer.kind=pretrained needs the path of a tokenizer.json")
+        if t.kind != "pretrained" and t.path is not None:
+            fail("tokenizer.path", t.path, f"it is read only with tokenizer.kind=pretrained (here {t.kind!r}, "
+                 "which builds its own): remove it, or set the kind")
         if t.end_of_text is not None and (t.kind != "pretrained" or not t.end_of_text):
             fail("tokenizer.end_of_text", t.end_of_text, "a token of a pretrained tokenizer (tokenizer.kind="
                  "pretrained); char and bpe tokenizers end texts with <|endoftext|>")
