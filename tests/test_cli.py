@@ -194,6 +194,16 @@ def test_train_without_config_or_resume_is_a_usage_error(capsys):
     assert "error: --config is required (or --resume to continue a run)" in capsys.readouterr().err
 
 
+def test_allow_data_change_without_resume_is_a_usage_error(capsys):
+    from tinyattn.cli.train import main as train_main
+
+    with pytest.raises(SystemExit) as exit:
+        train_main(["--config", "configs/tiny.yaml", "--allow-data-change"])
+    assert exit.value.code == 2
+    assert "error: --allow-data-change lets a resumed run go on over changed data: give it with --resume" \
+        in capsys.readouterr().err
+
+
 def test_resume_without_config_looks_for_the_run_under_the_out_dir_set_gives(tmp_path, capsys):
     from tinyattn.cli.train import main as train_main
 

@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.config and not args.resume:
         parser().error("--config is required (or --resume to continue a run)")
+    if args.allow_data_change and not args.resume:
+        parser().error("--allow-data-change lets a resumed run go on over changed data: give it with --resume")
 
     def command() -> int:
         from tinyattn.system.timing import process_age
