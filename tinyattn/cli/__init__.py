@@ -30,10 +30,10 @@ def run_command(command: Callable[[], int | None]) -> int:
     try:
         return command() or 0
     except TinyattnError as e:
-        print(f"error: {e}", file=sys.stderr)
+        _to_stderr(f"error: {e}")
         return 2
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        _to_stderr("interrupted")
         return 130
     except BrokenPipeError:
         # The reader went away (`... | head`): stop quietly, as other command-line tools do.
@@ -45,8 +45,16 @@ def run_command(command: Callable[[], int | None]) -> int:
         if e.errno != errno.ENAMETOOLONG:
             raise
         # A path given with a part over 255 bytes fails wherever it is first looked at.
-        print(f"error: {e.filename}: {e.strerror}; a name may have at most 255 bytes", file=sys.stderr)
+        _to_stderr(f"error: {e.filename}: {e.strerror}; a name may have at most 255 bytes")
         return 2
+
+
+def _to_stderr(line: str) -> None:
+    """A last line for the console, which may be gone (a closed terminal): then it is dropped."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 @contextmanager
@@ -60,7 +68,7 @@ def warnings_as_lines() -> Iterator[None]:
 
 def _show_warning(message, *args, **kwargs) -> None:
     """warnings.showwarning's replacement (the other arguments unused)."""
-    print(f"warning: {message}", file=sys.stderr, flush=True)
+    _to_stderr(f"warning: {message}")
 
 
 @functools.cache  # registered once per process, however many commands it runs

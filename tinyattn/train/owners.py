@@ -190,13 +190,15 @@ class StopRequest:
     @contextmanager
     def installed(self):
         previous = {}
+        hangup = getattr(signal, "SIGHUP", None)  # not on Windows
 
         def handler(signum, frame):
-            if self.signal_name is not None:  # a second Ctrl-C: stop now
-                raise KeyboardInterrupt
+            if self.signal_name is not None:
+                if signum == hangup:  # a closed terminal hangs up twice: its shell, then the kernel
+                    return
+                raise KeyboardInterrupt  # a second Ctrl-C: stop now
             self.signal_name = signal.Signals(signum).name
 
-        hangup = getattr(signal, "SIGHUP", None)  # not on Windows
         stops = [signal.SIGINT, signal.SIGTERM]
         if hangup is not None and signal.getsignal(hangup) is not signal.SIG_IGN:
             stops.append(hangup)
@@ -208,5 +210,7 @@ class StopRequest:
         try:
             yield self
         finally:
+            # After a hangup the terminal is gone: a late one must not kill the run's last lines.
+            hung_up = self.signal_name == "SIGHUP"
             for sig, old in previous.items():
-                signal.signal(sig, old)
+                signal.signal(sig, signal.SIG_IGN if sig == hangup and hung_up else old)
