@@ -18,6 +18,7 @@ import torch
 from tests.conftest import local_corpus
 from tinyattn import checkpoint as ckpt
 from tinyattn.config import load_config
+from tinyattn.errors import TinyattnError
 from tinyattn.train import budget
 from tinyattn.train.budget import TimePlan
 from tinyattn.train.passes import entry_for
@@ -168,6 +169,21 @@ def test_a_resumed_budget_run_counts_the_time_already_spent(corpus, tmp_path, mo
     assert 95.0 <= total <= 100.0 - TimePlan.EXIT_SECONDS, total
     state = ckpt.load_checkpoint(ckpt.latest_checkpoint(resumed.run_dir))
     assert state["plan"]["spent"] == pytest.approx(total) and state["plan"]["finished"]
+
+
+def test_a_finished_budget_run_resumed_says_how_to_train_on_and_that_way_works(corpus, tmp_path, monkeypatch):
+    clock = FakeClock()
+    FakeMachine(monkeypatch, clock, lambda now, step: 0.25, compute=False)
+    first = train(budget_config(corpus, tmp_path, "100s"), run_name="run", progress=False, clock=clock)
+    clock.now = 0.0
+    with pytest.raises(TinyattnError, match=rf"the run ended at step {first.step}: its time budget planned no "
+                                            rf"further step; --set train\.max_steps=N with N above "
+                                            rf"{first.step} trains on"):
+        train(budget_config(corpus, tmp_path, "200s"), run_name="run", resume=True, progress=False, clock=clock)
+    more = budget_config(corpus, tmp_path, "100s")  # what the message says: the budget is then off
+    more.train.time_budget, more.train.max_steps = None, first.step + 5
+    clock.now = 0.0
+    assert train(more, run_name="run", resume=True, progress=False, clock=clock).step == first.step + 5
 
 
 def test_a_run_whose_checkpoint_writes_are_slow_keeps_time_for_the_last_evaluations_two(

@@ -50,7 +50,8 @@ from tinyattn.errors import TinyattnError
 from tinyattn.model.memory import check_training_fits
 from tinyattn.system.device import measure_peak_flops, select_device, select_precision
 from tinyattn.system.distributed import Distributed, init_distributed, shutdown_distributed
-from tinyattn.train.budget import Calibration, CalibrationStopped, Measured, explicit_steps, plan_for
+from tinyattn.train.budget import (Calibration, CalibrationStopped, Measured, TimePlan, explicit_steps,
+                                    plan_for)
 from tinyattn.train.finetune import InitSource, adopt_model, init_source
 from tinyattn.train.hooks import resolve_hooks
 from tinyattn.train.log import Logger, RunLog
@@ -159,11 +160,11 @@ def _for_precision(config: Config, device: torch.device, request: _Request,
     return config
 
 
-def _nothing_left(train: TrainConfig, step: int) -> str:
-    """Why a resumed run has no step left to train (before it writes anything)."""
-    if train.time_budget is not None:
-        return (f"the run ended at step {step}, its {train.time_budget} time budget spent: nothing is "
-                "left to train; start a new run, or fork this one with --run-name NEW_NAME")
+def _nothing_left(plan, train: TrainConfig, step: int) -> str:
+    """Why a resumed run has no step left to train (before it writes anything), and what trains on."""
+    if isinstance(plan, TimePlan):  # the plan the run recorded, whatever this config's budget
+        return (f"the run ended at step {step}: its time budget planned no further step; "
+                f"--set train.max_steps=N with N above {step} trains on (the budget is then off)")
     return (f"the run is at step {step}, and train.max_steps is {train.max_steps}: nothing is left to "
             f"train; --set train.max_steps=N with N above {step} trains on")
 
@@ -180,7 +181,7 @@ def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Option
         source.load_into(trainer.model)
         trainer.weights_loaded()  # train.ema's average starts from them, not from the random init
     if point is not None and trainer.plan.done(trainer.step):
-        raise TinyattnError(_nothing_left(config.train, trainer.step))
+        raise TinyattnError(_nothing_left(trainer.plan, config.train, trainer.step))
     stop_at_step = request.stop_at_step
     if stop_at_step is not None and stop_at_step <= trainer.step:
         raise TinyattnError(f"--stop-at-step {stop_at_step}: the run is already at step {trainer.step}; "
@@ -212,10 +213,12 @@ def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Option
     try:
         signal_name, last_val = _loop(trainer, evaluator, checkpointer, log, timers=timers,
                                       stop_at=stop_at_step or math.inf, run_dir=run_dir)
+        # A stop that came during the last step (or its evaluation) left nothing undone: the run ended.
+        done = trainer.plan.done(trainer.step)
         result = TrainResult(run_dir, trainer.step, trainer.tokens_seen, trainer.best_val_loss, last_val,
-                             log.tokens_per_second, request.elapsed(), signal_name is not None,
+                             log.tokens_per_second, request.elapsed(), signal_name is not None and not done,
                              dict(timers.seconds))
-        stopped_early = signal_name or ("--stop-at-step" if not trainer.plan.done(trainer.step) else None)
+        stopped_early = None if done else signal_name or "--stop-at-step"
         log.finish(result, stopped_early)
         return result
     finally:
