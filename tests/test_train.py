@@ -653,7 +653,7 @@ def test_ctrl_c_saves_and_says_how_to_resume(corpus, tmp_path, sig):
 @pytest.mark.slow
 @pytest.mark.parametrize("nohup", [False, True], ids=["closed-terminal", "nohup"])
 def test_a_closed_terminal_saves_and_logs_the_stop_unless_the_run_ignores_hangups(corpus, tmp_path, nohup):
-    # A closed terminal: SIGHUP, then every console write fails (here EPIPE: the reader is gone).
+    # A closed terminal: SIGHUP (twice), then every console write fails (here EPIPE: the reader is gone).
     args = [sys.executable, str(ROOT / "scripts" / "train.py"), "--config", str(TINY), "--run-name", "hup",
             "--no-progress", "--set",
             *tiny_overrides(corpus, tmp_path, "train.max_steps=100000", "train.eval_interval=100000",
@@ -665,6 +665,8 @@ def test_a_closed_terminal_saves_and_logs_the_stop_unless_the_run_ignores_hangup
             break
     process.stderr.close()
     process.send_signal(signal.SIGHUP)
+    time.sleep(0.002)
+    process.send_signal(signal.SIGHUP)  # a closed terminal hangs up twice: its shell, then the kernel
     if nohup:
         with pytest.raises(subprocess.TimeoutExpired):
             process.wait(timeout=3)  # still training, writing to no console
@@ -674,6 +676,48 @@ def test_a_closed_terminal_saves_and_logs_the_stop_unless_the_run_ignores_hangup
     assert f"stopped by {'SIGTERM' if nohup else 'SIGHUP'} at step" in log and "failed" not in log, log
     latest = ckpt.latest_checkpoint(tmp_path / "hup")
     assert latest is not None and ckpt.load_checkpoint(latest)["step"] >= 3
+
+
+def test_a_ctrl_c_during_the_last_step_ends_the_run_as_done_not_stopped(corpus, tmp_path, monkeypatch, capsys):
+    import os
+
+    original = Trainer.train_step
+
+    def interrupted_at_the_end(self):
+        result = original(self)
+        if self.step == 6:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the last step runs
+        return result
+
+    monkeypatch.setattr(Trainer, "train_step", interrupted_at_the_end)
+    result = train(tiny_config(corpus, tmp_path, "train.max_steps=6", "train.eval_interval=3"), run_name="end",
+                   progress=False)
+    err = capsys.readouterr().err
+    assert result.step == 6 and not result.interrupted  # exit 0: nothing was left undone
+    assert "done: 6 steps" in err and "stopped by" not in err and "Resume with" not in err, err
+
+
+def test_a_second_hangup_is_not_a_second_ctrl_c_and_a_late_one_cannot_kill_the_last_lines():
+    import os
+
+    from tinyattn.train.owners import StopRequest
+
+    before = signal.getsignal(signal.SIGHUP)
+    try:
+        stop = StopRequest()
+        with stop.installed():
+            os.kill(os.getpid(), signal.SIGHUP)  # the shell's hangup: stop after this step
+            try:
+                os.kill(os.getpid(), signal.SIGHUP)  # the kernel's: not "a second Ctrl-C, stop now"
+            except KeyboardInterrupt:
+                pytest.fail("a second hangup stopped the run at once, mid-step")
+            assert stop.signal_name == "SIGHUP"
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN  # the checkpoint is saved: stay for the rest
+        with pytest.raises(KeyboardInterrupt), StopRequest().installed():
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)  # a second Ctrl-C still stops at once
+    finally:
+        signal.signal(signal.SIGHUP, before)
 
 
 SAVE_AND_PAUSE = """

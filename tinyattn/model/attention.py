@@ -84,8 +84,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def rotary_tables(head_dim: int, max_positions: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables (max_positions, head_dim / 2) for rotary position embedding.
 
-    Computed in fp32 as transformers and llama.cpp compute theirs, so that an exported model's
-    logits match theirs at every position (float64 angles drift from them as positions grow)."""
+    Computed in fp32 as transformers computes its own, so that an exported model's logits match
+    transformers' at every position (float64 angles drift from them as positions grow; llama.cpp
+    builds its angles step by step in fp32, within fp32's rounding of both)."""
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))  # (D/2,)
     angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)  # (T, D/2)
     return angles.cos(), angles.sin()
