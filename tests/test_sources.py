@@ -87,10 +87,24 @@ def test_csv_and_tsv_read_only_the_text_field(tmp_path, suffix, separator):
 
 def test_csv_text_that_looks_like_a_number_stays_text(tmp_path):
     path = tmp_path / "scores.csv"
-    rows = ["007", "10"] * 10
+    rows = ["007", "10", "NA", "null", "None", "nan", "N/A"] * 3  # and none of them "missing"
     path.write_text("text,id\n" + "".join(f"{t},{i}\n" for i, t in enumerate(rows)), encoding="utf-8")
     result = prepare_data(make_config(tmp_path, {"files": [str(path)]}, context_length=2), progress=False)
     assert documents_of(result) == expected_split(rows)  # "007" keeps its zeros
+
+
+@pytest.mark.parametrize("at", [12, 290_000], ids=["first-chunk", "after-10-MB"])
+def test_a_number_among_json_texts_is_one_line_naming_its_line_not_texts_turned_to_json(tmp_path, at):
+    # datasets' default re-reads a field whose type changes as JSON source text from then on:
+    # quotes and backslashes written into every later text, silently.
+    record = json.dumps({"text": 'He said "hi".\nShe left.'})
+    lines = [record] * 300_000
+    lines[at - 1] = json.dumps({"text": 7})
+    path = tmp_path / "quotes.jsonl"
+    path.write_text("\n".join(lines[:at + 20] if at < 100 else lines) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=rf"quotes\.jsonl: line {at}: 'text' is a number \(7\), where the lines "
+                                        r"before hold a string; a field keeps one type"):
+        prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
 
 
 def test_csv_with_an_unclosed_quote_is_one_line(tmp_path):

@@ -174,12 +174,17 @@ def _records_reader(data: DataConfig, files: list[Path], file_format: str,
                     description: str) -> Callable[[str], Callable[[], DocumentParts]]:
     """How `datasets` reads JSON, CSV, TSV and Parquet files: one document per record."""
     builder, options = file_format, {}
-    if file_format == "parquet":
+    if file_format == "json":
+        # A field whose type changes (a number among texts) is refused, not re-read as JSON source
+        # text from then on ("use_json", the default: quotes and backslashes put into the texts).
+        options = {"on_mixed_types": None}
+    elif file_format == "parquet":
         options = {"columns": [_parquet_column(files, data.text_field)]}  # read only that column
     elif file_format in ("csv", "tsv"):
         # Read the text column as written: a review "10" stays the text "10", not a number.
+        # keep_default_na off: a text "NA", "null" or "None" is that text, not a missing value.
         builder, options = "csv", {"sep": "," if file_format == "csv" else "\t",
-                                   "converters": {data.text_field: str}}
+                                   "converters": {data.text_field: str}, "keep_default_na": False}
     lock_folder = Path(data.cache_dir).resolve() / "datasets"
 
     def reader(split: str) -> Callable[[], DocumentParts]:
@@ -462,7 +467,7 @@ def _reading_errors(description: str, files: list[Path], file_format: str) -> It
         raise DataError(f"{empty or description}: an empty {file_format.upper()} file (not even a header "
                         "row); remove it, or give it a header and records") from None
     except (pyarrow.ArrowInvalid, pandas.errors.ParserError) as e:  # bad JSON; bad CSV quoting
-        found = _find_invalid_json(files) if file_format == "json" else None
+        found = (_find_changed_type(files, str(e)) or _find_invalid_json(files)) if file_format == "json" else None
         raise DataError(found or f"{description}: cannot read it ({_first_line(e)})") from None
     except DataError:
         raise
@@ -572,6 +577,31 @@ def _find_invalid_json(files: list[Path]) -> Optional[str]:
                     json.loads(line)
                 except ValueError as e:
                     return f"{path}: line {number} is not valid JSON ({e.msg} at column {e.colno})"
+    return None
+
+
+JSON_TYPES = {str: "string", bool: "boolean", int: "number", float: "number", list: "array", dict: "object"}
+
+
+def _find_changed_type(files: list[Path], error: str) -> Optional[str]:
+    """For Arrow's "Column(/body/text) changed from string to number": the first JSON line whose
+    field holds the new type, and that line."""
+    found = re.search(r"Column\((/[^)]*)\) changed from (\w+) to (\w+)", error)
+    if not found:
+        return None
+    keys, was, now = found.group(1).strip("/").split("/"), found.group(2), found.group(3)
+    for path in files:
+        with _open_binary(path) as f:
+            for number, line in enumerate(f.read().decode("utf-8-sig", errors="replace").splitlines(), 1):
+                try:
+                    value = json.loads(line)
+                    for key in keys:
+                        value = value[key]
+                except (ValueError, KeyError, TypeError, IndexError):
+                    continue
+                if JSON_TYPES.get(type(value)) == now:
+                    return (f"{path}: line {number}: {'.'.join(keys)!r} is a {now} ({json.dumps(value)[:40]}), "
+                            f"where the lines before hold a {was}; a field keeps one type: write it as a {was}")
     return None
 
 
