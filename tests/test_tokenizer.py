@@ -233,6 +233,18 @@ def test_unsplittable_pretrained_tokenizer_encodes_whole():
     assert list(tokenizer.text_pieces(text, 10)) == [text]
 
 
+def test_a_pretrained_files_truncation_and_padding_are_off_texts_are_encoded_whole(tmp_path):
+    text = "hello world\nab\n" * 50
+    plain = build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), texts_of(text))
+    backend = tokenizers.Tokenizer.from_str(plain.to_json())
+    backend.enable_truncation(max_length=8)  # as a sentence encoder's tokenizer.json may ship
+    backend.enable_padding(length=64)
+    backend.save(str(tmp_path / "tokenizer.json"))
+    loaded = Tokenizer.from_file(tmp_path / "tokenizer.json")
+    assert loaded.encode(text) == plain.encode(text) and len(plain.encode(text)) > 64
+    assert loaded.encode("ab") == plain.encode("ab")  # nothing padded on
+
+
 @pytest.mark.parametrize("change, cut", [({}, True), ({"add_prefix_space": True}, False),
                                          ({"use_regex": False}, False)],
                          ids=["gpt2-style", "prefix-space", "no-regex"])

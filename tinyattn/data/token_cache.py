@@ -156,6 +156,7 @@ def cache_inputs(source: Source, config: Config) -> dict:
             raise DataError(f"tokenizer.path: cannot read {path} ({e.strerror or e})") from None
         if tok.end_of_text is not None:  # documents are joined with it
             tokenizer["end_of_text"] = tok.end_of_text
+        tokenizer["whole_texts"] = True  # the file's truncation and padding are off (caches before were cut)
     return {
         "format_version": FORMAT_VERSION,
         "source": _content_identity(source.identity),

@@ -44,7 +44,12 @@ class Tokenizer:
     """A `tokenizers.Tokenizer` with the small API the rest of tinyattn uses."""
 
     def __init__(self, backend: tokenizers.Tokenizer, end_of_text: Optional[str] = None):
-        """end_of_text: the token that ends a text (`eot_id`); None: <|endoftext|>."""
+        """end_of_text: the token that ends a text (`eot_id`); None: <|endoftext|>.
+
+        A pretrained file's truncation and padding (a sentence encoder's max_length: 128, say)
+        are turned off: a document or a prompt is encoded whole, and nothing is added to it."""
+        backend.no_truncation()
+        backend.no_padding()
         self._backend = backend
         spec = json.loads(backend.to_str())
         self.end_of_text = end_of_text or END_OF_TEXT
