@@ -223,3 +223,22 @@ def test_a_bad_option_is_one_line_before_any_checkpoint_is_read(name, argv, mess
     assert module.main(["--checkpoint", "no/such/run", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
+
+
+def test_a_prompts_byte_order_mark_is_dropped_from_a_file_stdin_and_the_first_interactive_line(
+        tmp_path, monkeypatch):
+    import io
+
+    from tinyattn.cli import generate as generate_cli
+
+    path = tmp_path / "prompt.txt"
+    path.write_bytes(b"\xef\xbb\xbfROMEO:")  # as a Windows editor saves UTF-8
+    parsed = generate_cli.build_parser().parse_args(["--prompt-file", str(path)])
+    assert generate_cli.read_prompt(parsed) == "ROMEO:"
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\ufeffROMEO:"))
+    from_stdin = generate_cli.build_parser().parse_args(["--prompt-file", "-"])
+    assert generate_cli.read_prompt(from_stdin) == "ROMEO:"
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\ufeffROMEO:\n\ufeffJULIET:\n"))
+    ran = []
+    generate_cli._interactive(argparse.Namespace(run=lambda line, echo: ran.append(line)))
+    assert ran == ["ROMEO:", "\ufeffJULIET:"]  # only the first line can start with the file's mark

@@ -168,7 +168,7 @@ def _interactive(out: "StreamPrinter") -> int:
                 print(file=sys.stderr)
             return 0
         if line is not _SKIPPED:
-            out.run(line.rstrip("\r\n"), echo=False)
+            out.run(line.rstrip("\r\n").removeprefix(BOM if number == 1 else ""), echo=False)
 
 
 _SKIPPED = object()  # what _read_line returns for a line it could not decode
@@ -235,10 +235,13 @@ def read_prompt(args: argparse.Namespace) -> Optional[str]:
     if args.prompt is not None:
         return args.prompt
     if args.stdin == "-" or args.prompt_file == "-":
-        return read_stdin(sys.stdin.read)
+        return read_stdin(sys.stdin.read).removeprefix(BOM)
     if args.prompt_file is not None:
-        return read_text(args.prompt_file, "prompt file")
+        return read_text(args.prompt_file, "prompt file").removeprefix(BOM)
     return None
+
+
+BOM = "\ufeff"  # a byte-order mark a Windows editor puts first: not prompt text (data files drop it too)
 
 
 def read_stdin(read) -> str:
