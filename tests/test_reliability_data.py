@@ -55,6 +55,22 @@ def tiny(corpus: Path, out_dir: Path, *extra: str):
                               "train.max_steps=4", "train.eval_interval=2", *extra])
 
 
+@pytest.mark.parametrize("fraction", [1e-12, 1e-7, 0.1, 0.3])
+def test_the_first_held_out_document_is_found_at_once_for_any_fraction(fraction):
+    import itertools
+    import time
+
+    from tinyattn.data.splits import _first_held_out, _held_out
+
+    started = time.perf_counter()
+    first = _first_held_out(fraction)  # counting up to it took hours at 1e-12
+    assert time.perf_counter() - started < 0.1
+    assert _held_out(first, fraction)
+    assert not any(_held_out(i, fraction) for i in range(max(0, first - 1000), first))
+    if fraction > 1e-6:
+        assert first == next(i for i in itertools.count() if _held_out(i, fraction))
+
+
 def test_the_token_cache_is_keyed_by_the_text_not_its_size_and_time(corpus, tmp_path):
     before = np.array(prepare_data(tiny(corpus, tmp_path), progress=False).validation)
     reorder_keeping_size_and_time(corpus)

@@ -42,7 +42,7 @@ def split(source: Source, data: DataConfig) -> Splits:
 
     everything = stream(data.train_split)
     f = data.validation_fraction
-    first_held = next(i for i in itertools.count() if _held_out(i, f))
+    first_held = _first_held_out(f)
     count, total = _count_documents(everything(), stop=first_held + 1)
     if count == 0:
         raise DataError(f"{source.description}: the corpus is empty (no text in field "
@@ -60,6 +60,14 @@ def split(source: Source, data: DataConfig) -> Splits:
 
 def _held_out(index: int, fraction: float) -> bool:
     return math.floor((index + 1) * fraction) > math.floor(index * fraction)
+
+
+def _first_held_out(fraction: float) -> int:
+    """The first index `_held_out` holds out: about 1 / fraction - 1, found at once (counting up to
+    it took hours for a fraction of 1e-12), then checked against rounding on either side."""
+    guess = max(0, math.ceil(1 / fraction) - 1)
+    start = next((i for i in (guess - 1, guess) if i >= 0 and _held_out(i, fraction)), guess + 1)
+    return next(i for i in itertools.count(start) if _held_out(i, fraction))
 
 
 def _numbered(parts: DocumentParts):
