@@ -342,3 +342,22 @@ def test_records_without_text_are_skipped_and_counted_once(tmp_path, capsys):
     assert err.count("warning:") == 1, err  # the corpus is read several times; said once
     assert (f"warning: {path}: skipped 4 of 24 records: 3 with no 'text' (null or missing) and 1 whose "
             "'text' is empty") in err
+
+
+@pytest.mark.parametrize("name", ["train.jsonl", "book.txt.gz"])
+def test_a_file_linked_to_a_blob_without_an_extension_is_read_by_its_links_name(tmp_path, name):
+    # The Hugging Face cache's layout: snapshots/<rev>/<name> -> ../../blobs/<hash>.
+    blob = tmp_path / "blobs" / "3f2a9c"
+    blob.parent.mkdir()
+    if name.endswith(".jsonl"):
+        blob.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCUMENTS), encoding="utf-8")
+    else:
+        blob.write_bytes(gzip.compress("".join(DOCUMENTS).encode("utf-8")))
+    link = tmp_path / "snapshots" / "abc" / name
+    link.parent.mkdir(parents=True)
+    link.symlink_to("../../blobs/3f2a9c")
+    both = {"files": [str(link), str(link.parent / "*")]}  # the link, and a glob that finds it again
+    result = prepare_data(make_config(tmp_path, both), progress=False)
+    text = result.tokenizer.decode(np.concatenate([result.train, result.validation]).tolist())
+    # Every character of the documents once (in the splits' order), decompressed, not doubled:
+    assert sorted(text.replace(END_OF_TEXT, "")) == sorted("".join(DOCUMENTS))

@@ -239,7 +239,12 @@ def _resolve_files(entries: list[str], file_format: str, skip: Optional[Path] = 
             files.append(path)
         else:
             raise DataError(f"data.files: file not found: {entry}")
-    files = list(dict.fromkeys(p.resolve() for p in files))
+    # Each file once (a path and a glob may both name it), by the name it was given: a link's target
+    # may have no extension at all (the Hugging Face cache's snapshots/<rev>/train.jsonl -> blobs/<hash>).
+    once: dict[Path, Path] = {}
+    for p in files:
+        once.setdefault(p.resolve(), p.absolute())
+    files = list(once.values())
     for path in files:
         _check_decompressor(path)
     return files
