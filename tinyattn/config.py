@@ -292,12 +292,7 @@ class TrainConfig:
         if tr.ema is not None and not 0.0 < tr.ema < 1.0:
             fail("train.ema", tr.ema, "expected a number in (0, 1), e.g. 0.98, or null (no average)")
         tr._validate_pass_tables(fail)
-        if tr.eval_windows is not None and tr.eval_windows <= 0:
-            fail("train.eval_windows", tr.eval_windows, "expected a positive integer or null (all windows)")
-        if not 0 <= tr.seed < 2**63:  # what torch.manual_seed takes
-            fail("train.seed", tr.seed, "expected an integer in [0, 2**63)")
-        if tr.peak_flops is not None and not tr.peak_flops > 0:
-            fail("train.peak_flops", tr.peak_flops, "expected a positive number (FLOP/s), or null (measured)")
+        tr._validate_run_numbers(fail)
         check_device(tr.device, fail, "train.device")
         for name in tr.show:
             if name not in SHOW_HOOKS:
@@ -307,6 +302,16 @@ class TrainConfig:
         probing = [name for name in tr.show if name in PROBE_HOOKS]
         if probing and not tr.probe_text:
             fail("train.probe_text", tr.probe_text, f"expected a text for train.show's {', '.join(probing)}")
+
+    def _validate_run_numbers(self, fail: Fail) -> None:
+        """The evaluation's windows, the seed and the peak FLOP/s."""
+        if self.eval_windows is not None and self.eval_windows <= 0:
+            fail("train.eval_windows", self.eval_windows,
+                 "expected a positive integer or null (all windows)")
+        if not 0 <= self.seed < 2**63:  # what torch.manual_seed takes
+            fail("train.seed", self.seed, "expected an integer in [0, 2**63)")
+        if self.peak_flops is not None and not self.peak_flops > 0:
+            fail("train.peak_flops", self.peak_flops, "expected a positive number (FLOP/s), or null (measured)")
 
     def _validate_pass_tables(self, fail: Fail) -> None:
         examples = {"dropout_by_passes": "{6: 0.075, 10: 0.1}", "floor_by_passes": "{10: 0.3}",

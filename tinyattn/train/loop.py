@@ -160,6 +160,17 @@ def _for_precision(config: Config, device: torch.device, request: _Request,
     return config
 
 
+def _steps_left_or_refuse(trainer: Trainer, train: TrainConfig, stop_at_step: Optional[int], *,
+                          resumed: bool) -> Optional[int]:
+    """--stop-at-step, after refusing (before anything is written) a run with no step to train."""
+    if resumed and trainer.plan.done(trainer.step):
+        raise TinyattnError(_nothing_left(trainer.plan, train, trainer.step))
+    if stop_at_step is not None and stop_at_step <= trainer.step:
+        raise TinyattnError(f"--stop-at-step {stop_at_step}: the run is already at step {trainer.step}; "
+                            "give a later step")
+    return stop_at_step
+
+
 def _nothing_left(plan, train: TrainConfig, step: int) -> str:
     """Why a resumed run has no step left to train (before it writes anything), and what trains on."""
     if isinstance(plan, TimePlan):  # the plan the run recorded, whatever this config's budget
@@ -180,12 +191,7 @@ def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Option
     elif source is not None:
         source.load_into(trainer.model)
         trainer.weights_loaded()  # train.ema's average starts from them, not from the random init
-    if point is not None and trainer.plan.done(trainer.step):
-        raise TinyattnError(_nothing_left(trainer.plan, config.train, trainer.step))
-    stop_at_step = request.stop_at_step
-    if stop_at_step is not None and stop_at_step <= trainer.step:
-        raise TinyattnError(f"--stop-at-step {stop_at_step}: the run is already at step {trainer.step}; "
-                            "give a later step")
+    stop_at_step = _steps_left_or_refuse(trainer, config.train, request.stop_at_step, resumed=point is not None)
     # MFU's denominator; the measurement draws from its own generator, so exact resume is unaffected.
     peak = config.train.peak_flops or measure_peak_flops(device, trainer.precision)
     log = Logger(run_dir, config, trainer, peak_flops=peak, enabled=dist.is_main, progress=request.progress)
