@@ -422,6 +422,34 @@ def test_a_tokenizer_llama_cpp_cannot_reproduce_is_refused_in_one_line(tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_byte_level_tokenizer_with_a_prefix_space_is_refused_in_one_line(tmp_path):
+    # llama.cpp's gpt-2 pre-tokenizer adds no space before a text: " the" and "the" would differ.
+    import json
+
+    spec = json.loads(tokenizer_of("bpe").to_json())
+    assert spec["pre_tokenizer"]["type"] == "ByteLevel"
+    spec["pre_tokenizer"]["add_prefix_space"] = True
+    tokenizer = Tokenizer.from_json(json.dumps(spec))
+    with pytest.raises(CheckpointError) as raised:
+        export(tmp_path, random_model(tokenizer), tokenizer)
+    assert str(raised.value) == ("tokenizer: a BPE tokenizer with pre-tokenizer ByteLevel: GGUF export "
+                                 "writes tinyattn's char and byte-level bpe tokenizers only")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bpe_merges_are_written_as_left_and_right_joined_by_one_space(tmp_path):
+    import json
+
+    tokenizer = tokenizer_of("bpe")
+    merges = json.loads(tokenizer.to_json())["model"]["merges"]  # [left, right], or "left right" before 0.20
+    pairs = [m.split(" ") if isinstance(m, str) else m for m in merges]
+    assert len(pairs) > 10
+    path = export(tmp_path, random_model(tokenizer), tokenizer)
+    written = list(gguf.GGUFReader(path).fields["tokenizer.ggml.merges"].contents())
+    assert written == [f"{left} {right}" for left, right in pairs]
+    assert all(merge.count(" ") == 1 for merge in written)  # byte-level tokens spell a space as "Ġ"
+
+
 def test_without_the_gguf_package_the_command_says_how_to_install(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "gguf", None)  # import gguf now raises ImportError
     code, _, err = run_main(["--checkpoint", tmp_path / "nothing", "--gguf", tmp_path / "m.gguf"], capsys)

@@ -432,6 +432,17 @@ def edit_tensor(folder, name, tensor):
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
 
 
+def shard_with_a_missing_file(folder):
+    """The folder as two shards listed in model.safetensors.index.json, the second never written."""
+    from safetensors.torch import load_file
+    first, second = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    names = list(load_file(folder / "model.safetensors"))
+    (folder / "model.safetensors").rename(folder / first)
+    weight_map = {name: second if name == "lm_head.weight" else first for name in names}
+    index = {"metadata": {}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
 REFUSALS = {
     # Types and shapes, checked before anything is built or concatenated (issue 23):
     "k-proj-shape": (lambda f: edit_tensor(f, "model.layers.0.self_attn.k_proj.weight", torch.zeros(16, 31)),
@@ -458,6 +469,8 @@ REFUSALS = {
     "partial-rotary": (lambda f: edit_config(f, partial_rotary_factor=0.5), "partial_rotary_factor"),
     "pickle": (lambda f: ((f / "model.safetensors").rename(f / "pytorch_model.bin")),
                "pytorch_model.bin, a pickle"),
+    "missing-shard": (shard_with_a_missing_file, "model-00002-of-00002.safetensors: not found "
+                      "(listed in model.safetensors.index.json)"),
 }
 
 
@@ -565,6 +578,114 @@ def test_init_from_a_tinyattn_run_takes_its_weights_and_tokenizer(tmp_path, corp
     assert tuned.config.model.n_kv_head == 2 and tuned.config.model.context_length == 32
     for (name, before), after in zip(model.state_dict().items(), tuned.model.state_dict().values()):
         assert (after - before).abs().max().item() < 1e-5, name
+
+
+def exported_char_folder(tmp_path):
+    """A tied char model exported by tinyattn (no transformers needed): the folder, model, tokenizer."""
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)
+    export_folder(model.state_dict(), config, tokenizer, tmp_path / "out")
+    return tmp_path / "out", model, tokenizer
+
+
+def test_a_generation_configs_repetition_penalty_is_imported(tmp_path):
+    folder, _, _ = exported_char_folder(tmp_path)
+    (folder / "generation_config.json").write_text(json.dumps({"repetition_penalty": 1.3}))
+    assert load_any_model(folder).config.sample.repetition_penalty == 1.3
+    (folder / "generation_config.json").write_text(json.dumps({"do_sample": True,
+                                                               "repetition_penalty": 1.15}))
+    assert load_any_model(folder).config.sample.repetition_penalty == 1.15
+
+
+def test_sampling_without_a_top_k_key_takes_transformers_default_of_50(tmp_path):
+    folder, _, _ = exported_char_folder(tmp_path)
+    (folder / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 0.8}))
+    sample = load_any_model(folder).config.sample
+    assert (sample.temperature, sample.top_k, sample.top_p) == (0.8, 50, 1.0)
+
+
+def test_generation_configs_eos_token_wins_over_config_jsons_and_config_jsons_is_the_fallback(tmp_path):
+    # transformers' generate() stops at generation_config.json's eos_token_id when the file gives one.
+    folder, _, tokenizer = exported_char_folder(tmp_path)
+    edit_config(folder, eos_token_id=5)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 7}))
+    loaded = load_any_model(folder)
+    assert loaded.tokenizer.eot_id == 7 and loaded.config.tokenizer.end_of_text == tokenizer.token(7)
+    (folder / "generation_config.json").write_text(json.dumps({"do_sample": False}))
+    loaded = load_any_model(folder)
+    assert loaded.tokenizer.eot_id == 5 and loaded.config.tokenizer.end_of_text == tokenizer.token(5)
+
+
+def test_of_a_list_of_eos_token_ids_the_first_ends_texts(tmp_path):
+    folder, _, tokenizer = exported_char_folder(tmp_path)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 5]}))
+    loaded = load_any_model(folder)
+    assert loaded.tokenizer.eot_id == 7 and loaded.config.tokenizer.end_of_text == tokenizer.token(7)
+
+
+def test_a_tied_folder_that_also_stores_lm_head_imports_as_tied_as_its_config_json_says(tmp_path):
+    # Some tools write the tied head's copy too; config.json's tie_word_embeddings true decides.
+    folder, model, tokenizer = exported_char_folder(tmp_path)
+    from safetensors.torch import load_file
+    embedding = load_file(folder / "model.safetensors")["model.embed_tokens.weight"]
+    edit_tensor(folder, "lm_head.weight", embedding.clone())
+    loaded = load_any_model(folder)
+    assert loaded.config.model.tie_embeddings is True
+    ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
+    with torch.no_grad():
+        assert (loaded.model(ids).logits - model(ids).logits).abs().max().item() < 1e-5
+
+
+def test_a_rotary_inv_freq_tensor_in_the_weights_is_ignored_not_refused(tmp_path):
+    # Older transformers saved each layer's RoPE frequencies as a buffer; tinyattn computes its own.
+    folder, model, tokenizer = exported_char_folder(tmp_path)
+    edit_tensor(folder, "model.layers.0.self_attn.rotary_emb.inv_freq", torch.ones(4))
+    loaded = load_any_model(folder)
+    ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
+    with torch.no_grad():
+        assert (loaded.model(ids).logits - model(ids).logits).abs().max().item() < 1e-5
+
+
+def test_init_from_with_context_length_left_unset_takes_the_sources(tmp_path, corpus):
+    from tinyattn.train.finetune import init_source
+
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)  # context_length 64
+    run = save_run(tmp_path, config, model, tokenizer)
+    tuned = finetune_config(corpus, tmp_path, run)
+    tuned.model.context_length = ModelConfig().context_length  # left at the default
+    assert ModelConfig().context_length != 64
+    init_source(tuned)
+    assert tuned.model.context_length == 64
+
+
+def test_init_from_a_run_whose_tokenizer_json_differs_from_its_checkpoints_uses_the_checkpoints(
+        tmp_path, corpus):
+    from tinyattn.train.finetune import init_source
+
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)
+    run = save_run(tmp_path, config, model, tokenizer)
+    (run / "tokenizer.json").write_text(tokenizer_of("bpe").to_json(), encoding="utf-8")  # not best.pt's
+    tuned = finetune_config(corpus, tmp_path, run)
+    init_source(tuned)
+    assert Path(tuned.tokenizer.path) != run / "tokenizer.json"
+    assert Path(tuned.tokenizer.path).read_text(encoding="utf-8") == tokenizer.to_json()
+    (run / "tokenizer.json").write_text(tokenizer.to_json(), encoding="utf-8")  # the same: used as it is
+    tuned = finetune_config(corpus, tmp_path, run)
+    init_source(tuned)
+    assert Path(tuned.tokenizer.path) == run / "tokenizer.json"
+
+
+def test_init_from_names_a_tie_embeddings_conflict(tmp_path, corpus):
+    from tinyattn.train.finetune import init_source
+
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)  # tied
+    run = save_run(tmp_path, config, model, tokenizer)
+    with pytest.raises(ConfigError) as caught:
+        init_source(finetune_config(corpus, tmp_path, run, tie_embeddings=False))
+    assert "model.tie_embeddings: config False, source True" in str(caught.value)
 
 
 def test_sharded_folder_imports_with_equal_logits(tmp_path):
