@@ -207,7 +207,10 @@ def test_null_sampling_values_in_generation_config_read_as_transformers_reads_th
     path.write_text(json.dumps({"do_sample": True, "temperature": 0.7, "top_p": None, "top_k": None,
                                 "repetition_penalty": None, "max_new_tokens": None}))
     sample = load_any_model(folder).config.sample
-    assert (sample.temperature, sample.top_k, sample.top_p, sample.repetition_penalty) == (0.7, None, 1.0, 1.0)
+    # null is "not given": transformers' defaults (top_k 50), as transformers 5 reads it
+    assert (sample.temperature, sample.top_k, sample.top_p, sample.repetition_penalty) == (0.7, 50, 1.0, 1.0)
+    path.write_text(json.dumps({"do_sample": True, "top_k": 0}))
+    assert load_any_model(folder).config.sample.top_k is None  # 0: off
     path.write_text(json.dumps({"do_sample": True, "top_p": "high"}))
     with pytest.raises(CheckpointError, match=r"generation_config\.json: gives top_p='high': expected a number"):
         load_any_model(folder)

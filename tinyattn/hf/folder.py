@@ -186,7 +186,8 @@ def _sample_config(path: Path) -> SampleConfig:
 
     if raw.get("do_sample"):
         sample.temperature = number("temperature", 1.0)
-        sample.top_k = number("top_k", 50 if "top_k" not in raw else None, int) or None  # null: off
+        # Absent or null: transformers' default, 50; 0 switches top-k off (what an export writes for off).
+        sample.top_k = number("top_k", 50, int) or None
         sample.top_p = number("top_p", 1.0)
     else:
         sample.temperature = 0.0
