@@ -17,7 +17,7 @@ from tinyattn.checkpoint import FORMAT, load_model
 from tinyattn.cli.generate import main
 from tinyattn.config import ModelConfig, TokenizerConfig
 from tinyattn.data.tokenizer import build_tokenizer
-from tinyattn.errors import ConfigError
+from tinyattn.errors import ConfigError, DataError
 from tinyattn.generate import decoder as decoder_module
 from tinyattn.generate.cpu_weights import (ONEDNN, PackedLinear, PackingOperators, _packing_works, has_row_weights,
                                            one_row_weight, pack_linear_weights)
@@ -531,6 +531,14 @@ def test_same_seed_same_text_different_seed_different_text(tiny_model, tokenizer
     assert generator_text == sample(7)
 
 
+def test_a_seed_together_with_generators_is_refused(tiny_model, tokenizer):
+    model = tiny_model()
+    with pytest.raises(ValueError, match="either a seed or one generator per sample"):
+        list(generate(model, tokenizer, "All:", max_new_tokens=2, seed=7, generator=torch.Generator()))
+    with pytest.raises(ValueError, match="either a seed or one generator per sample"):
+        list(generate_samples(model, tokenizer, "All:", 2, max_new_tokens=2, generators=[torch.Generator()]))
+
+
 def test_batched_samples_equal_the_same_samples_decoded_one_by_one(tiny_model, tokenizer):
     model = tiny_model(context_length=16)
     options = dict(max_new_tokens=40, temperature=1.0, top_k=20, top_p=0.95, repetition_penalty=1.2)
@@ -634,6 +642,19 @@ def test_a_stop_string_in_the_text_released_at_the_end_finishes_the_sample_as_st
     assert list(streams.ready()) == [SamplePiece(0, "a", "stop")]  # cut at "b", as the text says
 
 
+def test_no_piece_but_a_samples_last_is_empty():
+    # Token 2 ends inside "é": the detokenizer holds its text back, and nothing is let out for it.
+    streams = SampleStreams(ByteTokenizer(), 1, stop=[])
+    pieces = []
+    for token in [1, 2, 3, 1]:
+        streams.push([token])
+        pieces += streams.ready()
+    streams.end_the_rest("length")
+    pieces += streams.ready()
+    assert "".join(p.text for p in pieces) == "abéa" and pieces[-1].finish_reason == "length"
+    assert all(p.text for p in pieces[:-1]), pieces
+
+
 def test_stop_string_ends_the_sample_and_is_not_printed(tiny_model, tokenizer):
     model = tiny_model()
     # The untrained model may draw end-of-text early: take the first seed whose text is long.
@@ -659,6 +680,36 @@ def test_end_of_text_ends_a_sample(tokenizer):
     assert "".join(generate(model, small, "b", max_new_tokens=1, temperature=0)) == "c"
 
 
+class CountedBigramModel(BigramModel):
+    """A BigramModel that counts its forward passes (prefills and steps: `next_token_logits`)."""
+
+    def __init__(self, table: torch.Tensor, context_length: int = 16):
+        super().__init__(table, context_length)
+        self.passes = 0
+
+    def next_token_logits(self, idx, kv_caches=None, start_pos=0):
+        self.passes += 1
+        return super().next_token_logits(idx, kv_caches, start_pos)
+
+
+def test_decoding_stops_as_soon_as_every_sample_has_ended():
+    small = build_tokenizer(TokenizerConfig(kind="char"), lambda: iter(["abc"]))
+    a, b, c = small.encode("abc")
+    table = torch.zeros(small.vocab_size, small.vocab_size)
+    table[a, b] = table[b, c] = table[c, small.eot_id] = 10.0  # a -> b -> c -> end of text
+    model = CountedBigramModel(table)
+    samples = collect(generate_samples(model, small, "a", 2, max_new_tokens=50, temperature=0))
+    assert samples == [("bc", "eot"), ("bc", "eot")]
+    assert model.passes == 3  # the prefill, then a step after b and after c: none after the end of text
+
+
+@pytest.mark.parametrize("n", [1, 5])
+def test_the_last_token_is_not_followed_by_a_forward_pass(n):
+    model = CountedBigramModel(torch.randn(8, 8, generator=torch.Generator().manual_seed(0)))
+    tokens = list(generate_tokens(model, torch.tensor([[1, 2]]), n, temperature=0))
+    assert len(tokens) == n and model.passes == n  # the prefill and n - 1 steps
+
+
 def test_an_empty_prompt_starts_from_the_end_of_text_token():
     small = build_tokenizer(TokenizerConfig(kind="char"), lambda: iter(["Hi\n"]))
     h, i, newline = small.encode("Hi\n")
@@ -676,6 +727,31 @@ def test_a_prompt_longer_than_the_context_keeps_its_end_with_a_warning(tiny_mode
     with pytest.warns(PromptWarning, match="40 tokens, longer than the model's context of 16"):
         long = "".join(generate(model, tokenizer, prompt, max_new_tokens=10, temperature=0))
     assert long == "".join(generate(model, tokenizer, prompt[-16:], max_new_tokens=10, temperature=0))
+
+
+def test_a_prompt_one_token_over_the_context_warns_and_one_that_fits_does_not(tiny_model, tokenizer):
+    model = tiny_model(context_length=16)
+    with pytest.warns(PromptWarning, match="17 tokens, longer than the model's context of 16"):
+        list(generate(model, tokenizer, TEXT[:17], max_new_tokens=2, temperature=0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        list(generate(model, tokenizer, TEXT[:16], max_new_tokens=2, temperature=0))
+
+
+def test_a_prompt_that_encodes_to_no_tokens_is_an_error_naming_it():
+    class Empty:  # a tokenizer that drops the whole prompt (it has no token for any of it)
+        eot_id = 0
+
+        def encode(self, text):
+            return []
+
+        def decode(self, ids):
+            return ""
+
+    model = BigramModel(torch.zeros(4, 4))
+    with warnings.catch_warnings(), pytest.raises(DataError, match="the prompt '   ' encodes to no tokens"):
+        warnings.simplefilter("ignore", PromptWarning)  # it also names ' ' as a character it cannot read
+        list(generate(model, Empty(), "   ", max_new_tokens=3, temperature=0))
 
 
 def test_unknown_characters_become_unk_with_a_warning_naming_them(tiny_model, tokenizer):
@@ -887,7 +963,7 @@ def test_cli_incompatible_checkpoint_in_a_real_process(tmp_path):
 
 def test_samples_whose_kv_caches_cannot_fit_are_refused_before_any_is_made(tiny_model, char_tokenizer,
                                                                            monkeypatch):
-    from tinyattn.errors import ConfigError
+    from tinyattn.errors import ConfigError, DataError
     from tinyattn.model import memory
 
     from tinyattn.generate.decoder import cache_dtype

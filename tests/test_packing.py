@@ -137,3 +137,37 @@ def test_matrix_vector_gives_aten_linears_numbers_for_one_row(dtype):
         expected = torch.nn.functional.linear(one, weight)  # (1, 1, 1152)
     product = matrix_vector(one, weight)
     assert product.shape == expected.shape and torch.equal(product, expected)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+def test_a_linear_layer_with_a_bias_is_not_packed_and_keeps_its_output():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 8, bias=False)).eval()
+    x = torch.randn(3, 16)
+    with torch.inference_mode():
+        expected = model(x)
+        assert pack_linear_weights(model)
+        assert type(model[0]) is torch.nn.Linear and isinstance(model[1], PackedLinear)  # bias-free only
+        torch.testing.assert_close(model(x), expected, rtol=0, atol=1e-5)  # its bias still added
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+def test_operators_that_give_wrong_numbers_leave_the_model_unpacked(tiny_model):
+    def off_by_a_little(x, packed):
+        return ONEDNN.linear(x, packed) * 1.01
+    model = tiny_model()
+    before = {name: type(module) for name, module in model.named_modules()}
+    assert not pack_linear_weights(model, ONEDNN._replace(linear=off_by_a_little))
+    assert {name: type(module) for name, module in model.named_modules()} == before
+    assert pack_linear_weights(model, ONEDNN)  # the same model, with the right numbers: packed
+
+
+def test_aten_kernels_puts_back_the_onednn_setting_it_found_even_when_it_was_off():
+    assert torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)  # switched off by the user (torch.backends.mkldnn.flags)
+    try:
+        with aten_kernels():
+            assert not torch._C._get_mkldnn_enabled()
+        assert not torch._C._get_mkldnn_enabled()  # left off, not switched on
+    finally:
+        torch._C._set_mkldnn_enabled(True)

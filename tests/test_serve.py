@@ -354,6 +354,7 @@ def test_a_client_that_disconnects_mid_stream_stops_its_generation(client, serve
     deadline = time.monotonic() + 30
     while worker(server).stats.cancelled == before and time.monotonic() < deadline:
         time.sleep(0.02)
+    assert worker(server).stats.cancelled > before, "no job was cancelled within 30 s of the disconnect"
     job = worker(server).stats.recent[-1]
     assert job.ended == "cancelled" and 5 <= job.turns < 5000
     assert worker(server).load["active"] == 0
@@ -370,6 +371,7 @@ def test_a_client_that_disconnects_while_waiting_for_a_whole_completion_stops_it
     deadline = time.monotonic() + 30
     while worker(server).stats.cancelled == before and time.monotonic() < deadline:
         time.sleep(0.02)
+    assert worker(server).stats.cancelled > before, "no job was cancelled within 30 s of the disconnect"
     job = worker(server).stats.recent[-1]
     assert job.ended == "cancelled" and job.turns < 5000
 
@@ -392,6 +394,67 @@ def test_a_completion_the_shutdown_stops_is_a_503_not_a_200_with_part_of_the_tex
     status, body = answers[0]
     assert status == 503 and json.loads(body)["error"]["code"] == "server_shutting_down", body
 
+def test_a_shutdown_that_cuts_one_of_the_choices_short_is_a_503(server, monkeypatch):
+    # Choice 0 has ended, choice 1 has not when the shutdown cancels the job: still not an answer.
+    import tinyattn.serve.app as app_module
+    from tinyattn.generate.text import SamplePiece
+
+    def first_ends_second_runs_on(served, completion):
+        yield SamplePiece(0, "done", "stop")
+        while True:
+            time.sleep(0.005)
+            yield SamplePiece(1, "x")
+    monkeypatch.setattr(app_module, "_samples", first_ends_second_runs_on)
+    turns = worker(server).stats.turns
+    answers = []
+    request = threading.Thread(target=lambda: answers.append(post(server, "/v1/completions", {
+        "model": "tiny-serve", "prompt": PROMPT, "max_tokens": 100, "n": 2})))
+    request.start()
+    deadline = time.monotonic() + 30
+    while worker(server).stats.turns < turns + 3 and time.monotonic() < deadline:
+        time.sleep(0.01)  # choice 0's last piece is out, choice 1 is decoding
+    worker(server).cancel_all()
+    request.join(timeout=60)
+    status, body = answers[0]
+    assert status == 503 and json.loads(body)["error"]["code"] == "server_shutting_down", body
+
+
+def test_a_worker_error_mid_stream_is_an_error_event_and_then_done(server, monkeypatch):
+    import tinyattn.serve.app as app_module
+    from tinyattn.generate.text import SamplePiece
+
+    def fails_after_one_piece(served, completion):
+        yield SamplePiece(0, "a")
+        raise RuntimeError("a bug")
+    monkeypatch.setattr(app_module, "_samples", fails_after_one_piece)
+    connection = http.client.HTTPConnection(*server.sock.getsockname()[:2])
+    body = {"model": "tiny-serve", "prompt": PROMPT, "max_tokens": 5, "stream": True}
+    connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    assert response.status == 200  # the headers went out with the first piece
+    events = [block for block in response.read().decode().split("\n\n") if block]
+    assert json.loads(events[0][len("data: "):])["choices"][0]["text"] == "a"
+    error = json.loads(events[1][len("data: "):])["error"]
+    assert error["type"] == "server_error" and "RuntimeError: a bug" in error["message"]
+    assert events[2:] == ["data: [DONE]"]
+
+
+def test_usage_counts_the_tokens_the_tokenizer_encodes_the_text_to_not_its_characters():
+    import types
+
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.data.tokenizer import build_tokenizer
+    from tinyattn.serve.app import _usage
+
+    bpe = build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), lambda: iter(["ab done " * 20]))
+    texts = ["ab done ab done", "", "done"]
+    expected = len(bpe.encode(texts[0])) + len(bpe.encode(texts[2]))
+    assert expected < len(texts[0]) + len(texts[2])  # whole words are single tokens
+    usage = _usage(types.SimpleNamespace(tokenizer=bpe), types.SimpleNamespace(prompt_tokens=3), texts)
+    assert usage == {"prompt_tokens": 3, "completion_tokens": expected, "total_tokens": 3 + expected}
+
+
 def test_past_the_waiting_limit_a_request_is_a_429():
     import asyncio
 
@@ -411,6 +474,78 @@ def test_past_the_waiting_limit_a_request_is_a_429():
         assert full.load["waiting"] == 1
     finally:
         loop.close()
+
+
+def test_cancel_all_cancels_the_waiting_jobs_too():
+    import asyncio
+
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.serve.worker import Job, ModelWorker
+
+    loop = asyncio.new_event_loop()
+    try:
+        idle = ModelWorker(max_active=1)  # not started: every job submitted is waiting
+        jobs = [idle.submit(Job(iter([i]), loop)) for i in range(3)]
+        idle.cancel_all()
+        assert all(job.cancelled.is_set() for job in jobs)
+    finally:
+        loop.close()
+
+
+def test_at_most_max_active_jobs_decode_at_once_and_the_stats_say_so():
+    import asyncio
+
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.serve.worker import Job, ModelWorker
+
+    loop = asyncio.new_event_loop()  # not running: what the jobs send stays queued on it
+    busy = ModelWorker(max_active=2)
+    try:
+        jobs = [busy.submit(Job(iter(range(3)), loop, f"job {i}")) for i in range(4)]
+        busy.start()
+        deadline = time.monotonic() + 10
+        while busy.stats.jobs < 4 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert busy.stats.jobs == 4, "the four jobs did not end within 10 s"
+        assert busy.stats.most_active == 2
+        # The last two had their first turn only once the first two had ended.
+        assert max(job.last_turn for job in jobs[:2]) < min(job.first_turn for job in jobs[2:])
+    finally:
+        busy.stop()
+        loop.close()
+
+
+def test_at_shutdown_every_job_decoding_or_waiting_gets_its_end():
+    import asyncio
+
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.serve.worker import Job, ModelWorker
+
+    def endless():
+        while True:
+            time.sleep(0.005)
+            yield "x"
+
+    async def items(job):
+        return [item async for item in job.items()]
+
+    async def shut_down():
+        loop = asyncio.get_running_loop()
+        one = ModelWorker(max_active=1)
+        decoding, waiting = one.submit(Job(endless(), loop)), one.submit(Job(iter(["never"]), loop))
+        one.start()
+        deadline = time.monotonic() + 10
+        while decoding.turns == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        one.stop()
+        assert not one.alive and waiting.turns == 0
+        assert set(await asyncio.wait_for(items(decoding), timeout=5)) == {"x"}
+        assert await asyncio.wait_for(items(waiting), timeout=5) == []  # ended, not left hanging
+
+    asyncio.run(shut_down())
 
 
 # ----------------------------------------------------------------------------- the playground, the explorer
