@@ -136,6 +136,15 @@ def test_glob_of_text_files(tmp_path):
     assert split_documents(result.validation, result.tokenizer) == documents[9:]
 
 
+def test_a_file_named_and_matched_by_a_glob_is_read_once(tmp_path):
+    folder = write_text_folder(tmp_path / "books")
+    config = make_config(tmp_path, {"files": [str(folder / "doc05.txt"), str(folder / "*.txt")]})
+    result = prepare_data(config, progress=False)
+    documents = (split_documents(result.train, result.tokenizer)
+                 + split_documents(result.validation, result.tokenizer))
+    assert documents[0] == DOCUMENTS[5] and sorted(documents) == sorted(DOCUMENTS)  # in its first place only
+
+
 def test_json_lines_with_a_custom_text_field(tmp_path):
     path = write_jsonl(tmp_path / "corpus.jsonl", field="content")
     config = make_config(tmp_path, {"files": [str(path)], "text_field": "content"})
@@ -444,36 +453,53 @@ def test_damaged_cache_is_rebuilt(tmp_path, builds, damage):
     assert len(builds) == 2 and np.array_equal(result.train, expected)
 
 
+@pytest.mark.parametrize("split", ["train", "validation"])
 @pytest.mark.parametrize("damage", ["zeros", "ids outside the vocabulary", "the id one past the vocabulary"])
-def test_token_file_changed_in_place_is_rebuilt_with_a_warning(tmp_path, builds, capsys, damage):
+def test_token_file_changed_in_place_is_rebuilt_with_a_warning(tmp_path, builds, capsys, damage, split):
     folder = write_text_folder(tmp_path / "books")
     config = make_config(tmp_path, {"files": [str(folder)]})
     first = prepare_data(config, progress=False)
-    expected, vocab_size = np.array(first.train), first.tokenizer.vocab_size
+    expected, vocab_size = np.array(getattr(first, split)), first.tokenizer.vocab_size
     del first
     cache = trusted_caches(tmp_path)[0].parent
-    size = (cache / "train.bin").stat().st_size
+    path = cache / f"{split}.bin"
+    size = path.stat().st_size
     if damage == "zeros":  # same size, other bytes: only the checksum can tell
-        with open(cache / "train.bin", "r+b") as f:
+        with open(path, "r+b") as f:
             f.write(bytes(min(4096, size)))
-        reason = r"train\.bin does not match its checksum in meta\.json"
+        reason = rf"{split}\.bin does not match its checksum in meta\.json"
     else:  # ids the model has no embedding for, with a checksum that agrees
         bad_id = vocab_size + 7 if damage == "ids outside the vocabulary" else vocab_size
         bad = np.full(size // 2, bad_id, dtype=np.uint16)
-        bad.tofile(cache / "train.bin")
+        bad.tofile(path)
         meta = json.loads((cache / "meta.json").read_text())
-        meta["checksums"]["train.bin"] = hashlib.blake2b(bad.tobytes()).hexdigest()
+        meta["checksums"][path.name] = hashlib.blake2b(bad.tobytes()).hexdigest()
         (cache / "meta.json").write_text(json.dumps(meta))
-        reason = rf"train\.bin holds token id {bad_id}, outside the vocabulary of {vocab_size}"
+        reason = rf"{split}\.bin holds token id {bad_id}, outside the vocabulary of {vocab_size}"
     builds.clear()
     capsys.readouterr()
     result = prepare_data(config, progress=False)
     warning = capsys.readouterr().err
     assert re.fullmatch(rf"warning: \S+{reason}.*; rebuilding the token cache\n", warning)
-    assert len(builds) == 2 and np.array_equal(result.train, expected)
+    assert len(builds) == 2 and np.array_equal(getattr(result, split), expected)
     builds.clear()
     prepare_data(config, progress=False)  # the rebuilt cache verifies
     assert builds == [] and capsys.readouterr().err == ""
+
+
+def test_a_cached_tokenizer_edited_in_place_is_not_trusted(tmp_path, builds, capsys):
+    folder = write_text_folder(tmp_path / "books")
+    config = make_config(tmp_path, {"files": [str(folder)]})
+    first = prepare_data(config, progress=False).tokenizer.to_json()
+    path = trusted_caches(tmp_path)[0].parent / "tokenizer.json"
+    path.write_text(path.read_text(encoding="utf-8") + " ", encoding="utf-8")  # still a valid tokenizer
+    builds.clear()
+    capsys.readouterr()
+    result = prepare_data(config, progress=False)
+    warning = capsys.readouterr().err
+    assert re.fullmatch(r"warning: \S+tokenizer\.json does not match its checksum in meta\.json"
+                        r"; rebuilding the token cache\n", warning)
+    assert len(builds) == 2 and result.tokenizer.to_json() == first
 
 
 def test_uint32_when_the_vocabulary_does_not_fit_in_uint16(tmp_path):

@@ -101,6 +101,20 @@ def test_document_separators_count_as_no_text():
     assert text_units(bpe, np.asarray(bpe.encode("né<|endoftext|>né")), char_level=False) == 6
 
 
+def test_an_imported_tokenizers_own_end_of_text_counts_as_no_text():
+    import tokenizers
+
+    from tinyattn.data.tokenizer import Tokenizer
+
+    bpe = build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), lambda: iter(["né\n" * 20]))
+    backend = tokenizers.Tokenizer.from_str(bpe.to_json())
+    backend.add_special_tokens(["</s>"])  # as an imported Llama-style tokenizer ends its texts
+    tokenizer = Tokenizer(backend, end_of_text="</s>")
+    tokens = np.asarray(tokenizer.encode("né</s>né"))
+    assert int(np.count_nonzero(tokens == tokenizer.eot_id)) == 1
+    assert text_units(tokenizer, tokens, char_level=False) == 6  # the 3 + 3 bytes of "né" twice
+
+
 def test_loss_by_position_has_one_entry_per_position_and_averages_to_the_loss_of_its_windows(run):
     model, validation = run["model"], run["data"].validation
     for max_windows in (None, 3):
@@ -192,6 +206,14 @@ def test_tensorboard_curve_is_drawn_with_numpy_at_the_losses_on_a_log_scale(monk
     [(tag, logged, step, _)] = tensorboard_writer.images
     assert (tag, step) == ("loss_by_position/plot", 3)
     np.testing.assert_array_equal(logged, image)
+
+
+def test_a_curve_of_nan_losses_only_draws_an_empty_chart_instead_of_raising():
+    from tinyattn.analysis.plotting import LINE_RGB
+
+    image = loss_by_position_image(np.full(8, np.nan))  # e.g. no full window was scored
+    assert image.shape == (240, 420, 3) and image.dtype == np.uint8
+    assert not np.all(image == LINE_RGB, axis=-1).any()  # no curve: nothing to draw
 
 
 # ----------------------------------------------------------------------------- command line

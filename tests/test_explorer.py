@@ -99,6 +99,19 @@ def test_placeholders_in_a_title_or_token_stay_text_and_the_page_is_whole(releva
     assert page.count(page_part("SCRIPT").strip()) == 1 and page.count(page_part("STYLE").strip()) == 1
 
 
+def test_the_title_is_html_escaped_in_the_page_and_kept_as_it_is_in_the_data():
+    T, L, H = 4, 1, 1
+    weights = np.tril(np.ones((T, T), dtype=np.float32))[None, None] / np.arange(1, T + 1)[:, None]
+    relevance = np.where(np.tril(np.ones((T, T)), k=-1) > 0, 0.1, np.nan)
+    rel = Relevance(list(range(T)), ["a"] * T, T, np.zeros(T, dtype=int), weights,
+                    np.append(np.ones(T - 1), np.nan), relevance, np.zeros((L, H)), 1.0)
+    title = '<b>Tom & "Jerry"</b><script>alert(1)</script>'
+    page = explorer_html(rel, title=title)
+    escaped = "&lt;b&gt;Tom &amp; &quot;Jerry&quot;&lt;/b&gt;&lt;script&gt;alert(1)&lt;/script&gt;"
+    assert f"<title>{escaped}</title>" in page and f"<h1>{escaped}</h1>" in page
+    assert "<b>Tom" not in page and page.count("</script>") == 2 and data_of_page(page)["title"] == title
+
+
 def test_a_256_token_text_of_a_6x6_model_makes_a_page_well_under_two_megabytes():
     T, L, H = 256, 6, 6
     rng = np.random.default_rng(0)

@@ -73,6 +73,14 @@ def test_the_lstm_contender_has_the_layers_asked_and_about_the_attention_models_
     assert 0.9 < built.num_parameters() / attention.build(16).num_parameters() < 1.1
 
 
+@pytest.mark.parametrize("layers, expected", [(3, 0.2), (1, 0.0)])
+def test_the_lstm_contender_has_the_dropout_asked_between_its_layers(layers, expected):
+    config = load_config(ROOT / "configs" / "tiny.yaml", ["model.vocab_size=65", "model.dropout=0.2"])
+    device = torch.device("cpu")
+    _, lstm = contenders_for(config, layers, device, select_precision("fp32", device))
+    assert lstm.build(16).lstm.dropout == expected  # torch drops only between layers: none for one
+
+
 def test_threads_sets_torchs_cpu_threads():
     before = torch.get_num_threads()
     try:
@@ -131,6 +139,17 @@ def test_an_untied_head_at_init_is_measured_as_the_tied_model_would_be(random_to
     assert np.all(measured > 0)
     assert not untied.head.weight.any()  # the model itself is not changed
     assert at_initialisation(tied) is tied
+
+
+def test_a_trained_untied_head_and_a_tied_one_are_measured_as_they_are():
+    shape = dict(vocab_size=65, n_layer=1, n_head=2, n_embd=32, context_length=24)
+    trained = LanguageModel(ModelConfig(**shape, tie_embeddings=False))
+    with torch.no_grad():
+        trained.head.weight.normal_()  # no longer the zero head it started with
+    before = trained.head.weight.clone()
+    assert at_initialisation(trained) is trained and torch.equal(trained.head.weight, before)
+    lstm = LSTMLanguageModel(LSTMConfig(65, 32))
+    assert at_initialisation(lstm) is lstm
 
 
 def test_the_gradient_by_distance_is_the_mean_of_each_windows_own(random_tokens):
@@ -327,6 +346,12 @@ def test_the_distance_table_shows_each_copys_loss_and_the_drop_and_the_recall_by
     lines = text.splitlines()
     assert lines[4].split() == ["4", "7.500", "0.250", "7.250"]  # d, first copy, second copy, drop
     assert [line.split() for line in lines[8:10]] == [["0-7", "0.750", "40"], ["8-15", "0.125", "24"]]
+
+
+@pytest.mark.parametrize("context, rows", [(2, [0, 1]), (3, [0, 1, 2]), (16, [0, 1, 2, 4, 8, 15]),
+                                           (17, [0, 1, 2, 4, 8, 16]), (33, [0, 1, 2, 4, 8, 16, 32])])
+def test_the_distance_rows_double_to_the_farthest_and_show_it_once(context, rows):
+    assert recurrence.distance_rows(context) == rows
 
 
 def test_the_recurrence_table_gives_each_models_gradient_at_init_and_trained_to_the_farthest_k():

@@ -448,3 +448,21 @@ def test_training_flops_per_token_are_6_per_weight_read_plus_the_attention_term(
                                       tie_embeddings=tie))
     read = sum(p.numel() for name, p in model.named_parameters() if tie or name != "token_embedding.weight")
     assert model.flops_per_token() == 6 * read + 12 * 2 * 24 * 32
+
+
+# ----------------------------------------------------------------------------- memory estimate
+
+
+@pytest.mark.parametrize("optimizer, per_param", [("adamw", 16), ("muon", 12)])
+def test_the_memory_estimate_counts_the_ema_average_and_the_weights_an_evaluation_sets_aside(optimizer,
+                                                                                           per_param):
+    from tinyattn.config import TrainConfig
+    from tinyattn.model.memory import parameter_count, training_memory
+
+    model = ModelConfig(vocab_size=100, n_layer=2, n_head=2, n_embd=32, context_length=16)
+    plain = training_memory(model, TrainConfig(batch_size=4, precision="fp32", optimizer=optimizer))
+    averaged = training_memory(model, TrainConfig(batch_size=4, precision="fp32", optimizer=optimizer,
+                                                  ema=0.98))
+    assert plain.state_bytes == per_param * parameter_count(model)
+    assert averaged.state_bytes == plain.state_bytes + 2 * 4 * parameter_count(model)  # two fp32 copies
+    assert averaged.activation_bytes == plain.activation_bytes

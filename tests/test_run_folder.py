@@ -8,9 +8,9 @@ from datetime import datetime
 
 import pytest
 
-from tinyattn.errors import StorageError
-from tinyattn.system.storage import atomic_write, check_writable
-from tinyattn.train.run_folder import LOCK_NAME, RunLock, unique_run_dir
+from tinyattn.errors import ConfigError, StorageError
+from tinyattn.system.storage import atomic_write, check_writable, remove_temporaries
+from tinyattn.train.run_folder import KERNEL_LOCK_NAME, LOCK_NAME, RunLock, check_run_name, unique_run_dir
 
 
 def test_a_second_holder_is_told_the_pid_and_the_folder_frees_on_release(tmp_path):
@@ -57,6 +57,32 @@ def test_two_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
     assert first.is_dir() and second.is_dir()
 
 
+@pytest.mark.parametrize("name", [".", "..", "a/b", "", "/abs"])
+def test_a_run_name_that_is_not_one_folder_name_inside_out_dir_is_refused(name):
+    with pytest.raises(ConfigError, match=r"--run-name .*: a run name is one folder name inside"):
+        check_run_name(name)
+
+
+@pytest.mark.parametrize("left", [[KERNEL_LOCK_NAME], [KERNEL_LOCK_NAME, LOCK_NAME]],
+                         ids=["kernel lock", "both"])
+def test_a_folder_holding_only_the_lock_files_of_a_run_that_died_at_once_is_taken(tmp_path, left):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for name in left:  # killed after it locked the folder, before it marked it
+        (folder / name).write_bytes(b"")
+    with RunLock.acquire(folder):
+        assert (folder / LOCK_NAME).read_text().strip() == str(os.getpid())
+
+
+def test_remove_temporaries_takes_files_and_leaves_a_folder_named_like_one(tmp_path):
+    (tmp_path / ".step.pt.x1.tmp").write_bytes(b"half")
+    (tmp_path / ".keep.tmp").mkdir()
+    (tmp_path / ".keep.tmp" / "inside").write_text("mine")
+    assert remove_temporaries(tmp_path) == [tmp_path / ".step.pt.x1.tmp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".keep.tmp"]
+    assert (tmp_path / ".keep.tmp" / "inside").read_text() == "mine"
+
+
 # ----------------------------------------------------------------------------- atomic writes
 
 
@@ -89,6 +115,16 @@ def test_an_error_inside_the_block_keeps_the_old_file_and_leaves_no_temporary(tm
         with atomic_write(target) as f:
             f.write(b"half of the new")
             raise ValueError("the writer failed")
+    assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["best.pt"]
+
+
+def test_a_keyboard_interrupt_inside_the_block_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
+    target = tmp_path / "best.pt"
+    target.write_bytes(b"old")
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_write(target) as f:
+            f.write(b"half of the new")
+            raise KeyboardInterrupt
     assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["best.pt"]
 
 
@@ -158,3 +194,18 @@ def test_a_file_where_a_folder_should_be_is_one_line_naming_it(tmp_path, below):
     with pytest.raises(StorageError, match="is a file, not a folder"):
         check_writable(tmp_path / "taken" / below)
     assert (tmp_path / "taken").read_text() == "a file"
+
+
+def test_a_folder_that_cannot_be_locked_is_held_by_nobody(small_tmpfs):
+    RunLock.acquire(small_tmpfs / "run").release()  # leaves its kernel lock file
+    small_tmpfs.make_read_only()  # the lock file cannot be opened for writing, even by root
+    assert RunLock.holder(small_tmpfs / "run") is None
+
+
+def test_a_name_over_255_bytes_is_one_line_saying_so(tmp_path):
+    target = tmp_path / ("x" * 300)
+    with pytest.raises(StorageError, match=r"cannot write .*x{300}: File name too long; a name may have "
+                                           r"at most 255 bytes; choose a shorter one$"):
+        with atomic_write(target) as f:
+            f.write(b"x")
+    assert list(tmp_path.iterdir()) == []
