@@ -311,7 +311,7 @@ def distance_rows(context: int) -> list[int]:
     while k < context - 1:
         rows.append(k)
         k *= 2
-    return rows + [context - 1]
+    return rows + [context - 1] if context > 1 else rows  # a context of 1 has only k = 0
 
 
 def save_figure(contenders: list[Contender], path) -> None:
