@@ -348,8 +348,9 @@ def test_the_distance_table_shows_each_copys_loss_and_the_drop_and_the_recall_by
     assert [line.split() for line in lines[8:10]] == [["0-7", "0.750", "40"], ["8-15", "0.125", "24"]]
 
 
-@pytest.mark.parametrize("context, rows", [(1, [0]), (2, [0, 1]), (3, [0, 1, 2]), (16, [0, 1, 2, 4, 8, 15]),
-                                           (17, [0, 1, 2, 4, 8, 16]), (33, [0, 1, 2, 4, 8, 16, 32])])
+@pytest.mark.parametrize("context, rows", [(1, [0]), (2, [0, 1]), (3, [0, 1, 2]),
+                                           (16, [0, 1, 2, 4, 8, 15]), (17, [0, 1, 2, 4, 8, 16]),
+                                           (33, [0, 1, 2, 4, 8, 16, 32])])
 def test_the_distance_rows_double_to_the_farthest_and_show_it_once(context, rows):
     assert recurrence.distance_rows(context) == rows
 

@@ -29,7 +29,7 @@ def tiny_config(tmp_path: Path, *extra: str):
 # ----------------------------------------------------------------------------- run names and folders
 
 
-@pytest.mark.parametrize("name", ["../../escape", "../myproject", "a/b", "..", "a\\b", "ABSOLUTE"])
+@pytest.mark.parametrize("name", ["../../escape", "../myproject", "a/b", "..", ".", "a\\b", "ABSOLUTE"])
 def test_a_run_name_that_is_not_one_folder_name_is_refused_before_anything_is_made(tmp_path, name):
     name = str(tmp_path / "elsewhere") if name == "ABSOLUTE" else name
     config = tiny_config(tmp_path)
