@@ -102,9 +102,18 @@ def test_a_number_among_json_texts_is_one_line_naming_its_line_not_texts_turned_
     lines[at - 1] = json.dumps({"text": 7})
     path = tmp_path / "quotes.jsonl"
     path.write_text("\n".join(lines[:at + 20] if at < 100 else lines) + "\n", encoding="utf-8")
-    with pytest.raises(DataError, match=rf"quotes\.jsonl: line {at}: 'text' is a number \(7\), where the lines "
-                                        r"before hold a string; a field keeps one type"):
+    with pytest.raises(DataError, match=rf"quotes\.jsonl: line {at}: 'text' is a number \(7\), not text; "
+                                        r"every value of the text field must be a string"):
         prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
+
+
+def test_other_json_fields_may_mix_types_the_texts_are_read_as_written(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    ids = [i if i < 5 else f"x{i}" for i in range(len(DOCUMENTS))]  # an id column of ints, then strings
+    path.write_text("".join(json.dumps({"id": i, "text": d, "meta": {"a": 1} if i == 0 else "none"}) + "\n"
+                            for i, d in zip(ids, DOCUMENTS)), encoding="utf-8")
+    result = prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
+    assert documents_of(result) == expected_split(DOCUMENTS)
 
 
 def test_csv_with_an_unclosed_quote_is_one_line(tmp_path):

@@ -174,11 +174,7 @@ def _records_reader(data: DataConfig, files: list[Path], file_format: str,
                     description: str) -> Callable[[str], Callable[[], DocumentParts]]:
     """How `datasets` reads JSON, CSV, TSV and Parquet files: one document per record."""
     builder, options = file_format, {}
-    if file_format == "json":
-        # A field whose type changes (a number among texts) is refused, not re-read as JSON source
-        # text from then on ("use_json", the default: quotes and backslashes put into the texts).
-        options = {"on_mixed_types": None}
-    elif file_format == "parquet":
+    if file_format == "parquet":
         options = {"columns": [_parquet_column(files, data.text_field)]}  # read only that column
     elif file_format in ("csv", "tsv"):
         # Read the text column as written: a review "10" stays the text "10", not a number.
@@ -194,6 +190,10 @@ def _records_reader(data: DataConfig, files: list[Path], file_format: str,
         # still leaves a lock file per corpus in cache_dir, which is kept beside our caches.
         # It does read the start of the first file, to learn the columns.
         with _reading_errors(description, files, file_format):
+            if file_format == "json":  # before datasets turns every later text into JSON source text
+                problem = _json_text_of_another_type(files, data.text_field)
+                if problem:
+                    raise DataError(problem)
             dataset = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train",
                                             streaming=True, cache_dir=str(lock_folder), **options)
         skipped = SkippedRecords(description, data.text_field)
@@ -472,7 +472,7 @@ def _reading_errors(description: str, files: list[Path], file_format: str) -> It
         raise DataError(f"{empty or description}: an empty {file_format.upper()} file (not even a header "
                         "row); remove it, or give it a header and records") from None
     except (pyarrow.ArrowInvalid, pandas.errors.ParserError) as e:  # bad JSON; bad CSV quoting
-        found = (_find_changed_type(files, str(e)) or _find_invalid_json(files)) if file_format == "json" else None
+        found = _find_invalid_json(files) if file_format == "json" else None
         raise DataError(found or f"{description}: cannot read it ({_first_line(e)})") from None
     except DataError:
         raise
@@ -585,28 +585,44 @@ def _find_invalid_json(files: list[Path]) -> Optional[str]:
     return None
 
 
-JSON_TYPES = {str: "string", bool: "boolean", int: "number", float: "number", list: "array", dict: "object"}
+def _byte_lines(f, size: int = 1 << 22) -> Iterator[bytes]:
+    """The lines of a binary stream (any decompressor's: not all of them iterate by line)."""
+    rest = b""
+    while chunk := f.read(size):
+        *lines, rest = (rest + chunk).split(b"\n")
+        yield from lines
+    if rest:
+        yield rest
 
 
-def _find_changed_type(files: list[Path], error: str) -> Optional[str]:
-    """For Arrow's "Column(/body/text) changed from string to number": the first JSON line whose
-    field holds the new type, and that line."""
-    found = re.search(r"Column\((/[^)]*)\) changed from (\w+) to (\w+)", error)
-    if not found:
-        return None
-    keys, was, now = found.group(1).strip("/").split("/"), found.group(2), found.group(3)
+JSON_TYPES = {bool: "a boolean", int: "a number", float: "a number", list: "an array", dict: "an object"}
+
+
+def _json_text_of_another_type(files: list[Path], text_field: str) -> Optional[str]:
+    """The first JSON line whose text field holds a number, a list or an object, and that line.
+
+    datasets would read it, then re-read that field of every later record as JSON source text
+    (quotes and backslashes put into the texts, silently); other fields may mix types freely.
+    A file that is one JSON document, not JSON lines, is left to datasets."""
+    keys = text_field.split(".")
     for path in files:
         with _open_binary(path) as f:
-            for number, line in enumerate(f.read().decode("utf-8-sig", errors="replace").splitlines(), 1):
+            for number, raw in enumerate(_byte_lines(f), 1):
                 try:
-                    value = json.loads(line)
+                    value = json.loads(raw.decode("utf-8-sig", errors="replace"))
+                except ValueError:
+                    if number == 1:
+                        break  # not JSON lines
+                    continue  # a bad line: datasets' reading names it
+                if isinstance(value, dict) and text_field in value:
+                    value = value[text_field]
+                else:
                     for key in keys:
-                        value = value[key]
-                except (ValueError, KeyError, TypeError, IndexError):
-                    continue
-                if JSON_TYPES.get(type(value)) == now:
-                    return (f"{path}: line {number}: {'.'.join(keys)!r} is a {now} ({json.dumps(value)[:40]}), "
-                            f"where the lines before hold a {was}; a field keeps one type: write it as a {was}")
+                        value = value.get(key) if isinstance(value, dict) else None
+                kind = JSON_TYPES.get(type(value))
+                if kind is not None:
+                    return (f"{path}: line {number}: {text_field!r} is {kind} ({json.dumps(value)[:40]}), "
+                            "not text; every value of the text field must be a string (or null)")
     return None
 
 
