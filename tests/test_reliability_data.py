@@ -55,7 +55,7 @@ def tiny(corpus: Path, out_dir: Path, *extra: str):
                               "train.max_steps=4", "train.eval_interval=2", *extra])
 
 
-@pytest.mark.parametrize("fraction", [1e-12, 1e-7, 0.1, 0.3])
+@pytest.mark.parametrize("fraction", [5e-324, 1e-300, 1e-17, 1e-12, 1e-7, 0.1, 0.3])
 def test_the_first_held_out_document_is_found_at_once_for_any_fraction(fraction):
     import itertools
     import time
@@ -65,6 +65,9 @@ def test_the_first_held_out_document_is_found_at_once_for_any_fraction(fraction)
     started = time.perf_counter()
     first = _first_held_out(fraction)  # counting up to it took hours at 1e-12
     assert time.perf_counter() - started < 0.1
+    if first > 2**1023:  # no index can be held out at this fraction
+        assert not _held_out(2**1023, fraction)
+        return
     assert _held_out(first, fraction)
     assert not any(_held_out(i, fraction) for i in range(max(0, first - 1000), first))
     if fraction > 1e-6:

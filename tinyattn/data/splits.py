@@ -63,11 +63,22 @@ def _held_out(index: int, fraction: float) -> bool:
 
 
 def _first_held_out(fraction: float) -> int:
-    """The first index `_held_out` holds out: about 1 / fraction - 1, found at once (counting up to
-    it took hours for a fraction of 1e-12), then checked against rounding on either side."""
-    guess = max(0, math.ceil(1 / fraction) - 1)
-    start = next((i for i in (guess - 1, guess) if i >= 0 and _held_out(i, fraction)), guess + 1)
-    return next(i for i in itertools.count(start) if _held_out(i, fraction))
+    """The first index `_held_out` holds out: the least i with floor((i + 1) * fraction) >= 1
+    (floor(i * fraction) is 0 until then), found by bisection, as that test only turns true once
+    (counting up to it took hours for a fraction of 1e-12). Above 2**1023: none is held out."""
+    def reaches_one(i: int) -> bool:
+        return math.floor((i + 1) * fraction) >= 1
+
+    high = 1
+    while not reaches_one(high):
+        high *= 2
+        if high > 2**1023:
+            return high
+    low = 0
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if reaches_one(middle) else (middle + 1, high)
+    return low
 
 
 def _numbered(parts: DocumentParts):
