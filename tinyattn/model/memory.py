@@ -141,6 +141,8 @@ def check_decoding_fits(model: ModelConfig, batch_size: int, device: torch.devic
     element = torch.empty((), dtype=dtype).element_size()
     need = 2 * model.n_layer * batch_size * model.kv_heads * model.context_length * model.head_dim * element
     limit, where = available_bytes(device)
+    if limit is not None and device.type == "cuda":  # blocks torch keeps reserved are free to it
+        limit += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     if limit is not None and need > limit:
         raise ConfigError(f"decoding {batch_size:,} sequences at once needs {gigabytes(need)} for their KV "
                           f"caches alone, more than the {gigabytes(limit)} {where}; ask for fewer samples")
