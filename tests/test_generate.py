@@ -669,12 +669,17 @@ def test_stop_string_ends_the_sample_and_is_not_printed(tiny_model, tokenizer):
     assert all(stop not in p.text for p in pieces)
 
 
-def test_end_of_text_ends_a_sample(tokenizer):
+def abc_chain(model_class=None):
+    """A character tokenizer of "abc", and a bigram model that writes a -> b -> c -> end of text."""
     small = build_tokenizer(TokenizerConfig(kind="char"), lambda: iter(["abc"]))
     a, b, c = small.encode("abc")
     table = torch.zeros(small.vocab_size, small.vocab_size)
-    table[a, b] = table[b, c] = table[c, small.eot_id] = 10.0  # a -> b -> c -> end of text
-    model = BigramModel(table)
+    table[a, b] = table[b, c] = table[c, small.eot_id] = 10.0
+    return small, (model_class or BigramModel)(table)
+
+
+def test_end_of_text_ends_a_sample(tokenizer):
+    small, model = abc_chain()
     samples = collect(generate_samples(model, small, "a", 2, max_new_tokens=20, temperature=0))
     assert samples == [("bc", "eot"), ("bc", "eot")]
     assert "".join(generate(model, small, "b", max_new_tokens=1, temperature=0)) == "c"
@@ -693,11 +698,7 @@ class CountedBigramModel(BigramModel):
 
 
 def test_decoding_stops_as_soon_as_every_sample_has_ended():
-    small = build_tokenizer(TokenizerConfig(kind="char"), lambda: iter(["abc"]))
-    a, b, c = small.encode("abc")
-    table = torch.zeros(small.vocab_size, small.vocab_size)
-    table[a, b] = table[b, c] = table[c, small.eot_id] = 10.0  # a -> b -> c -> end of text
-    model = CountedBigramModel(table)
+    small, model = abc_chain(CountedBigramModel)
     samples = collect(generate_samples(model, small, "a", 2, max_new_tokens=50, temperature=0))
     assert samples == [("bc", "eot"), ("bc", "eot")]
     assert model.passes == 3  # the prefill, then a step after b and after c: none after the end of text

@@ -382,17 +382,24 @@ def test_a_completion_the_shutdown_stops_is_a_503_not_a_200_with_part_of_the_tex
     # look like a finished one.
     import threading
 
+    status, body = cancelled_mid_request(server, {"max_tokens": 5000, "temperature": 0},
+                                         ready=lambda: worker(server).load["active"] > 0)
+    assert status == 503 and json.loads(body)["error"]["code"] == "server_shutting_down", body
+
+
+def cancelled_mid_request(server, options: dict, ready) -> tuple[int, bytes]:
+    """A whole completion posted from another thread, the worker's jobs cancelled (Ctrl-C) once
+    `ready()`: the (status, body) the client got."""
     answers = []
     request = threading.Thread(target=lambda: answers.append(post(server, "/v1/completions", {
-        "model": "tiny-serve", "prompt": PROMPT, "max_tokens": 5000, "temperature": 0})))
+        "model": "tiny-serve", "prompt": PROMPT, **options})))
     request.start()
     deadline = time.monotonic() + 30
-    while worker(server).load["active"] == 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    while not ready() and time.monotonic() < deadline:
+        time.sleep(0.01)
     worker(server).cancel_all()
     request.join(timeout=60)
-    status, body = answers[0]
-    assert status == 503 and json.loads(body)["error"]["code"] == "server_shutting_down", body
+    return answers[0]
 
 def test_a_shutdown_that_cuts_one_of_the_choices_short_is_a_503(server, monkeypatch):
     # Choice 0 has ended, choice 1 has not when the shutdown cancels the job: still not an answer.
@@ -405,17 +412,9 @@ def test_a_shutdown_that_cuts_one_of_the_choices_short_is_a_503(server, monkeypa
             time.sleep(0.005)
             yield SamplePiece(1, "x")
     monkeypatch.setattr(app_module, "_samples", first_ends_second_runs_on)
-    turns = worker(server).stats.turns
-    answers = []
-    request = threading.Thread(target=lambda: answers.append(post(server, "/v1/completions", {
-        "model": "tiny-serve", "prompt": PROMPT, "max_tokens": 100, "n": 2})))
-    request.start()
-    deadline = time.monotonic() + 30
-    while worker(server).stats.turns < turns + 3 and time.monotonic() < deadline:
-        time.sleep(0.01)  # choice 0's last piece is out, choice 1 is decoding
-    worker(server).cancel_all()
-    request.join(timeout=60)
-    status, body = answers[0]
+    turns = worker(server).stats.turns  # ready once choice 0's last piece is out, choice 1 decoding:
+    status, body = cancelled_mid_request(server, {"max_tokens": 100, "n": 2},
+                                         ready=lambda: worker(server).stats.turns >= turns + 3)
     assert status == 503 and json.loads(body)["error"]["code"] == "server_shutting_down", body
 
 

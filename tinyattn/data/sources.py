@@ -585,7 +585,7 @@ def _find_invalid_json(files: list[Path]) -> Optional[str]:
     return None
 
 
-def _byte_lines(f, size: int = 1 << 22) -> Iterator[bytes]:
+def _byte_lines(f, size: int = READ_CHARS) -> Iterator[bytes]:
     """The lines of a binary stream (any decompressor's: not all of them iterate by line)."""
     rest = b""
     while chunk := f.read(size):
