@@ -4,12 +4,15 @@ and refused writes (read-only, disk full) as one line."""
 import os
 import subprocess
 import sys
+import threading
 from datetime import datetime
 
 import pytest
+from filelock import FileLock
 
 from tinyattn.errors import ConfigError, StorageError
 from tinyattn.system.storage import atomic_write, check_writable, remove_temporaries
+from tinyattn.train import run_folder
 from tinyattn.train.run_folder import KERNEL_LOCK_NAME, LOCK_NAME, RunLock, check_run_name, unique_run_dir
 
 
@@ -46,6 +49,24 @@ def test_a_lock_held_by_another_process_refuses_and_a_dead_ones_is_taken_over(tm
     with RunLock.acquire(folder):
         assert (folder / LOCK_NAME).read_text().strip() == str(os.getpid())
     assert f"left by pid {holder.pid}, which is no longer running; taking it over" in capfd.readouterr().err
+
+
+def test_a_training_starting_while_another_process_probes_the_folder_waits_the_probe_out(tmp_path, monkeypatch):
+    # RunLock.holder (a resume asking whether the folder is in use) takes the kernel lock for an
+    # instant; a training that starts in that instant must not be refused as if the run were held.
+    folder = tmp_path / "run"
+    RunLock.acquire(folder).release()  # the folder and its lock file exist, as a resume finds them
+    probe = FileLock(folder / KERNEL_LOCK_NAME, timeout=0, thread_local=False)  # another open file: conflicts
+    probe.acquire()
+
+    class ProbedLock(FileLock):  # the probe lets go 0.1 s after the training starts asking
+        def acquire(self, *args, **kwargs):
+            threading.Timer(0.1, probe.release).start()
+            return super().acquire(*args, **kwargs)
+
+    monkeypatch.setattr(run_folder, "FileLock", ProbedLock)
+    with RunLock.acquire(folder):
+        assert (folder / LOCK_NAME).read_text().strip() == str(os.getpid())
 
 
 def test_two_runs_started_in_the_same_second_get_their_own_folders(tmp_path):

@@ -43,6 +43,9 @@ from tinyattn.system.storage import check_writable, remove_temporaries, storage_
 LOCK_NAME = ".lock"  # the holder's pid, one line; there while the folder is held
 KERNEL_LOCK_NAME = ".lock.filelock"  # what the kernel locks; empty, kept between runs
 MARKER_NAME = ".tinyattn-run"  # written into every folder tinyattn makes a run folder
+# Seconds a training waits for the folder's lock: enough to outlast another process's
+# `RunLock.holder` probe, which takes the lock for an instant; a training never lets it go that soon.
+ACQUIRE_WAIT = 0.5
 
 
 class RunLock:
@@ -58,7 +61,7 @@ class RunLock:
         folder = check_writable(folder)
         pid_file = folder / LOCK_NAME
         # thread_local=False: the hold belongs to the process, whichever thread releases it.
-        kernel_lock = FileLock(folder / KERNEL_LOCK_NAME, timeout=0, thread_local=False)
+        kernel_lock = FileLock(folder / KERNEL_LOCK_NAME, timeout=ACQUIRE_WAIT, thread_local=False)
         try:
             with storage_errors(folder / KERNEL_LOCK_NAME):
                 kernel_lock.acquire()
@@ -76,9 +79,10 @@ class RunLock:
 
     @staticmethod
     def holder(folder: str | Path) -> Optional[int]:
-        """Whether a process holds `folder` now: its pid (0 where unknown), else None. Holds
-        nothing itself: a resume asks before it compares the folder's checkpoints, which a
-        training that holds it is still writing."""
+        """Whether a process holds `folder` now: its pid (0 where unknown), else None. A resume
+        asks before it compares the folder's checkpoints, which a training that holds it is
+        still writing. The probe takes the lock for an instant (a lock of this kind cannot be
+        queried otherwise); a training starting then waits it out (`ACQUIRE_WAIT`)."""
         lock_file = Path(folder) / KERNEL_LOCK_NAME
         if not lock_file.is_file():
             return None
