@@ -368,6 +368,29 @@ def test_resuming_an_earlier_checkpoint_in_place_is_refused(corpus, tmp_path, tw
     assert _file_digests(run) == before
 
 
+def test_a_resume_in_place_refuses_another_out_dir_and_its_config_yaml_names_the_folder_it_lives_in(
+        corpus, tmp_path, twelve_steps, capsys):
+    from tinyattn.cli.train import main
+
+    run, before = twelve_steps
+    config_yaml = (run / "config.yaml").read_text()
+    other = tmp_path / "other"
+    assert main(["--resume", str(run), "--no-progress", "--set", f"train.out_dir={other}",
+                 "train.max_steps=15"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: train.out_dir '{other}' (--set): --resume {run} continues the run in its "
+                          f"own folder, under {tmp_path}; to train under {other}, fork it there: ") and \
+        err.count("\n") == 1, err
+    assert not other.exists() and _file_digests(run) == before
+    assert (run / "config.yaml").read_text() == config_yaml
+    # Not given for this resume (a --config file's, a folder moved since): the run's own folder's parent.
+    result = train(tiny_config(corpus, tmp_path, "train.max_steps=15", f"train.out_dir={other}"), resume=run,
+                   progress=False)
+    assert result.run_dir == run and result.step == 15 and not other.exists()
+    assert load_config(run / "config.yaml").train.out_dir == str(tmp_path)
+    assert ckpt.load_checkpoint(run / "step_0000015.pt")["config"]["train"]["out_dir"] == str(tmp_path)
+    assert f"note: train.out_dir '{other}' is not where {run} is" in (run / "train.log").read_text()
+
 
 def test_resuming_a_folder_a_training_still_writes_says_it_is_in_use_not_fork(corpus, tmp_path, twelve_steps):
     # A resume picks the newest checkpoint, and the training holding the folder saves a later one

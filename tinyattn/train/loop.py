@@ -130,6 +130,7 @@ def _train(config: Config, request: _Request, dist: Distributed) -> TrainResult:
         if config.train.init_from:  # the model and tokenizer its source gave it (not read again)
             adopt_model(config, point.config.model, point.config.tokenizer, f"{point.file} (train.init_from)")
         point.adopt(config, request.given)
+        point.keep_out_dir(config, request.run_name, request.given)
         request.notes[:0] = point.notes  # what the resume took from config.yaml
     source = init_source(config) if point is None else None  # fine-tuning: train.init_from
     if point is None:

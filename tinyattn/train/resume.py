@@ -7,7 +7,8 @@ takes its settings from the checkpoint plus the edits made to the folder's confi
 (`edited_config`); a rewritten config.yaml keeps the user's edited text beside it
 (`keep_user_config`). It decides
 whether the run continues in place (only from the folder's latest checkpoint) or forks
-into a new folder (an earlier checkpoint under another --run-name). `open_run_folder`
+into a new folder (an earlier checkpoint under another --run-name); in place, train.out_dir
+names the folder's parent (`keep_out_dir`). `open_run_folder`
 picks the folder and holds it (`run_folder.RunLock`) before anything is written there.
 """
 
@@ -25,7 +26,7 @@ import yaml
 from tinyattn import checkpoint as ckpt
 from tinyattn.config import Config, config_from_dict, config_to_dict, load_config
 from tinyattn.data.token_cache import data_differences
-from tinyattn.errors import CheckpointError, StorageError
+from tinyattn.errors import CheckpointError, ConfigError, StorageError
 from tinyattn.system.distributed import Distributed
 from tinyattn.system.storage import atomic_write
 from tinyattn.train.run_folder import RunLock, check_run_name, in_use_message, unique_run_dir
@@ -128,6 +129,25 @@ class ResumePoint:
                     f"checkpoint, fork it into a new folder: --resume {self.file} --run-name NEW_NAME")
             return own
         return Path(out_dir) / run_name
+
+    def keep_out_dir(self, config: Config, run_name: Optional[str], given: Sequence[str] = ()) -> None:
+        """A run continued in place (no --run-name: see `target`) lives in its own folder, so the
+        config it saves names that folder's parent as train.out_dir. Another one given for this
+        resume (a key in `given`, or edited in config.yaml) is refused: the run would not go there.
+        One that differs otherwise (a --config file's, a folder moved since) is replaced, with a note."""
+        own = self.file.parent
+        out_dir = Path(config.train.out_dir)
+        if run_name is not None or out_dir.resolve() == own.parent.resolve():
+            return
+        if "train.out_dir" in (*given, *self.edited):
+            source = "--set" if "train.out_dir" in given else f"edited in {own / CONFIG_FILE}"
+            raise ConfigError(
+                f"train.out_dir {str(out_dir)!r} ({source}): --resume {own} continues the run in its own "
+                f"folder, under {own.parent}; to train under {out_dir}, fork it there: --resume {self.file} "
+                f"--run-name NEW_NAME --set train.out_dir={out_dir}")
+        self.notes.append(f"note: train.out_dir {str(out_dir)!r} is not where {own} is; the run continues "
+                          f"there, and its config.yaml names {own.parent}")
+        config.train.out_dir = str(own.parent)
 
     def forks_into(self, run_dir: Path) -> bool:
         return self.file.parent.resolve() != Path(run_dir).resolve()
