@@ -308,7 +308,9 @@ def _take_choices(config: Config, trainer: Trainer, choices: PassChoices) -> Non
     """What the tables by passes chose, into the config (config.yaml records it, so a resume
     builds this model and these optimizers), the model and the optimizers."""
     if choices.dropout is not None:
-        trainer.model.set_dropout(choices.dropout)  # a calibration has set it already
+        # A calibration has set it already; a run of train.max_steps takes it only here
+        # (`choose_by_steps` sets nothing).
+        trainer.model.set_dropout(choices.dropout)
         config.model.attention_dropout = config.model.weights_dropout  # as the model was built
         config.model.dropout = choices.dropout
     if choices.min_lr is not None:  # the plan's schedule reads it from here
