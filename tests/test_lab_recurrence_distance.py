@@ -338,6 +338,21 @@ def test_lab_distance_names_the_value_it_refuses_in_one_line(tmp_path, capsys, f
     assert err.startswith(f"error: {flag} {value}: expected an integer >= ") and err.count("\n") == 1, err
 
 
+def test_lab_distance_refuses_pairs_that_cannot_fit_naming_the_most_that_can_before_loading_anything(
+        tmp_path, monkeypatch, capsys):
+    from tinyattn.cli.lab import main
+
+    limit = distance.recall_bytes(1000)  # 1,000 pairs fit exactly; 1,001 do not
+    assert distance.recall_bytes(1001) > limit
+    monkeypatch.setattr(distance, "available_bytes", lambda device: (limit, "of memory available here"))
+    distance.check_recall_fits(1000, torch.device("cpu"))
+    assert main(["distance", "--checkpoint", str(tmp_path / "nowhere"), "--pairs", "100000"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --pairs 100000: the key-value recall needs at least 184,319.4 GB ") and \
+        err.endswith("more than the 18.4 GB of memory available here; give at most --pairs 1000\n"), err
+    assert err.count("\n") == 1  # the checkpoint (there is none) is not read first
+
+
 def test_the_distance_table_shows_each_copys_loss_and_the_drop_and_the_recall_by_distance():
     recall = RecallResult(np.array([0, 8]), np.array([0.75, 0.125]), np.array([40, 24]), steps=3, seconds=1.0,
                           parameters=1000, final_loss=1.5, pairs=8)

@@ -13,7 +13,8 @@ measurements of where a model stops using what it can reach:
 2. Key-value recall, trained here: 8 pairs (key, value) (`--pairs`), then 4 queries, each a
    different key of the pairs whose target is its value; the queried pair stands d tokens back. A small attention model trains
    for a fixed number of steps (the project's Trainer and optimizer), then its recall accuracy
-   against d on fresh sequences. TensorBoard: `<out>/key_value/`.
+   against d on fresh sequences. TensorBoard: `<out>/key_value/`. Its memory grows as the square
+   of --pairs: one that cannot fit is refused first (`check_recall_fits`).
 
 Writes `distance.txt` and `distance.png` into `--out` (default `checkpoints/lab/distance-<date>-<time>`).
 """
@@ -42,6 +43,7 @@ from tinyattn.lab.outputs import (
     tensorboard_writer,
     use_threads,
 )
+from tinyattn.model.memory import FP32, available_bytes, gigabytes, training_memory
 from tinyattn.model.transformer import IGNORE_INDEX, LanguageModel, evaluation_mode
 from tinyattn.system.device import select_device, select_precision
 from tinyattn.system.seeding import seed_everything
@@ -50,6 +52,7 @@ from tinyattn.train.optim import build_optimizer
 from tinyattn.train.trainer import Trainer
 
 PROBE_SAMPLES = 64  # random strings per gap length
+RECALL_BATCH = 32
 RECALL_EVAL_SEQUENCES = 512
 DISTANCE_BIN = 8  # recall accuracy is reported over d in bins this wide
 
@@ -79,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
                                 ("--recall-steps", args.recall_steps, 1), ("--seed", args.seed, 0)):
         if not lowest <= value < 2**63:
             raise TinyattnError(f"{flag} {value}: expected an integer >= {lowest}")
+    check_recall_fits(args.pairs, device)  # before the probe's minutes: --pairs grows it as its square
     loaded = load_any_model(args.checkpoint, device)
     model, tokenizer = loaded.model, loaded.tokenizer
     text = gap_text(args.text, loaded)
@@ -221,15 +225,47 @@ class RecallResult:
     pairs: int  # chance is 1 / pairs
 
 
-def recall_model(task: KeyValueRecall) -> LanguageModel:
+def recall_config(task: KeyValueRecall) -> ModelConfig:
     """The small attention model the recall task trains: 2 layers, width 64, 4 heads."""
-    return LanguageModel(ModelConfig(vocab_size=task.vocab_size, n_layer=2, n_head=4, n_embd=64,
-                                     context_length=task.context_length), "fused")
+    return ModelConfig(vocab_size=task.vocab_size, n_layer=2, n_head=4, n_embd=64,
+                       context_length=task.context_length)
+
+
+def recall_model(task: KeyValueRecall) -> LanguageModel:
+    return LanguageModel(recall_config(task), "fused")
+
+
+def recall_bytes(pairs: int) -> int:
+    """A floor of the memory the recall model needs with `pairs` pairs: what a training step holds
+    (`model.memory.training_memory`, fp32), or the fp32 logits of the RECALL_EVAL_SEQUENCES sequences
+    its evaluation reads at once, whichever is more. Both grow as pairs squared (the context and the
+    vocabulary are each about 3 * pairs); the evaluation's logits are the larger."""
+    task = KeyValueRecall(pairs, batch_size=RECALL_BATCH, seed=0)
+    step = training_memory(recall_config(task), TrainConfig(batch_size=RECALL_BATCH, precision="fp32"),
+                           explicit_attention=False)
+    return max(step.total_bytes, RECALL_EVAL_SEQUENCES * task.context_length * task.vocab_size * FP32)
+
+
+def check_recall_fits(pairs: int, device: torch.device) -> None:
+    """One line naming --pairs and the largest that fits, when `recall_bytes(pairs)` exceeds the
+    memory `device` has free (before anything is loaded or trained)."""
+    limit, where = available_bytes(device)
+    need = recall_bytes(pairs)
+    if limit is None or need <= limit:
+        return
+    low, high = 1, pairs  # recall_bytes grows with pairs: the largest that fits, by bisection
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if recall_bytes(middle) <= limit else (low, middle - 1)
+    advice = f"give at most --pairs {low}" if low >= 2 else "free some memory"
+    raise TinyattnError(f"--pairs {pairs}: the key-value recall needs at least {gigabytes(need)} (its "
+                        f"logits grow as the square of --pairs), more than the {gigabytes(limit)} {where}; "
+                        f"{advice}")
 
 
 def train_recall(*, pairs: int, steps: int, seed: int, device: torch.device, writer_folder: Path) -> RecallResult:
     """Train the recall model for `steps` steps, then its accuracy by distance on fresh sequences."""
-    task = KeyValueRecall(pairs, batch_size=32, seed=seed)
+    task = KeyValueRecall(pairs, batch_size=RECALL_BATCH, seed=seed)
     seed_everything(seed)
     model = recall_model(task).to(device)
     config = TrainConfig(batch_size=task.batch_size, max_steps=steps, lr=3e-3, min_lr=3e-4,
