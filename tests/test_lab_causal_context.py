@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tinyattn.cli.main import main
-from tinyattn.config import ModelConfig, TrainConfig
+from tinyattn.config import ModelConfig, TrainConfig, load_config
 from tinyattn.data.batches import eval_batches
 from tinyattn.errors import TinyattnError
 from tinyattn.lab.causal import (
@@ -160,6 +160,27 @@ def test_the_two_runs_differ_in_the_mask_alone_and_the_users_set_comes_after_the
         assert config.model.n_layer == 3  # the user's --set, over the lab's 2 layers
         assert (config.model.n_embd, config.train.max_steps, config.train.precision) == (64, 3, "fp32")
 
+
+
+def test_both_runs_keep_the_configs_weight_decay_at_any_steps_without_its_tables_by_passes(tmp_path,
+                                                                                        monkeypatch):
+    # The main config's train.decay_by_passes gives 0.2 from 3.5 passes: the lab's 4,000 steps of
+    # batch 16 and context 64 make about 4.1, where 200 make 0.2 (both arms alike either way).
+    from tests.conftest import ROOT
+    from tinyattn.train import loop
+
+    trained = []
+    monkeypatch.setattr(loop, "train", lambda config, **options: trained.append(config) or
+                        SimpleNamespace(run_dir=tmp_path / options["run_name"]))
+    args = argparse.Namespace(config=str(ROOT / "configs" / "shakespeare_char.yaml"), steps=4000, force=False,
+                              overrides=[])
+    train_both(args, tmp_path)
+    main_config = load_config(args.config).train
+    assert main_config.decay_by_passes  # the table the lab leaves out
+    assert len(trained) == 2
+    for config in trained:
+        tables = (config.train.dropout_by_passes, config.train.floor_by_passes, config.train.decay_by_passes)
+        assert tables == ({}, {}, {}) and config.train.weight_decay == main_config.weight_decay
 
 
 @pytest.mark.parametrize("earlier", ["causal.md", "causal.png", "bidirectional"])
