@@ -134,6 +134,27 @@ def test_an_exported_folder_and_its_files_get_the_permissions_a_plain_write_give
     assert {p.stat().st_mode & 0o777 for p in (tmp_path / "out").iterdir()} == {0o644}
 
 
+def test_an_export_that_replaces_a_folder_keeps_the_folders_permissions_as_a_replaced_file_keeps_its(
+        tmp_path):
+    # Deliberate (storage.new_folder_mode): a folder made private (chmod 700) stays private under
+    # --force, as atomic_write keeps a replaced file's mode; it cannot be told from an older export's 0700.
+    import os
+
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 4)
+    out = tmp_path / "out"
+    export_folder(model.state_dict(), config, tokenizer, out)
+    os.chmod(out, 0o700)
+    before = (out / "config.json").stat().st_ino
+    old = os.umask(0o022)
+    try:
+        export_folder(model.state_dict(), config, tokenizer, out, force=True)
+    finally:
+        os.umask(old)
+    assert (out / "config.json").stat().st_ino != before  # replaced, not written into
+    assert out.stat().st_mode & 0o777 == 0o700
+
+
 def test_greedy_generation_matches_transformers_token_for_token(tmp_path):
     import transformers
 
