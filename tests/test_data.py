@@ -264,6 +264,19 @@ def test_url_is_downloaded_once_and_checked(tmp_path, monkeypatch, builds):
     assert len(builds) == 2  # train + validation, once
 
 
+def test_another_url_for_a_file_already_there_reuses_its_cache(tmp_path, builds):
+    target = tmp_path / "data" / "corpus.txt"
+    target.parent.mkdir()
+    target.write_text("".join(DOCUMENTS), encoding="utf-8")
+    digest = hashlib.sha256(target.read_bytes()).hexdigest()
+    downloads = ({}, {"url": "https://example.org/a.txt", "sha256": digest},
+                 {"url": "https://mirror.example.net/b.txt", "sha256": digest})
+    caches = [prepare_data(make_config(tmp_path, {"files": [str(target)], **d}), progress=False).cache_dir
+              for d in downloads]
+    assert builds == ["tokenizing train", "tokenizing validation"]  # the url says where from, not what
+    assert caches[0] == caches[1] == caches[2]
+
+
 @pytest.mark.parametrize("check, message", [
     ({"sha256": "0" * 64}, r"has sha256 [0-9a-f]{64}, not data\.sha256=0{64}; the download was deleted"),
     ({"size_bytes": 3}, r"gave \d+ bytes, not data\.size_bytes=3; the download was deleted"),

@@ -157,7 +157,10 @@ def _library_logs_quiet() -> Iterator[None]:
 def _file_source(data: DataConfig, files: list[Path], file_format: str, progress: bool) -> Source:
     stem = _bare_name(files[0]) if len(files) == 1 else Path(os.path.commonpath(files)).name
     description = str(files[0]) if len(files) == 1 else f"{len(files)} files ({', '.join(data.files)})"
-    identity = {"files": [_file_identity(p) for p in files], "format": file_format, "url": data.url}
+    # data.url only says where a missing file is downloaded from: the files' bytes key the cache (the
+    # token cache hashes them), so another url for the same file keeps it. "url": None stays in
+    # the identity so that caches keyed before, without a url, keep their keys.
+    identity = {"files": [_file_identity(p) for p in files], "format": file_format, "url": None}
     if file_format == "tsv":  # read with CSV quoting before, which merged rows: those caches rebuild once
         identity["quoting"] = "none"
     if file_format == "text":
