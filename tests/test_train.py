@@ -60,6 +60,19 @@ def test_cli_end_to_end_writes_a_complete_run(corpus, tmp_path):
     assert state["step"] == 20 and state["tokens_seen"] == 20 * 4 * 32
 
 
+def test_a_bpe_vocabulary_the_text_cannot_fill_is_said_with_the_asked_and_the_got_size(tmp_path, capsys):
+    corpus = tmp_path / "small.txt"
+    corpus.write_text("".join(f"Line {i}: to be, or not to be.\n" for i in range(100)), encoding="utf-8")
+    config = tiny_config(corpus, tmp_path, "tokenizer.kind=bpe", "tokenizer.vocab_size=4096",
+                         "train.max_steps=1", "train.eval_interval=1")
+    train(config, run_name="small", progress=False)
+    got = load_config(tmp_path / "small" / "config.yaml").model.vocab_size
+    assert 257 < got < 4096  # the model is built with the vocabulary the tokenizer has
+    lines = [line for line in capsys.readouterr().err.splitlines() if "vocab_size" in line]
+    assert lines == [f"note: tokenizer.vocab_size asked for 4,096 tokens; BPE training on this text ran out "
+                     f"of pairs to merge at {got:,}, so the vocabulary has {got:,}"]
+
+
 def test_tensorboard_holds_every_curve(corpus, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

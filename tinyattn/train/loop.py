@@ -237,6 +237,10 @@ def _build(config: Config, request: _Request, *, point: Optional[ResumePoint], d
     """The data, a seeded Trainer over it and the Evaluator with train.show's hooks."""
     precision = select_precision(config.train.precision, device)
     data = _prepare_data(config, dist, request.progress, point=point)
+    asked, got = config.tokenizer.vocab_size, data.tokenizer.vocab_size
+    if config.tokenizer.kind == "bpe" and got < asked:  # a small text: the model is built with the smaller
+        request.notes.append(f"note: tokenizer.vocab_size asked for {asked:,} tokens; BPE training on this "
+                             f"text ran out of pairs to merge at {got:,}, so the vocabulary has {got:,}")
     if point is not None:
         note = point.check_data(data.fingerprint, allow_change=request.allow_data_change)
         request.notes.extend([note] if note else [])
