@@ -24,8 +24,8 @@ from tinyattn.generate.cpu_weights import (ONEDNN, PackedLinear, PackingOperator
 from tinyattn.generate.decoder import (CachedDecoder, DecodeStep, generate_tokens, prepare_for_generation,
                                        row_weight_dtype)
 from tinyattn.generate.sampling import apply_repetition_penalty, nucleus_mask, sample_next_token
-from tinyattn.generate.text import (PromptWarning, SamplePiece, SampleStreams, StopStringFilter, generate,
-                                   generate_samples)
+from tinyattn.generate.text import (PromptWarning, SamplePiece, SampleStreams, StopStringFilter,
+                                   encode_prompt, generate, generate_samples)
 from tinyattn.model.attention import recording_attention_weights
 from tinyattn.model.transformer import ModelOutput
 
@@ -750,8 +750,7 @@ def test_a_prompt_that_encodes_to_no_tokens_is_an_error_naming_it():
             return ""
 
     model = BigramModel(torch.zeros(4, 4))
-    with warnings.catch_warnings(), pytest.raises(DataError, match="the prompt '   ' encodes to no tokens"):
-        warnings.simplefilter("ignore", PromptWarning)  # it also names ' ' as a character it cannot read
+    with pytest.raises(DataError, match="the prompt '   ' encodes to no tokens"):
         list(generate(model, Empty(), "   ", max_new_tokens=3, temperature=0))
 
 
@@ -770,6 +769,26 @@ def test_unknown_characters_become_unk_with_a_warning_naming_them(tiny_model, to
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         list(generate(model, tokenizer, "Speak", max_new_tokens=2, seed=0))  # known text: no warning
+
+
+def test_a_normalising_tokenizer_warns_only_for_text_it_reads_as_unk(tmp_path):
+    import tokenizers
+    from tokenizers import decoders, models, normalizers, pre_tokenizers
+
+    from tinyattn.data.tokenizer import Tokenizer
+
+    vocab = {"[UNK]": 0, "<|endoftext|>": 1, "hello": 2, "world": 3, ",": 4, "cafe": 5}
+    backend = tokenizers.Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    backend.normalizer = normalizers.BertNormalizer(lowercase=True)  # and accents stripped
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece()
+    backend.save(str(tmp_path / "tokenizer.json"))
+    tokenizer = Tokenizer.from_file(tmp_path / "tokenizer.json")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # decoded as "hello, world cafe": other text, nothing unknown
+        assert encode_prompt(tokenizer, "Hello, World Café", context_length=8) == [2, 4, 3, 5]
+    with pytest.warns(PromptWarning, match=r"never seen, read as \[UNK\]: '☃', 'xyzzy'$"):
+        assert encode_prompt(tokenizer, "Hello ☃ xyzzy ☃", context_length=8) == [2, 0, 0, 0]
 
 
 @pytest.mark.parametrize("option, value", [

@@ -58,7 +58,11 @@ class Tokenizer:
             raise DataError(f"tokenizer.end_of_text: {end_of_text!r} is not a token of this tokenizer")
         self._byte_level = (spec.get("decoder") or {}).get("type") == "ByteLevel"
         self._splittable = _cuts_at_newlines_are_exact(spec)
-        self._model_type = (spec.get("model") or {}).get("type", "?")
+        model = spec.get("model") or {}
+        self._model_type = model.get("type", "?")
+        # The unknown token: WordLevel, WordPiece and BPE name it, Unigram gives its id.
+        unknown = model.get("unk_token")
+        self._unknown_id = backend.token_to_id(unknown) if unknown else model.get("unk_id")
 
     # ------------------------------------------------------------------ loading and saving
 
@@ -107,6 +111,19 @@ class Tokenizer:
         unknown = getattr(self._backend.model, "unk_token", None)
         ids |= {self._eot_id, self._backend.token_to_id(unknown) if unknown else None}
         return frozenset(ids - {None})
+
+    @property
+    def unknown_id(self) -> Optional[int]:
+        """Id of the model's unknown token (the character tokenizer's `[UNK]`, a WordPiece
+        vocabulary's); None where every text has tokens (byte-level BPE)."""
+        return self._unknown_id
+
+    def unknown_pieces(self, text: str) -> list[str]:
+        """The pieces of `text` read as the unknown token (a character, or a word a WordPiece
+        vocabulary cannot spell), each once, in order of first appearance."""
+        encoding = self._backend.encode(text, add_special_tokens=False)  # with offsets into `text`
+        return list(dict.fromkeys(text[start:end] for id, (start, end) in zip(encoding.ids, encoding.offsets)
+                                  if id == self._unknown_id))
 
     def token(self, id: int) -> Optional[str]:
         """The token `id` stands for, as the vocabulary spells it ("</s>", "▁the"); None outside it."""
@@ -185,12 +202,15 @@ class Tokenizer:
 
 
 def unknown_characters(tokenizer, text: str, ids: Optional[list[int]] = None) -> list[str]:
-    """The characters of `text` that `tokenizer` (anything with encode and decode) cannot give
-    back (a character tokenizer reads them as [UNK]), in order of first appearance; [] when the
-    ids (`ids`, else encoded here) decode to `text` again."""
-    if tokenizer.decode(tokenizer.encode(text) if ids is None else ids) == text:
+    """The characters of `text` that `tokenizer` reads as its unknown token ([UNK]; for a WordPiece
+    vocabulary the word it cannot spell), in order of first appearance; [] when the ids (`ids`,
+    else encoded here) hold no unknown token, or the tokenizer has none. The decoded ids are not
+    compared with `text`: a normalising tokenizer (lowercase, accents stripped) gives back other
+    text without reading any of it as unknown."""
+    unknown = getattr(tokenizer, "unknown_id", None)
+    if unknown is None or unknown not in (tokenizer.encode(text) if ids is None else ids):
         return []
-    return [c for c in dict.fromkeys(text) if tokenizer.decode(tokenizer.encode(c)) != c]
+    return tokenizer.unknown_pieces(text)
 
 
 def pretrained_file(path: str | Path) -> Path:
