@@ -937,15 +937,27 @@ def bad_checkpoints(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--temperature", "-1"], "temperature -1.0 is not accepted"),
-    (["--top-p", "0"], "top-p 0.0 is not accepted"),
-    (["--top-p", "1.5"], "top-p 1.5 is not accepted"),
-    (["--top-k", "-3"], "top-k -3 is not accepted"),
-    (["--max-new-tokens", "-1"], "max-new-tokens -1 is not accepted"),
-    (["--num-samples", "0"], "num-samples 0 is not accepted"),
-    (["--repetition-penalty", "0"], "repetition penalty 0.0 is not accepted"),
-    (["--seed", "-1"], "seed -1 is not accepted"),
-    (["--stop", ""], "stop string '' is not accepted"),
+    (["--num-samples", "0"], "error: --num-samples 0 is not accepted: expected an integer >= 1\n"),
+    (["--top-p", "1.5"], "error: --top-p 1.5 is not accepted: expected a number in (0, 1] "
+                         "(1 means no top-p)\n"),
+    (["--repetition-penalty", "0"], "error: --repetition-penalty 0.0 is not accepted: expected a positive "
+                                    "number (1 means none)\n"),
+], ids=["num-samples", "top-p", "repetition-penalty"])
+def test_cli_a_refused_sampling_option_is_named_as_typed_before_the_model_loads(capsys, args, message):
+    status, out, err = run_main([*args, "--checkpoint", "nowhere"], capsys)  # no such checkpoint: not loaded
+    assert status == 2 and err == message
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--temperature", "-1"], "--temperature -1.0 is not accepted"),
+    (["--top-p", "0"], "--top-p 0.0 is not accepted"),
+    (["--top-p", "1.5"], "--top-p 1.5 is not accepted"),
+    (["--top-k", "-3"], "--top-k -3 is not accepted"),
+    (["--max-new-tokens", "-1"], "--max-new-tokens -1 is not accepted"),
+    (["--num-samples", "0"], "--num-samples 0 is not accepted"),
+    (["--repetition-penalty", "0"], "--repetition-penalty 0.0 is not accepted"),
+    (["--seed", "-1"], "--seed -1 is not accepted"),
+    (["--stop", ""], "--stop '' is not accepted"),
     (["--device", "gpu"], "device 'gpu' is not accepted; expected auto, cpu, cuda, cuda:N or mps"),
     (["--prompt-file", "{tmp}/missing.txt"], "missing.txt: prompt file not found"),
     (["--checkpoint", "{tmp}/nowhere"], "nowhere: no such checkpoint file or run folder"),

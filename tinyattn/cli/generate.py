@@ -114,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
     from tinyattn.system.device import select_device
 
     stop = [unescape(s) for s in args.stop]
+    check_sampling_flags(args, stop)
     device = select_device(args.device)
     prompt = None if args.interactive else read_prompt(args)
     loaded = load_any_model(args.checkpoint, device, args.out_dir)
@@ -127,6 +128,20 @@ def run(args: argparse.Namespace) -> int:
             out.run(_given(prompt, loaded.config.sample.prompt), echo=True)
             return 0
         return _interactive(out)
+
+
+SAMPLING_FLAGS = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "num_samples",
+                  "seed")  # the SamplingOptions fields typed as options (--stop is a list, checked apart)
+
+
+def check_sampling_flags(args: argparse.Namespace, stop: list[str]) -> None:
+    """The sampling options typed, checked before the model loads; a refused one is named as typed."""
+    from tinyattn.config import check_sampling
+
+    def fail(name, value, accepted):
+        raise ConfigError(f"--{name.replace('_', '-')} {value!r} is not accepted: expected {accepted}")
+
+    check_sampling(fail, stop=stop, **{name: getattr(args, name) for name in SAMPLING_FLAGS})
 
 
 def sampling_options(args: argparse.Namespace, saved, stop: list[str]):
