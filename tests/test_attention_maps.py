@@ -349,6 +349,26 @@ def test_cli_writes_heatmaps_and_prints_the_query_table(run_dir, capsys):
         assert status == 2 and "which do not fit the context" in stderr and stderr.count("error:") == 1, stderr
 
 
+@pytest.mark.parametrize("options", [["--query", "was"], ["--query", "was", "--relevance"]],
+                         ids=["heatmaps", "relevance"])
+def test_cli_encodes_the_text_once_for_the_query_and_the_model(run_dir, tmp_path, monkeypatch, capsys,
+                                                               options):
+    import tinyattn.hf.folder as folder
+
+    encoded, load = [], folder.load_any_model
+
+    def load_counting_encodes(*args, **kwargs):
+        loaded = load(*args, **kwargs)
+        encode = loaded.tokenizer.encode
+        monkeypatch.setattr(loaded.tokenizer, "encode", lambda text: encoded.append(text) or encode(text))
+        return loaded
+    monkeypatch.setattr(folder, "load_any_model", load_counting_encodes)
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run_dir), "--text", SENTENCE, *options,
+                                     "--out-dir", str(tmp_path), "--device", "cpu")
+    assert status == 0 and "--query 'was': its first occurrence ends in token s" in stdout, stderr
+    assert encoded == [SENTENCE]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--checkpoint", "no/such/run"], "no/such/run: no such checkpoint file or run folder"),
     (["--query", "dragon"], "--query 'dragon': not a word of the text"),

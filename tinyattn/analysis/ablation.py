@@ -250,7 +250,11 @@ def compute_relevance(model, token_ids: list[int], labels: Optional[list[str]] =
 
 def relevance_of_text(model, tokenizer, text: str) -> Relevance:
     """`compute_relevance` of `text`'s tokens, labelled with their visible text."""
-    token_ids = tokenizer.encode(text)
+    return relevance_of_tokens(model, tokenizer, tokenizer.encode(text))
+
+
+def relevance_of_tokens(model, tokenizer, token_ids: list[int]) -> Relevance:
+    """`relevance_of_text` of a text already encoded (a caller that needs its ids too)."""
     labels = [visible(tokenizer.token_text(i)) for i in token_ids]
     return compute_relevance(model, token_ids, labels)
 

@@ -99,7 +99,6 @@ def visible(text: str) -> str:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in shown)
 
 
-@torch.no_grad()
 def compute_attention_maps(model, tokenizer, text: str) -> AttentionMaps:
     """Run `model` once on `text` and keep every layer's attention weights.
 
@@ -107,7 +106,12 @@ def compute_attention_maps(model, tokenizer, text: str) -> AttentionMaps:
     than the context keeps its last context_length tokens (`dropped_tokens` says how
     many went). The model is put in eval mode for the forward and left as it was.
     """
-    token_ids = tokenizer.encode(text)
+    return attention_maps_of_tokens(model, tokenizer, tokenizer.encode(text))
+
+
+@torch.no_grad()
+def attention_maps_of_tokens(model, tokenizer, token_ids: list[int]) -> AttentionMaps:
+    """`compute_attention_maps` of a text already encoded (a caller that needs its ids too)."""
     if not token_ids:
         raise TinyattnError("the text is empty: attention maps need at least one token")
     context = model.config.context_length

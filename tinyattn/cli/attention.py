@@ -74,27 +74,28 @@ def command(args: argparse.Namespace) -> int:
     if args.text is None and not text:
         raise TinyattnError(f"{loaded.path}: its run sets no train.probe_text, so there is no text to "
                             "look at: give one with --text \"...\"")
+    token_ids = loaded.tokenizer.encode(text)  # once: the query's position and the model read the same ids
     if args.relevance or args.html:
-        return _relevance_and_explorer(args, loaded, text)
-    return _heatmaps(args, loaded, text)
+        return _relevance_and_explorer(args, loaded, text, token_ids)
+    return _heatmaps(args, loaded, token_ids)
 
 
-def _heatmaps(args: argparse.Namespace, loaded, text: str) -> int:
+def _heatmaps(args: argparse.Namespace, loaded, token_ids: list[int]) -> int:
     """The PNGs, and with --query / --query-position the query's top keys."""
     from tinyattn.analysis.attention_maps import (
+        attention_maps_of_tokens,
         check_query_position,
-        compute_attention_maps,
         format_query_table,
         query_position_of_word,
         query_table,
         save_heatmaps,
     )
 
-    maps = compute_attention_maps(loaded.model, loaded.tokenizer, text)
+    maps = attention_maps_of_tokens(loaded.model, loaded.tokenizer, token_ids)
     kept, dropped = len(maps.token_ids), maps.dropped_tokens
     position = None  # in the text, as --relevance counts; then in the kept window
     if args.query is not None:
-        position = query_position_of_word(loaded.tokenizer, loaded.tokenizer.encode(text), args.query)
+        position = query_position_of_word(loaded.tokenizer, token_ids, args.query)
     elif args.query_position is not None:
         position = check_query_position(kept + dropped, args.query_position)
     if position is not None and position < dropped:
@@ -130,14 +131,14 @@ def _check_index(option: str, value: int | None, count: int, what: str) -> None:
         raise TinyattnError(f"{option} {value}: the model has {count} {what} (0..{count - 1})")
 
 
-def _relevance_and_explorer(args: argparse.Namespace, loaded, text: str) -> int:
+def _relevance_and_explorer(args: argparse.Namespace, loaded, text: str, token_ids: list[int]) -> int:
     """--relevance and --html: measure once, print the table, write the page."""
-    from tinyattn.analysis.ablation import format_head_ablation, format_relevance_table, relevance_of_text
+    from tinyattn.analysis.ablation import format_head_ablation, format_relevance_table, relevance_of_tokens
 
     if args.top is not None and args.top < 1:
         raise TinyattnError(f"--top {args.top}: expected a positive number of tokens")
-    position = _relevance_query(args, loaded, text)
-    rel = relevance_of_text(loaded.model, loaded.tokenizer, text)
+    position = _relevance_query(args, loaded, token_ids)
+    rel = relevance_of_tokens(loaded.model, loaded.tokenizer, token_ids)
     if args.relevance:
         if args.query is not None:
             print(f"--query {args.query!r}: its first occurrence ends in token {rel.labels[position]} "
@@ -152,12 +153,11 @@ def _relevance_and_explorer(args: argparse.Namespace, loaded, text: str) -> int:
     return 0
 
 
-def _relevance_query(args: argparse.Namespace, loaded, text: str) -> int:
+def _relevance_query(args: argparse.Namespace, loaded, token_ids: list[int]) -> int:
     """The query's position, checked against the text (and a note when it is read in windows)."""
     from tinyattn.analysis.ablation import check_text, window_stride
     from tinyattn.analysis.attention_maps import check_query_position, query_position_of_word
 
-    token_ids = loaded.tokenizer.encode(text)
     T, context = len(token_ids), loaded.config.model.context_length
     check_text(loaded.model, token_ids)  # before the query checks: they assume a text to measure
     if args.query is not None:
