@@ -246,6 +246,19 @@ def test_cli_scores_a_text_file_and_plots_loss_by_position(run, tmp_path, capsys
 
 
 
+def test_cli_a_text_files_byte_order_mark_is_not_scored(run, tmp_path, capsys):
+    plain, marked = tmp_path / "plain.txt", tmp_path / "marked.txt"
+    plain.write_text(TEXT[:200], encoding="utf-8")
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())  # as a Windows editor saves UTF-8
+    scores = []
+    for path in (plain, marked):
+        status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run["run_dir"]), "--text-file", str(path),
+                                         "--no-plot")
+        assert status == 0 and "warning" not in stderr, stderr  # the mark is no unknown character either
+        scores.append(stdout.replace(str(path), "TEXT"))
+    assert scores[1] == scores[0]
+
+
 def test_cli_plot_goes_where_it_says_and_a_format_it_cannot_write_is_one_line(run, tmp_path, capsys):
     args = ("--checkpoint", str(run["run_dir"]), "--split", "validation", "--plot")
     for given, written in ((tmp_path / "lbp", tmp_path / "lbp.png"),  # no extension: .png, said

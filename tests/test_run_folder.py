@@ -10,8 +10,8 @@ from datetime import datetime
 import pytest
 from filelock import FileLock
 
-from tinyattn.errors import ConfigError, StorageError
-from tinyattn.system.storage import atomic_write, check_writable, remove_temporaries
+from tinyattn.errors import ConfigError, DataError, StorageError
+from tinyattn.system.storage import atomic_write, check_writable, read_text, remove_temporaries
 from tinyattn.train import run_folder
 from tinyattn.train.run_folder import KERNEL_LOCK_NAME, LOCK_NAME, RunLock, check_run_name, unique_run_dir
 
@@ -230,3 +230,12 @@ def test_a_name_over_255_bytes_is_one_line_saying_so(tmp_path):
         with atomic_write(target) as f:
             f.write(b"x")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_read_text_drops_a_leading_byte_order_mark_only(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_bytes(b"\xef\xbb\xbfa\xef\xbb\xbfb\r\nc")  # as a Windows editor saves UTF-8
+    assert read_text(path, "text file") == "a\ufeffb\nc"  # a mark inside is text; newlines as before
+    path.write_bytes(b"\xef\xbb\xbfab\xff")
+    with pytest.raises(DataError, match=r"notes.txt: the text file is not UTF-8 text \(byte 5\)$"):
+        read_text(path, "text file")  # the byte counted in the file, the mark included

@@ -29,6 +29,7 @@ from typing import Optional
 from tinyattn.cli import run_command, warnings_as_lines
 from tinyattn.cli.options import add_checkpoint, add_device, add_inference_dtype, add_out_dir, command_parser
 from tinyattn.errors import ConfigError, DataError
+from tinyattn.system.storage import BYTE_ORDER_MARK
 
 DESCRIPTION = """\
 Generate text from a trained tinyattn checkpoint, streamed to stdout as it is produced.
@@ -183,7 +184,7 @@ def _interactive(out: "StreamPrinter") -> int:
                 print(file=sys.stderr)
             return 0
         if line is not _SKIPPED:
-            out.run(line.rstrip("\r\n").removeprefix(BOM if number == 1 else ""), echo=False)
+            out.run(line.rstrip("\r\n").removeprefix(BYTE_ORDER_MARK if number == 1 else ""), echo=False)
 
 
 _SKIPPED = object()  # what _read_line returns for a line it could not decode
@@ -250,13 +251,10 @@ def read_prompt(args: argparse.Namespace) -> Optional[str]:
     if args.prompt is not None:
         return args.prompt
     if args.stdin == "-" or args.prompt_file == "-":
-        return read_stdin(sys.stdin.read).removeprefix(BOM)
+        return read_stdin(sys.stdin.read).removeprefix(BYTE_ORDER_MARK)  # as read_text drops it from a file
     if args.prompt_file is not None:
-        return read_text(args.prompt_file, "prompt file").removeprefix(BOM)
+        return read_text(args.prompt_file, "prompt file")
     return None
-
-
-BOM = "\ufeff"  # a byte-order mark a Windows editor puts first: not prompt text (data files drop it too)
 
 
 def read_stdin(read) -> str:

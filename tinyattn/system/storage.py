@@ -14,8 +14,9 @@ permissions a plain `open(path, "w")` would give it (those of the file it replac
 0666 less the umask), not the temporary file's owner-only 0600: a checkpoint folder shared
 with a class stays readable.
 
-Reading has its one helper too: `read_text(path, what)` is a UTF-8 file's text, or one
-line naming the file and what went wrong (not found, not UTF-8, unreadable).
+Reading has its one helper too: `read_text(path, what)` is a UTF-8 file's text without the
+byte-order mark a Windows editor puts first, or one line naming the file and what went wrong
+(not found, not UTF-8, unreadable).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ NOT_A_FOLDER_ERRNOS = {errno.ENOTDIR, errno.EEXIST}
 STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG,
                   errno.ENAMETOOLONG, *NOT_A_FOLDER_ERRNOS}
 TEMPORARY_SUFFIX = ".tmp"
+BYTE_ORDER_MARK = "\ufeff"  # a Windows editor puts it first in a UTF-8 file: never text (data files drop it)
 
 
 def new_file_mode(path: Path) -> int:
@@ -177,13 +179,14 @@ def remove_temporaries(folder: str | Path) -> list[Path]:
 
 
 def read_text(path: str | Path, what: str, error: type[TinyattnError] = DataError) -> str:
-    """The UTF-8 text of `path`; else `error` with one line, e.g. "x.yaml: config file not found".
+    """The UTF-8 text of `path`, a leading byte-order mark dropped; else `error` with one line,
+    e.g. "x.yaml: config file not found".
 
     `what` names the file for the user ("config file", "prompt file"); `error` is the
     TinyattnError subclass of the caller's domain (ConfigError for a config, ...).
     """
-    try:
-        return Path(path).read_text(encoding="utf-8")
+    try:  # utf-8, not utf-8-sig: a byte that is not UTF-8 is counted from the file's start, the mark included
+        return Path(path).read_text(encoding="utf-8").removeprefix(BYTE_ORDER_MARK)
     except FileNotFoundError:
         raise error(f"{path}: {what} not found") from None
     except UnicodeDecodeError as e:
