@@ -593,6 +593,7 @@ def test_the_first_new_token_reads_as_it_does_after_the_prompt_with_a_sentencepi
 
     class Llama2Like:
         eot_id = 3
+        text_start = []  # no bos put before a prompt
 
         def encode(self, text):
             return [0] if text == "ROMEO:" else []

@@ -269,6 +269,21 @@ def test_the_file_holds_the_hyperparameters_and_the_tokenizer_keys(tmp_path, kin
 
 
 
+def test_an_imported_folders_bos_is_the_files_bos_and_added_as_its_tokenizer_adds_it(tmp_path):
+    import tokenizers
+
+    backend = tokenizers.Tokenizer.from_str(tokenizer_of("bpe").to_json())
+    backend.add_special_tokens(["<s>", "</s>"])  # a Llama tokenizer's, <s> put before every text
+    backend.post_processor = tokenizers.processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", backend.token_to_id("<s>"))])
+    tokenizer = Tokenizer.from_json(backend.to_str(), end_of_text="</s>", start_of_text="<s>")
+    fields = {k: v.contents() for k, v in gguf.GGUFReader(export(tmp_path, random_model(tokenizer),
+                                                                 tokenizer)).fields.items()}
+    assert fields["tokenizer.ggml.bos_token_id"] == backend.token_to_id("<s>") == tokenizer.start_id
+    assert fields["tokenizer.ggml.eos_token_id"] == backend.token_to_id("</s>") == tokenizer.eot_id
+    assert fields["tokenizer.ggml.add_bos_token"] is True and fields["tokenizer.ggml.add_eos_token"] is False
+
+
 def gguf_forward(path, ids: list[int]) -> np.ndarray:
     """The file's logits (T, V) computed as llama.cpp reads it, in numpy, without llama.cpp:
     its tensor names and metadata, and RoPE by the architecture's rule there (llama rotates

@@ -39,6 +39,7 @@ from tinyattn.config import (
 from tinyattn.data.tokenizer import Tokenizer, build_tokenizer  # noqa: E402
 from tinyattn.errors import ConfigError  # noqa: E402
 from tinyattn.generate.decoder import generate_tokens  # noqa: E402
+from tinyattn.generate.text import encode_prompt, generate  # noqa: E402
 from tinyattn.hf.folder import export_folder, load_any_model  # noqa: E402
 from tinyattn.model.transformer import LanguageModel  # noqa: E402
 from tinyattn.train.loop import train  # noqa: E402
@@ -180,6 +181,7 @@ def test_tokenizer_round_trip_matches_auto_tokenizer(tmp_path, kind):
     export_folder(model.state_dict(), config, tokenizer, tmp_path / "out")
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
     assert theirs.eos_token == "<|endoftext|>" and theirs.eos_token_id == tokenizer.eot_id
+    assert theirs.bos_token == "<|endoftext|>" and theirs("")["input_ids"] == []  # one token, never added
     if kind == "char":
         assert theirs.unk_token == "[UNK]"
     for name, text in SAMPLES.items():
@@ -201,7 +203,10 @@ def test_export_cli_writes_config_generation_defaults_and_card(tmp_path, capsys)
     assert hf["rms_norm_eps"] == torch.finfo(torch.float32).eps  # what nn.RMSNorm(eps=None) uses
     assert hf["rope_parameters"]["rope_theta"] == 10000.0 and hf["tie_word_embeddings"] is True
     assert hf["max_position_embeddings"] == 64 and hf["eos_token_id"] == tokenizer.eot_id
+    assert hf["bos_token_id"] == tokenizer.eot_id  # tinyattn's one special token starts texts too
     generation = json.loads((folder / "generation_config.json").read_text())
+    assert generation["bos_token_id"] == generation["eos_token_id"] == tokenizer.eot_id
+    assert json.loads((folder / "tokenizer_config.json").read_text())["add_bos_token"] is False
     assert (generation["do_sample"], generation["temperature"], generation["top_k"],
             generation["max_new_tokens"]) == (True, 0.7, 20, 100)
     card = (folder / "README.md").read_text()
@@ -318,16 +323,18 @@ def test_an_export_killed_while_replacing_a_folder_loses_neither_and_is_cleaned_
 # ----------------------------------------------------------------------------- import
 
 
-def random_llama(folder, tokenizer: Tokenizer, seed: int = 0, eos: Optional[int] = None):
+def random_llama(folder, tokenizer: Tokenizer, seed: int = 0, eos: Optional[int] = None,
+                 bos: Optional[int] = None):
     """A LlamaForCausalLM built by transformers: GQA, untied head, eps 1e-5, RoPE base 500; its
-    eos token `eos` (None: the tokenizer's <|endoftext|>)."""
+    eos and bos tokens `eos` and `bos` (None: the tokenizer's <|endoftext|>)."""
     import transformers
 
     hf_config = transformers.LlamaConfig(
         vocab_size=tokenizer.vocab_size, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
         rope_parameters={"rope_type": "default", "rope_theta": 500.0}, tie_word_embeddings=False,
-        bos_token_id=tokenizer.eot_id, eos_token_id=tokenizer.eot_id if eos is None else eos)
+        bos_token_id=tokenizer.eot_id if bos is None else bos,
+        eos_token_id=tokenizer.eot_id if eos is None else eos)
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(hf_config).eval()
     with torch.no_grad():
@@ -361,6 +368,87 @@ def test_an_imported_folders_eos_token_ends_texts_and_survives_fine_tuning_and_e
     config.train.max_steps = config.train.eval_interval = 2
     result = train(config, run_name="ft", progress=False)
     assert load_any_model(result.run_dir).tokenizer.eot_id == eos  # the run's config keeps it
+
+
+def llama_tokenizer() -> Tokenizer:
+    """The bpe tokenizer with a Llama tokenizer's two special tokens, <s> (bos) and </s> (eos), and
+    its post-processor, which puts <s> before every text transformers' tokenizer(text) encodes."""
+    import tokenizers
+
+    backend = tokenizers.Tokenizer.from_str(tokenizer_of("bpe").to_json())
+    backend.add_special_tokens(["<s>", "</s>"])
+    bos = backend.token_to_id("<s>")
+    backend.post_processor = tokenizers.processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)])
+    return Tokenizer(backend)
+
+
+def llama_with_bos_and_eos(folder):
+    """A Llama folder as transformers' Llama checkpoints come: bos <s> put before texts, eos </s>."""
+    tokenizer = llama_tokenizer()
+    bos, eos = tokenizer.encode("<s></s>")
+    model = random_llama(folder, tokenizer, seed=1, eos=eos, bos=bos)
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+        "add_bos_token": True}))
+    return model, bos, eos
+
+
+@pytest.mark.parametrize("prompt", ["", "ROMEO: But"], ids=["empty", "prompt"])
+def test_an_imported_folders_bos_starts_generation_as_transformers_generate_does(tmp_path, prompt):
+    import transformers
+
+    reference, bos, eos = llama_with_bos_and_eos(tmp_path / "llama")
+    theirs_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "llama")
+    theirs_ids = theirs_tokenizer(prompt, return_tensors="pt").input_ids
+    assert theirs_ids[0, 0].item() == bos  # the folder's tokenizer puts <s> first
+    loaded = load_any_model(tmp_path / "llama")
+    ids = encode_prompt(loaded.tokenizer, prompt, 64)
+    assert ids == theirs_ids[0].tolist()  # "": [<s>], not [</s>]; a prompt: <s> in front
+    greedy = transformers.GenerationConfig(max_new_tokens=30, do_sample=False, eos_token_id=eos,
+                                           bos_token_id=bos, pad_token_id=eos)
+    theirs = reference.generate(theirs_ids, generation_config=greedy,
+                                attention_mask=torch.ones_like(theirs_ids))[0, len(ids):].tolist()
+    ours = torch.stack(list(generate_tokens(loaded.model, torch.tensor([ids]), 30, temperature=0.0)), dim=1)
+    assert ours[0, :len(theirs)].tolist() == theirs and len(set(theirs)) > 5
+    ended = theirs[:theirs.index(eos)] if eos in theirs else theirs  # transformers stops at </s>
+    text = "".join(generate(loaded.model, loaded.tokenizer, prompt, max_new_tokens=30, temperature=0))
+    assert text == loaded.tokenizer.decode(ended)
+
+
+def test_an_export_of_an_imported_folder_keeps_its_bos_and_eos(tmp_path):
+    import transformers
+
+    _, bos, eos = llama_with_bos_and_eos(tmp_path / "llama")
+    loaded = load_any_model(tmp_path / "llama")
+    imported = loaded.tokenizer
+    assert (imported.start_id, imported.eot_id, imported.adds_start) == (bos, eos, True)
+    export_folder(loaded.model.state_dict(), loaded.config, loaded.tokenizer, tmp_path / "out")
+    for name in ("config.json", "generation_config.json"):
+        written = json.loads((tmp_path / "out" / name).read_text())
+        assert (written["bos_token_id"], written["eos_token_id"]) == (bos, eos), name
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert (theirs.bos_token, theirs.eos_token, theirs("ab")["input_ids"][0]) == ("<s>", "</s>", bos)
+    again = load_any_model(tmp_path / "out").tokenizer
+    assert (again.start_id, again.eot_id, again.adds_start) == (bos, eos, True)
+
+
+def test_eval_scores_an_imported_folders_text_after_its_bos_as_transformers_does(tmp_path, capsys):
+    import transformers
+
+    reference, bos, _ = llama_with_bos_and_eos(tmp_path / "llama")
+    text = "ROMEO: But soft, what light through yonder window breaks?"
+    ids = transformers.AutoTokenizer.from_pretrained(tmp_path / "llama")(text, return_tensors="pt").input_ids
+    assert ids[0, 0].item() == bos and ids.size(1) <= 64  # one tail window: scored exactly as below
+    with torch.no_grad():
+        theirs = reference(ids, labels=ids).loss.item()
+    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
+    code, out, err = run_main(eval_cli.main, ["--checkpoint", tmp_path / "llama", "--text-file",
+                                              tmp_path / "text.txt", "--no-plot", "--device", "cpu"], capsys)
+    assert code == 0, err
+    assert f": {ids.size(1)} tokens" in out  # <s> and the text's
+    loss = float(next(line for line in out.splitlines() if line.startswith("loss ")).split()[1])
+    assert loss == pytest.approx(theirs, abs=1e-4)
 
 
 @pytest.fixture

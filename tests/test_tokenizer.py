@@ -259,3 +259,10 @@ def test_a_byte_level_tokenizer_is_cut_only_where_cuts_leave_its_tokens_alone(ch
     assert (len(pieces) > 1) == cut and "".join(pieces) == text
     whole = tokenizers.Tokenizer.from_str(json.dumps(spec)).encode(text, add_special_tokens=False).ids
     assert tokenizer.encode(text) == whole
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_tinyattns_own_tokenizers_start_texts_with_their_end_of_text_and_add_nothing(kind):
+    tokenizer = build_tokenizer(TokenizerConfig(kind=kind, vocab_size=300), lambda: iter(["ab\ncd"]))
+    assert tokenizer.start_id == tokenizer.eot_id is not None and tokenizer.start_of_text == "<|endoftext|>"
+    assert (tokenizer.adds_start, tokenizer.text_start) == (False, [])

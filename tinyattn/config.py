@@ -340,7 +340,7 @@ class SampleConfig:
     top_k: Optional[int] = None
     top_p: float = 1.0
     repetition_penalty: float = 1.0
-    prompt: str = ""  # empty: start from <|endoftext|>, a document boundary, whatever the corpus
+    prompt: str = ""  # empty: start from <|endoftext|> (a document boundary) or an imported folder's bos
 
     def validate(self, fail: Fail) -> None:
         """The rules every generation call checks too (`check_sampling`); `fail(key, value, accepted)` raises."""

@@ -75,6 +75,8 @@ def _tokens(args: argparse.Namespace, loaded):
             shown = ", ".join(repr(c) for c in unknown[:10]) + (", ..." if len(unknown) > 10 else "")
             print(f"warning: {args.text_file}: {len(unknown)} characters the tokenizer has never seen are "
                   f"scored as [UNK]: {shown}", file=sys.stderr)
+        # An imported folder's bos first where its tokenizer adds it: the text scored as transformers would
+        ids = loaded.tokenizer.text_start + ids
         return np.asarray(ids, dtype=np.int64), str(args.text_file), args.text_file.stem
     name = args.split or "validation"
     return _split_tokens(loaded, name), f"the {name} split", name

@@ -43,11 +43,15 @@ PIECE_CHARS = 1 << 16  # long texts are encoded in pieces of about this many cha
 class Tokenizer:
     """A `tokenizers.Tokenizer` with the small API the rest of tinyattn uses."""
 
-    def __init__(self, backend: tokenizers.Tokenizer, end_of_text: Optional[str] = None):
+    def __init__(self, backend: tokenizers.Tokenizer, end_of_text: Optional[str] = None,
+                 start_of_text: Optional[str] = None):
         """end_of_text: the token that ends a text (`eot_id`); None: <|endoftext|>.
+        start_of_text: the token that starts one (`start_id`, an imported folder's bos); None: the
+        same token, which is all tinyattn's own tokenizers have.
 
         A pretrained file's truncation and padding (a sentence encoder's max_length: 128, say)
-        are turned off: a document or a prompt is encoded whole, and nothing is added to it."""
+        are turned off: a document or a prompt is encoded whole, and nothing is added to it
+        (but `text_start`, where a start_of_text is given)."""
         backend.no_truncation()
         backend.no_padding()
         self._backend = backend
@@ -56,6 +60,14 @@ class Tokenizer:
         self._eot_id = backend.token_to_id(self.end_of_text)
         if end_of_text is not None and self._eot_id is None:
             raise DataError(f"tokenizer.end_of_text: {end_of_text!r} is not a token of this tokenizer")
+        self.start_of_text = start_of_text or self.end_of_text
+        self._start_id = backend.token_to_id(self.start_of_text)
+        if start_of_text is not None and self._start_id is None:
+            raise DataError(f"start of text: {start_of_text!r} is not a token of this tokenizer")
+        # Whether the file's own post-processor puts the start token before a text, as a Llama
+        # tokenizer.json's TemplateProcessing puts <s>: transformers' tokenizer(text) adds it then.
+        self.adds_start = (start_of_text is not None
+                           and backend.encode("", add_special_tokens=True).ids[:1] == [self._start_id])
         self._byte_level = (spec.get("decoder") or {}).get("type") == "ByteLevel"
         self._splittable = _cuts_at_newlines_are_exact(spec)
         model = spec.get("model") or {}
@@ -67,17 +79,19 @@ class Tokenizer:
     # ------------------------------------------------------------------ loading and saving
 
     @classmethod
-    def from_file(cls, path: str | Path, end_of_text: Optional[str] = None) -> "Tokenizer":
-        return cls.from_json(read_text(path, "tokenizer file"), origin=str(path), end_of_text=end_of_text)
+    def from_file(cls, path: str | Path, end_of_text: Optional[str] = None,
+                  start_of_text: Optional[str] = None) -> "Tokenizer":
+        return cls.from_json(read_text(path, "tokenizer file"), origin=str(path), end_of_text=end_of_text,
+                             start_of_text=start_of_text)
 
     @classmethod
-    def from_json(cls, text: str, *, origin: str = "tokenizer JSON",
-                  end_of_text: Optional[str] = None) -> "Tokenizer":
+    def from_json(cls, text: str, *, origin: str = "tokenizer JSON", end_of_text: Optional[str] = None,
+                  start_of_text: Optional[str] = None) -> "Tokenizer":
         try:
             backend = tokenizers.Tokenizer.from_str(text)
         except Exception as e:  # the Rust parser raises a bare Exception with serde's message
             raise DataError(f"{origin}: not a valid tokenizer.json ({str(e).splitlines()[0]})") from None
-        return cls(backend, end_of_text)
+        return cls(backend, end_of_text, start_of_text)
 
     def to_json(self) -> str:
         return self._backend.to_str()
@@ -103,13 +117,25 @@ class Tokenizer:
         return self._eot_id
 
     @property
+    def start_id(self) -> Optional[int]:
+        """Id of the token a text starts from: an imported folder's bos (`start_of_text`), else the
+        end-of-text token, which also starts texts (a document boundary); None without either."""
+        return self._start_id
+
+    @property
+    def text_start(self) -> list[int]:
+        """The ids put before a text read on its own (a prompt, a text scored): the start token where
+        the tokenizer file adds it (`adds_start`, as transformers' `tokenizer(text)` does), else none."""
+        return [self._start_id] if self.adds_start else []
+
+    @property
     def special_ids(self) -> frozenset[int]:
         """Ids of the tokens that stand for no text: `<|endoftext|>`, the model's unknown token
         (the character tokenizer's `[UNK]`, for a character its corpus lacks) and every added
         token marked special (a pretrained tokenizer's `<s>`, `<|im_start|>`, ...)."""
         ids = {i for i, token in self._backend.get_added_tokens_decoder().items() if token.special}
         unknown = getattr(self._backend.model, "unk_token", None)
-        ids |= {self._eot_id, self._backend.token_to_id(unknown) if unknown else None}
+        ids |= {self._eot_id, self._start_id, self._backend.token_to_id(unknown) if unknown else None}
         return frozenset(ids - {None})
 
     @property

@@ -114,14 +114,16 @@ class StopStringFilter:
 def encode_prompt(tokenizer, prompt: str, context_length: int) -> list[int]:
     """Token ids of the prompt, with a PromptWarning for what cannot be used as given.
 
-    An empty prompt starts from the end-of-text token (a document boundary, what the model
-    saw before every document), or from a newline when the tokenizer has none. Characters
-    the tokenizer cannot represent (never seen by a character-level one) become [UNK]; a
-    prompt longer than the context keeps only its last `context_length` tokens.
+    An empty prompt starts from the start token: the end-of-text token (a document boundary,
+    what the model saw before every document), or an imported folder's bos; from a newline when
+    the tokenizer has neither. A prompt gets the bos in front where the folder's tokenizer adds
+    it (`text_start`), as transformers' `tokenizer(prompt)` does. Characters the tokenizer cannot
+    represent (never seen by a character-level one) become [UNK]; a prompt longer than the
+    context keeps only its last `context_length` tokens.
     """
     if not prompt:
-        if tokenizer.eot_id is not None:
-            return [tokenizer.eot_id]
+        if tokenizer.start_id is not None:
+            return [tokenizer.start_id]
         prompt = "\n"
     try:
         prompt.encode("utf-8")
@@ -136,6 +138,7 @@ def encode_prompt(tokenizer, prompt: str, context_length: int) -> list[int]:
                       f"{names}", PromptWarning, stacklevel=3)
     if not ids:
         raise DataError(f"the prompt {prompt!r} encodes to no tokens")
+    ids = tokenizer.text_start + ids
     if len(ids) > context_length:
         warnings.warn(f"the prompt is {len(ids)} tokens, longer than the model's context of "
                       f"{context_length}; only its last {context_length} tokens are used",

@@ -145,16 +145,17 @@ def add_metadata(writer, config: ModelConfig, *, dtype: str, name: str) -> None:
 
 
 def add_tokenizer(writer, tokenizer: Tokenizer) -> None:
-    """`tokenizer.ggml.*`: byte-level BPE, <|endoftext|> as end of text, nothing added."""
+    """`tokenizer.ggml.*`: byte-level BPE, <|endoftext|> as end of text, nothing added (but an
+    imported folder's bos, where its tokenizer adds it)."""
     vocab = gguf_vocab(tokenizer)
     writer.add_tokenizer_model(TOKENIZER_MODEL)
     writer.add_tokenizer_pre(PRE_TOKENIZER)
     writer.add_token_list(vocab.tokens)
     writer.add_token_types(vocab.types)
     writer.add_token_merges(vocab.merges)
-    writer.add_bos_token_id(vocab.end_of_text)  # as config.json has it; never added (below)
+    writer.add_bos_token_id(tokenizer.start_id)  # as config.json has it: <|endoftext|> for our own
     writer.add_eos_token_id(vocab.end_of_text)
-    writer.add_add_bos_token(False)
+    writer.add_add_bos_token(tokenizer.adds_start)
     writer.add_add_eos_token(False)
 
 

@@ -290,7 +290,7 @@ def model_config_from_hf(raw: dict, origin: str, *, tied: Optional[bool] = None)
     return config
 
 
-def hf_config(config: ModelConfig, eot_id: Optional[int], dtype: torch.dtype) -> dict:
+def hf_config(config: ModelConfig, bos_id: Optional[int], eos_id: Optional[int], dtype: torch.dtype) -> dict:
     """config.json for `config` (Llama, or Qwen3 with QK-norm); an option neither can hold
     is refused, never dropped."""
     if config.logit_softcap is not None:
@@ -310,6 +310,6 @@ def hf_config(config: ModelConfig, eot_id: Optional[int], dtype: torch.dtype) ->
         "rope_parameters": rope, "rope_theta": config.rope_base,  # the second for transformers 4
         "attention_bias": False, "attention_dropout": 0.0,
         "tie_word_embeddings": config.tie_embeddings,
-        "bos_token_id": eot_id, "eos_token_id": eot_id, "pad_token_id": None,
+        "bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": None,
         "initializer_range": 0.02, "use_cache": True, "dtype": DTYPE_NAMES[dtype],
     }

@@ -108,9 +108,10 @@ def read_folder(folder: str | Path) -> ImportedModel:
     weights = from_hf_weights(tensors, model_config, str(weights_file))
     tokenizer_file = folder / "tokenizer.json"
     tokenizer = Tokenizer.from_file(tokenizer_file)
-    end_of_text = _end_of_text(folder, raw, tokenizer)
-    if end_of_text is not None:  # the folder's own eos ends texts: read again with it
-        tokenizer = Tokenizer.from_file(tokenizer_file, end_of_text)
+    eos, bos = (_folder_token(folder, raw, tokenizer, key) for key in ("eos_token_id", "bos_token_id"))
+    end_of_text = None if eos == tokenizer.end_of_text else eos  # <|endoftext|> ends texts anyway
+    if eos is not None or bos is not None:  # the folder's own eos ends texts, its bos starts them
+        tokenizer = Tokenizer.from_file(tokenizer_file, end_of_text, bos)
     sample = _sample_config(folder / "generation_config.json")
     config = Config(model=model_config, sample=sample,
                     tokenizer=TokenizerConfig(kind="pretrained", path=str(tokenizer_file),
@@ -118,21 +119,20 @@ def read_folder(folder: str | Path) -> ImportedModel:
     return ImportedModel(config, weights, tokenizer, weights_file)
 
 
-def _end_of_text(folder: Path, raw: dict, tokenizer: Tokenizer) -> Optional[str]:
-    """The folder's eos token (generation_config.json's eos_token_id, else config.json's; of a
-    list, the first), where it is not <|endoftext|>, which the tokenizer ends texts with anyway."""
+def _folder_token(folder: Path, raw: dict, tokenizer: Tokenizer, key: str) -> Optional[str]:
+    """The folder's eos or bos token (`key`: generation_config.json's, else config.json's; of a
+    list, the first), as the vocabulary spells it; None where neither gives one."""
     generation = folder / "generation_config.json"
     sources = [(generation, read_json(generation))] if generation.is_file() else []
     for path, values in (*sources, (folder / "config.json", raw)):
-        eos = values.get("eos_token_id")
-        eos = eos[0] if isinstance(eos, list) and eos else eos
-        if eos is None:
+        given = values.get(key)
+        given = given[0] if isinstance(given, list) and given else given
+        if given is None:
             continue
-        if isinstance(eos, bool) or not isinstance(eos, int) or not 0 <= eos < tokenizer.vocab_size:
-            raise CheckpointError(f"{path}: eos_token_id {values['eos_token_id']!r} is not a token id of "
+        if isinstance(given, bool) or not isinstance(given, int) or not 0 <= given < tokenizer.vocab_size:
+            raise CheckpointError(f"{path}: {key} {values[key]!r} is not a token id of "
                                   f"its tokenizer.json (0 to {tokenizer.vocab_size - 1})")
-        token = tokenizer.token(eos)
-        return None if token == tokenizer.end_of_text else token
+        return tokenizer.token(given)
     return None
 
 
@@ -223,25 +223,26 @@ def export_folder(weights: dict[str, torch.Tensor], config: Config, tokenizer: T
     """
     out = Path(out)
     st = safetensors_torch()
-    eot = tokenizer.eot_id
-    hf = hf_config(config.model, eot, dtype)  # refuses what Llama cannot hold, before any write
+    bos, eos = tokenizer.start_id, tokenizer.eot_id  # one token, <|endoftext|>, for tinyattn's own
+    hf = hf_config(config.model, bos, eos, dtype)  # refuses what Llama cannot hold, before any write
     clean_interrupted_export(out)  # first: an export killed mid-swap may have moved `out` aside
     _check_out_folder(out, force)
     tensors = {name: t.to(dtype) for name, t in to_hf_weights(weights, config.model).items()}
     special = {}
-    if eot is not None:
-        special.update(bos_token=tokenizer.end_of_text, eos_token=tokenizer.end_of_text)
+    if eos is not None:
+        special.update(bos_token=tokenizer.start_of_text, eos_token=tokenizer.end_of_text)
     if config.tokenizer.kind == "char":
         special["unk_token"] = UNKNOWN
     files = {
         "config.json": _json_bytes(hf),
         WEIGHTS: st.save(tensors, metadata={"format": "pt"}),
-        "generation_config.json": _json_bytes(_generation_config(config.sample, eot)),
+        "generation_config.json": _json_bytes(_generation_config(config.sample, bos, eos)),
         "tokenizer.json": tokenizer.to_json().encode("utf-8"),
         "tokenizer_config.json": _json_bytes({
             "tokenizer_class": "PreTrainedTokenizerFast", **special,
             "model_max_length": config.model.context_length,
-            "add_bos_token": False, "add_eos_token": False,  # tinyattn never adds tokens to a text
+            # tinyattn adds no token to a text, but an imported folder's bos where its tokenizer.json does
+            "add_bos_token": tokenizer.adds_start, "add_eos_token": False,
             "clean_up_tokenization_spaces": False}),  # decode must give the text back unchanged
         "special_tokens_map.json": _json_bytes(special),
         "README.md": model_card(config, card, tokenizer, weights).encode("utf-8"),
@@ -316,11 +317,11 @@ def _check_out_folder(out: Path, force: bool) -> None:
             raise CheckpointError(f"{out}: holds an earlier export; add --force to replace it")
 
 
-def _generation_config(sample: SampleConfig, eot: Optional[int]) -> dict:
+def _generation_config(sample: SampleConfig, bos: Optional[int], eos: Optional[int]) -> dict:
     greedy = sample.temperature == 0
     config = {"do_sample": not greedy, "max_new_tokens": sample.max_new_tokens,
               "repetition_penalty": sample.repetition_penalty,
-              "bos_token_id": eot, "eos_token_id": eot}
+              "bos_token_id": bos, "eos_token_id": eos}
     if not greedy:
         # top_k 0 switches top-k off in transformers, whose default would be 50.
         config.update(temperature=sample.temperature, top_k=sample.top_k or 0, top_p=sample.top_p)
@@ -366,7 +367,13 @@ def model_card(config: Config, card: Optional[ModelCard], tokenizer: Tokenizer,
     lines += ["", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
               'model = AutoModelForCausalLM.from_pretrained("<this folder>")',
               'tokenizer = AutoTokenizer.from_pretrained("<this folder>")',
-              f'ids = tokenizer({config.sample.prompt or tokenizer.end_of_text!r}, '
+              f'ids = tokenizer({config.sample.prompt or _empty_prompt(tokenizer)!r}, '
               'return_tensors="pt").input_ids',
               "print(tokenizer.decode(model.generate(ids, max_new_tokens=200)[0]))", "```", ""]
     return "\n".join(lines)
+
+
+def _empty_prompt(tokenizer: Tokenizer) -> str:
+    """What the card's example passes transformers' tokenizer for tinyattn's empty prompt: the
+    start token, or nothing where the tokenizer puts it before every text anyway."""
+    return "" if tokenizer.adds_start else tokenizer.start_of_text

@@ -192,7 +192,8 @@ def check_completion(request: CompletionRequest, *, limits: Limits, defaults: Sa
         raise ApiError(f"seed {request.seed} is too large for n {n}: expected seed + n <= 2**63",
                        param="seed")
     prompt = _prompt_of(request)
-    prompt_tokens = len(tokenizer.encode(prompt)) if prompt else 1  # an empty prompt: one start token
+    # An empty prompt: one start token; another gets an imported folder's bos where its tokenizer adds it.
+    prompt_tokens = len(tokenizer.text_start + tokenizer.encode(prompt)) if prompt else 1
     most = limits.max_prompt_tokens or context_length
     if prompt_tokens > most:
         raise ApiError(f"the prompt is {prompt_tokens} tokens; this server takes at most {most}",
