@@ -73,40 +73,16 @@ def test_byte_order_mark_is_dropped_from_text_files(tmp_path, layout):
 # ----------------------------------------------------------------------------- 10. CSV and TSV
 
 
-@pytest.mark.parametrize("suffix", [".csv", ".tsv"])
-def test_csv_and_tsv_read_only_the_text_field(tmp_path, suffix):
+@pytest.mark.parametrize("suffix, separator", [(".csv", ","), (".tsv", "\t")])
+def test_csv_and_tsv_read_only_the_text_field(tmp_path, suffix, separator):
     path = tmp_path / f"reviews{suffix}"
-    # CSV quotes a text with commas, quotes and newlines; TSV has no quoting (one line a row)
-    documents = DOCUMENTS if suffix == ".csv" else [d.replace("\n", " ") for d in DOCUMENTS]
     with open(path, "w", encoding="utf-8", newline="") as f:
-        f.write("id,text,label\n" if suffix == ".csv" else "id\ttext\tlabel\n")
-        for i, text in enumerate(documents):
-            if suffix == ".csv":
-                f.write(f'{i},"{text.replace(chr(34), 2 * chr(34))}",positive\n')
-            else:
-                f.write(f"{i}\t{text}\tpositive\n")
+        f.write(separator.join(["id", "text", "label"]) + "\n")
+        for i, text in enumerate(DOCUMENTS):
+            quoted = '"' + text.replace('"', '""') + '"'  # commas, quotes and newlines inside
+            f.write(separator.join([str(i), quoted, "positive"]) + "\n")
     result = prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
-    assert documents_of(result) == expected_split(documents)  # no header, ids or labels
-
-
-def test_tsv_quotes_are_text_and_each_line_is_a_row(tmp_path):
-    # Read with CSV quoting, the first text lost its quotes and the third swallowed the rows up
-    # to the next quote.
-    texts = ['"Hello," she said. "Bye."', 'He said "hi" twice.', '"I went home.', "Next row.",
-             'Another "row".', '""', 'a "', "done"] * 3
-    path = tmp_path / "stories.tsv"
-    path.write_text("id\ttext\n" + "".join(f"{i}\t{t}\n" for i, t in enumerate(texts)), encoding="utf-8")
-    result = prepare_data(make_config(tmp_path, {"files": [str(path)]}, context_length=2), progress=False)
-    assert documents_of(result) == expected_split(texts)
-
-
-def test_a_tsv_written_with_csv_quoting_is_one_line_saying_to_save_it_as_csv(tmp_path):
-    path = tmp_path / "quoted.tsv"  # pandas' to_csv(sep="\t") and csv.writer quote a text with quotes
-    path.write_text("id\ttext\n" + "".join(f'{i}\t"He said ""hi""."\n' for i in range(20)), encoding="utf-8")
-    with pytest.raises(DataError, match=r'quoted\.tsv: a text is written in quotes with its quotes '
-                                        r'doubled \("He said ""hi""\."\), as a CSV writer quotes it; .* '
-                                        r"Save the file as \.csv"):
-        prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
+    assert documents_of(result) == expected_split(DOCUMENTS)  # no header, ids or labels
 
 
 def test_csv_text_that_looks_like_a_number_stays_text(tmp_path):

@@ -14,8 +14,7 @@ files given as paths, globs or folders (`data.files`), optionally downloaded onc
 - JSON lines or a JSON array (.jsonl .json .ndjson), CSV (.csv), TSV (.tsv) and Parquet,
   read through `datasets`' builders, streamed, never copied into an Arrow cache; the
   text is the `data.text_field` column, or a nested field named by a dotted path
-  (`body.text`). CSV has quoting; TSV has none (a quote is text, each line is a row), and
-  a field in a CSV writer's quotes (its quotes doubled) is refused there;
+  (`body.text`);
 - any of them but Parquet compressed as .gz, .bz2, .xz or .zst (the format is the inner
   extension: `part-0.jsonl.gz` is JSON lines). `datasets` and this module both decompress
   through fsspec, which reads .zst only with the `zstandard` package installed.
@@ -30,7 +29,6 @@ empty are skipped, and how many is said once (`SkippedRecords`).
 from __future__ import annotations
 
 import codecs
-import csv
 import glob
 import io
 import itertools
@@ -61,9 +59,6 @@ EXTENSIONS = {
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}  # fsspec's names
 READ_CHARS = 1 << 22  # a text file is read this many characters at a time
 REPORT_BYTES = 1 << 26  # text files at least this large report how far reading has got
-# A whole field a quoting writer (pandas' to_csv, csv.writer) wrote for a text holding a quote:
-# in quotes, with its own quotes doubled. Plain text is never written so.
-QUOTED_FIELD = re.compile(r'"(?:[^"]|"")*""(?:[^"]|"")*"')
 
 DocumentParts = Iterator[tuple[str, bool]]  # (text, whether it starts a new document)
 
@@ -161,8 +156,6 @@ def _file_source(data: DataConfig, files: list[Path], file_format: str, progress
     # token cache hashes them), so another url for the same file keeps it. "url": None stays in
     # the identity so that caches keyed before, without a url, keep their keys.
     identity = {"files": [_file_identity(p) for p in files], "format": file_format, "url": None}
-    if file_format == "tsv":  # read with CSV quoting before, which merged rows: those caches rebuild once
-        identity["quoting"] = "none"
     if file_format == "text":
         reader = _text_reader(files, progress)
     else:
@@ -189,10 +182,8 @@ def _records_reader(data: DataConfig, files: list[Path], file_format: str,
     elif file_format in ("csv", "tsv"):
         # Read the text column as written: a review "10" stays the text "10", not a number.
         # keep_default_na off: a text "NA", "null" or "None" is that text, not a missing value.
-        # TSV has no quoting: tabs separate, a newline ends a row, a quote is text (a text that
-        # begins with one would otherwise swallow the rows up to the next quote).
-        builder, options = "csv", {"converters": {data.text_field: str}, "keep_default_na": False}
-        options.update({"sep": ","} if file_format == "csv" else {"sep": "\t", "quoting": csv.QUOTE_NONE})
+        builder, options = "csv", {"sep": "," if file_format == "csv" else "\t",
+                                   "converters": {data.text_field: str}, "keep_default_na": False}
     lock_folder = Path(data.cache_dir).resolve() / "datasets"
 
     def reader(split: str) -> Callable[[], DocumentParts]:
@@ -461,20 +452,10 @@ def _dataset_parts(dataset, text_field: str, description: str, files: list[Path]
             missing += column.null_count  # a null field, or none at all: Arrow fills both with null
             for text in column.to_pylist():
                 if text:
-                    if file_format == "tsv" and QUOTED_FIELD.fullmatch(text):
-                        raise DataError(_quoted_tsv_message(description, text))
                     yield text, True
                 elif text is not None:
                     empty += 1
     skipped.report(records=records, missing=missing, empty=empty)  # only a reading that got to the end
-
-
-def _quoted_tsv_message(description: str, text: str) -> str:
-    shown = text if len(text) <= 40 else text[:37] + "..."
-    return (f"{description}: a text is written in quotes with its quotes doubled ({shown}), as a CSV "
-            "writer quotes it; a .tsv file is read without quoting (tabs separate, each line is a row, "
-            "quotes are text). Save the file as .csv (pandas: to_csv('x.csv')), or write the .tsv "
-            "without quoting (quoting=csv.QUOTE_NONE)")
 
 
 @contextmanager
