@@ -438,21 +438,28 @@ def test_a_worker_error_mid_stream_is_an_error_event_and_then_done(server, monke
     assert events[2:] == ["data: [DONE]"]
 
 
-def test_kv_caches_that_cannot_fit_are_a_400_in_one_line_streamed_or_not_and_no_traceback(server, monkeypatch,
-                                                                                         caplog):
-    # The check runs on the worker thread, where the caches are made: the client asked for too much.
+def test_kv_caches_that_cannot_fit_are_a_400_naming_n_or_for_one_sequence_a_503_and_no_traceback(
+        server, monkeypatch, caplog):
+    # The check runs on the worker thread, where the caches are made. With n > 1 the client can ask
+    # for fewer; one sequence that cannot fit is the server's shortage, which the client cannot fix.
     import tinyattn.model.memory as memory
 
     monkeypatch.setattr(memory, "available_bytes", lambda device: (1000, "of memory available here"))
     request = {"model": "tiny-serve", "prompt": PROMPT, "max_tokens": 3, "n": 2}
     status, body = post(server, "/v1/completions", request)
     error = json.loads(body)["error"]
-    assert status == 400 and error["type"] == "invalid_request_error", body
+    assert status == 400 and error["type"] == "invalid_request_error" and error["param"] == "n", body
     assert error["message"].startswith("decoding 2 sequences at once needs") and "\n" not in error["message"]
+    assert error["message"].endswith("; ask for a smaller n than 2"), body
     status, body = post(server, "/v1/completions", {**request, "stream": True})
     events = [block for block in body.split("\n\n") if block]
     assert status == 200 and events[1:] == ["data: [DONE]"], body  # the headers go out before the first turn
     assert json.loads(events[0][len("data: "):])["error"] == error
+    status, body = post(server, "/v1/completions", {**request, "n": 1})
+    error = json.loads(body)["error"]
+    assert status == 503 and error["type"] == "server_error", body
+    assert error["message"].endswith("; try again when fewer requests are decoding"), body
+    assert "fewer samples" not in error["message"]
     assert not [record for record in caplog.records if record.exc_info], "logged as a bug"
 
 

@@ -135,6 +135,9 @@ def check_training_fits(model: ModelConfig, train: TrainConfig, device: torch.de
     return estimate
 
 
+FEWER_SAMPLES = "ask for fewer samples"  # what check_decoding_fits' message ends with
+
+
 def check_decoding_fits(model: ModelConfig, batch_size: int, device: torch.device, dtype: torch.dtype) -> None:
     """A ConfigError, before they are made, when the KV caches of `batch_size` sequences decoded
     together (2 * n_layer tensors of (B, kv_heads, context_length, head_dim)) cannot fit."""
@@ -145,7 +148,7 @@ def check_decoding_fits(model: ModelConfig, batch_size: int, device: torch.devic
         limit += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     if limit is not None and need > limit:
         raise ConfigError(f"decoding {batch_size:,} sequences at once needs {gigabytes(need)} for their KV "
-                          f"caches alone, more than the {gigabytes(limit)} {where}; ask for fewer samples")
+                          f"caches alone, more than the {gigabytes(limit)} {where}; {FEWER_SAMPLES}")
 
 
 def gigabytes(n: int) -> str:

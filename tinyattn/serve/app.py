@@ -35,6 +35,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tinyattn.errors import ConfigError
 from tinyattn.serve.schemas import (
     ApiError,
     Completion,
@@ -166,9 +167,21 @@ def _check_model(served: Served, name: str) -> None:
 
 
 def _samples(served: Served, completion: Completion):
+    """The completion's turns (run on the model thread). KV caches that cannot fit in the memory
+    free when its decoding starts: with n > 1 the client can ask for fewer (a 400 naming n); one
+    sequence that cannot fit is the server's shortage, for now (a 503)."""
     from tinyattn.generate.text import stream_samples
+    from tinyattn.model.memory import FEWER_SAMPLES
 
-    return stream_samples(served.model, served.tokenizer, completion.prompt, completion.options)
+    try:
+        yield from stream_samples(served.model, served.tokenizer, completion.prompt, completion.options)
+    except ConfigError as e:
+        shortage = str(e).removesuffix(f"; {FEWER_SAMPLES}")
+        n = completion.options.num_samples
+        if n > 1:
+            raise ApiError(f"{shortage}; ask for a smaller n than {n}", param="n") from None
+        raise ApiError(f"{shortage}; try again when fewer requests are decoding", status=503,
+                       type="server_error") from None
 
 
 def _warm_up(model, tokenizer) -> None:

@@ -13,9 +13,10 @@ beyond `max_active` wait in arrival order, and beyond `max_waiting` a request is
 
 What a job yields goes back to the event loop through an asyncio queue
 (`loop.call_soon_threadsafe`). A job that is cancelled (its client went away) is closed
-before its next turn: its generator's `finally` runs and its caches are freed. A `ConfigError` in a
-turn (the request's `n` KV caches cannot fit in the memory free now) is the client's 400, in one line;
-any other exception is a bug: logged with its traceback and answered with a 500.
+before its next turn: its generator's `finally` runs and its caches are freed. An `ApiError` a
+turn raises is the job's answer, in one line (a completion whose KV caches cannot fit in the memory
+free now: a 400 naming n, or a 503 for one sequence); any other exception is a bug: logged with its
+traceback and answered with a 500.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from typing import Any, AsyncIterator, Callable, Iterator, Optional
 
 import torch
 
-from tinyattn.errors import ConfigError
 from tinyattn.serve.schemas import ApiError
 
 log = logging.getLogger("tinyattn.serve")
@@ -171,8 +171,8 @@ class ModelWorker:
         except StopIteration:
             self._end(job, "done")
             return
-        except ConfigError as e:  # what the request asks cannot be done here (its KV caches cannot fit)
-            job.send(ApiError(str(e)))
+        except ApiError as e:  # the job's own answer (a completion's KV caches cannot fit: `app._samples`)
+            job.send(e)
             self._end(job, "error")
             return
         except Exception as e:  # a bug, never a user's mistake (requests are checked before)
