@@ -7,8 +7,8 @@ takes its settings from the checkpoint plus the edits made to the folder's confi
 (`edited_config`); a rewritten config.yaml keeps the user's edited text beside it
 (`keep_user_config`). It decides
 whether the run continues in place (only from the folder's latest checkpoint) or forks
-into a new folder (an earlier checkpoint under another --run-name); in place, train.out_dir
-names the folder's parent (`keep_out_dir`). `open_run_folder`
+into a new folder (an earlier checkpoint under another --run-name); in place, another
+train.out_dir given for it is refused (`keep_out_dir`). `open_run_folder`
 picks the folder and holds it (`run_folder.RunLock`) before anything is written there.
 """
 
@@ -131,23 +131,21 @@ class ResumePoint:
         return Path(out_dir) / run_name
 
     def keep_out_dir(self, config: Config, run_name: Optional[str], given: Sequence[str] = ()) -> None:
-        """A run continued in place (no --run-name: see `target`) lives in its own folder, so the
-        config it saves names that folder's parent as train.out_dir. Another one given for this
-        resume (a key in `given`, or edited in config.yaml) is refused: the run would not go there.
-        One that differs otherwise (a --config file's, a folder moved since) is replaced, with a note."""
-        own = self.file.parent
-        out_dir = Path(config.train.out_dir)
-        if run_name is not None or out_dir.resolve() == own.parent.resolve():
+        """A run continued in place (no --run-name: see `target`) lives in its own folder. Another
+        train.out_dir given for this resume (a key in `given`, or edited in config.yaml) is refused:
+        the run would not go there, yet its config.yaml would say so. One that names the folder's
+        parent, through a link or not, is fine; one not given (a --config file's, or a relative one
+        read from another working directory) is kept as it is, as the run's config said it."""
+        if run_name is not None or "train.out_dir" not in (*given, *self.edited):
             return
-        if "train.out_dir" in (*given, *self.edited):
-            source = "--set" if "train.out_dir" in given else f"edited in {own / CONFIG_FILE}"
-            raise ConfigError(
-                f"train.out_dir {str(out_dir)!r} ({source}): --resume {own} continues the run in its own "
-                f"folder, under {own.parent}; to train under {out_dir}, fork it there: --resume {self.file} "
-                f"--run-name NEW_NAME --set train.out_dir={out_dir}")
-        self.notes.append(f"note: train.out_dir {str(out_dir)!r} is not where {own} is; the run continues "
-                          f"there, and its config.yaml names {own.parent}")
-        config.train.out_dir = str(own.parent)
+        own, out_dir = self.file.parent, Path(config.train.out_dir)
+        if out_dir.resolve() in (own.parent.resolve(), own.resolve().parent):  # the link's or the folder's
+            return
+        source = "--set" if "train.out_dir" in given else f"edited in {own / CONFIG_FILE}"
+        raise ConfigError(
+            f"train.out_dir {str(out_dir)!r} ({source}): --resume {own} continues the run in its own "
+            f"folder, under {own.resolve().parent}; to train under {out_dir}, fork it there: --resume "
+            f"{self.file} --run-name NEW_NAME --set train.out_dir={out_dir}")
 
     def forks_into(self, run_dir: Path) -> bool:
         return self.file.parent.resolve() != Path(run_dir).resolve()
