@@ -69,6 +69,30 @@ def test_a_training_starting_while_another_process_probes_the_folder_waits_the_p
         assert (folder / LOCK_NAME).read_text().strip() == str(os.getpid())
 
 
+def test_a_folder_its_holder_removes_while_a_training_waits_for_it_is_in_use_in_one_line(tmp_path, monkeypatch):
+    # The holder's start failed (no data, say): it removes the folder it made, lock file and all,
+    # and lets go while the second training waits for the lock, whose file is then gone.
+    folder = tmp_path / "run"
+    RunLock.acquire(folder).release()
+    holder = FileLock(folder / KERNEL_LOCK_NAME, timeout=0, thread_local=False)
+    holder.acquire()
+
+    def remove_failed_start():
+        for path in folder.iterdir():
+            path.unlink()
+        folder.rmdir()
+        holder.release()
+
+    class WaitingLock(FileLock):
+        def acquire(self, *args, **kwargs):
+            threading.Timer(0.1, remove_failed_start).start()
+            return super().acquire(*args, **kwargs)
+
+    monkeypatch.setattr(run_folder, "FileLock", WaitingLock)
+    with pytest.raises(StorageError, match=r"run is in use by pid \(unknown\): another training writes there"):
+        RunLock.acquire(folder)
+
+
 def test_two_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
     now = datetime(2026, 11, 30, 12, 0, 0)
     first = unique_run_dir(tmp_path, "shakespeare_char", now)

@@ -65,7 +65,7 @@ class RunLock:
         try:
             with storage_errors(folder / KERNEL_LOCK_NAME):
                 kernel_lock.acquire()
-        except Timeout:
+        except (Timeout, FileNotFoundError):  # held; or removed meanwhile by its holder's failed start
             raise StorageError(in_use_message(folder, _read_pid(pid_file))) from None
         previous = _read_pid(pid_file)
         if previous and previous != os.getpid():
