@@ -266,3 +266,26 @@ def test_tinyattns_own_tokenizers_start_texts_with_their_end_of_text_and_add_not
     tokenizer = build_tokenizer(TokenizerConfig(kind=kind, vocab_size=300), lambda: iter(["ab\ncd"]))
     assert tokenizer.start_id == tokenizer.eot_id is not None and tokenizer.start_of_text == "<|endoftext|>"
     assert (tokenizer.adds_start, tokenizer.text_start) == (False, [])
+
+
+def test_unknown_pieces_are_found_a_piece_of_the_text_at_a_time_in_order(monkeypatch):
+    # An encoding with offsets costs hundreds of bytes a character: a long text (eval --text-file)
+    # is searched a piece at a time, and what every piece holds is found, in order.
+    from tinyattn.data.tokenizer import PIECE_CHARS
+
+    tokenizer = build_tokenizer(TokenizerConfig(kind="char"), lambda: iter(["ab\nca\n"]))
+    text = "ab\n\u2603a\n" + "ab\nca\n" * (PIECE_CHARS // 2) + "c\u2605\n" + "ab\u2603\n"
+    lengths = []
+    backend = tokenizer._backend
+
+    class Recording:  # the backend, noting the length of each text it encodes
+        def __getattr__(self, name):
+            return getattr(backend, name)
+
+        def encode(self, text, **kwargs):
+            lengths.append(len(text))
+            return backend.encode(text, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "_backend", Recording())
+    assert tokenizer.unknown_pieces(text) == ["\u2603", "\u2605"]
+    assert len(lengths) > 1 and max(lengths) <= 2 * PIECE_CHARS < len(text)

@@ -146,10 +146,14 @@ class Tokenizer:
 
     def unknown_pieces(self, text: str) -> list[str]:
         """The pieces of `text` read as the unknown token (a character, or a word a WordPiece
-        vocabulary cannot spell), each once, in order of first appearance."""
-        encoding = self._backend.encode(text, add_special_tokens=False)  # with offsets into `text`
-        return list(dict.fromkeys(text[start:end] for id, (start, end) in zip(encoding.ids, encoding.offsets)
-                                  if id == self._unknown_id))
+        vocabulary cannot spell), each once, in order of first appearance. A piece of the text
+        (`text_pieces`) at a time: an encoding with offsets takes hundreds of bytes a character."""
+        found: dict[str, None] = {}
+        for piece in self.text_pieces(text):
+            encoding = self._backend.encode(piece, add_special_tokens=False)  # with offsets into `piece`
+            found.update((piece[start:end], None) for id, (start, end) in zip(encoding.ids, encoding.offsets)
+                         if id == self._unknown_id)
+        return list(found)
 
     def token(self, id: int) -> Optional[str]:
         """The token `id` stands for, as the vocabulary spells it ("</s>", "▁the"); None outside it."""
