@@ -667,3 +667,21 @@ def test_a_warning_while_serving_is_one_line_as_generate_prints_it(loaded, monke
     assert main(["--checkpoint", str(loaded.path.parent), "--port", "0", "--dtype", "fp32"]) == 0
     err = capsys.readouterr().err
     assert err.endswith("warning: logits were not finite\nstopped\n") and "RuntimeWarning" not in err, err
+
+
+def test_a_prompts_token_count_includes_the_start_token_an_imported_tokenizer_puts_before_it():
+    # An imported Llama folder's tokenizer puts <s> before a text: the prompt the model reads is one
+    # token longer than its text's, and the context limit and usage count that one too.
+    import types
+
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.serve.schemas import ApiError, CompletionRequest, Limits, check_completion
+
+    tokenizer = types.SimpleNamespace(text_start=[300], encode=lambda text: [ord(c) for c in text])
+    request = CompletionRequest(model="m", prompt="abcd")
+    completion = check_completion(request, limits=Limits(), defaults=SampleConfig(), tokenizer=tokenizer,
+                                  context_length=5)
+    assert completion.prompt_tokens == 5
+    with pytest.raises(ApiError, match="the prompt is 5 tokens; this server takes at most 4"):
+        check_completion(request, limits=Limits(), defaults=SampleConfig(), tokenizer=tokenizer, context_length=4)

@@ -36,9 +36,11 @@ Generate text from a trained tinyattn checkpoint, streamed to stdout as it is pr
 
 The prompt comes from --prompt, --prompt-file FILE, or stdin ("-"); without any of them,
 the checkpoint's configured prompt (sample.prompt, empty by default) is used. An empty
-prompt starts from the end-of-text token (a newline for tokenizers without one). A prompt
-longer than the model's context keeps its end (with a warning); characters a
-character-level tokenizer never saw become [UNK] (with a warning naming them).
+prompt starts from the end-of-text token, or an imported Hugging Face folder's bos (a
+newline for tokenizers without either); an imported folder whose tokenizer puts its bos
+before a text puts it before the prompt too. A prompt longer than the model's context keeps
+its end (with a warning); characters a character-level tokenizer never saw become [UNK]
+(with a warning naming them).
 
 Sampling options not given default to the checkpoint's saved `sample` config. Temperature 0
 is greedy decoding. --seed N fixes the text: sample i (from 1) of --num-samples uses seed
