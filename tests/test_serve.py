@@ -458,7 +458,8 @@ def test_kv_caches_that_cannot_fit_are_a_400_naming_n_or_for_one_sequence_a_503_
     status, body = post(server, "/v1/completions", {**request, "n": 1})
     error = json.loads(body)["error"]
     assert status == 503 and error["type"] == "server_error", body
-    assert error["message"].endswith("; try again when fewer requests are decoding"), body
+    assert error["message"].endswith(": the server cannot decode this request now (its memory, or the "
+                                     "requests it is decoding)"), body
     assert "fewer samples" not in error["message"]
     assert not [record for record in caplog.records if record.exc_info], "logged as a bug"
 
@@ -685,3 +686,18 @@ def test_a_prompts_token_count_includes_the_start_token_an_imported_tokenizer_pu
     assert completion.prompt_tokens == 5
     with pytest.raises(ApiError, match="the prompt is 5 tokens; this server takes at most 4"):
         check_completion(request, limits=Limits(), defaults=SampleConfig(), tokenizer=tokenizer, context_length=4)
+
+
+def test_a_prompt_that_encodes_to_no_tokens_is_a_400_naming_the_prompt():
+    # A WordPiece tokenizer normalises " " away: the worker would fail on it as a bug (a 500).
+    import types
+
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.serve.schemas import ApiError, CompletionRequest, Limits, check_completion
+
+    tokenizer = types.SimpleNamespace(text_start=[], encode=lambda text: [ord(c) for c in text.strip()])
+    with pytest.raises(ApiError, match=r"the prompt ' ' encodes to no tokens") as refused:
+        check_completion(CompletionRequest(model="m", prompt=" "), limits=Limits(), defaults=SampleConfig(),
+                         tokenizer=tokenizer, context_length=8)
+    assert refused.value.status == 400 and refused.value.param == "prompt"

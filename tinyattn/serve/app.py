@@ -180,8 +180,8 @@ def _samples(served: Served, completion: Completion):
         n = completion.options.num_samples
         if n > 1:
             raise ApiError(f"{shortage}; ask for a smaller n than {n}", param="n") from None
-        raise ApiError(f"{shortage}; try again when fewer requests are decoding", status=503,
-                       type="server_error") from None
+        raise ApiError(f"{shortage}: the server cannot decode this request now (its memory, or the "
+                       "requests it is decoding)", status=503, type="server_error") from None
 
 
 def _warm_up(model, tokenizer) -> None:

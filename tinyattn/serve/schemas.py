@@ -192,8 +192,12 @@ def check_completion(request: CompletionRequest, *, limits: Limits, defaults: Sa
         raise ApiError(f"seed {request.seed} is too large for n {n}: expected seed + n <= 2**63",
                        param="seed")
     prompt = _prompt_of(request)
+    ids = tokenizer.encode(prompt) if prompt else []
+    if prompt and not ids:  # all of it normalised away (a WordPiece tokenizer's " ")
+        raise ApiError(f"the prompt {prompt!r} encodes to no tokens: give text the model can read",
+                       param="prompt")
     # An empty prompt: one start token; another gets an imported folder's bos where its tokenizer adds it.
-    prompt_tokens = len(tokenizer.text_start + tokenizer.encode(prompt)) if prompt else 1
+    prompt_tokens = len(tokenizer.text_start + ids) if prompt else 1
     most = limits.max_prompt_tokens or context_length
     if prompt_tokens > most:
         raise ApiError(f"the prompt is {prompt_tokens} tokens; this server takes at most {most}",
