@@ -396,6 +396,14 @@ def test_a_resume_in_place_refuses_another_out_dir_given_for_it(
         err.count("\n") == 1, err
     assert not other.exists() and _file_digests(run) == before
     assert (run / "config.yaml").read_text() == config_yaml
+    # Edited in the run's config.yaml: the same refusal, naming the edit.
+    (run / "config.yaml").write_text(config_yaml.replace(f"out_dir: {tmp_path}", f"out_dir: {other}"))
+    assert main(["--resume", str(run), "--no-progress", "--set", "train.max_steps=15"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: train.out_dir '{other}' (edited in {run / 'config.yaml'}): ") and \
+        err.count("\n") == 1, err
+    (run / "config.yaml").write_text(config_yaml)
+    assert not other.exists() and _file_digests(run) == before
     # The folder's parent is no other out_dir, also when the run is reached through a link elsewhere.
     (tmp_path / "links").mkdir()
     (tmp_path / "links" / "link").symlink_to(run, target_is_directory=True)
@@ -403,6 +411,12 @@ def test_a_resume_in_place_refuses_another_out_dir_given_for_it(
                  f"train.out_dir={tmp_path}", "train.max_steps=15"]) == 0
     assert load_config(run / "config.yaml").train.out_dir == str(tmp_path)
     assert (run / "step_0000015.pt").is_file() and not (tmp_path / "links" / "step_0000015.pt").exists()
+    # Not given for this resume (a --config file's): kept as that config says it, not rewritten to the
+    # folder's absolute parent (a later fork would go back there after the user moved the runs).
+    result = train(tiny_config(corpus, tmp_path, "train.max_steps=18", "train.out_dir=relative"), resume=run,
+                   progress=False)
+    assert result.run_dir == run and result.step == 18
+    assert load_config(run / "config.yaml").train.out_dir == "relative"
 
 
 def test_resuming_a_folder_a_training_still_writes_says_it_is_in_use_not_fork(corpus, tmp_path, twelve_steps):
