@@ -433,6 +433,23 @@ def test_an_export_of_an_imported_folder_keeps_its_bos_and_eos(tmp_path):
     assert (again.start_id, again.eot_id, again.adds_start) == (bos, eos, True)
 
 
+def test_an_export_of_a_model_that_reads_no_bos_writes_a_tokenizer_that_adds_none(tmp_path):
+    # A fine-tune of an imported Llama folder (train.init_from) keeps the folder's tokenizer.json,
+    # whose post-processor puts <s> first, but trains and reads texts without it (one token, </s>).
+    import transformers
+
+    from tinyattn.data.tokenizer import Tokenizer
+
+    _, bos, eos = llama_with_bos_and_eos(tmp_path / "llama")
+    loaded = load_any_model(tmp_path / "llama")
+    finetuned = Tokenizer.from_file(tmp_path / "llama" / "tokenizer.json", end_of_text="</s>")
+    assert (finetuned.start_id, finetuned.adds_start) == (eos, False)
+    export_folder(loaded.model.state_dict(), loaded.config, finetuned, tmp_path / "out")
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert theirs("ROMEO: But")["input_ids"] == finetuned.encode("ROMEO: But") and theirs("")["input_ids"] == []
+    assert load_any_model(tmp_path / "out").tokenizer.encode("ab") == finetuned.encode("ab")
+
+
 def test_eval_scores_an_imported_folders_text_after_its_bos_as_transformers_does(tmp_path, capsys):
     import transformers
 

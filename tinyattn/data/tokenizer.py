@@ -96,6 +96,16 @@ class Tokenizer:
     def to_json(self) -> str:
         return self._backend.to_str()
 
+    def export_json(self) -> str:
+        """The tokenizer.json an export writes: this one, without a post-processor that puts tokens
+        around a text where tinyattn puts none (a fine-tune of an imported Llama folder, trained
+        without its <s>), so that transformers' `tokenizer(text)` gives the ids tinyattn reads."""
+        if self.adds_start or not self._backend.encode("", add_special_tokens=True).ids:
+            return self.to_json()
+        spec = json.loads(self.to_json())
+        spec["post_processor"] = None
+        return json.dumps(spec, ensure_ascii=False)
+
     def save(self, path: str | Path) -> None:
         """Write tokenizer.json atomically; a folder gets `tokenizer.json` inside it."""
         path = Path(path)

@@ -237,7 +237,7 @@ def export_folder(weights: dict[str, torch.Tensor], config: Config, tokenizer: T
         "config.json": _json_bytes(hf),
         WEIGHTS: st.save(tensors, metadata={"format": "pt"}),
         "generation_config.json": _json_bytes(_generation_config(config.sample, bos, eos)),
-        "tokenizer.json": tokenizer.to_json().encode("utf-8"),
+        "tokenizer.json": tokenizer.export_json().encode("utf-8"),
         "tokenizer_config.json": _json_bytes({
             "tokenizer_class": "PreTrainedTokenizerFast", **special,
             "model_max_length": config.model.context_length,
