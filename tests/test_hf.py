@@ -450,6 +450,30 @@ def test_an_export_of_a_model_that_reads_no_bos_writes_a_tokenizer_that_adds_non
     assert load_any_model(tmp_path / "out").tokenizer.encode("ab") == finetuned.encode("ab")
 
 
+def test_attention_and_the_explorer_read_an_imported_folders_text_after_its_bos(tmp_path, capsys):
+    # What generation read (and transformers' tokenizer gives): the maps and the explorer's
+    # prediction at a clicked token are of those ids, <s> first.
+    import transformers
+
+    llama = tmp_path / "llama"
+    _, bos, _ = llama_with_bos_and_eos(llama)
+    text = "ROMEO: But soft"
+    theirs = transformers.AutoTokenizer.from_pretrained(llama)(text)["input_ids"]
+    assert theirs[0] == bos
+    code, out, err = run_main(attention_cli.main, ["--checkpoint", llama, "--text", text, "--relevance",
+                                                   "--query-position", "1", "--device", "cpu"], capsys)
+    assert code == 0 and f"of {len(theirs)} tokens" in out, out + err
+    pytest.importorskip("fastapi")
+    import types
+
+    from tinyattn.serve.app import _explorer_query
+    from tinyattn.serve.schemas import ExploreRequest, Limits
+
+    served = types.SimpleNamespace(tokenizer=load_any_model(llama).tokenizer, limits=Limits())
+    assert _explorer_query(served, ExploreRequest(text=text, offset=0)) == (theirs, 0)  # <s> predicted "R..."
+    assert _explorer_query(served, ExploreRequest(text=text, offset=len(text) - 1)) == (theirs, len(theirs) - 2)
+
+
 def test_eval_scores_an_imported_folders_text_after_its_bos_as_transformers_does(tmp_path, capsys):
     import transformers
 

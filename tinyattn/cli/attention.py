@@ -74,7 +74,9 @@ def command(args: argparse.Namespace) -> int:
     if args.text is None and not text:
         raise TinyattnError(f"{loaded.path}: its run sets no train.probe_text, so there is no text to "
                             "look at: give one with --text \"...\"")
-    token_ids = loaded.tokenizer.encode(text)  # once: the query's position and the model read the same ids
+    # Once: the query's position and the model read the same ids; an imported folder's bos first
+    # where its tokenizer puts it there, as generation and transformers read the text.
+    token_ids = loaded.tokenizer.text_start + loaded.tokenizer.encode(text)
     if args.relevance or args.html:
         return _relevance_and_explorer(args, loaded, text, token_ids)
     return _heatmaps(args, loaded, token_ids)

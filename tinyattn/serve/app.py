@@ -275,18 +275,21 @@ async def _events(served: Served, completion: Completion, job: Job) -> AsyncIter
 
 
 def _explorer_query(served: Served, body: ExploreRequest) -> tuple[list[int], int]:
-    """The text's token ids and the query: the prediction that produced the token holding `offset`."""
+    """The text's token ids and the query: the prediction that produced the token holding `offset`.
+    An imported folder's bos goes first where its tokenizer puts it there, as generation read it."""
     from tinyattn.analysis.attention_maps import token_spans
 
-    ids = served.tokenizer.encode(body.text)
+    bos = served.tokenizer.text_start
+    text_ids = served.tokenizer.encode(body.text)
+    ids = bos + text_ids
     most = served.limits.max_explore_tokens
     if not 2 <= len(ids) <= most:
         raise ApiError(f"text: {len(ids)} tokens; the explorer takes 2 to {most}", param="text")
-    text, spans = token_spans(served.tokenizer, ids)
+    text, spans = token_spans(served.tokenizer, text_ids)  # offsets are the text's, without the bos
     if not 0 <= body.offset < len(text):
         raise ApiError(f"offset {body.offset} is not accepted: expected 0 to {len(text) - 1}, a character of "
                        "the text", param="offset")
-    position = next(t for t, (start, end) in enumerate(spans) if end > body.offset)
+    position = len(bos) + next(t for t, (_, end) in enumerate(spans) if end > body.offset)
     return ids, max(position - 1, 0)
 
 
