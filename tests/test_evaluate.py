@@ -287,7 +287,7 @@ def test_cli_says_which_characters_of_a_text_file_a_character_model_scores_as_un
     status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run["run_dir"]), "--text-file", str(text_file),
                                      "--no-plot")
     assert status == 0, stderr
-    assert f"warning: {text_file}: 2 characters the tokenizer has never seen are scored as [UNK]: 'é', 'ö'" \
+    assert f"warning: {text_file}: 2 characters the tokenizer has never seen, scored as [UNK]: 'é', 'ö'" \
         in stderr
     text_file.write_text(TEXT[:200], encoding="utf-8")
     assert "warning" not in run_cli(capsys, "--checkpoint", str(run["run_dir"]), "--text-file", str(text_file),

@@ -73,7 +73,8 @@ def _tokens(args: argparse.Namespace, loaded):
         unknown = unknown_characters(loaded.tokenizer, text, ids)
         if unknown:
             shown = ", ".join(repr(c) for c in unknown[:10]) + (", ..." if len(unknown) > 10 else "")
-            print(f"warning: {args.text_file}: {len(unknown)} characters the tokenizer has never seen are "
+            what = "1 character" if len(unknown) == 1 else f"{len(unknown)} characters"
+            print(f"warning: {args.text_file}: {what} the tokenizer has never seen, "
                   f"scored as [UNK]: {shown}", file=sys.stderr)
         # An imported folder's bos first where its tokenizer adds it: the text scored as transformers would
         ids = loaded.tokenizer.text_start + ids

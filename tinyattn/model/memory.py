@@ -147,7 +147,8 @@ def check_decoding_fits(model: ModelConfig, batch_size: int, device: torch.devic
     if limit is not None and device.type == "cuda":  # blocks torch keeps reserved are free to it
         limit += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     if limit is not None and need > limit:
-        raise ConfigError(f"decoding {batch_size:,} sequences at once needs {gigabytes(need)} for their KV "
+        sequences = "1 sequence" if batch_size == 1 else f"{batch_size:,} sequences"
+        raise ConfigError(f"decoding {sequences} at once needs {gigabytes(need)} for their KV "
                           f"caches alone, more than the {gigabytes(limit)} {where}; {FEWER_SAMPLES}")
 
 
