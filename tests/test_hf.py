@@ -450,6 +450,20 @@ def test_an_export_of_a_model_that_reads_no_bos_writes_a_tokenizer_that_adds_non
     assert load_any_model(tmp_path / "out").tokenizer.encode("ab") == finetuned.encode("ab")
 
 
+def test_an_export_of_an_imported_folder_names_its_unknown_token(tmp_path):
+    # A Llama folder's <unk> (here a char vocabulary's [UNK] renamed): transformers' unk_token after
+    # an export, as before it.
+    import transformers
+
+    spelled = tokenizer_of("char").to_json().replace('"[UNK]"', '"<unk>"')
+    tokenizer = Tokenizer.from_json(spelled, end_of_text="<|endoftext|>")
+    random_llama(tmp_path / "llama", tokenizer)
+    loaded = load_any_model(tmp_path / "llama")
+    assert loaded.tokenizer.token(loaded.tokenizer.unknown_id) == "<unk>"
+    export_folder(loaded.model.state_dict(), loaded.config, loaded.tokenizer, tmp_path / "out")
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "out").unk_token == "<unk>"
+
+
 def test_attention_and_the_explorer_read_an_imported_folders_text_after_its_bos(tmp_path, capsys):
     # What generation read (and transformers' tokenizer gives): the maps and the explorer's
     # prediction at a clicked token are of those ids, <s> first.

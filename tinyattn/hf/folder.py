@@ -32,7 +32,7 @@ import torch
 
 from tinyattn.checkpoint import LoadedModel, is_hf_folder, load_model, load_weights
 from tinyattn.config import Config, SampleConfig, TokenizerConfig
-from tinyattn.data.tokenizer import UNKNOWN, Tokenizer
+from tinyattn.data.tokenizer import Tokenizer
 from tinyattn.errors import CheckpointError
 from tinyattn.hf.convert import (
     ARCHITECTURE,
@@ -231,8 +231,8 @@ def export_folder(weights: dict[str, torch.Tensor], config: Config, tokenizer: T
     special = {}
     if eos is not None:
         special.update(bos_token=tokenizer.start_of_text, eos_token=tokenizer.end_of_text)
-    if config.tokenizer.kind == "char":
-        special["unk_token"] = UNKNOWN
+    if tokenizer.unknown_id is not None:  # a char run's [UNK], an imported folder's <unk>
+        special["unk_token"] = tokenizer.token(tokenizer.unknown_id)
     files = {
         "config.json": _json_bytes(hf),
         WEIGHTS: st.save(tensors, metadata={"format": "pt"}),
