@@ -242,18 +242,38 @@ def bidirectional_run(tmp_path_factory, corpus_text):
     return train(config, run_name="bidirectional", progress=False).run_dir
 
 
-@pytest.mark.parametrize("command", [["generate", "--prompt", "To be"], ["export", "--out", "exported"]])
-def test_generate_and_export_refuse_a_bidirectional_checkpoint_in_one_line(
+@pytest.mark.parametrize("command", [
+    ["generate", "--prompt", "To be"], ["export", "--out", "exported"], ["eval", "--no-plot"],
+    ["lab", "distance", "--recall-steps", "1"], ["attention", "--relevance"], ["attention", "--html"]],
+    ids=["generate", "export", "eval", "lab-distance", "attention-relevance", "attention-html"])
+def test_commands_that_score_predictions_refuse_a_bidirectional_checkpoint_in_one_line(
         bidirectional_run, tmp_path, capsys, command):
+    # Each position of a bidirectional model read the token it predicts: its losses, recall and
+    # relevance would all be of the leaked answer.
     if command[0] == "export":
         pytest.importorskip("safetensors")
         command = ["export", "--out", str(tmp_path / "exported")]
-    assert main([command[0], "--checkpoint", str(bidirectional_run), *command[1:]]) == 2
+    if command[0] == "lab":
+        command = [*command, "--out", str(tmp_path / "distance")]
+    if command[-1] == "--html":
+        command = [*command, str(tmp_path / "page.html")]
+    where = 2 if command[0] == "lab" else 1
+    argv = [*command[:where], "--checkpoint", str(bidirectional_run), *command[where:]]
+    assert main(argv) == 2
     out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1
+    assert out == "" and err.count("\n") == 1, err
     assert err.startswith(f"error: {bidirectional_run}") and "model.causal is false" in err
-    assert f"tinyattn {command[0]} needs a causal model" in err
-    assert not (tmp_path / "exported").exists()
+    assert f"tinyattn {' '.join(command[:where])}" in err and "needs a causal model" in err
+    assert not [*tmp_path.iterdir()]  # nothing written: no export, no lab folder, no page
+
+
+def test_attention_heatmaps_of_a_bidirectional_checkpoint_show_weights_on_later_tokens(
+        bidirectional_run, tmp_path, capsys):
+    # Only the weights, no prediction: the one view of a bidirectional model that is not a leak.
+    pytest.importorskip("matplotlib")
+    assert main(["attention", "--checkpoint", str(bidirectional_run), "--text", "To be or not",
+                 "--out-dir", str(tmp_path / "maps")]) == 0, capsys.readouterr().err
+    assert list((tmp_path / "maps").glob("*.png"))
 
 
 # ----------------------------------------------------------------------------- lab context

@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def command(args: argparse.Namespace) -> int:
     from tinyattn.analysis.plotting import require_matplotlib
+    from tinyattn.checkpoint import require_causal
     from tinyattn.hf.folder import load_any_model
     from tinyattn.system.device import select_device
 
@@ -67,6 +68,9 @@ def command(args: argparse.Namespace) -> int:
     if not (args.relevance or args.html):
         require_matplotlib()  # before any work: a missing extra is a one-line error
     loaded = load_any_model(args.checkpoint, select_device(args.device))
+    if args.relevance or args.html:  # heatmaps of a bidirectional model show its weights on later tokens
+        require_causal(loaded, "tinyattn attention --relevance or --html (each masks keys from a "
+                               "causal model's predictions)")
     model_config = loaded.config.model
     _check_index("--layer", args.layer, model_config.n_layer, "layers")
     _check_index("--head", args.head, model_config.n_head, "heads")

@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def command(args: argparse.Namespace) -> int:
     from tinyattn.analysis.evaluate import evaluate_tokens
+    from tinyattn.checkpoint import require_causal
     from tinyattn.hf.folder import load_any_model
     from tinyattn.system.device import select_device
 
@@ -48,6 +49,8 @@ def command(args: argparse.Namespace) -> int:
     if args.plot is not None and not args.no_plot:
         _check_plot_format(args.plot)  # before the scoring, which can take a while
     loaded = load_any_model(args.checkpoint, select_device(args.device))
+    require_causal(loaded, "tinyattn eval (a bidirectional model reads the token it predicts; "
+                           "tinyattn lab causal reports its losses)")
     tokens, source, name = _tokens(args, loaded)
     if not args.no_plot:  # a plot that cannot be written is said before the scoring, not after
         _check_plot_folder(_plot_file(args.plot, loaded.path.parent / f"loss_by_position_{name}.png"))

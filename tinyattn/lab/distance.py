@@ -31,6 +31,7 @@ import torch
 import torch.nn as nn
 
 from tinyattn.analysis.evaluate import token_losses
+from tinyattn.checkpoint import require_causal
 from tinyattn.config import ModelConfig, TrainConfig
 from tinyattn.data.batches import prepare_data
 from tinyattn.errors import TinyattnError
@@ -84,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
             raise TinyattnError(f"{flag} {value}: expected an integer >= {lowest}")
     check_recall_fits(args.pairs, device)  # before the probe's minutes: --pairs grows it as its square
     loaded = load_any_model(args.checkpoint, device)
+    require_causal(loaded, "tinyattn lab distance (it scores next-token predictions)")
     model, tokenizer = loaded.model, loaded.tokenizer
     text = gap_text(args.text, loaded)
     context = model.config.context_length
