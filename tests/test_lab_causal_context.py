@@ -226,6 +226,31 @@ def test_a_bad_position_or_checkpoint_is_refused_before_anything_trains(tmp_path
     assert message in err and err.count("\n") == 1, err
     assert not out.exists()
 
+def test_a_checkpoint_of_another_context_than_the_runs_is_refused_before_anything_trains(
+        trained_run, tmp_path, monkeypatch, capsys, corpus_text):
+    # Its row would be measured on other windows and its leak test at another position than the runs'.
+    from tests.conftest import ROOT
+    from tinyattn.cli.lab import main
+    from tinyattn.train import loop
+
+    def reached(*args, **kwargs):
+        raise TinyattnError("reached training")
+
+    monkeypatch.setattr(loop, "train", reached)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(corpus_text, encoding="utf-8")
+    out = tmp_path / "out"
+    command = ["causal", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "3", "--out", str(out),
+               "--checkpoint", str(trained_run.run_dir), "--set", f"data.files={corpus}", "data.url=null",
+               "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}"]
+    assert main([*command, "model.context_length=16"]) == 2  # the checkpoint's is tiny.yaml's 32
+    err = capsys.readouterr().err
+    assert "its context is 32 tokens and the lab's runs' is 16; add --set model.context_length=32" in err
+    assert err.count("\n") == 1 and not out.exists(), err
+    assert main(command) == 2  # the same context: checked, and on to training
+    assert capsys.readouterr().err == "error: reached training\n"
+
+
 @pytest.fixture(scope="module")
 def bidirectional_run(tmp_path_factory, corpus_text):
     from tests.conftest import ROOT

@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="replace the runs of an earlier lab in --out")
     parser.add_argument("--checkpoint", metavar="RUN_DIR|FILE",
                         help="also run the leak test on this trained model (a run folder, checkpoint file or "
-                             "Hugging Face folder)")
+                             "Hugging Face folder) of the runs' context length")
     parser.add_argument("--position", type=int, default=None, metavar="T",
                         help="the leak test changes the token at T+1 (default: the middle of the context)")
     parser.add_argument("--prompt", default=None,
@@ -298,14 +298,20 @@ def write_report(rows: list[Row], out: Path, seconds: float) -> str:
     return table
 
 
-def _other_checkpoint(args: argparse.Namespace, tokenizer):
-    """--checkpoint, loaded, once its tokenizer is known to be the config's."""
+def _other_checkpoint(args: argparse.Namespace, tokenizer, context: int):
+    """--checkpoint, loaded, once its tokenizer is known to be the config's and its context the runs'
+    (`context`): its row is measured on the same windows, at the same position, as theirs."""
     from tinyattn.hf.folder import load_any_model
 
     loaded = load_any_model(args.checkpoint)
     if loaded.tokenizer.to_json() != tokenizer.to_json():
         raise TinyattnError(f"--checkpoint {args.checkpoint}: its tokenizer is not the one of --config "
                             f"{args.config}; give the config it was trained with")
+    theirs = loaded.config.model.context_length
+    if theirs != context:
+        raise TinyattnError(f"--checkpoint {args.checkpoint}: its context is {theirs} tokens and the lab's "
+                            f"runs' is {context}; add --set model.context_length={theirs} so every row is "
+                            "measured on the same windows at the same position")
     return loaded
 
 
@@ -318,13 +324,14 @@ def run(args: argparse.Namespace) -> int:
     from tinyattn.lab.outputs import experiment_folder
 
     # What the two runs cannot change is checked before they train (minutes): the steps, the
-    # position, the checkpoint and its tokenizer. Nothing is written until then.
+    # position, the checkpoint, its tokenizer and its context. Nothing is written until then.
     check_steps(args.steps)
     config = load_config(args.config, lab_overrides(args.steps, Path(args.out or ".")) + list(args.overrides))
     data = prepare_data(config, progress=False)
     if args.position is not None:
         check_position(args.position, config.model.context_length)
-    checkpoint = _other_checkpoint(args, data.tokenizer) if args.checkpoint else None
+    checkpoint = (_other_checkpoint(args, data.tokenizer, config.model.context_length) if args.checkpoint
+                  else None)
     out = experiment_folder(args.out, "causal")
     results = train_both(args, out)
     tokens = data.validation
