@@ -385,3 +385,37 @@ def test_the_recurrence_table_gives_each_models_gradient_at_init_and_trained_to_
             for line in text.split("gradient norm", 1)[1].splitlines()[2:] if line.strip()[:1].isdigit()}
     assert sorted(rows) == [0, 1, 2, 4, 8, 16, T - 1]  # doubling, and the farthest
     assert rows[T - 1] == [1.0, 2.0, 10.0, 20.0]  # attn init, lstm init, attn trained, lstm trained
+
+
+@pytest.mark.parametrize("lab, written, next_step", [
+    ("recurrence", "attention", "experiment_folder"), ("distance", "key_value", "load_any_model")])
+def test_an_out_holding_an_earlier_runs_output_is_refused_and_force_clears_only_it(
+        tmp_path, monkeypatch, capsys, lab, written, next_step):
+    # A rerun's TensorBoard events beside the earlier run's drew one zig-zag curve from both.
+    from tests.conftest import CORPUS
+    from tinyattn.cli.lab import main
+    from tinyattn.errors import TinyattnError
+
+    def reached(*args, **kwargs):
+        raise TinyattnError("reached the work")
+
+    module = recurrence if lab == "recurrence" else distance
+    monkeypatch.setattr(module, next_step, reached)  # what comes right after the check
+    out = tmp_path / "out"
+    (out / written).mkdir(parents=True)
+    (out / written / "events.out.tfevents.1").write_bytes(b"earlier run")
+    (out / f"{lab}.txt").write_text("earlier table")
+    (out / "notes.txt").write_text("the user's own")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS * 4, encoding="utf-8")
+    command = ([lab, "--config", str(ROOT / "configs" / "tiny.yaml"), "--set", f"data.files={corpus}",
+                "data.url=null", "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}"]
+               if lab == "recurrence" else [lab, "--checkpoint", str(tmp_path / "model")])
+    assert main([*command, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: {out} holds {lab}.txt, {written}, which this lab writes; add --force to replace "
+                   "them or choose another --out\n"), err
+    assert (out / written / "events.out.tfevents.1").exists()
+    assert main([*command, "--out", str(out), "--force"]) == 2
+    assert capsys.readouterr().err == "error: reached the work\n"
+    assert sorted(path.name for path in out.iterdir()) == ["notes.txt"]

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,26 +190,14 @@ def lab_overrides(steps: int, out: Path) -> list[str]:
 OUTPUTS = ("causal.md", "causal.png")  # what `run` writes into --out beside the two run folders
 
 
-def clear_earlier_lab(out: Path, force: bool) -> None:
-    """Refuse an --out holding what this lab writes (an earlier lab's runs, or a file of the user's
-    by one of its names), before anything trains; with --force remove them."""
-    earlier = [out / name for name in RUNS if (out / name).is_dir() and any((out / name).iterdir())]
-    earlier += [out / name for name in OUTPUTS if (out / name).exists()]
-    if earlier and not force:
-        names = ", ".join(path.name for path in earlier)
-        raise TinyattnError(f"{out} holds {names}, which this lab writes; add --force to replace them "
-                            "or choose another --out")
-    for path in earlier:
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
-
-
 def train_both(args: argparse.Namespace, out: Path) -> dict:
     """Train the causal and the bidirectional run; returns {name: TrainResult}."""
     from tinyattn.config import load_config
+    from tinyattn.lab.outputs import clear_earlier_lab
     from tinyattn.train.loop import train
 
     check_steps(args.steps)
-    clear_earlier_lab(out, args.force)
+    clear_earlier_lab(out, RUNS + OUTPUTS, args.force)
     results = {}
     for name in RUNS:
         run_dir = out / name

@@ -16,7 +16,8 @@ measurements of where a model stops using what it can reach:
    against d on fresh sequences. TensorBoard: `<out>/key_value/`. Its memory grows as the square
    of --pairs: one that cannot fit is refused first (`check_recall_fits`).
 
-Writes `distance.txt` and `distance.png` into `--out` (default `checkpoints/lab/distance-<date>-<time>`).
+Writes `distance.txt` and `distance.png` into `--out` (default `checkpoints/lab/distance-<date>-<time>`);
+an `--out` holding an earlier run's is refused without `--force` (`outputs.clear_earlier_lab`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from tinyattn.errors import TinyattnError
 from tinyattn.hf.folder import load_any_model
 from tinyattn.lab.outputs import (
     add_threads,
+    clear_earlier_lab,
     experiment_folder,
     machine_line,
     save_report,
@@ -57,6 +59,8 @@ RECALL_BATCH = 32
 RECALL_EVAL_SEQUENCES = 512
 DISTANCE_BIN = 8  # recall accuracy is reported over d in bins this wide
 
+OUTPUTS = ("distance.txt", "distance.png", "key_value")  # what `run` writes into --out
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", metavar="RUN_DIR|FILE",
@@ -73,6 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_threads(parser)
     parser.add_argument("--out", metavar="DIR", help="folder for the table, figure and TensorBoard "
                         "(default: a new checkpoints/lab/distance-<date>-<time>)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace what an earlier run of this lab wrote into --out")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         if not lowest <= value < 2**63:
             raise TinyattnError(f"{flag} {value}: expected an integer >= {lowest}")
     check_recall_fits(args.pairs, device)  # before the probe's minutes: --pairs grows it as its square
+    clear_earlier_lab(args.out, OUTPUTS, args.force)  # before the probe and the recall's training
     loaded = load_any_model(args.checkpoint, device)
     require_causal(loaded, "tinyattn lab distance (it scores next-token predictions)")
     model, tokenizer = loaded.model, loaded.tokenizer

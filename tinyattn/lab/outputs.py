@@ -1,6 +1,7 @@
 """Where a lab experiment puts what it measured: one folder with a table, a figure and TensorBoard.
 
 `experiment_folder(out, name)` is the run folder (`<out>`, or a new `checkpoints/lab/<name>-<date>-<time>`);
+`clear_earlier_lab` refuses an `--out` holding an earlier run of the lab (or removes it, with --force);
 `save_report` writes the table as `<name>.txt` and prints it; `tensorboard_writer(folder, part)`
 gives each trained model its own sub-folder, so `tensorboard --logdir <folder>` shows their
 curves side by side; `machine_line` names what the numbers were measured on; `--threads` sets torch's CPU threads.
@@ -9,8 +10,9 @@ curves side by side; `machine_line` names what the numbers were measured on; `--
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional, Union
 
 import torch
 
@@ -25,6 +27,28 @@ DEFAULT_ROOT = "checkpoints/lab"
 def experiment_folder(out: Optional[str], name: str) -> Path:
     """`out` (made if missing), or a new `checkpoints/lab/<name>-<date>-<time>`."""
     return check_writable(out) if out else unique_run_dir(DEFAULT_ROOT, name)
+
+
+def clear_earlier_lab(out: Union[str, Path, None], names: Iterable[str], force: bool) -> None:
+    """Refuse an --out holding what a lab writes (`names`: its files, run and TensorBoard folders; an
+    earlier run's, or a file of the user's by one of those names), before anything runs: a rerun's
+    TensorBoard events beside the earlier ones would draw one curve from both. With --force remove
+    them, and nothing else. No --out (a new folder) holds nothing."""
+    if out is None:
+        return
+    out = Path(out)
+    earlier = [out / name for name in names if _holds_something(out / name)]
+    if earlier and not force:
+        listed = ", ".join(path.name for path in earlier)
+        raise TinyattnError(f"{out} holds {listed}, which this lab writes; add --force to replace them "
+                            "or choose another --out")
+    for path in earlier:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def _holds_something(path: Path) -> bool:
+    """A file, or a folder that is not empty (an empty one has nothing a rerun could mix with)."""
+    return any(path.iterdir()) if path.is_dir() else path.exists()
 
 
 def save_report(folder: Path, name: str, text: str) -> Path:

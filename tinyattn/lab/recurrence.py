@@ -20,7 +20,8 @@ Reused: `train.trainer.Trainer` steps both models (the LSTM has the training int
 `data.batches.prepare_data` and `BatchSampler` give the batches, `train.owners.
 validation_loss_by_position` measures the loss by position. torch.compile is off for both.
 Writes `recurrence.txt`, `recurrence.png` and TensorBoard runs `attention/` and `lstm/` into
-one folder (`--out`, default `checkpoints/lab/recurrence-<date>-<time>`).
+one folder (`--out`, default `checkpoints/lab/recurrence-<date>-<time>`); an `--out` holding an
+earlier run's is refused without `--force` (`outputs.clear_earlier_lab`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from tinyattn.errors import TinyattnError
 from tinyattn.lab.lstm import LSTMConfig, LSTMLanguageModel, lstm_width_for
 from tinyattn.lab.outputs import (
     add_threads,
+    clear_earlier_lab,
     experiment_folder,
     machine_line,
     save_report,
@@ -66,6 +68,8 @@ CONTEXTS = (64, 256, 1024)
 GRADIENT_WINDOWS = 32  # validation windows the gradient norms are averaged over
 LOG_EVERY = 10  # steps between the train-loss points logged
 
+OUTPUTS = ("recurrence.txt", "recurrence.png", "attention", "lstm")  # what `run` writes into --out
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=DEFAULT_CONFIG, metavar="FILE",
@@ -85,6 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="overrides train.precision (default: fp32, so every machine does the same arithmetic)")
     parser.add_argument("--out", metavar="DIR", help="folder for the table, figure and TensorBoard "
                         "(default: a new checkpoints/lab/recurrence-<date>-<time>)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace what an earlier run of this lab wrote into --out")
 
 
 @dataclass
@@ -119,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
     data = prepare_data(config, progress=False)
     config.model.vocab_size = config.model.vocab_size or data.tokenizer.vocab_size
     contenders = contenders_for(config, args.lstm_layers, device, precision)
+    clear_earlier_lab(args.out, OUTPUTS, args.force)  # before the speed and the training
     folder = experiment_folder(args.out, "recurrence")
     tokens_per_step = config.train.batch_size * config.model.context_length
     for c in contenders:
