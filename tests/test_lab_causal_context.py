@@ -28,7 +28,8 @@ from tinyattn.lab.causal import (
     prefix_sample,
     train_both,
 )
-from tinyattn.lab.context import similarity_table, word_position
+from tinyattn.lab.context import compared_token, similarity_table, word_position
+from tinyattn.lab.context import format_table as context_table
 from tinyattn.system.device import select_precision
 from tinyattn.train.trainer import Trainer
 
@@ -328,6 +329,27 @@ def test_a_tokenizer_that_merges_the_word_with_what_follows_is_refused_in_one_li
     with pytest.raises(TinyattnError, match=r"the tokenizer merges 'speak' with the text after it; put a "):
         word_position(Merging(), "All: speak, speak", "speak")
     assert word_position(Merging(), "All: speak and speak,", "speak")[1] == 9  # ends a token there
+
+
+def test_the_table_names_each_contexts_compared_token_which_a_subword_tokenizer_may_change():
+    class Subwords:  # a word after a space is one token with it, as in byte-level BPE: ' speak' and 'speak'
+        def __init__(self):
+            self.pieces = []
+
+        def encode(self, text):
+            found = re.findall(r" ?\w+|.", text, re.S)
+            self.pieces += [piece for piece in found if piece not in self.pieces]
+            return [self.pieces.index(piece) for piece in found]
+
+        def decode(self, ids):
+            return "".join(self.pieces[i] for i in ids)
+
+    tokenizer, contexts = Subwords(), ["we speak now", "(speak) now"]
+    tokens = [compared_token(tokenizer, text, "speak") for text in contexts]
+    assert tokens == ["' speak' (id 1)", "'speak' (id 4)"]
+    table = context_table("speak", contexts, [(0, 1)], np.array([[0.5], [0.25]]), tokens=tokens)
+    assert "- context 1: 'we speak now'; compared token ' speak' (id 1)\n" in table
+    assert "- context 2: '(speak) now'; compared token 'speak' (id 4)\n" in table
 
 
 def test_a_context_longer_than_the_models_is_one_line(tiny_model, char_tokenizer):

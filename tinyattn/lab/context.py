@@ -64,6 +64,14 @@ def word_position(tokenizer, context: str, word: str) -> tuple[list[int], int]:
     return ids, len(prefix) - 1
 
 
+def compared_token(tokenizer, context: str, word: str) -> str:
+    """The token whose state is compared in `context`, as text and id: the word's last token. A subword
+    tokenizer may end the word in another token in another context (' king' after a space, 'king'
+    after a bracket), whose states differ from the embedding on; the table names each."""
+    ids, position = word_position(tokenizer, context, word)
+    return f"{tokenizer.decode([ids[position]])!r} (id {ids[position]})"
+
+
 def hidden_states(model, ids: list[int], position: int):
     """(n_layer + 1, C) float64: the residual stream at `position`, at the embedding (row 0)
     and after each block (row i), read by forward hooks (the model is unchanged)."""
@@ -104,9 +112,11 @@ def similarity_table(model, tokenizer, word: str, contexts: list[str]):
     return pairs, torch.stack(columns, dim=1).numpy()  # (L + 1, pairs)
 
 
-def format_table(word: str, contexts: list[str], pairs, table) -> str:
-    """The markdown table `run` prints and writes: one row per depth, one column per pair."""
-    legend = "\n".join(f"- context {i + 1}: {text!r}" for i, text in enumerate(contexts))
+def format_table(word: str, contexts: list[str], pairs, table, *, tokens: list[str]) -> str:
+    """The markdown table `run` prints and writes: one row per depth, one column per pair; the legend
+    names each context's compared token (`tokens`, from `compared_token`)."""
+    legend = "\n".join(f"- context {i + 1}: {text!r}; compared token {token}"
+                       for i, (text, token) in enumerate(zip(contexts, tokens)))
     head = "| depth | " + " | ".join(f"cos(context {i + 1}, {j + 1})" for i, j in pairs) + " |"
     lines = [f"{word!r} at its last token\n\n{legend}\n", head, "| --- |" + " ---: |" * len(pairs)]
     for depth, row in enumerate(table):
@@ -142,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
 
     out = experiment_folder(args.out, "context")
     out.mkdir(parents=True, exist_ok=True)
-    text = format_table(args.word, contexts, pairs, table)
+    tokens = [compared_token(loaded.tokenizer, context, args.word) for context in contexts]
+    text = format_table(args.word, contexts, pairs, table, tokens=tokens)
     figure = save_figure(args.word, pairs, table, out / "context.png")
     (out / "context.md").write_text(f"# tinyattn lab context: {loaded.label}\n\n{text}\n",
                                     encoding="utf-8")
