@@ -215,18 +215,66 @@ def probe(model, vocab_size=2000, length=8, distances=(0, 3, 10)):
                         distances=list(distances), rng=np.random.default_rng(1), samples=16)
 
 
-def test_a_copying_model_predicts_the_second_copy_and_not_the_first():
+def test_a_copying_model_predicts_the_second_copy_and_not_the_first_nor_the_fresh_string():
     rows = probe(InductionRule(2000))
     assert [row.gap for row in rows] == [0, 3, 10]
     for row in rows:
-        assert row.first > 7.0  # random tokens: about ln(2000) = 7.6
+        assert row.first > 7.0 and row.fresh > 7.0  # random tokens: about ln(2000) = 7.6
         assert row.second < 0.1  # copied
+        assert row.benefit > 7.0 and row.benefit > 10 * row.benefit_se
 
 
-def test_a_model_without_a_copying_head_shows_no_drop():
+def test_a_model_without_a_copying_head_shows_no_copy_benefit():
     for row in probe(InductionRule(2000, copy=False)):
         assert row.first > 7.0
         assert row.second == pytest.approx(row.first, abs=1e-5)
+        assert abs(row.benefit) < 2 * row.benefit_se  # the fresh string costs what the copy does
+
+
+def scored_sequences(monkeypatch, losses_of):
+    """Run the probe (d = 0 and 5, 4 strings of 3) on a stub scorer whose losses are
+    `losses_of(sequences)`; returns the rows and the (2S, 2n + d) sequences of each d it scored."""
+    scored = []
+
+    def stub(model, x, y):
+        sequences = torch.cat([x, y[:, -1:]], dim=1)
+        scored.append(sequences)
+        return losses_of(sequences)
+
+    monkeypatch.setattr(distance, "token_losses", stub)
+    rows = repeat_probe(nn.Linear(1, 1), string_tokens=np.arange(100, 2000), text=np.arange(50), length=3,
+                        distances=[0, 5], rng=np.random.default_rng(1), samples=4)
+    return rows, scored
+
+
+def test_the_probes_control_is_a_fresh_string_of_the_same_length_where_the_second_copy_stands(monkeypatch):
+    _, scored = scored_sequences(monkeypatch, lambda sequences: torch.zeros(sequences.shape[0],
+                                                                            sequences.shape[1] - 1))
+    for d, sequences in zip([0, 5], scored):
+        copies, controls = sequences[:4], sequences[4:]
+        assert sequences.shape == (8, 2 * 3 + d)
+        assert torch.equal(copies[:, -3:], copies[:, :3])  # the copy: the first string again
+        assert torch.equal(controls[:, :-3], copies[:, :-3])  # the same first string and gap
+        assert (controls[:, -3:] >= 100).all()  # a string of the string tokens, not the gap text
+        assert (controls[:, -3:] != copies[:, -3:]).any(dim=1).all()  # another string in each pair
+
+
+def test_the_copy_benefit_is_the_mean_of_each_strings_fresh_minus_copy_with_its_paired_standard_error(
+        monkeypatch):
+    differences = torch.tensor([0.0, 2.0, 1.0, 5.0])  # string i's control costs this more per token
+
+    def losses_of(sequences):  # (8, 2n + d) -> (8, 2n + d - 1), n = 3: the targets of tokens 2..n of
+        losses = torch.full((8, sequences.shape[1] - 1), 1000.0)  # each string are its first 2 and last 2
+        losses[:, :2] = 5.0
+        losses[:4, -2:] = 2.0 + torch.arange(4.0)[:, None]  # the copies: string i loses 2 + i
+        losses[4:, -2:] = 2.0 + torch.arange(4.0)[:, None] + differences[:, None]
+        return losses
+
+    rows, _ = scored_sequences(monkeypatch, losses_of)
+    se = math.sqrt(sum((x - 2.0) ** 2 for x in [0.0, 2.0, 1.0, 5.0]) / 3) / 2  # std (ddof 1) / sqrt(4)
+    for d, row in zip([0, 5], rows):
+        assert (row.gap, row.first, row.second, row.fresh) == (d, 5.0, 3.5, 5.5)
+        assert row.benefit == pytest.approx(2.0) and row.benefit_se == pytest.approx(se)
 
 
 def test_the_gaps_reach_the_largest_that_fits_the_context():
@@ -353,14 +401,15 @@ def test_lab_distance_refuses_pairs_that_cannot_fit_naming_the_most_that_can_bef
     assert err.count("\n") == 1  # the checkpoint (there is none) is not read first
 
 
-def test_the_distance_table_shows_each_copys_loss_and_the_drop_and_the_recall_by_distance():
+def test_the_distance_table_shows_each_strings_loss_and_the_copy_benefit_and_the_recall_by_distance():
     recall = RecallResult(np.array([0, 8]), np.array([0.75, 0.125]), np.array([40, 24]), steps=3, seconds=1.0,
                           parameters=1000, final_loss=1.5, pairs=8)
-    text = distance.report([ProbeRow(4, 7.5, 0.25)], recall, "run", "cpu",
+    text = distance.report([ProbeRow(4, 7.5, 0.25, 7.75, 7.5, 0.125)], recall, "run", "cpu",
                            argparse.Namespace(string_length=8, pairs=8), wall=2.0)
     lines = text.splitlines()
-    assert lines[4].split() == ["4", "7.500", "0.250", "7.250"]  # d, first copy, second copy, drop
-    assert [line.split() for line in lines[8:10]] == [["0-7", "0.750", "40"], ["8-15", "0.125", "24"]]
+    assert lines[4].split() == ["d", "first", "copy", "second", "copy", "fresh", "string", "benefit", "SE"]
+    assert lines[5].split() == ["4", "7.500", "0.250", "7.750", "7.500", "0.125"]
+    assert [line.split() for line in lines[9:11]] == [["0-7", "0.750", "40"], ["8-15", "0.125", "24"]]
 
 
 @pytest.mark.parametrize("context, rows", [(1, [0]), (2, [0, 1]), (3, [0, 1, 2]),

@@ -6,10 +6,12 @@ measurements of where a model stops using what it can reach:
 
 1. The repeated-sequence probe, on the user's checkpoint (`--checkpoint`): a random string of
    the model's tokens, a gap of d tokens of ordinary text (the validation split, or `--text`),
-   and the same string again. A model that copies predicts the second copy far better than the
-   first (which is random); the loss on each copy against d, up to the context length.
-   `repeat_probe` measures it; the first token of each copy is left out of both means (nothing
-   before it says a copy begins).
+   and the same string again; its control is the same sequence with a fresh random string in
+   the second copy's place. The second copy and the fresh string stand at the same positions
+   after the same text, so what the copy saves over the fresh string (the copy benefit) is what
+   having seen the string is worth; the first copy's loss is no baseline, as it stands at the
+   window's start. `repeat_probe` measures it against d, up to the context length; the first
+   token of each string is left out of every mean (nothing before it says a copy begins).
 2. Key-value recall, trained here: 8 pairs (key, value) (`--pairs`), then 4 queries, each a
    different key of the pairs whose target is its value; the queried pair stands d tokens back. A small attention model trains
    for a fixed number of steps (the project's Trainer and optimizer), then its recall accuracy
@@ -152,27 +154,45 @@ class ProbeRow:
     gap: int  # d
     first: float  # mean loss (nats) on the first copy, tokens 2..n
     second: float  # the same on the second copy
+    fresh: float  # the same on the control: a fresh random string where the second copy stands
+    benefit: float  # fresh - second, the copy benefit: the mean of each string's own difference
+    benefit_se: float  # its standard error over the strings (paired)
 
 
 def repeat_probe(model: nn.Module, *, string_tokens: np.ndarray, text: np.ndarray, length: int,
                  distances: list[int], rng: np.random.Generator, samples: int = PROBE_SAMPLES) -> list[ProbeRow]:
-    """Loss on each copy of a random string repeated after a gap of d text tokens, for each d."""
+    """Loss on each copy of a random string repeated after a gap of d text tokens, and on a fresh
+    string of the same length in the second copy's place (the control), for each d."""
     rows = []
     for d in distances:
         if len(text) < d + 1:
             raise TinyattnError(f"the gap text has {len(text)} tokens; the probe needs at least {d + 1}")
         strings = rng.choice(string_tokens, size=(samples, length))  # (S, n)
         starts = rng.integers(0, len(text) - d + 1, size=samples)  # (S,)
+        fresh = rng.choice(string_tokens, size=(samples, length))  # (S, n) the control's second string
         gaps = text[starts[:, None] + np.arange(d)] if d else np.zeros((samples, 0), dtype=np.int64)  # (S, d)
-        sequences = torch.from_numpy(np.concatenate([strings, gaps, strings], axis=1))  # (S, 2n + d)
+        copies = np.concatenate([strings, gaps, strings], axis=1)  # (S, 2n + d)
+        controls = np.concatenate([strings, gaps, fresh], axis=1)  # (S, 2n + d)
+        sequences = torch.from_numpy(np.concatenate([copies, controls]))  # (2S, 2n + d)
         with evaluation_mode(model), torch.no_grad():
-            losses = token_losses(model, sequences[:, :-1], sequences[:, 1:]).cpu()  # (S, 2n + d - 1)
-        # Target j is token j + 1: the first copy's tokens 1..n-1 are targets 0..n-2, the
-        # second copy's (it starts at n + d) are targets n+d..2n+d-2.
-        first = losses[:, :length - 1].mean().item()
-        second = losses[:, length + d:].mean().item()
-        rows.append(ProbeRow(d, first, second))
+            losses = token_losses(model, sequences[:, :-1], sequences[:, 1:]).cpu().double()  # (2S, 2n+d-1)
+        # Target j is token j + 1: the first string's tokens 1..n-1 are targets 0..n-2, the
+        # second's (it starts at n + d) are targets n+d..2n+d-2. Means per string: (S,) each.
+        first = losses[:samples, :length - 1].mean(1)
+        second, control = losses[:, length + d:].mean(1).split(samples)
+        rows.append(probe_row(d, first.numpy(), second.numpy(), control.numpy()))
     return rows
+
+
+def probe_row(gap: int, first: np.ndarray, second: np.ndarray, fresh: np.ndarray) -> ProbeRow:
+    """One d's row from each string's mean loss (S,) on its first copy, its second copy and the
+    fresh string: the copy benefit is the mean of fresh - second over the strings, and its standard
+    error the sample standard deviation of those differences over sqrt(S) (paired: a string and its
+    control share the first copy and the gap)."""
+    benefit = fresh - second  # (S,)
+    se = benefit.std(ddof=1) / np.sqrt(len(benefit)) if len(benefit) > 1 else float("nan")
+    return ProbeRow(gap, float(first.mean()), float(second.mean()), float(fresh.mean()),
+                    float(benefit.mean()), float(se))
 
 
 # ----------------------------------------------------------------------------- key-value recall
@@ -319,10 +339,14 @@ def recall_accuracy(model: nn.Module, task: KeyValueRecall, *, seed: int,
 def report(probe: list[ProbeRow], recall: RecallResult, source: str, machine: str, args, *, wall: float) -> str:
     lines = [f"tinyattn lab distance: {source}; {machine}", "",
              f"repeated-sequence probe: a random string of {args.string_length} tokens, d tokens of text, "
-             f"the string again ({PROBE_SAMPLES} strings per d; loss in nats on tokens 2..n of each copy)",
-             f"{'d':>5} {'first copy':>11} {'second copy':>12} {'drop':>7}"]
+             f"the string again; the control: a fresh random string in the second copy's place "
+             f"({PROBE_SAMPLES} strings per d; loss in nats on tokens 2..n of each string)",
+             "benefit = fresh string - second copy, what having seen the string is worth, with its standard "
+             "error over the strings (paired); a benefit within 2 SE of 0 is no measurable use of the copy",
+             f"{'d':>5} {'first copy':>11} {'second copy':>12} {'fresh string':>13} {'benefit':>8} {'SE':>6}"]
     for row in probe:
-        lines.append(f"{row.gap:>5} {row.first:>11.3f} {row.second:>12.3f} {row.first - row.second:>7.3f}")
+        lines.append(f"{row.gap:>5} {row.first:>11.3f} {row.second:>12.3f} {row.fresh:>13.3f} "
+                     f"{row.benefit:>8.3f} {row.benefit_se:>6.3f}")
     lines += ["", f"key-value recall: {args.pairs} pairs then {max(1, args.pairs // 2)} queries (distinct keys "
               f"of the pairs); a {recall.parameters:,}-parameter attention model (2 layers, width 64) trained "
               f"{recall.steps} steps in {recall.seconds:.0f} s, final train loss {recall.final_loss:.3f}; accuracy on {RECALL_EVAL_SEQUENCES} fresh sequences "
@@ -342,6 +366,7 @@ def save_figure(probe: list[ProbeRow], recall: RecallResult, path: Path, *, leng
     gaps = [row.gap for row in probe]
     left.plot(gaps, [row.first for row in probe], marker="o", label="first copy (random)")
     left.plot(gaps, [row.second for row in probe], marker="o", label="second copy (seen d tokens before)")
+    left.plot(gaps, [row.fresh for row in probe], marker="o", label="fresh string there instead (control)")
     left.set(xlabel=f"gap d (tokens of text between the two copies of {length} tokens)",
              ylabel="loss (nats)", title="repeated-sequence probe")
     right.plot(recall.distances + DISTANCE_BIN / 2, recall.accuracy, marker="o", label="trained model")
