@@ -488,6 +488,35 @@ def test_attention_and_the_explorer_read_an_imported_folders_text_after_its_bos(
     assert _explorer_query(served, ExploreRequest(text=text, offset=len(text) - 1)) == (theirs, len(theirs) - 2)
 
 
+def test_lab_context_and_lab_distance_read_an_imported_folders_text_after_its_bos(tmp_path, monkeypatch,
+                                                                                   capsys):
+    # As generation and transformers read a text: <s> first, the word's position shifted past it,
+    # and every probe sequence of lab distance (the copy and its control) begins with it.
+    import transformers
+
+    from tinyattn.cli.lab import main as lab_main
+    from tinyattn.lab import distance
+    from tinyattn.lab.context import word_position
+
+    llama = tmp_path / "llama"
+    _, bos, _ = llama_with_bos_and_eos(llama)
+    theirs = transformers.AutoTokenizer.from_pretrained(llama)
+    context = "They sat on the river bank and watched the water."
+    ids, position = word_position(load_any_model(llama).tokenizer, context, "bank")
+    assert ids[0] == bos and ids == theirs(context)["input_ids"]
+    assert position == len(theirs(context[:context.index("bank") + 4])["input_ids"]) - 1
+    scored = []
+    real = distance.token_losses
+    monkeypatch.setattr(distance, "token_losses", lambda model, x, y: scored.append(x) or real(model, x, y))
+    (tmp_path / "gap.txt").write_text(TEXT, encoding="utf-8")
+    code, out, err = run_main(lab_main, ["distance", "--checkpoint", llama, "--text", tmp_path / "gap.txt",
+                                         "--string-length", "4", "--recall-steps", "1", "--pairs", "2",
+                                         "--out", tmp_path / "out"], capsys)
+    assert code == 0, out + err
+    assert scored and all((x[:, 0] == bos).all() for x in scored)
+    assert max(x.shape[1] for x in scored) == 64  # the largest d's inputs, <s> among them, fill the context
+
+
 def test_eval_scores_an_imported_folders_text_after_its_bos_as_transformers_does(tmp_path, capsys):
     import transformers
 

@@ -47,10 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def word_position(tokenizer, context: str, word: str) -> tuple[list[int], int]:
     """The context's token ids and the position of the word's last token (its first occurrence as a
-    whole word: "an" is not found in "man").
+    whole word: "an" is not found in "man"). The ids begin with `tokenizer.text_start` (an imported
+    folder's bos, as generation reads a text; nothing for tinyattn's own tokenizers).
 
-    The position is the length of the encoded text up to the word's end, less one; a tokenizer
-    that merges the word with what follows it is refused, as no token then ends the word."""
+    The position is the length of the start and the encoded text up to the word's end, less one; a
+    tokenizer that merges the word with what follows it is refused, as no token then ends the word."""
     found = re.search(rf"(?<!\w){re.escape(word)}(?!\w)", context) if word else None
     start = found.start() if found else -1
     if start < 0:
@@ -61,7 +62,8 @@ def word_position(tokenizer, context: str, word: str) -> tuple[list[int], int]:
     if ids[:len(prefix)] != prefix:
         raise TinyattnError(f"--context {context!r}: the tokenizer merges {word!r} with the text after it; "
                             "put a space or punctuation after the word")
-    return ids, len(prefix) - 1
+    bos = tokenizer.text_start
+    return bos + ids, len(bos) + len(prefix) - 1
 
 
 def compared_token(tokenizer, context: str, word: str) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,14 +98,16 @@ def run(args: argparse.Namespace) -> int:
     require_causal(loaded, "tinyattn lab distance (it scores next-token predictions)")
     model, tokenizer = loaded.model, loaded.tokenizer
     text = gap_text(args.text, loaded)
-    context = model.config.context_length
+    start = tokenizer.text_start  # an imported folder's bos begins every sequence, as it begins a text
+    context = model.config.context_length - len(start)  # what the strings and the gap can fill
     if 2 * args.string_length > context:
         raise TinyattnError(f"--string-length {args.string_length}: two copies must fit the context of "
-                            f"{context} tokens; give at most {context // 2}")
+                            f"{context} tokens{' after the start token' if start else ''}; "
+                            f"give at most {context // 2}")
     rng = np.random.default_rng(args.seed)
     probe = repeat_probe(model, string_tokens=ordinary_tokens(tokenizer), text=text,
                          length=args.string_length, distances=gap_lengths(context, args.string_length),
-                         rng=rng)
+                         rng=rng, start=start)
     folder = experiment_folder(args.out, "distance")
     recall = train_recall(pairs=args.pairs, steps=args.recall_steps, seed=args.seed, device=device,
                           writer_folder=folder)
@@ -160,9 +163,13 @@ class ProbeRow:
 
 
 def repeat_probe(model: nn.Module, *, string_tokens: np.ndarray, text: np.ndarray, length: int,
-                 distances: list[int], rng: np.random.Generator, samples: int = PROBE_SAMPLES) -> list[ProbeRow]:
+                 distances: list[int], rng: np.random.Generator, samples: int = PROBE_SAMPLES,
+                 start: Sequence[int] = ()) -> list[ProbeRow]:
     """Loss on each copy of a random string repeated after a gap of d text tokens, and on a fresh
-    string of the same length in the second copy's place (the control), for each d."""
+    string of the same length in the second copy's place (the control), for each d. `start` (the
+    tokenizer's `text_start`: an imported folder's bos) goes before every sequence."""
+    b = len(start)
+    lead = np.broadcast_to(np.asarray(start, dtype=np.int64), (samples, b))  # (S, b)
     rows = []
     for d in distances:
         if len(text) < d + 1:
@@ -171,15 +178,15 @@ def repeat_probe(model: nn.Module, *, string_tokens: np.ndarray, text: np.ndarra
         starts = rng.integers(0, len(text) - d + 1, size=samples)  # (S,)
         fresh = rng.choice(string_tokens, size=(samples, length))  # (S, n) the control's second string
         gaps = text[starts[:, None] + np.arange(d)] if d else np.zeros((samples, 0), dtype=np.int64)  # (S, d)
-        copies = np.concatenate([strings, gaps, strings], axis=1)  # (S, 2n + d)
-        controls = np.concatenate([strings, gaps, fresh], axis=1)  # (S, 2n + d)
-        sequences = torch.from_numpy(np.concatenate([copies, controls]))  # (2S, 2n + d)
+        copies = np.concatenate([lead, strings, gaps, strings], axis=1)  # (S, b + 2n + d)
+        controls = np.concatenate([lead, strings, gaps, fresh], axis=1)  # (S, b + 2n + d)
+        sequences = torch.from_numpy(np.concatenate([copies, controls]))  # (2S, b + 2n + d)
         with evaluation_mode(model), torch.no_grad():
-            losses = token_losses(model, sequences[:, :-1], sequences[:, 1:]).cpu().double()  # (2S, 2n+d-1)
-        # Target j is token j + 1: the first string's tokens 1..n-1 are targets 0..n-2, the
-        # second's (it starts at n + d) are targets n+d..2n+d-2. Means per string: (S,) each.
-        first = losses[:samples, :length - 1].mean(1)
-        second, control = losses[:, length + d:].mean(1).split(samples)
+            losses = token_losses(model, sequences[:, :-1], sequences[:, 1:]).cpu().double()  # (2S, b+2n+d-1)
+        # Target j is token j + 1: the first string (it starts at b) has its tokens 1..n-1 at targets
+        # b..b+n-2, the second (at b + n + d) at b+n+d..b+2n+d-2. Means per string: (S,) each.
+        first = losses[:samples, b:b + length - 1].mean(1)
+        second, control = losses[:, b + length + d:].mean(1).split(samples)
         rows.append(probe_row(d, first.numpy(), second.numpy(), control.numpy()))
     return rows
 
