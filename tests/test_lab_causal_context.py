@@ -335,6 +335,8 @@ def test_a_tokenizer_that_merges_the_word_with_what_follows_is_refused_in_one_li
 
 def test_the_table_names_each_contexts_compared_token_which_a_subword_tokenizer_may_change():
     class Subwords:  # a word after a space is one token with it, as in byte-level BPE: ' speak' and 'speak'
+        text_start: list[int] = []  # nothing put before a text, as tinyattn's own tokenizers
+
         def __init__(self):
             self.pieces = []
 
