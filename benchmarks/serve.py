@@ -1,6 +1,6 @@
 """Serving speed over HTTP: time to first token, streamed tokens/s, N concurrent clients.
 
-    python -m benchmarks.serve                                   # random 6x6x384 char model, 1/2/4 clients
+    python -m benchmarks.serve                                   # the main config's shape, random weights
     python -m benchmarks.serve --checkpoint checkpoints/shakespeare_char --clients 1 4 8 --json s.json
     python -m benchmarks.serve --max-tokens 500 --threads 1 --repeats 5
 
@@ -14,9 +14,12 @@ first to the last), and the aggregate tokens/s (every client's tokens over the w
 the first request to the last [DONE]). The in-process figure is `generate()` on the same model
 in this process: the HTTP, JSON and scheduling overhead is the difference.
 
-Without --checkpoint the model has random weights in the shape of configs/shakespeare_char.yaml's
-model (6 layers, 6 heads, width 384, context 256) and a character vocabulary of printable ASCII;
-the end-of-text token's output row is zeroed, so greedy text runs to --max-tokens. Run it on an
+Without --checkpoint the model has random weights in the shape of --config's model (default
+configs/shakespeare_char.yaml: 4 layers, 4 heads, width 192, context 64, 1.8M parameters), a
+character vocabulary of printable ASCII, and a run name from its shape (random-4x4x192). The
+output head's row of the end-of-text token (the last id) is zeroed, so its logit is 0 and greedy
+decoding, which takes the first of equal logits, does not pick it: text runs to --max-tokens (an
+untied head starts at zero: every logit is 0 and the first id comes every time). Run it on an
 otherwise idle machine: timings taken beside other work are not the server's.
 """
 
@@ -96,8 +99,9 @@ def _random_run(folder: Path, config_path: str) -> Path:
     torch.manual_seed(0)
     model = LanguageModel(model_config).eval()
     with torch.no_grad():
-        model.token_embedding.weight[tokenizer.eot_id] = 0  # tied head: logit 0, never the greedy choice
-    run = folder / "random-6x6x384"
+        model.head.weight[tokenizer.eot_id] = 0  # the embedding's too where tied: logit 0
+    m = model_config
+    run = folder / f"random-{m.n_layer}x{m.n_head}x{m.n_embd}"
     ckpt.save_checkpoint({"config": config_to_dict(config), "model": model.state_dict(),
                           "tokenizer": tokenizer.to_json(), "step": 0}, run / "best.pt")
     return run

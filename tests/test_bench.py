@@ -73,3 +73,16 @@ def test_decoding_a_batch_counts_every_sequences_tokens(monkeypatch):
     assert r["uncached_ms_per_token"] == pytest.approx(10.0)
     assert r["uncached_tokens_per_s"] == pytest.approx(300.0)
     assert r["speedup"] == pytest.approx(1.0)
+
+
+def test_serve_names_its_random_model_by_its_shape_and_zeroes_the_heads_end_of_text_row(tmp_path):
+    import torch
+
+    from benchmarks.serve import _random_run
+
+    run = _random_run(tmp_path, str(ROOT / "configs" / "tiny.yaml"))  # 2 layers, 4 heads, width 32, untied
+    assert run.name == "random-2x4x32"
+    saved = torch.load(run / "best.pt", weights_only=False)
+    eot = saved["config"]["model"]["vocab_size"] - 1  # the char tokenizer's end-of-text token: the last id
+    assert not saved["model"]["head.weight"][eot].any()
+    assert saved["model"]["token_embedding.weight"][eot].any()  # the input embedding keeps its row
