@@ -120,11 +120,10 @@ def _in_process_tokens_per_s(checkpoint: str, max_tokens: int, threads: int) -> 
     loaded = load_any_model(checkpoint, "cpu")
     prepare_for_generation(loaded.model, "fp32", torch.device("cpu"))
     for _ in range(2):  # the first run warms up
-        times = [time.perf_counter()]
-        for piece in generate_samples(loaded.model, loaded.tokenizer, PROMPT, max_new_tokens=max_tokens,
-                                      temperature=0):
-            times.append(time.perf_counter())
-    return (len(times) - 2) / (times[-1] - times[1])
+        # the time of each piece with text; the finish piece after the last token has none
+        times = [time.perf_counter() for piece in generate_samples(
+            loaded.model, loaded.tokenizer, PROMPT, max_new_tokens=max_tokens, temperature=0) if piece.text]
+    return (len(times) - 1) / (times[-1] - times[0])  # as the HTTP side's (tokens - 1) / (end - first)
 
 
 def _start_server(checkpoint: str, max_active: int, threads: int, max_tokens: int):

@@ -86,3 +86,26 @@ def test_serve_names_its_random_model_by_its_shape_and_zeroes_the_heads_end_of_t
     eot = saved["config"]["model"]["vocab_size"] - 1  # the char tokenizer's end-of-text token: the last id
     assert not saved["model"]["head.weight"][eot].any()
     assert saved["model"]["token_embedding.weight"][eot].any()  # the input embedding keeps its row
+
+
+def test_serve_in_process_tokens_per_s_counts_the_tokens_after_the_first_not_the_finish_piece(
+        tmp_path, monkeypatch):
+    import time
+
+    from benchmarks import serve
+    from tinyattn.generate import text
+    from tinyattn.generate.text import SamplePiece
+
+    clock = [0.0]
+
+    def pieces(*args, max_new_tokens, **kwargs):  # a token every 10 ms, then the finish piece at once
+        for _ in range(max_new_tokens):
+            clock[0] += 0.010
+            yield SamplePiece(0, "a")
+        yield SamplePiece(0, "", "length")
+
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(text, "generate_samples", pieces)
+    run = serve._random_run(tmp_path, str(ROOT / "configs" / "tiny.yaml"))
+    # 5 tokens: 4 after the first in 40 ms, as the HTTP side counts (tokens - 1) / (end - first)
+    assert serve._in_process_tokens_per_s(str(run), 5, 1) == pytest.approx(100.0)
