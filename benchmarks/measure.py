@@ -360,6 +360,11 @@ def measure_training(model_config, *, batch_size: int = 16, device: str = "auto"
     exactly as `tinyattn.train.trainer.Trainer.train_step` does them (it is the same code). The
     FLOPs per token are 6N plus attention (`LanguageModel.flops_per_token`); the peak
     is a large matmul in the same precision on the same device, measured now.
+
+    Peak memory is this row's: CUDA's allocation peak, or on a Linux CPU the peak RSS since the
+    mark is reset after the trainer is built (/proc/self/clear_refs). Where the mark cannot be
+    reset (another OS) it is the process's peak so far, earlier rows included;
+    `peak_memory_scope` says which ("this row" or "the process so far").
     """
     torch_device = select_device(device)
     chosen = select_precision(precision, torch_device)
@@ -368,8 +373,7 @@ def measure_training(model_config, *, batch_size: int = 16, device: str = "auto"
     trainer = Trainer.build(model_config, train_config, tokens, device=torch_device, precision=chosen)
     # Measured before the memory mark is reset: its matrices (8192 x 8192 on CUDA) are not the model's.
     peak = peak_flops or measure_peak_flops(torch_device, chosen)
-    if torch_device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(torch_device)
+    scope = "this row" if _reset_peak_memory(torch_device) else "the process so far"
 
     # The first step compiles (when asked) and allocates optimizer state.
     first_step = seconds_of(trainer.train_step, torch_device)
@@ -390,14 +394,26 @@ def measure_training(model_config, *, batch_size: int = 16, device: str = "auto"
         "flops_per_token": flops_per_token,
         "peak_flops": peak,
         "mfu": flops_per_token * tokens_per_second / peak,
-        "peak_memory_bytes": _peak_memory_bytes(torch_device),
+        "peak_memory_bytes": _peak_memory_bytes(torch_device, since_reset=scope == "this row"),
+        "peak_memory_scope": scope,
     }
 
 
-def _peak_memory_bytes(device) -> int:
-    """Peak memory of this process: allocated on CUDA, the peak resident set size on the CPU."""
+def _reset_peak_memory(device) -> bool:
+    """Resets the peak-memory mark where it can (CUDA's; the peak RSS on Linux); whether it did."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return True
+    return device.type == "cpu" and _can_reset_peak_rss()  # trying resets the mark
+
+
+def _peak_memory_bytes(device, since_reset: bool) -> int:
+    """Peak memory: allocated on CUDA, the peak resident set size on the CPU (since the mark was
+    reset, else the process's peak so far)."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
+    if since_reset:
+        return _peak_rss_since_reset()
     memory = psutil.Process().memory_info()
     if hasattr(memory, "peak_wset"):  # Windows: psutil's peak working set
         return int(memory.peak_wset)
@@ -442,7 +458,8 @@ def run_suite(config_path: str, *, overrides=(), device: str = "auto", precision
             report(f"training ({r['precision']}, compile={use_compile}, batch {batch_size}): "
                    f"{r['tokens_per_second']:,.0f} tok/s, MFU {r['mfu']:.1%} of "
                    f"{r['peak_flops'] / 1e12:.2f} TFLOP/s measured, {r['flops_per_token'] / 1e6:.1f} "
-                   f"MFLOP/token, peak memory {r['peak_memory_bytes'] / 2**20:,.0f} MiB")
+                   f"MFLOP/token, peak memory {r['peak_memory_bytes'] / 2**20:,.0f} MiB"
+                   + ("" if r["peak_memory_scope"] == "this row" else " (the process's peak so far)"))
         results["training"] = runs
     if "decode" not in skip:
         torch_device = select_device(device)

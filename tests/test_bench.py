@@ -109,3 +109,24 @@ def test_serve_in_process_tokens_per_s_counts_the_tokens_after_the_first_not_the
     run = serve._random_run(tmp_path, str(ROOT / "configs" / "tiny.yaml"))
     # 5 tokens: 4 after the first in 40 ms, as the HTTP side counts (tokens - 1) / (end - first)
     assert serve._in_process_tokens_per_s(str(run), 5, 1) == pytest.approx(100.0)
+
+
+def test_a_training_rows_cpu_peak_memory_is_its_own_not_the_processs_peak_so_far():
+    import resource
+
+    import torch
+
+    from benchmarks import measure
+    from tinyattn.config import load_config
+
+    if not measure._can_reset_peak_rss():
+        pytest.skip("the peak-RSS mark cannot be reset here (/proc/self/clear_refs)")
+    big = torch.ones(64 * 2**20)  # 256 MiB touched, then freed: the process's peak holds it
+    del big
+    peak_so_far = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    model = load_config(str(ROOT / "configs" / "tiny.yaml")).model
+    model.vocab_size = 65
+    r = measure.measure_training(model, batch_size=2, device="cpu", precision="fp32", steps=1, warmup=1,
+                                 peak_flops=1e12)
+    assert r["peak_memory_scope"] == "this row"
+    assert 0 < r["peak_memory_bytes"] < peak_so_far - 128 * 2**20
