@@ -7,7 +7,8 @@
     python -m benchmarks.decode --nanogpt /path/to/nanoGPT     # against nanoGPT's generate(), A/B
 
 The model is the 6-layer, 6-head, width-384, context-256, vocabulary-65 one with random
-weights (--config takes the shape of a config's model instead), generating 500 tokens after
+weights (--config takes a config's whole model section instead: its shape, qk_norm, tied or
+untied head and the rest), generating 500 tokens after
 a 200-token prompt (shortened to fit the context) at batch 1 (--batch-sizes: more); see
 `benchmarks.measure.measure_decode` for what is timed. Prints a Markdown table; "first run s" is
 the warm-up run of 50 tokens, which with --compile yes includes compiling the decode step
@@ -28,6 +29,7 @@ median of its rounds, wall time from the prompt to the last token.
 
 import argparse
 import contextlib
+import dataclasses
 import importlib.util
 import itertools
 import json
@@ -37,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.measure import measure_decode
+from benchmarks.measure import DECODE_MODEL, measure_decode
 from tinyattn.cli import run_command
 from tinyattn.config import ModelConfig, load_config
 from tinyattn.errors import TinyattnError
@@ -51,8 +53,8 @@ def main() -> int:
     if args.nanogpt:
         return _against_nanogpt(args)
     args.threads = args.threads or [1, 2]
-    shape = _model_shape(args.config, args.vocab_size)
-    prompt_tokens = min(args.prompt_tokens, shape.get("context_length", 256))
+    model_config = _model_config(args.config, args.vocab_size)
+    prompt_tokens = min(args.prompt_tokens, model_config.context_length)
     results = []
     for dtype, threads, pack, compile, batch in itertools.product(args.dtypes, args.threads, args.pack,
                                                                   args.compile, args.batch_sizes):
@@ -62,7 +64,7 @@ def main() -> int:
                            uncached_tokens=args.uncached_tokens, dtype=dtype, threads=threads,
                            pack=pack != "no", row_dtype="fp16" if pack == "fp16-rows" else None,
                            compile=compile == "yes", repeats=args.repeats,
-                           device=args.device, batch_size=batch, **shape)
+                           device=args.device, batch_size=batch, model_config=model_config)
         if not results:
             print(f"{r['cpu']}, torch {r['torch']}, {r['device']}; "
                   f"{r['model']['parameters'] / 1e6:.1f}M parameters; {r['new_tokens']} tokens after "
@@ -81,18 +83,11 @@ def main() -> int:
     return 0
 
 
-def _model_shape(config_path: str | None, vocab_size: int | None) -> dict:
-    """measure_decode's model arguments from a config's model (and --vocab-size); {} for its default."""
-    shape = {}
-    if config_path:
-        m = load_config(config_path).model
-        shape = dict(n_layer=m.n_layer, n_head=m.n_head, n_kv_head=m.n_kv_head, n_embd=m.n_embd,
-                     context_length=m.context_length)
-        if m.vocab_size:
-            shape["vocab_size"] = m.vocab_size
-    if vocab_size:
-        shape["vocab_size"] = vocab_size
-    return shape
+def _model_config(config_path: str | None, vocab_size: int | None) -> ModelConfig:
+    """The model to time: a config's whole model section (else measure_decode's default), with
+    --vocab-size, else the config's vocabulary, else 65."""
+    config = load_config(config_path).model if config_path else DECODE_MODEL
+    return dataclasses.replace(config, vocab_size=vocab_size or config.vocab_size or 65)
 
 
 # ----------------------------------------------------------------------------- against nanoGPT
@@ -195,7 +190,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1],
                         help="sequences decoded together (default: 1); tokens/s count all of them")
-    parser.add_argument("--config", help="take the model's shape from this config (default: 6 layers, "
+    parser.add_argument("--config", help="time this config's model (default: 6 layers, "
                                          "6 heads, width 384, context 256)")
     parser.add_argument("--vocab-size", type=int, default=None,
                         help="vocabulary of the random model (default: the config's, else 65)")

@@ -7,6 +7,7 @@ results on the machines we have. Timings are medians over repeats after warm-up.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -37,17 +38,21 @@ from tinyattn.train.trainer import Trainer
 # ----------------------------------------------------------------------------- decoding
 
 
-def measure_decode(*, n_layer: int = 6, n_head: int = 6, n_embd: int = 384, context_length: int = 256,
-                   n_kv_head: int | None = None, vocab_size: int = 65, new_tokens: int = 500,
+# The decoding benchmarks' default model: nanoGPT's "baby GPT" size, the nanoGPT comparison's.
+DECODE_MODEL = ModelConfig(vocab_size=65, n_layer=6, n_head=6, n_embd=384, context_length=256)
+
+
+def measure_decode(*, model_config: ModelConfig = DECODE_MODEL, new_tokens: int = 500,
                    prompt_tokens: int = 200, uncached_tokens: int | None = None, dtype: str = "fp32",
                    threads: int | None = None, pack: bool = False, row_dtype: str | None = None,
                    compile: bool = False, temperature: float = 0.8, repeats: int = 3, device: str = "cpu",
                    seed: int = 0, batch_size: int = 1) -> dict:
     """Decoding speed with the KV cache (the loop of `generate_tokens`) and without it.
 
-    The model has random weights (its own initialisation, seeded); speed does not depend on
-    them. Both loops sample with the same `sample_next_token` at `temperature`. The cached
-    loop is `generate_tokens`' own: a `CachedDecoder` prefilled, then stepped and sampled.
+    The model is built from the whole `model_config` (every field: qk_norm, an untied head, ...)
+    with random weights (its own initialisation, seeded); speed does not depend on them. Both
+    loops sample with the same `sample_next_token` at `temperature`. The cached loop is
+    `generate_tokens`' own: a `CachedDecoder` prefilled, then stepped and sampled.
 
     - ttft_ms: time to first token for a `prompt_tokens` prompt (prefill, then one draw).
     - cached_tokens_per_s: the `new_tokens - 1` tokens after the first, over the time from the
@@ -67,19 +72,16 @@ def measure_decode(*, n_layer: int = 6, n_head: int = 6, n_embd: int = 384, cont
     """
     torch_device = select_device(device)
     with _num_threads(threads):
-        config = ModelConfig(vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head,
-                             n_embd=n_embd, context_length=context_length)
         model, packed, prompt = _model_and_prompt(
-            config, device=torch_device, dtype=dtype, pack=pack, row_dtype=row_dtype, batch_size=batch_size,
-            prompt_tokens=prompt_tokens, seed=seed)
+            model_config, device=torch_device, dtype=dtype, pack=pack, row_dtype=row_dtype,
+            batch_size=batch_size, prompt_tokens=prompt_tokens, seed=seed)
         uncached_tokens = new_tokens if uncached_tokens is None else uncached_tokens
         first_run_seconds, runs, uncached_seconds = _decode_runs(
             model, prompt, new_tokens=new_tokens, uncached_tokens=uncached_tokens, repeats=repeats,
             compile=compile, temperature=temperature, seed=seed)
         speeds = _decode_speeds(runs, uncached_seconds, batch_size=batch_size, new_tokens=new_tokens,
                                 uncached_tokens=uncached_tokens)
-        shape = {"n_layer": n_layer, "n_head": n_head, "n_embd": n_embd, "context_length": context_length,
-                 "vocab_size": vocab_size, "parameters": model.num_parameters()}
+        shape = {**dataclasses.asdict(model_config), "parameters": model.num_parameters()}
         return {
             "device": str(torch_device), "cpu": cpu_name(), "machine": platform.machine(),
             "torch": torch.__version__, "threads": torch.get_num_threads(), "dtype": dtype, "packed": packed,
@@ -466,8 +468,7 @@ def run_suite(config_path: str, *, overrides=(), device: str = "auto", precision
         dtype = "bf16" if select_precision(precision, torch_device).name == "bf16" else "fp32"
         # fp16 row copies where `tinyattn generate --dtype <precision>` keeps them
         rows = row_weight_dtype(precision, DTYPES[dtype], torch_device) == torch.float16
-        r = measure_decode(n_layer=m.n_layer, n_head=m.n_head, n_kv_head=m.n_kv_head, n_embd=m.n_embd,
-                           context_length=m.context_length, vocab_size=m.vocab_size, dtype=dtype,
+        r = measure_decode(model_config=model_config, dtype=dtype,
                            pack=torch_device.type == "cpu", row_dtype="fp16" if rows else None,
                            device=str(torch_device),
                            new_tokens=500, prompt_tokens=min(200, m.context_length))

@@ -50,6 +50,7 @@ def test_decoding_a_batch_counts_every_sequences_tokens(monkeypatch):
     import time
 
     from benchmarks import measure
+    from tinyattn.config import ModelConfig
 
     # A fake clock that moves 10 ms per sampled step, whatever the batch: every figure is then known.
     clock, rows = [0.0], []
@@ -62,8 +63,9 @@ def test_decoding_a_batch_counts_every_sequences_tokens(monkeypatch):
         return real_sample(logits, *args, **kwargs)
 
     monkeypatch.setattr(measure, "sample_next_token", sample)
-    r = measure.measure_decode(n_layer=1, n_head=2, n_embd=16, context_length=16, new_tokens=6,
-                               prompt_tokens=4, uncached_tokens=3, repeats=1, batch_size=3)
+    model = ModelConfig(vocab_size=65, n_layer=1, n_head=2, n_embd=16, context_length=16)
+    r = measure.measure_decode(model_config=model, new_tokens=6, prompt_tokens=4, uncached_tokens=3,
+                               repeats=1, batch_size=3)
     assert rows == [3] * (6 + 6 + 3)  # warm-up run, the timed run, the uncached tokens: all three sequences
     assert r["batch_size"] == 3 and r["refills"] == 0
     assert r["ttft_ms"] == pytest.approx(10.0)  # prefill and the first draw: one step
@@ -130,3 +132,21 @@ def test_a_training_rows_cpu_peak_memory_is_its_own_not_the_processs_peak_so_far
                                  peak_flops=1e12)
     assert r["peak_memory_scope"] == "this row"
     assert 0 < r["peak_memory_bytes"] < peak_so_far - 128 * 2**20
+
+
+def test_decode_times_the_configs_whole_model_and_its_default_is_the_nanogpt_comparisons(tmp_path):
+    from benchmarks.decode import NANOGPT_SHAPE, _model_config
+    from tinyattn.config import ModelConfig
+    from tinyattn.model.transformer import LanguageModel
+
+    default = _model_config(None, None)
+    assert default == ModelConfig(**NANOGPT_SHAPE)
+    assert LanguageModel(default).num_parameters() == 10_646_784  # tied head, as nanoGPT's
+    config = tmp_path / "c.yaml"
+    config.write_text(f"extends: {ROOT / 'configs' / 'tiny.yaml'}\n"
+                      "model:\n  mlp_hidden: 48\n  logit_softcap: 15.0\n")
+    model = _model_config(str(config), None)
+    assert (model.n_layer, model.n_kv_head, model.vocab_size) == (2, 2, 65)
+    assert model.qk_norm and not model.tie_embeddings  # the main config's, which tiny.yaml extends
+    assert (model.mlp_hidden, model.logit_softcap) == (48, 15.0)
+    assert _model_config(str(config), 80).vocab_size == 80
