@@ -15,13 +15,15 @@ from pathlib import Path
 
 from benchmarks.measure import SECTIONS, run_suite
 from tinyattn.cli import run_command
+from tinyattn.errors import ConfigError
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/shakespeare_char_gpu.yaml",
                         help="model shape to measure (default: the 6-layer, width-384, context-256 model)")
-    parser.add_argument("--set", dest="overrides", nargs="+", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--set", dest="overrides", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="model.KEY=VALUE: change the config's model (its other sections are not used)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
     parser.add_argument("--batch-size", type=int, default=16)
@@ -33,6 +35,7 @@ def main() -> int:
     parser.add_argument("--skip", nargs="+", default=[], choices=SECTIONS, help="sections to leave out")
     parser.add_argument("--json", type=Path, help="write every figure to this JSON file")
     args = parser.parse_args()
+    _refuse_unused_overrides(args.overrides)
     results = run_suite(args.config, overrides=args.overrides, device=args.device, precision=args.precision,
                         batch_size=args.batch_size, vocab_size=args.vocab_size, compile=args.compile,
                         steps=args.steps, max_context=args.max_context, skip=args.skip)
@@ -41,6 +44,15 @@ def main() -> int:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
+
+
+def _refuse_unused_overrides(overrides: list[str]) -> None:
+    """The suite reads only the config's model: a --set of another section would change nothing."""
+    for item in overrides:
+        if not item.split("=", 1)[0].strip().startswith("model."):
+            raise ConfigError(f"--set {item}: the suite uses only the config's model section (training runs "
+                              "random tokens with its own --batch-size, --precision, --compile and --steps); "
+                              "expected model.KEY=VALUE")
 
 
 if __name__ == "__main__":

@@ -150,3 +150,20 @@ def test_decode_times_the_configs_whole_model_and_its_default_is_the_nanogpt_com
     assert model.qk_norm and not model.tie_embeddings  # the main config's, which tiny.yaml extends
     assert (model.mlp_hidden, model.logit_softcap) == (48, 15.0)
     assert _model_config(str(config), 80).vocab_size == 80
+
+
+@pytest.mark.parametrize("module, arguments, named", [
+    ("suite", ["--set", "train.batch_size=2"], "--set train.batch_size=2"),
+])
+def test_a_benchmarks_refused_argument_is_one_line_naming_it_with_exit_2(module, arguments, named,
+                                                                       monkeypatch, capsys):
+    import importlib
+
+    from tinyattn.cli import run_command
+
+    main = importlib.import_module(f"benchmarks.{module}").main
+    monkeypatch.setattr(sys, "argv", [module, "--config", str(ROOT / "configs" / "tiny.yaml"), *arguments]
+                        if module != "time_to_loss" else [module, *arguments])
+    assert run_command(main) == 2  # before anything is measured
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {named}") and err.count("\n") == 1, err
