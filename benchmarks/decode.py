@@ -42,7 +42,7 @@ import torch
 from benchmarks.measure import DECODE_MODEL, measure_decode
 from tinyattn.cli import run_command
 from tinyattn.config import ModelConfig, load_config
-from tinyattn.errors import TinyattnError
+from tinyattn.errors import ConfigError, TinyattnError
 from tinyattn.generate.decoder import generate_tokens, prepare_for_generation
 from tinyattn.model.transformer import LanguageModel
 from tinyattn.system.cpu import cpu_name
@@ -50,6 +50,7 @@ from tinyattn.system.cpu import cpu_name
 
 def main() -> int:
     args = _parser().parse_args()
+    _check_counts(args)
     if args.nanogpt:
         return _against_nanogpt(args)
     args.threads = args.threads or [1, 2]
@@ -88,6 +89,21 @@ def _model_config(config_path: str | None, vocab_size: int | None) -> ModelConfi
     --vocab-size, else the config's vocabulary, else 65."""
     config = load_config(config_path).model if config_path else DECODE_MODEL
     return dataclasses.replace(config, vocab_size=vocab_size or config.vocab_size or 65)
+
+
+# The fewest each count accepts, and why where it is not plain.
+LEAST = {"new_tokens": (2, "the tokens after the first are timed"), "prompt_tokens": (1, ""),
+         "repeats": (1, ""), "uncached_tokens": (1, ""), "threads": (1, ""), "batch_sizes": (1, "")}
+
+
+def _check_counts(args: argparse.Namespace) -> None:
+    """The counts typed, checked before any model is built; a refused one is named as typed."""
+    for name, (least, why) in LEAST.items():
+        values = getattr(args, name)
+        for value in values if isinstance(values, list) else [values]:
+            if value is not None and value < least:
+                raise ConfigError(f"--{name.replace('_', '-')} {value} is not accepted: expected at least "
+                                  f"{least}" + (f" ({why})" if why else ""))
 
 
 # ----------------------------------------------------------------------------- against nanoGPT

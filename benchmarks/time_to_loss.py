@@ -27,6 +27,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from tinyattn.cli import run_command
+from tinyattn.errors import TinyattnError
+
 ROOT = Path(__file__).resolve().parents[1]
 NANOGPT_ARGS = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
                 "--log_interval=1", "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4",
@@ -91,6 +94,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--set", nargs="*", default=[], help="more tinyattn overrides, KEY=VALUE")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    if not (args.nanogpt / "train.py").is_file():
+        raise TinyattnError(f"--nanogpt {args.nanogpt}: no train.py there; expected a nanoGPT checkout")
     rounds = []
     for r in range(args.rounds):
         result = one_round(args.nanogpt, args.set, args.target)
@@ -107,4 +112,4 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_command(main))

@@ -154,6 +154,11 @@ def test_decode_times_the_configs_whole_model_and_its_default_is_the_nanogpt_com
 
 @pytest.mark.parametrize("module, arguments, named", [
     ("suite", ["--set", "train.batch_size=2"], "--set train.batch_size=2"),
+    ("decode", ["--new-tokens", "1"], "--new-tokens 1"),
+    ("decode", ["--new-tokens", "0"], "--new-tokens 0"),
+    ("decode", ["--repeats", "0"], "--repeats 0"),
+    ("decode", ["--threads", "1", "0"], "--threads 0"),
+    ("time_to_loss", ["--nanogpt", "/nonexistent"], "--nanogpt /nonexistent"),
 ])
 def test_a_benchmarks_refused_argument_is_one_line_naming_it_with_exit_2(module, arguments, named,
                                                                        monkeypatch, capsys):
