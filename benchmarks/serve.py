@@ -167,7 +167,7 @@ def _stream_one(url: str, model_id: str, max_tokens: int) -> dict:
 
 
 def _measure(url: str, model_id: str, clients: int, args) -> dict:
-    _stream_one(url, model_id, 20)  # warm-up
+    _stream_one(url, model_id, min(20, args.max_tokens))  # warm-up, within the server's --max-tokens
     rounds = []
     for _ in range(args.repeats):
         done: list[dict] = []
