@@ -437,9 +437,9 @@ def test_the_recurrence_table_gives_each_models_gradient_at_init_and_trained_to_
 
 
 @pytest.mark.parametrize("lab, written, next_step", [
-    ("recurrence", "attention", "experiment_folder"), ("distance", "key_value", "load_any_model")])
+    ("recurrence", "attention", "experiment_folder"), ("distance", "key_value", "repeat_probe")])
 def test_an_out_holding_an_earlier_runs_output_is_refused_and_force_clears_only_it(
-        tmp_path, monkeypatch, capsys, lab, written, next_step):
+        tmp_path, monkeypatch, capsys, trained_run, lab, written, next_step):
     # A rerun's TensorBoard events beside the earlier run's drew one zig-zag curve from both.
     from tests.conftest import CORPUS
     from tinyattn.cli.lab import main
@@ -459,7 +459,11 @@ def test_an_out_holding_an_earlier_runs_output_is_refused_and_force_clears_only_
     corpus.write_text(CORPUS * 4, encoding="utf-8")
     command = ([lab, "--config", str(ROOT / "configs" / "tiny.yaml"), "--set", f"data.files={corpus}",
                 "data.url=null", "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}"]
-               if lab == "recurrence" else [lab, "--checkpoint", str(tmp_path / "model")])
+               if lab == "recurrence" else [lab, "--checkpoint", str(trained_run.run_dir)])
+    if lab == "distance":  # a mistake with --force: refused before anything earlier is removed
+        assert main([*command, "--string-length", "40", "--out", str(out), "--force"]) == 2
+        assert "--string-length 40: two copies must fit" in capsys.readouterr().err
+        assert (out / written / "events.out.tfevents.1").exists()
     assert main([*command, "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err == (f"error: {out} holds {lab}.txt, {written}, which this lab writes; add --force to replace "
@@ -468,3 +472,31 @@ def test_an_out_holding_an_earlier_runs_output_is_refused_and_force_clears_only_
     assert main([*command, "--out", str(out), "--force"]) == 2
     assert capsys.readouterr().err == "error: reached the work\n"
     assert sorted(path.name for path in out.iterdir()) == ["notes.txt"]
+
+
+def test_lab_distance_takes_the_longest_strings_whose_two_copies_fit_as_inputs(trained_run, monkeypatch, capsys):
+    # Two copies of n with no gap are 2n tokens, of which the model reads 2n - 1: n = (context + 1) // 2.
+    from tinyattn.cli.lab import main
+    from tinyattn.errors import TinyattnError
+
+    import dataclasses
+
+    context = 33  # odd: (33 + 1) // 2 = 17 strings fit, where 2n <= context would allow only 16
+    longest = (context + 1) // 2
+    load = distance.load_any_model
+
+    def load_with_an_odd_context(*args, **kwargs):
+        loaded = load(*args, **kwargs)
+        loaded.model.config = dataclasses.replace(loaded.model.config, context_length=context)
+        return loaded
+
+    def reached(*args, **kwargs):
+        raise TinyattnError("reached the probe")
+
+    monkeypatch.setattr(distance, "load_any_model", load_with_an_odd_context)
+    monkeypatch.setattr(distance, "repeat_probe", reached)
+    command = ["distance", "--checkpoint", str(trained_run.run_dir), "--out", "unused"]
+    assert main([*command, "--string-length", str(longest)]) == 2
+    assert capsys.readouterr().err == "error: reached the probe\n"
+    assert main([*command, "--string-length", str(longest + 1)]) == 2
+    assert f"give at most {longest}" in capsys.readouterr().err

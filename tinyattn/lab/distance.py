@@ -93,17 +93,17 @@ def run(args: argparse.Namespace) -> int:
         if not lowest <= value < 2**63:
             raise TinyattnError(f"{flag} {value}: expected an integer >= {lowest}")
     check_recall_fits(args.pairs, device)  # before the probe's minutes: --pairs grows it as its square
-    clear_earlier_lab(args.out, OUTPUTS, args.force)  # before the probe and the recall's training
     loaded = load_any_model(args.checkpoint, device)
     require_causal(loaded, "tinyattn lab distance (it scores next-token predictions)")
     model, tokenizer = loaded.model, loaded.tokenizer
     text = gap_text(args.text, loaded)
     start = tokenizer.text_start  # an imported folder's bos begins every sequence, as it begins a text
     context = model.config.context_length - len(start)  # what the strings and the gap can fill
-    if 2 * args.string_length > context:
+    if 2 * args.string_length > context + 1:  # the inputs: both copies but the last token (gap 0)
         raise TinyattnError(f"--string-length {args.string_length}: two copies must fit the context of "
-                            f"{context} tokens{' after the start token' if start else ''}; "
-                            f"give at most {context // 2}")
+                            f"{context} tokens{' after the start token' if start else ''} (as inputs: the "
+                            f"last token is only predicted); give at most {(context + 1) // 2}")
+    clear_earlier_lab(args.out, OUTPUTS, args.force)  # after every check: --force never loses a run to a typo
     rng = np.random.default_rng(args.seed)
     probe = repeat_probe(model, string_tokens=ordinary_tokens(tokenizer), text=text,
                          length=args.string_length, distances=gap_lengths(context, args.string_length),
