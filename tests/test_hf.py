@@ -477,6 +477,14 @@ def test_attention_and_the_explorer_read_an_imported_folders_text_after_its_bos(
     code, out, err = run_main(attention_cli.main, ["--checkpoint", llama, "--text", text, "--relevance",
                                                    "--query-position", "1", "--device", "cpu"], capsys)
     assert code == 0 and f"of {len(theirs)} tokens" in out, out + err
+    # --query finds a word of the text, never the bos's spelling ("<s>"), at its position after the bos
+    code, out, err = run_main(attention_cli.main, ["--checkpoint", llama, "--text", text, "--relevance",
+                                                   "--query", "s", "--device", "cpu"], capsys)
+    assert code == 2 and "--query 's': not a word of the text" in err, out + err
+    code, out, err = run_main(attention_cli.main, ["--checkpoint", llama, "--text", text, "--relevance",
+                                                   "--query", "ROMEO", "--device", "cpu"], capsys)
+    romeo = len(transformers.AutoTokenizer.from_pretrained(llama)("ROMEO")["input_ids"]) - 1
+    assert code == 0 and f"at position {romeo}\n" in out, out + err
     pytest.importorskip("fastapi")
     import types
 

@@ -149,19 +149,22 @@ def query_position_of_word(tokenizer, token_ids: list[int], word: str) -> int:
     `word` is matched case-sensitively as a whole word (not inside a longer word) in the
     text the model saw. For a character-level model this is the word's last character:
     the position that has read the whole word. With subword tokens it is the token that
-    completes the word.
+    completes the word. An imported folder's bos before the text (`tokenizer.text_start`) is no part
+    of it: its spelling ("<s>") is not searched.
     """
-    text, spans = token_spans(tokenizer, token_ids)
+    start = list(getattr(tokenizer, "text_start", []))
+    skip = len(start) if start and list(token_ids[:len(start)]) == start else 0
+    text, spans = token_spans(tokenizer, list(token_ids[skip:]))
     pattern = r"(?<!\w)" + re.escape(word) + r"(?!\w)"
     match = re.search(pattern, text) if word.strip() else None
     if match is None:
         raise TinyattnError(f"--query {word!r}: not a word of the text (matched whole and "
                             "case-sensitive; use --query-position N for any token)")
     last_char = match.end() - 1
-    for position, (start, end) in enumerate(spans):
-        if start <= last_char < end:
-            return position
-    return len(spans) - 1  # unreachable unless decode() is not prefix-stable
+    for position, (first, end) in enumerate(spans):
+        if first <= last_char < end:
+            return skip + position
+    return skip + len(spans) - 1  # unreachable unless decode() is not prefix-stable
 
 
 def check_query_position(num_tokens: int, position: int) -> int:
