@@ -68,9 +68,8 @@ def command(args: argparse.Namespace) -> int:
     if not (args.relevance or args.html):
         require_matplotlib()  # before any work: a missing extra is a one-line error
     loaded = load_any_model(args.checkpoint, select_device(args.device))
-    if args.relevance or args.html:  # heatmaps of a bidirectional model show its weights on later tokens
-        require_causal(loaded, "tinyattn attention --relevance or --html (each masks keys from a "
-                               "causal model's predictions)")
+    # Its maps would grey out, as masked, the weight a bidirectional model puts on later tokens
+    require_causal(loaded, "tinyattn attention (its maps, relevance and explorer assume the causal mask)")
     model_config = loaded.config.model
     _check_index("--layer", args.layer, model_config.n_layer, "layers")
     _check_index("--head", args.head, model_config.n_head, "heads")
