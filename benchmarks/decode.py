@@ -88,12 +88,14 @@ def _model_config(config_path: str | None, vocab_size: int | None) -> ModelConfi
     """The model to time: a config's whole model section (else measure_decode's default), with
     --vocab-size, else the config's vocabulary, else 65."""
     config = load_config(config_path).model if config_path else DECODE_MODEL
-    return dataclasses.replace(config, vocab_size=vocab_size or config.vocab_size or 65)
+    chosen = vocab_size if vocab_size is not None else config.vocab_size
+    return dataclasses.replace(config, vocab_size=chosen or 65)
 
 
 # The fewest each count accepts, and why where it is not plain.
 LEAST = {"new_tokens": (2, "the tokens after the first are timed"), "prompt_tokens": (1, ""),
-         "repeats": (1, ""), "uncached_tokens": (1, ""), "threads": (1, ""), "batch_sizes": (1, "")}
+         "repeats": (1, ""), "uncached_tokens": (1, ""), "threads": (1, ""), "batch_sizes": (1, ""),
+         "vocab_size": (2, "")}
 
 
 def _check_counts(args: argparse.Namespace) -> None:

@@ -44,8 +44,13 @@ ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "ROMEO:\nBut soft, what light through yonder window breaks?\n"
 
 
+LEAST = {"max_tokens": (2, "the tokens after the first are timed"), "repeats": (1, ""), "clients": (1, ""),
+         "threads": (1, "")}
+
+
 def main() -> int:
     args = _parser().parse_args()
+    _check_counts(args)
     with tempfile.TemporaryDirectory() as folder:
         checkpoint = args.checkpoint or str(_random_run(Path(folder), args.config))
         in_process = _in_process_tokens_per_s(checkpoint, args.max_tokens, args.threads)
@@ -67,6 +72,18 @@ def main() -> int:
         figures = {"in_process_tokens_per_s": in_process, "results": results}
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0
+
+
+def _check_counts(args: argparse.Namespace) -> None:
+    """The counts typed, checked before any model is built; a refused one is named as typed."""
+    from tinyattn.errors import ConfigError
+
+    for name, (least, why) in LEAST.items():
+        values = getattr(args, name)
+        for value in values if isinstance(values, list) else [values]:
+            if value < least:
+                raise ConfigError(f"--{name.replace('_', '-')} {value} is not accepted: expected at least "
+                                  f"{least}" + (f" ({why})" if why else ""))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -188,4 +205,6 @@ def _measure(url: str, model_id: str, clients: int, args) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from tinyattn.cli import run_command
+
+    sys.exit(run_command(main))

@@ -158,7 +158,12 @@ def test_decode_times_the_configs_whole_model_and_its_default_is_the_nanogpt_com
     ("decode", ["--new-tokens", "0"], "--new-tokens 0"),
     ("decode", ["--repeats", "0"], "--repeats 0"),
     ("decode", ["--threads", "1", "0"], "--threads 0"),
+    ("decode", ["--vocab-size", "0"], "--vocab-size 0"),
+    ("decode", ["--vocab-size", "-1"], "--vocab-size -1"),
     ("time_to_loss", ["--nanogpt", "/nonexistent"], "--nanogpt /nonexistent"),
+    ("serve", ["--max-tokens", "1"], "--max-tokens 1"),
+    ("serve", ["--repeats", "0"], "--repeats 0"),
+    ("serve", ["--clients", "1", "0"], "--clients 0"),
 ])
 def test_a_benchmarks_refused_argument_is_one_line_naming_it_with_exit_2(module, arguments, named,
                                                                        monkeypatch, capsys):
