@@ -500,3 +500,17 @@ def test_lab_distance_takes_the_longest_strings_whose_two_copies_fit_as_inputs(t
     assert capsys.readouterr().err == "error: reached the probe\n"
     assert main([*command, "--string-length", str(longest + 1)]) == 2
     assert f"give at most {longest}" in capsys.readouterr().err
+
+
+def test_force_removes_a_link_the_lab_would_write_to_and_never_what_it_points_to(tmp_path):
+    from tinyattn.lab.outputs import clear_earlier_lab
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "events.out.tfevents.1").write_bytes(b"the user's")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "key_value").symlink_to(mine, target_is_directory=True)
+    clear_earlier_lab(out, ["key_value", "distance.txt"], force=True)
+    assert not (out / "key_value").exists() and not (out / "key_value").is_symlink()
+    assert (mine / "events.out.tfevents.1").read_bytes() == b"the user's"

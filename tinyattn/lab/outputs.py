@@ -42,8 +42,8 @@ def clear_earlier_lab(out: Union[str, Path, None], names: Iterable[str], force: 
         listed = ", ".join(path.name for path in earlier)
         raise TinyattnError(f"{out} holds {listed}, which this lab writes; add --force to replace them "
                             "or choose another --out")
-    for path in earlier:
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    for path in earlier:  # a link is removed, never what it points to
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
 
 
 def _holds_something(path: Path) -> bool:
