@@ -246,7 +246,7 @@ def test_a_checkpoint_of_another_context_than_the_runs_is_refused_before_anythin
                "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}"]
     assert main([*command, "model.context_length=16"]) == 2  # the checkpoint's is tiny.yaml's 32
     err = capsys.readouterr().err
-    assert "its context is 32 tokens and the lab's runs' is 16; add --set model.context_length=32" in err
+    assert "its context is 32 tokens and the lab's runs' is 16; train the runs with --set model.context_length=32" in err
     assert err.count("\n") == 1 and not out.exists(), err
     assert main(command) == 2  # the same context: checked, and on to training
     assert capsys.readouterr().err == "error: reached training\n"
