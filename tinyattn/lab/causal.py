@@ -297,8 +297,8 @@ def _other_checkpoint(args: argparse.Namespace, tokenizer, context: int):
     theirs = loaded.config.model.context_length
     if theirs != context:
         raise TinyattnError(f"--checkpoint {args.checkpoint}: its context is {theirs} tokens and the lab's "
-                            f"runs' is {context}; train the runs with --set model.context_length={theirs} so every row is "
-                            "measured on the same windows at the same position")
+                            f"runs' is {context}; train the runs with --set model.context_length={theirs} so "
+                            "every row is measured on the same windows at the same position")
     return loaded
 
 
