@@ -640,7 +640,8 @@ def test_a_stop_string_in_the_text_released_at_the_end_finishes_the_sample_as_st
         streams.push([ByteTokenizer.eot_id])
     else:
         streams.end_the_rest("length")  # max_new_tokens reached
-    assert list(streams.ready()) == [SamplePiece(0, "a", "stop")]  # cut at "b", as the text says
+    generated = 3 if ending == "eot" else 2  # the end-of-text token counts: it was generated
+    assert list(streams.ready()) == [SamplePiece(0, "a", "stop", generated)]  # cut at "b", as the text says
 
 
 def test_no_piece_but_a_samples_last_is_empty():

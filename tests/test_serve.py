@@ -171,8 +171,9 @@ def test_a_completion_equals_generate_with_the_same_seed(client, loaded):
     expected = reference(loaded, max_new_tokens=40, temperature=1.0, top_p=0.9, seed=7)
     assert done.choices[0].text == expected and len(expected) > 10
     assert done.choices[0].finish_reason == ("length" if len(expected) == 40 else "stop")
-    assert done.usage.prompt_tokens == len(PROMPT) and done.usage.completion_tokens == len(expected)
-    assert done.usage.total_tokens == len(PROMPT) + len(expected)
+    generated = len(expected) + (done.choices[0].finish_reason == "stop")  # the end-of-text token counts
+    assert done.usage.prompt_tokens == len(PROMPT) and done.usage.completion_tokens == generated
+    assert done.usage.total_tokens == len(PROMPT) + generated
     other = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=40, temperature=1.0,
                                       top_p=0.9, seed=8)
     assert other.choices[0].text != expected  # the seed is what fixes the text
@@ -464,20 +465,23 @@ def test_kv_caches_that_cannot_fit_are_a_400_naming_n_or_for_one_sequence_a_503_
     assert not [record for record in caplog.records if record.exc_info], "logged as a bug"
 
 
-def test_usage_counts_the_tokens_the_tokenizer_encodes_the_text_to_not_its_characters():
-    import types
-
-    if MISSING:
-        pytest.skip(MISSING)
-    from tinyattn.data.tokenizer import build_tokenizer
-    from tinyattn.serve.app import _usage
-
-    bpe = build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), lambda: iter(["ab done " * 20]))
-    texts = ["ab done ab done", "", "done"]
-    expected = len(bpe.encode(texts[0])) + len(bpe.encode(texts[2]))
-    assert expected < len(texts[0]) + len(texts[2])  # whole words are single tokens
-    usage = _usage(types.SimpleNamespace(tokenizer=bpe), types.SimpleNamespace(prompt_tokens=3), texts)
-    assert usage == {"prompt_tokens": 3, "completion_tokens": expected, "total_tokens": 3 + expected}
+def test_usage_counts_the_tokens_generated_never_more_than_max_tokens_a_choice(client):
+    # Re-encoding the returned text counted 21 tokens for 20 with a tokenizer whose encoding of its
+    # own decoded text differs; the tokens the model generated are what usage counts.
+    for n, max_tokens in ((1, 7), (3, 5)):
+        whole = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=max_tokens,
+                                          temperature=1.0, seed=2, n=n)
+        ended = [c.finish_reason for c in whole.choices]
+        assert whole.usage.completion_tokens <= n * max_tokens
+        if ended == ["length"] * n:
+            assert whole.usage.completion_tokens == n * max_tokens
+    stopped = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=30, temperature=1.0,
+                                        seed=3)
+    text = stopped.choices[0].text
+    cut = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=30, temperature=1.0, seed=3,
+                                    stop=text[4:6])
+    assert cut.choices[0].finish_reason == "stop"
+    assert len(cut.choices[0].text) < cut.usage.completion_tokens <= 30  # the stop string's tokens count
 
 
 def test_past_the_waiting_limit_a_request_is_a_429():

@@ -156,6 +156,7 @@ class SamplePiece(NamedTuple):
     sample: int  # which sample, 0-based
     text: str  # new text of that sample (may be empty on its last piece)
     finish_reason: Optional[str] = None  # on a sample's last piece: "stop", "eot" or "length"
+    tokens: int = 0  # on a sample's last piece: the tokens generated for it, the one that ended it included
 
 
 def generate_samples(model, tokenizer, prompt: str, num_samples: int = 1, *, max_new_tokens: int = 500,
@@ -236,6 +237,7 @@ class SampleStreams:
         self.filters = [StopStringFilter(stop) for _ in range(num_samples)]
         self.finished: list[Optional[str]] = [None] * num_samples  # finish reason of each sample
         self.held = [""] * num_samples  # text not let out yet
+        self.generated = [0] * num_samples  # tokens pushed for each sample until it ended
         self.current = 0  # the sample streaming now; all before it have ended
 
     @property
@@ -247,6 +249,7 @@ class SampleStreams:
         for i, token_id in enumerate(token_ids):
             if self.finished[i] is not None:
                 continue  # its row keeps being computed with the batch, but is ignored
+            self.generated[i] += 1
             if token_id == self.eot_id:
                 self.end(i, "eot")
                 continue
@@ -273,7 +276,7 @@ class SampleStreams:
                 if text:
                     yield SamplePiece(i, text)
                 return
-            yield SamplePiece(i, text, self.finished[i])
+            yield SamplePiece(i, text, self.finished[i], self.generated[i])
             self.current += 1
 
 

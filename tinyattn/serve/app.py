@@ -199,10 +199,12 @@ def _completion_id() -> str:
     return f"cmpl-{uuid.uuid4().hex[:24]}"
 
 
-def _usage(served: Served, completion: Completion, texts: list[str]) -> dict:
-    generated = sum(len(served.tokenizer.encode(text)) for text in texts if text)
-    return {"prompt_tokens": completion.prompt_tokens, "completion_tokens": generated,
-            "total_tokens": completion.prompt_tokens + generated}
+def _usage(completion: Completion, generated: list[int]) -> dict:
+    """OpenAI's usage: the prompt's tokens, and the tokens generated for the choices (each up to and
+    including the one that ended it: at most max_tokens each)."""
+    total = sum(generated)
+    return {"prompt_tokens": completion.prompt_tokens, "completion_tokens": total,
+            "total_tokens": completion.prompt_tokens + total}
 
 
 def _body(served: Served, completion_id: str, choices: list[dict], usage: Optional[dict]) -> dict:
@@ -224,19 +226,20 @@ async def _cancel_when_gone(job: Job, request: Request) -> None:
 
 async def _whole(served: Served, completion: Completion, job: Job, request: Request) -> JSONResponse:
     n = completion.options.num_samples
-    texts, finished = [""] * n, [None] * n
+    texts, finished, generated = [""] * n, [None] * n, [0] * n
     watcher = asyncio.create_task(_cancel_when_gone(job, request))
     try:
         async for piece in job.items():
             texts[piece.sample] += piece.text
             finished[piece.sample] = piece.finish_reason or finished[piece.sample]
+            generated[piece.sample] += piece.tokens
     finally:
         watcher.cancel()
         job.cancel()  # a no-op when it has ended; stops it when this handler is cancelled
     if any(reason is None for reason in finished):  # cancelled: the server is stopping (Ctrl-C)
         raise _stopped("this completion")
     choices = [_choice(i, texts[i], finished[i]) for i in range(n)]
-    return JSONResponse(_body(served, _completion_id(), choices, _usage(served, completion, texts)))
+    return JSONResponse(_body(served, _completion_id(), choices, _usage(completion, generated)))
 
 
 def _stopped(what: str) -> ApiError:
@@ -256,14 +259,14 @@ async def _events(served: Served, completion: Completion, job: Job) -> AsyncIter
     generator: its `finally` cancels the job, which the worker then closes before its next turn.
     """
     completion_id = _completion_id()
-    texts = [""] * completion.options.num_samples
+    generated = [0] * completion.options.num_samples
     try:
         async for piece in job.items():
-            texts[piece.sample] += piece.text
+            generated[piece.sample] += piece.tokens
             choice = _choice(piece.sample, piece.text, piece.finish_reason)
             yield _event(_body(served, completion_id, [choice], None))
         if completion.include_usage:
-            yield _event(_body(served, completion_id, [], _usage(served, completion, texts)))
+            yield _event(_body(served, completion_id, [], _usage(completion, generated)))
     except ApiError as error:  # the worker failed mid-stream: the headers are gone, so say it in the stream
         yield _event(error.body())
     finally:
