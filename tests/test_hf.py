@@ -416,6 +416,23 @@ def test_an_imported_folders_bos_starts_generation_as_transformers_generate_does
     assert text == loaded.tokenizer.decode(ended)
 
 
+def test_a_folder_without_a_bos_token_id_starts_texts_with_what_its_tokenizer_puts_first(tmp_path):
+    # transformers' tokenizer(text) follows the tokenizer.json's post-processor alone.
+    import transformers
+
+    folder = tmp_path / "llama"
+    _, bos, eos = llama_with_bos_and_eos(folder)
+    for name in ("config.json", "generation_config.json"):
+        raw = json.loads((folder / name).read_text())
+        raw.pop("bos_token_id", None)
+        (folder / name).write_text(json.dumps(raw))
+    theirs = transformers.AutoTokenizer.from_pretrained(folder)
+    tokenizer = load_any_model(folder).tokenizer
+    for prompt in ("", "ROMEO: But"):
+        assert encode_prompt(tokenizer, prompt, 64) == theirs(prompt)["input_ids"], prompt
+    assert (tokenizer.start_id, tokenizer.eot_id, tokenizer.adds_start) == (bos, eos, True)
+
+
 def test_an_export_of_an_imported_folder_keeps_its_bos_and_eos(tmp_path):
     import transformers
 

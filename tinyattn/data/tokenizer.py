@@ -96,6 +96,13 @@ class Tokenizer:
     def to_json(self) -> str:
         return self._backend.to_str()
 
+    def template_start(self) -> Optional[str]:
+        """The token this file's post-processor puts before every text (a Llama tokenizer.json's
+        TemplateProcessing: <s>), as the vocabulary spells it; None where it puts none there."""
+        plain = self._backend.encode("a", add_special_tokens=False).ids
+        full = self._backend.encode("a", add_special_tokens=True).ids
+        return self.token(full[0]) if len(full) > len(plain) and full[1:1 + len(plain)] == plain else None
+
     def export_json(self) -> str:
         """The tokenizer.json an export writes: this one, without a post-processor that puts tokens
         around a text where tinyattn puts none (a fine-tune of an imported Llama folder, trained

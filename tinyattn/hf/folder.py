@@ -109,6 +109,7 @@ def read_folder(folder: str | Path) -> ImportedModel:
     tokenizer_file = folder / "tokenizer.json"
     tokenizer = Tokenizer.from_file(tokenizer_file)
     eos, bos = (_folder_token(folder, raw, tokenizer, key) for key in ("eos_token_id", "bos_token_id"))
+    bos = bos or tokenizer.template_start()  # no bos_token_id: what the tokenizer puts first, as transformers
     end_of_text = None if eos == tokenizer.end_of_text else eos  # <|endoftext|> ends texts anyway
     if eos is not None or bos is not None:  # the folder's own eos ends texts, its bos starts them
         tokenizer = Tokenizer.from_file(tokenizer_file, end_of_text, bos)
