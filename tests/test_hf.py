@@ -929,3 +929,50 @@ def test_a_missing_init_from_is_one_line_naming_the_key(tmp_path, corpus, capsys
         "data.sha256=null", f"train.out_dir={tmp_path / 'runs'}"], capsys)
     assert code == 2 and err.startswith("error: train.init_from: ") and "nowhere" in err, err
     assert err.count("\n") == 1 and not (tmp_path / "runs").exists()
+
+
+def test_a_folder_that_gives_a_bos_but_no_eos_starts_texts_with_its_bos(tmp_path):
+    folder, _, tokenizer = exported_char_folder(tmp_path)
+    edit_config(folder, eos_token_id=None, bos_token_id=5)
+    (folder / "generation_config.json").write_text(json.dumps({"do_sample": False}))
+    loaded = load_any_model(folder)
+    assert (loaded.tokenizer.start_id, loaded.tokenizer.start_of_text) == (5, tokenizer.token(5))
+    assert loaded.tokenizer.eot_id == tokenizer.eot_id  # <|endoftext|> still ends texts
+
+
+@pytest.mark.parametrize("key", ["eos_token_id", "bos_token_id"])
+def test_a_folder_token_id_outside_its_vocabulary_is_refused_in_one_line(tmp_path, key):
+    from tinyattn.errors import CheckpointError
+
+    folder, _, tokenizer = exported_char_folder(tmp_path)
+    (folder / "generation_config.json").write_text(json.dumps({key: tokenizer.vocab_size}))
+    with pytest.raises(CheckpointError) as error:
+        load_any_model(folder)
+    assert str(error.value) == (f"{folder / 'generation_config.json'}: {key} {tokenizer.vocab_size} is not a "
+                                f"token id of its tokenizer.json (0 to {tokenizer.vocab_size - 1})")
+    (folder / "generation_config.json").write_text(json.dumps({key: tokenizer.vocab_size - 1}))
+    load_any_model(folder)  # the last id is one
+
+
+def test_an_exports_tokenizer_config_says_add_bos_token_where_its_tokenizer_adds_the_bos(tmp_path):
+    # Readers that do not run tokenizer.json's post-processor (llama.cpp's converter, a slow tokenizer)
+    # learn from add_bos_token whether a text starts with <s>.
+    _, bos, _ = llama_with_bos_and_eos(tmp_path / "llama")
+    loaded = load_any_model(tmp_path / "llama")
+    export_folder(loaded.model.state_dict(), loaded.config, loaded.tokenizer, tmp_path / "out")
+    written = json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())
+    assert (written["bos_token"], written["add_bos_token"], written["add_eos_token"]) == ("<s>", True, False)
+    folder, _, _ = exported_char_folder(tmp_path / "own")  # tinyattn's own: nothing added
+    assert json.loads((folder / "tokenizer_config.json").read_text())["add_bos_token"] is False
+
+
+def test_the_model_cards_example_for_an_empty_prompt_gives_transformers_the_start_token_once(tmp_path):
+    # tinyattn's empty prompt is [start token]: the card passes "<|endoftext|>" for tinyattn's own
+    # tokenizer, and "" where the tokenizer puts <s> before every text (tokenizer("<s>") would give two).
+    _, bos, _ = llama_with_bos_and_eos(tmp_path / "llama")
+    loaded = load_any_model(tmp_path / "llama")
+    assert loaded.config.sample.prompt == ""
+    export_folder(loaded.model.state_dict(), loaded.config, loaded.tokenizer, tmp_path / "out")
+    assert "ids = tokenizer('', return_tensors=" in (tmp_path / "out" / "README.md").read_text()
+    folder, _, _ = exported_char_folder(tmp_path / "own")
+    assert "ids = tokenizer('<|endoftext|>', return_tensors=" in (folder / "README.md").read_text()

@@ -289,3 +289,27 @@ def test_unknown_pieces_are_found_a_piece_of_the_text_at_a_time_in_order(monkeyp
     monkeypatch.setattr(tokenizer, "_backend", Recording())
     assert tokenizer.unknown_pieces(text) == ["\u2603", "\u2605"]
     assert len(lengths) > 1 and max(lengths) <= 2 * PIECE_CHARS < len(text)
+
+
+def test_a_start_of_text_the_vocabulary_lacks_is_a_one_line_error():
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "<s>": 1, "?": 2}, unk_token="?"))
+    assert Tokenizer(backend, start_of_text="<s>").start_id == 1
+    with pytest.raises(DataError, match=r"start of text: '<bos>' is not a token of this tokenizer"):
+        Tokenizer(backend, start_of_text="<bos>")
+
+
+def test_a_unigram_tokenizers_unknown_token_is_its_unk_id_and_its_pieces_are_named():
+    # Unigram gives its unknown token by id (unk_id), not by name as WordLevel, WordPiece and BPE do.
+    from tinyattn.data.tokenizer import unknown_characters
+
+    backend = tokenizers.Tokenizer(tokenizers.models.Unigram([("a", -1.0), ("<unk>", 0.0), ("b", -1.0)],
+                                                             unk_id=1))
+    tokenizer = Tokenizer(backend)
+    assert tokenizer.unknown_id == 1 and tokenizer.encode("abc") == [0, 2, 1]
+    assert unknown_characters(tokenizer, "abcab\u2603") == ["c", "\u2603"]
+
+
+def test_a_start_of_text_outside_the_added_specials_is_special_all_the_same():
+    # A folder's bos may be a plain vocabulary word: it still stands for no text (labels, skipping).
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "<s>": 1, "?": 2}, unk_token="?"))
+    assert Tokenizer(backend, start_of_text="<s>").special_ids == {1, 2}
