@@ -293,6 +293,16 @@ def test_cli_says_which_characters_of_a_text_file_a_character_model_scores_as_un
     assert "warning" not in run_cli(capsys, "--checkpoint", str(run["run_dir"]), "--text-file", str(text_file),
                                     "--no-plot")[2]
 
+
+def test_cli_names_a_single_unknown_character_in_the_singular(run, tmp_path, capsys):
+    text_file = tmp_path / "accent.txt"
+    text_file.write_text(TEXT[:200] + "héllo héllo", encoding="utf-8")
+    status, _, stderr = run_cli(capsys, "--checkpoint", str(run["run_dir"]), "--text-file", str(text_file),
+                                "--no-plot")
+    assert status == 0, stderr
+    assert f"warning: {text_file}: 1 character the tokenizer has never seen, scored as [UNK]: 'é'\n" in stderr
+
+
 def test_cli_scores_the_runs_validation_split(run, capsys):
     status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run["run_dir"] / "best.pt"), "--split",
                                      "validation", "--no-plot")

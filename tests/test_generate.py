@@ -1011,3 +1011,15 @@ def test_samples_whose_kv_caches_cannot_fit_are_refused_before_any_is_made(tiny_
     with pytest.raises(ConfigError, match=r"decoding 11 sequences at once needs .* MB for their KV caches "
                                           r"alone, more than the .* MB available here; ask for fewer"):
         list(generate_samples(model, char_tokenizer, "RO", 11, max_new_tokens=2, seed=0))
+
+
+def test_one_sequence_whose_kv_caches_cannot_fit_is_named_in_the_singular(monkeypatch):
+    from tinyattn.config import ModelConfig
+    from tinyattn.errors import ConfigError
+    from tinyattn.model import memory
+
+    monkeypatch.setattr(memory, "available_bytes", lambda device: (1000, "available here"))
+    config = ModelConfig(vocab_size=65, n_layer=2, n_head=2, n_embd=32, context_length=64)
+    with pytest.raises(ConfigError, match=r"^decoding 1 sequence at once needs .* for their KV caches alone, "
+                                          r"more than the .* available here; ask for fewer samples$"):
+        memory.check_decoding_fits(config, 1, torch.device("cpu"), torch.float32)
