@@ -231,9 +231,9 @@ def test_a_model_without_a_copying_head_shows_no_copy_benefit():
         assert abs(row.benefit) < 2 * row.benefit_se  # the fresh string costs what the copy does
 
 
-def scored_sequences(monkeypatch, losses_of):
-    """Run the probe (d = 0 and 5, 4 strings of 3) on a stub scorer whose losses are
-    `losses_of(sequences)`; returns the rows and the (2S, 2n + d) sequences of each d it scored."""
+def scored_sequences(monkeypatch, losses_of, start=()):
+    """Run the probe (d = 0 and 5, 4 strings of 3, after `start`) on a stub scorer whose losses are
+    `losses_of(sequences)`; returns the rows and the (2S, b + 2n + d) sequences of each d it scored."""
     scored = []
 
     def stub(model, x, y):
@@ -243,7 +243,7 @@ def scored_sequences(monkeypatch, losses_of):
 
     monkeypatch.setattr(distance, "token_losses", stub)
     rows = repeat_probe(nn.Linear(1, 1), string_tokens=np.arange(100, 2000), text=np.arange(50), length=3,
-                        distances=[0, 5], rng=np.random.default_rng(1), samples=4)
+                        distances=[0, 5], rng=np.random.default_rng(1), samples=4, start=start)
     return rows, scored
 
 
@@ -275,6 +275,23 @@ def test_the_copy_benefit_is_the_mean_of_each_strings_fresh_minus_copy_with_its_
     for d, row in zip([0, 5], rows):
         assert (row.gap, row.first, row.second, row.fresh) == (d, 5.0, 3.5, 5.5)
         assert row.benefit == pytest.approx(2.0) and row.benefit_se == pytest.approx(se)
+
+
+def test_after_a_start_token_each_strings_loss_is_read_at_its_own_positions(monkeypatch):
+    # An imported folder's bos first: every target shifts by one; the bos's own prediction of the
+    # first string's first token, like every token before a string's second, is in no mean.
+    def losses_of(sequences):  # (8, 1 + 2n + d) -> (8, 2n + d), n = 3
+        losses = torch.full((8, sequences.shape[1] - 1), 1000.0)
+        losses[:, 1:3] = 5.0  # the first string's tokens 2..3 (targets 1 and 2)
+        losses[:4, -2:] = 2.0  # the second copy's
+        losses[4:, -2:] = 3.0  # the fresh string's
+        return losses
+
+    rows, scored = scored_sequences(monkeypatch, losses_of, start=(7,))
+    assert all((sequences[:, 0] == 7).all() and sequences.shape[1] == 1 + 6 + d
+               for d, sequences in zip([0, 5], scored))
+    for row in rows:
+        assert (row.first, row.second, row.fresh, row.benefit) == (5.0, 2.0, 3.0, 1.0)
 
 
 def test_the_gaps_reach_the_largest_that_fits_the_context():
@@ -437,7 +454,8 @@ def test_the_recurrence_table_gives_each_models_gradient_at_init_and_trained_to_
 
 
 @pytest.mark.parametrize("lab, written, next_step", [
-    ("recurrence", "attention", "experiment_folder"), ("distance", "key_value", "repeat_probe")])
+    ("recurrence", "attention", "experiment_folder"), ("recurrence", "lstm", "experiment_folder"),
+    ("distance", "key_value", "repeat_probe")])
 def test_an_out_holding_an_earlier_runs_output_is_refused_and_force_clears_only_it(
         tmp_path, monkeypatch, capsys, trained_run, lab, written, next_step):
     # A rerun's TensorBoard events beside the earlier run's drew one zig-zag curve from both.
@@ -514,3 +532,16 @@ def test_force_removes_a_link_the_lab_would_write_to_and_never_what_it_points_to
     clear_earlier_lab(out, ["key_value", "distance.txt"], force=True)
     assert not (out / "key_value").exists() and not (out / "key_value").is_symlink()
     assert (mine / "events.out.tfevents.1").read_bytes() == b"the user's"
+
+
+def test_an_empty_folder_by_a_name_the_lab_writes_is_not_refused(tmp_path):
+    # Nothing in it a rerun could mix with (a folder made ready for the lab, an earlier lab stopped early).
+    from tinyattn.errors import TinyattnError
+    from tinyattn.lab.outputs import clear_earlier_lab
+
+    (tmp_path / "key_value").mkdir()
+    clear_earlier_lab(tmp_path, ["key_value", "distance.txt"], force=False)
+    assert (tmp_path / "key_value").is_dir()
+    (tmp_path / "key_value" / "events.out.tfevents.1").write_bytes(b"")
+    with pytest.raises(TinyattnError, match=r"holds key_value, which this lab writes; add --force"):
+        clear_earlier_lab(tmp_path, ["key_value", "distance.txt"], force=False)
