@@ -152,6 +152,36 @@ def test_decode_times_the_configs_whole_model_and_its_default_is_the_nanogpt_com
     assert _model_config(str(config), 80).vocab_size == 80
 
 
+def test_a_decode_result_names_every_field_of_the_model_it_timed():
+    from benchmarks import measure
+    from tinyattn.config import ModelConfig
+    from tinyattn.model.transformer import LanguageModel
+
+    model = ModelConfig(vocab_size=65, n_layer=1, n_head=2, n_embd=16, context_length=16, qk_norm=True,
+                        tie_embeddings=False)
+    r = measure.measure_decode(model_config=model, new_tokens=3, prompt_tokens=2, uncached_tokens=2,
+                               repeats=1)
+    assert r["model"]["qk_norm"] is True and r["model"]["tie_embeddings"] is False
+    assert r["model"]["parameters"] == LanguageModel(model).num_parameters()
+
+
+def test_the_suite_decodes_the_configs_whole_model(monkeypatch):
+    from benchmarks import measure
+
+    timed = []
+
+    def measure_decode(model_config=measure.DECODE_MODEL, **kwargs):  # its default, where none is given
+        timed.append(model_config)
+        return {"cached_tokens_per_s": 1.0, "uncached_tokens_per_s": 1.0, "ttft_ms": 1.0, "speedup": 1.0}
+
+    monkeypatch.setattr(measure, "measure_decode", measure_decode)
+    measure.run_suite(str(ROOT / "configs" / "tiny.yaml"), overrides=["model.mlp_hidden=48"], device="cpu",
+                      precision="fp32", skip=["training", "attention"], report=lambda line: None)
+    [model] = timed
+    assert (model.n_layer, model.mlp_hidden, model.vocab_size) == (2, 48, 65)
+    assert model.qk_norm and not model.tie_embeddings  # the main config's, which tiny.yaml extends
+
+
 @pytest.mark.parametrize("module, arguments, named", [
     ("suite", ["--set", "train.batch_size=2"], "--set train.batch_size=2"),
     ("decode", ["--new-tokens", "1"], "--new-tokens 1"),
@@ -177,3 +207,29 @@ def test_a_benchmarks_refused_argument_is_one_line_naming_it_with_exit_2(module,
     assert run_command(main) == 2  # before anything is measured
     err = capsys.readouterr().err
     assert err.startswith(f"error: {named}") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("module, arguments", [("serve", ["--max-tokens", "1"]),
+                                               ("time_to_loss", ["--nanogpt", "/nonexistent"])])
+def test_a_benchmark_run_as_a_module_says_a_refused_argument_in_one_line_with_exit_2(module, arguments):
+    # `python -m benchmarks.X`, as the docs run them: the error goes through run_command, no traceback.
+    result = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *arguments], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-2000:]
+    assert result.stderr.startswith(f"error: {' '.join(arguments)}") and "Traceback" not in result.stderr
+
+
+def test_the_serve_benchmarks_warm_up_asks_for_no_more_tokens_than_the_server_allows(monkeypatch):
+    import argparse
+
+    from benchmarks import serve
+
+    asked = []
+
+    def stream_one(url, model_id, max_tokens):
+        asked.append(max_tokens)
+        return {"start": 0.0, "ttft": 0.1, "end": 1.0, "tokens": max_tokens, "tokens_per_s": 1.0}
+
+    monkeypatch.setattr(serve, "_stream_one", stream_one)
+    serve._measure("http://x", "m", 1, argparse.Namespace(max_tokens=5, repeats=1))
+    assert asked == [5, 5]  # the warm-up within the server's --max-tokens 5, then the timed request
