@@ -271,6 +271,17 @@ def test_a_word_query_is_the_last_character_of_its_first_whole_word_occurrence(t
             query_position_of_word(tokenizer, ids, absent)
 
 
+def test_a_word_query_counts_a_start_token_only_where_the_ids_begin_with_it(tokenizer):
+    # An imported folder's bos before the text shifts the position by one; of ids without it, no
+    # token is skipped: the text's first word is found.
+    import types
+
+    bos = tokenizer.eot_id
+    with_start = types.SimpleNamespace(text_start=[bos], decode=tokenizer.decode)
+    ids = tokenizer.encode(SENTENCE)
+    assert query_position_of_word(with_start, [bos] + ids, "The") == 3
+    assert query_position_of_word(with_start, ids, "The") == 2
+
 def test_a_word_query_with_subword_tokens_is_the_token_that_completes_the_word():
     bpe = build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), lambda: iter([CORPUS]))
     ids = bpe.encode(SENTENCE)

@@ -692,6 +692,19 @@ def test_a_prompts_token_count_includes_the_start_token_an_imported_tokenizer_pu
         check_completion(request, limits=Limits(), defaults=SampleConfig(), tokenizer=tokenizer, context_length=4)
 
 
+def test_an_empty_prompt_counts_as_its_one_start_token():
+    # The model reads [start token] (generation's empty prompt): usage counts that one token.
+    import types
+
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.serve.schemas import CompletionRequest, Limits, check_completion
+
+    tokenizer = types.SimpleNamespace(text_start=[300], encode=lambda text: [ord(c) for c in text])
+    completion = check_completion(CompletionRequest(model="m", prompt=""), limits=Limits(),
+                                  defaults=SampleConfig(), tokenizer=tokenizer, context_length=5)
+    assert completion.prompt_tokens == 1
+
 def test_a_prompt_that_encodes_to_no_tokens_is_a_400_naming_the_prompt():
     # A WordPiece tokenizer normalises " " away: the worker would fail on it as a bug (a 500).
     import types
