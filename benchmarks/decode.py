@@ -40,9 +40,10 @@ from pathlib import Path
 import torch
 
 from benchmarks.measure import DECODE_MODEL, measure_decode
+from benchmarks.arguments import check_counts
 from tinyattn.cli import run_command
 from tinyattn.config import ModelConfig, load_config
-from tinyattn.errors import ConfigError, TinyattnError
+from tinyattn.errors import TinyattnError
 from tinyattn.generate.decoder import generate_tokens, prepare_for_generation
 from tinyattn.model.transformer import LanguageModel
 from tinyattn.system.cpu import cpu_name
@@ -50,7 +51,7 @@ from tinyattn.system.cpu import cpu_name
 
 def main() -> int:
     args = _parser().parse_args()
-    _check_counts(args)
+    check_counts(args, LEAST)
     if args.nanogpt:
         return _against_nanogpt(args)
     args.threads = args.threads or [1, 2]
@@ -96,16 +97,6 @@ def _model_config(config_path: str | None, vocab_size: int | None) -> ModelConfi
 LEAST = {"new_tokens": (2, "the tokens after the first are timed"), "prompt_tokens": (1, ""),
          "repeats": (1, ""), "uncached_tokens": (1, ""), "threads": (1, ""), "batch_sizes": (1, ""),
          "vocab_size": (2, "")}
-
-
-def _check_counts(args: argparse.Namespace) -> None:
-    """The counts typed, checked before any model is built; a refused one is named as typed."""
-    for name, (least, why) in LEAST.items():
-        values = getattr(args, name)
-        for value in values if isinstance(values, list) else [values]:
-            if value is not None and value < least:
-                raise ConfigError(f"--{name.replace('_', '-')} {value} is not accepted: expected at least "
-                                  f"{least}" + (f" ({why})" if why else ""))
 
 
 # ----------------------------------------------------------------------------- against nanoGPT

@@ -50,7 +50,9 @@ LEAST = {"max_tokens": (2, "the tokens after the first are timed"), "repeats": (
 
 def main() -> int:
     args = _parser().parse_args()
-    _check_counts(args)
+    from benchmarks.arguments import check_counts
+
+    check_counts(args, LEAST)
     with tempfile.TemporaryDirectory() as folder:
         checkpoint = args.checkpoint or str(_random_run(Path(folder), args.config))
         in_process = _in_process_tokens_per_s(checkpoint, args.max_tokens, args.threads)
@@ -72,18 +74,6 @@ def main() -> int:
         figures = {"in_process_tokens_per_s": in_process, "results": results}
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0
-
-
-def _check_counts(args: argparse.Namespace) -> None:
-    """The counts typed, checked before any model is built; a refused one is named as typed."""
-    from tinyattn.errors import ConfigError
-
-    for name, (least, why) in LEAST.items():
-        values = getattr(args, name)
-        for value in values if isinstance(values, list) else [values]:
-            if value < least:
-                raise ConfigError(f"--{name.replace('_', '-')} {value} is not accepted: expected at least "
-                                  f"{least}" + (f" ({why})" if why else ""))
 
 
 def _parser() -> argparse.ArgumentParser:
