@@ -66,8 +66,7 @@ class Tokenizer:
             raise DataError(f"start of text: {start_of_text!r} is not a token of this tokenizer")
         # Whether the file's own post-processor puts the start token before a text, as a Llama
         # tokenizer.json's TemplateProcessing puts <s>: transformers' tokenizer(text) adds it then.
-        self.adds_start = (start_of_text is not None
-                           and backend.encode("", add_special_tokens=True).ids[:1] == [self._start_id])
+        self.adds_start = start_of_text is not None and self.template_start() == start_of_text
         self._byte_level = (spec.get("decoder") or {}).get("type") == "ByteLevel"
         self._splittable = _cuts_at_newlines_are_exact(spec)
         model = spec.get("model") or {}
