@@ -135,7 +135,13 @@ def check_training_fits(model: ModelConfig, train: TrainConfig, device: torch.de
     return estimate
 
 
-FEWER_SAMPLES = "ask for fewer samples"  # what check_decoding_fits' message ends with
+class KVCachesTooLarge(ConfigError):
+    """`check_decoding_fits`' refusal; `shortage` is what does not fit, without the advice (a
+    server answers with its own)."""
+
+    def __init__(self, shortage: str):
+        super().__init__(f"{shortage}; ask for fewer samples")
+        self.shortage = shortage
 
 
 def check_decoding_fits(model: ModelConfig, batch_size: int, device: torch.device, dtype: torch.dtype) -> None:
@@ -148,8 +154,8 @@ def check_decoding_fits(model: ModelConfig, batch_size: int, device: torch.devic
         limit += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     if limit is not None and need > limit:
         sequences = "1 sequence" if batch_size == 1 else f"{batch_size:,} sequences"
-        raise ConfigError(f"decoding {sequences} at once needs {gigabytes(need)} for their KV "
-                          f"caches alone, more than the {gigabytes(limit)} {where}; {FEWER_SAMPLES}")
+        raise KVCachesTooLarge(f"decoding {sequences} at once needs {gigabytes(need)} for their KV "
+                               f"caches alone, more than the {gigabytes(limit)} {where}")
 
 
 def gigabytes(n: int) -> str:

@@ -35,7 +35,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tinyattn.errors import ConfigError
 from tinyattn.serve.schemas import (
     ApiError,
     Completion,
@@ -171,16 +170,15 @@ def _samples(served: Served, completion: Completion):
     free when its decoding starts: with n > 1 the client can ask for fewer (a 400 naming n); one
     sequence that cannot fit is the server's shortage, for now (a 503)."""
     from tinyattn.generate.text import stream_samples
-    from tinyattn.model.memory import FEWER_SAMPLES
+    from tinyattn.model.memory import KVCachesTooLarge
 
     try:
         yield from stream_samples(served.model, served.tokenizer, completion.prompt, completion.options)
-    except ConfigError as e:
-        shortage = str(e).removesuffix(f"; {FEWER_SAMPLES}")
+    except KVCachesTooLarge as e:
         n = completion.options.num_samples
         if n > 1:
-            raise ApiError(f"{shortage}; ask for a smaller n than {n}", param="n") from None
-        raise ApiError(f"{shortage}: the server cannot decode this request now (its memory, or the "
+            raise ApiError(f"{e.shortage}; ask for a smaller n than {n}", param="n") from None
+        raise ApiError(f"{e.shortage}: the server cannot decode this request now (its memory, or the "
                        "requests it is decoding)", status=503, type="server_error") from None
 
 
