@@ -607,6 +607,23 @@ def test_the_explorer_route_shows_the_prediction_that_produced_the_token_at_an_o
     assert status == 200 and data["tokens"][7:9] == ["B", "u"] and data["query"] == 7
 
 
+def test_the_explorer_of_a_text_from_an_empty_prompt_shows_the_start_tokens_prediction_of_its_first_token(
+        server, loaded):
+    # Generation from an empty prompt read <|endoftext|> first (a char tokenizer puts nothing before a
+    # text): a request saying so reads it there too, and the first token is the one it predicted.
+    from tinyattn.analysis.explorer import data_of_page
+
+    text = reference(loaded, prompt="", max_new_tokens=6, temperature=1.0, seed=4)  # "OCiyMh"
+    status, page = post(server, "/explorer", {"text": text, "offset": 0, "empty_prompt": True})
+    assert status == 200, page
+    data = data_of_page(page)
+    assert data["tokens"][:2] == ["<|endoftext|>", text[0]] and data["query"] == 0
+    start, first = loaded.tokenizer.start_id, loaded.tokenizer.encode(text[0])[0]
+    with torch.no_grad():
+        logits = loaded.model(torch.tensor([[start]])).logits[0, -1]
+    assert data["loss"][0] == pytest.approx(-torch.log_softmax(logits, -1)[first].item(), abs=1e-3)
+
+
 @pytest.mark.parametrize("body, message", [
     ({"text": "ROMEO:", "offset": 6}, "offset 6 is not accepted: expected 0 to 5"),
     ({"text": "R", "offset": 0}, "text: 1 tokens; the explorer takes 2 to 256"),
@@ -655,6 +672,25 @@ def test_in_chromium_the_playground_streams_tokens_and_a_click_shows_the_models_
     assert all(v != "" for v in relevance[:query]) and relevance[query] == ""  # relevance beside each weight
     assert f"query {maps.labels[query]} at {query}" in frame.locator("#query-info").inner_text()
     assert all(url.startswith(server.url) for url in requests) and errors == []
+
+
+@pytest.mark.slow
+def test_in_chromium_a_click_on_the_first_token_from_an_empty_prompt_shows_the_start_tokens_prediction(
+        browser, server, loaded):
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    page.goto(server.url + "/")
+    page.fill("#prompt", "")
+    for field, value in (("#max-tokens", "6"), ("#temperature", "1"), ("#seed", "4")):
+        page.fill(field, value)
+    page.click("#generate")
+    page.wait_for_function("document.getElementById('status').textContent.startsWith('done')")
+    expected = reference(loaded, prompt="", max_new_tokens=6, temperature=1.0, seed=4)
+    assert page.inner_text("#output") == expected
+    page.click("#output .tok[data-index='0']")
+    frame = page.frame_locator("#explorer")
+    frame.locator("#weights-row .tok").first.wait_for()
+    info = frame.locator("#query-info").inner_text()
+    assert info.startswith(f"query <|endoftext|> at 0 predicts {expected[0]} "), info  # not {expected[1]}
 
 
 def test_a_warning_while_serving_is_one_line_as_generate_prints_it(loaded, monkeypatch, capsys):

@@ -13,7 +13,9 @@
   a 503 if the model thread has stopped.
 - `GET /`: the playground page; `POST /explorer` returns the explorer page
   (`tinyattn.analysis.explorer`) of a text, at the prediction that produced the token holding
-  a given character: what the playground shows when a generated token is clicked.
+  a given character: what the playground shows when a generated token is clicked. A text
+  generated from an empty prompt (`"empty_prompt": true`) is read after the start token
+  generation began from, which predicted its first token.
 
 Mistakes in a request are 400s with OpenAI's error body (`schemas.ApiError`), unknown routes
 404s, and anything unexpected a 500 with the same body: the server stays up. Model calls run
@@ -277,20 +279,26 @@ async def _events(served: Served, completion: Completion, job: Job) -> AsyncIter
 
 def _explorer_query(served: Served, body: ExploreRequest) -> tuple[list[int], int]:
     """The text's token ids and the query: the prediction that produced the token holding `offset`.
-    An imported folder's bos goes first where its tokenizer puts it there, as generation read it."""
+    Read as generation read it: after the start token it began from where the prompt was empty
+    (`empty_prompt`: what predicted the first token), else after an imported folder's bos where its
+    tokenizer puts it first."""
     from tinyattn.analysis.attention_maps import token_spans
+    from tinyattn.generate.text import encode_prompt
 
-    bos = served.tokenizer.text_start
+    if body.empty_prompt:
+        start = encode_prompt(served.tokenizer, "", served.model.config.context_length)
+    else:
+        start = served.tokenizer.text_start
     text_ids = served.tokenizer.encode(body.text)
-    ids = bos + text_ids
+    ids = start + text_ids
     most = served.limits.max_explore_tokens
     if not 2 <= len(ids) <= most:
         raise ApiError(f"text: {len(ids)} tokens; the explorer takes 2 to {most}", param="text")
-    text, spans = token_spans(served.tokenizer, text_ids)  # offsets are the text's, without the bos
+    text, spans = token_spans(served.tokenizer, text_ids)  # offsets are the text's, without the start
     if not 0 <= body.offset < len(text):
         raise ApiError(f"offset {body.offset} is not accepted: expected 0 to {len(text) - 1}, a character of "
                        "the text", param="offset")
-    position = len(bos) + next(t for t, (_, end) in enumerate(spans) if end > body.offset)
+    position = len(start) + next(t for t, (_, end) in enumerate(spans) if end > body.offset)
     return ids, max(position - 1, 0)
 
 

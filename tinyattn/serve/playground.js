@@ -84,9 +84,12 @@ async function explore(span) {
   for (const s of $("output").querySelectorAll(".tok.selected")) s.classList.remove("selected");
   span.classList.add("selected");
   const offset = Number(span.dataset.start) + span.textContent.length - 1;  // the piece's last character
+  // From an empty prompt, generation began at the start token, which predicted the first piece: say so.
+  const emptyPrompt = $("output").querySelector(".prompt").textContent === "";
+  const body = { text: fullText(), offset, empty_prompt: emptyPrompt };
   status("measuring attention and relevance...");
   const response = await fetch("/explorer", { method: "POST", headers: { "Content-Type": "application/json" },
-                                              body: JSON.stringify({ text: fullText(), offset }) });
+                                              body: JSON.stringify(body) });
   if (!response.ok) { status(await errorMessage(response), true); return; }
   $("explorer").srcdoc = await response.text();
   $("explorer-panel").hidden = false;

@@ -95,6 +95,8 @@ class ExploreRequest(BaseModel):
 
     text: str
     offset: int  # a character offset into text
+    # The text was generated from an empty prompt: it is read after the start token generation began from.
+    empty_prompt: bool = False
 
 
 def validation_error(e: ValidationError) -> ApiError:
