@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 from filelock import FileLock
@@ -91,6 +92,23 @@ def test_a_folder_its_holder_removes_while_a_training_waits_for_it_is_in_use_in_
     monkeypatch.setattr(run_folder, "FileLock", WaitingLock)
     with pytest.raises(StorageError, match=r"run is in use by pid \(unknown\): another training writes there"):
         RunLock.acquire(folder)
+
+
+def test_a_folder_removed_while_it_is_checked_is_not_refused_with_a_traceback(tmp_path, monkeypatch):
+    # Another run's failed start can remove the folder between check_run_folder's is_dir and its
+    # listing; what is gone holds nothing to refuse, and the lock then makes the folder anew.
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / LOCK_NAME).write_text("1\n")
+    listing = Path.iterdir
+
+    def removed_meanwhile(path):
+        if path == folder:
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return listing(path)
+
+    monkeypatch.setattr(Path, "iterdir", removed_meanwhile)
+    run_folder.check_run_folder(folder)
 
 
 def test_two_runs_started_in_the_same_second_get_their_own_folders(tmp_path):

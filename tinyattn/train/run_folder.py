@@ -141,8 +141,12 @@ def check_run_folder(folder: Path) -> None:
     if folder.exists() and not folder.is_dir():
         raise StorageError(f"{folder}: exists and is not a folder; choose another --run-name")
     lock_files = {LOCK_NAME, KERNEL_LOCK_NAME}  # all a run that died before its first save left
-    if (folder.is_dir() and not is_run_folder(folder)
-            and any(p.name not in lock_files for p in folder.iterdir())):
+    try:
+        foreign = (folder.is_dir() and not is_run_folder(folder)
+                   and any(p.name not in lock_files for p in folder.iterdir()))
+    except FileNotFoundError:  # removed meanwhile by another run's failed start: nothing to refuse
+        foreign = False
+    if foreign:
         raise StorageError(f"{folder}: an existing folder that is not a tinyattn run folder (no "
                            f"{MARKER_NAME}, no checkpoints); nothing was written there. Choose another "
                            "--run-name or train.out_dir")
