@@ -1013,6 +1013,21 @@ def test_samples_whose_kv_caches_cannot_fit_are_refused_before_any_is_made(tiny_
         list(generate_samples(model, char_tokenizer, "RO", 11, max_new_tokens=2, seed=0))
 
 
+def test_ten_million_samples_are_refused_before_anything_is_made_for_each(tiny_model, char_tokenizer,
+                                                                          monkeypatch):
+    from tinyattn.generate import text
+    from tinyattn.model import memory
+
+    def made_for_each_sample(*args, **kwargs):
+        raise AssertionError("per-sample state made before the KV caches were sized")
+
+    model = tiny_model(vocab_size=char_tokenizer.vocab_size)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: (10**6, "available here"))
+    monkeypatch.setattr(text, "sample_generators", made_for_each_sample)  # 10^7 generators: seconds, GBs
+    with pytest.raises(ConfigError, match=r"^decoding 10,000,000 sequences at once needs "):
+        list(generate_samples(model, char_tokenizer, "RO", 10**7, max_new_tokens=2, seed=0))
+
+
 def test_one_sequence_whose_kv_caches_cannot_fit_is_named_in_the_singular(monkeypatch):
     from tinyattn.config import ModelConfig
     from tinyattn.errors import ConfigError

@@ -264,6 +264,16 @@ def cache_dtype(model) -> torch.dtype:
     return torch.float32 if weight.device.type == "cpu" else weight.dtype
 
 
+def check_caches_fit(model, batch_size: int) -> None:
+    """A KVCachesTooLarge when the KV caches of `batch_size` sequences cannot fit beside the model.
+
+    A million samples asked for is one line, not a stall; a model that is not a `LanguageModel`
+    (a test's stand-in) is not sized.
+    """
+    if isinstance(model, LanguageModel):
+        check_decoding_fits(model.config, batch_size, next(model.parameters()).device, cache_dtype(model))
+
+
 def compile_decode_step(model):
     """`decode_one_token` through `torch.compile`, compiled on its first call.
 
@@ -312,8 +322,7 @@ class CachedDecoder:
         self.context_length = model.config.context_length
         self.keep = max(1, self.context_length // 2)  # tokens kept by a refill, the new one included
         device = next(model.parameters()).device
-        if isinstance(model, LanguageModel):  # a million samples asked for: one line, not a stall
-            check_decoding_fits(model.config, batch_size, device, cache_dtype(model))
+        check_caches_fit(model, batch_size)
         self.caches = model.new_kv_caches(batch_size, dtype=cache_dtype(model))
         self.ids = torch.zeros(batch_size, self.context_length, dtype=torch.long, device=device)  # (B, ctx)
         self.position = 0

@@ -20,7 +20,7 @@ import torch
 
 from tinyattn.data.tokenizer import unknown_characters
 from tinyattn.errors import DataError
-from tinyattn.generate.decoder import generate_tokens
+from tinyattn.generate.decoder import check_caches_fit, generate_tokens
 from tinyattn.generate.sampling import SamplingOptions
 
 
@@ -193,6 +193,8 @@ def stream_samples(model, tokenizer, prompt: str, options: SamplingOptions, *,
     """`generate_samples` with options already checked: the pieces of `options.num_samples` samples."""
     o = options
     device = next(model.parameters()).device
+    if o.max_new_tokens > 0:  # before anything is made per sample (a million generators take seconds)
+        check_caches_fit(model, o.num_samples)
     generators = sample_generators(o.num_samples, o.seed, generators, device)
     ids = encode_prompt(tokenizer, prompt, model.config.context_length)
     prompt_ids = torch.tensor([ids] * o.num_samples, dtype=torch.long, device=device)  # (S, T)
