@@ -23,7 +23,8 @@ from tinyattn.generate.cpu_weights import (ONEDNN, PackedLinear, PackingOperator
                                            one_row_weight, pack_linear_weights)
 from tinyattn.generate.decoder import (CachedDecoder, DecodeStep, generate_tokens, prepare_for_generation,
                                        row_weight_dtype)
-from tinyattn.generate.sampling import apply_repetition_penalty, nucleus_mask, sample_next_token
+from tinyattn.generate.sampling import (SamplingOptions, apply_repetition_penalty, nucleus_mask,
+                                        sample_next_token)
 from tinyattn.generate.text import (PromptWarning, SamplePiece, SampleStreams, StopStringFilter,
                                    encode_prompt, generate, generate_samples)
 from tinyattn.model.attention import recording_attention_weights
@@ -669,6 +670,14 @@ def test_stop_string_ends_the_sample_and_is_not_printed(tiny_model, tokenizer):
     assert "".join(p.text for p in pieces) == full[:full.index(stop)]
     assert pieces[-1].finish_reason == "stop"
     assert all(stop not in p.text for p in pieces)
+
+
+def test_a_single_string_for_stop_is_one_stop_string_not_one_per_character():
+    small, model = abc_chain()  # a -> b -> c -> end of text
+    assert SamplingOptions(stop="ca").stop == ("ca",)
+    assert collect(generate_samples(model, small, "a", 1, max_new_tokens=20, temperature=0, stop="ca")) == [
+        ("bc", "eot")]  # "c" alone is no stop string
+    assert "".join(generate(model, small, "a", max_new_tokens=20, temperature=0, stop="bc")) == ""
 
 
 def abc_chain(model_class=None):

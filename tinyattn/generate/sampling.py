@@ -60,10 +60,11 @@ class SamplingOptions:
     repetition_penalty: float = 1.0  # 1: off
     num_samples: int = 1
     seed: Optional[int] = None  # None: a fresh random seed
-    stop: tuple[str, ...] = ()
+    stop: tuple[str, ...] = ()  # a str is one stop string, as serve and OpenAI read it
 
     def __post_init__(self):
-        object.__setattr__(self, "stop", tuple(self.stop))
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)  # "ik" is not "i", "k"
+        object.__setattr__(self, "stop", stop)
         check_sampling_options(**dataclasses.asdict(self))
 
 

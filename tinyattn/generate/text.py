@@ -170,7 +170,7 @@ def generate_samples(model, tokenizer, prompt: str, num_samples: int = 1, *, max
     later samples produced meanwhile is held and comes out as soon as every earlier sample has
     ended, then that sample streams live in turn. Each sample's last piece has its
     `finish_reason`: "stop" (a stop string, not included), "eot" (the end-of-text token, not
-    included) or "length" (max_new_tokens reached).
+    included) or "length" (max_new_tokens reached). `stop`: one stop string, or a sequence of them.
 
     Sample i draws from its own generator, seeded with `seed + i` (seed None: a fresh random
     seed), so sample i equals the single sample of a run with seed `seed + i` (exactly in fp32; in
@@ -183,7 +183,7 @@ def generate_samples(model, tokenizer, prompt: str, num_samples: int = 1, *, max
     # The one check of the call's options, before anything is decoded; stream_samples trusts them.
     options = SamplingOptions(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                               top_p=top_p, repetition_penalty=repetition_penalty, num_samples=num_samples,
-                              seed=seed, stop=tuple(stop))
+                              seed=seed, stop=stop)
     return stream_samples(model, tokenizer, prompt, options, generators=generators, compile=compile)
 
 
