@@ -6,9 +6,9 @@
   Every completion is `tinyattn.generate.text.stream_samples` with the request's options, so
   choice i equals `generate()` with seed `seed + i` (exactly in fp32; with n > 1 in bf16 or with
   fp16 row copies, the choices' batch rounds differently from one sequence). Finish reasons: "stop" (a stop string or
-  the end-of-text token) and "length". `usage.completion_tokens` counts the returned text's
-  tokens as the tokenizer encodes it (a byte-level BPE text may re-encode differently from
-  the sampled ids).
+  the end-of-text token) and "length". `usage.completion_tokens` counts the tokens sampled for
+  the choices, each up to and including the one that ended it (the end-of-text token, the one
+  completing a stop string; `SamplePiece.tokens`), not the returned text re-encoded.
 - `GET /health`: {"status": "ok"} with the worker's load (requests decoding, waiting, done);
   a 503 if the model thread has stopped.
 - `GET /`: the playground page; `POST /explorer` returns the explorer page
