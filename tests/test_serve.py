@@ -128,7 +128,8 @@ def test_a_port_or_limit_out_of_range_is_one_line_before_anything_is_bound_or_lo
 
 
 @pytest.mark.slow
-def test_the_command_serves_until_ctrl_c_and_then_exits_cleanly(loaded):
+@pytest.mark.parametrize("stop_with", ["SIGINT", "SIGTERM"])  # Ctrl-C, and a service manager's stop
+def test_the_command_serves_until_ctrl_c_or_sigterm_and_then_exits_cleanly(loaded, stop_with):
     import signal
     import subprocess
 
@@ -149,7 +150,7 @@ def test_the_command_serves_until_ctrl_c_and_then_exits_cleanly(loaded):
                                          seed=7)
         assert done.choices[0].text == reference(loaded, max_new_tokens=20, temperature=1.0, seed=7)
     finally:
-        server.send_signal(signal.SIGINT)
+        server.send_signal(getattr(signal, stop_with))
         status = server.wait(timeout=60)
     assert status == 0 and server.stderr.read() == "stopped\n"  # and no traceback
 
