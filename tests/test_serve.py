@@ -694,6 +694,36 @@ def test_in_chromium_a_click_on_the_first_token_from_an_empty_prompt_shows_the_s
     assert info.startswith(f"query <|endoftext|> at 0 predicts {expected[0]} "), info  # not {expected[1]}
 
 
+@pytest.mark.slow
+def test_in_chromium_a_click_after_an_emoji_shows_the_prediction_of_the_token_clicked(browser, server,
+                                                                                     loaded):
+    # JavaScript counts "😀" as two characters (UTF-16), the server one: the page sends code points.
+    from playwright.sync_api import expect
+
+    from tinyattn.analysis.attention_maps import compute_attention_maps
+
+    prompt = "\U0001F600 ROMEO:"  # read as [UNK] by the char model: one token, one character
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    page.goto(server.url + "/")
+    page.fill("#prompt", prompt)
+    for field, value in (("#max-tokens", "6"), ("#temperature", "1"), ("#seed", "4")):
+        page.fill(field, value)
+    with pytest.warns(UserWarning, match="never seen"):  # the server's generation, then the reference's
+        page.click("#generate")
+        page.wait_for_function("document.getElementById('status').textContent.startsWith('done')")
+        expected = reference(loaded, prompt=prompt, max_new_tokens=6, temperature=1.0, seed=4)
+        labels = compute_attention_maps(loaded.model, loaded.tokenizer, prompt + expected).labels
+    assert page.inner_text("#output") == prompt + expected
+    for index in (2, 5):  # a middle token, and the last (past the end of the text counted in UTF-16)
+        page.click(f"#output .tok[data-index='{index}']")
+        page.wait_for_function("document.getElementById('status').textContent !== "
+                               "'measuring attention and relevance...'")
+        assert page.inner_text("#status") == "explorer ready"
+        query = len(prompt) + index - 1  # the prediction that produced the token clicked
+        info = page.frame_locator("#explorer").locator("#query-info")  # the new page, once it has loaded:
+        expect(info).to_contain_text(f"query {labels[query]} at {query} predicts {labels[query + 1]} ")
+
+
 def test_a_warning_while_serving_is_one_line_as_generate_prints_it(loaded, monkeypatch, capsys):
     # What the decoder warns while a server runs (fp16 copies dropped after an overflow) reaches the
     # terminal as `tinyattn generate` prints it, not as Python's header and source line: warned, as

@@ -20,12 +20,15 @@ function request() {
 }
 
 function fullText() { return $("output").textContent; }
+// Offsets sent to the server count code points, as a Python str does ("😀" is one, not two UTF-16 units).
+function codePoints(s) { return [...s].length; }
 
 function addPiece(text) {
   if (!text) return;
   const span = document.createElement("span");
   span.className = "tok"; span.textContent = text;
-  span.dataset.start = fullText().length; span.dataset.index = $("output").querySelectorAll(".tok").length;
+  span.dataset.start = codePoints(fullText());
+  span.dataset.index = $("output").querySelectorAll(".tok").length;
   span.addEventListener("click", () => explore(span));
   $("output").appendChild(span);
 }
@@ -83,7 +86,7 @@ async function generate() {
 async function explore(span) {
   for (const s of $("output").querySelectorAll(".tok.selected")) s.classList.remove("selected");
   span.classList.add("selected");
-  const offset = Number(span.dataset.start) + span.textContent.length - 1;  // the piece's last character
+  const offset = Number(span.dataset.start) + codePoints(span.textContent) - 1;  // the piece's last character
   // From an empty prompt, generation began at the start token, which predicted the first piece: say so.
   const emptyPrompt = $("output").querySelector(".prompt").textContent === "";
   const body = { text: fullText(), offset, empty_prompt: emptyPrompt };

@@ -94,7 +94,7 @@ class ExploreRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     text: str
-    offset: int  # a character offset into text
+    offset: int  # a character of text, counted in code points (as a Python str), not UTF-16 units
     # The text was generated from an empty prompt: it is read after the start token generation began from.
     empty_prompt: bool = False
 
