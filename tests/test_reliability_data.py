@@ -174,6 +174,58 @@ def test_an_edit_of_the_model_size_in_config_yaml_is_refused_naming_the_key(corp
 
 
 
+def test_a_key_deleted_from_config_yaml_goes_back_to_its_default_and_the_run_says_so(corpus, tmp_path,
+                                                                                     capsys):
+    """config.yaml is read as any config file: a deleted key is an edit back to its default, alone
+    or beside another edit (it was ignored alone, and applied unannounced beside one)."""
+    from tinyattn.train.resume import ResumePoint
+
+    train(tiny(corpus, tmp_path, "train.ema=0.9"), run_name="run", stop_at_step=2, progress=False)
+    run = tmp_path / "run"
+    edit_run_config(run, "  ema: 0.9\n", "")
+    point = ResumePoint.find(run, None, tmp_path)
+    assert point.edited_config().train.ema is None
+    path = run / "config.yaml"
+    assert point.notes == [f"{path}: your edits apply from step 2: "
+                           "train.ema 0.9 -> None (deleted: its default)"]
+    edit_run_config(run, "  lr: 0.002\n", "  lr: 0.001\n")
+    point = ResumePoint.find(run, None, tmp_path)
+    config = point.edited_config()
+    assert (config.train.lr, config.train.ema) == (0.001, None)
+    assert point.notes[0].endswith("train.lr 0.002 -> 0.001, train.ema 0.9 -> None (deleted: its default)")
+    code = train_main(["--resume", str(run), "--no-progress", "--set", f"train.out_dir={tmp_path}"])
+    assert code == 0, capsys.readouterr().err
+    assert ckpt.load_checkpoint(run / ckpt.step_filename(4))["config"]["train"]["ema"] is None
+    assert "train.ema 0.9 -> None (deleted: its default)" in (run / "train.log").read_text(encoding="utf-8")
+
+
+def test_a_key_an_older_tinyattn_did_not_write_in_config_yaml_is_not_a_deletion(corpus, tmp_path):
+    from tinyattn.train.resume import ResumePoint
+
+    train(tiny(corpus, tmp_path), run_name="run", stop_at_step=2, progress=False)
+    run = tmp_path / "run"
+    edit_run_config(run, "  show: []\n", "")  # as a run saved before train.show existed wrote it
+    point = ResumePoint.find(run, None, tmp_path)
+    del point.state["config"]["train"]["show"]
+    point.config = ckpt.config_from_checkpoint(point.state, point.file)
+    shown = ["sample", "loss_by_position", "attention", "head_ablation"]  # what such a run showed
+    assert point.edited_config().train.show == shown
+    assert point.notes == []
+
+
+def test_an_edit_of_a_table_by_passes_in_config_yaml_is_found_and_said(corpus, tmp_path):
+    from tinyattn.train.resume import ResumePoint
+
+    train(tiny(corpus, tmp_path, "train.decay_by_passes={3.5: 0.2}"), run_name="run", stop_at_step=2,
+          progress=False)
+    run = tmp_path / "run"
+    edit_run_config(run, "    3.5: 0.2\n", "    3.5: 0.1\n")
+    point = ResumePoint.find(run, None, tmp_path)
+    assert point.edited_config().train.decay_by_passes == {3.5: 0.1}
+    assert point.notes[0].endswith("train.decay_by_passes {3.5: 0.2} -> {3.5: 0.1} (a run reads it at its "
+                                   "start: this one keeps its train.weight_decay)")
+
+
 def test_dropout_edited_in_config_yaml_or_given_with_set_applies_on_resume(corpus, tmp_path, capsys):
     """The dropouts change how the weights are used, not their shape: an edit of either in
     config.yaml applies, and a --set of either wins over what train.dropout_by_passes chose."""

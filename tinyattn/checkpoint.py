@@ -241,10 +241,7 @@ class LoadedModel:
 
 def config_from_checkpoint(state: dict, path: Path) -> Config:
     try:
-        saved = state["config"]
-        for older in SAVED_CONFIG_MIGRATIONS:
-            saved = older(saved)
-        return config_from_dict(saved, default_origin=f"{path} (saved config)")
+        return config_from_dict(migrated_config(state["config"]), default_origin=f"{path} (saved config)")
     except (ConfigError, KeyError) as e:
         raise CheckpointError(f"{path}: its saved config cannot be used: {e}") from None
 
@@ -271,6 +268,14 @@ def _with_muon_whole(saved: dict) -> dict:
 
 # A config saved before a key existed, given the value that reproduces what such a run did.
 SAVED_CONFIG_MIGRATIONS = (_with_show, _with_muon_whole)
+
+
+def migrated_config(saved: dict) -> dict:
+    """A checkpoint's saved config with the keys its older tinyattn did not write, as
+    `SAVED_CONFIG_MIGRATIONS` give them."""
+    for older in SAVED_CONFIG_MIGRATIONS:
+        saved = older(saved)
+    return saved
 
 
 def load_weights(model: LanguageModel, state: dict, path: Path) -> None:

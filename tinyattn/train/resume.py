@@ -14,7 +14,9 @@ picks the folder and holds it (`run_folder.RunLock`) before anything is written 
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import typing
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +26,7 @@ import torch
 import yaml
 
 from tinyattn import checkpoint as ckpt
-from tinyattn.config import Config, config_from_dict, config_to_dict, load_config
+from tinyattn.config import PASS_TABLES, Config, config_from_dict, config_to_dict, load_config
 from tinyattn.data.token_cache import data_differences
 from tinyattn.errors import CheckpointError, ConfigError, StorageError
 from tinyattn.system.distributed import Distributed
@@ -216,8 +218,11 @@ class ResumePoint:
         """The config a resume without --config continues with: the checkpoint's, with the edits
         made since to its folder's config.yaml (which the run wrote from that same config).
 
-        Only for the folder's latest checkpoint (config.yaml describes it); an edit of the
-        model or the tokenizer cannot apply to these weights and is refused naming the key.
+        The file is read as any config file: a key deleted from it is an edit back to its default
+        (but for a key the run's older tinyattn did not write: `ckpt.migrated_config`). A table
+        such as train.decay_by_passes is one setting. Only for the folder's latest checkpoint
+        (config.yaml describes it); an edit of the model or the tokenizer cannot apply to these
+        weights and is refused naming the key.
         """
         path = self.file.parent / CONFIG_FILE
         latest = ckpt.latest_checkpoint(self.file.parent)
@@ -228,23 +233,26 @@ class ResumePoint:
             self.notes.append(f"note: {path} is empty; the run continues with its checkpoint's config "
                               "and writes config.yaml again")
             return self.config
-        saved, edited = config_to_dict(self.config), config_to_dict(load_config(path))
-        written = _dotted(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
-        changed = [key for key in written if _get(edited, key) != _get(saved, key)]
+        saved, edited = _settings(config_to_dict(self.config)), _settings(config_to_dict(load_config(path)))
+        written = set(_settings(yaml.safe_load(path.read_text(encoding="utf-8")) or {}))
+        stored = self.state.get("config", {})  # as the run saved it, and wrote config.yaml
+        older = set(_settings(ckpt.migrated_config(stored))) - set(_settings(stored))  # never in the file
+        changed = [key for key in saved if key not in older and edited[key] != saved[key]]
         fixed = [key for key in changed if key.startswith("tokenizer.")
                  or (key.startswith("model.") and key not in USE_NOT_SHAPE)]
         if fixed:
             key = fixed[0]
             raise CheckpointError(
-                f"{path}: {key} was edited ({_get(saved, key)!r} -> {_get(edited, key)!r}), but a resume "
-                "cannot change the model's shape or the tokenizer of these weights: undo the edit, or start "
-                "a new run (train.init_from to begin from these weights)")
+                f"{path}: {key} was {'edited' if key in written else 'deleted'} ({saved[key]!r} -> "
+                f"{edited[key]!r}), but a resume cannot change the model's shape or the tokenizer of these "
+                "weights: undo the edit, or start a new run (train.init_from to begin from these weights)")
         if not changed:
             return self.config
         self.edited = tuple(changed)  # a table's choice edited by hand: the edit wins (`adopt`)
-        what = ", ".join(f"{key} {_get(saved, key)!r} -> {_get(edited, key)!r}" for key in changed)
+        what = ", ".join(_edit(key, saved[key], edited[key], deleted=key not in written) for key in changed)
         self.notes.append(f"{path}: your edits apply from step {self.step}: {what}")
-        return config_from_dict(edited, default_origin=str(path))
+        values = _with_settings(config_to_dict(self.config), {key: edited[key] for key in changed})
+        return config_from_dict(values, default_origin=str(path))
 
     def check_data(self, fingerprint: dict, *, allow_change: bool) -> Optional[str]:
         """Refuse to continue on data other than what the checkpoint trained on, naming what
@@ -296,21 +304,42 @@ def keep_user_config(run_dir: Path, point: Optional[ResumePoint]) -> Optional[st
     return f"{path} differed from the run's own copy: what you wrote is kept in {kept.name}"
 
 
-def _dotted(raw: dict, prefix: str = "") -> list[str]:
-    """The dotted keys a YAML mapping sets (its leaves)."""
-    keys = []
-    for key, value in raw.items():
-        if isinstance(value, dict) and value:
-            keys += _dotted(value, f"{prefix}{key}.")
+# The sections of a config whose keys are its settings (by_precision is one whole).
+_SECTIONS = frozenset(name for name, tp in typing.get_type_hints(Config).items()
+                      if dataclasses.is_dataclass(tp))
+
+
+def _settings(raw: dict) -> dict:
+    """A config's settings (a YAML mapping's, or `config_to_dict`'s) by dotted key, section.key: a
+    table such as train.decay_by_passes is one setting, its entries compared whole."""
+    flat = {}
+    for name, value in raw.items():
+        if name in _SECTIONS and isinstance(value, dict):
+            flat.update({f"{name}.{key}": setting for key, setting in value.items()})
         else:
-            keys.append(f"{prefix}{key}")
-    return keys
+            flat[name] = value
+    return flat
 
 
-def _get(raw: dict, dotted: str):
-    for part in dotted.split("."):
-        raw = raw.get(part) if isinstance(raw, dict) else None
+def _with_settings(raw: dict, settings: dict) -> dict:
+    """`raw` (`config_to_dict`'s) with `settings` (dotted, as `_settings` gives them) put in."""
+    for key, value in settings.items():
+        section, _, name = key.partition(".")
+        if name:
+            raw[section][name] = value
+        else:  # by_precision, whole
+            raw[section] = value
     return raw
+
+
+def _edit(key: str, before, after, *, deleted: bool) -> str:
+    """An edit of config.yaml as the run logs it: "train.lr 0.002 -> 0.001"; a key deleted from the
+    file goes back to its default; a table by passes is read where a run starts."""
+    line = f"{key} {before!r} -> {after!r}" + (" (deleted: its default)" if deleted else "")
+    name = key.partition(".")[2]
+    if name in PASS_TABLES:
+        line += f" (a run reads it at its start: this one keeps its {PASS_TABLES[name]})"
+    return line
 
 
 CONFIG_FILE = "config.yaml"  # in the run folder: the run's resolved config, as the user may edit it
