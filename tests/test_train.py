@@ -381,6 +381,33 @@ def test_resuming_an_earlier_checkpoint_in_place_is_refused(corpus, tmp_path, tw
     assert _file_digests(run) == before
 
 
+def test_the_commands_a_run_prints_work_where_its_path_holds_a_space(corpus, tmp_path, capsys, monkeypatch):
+    """"Resume with: ..." and the fork advice quote a path for the shell (a plain one prints as it is),
+    and so does the script's own path in `python <checkout>/scripts/train.py`."""
+    import shlex
+
+    from tinyattn.system.invocation import command
+    from tinyattn.train.resume import ResumePoint
+
+    code, err = run_main(["--config", str(TINY), "--run-name", "my run", "--no-progress", "--stop-at-step",
+                          "2", "--set", *tiny_overrides(corpus, tmp_path, "train.max_steps=4")], capsys)
+    assert code == 0, err
+    run = tmp_path / "my run"
+    words = shlex.split(err.split("Resume with: ")[1])
+    assert words == ["tinyattn", "train", "--resume", str(run)]
+    code, err = run_main([*words[2:], "--no-progress"], capsys)
+    assert code == 0 and "done: 2 steps (steps 3-4)" in err, err
+    with pytest.raises(CheckpointError) as refused:
+        ResumePoint.find(run / ckpt.step_filename(2), None, tmp_path).target(None, tmp_path)
+    advice = shlex.split(str(refused.value).split("fork it into a new folder: ")[1])
+    assert advice == ["--resume", str(run / ckpt.step_filename(2)), "--run-name", "NEW_NAME"]
+    script = tmp_path / "my checkout" / "scripts" / "train.py"
+    script.parent.mkdir(parents=True)
+    script.touch()
+    monkeypatch.setattr(sys, "argv", [str(script)])
+    assert shlex.split(command("train")) == ["python", str(script)]
+
+
 def test_a_resume_in_place_refuses_another_out_dir_given_for_it(
         corpus, tmp_path, twelve_steps, capsys):
     from tinyattn.cli.train import main

@@ -36,7 +36,7 @@ from tinyattn.config import Config, config_from_dict
 from tinyattn.data.tokenizer import Tokenizer
 from tinyattn.errors import CheckpointError, ConfigError
 from tinyattn.model.transformer import LanguageModel
-from tinyattn.system.invocation import command
+from tinyattn.system.invocation import command, quoted
 from tinyattn.system.storage import atomic_write
 
 FORMAT = "tinyattn-checkpoint"
@@ -216,7 +216,7 @@ def damaged_best_advice(file: Path) -> str:
     if good is None or good == file:
         return ""
     return (f"; the newest checkpoint in {file.parent} that verifies is {good.name}: use --checkpoint "
-            f"{good}, or --checkpoint {file.parent} to take it with a note")
+            f"{quoted(good)}, or --checkpoint {quoted(file.parent)} to take it with a note")
 
 
 @dataclass

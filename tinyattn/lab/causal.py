@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Optional
 
 from tinyattn.errors import TinyattnError
+from tinyattn.system.invocation import quoted
 
 DEFAULT_CONFIG = "configs/shakespeare_char.yaml"
 DEFAULT_STEPS = 200  # each run; both together stay within 3 minutes on 2 CPU cores in fp32
@@ -338,5 +339,5 @@ def run(args: argparse.Namespace) -> int:
     table = write_report(rows, out, time.perf_counter() - started)
     print(table)
     print(f"wrote {out / 'causal.md'} and {figure} in {time.perf_counter() - started:.0f} s; "
-          f"tensorboard --logdir {out} shows both runs")
+          f"tensorboard --logdir {quoted(out)} shows both runs")
     return 0

@@ -52,6 +52,7 @@ from tinyattn.lab.outputs import (
 from tinyattn.model.memory import FP32, available_bytes, gigabytes, training_memory
 from tinyattn.model.transformer import IGNORE_INDEX, LanguageModel, evaluation_mode
 from tinyattn.system.device import select_device, select_precision
+from tinyattn.system.invocation import quoted
 from tinyattn.system.seeding import seed_everything
 from tinyattn.system.storage import read_text
 from tinyattn.train.optim import build_optimizer
@@ -116,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
                          wall=time.perf_counter() - started)
     save_report(folder, "distance", text_report)
     save_figure(probe, recall, folder / "distance.png", length=args.string_length)
-    print(f"wrote {folder}/distance.txt, distance.png and TensorBoard (tensorboard --logdir {folder})", flush=True)
+    print(f"wrote {folder}/distance.txt, distance.png and TensorBoard (tensorboard --logdir {quoted(folder)})",
+          flush=True)
     return 0
 
 

@@ -57,6 +57,7 @@ from tinyattn.model.attention_path import attention_path
 from tinyattn.model.transformer import LanguageModel, evaluation_mode
 from tinyattn.system.choices import PRECISIONS
 from tinyattn.system.device import Precision, select_device, select_precision
+from tinyattn.system.invocation import quoted
 from tinyattn.system.seeding import seed_everything
 from tinyattn.system.timing import call_times
 from tinyattn.train.optim import build_optimizer, ns_dtype_for
@@ -143,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     save_report(folder, "recurrence", text)
     save_figure(contenders, folder / "recurrence.png")
     print(f"wrote {folder}/recurrence.txt, recurrence.png and TensorBoard runs "
-          f"(tensorboard --logdir {folder})", flush=True)
+          f"(tensorboard --logdir {quoted(folder)})", flush=True)
     return 0
 
 

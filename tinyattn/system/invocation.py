@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -14,5 +15,11 @@ def command(name: str) -> str:
     script = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
     sibling = script.parent / f"{name}.py"
     if script.parent.name == "scripts" and script.suffix == ".py" and sibling.is_file():
-        return f"python {sibling}"
+        return f"python {quoted(sibling)}"
     return f"tinyattn {name}"
+
+
+def quoted(word: str | Path) -> str:
+    """A path (or `key=path` item) as a command a message prints takes it, quoted for the shell
+    where it needs to be (a space, a quote); a plain one as it is."""
+    return shlex.quote(str(word))

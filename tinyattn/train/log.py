@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from tinyattn.config import Config, config_to_dict
 from tinyattn.errors import TinyattnError
-from tinyattn.system.invocation import command
+from tinyattn.system.invocation import command, quoted
 from tinyattn.train.optim import optimizer_description
 
 if TYPE_CHECKING:
@@ -239,7 +239,7 @@ class Logger:
         self.close()
         if stopped_by:
             say(f"stopped by {stopped_by} at step {result.step}; checkpoint saved in {result.run_dir}. "
-                f"Resume with: {command('train')} --resume {result.run_dir}")
+                f"Resume with: {command('train')} --resume {quoted(result.run_dir)}")
             return
         s = result.seconds
         split = ", ".join(f"{name} {s[name]:.1f} s ({s[name] / result.wall_seconds:.1%})"

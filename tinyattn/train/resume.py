@@ -30,6 +30,7 @@ from tinyattn.config import PASS_TABLES, Config, config_from_dict, config_to_dic
 from tinyattn.data.token_cache import data_differences
 from tinyattn.errors import CheckpointError, ConfigError, StorageError
 from tinyattn.system.distributed import Distributed
+from tinyattn.system.invocation import quoted
 from tinyattn.system.storage import atomic_write
 from tinyattn.train.run_folder import RunLock, check_run_name, in_use_message, unique_run_dir
 
@@ -54,13 +55,13 @@ def _verified_alternative(file: Path) -> str:
     for another file (a run's config.yaml, say), where --resume points instead."""
     if file.name != ckpt.BEST and ckpt.step_of(file) is None:
         return (f"; --resume takes a run folder or one of its checkpoints (step_*.pt, best.pt), "
-                f"such as --resume {file.parent}")
+                f"such as --resume {quoted(file.parent)}")
     good = ckpt.newest_verified(file.parent)
     if good is None or good == file:
         return ""
     return (f"; the newest checkpoint in {file.parent} that verifies is {good.name}: move the damaged "
-            f"file away and resume with --resume {file.parent}, or fork from it with --resume {good} "
-            "--run-name NEW_NAME")
+            f"file away and resume with --resume {quoted(file.parent)}, or fork from it with --resume "
+            f"{quoted(good)} --run-name NEW_NAME")
 
 
 def _tokenizer_change(saved_json, tokenizer) -> str:
@@ -128,7 +129,8 @@ class ResumePoint:
                 raise CheckpointError(
                     f"{self.file} is step {self.step}, but {own} goes on to step {latest_step}: "
                     f"continuing there would overwrite its later checkpoints. To branch from this "
-                    f"checkpoint, fork it into a new folder: --resume {self.file} --run-name NEW_NAME")
+                    f"checkpoint, fork it into a new folder: --resume {quoted(self.file)} "
+                    "--run-name NEW_NAME")
             return own
         return Path(out_dir) / run_name
 
@@ -145,9 +147,9 @@ class ResumePoint:
             return
         source = "--set" if "train.out_dir" in given else f"edited in {own / CONFIG_FILE}"
         raise ConfigError(
-            f"train.out_dir {str(out_dir)!r} ({source}): --resume {own} continues the run in its own "
+            f"train.out_dir {str(out_dir)!r} ({source}): --resume {quoted(own)} continues the run in its own "
             f"folder, under {own.resolve().parent}; to train under {out_dir}, fork it there: --resume "
-            f"{self.file} --run-name NEW_NAME --set train.out_dir={out_dir}")
+            f"{quoted(self.file)} --run-name NEW_NAME --set {quoted(f'train.out_dir={out_dir}')}")
 
     def forks_into(self, run_dir: Path) -> bool:
         return self.file.parent.resolve() != Path(run_dir).resolve()
@@ -377,7 +379,7 @@ def open_run_folder(config: Config, config_path, run_name: Optional[str], point:
         if (point is None or point.forks_into(run_dir)) and ckpt.has_checkpoints(run_dir):
             lock.release()
             raise CheckpointError(f"{run_dir} already holds checkpoints; continue it with --resume "
-                                  f"{run_dir}, or choose another --run-name")
+                                  f"{quoted(run_dir)}, or choose another --run-name")
     if dist.enabled:  # a default name has the time in it: rank 0's choice is everyone's
         shared = [str(run_dir) if run_dir is not None else None]
         torch.distributed.broadcast_object_list(shared, src=0)
