@@ -107,18 +107,38 @@ def test_tensorboard_holds_every_curve(corpus, tmp_path):
     assert best[0] >= best[1] and last[-1] == pytest.approx(result.last_val_loss, abs=1e-5)
 
 
+def hparams_sessions(run: Path) -> list[dict]:
+    """The HParams sessions in a run folder's event files: each one's hyperparameters."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    sessions = []
+    for path in sorted(run.glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            for value in event.summary.value:
+                if value.tag == "_hparams_/session_start_info":
+                    data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
+                    sessions.append({key: v.number_value if v.HasField("number_value") else v.string_value
+                                     for key, v in data.session_start_info.hparams.items()})
+    return sessions
+
+
 def test_a_resumed_run_keeps_one_hparams_session(corpus, tmp_path):
 
     train(tiny_config(corpus, tmp_path), run_name="tb", progress=False, stop_at_step=10)
     train(tiny_config(corpus, tmp_path), run_name="tb", resume=True, progress=False)
-    sessions = 0
-    for path in (tmp_path / "tb").glob("events.out.tfevents.*"):
-        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
-
-        for event in EventFileLoader(str(path)).Load():
-            sessions += sum(v.tag == "_hparams_/session_start_info" for v in event.summary.value)
-    assert sessions == 1
+    assert len(hparams_sessions(tmp_path / "tb")) == 1
     assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 2  # both runs wrote curves
+
+
+def test_a_forked_run_has_its_own_hparams_session_and_keeps_it_when_resumed(corpus, tmp_path):
+    train(tiny_config(corpus, tmp_path), run_name="tb", progress=False, stop_at_step=10)
+    forked = tiny_config(corpus, tmp_path, "train.lr=1e-3")
+    train(forked, run_name="fork", resume=tmp_path / "tb" / ckpt.step_filename(10), progress=False,
+          stop_at_step=15)
+    train(forked, run_name="fork", resume=True, progress=False)  # in its own folder: no second session
+    assert [session["train.lr"] for session in hparams_sessions(tmp_path / "fork")] == [pytest.approx(1e-3)]
+    assert [session["train.lr"] for session in hparams_sessions(tmp_path / "tb")] == [pytest.approx(2e-3)]
 
 
 def test_learning_rate_schedule():

@@ -152,14 +152,17 @@ class Logger:
                    f"device {t.device}, precision {t.precision.name}, {optimizer_description(tc)}, "
                    f"{len(t.batches.tokens):,} train tokens, {steps}")
 
-    def start(self) -> None:
-        """Opens TensorBoard (after config.yaml is written) and the progress bar."""
+    def start(self, point: Optional[ResumePoint]) -> None:
+        """Opens TensorBoard (after config.yaml is written) and the progress bar; `point`: the
+        checkpoint a resumed or forked run continues from."""
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(str(self.run_dir))
         t = self.trainer
         self.writer.add_text("config", "```\n" + (self.run_dir / "config.yaml").read_text() + "\n```", t.step)
-        if t.step == 0:  # one HParams session per run: a resumed run continues it
+        # One HParams session per run: a new run's, or a fork's (a new run in a new folder, from a step
+        # past 0); a run resumed in its own folder continues the one it has.
+        if point is None or point.forks_into(self.run_dir):
             from torch.utils.tensorboard.summary import hparams
 
             for summary in hparams(hparams_of(self.config), dict.fromkeys(HPARAM_METRICS, math.nan)):

@@ -215,7 +215,7 @@ def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Option
         save_config(config, run_dir / "config.yaml")
         data.tokenizer.save(run_dir / "tokenizer.json")
         save_data_fingerprint(data.fingerprint, run_dir)
-        log.start()
+        log.start(point)
     timers.seconds["start-up"] = request.elapsed() - timers.seconds.get("calibration", 0.0)
     try:
         signal_name, last_val = _loop(trainer, evaluator, checkpointer, log, timers=timers,
