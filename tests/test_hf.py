@@ -787,6 +787,52 @@ def test_a_finetune_resumes_without_its_source_weights(tmp_path, corpus):
     assert result.step == 20 and load_any_model(result.run_dir).config.model.n_embd == 48
 
 
+@pytest.mark.parametrize("moved", [False, True], ids=["plain", "tokenizer-path-given"])
+def test_a_finetune_resumes_exactly_after_its_source_and_token_cache_are_gone(tmp_path, corpus, capsys,
+                                                                              moved):
+    # The source (a lone checkpoint: its tokenizer is copied under data.cache_dir) and that copy are gone;
+    # the run folder's tokenizer.json is the run's, or one given with --set tokenizer.path.
+    import shutil
+
+    from tinyattn.cli import train as train_cli
+    from tinyattn.config import load_config
+
+    tokenizer = tokenizer_of("char")
+    run = save_run(tmp_path, *random_model(tokenizer, "char", 2), tokenizer)
+    whole = train(finetune_config(corpus, tmp_path, run), run_name="whole", progress=False)
+    train(finetune_config(corpus, tmp_path, run), run_name="ft", progress=False, stop_at_step=10)
+    shutil.rmtree(run)
+    shutil.rmtree(tmp_path / "cache")
+    ft = tmp_path / "runs" / "ft"
+    given = []
+    if moved:
+        shutil.copy(ft / "tokenizer.json", tmp_path / "moved.json")
+        given = ["--set", f"tokenizer.path={tmp_path / 'moved.json'}"]
+    code, out, err = run_main(train_cli.main, ["--resume", ft, "--no-progress", *given], capsys)
+    assert code == 0, err
+    expected = tmp_path / "moved.json" if moved else ft / "tokenizer.json"
+    assert load_config(ft / "config.yaml").tokenizer.path == str(expected)
+    resumed, uninterrupted = (ckpt.load_checkpoint(folder / "step_0000020.pt")["model"]
+                              for folder in (ft, whole.run_dir))
+    for name, weights in uninterrupted.items():  # within 1e-6: see test_train's resume test
+        torch.testing.assert_close(resumed[name], weights, rtol=0, atol=1e-6, msg=name)
+
+
+def test_init_from_names_the_tokenizer_key_the_config_sets_otherwise(tmp_path, corpus):
+    from tinyattn.train.finetune import init_source
+
+    tokenizer = tokenizer_of("char")
+    run = save_run(tmp_path, *random_model(tokenizer, "char", 2), tokenizer)
+    tokenizer.save(tmp_path / "other.json")
+    config = finetune_config(corpus, tmp_path, run)
+    config.tokenizer = TokenizerConfig(kind="pretrained", path=str(tmp_path / "other.json"))
+    with pytest.raises(ConfigError) as caught:
+        init_source(config)
+    message = str(caught.value)
+    assert f"tokenizer.path: config '{tmp_path / 'other.json'}', source " in message
+    assert "tokenizer.kind" not in message
+
+
 def test_init_from_a_tinyattn_run_takes_its_weights_and_tokenizer(tmp_path, corpus):
     tokenizer = tokenizer_of("char")
     config, model = random_model(tokenizer, "char", 2)

@@ -13,7 +13,8 @@ The source is a tinyattn run folder or checkpoint file, or a Hugging Face Llama 
 
 A resumed fine-tune continues from its own checkpoint; the source's weights are not read
 again (the checkpoint's saved config holds the model section taken from it; the source's
-tokenizer.json stays the run's `tokenizer.path`).
+tokenizer.json stays the run's `tokenizer.path` while it is there, else the run folder's own
+copy is read: `resume.ResumePoint.run_tokenizer`).
 """
 
 from __future__ import annotations
@@ -102,9 +103,9 @@ def adopt_model(config: Config, source_model: ModelConfig, source_tokenizer: Tok
                  and current[key] != defaults[key] and current[key] != source[key]]
     tokenizer = dataclasses.asdict(config.tokenizer)
     wanted = dataclasses.asdict(source_tokenizer)
-    if tokenizer != dataclasses.asdict(TokenizerConfig()) and tokenizer != wanted:
-        conflicts.append(f"tokenizer.kind: config {config.tokenizer.kind!r}, source pretrained "
-                         f"{source_tokenizer.path}")
+    if tokenizer != dataclasses.asdict(TokenizerConfig()):  # a tokenizer section set: it must be the source's
+        conflicts += [f"tokenizer.{key}: config {tokenizer[key]!r}, source {wanted[key]!r}"
+                      for key in wanted if tokenizer[key] != wanted[key]]
     if conflicts:
         raise ConfigError(f"{origin}: the config conflicts with the model it starts from: "
                           f"{'; '.join(conflicts)} (init_from takes the model and tokenizer from the "

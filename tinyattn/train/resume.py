@@ -26,7 +26,7 @@ import torch
 import yaml
 
 from tinyattn import checkpoint as ckpt
-from tinyattn.config import PASS_TABLES, Config, config_from_dict, config_to_dict, load_config
+from tinyattn.config import PASS_TABLES, Config, TokenizerConfig, config_from_dict, config_to_dict, load_config
 from tinyattn.data.token_cache import data_differences
 from tinyattn.errors import CheckpointError, ConfigError, StorageError
 from tinyattn.system.distributed import Distributed
@@ -208,6 +208,24 @@ class ResumePoint:
             raise CheckpointError(f"{self.file}: the config's tokenizer differs from the checkpoint's: "
                                   f"{'; '.join(changed)}; the model learned the run's token ids: set it "
                                   "back to resume, or start a new run")
+
+    def run_tokenizer(self, config: Config) -> TokenizerConfig:
+        """The tokenizer section a resumed fine-tune continues with: the checkpoint's. The file it
+        names (the source's tokenizer.json, or the token cache's copy of a checkpoint's) may have
+        moved or gone: a tokenizer.path given for this resume is read instead, else, where that file
+        is gone, the run folder's own tokenizer.json (and `config`, where it names the gone file, names
+        the copy). Either is checked against the checkpoint's tokenizer once the data is read
+        (`check_tokenizer`), so the run stays exact."""
+        saved, given = self.config.tokenizer, config.tokenizer
+        if given.kind == saved.kind and given.path not in (None, saved.path):  # --set for this resume
+            return dataclasses.replace(saved, path=given.path)
+        own = self.file.parent / "tokenizer.json"
+        if saved.path is None or Path(saved.path).is_file() or not own.is_file():
+            return saved
+        self.notes.append(f"note: tokenizer.path {saved.path} is gone; the run reads its own copy, {own}")
+        if given.path == saved.path:
+            config.tokenizer = dataclasses.replace(given, path=str(own))
+        return dataclasses.replace(saved, path=str(own))
 
     def _floor_for(self, lr: float) -> float:
         """The checkpoint's schedule floor for a run at peak `lr`: the same floor, or under another
