@@ -1210,6 +1210,31 @@ def test_an_explicit_max_steps_wins_over_the_time_budget(corpus, tmp_path, capsy
     assert "the time budget 30s is off for this run" in err and "done: 2 steps (steps 3-4)" in err
 
 
+def test_a_time_budget_given_to_a_resumed_step_count_run_is_refused_and_a_config_files_is_off(
+        corpus, tmp_path, capsys):
+    # A step count cannot become a time plan on resume (the plan is measured at a run's start): the
+    # budget given for it is refused, and a --config file's is off, as config.yaml then records.
+    train(tiny_config(corpus, tmp_path, "train.max_steps=4", "train.eval_interval=2"), run_name="steps",
+          stop_at_step=2, progress=False)
+    capsys.readouterr()
+    run = tmp_path / "steps"
+    written = (run / "config.yaml").read_bytes()
+    code, err = run_main(["--resume", str(run), "--no-progress", "--set", "train.time_budget=5m"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: train.time_budget 5m (--set): the run {run} trains a step count "
+                          "(train.max_steps 4), which a resume continues")
+    assert "--set train.max_steps=N" in err and (run / "config.yaml").read_bytes() == written
+    assert ckpt.latest_checkpoint(run).name == "step_0000002.pt"
+    budgeted = tmp_path / "budgeted.yaml"
+    budgeted.write_text(f"extends: {TINY}\ntrain:\n  time_budget: 30s\n  max_steps: 4\n  eval_interval: 2\n",
+                        encoding="utf-8")
+    code, err = run_main(["--resume", str(run), "--config", str(budgeted), "--no-progress", "--set",
+                          *tiny_overrides(corpus, tmp_path)], capsys)
+    assert code == 0, err
+    assert f"note: train.time_budget 30s (the config's) is off: the run {run} trains a step count" in err
+    assert "done: 2 steps (steps 3-4)" in err and load_config(run / "config.yaml").train.time_budget is None
+
+
 @pytest.mark.parametrize("probe_text, shown", [
     ("ROMEO: ", ["sample", "loss_by_position", "attention", "head_ablation"]),
     ("", ["sample", "loss_by_position"]),

@@ -168,13 +168,15 @@ class ResumePoint:
 
         The vocabulary size came from the tokenizer: it is taken from the checkpoint. So is a
         time-budget run's step count, which a run saved before time plans (`budget.TimePlan`)
-        fixed at its start and continues with; a newer one continues its recorded plan. So are
+        fixed at its start and continues with; a newer one continues its recorded plan. A run
+        that trained a step count keeps it: no time budget applies to it (`_keep_step_count`). So are
         the dropout, the schedule's floor and the weight decay that its start chose from the
         passes it makes (where `config` has the table; not a key in `given`, the ones --set
         gives now, nor one edited in the folder's config.yaml, `edited_config`), under a budget
         or not: a `--config FILE` holds the table, not the choice. The floor stays the same share
         of the peak when train.lr changes.
         """
+        self._keep_step_count(config, given)
         given = (*given, *self.edited)
         saved = config_to_dict(self.config)["model"]
         current = config_to_dict(config)["model"]
@@ -196,6 +198,26 @@ class ResumePoint:
             for key in ("dropout", "attention_dropout"):
                 if f"model.{key}" not in given:
                     setattr(config.model, key, getattr(self.config.model, key))
+
+    def _keep_step_count(self, config: Config, given: Sequence[str]) -> None:
+        """A run that trained a step count continues it: a time budget's plan is measured at a new
+        run's start (`budget.plan_for`). A train.time_budget given for this resume (--set, or edited
+        in config.yaml) is refused; a --config file's is off, and config.yaml records so."""
+        budget = config.train.time_budget
+        if budget is None or self.config.train.time_budget is not None:
+            return
+        run = self.file.parent
+        if "train.time_budget" not in (*given, *self.edited):
+            config.train.time_budget = None
+            self.notes.append(f"note: train.time_budget {budget} (the config's) is off: the run {run} "
+                              "trains a step count, which a resume continues")
+            return
+        source = "--set" if "train.time_budget" in given else f"edited in {run / CONFIG_FILE}"
+        raise ConfigError(
+            f"train.time_budget {budget} ({source}): the run {run} trains a step count (train.max_steps "
+            f"{self.config.train.max_steps}), which a resume continues: a time budget is planned at a run's "
+            f"start. Resume without it (--set train.max_steps=N changes the count), or start a new run from "
+            f"these weights with train.init_from={self.file}")
 
     def _check_tokenizer_settings(self, config: Config) -> None:
         """Refuse another tokenizer kind (or BPE size) before any data is read: the model learned
