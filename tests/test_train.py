@@ -1235,6 +1235,19 @@ def test_a_time_budget_given_to_a_resumed_step_count_run_is_refused_and_a_config
     assert "done: 2 steps (steps 3-4)" in err and load_config(run / "config.yaml").train.time_budget is None
 
 
+def test_a_device_given_with_dash_dash_device_is_recorded_and_its_resume_runs_there(corpus, tmp_path, capsys):
+    # --device overrides train.device: config.yaml and the checkpoints record it, so a plain
+    # --resume (the command the run prints) runs where the run ran, not on train.device's "auto".
+    from tinyattn.train.resume import ResumePoint
+
+    code, err = run_main(["--config", str(TINY), "--run-name", "dev", "--no-progress", "--device", "cpu",
+                          "--stop-at-step", "1", "--set", *tiny_overrides(corpus, tmp_path)], capsys)
+    assert code == 0, err
+    run = tmp_path / "dev"
+    assert load_config(run / "config.yaml").train.device == "cpu"
+    assert ResumePoint.find(run, None, tmp_path).edited_config().train.device == "cpu"
+
+
 @pytest.mark.parametrize("probe_text, shown", [
     ("ROMEO: ", ["sample", "loss_by_position", "attention", "head_ablation"]),
     ("", ["sample", "loss_by_position"]),

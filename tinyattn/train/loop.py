@@ -71,7 +71,6 @@ class _Request:
     config_path: Optional[str | Path]
     run_name: Optional[str]
     resume: "Optional[ResumePoint | str | Path | bool]"
-    device: Optional[str]
     progress: bool
     stop_at_step: Optional[int]
     allow_data_change: bool  # --allow-data-change: a resume may go on with changed data (logged)
@@ -95,6 +94,8 @@ def train(config: Config, *, config_path: Optional[str | Path] = None, run_name:
     run, else the most recent one under train.out_dir). stop_at_step ends the run early
     with a checkpoint, as Ctrl-C would, while the schedule still spans train.max_steps (or
     the time budget).
+    device (--device): overrides train.device; config.yaml records it, so a resume runs where
+    the run ran (and in its precision, where train.precision is auto).
     elapsed_before: seconds already spent that count against train.time_budget (the
     command line passes the process's age, so the budget covers start-up too).
     overrides: the --set items `config` was loaded with (already applied); a
@@ -104,11 +105,13 @@ def train(config: Config, *, config_path: Optional[str | Path] = None, run_name:
     clock: seconds, for the time budget and the wall-time split (tests give a fake one).
     """
     note = explicit_steps(config, overrides)
-    request = _Request(config_path=config_path, run_name=run_name, resume=resume, device=device,
-                       progress=progress, stop_at_step=stop_at_step, allow_data_change=allow_data_change,
+    if device is not None:
+        config.train.device = device
+    request = _Request(config_path=config_path, run_name=run_name, resume=resume, progress=progress,
+                       stop_at_step=stop_at_step, allow_data_change=allow_data_change,
                        started=clock() - elapsed_before, notes=[note] if note else [], clock=clock,
                        given=tuple(item.split("=", 1)[0].strip() for item in overrides))
-    dist = init_distributed(device or config.train.device)
+    dist = init_distributed(config.train.device)
     try:
         return _train(config, request, dist)
     finally:
@@ -120,7 +123,7 @@ def _train(config: Config, request: _Request, dist: Distributed) -> TrainResult:
     point = request.resume
     if point is not None and not isinstance(point, ResumePoint):
         point = ResumePoint.find(point, request.run_name, config.train.out_dir)
-    device = select_device(request.device or config.train.device)  # a bad one fails before the folder is made
+    device = select_device(config.train.device)  # a bad one fails before the folder is made
     if dist.enabled and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
     if point is not None:

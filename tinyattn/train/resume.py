@@ -26,7 +26,8 @@ import torch
 import yaml
 
 from tinyattn import checkpoint as ckpt
-from tinyattn.config import PASS_TABLES, Config, TokenizerConfig, config_from_dict, config_to_dict, load_config
+from tinyattn.config import (PASS_TABLES, Config, TokenizerConfig, config_from_dict, config_to_dict,
+                             load_config)
 from tinyattn.data.token_cache import data_differences
 from tinyattn.errors import CheckpointError, ConfigError, StorageError
 from tinyattn.system.distributed import Distributed
