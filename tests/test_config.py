@@ -119,6 +119,34 @@ def test_a_text_field_in_a_config_file_keeps_the_text_as_typed(tmp_path, typed, 
                            ).data.revision is None  # null still means null
 
 
+def test_a_number_field_reads_its_number_in_decimal_or_refuses_another_base(tmp_path):
+    # YAML 1.1 reads 0100 as octal 64, 1:30 as 90 (base 60), 0x10 as 16: a --set and a config file
+    # (a run's config.yaml on resume too) read 0100 as 100 and refuse the others in one line
+    items = ["train.max_steps=0100", "train.seed=0777", "model.n_layer=010", "train.lr=0100.5",
+             "train.dropout_by_passes={010: 0.1}", "sample.prompt=0123"]
+    config = load_config(write(tmp_path / "c.yaml", "data:\n  files: a.txt\n"), items)
+    file = write(tmp_path / "f.yaml", "data:\n  files: a.txt\nmodel:\n  n_layer: 010\n"
+                                      "train:\n  max_steps: 0100\n  seed: 0777\n  lr: 0100.5\n"
+                                      "  dropout_by_passes: {010: 0.1}\nsample:\n  prompt: 0123\n")
+    for read in (config, load_config(file)):
+        assert (read.train.max_steps, read.train.seed, read.model.n_layer) == (100, 777, 10)
+        assert (read.train.lr, read.train.dropout_by_passes) == (100.5, {10.0: 0.1})
+        assert read.sample.prompt == "0123"  # a text field keeps its zero
+    for item, expected in [("train.warmup_steps=1:30", "an integer"), ("train.lr=0x10", "a number"),
+                           ("train.seed=0b101", "an integer")]:
+        key, value = item.split("=")
+        said = f"{key}: expected {expected} written in decimal, got {value!r}"
+        with pytest.raises(ConfigError, match=f"^--set: {re.escape(said)}$"):
+            load_config(write(tmp_path / "c.yaml", "data:\n  files: a.txt\n"), [item])
+        section, name = key.split(".")
+        path = write(tmp_path / "g.yaml", f"data:\n  files: a.txt\n{section}:\n  {name}: {value}\n")
+        with pytest.raises(ConfigError, match=f"^{re.escape(str(path))}: {re.escape(said)}$"):
+            load_config(path)
+    quoted = write(tmp_path / "q.yaml", "data:\n  files: a.txt\n  revision: '0x10'\n")
+    text = load_config(quoted, ["sample.prompt=1:30"])
+    assert (text.data.revision, text.sample.prompt) == ("0x10", "1:30")  # text stays as typed
+
+
 def test_the_last_set_of_a_key_is_the_one_that_counts(tmp_path):
     from tinyattn.config import override_value
 

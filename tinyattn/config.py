@@ -625,32 +625,61 @@ class _UniqueKeyLoader(_SAFE_LOADER):
         return super().construct_mapping(node, deep=deep)
 
 
-def _load_yaml(text: str, *, config_file: bool = False) -> Any:
+def _load_yaml(text: str, *, config_file: bool = False, set_key: str | None = None) -> Any:
     """The YAML document in text. In a config file, a field that holds text keeps a plain scalar
-    as typed, as `--set` does: `revision: 1.10` is "1.10", not 1.1 (null still means null)."""
+    as typed, as `--set` does: `revision: 1.10` is "1.10", not 1.1 (null still means null). In a
+    config file and in the value of a --set of set_key, a number field's plain scalar is read in
+    decimal (`_plain_numbers_as_written`)."""
     loader = _UniqueKeyLoader(text)
     try:
         node = loader.get_single_node()
         if config_file and node is not None:
             _plain_text_fields_as_typed(node)
+        if set_key is not None and node is not None:
+            _plain_numbers_as_written(node, set_key)
         return loader.construct_document(node) if node is not None else None
     finally:
         loader.dispose()
 
 
+# Plain scalars YAML 1.1 reads in another base than 10: 0100 (octal, 64), 1:30 (base 60, 90),
+# 0x10 (hex), 0b101 (binary). Nobody means a step count or a rate in those.
+_OTHER_BASE = re.compile(r"[-+]?0[0-9_]+|[-+]?0[xXbB][0-9a-fA-F_]*|[-+]?[0-9][0-9_]*(:[0-9_]*)+(\.[0-9_]*)?")
+
+
+def _plain_numbers_as_written(node: yaml.Node, key: str) -> None:
+    """Tag a plain scalar that YAML 1.1 would read in another base as a string, when `key` is a
+    number field (or a table of numbers: its keys and values). The field's type then reads the
+    text in decimal, as a person means it (0100 is 100, as YAML 1.2 reads it), or refuses it
+    in one line (1:30, 0x10: expected an integer written in decimal, got '1:30')."""
+    if key in _table_keys() and isinstance(node, yaml.MappingNode):
+        scalars = [part for pair in node.value for part in pair]
+    elif key in _number_keys():
+        scalars = [node]
+    else:
+        return
+    for scalar in scalars:
+        if isinstance(scalar, yaml.ScalarNode) and not scalar.style and _OTHER_BASE.fullmatch(scalar.value):
+            scalar.tag = "tag:yaml.org,2002:str"
+
+
 def _plain_text_fields_as_typed(root: yaml.Node) -> None:
     """Tag the unquoted values of text fields (section.key in _text_keys()) as strings, so that
-    they are read as written instead of as the number, date or boolean YAML would make them."""
+    they are read as written instead of as the number, date or boolean YAML would make them; and
+    the numbers of number fields YAML 1.1 would read in another base (_plain_numbers_as_written)."""
     if not isinstance(root, yaml.MappingNode):
         return
     for section, body in root.value:
         if not isinstance(section, yaml.ScalarNode) or not isinstance(body, yaml.MappingNode):
             continue
         for key, value in body.value:
-            if (isinstance(key, yaml.ScalarNode) and f"{section.value}.{key.value}" in _text_keys()
+            if not isinstance(key, yaml.ScalarNode):
+                continue
+            if (f"{section.value}.{key.value}" in _text_keys()
                     and isinstance(value, yaml.ScalarNode) and not value.style  # plain: unquoted
                     and value.value not in YAML_NULLS + ("",)):
                 value.tag = "tag:yaml.org,2002:str"
+            _plain_numbers_as_written(value, f"{section.value}.{key.value}")
 
 
 def _read_yaml(path: Path) -> dict:
@@ -728,16 +757,29 @@ def _deep_merge(base: dict, update: dict, origins: dict[str, str], origin: str, 
             origins[dotted] = origin
 
 
-@functools.cache
-def _text_keys() -> frozenset[str]:
-    """The dotted keys of fields that hold text (str, or str or null): sample.prompt, data.revision."""
-    def holds_text(tp: Any) -> bool:
-        return tp is str or (typing.get_origin(tp) in (typing.Union, types.UnionType)
-                             and [a for a in typing.get_args(tp) if a is not type(None)] == [str])
+def _keys_holding(*kinds: type) -> frozenset[str]:
+    """The dotted keys of fields of one of these types, or of one of them or null."""
+    def unless_null(tp: Any) -> Any:
+        if typing.get_origin(tp) in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            return args[0] if len(args) == 1 else tp
+        return tp
 
     return frozenset(f"{name}.{key}" for name, section in typing.get_type_hints(Config).items()
                      if dataclasses.is_dataclass(section)
-                     for key, tp in typing.get_type_hints(section).items() if holds_text(tp))
+                     for key, tp in typing.get_type_hints(section).items() if unless_null(tp) in kinds)
+
+
+@functools.cache
+def _number_keys() -> frozenset[str]:
+    """The dotted keys of fields that hold a number (int or float, or null): train.lr, train.seed."""
+    return _keys_holding(int, float)
+
+
+@functools.cache
+def _text_keys() -> frozenset[str]:
+    """The dotted keys of fields that hold text (str, or str or null): sample.prompt, data.revision."""
+    return _keys_holding(str)
 
 
 YAML_NULLS = ("null", "Null", "NULL", "~")
@@ -746,7 +788,8 @@ YAML_NULLS = ("null", "Null", "NULL", "~")
 def _parse_override(item: str) -> tuple[str, Any]:
     """(key, value) of a --set item. The value is read as YAML, but a field that holds text keeps
     the text as typed where YAML would make it something else: sample.prompt=1.10 is "1.10", not 1.1,
-    0123 not 83, yes not true, "Q: what" not a mapping (null still means null)."""
+    0123 not 83, yes not true, "Q: what" not a mapping (null still means null). A number field
+    reads its number in decimal: train.max_steps=0100 is 100, not octal 64 (_plain_numbers_as_written)."""
     if "=" not in item:
         raise ConfigError(f"--set: expected key=value (e.g. model.n_layer=8), got {item!r}")
     key, text = item.split("=", 1)
@@ -754,7 +797,7 @@ def _parse_override(item: str) -> tuple[str, Any]:
     if not key or "." not in key:
         raise ConfigError(f"--set: expected a dotted key such as train.lr, got {key!r}")
     try:
-        value = _load_yaml(text) if text.strip() else ""
+        value = _load_yaml(text, set_key=key) if text.strip() else ""
     except yaml.YAMLError:
         value = text  # not YAML: keep the string, the field's type decides
     if key in _text_keys() and not isinstance(value, str) and text.strip() not in YAML_NULLS:
@@ -824,6 +867,8 @@ def _coerce(value: Any, tp: Any, key: str, where) -> Any:
 
 
 def _type_error(where, key: str, expected: str, value: Any) -> ConfigError:
+    if isinstance(value, str) and _OTHER_BASE.fullmatch(value):
+        expected += " written in decimal"  # 1:30, 0x10: see _plain_numbers_as_written
     return ConfigError(f"{where(key)}: {key}: expected {expected}, got {show_value(value)}")
 
 
