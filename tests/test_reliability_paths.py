@@ -151,6 +151,47 @@ def test_a_run_that_fails_before_step_1_takes_back_only_the_folder_it_made(tmp_p
     assert (tmp_path / "runs" / "done" / "config.yaml").is_file()
 
 
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_stop_before_the_first_step_is_one_line_and_takes_back_the_new_runs_folder(tmp_path, monkeypatch,
+                                                                                     capsys, sig):
+    import os
+    import signal
+
+    import tinyattn.train.loop as loop
+    from tinyattn.cli.main import main
+
+    train(tiny_config(tmp_path), run_name="kept", progress=False)
+    kept = tmp_path / "runs" / "kept"
+    checkpoints = {p.name: p.read_bytes() for p in kept.glob("*.pt")}
+    prepare_data = loop.prepare_data
+
+    def stopped(*args, **kwargs):
+        os.kill(os.getpid(), getattr(signal, sig))  # Ctrl-C or SIGTERM while the data is prepared
+        return prepare_data(*args, **kwargs)
+
+    def no_handler(signum, frame):  # SIGTERM's default would end pytest instead of failing the test
+        raise AssertionError(f"{sig} reached no handler of the run's")
+
+    monkeypatch.setattr(loop, "prepare_data", stopped)
+    sets = [f"data.files={tmp_path / 'corpus.txt'}", "data.url=null", "data.sha256=null",
+            f"data.cache_dir={tmp_path / 'cache'}", f"train.out_dir={tmp_path / 'runs'}"]
+    line = f"stopped by {sig} before the first step: nothing was trained or saved"
+    previous = signal.signal(signal.SIGTERM, no_handler)
+    try:
+        capsys.readouterr()
+        assert main(["train", "--config", str(TINY), "--no-progress", "--run-name", "new",
+                     *[arg for item in sets for arg in ("--set", item)]]) == 130
+        err = capsys.readouterr().err
+        assert err.startswith(line) and err.count("\n") == 1, err  # one line, as a stop in the loop
+        assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["kept"]  # no empty "new"
+        with pytest.raises(KeyboardInterrupt, match=line):  # a resume stopped so keeps its folder
+            train(tiny_config(tmp_path, "train.max_steps=4"), run_name="kept", resume=True, progress=False)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert line in (kept / "train.log").read_text(encoding="utf-8")
+    assert {p.name: p.read_bytes() for p in kept.glob("*.pt")} == checkpoints
+
+
 @pytest.mark.parametrize("budget", ["0.5s", "1s"])  # each shorter than the measuring itself, on any machine
 def test_a_budget_too_small_for_a_step_advises_what_helps_while_a_budget_is_set(tmp_path, budget):
     from tinyattn.errors import TinyattnError

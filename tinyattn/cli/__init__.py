@@ -32,8 +32,8 @@ def run_command(command: Callable[[], int | None]) -> int:
     except TinyattnError as e:
         _to_stderr(f"error: {e}")
         return 2
-    except KeyboardInterrupt:
-        _to_stderr("interrupted")
+    except KeyboardInterrupt as e:
+        _to_stderr(str(e) or "interrupted")  # a training stopped before its first step says so
         return 130
     except BrokenPipeError:
         # The reader went away (`... | head`): stop quietly, as other command-line tools do.

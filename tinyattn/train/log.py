@@ -76,7 +76,7 @@ class RunLog:
         if isinstance(error, TinyattnError):
             RUN_LOG.error(f"error: {error}")
         elif isinstance(error, KeyboardInterrupt):
-            RUN_LOG.error("interrupted")
+            RUN_LOG.error(str(error) or "interrupted")
         elif error is not None:
             RUN_LOG.error(f"failed: {type(error).__name__}: {error}")
         self.caught.__exit__(None, None, None)
@@ -131,6 +131,10 @@ class Logger:
         self.progress = progress and enabled
         self.train_seconds, self.train_tokens = 0.0, 0
         self.first_step = trainer.step  # a resumed run's: the figures of the last line are this session's
+        if enabled:
+            # TensorBoard's import (a good part of a second) here, before the run writes its first
+            # files: a stop during it still finds a new run's folder empty, and takes it back
+            import torch.utils.tensorboard  # noqa: F401
 
     @property
     def tokens_per_second(self) -> float:

@@ -23,7 +23,9 @@ What a run guarantees:
 - A model whose training step cannot fit in the device's free memory (`model.memory`) is
   refused before the run folder is made, naming both figures.
 - Ctrl-C or SIGTERM finishes the current step, saves a checkpoint and says how to resume;
-  during the time budget's calibration it stops before step 1, with nothing to save.
+  during the time budget's calibration it stops before step 1, with nothing to save; before
+  that, or after it but before step 1, it ends the run at once (`owners.StoppedBeforeStart`),
+  and a new run takes back its folder.
   A non-finite loss stops the run naming the step; no checkpoint is written after it.
 - Under train.time_budget the whole process ends within the budget, however the machine's
   speed changes during the run (`budget.TimePlan`): the schedule follows the time left and
@@ -55,7 +57,8 @@ from tinyattn.train.budget import (Calibration, CalibrationStopped, Measured, Ti
 from tinyattn.train.finetune import InitSource, adopt_model, init_source
 from tinyattn.train.hooks import resolve_hooks
 from tinyattn.train.log import Logger, RunLog
-from tinyattn.train.owners import Checkpointer, Evaluator, LossWindow, StopRequest, Timers
+from tinyattn.train.owners import (Checkpointer, Evaluator, LossWindow, StopRequest, StoppedBeforeStart,
+                                   Timers)
 from tinyattn.train.passes import PassChoices, PassTables, choose_by_steps, entry_for
 from tinyattn.train.resume import ResumePoint, keep_user_config, open_run_folder, save_data_fingerprint
 from tinyattn.train.run_folder import remove_failed_start
@@ -111,14 +114,18 @@ def train(config: Config, *, config_path: Optional[str | Path] = None, run_name:
                        stop_at_step=stop_at_step, allow_data_change=allow_data_change,
                        started=clock() - elapsed_before, notes=[note] if note else [], clock=clock,
                        given=tuple(item.split("=", 1)[0].strip() for item in overrides))
+    # Until the first step a stop has no step to finish: it ends the run at once (the loop's turn
+    # comes with the first step), and a new run's folder goes with it.
+    stopper = StopRequest(at_once=True)
     dist = init_distributed(config.train.device)
     try:
-        return _train(config, request, dist)
+        with stopper.installed():
+            return _train(config, request, dist, stopper)
     finally:
         shutdown_distributed(dist)
 
 
-def _train(config: Config, request: _Request, dist: Distributed) -> TrainResult:
+def _train(config: Config, request: _Request, dist: Distributed, stopper: StopRequest) -> TrainResult:
     timers = Timers(request.clock)
     point = request.resume
     if point is not None and not isinstance(point, ResumePoint):
@@ -145,8 +152,8 @@ def _train(config: Config, request: _Request, dist: Distributed) -> TrainResult:
         try:
             with RunLog(run_dir, enabled=dist.is_main) as run_log:
                 return _train_in(run_dir, config, request, point=point, device=device, dist=dist,
-                                 timers=timers, source=source)
-        except TinyattnError:  # a user's mistake before step 1 leaves no folder behind
+                                 timers=timers, source=source, stopper=stopper)
+        except (TinyattnError, StoppedBeforeStart):  # a mistake or a stop before step 1 leaves no folder
             if made:
                 remove_failed_start(run_dir, run_log.path.name)
             raise
@@ -187,7 +194,7 @@ def _nothing_left(plan, train: TrainConfig, step: int) -> str:
 
 def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Optional[ResumePoint],
               device: torch.device, dist: Distributed, timers: Timers,
-              source: Optional[InitSource]) -> TrainResult:
+              source: Optional[InitSource], stopper: StopRequest) -> TrainResult:
     trainer, evaluator, data = _build(config, request, point=point, device=device, dist=dist)
     trainer.plan = plan_for(config.train, point.state if point is not None else None, request.elapsed,
                             dist=dist, device=device)
@@ -223,7 +230,7 @@ def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Option
     timers.seconds["start-up"] = request.elapsed() - timers.seconds.get("calibration", 0.0)
     try:
         signal_name, last_val = _loop(trainer, evaluator, checkpointer, log, timers=timers,
-                                      stop_at=stop_at_step or math.inf, run_dir=run_dir)
+                                      stop_at=stop_at_step or math.inf, run_dir=run_dir, stopper=stopper)
         # A stop that came during the last step (or its evaluation) left nothing undone: the run ended.
         done = trainer.plan.done(trainer.step)
         result = TrainResult(run_dir, trainer.step, trainer.tokens_seen, trainer.best_val_loss, last_val,
@@ -399,32 +406,33 @@ def _prepare_data(config: Config, dist: Distributed, progress: bool, *, point: O
 
 
 def _loop(trainer: Trainer, evaluator: Evaluator, checkpointer: Checkpointer, log: "Logger", *,
-          timers: Timers, stop_at: float, run_dir: Path) -> tuple[Optional[str], float]:
-    """Step until the plan is done, step stop_at or a stop signal; returns (the signal's name or
-    None, the last validation loss). The plan times steps, evaluations and writes apart."""
+          timers: Timers, stop_at: float, run_dir: Path,
+          stopper: StopRequest) -> tuple[Optional[str], float]:
+    """Step until the plan is done, step stop_at or a stop signal (`stopper`, installed); returns
+    (the signal's name or None, the last validation loss). The plan times steps, evaluations and
+    writes apart."""
     plan = trainer.plan
     window = LossWindow(trainer.config.log_interval, trainer.device)
-    stopper = StopRequest()
     last_val, at_eval = float("nan"), False
-    with stopper.installed():
-        plan.start()
-        while not (plan.done(trainer.step) or trainer.step >= stop_at) and stopper.signal_name is None:
-            with timers("train"):
-                loss, grad_norm = trainer.train_step()
-                window.add(loss, grad_norm)
-                plan.after_step(trainer.step)
-                at_eval = evaluator.due(trainer.step, last=plan.done(trainer.step) or trainer.step >= stop_at)
-                # Every checkpoint follows a read of the losses, whose NaN check keeps bad weights out.
-                if window.full or at_eval or stopper.signal_name is not None:
-                    losses, seconds = window.read(trainer.step, run_dir)
-                    log.train(trainer.step, losses, seconds, window.grad_norm)
-            if at_eval:
-                last_val = _evaluate(trainer, evaluator, checkpointer, log, timers)
-            if window.pending == 0:
-                window.restart()
-        if stopper.signal_name is not None and not at_eval:
-            with timers("save"), plan.measuring("save"):
-                checkpointer.save(trainer, best=False)
+    stopper.at_once = False  # from here a stop finishes the step and saves a checkpoint
+    plan.start()
+    while not (plan.done(trainer.step) or trainer.step >= stop_at) and stopper.signal_name is None:
+        with timers("train"):
+            loss, grad_norm = trainer.train_step()
+            window.add(loss, grad_norm)
+            plan.after_step(trainer.step)
+            at_eval = evaluator.due(trainer.step, last=plan.done(trainer.step) or trainer.step >= stop_at)
+            # Every checkpoint follows a read of the losses, whose NaN check keeps bad weights out.
+            if window.full or at_eval or stopper.signal_name is not None:
+                losses, seconds = window.read(trainer.step, run_dir)
+                log.train(trainer.step, losses, seconds, window.grad_norm)
+        if at_eval:
+            last_val = _evaluate(trainer, evaluator, checkpointer, log, timers)
+        if window.pending == 0:
+            window.restart()
+    if stopper.signal_name is not None and not at_eval:
+        with timers("save"), plan.measuring("save"):
+            checkpointer.save(trainer, best=False)
     return stopper.signal_name, last_val
 
 

@@ -5,7 +5,8 @@
 - `Evaluator`: the validation loss (by position), then the hooks `train.show` lists (a
   sample, loss by position, attention maps, head ablation: `tinyattn.train.hooks`).
 - `Checkpointer`: step checkpoints, pruning, `best.pt` (replaced only by a lower loss).
-- `Timers`, `StopRequest`: where the wall time went; Ctrl-C/SIGTERM as a flag.
+- `Timers`, `StopRequest`: where the wall time went; Ctrl-C/SIGTERM as a flag (before the
+  first step, `StoppedBeforeStart`: nothing to finish, the run ends at once).
 
 `Trainer` (`tinyattn.train.trainer`) owns the step; `tinyattn.train.loop` runs the loop over them.
 """
@@ -180,12 +181,24 @@ class Timers:
             self.seconds[name] = self.seconds.get(name, 0.0) + self.clock() - start
 
 
+class StoppedBeforeStart(KeyboardInterrupt):
+    """A stop signal before the run's first step: with no step to finish or save, it ends the
+    run at once; its message is the run's last line."""
+
+    def __init__(self, signal_name: str):
+        super().__init__(f"stopped by {signal_name} before the first step: nothing was trained or saved; "
+                         "run the same command again to train")
+        self.signal_name = signal_name
+
+
 class StopRequest:
     """Turns SIGINT/SIGTERM, and SIGHUP (a closed terminal) unless the run ignores it (`nohup`),
-    into a flag the loop checks after each step."""
+    into a flag the loop checks after each step. While `at_once` (before the first step: data
+    preparation, building, the first writes) a signal raises StoppedBeforeStart instead."""
 
-    def __init__(self):
+    def __init__(self, *, at_once: bool = False):
         self.signal_name: Optional[str] = None
+        self.at_once = at_once
 
     @contextmanager
     def installed(self):
@@ -194,10 +207,14 @@ class StopRequest:
 
         def handler(signum, frame):
             if self.signal_name is not None:
-                if signum == hangup:  # a closed terminal hangs up twice: its shell, then the kernel
+                # a closed terminal hangs up twice: its shell, then the kernel; before the first
+                # step the run is already ending at once, and a second signal would cut its clean-up
+                if signum == hangup or self.at_once:
                     return
                 raise KeyboardInterrupt  # a second Ctrl-C: stop now
             self.signal_name = signal.Signals(signum).name
+            if self.at_once:
+                raise StoppedBeforeStart(self.signal_name)
 
         stops = [signal.SIGINT, signal.SIGTERM]
         if hangup is not None and signal.getsignal(hangup) is not signal.SIG_IGN:
