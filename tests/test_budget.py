@@ -186,6 +186,29 @@ def test_a_finished_budget_run_resumed_says_how_to_train_on_and_that_way_works(c
     assert train(more, run_name="run", resume=True, progress=False, clock=clock).step == first.step + 5
 
 
+def test_a_resume_whose_budget_is_spent_by_its_start_up_is_refused_and_a_one_step_session_says_1_step(
+        corpus, tmp_path, monkeypatch, capsys):
+    """A run stopped near the end of its budget, resumed with a start-up that spends the rest: no
+    step fits, as for a finished run (it trained one step past the budget, "done: 1 steps")."""
+    clock = FakeClock()
+    machine = FakeMachine(monkeypatch, clock, lambda now, step: 0.25, compute=False, signal_at_step=100)
+    first = train(budget_config(corpus, tmp_path, "100s"), run_name="run", progress=False, clock=clock)
+    spent = ckpt.load_checkpoint(ckpt.latest_checkpoint(first.run_dir))["plan"]["spent"]
+    files = {p.name: p.read_bytes() for p in first.run_dir.iterdir() if p.name != "train.log"}
+    machine.signal_at_step, clock.now = None, 0.0
+    with pytest.raises(TinyattnError, match=r"^the run is at step 100, and its time budget 100s is spent \(100 s "
+                                            r"over its sessions, this one's start-up included\): no step fits; "
+                                            r"--set train\.max_steps=N with N above 100 trains on"):
+        train(budget_config(corpus, tmp_path, "100s"), run_name="run", resume=True, progress=False, clock=clock,
+              elapsed_before=100.0 - spent)
+    assert {p.name: p.read_bytes() for p in first.run_dir.iterdir() if p.name != "train.log"} == files
+    more = budget_config(corpus, tmp_path, "100s")  # what the message says: the budget is then off
+    more.train.time_budget, more.train.max_steps = None, 101
+    capsys.readouterr()
+    assert train(more, run_name="run", resume=True, progress=False, clock=clock).step == 101
+    assert "done: 1 step (step 101) in " in capsys.readouterr().err
+
+
 def test_a_run_whose_checkpoint_writes_are_slow_keeps_time_for_the_last_evaluations_two(
         corpus, tmp_path, monkeypatch):
     """The last evaluation writes its step checkpoint and, being the best so far, best.pt: the one
