@@ -194,6 +194,22 @@ def test_hub_dataset_from_a_local_folder_with_its_own_splits(tmp_path, hf_cache,
     assert result.cache_dir.name.startswith("my_dataset-char-")
 
 
+def test_a_local_dataset_folder_edited_with_its_old_file_times_is_read_anew(tmp_path, hf_cache):
+    # datasets' Arrow cache of a folder is keyed by its files' times: cp -p or touch -r kept the old text
+    folder = tmp_path / "my_dataset"
+    folder.mkdir()
+    path = write_jsonl(folder / "train.jsonl", DOCUMENTS[:15])
+    write_jsonl(folder / "validation.jsonl", DOCUMENTS[15:])
+    config = make_config(tmp_path, {"dataset": str(folder), "validation_split": "validation"})
+    prepare_data(config, progress=False)
+    times = os.stat(path)
+    edited = [d.replace("Document", "Dokument") for d in DOCUMENTS[:15]]
+    write_jsonl(path, edited)
+    os.utime(path, ns=(times.st_atime_ns, times.st_mtime_ns))
+    result = prepare_data(config, progress=False)
+    assert split_documents(result.train, result.tokenizer) == edited
+
+
 def test_hub_dataset_without_validation_split_holds_out_documents(tmp_path, hf_cache):
     folder = tmp_path / "my_dataset"
     folder.mkdir()

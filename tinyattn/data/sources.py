@@ -103,6 +103,10 @@ def _hub_source(data: DataConfig) -> Source:
         identity["files"] = [_file_identity(p) for p in sorted(local.rglob("*")) if p.is_file()
                              and not any(part.startswith(".") for part in p.relative_to(local).parts)]
     description = f"dataset {name!r}"
+    # A folder on disk is always streamed: its files are read as they are now. Without streaming
+    # datasets reuses an Arrow cache it keyed by the files' times, which cp -p or touch -r carry
+    # over to new contents (the old text trained, filed under the new text's key).
+    streaming = data.streaming or local.is_dir()
 
     def reader(split: str) -> Callable[[], DocumentParts]:
         import datasets  # imported here: it is slow to import and only data preparation needs it
@@ -110,7 +114,7 @@ def _hub_source(data: DataConfig) -> Source:
         try:
             with _library_logs_quiet():
                 dataset = datasets.load_dataset(name, data.dataset_config, split=split,
-                                                revision=data.revision, streaming=data.streaming)
+                                                revision=data.revision, streaming=streaming)
         except ConnectionError:
             raise DataError(f"data.dataset: cannot reach {name!r} on the Hugging Face Hub (offline or "
                             "no network); download it while online, or point data.files at local files"
