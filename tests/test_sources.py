@@ -107,6 +107,25 @@ def test_a_number_among_json_texts_is_one_line_naming_its_line_not_texts_turned_
         prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
 
 
+@pytest.mark.parametrize("layout", ["blank-first-lines", "dataset-folder"])
+def test_a_number_among_json_texts_is_found_after_blank_lines_and_in_a_dataset_folder(tmp_path, monkeypatch,
+                                                                                       layout):
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    lines = [json.dumps({"text": 'He said "hi".'})] * 30
+    lines[11] = json.dumps({"text": 7})
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    path = folder / "train.jsonl"
+    blank = "\n\n" if layout == "blank-first-lines" else ""
+    path.write_text(blank + "\n".join(lines) + "\n", encoding="utf-8")
+    line = 12 + blank.count("\n")
+    data = {"files": [str(path)]} if layout == "blank-first-lines" else {"dataset": str(folder)}
+    with pytest.raises(DataError, match=rf"train\.jsonl: line {line}: 'text' is a number \(7\), not text"):
+        prepare_data(make_config(tmp_path, data), progress=False)
+
+
 def test_other_json_fields_may_mix_types_the_texts_are_read_as_written(tmp_path):
     path = tmp_path / "mixed.jsonl"
     ids = [i if i < 5 else f"x{i}" for i in range(len(DOCUMENTS))]  # an id column of ints, then strings

@@ -129,11 +129,25 @@ def _hub_source(data: DataConfig) -> Source:
             raise DataError(f"data.dataset: {_first_line(e)}") from None
         except ValueError as e:  # an unknown split or config name; the message lists the valid ones
             raise DataError(f"data.dataset {name!r}: {_first_line(e)}") from None
+        if local.is_dir():  # before datasets turns every later text into JSON source text
+            problem = _json_text_of_another_type(_folder_json_files(data, split), data.text_field)
+            if problem:
+                raise DataError(problem)
         skipped = SkippedRecords(f"{description} split {split!r}", data.text_field)
         return lambda: _dataset_parts(dataset, data.text_field, description, [], "hub", skipped=skipped)
 
     slug = name.rstrip("/").rsplit("/", 1)[-1]
     return Source(description=description, name=_slug(slug), identity=identity, reader=reader)
+
+
+def _folder_json_files(data: DataConfig, split: str) -> list[Path]:
+    """The JSON files that make up `split` of a dataset folder on disk, as datasets finds them."""
+    import datasets
+
+    with _library_logs_quiet():
+        builder = datasets.load_dataset_builder(data.dataset, data.dataset_config, revision=data.revision)
+    files = (builder.config.data_files or {}).get(split, [])
+    return [Path(f) for f in files if format_suffix(Path(f)) in EXTENSIONS["json"]]
 
 
 @contextmanager
@@ -614,13 +628,17 @@ def _json_text_of_another_type(files: list[Path], text_field: str) -> Optional[s
     keys = text_field.split(".")
     for path in files:
         with _open_binary(path) as f:
+            parsed = False  # whether a line has parsed yet: blank lines before the first are skipped
             for number, raw in enumerate(_byte_lines(f), 1):
+                if not raw.strip():
+                    continue
                 try:
                     value = json.loads(raw.decode("utf-8-sig", errors="replace"))
                 except ValueError:
-                    if number == 1:
+                    if not parsed:
                         break  # not JSON lines
                     continue  # a bad line: datasets' reading names it
+                parsed = True
                 if isinstance(value, dict) and text_field in value:
                     value = value[text_field]
                 else:
