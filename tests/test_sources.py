@@ -150,6 +150,20 @@ def test_an_empty_csv_file_is_one_line_naming_it(tmp_path):
         with pytest.raises(DataError, match=rf"{tmp_path / 'b.csv'}: an empty CSV file \(not even a header row\)"):
             prepare_data(make_config(tmp_path, {"files": files}), progress=False)
 
+@pytest.mark.parametrize("name", ["train.jsonl", "train.jsonl.gz", "dataset-folder"])
+def test_an_empty_json_lines_file_is_one_line_naming_it(tmp_path, monkeypatch, name):
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    path = folder / name.replace("dataset-folder", "train.jsonl")
+    path.write_bytes(gzip.compress(b"") if name.endswith(".gz") else b"")
+    data = {"dataset": str(folder)} if name == "dataset-folder" else {"files": [str(path)]}
+    with pytest.raises(DataError, match=rf"{path}: an empty JSON lines file \(no records\); remove it"):
+        prepare_data(make_config(tmp_path, data), progress=False)
+
+
 def test_csv_without_the_text_field_lists_its_columns(tmp_path):
     path = tmp_path / "reviews.csv"
     path.write_text("id,body\n1,hello\n", encoding="utf-8")
