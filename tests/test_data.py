@@ -331,6 +331,32 @@ def test_download_over_http_and_a_missing_url(tmp_path):
         server.server_close()
 
 
+def test_a_download_cut_short_without_a_checksum_is_deleted(tmp_path):
+    class CutShort(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # announces 100000 bytes, sends 130, closes the connection
+            self.send_response(200)
+            self.send_header("Content-Length", "100000")
+            self.end_headers()
+            self.wfile.write(b"x" * 130)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), CutShort)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        target = tmp_path / "data" / "corpus.txt"
+        url = f"http://127.0.0.1:{server.server_address[1]}/corpus.txt"
+        config = make_config(tmp_path, {"files": [str(target)], "url": url})
+        with pytest.raises(DataError, match=r"corpus\.txt sent 130 bytes of the 100000 its Content-Length "
+                                            r"announced .*the download was deleted"):
+            prepare_data(config, progress=False)
+        assert not target.exists() and not leftovers(tmp_path)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 # ----------------------------------------------------------------------------- the cache
 
 

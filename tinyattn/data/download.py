@@ -25,18 +25,24 @@ def download(url: str, path: Path, *, sha256: Optional[str], size_bytes: Optiona
     received = 0
     with atomic_write(path) as out:  # a failed download or check leaves no file behind
         try:
-            with urllib.request.urlopen(url, timeout=60) as response, \
-                    tqdm(total=int(response.headers.get("Content-Length") or 0) or None, unit="B",
-                         unit_scale=True, disable=not progress, desc=f"downloading {path.name}") as bar:
-                while chunk := response.read(1 << 20):
-                    out.write(chunk)
-                    digest.update(chunk)
-                    received += len(chunk)
-                    bar.update(len(chunk))
+            with urllib.request.urlopen(url, timeout=60) as response:
+                length = int(response.headers.get("Content-Length") or 0) or None
+                with tqdm(total=length, unit="B", unit_scale=True, disable=not progress,
+                          desc=f"downloading {path.name}") as bar:
+                    while chunk := response.read(1 << 20):
+                        out.write(chunk)
+                        digest.update(chunk)
+                        received += len(chunk)
+                        bar.update(len(chunk))
         except (OSError, ValueError) as e:  # URLError, HTTPError are OSErrors; ValueError: bad URL
             reason = e.reason if type(e) is urllib.error.URLError else e
             raise DataError(f"data.url: cannot download {url} ({reason}); put the file at {path} "
                             "yourself (data.files)") from None
+        # A connection closed early ends the reading as the end of the file would (read() returns
+        # short, without an error): only the length the server announced tells them apart.
+        if length is not None and received != length:
+            raise DataError(f"data.url: {url} sent {received} bytes of the {length} its Content-Length "
+                            "announced (the connection closed early); the download was deleted")
         if size_bytes is not None and received != size_bytes:
             raise DataError(f"data.url: {url} gave {received} bytes, not data.size_bytes={size_bytes}; "
                             "the download was deleted")
