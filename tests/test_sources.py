@@ -2,6 +2,7 @@
 a large text file read in pieces, and where a download may go."""
 
 import bz2
+import contextlib
 import gzip
 import json
 import lzma
@@ -124,6 +125,35 @@ def test_a_number_among_json_texts_is_found_after_blank_lines_and_in_a_dataset_f
     data = {"files": [str(path)]} if layout == "blank-first-lines" else {"dataset": str(folder)}
     with pytest.raises(DataError, match=rf"train\.jsonl: line {line}: 'text' is a number \(7\), not text"):
         prepare_data(make_config(tmp_path, data), progress=False)
+
+
+def test_a_bad_json_line_is_found_without_reading_the_rest_of_the_file(tmp_path, monkeypatch):
+    record = json.dumps({"text": "lorem ipsum " * 10}) + "\n"
+    path = tmp_path / "big.jsonl"
+    rest = record * (3 * sources.READ_CHARS // len(record))
+    path.write_text(record + "{not json\n" + rest, encoding="utf-8")
+    bytes_read = []
+
+    class Counting:  # a file that counts the bytes read from it
+        def __init__(self, f):
+            self.f = f
+
+        def read(self, size=-1):
+            data = self.f.read(size)
+            bytes_read.append(len(data))
+            return data
+
+    open_binary = sources._open_binary
+
+    @contextlib.contextmanager
+    def counting(p):
+        with open_binary(p) as f:
+            yield Counting(f)
+
+    monkeypatch.setattr(sources, "_open_binary", counting)
+    assert sources._find_invalid_json([path]) == (
+        f"{path}: line 2 is not valid JSON (Expecting property name enclosed in double quotes at column 2)")
+    assert sum(bytes_read) <= sources.READ_CHARS < path.stat().st_size // 2
 
 
 def test_other_json_fields_may_mix_types_the_texts_are_read_as_written(tmp_path):
