@@ -355,6 +355,17 @@ def test_imported_llama_gives_equal_logits(tmp_path):
     assert max_logit_difference(loaded.model, reference, ids) < 1e-5
 
 
+def test_rope_scaling_beside_rope_parameters_is_read_first_as_transformers_reads_it(tmp_path):
+    tokenizer = tokenizer_of("bpe")
+    random_llama(tmp_path / "llama", tokenizer)  # rope_parameters' rope_theta 500
+    edit_config(tmp_path / "llama", rope_scaling={"rope_type": "default"}, rope_theta=20000.0)
+    reference = hf_model(tmp_path / "llama")  # the top-level rope_theta: rope_scaling names none
+    loaded = load_any_model(tmp_path / "llama")
+    assert loaded.config.model.rope_base == 20000.0
+    ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
+    assert max_logit_difference(loaded.model, reference, ids) < 1e-5
+
+
 def test_an_imported_folders_eos_token_ends_texts_and_survives_fine_tuning_and_export(tmp_path, corpus):
     tokenizer = tokenizer_of("bpe")
     eos = 5  # a Llama folder's "</s>": not <|endoftext|>
@@ -680,6 +691,9 @@ REFUSALS = {
                      "architectures ['MistralForCausalLM']"),
     "rope-scaling": (lambda f: edit_config(f, rope_parameters={"rope_type": "llama3", "rope_theta": 500.0,
                                                                "factor": 8.0}), "rope scaling 'llama3'"),
+    "rope-scaling-beside-parameters": (lambda f: edit_config(f, rope_scaling={"rope_type": "linear",
+                                                                              "factor": 2.0}),
+                                       "rope scaling 'linear'"),  # transformers reads rope_scaling first
     "attention-bias": (lambda f: edit_config(f, attention_bias=True), "attention_bias true"),
     "mlp-bias": (lambda f: edit_config(f, mlp_bias=True), "mlp_bias true"),
     "head-dim": (lambda f: edit_config(f, head_dim=16), "head_dim 16"),

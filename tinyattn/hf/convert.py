@@ -256,7 +256,8 @@ def model_config_from_hf(raw: dict, origin: str, *, tied: Optional[bool] = None)
     for key in ("attention_bias", "mlp_bias"):
         if raw.get(key):
             refuse(f"{key} true: tinyattn's projections have no biases")
-    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    # As transformers 5: rope_scaling replaces rope_parameters; what it omits is the top level's
+    rope = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
         refuse(f"rope scaling {rope_type!r}: only plain RoPE (rope_type default, no rope_scaling) "
