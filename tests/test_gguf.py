@@ -14,6 +14,7 @@ llama-cpp-python==0.3.36); the others need only the gguf package.
 
 import random
 import sys
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -50,9 +51,10 @@ def tokenizer_of(kind: str) -> Tokenizer:
 
 
 def random_model(tokenizer: Tokenizer, *, n_kv_head: int = 2, qk_norm: bool = False, tied: bool = True,
-                 seed: int = 0) -> LanguageModel:
-    config = ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=4, n_kv_head=n_kv_head,
-                         n_embd=32, context_length=CONTEXT, qk_norm=qk_norm, tie_embeddings=tied)
+                 seed: int = 0, vocab_size: Optional[int] = None) -> LanguageModel:
+    config = ModelConfig(vocab_size=vocab_size or tokenizer.vocab_size, n_layer=2, n_head=4,
+                         n_kv_head=n_kv_head, n_embd=32, context_length=CONTEXT, qk_norm=qk_norm,
+                         tie_embeddings=tied)
     torch.manual_seed(seed)
     model = LanguageModel(config).eval()
     with torch.no_grad():
@@ -450,6 +452,37 @@ def test_a_byte_level_tokenizer_with_a_prefix_space_is_refused_in_one_line(tmp_p
     assert str(raised.value) == ("tokenizer: a BPE tokenizer with pre-tokenizer ByteLevel: GGUF export "
                                  "writes tinyattn's char and byte-level bpe tokenizers only")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_a_model_vocab_larger_than_its_tokenizers_is_padded_with_unused_tokens(tmp_path, kind):
+    # model.vocab_size set above the tokenizer's: llama.cpp's vocabulary is its token list, as
+    # long as the embedding; convert_hf_to_gguf.py pads it with [PAD<id>] tokens, unused.
+    tokenizer = tokenizer_of(kind)
+    size = tokenizer.vocab_size + 5
+    model = random_model(tokenizer, tied=False, vocab_size=size)
+    path = export(tmp_path, model, tokenizer)
+    fields = {k: v.contents() for k, v in gguf.GGUFReader(path).fields.items()}
+    unpadded = {k: v.contents() for k, v in gguf.GGUFReader(
+        export(tmp_path, random_model(tokenizer), tokenizer, name="unpadded.gguf")).fields.items()}
+    tokens, types = fields["tokenizer.ggml.tokens"], fields["tokenizer.ggml.token_type"]
+    assert len(tokens) == len(types) == fields["llama.vocab_size"] == size
+    assert tokens[tokenizer.vocab_size:] == [f"[PAD{i}]" for i in range(tokenizer.vocab_size, size)]
+    assert set(types[tokenizer.vocab_size:]) == {gguf.TokenType.UNUSED}
+    assert (tokens[:tokenizer.vocab_size], types[:tokenizer.vocab_size]) == (
+        unpadded["tokenizer.ggml.tokens"], unpadded["tokenizer.ggml.token_type"])
+    ids = text_ids(tokenizer)
+    assert relative_difference(gguf_forward(path, ids), tinyattn_logits(model, ids)) < 1e-5
+
+
+@needs_llama_cpp
+def test_llama_cpp_loads_a_padded_vocabulary_and_gives_tinyattns_logits(tmp_path):
+    tokenizer = tokenizer_of("char")
+    model = random_model(tokenizer, vocab_size=tokenizer.vocab_size + 5)
+    ids = text_ids(tokenizer)
+    llm = load(export(tmp_path, model, tokenizer))
+    assert llm.n_vocab() == tokenizer.vocab_size + 5
+    assert relative_difference(llama_logits(llm, ids), tinyattn_logits(model, ids)) < 1e-5
 
 
 def test_bpe_merges_are_written_as_left_and_right_joined_by_one_space(tmp_path):

@@ -22,7 +22,8 @@ spelled in the GPT-2 byte alphabet (each byte one printable character):
 `<|endoftext|>` is a control token (llama.cpp matches it in text it tokenizes with special
 tokens parsed, as tinyattn always does, and stops generating at it); no BOS or EOS is added
 automatically. Any other tokenizer (a pretrained one of another design) is refused in one
-line rather than written approximately.
+line rather than written approximately. A model whose vocab_size is above its tokenizer's has
+its list padded with unused `[PAD<id>]` tokens (`padded`), as llama.cpp's converter pads.
 """
 
 from __future__ import annotations
@@ -75,6 +76,19 @@ def gguf_vocab(tokenizer: Tokenizer) -> GGUFVocab:
     raise CheckpointError(f"tokenizer: a {model.get('type', '?')} tokenizer with pre-tokenizer "
                           f"{(spec.get('pre_tokenizer') or {}).get('type')}: GGUF export writes tinyattn's "
                           "char and byte-level bpe tokenizers only")
+
+
+def padded(vocab: GGUFVocab, size: int) -> GGUFVocab:
+    """`vocab` with unused tokens `[PAD<id>]` up to `size` (a model.vocab_size set above the
+    tokenizer's, rows it never predicts): llama.cpp reads its vocabulary size from the token
+    list, which must match the embedding's rows. Its own converter pads so."""
+    names = [f"[PAD{id}]" for id in range(len(vocab.tokens), size)]
+    taken = sorted(set(names) & set(vocab.tokens))
+    if taken:  # llama.cpp would find the padding where the tokenizer's own token is
+        raise CheckpointError(f"tokenizer: its token {taken[0]!r} is the name of a padding token GGUF "
+                              "export needs for model.vocab_size; train with model.vocab_size unset")
+    return GGUFVocab(vocab.tokens + names, vocab.types + [UNUSED] * len(names), vocab.merges,
+                     vocab.end_of_text)
 
 
 def _is_char(spec: dict) -> bool:

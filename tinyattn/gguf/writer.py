@@ -45,7 +45,7 @@ import torch
 from tinyattn.config import ModelConfig
 from tinyattn.data.tokenizer import Tokenizer
 from tinyattn.errors import CheckpointError, TinyattnError
-from tinyattn.gguf.vocab import PRE_TOKENIZER, TOKENIZER_MODEL, gguf_vocab
+from tinyattn.gguf.vocab import PRE_TOKENIZER, TOKENIZER_MODEL, gguf_vocab, padded
 from tinyattn.hf.convert import norm_eps, to_hf_weights
 from tinyattn.system.storage import TEMPORARY_SUFFIX, new_file_mode, storage_errors
 from tinyattn.system.choices import GGUF_PRECISIONS
@@ -144,10 +144,10 @@ def add_metadata(writer, config: ModelConfig, *, dtype: str, name: str) -> None:
     writer.add_vocab_size(config.vocab_size)
 
 
-def add_tokenizer(writer, tokenizer: Tokenizer) -> None:
+def add_tokenizer(writer, tokenizer: Tokenizer, vocab_size: int) -> None:
     """`tokenizer.ggml.*`: byte-level BPE, <|endoftext|> as end of text, nothing added (but an
-    imported folder's bos, where its tokenizer adds it)."""
-    vocab = gguf_vocab(tokenizer)
+    imported folder's bos, where its tokenizer adds it); unused tokens up to `vocab_size`."""
+    vocab = padded(gguf_vocab(tokenizer), vocab_size)
     writer.add_tokenizer_model(TOKENIZER_MODEL)
     writer.add_tokenizer_pre(PRE_TOKENIZER)
     writer.add_token_list(vocab.tokens)
@@ -170,12 +170,12 @@ def write_gguf(state: dict[str, torch.Tensor], config: ModelConfig, tokenizer: T
     if path.is_dir() or (path.exists() and not force):
         what = "is a folder" if path.is_dir() else "exists (--force replaces it)"
         raise CheckpointError(f"{path}: {what}; expected the path of a new .gguf file")
-    if tokenizer.vocab_size != config.vocab_size:
+    if tokenizer.vocab_size > config.vocab_size:
         raise CheckpointError(f"tokenizer: {tokenizer.vocab_size} tokens but model.vocab_size is "
-                              f"{config.vocab_size}")
+                              f"{config.vocab_size}: the model has no row for some of them")
     writer = gguf.GGUFWriter(None, architecture_of(config))
     add_metadata(writer, config, dtype=dtype, name=name)
-    add_tokenizer(writer, tokenizer)
+    add_tokenizer(writer, tokenizer, config.vocab_size)
     for tensor_name, tensor in gguf_tensors(state, config).items():
         data, raw_dtype = tensor_data(tensor, dtype)
         writer.add_tensor(tensor_name, data, raw_dtype=raw_dtype)
