@@ -90,6 +90,20 @@ def test_bits_per_byte_divides_total_nats_by_the_utf8_bytes_of_the_predicted_tex
     assert result.bits_per_unit == pytest.approx(total_nats / math.log(2) / predicted_bytes)
 
 
+def test_bits_per_byte_of_a_text_counts_the_bytes_an_unknown_token_stands_for():
+    tokenizer = build_tokenizer(TokenizerConfig(kind="char"), lambda: iter(["abcd "]))
+    text = "ΩΩ abc ~é<|endoftext|>dd ßß"  # Ω, ~, é and ß unseen: each an [UNK], decoded as U+FFFD
+    tokens = np.asarray(tokenizer.encode(text))
+    assert int(np.count_nonzero(tokens == tokenizer.unknown_id)) == 6
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=1, n_head=2, n_embd=16,
+                                      context_length=16)).eval()
+    result = evaluate_tokens(model, tokenizer, tokens, batch_size=4, char_level=False, text=text)
+    predicted = text[1:].replace("<|endoftext|>", "")  # the first Ω is read, not predicted
+    assert result.units == len(predicted.encode("utf-8")) == 17
+    assert result.bits_per_unit == pytest.approx(result.loss * (len(tokens) - 1) / math.log(2) / 17)
+
+
 def test_document_separators_count_as_no_text():
     text = "ab<|endoftext|>cd"
     tokenizer = build_tokenizer(TokenizerConfig(kind="char"), lambda: iter(["abcd"]))
@@ -244,6 +258,20 @@ def test_cli_scores_a_text_file_and_plots_loss_by_position(run, tmp_path, capsys
     plot = run["run_dir"] / "loss_by_position_speech.png"
     assert f"wrote {plot}" in stdout and plot.read_bytes()[:4] == b"\x89PNG"
 
+
+
+def test_cli_bits_per_byte_of_a_text_file_count_its_own_bytes_where_a_character_is_unknown(
+        run, tmp_path, capsys):
+    from tinyattn.hf.folder import export_folder
+
+    loaded = load_model(run["run_dir"])
+    export_folder(loaded.model.state_dict(), loaded.config, loaded.tokenizer, tmp_path / "hf")
+    text = TEXT[:90] + "~~~ ΩΩ " + TEXT[:30]  # ~ and Ω: never in the corpus
+    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(tmp_path / "hf"), "--text-file",
+                                     str(tmp_path / "text.txt"), "--no-plot")
+    assert status == 0 and "scored as [UNK]: '~', 'Ω'" in stderr, stderr
+    assert f"({len(text[1:].encode('utf-8'))} bytes)" in stdout, stdout  # 5 [UNK]: not 3 bytes each
 
 
 def test_cli_a_text_files_byte_order_mark_is_not_scored(run, tmp_path, capsys):

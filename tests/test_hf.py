@@ -567,6 +567,7 @@ def test_eval_scores_an_imported_folders_text_after_its_bos_as_transformers_does
                                               tmp_path / "text.txt", "--no-plot", "--device", "cpu"], capsys)
     assert code == 0, err
     assert f": {ids.size(1)} tokens" in out  # <s> and the text's
+    assert "bits per byte       " in out and f"({len(text.encode())} bytes)" in out  # all predicted
     loss = float(next(line for line in out.splitlines() if line.startswith("loss ")).split()[1])
     assert loss == pytest.approx(theirs, abs=1e-4)
 

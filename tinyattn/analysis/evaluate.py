@@ -11,7 +11,9 @@ the standard, cheaper number that the training loop's validation loss estimates.
 - loss: mean cross-entropy in nats per predicted token; perplexity = exp(loss).
 - bits per character (character tokenizer) or per byte (any other): total nats / ln 2
   divided by the characters, or the UTF-8 bytes, of the predicted text (`<|endoftext|>`
-  separators count as no text). Unlike the loss, these compare across tokenizers.
+  separators count as no text). Given the text itself, its bytes are counted there, so an
+  unknown token counts the bytes it stands for; else in the decoded tokens (`text_units`).
+  Unlike the loss, these compare across tokenizers.
 - loss by position: the mean loss at each position 0..T-1 over the full windows. It
   shows how much prediction improves as context accumulates, and where more context
   stops helping. Its mean equals the loss over those same full windows. The table
@@ -104,11 +106,14 @@ def _position_sums(model, tokens, context_length, batch_size, max_windows=None) 
     return sums.numpy(), count
 
 
-def evaluate_tokens(model, tokenizer, tokens, batch_size: int, char_level: bool) -> Evaluation:
+def evaluate_tokens(model, tokenizer, tokens, batch_size: int, char_level: bool, *,
+                    text: Optional[str] = None) -> Evaluation:
     """Loss, perplexity, bits per character (char_level) or byte, loss by position: all windows.
 
-    tokens: a list, array or memmap of token ids. Pass the plain LanguageModel; it runs in
-    eval mode without gradients, in its own precision (the CLI loads it in fp32).
+    tokens: a list, array or memmap of token ids; text: the text they encode (after the
+    tokenizer's `text_start`), whose bytes are then counted (`predicted_text_bytes`). Pass the
+    plain LanguageModel; it runs in eval mode without gradients, in its own precision (the CLI
+    loads it in fp32).
     """
     tokens = np.asarray(tokens)
     if len(tokens) < 2:
@@ -122,7 +127,10 @@ def evaluate_tokens(model, tokenizer, tokens, batch_size: int, char_level: bool)
         with evaluation_mode(model), torch.no_grad():
             total += float(token_losses(model, *tail).double().sum())
     predicted = len(tokens) - 1
-    units = text_units(tokenizer, tokens[1:], char_level)
+    if text is None or char_level:
+        units = text_units(tokenizer, tokens[1:], char_level)
+    else:
+        units = predicted_text_bytes(tokenizer, text, tokens)
     loss = total / predicted
     by_position = sums / windows if windows else np.full(context_length, np.nan)
     return Evaluation(loss=loss, perplexity=math.exp(loss), bits_per_unit=total / math.log(2) / max(units, 1),
@@ -146,6 +154,19 @@ def text_units(tokenizer, tokens: np.ndarray, char_level: bool) -> int:
     size = sum(len(tokenizer.decode(tokens[start:start + DECODE_CHUNK]).encode("utf-8"))
                for start in range(0, len(tokens), DECODE_CHUNK))
     return size - separators * len(getattr(tokenizer, "end_of_text", END_OF_TEXT).encode("utf-8"))
+
+
+def predicted_text_bytes(tokenizer, text: str, tokens: np.ndarray) -> int:
+    """UTF-8 bytes of `text` that `tokens`, its encoding after the tokenizer's `text_start`,
+    predict: the text less what the first token reads, end-of-text separators counting as no
+    text. Counted in the text: an unknown token ([UNK]) counts the bytes of what it stands for,
+    where decoded it would count U+FFFD's 3. A first token holding part of a character
+    (byte-level BPE) counts the whole character as read: a few bytes too few, once."""
+    eot = tokenizer.eot_id
+    separators = int(np.count_nonzero(tokens[1:] == eot)) if eot is not None else 0
+    read_first = 0 if tokenizer.text_start else tokenizer.first_token_chars(text)
+    return (len(text.encode("utf-8")) - len(text[:read_first].encode("utf-8"))
+            - separators * len(getattr(tokenizer, "end_of_text", END_OF_TEXT).encode("utf-8")))
 
 
 # ----------------------------------------------------------------------------- reporting

@@ -51,12 +51,12 @@ def command(args: argparse.Namespace) -> int:
     loaded = load_any_model(args.checkpoint, select_device(args.device))
     require_causal(loaded, "tinyattn eval (a bidirectional model reads the token it predicts; "
                            "tinyattn lab causal reports its losses)")
-    tokens, source, name = _tokens(args, loaded)
+    tokens, text, source, name = _tokens(args, loaded)
     if not args.no_plot:  # a plot that cannot be written is said before the scoring, not after
         _check_plot_folder(_plot_file(args.plot, loaded.path.parent / f"loss_by_position_{name}.png"))
     batch_size = args.batch_size or loaded.config.train.batch_size
     char_level = loaded.config.tokenizer.kind == "char"
-    result = evaluate_tokens(loaded.model, loaded.tokenizer, tokens, batch_size, char_level)
+    result = evaluate_tokens(loaded.model, loaded.tokenizer, tokens, batch_size, char_level, text=text)
     _print_scores(loaded, result, len(tokens), source)
     if result.full_windows and not args.no_plot:
         _plot(args, loaded, result, source, name)
@@ -64,7 +64,8 @@ def command(args: argparse.Namespace) -> int:
 
 
 def _tokens(args: argparse.Namespace, loaded):
-    """(token ids, what they are for the report, the name of the plot's file)."""
+    """(token ids, the text they encode or None (a split), what they are for the report, the
+    name of the plot's file)."""
     import numpy as np
 
     from tinyattn.data.tokenizer import unknown_characters
@@ -81,9 +82,9 @@ def _tokens(args: argparse.Namespace, loaded):
                   f"scored as [UNK]: {shown}", file=sys.stderr)
         # An imported folder's bos first where its tokenizer adds it: the text scored as transformers would
         ids = loaded.tokenizer.text_start + ids
-        return np.asarray(ids, dtype=np.int64), str(args.text_file), args.text_file.stem
+        return np.asarray(ids, dtype=np.int64), text, str(args.text_file), args.text_file.stem
     name = args.split or "validation"
-    return _split_tokens(loaded, name), f"the {name} split", name
+    return _split_tokens(loaded, name), None, f"the {name} split", name
 
 
 def _print_scores(loaded, result, num_tokens: int, source: str) -> None:

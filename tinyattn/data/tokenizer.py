@@ -171,6 +171,12 @@ class Tokenizer:
                          if id == self._unknown_id)
         return list(found)
 
+    def first_token_chars(self, text: str) -> int:
+        """How many characters of `text` its first token reads (0 for an empty text), from the
+        offsets of an encoding of its start; a token holding some bytes of a character counts it."""
+        encoding = self._backend.encode(text[:PIECE_CHARS], add_special_tokens=False)
+        return encoding.offsets[0][1] if encoding.ids else 0
+
     def token(self, id: int) -> Optional[str]:
         """The token `id` stands for, as the vocabulary spells it ("</s>", "▁the"); None outside it."""
         return self._backend.id_to_token(int(id))
