@@ -97,6 +97,55 @@ def test_a_killed_token_cache_builds_temporary_files_go_with_the_next_build(tmp_
                                                         "validation.bin"]
 
 
+def test_a_token_cache_build_waits_for_another_processs_build_and_leaves_its_files_alone(
+        tmp_path, monkeypatch, capfd):
+    import threading
+
+    from filelock import FileLock
+
+    import tinyattn.data.token_cache as token_cache
+    from tinyattn.data.batches import prepare_data
+
+    config = tiny_config(tmp_path)
+    folder = prepare_data(config, progress=False).cache_dir
+    meta = (folder / "meta.json").read_bytes()
+    (folder / "meta.json").unlink()  # another process is building the folder again ...
+    live = folder / ".train.bin.l1ve.tmp"
+    live.write_bytes(b"\0" * 4096)  # ... and writing this file now
+    other = FileLock(folder.parent / f".{folder.name}{token_cache.BUILD_LOCK_SUFFIX}", timeout=0,
+                     thread_local=False)  # another open file: conflicts, as another process's would
+    holding = threading.Thread(target=other.acquire)  # in a thread of its own, as filelock wants
+    holding.start()
+    holding.join()
+    seen = []
+
+    def other_finishes():
+        seen.append(live.exists())  # untouched while the other process held the lock
+        live.unlink()
+        (folder / "meta.json").write_bytes(meta)  # its commit, inside its lock
+        other.release()
+
+    finishing = threading.Timer(0.3, other_finishes)
+
+    class OtherHolds(FileLock):
+        def acquire(self, *args, **kwargs):
+            if finishing.ident is None:  # the first try only
+                finishing.start()
+            return super().acquire(*args, **kwargs)
+
+    def build(*args, **kwargs):
+        raise AssertionError("built while another process built the same cache")
+
+    monkeypatch.setattr(token_cache, "FileLock", OtherHolds)
+    monkeypatch.setattr(token_cache, "LOCK_NOTE_AFTER", 0.1, raising=False)
+    monkeypatch.setattr(token_cache.TokenCache, "build", build)
+    capfd.readouterr()
+    data = prepare_data(config, progress=False)  # waits, then uses what the other process built
+    assert seen == [True] and data.cache_dir == folder and len(data.train) > 0
+    note = f"note: another process is building the token cache {folder}; waiting for it"
+    assert note in capfd.readouterr().err
+
+
 # ----------------------------------------------------------------------------- small things
 
 

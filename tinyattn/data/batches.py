@@ -51,12 +51,13 @@ def prepare_data(config: Config, *, progress: bool = True) -> TokenData:
     cache = TokenCache(source, config)
     meta = cache.trusted_meta()
     if meta is None:
-        splits = split(source, config.data)
-        meta = cache.build(splits.train, splits.validation, splits.rule, config, progress)
-        check_split_lengths(meta, config)  # before meta.json: short splits are never trusted
-        cache.commit(meta)
-    else:
-        check_split_lengths(meta, config)
+        splits = split(source, config.data)  # first: a source that cannot be read makes no cache folder
+        with cache.sole_builder() as meta:  # meta: the cache another process built while this one waited
+            if meta is None:
+                meta = cache.build(splits.train, splits.validation, splits.rule, config, progress)
+                check_split_lengths(meta, config)  # before meta.json: short splits are never trusted
+                cache.commit(meta)
+    check_split_lengths(meta, config)
     folder = cache.folder
     return TokenData(
         tokenizer=Tokenizer.from_file(folder / "tokenizer.json", config.tokenizer.end_of_text),

@@ -13,7 +13,8 @@ Every file is written under a temporary name and renamed; `meta.json` is written
 and a folder is trusted only when its `meta.json` matches the hash and the file sizes. A
 build that is interrupted, or whose splits turn out too short, leaves no `meta.json`; the
 temporary files of one that was killed are deleted by the next build (under the folder's
-build lock, so never a live build's).
+build lock, so never a live build's). A build that finds another process building the same
+folder waits for it, and uses the cache it completed.
 
 `data_fingerprint(meta)` is what a run records of the data it trained on (in each checkpoint
 and the run folder's `data.json`); `data_differences` names what changed between two of them.
@@ -42,12 +43,13 @@ from tinyattn.config import Config
 from tinyattn.data.sources import DocumentParts, Source
 from tinyattn.data.tokenizer import Tokenizer, build_tokenizer, pretrained_file
 from tinyattn.errors import DataError
-from tinyattn.system.storage import atomic_write, check_writable, remove_temporaries
+from tinyattn.system.storage import atomic_write, check_writable, remove_temporaries, storage_errors
 
 FORMAT_VERSION = 2  # bump when the layout or meaning of the cache files changes (2: checksums)
 CHECK_CHUNK_BYTES = 1 << 24  # token files are checked this many bytes at a time
 ENCODE_BATCH_CHARS = 1 << 20  # characters handed to the tokenizer at once (encoded in parallel)
 BUILD_LOCK_SUFFIX = ".build.filelock"  # `.<folder>` + this, beside it: held while building it
+LOCK_NOTE_AFTER = 2.0  # seconds a build waits for another process's build before it says so
 
 
 class TokenCache:
@@ -80,9 +82,41 @@ class TokenCache:
             return None
         return meta
 
+    @contextmanager
+    def sole_builder(self) -> Iterator[Optional[dict]]:
+        """Hold the folder's build lock for the block, which builds and commits the cache.
+
+        Another process building there is waited for (a note says so when it takes more than
+        `LOCK_NOTE_AFTER` seconds); the block then gets the meta.json of the cache it completed,
+        to use, or None: build it. Holding the lock, a killed build's temporary files
+        (`.train.bin.*.tmp`) are deleted: no other process is writing them.
+        """
+        folder = self.folder
+        check_writable(folder)  # a read-only cache folder is one line, not a traceback
+        # Beside the folder, not in it: a cache folder holds only what meta.json describes.
+        path = folder.parent / f".{folder.name}{BUILD_LOCK_SUFFIX}"
+        lock = FileLock(path, thread_local=False)
+        with storage_errors(path):
+            try:
+                lock.acquire(timeout=LOCK_NOTE_AFTER)
+                waited = False
+            except Timeout:
+                print(f"note: another process is building the token cache {folder}; waiting for it "
+                      f"(its lock: {path})", file=sys.stderr, flush=True)
+                lock.acquire(timeout=-1)
+                waited = True
+        try:
+            meta = self.trusted_meta() if waited else None  # what the other process built, if whole
+            if meta is None:
+                remove_temporaries(folder)
+            yield meta
+        finally:
+            lock.release()
+
     def build(self, train: Callable[[], DocumentParts], validation: Callable[[], DocumentParts],
               rule: str, config: Config, progress: bool) -> dict:
         """Tokenize both splits into the folder; every file but meta.json (see `commit`).
+        Only inside `sole_builder`.
 
         `train()` and `validation()` stream each split's documents anew; `rule` says how
         validation was chosen and is recorded in meta.json.
@@ -93,10 +127,8 @@ class TokenCache:
             return (text for text, _ in train())
 
         tokenizer = build_tokenizer(config.tokenizer, texts, progress=progress)
-        check_writable(folder)  # a read-only cache folder is one line, not a traceback
-        with _sole_builder(folder):
-            (folder / "meta.json").unlink(missing_ok=True)  # from here on, nothing in the folder is trusted
-            return self._write(folder, tokenizer, train, validation, rule=rule, progress=progress)
+        (folder / "meta.json").unlink(missing_ok=True)  # from here on, nothing in the folder is trusted
+        return self._write(folder, tokenizer, train, validation, rule=rule, progress=progress)
 
     def _write(self, folder: Path, tokenizer: Tokenizer, train: Callable[[], DocumentParts],
                validation: Callable[[], DocumentParts], *, rule: str, progress: bool) -> dict:
@@ -118,28 +150,9 @@ class TokenCache:
         return meta
 
     def commit(self, meta: dict) -> None:
-        """Write meta.json last: from now on the folder is trusted."""
+        """Write meta.json last, inside `sole_builder`: from now on the folder is trusted."""
         with atomic_write(self.folder / "meta.json") as f:
             f.write(json.dumps(meta, indent=2).encode())
-
-
-@contextmanager
-def _sole_builder(folder: Path) -> Iterator[None]:
-    """Hold `folder`'s build lock while the block builds; clear a killed build's temporary
-    files (`.train.bin.*.tmp`) when no other process is building there, whose files are live."""
-    # Beside the folder, not in it: a cache folder holds only what meta.json describes.
-    lock = FileLock(folder.parent / f".{folder.name}{BUILD_LOCK_SUFFIX}", timeout=0, thread_local=False)
-    try:
-        lock.acquire()
-    except Timeout:
-        lock = None  # another build runs: it writes its own files; leave them be
-    else:
-        remove_temporaries(folder)
-    try:
-        yield
-    finally:
-        if lock is not None:
-            lock.release()
 
 
 def cache_inputs(source: Source, config: Config) -> dict:
