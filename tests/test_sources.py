@@ -165,6 +165,34 @@ def test_other_json_fields_may_mix_types_the_texts_are_read_as_written(tmp_path)
     assert documents_of(result) == expected_split(DOCUMENTS)
 
 
+@pytest.mark.parametrize("shards", ["json other fields", "json first shard all null", "csv other fields"])
+def test_shards_whose_other_fields_differ_are_read_in_file_order_only_their_text_field_counts(
+        tmp_path, shards, capsys):
+    # datasets casts every file of one dataset to the first file's columns: a traceback (json) or
+    # "Schema at index 1 was different" naming no file (csv), for data that is fine.
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    first, second = DOCUMENTS[:7], DOCUMENTS[7:]
+    if shards == "csv other fields":
+        for name, header, texts in (("a.csv", "id,text", first), ("b.csv", "text,label", second)):
+            rows = [",".join([str(i), '"' + t.replace('"', '""') + '"'] if header == "id,text"
+                             else ['"' + t.replace('"', '""') + '"', "1"]) for i, t in enumerate(texts)]
+            (folder / name).write_text(header + "\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    else:
+        if shards == "json first shard all null":
+            (folder / "0.jsonl").write_text(jsonl_text([None, None]), encoding="utf-8")
+        (folder / "a.jsonl").write_text(jsonl_text(first, lambda t: {"id": 1, "text": t}), encoding="utf-8")
+        (folder / "b.jsonl").write_text(jsonl_text(second, lambda t: {"text": t, "label": [1]}),
+                                        encoding="utf-8")
+    result = prepare_data(make_config(tmp_path, {"files": [str(folder)]}), progress=False)
+    assert documents_of(result) == expected_split(DOCUMENTS)  # in file order, every tenth held out
+    if shards == "json first shard all null":
+        assert "skipped 2 of 22 records: 2 with no 'text' (null or missing)" in capsys.readouterr().err
+    limited = prepare_data(make_config(tmp_path, {"files": [str(folder)], "max_documents": 15}),
+                           progress=False)
+    assert documents_of(limited) == (DOCUMENTS[:9] + DOCUMENTS[10:15], [DOCUMENTS[9]])
+
+
 def test_csv_with_an_unclosed_quote_is_one_line(tmp_path):
     path = tmp_path / "reviews.csv"
     path.write_text('text,id\n"an unclosed quote,1\n' + "fine,2\n" * 30, encoding="utf-8")

@@ -138,7 +138,8 @@ def _hub_source(data: DataConfig) -> Source:
             if problem:
                 raise DataError(problem)
         skipped = SkippedRecords(f"{description} split {split!r}", data.text_field)
-        return lambda: _dataset_parts(dataset, data.text_field, description, [], "hub", skipped=skipped)
+        return lambda: _dataset_parts(_tables(dataset, description), data.text_field, description, [], "hub",
+                                      skipped=skipped)
 
     slug = name.rstrip("/").rsplit("/", 1)[-1]
     return Source(description=description, name=_slug(slug), identity=identity, reader=reader)
@@ -219,11 +220,18 @@ def _records_reader(data: DataConfig, files: list[Path], file_format: str,
                 problem = _json_text_of_another_type(files, data.text_field)
                 if problem:
                     raise DataError(problem)
-            dataset = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train",
-                                            streaming=True, cache_dir=str(lock_folder), **options)
+        # One dataset per file: datasets casts every file of a dataset to the first one's columns, and
+        # only the text field need agree (other fields may differ between shards, or a first shard's
+        # texts may all be null).
+        per_file = []
+        for path in files:
+            with _reading_errors(str(path), [path], file_format):
+                per_file.append((path, datasets.load_dataset(builder, data_files=[str(path)], split="train",
+                                                             streaming=True, cache_dir=str(lock_folder),
+                                                             **options)))
         skipped = SkippedRecords(description, data.text_field)
-        return lambda: _dataset_parts(dataset, data.text_field, description, files, file_format,
-                                      skipped=skipped)
+        return lambda: _dataset_parts(_file_tables(per_file, file_format), data.text_field, description,
+                                      files, file_format, skipped=skipped)
 
     return reader
 
@@ -456,19 +464,32 @@ class SkippedRecords:
               f"{' and '.join(parts)}", file=sys.stderr, flush=True)
 
 
-def _dataset_parts(dataset, text_field: str, description: str, files: list[Path],
+def _tables(dataset, where: str) -> Iterator[tuple[str, object]]:
+    """A `datasets` dataset as Arrow tables of up to 1000 rows, each with `where` they come from."""
+    for table in dataset.with_format("arrow").iter(batch_size=1000):
+        yield where, table
+
+
+def _file_tables(per_file: list[tuple[Path, object]], file_format: str) -> Iterator[tuple[str, object]]:
+    """The tables of each file's dataset in turn, in the files' order; a failure names its file."""
+    for path, dataset in per_file:
+        with _reading_errors(str(path), [path], file_format):
+            yield from _tables(dataset, str(path))
+
+
+def _dataset_parts(tables: Iterator[tuple[str, object]], text_field: str, description: str, files: list[Path],
                    file_format: str, *, skipped: SkippedRecords) -> DocumentParts:
-    """The non-empty texts of a `datasets` dataset, in order, read a batch of rows at a time;
-    each is a whole document. The records skipped are counted and said (`skipped`)."""
+    """The non-empty texts of `tables` (`_tables`, `_file_tables`), in order; each is a whole
+    document. The records skipped are counted and said (`skipped`)."""
     import pyarrow
 
     records = missing = empty = 0
     with _reading_errors(description, files, file_format):
-        for table in dataset.with_format("arrow").iter(batch_size=1000):
-            column = _text_column(table, text_field, description)
+        for where, table in tables:
+            column = _text_column(table, text_field, where)
             if not (pyarrow.types.is_string(column.type) or pyarrow.types.is_large_string(column.type)
-                    or pyarrow.types.is_string_view(column.type)):
-                raise DataError(f"data.text_field: {text_field!r} of {description} holds "
+                    or pyarrow.types.is_string_view(column.type) or pyarrow.types.is_null(column.type)):
+                raise DataError(f"data.text_field: {text_field!r} of {where} holds "
                                 f"{column.type} values, not text")
             records += len(column)
             missing += column.null_count  # a null field, or none at all: Arrow fills both with null
