@@ -446,6 +446,32 @@ def test_another_end_of_text_for_a_pretrained_tokenizer_rebuilds(tmp_path, build
     assert second.tokenizer.eot_id != first.tokenizer.eot_id and second.tokenizer.eot_id in second.train
 
 
+def test_a_pretrained_tokenizer_without_an_end_of_text_token_warns_that_documents_run_together(tmp_path,
+                                                                                               capsys):
+    import tokenizers
+
+    from tinyattn.config import TokenizerConfig
+    from tinyattn.data.tokenizer import build_tokenizer
+
+    path = write_jsonl(tmp_path / "corpus.jsonl")
+    texts = lambda: iter(["".join(DOCUMENTS)])  # noqa: E731
+    spec = json.loads(build_tokenizer(TokenizerConfig(kind="char"), texts).to_json())
+    spec["added_tokens"] = []  # a file with no <|endoftext|> ...
+    backend = tokenizers.Tokenizer.from_str(json.dumps(spec))
+    backend.add_special_tokens(["</s>"])  # ... but a special token of its own (a Llama file's)
+    backend.save(str(tmp_path / "tokenizer.json"))
+    tokenizer = {"kind": "pretrained", "path": str(tmp_path / "tokenizer.json")}
+    capsys.readouterr()
+    result = prepare_data(make_config(tmp_path, {"files": [str(path)]}, tokenizer), progress=False)
+    assert result.tokenizer.eot_id is None
+    assert (f"warning: {tmp_path / 'tokenizer.json'} has no <|endoftext|> token and tokenizer.end_of_text is "
+            "not set: the documents run together, with nothing between them; set tokenizer.end_of_text to "
+            "one of its special tokens ('</s>')") in capsys.readouterr().err
+    tokenizer["end_of_text"] = "</s>"  # named: documents are joined with it, and nothing is said
+    result = prepare_data(make_config(tmp_path, {"files": [str(path)]}, tokenizer), progress=False)
+    assert result.tokenizer.eot_id in result.train and "warning" not in capsys.readouterr().err
+
+
 def test_another_train_split_of_a_hub_dataset_rebuilds(tmp_path, builds, hf_cache):
     folder = tmp_path / "my_dataset"
     folder.mkdir()

@@ -41,7 +41,7 @@ from tqdm import tqdm
 
 from tinyattn.config import Config
 from tinyattn.data.sources import DocumentParts, Source
-from tinyattn.data.tokenizer import Tokenizer, build_tokenizer, pretrained_file
+from tinyattn.data.tokenizer import END_OF_TEXT, Tokenizer, build_tokenizer, pretrained_file
 from tinyattn.errors import DataError
 from tinyattn.system.storage import atomic_write, check_writable, remove_temporaries, storage_errors
 
@@ -128,7 +128,10 @@ class TokenCache:
 
         tokenizer = build_tokenizer(config.tokenizer, texts, progress=progress)
         (folder / "meta.json").unlink(missing_ok=True)  # from here on, nothing in the folder is trusted
-        return self._write(folder, tokenizer, train, validation, rule=rule, progress=progress)
+        meta = self._write(folder, tokenizer, train, validation, rule=rule, progress=progress)
+        if tokenizer.eot_id is None and max(meta["train_documents"], meta["validation_documents"]) > 1:
+            print(_run_together_warning(config, tokenizer), file=sys.stderr, flush=True)
+        return meta
 
     def _write(self, folder: Path, tokenizer: Tokenizer, train: Callable[[], DocumentParts],
                validation: Callable[[], DocumentParts], *, rule: str, progress: bool) -> dict:
@@ -153,6 +156,16 @@ class TokenCache:
         """Write meta.json last, inside `sole_builder`: from now on the folder is trusted."""
         with atomic_write(self.folder / "meta.json") as f:
             f.write(json.dumps(meta, indent=2).encode())
+
+
+def _run_together_warning(config: Config, tokenizer: Tokenizer) -> str:
+    """A pretrained file with no `<|endoftext|>` and no tokenizer.end_of_text: nothing joins documents."""
+    specials = [tokenizer.token(i) for i in sorted(tokenizer.special_ids - {tokenizer.unknown_id})]
+    candidates = (f"one of its special tokens ({', '.join(repr(t) for t in specials)})" if specials
+                  else "a token it has (it has no special tokens)")
+    return (f"warning: {pretrained_file(config.tokenizer.path)} has no {END_OF_TEXT} token and "
+            "tokenizer.end_of_text is not set: the documents run together, with nothing between them; "
+            f"set tokenizer.end_of_text to {candidates}")
 
 
 def cache_inputs(source: Source, config: Config) -> dict:
