@@ -241,6 +241,34 @@ def test_a_stop_before_the_first_step_is_one_line_and_takes_back_the_new_runs_fo
     assert {p.name: p.read_bytes() for p in kept.glob("*.pt")} == checkpoints
 
 
+def test_a_stop_after_the_first_write_but_before_step_1_saves_a_checkpoint_the_folder_resumes_from(
+        tmp_path, monkeypatch):
+    # Once config.yaml, tokenizer.json and TensorBoard's files are written, "nothing was saved"
+    # would be false and the folder is no longer a failed start: the stop saves the starting weights.
+    import os
+    import signal
+
+    from tinyattn.train.log import Logger
+
+    start = Logger.start
+
+    def stopped(self, point):
+        start(self, point)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(Logger, "start", stopped)
+    try:
+        result = train(tiny_config(tmp_path, "train.max_steps=4"), run_name="early", progress=False)
+    except KeyboardInterrupt as e:  # StoppedBeforeStart: "nothing was saved", beside the files written
+        pytest.fail(f"ended at once after the first writes: {e}")
+    run = tmp_path / "runs" / "early"
+    assert result.interrupted and result.step == 0
+    assert (run / "step_0000000.pt").is_file()
+    monkeypatch.setattr(Logger, "start", start)
+    resumed = train(tiny_config(tmp_path, "train.max_steps=4"), run_name="early", resume=True, progress=False)
+    assert resumed.step == 4 and not resumed.interrupted
+
+
 @pytest.mark.parametrize("budget", ["0.5s", "1s"])  # each shorter than the measuring itself, on any machine
 def test_a_budget_too_small_for_a_step_advises_what_helps_while_a_budget_is_set(tmp_path, budget):
     from tinyattn.errors import TinyattnError

@@ -24,8 +24,9 @@ What a run guarantees:
   refused before the run folder is made, naming both figures.
 - Ctrl-C or SIGTERM finishes the current step, saves a checkpoint and says how to resume;
   during the time budget's calibration it stops before step 1, with nothing to save; before
-  that, or after it but before step 1, it ends the run at once (`owners.StoppedBeforeStart`),
-  and a new run takes back its folder.
+  that, or after it until the run's first write, it ends the run at once
+  (`owners.StoppedBeforeStart`), and a new run takes back its folder; from the first write on
+  a stop before step 1 saves the weights the run starts from, so its folder resumes.
   A non-finite loss stops the run naming the step; no checkpoint is written after it.
 - Under train.time_budget the whole process ends within the budget, however the machine's
   speed changes during the run (`budget.TimePlan`): the schedule follows the time left and
@@ -231,6 +232,9 @@ def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Option
 
     checkpointer = Checkpointer(run_dir, config, data.tokenizer, dist)
     checkpointer.run_state["data"] = data.fingerprint  # what every checkpoint says it trained on
+    # From the first write on a stop finishes what is under way and saves a checkpoint (before any
+    # step, of the weights the run starts from), so the folder it leaves can be resumed.
+    stopper.at_once = False
     if dist.is_main:  # written only now that training can start: a failed command changes nothing
         if point is not None and point.forks_into(run_dir):
             point.fork_into(run_dir)
@@ -428,7 +432,6 @@ def _loop(trainer: Trainer, evaluator: Evaluator, checkpointer: Checkpointer, lo
     plan = trainer.plan
     window = LossWindow(trainer.config.log_interval, trainer.device)
     last_val, at_eval = float("nan"), False
-    stopper.at_once = False  # from here a stop finishes the step and saves a checkpoint
     plan.start()
     while not (plan.done(trainer.step) or trainer.step >= stop_at) and stopper.signal_name is None:
         with timers("train"):
