@@ -146,6 +146,31 @@ def test_a_token_cache_build_waits_for_another_processs_build_and_leaves_its_fil
     assert note in capfd.readouterr().err
 
 
+def test_a_cache_another_process_completed_just_before_the_lock_was_taken_is_used_not_built_again(
+        tmp_path, monkeypatch):
+    # The other build committed between this process's first look (no cache yet) and its lock,
+    # which it then took at once, without waiting: what is there now is used.
+    import tinyattn.data.token_cache as token_cache
+    from tinyattn.data.batches import prepare_data
+
+    config = tiny_config(tmp_path)
+    folder = prepare_data(config, progress=False).cache_dir
+    trusted_meta = token_cache.TokenCache.trusted_meta
+    looks = []
+
+    def first_look_finds_nothing(self, **kwargs):
+        looks.append(kwargs)
+        return None if len(looks) == 1 else trusted_meta(self, **kwargs)
+
+    def build(*args, **kwargs):
+        raise AssertionError("built again a cache another process had completed")
+
+    monkeypatch.setattr(token_cache.TokenCache, "trusted_meta", first_look_finds_nothing)
+    monkeypatch.setattr(token_cache.TokenCache, "build", build)
+    data = prepare_data(config, progress=False)
+    assert data.cache_dir == folder and len(data.train) > 0 and len(looks) == 2
+
+
 # ----------------------------------------------------------------------------- small things
 
 

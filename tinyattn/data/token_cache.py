@@ -61,8 +61,9 @@ class TokenCache:
         name = f"{source.name}-{_tokenizer_slug(config)}-{self.key[:12]}"
         self.folder = Path(config.data.cache_dir).resolve() / name
 
-    def trusted_meta(self) -> Optional[dict]:
-        """meta.json of a complete cache built from this key, or None if anything is off."""
+    def trusted_meta(self, *, quiet: bool = False) -> Optional[dict]:
+        """meta.json of a complete cache built from this key, or None if anything is off (damage
+        found in its files is said in a warning, unless `quiet`)."""
         folder = self.folder
         try:
             meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
@@ -78,7 +79,8 @@ class TokenCache:
         except (OSError, ValueError, KeyError, TypeError):
             return None
         if damage:
-            print(f"warning: {damage}; rebuilding the token cache", file=sys.stderr, flush=True)
+            if not quiet:
+                print(f"warning: {damage}; rebuilding the token cache", file=sys.stderr, flush=True)
             return None
         return meta
 
@@ -87,7 +89,8 @@ class TokenCache:
         """Hold the folder's build lock for the block, which builds and commits the cache.
 
         Another process building there is waited for (a note says so when it takes more than
-        `LOCK_NOTE_AFTER` seconds); the block then gets the meta.json of the cache it completed,
+        `LOCK_NOTE_AFTER` seconds). The block then gets the meta.json of a cache another process
+        completed, waited for or not (it may have committed just before this one took the lock),
         to use, or None: build it. Holding the lock, a killed build's temporary files
         (`.train.bin.*.tmp`) are deleted: no other process is writing them.
         """
@@ -106,7 +109,8 @@ class TokenCache:
                 lock.acquire(timeout=-1)
                 waited = True
         try:
-            meta = self.trusted_meta() if waited else None  # what the other process built, if whole
+            # What another process built, if whole; damage the caller's check found is not said twice.
+            meta = self.trusted_meta(quiet=not waited)
             if meta is None:
                 remove_temporaries(folder)
             yield meta
