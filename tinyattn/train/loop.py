@@ -232,9 +232,7 @@ def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Option
 
     checkpointer = Checkpointer(run_dir, config, data.tokenizer, dist)
     checkpointer.run_state["data"] = data.fingerprint  # what every checkpoint says it trained on
-    # From the first write on a stop finishes what is under way and saves a checkpoint (before any
-    # step, of the weights the run starts from), so the folder it leaves can be resumed.
-    stopper.at_once = False
+    stopper.at_once = False  # from the first write a stop saves a checkpoint: the folder resumes
     if dist.is_main:  # written only now that training can start: a failed command changes nothing
         if point is not None and point.forks_into(run_dir):
             point.fork_into(run_dir)
