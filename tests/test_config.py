@@ -147,6 +147,28 @@ def test_a_number_field_reads_its_number_in_decimal_or_refuses_another_base(tmp_
     assert (text.data.revision, text.sample.prompt) == ("0x10", "1:30")  # text stays as typed
 
 
+def test_a_number_under_by_precision_reads_in_decimal_or_refuses_another_base(tmp_path):
+    # by_precision.<precision> holds the same fields one level deeper: 010 is 10 there too, and
+    # 0x10 is refused, in a config file and in a --set
+    from tinyattn.config import for_precision
+
+    file = write(tmp_path / "p.yaml", "data:\n  files: a.txt\nby_precision:\n  fp32:\n"
+                                      "    train: {eval_interval: 010, warmup_steps: 0100}\n")
+    given = load_config(write(tmp_path / "c.yaml", "data:\n  files: a.txt\n"),
+                        ["by_precision.fp32.train.eval_interval=010",
+                         "by_precision.fp32.train.warmup_steps=0100"])
+    for read in (load_config(file), given):
+        train = for_precision(read, "fp32")[0].train
+        assert (train.eval_interval, train.warmup_steps) == (10, 100)
+    said = "by_precision.fp32: train.lr: expected a number written in decimal, got '0x10'"
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        load_config(write(tmp_path / "h.yaml", "data:\n  files: a.txt\nby_precision:\n  fp32:\n"
+                                               "    train: {lr: 0x10}\n"))
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        load_config(write(tmp_path / "c.yaml", "data:\n  files: a.txt\n"),
+                    ["by_precision.fp32.train.lr=0x10"])
+
+
 def test_the_last_set_of_a_key_is_the_one_that_counts(tmp_path):
     from tinyattn.config import override_value
 

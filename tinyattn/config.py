@@ -651,7 +651,11 @@ def _plain_numbers_as_written(node: yaml.Node, key: str) -> None:
     """Tag a plain scalar that YAML 1.1 would read in another base as a string, when `key` is a
     number field (or a table of numbers: its keys and values). The field's type then reads the
     text in decimal, as a person means it (0100 is 100, as YAML 1.2 reads it), or refuses it
-    in one line (1:30, 0x10: expected an integer written in decimal, got '1:30')."""
+    in one line (1:30, 0x10: expected an integer written in decimal, got '1:30'). A key under
+    by_precision.<precision> is its field's (by_precision.fp32.train.lr: train.lr)."""
+    parts = key.split(".")
+    if len(parts) == 4 and parts[0] == "by_precision":
+        key = ".".join(parts[2:])
     if key in _table_keys() and isinstance(node, yaml.MappingNode):
         scalars = [part for pair in node.value for part in pair]
     elif key in _number_keys():
@@ -667,19 +671,30 @@ def _plain_text_fields_as_typed(root: yaml.Node) -> None:
     """Tag the unquoted values of text fields (section.key in _text_keys()) as strings, so that
     they are read as written instead of as the number, date or boolean YAML would make them; and
     the numbers of number fields YAML 1.1 would read in another base (_plain_numbers_as_written)."""
-    if not isinstance(root, yaml.MappingNode):
-        return
-    for section, body in root.value:
-        if not isinstance(section, yaml.ScalarNode) or not isinstance(body, yaml.MappingNode):
-            continue
-        for key, value in body.value:
-            if not isinstance(key, yaml.ScalarNode):
-                continue
-            if (f"{section.value}.{key.value}" in _text_keys()
-                    and isinstance(value, yaml.ScalarNode) and not value.style  # plain: unquoted
-                    and value.value not in YAML_NULLS + ("",)):
-                value.tag = "tag:yaml.org,2002:str"
-            _plain_numbers_as_written(value, f"{section.value}.{key.value}")
+    for section, body in _mapping_items(root):
+        if section.value == "by_precision":  # precision -> section -> key, the same fields
+            for _, sections in _mapping_items(body):
+                for inner, inner_body in _mapping_items(sections):
+                    _tag_fields(inner.value, inner_body)
+        else:
+            _tag_fields(section.value, body)
+
+
+def _mapping_items(node: yaml.Node) -> list[tuple[yaml.ScalarNode, yaml.Node]]:
+    """The (scalar key, value) pairs of a YAML mapping node; none for anything else."""
+    if not isinstance(node, yaml.MappingNode):
+        return []
+    return [(key, value) for key, value in node.value if isinstance(key, yaml.ScalarNode)]
+
+
+def _tag_fields(section: str, body: yaml.Node) -> None:
+    """`_plain_text_fields_as_typed` for one section's mapping."""
+    for key, value in _mapping_items(body):
+        if (f"{section}.{key.value}" in _text_keys()
+                and isinstance(value, yaml.ScalarNode) and not value.style  # plain: unquoted
+                and value.value not in YAML_NULLS + ("",)):
+            value.tag = "tag:yaml.org,2002:str"
+        _plain_numbers_as_written(value, f"{section}.{key.value}")
 
 
 def _read_yaml(path: Path) -> dict:
