@@ -2,6 +2,7 @@
 
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -1214,16 +1215,17 @@ def test_a_time_budget_given_to_a_resumed_step_count_run_is_refused_and_a_config
         corpus, tmp_path, capsys):
     # A step count cannot become a time plan on resume (the plan is measured at a run's start): the
     # budget given for it is refused, and a --config file's is off, as config.yaml then records.
-    train(tiny_config(corpus, tmp_path, "train.max_steps=4", "train.eval_interval=2"), run_name="steps",
+    train(tiny_config(corpus, tmp_path, "train.max_steps=4", "train.eval_interval=2"), run_name="the steps",
           stop_at_step=2, progress=False)
     capsys.readouterr()
-    run = tmp_path / "steps"
+    run = tmp_path / "the steps"  # a space: the advice's path is quoted for the shell
     written = (run / "config.yaml").read_bytes()
     code, err = run_main(["--resume", str(run), "--no-progress", "--set", "train.time_budget=5m"], capsys)
     assert code == 2 and err.count("\n") == 1, err
     assert err.startswith(f"error: train.time_budget 5m (--set): the run {run} trains a step count "
                           "(train.max_steps 4), which a resume continues")
     assert "--set train.max_steps=N" in err and (run / "config.yaml").read_bytes() == written
+    assert shlex.split(err.rsplit(" with ", 1)[1]) == ["--set", f"train.init_from={run / 'step_0000002.pt'}"]
     assert ckpt.latest_checkpoint(run).name == "step_0000002.pt"
     budgeted = tmp_path / "budgeted.yaml"
     budgeted.write_text(f"extends: {TINY}\ntrain:\n  time_budget: 30s\n  max_steps: 4\n  eval_interval: 2\n",

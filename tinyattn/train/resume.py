@@ -218,7 +218,7 @@ class ResumePoint:
             f"train.time_budget {budget} ({source}): the run {run} trains a step count (train.max_steps "
             f"{self.config.train.max_steps}), which a resume continues: a time budget is planned at a run's "
             f"start. Resume without it (--set train.max_steps=N changes the count), or start a new run from "
-            f"these weights with train.init_from={self.file}")
+            f"these weights with --set {quoted(f'train.init_from={self.file}')}")
 
     def _check_tokenizer_settings(self, config: Config) -> None:
         """Refuse another tokenizer kind (or BPE size) before any data is read: the model learned
