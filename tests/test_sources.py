@@ -222,6 +222,28 @@ def test_an_empty_json_lines_file_is_one_line_naming_it(tmp_path, monkeypatch, n
         prepare_data(make_config(tmp_path, data), progress=False)
 
 
+@pytest.mark.parametrize("empty", ["a.jsonl", "b.jsonl", "b.jsonl.gz"])
+def test_an_empty_json_lines_file_among_others_is_zero_records_only_all_empty_is_refused(tmp_path, empty):
+    # each file is its own dataset, so an empty one that is not first must not stop the corpus
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    names = ["a.jsonl", "b.jsonl", "c.jsonl"]
+    names[names.index(empty.removesuffix(".gz"))] = empty
+    texts = iter([DOCUMENTS[:12], DOCUMENTS[12:]])
+    for name in names:
+        if name == empty:
+            (folder / name).write_bytes(gzip.compress(b"") if name.endswith(".gz") else b"")
+        else:
+            (folder / name).write_text(jsonl_text(next(texts)), encoding="utf-8")
+    result = prepare_data(make_config(tmp_path, {"files": [str(folder)]}), progress=False)
+    assert documents_of(result) == expected_split(DOCUMENTS)
+    (folder / "a.jsonl").write_bytes(b"")
+    (folder / "c.jsonl").write_bytes(b"")
+    (folder / "b.jsonl").unlink(missing_ok=True)
+    with pytest.raises(DataError, match=rf"^{folder / 'a.jsonl'}: an empty JSON lines file \(no records\)"):
+        prepare_data(make_config(tmp_path, {"files": [str(folder)]}), progress=False)
+
+
 def test_csv_without_the_text_field_lists_its_columns(tmp_path):
     path = tmp_path / "reviews.csv"
     path.write_text("id,body\n1,hello\n", encoding="utf-8")

@@ -213,27 +213,40 @@ def _records_reader(data: DataConfig, files: list[Path], file_format: str,
         import datasets
 
         # Streaming reads the files lazily, so nothing is copied into an Arrow cache; datasets
-        # still leaves a lock file per corpus in cache_dir, which is kept beside our caches.
-        # It does read the start of the first file, to learn the columns.
+        # still leaves a lock file per file (each is its own dataset) in cache_dir, kept beside our
+        # caches. It does read the start of each file, to learn its columns.
         with _reading_errors(description, files, file_format):
             if file_format == "json":  # before datasets turns every later text into JSON source text
                 problem = _json_text_of_another_type(files, data.text_field)
                 if problem:
                     raise DataError(problem)
-        # One dataset per file: datasets casts every file of a dataset to the first one's columns, and
-        # only the text field need agree (other fields may differ between shards, or a first shard's
-        # texts may all be null).
-        per_file = []
-        for path in files:
-            with _reading_errors(str(path), [path], file_format):
-                per_file.append((path, datasets.load_dataset(builder, data_files=[str(path)], split="train",
-                                                             streaming=True, cache_dir=str(lock_folder),
-                                                             **options)))
+        per_file = _per_file_datasets(files, file_format, lambda path: datasets.load_dataset(
+            builder, data_files=[str(path)], split="train", streaming=True, cache_dir=str(lock_folder),
+            **options))
         skipped = SkippedRecords(description, data.text_field)
         return lambda: _dataset_parts(_file_tables(per_file, file_format), data.text_field, description,
                                       files, file_format, skipped=skipped)
 
     return reader
+
+
+def _per_file_datasets(files: list[Path], file_format: str,
+                       load: Callable[[Path], object]) -> list[tuple[Path, object]]:
+    """Each file as its own streamed dataset (`load(path)`), in the files' order: datasets casts every
+    file of a dataset to the first one's columns, and only the text field need agree (other fields may
+    differ between shards, or a first shard's texts may all be null). An empty JSON file among others
+    is zero records, left out (datasets cannot learn columns from it); only a split of nothing but
+    empty JSON files is refused."""
+    per_file = []
+    for path in files:
+        with _reading_errors(str(path), [path], file_format):
+            try:
+                per_file.append((path, load(path)))
+            except StopIteration:  # datasets' JSON builder found no record to learn the columns from
+                continue
+    if files and not per_file:
+        raise DataError(f"{files[0]}: an empty JSON lines file (no records); remove it, or give it records")
+    return per_file
 
 
 # ----------------------------------------------------------------------------- files and formats
