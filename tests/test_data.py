@@ -210,6 +210,22 @@ def test_a_local_dataset_folder_edited_with_its_old_file_times_is_read_anew(tmp_
     assert split_documents(result.train, result.tokenizer) == edited
 
 
+@pytest.mark.parametrize("shards", ["other fields differ", "an empty shard"])
+def test_a_local_dataset_folder_reads_each_shard_as_its_own_dataset_in_file_order(tmp_path, hf_cache, shards):
+    # one dataset of all its files cast each to the first one's columns: a CastError traceback
+    folder = tmp_path / "my_dataset"
+    folder.mkdir()
+    write_jsonl(folder / "a.jsonl", DOCUMENTS[:7])  # {text, id}
+    if shards == "an empty shard":
+        (folder / "b.jsonl").write_bytes(b"")
+    with open(folder / "c.jsonl", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"text": text, "label": ["x"]}) + "\n" for text in DOCUMENTS[7:])
+    result = prepare_data(make_config(tmp_path, {"dataset": str(folder)}), progress=False)
+    train, validation = (split_documents(r, result.tokenizer) for r in (result.train, result.validation))
+    assert (train, validation) == ([d for i, d in enumerate(DOCUMENTS) if i not in HELD_OUT],
+                                   [DOCUMENTS[i] for i in HELD_OUT])
+
+
 def test_hub_dataset_without_validation_split_holds_out_documents(tmp_path, hf_cache):
     folder = tmp_path / "my_dataset"
     folder.mkdir()

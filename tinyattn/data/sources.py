@@ -103,18 +103,17 @@ def _hub_source(data: DataConfig) -> Source:
         identity["files"] = [_file_identity(p) for p in sorted(local.rglob("*")) if p.is_file()
                              and not any(part.startswith(".") for part in p.relative_to(local).parts)]
     description = f"dataset {name!r}"
-    # A folder on disk is always streamed: its files are read as they are now. Without streaming
-    # datasets reuses an Arrow cache it keyed by the files' times, which cp -p or touch -r carry
-    # over to new contents (the old text trained, filed under the new text's key).
-    streaming = data.streaming or local.is_dir()
 
     def reader(split: str) -> Callable[[], DocumentParts]:
         import datasets  # imported here: it is slow to import and only data preparation needs it
 
         try:
             with _library_logs_quiet():
-                dataset = datasets.load_dataset(name, data.dataset_config, split=split,
-                                                revision=data.revision, streaming=streaming)
+                if local.is_dir():
+                    per_file, file_format = _folder_datasets(data, split)
+                else:
+                    dataset = datasets.load_dataset(name, data.dataset_config, split=split,
+                                                    revision=data.revision, streaming=data.streaming)
         except ConnectionError:
             raise DataError(f"data.dataset: cannot reach {name!r} on the Hugging Face Hub (offline or "
                             "no network); download it while online, or point data.files at local files"
@@ -128,16 +127,14 @@ def _hub_source(data: DataConfig) -> Source:
         except FileNotFoundError as e:
             raise DataError(f"data.dataset: {_first_line(e)}") from None
         except StopIteration:  # datasets' JSON builder found no record to learn the columns from
-            empty = _first_empty_file([Path(f[0]) for f in identity.get("files", [])])
-            raise DataError(f"data.dataset: {empty or name}: an empty JSON lines file (no records); "
+            raise DataError(f"data.dataset: {name}: an empty JSON lines file (no records); "
                             "remove it, or give it records") from None
         except ValueError as e:  # an unknown split or config name; the message lists the valid ones
             raise DataError(f"data.dataset {name!r}: {_first_line(e)}") from None
-        if local.is_dir():  # before datasets turns every later text into JSON source text
-            problem = _json_text_of_another_type(_folder_json_files(data, split), data.text_field)
-            if problem:
-                raise DataError(problem)
         skipped = SkippedRecords(f"{description} split {split!r}", data.text_field)
+        if local.is_dir():
+            return lambda: _dataset_parts(_file_tables(per_file, file_format), data.text_field, description,
+                                          [], file_format, skipped=skipped)
         return lambda: _dataset_parts(_tables(dataset, description), data.text_field, description, [], "hub",
                                       skipped=skipped)
 
@@ -145,14 +142,29 @@ def _hub_source(data: DataConfig) -> Source:
     return Source(description=description, name=_slug(slug), identity=identity, reader=reader)
 
 
-def _folder_json_files(data: DataConfig, split: str) -> list[Path]:
-    """The JSON files that make up `split` of a dataset folder on disk, as datasets finds them."""
+def _folder_datasets(data: DataConfig, split: str) -> tuple[list[tuple[Path, object]], str]:
+    """The data files of `split` of a dataset folder on disk, as datasets finds them, each its own
+    streamed dataset as data.files reads them (`_per_file_datasets`), and their builder's format
+    (json, csv, parquet, text): one dataset of them all would cast every file to the first one's
+    columns while it is read, a CastError traceback for shards whose other fields differ. A folder
+    is always streamed, its files read as they are now: without streaming datasets reuses an Arrow
+    cache it keyed by the files' times, which cp -p or touch -r carry over to new contents (the old
+    text trained, filed under the new text's key)."""
     import datasets
 
-    with _library_logs_quiet():
-        builder = datasets.load_dataset_builder(data.dataset, data.dataset_config, revision=data.revision)
-    files = (builder.config.data_files or {}).get(split, [])
-    return [Path(f) for f in files if format_suffix(Path(f)) in EXTENSIONS["json"]]
+    builder = datasets.load_dataset_builder(data.dataset, data.dataset_config, revision=data.revision)
+    data_files = builder.config.data_files or {}
+    if split not in data_files:  # datasets' own words for it
+        raise ValueError(f"Bad split: {split}. Available splits: {[str(s) for s in data_files]}")
+    files = [Path(f) for f in data_files[split]]
+    # before datasets turns every later text into JSON source text
+    problem = _json_text_of_another_type([p for p in files if format_suffix(p) in EXTENSIONS["json"]],
+                                         data.text_field)
+    if problem:
+        raise DataError(problem)
+    return _per_file_datasets(files, builder.name, lambda path: datasets.load_dataset(
+        data.dataset, data.dataset_config, data_files={split: [str(path)]}, split=split,
+        revision=data.revision, streaming=True)), builder.name
 
 
 @contextmanager
