@@ -147,6 +147,13 @@ def test_a_number_field_reads_its_number_in_decimal_or_refuses_another_base(tmp_
     assert (text.data.revision, text.sample.prompt) == ("0x10", "1:30")  # text stays as typed
 
 
+def test_a_negative_number_with_a_leading_zero_reads_in_decimal_too(tmp_path):
+    # YAML 1.1 reads -010 as octal -8: the sign does not change the base a person means
+    path = write(tmp_path / "c.yaml", "data:\n  files: a.txt\n")
+    with pytest.raises(ConfigError, match=r"^--set: train\.seed: -10 is not accepted"):
+        load_config(path, ["train.seed=-010"])
+
+
 def test_a_number_under_by_precision_reads_in_decimal_or_refuses_another_base(tmp_path):
     # by_precision.<precision> holds the same fields one level deeper: 010 is 10 there too, and
     # 0x10 is refused, in a config file and in a --set

@@ -488,6 +488,24 @@ def test_a_pretrained_tokenizer_without_an_end_of_text_token_warns_that_document
     assert result.tokenizer.eot_id in result.train and "warning" not in capsys.readouterr().err
 
 
+def test_a_pretrained_tokenizer_without_an_end_of_text_token_says_nothing_of_a_single_document(tmp_path,
+                                                                                                capsys):
+    from tinyattn.config import TokenizerConfig
+    from tinyattn.data.tokenizer import build_tokenizer
+
+    path = tmp_path / "book.txt"
+    path.write_text("".join(DOCUMENTS), encoding="utf-8")  # one document: nothing to run together
+    texts = lambda: iter(["".join(DOCUMENTS)])  # noqa: E731
+    spec = json.loads(build_tokenizer(TokenizerConfig(kind="char"), texts).to_json())
+    spec["added_tokens"] = []  # a file with no <|endoftext|>
+    tokenizers.Tokenizer.from_str(json.dumps(spec)).save(str(tmp_path / "tokenizer.json"))
+    capsys.readouterr()
+    result = prepare_data(make_config(tmp_path, {"files": [str(path)]},
+                                      {"kind": "pretrained", "path": str(tmp_path / "tokenizer.json")}),
+                          progress=False)
+    assert result.tokenizer.eot_id is None and "warning" not in capsys.readouterr().err
+
+
 def test_another_train_split_of_a_hub_dataset_rebuilds(tmp_path, builds, hf_cache):
     folder = tmp_path / "my_dataset"
     folder.mkdir()
@@ -678,6 +696,15 @@ def test_validation_split_too_short(tmp_path):
     message = assert_one_line_error(
         tmp_path, config, r"the validation split has \d+ tokens, fewer than model\.context_length \+ 1 = 65")
     assert "data.validation_fraction (now 0.1)" in message and "smaller model.context_length" in message
+
+
+def test_a_trusted_cache_too_short_for_a_longer_context_length_is_refused_too(tmp_path):
+    path = tmp_path / "short.txt"
+    path.write_text("".join(DOCUMENTS[:3]), encoding="utf-8")  # about 300 characters: 30 held out
+    prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)  # built and trusted
+    assert trusted_caches(tmp_path)
+    with pytest.raises(DataError, match=r"the validation split has \d+ tokens, fewer than model\.context"):
+        prepare_data(make_config(tmp_path, {"files": [str(path)]}, context_length=64), progress=False)
 
 
 def test_missing_text_field_lists_the_fields(tmp_path):

@@ -104,6 +104,37 @@ def test_bits_per_byte_of_a_text_counts_the_bytes_an_unknown_token_stands_for():
     assert result.bits_per_unit == pytest.approx(result.loss * (len(tokens) - 1) / math.log(2) / 17)
 
 
+def test_bits_per_character_of_a_text_count_its_characters_not_its_bytes():
+    tokenizer = build_tokenizer(TokenizerConfig(kind="char"), lambda: iter(["hé "]))
+    text = "héé hé"  # é: one character, two bytes
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=1, n_head=2, n_embd=16,
+                                      context_length=16)).eval()
+    result = evaluate_tokens(model, tokenizer, np.asarray(tokenizer.encode(text)), batch_size=4,
+                             char_level=True, text=text)
+    assert result.unit == "character" and result.units == len(text) - 1 == 5
+
+
+def test_predicted_bytes_of_a_text_count_a_first_separator_as_read_not_twice():
+    from tinyattn.analysis.evaluate import predicted_text_bytes
+
+    tokenizer = build_tokenizer(TokenizerConfig(kind="char"), lambda: iter(["abcd"]))
+    text = "<|endoftext|>ab<|endoftext|>é"  # the first token is the separator: read, not predicted
+    tokens = np.asarray(tokenizer.encode(text))
+    assert predicted_text_bytes(tokenizer, text, tokens) == len("abé".encode("utf-8")) == 4
+
+
+def test_predicted_bytes_of_a_text_after_an_imported_start_token_count_its_first_token():
+    import types
+
+    from tinyattn.analysis.evaluate import predicted_text_bytes
+
+    # The bos is read, so the text's first token is predicted: every byte of the text counts.
+    with_start = types.SimpleNamespace(eot_id=None, text_start=[9], end_of_text="</s>",
+                                       first_token_chars=lambda text: 1)
+    assert predicted_text_bytes(with_start, "ab", np.asarray([9, 0, 1])) == 2
+
+
 def test_document_separators_count_as_no_text():
     text = "ab<|endoftext|>cd"
     tokenizer = build_tokenizer(TokenizerConfig(kind="char"), lambda: iter(["abcd"]))

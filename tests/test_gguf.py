@@ -475,6 +475,15 @@ def test_a_model_vocab_larger_than_its_tokenizers_is_padded_with_unused_tokens(t
     assert relative_difference(gguf_forward(path, ids), tinyattn_logits(model, ids)) < 1e-5
 
 
+def test_padding_is_refused_where_the_tokenizer_has_a_token_of_a_padding_tokens_name():
+    from tinyattn.gguf.vocab import GGUFVocab, padded
+
+    vocab = GGUFVocab(tokens=["a", "[PAD3]", "b"], types=[1, 1, 1], merges=[], end_of_text=0)
+    assert padded(vocab, 3) == vocab  # nothing to pad: the name is the tokenizer's own
+    with pytest.raises(CheckpointError, match=r"its token '\[PAD3\]' is the name of a padding token"):
+        padded(vocab, 5)
+
+
 @needs_llama_cpp
 def test_llama_cpp_loads_a_padded_vocabulary_and_gives_tinyattns_logits(tmp_path):
     tokenizer = tokenizer_of("char")

@@ -625,6 +625,15 @@ def test_the_explorer_of_a_text_from_an_empty_prompt_shows_the_start_tokens_pred
     assert data["loss"][0] == pytest.approx(-torch.log_softmax(logits, -1)[first].item(), abs=1e-3)
 
 
+def test_the_explorer_of_a_text_from_an_empty_prompt_queries_the_token_at_a_later_offset(server, loaded):
+    # after the start token, the character at offset 2 is token 3, predicted at position 2
+    from tinyattn.analysis.explorer import data_of_page
+
+    status, page = post(server, "/explorer", {"text": "ROMEO:", "offset": 2, "empty_prompt": True})
+    data = data_of_page(page)
+    assert status == 200 and data["tokens"][2:4] == ["O", "M"] and data["query"] == 2
+
+
 @pytest.mark.parametrize("body, message", [
     ({"text": "ROMEO:", "offset": 6}, "offset 6 is not accepted: expected 0 to 5"),
     ({"text": "R", "offset": 0}, "text: 1 tokens; the explorer takes 2 to 256"),

@@ -429,6 +429,43 @@ def test_the_commands_a_run_prints_work_where_its_path_holds_a_space(corpus, tmp
     assert shlex.split(command("train")) == ["python", str(script)]
 
 
+def test_the_advice_of_a_refused_resume_quotes_a_run_path_that_holds_a_space(corpus, tmp_path, twelve_steps,
+                                                                            capsys):
+    # Each command a refusal prints can be pasted into a shell as it is: a path with a space is quoted.
+    import shutil
+
+    from tinyattn.cli.train import main
+
+    run = Path(shutil.copytree(twelve_steps[0], tmp_path / "the run"))
+    config = tiny_config(corpus, tmp_path, "train.max_steps=15")
+    with pytest.raises(CheckpointError) as caught:
+        train(config, resume=run / "config.yaml", progress=False)
+    assert shlex.split(str(caught.value).split("such as ")[1]) == ["--resume", str(run)]
+    other = tmp_path / "other dir"
+    assert main(["--resume", str(run), "--no-progress", "--set", f"train.out_dir={other}"]) == 2
+    advice = shlex.split(capsys.readouterr().err.split("fork it there: ")[1])
+    assert advice == ["--resume", str(run / "step_0000012.pt"), "--run-name", "NEW_NAME", "--set",
+                      f"train.out_dir={other}"]
+    with pytest.raises(CheckpointError) as caught:
+        train(config, run_name="the run", resume=twelve_steps[0] / "step_0000006.pt", progress=False)
+    advice = str(caught.value).split("continue it with ")[1].split(",")[0]
+    assert shlex.split(advice) == ["--resume", str(run)]
+    with open(run / "step_0000012.pt", "r+b") as f:  # bit rot: the newest checkpoint no longer verifies
+        f.seek(f.seek(0, 2) // 2)
+        f.write(bytes(4096))
+    with pytest.raises(CheckpointError) as caught:
+        train(config, resume=run, progress=False)
+    moved, forked = str(caught.value).split("resume with ")[1].split(", or fork from it with ")
+    assert shlex.split(moved) == ["--resume", str(run)]
+    assert shlex.split(forked) == ["--resume", str(run / "step_0000009.pt"), "--run-name", "NEW_NAME"]
+    (run / "best.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError) as caught:
+        ckpt.load_model(run / "best.pt")
+    good, folder = str(caught.value).split("use --checkpoint ")[1].split(", or --checkpoint ")
+    assert shlex.split(good) == [str(run / "step_0000009.pt")]
+    assert shlex.split(folder.split(" to take it")[0]) == [str(run)]
+
+
 def test_a_resume_in_place_refuses_another_out_dir_given_for_it(
         corpus, tmp_path, twelve_steps, capsys):
     from tinyattn.cli.train import main
@@ -816,6 +853,20 @@ def test_a_second_hangup_is_not_a_second_ctrl_c_and_a_late_one_cannot_kill_the_l
             os.kill(os.getpid(), signal.SIGINT)  # a second Ctrl-C still stops at once
     finally:
         signal.signal(signal.SIGHUP, before)
+
+
+def test_a_second_signal_before_the_first_step_cannot_cut_the_clean_up_of_the_first():
+    from tinyattn.train.owners import StoppedBeforeStart, StopRequest
+
+    stop = StopRequest(at_once=True)
+    with stop.installed():
+        with pytest.raises(StoppedBeforeStart):
+            os.kill(os.getpid(), signal.SIGINT)  # the first: the run ends at once
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # a second, while the new run's folder is taken back
+        except KeyboardInterrupt:
+            pytest.fail("a second signal cut the clean-up of a run stopped before its first step")
+    assert stop.signal_name == "SIGINT"
 
 
 SAVE_AND_PAUSE = """
