@@ -267,6 +267,28 @@ def test_a_trainer_takes_back_what_it_saved_and_an_average_added_on_resume_start
     assert accumulating.tokens_seen == 2 * config.train.batch_size * config.model.context_length
 
 
+def test_a_checkpoint_saved_without_loss_scaling_resumes_into_an_fp16_run_with_a_fresh_scaler(corpus, tmp_path):
+    # An fp32 or bf16 run saves a switched-off GradScaler's empty state; a resume in fp16 (--set
+    # train.precision=fp16, or `auto` on an older GPU) switches one on, which refused that state.
+    from pathlib import Path
+
+    from tinyattn.data.batches import prepare_data
+    from tinyattn.system.device import Precision, select_precision
+
+    config = tiny_config(corpus, tmp_path, "train.max_steps=4")
+    cpu = torch.device("cpu")
+    data = prepare_data(config, progress=False)
+    config.model.vocab_size = data.tokenizer.vocab_size
+    saved = Trainer.build(config.model, config.train, data.train, device=cpu, precision=select_precision("fp32", cpu))
+    saved.train_step()
+    state = saved.state_dict()
+    assert state["scaler"] == {}
+    fp16 = Precision("fp16", torch.float16, use_grad_scaler=True)  # as on a GPU; the CPU refuses fp16 runs
+    resumed = Trainer.build(config.model, config.train, data.train, device=cpu, precision=fp16)
+    resumed.load_state_dict(state, Path("step_0000001.pt"))
+    assert resumed.step == 1 and resumed.scaler.is_enabled()
+
+
 @pytest.mark.parametrize("tied", [False, True])  # tied: the head's name must hold the average too
 def test_the_moving_average_is_what_a_run_evaluates_and_saves(corpus, tmp_path, tied):
     from tinyattn.analysis.evaluate import loss_by_position

@@ -187,7 +187,8 @@ class Trainer:
             else:  # no average saved (train.ema added on resume): it starts from these weights
                 self.weights_loaded()
             self.optimizers.load_state_dict(state["optimizer"])
-            self.scaler.load_state_dict(state["scaler"])
+            if state["scaler"]:  # empty: saved without loss scaling (fp32, bf16); an fp16 run starts its own
+                self.scaler.load_state_dict(state["scaler"])
             self.step = int(state["step"])
             self.tokens_seen = int(state["tokens_seen"])
             self.best_val_loss = float(state["best_val_loss"])
