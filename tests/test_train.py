@@ -267,7 +267,8 @@ def test_a_trainer_takes_back_what_it_saved_and_an_average_added_on_resume_start
     assert accumulating.tokens_seen == 2 * config.train.batch_size * config.model.context_length
 
 
-def test_a_checkpoint_saved_without_loss_scaling_resumes_into_an_fp16_run_with_a_fresh_scaler(corpus, tmp_path):
+def test_a_checkpoint_saved_without_loss_scaling_resumes_into_an_fp16_run_with_a_fresh_scaler(
+        corpus, tmp_path):
     # An fp32 or bf16 run saves a switched-off GradScaler's empty state; a resume in fp16 (--set
     # train.precision=fp16, or `auto` on an older GPU) switches one on, which refused that state.
     from pathlib import Path
@@ -279,7 +280,8 @@ def test_a_checkpoint_saved_without_loss_scaling_resumes_into_an_fp16_run_with_a
     cpu = torch.device("cpu")
     data = prepare_data(config, progress=False)
     config.model.vocab_size = data.tokenizer.vocab_size
-    saved = Trainer.build(config.model, config.train, data.train, device=cpu, precision=select_precision("fp32", cpu))
+    saved = Trainer.build(config.model, config.train, data.train, device=cpu,
+                          precision=select_precision("fp32", cpu))
     saved.train_step()
     state = saved.state_dict()
     assert state["scaler"] == {}
