@@ -153,6 +153,26 @@ def test_the_commands_messages_print_are_the_ones_this_process_was_started_with(
         ckpt.resolve_checkpoint(None, tmp_path)
 
 
+@pytest.mark.parametrize("argv0, world, expected", [
+    ("scripts/train.py", {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"},
+     "torchrun --nproc_per_node=2 scripts/train.py"),
+    ("/venv/lib/python3.12/site-packages/tinyattn/__main__.py", {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"},
+     "torchrun --nnodes=2 --nproc_per_node=4 -m tinyattn train"),
+    ("scripts/train.py", {"WORLD_SIZE": "1"}, "python scripts/train.py"),
+])
+def test_a_data_parallel_training_is_told_to_resume_under_torchrun_as_it_started(monkeypatch, argv0, world,
+                                                                                 expected):
+    # In one process the resume would train on with 1/N of the batch it was trained with.
+    from tinyattn.system.invocation import command
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "argv", [argv0, "--resume", "x"])
+    for key, value in world.items():
+        monkeypatch.setenv(key, value)
+    assert command("train") == expected
+    assert not command("generate").startswith("torchrun")  # only a training is launched so
+
+
 def test_run_command_turns_a_user_mistake_into_one_line(capsys):
     from tinyattn.errors import ConfigError
 
