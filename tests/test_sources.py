@@ -338,6 +338,22 @@ def test_damaged_compressed_file_is_named_in_one_line(tmp_path, name, damage):
     assert "\n" not in str(error.value) and error.value.__suppress_context__
 
 
+def test_a_cut_short_gzip_file_in_a_dataset_folder_is_named_in_one_line(tmp_path, monkeypatch):
+    # a dataset folder reads its files as data.files does: the same one line, not an EOFError traceback
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    whole = write_compressed(tmp_path / "whole.gz", jsonl_text(DOCUMENTS * 20)).read_bytes()
+    path = folder / "train.jsonl.gz"
+    path.write_bytes(whole[:len(whole) // 2])
+    with pytest.raises(DataError) as error:
+        prepare_data(make_config(tmp_path, {"dataset": str(folder)}), progress=False)
+    assert str(error.value).startswith(f"{path}: cannot decompress it as gzip (")
+    assert "\n" not in str(error.value) and error.value.__suppress_context__
+
+
 def test_compressed_parquet_is_refused_in_one_line(tmp_path):
     path = tmp_path / "t.parquet.gz"
     path.write_bytes(gzip.compress(b"PAR1"))

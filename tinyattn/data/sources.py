@@ -76,7 +76,7 @@ class Source:
 
 def resolve_source(data: DataConfig, progress: bool) -> Source:
     if data.dataset is not None:
-        return _hub_source(data)
+        return _folder_source(data) if Path(data.dataset).is_dir() else _hub_source(data)
     if data.validation_split is not None:
         raise DataError(f"data.validation_split: {data.validation_split!r} needs a hub dataset "
                         "(data.dataset); local files are split by data.validation_fraction")
@@ -97,74 +97,82 @@ def resolve_source(data: DataConfig, progress: bool) -> Source:
 
 def _hub_source(data: DataConfig) -> Source:
     name = data.dataset
-    identity: dict = {"dataset": name, "config": data.dataset_config, "revision": data.revision}
-    local = Path(name)
-    if local.is_dir():  # a dataset folder on disk: its files decide whether the cache is current
-        identity["files"] = [_file_identity(p) for p in sorted(local.rglob("*")) if p.is_file()
-                             and not any(part.startswith(".") for part in p.relative_to(local).parts)]
+    identity = {"dataset": name, "config": data.dataset_config, "revision": data.revision}
     description = f"dataset {name!r}"
 
     def reader(split: str) -> Callable[[], DocumentParts]:
         import datasets  # imported here: it is slow to import and only data preparation needs it
 
-        try:
-            with _library_logs_quiet():
-                if local.is_dir():
-                    per_file, file_format = _folder_datasets(data, split)
-                else:
-                    dataset = datasets.load_dataset(name, data.dataset_config, split=split,
-                                                    revision=data.revision, streaming=data.streaming)
-        except ConnectionError:
-            raise DataError(f"data.dataset: cannot reach {name!r} on the Hugging Face Hub (offline or "
-                            "no network); download it while online, or point data.files at local files"
-                            ) from None
-        except datasets.exceptions.DatasetNotFoundError as e:
-            raise DataError(f"data.dataset: {_first_line(e)}; check the name, or point data.files at "
-                            "local files") from None
-        except datasets.exceptions.DatasetGenerationError as e:
-            reason = _first_line(e.__cause__ or e)
-            raise DataError(f"data.dataset: cannot read {name!r}: {reason}") from None
-        except FileNotFoundError as e:
-            raise DataError(f"data.dataset: {_first_line(e)}") from None
-        except StopIteration:  # datasets' JSON builder found no record to learn the columns from
-            raise DataError(f"data.dataset: {name}: an empty JSON lines file (no records); "
-                            "remove it, or give it records") from None
-        except ValueError as e:  # an unknown split or config name; the message lists the valid ones
-            raise DataError(f"data.dataset {name!r}: {_first_line(e)}") from None
+        with _dataset_errors(name):
+            dataset = datasets.load_dataset(name, data.dataset_config, split=split, revision=data.revision,
+                                            streaming=data.streaming)
         skipped = SkippedRecords(f"{description} split {split!r}", data.text_field)
-        if local.is_dir():
-            return lambda: _dataset_parts(_file_tables(per_file, file_format), data.text_field, description,
-                                          [], file_format, skipped=skipped)
         return lambda: _dataset_parts(_tables(dataset, description), data.text_field, description, [], "hub",
                                       skipped=skipped)
 
-    slug = name.rstrip("/").rsplit("/", 1)[-1]
-    return Source(description=description, name=_slug(slug), identity=identity, reader=reader)
+    return Source(description=description, name=_slug(name.rstrip("/").rsplit("/", 1)[-1]),
+                  identity=identity, reader=reader)
 
 
-def _folder_datasets(data: DataConfig, split: str) -> tuple[list[tuple[Path, object]], str]:
-    """The data files of `split` of a dataset folder on disk, as datasets finds them, each its own
-    streamed dataset as data.files reads them (`_per_file_datasets`), and their builder's format
-    (json, csv, parquet, text): one dataset of them all would cast every file to the first one's
-    columns while it is read, a CastError traceback for shards whose other fields differ. A folder
-    is always streamed, its files read as they are now: without streaming datasets reuses an Arrow
-    cache it keyed by the files' times, which cp -p or touch -r carry over to new contents (the old
-    text trained, filed under the new text's key)."""
+def _folder_source(data: DataConfig) -> Source:
+    """A dataset folder on disk (data.dataset: <folder>): the data files of each split, as datasets
+    finds them, each its own streamed dataset as data.files reads them (`_per_file_parts`): one
+    dataset of them all would cast every file to the first one's columns while it is read, a
+    CastError traceback for shards whose other fields differ. A folder is always streamed, its files
+    read as they are now: without streaming datasets reuses an Arrow cache it keyed by the files'
+    times, which cp -p or touch -r carry over to new contents (the old text trained, filed under the
+    new text's key)."""
+    name, local = data.dataset, Path(data.dataset)
+    identity: dict = {"dataset": name, "config": data.dataset_config, "revision": data.revision}
+    # its files decide whether the cache is current
+    identity["files"] = [_file_identity(p) for p in sorted(local.rglob("*")) if p.is_file()
+                         and not any(part.startswith(".") for part in p.relative_to(local).parts)]
+    description = f"dataset {name!r}"
+
+    def reader(split: str) -> Callable[[], DocumentParts]:
+        import datasets
+
+        with _dataset_errors(name):
+            builder = datasets.load_dataset_builder(name, data.dataset_config, revision=data.revision)
+            data_files = builder.config.data_files or {}
+            if split not in data_files:  # datasets' own words for it
+                raise ValueError(f"Bad split: {split}. Available splits: {[str(s) for s in data_files]}")
+            return _per_file_parts(
+                [Path(f) for f in data_files[split]], builder.name, data.text_field, description,
+                lambda path: datasets.load_dataset(name, data.dataset_config, data_files={split: [str(path)]},
+                                                   split=split, revision=data.revision, streaming=True),
+                skipped=SkippedRecords(f"{description} split {split!r}", data.text_field))
+
+    return Source(description=description, name=_slug(name.rstrip("/").rsplit("/", 1)[-1]),
+                  identity=identity, reader=reader)
+
+
+@contextmanager
+def _dataset_errors(name: str) -> Iterator[None]:
+    """What loading `data.dataset` raises, from the hub or a dataset folder, as one line."""
     import datasets
 
-    builder = datasets.load_dataset_builder(data.dataset, data.dataset_config, revision=data.revision)
-    data_files = builder.config.data_files or {}
-    if split not in data_files:  # datasets' own words for it
-        raise ValueError(f"Bad split: {split}. Available splits: {[str(s) for s in data_files]}")
-    files = [Path(f) for f in data_files[split]]
-    # before datasets turns every later text into JSON source text
-    problem = _json_text_of_another_type([p for p in files if format_suffix(p) in EXTENSIONS["json"]],
-                                         data.text_field)
-    if problem:
-        raise DataError(problem)
-    return _per_file_datasets(files, builder.name, lambda path: datasets.load_dataset(
-        data.dataset, data.dataset_config, data_files={split: [str(path)]}, split=split,
-        revision=data.revision, streaming=True)), builder.name
+    try:
+        with _library_logs_quiet():
+            yield
+    except ConnectionError:
+        raise DataError(f"data.dataset: cannot reach {name!r} on the Hugging Face Hub (offline or "
+                        "no network); download it while online, or point data.files at local files"
+                        ) from None
+    except datasets.exceptions.DatasetNotFoundError as e:
+        raise DataError(f"data.dataset: {_first_line(e)}; check the name, or point data.files at "
+                        "local files") from None
+    except datasets.exceptions.DatasetGenerationError as e:
+        reason = _first_line(e.__cause__ or e)
+        raise DataError(f"data.dataset: cannot read {name!r}: {reason}") from None
+    except FileNotFoundError as e:
+        raise DataError(f"data.dataset: {_first_line(e)}") from None
+    except StopIteration:  # a hub dataset's JSON builder found no record in the split's first file to
+        # learn the columns from (a dataset folder's files are each their own dataset: `_per_file_datasets`)
+        raise DataError(f"data.dataset: {name}: an empty JSON lines file (no records); "
+                        "remove it, or give it records") from None
+    except ValueError as e:  # an unknown split or config name; the message lists the valid ones
+        raise DataError(f"data.dataset {name!r}: {_first_line(e)}") from None
 
 
 @contextmanager
@@ -227,19 +235,29 @@ def _records_reader(data: DataConfig, files: list[Path], file_format: str,
         # Streaming reads the files lazily, so nothing is copied into an Arrow cache; datasets
         # still leaves a lock file per file (each is its own dataset) in cache_dir, kept beside our
         # caches. It does read the start of each file, to learn its columns.
-        with _reading_errors(description, files, file_format):
-            if file_format == "json":  # before datasets turns every later text into JSON source text
-                problem = _json_text_of_another_type(files, data.text_field)
-                if problem:
-                    raise DataError(problem)
-        per_file = _per_file_datasets(files, file_format, lambda path: datasets.load_dataset(
-            builder, data_files=[str(path)], split="train", streaming=True, cache_dir=str(lock_folder),
-            **options))
-        skipped = SkippedRecords(description, data.text_field)
-        return lambda: _dataset_parts(_file_tables(per_file, file_format), data.text_field, description,
-                                      files, file_format, skipped=skipped)
+        return _per_file_parts(files, file_format, data.text_field, description, lambda path: (
+            datasets.load_dataset(builder, data_files=[str(path)], split="train", streaming=True,
+                                  cache_dir=str(lock_folder), **options)),
+            skipped=SkippedRecords(description, data.text_field))
 
     return reader
+
+
+def _per_file_parts(files: list[Path], file_format: str, text_field: str, description: str,
+                    load: Callable[[Path], object], *,
+                    skipped: SkippedRecords) -> Callable[[], DocumentParts]:
+    """How data.files and a dataset folder read their JSON, CSV, TSV and Parquet files: each its own
+    dataset (`_per_file_datasets`), a failure named by its file (`_reading_errors`). A JSON text
+    field of another type is refused first, before datasets turns every later text into JSON source
+    text. Returns a function that streams the documents anew at each call."""
+    with _reading_errors(description, files, file_format):
+        if file_format == "json":
+            problem = _json_text_of_another_type(files, text_field)
+            if problem:
+                raise DataError(problem)
+    per_file = _per_file_datasets(files, file_format, load)
+    return lambda: _dataset_parts(_file_tables(per_file, file_format), text_field, description, files,
+                                  file_format, skipped=skipped)
 
 
 def _per_file_datasets(files: list[Path], file_format: str,
