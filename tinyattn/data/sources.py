@@ -560,10 +560,6 @@ def _reading_errors(description: str, files: list[Path], file_format: str) -> It
         empty = next((p for p in files if p.stat().st_size == 0), None)
         raise DataError(f"{empty or description}: an empty {file_format.upper()} file (not even a header "
                         "row); remove it, or give it a header and records") from None
-    except StopIteration:  # datasets' JSON builder learns the columns from the first file's first record
-        empty = _first_empty_file(files)
-        raise DataError(f"{empty or description}: an empty JSON lines file (no records); remove it, or "
-                        "give it records") from None
     except (pyarrow.ArrowInvalid, pandas.errors.ParserError) as e:  # bad JSON; bad CSV quoting
         found = _find_invalid_json(files) if file_format == "json" else None
         raise DataError(found or f"{description}: cannot read it ({_first_line(e)})") from None
@@ -635,15 +631,6 @@ def _find_invalid_utf8(files: list[Path]) -> Optional[str]:
             decoder.decode(b"", final=True)
         except UnicodeDecodeError:
             return f"{path}: not valid UTF-8: it ends inside a character (byte {offset})"
-    return None
-
-
-def _first_empty_file(files: list[Path]) -> Optional[Path]:
-    """The first file with nothing in it once decompressed (an empty .jsonl.gz is 20 bytes)."""
-    for path in files:
-        with _open_binary(path) as f:
-            if not f.read(1):
-                return path
     return None
 
 
