@@ -127,11 +127,14 @@ def test_a_number_among_json_texts_is_found_after_blank_lines_and_in_a_dataset_f
         prepare_data(make_config(tmp_path, data), progress=False)
 
 
-def test_a_bad_json_line_is_found_without_reading_the_rest_of_the_file(tmp_path, monkeypatch):
+@pytest.mark.parametrize("line", [1, 2])
+def test_a_bad_json_line_is_found_without_reading_the_rest_of_the_file(tmp_path, monkeypatch, line):
+    # a bad first line that opens no array or object cannot start one JSON document over many lines
     record = json.dumps({"text": "lorem ipsum " * 10}) + "\n"
     path = tmp_path / "big.jsonl"
     rest = record * (3 * sources.READ_CHARS // len(record))
-    path.write_text(record + "{not json\n" + rest, encoding="utf-8")
+    bad = "{not json\n" if line == 2 else "not json\n"
+    path.write_text(record * (line - 1) + bad + rest, encoding="utf-8")
     bytes_read = []
 
     class Counting:  # a file that counts the bytes read from it
@@ -151,8 +154,9 @@ def test_a_bad_json_line_is_found_without_reading_the_rest_of_the_file(tmp_path,
             yield Counting(f)
 
     monkeypatch.setattr(sources, "_open_binary", counting)
-    assert sources._find_invalid_json([path]) == (
-        f"{path}: line 2 is not valid JSON (Expecting property name enclosed in double quotes at column 2)")
+    fault = "Expecting property name enclosed in double quotes at column 2" if line == 2 else (
+        "Expecting value at column 1")
+    assert sources._find_invalid_json([path]) == f"{path}: line {line} is not valid JSON ({fault})"
     assert sum(bytes_read) <= sources.READ_CHARS < path.stat().st_size // 2
 
 

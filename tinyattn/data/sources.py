@@ -657,17 +657,20 @@ def _raise_if_undecompressible(files: list[Path]) -> None:
 
 def _find_invalid_json(files: list[Path]) -> Optional[str]:
     """The first JSON lines file with a line that does not parse, and that line. The lines are
-    streamed: a fault on line 2 of a corpus of many gigabytes is named without reading the rest."""
+    streamed: a fault on line 2 of a corpus of many gigabytes is named without reading the rest, as
+    is a bad first line, unless it opens an array or an object: then the file may be one JSON
+    document over many lines, and it is read whole to know (as datasets has just read it)."""
     for path in files:
         first = True  # the first line that is not blank
         with _open_binary(path) as f:
             for number, raw in enumerate(_byte_lines(f), 1):
                 if not raw.strip():
                     continue
+                line = raw.decode("utf-8-sig", errors="replace")
                 try:
-                    json.loads(raw.decode("utf-8-sig", errors="replace"))
+                    json.loads(line)
                 except ValueError as e:
-                    if first and _one_json_document(path):
+                    if first and line.lstrip().startswith(("[", "{")) and _one_json_document(path):
                         break  # an array of records, or one record over many lines: fine
                     return f"{path}: line {number} is not valid JSON ({e.msg} at column {e.colno})"
                 first = False
