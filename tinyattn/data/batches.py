@@ -52,7 +52,8 @@ def prepare_data(config: Config, *, progress: bool = True) -> TokenData:
     meta = cache.trusted_meta()
     if meta is None:
         splits = split(source, config.data)  # first: a source that cannot be read makes no cache folder
-        with cache.sole_builder() as meta:  # meta: the cache another process built while this one waited
+        # meta: a cache another process completed (waited for or not), else None
+        with cache.sole_builder() as meta:
             if meta is None:
                 meta = cache.build(splits.train, splits.validation, splits.rule, config, progress)
                 check_split_lengths(meta, config)  # before meta.json: short splits are never trusted
