@@ -160,6 +160,20 @@ def test_an_imported_tokenizers_own_end_of_text_counts_as_no_text():
     assert text_units(tokenizer, tokens, char_level=False) == 6  # the 3 + 3 bytes of "né" twice
 
 
+def test_separators_count_the_bytes_of_their_end_of_text_token_not_its_characters():
+    import types
+
+    from tinyattn.analysis.evaluate import predicted_text_bytes
+
+    pieces = {0: "a", 1: "b", 2: "c", 7: "«e»"}  # an end-of-text token of 3 characters, 5 bytes
+    tokenizer = types.SimpleNamespace(eot_id=7, text_start=[], end_of_text="«e»",
+                                      first_token_chars=lambda text: 1,  # "a", read not predicted
+                                      decode=lambda tokens: "".join(pieces[int(t)] for t in tokens))
+    tokens = np.asarray([0, 1, 7, 2])
+    assert text_units(tokenizer, tokens, char_level=False) == len(b"abc") == 3
+    assert predicted_text_bytes(tokenizer, "ab«e»c", tokens) == len(b"bc") == 2
+
+
 def test_loss_by_position_has_one_entry_per_position_and_averages_to_the_loss_of_its_windows(run):
     model, validation = run["model"], run["data"].validation
     for max_windows in (None, 3):

@@ -153,7 +153,7 @@ def text_units(tokenizer, tokens: np.ndarray, char_level: bool) -> int:
         return len(tokens) - separators
     size = sum(len(tokenizer.decode(tokens[start:start + DECODE_CHUNK]).encode("utf-8"))
                for start in range(0, len(tokens), DECODE_CHUNK))
-    return size - separators * len(getattr(tokenizer, "end_of_text", END_OF_TEXT).encode("utf-8"))
+    return size - _separator_bytes(tokenizer, separators)
 
 
 def predicted_text_bytes(tokenizer, text: str, tokens: np.ndarray) -> int:
@@ -166,7 +166,13 @@ def predicted_text_bytes(tokenizer, text: str, tokens: np.ndarray) -> int:
     separators = int(np.count_nonzero(tokens[1:] == eot)) if eot is not None else 0
     read_first = 0 if tokenizer.text_start else tokenizer.first_token_chars(text)
     return (len(text.encode("utf-8")) - len(text[:read_first].encode("utf-8"))
-            - separators * len(getattr(tokenizer, "end_of_text", END_OF_TEXT).encode("utf-8")))
+            - _separator_bytes(tokenizer, separators))
+
+
+def _separator_bytes(tokenizer, separators: int) -> int:
+    """UTF-8 bytes of `separators` end-of-text tokens as text (`<|endoftext|>`, or the tokenizer's
+    own): what the byte counts above leave out."""
+    return separators * len(getattr(tokenizer, "end_of_text", END_OF_TEXT).encode("utf-8"))
 
 
 # ----------------------------------------------------------------------------- reporting
