@@ -475,6 +475,18 @@ def test_a_model_vocab_larger_than_its_tokenizers_is_padded_with_unused_tokens(t
     assert relative_difference(gguf_forward(path, ids), tinyattn_logits(model, ids)) < 1e-5
 
 
+def test_a_tokenizer_larger_than_the_model_vocab_is_refused_saying_what_is_needed(tmp_path):
+    tokenizer = tokenizer_of("char")
+    size = tokenizer.vocab_size
+    model = random_model(tokenizer, vocab_size=size - 3)
+    expected = (rf"^tokenizer: {size} tokens but model\.vocab_size is {size - 3}: .*needs model\.vocab_size "
+                rf">= {size}, the tokenizer's \(is the checkpoint's tokenizer\.json the one its run trained "
+                r"with\?\)$")
+    with pytest.raises(CheckpointError, match=expected):
+        export(tmp_path, model, tokenizer)
+    assert not (tmp_path / "model.gguf").exists()
+
+
 def test_padding_is_refused_where_the_tokenizer_has_a_token_of_a_padding_tokens_name():
     from tinyattn.gguf.vocab import GGUFVocab, padded
 

@@ -172,7 +172,9 @@ def write_gguf(state: dict[str, torch.Tensor], config: ModelConfig, tokenizer: T
         raise CheckpointError(f"{path}: {what}; expected the path of a new .gguf file")
     if tokenizer.vocab_size > config.vocab_size:
         raise CheckpointError(f"tokenizer: {tokenizer.vocab_size} tokens but model.vocab_size is "
-                              f"{config.vocab_size}: the model has no row for some of them")
+                              f"{config.vocab_size}: the model has no row for some of them; a GGUF export "
+                              f"needs model.vocab_size >= {tokenizer.vocab_size}, the tokenizer's (is the "
+                              "checkpoint's tokenizer.json the one its run trained with?)")
     writer = gguf.GGUFWriter(None, architecture_of(config))
     add_metadata(writer, config, dtype=dtype, name=name)
     add_tokenizer(writer, tokenizer, config.vocab_size)
