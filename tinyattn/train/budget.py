@@ -105,6 +105,12 @@ class TimePlan:
     def done(self, step: int) -> bool:
         return self.finished
 
+    def no_step_fits(self, step: int) -> bool:
+        """Whether a resumed plan has no time left for a step: its earlier sessions and this
+        one's start-up spent the budget (a run stopped near its end), as the loop would find
+        after training one step beyond it. Every rank gets rank 0's answer (`share`)."""
+        return bool(self.times["step"]) and self.share(self.steps_that_fit(step)) == 0
+
     def total_steps(self, step: int) -> int:
         """The run's length as now planned (the progress bar's total)."""
         return step + (self.steps_left or 0)

@@ -176,21 +176,12 @@ def _for_precision(config: Config, device: torch.device, request: _Request,
 def _steps_left_or_refuse(trainer: Trainer, train: TrainConfig, stop_at_step: Optional[int], *,
                           resumed: bool) -> Optional[int]:
     """--stop-at-step, after refusing (before anything is written) a run with no step to train."""
-    if resumed and (trainer.plan.done(trainer.step) or _budget_spent(trainer.plan, trainer.step)):
+    if resumed and (trainer.plan.done(trainer.step) or trainer.plan.no_step_fits(trainer.step)):
         raise TinyattnError(_nothing_left(trainer.plan, train, trainer.step))
     if stop_at_step is not None and stop_at_step <= trainer.step:
         raise TinyattnError(f"--stop-at-step {stop_at_step}: the run is already at step {trainer.step}; "
                             "give a later step")
     return stop_at_step
-
-
-def _budget_spent(plan, step: int) -> bool:
-    """Whether a resumed time plan has no time left for a step: its earlier sessions and this
-    one's start-up spent the budget (a run stopped near its end), as the loop would find after
-    training one step beyond it."""
-    if not isinstance(plan, TimePlan) or not plan.times["step"]:
-        return False
-    return plan.share(plan.steps_that_fit(step)) == 0
 
 
 def _nothing_left(plan, train: TrainConfig, step: int) -> str:

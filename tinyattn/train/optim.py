@@ -107,6 +107,9 @@ class StepPlan:
     def done(self, step: int) -> bool:
         return step >= self.config.max_steps
 
+    def no_step_fits(self, step: int) -> bool:
+        return False  # a step count has no time to run out of
+
     def total_steps(self, step: int) -> int:
         return self.config.max_steps
 
