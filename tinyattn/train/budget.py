@@ -249,14 +249,9 @@ class Calibration:
         self.clock = clock
         self.tables = tables
 
-    def measure(self, trainer: Trainer, evaluator: Evaluator, run_dir: Path, *,
-                stop: Callable[[], bool] = lambda: False) -> Measured:
-        """The measurements; refuses a budget already spent before anything is measured.
-
-        stop(): True once a stop was asked for (Ctrl-C, SIGTERM); checked after each
-        measuring step, it ends the measurement with `CalibrationStopped`, the trainer
-        put back as it was and nothing left in run_dir.
-        """
+    def measure(self, trainer: Trainer, evaluator: Evaluator, run_dir: Path) -> Measured:
+        """The measurements; refuses a budget already spent before anything is measured. A stop
+        signal meanwhile ends the run at once (`owners.StoppedBeforeStart`), as before it."""
         plan = self.plan
         spent = plan.spent()
         if plan.seconds * (1 - plan.MARGIN) - plan.EXIT_SECONDS - spent <= 0 and not trainer.dist.enabled:
@@ -266,22 +261,18 @@ class Calibration:
         # A copy, not the live tensors state_dict() refers to: the measuring steps move those.
         # Without the plan: it measures nothing here, and its clock must not be put back.
         snapshot = copy.deepcopy({k: v for k, v in trainer.state_dict().items() if k != "plan"})
-        measured = Measured(self._time_steps(trainer, stop), math.nan, math.nan)
-        if self.tables and not stop():
-            measured = self._choose(trainer, measured.step, stop)
-        eval_seconds = save_seconds = math.nan
-        if not stop():
-            start = self.clock()
-            evaluator.show(evaluator.run(trainer.step), DISCARD, run_dir=None)  # the hooks log nothing here
-            eval_seconds = self.clock() - start
-            save_seconds = _time_a_save(trainer, run_dir, self.clock)
+        measured = Measured(self._time_steps(trainer), math.nan, math.nan)
+        if self.tables:
+            measured = self._choose(trainer, measured.step)
+        start = self.clock()
+        evaluator.show(evaluator.run(trainer.step), DISCARD, run_dir=None)  # the hooks log nothing here
+        eval_seconds = self.clock() - start
+        save_seconds = _time_a_save(trainer, run_dir, self.clock)
         trainer.load_state_dict(snapshot, Path("the time budget's snapshot"))
-        if stop():  # at any point of the measurement: the trainer is as it was, run_dir untouched
-            raise CalibrationStopped()
         # An evaluation writes its step checkpoint and, when it is the best so far, best.pt.
         return dataclasses.replace(measured, evaluation=eval_seconds, save=2 * save_seconds)
 
-    def _choose(self, trainer: Trainer, step_seconds: float, stop: Callable[[], bool]) -> Measured:
+    def _choose(self, trainer: Trainer, step_seconds: float) -> Measured:
         """What the tables give the passes the run makes with what they give, from the step
         measured at the config's dropout; the dropout chosen is set on the model.
 
@@ -298,9 +289,7 @@ class Calibration:
         tried = below = None
         if dropout is not None and dropout != own:
             trainer.model.set_dropout(dropout)
-            with_it = self._time_steps(trainer, stop)
-            if stop():  # measure() raises CalibrationStopped
-                return Measured(with_it, math.nan, math.nan)
+            with_it = self._time_steps(trainer)
             tried = (dropout, self._expected_passes(trainer, with_it))
             dropout = entry_for(by_passes, tried[1])
             if dropout is None or dropout == own:  # short of every entry giving one at its cost
@@ -326,16 +315,14 @@ class Calibration:
         return (f"Give a budget of at least {at_least}s (--set train.time_budget={at_least}s), or train "
                 "a fixed number of steps: --set train.time_budget=null train.max_steps=N")
 
-    def _time_steps(self, trainer: Trainer, stop: Callable[[], bool]) -> float:
-        """Seconds per step, after WARM_STEPS untimed ones; ends early (any value) once stop()."""
+    def _time_steps(self, trainer: Trainer) -> float:
+        """Seconds per step, after WARM_STEPS untimed ones."""
         for _ in range(self.WARM_STEPS):
             trainer.train_step()
-            if stop():
-                return math.nan
         synchronize(trainer.device)
         start, timed = self.clock(), 0
         measure_for = min(3.0, max(1.5, self.MIN_SHARE * self.plan.seconds))
-        while self._keep_measuring(trainer, timed, self.clock() - start, measure_for, stop=stop):
+        while self._keep_measuring(trainer, timed, self.clock() - start, measure_for):
             trainer.train_step()
             timed += 1
             if timed % 5 == 0:
@@ -343,18 +330,13 @@ class Calibration:
         synchronize(trainer.device)
         return (self.clock() - start) / timed if timed else math.nan
 
-    def _keep_measuring(self, trainer: Trainer, timed: int, seconds: float, measure_for: float, *,
-                        stop: Callable[[], bool]) -> bool:
-        more = (timed < 1 or seconds < measure_for) and not stop()
+    def _keep_measuring(self, trainer: Trainer, timed: int, seconds: float, measure_for: float) -> bool:
+        more = timed < 1 or seconds < measure_for
         if trainer.dist.enabled:  # rank 0 decides, so every rank runs the same steps
             flag = torch.tensor([int(more)], device=trainer.device)
             torch.distributed.broadcast(flag, src=0)
             more = bool(flag.item())
         return more
-
-
-class CalibrationStopped(Exception):
-    """A stop (Ctrl-C, SIGTERM) arrived while the time budget was measured; nothing was trained."""
 
 
 def _time_a_save(trainer: Trainer, run_dir: Path, clock: Clock) -> float:

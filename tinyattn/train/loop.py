@@ -23,10 +23,9 @@ What a run guarantees:
 - A model whose training step cannot fit in the device's free memory (`model.memory`) is
   refused before the run folder is made, naming both figures.
 - Ctrl-C or SIGTERM finishes the current step, saves a checkpoint and says how to resume;
-  during the time budget's calibration it stops before step 1, with nothing to save; before
-  that, or after it until the run's first write, it ends the run at once
-  (`owners.StoppedBeforeStart`), and a new run takes back its folder; from the first write on
-  a stop before step 1 saves the weights the run starts from, so its folder resumes.
+  before the run's first write (the time budget's calibration included) it ends the run at
+  once (`owners.StoppedBeforeStart`), and a new run takes back its folder; from the first write
+  on a stop before step 1 saves the weights the run starts from, so its folder resumes.
   A non-finite loss stops the run naming the step; no checkpoint is written after it.
 - Under train.time_budget the whole process ends within the budget, however the machine's
   speed changes during the run (`budget.TimePlan`): the schedule follows the time left and
@@ -53,8 +52,7 @@ from tinyattn.errors import TinyattnError
 from tinyattn.model.memory import check_training_fits
 from tinyattn.system.device import measure_peak_flops, select_device, select_precision
 from tinyattn.system.distributed import Distributed, init_distributed, shutdown_distributed
-from tinyattn.train.budget import (Calibration, CalibrationStopped, Measured, TimePlan, explicit_steps,
-                                    plan_for)
+from tinyattn.train.budget import Calibration, Measured, TimePlan, explicit_steps, plan_for
 from tinyattn.train.finetune import InitSource, adopt_model, init_source
 from tinyattn.train.hooks import resolve_hooks
 from tinyattn.train.log import Logger, RunLog
@@ -216,10 +214,8 @@ def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Option
     log.announce(point)
     for line in request.notes:
         log.print(line)
-    stopped = _choose_at_start(config, trainer, evaluator, run_dir, point=point, request=request, log=log,
-                               timers=timers)
-    if stopped is not None:
-        return stopped
+    _choose_at_start(config, trainer, evaluator, run_dir, point=point, request=request, log=log,
+                     timers=timers)
 
     checkpointer = Checkpointer(run_dir, config, data.tokenizer, dist)
     checkpointer.run_state["data"] = data.fingerprint  # what every checkpoint says it trained on
@@ -272,40 +268,29 @@ def _build(config: Config, request: _Request, *, point: Optional[ResumePoint], d
 
 def _choose_at_start(config: Config, trainer: Trainer, evaluator: Evaluator, run_dir: Path, *,
                      point: Optional[ResumePoint], request: _Request, log: Logger,
-                     timers: Timers) -> Optional[TrainResult]:
+                     timers: Timers) -> None:
     """A new run's choices before step 1: under a time budget the calibration's (the steps that
     fit, and what the tables by passes give their passes), else what the tables give the passes
     train.max_steps makes. A resume keeps what its start chose (config.yaml and the checkpoint
-    hold it). None, or the result of a run stopped meanwhile."""
+    hold it)."""
     if point is not None:
-        return None
+        return
     if config.train.time_budget is not None:
-        return _calibrate(config, trainer, evaluator, run_dir, request=request, log=log, timers=timers)
-    _take_tables_by_steps(config, trainer, request, log)
-    return None
+        _calibrate(config, trainer, evaluator, run_dir, request=request, log=log, timers=timers)
+    else:
+        _take_tables_by_steps(config, trainer, request, log)
 
 
 def _calibrate(config: Config, trainer: Trainer, evaluator: Evaluator, run_dir: Path, *,
-               request: _Request, log: Logger, timers: Timers) -> Optional[TrainResult]:
+               request: _Request, log: Logger, timers: Timers) -> None:
     """Gives the time plan its first measurements (and train.max_steps its first estimate); a
-    stop signal meanwhile ends the run before step 1 (the result, interrupted), with nothing
-    written but the line in train.log."""
-    stopper = StopRequest()
-    try:
-        with timers("calibration"), stopper.installed():
-            calibration = Calibration(trainer.plan, request.clock, _pass_tables(config, request))
-            steps, measured = _first_plan(calibration, trainer, evaluator, run_dir, log,
-                                          stop=lambda: stopper.signal_name is not None)
-    except CalibrationStopped:
-        log.print(f"stopped by {stopper.signal_name} during the time budget's calibration, before step 1: "
-                  f"nothing was trained or saved in {run_dir}; run the command again to start over")
-        log.close()
-        return TrainResult(run_dir, 0, 0, trainer.best_val_loss, float("nan"), 0.0, request.elapsed(), True,
-                           dict(timers.seconds))
+    stop signal meanwhile ends the run at once, as any stop before the run's first write does."""
+    with timers("calibration"):
+        calibration = Calibration(trainer.plan, request.clock, _pass_tables(config, request))
+        steps, measured = _first_plan(calibration, trainer, evaluator, run_dir, log)
     config.train.max_steps = steps  # recorded in config.yaml: the first estimate, not a limit
     if measured.choices is not None:
         _take_choices(config, trainer, measured.choices)
-    return None
 
 
 def _pass_tables(config: Config, request: _Request) -> PassTables:
@@ -343,10 +328,10 @@ def _take_choices(config: Config, trainer: Trainer, choices: PassChoices) -> Non
 
 
 def _first_plan(calibration: Calibration, trainer: Trainer, evaluator: Evaluator, run_dir: Path,
-                log: "Logger", *, stop: Callable[[], bool]) -> tuple[int, Measured]:
+                log: "Logger") -> tuple[int, Measured]:
     """Seeds the time plan with rank 0's measurements; returns the steps it first expects and them."""
     plan = trainer.plan
-    measured = calibration.measure(trainer, evaluator, run_dir, stop=stop)
+    measured = calibration.measure(trainer, evaluator, run_dir)
     if trainer.dist.enabled:
         chosen = [measured]
         torch.distributed.broadcast_object_list(chosen, src=0)  # rank 0's measurement decides

@@ -194,7 +194,8 @@ class StoppedBeforeStart(KeyboardInterrupt):
 class StopRequest:
     """Turns SIGINT/SIGTERM, and SIGHUP (a closed terminal) unless the run ignores it (`nohup`),
     into a flag the loop checks after each step. While `at_once` (before the first step: data
-    preparation, building, the first writes) a signal raises StoppedBeforeStart instead."""
+    preparation, building, the time budget's calibration, up to the first write) a signal
+    raises StoppedBeforeStart instead."""
 
     def __init__(self, *, at_once: bool = False):
         self.signal_name: Optional[str] = None
