@@ -169,13 +169,16 @@ class ResumePoint:
 
         The vocabulary size came from the tokenizer: it is taken from the checkpoint. So is a
         time-budget run's step count, which a run saved before time plans (`budget.TimePlan`)
-        fixed at its start and continues with; a newer one continues its recorded plan. A run
-        that trained a step count keeps it: no time budget applies to it (`_keep_step_count`). So are
+        fixed at its start and continues with; a newer one continues its recorded plan. So are
         the dropout, the schedule's floor and the weight decay that its start chose from the
         passes it makes (where `config` has the table; not a key in `given`, the ones --set
         gives now, nor one edited in the folder's config.yaml, `edited_config`), under a budget
         or not: a `--config FILE` holds the table, not the choice. The floor stays the same share
-        of the peak when train.lr changes.
+        of the peak when train.lr changes. A run that trained a step count keeps it: a
+        --config file's train.time_budget is turned off in `config` (with a note), and one given
+        for this resume (--set, or edited in config.yaml) is refused with a ConfigError
+        (`_keep_step_count`). A model or tokenizer the checkpoint cannot continue is refused
+        with a CheckpointError.
         """
         self._keep_step_count(config, given)
         given = (*given, *self.edited)
