@@ -634,7 +634,7 @@ def _load_yaml(text: str, *, config_file: bool = False, set_key: str | None = No
     try:
         node = loader.get_single_node()
         if config_file and node is not None:
-            _plain_text_fields_as_typed(node)
+            _plain_scalars_as_meant(node)
         if set_key is not None and node is not None:
             _plain_numbers_as_written(node, set_key)
         return loader.construct_document(node) if node is not None else None
@@ -667,7 +667,7 @@ def _plain_numbers_as_written(node: yaml.Node, key: str) -> None:
             scalar.tag = "tag:yaml.org,2002:str"
 
 
-def _plain_text_fields_as_typed(root: yaml.Node) -> None:
+def _plain_scalars_as_meant(root: yaml.Node) -> None:
     """Tag the unquoted values of text fields (section.key in _text_keys()) as strings, so that
     they are read as written instead of as the number, date or boolean YAML would make them; and
     the numbers of number fields YAML 1.1 would read in another base (_plain_numbers_as_written)."""
@@ -688,7 +688,7 @@ def _mapping_items(node: yaml.Node) -> list[tuple[yaml.ScalarNode, yaml.Node]]:
 
 
 def _tag_fields(section: str, body: yaml.Node) -> None:
-    """`_plain_text_fields_as_typed` for one section's mapping."""
+    """`_plain_scalars_as_meant` for one section's mapping."""
     for key, value in _mapping_items(body):
         if (f"{section}.{key.value}" in _text_keys()
                 and isinstance(value, yaml.ScalarNode) and not value.style  # plain: unquoted
