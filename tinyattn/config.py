@@ -754,11 +754,18 @@ def _drop_inherited_source(inherited: dict, child: dict, origins: dict[str, str]
 
 
 @functools.cache
+def _sections() -> tuple[tuple[str, type], ...]:
+    """The sections of a config whose keys are its settings, (name, dataclass) in order;
+    by_precision, a mapping, is not one: it is one setting whole."""
+    return tuple((name, section) for name, section in typing.get_type_hints(Config).items()
+                 if dataclasses.is_dataclass(section))
+
+
+@functools.cache
 def _table_keys() -> frozenset[str]:
     """The dotted keys of fields whose value is a mapping (train.dropout_by_passes): a child
     config's table replaces its parent's whole instead of merging into it."""
-    return frozenset(f"{name}.{key}" for name, section in typing.get_type_hints(Config).items()
-                     if dataclasses.is_dataclass(section)
+    return frozenset(f"{name}.{key}" for name, section in _sections()
                      for key, tp in typing.get_type_hints(section).items() if typing.get_origin(tp) is dict)
 
 
@@ -780,9 +787,33 @@ def _keys_holding(*kinds: type) -> frozenset[str]:
             return args[0] if len(args) == 1 else tp
         return tp
 
-    return frozenset(f"{name}.{key}" for name, section in typing.get_type_hints(Config).items()
-                     if dataclasses.is_dataclass(section)
+    return frozenset(f"{name}.{key}" for name, section in _sections()
                      for key, tp in typing.get_type_hints(section).items() if unless_null(tp) in kinds)
+
+
+def settings(raw: dict) -> dict:
+    """A config's settings (a YAML mapping's, or `config_to_dict`'s) by dotted key, section.key: a
+    table such as train.decay_by_passes is one setting, its entries compared whole; so is
+    by_precision."""
+    names = {name for name, _ in _sections()}
+    flat = {}
+    for name, value in raw.items():
+        if name in names and isinstance(value, dict):
+            flat.update({f"{name}.{key}": setting for key, setting in value.items()})
+        else:
+            flat[name] = value
+    return flat
+
+
+def with_settings(raw: dict, values: dict) -> dict:
+    """`raw` (`config_to_dict`'s) with `values` (dotted, as `settings` gives them) put in."""
+    for key, value in values.items():
+        section, _, name = key.partition(".")
+        if name:
+            raw[section][name] = value
+        else:  # by_precision, whole
+            raw[section] = value
+    return raw
 
 
 @functools.cache

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import typing
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,7 @@ import yaml
 
 from tinyattn import checkpoint as ckpt
 from tinyattn.config import (PASS_TABLES, Config, TokenizerConfig, config_from_dict, config_to_dict,
-                             load_config)
+                             load_config, settings, with_settings)
 from tinyattn.data.token_cache import data_differences
 from tinyattn.errors import CheckpointError, ConfigError, StorageError
 from tinyattn.system.distributed import Distributed
@@ -279,10 +278,10 @@ class ResumePoint:
             self.notes.append(f"note: {path} is empty; the run continues with its checkpoint's config "
                               "and writes config.yaml again")
             return self.config
-        saved, edited = _settings(config_to_dict(self.config)), _settings(config_to_dict(load_config(path)))
-        written = set(_settings(yaml.safe_load(path.read_text(encoding="utf-8")) or {}))
+        saved, edited = settings(config_to_dict(self.config)), settings(config_to_dict(load_config(path)))
+        written = set(settings(yaml.safe_load(path.read_text(encoding="utf-8")) or {}))
         stored = self.state.get("config", {})  # as the run saved it, and wrote config.yaml
-        older = set(_settings(ckpt.migrated_config(stored))) - set(_settings(stored))  # never in the file
+        older = set(settings(ckpt.migrated_config(stored))) - set(settings(stored))  # never in the file
         changed = [key for key in saved if key not in older and edited[key] != saved[key]]
         fixed = [key for key in changed if key.startswith("tokenizer.")
                  or (key.startswith("model.") and key not in USE_NOT_SHAPE)]
@@ -297,7 +296,7 @@ class ResumePoint:
         self.edited = tuple(changed)  # a table's choice edited by hand: the edit wins (`adopt`)
         what = ", ".join(_edit(key, saved[key], edited[key], deleted=key not in written) for key in changed)
         self.notes.append(f"{path}: your edits apply from step {self.step}: {what}")
-        values = _with_settings(config_to_dict(self.config), {key: edited[key] for key in changed})
+        values = with_settings(config_to_dict(self.config), {key: edited[key] for key in changed})
         return config_from_dict(values, default_origin=str(path))
 
     def check_data(self, fingerprint: dict, *, allow_change: bool) -> Optional[str]:
@@ -348,34 +347,6 @@ def keep_user_config(run_dir: Path, point: Optional[ResumePoint]) -> Optional[st
     with atomic_write(kept) as f:
         f.write(text.encode("utf-8"))
     return f"{path} differed from the run's own copy: what you wrote is kept in {kept.name}"
-
-
-# The sections of a config whose keys are its settings (by_precision is one whole).
-_SECTIONS = frozenset(name for name, tp in typing.get_type_hints(Config).items()
-                      if dataclasses.is_dataclass(tp))
-
-
-def _settings(raw: dict) -> dict:
-    """A config's settings (a YAML mapping's, or `config_to_dict`'s) by dotted key, section.key: a
-    table such as train.decay_by_passes is one setting, its entries compared whole."""
-    flat = {}
-    for name, value in raw.items():
-        if name in _SECTIONS and isinstance(value, dict):
-            flat.update({f"{name}.{key}": setting for key, setting in value.items()})
-        else:
-            flat[name] = value
-    return flat
-
-
-def _with_settings(raw: dict, settings: dict) -> dict:
-    """`raw` (`config_to_dict`'s) with `settings` (dotted, as `_settings` gives them) put in."""
-    for key, value in settings.items():
-        section, _, name = key.partition(".")
-        if name:
-            raw[section][name] = value
-        else:  # by_precision, whole
-            raw[section] = value
-    return raw
 
 
 def _edit(key: str, before, after, *, deleted: bool) -> str:
