@@ -12,9 +12,11 @@ The source is a tinyattn run folder or checkpoint file, or a Hugging Face Llama 
 - the tokenizer, as a `pretrained` tokenizer: the source's `tokenizer.json`.
 
 A resumed fine-tune continues from its own checkpoint; the source's weights are not read
-again (the checkpoint's saved config holds the model section taken from it; the source's
-tokenizer.json stays the run's `tokenizer.path` while it is there, else the run folder's own
-copy is read: `resume.ResumePoint.run_tokenizer`).
+again (the checkpoint's saved config holds the model section taken from it). Its tokenizer is
+the checkpoint's: a `--set tokenizer.path=...` given for the resume is read instead of the
+file it names, else that file (the source's tokenizer.json) while it is there, else the run
+folder's own copy; the given file or the copy is checked against the checkpoint's tokenizer
+(`resume.ResumePoint.take_run_tokenizer`).
 """
 
 from __future__ import annotations

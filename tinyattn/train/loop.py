@@ -137,7 +137,7 @@ def _train(config: Config, request: _Request, dist: Distributed, stopper: StopRe
         # holds the result, by_precision emptied), before the model is checked against the weights.
         config = _for_precision(config, device, request, keep=point.edited)
         if config.train.init_from:  # the model and tokenizer its source gave it (not read again)
-            adopt_model(config, point.config.model, point.run_tokenizer(config),
+            adopt_model(config, point.config.model, point.take_run_tokenizer(config),
                         f"{point.file} (train.init_from)")
         point.adopt(config, request.given)
         point.keep_out_dir(config, request.run_name, request.given)

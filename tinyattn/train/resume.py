@@ -234,13 +234,14 @@ class ResumePoint:
                                   f"{'; '.join(changed)}; the model learned the run's token ids: set it "
                                   "back to resume, or start a new run")
 
-    def run_tokenizer(self, config: Config) -> TokenizerConfig:
+    def take_run_tokenizer(self, config: Config) -> TokenizerConfig:
         """The tokenizer section a resumed fine-tune continues with: the checkpoint's. The file it
         names (the source's tokenizer.json, or the token cache's copy of a checkpoint's) may have
         moved or gone: a tokenizer.path given for this resume is read instead, else, where that file
-        is gone, the run folder's own tokenizer.json (and `config`, where it names the gone file, names
-        the copy). Either is checked against the checkpoint's tokenizer once the data is read
-        (`check_tokenizer`), so the run stays exact."""
+        is gone, the run folder's own tokenizer.json. Taking the copy adds a note to `self.notes`
+        and, where `config.tokenizer` names the gone file, points it at the copy. Either is checked
+        against the checkpoint's tokenizer once the data is read (`check_tokenizer`), so the run
+        stays exact."""
         saved, given = self.config.tokenizer, config.tokenizer
         if given.kind == saved.kind and given.path not in (None, saved.path):  # --set for this resume
             return dataclasses.replace(saved, path=given.path)
