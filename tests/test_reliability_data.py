@@ -199,6 +199,18 @@ def test_a_key_deleted_from_config_yaml_goes_back_to_its_default_and_the_run_say
     assert "train.ema 0.9 -> None (deleted: its default)" in (run / "train.log").read_text(encoding="utf-8")
 
 
+def test_a_model_key_deleted_from_config_yaml_is_refused_saying_it_was_deleted(corpus, tmp_path):
+    from tinyattn.errors import CheckpointError
+    from tinyattn.train.resume import ResumePoint
+
+    train(tiny(corpus, tmp_path), run_name="run", stop_at_step=2, progress=False)
+    run = tmp_path / "run"
+    edit_run_config(run, "  n_layer: 2\n", "")
+    with pytest.raises(CheckpointError, match=r"config\.yaml: model\.n_layer was deleted \(2 -> \d+\), but a "
+                                              "resume cannot change the model's shape"):
+        ResumePoint.find(run, None, tmp_path).edited_config()
+
+
 def test_a_key_an_older_tinyattn_did_not_write_in_config_yaml_is_not_a_deletion(corpus, tmp_path):
     from tinyattn.train.resume import ResumePoint
 
