@@ -180,7 +180,7 @@ def _library_logs_quiet() -> Iterator[None]:
     """The libraries' own log lines kept from the console while they read: without a network the
     hub's client logs a warning at each of five retries ("... Retrying in 1s [Retry 1/5]"), and
     datasets logs "Failed to load JSON from file ..." before it raises. What ends the read is
-    raised, and becomes one line (`_hub_source`, `_reading_errors`)."""
+    raised, and becomes one line (`_dataset_errors`, `_reading_errors`)."""
     loggers = [logging.getLogger(name) for name in ("huggingface_hub", "datasets")]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
