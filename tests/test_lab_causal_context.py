@@ -151,7 +151,7 @@ def test_the_two_runs_differ_in_the_mask_alone_and_the_users_set_comes_after_the
 
     trained = []
     monkeypatch.setattr(loop, "train", lambda config, **options: trained.append((config, options)) or
-                        SimpleNamespace(run_dir=tmp_path / options["run_name"]))
+                        SimpleNamespace(run_dir=tmp_path / options["run_name"], interrupted=False))
     args = argparse.Namespace(config=str(ROOT / "configs" / "tiny.yaml"), steps=3, force=False,
                               overrides=["model.n_layer=3"])
     assert set(train_both(args, tmp_path)) == {"causal", "bidirectional"}
@@ -163,6 +163,32 @@ def test_the_two_runs_differ_in_the_mask_alone_and_the_users_set_comes_after_the
 
 
 
+def test_a_run_stopped_by_ctrl_c_ends_the_lab_in_one_line_before_the_second_run_or_a_table(
+        tmp_path, monkeypatch, capsys, corpus_text):
+    # A stop saves the run and returns (TrainResult.interrupted): the lab went on to train the other
+    # run and printed a table setting 9 steps beside 300, exit 0.
+    from tests.conftest import ROOT
+    from tinyattn.cli.lab import main
+    from tinyattn.train import loop
+
+    trained = []
+    out = tmp_path / "out"
+    monkeypatch.setattr(loop, "train", lambda config, **options: trained.append(options["run_name"]) or
+                        SimpleNamespace(run_dir=out / options["run_name"], step=9, interrupted=True))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(corpus_text, encoding="utf-8")
+    assert main(["causal", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "300",
+                 "--out", str(out), "--set", f"data.files={corpus}", "data.url=null", "data.sha256=null",
+                 f"data.cache_dir={tmp_path / 'cache'}"]) == 2
+    stdout, err = capsys.readouterr()
+    assert trained == ["causal"]  # the bidirectional run is not trained after the stop
+    assert err == (f"error: lab causal stopped: the causal run stopped at step 9 of 300 ({out / 'causal'}); "
+                   f"nothing was compared. Run the lab again with --out {out} --force to train both runs "
+                   "anew\n"), err
+    assert "| model |" not in stdout
+    assert not (out / "causal.md").exists() and not (out / "causal.png").exists()
+
+
 def test_both_runs_keep_the_configs_weight_decay_at_any_steps_without_its_tables_by_passes(tmp_path,
                                                                                         monkeypatch):
     # The main config's train.decay_by_passes gives 0.2 from 3.5 passes: the lab's 4,000 steps of
@@ -172,7 +198,7 @@ def test_both_runs_keep_the_configs_weight_decay_at_any_steps_without_its_tables
 
     trained = []
     monkeypatch.setattr(loop, "train", lambda config, **options: trained.append(config) or
-                        SimpleNamespace(run_dir=tmp_path / options["run_name"]))
+                        SimpleNamespace(run_dir=tmp_path / options["run_name"], interrupted=False))
     args = argparse.Namespace(config=str(ROOT / "configs" / "shakespeare_char.yaml"), steps=4000, force=False,
                               overrides=[])
     train_both(args, tmp_path)
@@ -190,7 +216,8 @@ def test_an_out_holding_what_the_lab_writes_is_refused_before_anything_trains_an
     from tests.conftest import ROOT
     from tinyattn.train import loop
 
-    monkeypatch.setattr(loop, "train", lambda config, **options: SimpleNamespace(run_dir=tmp_path / "x"))
+    monkeypatch.setattr(loop, "train", lambda config, **options: SimpleNamespace(run_dir=tmp_path / "x",
+                                                                          interrupted=False))
     path = tmp_path / earlier
     if earlier == "bidirectional":  # an earlier lab's second run: found before the first run trains
         path.mkdir()
