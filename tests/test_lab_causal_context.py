@@ -34,6 +34,7 @@ from tinyattn.system.device import select_precision
 from tinyattn.train.trainer import Trainer
 
 POSITION = 10  # the leak test changes the token at 11
+NO_MATPLOTLIB = "error: plots need matplotlib, an optional extra: pip install 'tinyattn[plot]'\n"
 
 
 @pytest.mark.parametrize("attention", ["fused", "explicit"])
@@ -254,6 +255,28 @@ def test_a_bad_position_or_checkpoint_is_refused_before_anything_trains(tmp_path
     assert message in err and err.count("\n") == 1, err
     assert not out.exists()
 
+
+def test_lab_causal_without_matplotlib_is_refused_in_one_line_before_anything_trains(
+        tmp_path, monkeypatch, capsys, corpus_text):
+    # It trained both runs (minutes) and then failed drawing causal.png, before the table was printed.
+    import sys
+
+    from tests.conftest import ROOT
+    from tinyattn.cli.lab import main
+    from tinyattn.train import loop
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the optional extra were not installed
+    monkeypatch.setattr(loop, "train", lambda *args, **kwargs: pytest.fail("trained before checking"))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(corpus_text, encoding="utf-8")
+    out = tmp_path / "out"
+    assert main(["causal", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "3",
+                 "--out", str(out), "--set", f"data.files={corpus}", "data.url=null", "data.sha256=null",
+                 f"data.cache_dir={tmp_path / 'cache'}"]) == 2
+    assert capsys.readouterr().err == NO_MATPLOTLIB
+    assert not out.exists()
+
+
 def test_a_checkpoint_of_another_context_than_the_runs_is_refused_before_anything_trains(
         trained_run, tmp_path, monkeypatch, capsys, corpus_text):
     # Its row would be measured on other windows and its leak test at another position than the runs'.
@@ -413,6 +436,18 @@ def test_the_words_state_reads_only_the_text_before_it(tiny_model, char_tokenize
     _, table = similarity_table(model, char_tokenizer, "speak", ["All: speak, speak", "All: speak to me"])
     assert table == pytest.approx(np.ones((3, 1)), abs=1e-6)
 
+
+def test_lab_context_without_matplotlib_is_refused_in_one_line_before_it_writes_anything(
+        trained_run, tmp_path, monkeypatch, capsys):
+    # It measured, made --out and failed drawing context.png before context.md was written.
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the optional extra were not installed
+    out = tmp_path / "out"
+    assert main(["lab", "context", "--checkpoint", str(trained_run.run_dir), "--word", "speak",
+                 "--context", CONTEXTS[0], "--context", CONTEXTS[1], "--out", str(out)]) == 2
+    assert capsys.readouterr().err == NO_MATPLOTLIB
+    assert not out.exists()
 
 def test_hidden_states_are_read_without_dropout_and_the_models_mode_is_kept(tiny_model, char_tokenizer):
     model = tiny_model(vocab_size=char_tokenizer.vocab_size, dropout=0.5)

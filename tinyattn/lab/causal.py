@@ -310,6 +310,7 @@ def _other_checkpoint(args: argparse.Namespace, tokenizer, context: int):
 
 
 def run(args: argparse.Namespace) -> int:
+    from tinyattn.analysis.plotting import require_matplotlib
     from tinyattn.config import load_config
     from tinyattn.data.batches import prepare_data
     from tinyattn.hf.folder import load_any_model
@@ -317,8 +318,10 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     from tinyattn.lab.outputs import experiment_folder
 
-    # What the two runs cannot change is checked before they train (minutes): the steps, the
-    # position, the checkpoint, its tokenizer and its context. Nothing is written until then.
+    # What the two runs cannot change is checked before they train (minutes): matplotlib (for
+    # causal.png), the steps, the position, the checkpoint, its tokenizer and its context.
+    # Nothing is written until then.
+    require_matplotlib()
     check_steps(args.steps)
     config = load_config(args.config, lab_overrides(args.steps, Path(args.out or ".")) + list(args.overrides))
     data = prepare_data(config, progress=False)

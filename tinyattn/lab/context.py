@@ -144,9 +144,11 @@ def save_figure(word: str, pairs, table, path: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tinyattn.analysis.plotting import require_matplotlib
     from tinyattn.hf.folder import load_any_model
 
     started = time.perf_counter()
+    require_matplotlib()  # before any work: without it context.png cannot be drawn (one line)
     contexts = args.contexts or list(DEFAULT_CONTEXTS)
     loaded = load_any_model(args.checkpoint)
     pairs, table = similarity_table(loaded.model, loaded.tokenizer, args.word, contexts)
