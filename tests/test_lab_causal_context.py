@@ -124,10 +124,35 @@ def test_a_models_row_runs_the_leak_test_at_the_position_asked(tiny_model, char_
     loaded = SimpleNamespace(model=model, tokenizer=char_tokenizer, config=config)
     text = "First Citizen: we speak. All: speak, speak. " * 4
     tokens = np.asarray(char_tokenizer.encode(text), dtype=np.uint16)
-    row = measure("causal", loaded, tokens=tokens, position=5, prompt=[1, 2, 3])
+    row = measure("causal", loaded, tokens=tokens, position=5, prompt=[1, 2, 3], windows=None)
     assert row.position == 5
     assert np.all(row.leak[:6] == 0) and row.leak[6] > 0  # the token at 6 changed
-    assert measure("causal", loaded, tokens=tokens, position=None, prompt=[1, 2, 3]).position == 24 // 2 - 1
+    row = measure("causal", loaded, tokens=tokens, position=None, prompt=[1, 2, 3], windows=None)
+    assert row.position == 24 // 2 - 1
+
+
+def test_every_rows_causal_task_loss_reads_the_windows_the_runs_own_evaluation_read(
+        trained_run, tmp_path, monkeypatch, capsys, corpus_text):
+    # With --set train.eval_windows=4 the runs evaluated 4 windows and the causal-task loss read 64:
+    # the causal model's two validation columns, which must agree, read different text.
+    from tests.conftest import ROOT
+    from tinyattn.cli.lab import main
+    from tinyattn.lab import causal
+
+    read = []
+    real = causal.causal_task_loss
+    monkeypatch.setattr(causal, "causal_task_loss", lambda *args, **kwargs: (
+        read.append(kwargs.get("windows", "its default")) or real(*args, **kwargs)))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(corpus_text * 4, encoding="utf-8")  # about 30 validation windows: 4 are not all
+    assert main(["causal", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "3",
+                 "--out", str(tmp_path / "out"), "--checkpoint", str(trained_run.run_dir), "--set",
+                 f"data.files={corpus}", "data.url=null", "data.sha256=null",
+                 f"data.cache_dir={tmp_path / 'cache'}", "train.eval_windows=4"]) == 0
+    assert read == [4, 4, 4]  # the causal run, the bidirectional one and the --checkpoint
+    causal_row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| causal |"))
+    own_mask, causal_task = [float(cell) for cell in causal_row.split("|")[3:5]]
+    assert own_mask == pytest.approx(causal_task, abs=1.5e-3)  # one loss for a causal model, rounded
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])

@@ -40,7 +40,7 @@ SMALL_MODEL = ["model.n_layer=2", "model.n_head=4", "model.n_embd=64", "train.ba
 # The config's tables by passes are tuned for its own model; here they would change the weight decay
 # with --steps (the main config's from 3.5 passes, about 3,430 steps): train.weight_decay at any --steps.
 NO_PASS_TABLES = ["train.dropout_by_passes={}", "train.floor_by_passes={}", "train.decay_by_passes={}"]
-EVAL_WINDOWS = 64  # validation windows for both losses (the same windows)
+EVAL_WINDOWS = 64  # the runs' train.eval_windows (before --set), which both validation losses read
 SAMPLE_TOKENS = 120
 PROMPT_TOKENS = 24  # the default prompt: the first tokens of the validation split
 RUNS = ("causal", "bidirectional")
@@ -108,9 +108,10 @@ def prefix_losses(model, x, y):
     return torch.stack(losses, dim=1)  # (B, T)
 
 
-def causal_task_loss(model, tokens, context_length: int, *, windows: int = EVAL_WINDOWS,
+def causal_task_loss(model, tokens, context_length: int, *, windows: Optional[int],
                      batch_size: int = 32) -> float:
-    """Mean `prefix_losses` over the evaluation windows the training loop's evaluation reads."""
+    """Mean `prefix_losses` over the evaluation windows the training loop's evaluation reads with
+    train.eval_windows = `windows` (None: every window)."""
     from tinyattn.data.batches import eval_batches
 
     total, count = 0.0, 0
@@ -228,8 +229,11 @@ def training_curve(run_dir: Path):
 
 
 def measure(name: str, loaded, *, tokens, position: Optional[int], prompt: list[int],
-            losses: tuple[float, float] = (float("nan"), float("nan"))) -> Row:
-    """One model's row: the causal-task loss, the leak test on the first window, a sample."""
+            windows: Optional[int], losses: tuple[float, float] = (float("nan"), float("nan"))) -> Row:
+    """One model's row: the causal-task loss, the leak test on the first window, a sample.
+
+    windows: the runs' train.eval_windows, so the causal-task loss reads the windows the runs'
+    own evaluation read (every row, a --checkpoint's too, whatever its own config says)."""
     import torch
 
     T = loaded.config.model.context_length
@@ -237,7 +241,7 @@ def measure(name: str, loaded, *, tokens, position: Optional[int], prompt: list[
     x = torch.from_numpy(tokens[:T].astype("int64")).unsqueeze(0)  # (1, T)
     sample_ids = prefix_sample(loaded.model, prompt, tokens=SAMPLE_TOKENS,
                                temperature=loaded.config.sample.temperature, seed=1337)
-    return Row(name, losses[0], losses[1], causal_task_loss(loaded.model, tokens, T),
+    return Row(name, losses[0], losses[1], causal_task_loss(loaded.model, tokens, T, windows=windows),
                leak_test(loaded.model, x, t), t, loaded.tokenizer.decode(sample_ids))
 
 
@@ -340,10 +344,10 @@ def run(args: argparse.Namespace) -> int:
         curves[name] = training_curve(results[name].run_dir)
         losses = (float(curves[name][1][-1]), results[name].last_val_loss)
         rows.append(measure(name, loaded, tokens=tokens, position=args.position, prompt=prompt,
-                            losses=losses))
+                            windows=config.train.eval_windows, losses=losses))
     if checkpoint is not None:
         rows.append(measure(str(args.checkpoint), checkpoint, tokens=tokens, position=args.position,
-                            prompt=prompt))
+                            prompt=prompt, windows=config.train.eval_windows))
     figure = save_figure(rows, curves, out / "causal.png")
     table = write_report(rows, out, time.perf_counter() - started)
     print(table)
