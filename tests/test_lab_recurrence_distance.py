@@ -492,6 +492,31 @@ def test_an_out_holding_an_earlier_runs_output_is_refused_and_force_clears_only_
     assert sorted(path.name for path in out.iterdir()) == ["notes.txt"]
 
 
+@pytest.mark.parametrize("given", ["text", "validation"])
+def test_a_gap_text_too_short_for_the_probe_is_refused_in_one_line_before_force_clears_anything(
+        trained_run, tmp_path, monkeypatch, capsys, given):
+    # --force cleared the earlier output, then repeat_probe refused the text naming neither --text
+    # nor the file.
+    from tinyattn.cli.lab import main
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "distance.txt").write_text("earlier table")
+    command = ["distance", "--checkpoint", str(trained_run.run_dir), "--string-length", "3",
+               "--out", str(out), "--force"]
+    short = tmp_path / "short.txt"
+    short.write_text("To be, or not", encoding="utf-8")  # 13 tokens of the character tokenizer
+    if given == "text":
+        command += ["--text", str(short)]
+        where, advice = f"--text {short}", "give a longer text"
+    else:  # a checkpoint whose validation split is that short
+        monkeypatch.setattr(distance, "gap_text", lambda path, loaded: np.arange(13))
+        where, advice = "the validation split of the checkpoint's data", "give a longer text with --text FILE"
+    assert main(command) == 2
+    # The context of 32 less two strings of 3 leaves gaps up to 27 tokens, which need 28 to draw from.
+    assert capsys.readouterr().err == f"error: {where}: 13 tokens; the probe needs at least 28 ({advice})\n"
+    assert (out / "distance.txt").read_text() == "earlier table"
+
 def test_lab_distance_takes_the_longest_strings_whose_two_copies_fit_as_inputs(trained_run, monkeypatch, capsys):
     # Two copies of n with no gap are 2n tokens, of which the model reads 2n - 1: n = (context + 1) // 2.
     from tinyattn.cli.lab import main

@@ -104,11 +104,12 @@ def run(args: argparse.Namespace) -> int:
         raise TinyattnError(f"--string-length {args.string_length}: two copies must fit the context of "
                             f"{context} tokens{' after the start token' if start else ''} (as inputs: the "
                             f"last token is only predicted); give at most {(context + 1) // 2}")
+    distances = gap_lengths(context, args.string_length)
+    check_gap_text(text, distances[-1] + 1, args.text)
     clear_earlier_lab(args.out, OUTPUTS, args.force)  # after every check: --force never loses a run to a typo
     rng = np.random.default_rng(args.seed)
     probe = repeat_probe(model, string_tokens=ordinary_tokens(tokenizer), text=text,
-                         length=args.string_length, distances=gap_lengths(context, args.string_length),
-                         rng=rng, start=start)
+                         length=args.string_length, distances=distances, rng=rng, start=start)
     folder = experiment_folder(args.out, "distance")
     recall = train_recall(pairs=args.pairs, steps=args.recall_steps, seed=args.seed, device=device,
                           writer_folder=folder)
@@ -137,6 +138,16 @@ def gap_text(path: str | None, loaded) -> np.ndarray:
     if data.tokenizer.to_json() != loaded.tokenizer.to_json():
         raise TinyattnError(f"{data.cache_dir}: the data's tokenizer is not the checkpoint's; give --text FILE")
     return np.asarray(data.validation, dtype=np.int64)
+
+
+def check_gap_text(text: np.ndarray, needed: int, path: str | None) -> None:
+    """The gap text (`gap_text`) must hold `needed` tokens, the longest gap and one more (what
+    `repeat_probe` draws from): one line naming --text FILE, or the validation split, otherwise."""
+    if len(text) >= needed:
+        return
+    where, advice = ((f"--text {path}", "give a longer text") if path is not None else
+                     ("the validation split of the checkpoint's data", "give a longer text with --text FILE"))
+    raise TinyattnError(f"{where}: {len(text)} tokens; the probe needs at least {needed} ({advice})")
 
 
 def ordinary_tokens(tokenizer) -> np.ndarray:
