@@ -98,13 +98,21 @@ def test_the_leak_is_the_largest_absolute_logit_change_at_each_position(tiny_mod
     np.testing.assert_allclose(leak_test(model, x, POSITION), expected, rtol=1e-6)
 
 
-def test_the_causal_task_loss_is_the_mean_loss_per_target_over_the_evaluation_windows(tiny_model):
-    model = tiny_model()  # causal: the prefix loss is its ordinary loss
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_the_causal_task_loss_is_the_mean_loss_per_target_over_the_evaluation_windows(tiny_model, causal):
+    # Each target from its prefix alone: the model run on x[:, :t+1] for target t. For a causal model
+    # that is its ordinary loss; a bidirectional one's ordinary loss would read the answer.
+    model = tiny_model(causal=causal)
     tokens = np.random.default_rng(4).integers(0, 65, 400).astype(np.uint16)
+    losses = []
     with torch.no_grad():
-        losses = [torch.nn.functional.cross_entropy(model(x).logits.transpose(1, 2), y, reduction="none")
-                  for x, y in eval_batches(tokens, 24, 2, 5)]
-    expected = torch.cat([loss.flatten() for loss in losses]).double().mean().item()
+        for param in model.parameters():  # weights spread enough that the later tokens matter
+            param.add_(torch.randn_like(param) * 0.15)  # (tiny_model seeded the generator)
+        for x, y in eval_batches(tokens, 24, 2, 5):
+            for t in range(24):
+                logits = model(x[:, :t + 1]).logits[:, -1]  # (b, V): the prediction at t from t+1 tokens
+                losses.append(torch.nn.functional.cross_entropy(logits, y[:, t], reduction="none"))
+    expected = torch.cat(losses).double().mean().item()
     assert causal_task_loss(model, tokens, 24, windows=5, batch_size=2) == pytest.approx(expected, rel=1e-5)
 
 
