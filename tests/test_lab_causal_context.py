@@ -118,7 +118,8 @@ def test_the_causal_task_loss_is_the_mean_loss_per_target_over_the_evaluation_wi
 
 def test_the_table_puts_the_leak_up_to_t_and_after_t_in_their_own_columns():
     causal = Row("causal", 2.5, 2.6, 2.7, np.array([0.0, 0.0, 0.0, 0.5, 2.0]), 2, "")
-    leaky = Row("bidirectional", 0.5, 0.6, 4.0, np.array([0.25, 0.75, 0.125, 1.0, 3.0]), 2, "")
+    # Each column's largest value at its edge: position 2 for <= t, 3 for > t (an off-by-one loses it)
+    leaky = Row("bidirectional", 0.5, 0.6, 4.0, np.array([0.25, 0.5, 0.75, 3.0, 1.0]), 2, "")
     lines = format_table([causal, leaky]).splitlines()
     assert [cell.strip() for cell in lines[2].split("|")[1:-1]] == [
         "causal", "2.500", "2.600", "2.700", "0 (exactly)", "2"]
