@@ -28,7 +28,7 @@ from tinyattn.lab.causal import (
     prefix_sample,
     train_both,
 )
-from tinyattn.lab.context import compared_token, similarity_table, word_position
+from tinyattn.lab.context import compared_token, hidden_states, similarity_table, word_position
 from tinyattn.lab.context import format_table as context_table
 from tinyattn.system.device import select_precision
 from tinyattn.train.trainer import Trainer
@@ -449,6 +449,20 @@ def test_one_tokens_similarity_is_1_at_the_embedding_and_below_1_after_a_block_t
     assert table[0, 0] == pytest.approx(1.0, abs=1e-12)  # one table row, whatever the context
     assert table[1, 0] < 0.999 and table[2, 0] < 0.999  # attention mixed different contexts in
 
+
+def test_the_states_compared_are_those_of_the_words_last_token_at_the_embedding_and_after_the_last_block(
+        tiny_model, char_tokenizer):
+    # The similarity tests hold with the state of any one position read in both contexts (the one
+    # before the word's last token too: 'a' of 'speak' in each): these pin which position is read.
+    model = tiny_model(vocab_size=char_tokenizer.vocab_size)
+    ids, position = word_position(char_tokenizer, "All: speak, speak", "speak")
+    states = hidden_states(model, ids, position)  # (n_layer + 1, C)
+    with torch.no_grad():
+        embedding = model.token_embedding.weight[ids[position]].double()  # the row of 'k'
+        last = model.hidden_states(torch.tensor([ids]))[0, position].double()  # after the last block
+    assert states.shape == (3, 32)
+    assert torch.equal(states[0], embedding)
+    torch.testing.assert_close(states[-1], last)
 
 def test_a_model_that_attends_only_to_itself_keeps_the_similarity_at_1(tiny_model, char_tokenizer,
                                                                         monkeypatch):
