@@ -18,7 +18,6 @@ experiment-only setting that generate and export refuse), into <out>/causal and
   `--checkpoint` runs it on a model of yours as well.
 
 It writes <out>/causal.md (the table and the samples) and <out>/causal.png, and prints the table.
-Torch is imported inside the functions, so `tinyattn lab --help` answers without it.
 """
 
 from __future__ import annotations

@@ -9,8 +9,7 @@ what it is at the embedding (1.0 for the same token, as the embedding holds no p
 RoPE acts inside attention), and then how far the contexts pull it apart.
 
 It writes <out>/context.md (the table) and <out>/context.png (similarity against depth, one
-line per pair), and prints the table. Torch is imported inside the functions, so `tinyattn lab
---help` answers without it.
+line per pair), and prints the table.
 """
 
 from __future__ import annotations
