@@ -8,7 +8,9 @@ import sys
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
+from tinyattn.analysis import evaluate
 from tinyattn.analysis.evaluate import (
     evaluate_tokens,
     format_loss_by_position,
@@ -18,6 +20,7 @@ from tinyattn.analysis.evaluate import (
     position_ranges,
     save_loss_by_position_plot,
     text_units,
+    token_losses,
 )
 from tinyattn.checkpoint import load_model
 from tinyattn.cli.eval import main
@@ -25,7 +28,7 @@ from tinyattn.config import ModelConfig, TokenizerConfig
 from tinyattn.data.batches import eval_batches, prepare_data, tail_window
 from tinyattn.data.tokenizer import build_tokenizer
 from tinyattn.errors import DataError
-from tinyattn.model.transformer import LanguageModel
+from tinyattn.model.transformer import IGNORE_INDEX, LanguageModel
 
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
         "First Citizen:\nYou are all resolved rather to die than to famish?\n\n") * 12
@@ -200,6 +203,54 @@ def test_a_model_in_training_is_evaluated_without_dropout_and_left_training():
     model.train()
     np.testing.assert_array_equal(loss_by_position(model, tokens, 16, batch_size=4), by_position)
     assert model.training
+
+
+def test_token_losses_hold_a_bounded_block_of_logits_and_give_the_losses_of_the_whole_logits(monkeypatch):
+    torch.manual_seed(0)
+    V = 97
+    model = LanguageModel(ModelConfig(vocab_size=V, n_layer=1, n_head=2, n_embd=16, context_length=24)).eval()
+    x, y = torch.randint(0, V, (3, 24)), torch.randint(0, V, (3, 24))
+    y[1, 5] = IGNORE_INDEX
+    with torch.no_grad():
+        whole = F.cross_entropy(model(x).logits.float().transpose(1, 2), y, reduction="none")  # (3, 24)
+        assert torch.equal(token_losses(model, x, y), whole)  # 3 * 24 * 97 logits: one block
+        blocks = []  # the (b, t, C) hidden states each call of the head turns into logits
+        real = model.head_logits
+        monkeypatch.setattr(model, "head_logits",
+                            lambda hidden: blocks.append(tuple(hidden.shape)) or real(hidden))
+        monkeypatch.setattr(evaluate, "LOSS_CHUNK_ELEMENTS", 2 * 24 * V, raising=False)  # two whole windows
+        assert torch.equal(token_losses(model, x, y), whole)  # cut between windows: the same bits
+        assert blocks == [(2, 24, 16), (1, 24, 16)]
+        blocks.clear()
+        # 10 positions of one window a block
+        monkeypatch.setattr(evaluate, "LOSS_CHUNK_ELEMENTS", 10 * V + 5, raising=False)
+        chunked = token_losses(model, x, y)
+    assert blocks == [(1, 10, 16), (1, 10, 16), (1, 4, 16)] * 3  # never the whole (3, 24, V) logits
+    assert chunked[1, 5] == 0.0  # an ignored target still counts nothing
+    torch.testing.assert_close(chunked, whole, rtol=1e-6, atol=1e-6)  # cross_entropy's last bit may differ
+
+
+def test_cli_scores_an_imported_folder_in_batches_of_its_context_not_the_default_train_batch_size(
+        run, tmp_path, capsys, monkeypatch):
+    from tinyattn.cli import eval as eval_cli
+    from tinyattn.hf.folder import export_folder
+
+    loaded = load_model(run["run_dir"])
+    export_folder(loaded.model.state_dict(), loaded.config, loaded.tokenizer, tmp_path / "hf")
+    (tmp_path / "text.txt").write_text(TEXT[:300], encoding="utf-8")
+    sizes = []
+    real = evaluate.evaluate_tokens
+    monkeypatch.setattr(evaluate, "evaluate_tokens",
+                        lambda model, tokenizer, tokens, batch_size, *a, **k:
+                        sizes.append(batch_size) or real(model, tokenizer, tokens, batch_size, *a, **k))
+    monkeypatch.setattr(eval_cli, "EVAL_BATCH_TOKENS", 3 * CONTEXT + 1, raising=False)
+    for checkpoint, more in ((tmp_path / "hf", ()), (run["run_dir"], ()),
+                             (tmp_path / "hf", ("--batch-size", "5"))):
+        status, _, stderr = run_cli(capsys, "--checkpoint", str(checkpoint), "--text-file",
+                                    str(tmp_path / "text.txt"), "--no-plot", *more)
+        assert status == 0, stderr
+    # The folder: windows of its context holding EVAL_BATCH_TOKENS; the run: its train.batch_size.
+    assert sizes == [3, loaded.config.train.batch_size, 5] and loaded.config.train.batch_size != 3
 
 
 def test_a_text_shorter_than_one_window_is_only_a_tail(run):

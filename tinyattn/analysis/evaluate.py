@@ -43,6 +43,7 @@ from tinyattn.model.transformer import evaluation_mode
 from tinyattn.system.storage import check_writable, storage_errors
 
 DECODE_CHUNK = 1 << 20  # tokens decoded at once when counting the bytes of a text
+LOSS_CHUNK_ELEMENTS = 1 << 22  # logits `token_losses` holds at once (16 MiB in fp32)
 PLOT_INCHES = (7.0, 4.0)
 PLOT_DPI = 100
 TENSORBOARD_PLOT_PIXELS = (420, 240)  # (width, height) of loss_by_position_image
@@ -66,10 +67,33 @@ class Evaluation:
 
 def token_losses(model, x: torch.Tensor, y: torch.Tensor, **forward_options) -> torch.Tensor:
     """Cross-entropy of every target in nats, (B, T) float32, computed in fp32; 0 where the
-    target is model.IGNORE_INDEX (cross_entropy's default). forward_options (mask) go to the model."""
+    target is model.IGNORE_INDEX (cross_entropy's default). forward_options (mask) go to the model.
+
+    A LanguageModel's head and the cross-entropy run on its hidden states a block of at most
+    LOSS_CHUNK_ELEMENTS logits at a time: the (B, T, V) logits of a large vocabulary and a long
+    context (49152 x 8192 is 1.6 GB a window in fp32) never exist at once. Blocks of whole windows
+    give the losses of the logits computed whole; blocks within a window differ in the last bit
+    or so. A model with `forward` alone (the lab's hand-built ones) gives its logits whole.
+    """
     device = next(model.parameters()).device
-    logits = model(x.to(device), **forward_options).logits  # (B, T, V)
-    return F.cross_entropy(logits.float().transpose(1, 2), y.to(device), reduction="none")  # (B, T)
+    x, y = x.to(device), y.to(device)
+    if not hasattr(model, "head_logits"):
+        return _cross_entropy(model(x, **forward_options).logits, y)
+    hidden = model.hidden_states(x, **forward_options)  # (B, T, C)
+    (B, T), V = y.shape, model.config.vocab_size
+    positions = min(T, max(1, LOSS_CHUNK_ELEMENTS // V))  # of one window, per block
+    windows = max(1, LOSS_CHUNK_ELEMENTS // (positions * V))  # per block
+    losses = torch.empty(B, T, device=device)
+    for b in range(0, B, windows):
+        for t in range(0, T, positions):
+            block = (slice(b, b + windows), slice(t, t + positions))
+            losses[block] = _cross_entropy(model.head_logits(hidden[block]), y[block])  # (b, t, V) logits
+    return losses
+
+
+def _cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """(B, T, V) logits, (B, T) targets -> (B, T) nats, in fp32."""
+    return F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none")
 
 
 # ----------------------------------------------------------------------------- evaluation

@@ -10,6 +10,8 @@ from tinyattn.cli import run_command
 from tinyattn.cli.options import add_checkpoint, add_device, command_parser
 from tinyattn.errors import DataError, TinyattnError
 
+EVAL_BATCH_TOKENS = 1 << 14  # tokens per forward pass for an imported folder (`_batch_size`)
+
 
 def parser() -> argparse.ArgumentParser:
     p = command_parser(
@@ -24,8 +26,9 @@ def parser() -> argparse.ArgumentParser:
     source.add_argument("--text-file", type=Path, metavar="FILE", help="a UTF-8 text file to score")
     source.add_argument("--split", choices=["validation", "train"],
                         help="a split of the run's data, from its saved config (default: validation)")
-    p.add_argument("--batch-size", type=int, metavar="N", help="windows per forward pass "
-                                                                "(default: the run's train.batch_size)")
+    p.add_argument("--batch-size", type=int, metavar="N", help="windows per forward pass (default: the "
+                   "run's train.batch_size; for a Hugging Face folder, which records no run, as many "
+                   f"windows as hold {EVAL_BATCH_TOKENS:,} tokens, at least one)")
     add_device(p)
     p.add_argument("--plot", type=Path, metavar="PNG", help="where to save the loss-by-position plot "
                    "(default: loss_by_position_<split or file name>.png in the run folder)")
@@ -54,13 +57,24 @@ def command(args: argparse.Namespace) -> int:
     tokens, text, source, name = _tokens(args, loaded)
     if not args.no_plot:  # a plot that cannot be written is said before the scoring, not after
         _check_plot_folder(_plot_file(args.plot, loaded.path.parent / f"loss_by_position_{name}.png"))
-    batch_size = args.batch_size or loaded.config.train.batch_size
+    batch_size = _batch_size(args.batch_size, loaded)
     char_level = loaded.config.tokenizer.kind == "char"
     result = evaluate_tokens(loaded.model, loaded.tokenizer, tokens, batch_size, char_level, text=text)
     _print_scores(loaded, result, len(tokens), source)
     if result.full_windows and not args.no_plot:
         _plot(args, loaded, result, source, name)
     return 0
+
+
+def _batch_size(given: int | None, loaded) -> int:
+    """--batch-size, else the run's train.batch_size (what its training fitted). An imported
+    folder's train section is only the defaults, blind to its context: windows of its context
+    holding EVAL_BATCH_TOKENS tokens, so a long context is scored a window or two at a time."""
+    if given is not None:
+        return given
+    if loaded.hf_folder:
+        return max(1, EVAL_BATCH_TOKENS // loaded.config.model.context_length)
+    return loaded.config.train.batch_size
 
 
 def _tokens(args: argparse.Namespace, loaded):
