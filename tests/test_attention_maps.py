@@ -271,6 +271,18 @@ def test_a_word_query_is_the_last_character_of_its_first_whole_word_occurrence(t
             query_position_of_word(tokenizer, ids, absent)
 
 
+def test_a_word_query_of_the_text_read_as_unknown_says_which_characters_the_tokenizer_lacks(tokenizer):
+    text = "the student wás here"  # á: never in the corpus, read as [UNK]
+    ids = tokenizer.encode(text)
+    with pytest.raises(TinyattnError) as error:
+        query_position_of_word(tokenizer, ids, "wás", text=text)
+    assert str(error.value) == ("--query 'wás': a word of the text, but not of the text the model reads: the "
+                                "tokenizer has never seen 'á', read as [UNK] (use --query-position N for any token)")
+    with pytest.raises(TinyattnError, match="not a word of the text"):  # not in the text either
+        query_position_of_word(tokenizer, ids, "wás", text="the student was here")
+    assert query_position_of_word(tokenizer, ids, "here", text=text) == len(text) - 1
+
+
 def test_a_word_query_counts_a_start_token_only_where_the_ids_begin_with_it(tokenizer):
     # An imported folder's bos before the text shifts the position by one; of ids without it, no
     # token is skipped: the text's first word is found.
@@ -378,6 +390,23 @@ def test_cli_encodes_the_text_once_for_the_query_and_the_model(run_dir, tmp_path
                                      "--out-dir", str(tmp_path), "--device", "cpu")
     assert status == 0 and "--query 'was': its first occurrence ends in token s" in stdout, stderr
     assert encoded == [SENTENCE]
+
+
+@pytest.mark.parametrize("options", [[], ["--relevance"]], ids=["heatmaps", "relevance"])
+def test_cli_warns_of_characters_read_as_unknown_and_names_them_for_a_query_it_cannot_find(
+        run_dir, tmp_path, capsys, options):
+    text = "the student wás here"  # á: never in the run's corpus
+    warning = "warning: --text: 1 character the tokenizer has never seen, read as [UNK]: 'á'\n"
+    args = ("--checkpoint", str(run_dir), "--text", text, *options, "--out-dir", str(tmp_path), "--device", "cpu")
+    status, _, stderr = run_cli(capsys, *args, "--query", "wás")
+    assert status == 2 and stderr == warning + (
+        "error: --query 'wás': a word of the text, but not of the text the model reads: the tokenizer has "
+        "never seen 'á', read as [UNK] (use --query-position N for any token)\n")
+    status, stdout, stderr = run_cli(capsys, *args, "--query", "student")
+    assert status == 0 and stderr == warning and "ends in token t at position 10" in stdout, stderr
+    status, _, stderr = run_cli(capsys, "--checkpoint", str(run_dir), "--text", SENTENCE[:30], *options,
+                                "--out-dir", str(tmp_path), "--device", "cpu")
+    assert status == 0 and "warning" not in stderr, stderr
 
 
 @pytest.mark.parametrize("args, message", [

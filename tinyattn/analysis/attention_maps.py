@@ -47,6 +47,7 @@ from tinyattn.analysis.plotting import (
     scale_up,
     tile,
 )
+from tinyattn.data.tokenizer import unknown_characters
 from tinyattn.errors import TinyattnError
 from tinyattn.model.transformer import evaluation_mode
 from tinyattn.system.storage import check_writable, storage_errors
@@ -143,21 +144,26 @@ def token_spans(tokenizer, token_ids: list[int]) -> tuple[str, list[tuple[int, i
     return text, list(zip([0] + ends[:-1], ends))
 
 
-def query_position_of_word(tokenizer, token_ids: list[int], word: str) -> int:
+def query_position_of_word(tokenizer, token_ids: list[int], word: str, *, text: Optional[str] = None) -> int:
     """The position of the token holding the last character of the first occurrence of `word`.
 
     `word` is matched case-sensitively as a whole word (not inside a longer word) in the
     text the model saw. For a character-level model this is the word's last character:
     the position that has read the whole word. With subword tokens it is the token that
     completes the word. An imported folder's bos before the text (`tokenizer.text_start`) is no part
-    of it: its spelling ("<s>") is not searched.
+    of it: its spelling ("<s>") is not searched. `text`, the text token_ids encode, lets the error
+    for a word it holds that the decoded tokens lack (read as [UNK]) say why.
     """
     start = list(getattr(tokenizer, "text_start", []))
     skip = len(start) if start and list(token_ids[:len(start)]) == start else 0
-    text, spans = token_spans(tokenizer, list(token_ids[skip:]))
+    decoded, spans = token_spans(tokenizer, list(token_ids[skip:]))
     pattern = r"(?<!\w)" + re.escape(word) + r"(?!\w)"
-    match = re.search(pattern, text) if word.strip() else None
+    match = re.search(pattern, decoded) if word.strip() else None
     if match is None:
+        if word.strip() and text is not None and re.search(pattern, text):
+            raise TinyattnError(f"--query {word!r}: a word of the text, but not of the text the model reads: "
+                                f"{_what_the_tokenizer_lacks(tokenizer, word)} (use --query-position N "
+                                "for any token)")
         raise TinyattnError(f"--query {word!r}: not a word of the text (matched whole and "
                             "case-sensitive; use --query-position N for any token)")
     last_char = match.end() - 1
@@ -165,6 +171,15 @@ def query_position_of_word(tokenizer, token_ids: list[int], word: str) -> int:
         if first <= last_char < end:
             return skip + position
     return skip + len(spans) - 1  # unreachable unless decode() is not prefix-stable
+
+
+def _what_the_tokenizer_lacks(tokenizer, word: str) -> str:
+    """Why `word` is not in the decoded text: the characters read as [UNK], else how it decodes
+    (a normalising tokenizer: lowercased, accents stripped)."""
+    unknown = unknown_characters(tokenizer, word)
+    if unknown:
+        return f"the tokenizer has never seen {', '.join(repr(c) for c in unknown)}, read as [UNK]"
+    return f"the tokenizer gives it back as {tokenizer.decode(tokenizer.encode(word))!r}"
 
 
 def check_query_position(num_tokens: int, position: int) -> int:

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tinyattn.cli import run_command
+from tinyattn.cli import run_command, warn_unknown_characters
 from tinyattn.cli.options import add_checkpoint, add_device, command_parser
 from tinyattn.errors import TinyattnError
 
@@ -79,13 +79,16 @@ def command(args: argparse.Namespace) -> int:
                             "look at: give one with --text \"...\"")
     # Once: the query's position and the model read the same ids; an imported folder's bos first
     # where its tokenizer puts it there, as generation and transformers read the text.
-    token_ids = loaded.tokenizer.text_start + loaded.tokenizer.encode(text)
+    ids = loaded.tokenizer.encode(text)
+    where = "train.probe_text" if args.text is None else "--text"
+    warn_unknown_characters(loaded.tokenizer, text, ids, where)
+    token_ids = loaded.tokenizer.text_start + ids
     if args.relevance or args.html:
         return _relevance_and_explorer(args, loaded, text, token_ids)
-    return _heatmaps(args, loaded, token_ids)
+    return _heatmaps(args, loaded, text, token_ids)
 
 
-def _heatmaps(args: argparse.Namespace, loaded, token_ids: list[int]) -> int:
+def _heatmaps(args: argparse.Namespace, loaded, text: str, token_ids: list[int]) -> int:
     """The PNGs, and with --query / --query-position the query's top keys."""
     from tinyattn.analysis.attention_maps import (
         attention_maps_of_tokens,
@@ -100,7 +103,7 @@ def _heatmaps(args: argparse.Namespace, loaded, token_ids: list[int]) -> int:
     kept, dropped = len(maps.token_ids), maps.dropped_tokens
     position = None  # in the text, as --relevance counts; then in the kept window
     if args.query is not None:
-        position = query_position_of_word(loaded.tokenizer, token_ids, args.query)
+        position = query_position_of_word(loaded.tokenizer, token_ids, args.query, text=text)
     elif args.query_position is not None:
         position = check_query_position(kept + dropped, args.query_position)
     if position is not None and position < dropped:
@@ -142,7 +145,7 @@ def _relevance_and_explorer(args: argparse.Namespace, loaded, text: str, token_i
 
     if args.top is not None and args.top < 1:
         raise TinyattnError(f"--top {args.top}: expected a positive number of tokens")
-    position = _relevance_query(args, loaded, token_ids)
+    position = _relevance_query(args, loaded, text, token_ids)
     rel = relevance_of_tokens(loaded.model, loaded.tokenizer, token_ids)
     if args.relevance:
         if args.query is not None:
@@ -158,7 +161,7 @@ def _relevance_and_explorer(args: argparse.Namespace, loaded, text: str, token_i
     return 0
 
 
-def _relevance_query(args: argparse.Namespace, loaded, token_ids: list[int]) -> int:
+def _relevance_query(args: argparse.Namespace, loaded, text: str, token_ids: list[int]) -> int:
     """The query's position, checked against the text (and a note when it is read in windows)."""
     from tinyattn.analysis.ablation import check_text, window_stride
     from tinyattn.analysis.attention_maps import check_query_position, query_position_of_word
@@ -166,7 +169,7 @@ def _relevance_query(args: argparse.Namespace, loaded, token_ids: list[int]) -> 
     T, context = len(token_ids), loaded.config.model.context_length
     check_text(loaded.model, token_ids)  # before the query checks: they assume a text to measure
     if args.query is not None:
-        position = query_position_of_word(loaded.tokenizer, token_ids, args.query)
+        position = query_position_of_word(loaded.tokenizer, token_ids, args.query, text=text)
     elif args.query_position is not None:
         position = check_query_position(T, args.query_position)
     else:

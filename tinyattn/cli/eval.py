@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from tinyattn.cli import run_command
@@ -82,18 +81,13 @@ def _tokens(args: argparse.Namespace, loaded):
     name of the plot's file)."""
     import numpy as np
 
-    from tinyattn.data.tokenizer import unknown_characters
+    from tinyattn.cli import warn_unknown_characters
     from tinyattn.system.storage import read_text
 
     if args.text_file is not None:
         text = read_text(args.text_file, "text file")
         ids = loaded.tokenizer.encode(text)
-        unknown = unknown_characters(loaded.tokenizer, text, ids)
-        if unknown:
-            shown = ", ".join(repr(c) for c in unknown[:10]) + (", ..." if len(unknown) > 10 else "")
-            what = "1 character" if len(unknown) == 1 else f"{len(unknown)} characters"
-            print(f"warning: {args.text_file}: {what} the tokenizer has never seen, "
-                  f"scored as [UNK]: {shown}", file=sys.stderr)
+        warn_unknown_characters(loaded.tokenizer, text, ids, str(args.text_file), "scored")
         # An imported folder's bos first where its tokenizer adds it: the text scored as transformers would
         ids = loaded.tokenizer.text_start + ids
         return np.asarray(ids, dtype=np.int64), text, str(args.text_file), args.text_file.stem
