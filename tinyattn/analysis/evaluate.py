@@ -131,17 +131,18 @@ def _position_sums(model, tokens, context_length, batch_size, max_windows=None) 
 
 
 def evaluate_tokens(model, tokenizer, tokens, batch_size: int, char_level: bool, *,
-                    text: Optional[str] = None) -> Evaluation:
+                    text: Optional[str] = None, source: str = "the text") -> Evaluation:
     """Loss, perplexity, bits per character (char_level) or byte, loss by position: all windows.
 
     tokens: a list, array or memmap of token ids; text: the text they encode (after the
-    tokenizer's `text_start`), whose bytes are then counted (`predicted_text_bytes`). Pass the
+    tokenizer's `text_start`), whose bytes are then counted (`predicted_text_bytes`); source:
+    what they are (a file's path) for the error when there is nothing to predict. Pass the
     plain LanguageModel; it runs in eval mode without gradients, in its own precision (the CLI
     loads it in fp32).
     """
     tokens = np.asarray(tokens)
     if len(tokens) < 2:
-        raise DataError(f"the text has {len(tokens)} token(s); evaluation needs at least 2 "
+        raise DataError(f"{source} has {len(tokens)} token(s); evaluation needs at least 2 "
                         "(one to read, one to predict)")
     context_length = model.config.context_length
     sums, windows = _position_sums(model, tokens, context_length, batch_size)

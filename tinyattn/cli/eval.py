@@ -58,7 +58,8 @@ def command(args: argparse.Namespace) -> int:
         _check_plot_folder(_plot_file(args.plot, loaded.path.parent / f"loss_by_position_{name}.png"))
     batch_size = _batch_size(args.batch_size, loaded)
     char_level = loaded.config.tokenizer.kind == "char"
-    result = evaluate_tokens(loaded.model, loaded.tokenizer, tokens, batch_size, char_level, text=text)
+    result = evaluate_tokens(loaded.model, loaded.tokenizer, tokens, batch_size, char_level, text=text,
+                             source=source)
     _print_scores(loaded, result, len(tokens), source)
     if result.full_windows and not args.no_plot:
         _plot(args, loaded, result, source, name)
