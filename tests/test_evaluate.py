@@ -385,9 +385,13 @@ def test_cli_a_text_files_byte_order_mark_is_not_scored(run, tmp_path, capsys):
 
 def test_cli_plot_goes_where_it_says_and_a_format_it_cannot_write_is_one_line(run, tmp_path, capsys):
     args = ("--checkpoint", str(run["run_dir"]), "--split", "validation", "--plot")
-    for given, written in ((tmp_path / "lbp", tmp_path / "lbp.png"),  # no extension: .png, said
-                           (tmp_path, tmp_path / "loss_by_position_validation.png")):  # a folder
-        status, stdout, stderr = run_cli(capsys, *args, str(given))
+    default = "loss_by_position_validation.png"
+    for given, written in ((str(tmp_path / "lbp"), tmp_path / "lbp.png"),  # no extension: .png, said
+                           (str(tmp_path), tmp_path / default),  # a folder
+                           # A path ending in a separator: a folder, made, whatever its name looks like
+                           (f"{tmp_path / 'plots'}/", tmp_path / "plots" / default),
+                           (f"{tmp_path / 'plots.v2'}/", tmp_path / "plots.v2" / default)):
+        status, stdout, stderr = run_cli(capsys, *args, given)
         assert status == 0, stderr
         assert f"wrote {written}\n" in stdout and written.read_bytes()[:4] == b"\x89PNG"
     status, stdout, stderr = run_cli(capsys, *args, str(tmp_path / "lbp.txt"))

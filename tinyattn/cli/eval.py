@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from tinyattn.cli import run_command
@@ -29,8 +30,10 @@ def parser() -> argparse.ArgumentParser:
                    "run's train.batch_size; for a Hugging Face folder, which records no run, as many "
                    f"windows as hold {EVAL_BATCH_TOKENS:,} tokens, at least one)")
     add_device(p)
-    p.add_argument("--plot", type=Path, metavar="PNG", help="where to save the loss-by-position plot "
-                   "(default: loss_by_position_<split or file name>.png in the run folder)")
+    # A string, not a Path: Path("plots/") drops the slash that says it is a folder
+    p.add_argument("--plot", metavar="PNG", help="where to save the loss-by-position plot, or a folder to "
+                   "save it in (an existing one, or a path ending in /); default: "
+                   "loss_by_position_<split or file name>.png in the run folder")
     p.add_argument("--no-plot", action="store_true", help="do not draw the plot")
     return p
 
@@ -117,9 +120,10 @@ def _print_scores(loaded, result, num_tokens: int, source: str) -> None:
 PLOT_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".jpeg")  # what --plot writes, by its extension
 
 
-def _check_plot_format(path: Path) -> None:
+def _check_plot_format(given: str) -> None:
     """A --plot path whose extension names no format the plot is written in: one line."""
-    if not path.is_dir() and path.suffix and path.suffix.lower() not in PLOT_FORMATS:
+    path = Path(given)
+    if not _names_a_folder(given) and path.suffix and path.suffix.lower() not in PLOT_FORMATS:
         raise TinyattnError(f"--plot {path}: {path.suffix!r} is not an image format this writes; "
                             f"expected a file ending in {', '.join(PLOT_FORMATS)} (none: .png) or a folder")
 
@@ -134,14 +138,20 @@ def _check_plot_folder(path: Path) -> None:
                             ) from None
 
 
-def _plot_file(given: Path | None, default: Path) -> Path:
+def _names_a_folder(given: str) -> bool:
+    """--plot names a folder: one that exists, or a path ending in a separator (made if need be)."""
+    return Path(given).is_dir() or given.endswith(("/", os.sep))
+
+
+def _plot_file(given: str | None, default: Path) -> Path:
     """Where the plot goes: --plot as given, in a folder it names (the default file name), or with
     .png added where it has no extension (which the plotting library would add unsaid)."""
     if given is None:
         return default
-    if given.is_dir():
-        return given / default.name
-    return given if given.suffix else given.with_name(given.name + ".png")
+    path = Path(given)
+    if _names_a_folder(given):
+        return path / default.name
+    return path if path.suffix else path.with_name(path.name + ".png")
 
 
 def _plot(args: argparse.Namespace, loaded, result, source: str, name: str) -> None:
