@@ -259,6 +259,10 @@ def test_the_table_has_a_row_per_earlier_token_with_its_weights_and_relevance(ch
     assert float(cells[3]) == pytest.approx(rel.weights[:, :, 7, key].mean(), abs=5e-4)
     assert [float(c) for c in cells[6:]] == pytest.approx(list(rel.weights[:, :, 7, key].ravel()), abs=5e-4)
     assert lines[-1].startswith("rank correlation (Spearman) of weight with relevance: this query's 7 keys")
+    # The first token reads no earlier key: no correlation, said as the explorer says it, not +nan.
+    first = format_relevance_table(rel, 0).splitlines()
+    assert first[3:-1] == [] and "this query's 0 keys n/a (mean weight); the whole text's" in first[-1]
+    assert "nan" not in first[-1]
     top = format_relevance_table(rel, 7, top=2).splitlines()[3:-1]
     assert [int(r.split()[0]) for r in top] == list(np.argsort(-np.abs(rel.token_relevance[7, :7]), kind="stable")[:2])
     assert len(format_head_ablation(rel).splitlines()) == 2 + 2

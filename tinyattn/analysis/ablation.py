@@ -345,9 +345,16 @@ def format_relevance_table(rel: Relevance, query: int, top: Optional[int] = None
                      f"{mean[key]:6.3f}  " + " ".join(cells) + "  " + " ".join(head_cells))
     here, text = agreement(rel, query), agreement(rel)
     lines.append(f"rank correlation (Spearman) of weight with relevance: this query's {here.pairs} keys "
-                 f"{here.mean:+.2f} (mean weight); the whole text's {text.pairs} pairs {text.mean:+.2f}, by layer "
-                 + " ".join(f"L{layer} {value:+.2f}" for layer, value in enumerate(text.by_layer)))
+                 f"{_correlation(here.mean)} (mean weight); the whole text's {text.pairs} pairs "
+                 f"{_correlation(text.mean)}, by layer "
+                 + " ".join(f"L{layer} {_correlation(value)}" for layer, value in enumerate(text.by_layer)))
     return "\n".join(lines)
+
+
+def _correlation(value: float) -> str:
+    """A rank correlation as the table prints it; n/a, as the explorer says, where there is none
+    (NaN: fewer than two pairs, or weights or relevances all alike)."""
+    return "n/a" if np.isnan(value) else f"{value:+.2f}"
 
 
 def format_head_ablation(rel: Relevance) -> str:
