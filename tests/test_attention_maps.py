@@ -151,6 +151,41 @@ def test_heatmaps_are_small_pngs_of_the_documented_size_that_change_with_the_tex
     assert changed[0].read_bytes() != first[0].read_bytes()
 
 
+def test_each_heatmap_panel_of_the_png_is_its_heads_weights_queries_down_keys_across(tmp_path):
+    """Each cell of the PNG is the colour of its weight: read back at the cell's centre, for every
+    (layer, head), in the grid of heads and drawn alone (--head). Weights distinct in every layer
+    and head, so a panel showing another layer's, another head's or the transposed map is seen."""
+    import matplotlib
+    from PIL import Image
+
+    T, L, H = 6, 2, 3
+    rng = np.random.default_rng(0)
+    weights = [np.tril(rng.dirichlet(np.ones(T), size=(H, T))).astype(np.float32) for _ in range(L)]
+    maps = AttentionMaps(list(range(T)), list("abcdef"), weights, 0)
+    viridis = matplotlib.colormaps["viridis"]
+    future = np.triu(np.ones((T, T), dtype=bool), k=1)
+    for heads, head in ((list(range(H)), None), ([1], 1)):
+        paths = save_heatmaps(maps, tmp_path / str(head), head=head)
+        for layer, path in enumerate(paths):
+            png = np.asarray(Image.open(path).convert("RGB")).astype(int)  # (height, width, 3)
+            height, width = png.shape[:2]
+            figure = maps_module.layer_figure(maps, layer, heads)
+            panels = {ax.get_xlabel(): ax for ax in figure.axes if ax.images}
+            assert sorted(panels) == [f"head {h}" for h in heads]
+            for h in heads:
+                ax = panels[f"head {h}"]
+                drawn = np.ma.filled(ax.images[0].get_array().astype(np.float64), np.nan)
+                np.testing.assert_array_equal(drawn, np.where(future, np.nan, weights[layer][h]))
+                box = ax.get_position()  # in fractions of the figure, whose pixels the PNG is
+                for q in range(T):
+                    for k in range(T):
+                        x = int((box.x0 + (k + 0.5) / T * box.width) * width)
+                        y = int((1 - box.y1 + (q + 0.5) / T * box.height) * height)  # row 0 at the top
+                        expected = (MASKED_RGB if k > q else
+                                    np.round(np.array(viridis(float(weights[layer][h, q, k]))[:3]) * 255))
+                        assert np.abs(png[y, x] - expected).max() <= 2, (path.name, h, q, k)
+
+
 def test_masked_cells_are_drawn_grey_not_the_colour_of_weight_zero(tiny_model, tokenizer):
     maps = compute_attention_maps(tiny_model(), tokenizer, "ab")
     T = 2
