@@ -12,6 +12,7 @@ import torch
 from tinyattn.analysis.ablation import (
     HEAD_ABLATION_CELL,
     HEAD_ABLATION_GAP,
+    Relevance,
     agreement,
     compute_relevance,
     format_head_ablation,
@@ -266,6 +267,22 @@ def test_the_table_has_a_row_per_earlier_token_with_its_weights_and_relevance(ch
     top = format_relevance_table(rel, 7, top=2).splitlines()[3:-1]
     assert [int(r.split()[0]) for r in top] == list(np.argsort(-np.abs(rel.token_relevance[7, :7]), kind="stable")[:2])
     assert len(format_head_ablation(rel).splitlines()) == 2 + 2
+
+
+def test_the_head_ablation_table_prints_each_layers_and_heads_rise(char_tokenizer):
+    model = random_model(vocab_size=char_tokenizer.vocab_size, context_length=32)
+    measured = relevance_of_text(model, char_tokenizer, "abc defg hij")
+    # Rises distinct in every cell at the printed precision, so a row or column from elsewhere shows.
+    rises = np.array([[0.125, -0.031, 0.5, 0.0], [1.25, 0.062, -0.75, 0.017]])
+    rel = Relevance(**{**measured.__dict__, "head_relevance": rises})
+    lines = format_head_ablation(rel).splitlines()
+    assert lines[0] == (f"head ablation: rise in the mean loss ({rel.mean_loss:.3f} nats over 11 "
+                        "predictions) with one head's output zeroed")
+    assert lines[1].split() == ["layer", "head", "0", "head", "1", "head", "2", "head", "3"]
+    assert [int(line.split()[0]) for line in lines[2:]] == [0, 1]
+    grid = np.array([[float(cell) for cell in line.split()[1:]] for line in lines[2:]])
+    np.testing.assert_allclose(grid, rises, rtol=0, atol=5e-4)
+    assert lines[2].split()[1:] == ["+0.125", "-0.031", "+0.500", "+0.000"]  # signed, three decimals
 
 
 def test_the_last_token_has_no_relevance_table(char_tokenizer):
