@@ -407,6 +407,21 @@ def test_cli_writes_heatmaps_and_prints_the_query_table(run_dir, capsys):
         assert status == 2 and "which do not fit the context" in stderr and stderr.count("error:") == 1, stderr
 
 
+def test_cli_a_negative_query_position_counts_from_the_end_of_the_text(run_dir, tmp_path, capsys):
+    context = load_config(run_dir / "config.yaml").model.context_length
+    short = SENTENCE[:20]  # 20 tokens, within the context
+    # (text, options, the query's position as printed, the tokens it is among: the kept end of a long text)
+    for text, options, shown, tokens in ((short, ["--query-position", "-1"], 19, 20),
+                                         (SENTENCE, ["--query-position", "-1"], context - 1, context),
+                                         (short, ["--query-position", "-2", "--relevance"], 18, 20)):
+        status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run_dir), "--text", text, *options,
+                                         "--out-dir", str(tmp_path), "--device", "cpu")
+        assert status == 0, stderr
+        label = visible(text[len(text) + int(options[1])])
+        assert f"query {label} at position {shown} (of {tokens} tokens)" in stdout, stdout
+    assert f"predicts {visible(short[19])} with loss" in stdout  # with --relevance: the text's last token
+
+
 @pytest.mark.parametrize("options", [["--query", "was"], ["--query", "was", "--relevance"]],
                          ids=["heatmaps", "relevance"])
 def test_cli_encodes_the_text_once_for_the_query_and_the_model(run_dir, tmp_path, monkeypatch, capsys,
