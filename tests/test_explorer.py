@@ -189,6 +189,12 @@ def test_in_chromium_the_highlighted_weights_are_the_models_and_nothing_is_fetch
     np.testing.assert_allclose(shown("relevance", "relevance", query),
                                relevance.token_relevance[query, 16:query], rtol=0, atol=1e-3)
     assert f"query {relevance.labels[query]} at {query}" in page.inner_text("#query-info")
+    # The surprise row: token j shows the loss of predicting it, made at position j - 1 (losses[j - 1]);
+    # nothing predicts token 0. Three decimals shown.
+    surprise = page.eval_on_selector_all("#loss-row .tok", "spans => spans.map(s => s.dataset.loss)")
+    assert len(surprise) == relevance.num_tokens and surprise[0] == ""
+    shown_losses = [float(v) if v else np.nan for v in surprise[1:]]
+    np.testing.assert_allclose(shown_losses, relevance.losses[:-1], rtol=0, atol=5e-4 + 1e-6)
 
     page.select_option("#head", "mean")
     np.testing.assert_allclose(shown("weights", "weight", query), relevance.weights[1, :, query, 16:query + 1].mean(0),
