@@ -31,6 +31,8 @@ from tinyattn.cli import run_command
 from tinyattn.errors import TinyattnError
 
 ROOT = Path(__file__).resolve().parents[1]
+CONFIG = "configs/shakespeare_char.yaml"  # tinyattn's, relative to ROOT, where its runs start
+NANOGPT_DATA = ("train.bin", "val.bin", "meta.pkl")  # what nanoGPT's data/shakespeare_char/prepare.py writes
 NANOGPT_ARGS = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
                 "--log_interval=1", "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4",
                 "--n_embd=128", "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0"]
@@ -74,15 +76,47 @@ def one_round(nanogpt: Path, tinyattn_extra: list[str], target: Optional[float])
     theirs = {"wall": round(wall, 1), "evaluations": evaluations(lines, NANOGPT_VAL)}
     target = target if target is not None else theirs["evaluations"][-1]["val"]
     run_name = f"time-to-loss-{os.getpid()}-{time.time_ns()}"
-    command = [sys.executable, "scripts/train.py", "--config", "configs/shakespeare_char.yaml", "--no-progress",
-               "--run-name", run_name, "--set", *TINYATTN_SETS, *tinyattn_extra,
-               "train.out_dir=/tmp/tinyattn-time-to-loss"]
+    command = [sys.executable, "scripts/train.py", "--config", CONFIG, "--no-progress",
+               "--run-name", run_name, "--set", *tinyattn_overrides(tinyattn_extra)]
     lines, wall = stamped_run(command, ROOT)
     ours = {"wall": round(wall, 1), "evaluations": evaluations(lines, TINYATTN_VAL)}
     reached = first_at_or_below(ours["evaluations"], target)
     ratio = reached["seconds"] / theirs["wall"] if reached else None
     return {"target": target, "nanogpt": theirs, "tinyattn": ours, "tinyattn_reached": reached,
             "ratio_to_nanogpt_wall": None if ratio is None else round(ratio, 3)}
+
+
+def tinyattn_overrides(extra: list[str]) -> list[str]:
+    """tinyattn's --set items for a round: the recipe's, the user's, then the runs' folder."""
+    return [*TINYATTN_SETS, *extra, "train.out_dir=/tmp/tinyattn-time-to-loss"]
+
+
+def check_nanogpt(folder: Path) -> None:
+    """A nanoGPT checkout with its Shakespeare data prepared, else a one-line refusal."""
+    if not (folder / "train.py").is_file():
+        raise TinyattnError(f"--nanogpt {folder}: no train.py there; expected a nanoGPT checkout")
+    data = folder / "data" / "shakespeare_char"
+    missing = [name for name in NANOGPT_DATA if not (data / name).is_file()]
+    if missing:
+        raise TinyattnError(f"--nanogpt {folder}: no {', '.join(missing)} in data/shakespeare_char (its data "
+                            f"is not prepared); run `python data/shakespeare_char/prepare.py` in {folder}")
+
+
+def prepare_tinyattn_data(extra: list[str]) -> None:
+    """tinyattn's corpus and token cache made as its runs will find them (from ROOT), before
+    nanoGPT's minutes: a missing file or a bad --set is refused now, and no round tokenizes."""
+    from tinyattn.config import load_config
+    from tinyattn.data.batches import prepare_data
+    from tinyattn.errors import DataError
+
+    saved = os.getcwd()
+    os.chdir(ROOT)  # the config's relative paths (data.files, data.cache_dir) are the runs' own
+    try:
+        prepare_data(load_config(CONFIG, tinyattn_overrides(extra)), progress=False)
+    except DataError as e:
+        raise DataError(f"tinyattn's data (its runs start in {ROOT}): {e}") from None
+    finally:
+        os.chdir(saved)
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -94,8 +128,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--set", nargs="*", default=[], help="more tinyattn overrides, KEY=VALUE")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    if not (args.nanogpt / "train.py").is_file():
-        raise TinyattnError(f"--nanogpt {args.nanogpt}: no train.py there; expected a nanoGPT checkout")
+    check_nanogpt(args.nanogpt)
+    prepare_tinyattn_data(args.set)
     rounds = []
     for r in range(args.rounds):
         result = one_round(args.nanogpt, args.set, args.target)

@@ -233,3 +233,73 @@ def test_the_serve_benchmarks_warm_up_asks_for_no_more_tokens_than_the_server_al
     monkeypatch.setattr(serve, "_stream_one", stream_one)
     serve._measure("http://x", "m", 1, argparse.Namespace(max_tokens=5, repeats=1))
     assert asked == [5, 5]  # the warm-up within the server's --max-tokens 5, then the timed request
+
+
+# ----------------------------------------------------------------------------- time_to_loss
+
+
+def _nanogpt_checkout(folder: Path, data=("train.bin", "val.bin", "meta.pkl")) -> Path:
+    """A stand-in for a nanoGPT checkout: train.py and the named files of its prepared data."""
+    (folder / "data" / "shakespeare_char").mkdir(parents=True)
+    (folder / "train.py").write_text("raise SystemExit('never run by these tests')\n")
+    for name in data:
+        (folder / "data" / "shakespeare_char" / name).write_bytes(b"")
+    return folder
+
+
+def _fake_rounds(monkeypatch, before=lambda command, cwd: None) -> list:
+    """time_to_loss.stamped_run replaced: each command recorded after before(command, cwd), and
+    one evaluation a program (nanoGPT's at 2.0, tinyattn's at 1.9) as its output."""
+    from benchmarks import time_to_loss
+
+    commands = []
+
+    def stamped_run(command, cwd):
+        before(command, cwd)
+        commands.append(command)
+        line = "step 0: validation loss 1.9" if "scripts/train.py" in command else \
+            "step 0: train loss 4.0, val loss 2.0"
+        return [(1.0, line)], 2.0
+
+    monkeypatch.setattr(time_to_loss, "stamped_run", stamped_run)
+    return commands
+
+
+def test_time_to_loss_refuses_a_nanogpt_checkout_without_its_prepared_data_before_running_anything(
+        tmp_path, monkeypatch, capsys):
+    from benchmarks import time_to_loss
+    from tinyattn.cli import run_command
+
+    checkout = _nanogpt_checkout(tmp_path / "nanoGPT", data=["val.bin"])
+    commands = _fake_rounds(monkeypatch)
+    assert run_command(lambda: time_to_loss.main(["--nanogpt", str(checkout)])) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"error: --nanogpt {checkout}: no train.bin, meta.pkl in data/shakespeare_char")
+    assert "run `python data/shakespeare_char/prepare.py` in" in err
+    assert commands == []
+
+
+def test_time_to_loss_prepares_tinyattns_data_before_nanogpts_round_and_refuses_a_missing_file(
+        tmp_path, monkeypatch, capsys, shakespeare_head):
+    from benchmarks import time_to_loss
+    from tinyattn.cli import run_command
+
+    checkout = _nanogpt_checkout(tmp_path / "nanoGPT")
+    cache = tmp_path / "cache"
+    commands = _fake_rounds(monkeypatch)
+    missing = ["--set", f"data.files={tmp_path / 'missing.txt'}", "data.url=null", f"data.cache_dir={cache}"]
+    assert run_command(lambda: time_to_loss.main(["--nanogpt", str(checkout), "--rounds", "1",
+                                                  *missing])) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "file not found" in err and str(tmp_path / "missing.txt") in err, err
+    assert commands == []  # refused before nanoGPT's 2,000 steps, not after them
+
+    # With the file there, its token cache is made before the first round starts: no round tokenizes.
+    caches = []
+    commands = _fake_rounds(monkeypatch, before=lambda command, cwd: caches.append(sorted(cache.iterdir())))
+    present = ["--set", f"data.files={shakespeare_head}", "data.url=null", f"data.cache_dir={cache}"]
+    assert run_command(lambda: time_to_loss.main(["--nanogpt", str(checkout), "--rounds", "1",
+                                                  *present])) == 0
+    assert len(commands) == 2 and caches[0] and caches[0] == caches[1]
+    assert f"data.files={shakespeare_head}" in commands[1]
