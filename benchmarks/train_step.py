@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import subprocess
 import sys
 import time
 
 import numpy as np
+
+from benchmarks.arguments import check_counts
+from tinyattn.cli import run_command
+from tinyattn.errors import ConfigError
 
 
 def one_process(config_path: str, overrides: list[str], steps: int, warmup: int) -> dict:
@@ -47,7 +52,57 @@ def one_process(config_path: str, overrides: list[str], steps: int, warmup: int)
             "median_s": statistics.median(times), "min_s": min(times)}
 
 
-def main() -> None:
+def main() -> int:
+    args = _parser().parse_args()
+    check_counts(args, LEAST)
+    if args.child is not None:
+        print(json.dumps(one_process(args.config, json.loads(args.child), args.steps, args.warmup)))
+        return 0
+    variants = args.variant or [""]
+    check_variants(args.config, args.overrides, variants)
+    results: dict[str, list[dict]] = {v: [] for v in variants}
+    for _ in range(args.rounds):
+        for variant in variants:
+            results[variant].append(_child_result(args, variant))
+    print("| variant | precision | attention | median s/step per round |")
+    print("| --- | --- | --- | --- |")
+    for variant, rounds in results.items():
+        medians = ", ".join(f"{r['median_s']:.3f}" for r in rounds)
+        print(f"| {variant or '(the config)'} | {rounds[0]['precision']} | {rounds[0]['attention']} | {medians} |")
+    return 0
+
+
+# The fewest each count accepts.
+LEAST = {"rounds": (1, ""), "steps": (1, ""), "warmup": (0, "")}
+
+
+def check_variants(config_path: str, overrides: list[str], variants: list[str]) -> None:
+    """Every variant's config loaded here, before any process starts: a bad key or value is one
+    line naming the variant, not a child's traceback."""
+    from tinyattn.config import load_config
+
+    load_config(config_path, overrides)  # the config and --set alone: their errors name them
+    for variant in variants:
+        try:
+            load_config(config_path, overrides + variant.split())
+        except ConfigError as e:
+            raise ConfigError(f"--variant {shlex.quote(variant)}: {str(e).removeprefix('--set: ')}") from None
+
+
+def _child_result(args: argparse.Namespace, variant: str) -> dict:
+    """One variant timed in a fresh process; its stderr is shown if it fails."""
+    overrides = args.overrides + variant.split()
+    out = subprocess.run([sys.executable, "-m", "benchmarks.train_step", "--config", args.config,
+                          "--steps", str(args.steps), "--warmup", str(args.warmup),
+                          "--child", json.dumps(overrides)], capture_output=True, text=True)
+    if out.returncode != 0:
+        tail = "\n".join(out.stderr.strip().splitlines()[-15:])
+        raise SystemExit(f"variant {variant or '(the config)'}: its process failed with exit code "
+                         f"{out.returncode}:\n{tail}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="configs/shakespeare_char.yaml")
     parser.add_argument("--set", nargs="*", default=[], dest="overrides", metavar="KEY=VALUE")
@@ -57,26 +112,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child is not None:
-        print(json.dumps(one_process(args.config, json.loads(args.child), args.steps, args.warmup)))
-        return
-    variants = args.variant or [""]
-    results: dict[str, list[dict]] = {v: [] for v in variants}
-    for _ in range(args.rounds):
-        for variant in variants:
-            overrides = args.overrides + variant.split()
-            out = subprocess.run([sys.executable, "-m", "benchmarks.train_step", "--config", args.config,
-                                  "--steps", str(args.steps), "--warmup", str(args.warmup),
-                                  "--child", json.dumps(overrides)],
-                                 capture_output=True, text=True, check=True)
-            results[variant].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print("| variant | precision | attention | median s/step per round |")
-    print("| --- | --- | --- | --- |")
-    for variant, rounds in results.items():
-        medians = ", ".join(f"{r['median_s']:.3f}" for r in rounds)
-        print(f"| {variant or '(the config)'} | {rounds[0]['precision']} | {rounds[0]['attention']} | {medians} |")
+    return parser
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_command(main))

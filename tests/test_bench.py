@@ -210,7 +210,8 @@ def test_a_benchmarks_refused_argument_is_one_line_naming_it_with_exit_2(module,
 
 
 @pytest.mark.parametrize("module, arguments", [("serve", ["--max-tokens", "1"]),
-                                               ("time_to_loss", ["--nanogpt", "/nonexistent"])])
+                                               ("time_to_loss", ["--nanogpt", "/nonexistent"]),
+                                               ("train_step", ["--variant", "model.dropuot=0.1"])])
 def test_a_benchmark_run_as_a_module_says_a_refused_argument_in_one_line_with_exit_2(module, arguments):
     # `python -m benchmarks.X`, as the docs run them: the error goes through run_command, no traceback.
     result = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *arguments], cwd=ROOT,
@@ -303,3 +304,48 @@ def test_time_to_loss_prepares_tinyattns_data_before_nanogpts_round_and_refuses_
                                                   *present])) == 0
     assert len(commands) == 2 and caches[0] and caches[0] == caches[1]
     assert f"data.files={shakespeare_head}" in commands[1]
+
+
+# ----------------------------------------------------------------------------- train_step
+
+
+@pytest.mark.parametrize("arguments, named", [
+    (["--variant", "model.dropuot=0.1"], "--variant model.dropuot=0.1: unknown key 'model.dropuot'"),
+    (["--variant", "model.dropout=0.0", "--variant", "model.dropout=0.1 train.precision=xx"],
+     "--variant 'model.dropout=0.1 train.precision=xx': train.precision: 'xx' is not accepted"),
+    (["--set", "model.dropuot=0.1"], "--set: unknown key 'model.dropuot'"),
+    (["--steps", "0"], "--steps 0 is not accepted"),
+    (["--rounds", "0"], "--rounds 0 is not accepted"),
+])
+def test_train_step_refuses_a_bad_variant_or_count_in_one_line_before_any_process_starts(
+        arguments, named, monkeypatch, capsys):
+    from benchmarks import train_step
+    from tinyattn.cli import run_command
+
+    def run(*args, **kwargs):
+        raise AssertionError("a child process was started")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr(sys, "argv", ["train_step", "--config", str(ROOT / "configs" / "tiny.yaml"),
+                                      *arguments])
+    assert run_command(train_step.main) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {named}") and err.count("\n") == 1, err
+
+
+def test_train_step_shows_the_stderr_of_a_child_process_that_failed(monkeypatch):
+    from benchmarks import train_step
+    from tinyattn.cli import run_command
+
+    def run(command, **kwargs):  # a child that fails as an out-of-memory step would
+        stderr = "Traceback (most recent call last):\n  ...\ntorch.OutOfMemoryError: CUDA out of memory.\n"
+        return subprocess.CompletedProcess(command, 1, stdout="", stderr=stderr)
+
+    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr(sys, "argv", ["train_step", "--config", str(ROOT / "configs" / "tiny.yaml"),
+                                      "--variant", "model.dropout=0.1"])
+    with pytest.raises(SystemExit) as stopped:
+        run_command(train_step.main)
+    message = str(stopped.value.code)
+    assert message.startswith("variant model.dropout=0.1: its process failed with exit code 1:\n"), message
+    assert message.endswith("torch.OutOfMemoryError: CUDA out of memory.")
