@@ -20,7 +20,6 @@ import shlex
 import statistics
 import subprocess
 import sys
-import time
 
 import numpy as np
 
@@ -32,6 +31,7 @@ from tinyattn.errors import ConfigError
 def one_process(config_path: str, overrides: list[str], steps: int, warmup: int) -> dict:
     from tinyattn.config import load_config
     from tinyattn.system.device import select_device, select_precision
+    from tinyattn.system.timing import call_times
     from tinyattn.train.trainer import Trainer
 
     config = load_config(config_path, overrides)
@@ -41,13 +41,8 @@ def one_process(config_path: str, overrides: list[str], steps: int, warmup: int)
         config.model.vocab_size = 65  # the character vocabulary of the main corpus
     tokens = np.random.default_rng(0).integers(0, config.model.vocab_size, 1_000_000).astype(np.uint16)
     trainer = Trainer.build(config.model, config.train, tokens, device=device, precision=precision)
-    for _ in range(warmup):
-        trainer.train_step()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        trainer.train_step()
-        times.append(time.perf_counter() - start)
+    # Waiting for the device after the warm-up and after each step: on a GPU a step returns at its launch.
+    times = call_times(trainer.train_step, steps, warmup=warmup, device=device)
     return {"precision": precision.name, "attention": trainer.model.attention_path,
             "median_s": statistics.median(times), "min_s": min(times)}
 

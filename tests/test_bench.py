@@ -349,3 +349,33 @@ def test_train_step_shows_the_stderr_of_a_child_process_that_failed(monkeypatch)
     message = str(stopped.value.code)
     assert message.startswith("variant model.dropout=0.1: its process failed with exit code 1:\n"), message
     assert message.endswith("torch.OutOfMemoryError: CUDA out of memory.")
+
+
+def test_train_step_waits_for_the_device_after_the_warm_up_and_before_each_steps_clock_stops(monkeypatch):
+    import time
+
+    import torch
+
+    from benchmarks import train_step
+    from tinyattn.system import timing
+    from tinyattn.train.trainer import Trainer
+
+    # A fake GPU: a step returns at once (its launch), and its 250 ms pass while synchronize waits.
+    clock, events = [0.0], []
+    real_step = Trainer.train_step
+
+    def step(self):
+        events.append("step")
+        return real_step(self)
+
+    def synchronize(device):
+        events.append(("synchronize", device))
+        clock[0] += 0.250
+
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(Trainer, "train_step", step)
+    monkeypatch.setattr(timing, "synchronize", synchronize)
+    r = train_step.one_process(str(ROOT / "configs" / "tiny.yaml"), ["train.device=cpu"], 3, 2)
+    waited = ("synchronize", torch.device("cpu"))
+    assert events == ["step", "step", waited] + ["step", waited] * 3
+    assert r["median_s"] == pytest.approx(0.250) and r["min_s"] == pytest.approx(0.250)
