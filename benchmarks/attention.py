@@ -13,6 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
+from benchmarks.arguments import check_counts
 from benchmarks.measure import attention_cost_table, measure_attention_cost
 from tinyattn.cli import run_command
 from tinyattn.errors import DataError
@@ -34,6 +35,7 @@ def main() -> int:
                         help="measure nothing: print the table of a saved --json file or of the "
                              "'attention' section of a benchmarks/suite.py JSON file")
     args = parser.parse_args()
+    check_counts(args, LEAST)
     if args.table_from:
         try:
             saved = json.loads(args.table_from.read_text(encoding="utf-8"))
@@ -59,6 +61,13 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0
+
+
+# The fewest each count accepts, and why where it is not plain. --min-context is doubled up to
+# --max-context: from 0 or below that would never end.
+LEAST = {"min_context": (1, ""), "max_context": (1, ""), "repeats": (1, ""), "batch_size": (1, ""),
+         "heads": (1, ""),
+         "head_dim": (2, "a model's heads have at least 2: rotary positions pair dimensions")}
 
 
 if __name__ == "__main__":

@@ -379,3 +379,30 @@ def test_train_step_waits_for_the_device_after_the_warm_up_and_before_each_steps
     waited = ("synchronize", torch.device("cpu"))
     assert events == ["step", "step", waited] + ["step", waited] * 3
     assert r["median_s"] == pytest.approx(0.250) and r["min_s"] == pytest.approx(0.250)
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+@pytest.mark.parametrize("arguments, named", [
+    (["--min-context", "0"], "--min-context 0"),  # doubled from 0: the list of lengths never ended
+    (["--min-context", "-1"], "--min-context -1"),
+    (["--max-context", "0"], "--max-context 0"),
+    (["--repeats", "0"], "--repeats 0"),
+    (["--batch-size", "0"], "--batch-size 0"),
+    (["--heads", "0"], "--heads 0"),
+    (["--head-dim", "1"], "--head-dim 1"),
+])
+def test_attention_refuses_a_count_below_its_least_in_one_line_before_measuring(arguments, named, monkeypatch,
+                                                                               capsys):
+    from benchmarks import attention
+    from tinyattn.cli import run_command
+
+    def measure(*args, **kwargs):
+        raise AssertionError("measured")
+
+    monkeypatch.setattr(attention, "measure_attention_cost", measure)
+    monkeypatch.setattr(sys, "argv", ["attention", *arguments])
+    assert run_command(attention.main) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {named} is not accepted: expected at least") and err.count("\n") == 1, err
