@@ -10,7 +10,8 @@ The model is the 6-layer, 6-head, width-384, context-256, vocabulary-65 one with
 weights (--config takes a config's whole model section instead: its shape, qk_norm, tied or
 untied head and the rest), generating 500 tokens after
 a 200-token prompt (shortened to fit the context) at batch 1 (--batch-sizes: more); see
-`benchmarks.measure.measure_decode` for what is timed. Prints a Markdown table; "first run s" is
+`benchmarks.measure.measure_decode` for what is timed. Prints a Markdown table; "ms/step" is one
+step of the whole batch (a token of each sequence: at batch 1, ms per token), "first run s" is
 the warm-up run of 50 tokens, which with --compile yes includes compiling the decode step
 (cold, or from inductor's cache on disk). Run it on an otherwise idle machine: with another
 process busy, two torch threads can run many times slower than one.
@@ -71,12 +72,12 @@ def main() -> int:
             print(f"{r['cpu']}, torch {r['torch']}, {r['device']}; "
                   f"{r['model']['parameters'] / 1e6:.1f}M parameters; {r['new_tokens']} tokens after "
                   f"a {r['prompt_tokens']}-token prompt ({r['refills']} refills)\n")
-            print("| dtype | threads | packed | compiled | batch | cached tok/s | ms/token | TTFT ms "
+            print("| dtype | threads | packed | compiled | batch | cached tok/s | ms/step | TTFT ms "
                   "| first run s | uncached tok/s | speedup |")
             print("|---|---|---|---|---|---|---|---|---|---|---|")
         packed = ("yes, fp16 rows" if r["row_dtype"] else "yes") if r["packed"] else "no"
         print(f"| {dtype} | {threads} | {packed} | {compile} | {batch} | "
-              f"{r['cached_tokens_per_s']:.0f} | {r['cached_ms_per_token']:.2f} | "
+              f"{r['cached_tokens_per_s']:.0f} | {r['cached_ms_per_step']:.2f} | "
               f"{r['ttft_ms']:.1f} | {r['first_run_s']:.1f} | {r['uncached_tokens_per_s']:.1f} | "
               f"{r['speedup']:.1f}x |", flush=True)
         results.append(r)

@@ -352,7 +352,7 @@ def _decode_lines(f: dict) -> list[str]:
         for r in f.get(name) if isinstance(f.get(name), list) else []:
             lines.append(f"{name} ({r['dtype']}, batch {r['batch_size']}, compile={r['compile']}): "
                          f"{r['cached_tokens_per_s']:,.0f} tok/s cached, "
-                         f"{r['cached_ms_per_token']:.2f} ms/step, "
+                         f"{r['cached_ms_per_step']:.2f} ms/step, "
                          f"TTFT {r['ttft_ms']:.1f} ms, first run {r['first_run_s']:.1f} s, "
                          f"uncached {r['uncached_tokens_per_s']:,.0f} tok/s")
     return lines

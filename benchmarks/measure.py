@@ -68,7 +68,8 @@ def measure_decode(*, model_config: ModelConfig = DECODE_MODEL, new_tokens: int 
     weights in oneDNN's layout (`generate.cpu_weights.pack_linear_weights`) for both loops, with
     `row_dtype` ("fp16") copies for one-row products; `compile` compiles the cached loop's step.
     `batch_size` sequences are decoded together (one random prompt each): tokens/s count every
-    sequence's tokens, ms_per_token is one step of the batch, ttft_ms its prefill and first draw.
+    sequence's tokens, cached_ms_per_step and uncached_ms_per_step are one step of the whole batch
+    (a token of each sequence), ttft_ms its prefill and first draw.
     """
     torch_device = select_device(device)
     with _num_threads(threads):
@@ -105,14 +106,14 @@ def _decode_runs(model, prompt: torch.Tensor, *, new_tokens: int, uncached_token
 
 def _decode_speeds(runs: list["CachedRun"], uncached_seconds: float, *, batch_size: int, new_tokens: int,
                    uncached_tokens: int) -> dict:
-    """Tokens/s count every sequence of the batch; ms per token is one step of the whole batch."""
+    """Tokens/s count every sequence of the batch; ms per step is one step of the whole batch."""
     cached_seconds = statistics.median(run.rest_s for run in runs)
     cached = batch_size * (new_tokens - 1) / cached_seconds
     uncached = batch_size * uncached_tokens / uncached_seconds
     return {"ttft_ms": 1000 * statistics.median(run.first_s for run in runs),
-            "cached_tokens_per_s": cached, "cached_ms_per_token": 1000 * cached_seconds / (new_tokens - 1),
+            "cached_tokens_per_s": cached, "cached_ms_per_step": 1000 * cached_seconds / (new_tokens - 1),
             "uncached_tokens_per_s": uncached,
-            "uncached_ms_per_token": 1000 * uncached_seconds / uncached_tokens,
+            "uncached_ms_per_step": 1000 * uncached_seconds / uncached_tokens,
             "speedup": cached / uncached}
 
 

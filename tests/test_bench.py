@@ -70,9 +70,9 @@ def test_decoding_a_batch_counts_every_sequences_tokens(monkeypatch):
     assert r["batch_size"] == 3 and r["refills"] == 0
     assert r["ttft_ms"] == pytest.approx(10.0)  # prefill and the first draw: one step
     # 5 tokens after the first, 10 ms a step of the batch: 3 * 5 tokens in 0.05 s
-    assert r["cached_ms_per_token"] == pytest.approx(10.0)
+    assert r["cached_ms_per_step"] == pytest.approx(10.0)
     assert r["cached_tokens_per_s"] == pytest.approx(300.0)
-    assert r["uncached_ms_per_token"] == pytest.approx(10.0)
+    assert r["uncached_ms_per_step"] == pytest.approx(10.0)
     assert r["uncached_tokens_per_s"] == pytest.approx(300.0)
     assert r["speedup"] == pytest.approx(1.0)
 
@@ -406,3 +406,26 @@ def test_attention_refuses_a_count_below_its_least_in_one_line_before_measuring(
     assert run_command(attention.main) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {named} is not accepted: expected at least") and err.count("\n") == 1, err
+
+
+# ----------------------------------------------------------------------------- decode
+
+
+def test_the_decode_tables_time_column_is_one_step_of_the_whole_batch(monkeypatch, capsys):
+    from benchmarks import decode
+
+    def measure_decode(**kwargs):  # batch 8 at 25,280 tok/s: a step of the batch, 8 tokens, in 0.32 ms
+        return {"cpu": "a CPU", "torch": "2", "device": "cpu", "model": {"parameters": 1e6}, "new_tokens": 9,
+                "prompt_tokens": 4, "refills": 0, "packed": False, "row_dtype": None, "batch_size": 8,
+                "cached_tokens_per_s": 25_280.0, "cached_ms_per_step": 8 / 25_280 * 1000, "ttft_ms": 1.0,
+                "first_run_s": 0.1, "uncached_tokens_per_s": 2_528.0, "uncached_ms_per_step": 3.2,
+                "speedup": 10.0}
+
+    monkeypatch.setattr(decode, "measure_decode", measure_decode)
+    monkeypatch.setattr(sys, "argv", ["decode", "--dtypes", "fp32", "--threads", "1", "--pack", "no",
+                                      "--batch-sizes", "8"])
+    assert decode.main() == 0
+    header, _, row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+    cells = dict(zip(header.split("|"), row.split("|")))
+    assert cells[" ms/step "] == " 0.32 " and cells[" cached tok/s "] == " 25280 "
+    assert "ms/token" not in header
