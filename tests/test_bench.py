@@ -52,29 +52,66 @@ def test_decoding_a_batch_counts_every_sequences_tokens(monkeypatch):
     from benchmarks import measure
     from tinyattn.config import ModelConfig
 
-    # A fake clock that moves 10 ms per sampled step, whatever the batch: every figure is then known.
+    # A fake clock that moves 10 ms per sampled step, whatever the batch, and 5 ms per prefill of
+    # the prompts: every figure is then known.
     clock, rows = [0.0], []
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
-    real_sample = measure.sample_next_token
+    real_sample, real_prefill = measure.sample_next_token, measure.CachedDecoder.prefill
 
     def sample(logits, *args, **kwargs):  # logits: (B, V), one row per sequence
         rows.append(logits.size(0))
         clock[0] += 0.010
         return real_sample(logits, *args, **kwargs)
 
+    def prefill(self, ids):
+        clock[0] += 0.005
+        return real_prefill(self, ids)
+
     monkeypatch.setattr(measure, "sample_next_token", sample)
+    monkeypatch.setattr(measure.CachedDecoder, "prefill", prefill)
     model = ModelConfig(vocab_size=65, n_layer=1, n_head=2, n_embd=16, context_length=16)
     r = measure.measure_decode(model_config=model, new_tokens=6, prompt_tokens=4, uncached_tokens=3,
                                repeats=1, batch_size=3)
     assert rows == [3] * (6 + 6 + 3)  # warm-up run, the timed run, the uncached tokens: all three sequences
     assert r["batch_size"] == 3 and r["refills"] == 0
-    assert r["ttft_ms"] == pytest.approx(10.0)  # prefill and the first draw: one step
+    assert r["ttft_ms"] == pytest.approx(15.0)  # the prefill (5 ms) and the first draw (10 ms)
+    assert r["first_run_s"] == pytest.approx(0.065)  # the warm-up: its prefill and six steps
     # 5 tokens after the first, 10 ms a step of the batch: 3 * 5 tokens in 0.05 s
     assert r["cached_ms_per_step"] == pytest.approx(10.0)
     assert r["cached_tokens_per_s"] == pytest.approx(300.0)
     assert r["uncached_ms_per_step"] == pytest.approx(10.0)
     assert r["uncached_tokens_per_s"] == pytest.approx(300.0)
     assert r["speedup"] == pytest.approx(1.0)
+
+
+def test_a_training_rows_tokens_per_second_and_mfu_come_from_its_median_step_and_measured_peak(monkeypatch):
+    from benchmarks import measure
+    from tinyattn.config import load_config
+    from tinyattn.model.transformer import LanguageModel
+
+    calls = []
+
+    def median_time(fn, repeats, warmup=1, device=None):
+        calls.append(("median_time", repeats, warmup, device))
+        return 0.5
+
+    def measure_peak_flops(device, precision):
+        calls.append(("measure_peak_flops", device, precision.name))
+        return 4e9
+
+    monkeypatch.setattr(measure, "median_time", median_time)
+    monkeypatch.setattr(measure, "measure_peak_flops", measure_peak_flops)
+    monkeypatch.setattr(measure, "seconds_of", lambda fn, device: 2.0)
+    model = load_config(str(ROOT / "configs" / "tiny.yaml")).model  # context 32
+    model.vocab_size = 65
+    r = measure.measure_training(model, batch_size=2, device="cpu", precision="fp32", steps=5, warmup=3)
+    cpu = measure.select_device("cpu")
+    assert calls == [("measure_peak_flops", cpu, "fp32"), ("median_time", 5, 2, cpu)]
+    flops = LanguageModel(model).flops_per_token()
+    assert r["step_seconds_median"] == 0.5 and r["first_step_seconds"] == 2.0
+    assert r["tokens_per_second"] == pytest.approx(2 * 32 / 0.5)  # batch x context per median step
+    assert r["flops_per_token"] == flops and r["peak_flops"] == 4e9
+    assert r["mfu"] == pytest.approx(flops * 128 / 4e9)
 
 
 def test_serve_names_its_random_model_by_its_shape_and_zeroes_the_heads_end_of_text_row(tmp_path):
