@@ -13,6 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
+from benchmarks.arguments import check_counts
 from benchmarks.measure import SECTIONS, run_suite
 from tinyattn.cli import run_command
 from tinyattn.errors import ConfigError
@@ -35,6 +36,7 @@ def main() -> int:
     parser.add_argument("--skip", nargs="+", default=[], choices=SECTIONS, help="sections to leave out")
     parser.add_argument("--json", type=Path, help="write every figure to this JSON file")
     args = parser.parse_args()
+    check_counts(args, LEAST)
     _refuse_unused_overrides(args.overrides)
     results = run_suite(args.config, overrides=args.overrides, device=args.device, precision=args.precision,
                         batch_size=args.batch_size, vocab_size=args.vocab_size, compile=args.compile,
@@ -44,6 +46,10 @@ def main() -> int:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
+
+
+# The fewest each count accepts (as benchmarks.decode's --vocab-size).
+LEAST = {"batch_size": (1, ""), "steps": (1, ""), "vocab_size": (2, "")}
 
 
 def _refuse_unused_overrides(overrides: list[str]) -> None:

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from benchmarks.arguments import check_counts
 from tinyattn.cli import run_command
 from tinyattn.errors import TinyattnError
 
@@ -128,6 +129,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--set", nargs="*", default=[], help="more tinyattn overrides, KEY=VALUE")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    check_counts(args, {"rounds": (1, "")})
     check_nanogpt(args.nanogpt)
     prepare_tinyattn_data(args.set)
     rounds = []

@@ -257,6 +257,32 @@ def test_a_benchmark_run_as_a_module_says_a_refused_argument_in_one_line_with_ex
     assert result.stderr.startswith(f"error: {' '.join(arguments)}") and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("module, arguments, named, runner", [
+    ("suite", ["--batch-size", "0"], "--batch-size 0", "run_suite"),  # was a reshape traceback
+    ("suite", ["--steps", "0"], "--steps 0", "run_suite"),
+    ("suite", ["--vocab-size", "1"], "--vocab-size 1", "run_suite"),
+    ("time_to_loss", ["--rounds", "0"], "--rounds 0", "one_round"),  # measured nothing and exited 0
+])
+def test_the_suite_and_time_to_loss_refuse_a_count_below_its_least_before_measuring(
+        module, arguments, named, runner, monkeypatch, capsys):
+    import importlib
+
+    from tinyattn.cli import run_command
+
+    benchmark = importlib.import_module(f"benchmarks.{module}")
+
+    def measure(*args, **kwargs):
+        raise AssertionError("measured")
+
+    monkeypatch.setattr(benchmark, runner, measure)
+    where = (["--config", str(ROOT / "configs" / "tiny.yaml")] if module == "suite"
+             else ["--nanogpt", "/nonexistent"])
+    monkeypatch.setattr(sys, "argv", [module, *where, *arguments])
+    assert run_command(benchmark.main) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {named} is not accepted: expected at least") and err.count("\n") == 1, err
+
+
 def test_the_serve_benchmarks_warm_up_asks_for_no_more_tokens_than_the_server_allows(monkeypatch):
     import argparse
 
