@@ -12,7 +12,9 @@ this machine's speed drifts within minutes.
     python -m benchmarks.time_to_loss --nanogpt /path/to/nanoGPT --rounds 2
 
 nanoGPT needs its data prepared once (`python data/shakespeare_char/prepare.py` there,
-with input.txt beside it); nothing of it is part of this project.
+with input.txt beside it); nothing of it is part of this project. Each round gives it a
+temporary --out_dir for its checkpoints, removed after the round, so the checkout's
+out-shakespeare-char/ is left as it was.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -73,7 +76,10 @@ def first_at_or_below(evals: list[dict], target: float) -> Optional[dict]:
 
 
 def one_round(nanogpt: Path, tinyattn_extra: list[str], target: Optional[float]) -> dict:
-    lines, wall = stamped_run([sys.executable, "train.py", *NANOGPT_ARGS], nanogpt)
+    # Its checkpoints in a folder of its own, not <checkout>/out-shakespeare-char (each round's overwrote it).
+    with tempfile.TemporaryDirectory(prefix="time-to-loss-nanogpt-") as out_dir:
+        command = [sys.executable, "train.py", *NANOGPT_ARGS, f"--out_dir={out_dir}"]
+        lines, wall = stamped_run(command, nanogpt)
     theirs = {"wall": round(wall, 1), "evaluations": evaluations(lines, NANOGPT_VAL)}
     target = target if target is not None else theirs["evaluations"][-1]["val"]
     run_name = f"time-to-loss-{os.getpid()}-{time.time_ns()}"

@@ -492,3 +492,25 @@ def test_the_decode_tables_time_column_is_one_step_of_the_whole_batch(monkeypatc
     cells = dict(zip(header.split("|"), row.split("|")))
     assert cells[" ms/step "] == " 0.32 " and cells[" cached tok/s "] == " 25280 "
     assert "ms/token" not in header
+
+
+def test_time_to_loss_gives_each_nanogpt_round_a_temporary_out_dir_not_the_checkouts(
+        tmp_path, monkeypatch, shakespeare_head):
+    from benchmarks import time_to_loss
+
+    checkout = _nanogpt_checkout(tmp_path / "nanoGPT")
+    during = []
+
+    def before(command, cwd):
+        if command[1] == "train.py":  # nanoGPT's: where its --out_dir is while it runs
+            [out_dir] = [a.removeprefix("--out_dir=") for a in command if a.startswith("--out_dir=")]
+            during.append((Path(out_dir), Path(out_dir).is_dir()))
+            # after the config file, which sets out_dir='out-shakespeare-char'
+            assert command.index(f"--out_dir={out_dir}") > command.index("config/train_shakespeare_char.py")
+
+    _fake_rounds(monkeypatch, before)
+    data = ["--set", f"data.files={shakespeare_head}", "data.url=null",
+            f"data.cache_dir={tmp_path / 'cache'}"]
+    time_to_loss.main(["--nanogpt", str(checkout), "--rounds", "2", *data])
+    assert len(during) == 2 and all(exists for _, exists in during)
+    assert all(not out_dir.exists() and checkout not in out_dir.parents for out_dir, _ in during)
