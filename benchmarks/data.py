@@ -57,6 +57,13 @@ def bench_shakespeare(path: Path, workdir: Path) -> dict:
             "tokens": len(result.train) + len(result.validation)}
 
 
+def shakespeare_summary(s: dict) -> str:
+    """bench_shakespeare's figures as one line (a .txt corpus: prepare_data imports no datasets)."""
+    return (f"Tiny Shakespeare, 4096-token BPE: prepare_data {s['prepare_s']:.2f} s "
+            f"({s['tokens']:,} tokens; cache reuse {s['reuse_s'] * 1000:.0f} ms); "
+            f"alone: training {s['train_s']:.2f} s, encoding all {s['encode_s']:.2f} s")
+
+
 def bench_corpus(folder: str, cache_dir: str, tokenizer: dict) -> dict:
     """Runs in a fresh process: ru_maxrss is then this run's peak alone."""
     from tinyattn.data.batches import prepare_data
@@ -98,10 +105,7 @@ def main() -> None:
         spawn = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as pool:
             s = pool.submit(bench_shakespeare, args.shakespeare, workdir).result()
-        print(f"Tiny Shakespeare, 4096-token BPE: prepare_data {s['prepare_s']:.2f} s "
-              "(first call, importing datasets included) "
-              f"({s['tokens']:,} tokens; cache reuse {s['reuse_s'] * 1000:.0f} ms); "
-              f"alone: training {s['train_s']:.2f} s, encoding all {s['encode_s']:.2f} s")
+        print(shakespeare_summary(s))
 
         runs = [(size, "bpe4096 (pretrained)", {"kind": "pretrained", "path": str(workdir / "bpe4096.json")})
                 for size in args.sizes_mb]

@@ -514,3 +514,24 @@ def test_time_to_loss_gives_each_nanogpt_round_a_temporary_out_dir_not_the_check
     time_to_loss.main(["--nanogpt", str(checkout), "--rounds", "2", *data])
     assert len(during) == 2 and all(exists for _, exists in during)
     assert all(not out_dir.exists() and checkout not in out_dir.parents for out_dir, _ in during)
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def test_the_data_benchmarks_shakespeare_line_claims_no_datasets_import_and_a_txt_corpus_makes_none(
+        tmp_path, shakespeare_head):
+    from benchmarks.data import shakespeare_summary
+
+    figures = {"prepare_s": 1.234, "tokens": 60_000, "reuse_s": 0.0123, "train_s": 0.5, "encode_s": 0.25}
+    assert shakespeare_summary(figures) == (
+        "Tiny Shakespeare, 4096-token BPE: prepare_data 1.23 s (60,000 tokens; cache reuse 12 ms); "
+        "alone: training 0.50 s, encoding all 0.25 s")
+    # The phrase it dropped ("importing datasets included") was stale: a .txt corpus imports none.
+    code = ("import sys; from pathlib import Path; from benchmarks.data import make_config; "
+            "from tinyattn.data.batches import prepare_data; "
+            "config = make_config([sys.argv[1]], Path(sys.argv[2]), {'kind': 'char'}); "
+            "prepare_data(config, progress=False); print('datasets' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code, str(shakespeare_head), str(tmp_path / "cache")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "False", result.stderr[-2000:]
