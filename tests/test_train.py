@@ -1264,6 +1264,20 @@ def test_the_cores_validation_loss_equals_the_analysis_loss_by_position(tiny_mod
     np.testing.assert_array_equal(core, loss_by_position(model, tokens, 24, 4, 7))
 
 
+def test_a_model_in_training_gets_the_cores_validation_loss_without_dropout_and_stays_training(tiny_model):
+    # The loop evaluates the model it trains, in training mode: dropout must be off for the
+    # evaluation (else the loss is noisy and higher), and on again for the next step.
+    from tinyattn.train.owners import validation_loss_by_position
+
+    model = tiny_model(seed=3, dropout=0.3, attention_dropout=0.3)  # eval mode
+    tokens = np.random.default_rng(2).integers(0, 65, size=1000).astype(np.uint16)
+    in_eval_mode = validation_loss_by_position(model, tokens, 24, 4, 7)
+    model.train()
+    for _ in range(2):  # the same value every call: no dropout drew a mask
+        np.testing.assert_array_equal(validation_loss_by_position(model, tokens, 24, 4, 7), in_eval_mode)
+        assert model.training and all(module.training for module in model.modules())
+
+
 @pytest.mark.slow  # measures a time budget
 def test_an_explicit_max_steps_wins_over_the_time_budget(corpus, tmp_path, capsys):
     budgeted = tmp_path / "budgeted.yaml"
