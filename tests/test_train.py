@@ -1083,6 +1083,26 @@ def test_the_trainer_ends_its_last_pass_with_the_run():
     assert trainer.batches.pass_starts == [0, 48, 96, 144]
 
 
+def test_the_trainer_ends_its_last_pass_with_a_time_budgets_run():
+    # The plan's run length is the step reached plus the steps that still fit (TimePlan.total_steps):
+    # told only the steps left, the sampler would place every pass end from a shrinking run.
+    from tinyattn.train.budget import TimePlan
+
+    trainer = tiny_trainer(None, sampling="passes", eval_interval=100_000)
+    now = [0.0]
+    trainer.plan = TimePlan("10s", trainer.config, lambda: now[0])
+    # 10 s less 1.5 % and 1 s of exit: 8.85 s, 35 steps of 0.25 s (the fake clock's), evaluations free.
+    assert trainer.plan.seed(step_seconds=0.25, eval_seconds=0.0, save_seconds=0.0) == 35
+    trainer.plan.start()
+    while not trainer.plan.done(trainer.step):
+        trainer.train_step()
+        now[0] += 0.25
+        trainer.plan.after_step(trainer.step)
+    # 35 steps of 8 windows, 61 windows a pass: 280 windows in 5 passes of 56, the last ending the run.
+    assert trainer.step == 35 and trainer.batches.batches_drawn * 8 == 280
+    assert trainer.batches.pass_starts == [0, 56, 112, 168, 224]
+
+
 def test_the_trainer_steps_with_the_rate_of_the_schedule():
     trainer = tiny_trainer(None, lr=1e-2, min_lr=1e-3, embedding_lr=3e-2, warmup_steps=2, max_steps=6,
                            schedule="cosine")
