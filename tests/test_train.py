@@ -770,7 +770,11 @@ def test_weights_that_do_not_fit_are_named(corpus, tmp_path):
         ckpt.load_model(file)
 
 
-def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_path, monkeypatch):
+@pytest.mark.parametrize("log_interval", [5, 20], ids=["logged-at-evaluations", "logged-less-often"])
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_path, monkeypatch,
+                                                                   log_interval):
+    # log_interval 20 > eval_interval 5: the losses must still be read (and the NaN caught) before
+    # the evaluation at step 10 writes its checkpoint, else the NaN weights are "the last good" one.
     original = Trainer.train_step
 
     def poisoned(self):
@@ -781,7 +785,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_pa
 
     monkeypatch.setattr(Trainer, "train_step", poisoned)
     config = tiny_config(corpus, tmp_path, "train.max_steps=20", "train.eval_interval=5",
-                         "train.log_interval=5")
+                         f"train.log_interval={log_interval}")
     with pytest.raises(TrainingError, match=r"the loss became nan at step 7; .*step_0000005\.pt"):
         train(config, run_name="nan", progress=False)
     assert [p.name for p in ckpt.step_checkpoints(tmp_path / "nan")] == ["step_0000005.pt"]
