@@ -263,7 +263,7 @@ def test_the_budget_gives_a_faster_machine_more_dropout_and_a_resume_keeps_it(
     config's table names for the passes it makes with it: the model is measured again with it
     (each dropped-out step is slower here), config.yaml records it and a resumed run builds the
     same model."""
-    seen = []
+    seen, weights_seen = [], []  # each step's dropout: the residual's, the attention weights'
 
     def step_seconds(now, step):  # the fake machine: dropout makes a step 1.5 times as slow
         return idle_step * (1.5 if seen[-1] > 0 else 1.0)
@@ -271,10 +271,17 @@ def test_the_budget_gives_a_faster_machine_more_dropout_and_a_resume_keeps_it(
     clock = FakeClock()
     FakeMachine(monkeypatch, clock, step_seconds, compute=False, signal_at_step=100)
     timed_step = Trainer.train_step
-    monkeypatch.setattr(Trainer, "train_step", lambda trainer: (seen.append(trainer.model.blocks[1].dropout.p),
-                                                                timed_step(trainer))[1])
-    table = "train.dropout_by_passes={0.5: 0.1, 3: 0.2}"
-    first = train(budget_config(corpus, tmp_path, "100s", table, "train.log_interval=50"), run_name="run",
+
+    def recorded_step(trainer):
+        seen.append(trainer.model.blocks[1].dropout.p)
+        weights_seen.append(trainer.model.blocks[1].attention.dropout)
+        return timed_step(trainer)
+
+    monkeypatch.setattr(Trainer, "train_step", recorded_step)
+    # attention_dropout null: the attention weights' dropout is model.dropout's (0 at the start;
+    # the choice leaves it as the attention path was chosen for, and config.yaml records that)
+    table = ("train.dropout_by_passes={0.5: 0.1, 3: 0.2}", "model.attention_dropout=null")
+    first = train(budget_config(corpus, tmp_path, "100s", *table, "train.log_interval=50"), run_name="run",
                   progress=False, clock=clock)
     log = (first.run_dir / "train.log").read_text()
     # 0.985 * 100 s less 1 s of exit and 4 s measuring, / step time, * 128 tokens / 54,000
@@ -284,20 +291,22 @@ def test_the_budget_gives_a_faster_machine_more_dropout_and_a_resume_keeps_it(
         assert f"about {passes} -> model.dropout=0 kept (train.dropout_by_passes starts at 0.5)" in log
     expected_step = idle_step * (1.5 if chosen else 1.0)
     assert f"measured {expected_step:.3f} s/step" in log  # the chosen model's step, measured again
-    assert seen[-1] == chosen and first.step == 100
+    assert seen[-1] == chosen and set(weights_seen) == {0.0} and first.step == 100
     saved = load_config(first.run_dir / "config.yaml")
     assert (saved.model.dropout, saved.model.weights_dropout) == (chosen, 0.0)  # the attention weights: none
 
-    clock.now, seen[:] = 0.0, []  # forked from its step-100 checkpoint with --config: the table, not the choice
+    # forked from its step-100 checkpoint with --config: the table, not the choice; the file's
+    # attention_dropout (null: model.dropout's) must not give the attention weights the dropout chosen
+    clock.now, seen[:], weights_seen[:] = 0.0, [], []
     point = ResumePoint.find(ckpt.latest_checkpoint(first.run_dir), "with_config", tmp_path)
-    resumed = train(budget_config(corpus, tmp_path, "100s", table, "train.log_interval=50"), resume=point,
+    resumed = train(budget_config(corpus, tmp_path, "100s", *table, "train.log_interval=50"), resume=point,
                     run_name="with_config", progress=False, clock=clock)
-    assert resumed.step > 100 and set(seen) == {chosen}
+    assert resumed.step > 100 and set(seen) == {chosen} and set(weights_seen) == {0.0}
 
-    clock.now, seen[:] = 0.0, []  # resumed as the run's last line says: --resume RUN_DIR, no --config
+    clock.now, seen[:], weights_seen[:] = 0.0, [], []  # resumed as the run's last line says: --resume RUN_DIR
     point = ResumePoint.find(first.run_dir, None, tmp_path)
     resumed = train(point.edited_config(), resume=point, progress=False, clock=clock)
-    assert resumed.step > 100 and set(seen) == {chosen}
+    assert resumed.step > 100 and set(seen) == {chosen} and set(weights_seen) == {0.0}
 
 
 @pytest.mark.parametrize("dropouts, chosen, decay, step, choices", [
