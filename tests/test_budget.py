@@ -600,3 +600,48 @@ def test_no_step_is_timed_with_an_evaluation_in_it():
                 clock.now += 1.0
     assert plan.times["step"] == [1.0] * TimePlan.WINDOW
     assert plan.times["eval"] == [5.0] * TimePlan.RECENT and plan.times["save"] == [1.0] * TimePlan.RECENT
+
+
+def assert_same_state(before, after, where="state"):
+    """Two Trainer.state_dict()s hold the same values, tensor for tensor."""
+    assert type(before) is type(after), where
+    if isinstance(before, torch.Tensor):
+        assert torch.equal(before, after), where
+    elif isinstance(before, dict):
+        assert before.keys() == after.keys(), where
+        for key in before:
+            assert_same_state(before[key], after[key], f"{where}[{key!r}]")
+    elif isinstance(before, (list, tuple)):
+        assert len(before) == len(after), where
+        for i, (a, b) in enumerate(zip(before, after)):
+            assert_same_state(a, b, f"{where}[{i}]")
+    else:
+        assert before == after, where
+
+
+def test_the_calibrations_steps_are_undone(corpus, tmp_path, monkeypatch):
+    """The calibration trains real steps (warm and timed) and evaluates; then the weights, the
+    moving average, the optimizers, the scaler, the counters, the sampler and the random
+    generators are back as they were before its first step."""
+    import copy
+
+    from tinyattn.data.batches import prepare_data
+    from tinyattn.system.device import select_precision
+    from tinyattn.train.passes import PassTables
+
+    config = budget_config(corpus, tmp_path, "100s", "train.ema=0.9")
+    data = prepare_data(config, progress=False)
+    config.model.vocab_size = data.tokenizer.vocab_size
+    cpu = torch.device("cpu")
+    trainer = Trainer.build(config.model, config.train, data.train, device=cpu,
+                            precision=select_precision("fp32", cpu))
+    clock = FakeClock()
+    machine = FakeMachine(monkeypatch, clock, lambda now, step: 0.5)  # 3 warm steps, 3 timed (1.5 s)
+    trainer.plan = TimePlan("100s", config.train, clock)
+    before = copy.deepcopy({k: v for k, v in trainer.state_dict().items() if k != "plan"})
+    evaluator = Evaluator(trainer, config, data.validation, data.tokenizer)
+    budget.Calibration(trainer.plan, clock, PassTables(config.train)).measure(trainer, evaluator, tmp_path)
+    assert machine.calls == 6
+    after = {k: v for k, v in trainer.state_dict().items() if k != "plan"}
+    assert after["step"] == 0 and after["sampler"]["batches_drawn"] == 0
+    assert_same_state(before, after)
