@@ -191,18 +191,21 @@ def test_gradient_accumulation_equals_one_large_batch(corpus, tmp_path):
     x, y = batch[:, :-1], batch[:, 1:]
 
     def gradients(micro_batches):
+        """(every parameter's gradient, the loss train_step returns)"""
         torch.manual_seed(0)
         model = LanguageModel(config.model)
         recorder = RecordGradients(model.parameters())
         config.train.grad_accum_steps = len(micro_batches)
         trainer = Trainer(model, Optimizers([recorder]), ListBatches(micro_batches), config.train, device=cpu,
                           precision=select_precision("fp32", cpu))
-        trainer.train_step()
-        return recorder.grads
+        loss, _ = trainer.train_step()
+        return recorder.grads, loss.item()
 
-    whole = gradients([(x, y)])
-    halves = gradients([(x[:4], y[:4]), (x[4:], y[4:])])
-    quarters = gradients([(x[i:i + 2], y[i:i + 2]) for i in range(0, 8, 2)])
+    (whole, whole_loss), (halves, halves_loss), (quarters, quarters_loss) = (
+        gradients([(x, y)]), gradients([(x[:4], y[:4]), (x[4:], y[4:])]),
+        gradients([(x[i:i + 2], y[i:i + 2]) for i in range(0, 8, 2)]))
+    # The loss logged is the mean over the whole batch too, not the last micro-batch's share.
+    assert [halves_loss, quarters_loss] == pytest.approx([whole_loss] * 2, rel=1e-6)
     assert len(whole) == len(list(LanguageModel(config.model).parameters()))
     for a, b, c in zip(whole, halves, quarters):
         assert a.abs().sum() > 0
