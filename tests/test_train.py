@@ -559,6 +559,20 @@ def test_best_checkpoint_is_never_replaced_by_a_worse_one(corpus, tmp_path):
     assert best.read_bytes() == before
 
 
+def test_the_best_validation_loss_is_the_lowest_evaluations_not_the_last(corpus, tmp_path, monkeypatch):
+    from tinyattn.train.owners import EvalResult, Evaluator
+
+    losses = iter([3.0, 2.0, 2.5])  # the evaluations at steps 3, 6 and 9
+    monkeypatch.setattr(Evaluator, "run", lambda evaluator, step: EvalResult(step, np.full(32, next(losses))))
+    config = tiny_config(corpus, tmp_path, "train.max_steps=9", "train.eval_interval=3")
+    result = train(config, run_name="best", progress=False)
+    assert (result.best_val_loss, result.last_val_loss) == (2.0, 2.5)
+    best = ckpt.load_checkpoint(tmp_path / "best" / "best.pt")
+    assert (best["step"], best["best_val_loss"]) == (6, 2.0)
+    # What a resume continues from: a later evaluation must beat 2.0 to be the best.
+    assert ckpt.load_checkpoint(tmp_path / "best" / ckpt.step_filename(9))["best_val_loss"] == 2.0
+
+
 def test_a_damaged_checkpoint_is_refused_and_the_newest_good_one_named(corpus, tmp_path, twelve_steps):
     run, _ = twelve_steps
     latest = run / "step_0000012.pt"
