@@ -294,6 +294,29 @@ def test_a_checkpoint_saved_without_loss_scaling_resumes_into_an_fp16_run_with_a
     assert resumed.step == 1 and resumed.scaler.is_enabled()
 
 
+def test_an_fp16_runs_loss_scale_is_restored_on_resume(corpus, tmp_path):
+    # The scale an fp16 run reached (lowered after overflows) goes on, not GradScaler's 65536 again.
+    from pathlib import Path
+
+    from tinyattn.data.batches import prepare_data
+    from tinyattn.system.device import Precision
+
+    config = tiny_config(corpus, tmp_path, "train.max_steps=4")
+    cpu = torch.device("cpu")
+    data = prepare_data(config, progress=False)
+    config.model.vocab_size = data.tokenizer.vocab_size
+    fp16 = Precision("fp16", torch.float16, use_grad_scaler=True)  # as on a GPU; the CPU refuses fp16 runs
+    saved = Trainer.build(config.model, config.train, data.train, device=cpu, precision=fp16)
+    saved.train_step()
+    saved.scaler.update(1024.0)  # as a run whose scale came down after overflows
+    state = saved.state_dict()
+    assert state["scaler"]["scale"] == 1024.0
+    resumed = Trainer.build(config.model, config.train, data.train, device=cpu, precision=fp16)
+    resumed.load_state_dict(state, Path("step_0000001.pt"))
+    assert resumed.scaler.get_scale() == 1024.0
+    assert resumed.scaler.state_dict() == state["scaler"]
+
+
 @pytest.mark.parametrize("tied", [False, True])  # tied: the head's name must hold the average too
 def test_the_moving_average_is_what_a_run_evaluates_and_saves(corpus, tmp_path, tied):
     from tinyattn.analysis.evaluate import loss_by_position
