@@ -387,9 +387,13 @@ def test_second_run_reuses_the_cache(tmp_path, builds):
     assert second.tokenizer.to_json() == first.tokenizer.to_json()
 
 
-@pytest.mark.parametrize("change", ["tokenizer", "vocab_size", "fraction", "text_field", "file", "max_documents"])
-def test_any_change_rebuilds(tmp_path, builds, change):
+@pytest.mark.parametrize("change", ["tokenizer", "vocab_size", "fraction", "text_field", "file", "max_documents",
+                                    "tokenizers_version"])
+def test_any_change_rebuilds(tmp_path, builds, monkeypatch, change):
     path = write_jsonl(tmp_path / "corpus.jsonl")
+    if change == "text_field":  # both fields from the start: only the setting changes, not the file
+        with open(path, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps({"text": text, "body": text.upper()}) + "\n" for text in DOCUMENTS)
     data = {"files": [str(path)]}
     tokenizer = {"kind": "bpe", "vocab_size": 300}
     first = prepare_data(make_config(tmp_path, data, tokenizer), progress=False)
@@ -400,15 +404,23 @@ def test_any_change_rebuilds(tmp_path, builds, change):
     elif change == "fraction":
         data["validation_fraction"] = 0.2
     elif change == "text_field":
-        write_jsonl(path, field="body")
         data["text_field"] = "body"
     elif change == "file":
         write_jsonl(path, DOCUMENTS + ["one more document, long enough to matter.\n"])
     elif change == "max_documents":
         data["max_documents"] = 15
+    elif change == "tokenizers_version":  # BPE training may differ between versions
+        monkeypatch.setattr(tokenizers, "__version__", tokenizers.__version__ + ".other")
     second = prepare_data(make_config(tmp_path, data, tokenizer), progress=False)
     assert len(builds) == 4 and second.cache_dir != first.cache_dir
     assert len(trusted_caches(tmp_path)) == 2
+    # the key itself, not only the folder's name: a run's data fingerprint records the key
+    assert second.fingerprint["key"] != first.fingerprint["key"]
+    if change == "text_field":
+        assert second.tokenizer.decode(second.train).startswith(DOCUMENTS[0].upper())
+    if change == "vocab_size":
+        assert token_cache.data_differences(first.fingerprint, second.fingerprint)[0] == (
+            "tokenizer was {'kind': 'bpe', 'vocab_size': 300}, now {'kind': 'bpe', 'vocab_size': 301}")
 
 
 @pytest.mark.parametrize("documents", [9, 10])
@@ -516,6 +528,19 @@ def test_another_train_split_of_a_hub_dataset_rebuilds(tmp_path, builds, hf_cach
                                                   "train_split": split}), progress=False).cache_dir
               for split in ("train", "test")}
     assert len(builds) == 4 and len(caches) == 2
+
+
+def test_another_validation_split_of_a_hub_dataset_rebuilds(tmp_path, builds, hf_cache):
+    folder = tmp_path / "my_dataset"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl", DOCUMENTS[:15])
+    write_jsonl(folder / "validation.jsonl", DOCUMENTS[15:])
+    write_jsonl(folder / "test.jsonl", DOCUMENTS[:5])
+    first, second = (prepare_data(make_config(tmp_path, {"dataset": str(folder), "validation_split": split}),
+                                  progress=False) for split in ("validation", "test"))
+    assert len(builds) == 4 and second.cache_dir != first.cache_dir
+    assert second.fingerprint["key"] != first.fingerprint["key"]
+    assert split_documents(second.validation, second.tokenizer) == DOCUMENTS[:5]
 
 
 @pytest.mark.parametrize("stage", ["validation", "tokenizer"])
