@@ -266,6 +266,19 @@ def test_a_text_shorter_than_one_window_is_only_a_tail(run):
         loss_by_position(model, tokens, CONTEXT, batch_size=4)
 
 
+@pytest.mark.parametrize("length", [CONTEXT + 2, 2])  # a full window and one target after it; a lone target
+def test_a_single_leftover_target_is_a_tail_of_one_and_is_scored(run, length):
+    model, tokenizer = run["model"], run["tokenizer"]
+    tokens = np.asarray(tokenizer.encode(TEXT[:length]))
+    assert len(tokens) == length
+    x, y = tail_window(tokens, CONTEXT)
+    assert x.shape == y.shape == (1, 1) and int(y[0, 0]) == tokens[-1] and int(x[0, 0]) == tokens[-2]
+    result = evaluate_tokens(model, tokenizer, tokens, batch_size=4, char_level=True)
+    assert (result.tail_tokens, result.predicted_tokens) == (1, length - 1)
+    assert result.loss > 0  # a dropped target scored nothing: a 2-token text had loss 0
+    assert result.loss * (length - 1) == pytest.approx(reference_total_nats(model, tokens), rel=1e-5)
+
+
 def test_table_plot_and_tensorboard_show_ranges_of_positions_doubling_the_context(tmp_path, tensorboard_writer):
     assert position_ranges(128) == [(0, 0), (1, 1), (2, 3), (4, 7), (8, 15), (16, 31), (32, 63), (64, 127)]
     assert position_ranges(96)[-1] == (64, 95) and position_ranges(1) == [(0, 0)]
