@@ -919,6 +919,21 @@ def test_a_pass_follows_the_plan_until_its_end_is_reached():
     assert without_plan.pass_starts == [0, per_pass]  # no plan: whole passes
 
 
+def test_a_plan_shrunk_below_the_windows_drawn_keeps_them_in_their_pass_and_shows_the_next_whole():
+    T, per_pass = 16, (1000 - 16) // 16
+    sampler = BatchSampler(counting_tokens(), batch_size=1, context_length=T, seed=4, sampling="passes")
+    for _ in range(20):  # 20 windows of a planned 100
+        sampler.plan_end(100)
+        sampler.next_batch()
+    after = []
+    for _ in range(per_pass):  # the plan re-estimated down to 10 windows, before the 20 drawn
+        sampler.plan_end(10)
+        after.append(int(sampler.next_batch()[0][0, 0]))
+    assert sampler.pass_starts[:2] == [0, 20]  # the drawn windows stay in the first pass; the next starts now
+    offset = min(after) % T
+    assert sorted(after) == [offset + T * k for k in range(per_pass)]  # every window of the next pass once
+
+
 def test_a_resumed_sampler_keeps_the_passes_cut_before_it_stopped(tmp_path):
     sampler = BatchSampler(counting_tokens(), 4, 16, seed=3, sampling="passes")
     draw_pass_windows(sampler, 14, end_after=20)  # passes of 40 windows: the state is taken in the second
