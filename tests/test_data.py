@@ -1005,6 +1005,13 @@ def test_eval_batches_spread_a_fixed_number_of_windows():
     assert len(torch.cat([b[0] for b in eval_batches(tokens, 10, 8, max_windows=10_000)])) == 99
 
 
+def test_eval_batches_with_max_windows_equal_to_the_full_windows_walk_them_all_without_overlap():
+    tokens = counting_tokens(103)  # (103 - 1) // 10 = 10 full windows
+    every = torch.cat([x for x, _ in eval_batches(tokens, 10, 4)])
+    capped = torch.cat([x for x, _ in eval_batches(tokens, 10, 4, max_windows=10)])
+    assert torch.equal(capped, every) and torch.equal(capped[:, 0], torch.arange(0, 100, 10))
+
+
 def test_a_tokenizer_whose_output_changes_at_a_cut_encodes_each_document_whole():
     # SentencePiece's Metaspace puts "▁" before a text's first word only: a document read in
     # parts (a large text file is) would get a "▁" at every cut if the parts were encoded alone.
