@@ -109,6 +109,16 @@ def test_end_of_text_is_one_token_and_decodes_back(kind, char_tokenizer, bpe_tok
     assert tokenizer.token_text(tokenizer.eot_id) == END_OF_TEXT
 
 
+def test_char_end_of_text_is_a_special_token_in_the_saved_file(char_tokenizer, tmp_path):
+    # transformers reads an exported tokenizer.json: skip_special_tokens and stopping need the flag
+    char_tokenizer.save(tmp_path / "tokenizer.json")
+    spec = json.loads((tmp_path / "tokenizer.json").read_text(encoding="utf-8"))
+    assert {t["content"]: t["special"] for t in spec["added_tokens"]}[END_OF_TEXT] is True
+    backend = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    ids = char_tokenizer.encode(f"Speak.{END_OF_TEXT}All:")
+    assert backend.decode(ids, skip_special_tokens=True) == "Speak.All:"
+
+
 # ----------------------------------------------------------------------------- saving, loading
 
 
