@@ -2,6 +2,7 @@
 loading, safe cut points for long texts, and the errors a user can hit."""
 
 import json
+import random
 
 import numpy as np
 import pytest
@@ -228,6 +229,21 @@ def test_long_texts_encode_as_if_whole(kind, shakespeare_path):
     small = [i for piece in tokenizer.text_pieces(text, 2_000) for i in tokenizer.encode(piece)]
     assert small == whole  # hundreds of cuts, still the same tokens
     assert tokenizer.decode(whole) == text
+
+
+def test_text_pieces_are_cut_only_at_newlines_with_no_space_before_them():
+    # A cut after a blank line ("...\n\n|Next") would end a piece in "\n\n", which byte-level BPE
+    # keeps as one split (one token, here) at a text's end but splits as "\n", "\n" within it.
+    rng = random.Random(0)
+    words = ["the", "king", "said", "and", "lord", "of", "my", "good", "sir"]
+    verses = ["\n".join(" ".join(rng.choice(words) for _ in range(8)) + "." for _ in range(3)) for _ in range(60)]
+    text = "\n\n".join(verses)
+    tokenizer = build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), texts_of(*(v + "\n\n" for v in verses)))
+    assert len(tokenizer.encode("\n\n")) == 1  # the tokenizer knows "\n\n"
+    whole = tokenizers.Tokenizer.from_str(tokenizer.to_json()).encode(text, add_special_tokens=False).ids
+    pieces = list(tokenizer.text_pieces(text, 400))
+    assert len(pieces) > 10 and not any(piece.endswith("\n\n") for piece in pieces)
+    assert [i for piece in pieces for i in tokenizer.encode(piece)] == whole
 
 
 def test_encode_batch_matches_encode(bpe_tokenizer):
