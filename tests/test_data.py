@@ -296,6 +296,17 @@ def test_url_is_downloaded_once_and_checked(tmp_path, monkeypatch, builds):
     assert len(builds) == 2  # train + validation, once
 
 
+def test_an_upper_case_sha256_is_accepted(tmp_path):
+    # as certutil and some download pages print it
+    source = tmp_path / "remote.txt"
+    source.write_text("".join(DOCUMENTS), encoding="utf-8")
+    target = tmp_path / "data" / "corpus.txt"
+    config = make_config(tmp_path, {"files": [str(target)], "url": source.as_uri(),
+                                    "sha256": hashlib.sha256(source.read_bytes()).hexdigest().upper()})
+    prepare_data(config, progress=False)
+    assert target.read_bytes() == source.read_bytes()
+
+
 def test_another_url_for_a_file_already_there_reuses_its_cache(tmp_path, builds):
     target = tmp_path / "data" / "corpus.txt"
     target.parent.mkdir()
