@@ -57,9 +57,10 @@ def tokenizer_of(kind: str) -> Tokenizer:
 
 
 def random_model(tokenizer: Tokenizer, kind: str, n_kv_head: int, seed: int = 0, *, n_embd: int = 32,
-                 context_length: int = 64):
+                 context_length: int = 64, tie_embeddings: bool = True):
     config = Config(model=ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=4,
-                                      n_kv_head=n_kv_head, n_embd=n_embd, context_length=context_length),
+                                      n_kv_head=n_kv_head, n_embd=n_embd, context_length=context_length,
+                                      tie_embeddings=tie_embeddings),
                     data=DataConfig(files=["corpus.txt"]), tokenizer=TokenizerConfig(kind=kind),
                     sample=SampleConfig(temperature=0.7, top_k=20, max_new_tokens=100))
     torch.manual_seed(seed)
@@ -109,6 +110,20 @@ def test_exported_folder_gives_transformers_equal_logits(tmp_path, kind, n_kv_he
     assert type(reference).__name__ == "LlamaForCausalLM"
     ids = torch.tensor([tokenizer.encode(TEXT)[:64]])  # the whole context
     assert max_logit_difference(model, reference, ids) < 1e-5
+
+
+def test_an_untied_export_says_tie_word_embeddings_false_and_imports_back_with_equal_logits(tmp_path):
+    # Written true for every model, transformers would tie lm_head to the embedding (dropping the
+    # stored head) and tinyattn's own import would refuse or tie the head just the same.
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2, tie_embeddings=False)
+    export_folder(model.state_dict(), config, tokenizer, tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["tie_word_embeddings"] is False
+    ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
+    assert max_logit_difference(model, hf_model(tmp_path / "out"), ids) < 1e-5
+    loaded = load_any_model(tmp_path / "out")
+    assert loaded.config.model.tie_embeddings is False
+    assert max_logit_difference(loaded.model, model, ids) < 1e-5
 
 
 def test_exported_logits_stay_equal_at_the_end_of_a_long_context(tmp_path):
