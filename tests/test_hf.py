@@ -696,6 +696,10 @@ REFUSALS = {
     "k-proj-shape": (lambda f: edit_tensor(f, "model.layers.0.self_attn.k_proj.weight", torch.zeros(16, 31)),
                      "weight model.layers.0.self_attn.k_proj.weight has shape 16x31; "
                      "config.json gives 16x48"),
+    # A tensor tinyattn has no place for, config.json saying nothing of it: never dropped silently.
+    "stray-bias-weight": (lambda f: edit_tensor(f, "model.layers.0.self_attn.q_proj.bias", torch.ones(48)),
+                          "weights a Llama model of this config does not have: "
+                          "model.layers.0.self_attn.q_proj.bias (biases are not supported)"),
     "rope-scaling-text": (lambda f: edit_config(f, rope_parameters=None, rope_scaling="linear"),
                           "rope_scaling is 'linear'; expected an object or null"),
     "layer-types-number": (lambda f: edit_config(f, layer_types=2),
