@@ -208,6 +208,7 @@ def test_tokenizer_round_trip_matches_auto_tokenizer(tmp_path, kind):
 def test_export_cli_writes_config_generation_defaults_and_card(tmp_path, capsys):
     tokenizer = tokenizer_of("char")
     config, model = random_model(tokenizer, "char", 2)
+    config.sample.top_p, config.sample.repetition_penalty = 0.9, 1.3  # not transformers' defaults (1)
     run = save_run(tmp_path, config, model, tokenizer)
     code, out, err = run_main(export_cli.main, ["--checkpoint", run, "--out", tmp_path / "out"], capsys)
     assert code == 0, err
@@ -222,8 +223,11 @@ def test_export_cli_writes_config_generation_defaults_and_card(tmp_path, capsys)
     generation = json.loads((folder / "generation_config.json").read_text())
     assert generation["bos_token_id"] == generation["eos_token_id"] == tokenizer.eot_id
     assert json.loads((folder / "tokenizer_config.json").read_text())["add_bos_token"] is False
-    assert (generation["do_sample"], generation["temperature"], generation["top_k"],
-            generation["max_new_tokens"]) == (True, 0.7, 20, 100)
+    assert (generation["do_sample"], generation["temperature"], generation["top_k"], generation["top_p"],
+            generation["repetition_penalty"], generation["max_new_tokens"]) == (True, 0.7, 20, 0.9, 1.3, 100)
+    sample = load_any_model(folder).config.sample  # and read back as written (500 is tinyattn's default)
+    assert (sample.temperature, sample.top_k, sample.top_p, sample.repetition_penalty,
+            sample.max_new_tokens) == (0.7, 20, 0.9, 1.3, 100)
     card = (folder / "README.md").read_text()
     assert "`corpus.txt`" in card and "20 steps, 2,560 tokens" in card and "2.3456" in card
     assert "tags: [tinyattn, llama]" in card
