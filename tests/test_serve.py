@@ -578,6 +578,42 @@ def test_at_shutdown_every_job_decoding_or_waiting_gets_its_end():
     asyncio.run(shut_down())
 
 
+def test_a_cancelled_jobs_generator_is_closed_at_once_on_the_worker_thread():
+    # Its `finally` frees the decoder's KV caches; left open, stats.recent (the last 100 ended
+    # jobs) would keep each generator, caches and all, alive.
+    import asyncio
+
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.serve.worker import Job, ModelWorker
+
+    closed_on = []
+
+    def steps():
+        try:
+            while True:
+                yield "x"
+        finally:
+            closed_on.append(threading.current_thread().name)
+
+    loop = asyncio.new_event_loop()  # not running: what the job sends stays queued on it
+    one = ModelWorker(max_active=1)
+    try:
+        job = one.submit(Job(steps(), loop, "gone"))
+        one.start()
+        deadline = time.monotonic() + 10
+        while job.turns == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        job.cancel()  # the client went away
+        while not job.ended and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert job.ended == "cancelled"
+        assert closed_on == [one.thread.name]  # closed before the job was marked ended
+    finally:
+        one.stop()
+        loop.close()
+
+
 # ----------------------------------------------------------------------------- the playground, the explorer
 
 
