@@ -673,8 +673,9 @@ def test_the_explorer_of_a_text_from_an_empty_prompt_queries_the_token_at_a_late
 @pytest.mark.parametrize("body, message", [
     ({"text": "ROMEO:", "offset": 6}, "offset 6 is not accepted: expected 0 to 5"),
     ({"text": "R", "offset": 0}, "text: 1 tokens; the explorer takes 2 to 256"),
+    ({"text": "ROMEO:" * 50, "offset": 0}, "text: 300 tokens; the explorer takes 2 to 256"),
     ({"text": "ROMEO:", "offset": 1, "query": 3}, "unknown field 'query'"),
-], ids=["offset-past-the-end", "one-token", "unknown-field"])
+], ids=["offset-past-the-end", "one-token", "over-max-explore-tokens", "unknown-field"])
 def test_a_bad_explorer_request_is_a_400(server, body, message):
     status, answer = post(server, "/explorer", body)
     assert status == 400 and message in json.loads(answer)["error"]["message"]
