@@ -262,6 +262,7 @@ BAD_REQUESTS = {
     "five-stops": ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4 stop strings, got 5"),
     "wrong-type": ({"extra_body": {"max_tokens": "ten"}}, "max_tokens", "valid integer"),
     "unsupported": ({"logprobs": 2}, "logprobs", "logprobs is not supported"),
+    "echo": ({"echo": True}, "echo", "echo is not supported"),  # never the prompt silently left out
     "best-of-more-than-n": ({"best_of": 2}, "best_of", "best_of is not supported"),
     "seed-past-int64-for-n": ({"seed": 2**63 - 1, "n": 2}, "seed", "too large for n 2"),
     "a-list-of-prompts": ({"prompt": ["ROMEO:", "JULIET:"]}, "prompt", "one prompt per request"),
