@@ -271,6 +271,24 @@ def test_the_file_holds_the_hyperparameters_and_the_tokenizer_keys(tmp_path, kin
 
 
 
+def test_a_char_vocabularys_unk_is_written_as_the_replacement_characters_bytes(tmp_path):
+    # llama.cpp prints a token's spelling: U+FFFD's, as tinyattn decodes [UNK], not "[UNK]". Only
+    # where the training text held U+FFFD itself is the spelling taken: [UNK] is then unused.
+    from tinyattn.gguf.vocab import byte_spelling
+
+    tokenizer = tokenizer_of("char")
+    unk = tokenizer.encode("\u00e6")  # never in the training text
+    assert len(unk) == 1 and tokenizer.decode(unk) == "\ufffd"
+    fields = gguf.GGUFReader(export(tmp_path, random_model(tokenizer), tokenizer)).fields
+    tokens, types = fields["tokenizer.ggml.tokens"].contents(), fields["tokenizer.ggml.token_type"].contents()
+    assert tokens[unk[0]] == byte_spelling("\ufffd") == "ï¿½" and types[unk[0]] == gguf.TokenType.NORMAL
+    holding = build_tokenizer(TokenizerConfig(kind="char"), lambda: iter(["ab\ufffd"]))
+    fields = gguf.GGUFReader(export(tmp_path, random_model(holding), holding, name="holding.gguf")).fields
+    unk = holding.encode("\u00e6")
+    assert fields["tokenizer.ggml.tokens"].contents()[unk[0]] == UNKNOWN
+    assert fields["tokenizer.ggml.token_type"].contents()[unk[0]] == gguf.TokenType.UNUSED
+
+
 def test_an_imported_folders_bos_is_the_files_bos_and_added_as_its_tokenizer_adds_it(tmp_path):
     import tokenizers
 
