@@ -27,6 +27,8 @@ from benchmarks.arguments import check_counts
 from tinyattn.cli import run_command
 from tinyattn.errors import ConfigError
 
+LEAST = {"rounds": (1, ""), "steps": (1, ""), "warmup": (0, "")}  # the fewest each count accepts
+
 
 def one_process(config_path: str, overrides: list[str], steps: int, warmup: int) -> dict:
     from tinyattn.config import load_config
@@ -65,10 +67,6 @@ def main() -> int:
         medians = ", ".join(f"{r['median_s']:.3f}" for r in rounds)
         print(f"| {variant or '(the config)'} | {rounds[0]['precision']} | {rounds[0]['attention']} | {medians} |")
     return 0
-
-
-# The fewest each count accepts.
-LEAST = {"rounds": (1, ""), "steps": (1, ""), "warmup": (0, "")}
 
 
 def check_variants(config_path: str, overrides: list[str], variants: list[str]) -> None:

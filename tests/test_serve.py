@@ -383,8 +383,6 @@ def test_a_client_that_disconnects_while_waiting_for_a_whole_completion_stops_it
 def test_a_completion_the_shutdown_stops_is_a_503_not_a_200_with_part_of_the_text(server):
     # Ctrl-C cancels every job first (`uvicorn_server`): a whole completion cut short must not
     # look like a finished one.
-    import threading
-
     status, body = cancelled_mid_request(server, {"max_tokens": 5000, "temperature": 0},
                                          ready=lambda: worker(server).load["active"] > 0)
     assert status == 503 and json.loads(body)["error"]["code"] == "server_shutting_down", body
