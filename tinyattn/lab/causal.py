@@ -193,8 +193,9 @@ OUTPUTS = ("causal.md", "causal.png")  # what `run` writes into --out beside the
 
 def train_both(args: argparse.Namespace, out: Path) -> dict:
     """Train the causal and the bidirectional run; returns {name: TrainResult}. A run stopped by
-    Ctrl-C or SIGTERM (`TrainResult.interrupted`) ends the lab in one line: the second run is not
-    trained and no table is written, as one would set a few steps beside a whole run."""
+    Ctrl-C or SIGTERM (`TrainResult.interrupted`) ends the lab in one line and exit status 130, as
+    `tinyattn train` ends: the second run is not trained and no table is written, as one would set a
+    few steps beside a whole run."""
     from tinyattn.config import load_config
     from tinyattn.lab.outputs import clear_earlier_lab
     from tinyattn.train.loop import train
@@ -210,7 +211,7 @@ def train_both(args: argparse.Namespace, out: Path) -> dict:
         results[name] = train(config, config_path=args.config, run_name=name, progress=False,
                               overrides=items)
         if results[name].interrupted:  # a comparison with a stopped run would compare its few steps
-            raise TinyattnError(f"lab causal stopped: the {name} run stopped at step {results[name].step} of "
+            raise KeyboardInterrupt(f"lab causal stopped: the {name} run stopped at step {results[name].step} of "
                                 f"{args.steps} ({run_dir}); nothing was compared. Run the lab again with "
                                 f"--out {quoted(out)} --force to train both runs anew")
     return results
