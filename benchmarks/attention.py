@@ -16,7 +16,7 @@ from pathlib import Path
 from benchmarks.arguments import check_counts
 from benchmarks.measure import attention_cost_table, measure_attention_cost
 from tinyattn.cli import run_command
-from tinyattn.errors import DataError
+from tinyattn.errors import ConfigError, DataError
 
 
 def main() -> int:
@@ -36,6 +36,9 @@ def main() -> int:
                              "'attention' section of a benchmarks/suite.py JSON file")
     args = parser.parse_args()
     check_counts(args, LEAST)
+    if args.max_context < args.min_context:
+        raise ConfigError(f"--max-context {args.max_context} is below --min-context {args.min_context}: "
+                          "no context length to measure; expected a --max-context of at least the minimum")
     if args.table_from:
         try:
             saved = json.loads(args.table_from.read_text(encoding="utf-8"))

@@ -49,7 +49,8 @@ def main() -> int:
 
 
 # The fewest each count accepts (as benchmarks.decode's --vocab-size).
-LEAST = {"batch_size": (1, ""), "steps": (1, ""), "vocab_size": (2, "")}
+LEAST = {"batch_size": (1, ""), "steps": (1, ""), "vocab_size": (2, ""),
+         "max_context": (64, "the attention-cost table starts at 64")}
 
 
 def _refuse_unused_overrides(overrides: list[str]) -> None:
