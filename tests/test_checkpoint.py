@@ -64,3 +64,67 @@ def test_weights_of_another_shape_are_refused_naming_the_keys_not_a_traceback():
                                               r"\(written by another version of tinyattn\?\): wrong shape: "
                                               r"blocks\.0\.\S+, .* and \d+ more$"):
         ckpt.load_weights(model(16), wider, Path("x.pt"))
+
+
+def test_weights_missing_a_key_or_holding_an_extra_one_are_refused_naming_them_not_a_traceback():
+    from tinyattn.config import ModelConfig
+    from tinyattn.model.transformer import LanguageModel
+
+    model = LanguageModel(ModelConfig(vocab_size=20, n_layer=1, n_head=2, n_embd=16, context_length=8))
+    weights = dict(model.state_dict())
+    dropped = sorted(weights)[0]
+    del weights[dropped]
+    with pytest.raises(CheckpointError, match=rf"^x\.pt: weights do not fit .*: missing: {re.escape(dropped)}$"):
+        ckpt.load_weights(model, {"model": weights}, Path("x.pt"))
+    extra = {**model.state_dict(), "blocks.9.extra": torch.zeros(2)}
+    with pytest.raises(CheckpointError, match=r"^x\.pt: weights do not fit .*: unexpected: blocks\.9\.extra$"):
+        ckpt.load_weights(model, {"model": extra}, Path("x.pt"))
+
+
+def test_a_run_is_dated_by_its_newest_checkpoint_not_its_first(tmp_path):
+    long_running, other = tmp_path / "long", tmp_path / "other"
+    saved(long_running / ckpt.step_filename(100), 100)
+    saved(long_running / ckpt.step_filename(200), 200)
+    saved(other / ckpt.step_filename(10), 10)
+    os.utime(long_running / ckpt.step_filename(100), (1_000_000, 1_000_000))  # its start: before other's
+    os.utime(other / ckpt.step_filename(10), (2_000_000, 2_000_000))
+    os.utime(long_running / ckpt.step_filename(200), (3_000_000, 3_000_000))  # its last save: after
+    assert ckpt.latest_run(tmp_path) == long_running
+
+
+def test_a_run_folder_holding_only_best_pt_holds_checkpoints(tmp_path):
+    # A folder whose step files were deleted to save space still holds a model: a new run named
+    # there must be refused, not write over its best.pt.
+    assert not ckpt.has_checkpoints(tmp_path)
+    saved(tmp_path / ckpt.BEST, 40)
+    assert ckpt.has_checkpoints(tmp_path)
+
+
+def test_a_copy_that_fails_midway_leaves_no_half_checkpoint(tmp_path, monkeypatch):
+    source, target = saved(tmp_path / "a.pt", 3), tmp_path / "fork" / ckpt.step_filename(3)
+    saved(target, 1)  # what the target held before
+    before = target.read_bytes()
+
+    def half_then_fail(src, out, length=0):
+        out.write(src.read(10))
+        raise OSError("the disk went away")
+
+    monkeypatch.setattr(ckpt.shutil, "copyfileobj", half_then_fail)
+    with pytest.raises(OSError, match="went away"):
+        ckpt.copy_checkpoint(source, target)
+    assert target.read_bytes() == before
+    assert [p.name for p in target.parent.iterdir()] == [target.name]  # no temporary left either
+
+
+def test_a_loaded_model_is_ready_for_inference_in_eval_mode(tmp_path, char_tokenizer):
+    from tinyattn.config import Config, DataConfig, ModelConfig, config_to_dict
+    from tinyattn.model.transformer import LanguageModel
+
+    config = Config(model=ModelConfig(vocab_size=char_tokenizer.vocab_size, n_layer=1, n_head=2, n_embd=16,
+                                      context_length=8, dropout=0.5),  # dropout: train mode would show
+                    data=DataConfig(files=["a.txt"]))
+    model = LanguageModel(config.model)
+    ckpt.save_checkpoint({"config": config_to_dict(config), "model": model.state_dict(),
+                          "tokenizer": char_tokenizer.to_json(), "step": 7}, tmp_path / ckpt.BEST)
+    loaded = ckpt.load_model(tmp_path)
+    assert loaded.step == 7 and not any(module.training for module in loaded.model.modules())
