@@ -184,6 +184,7 @@ def test_a_zero_byte_best_pt_falls_back_to_the_newest_good_step_checkpoint_with_
     run = shutil.copytree(trained_run.run_dir, tmp_path / "run")
     (run / "best.pt").write_bytes(b"")
     newest = ckpt.step_checkpoints(run)[-1]
+    shutil.copy(newest, run / ckpt.step_filename(1))  # an older step that verifies too: not the one taken
     capsys.readouterr()
     loaded = ckpt.load_model(run)  # the run's model was asked for: the newest one that verifies
     assert loaded.path == newest
