@@ -438,6 +438,54 @@ def test_a_fork_never_takes_a_later_best_nor_trains_into_another_runs_checkpoint
     assert _file_digests(tmp_path / "other") == other and _file_digests(run) == before
 
 
+def test_a_fork_from_the_step_of_the_originals_best_takes_its_best_pt(corpus, tmp_path, twelve_steps):
+    # Without it the fork's best.pt would only come from an evaluation that beats the loss the
+    # checkpoint carries, perhaps never: the fork's "best" model would be missing.
+    run, _ = twelve_steps
+    from tinyattn.train.resume import ResumePoint
+
+    best_step = ckpt.saved_value(run / "best.pt", "step")
+    (tmp_path / "fork").mkdir()
+    ResumePoint.find(run / ckpt.step_filename(best_step), "fork", tmp_path).fork_into(tmp_path / "fork")
+    assert sorted(p.name for p in (tmp_path / "fork").iterdir()) == ["best.pt", ckpt.step_filename(best_step)]
+    assert (tmp_path / "fork" / "best.pt").read_bytes() == (run / "best.pt").read_bytes()
+
+
+def test_a_floor_or_weight_decay_given_for_a_resume_wins_over_the_checkpoints_table_choice(tmp_path):
+    from tinyattn.train.resume import ResumePoint
+
+    tables = ["train.floor_by_passes={0: 0.5}", "train.decay_by_passes={0: 0.5}"]
+    chosen = load_config(TINY, [*tables, "train.min_lr=1e-3", "train.weight_decay=0.5"])  # as the run saved
+    point = ResumePoint(tmp_path / "step_0000010.pt", {}, chosen, 10)
+    given = load_config(TINY, [*tables, "train.min_lr=1e-4", "train.weight_decay=0.01"])
+    point.adopt(given, given=["train.min_lr", "train.weight_decay"])
+    assert (given.train.min_lr, given.train.weight_decay) == (1e-4, 0.01)
+    not_given = load_config(TINY, [*tables, "train.min_lr=1e-4", "train.weight_decay=0.01"])  # a --config file's
+    point.adopt(not_given)
+    assert (not_given.train.min_lr, not_given.train.weight_decay) == (1e-3, 0.5)
+
+
+def test_a_resume_may_change_how_attention_is_computed_but_not_the_models_shape(tmp_path):
+    from tinyattn.train.resume import ResumePoint
+
+    point = ResumePoint(tmp_path / "step_0000010.pt", {}, load_config(TINY, ["model.attention=fused"]), 10)
+    point.adopt(load_config(TINY, ["model.attention=explicit", "model.dropout=0.2"]))  # the same weights
+    with pytest.raises(CheckpointError, match=r"the config's model differs from the checkpoint's: "
+                                              r"model\.n_layer: checkpoint \d+, config 7$"):
+        point.adopt(load_config(TINY, ["model.attention=explicit", "model.n_layer=7"]))
+
+
+def test_a_bpe_run_resumed_with_another_vocabulary_size_is_refused_naming_the_key(tmp_path):
+    # Refused from the settings, before any data is read: a BPE tokenizer would be trained for nothing.
+    from tinyattn.train.resume import ResumePoint
+
+    bpe = ["tokenizer.kind=bpe", "tokenizer.vocab_size=300"]
+    point = ResumePoint(tmp_path / "step_0000010.pt", {}, load_config(TINY, bpe), 10)
+    with pytest.raises(CheckpointError, match=r"the config's tokenizer differs from the checkpoint's: "
+                                              r"tokenizer\.vocab_size: checkpoint 300, config 500; "):
+        point.adopt(load_config(TINY, ["tokenizer.kind=bpe", "tokenizer.vocab_size=500"]))
+
+
 def test_resuming_an_earlier_checkpoint_in_place_is_refused(corpus, tmp_path, twelve_steps, capsys):
     from tinyattn.cli.train import main
 
