@@ -119,6 +119,15 @@ def test_a_resume_on_changed_data_is_refused_unless_allowed_and_logged(corpus, t
     assert not list(run.glob("config.edited-*"))  # config.yaml was the run's own: nothing to keep
 
 
+def test_a_resume_from_a_checkpoint_without_a_data_fingerprint_says_the_data_cannot_be_checked(tmp_path):
+    from tinyattn.train.resume import ResumePoint
+
+    point = ResumePoint(tmp_path / "step_0000010.pt", {"step": 10}, load_config(TINY), 10)  # an older tinyattn's
+    note = point.check_data({"files": []}, allow_change=False)
+    assert note == (f"note: {tmp_path / 'step_0000010.pt'} records no data fingerprint (saved by an older "
+                    "tinyattn): whether the data changed since cannot be checked")
+
+
 def test_eval_of_the_validation_split_says_when_the_data_changed(corpus, tmp_path, capsys):
     from tinyattn.cli.eval import main as eval_main
 
