@@ -266,6 +266,12 @@ def test_a_dropout_table_reads_as_numbers_and_survives_the_round_trip(tmp_path):
     # An integer field takes only whole numbers: 2.5 layers is not rounded, true is not 1.
     ("", ["model.n_layer=2.5"], r"--set: model\.n_layer: expected an integer, got 2\.5"),
     ("", ["model.n_layer=true"], r"--set: model\.n_layer: expected an integer, got True"),
+    ("model:\n  dropout: 1.0\n", [], r"c\.yaml: model\.dropout: 1\.0 is not accepted; expected a number in \[0, 1\)"),
+    # A file's source and a --set of the other: both named, neither dropped (see _drop_inherited_source)
+    ("", ["data.dataset=roneneldan/TinyStories", "data.files=b.txt"],
+     r"data\.files: \['b\.txt'\] is not accepted; set exactly one of data\.dataset \(a hub name\) or data\.files"),
+    ("train:\n  show: [attention]\n", [],
+     r"c\.yaml: train\.probe_text: '' is not accepted; expected a text for train\.show's attention"),
     ("model:\n  attention_dropout: 1.0\n", [],
      r"c\.yaml: model\.attention_dropout: 1\.0 is not accepted; expected a number in \[0, 1\)"),
     ("", ["train.min_lr=0.01", "train.lr=0.001"],
