@@ -421,6 +421,13 @@ def test_a_fork_that_fails_before_its_first_step_leaves_no_folder_behind(corpus,
     assert not (tmp_path / "fork").exists()
     assert _file_digests(run) == before
 
+def test_a_new_named_run_that_fails_before_its_first_step_leaves_no_folder_behind(corpus, tmp_path):
+    config = tiny_config(corpus, tmp_path, f"data.files={tmp_path / 'missing.txt'}")
+    with pytest.raises(TinyattnError, match="missing.txt"):
+        train(config, run_name="fresh", progress=False)
+    assert not (tmp_path / "fresh").exists()
+
+
 def test_a_fork_never_takes_a_later_best_nor_trains_into_another_runs_checkpoints(corpus, tmp_path, twelve_steps):
     run, before = twelve_steps
     assert ckpt.saved_value(run / "best.pt", "step") > 6  # the original's best is past the fork's start
