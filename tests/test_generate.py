@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tinyattn.checkpoint import FORMAT, load_model
+from tinyattn.checkpoint import FORMAT, load_checkpoint, load_model, save_checkpoint
 from tinyattn.cli.generate import main
 from tinyattn.config import ModelConfig, TokenizerConfig
 from tinyattn.data.tokenizer import build_tokenizer
@@ -882,6 +882,46 @@ def test_cli_same_seed_same_text_and_defaults_from_the_checkpoint(run_dir, capsy
     assert status == 0 and out and out == run_main([*saved, "--prompt", ""], capsys)[1]
 
 
+def test_cli_sampling_options_given_win_over_the_checkpoints(run_dir, capsys):
+    # The run saved sample.max_new_tokens 32, temperature 0.8, no top-k, top-p 1, no penalty: each
+    # option typed is the library's draw with that option and the checkpoint's others.
+    loaded = load_model(run_dir)
+    base = ["--checkpoint", str(run_dir), "--prompt", "All:", "--seed", "3", "--dtype", "fp32"]
+    library = functools.partial(generate, loaded.model, loaded.tokenizer, "All:", seed=3, temperature=0.8)
+    plain = "".join(library(max_new_tokens=20))
+    for flags, option in ((["--max-new-tokens", "7"], {"max_new_tokens": 7}),
+                          (["--top-k", "2"], {"top_k": 2}), (["--top-p", "0.3"], {"top_p": 0.3}),
+                          (["--repetition-penalty", "3"], {"repetition_penalty": 3.0})):
+        expected = "".join(library(**{"max_new_tokens": 20, **option}))
+        assert expected != plain, option  # the option changes the text: it is seen to apply
+        extra = [] if "max_new_tokens" in option else ["--max-new-tokens", "20"]
+        status, out, err = run_main([*base, *extra, *flags], capsys)
+        assert status == 0 and out == "All:" + expected + ("" if expected.endswith("\n") else "\n"), (flags, err)
+
+
+def test_cli_without_a_prompt_continues_the_checkpoints_saved_prompt(run_dir, tmp_path, capsys):
+    state = load_checkpoint(run_dir / "best.pt")
+    state["config"]["sample"]["prompt"] = "All:"
+    save_checkpoint(state, tmp_path / "prompted.pt")
+    options = ["--seed", "5", "--dtype", "fp32", "--max-new-tokens", "10"]
+    status, out, err = run_main(["--checkpoint", str(tmp_path / "prompted.pt"), *options], capsys)
+    assert status == 0, err
+    assert out.startswith("All:") and out == run_main(["--checkpoint", str(run_dir), "--prompt", "All:",
+                                                       *options], capsys)[1]
+
+
+def test_cli_a_samples_ending_newline_is_not_doubled_and_each_sample_has_its_header(monkeypatch):
+    import tinyattn.generate.text as text_module
+
+    from tinyattn.cli.generate import StreamPrinter
+
+    pieces = [SamplePiece(0, "ab"), SamplePiece(0, "\n", "length", 2), SamplePiece(1, "cd", "eot", 3)]
+    monkeypatch.setattr(text_module, "stream_samples", lambda *args, **kwargs: iter(pieces))
+    out = io.StringIO()
+    StreamPrinter(out, None, None, SamplingOptions(num_samples=2)).run("P:", echo=True)
+    assert out.getvalue() == "--- sample 1/2 ---\nP:ab\n--- sample 2/2 ---\nP:cd\n"
+
+
 def test_cli_interactive_reads_prompts_until_end_of_input(run_dir, capsys, monkeypatch):
     options = ["--checkpoint", str(run_dir), "--max-new-tokens", "8", "--temperature", "0", "--dtype", "fp32"]
     status, out, err = run_main([*options, "--interactive"], capsys, stdin="Speak\nAll:\n",
@@ -902,6 +942,16 @@ def test_cli_interactive_skips_a_line_that_is_not_utf8_with_a_warning(run_dir, c
     assert status == 0 and "Traceback" not in err
     assert "warning: stdin line 2 is not utf-8 text (invalid start byte at byte 0); skipped" in err
     # Both good lines were answered, as when the bad one is not there.
+    assert out == run_main(options, capsys, stdin="Speak\nAll:\n", monkeypatch=monkeypatch)[1]
+
+
+def test_cli_interactive_reads_windows_line_endings_as_the_same_prompts(run_dir, capsys, monkeypatch):
+    # A prompt file saved on Windows: "Speak\r\n" is the prompt "Speak", not "Speak\r".
+    options = ["--checkpoint", str(run_dir), "--max-new-tokens", "8", "--temperature", "0", "--dtype", "fp32",
+               "--interactive"]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"Speak\r\nAll:\r\n"), encoding="utf-8"))
+    status, out, err = run_main(options, capsys)
+    assert status == 0, err
     assert out == run_main(options, capsys, stdin="Speak\nAll:\n", monkeypatch=monkeypatch)[1]
 
 
@@ -969,6 +1019,7 @@ def test_cli_a_refused_sampling_option_is_named_as_typed_before_the_model_loads(
     (["--repetition-penalty", "0"], "--repetition-penalty 0.0 is not accepted"),
     (["--seed", "-1"], "--seed -1 is not accepted"),
     (["--stop", ""], "--stop '' is not accepted"),
+    (["--stop", "\\x"], "--stop '\\\\x': not a valid escape sequence"),
     (["--device", "gpu"], "device 'gpu' is not accepted; expected auto, cpu, cuda, cuda:N or mps"),
     (["--prompt-file", "{tmp}/missing.txt"], "missing.txt: prompt file not found"),
     (["--checkpoint", "{tmp}/nowhere"], "nowhere: no such checkpoint file or run folder"),
