@@ -127,6 +127,84 @@ def test_a_port_or_limit_out_of_range_is_one_line_before_anything_is_bound_or_lo
     assert capsys.readouterr().err == f"error: {message}\n"
 
 
+def test_the_highest_port_is_accepted(capsys):
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.cli.serve import main
+
+    assert main(["--checkpoint", "nowhere", "--port", "65535"]) == 2  # bound (or in use), then nothing to load
+    assert "--port" not in capsys.readouterr().err
+
+
+def serve_command(argv, monkeypatch) -> list:
+    """`tinyattn serve ARGV` with the model's checkpoint, its serving replaced: the apps it would serve."""
+    import tinyattn.serve.server as server_module
+    from tinyattn.cli.serve import main
+
+    apps = []
+    monkeypatch.setattr(server_module, "serve_forever", lambda app, sock: apps.append(app))
+    assert main(argv) == 0
+    return apps
+
+
+def test_the_commands_limits_and_model_name_reach_the_app_it_serves(loaded, monkeypatch, capsys):
+    [app] = serve_command(["--checkpoint", str(loaded.path.parent), "--port", "0", "--dtype", "fp32",
+                           "--max-tokens", "7", "--max-n", "2", "--max-active", "3", "--model-name", "mine"],
+                          monkeypatch)
+    served = app.state.served
+    assert (served.limits.max_tokens, served.limits.max_n, served.limits.max_active) == (7, 2, 3)
+    assert served.worker.max_active == 3 and served.model_id == "mine"
+    err = capsys.readouterr().err
+    assert "serving 'mine'" in err and "warning" not in err  # on this machine only: nothing to warn of
+
+
+def test_listening_beyond_this_machine_warns_that_there_is_no_authentication(loaded, monkeypatch, capsys):
+    serve_command(["--checkpoint", str(loaded.path.parent), "--host", "0.0.0.0", "--port", "0", "--dtype",
+                   "fp32"], monkeypatch)
+    assert ("warning: listening on 0.0.0.0: anyone who can reach this machine can use the model (there is no "
+            "authentication)\n") in capsys.readouterr().err
+
+
+def test_an_ipv6_host_is_listened_on():
+    import socket
+
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.serve.server import listening_socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    sock = listening_socket("::1", 0)
+    try:
+        assert sock.family == socket.AF_INET6 and sock.getsockname()[0] == "::1"
+    finally:
+        sock.close()
+
+
+def test_ctrl_c_cancels_every_generation_before_uvicorn_shuts_down():
+    # Open streams would otherwise hold the shutdown up to its grace period.
+    import signal
+    import types
+
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.serve.server import listening_socket, uvicorn_server
+
+    cancelled = []
+    worker = types.SimpleNamespace(cancel_all=lambda: cancelled.append("all"))
+    app = types.SimpleNamespace(state=types.SimpleNamespace(served=types.SimpleNamespace(worker=worker)))
+    sock = listening_socket("127.0.0.1", 0)
+    try:
+        server = uvicorn_server(app, sock)
+        server.handle_exit(signal.SIGINT, None)
+    finally:
+        sock.close()
+    assert cancelled == ["all"] and server.should_exit
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stop_with", ["SIGINT", "SIGTERM"])  # Ctrl-C, and a service manager's stop
 def test_the_command_serves_until_ctrl_c_or_sigterm_and_then_exits_cleanly(loaded, stop_with):
