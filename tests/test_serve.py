@@ -241,6 +241,20 @@ def test_models_and_health_name_the_run(client, server):
     assert health["status"] == "ok" and health["model"] == "tiny-serve"
 
 
+def test_health_is_a_503_once_the_model_thread_has_stopped(loaded):
+    from tinyattn.serve.app import create_app
+    from tinyattn.serve.schemas import Limits
+    from tinyattn.serve.server import ServerThread, listening_socket
+
+    with ServerThread(create_app(loaded, limits=Limits(**LIMITS)), listening_socket("127.0.0.1", 0)) as running:
+        running.app.state.served.worker.stop()
+        connection = http.client.HTTPConnection(*running.sock.getsockname()[:2])
+        connection.request("GET", "/health")
+        response = connection.getresponse()
+        status, health = response.status, json.loads(response.read())
+    assert status == 503 and health == {"status": "the model thread has stopped", "model": "tiny-serve"}
+
+
 # ----------------------------------------------------------------------------- completions equal generate()
 
 
@@ -325,25 +339,38 @@ def test_a_streamed_completion_joins_to_the_same_text_and_ends_with_done(client,
     assert json.loads(events[0][len("data: "):])["object"] == "text_completion"
 
 
+def test_a_request_without_max_tokens_gets_openais_default_of_16(client):
+    done = client.completions.create(model="tiny-serve", prompt=PROMPT, temperature=0)  # greedy: never eot
+    assert done.usage.completion_tokens == 16 and len(done.choices[0].text) == 16
+    assert done.choices[0].finish_reason == "length"
+
+
 # ----------------------------------------------------------------------------- bad requests
 
 
 BAD_REQUESTS = {
     "unknown-field": ({"extra_body": {"temprature": 0.5}}, "temprature", "unknown field 'temprature'"),
     "max-tokens-over-the-limit": ({"max_tokens": 5001}, "max_tokens", "expected 0 to 5000"),
+    "negative-max-tokens": ({"max_tokens": -1}, "max_tokens", "max_tokens -1 is not accepted: expected 0 to 5000"),
     "negative-temperature": ({"temperature": -0.5}, "temperature", "temperature -0.5 is not accepted"),
     "top-p-zero": ({"top_p": 0.0}, "top_p", "a number in (0, 1]"),
     "top-p-above-one": ({"top_p": 1.5}, "top_p", "a number in (0, 1]"),
     "prompt-too-long": ({"prompt": "x" * 49}, "prompt",
                         "the prompt is 49 tokens; this server takes at most 48"),  # 48 are served (below)
     "n-too-large": ({"n": 5}, "n", "n 5 is not accepted: expected 1 to 4"),
+    "n-zero": ({"n": 0}, "n", "n 0 is not accepted: expected 1 to 4"),
     "five-stops": ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4 stop strings, got 5"),
     "wrong-type": ({"extra_body": {"max_tokens": "ten"}}, "max_tokens", "valid integer"),
     "unsupported": ({"logprobs": 2}, "logprobs", "logprobs is not supported"),
     "echo": ({"echo": True}, "echo", "echo is not supported"),  # never the prompt silently left out
+    "suffix": ({"suffix": "end"}, "suffix", "suffix is not supported"),
+    "frequency-penalty": ({"frequency_penalty": 0.5}, "frequency_penalty", "frequency_penalty is not supported"),
+    "presence-penalty": ({"presence_penalty": 0.5}, "presence_penalty", "presence_penalty is not supported"),
+    "logit-bias": ({"logit_bias": {"1": 5}}, "logit_bias", "logit_bias is not supported"),
     "best-of-more-than-n": ({"best_of": 2}, "best_of", "best_of is not supported"),
     "seed-past-int64-for-n": ({"seed": 2**63 - 1, "n": 2}, "seed", "too large for n 2"),
     "a-list-of-prompts": ({"prompt": ["ROMEO:", "JULIET:"]}, "prompt", "one prompt per request"),
+    "an-empty-list-of-prompts": ({"prompt": []}, "prompt", "one prompt per request, got a list of 0"),
 }
 
 
@@ -385,10 +412,16 @@ def test_an_unknown_model_is_a_404_and_an_unknown_route_too(client, server):
     with pytest.raises(openai.NotFoundError) as caught:
         client.completions.create(model="gpt-4", prompt=PROMPT, max_tokens=2)
     assert caught.value.body["code"] == "model_not_found" and "'tiny-serve'" in caught.value.body["message"]
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.models.retrieve("gpt-4")
+    assert caught.value.body["code"] == "model_not_found" and client.models.retrieve("tiny-serve").id == "tiny-serve"
     connection = http.client.HTTPConnection(*server.sock.getsockname()[:2])
     connection.request("GET", "/v1/chat")
     response = connection.getresponse()
     assert response.status == 404 and json.loads(response.read())["error"]["code"] == "not_found"
+    connection.request("GET", "/v1/completions")  # a route that takes only POST
+    response = connection.getresponse()
+    assert response.status == 405 and json.loads(response.read())["error"]["code"] == "method_not_allowed"
 
 
 # ----------------------------------------------------------------------------- concurrency and disconnects
@@ -711,6 +744,15 @@ def test_the_playground_is_one_page_that_fetches_nothing_from_elsewhere(server):
     assert all(f'id="{name}"' in page for name in ("prompt", "generate", "output"))
     assert not re.search(r"https?://|//cdn|\bsrc=|@import|url\(", page)  # no network but this server's routes
     assert "%SCRIPT%" not in page and "%STYLE%" not in page
+
+
+def test_the_playground_escapes_the_models_name():
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.serve.app import playground_html
+
+    page = playground_html('a"<b>&')  # --model-name, or a run folder's name, is the user's text
+    assert 'data-model="a&quot;&lt;b&gt;&amp;"' in page and '"<b>' not in page
 
 
 def test_the_explorer_route_shows_the_prediction_that_produced_the_token_at_an_offset(server, loaded):
