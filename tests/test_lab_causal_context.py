@@ -354,17 +354,26 @@ def bidirectional_run(tmp_path_factory, corpus_text):
 
 
 @pytest.mark.parametrize("command", [
-    ["generate", "--prompt", "To be"], ["export", "--out", "exported"], ["eval", "--no-plot"],
-    ["lab", "distance", "--recall-steps", "1"], ["attention", "--text", "To be"], ["attention", "--relevance"],
-    ["attention", "--html"]],
-    ids=["generate", "export", "eval", "lab-distance", "attention", "attention-relevance", "attention-html"])
+    ["generate", "--prompt", "To be"], ["export", "--out", "exported"], ["export", "--gguf", "exported.gguf"],
+    ["eval", "--no-plot"], ["lab", "distance", "--recall-steps", "1"], ["attention", "--text", "To be"],
+    ["attention", "--relevance"], ["attention", "--html"], ["serve", "--port", "0"]],
+    ids=["generate", "export", "export-gguf", "eval", "lab-distance", "attention", "attention-relevance",
+         "attention-html", "serve"])
 def test_commands_that_score_predictions_refuse_a_bidirectional_checkpoint_in_one_line(
-        bidirectional_run, tmp_path, capsys, command):
+        bidirectional_run, tmp_path, capsys, monkeypatch, command):
     # Each position of a bidirectional model read the token it predicts: its losses, recall and
     # relevance would all be of the leaked answer, and attention's maps grey out later keys as masked.
     if command[0] == "export":
-        pytest.importorskip("safetensors")
-        command = ["export", "--out", str(tmp_path / "exported")]
+        pytest.importorskip("safetensors" if command[1] == "--out" else "gguf")
+        command = ["export", command[1], str(tmp_path / command[2])]
+    if command[0] == "serve":
+        pytest.importorskip("fastapi")
+        pytest.importorskip("uvicorn")
+        import tinyattn.serve.server as server_module
+
+        def served(app, sock):  # instead of serving until Ctrl-C
+            raise AssertionError("the bidirectional model was served")
+        monkeypatch.setattr(server_module, "serve_forever", served)
     if command[0] == "lab":
         command = [*command, "--out", str(tmp_path / "distance")]
     if command[-1] == "--html":
