@@ -135,6 +135,14 @@ def test_the_choices_are_the_librarys_own():
     assert f"model.attention={'|'.join(ATTENTION_PATHS)}" in option(parser_of("train"), "--set").help
 
 
+def test_generate_and_serve_look_for_runs_where_train_writes_them_and_pick_the_dtype_by_default():
+    from tinyattn.train.loop import DEFAULT_OUT_DIR
+
+    for name in ("generate", "serve"):  # the commands whose --checkpoint defaults to the newest run
+        defaults = parser_of(name).parse_args([])
+        assert (defaults.out_dir, defaults.dtype) == (DEFAULT_OUT_DIR, "auto"), name
+
+
 @pytest.mark.parametrize("argv0, expected", [
     ("scripts/train.py", "python scripts/train.py"),  # as the user wrote it, from the checkout
     (str(ROOT / "scripts" / "generate.py"), f"python {ROOT / 'scripts' / 'train.py'}"),  # another script
@@ -196,6 +204,22 @@ def test_a_command_freezes_what_is_alive_at_exit_so_teardown_skips_collecting_it
     assert int(result.stderr) > 1000  # every object still alive at exit
 
 
+def test_a_reader_that_goes_away_ends_the_command_quietly_with_status_141():
+    # `tinyattn generate ... | head`: what is left to print has nowhere to go. Not a traceback.
+    child = ("import sys\n"
+             "from tinyattn.cli import run_command\n"
+             "def command():\n"
+             "    while True:\n"
+             "        print('x' * 1000, flush=True)\n"
+             "sys.exit(run_command(command))\n")
+    process = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               cwd=ROOT)
+    process.stdout.read(10)
+    process.stdout.close()  # the reader is gone
+    err = process.stderr.read()
+    assert process.wait(timeout=60) == 141 and err == b"", err
+
+
 # ----------------------------------------------------------------------------- argument checks
 
 
@@ -237,6 +261,7 @@ def test_resume_without_config_looks_for_the_run_under_the_out_dir_set_gives(tmp
     ("export", ["--gguf", "m.gguf", "--out", "m.gguf"], "--gguf FILE stands for --format gguf --out FILE: "
                                                           "give one or the other"),
     ("export", ["--gguf", "m.gguf", "--format", "hf"], "--gguf FILE stands for --format gguf --out FILE"),
+    ("export", [], "--out: the folder (or with --format gguf, the file) to write is required"),
 ])
 def test_a_bad_option_is_one_line_before_any_checkpoint_is_read(name, argv, message, capsys):
     module = importlib.import_module(f"tinyattn.cli.{name}")
