@@ -1445,6 +1445,16 @@ def test_a_time_budget_given_to_a_resumed_step_count_run_is_refused_and_a_config
     assert "done: 2 steps (steps 3-4)" in err and load_config(run / "config.yaml").train.time_budget is None
 
 
+def test_a_run_without_run_name_is_named_after_its_config_file_and_the_time(corpus, tmp_path, capsys):
+    import re
+
+    code, err = run_main(["--config", str(TINY), "--no-progress", "--stop-at-step", "1", "--set",
+                          *tiny_overrides(corpus, tmp_path)], capsys)
+    assert code == 0, err
+    [run] = [folder.name for folder in tmp_path.iterdir() if (folder / "config.yaml").exists()]
+    assert re.fullmatch(r"tiny-\d{8}-\d{6}", run), run  # configs/tiny.yaml's stem, not "run"
+
+
 def test_a_device_given_with_dash_dash_device_is_recorded_and_its_resume_runs_there(corpus, tmp_path, capsys):
     # --device overrides train.device: config.yaml and the checkpoints record it, so a plain
     # --resume (the command the run prints) runs where the run ran, not on train.device's "auto".
