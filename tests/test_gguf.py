@@ -418,6 +418,7 @@ def test_export_cli_writes_one_gguf_file_and_replaces_it_only_with_force(tmp_pat
     code, printed, err = run_main(["--checkpoint", run, "--format", "gguf", "--out", out, "--dtype", "fp16"], capsys)
     assert code == 0 and err == "" and f"wrote {out} (llama.cpp architecture llama, fp16, " in printed
     assert gguf.GGUFReader(out).fields["general.file_type"].contents() == gguf.LlamaFileType.MOSTLY_F16
+    assert gguf.GGUFReader(out).fields["general.name"].contents() == "run"  # the run folder's name
     assert sorted(p.name for p in out.parent.iterdir()) == ["model.gguf"]  # no temporary left
     code, _, err = run_main(["--checkpoint", run, "--gguf", out], capsys)
     assert code == 2 and err == f"error: {out}: exists (--force replaces it); expected the path of a new .gguf file\n"
