@@ -359,6 +359,12 @@ def test_the_files_tensors_give_tinyattns_logits_as_llama_cpp_reads_them(tmp_pat
     theirs = gguf_forward(export(tmp_path, model, tokenizer), ids)
     assert relative_difference(theirs, tinyattn_logits(model, ids)) < 1e-5
 
+def test_a_tied_model_writes_no_output_tensor_so_llama_cpp_reuses_token_embd(tmp_path):
+    tokenizer = tokenizer_of("char")
+    names = [t.name for t in gguf.GGUFReader(export(tmp_path, random_model(tokenizer), tokenizer)).tensors]
+    assert "token_embd.weight" in names and "output.weight" not in names
+
+
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_half_precision_files_hold_torch_rounded_weights_and_float32_norms(tmp_path, dtype):
     tokenizer = tokenizer_of("bpe")

@@ -126,6 +126,17 @@ def test_an_untied_export_says_tie_word_embeddings_false_and_imports_back_with_e
     assert max_logit_difference(loaded.model, model, ids) < 1e-5
 
 
+def test_a_tied_export_stores_the_embedding_once_and_no_lm_head(tmp_path):
+    # transformers ties lm_head to the embedding as config.json says: a stored copy would only double
+    # the file's largest tensor (llama.cpp reuses token_embd the same way: tests/test_gguf.py).
+    from safetensors.torch import load_file
+
+    folder, model, _ = exported_char_folder(tmp_path)
+    stored = load_file(folder / "model.safetensors")
+    assert "lm_head.weight" not in stored
+    assert torch.equal(stored["model.embed_tokens.weight"], model.token_embedding.weight)
+
+
 def test_exported_logits_stay_equal_at_the_end_of_a_long_context(tmp_path):
     # RoPE's angles grow with the position: computed otherwise than transformers computes them
     # (in float64, say), the logits drift apart by 1e-4 at position 2,048.
