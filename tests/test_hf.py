@@ -724,6 +724,17 @@ REFUSALS = {
     "vocab-as-text": (lambda f: edit_config(f, vocab_size="300"), "vocab_size is '300'; expected an integer"),
     "architecture": (lambda f: edit_config(f, architectures=["MistralForCausalLM"]),
                      "architectures ['MistralForCausalLM']"),
+    "two-architectures": (lambda f: edit_config(f, architectures=["LlamaForCausalLM", "MistralForCausalLM"]),
+                          "architectures ['LlamaForCausalLM', 'MistralForCausalLM']"),
+    "model-type-only": (lambda f: edit_config(f, architectures=None, model_type="mistral"),
+                        "no architectures field and model_type 'mistral'"),
+    "rope-theta-text": (lambda f: edit_config(f, rope_parameters={"rope_type": "default",
+                                                                  "rope_theta": "500"}),
+                        "rope_parameters.rope_theta is '500'; expected a number"),
+    # A tied head's stored copy is ignored, but one of another shape is a broken file, not a copy.
+    "tied-lm-head-shape": (lambda f: (edit_config(f, tie_word_embeddings=True),
+                                      edit_tensor(f, "lm_head.weight", torch.zeros(300, 47))),
+                           "weight lm_head.weight has shape 300x47; config.json gives 300x48"),
     "rope-scaling": (lambda f: edit_config(f, rope_parameters={"rope_type": "llama3", "rope_theta": 500.0,
                                                                "factor": 8.0}), "rope scaling 'llama3'"),
     "rope-scaling-beside-parameters": (lambda f: edit_config(f, rope_scaling={"rope_type": "linear",
@@ -784,6 +795,25 @@ def test_qk_norm_exports_as_qwen3_and_imports_back(tmp_path):
     assert max_logit_difference(model, reference, ids) < 1e-5
     loaded = load_any_model(tmp_path / "out")
     assert loaded.config.model.qk_norm and max_logit_difference(loaded.model, reference, ids) < 1e-5
+
+
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["llama", "qwen3"])
+def test_a_config_json_naming_only_its_model_type_is_read_as_that_architecture(tmp_path, qk_norm):
+    # Older files give model_type alone: "qwen3" is Qwen3ForCausalLM (QK-norm), "llama" LlamaForCausalLM.
+    tokenizer = tokenizer_of("char")
+    config, _ = random_model(tokenizer, "char", 2)
+    config.model.qk_norm = qk_norm
+    torch.manual_seed(0)
+    model = LanguageModel(config.model).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.15)
+    export_folder(model.state_dict(), config, tokenizer, tmp_path / "out")
+    edit_config(tmp_path / "out", architectures=None)
+    loaded = load_any_model(tmp_path / "out")
+    assert loaded.config.model.qk_norm is qk_norm
+    ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
+    assert max_logit_difference(loaded.model, model, ids) < 1e-5
 
 
 def test_without_safetensors_the_command_says_how_to_install(tmp_path, capsys, monkeypatch):
