@@ -137,6 +137,24 @@ def test_a_tied_export_stores_the_embedding_once_and_no_lm_head(tmp_path):
     assert torch.equal(stored["model.embed_tokens.weight"], model.token_embedding.weight)
 
 
+def test_an_exports_rope_base_is_written_where_transformers_5_and_4_read_it(tmp_path):
+    # rope_parameters for transformers 5, the top-level rope_theta for transformers 4: both the model's.
+    tokenizer = tokenizer_of("char")
+    config, _ = random_model(tokenizer, "char", 2)
+    config.model.rope_base = 500.0
+    torch.manual_seed(0)
+    model = LanguageModel(config.model).eval()  # its RoPE tables are made here, from the base
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.15)
+    export_folder(model.state_dict(), config, tokenizer, tmp_path / "out")
+    hf = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert hf["rope_parameters"] == {"rope_type": "default", "rope_theta": 500.0}
+    assert hf["rope_theta"] == 500.0
+    ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
+    assert max_logit_difference(model, hf_model(tmp_path / "out"), ids) < 1e-5
+
+
 def test_exported_logits_stay_equal_at_the_end_of_a_long_context(tmp_path):
     # RoPE's angles grow with the position: computed otherwise than transformers computes them
     # (in float64, say), the logits drift apart by 1e-4 at position 2,048.
@@ -394,6 +412,42 @@ def test_rope_scaling_beside_rope_parameters_is_read_first_as_transformers_reads
     assert loaded.config.model.rope_base == 20000.0
     ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
     assert max_logit_difference(loaded.model, reference, ids) < 1e-5
+
+
+def test_a_config_json_without_rope_theta_eps_or_context_takes_transformers_llama_defaults(tmp_path):
+    # LlamaConfig's defaults: rope_theta 10000, rms_norm_eps 1e-6, max_position_embeddings 2048.
+    tokenizer = tokenizer_of("bpe")
+    random_llama(tmp_path / "llama", tokenizer)
+    path = tmp_path / "llama" / "config.json"
+    raw = json.loads(path.read_text())
+    for key in ("rope_parameters", "rope_scaling", "rope_theta", "rms_norm_eps", "max_position_embeddings"):
+        raw.pop(key, None)
+    path.write_text(json.dumps(raw))
+    reference = hf_model(tmp_path / "llama")
+    theirs = reference.config
+    assert (theirs.rope_parameters["rope_theta"], theirs.rms_norm_eps, theirs.max_position_embeddings) == (
+        10000.0, 1e-6, 2048)
+    loaded = load_any_model(tmp_path / "llama")
+    m = loaded.config.model
+    assert (m.rope_base, m.norm_eps, m.context_length) == (10000.0, 1e-6, 2048)
+    ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
+    assert max_logit_difference(loaded.model, reference, ids) < 1e-5
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_a_config_json_without_tie_word_embeddings_is_tied_as_its_weights_show(tmp_path, tied):
+    # No tie_word_embeddings: an lm_head.weight stored means an untied head, none a tied one.
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2, tie_embeddings=tied)
+    export_folder(model.state_dict(), config, tokenizer, tmp_path / "out")
+    path = tmp_path / "out" / "config.json"
+    raw = json.loads(path.read_text())
+    del raw["tie_word_embeddings"]
+    path.write_text(json.dumps(raw))
+    loaded = load_any_model(tmp_path / "out")
+    assert loaded.config.model.tie_embeddings is tied
+    ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
+    assert max_logit_difference(loaded.model, model, ids) < 1e-5
 
 
 def test_an_imported_folders_eos_token_ends_texts_and_survives_fine_tuning_and_export(tmp_path, corpus):
