@@ -1004,6 +1004,36 @@ def test_sampling_without_a_top_k_key_takes_transformers_default_of_50(tmp_path)
     assert (sample.temperature, sample.top_k, sample.top_p) == (0.8, 50, 1.0)
 
 
+def test_a_generation_config_without_do_sample_is_greedy_and_do_sample_alone_samples_at_temperature_1(
+        tmp_path):
+    # transformers' generate() ignores temperature and top_k unless do_sample; its temperature defaults to 1.
+    folder, _, _ = exported_char_folder(tmp_path)
+    (folder / "generation_config.json").write_text(json.dumps({"temperature": 0.7, "top_k": 20}))
+    assert load_any_model(folder).config.sample.temperature == 0.0
+    (folder / "generation_config.json").write_text(json.dumps({"do_sample": True}))
+    sample = load_any_model(folder).config.sample
+    assert (sample.temperature, sample.top_k, sample.top_p) == (1.0, 50, 1.0)
+
+
+@pytest.mark.parametrize("temperature,top_k", [(0.0, 20), (0.8, None)], ids=["greedy", "top-k-off"])
+def test_greedy_and_top_k_off_export_as_transformers_reads_them_and_import_back(tmp_path, temperature, top_k):
+    # Greedy goes out as do_sample false; top-k off as top_k 0, since transformers (and tinyattn's
+    # import) read a missing or null top_k as 50.
+    import transformers
+
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)
+    config.sample.temperature, config.sample.top_k = temperature, top_k
+    export_folder(model.state_dict(), config, tokenizer, tmp_path / "out")
+    theirs = transformers.GenerationConfig.from_pretrained(tmp_path / "out")
+    sample = load_any_model(tmp_path / "out").config.sample
+    if temperature == 0:
+        assert theirs.do_sample is False and sample.temperature == 0.0
+    else:
+        assert (theirs.do_sample, theirs.temperature, theirs.top_k) == (True, 0.8, 0)
+        assert (sample.temperature, sample.top_k) == (0.8, None)
+
+
 def test_generation_configs_eos_token_wins_over_config_jsons_and_config_jsons_is_the_fallback(tmp_path):
     # transformers' generate() stops at generation_config.json's eos_token_id when the file gives one.
     folder, _, tokenizer = exported_char_folder(tmp_path)
