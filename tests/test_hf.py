@@ -1154,11 +1154,12 @@ def test_a_folder_token_id_outside_its_vocabulary_is_refused_in_one_line(tmp_pat
     from tinyattn.errors import CheckpointError
 
     folder, _, tokenizer = exported_char_folder(tmp_path)
-    (folder / "generation_config.json").write_text(json.dumps({key: tokenizer.vocab_size}))
-    with pytest.raises(CheckpointError) as error:
-        load_any_model(folder)
-    assert str(error.value) == (f"{folder / 'generation_config.json'}: {key} {tokenizer.vocab_size} is not a "
-                                f"token id of its tokenizer.json (0 to {tokenizer.vocab_size - 1})")
+    for outside in (tokenizer.vocab_size, -1):
+        (folder / "generation_config.json").write_text(json.dumps({key: outside}))
+        with pytest.raises(CheckpointError) as error:
+            load_any_model(folder)
+        assert str(error.value) == (f"{folder / 'generation_config.json'}: {key} {outside} is not a "
+                                    f"token id of its tokenizer.json (0 to {tokenizer.vocab_size - 1})")
     (folder / "generation_config.json").write_text(json.dumps({key: tokenizer.vocab_size - 1}))
     load_any_model(folder)  # the last id is one
 
