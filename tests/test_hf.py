@@ -200,6 +200,43 @@ def test_an_export_that_replaces_a_folder_keeps_the_folders_permissions_as_a_rep
     assert out.stat().st_mode & 0o777 == 0o700
 
 
+def test_an_export_takes_an_empty_folder_but_never_one_holding_other_files_even_with_force(tmp_path):
+    from tinyattn.errors import CheckpointError
+
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)
+    out = tmp_path / "out"
+    out.mkdir()
+    export_folder(model.state_dict(), config, tokenizer, out)  # empty: no --force needed
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(CheckpointError) as refused:
+        export_folder(model.state_dict(), config, tokenizer, out, force=True)
+    assert str(refused.value) == f"{out}: the folder holds other files (notes.txt); choose another --out"
+    assert (out / "notes.txt").read_text() == "mine"  # --force replaces an export, never a user's files
+
+
+def test_a_bf16_export_stores_bf16_weights_and_float32_where_asked(tmp_path):
+    # transformers casts to config.json's dtype on loading, so only the file shows what was stored.
+    from safetensors.torch import load_file
+
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)
+    for dtype in (torch.bfloat16, torch.float32):
+        export_folder(model.state_dict(), config, tokenizer, tmp_path / str(dtype), dtype=dtype)
+        stored = load_file(tmp_path / str(dtype) / "model.safetensors")
+        assert {t.dtype for t in stored.values()} == {dtype}
+        assert torch.equal(stored["model.norm.weight"], model.final_norm.weight.to(dtype))
+
+
+def test_the_model_cards_parameter_count_counts_a_tied_head_once(tmp_path):
+    tokenizer = tokenizer_of("bpe")
+    config, model = random_model(tokenizer, "bpe", 2, n_embd=64)
+    export_folder(model.state_dict(), config, tokenizer, tmp_path / "out")
+    count = sum(p.numel() for p in model.parameters())  # a shared tensor once
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert f"# A {count / 1e6:.2f}M-parameter Llama-architecture language model" in card
+
+
 def test_greedy_generation_matches_transformers_token_for_token(tmp_path):
     import transformers
 
@@ -226,6 +263,7 @@ def test_tokenizer_round_trip_matches_auto_tokenizer(tmp_path, kind):
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
     assert theirs.eos_token == "<|endoftext|>" and theirs.eos_token_id == tokenizer.eot_id
     assert theirs.bos_token == "<|endoftext|>" and theirs("")["input_ids"] == []  # one token, never added
+    assert theirs.model_max_length == config.model.context_length
     if kind == "char":
         assert theirs.unk_token == "[UNK]"
     for name, text in SAMPLES.items():
