@@ -370,6 +370,8 @@ def test_half_precision_files_hold_torch_rounded_weights_and_float32_norms(tmp_p
     tokenizer = tokenizer_of("bpe")
     model = random_model(tokenizer, tied=False)
     reader = gguf.GGUFReader(export(tmp_path, model, tokenizer, dtype=dtype))
+    file_type = {"fp16": gguf.LlamaFileType.MOSTLY_F16, "bf16": gguf.LlamaFileType.MOSTLY_BF16}[dtype]
+    assert reader.fields["general.file_type"].contents() == file_type
     expected = gguf_tensors(model.state_dict(), model.config)
     assert [t.name for t in reader.tensors] == list(expected)
     torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
@@ -464,13 +466,16 @@ def test_a_tokenizer_llama_cpp_cannot_reproduce_is_refused_in_one_line(tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_byte_level_tokenizer_with_a_prefix_space_is_refused_in_one_line(tmp_path):
-    # llama.cpp's gpt-2 pre-tokenizer adds no space before a text: " the" and "the" would differ.
+@pytest.mark.parametrize("key,value", [("add_prefix_space", True), ("use_regex", False)],
+                         ids=["prefix-space", "no-regex"])
+def test_a_byte_level_tokenizer_with_a_prefix_space_or_no_regex_is_refused_in_one_line(tmp_path, key, value):
+    # llama.cpp's gpt-2 pre-tokenizer adds no space before a text (" the" and "the" would differ)
+    # and always splits by GPT-2's regex (without it, merges join across words).
     import json
 
     spec = json.loads(tokenizer_of("bpe").to_json())
     assert spec["pre_tokenizer"]["type"] == "ByteLevel"
-    spec["pre_tokenizer"]["add_prefix_space"] = True
+    spec["pre_tokenizer"][key] = value
     tokenizer = Tokenizer.from_json(json.dumps(spec))
     with pytest.raises(CheckpointError) as raised:
         export(tmp_path, random_model(tokenizer), tokenizer)
@@ -498,6 +503,27 @@ def test_a_model_vocab_larger_than_its_tokenizers_is_padded_with_unused_tokens(t
         unpadded["tokenizer.ggml.tokens"], unpadded["tokenizer.ggml.token_type"])
     ids = text_ids(tokenizer)
     assert relative_difference(gguf_forward(path, ids), tinyattn_logits(model, ids)) < 1e-5
+
+
+def test_a_gguf_file_gets_the_permissions_a_plain_write_gives(tmp_path):
+    # Written under mkstemp's private 0600 and renamed: ollama's own user (or a container) must read it.
+    import os
+
+    tokenizer = tokenizer_of("char")
+    old = os.umask(0o022)
+    try:
+        path = export(tmp_path, random_model(tokenizer), tokenizer)
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_a_dtype_a_gguf_file_cannot_hold_is_refused_in_one_line(tmp_path):
+    tokenizer = tokenizer_of("char")
+    with pytest.raises(CheckpointError) as raised:
+        export(tmp_path, random_model(tokenizer), tokenizer, dtype="q8_0")
+    assert str(raised.value) == "--dtype q8_0: a GGUF file holds fp32, fp16, bf16"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_tokenizer_larger_than_the_model_vocab_is_refused_saying_what_is_needed(tmp_path):
