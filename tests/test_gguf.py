@@ -217,6 +217,37 @@ def test_char_tokenization_is_identical_but_an_unseen_character_is_dropped(tmp_p
     assert llm.detokenize(ids, special=True).decode("utf-8") == TEXT
 
 
+def tokenizer_with_an_added_token() -> Tokenizer:
+    """The bpe tokenizer with "<sep>" added as a plain (not special) token, as tokenizers'
+    add_tokens makes one: it is matched in a text before BPE runs, special tokens or not."""
+    import tokenizers
+
+    backend = tokenizers.Tokenizer.from_str(tokenizer_of("bpe").to_json())
+    backend.add_tokens(["<sep>"])
+    return Tokenizer.from_json(backend.to_str())
+
+
+def test_an_added_token_that_is_not_special_is_written_user_defined(tmp_path):
+    # llama.cpp matches a USER_DEFINED token in any text, as tokenizers matches an added token;
+    # a NORMAL one it reaches only through merges, which no added token has.
+    tokenizer = tokenizer_with_an_added_token()
+    sep = tokenizer.encode("<sep>")
+    assert len(sep) == 1
+    fields = gguf.GGUFReader(export(tmp_path, random_model(tokenizer), tokenizer)).fields
+    types = fields["tokenizer.ggml.token_type"].contents()
+    assert types[sep[0]] == gguf.TokenType.USER_DEFINED and types[tokenizer.eot_id] == gguf.TokenType.CONTROL
+
+
+@needs_llama_cpp
+def test_an_added_token_is_tokenized_alike(tmp_path):
+    tokenizer = tokenizer_with_an_added_token()
+    llm = load(export(tmp_path, random_model(tokenizer), tokenizer))
+    for text in ("ab<sep>cd", "ROMEO:<sep> <sep>", "one<|endoftext|>two<sep>"):
+        assert llama_tokens(llm, text) == tokenizer.encode(text), text
+    ids = tokenizer.encode("ab<sep>cd")
+    assert llm.detokenize(ids, special=True).decode("utf-8") == "ab<sep>cd"
+
+
 @needs_llama_cpp
 def test_an_ascii_only_char_vocabulary_without_merges_loads_and_tokenizes_alike(tmp_path):
     """Tiny Shakespeare's characters are all ASCII: no merges, which llama.cpp would refuse."""

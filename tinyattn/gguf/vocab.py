@@ -21,9 +21,11 @@ spelled in the GPT-2 byte alphabet (each byte one printable character):
 
 `<|endoftext|>` is a control token (llama.cpp matches it in text it tokenizes with special
 tokens parsed, as tinyattn always does, and stops generating at it); no BOS or EOS is added
-automatically. Any other tokenizer (a pretrained one of another design) is refused in one
-line rather than written approximately. A model whose vocab_size is above its tokenizer's has
-its list padded with unused `[PAD<id>]` tokens (`padded`), as llama.cpp's converter pads.
+automatically. A token added to a bpe tokenizer without being special (an imported folder's)
+is user-defined, which llama.cpp matches in any text as `tokenizers` does. Any other tokenizer
+(a pretrained one of another design) is refused in one line rather than written approximately.
+A model whose vocab_size is above its tokenizer's has its list padded with unused `[PAD<id>]`
+tokens (`padded`), as llama.cpp's converter pads.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from tinyattn.data.tokenizer import END_OF_TEXT, UNKNOWN, Tokenizer
 from tinyattn.errors import CheckpointError
 
 # llama.cpp's token types (gguf.TokenType; kept here so this module needs no gguf import).
-NORMAL, UNKNOWN_TYPE, CONTROL, UNUSED = 1, 2, 3, 5
+NORMAL, UNKNOWN_TYPE, CONTROL, USER_DEFINED, UNUSED = 1, 2, 3, 4, 5
 TOKENIZER_MODEL = "gpt2"  # llama.cpp's name for byte-level BPE
 PRE_TOKENIZER = "gpt-2"  # llama.cpp's GPT-2 splitter: the regex tinyattn's ByteLevel uses
 REPLACEMENT = "\ufffd"  # what tinyattn decodes [UNK] to
@@ -71,8 +73,7 @@ def gguf_vocab(tokenizer: Tokenizer) -> GGUFVocab:
     if _is_char(spec):
         return _char_vocab(vocab, tokenizer.eot_id)
     if _is_byte_level_bpe(spec):
-        special = {token["content"] for token in added if token.get("special")}
-        return _bpe_vocab(vocab, model.get("merges", []), special, tokenizer.eot_id)
+        return _bpe_vocab(vocab, model.get("merges", []), added, tokenizer.eot_id)
     raise CheckpointError(f"tokenizer: a {model.get('type', '?')} tokenizer with pre-tokenizer "
                           f"{(spec.get('pre_tokenizer') or {}).get('type')}: GGUF export writes tinyattn's "
                           "char and byte-level bpe tokenizers only")
@@ -114,9 +115,12 @@ def _tokens_by_id(vocab: dict[str, int]) -> list[str]:
     return tokens
 
 
-def _bpe_vocab(vocab: dict[str, int], merges: list, special: set[str], eot_id: int) -> GGUFVocab:
+def _bpe_vocab(vocab: dict[str, int], merges: list, added: list[dict], eot_id: int) -> GGUFVocab:
     tokens = _tokens_by_id(vocab)
-    types = [CONTROL if token in special else NORMAL for token in tokens]
+    # An added token is matched in a text before BPE runs: llama.cpp does so for a CONTROL token
+    # (with special tokens parsed) and a USER_DEFINED one (always); a NORMAL one only merges reach.
+    added_types = {token["content"]: CONTROL if token.get("special") else USER_DEFINED for token in added}
+    types = [added_types.get(token, NORMAL) for token in tokens]
     # tokenizers writes a merge as [left, right] (0.20 and later) or as "left right" (older).
     merges = [m if isinstance(m, str) else " ".join(m) for m in merges]
     return GGUFVocab(tokens, types, merges or [UNREACHABLE_MERGE], eot_id)
