@@ -549,6 +549,21 @@ def test_a_gguf_file_gets_the_permissions_a_plain_write_gives(tmp_path):
     assert path.stat().st_mode & 0o777 == 0o644
 
 
+def test_a_failed_write_leaves_no_file_and_no_temporary(tmp_path, monkeypatch):
+    import errno
+
+    from tinyattn.errors import StorageError
+
+    def disk_full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", disk_full)
+    tokenizer = tokenizer_of("char")
+    with pytest.raises(StorageError):
+        export(tmp_path, random_model(tokenizer), tokenizer)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_dtype_a_gguf_file_cannot_hold_is_refused_in_one_line(tmp_path):
     tokenizer = tokenizer_of("char")
     with pytest.raises(CheckpointError) as raised:

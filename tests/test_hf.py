@@ -237,6 +237,17 @@ def test_the_model_cards_parameter_count_counts_a_tied_head_once(tmp_path):
     assert f"# A {count / 1e6:.2f}M-parameter Llama-architecture language model" in card
 
 
+def test_the_model_card_gives_no_validation_loss_for_a_run_that_never_evaluated(tmp_path):
+    from tinyattn.hf.folder import ModelCard
+
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)
+    card = ModelCard("runs/x/best.pt", step=3, best_val_loss=float("inf"))  # a Trainer's before any eval
+    export_folder(model.state_dict(), config, tokenizer, tmp_path / "out", card=card)
+    text = (tmp_path / "out" / "README.md").read_text()
+    assert "| training | 3 steps |" in text and "validation loss" not in text
+
+
 def test_greedy_generation_matches_transformers_token_for_token(tmp_path):
     import transformers
 
@@ -814,6 +825,10 @@ REFUSALS = {
     "huge-vocab": (lambda f: edit_config(f, vocab_size=10**11),
                    "weight model.embed_tokens.weight has shape 300x48; config.json gives 100000000000x48"),
     "vocab-as-text": (lambda f: edit_config(f, vocab_size="300"), "vocab_size is '300'; expected an integer"),
+    "vocab-null": (lambda f: edit_config(f, vocab_size=None), "vocab_size is None; expected an integer"),
+    "no-tokenizer-json": (lambda f: (f / "tokenizer.json").rename(f / "tokenizer.model"),
+                          "no tokenizer.json (a tokenizers-library tokenizer); tokenizer.model or vocab "
+                          "files alone are not read"),
     "architecture": (lambda f: edit_config(f, architectures=["MistralForCausalLM"]),
                      "architectures ['MistralForCausalLM']"),
     "two-architectures": (lambda f: edit_config(f, architectures=["LlamaForCausalLM", "MistralForCausalLM"]),
