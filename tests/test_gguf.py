@@ -482,6 +482,17 @@ def test_soft_capping_is_refused_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "model.gguf").exists()
 
 
+def test_the_library_refuses_to_write_a_bidirectional_model_to_gguf():
+    # The commands refuse it first (`require_causal`); a caller of the writer gets the same refusal.
+    from tinyattn.errors import CheckpointError
+    from tinyattn.gguf.writer import architecture_of
+
+    model = random_model(tokenizer_of("bpe"))
+    model.config.causal = False
+    with pytest.raises(CheckpointError, match=r"^model\.causal: false \(a bidirectional model\) cannot be"):
+        architecture_of(model.config)
+
+
 def test_a_tokenizer_llama_cpp_cannot_reproduce_is_refused_in_one_line(tmp_path):
     from tokenizers import Tokenizer as Backend
     from tokenizers import models, pre_tokenizers

@@ -885,6 +885,18 @@ def test_export_refuses_soft_capping_which_no_standard_architecture_holds(tmp_pa
     assert not (tmp_path / "out").exists()
 
 
+def test_the_library_refuses_to_export_a_bidirectional_model_as_a_causal_architecture():
+    # The commands refuse it first (`require_causal`); a caller of hf_config gets the same refusal
+    # instead of a config.json whose model would read the keys it never saw in training.
+    from tinyattn.errors import CheckpointError
+    from tinyattn.hf.convert import hf_config
+
+    config, _ = random_model(tokenizer_of("char"), "char", 4)
+    config.model.causal = False
+    with pytest.raises(CheckpointError, match=r"^model\.causal: false \(a bidirectional model\) cannot be"):
+        hf_config(config.model, None, None, torch.float32)
+
+
 def test_qk_norm_exports_as_qwen3_and_imports_back(tmp_path):
     tokenizer = tokenizer_of("bpe")
     config, _ = random_model(tokenizer, "bpe", 2)

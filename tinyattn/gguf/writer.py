@@ -81,6 +81,9 @@ def architecture_of(config: ModelConfig) -> str:
     if config.logit_softcap is not None:
         raise CheckpointError(f"model.logit_softcap: {config.logit_softcap} cannot be exported to GGUF: "
                               f"llama.cpp's {ARCHITECTURE} and {QK_NORM_ARCHITECTURE} do not soft-cap logits")
+    if not config.causal:
+        raise CheckpointError(f"model.causal: false (a bidirectional model) cannot be exported to GGUF: "
+                              f"llama.cpp's {ARCHITECTURE} and {QK_NORM_ARCHITECTURE} mask every later position")
     return QK_NORM_ARCHITECTURE if config.qk_norm else ARCHITECTURE
 
 

@@ -297,6 +297,9 @@ def hf_config(config: ModelConfig, bos_id: Optional[int], eos_id: Optional[int],
     if config.logit_softcap is not None:
         raise CheckpointError(f"model.logit_softcap: {config.logit_softcap} cannot be exported: "
                               f"neither {ARCHITECTURE} nor {QK_NORM_ARCHITECTURE} soft-caps its logits")
+    if not config.causal:
+        raise CheckpointError(f"model.causal: false (a bidirectional model) cannot be exported: "
+                              f"{ARCHITECTURE} and {QK_NORM_ARCHITECTURE} mask every later position")
     architecture = QK_NORM_ARCHITECTURE if config.qk_norm else ARCHITECTURE
     rope = {"rope_type": "default", "rope_theta": config.rope_base}
     extra = {"use_sliding_window": False, "sliding_window": None, "max_window_layers": config.n_layer,
