@@ -295,6 +295,21 @@ def test_apply_rotary_equals_a_reference_rotation_by_position_times_frequency():
     torch.testing.assert_close(apply_rotary(x, cos, sin)[:, :, 0], x[:, :, 0])  # position 0: no turn
 
 
+def test_an_attention_layer_sees_positions_only_through_their_offsets():
+    """Queries and keys are both rotated: the same tokens placed 30 positions later give the same
+    output, while the same tokens without their rotations (all at one position) do not."""
+    torch.manual_seed(0)
+    layer = CausalSelfAttention(ModelConfig(vocab_size=65, n_layer=1, n_head=4, n_embd=32, context_length=64))
+    with torch.no_grad():
+        layer.qkv.weight.mul_(10)  # scores of order 1, so that where a key sits changes the weights
+    x = torch.randn(2, 8, 32)
+    cos, sin = rotary_tables(8, 64, 10000.0)  # (64, D/2)
+    at_start = layer(x, cos=cos[:8], sin=sin[:8])
+    torch.testing.assert_close(layer(x, cos=cos[30:38], sin=sin[30:38]), at_start, rtol=1e-4, atol=1e-4)
+    unturned = layer(x, cos=cos[:1].expand(8, -1), sin=sin[:1].expand(8, -1))
+    assert (unturned - at_start).abs().max() > 1e-2
+
+
 # ----------------------------------------------------------------------------- dropout
 
 
