@@ -219,6 +219,31 @@ def test_qk_norm_normalises_queries_and_keys_and_stays_causal(tiny_model, random
     assert "blocks.0.attention.q_norm.weight" not in tiny_model().state_dict()
 
 
+@pytest.mark.parametrize("side", ["q_norm", "k_norm"])
+def test_a_zero_query_or_key_norm_gain_makes_every_query_attend_uniformly(tiny_model, random_tokens, side):
+    """QK-norm normalises the queries with q_norm's gain and the keys with k_norm's: with either
+    gain at zero every score is 0, and each query spreads its weight evenly over the keys it may read."""
+    model = tiny_model(qk_norm=True)
+    with torch.no_grad():
+        for block in model.blocks:
+            getattr(block.attention, side).weight.zero_()
+    uniform = causal_mask(24, 24) / torch.arange(1, 25).unsqueeze(1)  # (T, T): row i is 1 / (i + 1) on keys 0..i
+    for weights in model(random_tokens(), need_weights=True).attention_weights:
+        torch.testing.assert_close(weights, uniform.expand_as(weights), rtol=0, atol=1e-6)
+
+
+
+def test_qk_norm_is_the_rmsnorm_of_its_own_gain_and_the_models_epsilon():
+    from tinyattn.model.attention import norm_heads
+
+    layer = CausalSelfAttention(ModelConfig(vocab_size=65, n_head=4, n_embd=32, qk_norm=True, norm_eps=0.5))
+    assert layer.q_norm.eps == layer.k_norm.eps == 0.5
+    with torch.no_grad():
+        layer.k_norm.weight.copy_(torch.randn(8))
+    x = 0.1 * torch.randn(2, 4, 5, 8)  # (B, H, T, D), mean square 0.01: an epsilon of 0.5 outweighs it
+    torch.testing.assert_close(norm_heads(layer.k_norm, x), layer.k_norm(x))
+
+
 def test_logit_softcap_bounds_every_logit(tiny_model, random_tokens):
     model = tiny_model(logit_softcap=2.0)
     with torch.no_grad():
