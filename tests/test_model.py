@@ -91,6 +91,24 @@ def test_a_left_padded_row_that_may_read_no_key_is_zero_on_both_paths_not_nan(ti
     model(idx, mask=allowed, need_weights=True).logits[real].sum().backward()
     assert all(p.grad.isfinite().all() for p in model.parameters() if p.grad is not None)
 
+
+@pytest.mark.parametrize("n_kv_head", [4, 2], ids=["mha", "gqa"])
+def test_the_output_of_a_query_that_may_read_no_key_is_zero_on_both_paths(n_kv_head):
+    """Left padding at the layer: queries 0 and 1 may read no key. The explicit path zeroes their
+    output (not only their weights), as the fused kernel does, and the two paths agree everywhere."""
+    torch.manual_seed(0)
+    layer = CausalSelfAttention(ModelConfig(vocab_size=65, n_head=4, n_kv_head=n_kv_head, n_embd=32,
+                                            context_length=6)).eval()
+    x = torch.randn(2, 6, 32)
+    cos, sin = rotary_tables(8, 6, 10000.0)
+    allowed = causal_mask(6, 6) & (torch.arange(6) >= 2)  # (T, T): keys 0 and 1 are padding
+    fused = layer(x, cos=cos, sin=sin, mask=allowed)
+    layer.fused = False
+    explicit = layer(x, cos=cos, sin=sin, mask=allowed)
+    assert torch.all(explicit[:, :2] == 0) and torch.all(fused[:, :2] == 0)
+    torch.testing.assert_close(explicit, fused, rtol=0, atol=1e-6)
+
+
 def test_attention_weights_rows_sum_to_one_and_are_zero_where_masked(tiny_model, random_tokens):
     model = tiny_model(n_kv_head=2)
     out = model(random_tokens(), need_weights=True)
