@@ -132,6 +132,16 @@ def test_attention_function_matches_its_definition():
     torch.testing.assert_close(out, expected @ v)
 
 
+def test_attention_returns_the_weights_before_dropout():
+    """With dropout the values are mixed by dropped weights, but the weights handed back (the
+    attention maps) are the softmax's own: rows that sum to 1."""
+    q, k, v = torch.randn(3, 1, 2, 5, 8).unbind(0)
+    torch.manual_seed(0)
+    out, weights = attention(q, k, v, causal_mask(5, 5), dropout_p=0.5)
+    torch.testing.assert_close(weights, attention(q, k, v, causal_mask(5, 5))[1], rtol=0, atol=0)
+    assert not torch.allclose(out, weights @ v)  # the mix itself did drop
+
+
 def test_logits_shape_and_loss_ignores_padding(tiny_model, random_tokens):
     model = tiny_model()
     idx = random_tokens(length=10)
