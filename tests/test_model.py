@@ -280,6 +280,16 @@ def test_logit_softcap_bounds_every_logit(tiny_model, random_tokens):
     assert logits.abs().max() <= 2.0 and logits.abs().max() > 1.9
 
 
+def test_logit_softcap_is_cap_times_tanh_of_the_logit_over_cap(tiny_model, random_tokens):
+    """Soft, not a clamp: every logit is squashed, small ones too (Gemma 2's formula)."""
+    capped, plain = tiny_model(logit_softcap=2.0), tiny_model()  # the same weights: the cap adds none
+    with torch.no_grad():
+        for model in (capped, plain):
+            model.head.weight.mul_(50)
+    idx = random_tokens()
+    torch.testing.assert_close(capped(idx).logits, 2.0 * torch.tanh(plain(idx).logits / 2.0))
+
+
 def test_zero_init_projections_make_every_block_the_identity_at_start(tiny_model):
     model = tiny_model(zero_init_projections=True)
     for block in model.blocks:
