@@ -396,6 +396,13 @@ def test_dropout_acts_in_training_only_and_eval_is_deterministic(tiny_model, ran
     torch.testing.assert_close(without(idx).logits, without.eval()(idx).logits, rtol=0, atol=0)
 
 
+def test_set_dropout_sets_the_embedding_and_every_residual_branch_not_the_attention_weights(tiny_model):
+    model = tiny_model(dropout=0.1, attention_dropout=0.05)
+    model.set_dropout(0.3)
+    assert model.dropout.p == 0.3 and [block.dropout.p for block in model.blocks] == [0.3, 0.3]
+    assert [block.attention.dropout for block in model.blocks] == [0.05, 0.05]
+
+
 @pytest.mark.parametrize("p", [0.1, 0.5])
 def test_cpu_dropout_keeps_each_element_with_probability_1_minus_p_and_scales_the_rest(p):
     """The mask drawn two elements per 32-bit random integer is nn.Dropout's distribution:
