@@ -135,6 +135,20 @@ def test_the_estimate_counts_weights_gradients_optimizer_state_and_activations()
     assert bigger_batch.activation_bytes == 2 * adamw.activation_bytes
 
 
+def test_the_activation_estimate_of_a_grouped_query_model_in_auto_precision_counts_each_term():
+    """A golden number: one key/value head of width 8 beside four query heads, precision auto (which
+    may pick bf16: 2 bytes an activation), the fused path (no (H, T, T) weights), fp32 logits."""
+    model = ModelConfig(vocab_size=100, n_layer=2, n_head=4, n_kv_head=1, n_embd=32, context_length=16,
+                        attention="fused")
+    tokens = 2 * 16  # batch_size x context_length
+    per_token = (4 * 32  # both norms' inputs and outputs
+                 + 32 + 2 * 8  # q, and k and v of the one key/value head
+                 + 32  # the attention's output
+                 + 3 * 128)  # gate and up (hidden 128) and their product
+    estimate = training_memory(model, TrainConfig(batch_size=2, precision="auto"))
+    assert estimate.activation_bytes == 2 * tokens * per_token * 2 + 2 * tokens * 100 * 4  # + logits, gradient
+
+
 
 @pytest.mark.parametrize("attention, dropout", [("explicit", 0.0), ("explicit", 0.1), ("fused", 0.0)])
 def test_the_activation_estimate_is_a_floor_of_what_a_forward_keeps_for_the_backward(attention, dropout):
