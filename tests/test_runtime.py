@@ -99,6 +99,15 @@ def test_random_states_kept_in_a_checkpoint_put_every_generator_back():
     assert [draws() for _ in range(3)] == expected
 
 
+def test_the_main_process_is_global_rank_0_not_each_nodes_first():
+    """Only one process of a multi-node run writes the run folder: rank 0, not every node's local rank 0."""
+    from tinyattn.system.distributed import Distributed
+
+    assert Distributed(rank=0, world_size=8, local_rank=0).is_main
+    assert not Distributed(rank=4, world_size=8, local_rank=0).is_main  # the second node's first process
+    assert not Distributed().enabled and Distributed(rank=1, world_size=2, local_rank=1).enabled
+
+
 def test_peak_flops_leaves_the_global_generator_alone():
     state = torch.get_rng_state()
     assert measure_peak_flops(CPU, select_precision("fp32", CPU), size=512) > 0
