@@ -228,6 +228,19 @@ def test_a_full_disk_is_one_line_naming_the_file_and_leaves_no_partial_file(smal
     assert list(small_tmpfs.iterdir()) == []
 
 
+def test_a_full_disk_behind_a_writer_that_wraps_the_error_in_its_own_is_still_one_line(small_tmpfs):
+    """A writer such as torch.save may report a failed write as its own RuntimeError ("file write
+    failed"): the file system's refusal underneath is what the user is told."""
+    target = small_tmpfs / "step.pt"
+    with pytest.raises(StorageError, match=r"cannot write .*step\.pt: No space left on device; free some space"):
+        with atomic_write(target) as f:
+            try:
+                f.write(os.urandom(512 * 1024))
+            except OSError:
+                raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
+    assert list(small_tmpfs.iterdir()) == []
+
+
 def test_a_checkpoint_copied_onto_a_full_disk_leaves_no_partial_file(small_tmpfs, tmp_path):
     from tinyattn.checkpoint import copy_checkpoint
 
