@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from tinyattn.model.attention import causal_mask
 from tinyattn.model.kv_cache import KVCache, cache_writes
 
 
@@ -30,6 +31,31 @@ def test_chunked_prefill_uses_the_causal_mask_within_the_chunk(tiny_model, rando
     torch.testing.assert_close(torch.cat([first, second], 1), model(idx).logits, rtol=0, atol=1e-5)
 
 
+def test_prefill_in_chunks_of_every_size_equals_the_full_forward(tiny_model, random_tokens):
+    """Each chunk after the first reads the cache and is causal within itself, two tokens long too."""
+    model = tiny_model(n_kv_head=2)
+    idx = random_tokens(length=24)
+    caches = model.new_kv_caches(batch_size=2)
+    logits, start = [], 0
+    with torch.no_grad():
+        for size in (3, 2, 1, 4, 6, 8):  # 24 tokens
+            logits.append(model(idx[:, start:start + size], kv_caches=caches, start_pos=start).logits)
+            start += size
+    torch.testing.assert_close(torch.cat(logits, dim=1), model(idx).logits, rtol=0, atol=1e-5)
+
+
+def test_a_callers_mask_holds_for_tokens_written_into_the_caches(tiny_model, random_tokens):
+    """A left-padded prompt prefilled into the caches reads what it reads without them."""
+    model = tiny_model()
+    idx = random_tokens(length=10)
+    real = torch.ones(2, 10, dtype=torch.bool)
+    real[1, :3] = False  # sequence 1's first three tokens are padding
+    allowed = causal_mask(10, 10)[None, None] & real[:, None, None, :]  # (B, 1, T, T)
+    with torch.no_grad():
+        cached = model(idx, mask=allowed, kv_caches=model.new_kv_caches(batch_size=2)).logits
+        torch.testing.assert_close(cached[real], model(idx, mask=allowed).logits[real], rtol=0, atol=1e-5)
+
+
 def test_explicit_path_with_cache_returns_weights_over_all_keys(tiny_model, random_tokens):
     model = tiny_model()
     idx = random_tokens(length=6)
@@ -50,6 +76,23 @@ def test_cache_update_returns_prefix_and_refuses_overflow():
     assert keys.shape == (1, 2, 4, 3)
     with pytest.raises(ValueError, match="holds 4 positions"):
         cache.update(3, k, k)
+
+
+@pytest.mark.parametrize("dtype", [None, torch.float32], ids=["weights-dtype", "fp32"])
+def test_a_bf16_models_caches_keep_the_dtype_asked_for_and_decode_like_the_full_forward(tiny_model, random_tokens,
+                                                                                        dtype):
+    """None: the weights' bf16; fp32: what decoding on a CPU asks for. Attention computes in the cache's
+    dtype and hands the model back its own."""
+    model = tiny_model(n_kv_head=2).to(torch.bfloat16)
+    idx = random_tokens(length=12)
+    caches = model.new_kv_caches(batch_size=2, dtype=dtype)
+    assert all(c.keys.dtype == c.values.dtype == (dtype or torch.bfloat16) for c in caches)
+    with torch.no_grad():
+        steps = [model(idx[:, :6], kv_caches=caches).logits]
+        steps += [model(idx[:, pos:pos + 1], kv_caches=caches, start_pos=pos).logits for pos in range(6, 12)]
+        full = model(idx).logits
+    assert all(step.dtype == torch.bfloat16 for step in steps)
+    torch.testing.assert_close(torch.cat(steps, dim=1).float(), full.float(), rtol=0, atol=2e-2)
 
 
 @pytest.mark.parametrize("n_kv_head", [4, 2], ids=["mha", "gqa"])
