@@ -184,6 +184,19 @@ def test_auto_attention_is_counted_as_the_path_the_run_will_take():
     fused = training_memory(auto, TrainConfig(batch_size=1, precision="fp32"))  # fp32: the fused kernel
     assert check_training_fits(auto, TrainConfig(batch_size=1, precision="fp32"), cpu) == fused
 
+
+def test_auto_attention_with_dropout_on_the_residuals_alone_is_counted_as_the_explicit_path_once():
+    """model.attention_dropout 0 beside model.dropout 0.1 (the main config in bf16): the run takes the
+    explicit path (attention_path), which keeps one copy of the (H, T, T) weights, none dropped."""
+    auto = ModelConfig(vocab_size=65, n_layer=2, n_head=8, n_embd=64, context_length=512, dropout=0.1,
+                       attention_dropout=0.0)
+    bf16 = TrainConfig(batch_size=1, precision="bf16")
+    explicit = training_memory(ModelConfig(**{**auto.__dict__, "attention": "explicit"}), bf16)
+    fused = training_memory(ModelConfig(**{**auto.__dict__, "attention": "fused"}), bf16)
+    assert check_training_fits(auto, bf16, torch.device("cpu")) == explicit
+    assert explicit.activation_bytes - fused.activation_bytes == 2 * 512 * 8 * 512 * 2  # layers x T x (H, T) in bf16
+
+
 def tiny_config(tmp_path, **model) -> Config:
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(TEXT)
