@@ -108,6 +108,23 @@ def test_the_main_process_is_global_rank_0_not_each_nodes_first():
     assert not Distributed().enabled and Distributed(rank=1, world_size=2, local_rank=1).enabled
 
 
+@pytest.mark.parametrize("name", ["auto", "cuda", "cuda:0"])
+def test_a_torchrun_process_on_a_gpu_joins_over_nccl_and_takes_the_gpu_of_its_local_rank(monkeypatch, name):
+    """train.loop trains a torchrun process on cuda:LOCAL_RANK whichever CUDA device it names: the
+    process group must be NCCL's and the current GPU its own (gloo stays for the CPU)."""
+    from tinyattn.system import distributed
+
+    joined, current = [], []
+    for key, value in (("WORLD_SIZE", "4"), ("RANK", "3"), ("LOCAL_RANK", "1")):  # node 2's second process
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda backend: joined.append(backend))
+    assert distributed.init_distributed(name) == distributed.Distributed(rank=3, world_size=4, local_rank=1)
+    assert joined == ["nccl"] and current == [1]
+    assert distributed.init_distributed("cpu").enabled and joined[-1] == "gloo"
+
+
 def test_peak_flops_leaves_the_global_generator_alone():
     state = torch.get_rng_state()
     assert measure_peak_flops(CPU, select_precision("fp32", CPU), size=512) > 0

@@ -34,7 +34,8 @@ def init_distributed(device_name: str) -> Distributed:
         return Distributed()
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = torch.cuda.is_available() and device_name in ("auto", "cuda")
+    # Any CUDA name: the loop trains each process on cuda:LOCAL_RANK whichever index was given.
+    use_cuda = torch.cuda.is_available() and (device_name == "auto" or device_name.startswith("cuda"))
     if use_cuda:
         torch.cuda.set_device(local_rank)
     torch.distributed.init_process_group(backend="nccl" if use_cuda else "gloo")
