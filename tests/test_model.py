@@ -208,6 +208,13 @@ def test_initialisation_is_reproducible_and_documented_scales(tiny_model):
     assert abs(a.blocks[0].attention.qkv.weight.std().item() - 0.02) < 0.003
 
 
+def test_every_norm_gain_starts_at_one(tiny_model):
+    model = tiny_model(qk_norm=True)
+    gains = {name: p for name, p in model.named_parameters() if name.endswith("norm.weight")}
+    assert len(gains) == 2 * 4 + 1  # per block the attention, MLP, query and key norms; the final norm
+    assert all(torch.equal(gain, torch.ones_like(gain)) for gain in gains.values()), gains
+
+
 def test_positions_beyond_context_are_refused(tiny_model, random_tokens):
     model = tiny_model()
     with pytest.raises(ValueError, match="exceed the context length 24"):
