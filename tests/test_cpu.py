@@ -153,6 +153,15 @@ def test_the_bf16_measurement_leaves_the_global_generator_alone():
     assert torch.equal(torch.get_rng_state(), state)
 
 
+def test_the_measured_speedup_is_the_fp32_time_over_the_bf16_time(monkeypatch):
+    """A bf16 matmul twice as fast as fp32's reads as a speedup of 2 (fast), not 0.5."""
+    def seconds_of(fn, device=None):
+        return 0.001 if fn().dtype == torch.bfloat16 else 0.002
+
+    monkeypatch.setattr(cpu, "seconds_of", seconds_of)
+    assert cpu.measure_cpu_bf16_speedup(size=16, rounds=3) == pytest.approx(2.0)
+
+
 @pytest.mark.parametrize("value, flags, capability, expected", [
     ("1", AVX2_ONLY, "AVX2", "bf16"),
     ("0", AVX512_BF16, "AVX512", "fp32"),
