@@ -146,6 +146,11 @@ def test_remove_temporaries_takes_files_and_leaves_a_folder_named_like_one(tmp_p
     assert (tmp_path / ".keep.tmp" / "inside").read_text() == "mine"
 
 
+def test_check_writable_makes_the_folder_and_leaves_nothing_in_it(tmp_path):
+    folder = check_writable(tmp_path / "runs" / "new")
+    assert folder == tmp_path / "runs" / "new" and list(folder.iterdir()) == []  # its probe file is gone
+
+
 # ----------------------------------------------------------------------------- atomic writes
 
 
