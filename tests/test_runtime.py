@@ -74,6 +74,13 @@ def test_each_precision_autocasts_to_its_dtype_and_only_fp16_scales_the_loss(mon
     assert select_precision("auto", gpu) == Precision("fp16", torch.float16, use_grad_scaler=True)
 
 
+def test_the_bf16_context_computes_in_bf16_and_the_fp32_one_in_fp32():
+    a = torch.randn(4, 4)
+    for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        with select_precision(name, CPU).autocast(CPU):
+            assert (a @ a).dtype == dtype, name
+
+
 def draws() -> tuple[float, float, float]:
     """One number from each global generator: Python's, numpy's and torch's."""
     return random.random(), float(np.random.rand()), torch.rand(1).item()
