@@ -147,3 +147,21 @@ def test_peak_flops_on_the_cpu_stops_its_ladder_at_2048_so_cpu_mfu_figures_stay_
     monkeypatch.setattr(device, "seconds_of", lambda fn, device: 1e-3)
     flops = measure_peak_flops(CPU, select_precision("fp32", CPU))
     assert flops == 2 * 2048 ** 3 / 1e-3
+
+
+def test_peak_flops_stop_at_the_first_slow_size_and_take_the_best_of_its_repeats(monkeypatch):
+    from tinyattn.system import device
+
+    sizes = []
+
+    def call_times(fn, n, warmup, device):  # the ladder's first call at each size
+        sizes.append(fn().shape[0])
+        return [0.1 if sizes[-1] >= 512 else 1e-3]  # 512 is the first size over PEAK_CALL_SECONDS
+
+    repeats = iter([0.08, 0.06])
+    monkeypatch.setattr(device, "call_times", call_times)
+    monkeypatch.setattr(device, "seconds_of", lambda fn, device: next(repeats))
+    flops = measure_peak_flops(CPU, select_precision("fp32", CPU))
+    assert sizes == [256, 384, 512]
+    # Times 0.1, then 0.08: one more call (0.18 + 0.08) would pass PEAK_FINAL_SECONDS (0.25).
+    assert flops == 2 * 512 ** 3 / 0.08
