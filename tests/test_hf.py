@@ -916,6 +916,23 @@ def test_qk_norm_exports_as_qwen3_and_imports_back(tmp_path):
     assert loaded.config.model.qk_norm and max_logit_difference(loaded.model, reference, ids) < 1e-5
 
 
+@pytest.mark.parametrize("qk_norm, context", [(False, 2048), (True, 32768)], ids=["llama", "qwen3"])
+def test_a_config_json_without_a_context_takes_its_architectures_default_as_transformers_does(tmp_path, qk_norm,
+                                                                                            context):
+    # LlamaConfig's max_position_embeddings default is 2048, Qwen3Config's 32768.
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)
+    config.model.qk_norm = qk_norm
+    model = LanguageModel(config.model).eval()
+    export_folder(model.state_dict(), config, tokenizer, tmp_path / "out")
+    path = tmp_path / "out" / "config.json"
+    raw = json.loads(path.read_text())
+    del raw["max_position_embeddings"]
+    path.write_text(json.dumps(raw))
+    assert hf_model(tmp_path / "out").config.max_position_embeddings == context
+    assert load_any_model(tmp_path / "out").config.model.context_length == context
+
+
 @pytest.mark.parametrize("qk_norm", [False, True], ids=["llama", "qwen3"])
 def test_a_config_json_naming_only_its_model_type_is_read_as_that_architecture(tmp_path, qk_norm):
     # Older files give model_type alone: "qwen3" is Qwen3ForCausalLM (QK-norm), "llama" LlamaForCausalLM.

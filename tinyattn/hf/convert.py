@@ -44,6 +44,8 @@ INSTALL_HINT = 'pip install -e ".[hf]"'
 ARCHITECTURE = "LlamaForCausalLM"
 QK_NORM_ARCHITECTURE = "Qwen3ForCausalLM"  # Llama + QK-norm
 MODEL_TYPES = {ARCHITECTURE: "llama", QK_NORM_ARCHITECTURE: "qwen3"}
+# What transformers assumes where config.json omits max_position_embeddings (LlamaConfig, Qwen3Config).
+DEFAULT_CONTEXT = {ARCHITECTURE: 2048, QK_NORM_ARCHITECTURE: 32768}
 DTYPES = {name: DEVICE_DTYPES[name] for name in EXPORT_PRECISIONS}
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
@@ -245,7 +247,8 @@ def model_config_from_hf(raw: dict, origin: str, *, tied: Optional[bool] = None)
     def refuse(what: str) -> None:
         raise CheckpointError(f"{origin}: {what}")
 
-    qk_norm = architecture(raw, origin) == QK_NORM_ARCHITECTURE
+    name = architecture(raw, origin)
+    qk_norm = name == QK_NORM_ARCHITECTURE
     check_field_types(raw, origin)
     if raw.get("use_sliding_window") or any(t != "full_attention" for t in raw.get("layer_types") or []):
         refuse("sliding-window attention (use_sliding_window, layer_types): tinyattn's layers all "
@@ -277,7 +280,7 @@ def model_config_from_hf(raw: dict, origin: str, *, tied: Optional[bool] = None)
         config = ModelConfig(
             vocab_size=int(raw["vocab_size"]), n_layer=int(raw["num_hidden_layers"]), n_head=heads,
             n_kv_head=kv_heads, n_embd=hidden, mlp_hidden=int(raw["intermediate_size"]),
-            context_length=int(raw.get("max_position_embeddings", 2048)), tie_embeddings=tied,
+            context_length=int(raw.get("max_position_embeddings", DEFAULT_CONTEXT[name])), tie_embeddings=tied,
             rope_base=float(theta), norm_eps=float(raw.get("rms_norm_eps", 1e-6)), qk_norm=qk_norm)
     except KeyError as e:
         refuse(f"field {e.args[0]} is missing")
