@@ -835,6 +835,11 @@ REFUSALS = {
                           "architectures ['LlamaForCausalLM', 'MistralForCausalLM']"),
     "model-type-only": (lambda f: edit_config(f, architectures=None, model_type="mistral"),
                         "no architectures field and model_type 'mistral'"),
+    # Not names at all: was a TypeError (unhashable type: 'list') and a traceback.
+    "model-type-list": (lambda f: edit_config(f, architectures=None, model_type=["llama"]),
+                        "no architectures field and model_type ['llama']"),
+    "architecture-nested": (lambda f: edit_config(f, architectures=[["LlamaForCausalLM"]]),
+                            "architectures [['LlamaForCausalLM']]"),
     "rope-theta-text": (lambda f: edit_config(f, rope_parameters={"rope_type": "default",
                                                                   "rope_theta": "500"}),
                         "rope_parameters.rope_theta is '500'; expected a number"),

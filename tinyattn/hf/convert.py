@@ -193,11 +193,11 @@ def architecture(raw: dict, origin: str) -> str:
     found = raw.get("architectures")
     if found is None:  # older files may name only the model type
         by_type = {t: a for a, t in MODEL_TYPES.items()}
-        if raw.get("model_type") not in by_type:
+        if not isinstance(raw.get("model_type"), str) or raw["model_type"] not in by_type:
             raise CheckpointError(f"{origin}: no architectures field and model_type {raw.get('model_type')!r}: "
                                   f"tinyattn reads {ARCHITECTURE} (and {QK_NORM_ARCHITECTURE}) folders only")
         found = [by_type[raw["model_type"]]]
-    if not (isinstance(found, list) and len(found) == 1 and found[0] in MODEL_TYPES):
+    if not (isinstance(found, list) and len(found) == 1 and isinstance(found[0], str) and found[0] in MODEL_TYPES):
         raise CheckpointError(f"{origin}: architectures {found}: tinyattn reads {ARCHITECTURE} "
                               f"(and {QK_NORM_ARCHITECTURE}) only")
     return found[0]
