@@ -83,7 +83,8 @@ def architecture_of(config: ModelConfig) -> str:
                               f"llama.cpp's {ARCHITECTURE} and {QK_NORM_ARCHITECTURE} do not soft-cap logits")
     if not config.causal:
         raise CheckpointError(f"model.causal: false (a bidirectional model) cannot be exported to GGUF: "
-                              f"llama.cpp's {ARCHITECTURE} and {QK_NORM_ARCHITECTURE} mask every later position")
+                              f"llama.cpp's {ARCHITECTURE} and {QK_NORM_ARCHITECTURE} mask every later "
+                              "position")
     return QK_NORM_ARCHITECTURE if config.qk_norm else ARCHITECTURE
 
 

@@ -193,11 +193,13 @@ def architecture(raw: dict, origin: str) -> str:
     found = raw.get("architectures")
     if found is None:  # older files may name only the model type
         by_type = {t: a for a, t in MODEL_TYPES.items()}
-        if not isinstance(raw.get("model_type"), str) or raw["model_type"] not in by_type:
-            raise CheckpointError(f"{origin}: no architectures field and model_type {raw.get('model_type')!r}: "
+        model_type = raw.get("model_type")
+        if not isinstance(model_type, str) or model_type not in by_type:
+            raise CheckpointError(f"{origin}: no architectures field and model_type {model_type!r}: "
                                   f"tinyattn reads {ARCHITECTURE} (and {QK_NORM_ARCHITECTURE}) folders only")
-        found = [by_type[raw["model_type"]]]
-    if not (isinstance(found, list) and len(found) == 1 and isinstance(found[0], str) and found[0] in MODEL_TYPES):
+        found = [by_type[model_type]]
+    named = isinstance(found, list) and len(found) == 1 and isinstance(found[0], str)
+    if not (named and found[0] in MODEL_TYPES):
         raise CheckpointError(f"{origin}: architectures {found}: tinyattn reads {ARCHITECTURE} "
                               f"(and {QK_NORM_ARCHITECTURE}) only")
     return found[0]
@@ -280,7 +282,8 @@ def model_config_from_hf(raw: dict, origin: str, *, tied: Optional[bool] = None)
         config = ModelConfig(
             vocab_size=int(raw["vocab_size"]), n_layer=int(raw["num_hidden_layers"]), n_head=heads,
             n_kv_head=kv_heads, n_embd=hidden, mlp_hidden=int(raw["intermediate_size"]),
-            context_length=int(raw.get("max_position_embeddings", DEFAULT_CONTEXT[name])), tie_embeddings=tied,
+            context_length=int(raw.get("max_position_embeddings", DEFAULT_CONTEXT[name])),
+            tie_embeddings=tied,
             rope_base=float(theta), norm_eps=float(raw.get("rms_norm_eps", 1e-6)), qk_norm=qk_norm)
     except KeyError as e:
         refuse(f"field {e.args[0]} is missing")
