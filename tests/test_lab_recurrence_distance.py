@@ -351,13 +351,14 @@ def test_lab_recurrence_writes_its_table_figure_and_tensorboard_runs(tmp_path, c
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(CORPUS * 4, encoding="utf-8")
-    out = tmp_path / "out"
+    out = tmp_path / "lab out"  # a space: the TensorBoard command it prints must quote it
     assert main(["recurrence", "--config", str(ROOT / "configs" / "tiny.yaml"), "--seconds", "0.5",
                  "--contexts", "8", "16", "--out", str(out), "--set", f"data.files={corpus}", "data.url=null",
                  "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}", "train.batch_size=4",
                  "train.eval_windows=4"]) == 0
-    table = (out / "recurrence.txt").read_text()
-    assert "training tokens/s" in table and "gradient norm" in table and table in capsys.readouterr().out + "\n"
+    table, printed = (out / "recurrence.txt").read_text(), capsys.readouterr().out
+    assert "training tokens/s" in table and "gradient norm" in table and table in printed + "\n"
+    assert f"(tensorboard --logdir '{out}')" in printed, printed
     assert (out / "recurrence.png").stat().st_size > 0
     assert any((out / "attention").iterdir()) and any((out / "lstm").iterdir())
 
