@@ -243,6 +243,19 @@ def check_field_types(raw: dict, origin: str) -> None:
             check(ROPE_FIELDS, raw[key], f"{key}.")
 
 
+def plain_rope(raw: dict, origin: str) -> dict:
+    """config.json's RoPE settings, or a CheckpointError for a kind tinyattn does not compute."""
+    # As transformers 5: rope_scaling replaces rope_parameters; what it omits is the top level's
+    rope = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise CheckpointError(f"{origin}: rope scaling {rope_type!r}: only plain RoPE (rope_type default, "
+                              "no rope_scaling) is supported")
+    if rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise CheckpointError(f"{origin}: partial_rotary_factor: tinyattn rotates every dimension of a head")
+    return rope
+
+
 def model_config_from_hf(raw: dict, origin: str, *, tied: Optional[bool] = None) -> ModelConfig:
     """A Llama `config.json` as a ModelConfig; anything tinyattn would compute differently
     is a CheckpointError naming the field. tied: the head's tying when the file omits it."""
@@ -261,14 +274,7 @@ def model_config_from_hf(raw: dict, origin: str, *, tied: Optional[bool] = None)
     for key in ("attention_bias", "mlp_bias"):
         if raw.get(key):
             refuse(f"{key} true: tinyattn's projections have no biases")
-    # As transformers 5: rope_scaling replaces rope_parameters; what it omits is the top level's
-    rope = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        refuse(f"rope scaling {rope_type!r}: only plain RoPE (rope_type default, no rope_scaling) "
-               "is supported")
-    if rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)) != 1.0:
-        refuse("partial_rotary_factor: tinyattn rotates every dimension of a head")
+    rope = plain_rope(raw, origin)
     try:
         hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
         kv_heads = int(raw.get("num_key_value_heads") or heads)
