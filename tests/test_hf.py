@@ -57,10 +57,10 @@ def tokenizer_of(kind: str) -> Tokenizer:
 
 
 def random_model(tokenizer: Tokenizer, kind: str, n_kv_head: int, seed: int = 0, *, n_embd: int = 32,
-                 context_length: int = 64, tie_embeddings: bool = True):
+                 context_length: int = 64, tie_embeddings: bool = True, qk_norm: bool = False):
     config = Config(model=ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=4,
                                       n_kv_head=n_kv_head, n_embd=n_embd, context_length=context_length,
-                                      tie_embeddings=tie_embeddings),
+                                      tie_embeddings=tie_embeddings, qk_norm=qk_norm),
                     data=DataConfig(files=["corpus.txt"]), tokenizer=TokenizerConfig(kind=kind),
                     sample=SampleConfig(temperature=0.7, top_k=20, max_new_tokens=100))
     torch.manual_seed(seed)
@@ -467,11 +467,8 @@ def test_a_config_json_without_rope_theta_eps_or_context_takes_transformers_llam
     # LlamaConfig's defaults: rope_theta 10000, rms_norm_eps 1e-6, max_position_embeddings 2048.
     tokenizer = tokenizer_of("bpe")
     random_llama(tmp_path / "llama", tokenizer)
-    path = tmp_path / "llama" / "config.json"
-    raw = json.loads(path.read_text())
-    for key in ("rope_parameters", "rope_scaling", "rope_theta", "rms_norm_eps", "max_position_embeddings"):
-        raw.pop(key, None)
-    path.write_text(json.dumps(raw))
+    drop_config_keys(tmp_path / "llama", "rope_parameters", "rope_scaling", "rope_theta", "rms_norm_eps",
+                     "max_position_embeddings")
     reference = hf_model(tmp_path / "llama")
     theirs = reference.config
     assert (theirs.rope_parameters["rope_theta"], theirs.rms_norm_eps, theirs.max_position_embeddings) == (
@@ -489,10 +486,7 @@ def test_a_config_json_without_tie_word_embeddings_is_tied_as_its_weights_show(t
     tokenizer = tokenizer_of("char")
     config, model = random_model(tokenizer, "char", 2, tie_embeddings=tied)
     export_folder(model.state_dict(), config, tokenizer, tmp_path / "out")
-    path = tmp_path / "out" / "config.json"
-    raw = json.loads(path.read_text())
-    del raw["tie_word_embeddings"]
-    path.write_text(json.dumps(raw))
+    drop_config_keys(tmp_path / "out", "tie_word_embeddings")
     loaded = load_any_model(tmp_path / "out")
     assert loaded.config.model.tie_embeddings is tied
     ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
@@ -791,6 +785,15 @@ def edit_config(folder, **changes):
     path.write_text(json.dumps(raw))
 
 
+def drop_config_keys(folder, *keys):
+    """config.json without `keys` (absent, as an older or hand-written file leaves them; not null)."""
+    path = folder / "config.json"
+    raw = json.loads(path.read_text())
+    for key in keys:
+        raw.pop(key, None)
+    path.write_text(json.dumps(raw))
+
+
 def edit_tensor(folder, name, tensor):
     from safetensors.torch import load_file, save_file
     tensors = load_file(folder / "model.safetensors")
@@ -904,13 +907,7 @@ def test_the_library_refuses_to_export_a_bidirectional_model_as_a_causal_archite
 
 def test_qk_norm_exports_as_qwen3_and_imports_back(tmp_path):
     tokenizer = tokenizer_of("bpe")
-    config, _ = random_model(tokenizer, "bpe", 2)
-    config.model.qk_norm = True
-    torch.manual_seed(2)
-    model = LanguageModel(config.model).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.15)
+    config, model = random_model(tokenizer, "bpe", 2, seed=2, qk_norm=True)
     export_folder(model.state_dict(), config, tokenizer, tmp_path / "out")
     reference = hf_model(tmp_path / "out")
     assert type(reference).__name__ == "Qwen3ForCausalLM"
@@ -926,14 +923,9 @@ def test_a_config_json_without_a_context_takes_its_architectures_default_as_tran
                                                                                             context):
     # LlamaConfig's max_position_embeddings default is 2048, Qwen3Config's 32768.
     tokenizer = tokenizer_of("char")
-    config, model = random_model(tokenizer, "char", 2)
-    config.model.qk_norm = qk_norm
-    model = LanguageModel(config.model).eval()
+    config, model = random_model(tokenizer, "char", 2, qk_norm=qk_norm)
     export_folder(model.state_dict(), config, tokenizer, tmp_path / "out")
-    path = tmp_path / "out" / "config.json"
-    raw = json.loads(path.read_text())
-    del raw["max_position_embeddings"]
-    path.write_text(json.dumps(raw))
+    drop_config_keys(tmp_path / "out", "max_position_embeddings")
     assert hf_model(tmp_path / "out").config.max_position_embeddings == context
     assert load_any_model(tmp_path / "out").config.model.context_length == context
 
@@ -942,13 +934,7 @@ def test_a_config_json_without_a_context_takes_its_architectures_default_as_tran
 def test_a_config_json_naming_only_its_model_type_is_read_as_that_architecture(tmp_path, qk_norm):
     # Older files give model_type alone: "qwen3" is Qwen3ForCausalLM (QK-norm), "llama" LlamaForCausalLM.
     tokenizer = tokenizer_of("char")
-    config, _ = random_model(tokenizer, "char", 2)
-    config.model.qk_norm = qk_norm
-    torch.manual_seed(0)
-    model = LanguageModel(config.model).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.15)
+    config, model = random_model(tokenizer, "char", 2, qk_norm=qk_norm)
     export_folder(model.state_dict(), config, tokenizer, tmp_path / "out")
     edit_config(tmp_path / "out", architectures=None)
     loaded = load_any_model(tmp_path / "out")
