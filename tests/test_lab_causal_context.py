@@ -87,6 +87,16 @@ def test_prefix_losses_are_the_ordinary_losses_for_a_causal_model_and_not_for_a_
         assert close == causal
 
 
+def test_the_leak_test_takes_every_position_whose_next_token_is_in_the_window_and_no_other(
+        tiny_model, random_tokens):
+    # The token at position + 1 is changed: position T - 2 is the last with one (the last asked
+    # of a window of 24), and T - 1 has none, refused in one line rather than an IndexError.
+    model, x = tiny_model(), random_tokens(batch=1)
+    assert leak_test(model, x, 22)[:23].max() == 0 and leak_test(model, x, 0)[1] > 0
+    with pytest.raises(TinyattnError, match=r"^--position 23: expected 0\.\.22 \(the token at position \+ 1"):
+        leak_test(model, x, 23)
+
+
 def test_the_leak_is_the_largest_absolute_logit_change_at_each_position(tiny_model, random_tokens):
     model = tiny_model(causal=False)
     x = random_tokens(batch=1)
@@ -125,6 +135,9 @@ def test_the_table_puts_the_leak_up_to_t_and_after_t_in_their_own_columns():
         "causal", "2.500", "2.600", "2.700", "0 (exactly)", "2"]
     assert [cell.strip() for cell in lines[3].split("|")[1:-1]] == [
         "bidirectional", "0.500", "0.600", "4.000", "0.75", "3"]
+    # "exactly" only for an exact 0: a change of 1e-7 (a leak however small) is shown as it is.
+    nearly = Row("nearly", 2.5, 2.6, 2.7, np.array([0.0, 0.0, 1e-7, 0.5, 2.0]), 2, "")
+    assert format_table([nearly]).splitlines()[2].split("|")[5].strip() == "1e-07"
 
 
 def test_a_models_row_runs_the_leak_test_at_the_position_asked(tiny_model, char_tokenizer):
@@ -441,6 +454,8 @@ def test_the_table_names_each_contexts_compared_token_which_a_subword_tokenizer_
     table = context_table("speak", contexts, [(0, 1)], np.array([[0.5], [0.25]]), tokens=tokens)
     assert "- context 1: 'we speak now'; compared token ' speak' (id 1)\n" in table
     assert "- context 2: '(speak) now'; compared token 'speak' (id 4)\n" in table
+    # The columns are numbered as the legend numbers the contexts, from 1.
+    assert "| depth | cos(context 1, 2) |\n" in table
 
 
 def test_a_context_longer_than_the_models_is_one_line(tiny_model, char_tokenizer):
@@ -449,6 +464,14 @@ def test_a_context_longer_than_the_models_is_one_line(tiny_model, char_tokenizer
     with pytest.raises(TinyattnError, match=r"a context of 40 tokens is longer than the model's context "
                                             r"length 24"):
         similarity_table(model, char_tokenizer, "speak", [long, "All: speak, speak"])
+    full = "All: speak, speak, and a"  # exactly the 24 tokens the model reads: measured
+    assert similarity_table(model, char_tokenizer, "speak", [full, "All: speak, speak"])[1].shape == (3, 1)
+
+
+def test_fewer_than_two_contexts_is_one_line(tiny_model, char_tokenizer):
+    model = tiny_model(vocab_size=char_tokenizer.vocab_size)  # one context has no pair to compare
+    with pytest.raises(TinyattnError, match=r"^--context: 1 given; give at least two texts holding 'speak'$"):
+        similarity_table(model, char_tokenizer, "speak", ["All: speak, speak"])
 
 
 def test_one_tokens_similarity_is_1_at_the_embedding_and_below_1_after_a_block_that_mixes_context(
