@@ -11,6 +11,7 @@ import torch.nn as nn
 
 from tests.conftest import ROOT
 from tinyattn.config import ModelConfig, load_config
+from tinyattn.errors import TinyattnError
 from tinyattn.lab import distance, recurrence
 from tinyattn.lab.distance import (
     KeyValueRecall,
@@ -88,6 +89,40 @@ def test_threads_sets_torchs_cpu_threads():
         assert torch.get_num_threads() == before + 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_threads_of_zero_or_fewer_are_refused_in_one_line():
+    before = torch.get_num_threads()
+    for threads in (0, -1):
+        with pytest.raises(TinyattnError, match=rf"^--threads {threads}: expected a positive integer$"):
+            use_threads(threads)
+    assert torch.get_num_threads() == before
+
+
+def test_each_context_is_timed_at_the_same_tokens_per_step(monkeypatch):
+    # The speed table compares contexts at one number of tokens per step: the batch is that number
+    # over the context (12 windows of 8, 6 of 16), not the config's batch of 4 at every context.
+    config = load_config(ROOT / "configs" / "tiny.yaml", ["model.vocab_size=65"])
+    device = torch.device("cpu")
+    precision = select_precision("fp32", device)
+    monkeypatch.setattr(recurrence, "call_times", lambda step, **kwargs: [0.5, 0.5, 0.5])
+    tokens = np.random.default_rng(0).integers(0, 65, 600).astype(np.uint16)
+    for contender in contenders_for(config, 1, device, precision):
+        for context in (8, 16):
+            assert recurrence.tokens_per_second(contender, config.train, tokens, context=context,
+                                                tokens_per_step=96, device=device,
+                                                precision=precision) == 96 / 0.5
+
+
+def test_both_models_train_their_own_weights_without_a_moving_average():
+    # The lab compares the two models' weights step for step: a config's train.ema is left out.
+    config = load_config(ROOT / "configs" / "tiny.yaml", ["model.vocab_size=65", "train.ema=0.9"])
+    device = torch.device("cpu")
+    tokens = np.random.default_rng(0).integers(0, 65, 600).astype(np.uint16)
+    for contender in contenders_for(config, 1, device, select_precision("fp32", device)):
+        trainer = recurrence.make_trainer(contender.build(8), config.train, tokens, batch_size=2, context=8,
+                                          device=device, precision=select_precision("fp32", device))
+        assert trainer.average is None
 
 
 def test_the_recurrence_default_config_is_the_main_config():
@@ -452,6 +487,8 @@ def test_the_recurrence_table_gives_each_models_gradient_at_init_and_trained_to_
             for line in text.split("gradient norm", 1)[1].splitlines()[2:] if line.strip()[:1].isdigit()}
     assert sorted(rows) == [0, 1, 2, 4, 8, 16, T - 1]  # doubling, and the farthest
     assert rows[T - 1] == [1.0, 2.0, 10.0, 20.0]  # attn init, lstm init, attn trained, lstm trained
+    speeds = text.split("training tokens/s", 1)[1].splitlines()[2]
+    assert speeds.split() == ["8", "100", "200", "2.00"]  # lstm/attn: the lstm's speed over attention's
 
 
 @pytest.mark.parametrize("lab, written, next_step", [
@@ -517,6 +554,12 @@ def test_a_gap_text_too_short_for_the_probe_is_refused_in_one_line_before_force_
     # The context of 32 less two strings of 3 leaves gaps up to 27 tokens, which need 28 to draw from.
     assert capsys.readouterr().err == f"error: {where}: 13 tokens; the probe needs at least 28 ({advice})\n"
     assert (out / "distance.txt").read_text() == "earlier table"
+
+def test_a_gap_text_of_exactly_the_tokens_the_probe_needs_is_taken():
+    distance.check_gap_text(np.arange(28), 28, "gap.txt")  # the longest gap, 27, and one more
+    with pytest.raises(TinyattnError, match=r"^--text gap.txt: 27 tokens; the probe needs at least 28 "):
+        distance.check_gap_text(np.arange(27), 28, "gap.txt")
+
 
 def test_lab_distance_takes_the_longest_strings_whose_two_copies_fit_as_inputs(trained_run, monkeypatch, capsys):
     # Two copies of n with no gap are 2n tokens, of which the model reads 2n - 1: n = (context + 1) // 2.
