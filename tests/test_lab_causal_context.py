@@ -177,6 +177,49 @@ def test_every_rows_causal_task_loss_reads_the_windows_the_runs_own_evaluation_r
     assert own_mask == pytest.approx(causal_task, abs=1.5e-3)  # one loss for a causal model, rounded
 
 
+def test_each_rows_train_and_val_loss_are_its_own_runs_last_logged_loss_and_evaluation(
+        tmp_path, monkeypatch, capsys, corpus_text):
+    from tests.conftest import ROOT
+    from tinyattn.cli.lab import main
+    from tinyattn.lab import causal
+    from tinyattn.train import loop
+
+    results = {}
+    real = loop.train
+    monkeypatch.setattr(loop, "train", lambda config, **options: results.setdefault(
+        options["run_name"], real(config, **options)))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(corpus_text * 4, encoding="utf-8")
+    out = tmp_path / "out"
+    assert main(["causal", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "6", "--out", str(out),
+                 "--set", f"data.files={corpus}", "data.url=null", "data.sha256=null",
+                 f"data.cache_dir={tmp_path / 'cache'}", "train.log_interval=2", "train.eval_windows=4"]) == 0
+    table = capsys.readouterr().out
+    for name in ("causal", "bidirectional"):
+        steps, losses = causal.training_curve(results[name].run_dir)
+        assert len(steps) > 1 and steps[-1] == 6  # the last point, not the first
+        row = next(line for line in table.splitlines() if line.startswith(f"| {name} |"))
+        assert row.split("|")[2:4] == [f" {losses[-1]:.3f} ", f" {results[name].last_val_loss:.3f} "], row
+    # tiny.yaml's context is 32: the default position is 15, the changed token the one at 16
+    assert "leak test: the token at position 16 changed;" in (out / "causal.md").read_text()
+
+
+def test_both_runs_are_evaluated_on_their_own_weights_not_a_moving_average(tmp_path, monkeypatch):
+    # The main config keeps an average of the weights (train.ema 0.98), which its evaluations and
+    # checkpoints read: the lab compares the two models' own weights, as its short runs train them.
+    from tests.conftest import ROOT
+    from tinyattn.train import loop
+
+    trained = []
+    monkeypatch.setattr(loop, "train", lambda config, **options: trained.append(config) or
+                        SimpleNamespace(run_dir=tmp_path / options["run_name"], interrupted=False))
+    args = argparse.Namespace(config=str(ROOT / "configs" / "shakespeare_char.yaml"), steps=200, force=False,
+                              overrides=[])
+    train_both(args, tmp_path)
+    assert load_config(args.config).train.ema is not None
+    assert [config.train.ema for config in trained] == [None, None]
+
+
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 def test_a_sample_at_temperature_0_is_the_greedy_continuation_whatever_the_seed(tiny_model, causal):
     model = tiny_model(causal=causal)
