@@ -212,6 +212,30 @@ def test_an_untied_head_is_measured_at_init_as_a_tied_one_in_the_lab_and_the_mod
     assert (tmp_path / "attention").is_dir()
 
 
+def test_the_loss_by_position_and_the_trained_gradients_read_the_trained_model_on_the_validation_split(
+        tmp_path, monkeypatch):
+    config = load_config(ROOT / "configs" / "tiny.yaml", ["model.vocab_size=65", "train.batch_size=2",
+                                                          "train.eval_windows=2"])
+    device = torch.device("cpu")
+    contender = contenders_for(config, 1, device, select_precision("fp32", device))[1]  # the lstm
+    read, measured = [], []
+    real_losses, real_gradients = recurrence.validation_loss_by_position, recurrence.gradient_by_distance
+    monkeypatch.setattr(recurrence, "validation_loss_by_position", lambda model, tokens, *args: (
+        read.append(tokens) or real_losses(model, tokens, *args)))
+    monkeypatch.setattr(recurrence, "gradient_by_distance", lambda model, x, y: (
+        measured.append({k: v.clone() for k, v in model.state_dict().items()}) or real_gradients(model, x, y)))
+    rng = np.random.default_rng(0)
+    train, validation = (rng.integers(0, 65, 600).astype(np.uint16) for _ in range(2))
+    train_and_measure(contender, config, SimpleNamespace(train=train, validation=validation), seconds=0.05,
+                      folder=tmp_path, device=device, precision=select_precision("fp32", device))
+    assert len(read) == 1 and read[0] is validation
+    initial = contender.build(32).state_dict()
+    assert len(measured) == 2  # at initialisation, then trained
+    assert all(torch.equal(measured[0][k], initial[k]) for k in initial)
+    assert not all(torch.equal(measured[1][k], initial[k]) for k in initial)
+    assert not np.array_equal(contender.gradient_trained, contender.gradient_at_init)
+
+
 # ----------------------------------------------------------------------------- the repeated-sequence probe
 
 
