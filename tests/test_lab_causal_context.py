@@ -393,6 +393,27 @@ def test_a_checkpoint_of_another_context_than_the_runs_is_refused_before_anythin
     assert capsys.readouterr().err == "error: reached training\n"
 
 
+def test_a_checkpoint_of_another_tokenizer_than_the_configs_is_refused_before_anything_trains(
+        trained_run, tmp_path, monkeypatch, capsys):
+    # Its row would read the validation windows' ids as tokens of another vocabulary.
+    from tests.conftest import ROOT
+    from tinyattn.cli.lab import main
+    from tinyattn.train import loop
+
+    monkeypatch.setattr(loop, "train", lambda *args, **kwargs: pytest.fail("trained before checking"))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("0123456789 abc\n" * 400, encoding="utf-8")  # other characters: another vocabulary
+    out = tmp_path / "out"
+    config = ROOT / "configs" / "tiny.yaml"
+    assert main(["causal", "--config", str(config), "--steps", "3", "--out", str(out),
+                 "--checkpoint", str(trained_run.run_dir), "--set", f"data.files={corpus}", "data.url=null",
+                 "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: --checkpoint {trained_run.run_dir}: its tokenizer is not the one of --config {config}; "
+                   "give the config it was trained with\n"), err
+    assert not out.exists()
+
+
 @pytest.fixture(scope="module")
 def bidirectional_run(tmp_path_factory, corpus_text):
     from tests.conftest import ROOT

@@ -585,6 +585,26 @@ def test_a_gap_text_of_exactly_the_tokens_the_probe_needs_is_taken():
         distance.check_gap_text(np.arange(27), 28, "gap.txt")
 
 
+def test_the_gap_text_is_the_checkpoints_validation_split_only_under_its_own_tokenizer(monkeypatch,
+                                                                                    char_tokenizer):
+    # Another tokenizer's ids would be read as other tokens: the gap would be noise, not text.
+    from tinyattn.config import TokenizerConfig
+    from tinyattn.data.tokenizer import build_tokenizer
+
+    other = build_tokenizer(TokenizerConfig(kind="char"), lambda: iter(["0123456789 abc"]))
+    loaded = SimpleNamespace(tokenizer=char_tokenizer, config=None)
+    validation = np.arange(40, dtype=np.uint16)
+    for tokenizer in (char_tokenizer, other):
+        monkeypatch.setattr(distance, "prepare_data", lambda config, progress: SimpleNamespace(
+            tokenizer=tokenizer, validation=validation, cache_dir="data/cache"))
+        if tokenizer is char_tokenizer:
+            np.testing.assert_array_equal(distance.gap_text(None, loaded), validation)
+        else:
+            with pytest.raises(TinyattnError, match=r"^data/cache: the data's tokenizer is not the checkpoint's; "
+                                                    r"give --text FILE$"):
+                distance.gap_text(None, loaded)
+
+
 def test_lab_distance_takes_the_longest_strings_whose_two_copies_fit_as_inputs(trained_run, monkeypatch, capsys):
     # Two copies of n with no gap are 2n tokens, of which the model reads 2n - 1: n = (context + 1) // 2.
     from tinyattn.cli.lab import main
