@@ -97,6 +97,19 @@ def test_the_leak_test_takes_every_position_whose_next_token_is_in_the_window_an
         leak_test(model, x, 23)
 
 
+def test_the_leak_test_and_the_prefix_losses_run_without_dropout_and_keep_the_models_mode(
+        tiny_model, random_tokens):
+    # A model in training mode (dropout 0.5): dropout's noise would read as a leak at every position.
+    model = tiny_model(dropout=0.5)
+    x = random_tokens(batch=1)
+    model.eval()
+    evaluated = prefix_losses(model, x[:, :-1], x[:, 1:])
+    model.train()  # as in the middle of training
+    assert np.array_equal(leak_test(model, x, POSITION)[:POSITION + 1], np.zeros(POSITION + 1))
+    assert torch.equal(prefix_losses(model, x[:, :-1], x[:, 1:]), evaluated)
+    assert model.training
+
+
 def test_the_leak_is_the_largest_absolute_logit_change_at_each_position(tiny_model, random_tokens):
     model = tiny_model(causal=False)
     x = random_tokens(batch=1)
@@ -151,6 +164,11 @@ def test_a_models_row_runs_the_leak_test_at_the_position_asked(tiny_model, char_
     assert np.all(row.leak[:6] == 0) and row.leak[6] > 0  # the token at 6 changed
     row = measure("causal", loaded, tokens=tokens, position=None, prompt=[1, 2, 3], windows=None)
     assert row.position == 24 // 2 - 1
+    # The sample is drawn at the model's own sample.temperature: at 0 the greedy continuation.
+    config.sample.temperature = 0.0
+    row = measure("causal", loaded, tokens=tokens, position=None, prompt=[1, 2, 3], windows=None)
+    greedy = prefix_sample(model, [1, 2, 3], tokens=120, temperature=0.0, seed=0)
+    assert row.sample == char_tokenizer.decode(greedy)
 
 
 def test_every_rows_causal_task_loss_reads_the_windows_the_runs_own_evaluation_read(
