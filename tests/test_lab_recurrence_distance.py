@@ -125,6 +125,28 @@ def test_both_models_train_their_own_weights_without_a_moving_average():
         assert trainer.average is None
 
 
+def test_each_contender_builds_the_same_weights_every_call():
+    # The speed runs, the gradients at init and the training all start from one model per contender.
+    config = load_config(ROOT / "configs" / "tiny.yaml", ["model.vocab_size=65"])
+    device = torch.device("cpu")
+    for contender in contenders_for(config, 1, device, select_precision("fp32", device)):
+        first = contender.build(16).state_dict()
+        torch.randn(1000)  # whatever ran in between
+        second = contender.build(16).state_dict()
+        assert all(torch.equal(first[k], second[k]) for k in first), contender.name
+
+
+def test_a_contenders_validation_loss_is_the_mean_over_the_positions():
+    contender = Contender("lstm", "shape", lambda t: None, position_losses=np.array([3.0, 2.0, 1.0]))
+    assert contender.val_loss == 2.0
+
+
+def test_the_gradients_are_measured_on_windows_spread_over_the_whole_validation_split():
+    x, y = next(recurrence.iter_validation(np.arange(1000), 8, 4))
+    assert x.shape == y.shape == (4, 8) and torch.equal(y, x + 1)
+    assert x[:, 0].tolist() == [0, 330, 661, 991]  # from the first token to the last, not the first 4 windows
+
+
 def test_the_recurrence_default_config_is_the_main_config():
     from tinyattn.lab.recurrence import DEFAULT_CONFIG
 
@@ -487,6 +509,7 @@ def test_the_distance_table_shows_each_strings_loss_and_the_copy_benefit_and_the
     assert lines[4].split() == ["d", "first", "copy", "second", "copy", "fresh", "string", "benefit", "SE"]
     assert lines[5].split() == ["4", "7.500", "0.250", "7.750", "7.500", "0.125"]
     assert [line.split() for line in lines[9:11]] == [["0-7", "0.750", "40"], ["8-15", "0.125", "24"]]
+    assert "(chance 0.125)" in lines[7]  # one value of the 8 pairs'
 
 
 @pytest.mark.parametrize("context, rows", [(1, [0]), (2, [0, 1]), (3, [0, 1, 2]),
@@ -631,6 +654,22 @@ def test_lab_distance_takes_the_longest_strings_whose_two_copies_fit_as_inputs(t
     assert capsys.readouterr().err == "error: reached the probe\n"
     assert main([*command, "--string-length", str(longest + 1)]) == 2
     assert f"give at most {longest}" in capsys.readouterr().err
+
+
+def test_the_report_is_written_as_name_txt_and_printed(tmp_path, capsys):
+    from tinyattn.lab.outputs import save_report
+
+    assert save_report(tmp_path, "distance", "the table\n\n") == tmp_path / "distance.txt"
+    assert (tmp_path / "distance.txt").read_text() == "the table\n"
+    assert capsys.readouterr().out == "the table\n"
+
+
+def test_without_out_each_lab_gets_a_new_folder_named_after_it(tmp_path, monkeypatch):
+    from tinyattn.lab.outputs import experiment_folder
+
+    monkeypatch.chdir(tmp_path)
+    folder = experiment_folder(None, "distance")
+    assert folder.parent.as_posix() == "checkpoints/lab" and folder.name.startswith("distance-")
 
 
 def test_force_removes_a_link_the_lab_would_write_to_and_never_what_it_points_to(tmp_path):
