@@ -209,6 +209,22 @@ def test_a_trained_untied_head_and_a_tied_one_are_measured_as_they_are():
     assert at_initialisation(lstm) is lstm
 
 
+def test_the_gradient_by_distance_is_the_euclidean_norm_of_each_embeddings_gradient(random_tokens):
+    torch.manual_seed(0)
+    lstm = LSTMLanguageModel(LSTMConfig(65, 32, n_layer=1))
+    x = random_tokens(batch=2, length=24)
+    y = torch.roll(x, -1, 1)
+    embedded = lstm.token_embedding(x).detach().requires_grad_()  # (B, T, C), fed in by a hook
+    handle = lstm.token_embedding.register_forward_hook(lambda module, inputs, output: embedded)
+    try:
+        logits = lstm(x).logits
+    finally:
+        handle.remove()
+    torch.nn.functional.cross_entropy(logits[:, -1], y[:, -1], reduction="sum").backward()
+    expected = embedded.grad.norm(dim=-1).mean(0).flip(0)  # (T,): k = 0 the last position
+    np.testing.assert_allclose(gradient_by_distance(lstm, x, y), expected.double().numpy(), rtol=1e-5)
+
+
 def test_the_gradient_by_distance_is_the_mean_of_each_windows_own(random_tokens):
     # Three copies of one window measure what the window measures alone: each window's gradient
     # is that of its own loss (summed, not averaged, over the batch), then averaged.
@@ -303,6 +319,17 @@ def test_a_copying_model_predicts_the_second_copy_and_not_the_first_nor_the_fres
         assert row.first > 7.0 and row.fresh > 7.0  # random tokens: about ln(2000) = 7.6
         assert row.second < 0.1  # copied
         assert row.benefit > 7.0 and row.benefit > 10 * row.benefit_se
+
+
+def test_the_probe_runs_without_dropout_and_keeps_the_models_mode():
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig(vocab_size=200, n_layer=1, n_head=2, n_embd=32, context_length=32,
+                                      dropout=0.5))
+    model.eval()
+    evaluated = probe(model, vocab_size=200, length=4, distances=(0, 5))
+    model.train()  # as in the middle of training
+    assert probe(model, vocab_size=200, length=4, distances=(0, 5)) == evaluated
+    assert model.training
 
 
 def test_a_model_without_a_copying_head_shows_no_copy_benefit():
