@@ -269,7 +269,19 @@ def test_the_two_runs_differ_in_the_mask_alone_and_the_users_set_comes_after_the
     for config, _ in trained:
         assert config.model.n_layer == 3  # the user's --set, over the lab's 2 layers
         assert (config.model.n_embd, config.train.max_steps, config.train.precision) == (64, 3, "fp32")
+        assert config.train.warmup_steps == 1  # a tenth of the steps, at least 1: not the config's 2
 
+
+
+@pytest.mark.parametrize("steps", [0, -5])
+def test_steps_of_zero_or_fewer_are_refused_before_anything_trains(tmp_path, monkeypatch, steps):
+    from tests.conftest import ROOT
+    from tinyattn.train import loop
+
+    monkeypatch.setattr(loop, "train", lambda *args, **kwargs: pytest.fail("trained"))
+    args = argparse.Namespace(config=str(ROOT / "configs" / "tiny.yaml"), steps=steps, force=False, overrides=[])
+    with pytest.raises(TinyattnError, match=rf"^--steps {steps}: expected a positive integer$"):
+        train_both(args, tmp_path)
 
 
 def test_a_run_stopped_by_ctrl_c_ends_the_lab_in_one_line_before_the_second_run_or_a_table(
