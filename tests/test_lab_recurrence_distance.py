@@ -490,6 +490,27 @@ def test_the_loss_comparisons_schedule_follows_the_speed_at_the_training_context
     assert min(schedules[-2:]) > 10  # the last two: the contenders' runs (the first, the speed's)
 
 
+def test_every_context_is_timed_at_the_training_batch_of_tokens(tmp_path, monkeypatch):
+    # The table's header promises batch_size x context_length tokens per step (4 x 32 in tiny.yaml).
+    from tests.conftest import CORPUS
+    from tinyattn.cli.lab import main
+    from tinyattn.errors import TinyattnError
+
+    def reached(*args, **kwargs):
+        raise TinyattnError("reached the training")
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS * 4, encoding="utf-8")
+    timed = []
+    monkeypatch.setattr(recurrence, "tokens_per_second", lambda contender, train_config, tokens, **kwargs: (
+        timed.append((contender.name, kwargs["context"], kwargs["tokens_per_step"])) or 1000.0))
+    monkeypatch.setattr(recurrence, "train_and_measure", reached)
+    assert main(["recurrence", "--config", str(ROOT / "configs" / "tiny.yaml"), "--contexts", "8", "64",
+                 "--out", str(tmp_path / "out"), "--set", f"data.files={corpus}", "data.url=null",
+                 "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}"]) == 2
+    assert timed == [(name, context, 128) for name in ("attention", "lstm") for context in (8, 64, 32)]
+
+
 @pytest.mark.slow
 def test_lab_distance_writes_its_table_and_figure(trained_run, tmp_path):
     from tinyattn.cli.lab import main
