@@ -511,6 +511,18 @@ def test_every_context_is_timed_at_the_training_batch_of_tokens(tmp_path, monkey
     assert timed == [(name, context, 128) for name in ("attention", "lstm") for context in (8, 64, 32)]
 
 
+@pytest.mark.parametrize("flag, values, shown", [("--contexts", ["64", "0"], "0"), ("--seconds", ["-1"], "-1"),
+                                                 ("--seconds", ["nan"], "nan"), ("--lstm-layers", ["0"], "0")])
+def test_lab_recurrence_names_the_value_it_refuses_in_one_line(tmp_path, capsys, flag, values, shown):
+    from tinyattn.cli.lab import main
+
+    out = tmp_path / "out"
+    assert main(["recurrence", "--config", str(ROOT / "configs" / "tiny.yaml"), flag, *values,
+                 "--out", str(out)]) == 2
+    assert capsys.readouterr().err == f"error: {flag} {shown}: expected a positive number\n"
+    assert not out.exists()
+
+
 @pytest.mark.slow
 def test_lab_distance_writes_its_table_and_figure(trained_run, tmp_path):
     from tinyattn.cli.lab import main

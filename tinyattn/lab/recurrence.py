@@ -119,8 +119,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     use_threads(args.threads)
     config = load_config(args.config, args.overrides)
-    if args.seconds <= 0 or any(c <= 0 for c in args.contexts) or args.lstm_layers <= 0:
-        raise TinyattnError("--seconds, --contexts and --lstm-layers: expected positive numbers")
+    check_positive(args)
     device = select_device(args.device or config.train.device)
     precision = select_precision(args.precision, device)
     data = prepare_data(config, progress=False)
@@ -146,6 +145,16 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {folder}/recurrence.txt, recurrence.png and TensorBoard runs "
           f"(tensorboard --logdir {quoted(folder)})", flush=True)
     return 0
+
+
+def check_positive(args: argparse.Namespace) -> None:
+    """--seconds, each of --contexts and --lstm-layers: one line naming the first that is not a
+    positive number (nan is not: its schedule would be int(nan))."""
+    for flag, values in (("--seconds", [args.seconds]), ("--contexts", args.contexts),
+                         ("--lstm-layers", [args.lstm_layers])):
+        for value in values:
+            if not value > 0:
+                raise TinyattnError(f"{flag} {value:g}: expected a positive number")
 
 
 def contenders_for(config: Config, lstm_layers: int, device: torch.device,
