@@ -222,6 +222,29 @@ def test_each_rows_train_and_val_loss_are_its_own_runs_last_logged_loss_and_eval
     assert "leak test: the token at position 16 changed;" in (out / "causal.md").read_text()
 
 
+def test_every_rows_leak_test_and_sample_start_at_the_first_tokens_of_the_validation_split(
+        tmp_path, monkeypatch, capsys, corpus_text):
+    from tests.conftest import ROOT
+    from tinyattn.cli.lab import main
+    from tinyattn.lab import causal
+
+    scored, tested, prompts = [], [], []
+    for name, log in (("causal_task_loss", scored), ("leak_test", tested), ("prefix_sample", prompts)):
+        real = getattr(causal, name)
+        monkeypatch.setattr(causal, name, lambda model, first, *args, _real=real, _log=log, **kwargs: (
+            _log.append(first) or _real(model, first, *args, **kwargs)))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(corpus_text * 4, encoding="utf-8")
+    assert main(["causal", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "2", "--out",
+                 str(tmp_path / "out"), "--set", f"data.files={corpus}", "data.url=null", "data.sha256=null",
+                 f"data.cache_dir={tmp_path / 'cache'}", "train.eval_windows=4"]) == 0
+    validation = scored[0]  # what the causal-task loss reads: the validation split
+    assert len(tested) == len(prompts) == 2
+    for x, prompt in zip(tested, prompts):
+        assert x.tolist() == [validation[:32].tolist()]  # the first window (tiny.yaml's context: 32)
+        assert prompt == validation[:24].tolist()  # the default prompt: its first 24 tokens
+
+
 def test_both_runs_are_evaluated_on_their_own_weights_not_a_moving_average(tmp_path, monkeypatch):
     # The main config keeps an average of the weights (train.ema 0.98), which its evaluations and
     # checkpoints read: the lab compares the two models' own weights, as its short runs train them.
