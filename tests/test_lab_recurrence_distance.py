@@ -65,6 +65,21 @@ def test_an_untrained_lstm_starts_at_the_loss_of_a_uniform_guess(random_tokens):
     assert loss == pytest.approx(math.log(65), abs=0.05)
 
 
+def test_the_lstms_head_reads_its_output_normalised(random_tokens):
+    # The final RMSNorm, as LanguageModel's: the LSTM's output scaled by 10 gives the same logits.
+    torch.manual_seed(0)
+    lstm = LSTMLanguageModel(LSTMConfig(65, 32, n_layer=1))
+    x = random_tokens(batch=2, length=24)
+    with torch.no_grad():
+        plain = lstm(x).logits
+        handle = lstm.lstm.register_forward_hook(lambda module, inputs, output: (output[0] * 10, output[1]))
+        try:
+            scaled = lstm(x).logits
+        finally:
+            handle.remove()
+    torch.testing.assert_close(scaled, plain, rtol=1e-3, atol=1e-4)
+
+
 def test_the_lstm_contender_has_the_layers_asked_and_about_the_attention_models_parameters():
     config = load_config(ROOT / "configs" / "tiny.yaml", ["model.vocab_size=65"])
     device = torch.device("cpu")
@@ -521,6 +536,29 @@ def test_lab_recurrence_names_the_value_it_refuses_in_one_line(tmp_path, capsys,
                  "--out", str(out)]) == 2
     assert capsys.readouterr().err == f"error: {flag} {shown}: expected a positive number\n"
     assert not out.exists()
+
+
+def test_the_schedule_is_the_steps_the_training_contexts_speed_fits_in_the_seconds(tmp_path, monkeypatch):
+    # 0.5 s at 10,000 tokens/s (context 32, tiny.yaml's) in steps of 4 x 32 tokens: 39 steps, whatever
+    # the other contexts' speeds (64 is far slower, 8 far faster).
+    from tests.conftest import CORPUS
+    from tinyattn.cli.lab import main
+    from tinyattn.errors import TinyattnError
+
+    def scheduled(model, train_config, *args, **kwargs):
+        schedules.append(train_config.max_steps)
+        raise TinyattnError("reached the training")
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS * 4, encoding="utf-8")
+    schedules, speeds = [], {8: 1e5, 64: 10.0, 32: 1e4}
+    monkeypatch.setattr(recurrence, "tokens_per_second", lambda contender, train_config, tokens, **kwargs:
+                        speeds[kwargs["context"]])
+    monkeypatch.setattr(recurrence, "make_trainer", scheduled)
+    assert main(["recurrence", "--config", str(ROOT / "configs" / "tiny.yaml"), "--seconds", "0.5",
+                 "--contexts", "8", "64", "--out", str(tmp_path / "out"), "--set", f"data.files={corpus}",
+                 "data.url=null", "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}"]) == 2
+    assert schedules == [39]
 
 
 @pytest.mark.slow
