@@ -222,8 +222,8 @@ def test_each_rows_train_and_val_loss_are_its_own_runs_last_logged_loss_and_eval
     assert "leak test: the token at position 16 changed;" in (out / "causal.md").read_text()
 
 
-def test_every_rows_leak_test_and_sample_start_at_the_first_tokens_of_the_validation_split(
-        tmp_path, monkeypatch, capsys, corpus_text):
+def test_every_rows_leak_test_runs_on_the_first_window_at_the_position_asked_and_samples_after_its_start(
+        trained_run, tmp_path, monkeypatch, capsys, corpus_text):
     from tests.conftest import ROOT
     from tinyattn.cli.lab import main
     from tinyattn.lab import causal
@@ -232,15 +232,17 @@ def test_every_rows_leak_test_and_sample_start_at_the_first_tokens_of_the_valida
     for name, log in (("causal_task_loss", scored), ("leak_test", tested), ("prefix_sample", prompts)):
         real = getattr(causal, name)
         monkeypatch.setattr(causal, name, lambda model, first, *args, _real=real, _log=log, **kwargs: (
-            _log.append(first) or _real(model, first, *args, **kwargs)))
+            _log.append((first, *args) if _log is tested else first) or _real(model, first, *args, **kwargs)))
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(corpus_text * 4, encoding="utf-8")
     assert main(["causal", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "2", "--out",
-                 str(tmp_path / "out"), "--set", f"data.files={corpus}", "data.url=null", "data.sha256=null",
+                 str(tmp_path / "out"), "--checkpoint", str(trained_run.run_dir), "--position", "7",
+                 "--set", f"data.files={corpus}", "data.url=null", "data.sha256=null",
                  f"data.cache_dir={tmp_path / 'cache'}", "train.eval_windows=4"]) == 0
     validation = scored[0]  # what the causal-task loss reads: the validation split
-    assert len(tested) == len(prompts) == 2
-    for x, prompt in zip(tested, prompts):
+    assert len(tested) == len(prompts) == 3  # the two runs and the --checkpoint
+    for (x, position), prompt in zip(tested, prompts):
+        assert position == 7
         assert x.tolist() == [validation[:32].tolist()]  # the first window (tiny.yaml's context: 32)
         assert prompt == validation[:24].tolist()  # the default prompt: its first 24 tokens
 
@@ -573,6 +575,7 @@ def test_the_table_names_each_contexts_compared_token_which_a_subword_tokenizer_
     assert "- context 2: '(speak) now'; compared token 'speak' (id 4)\n" in table
     # The columns are numbered as the legend numbers the contexts, from 1.
     assert "| depth | cos(context 1, 2) |\n" in table
+    assert table.endswith("| embedding | 0.5000 |\n| after block 1 | 0.2500 |")  # row i: after block i
 
 
 def test_a_context_longer_than_the_models_is_one_line(tiny_model, char_tokenizer):

@@ -421,6 +421,8 @@ def test_the_gaps_reach_the_largest_that_fits_the_context():
     gaps = gap_lengths(64, 8)
     assert gaps[0] == 0 and gaps[-1] == 64 + 1 - 2 * 8  # inputs 2 * 8 + 49 - 1 = 64
     assert gaps == sorted(set(gaps))
+    # 0, the powers of 2 and every eighth of the way to the largest, 49: the curve is read at each
+    assert gaps == [0, 1, 2, 4, 6, 8, 12, 16, 18, 24, 31, 32, 37, 43, 49]
 
 
 # ----------------------------------------------------------------------------- key-value recall
@@ -622,18 +624,19 @@ def test_the_recurrence_table_gives_each_models_gradient_at_init_and_trained_to_
     T = config.model.context_length
 
     def contender(name, scale):
-        return Contender(name, "shape", lambda t: None, speed={8: 100.0 * scale}, steps=5, seconds=1.0,
+        return Contender(name, "shape", lambda t: None, speed={8: 100.0 * scale, 16: 50.0 * scale}, steps=5, seconds=1.0,
                          gradient_at_init=np.full(T, 1.0 * scale), gradient_trained=np.full(T, 10.0 * scale),
                          position_losses=np.full(T, 2.0), parameters=1000)
 
-    args = argparse.Namespace(config="tiny.yaml", contexts=[8], seconds=1.0)
+    args = argparse.Namespace(config="tiny.yaml", contexts=[8, 16], seconds=1.0)
     text = recurrence.report([contender("attention", 1), contender("lstm", 2)], config, args, "cpu", wall=1.0)
     rows = {int(line.split()[0]): [float(v) for v in line.split()[1:]]
             for line in text.split("gradient norm", 1)[1].splitlines()[2:] if line.strip()[:1].isdigit()}
     assert sorted(rows) == [0, 1, 2, 4, 8, 16, T - 1]  # doubling, and the farthest
     assert rows[T - 1] == [1.0, 2.0, 10.0, 20.0]  # attn init, lstm init, attn trained, lstm trained
-    speeds = text.split("training tokens/s", 1)[1].splitlines()[2]
-    assert speeds.split() == ["8", "100", "200", "2.00"]  # lstm/attn: the lstm's speed over attention's
+    speeds = text.split("training tokens/s", 1)[1].splitlines()[2:4]
+    assert speeds[0].split() == ["8", "100", "200", "2.00"]  # lstm/attn: the lstm's speed over attention's
+    assert speeds[1].split() == ["16", "50", "100", "2.00"]  # a row for each of --contexts
 
 
 @pytest.mark.parametrize("lab, written, next_step", [
