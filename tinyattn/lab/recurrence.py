@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -148,13 +149,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check_positive(args: argparse.Namespace) -> None:
-    """--seconds, each of --contexts and --lstm-layers: one line naming the first that is not a
-    positive number (nan is not: its schedule would be int(nan))."""
-    for flag, values in (("--seconds", [args.seconds]), ("--contexts", args.contexts),
-                         ("--lstm-layers", [args.lstm_layers])):
+    """--seconds, each of --contexts and --lstm-layers: one line naming the first that is out of
+    range. Seconds must be finite too: the schedule is int(seconds * speed ...), nan or inf a traceback."""
+    if not 0 < args.seconds < math.inf:
+        raise TinyattnError(f"--seconds {args.seconds:g}: expected a positive, finite number of seconds")
+    for flag, values in (("--contexts", args.contexts), ("--lstm-layers", [args.lstm_layers])):
         for value in values:
-            if not value > 0:
-                raise TinyattnError(f"{flag} {value:g}: expected a positive number")
+            if value <= 0:
+                raise TinyattnError(f"{flag} {value}: expected a positive integer")
 
 
 def contenders_for(config: Config, lstm_layers: int, device: torch.device,
