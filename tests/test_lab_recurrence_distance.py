@@ -162,6 +162,32 @@ def test_the_gradients_are_measured_on_windows_spread_over_the_whole_validation_
     assert x[:, 0].tolist() == [0, 330, 661, 991]  # from the first token to the last, not the first 4 windows
 
 
+def test_the_machine_line_names_the_cpu_cores_precision_and_torchs_threads():
+    from tinyattn.lab.outputs import machine_line
+
+    line = machine_line(torch.device("cpu"), "fp32")
+    assert line.startswith("measured on ") and " cores, fp32, " in line
+    assert line.endswith(f", torch threads {torch.get_num_threads()}")
+
+
+def test_the_training_curve_starts_at_the_first_step_and_then_every_tenth(monkeypatch):
+    class Stepping:  # a Trainer's interface, one step per call
+        step, tokens_seen = 0, 0
+
+        def train_step(self):
+            self.step, self.tokens_seen = self.step + 1, self.tokens_seen + 8
+            return torch.tensor(2.0), None
+
+    clock = iter(range(1000))  # one second each time the clock is read: 20 to 29 steps in 25 seconds
+    monkeypatch.setattr(recurrence.time, "perf_counter", lambda: float(next(clock)))
+    logged = []
+    writer = SimpleNamespace(add_scalar=lambda tag, value, step: logged.append((tag, step)))
+    contender = Contender("lstm", "shape", lambda t: None)
+    recurrence.train_for(Stepping(), contender, 25.0, writer)
+    assert [step for tag, step in logged if tag == "train/loss"] == [1, 10, 20]
+    assert len(contender.curve) == 3 and 20 <= contender.steps < 30
+
+
 def test_the_recurrence_default_config_is_the_main_config():
     from tinyattn.lab.recurrence import DEFAULT_CONFIG
 
@@ -613,6 +639,7 @@ def test_the_distance_table_shows_each_strings_loss_and_the_copy_benefit_and_the
     assert lines[5].split() == ["4", "7.500", "0.250", "7.750", "7.500", "0.125"]
     assert [line.split() for line in lines[9:11]] == [["0-7", "0.750", "40"], ["8-15", "0.125", "24"]]
     assert "(chance 0.125)" in lines[7]  # one value of the 8 pairs'
+    assert "key-value recall: 8 pairs then 4 queries" in lines[7]
 
 
 @pytest.mark.parametrize("context, rows", [(1, [0]), (2, [0, 1]), (3, [0, 1, 2]),
