@@ -244,6 +244,9 @@ def test_every_rows_leak_test_runs_on_the_first_window_at_the_position_asked_and
     for (x, position), prompt in zip(tested, prompts):
         assert position == 7
         assert x.tolist() == [validation[:32].tolist()]  # the first window (tiny.yaml's context: 32)
+    report = (tmp_path / "out" / "causal.md").read_text()
+    for name in ("causal", "bidirectional", str(trained_run.run_dir)):  # each row's sample, the --checkpoint's too
+        assert f"\n## sample: {name}\n" in report
         assert prompt == validation[:24].tolist()  # the default prompt: its first 24 tokens
 
 
@@ -636,6 +639,18 @@ def test_the_words_state_reads_only_the_text_before_it(tiny_model, char_tokenize
     model = tiny_model(vocab_size=char_tokenizer.vocab_size)
     _, table = similarity_table(model, char_tokenizer, "speak", ["All: speak, speak", "All: speak to me"])
     assert table == pytest.approx(np.ones((3, 1)), abs=1e-6)
+
+
+def test_lab_context_writes_and_prints_its_table_under_the_models_name(trained_run, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["lab", "context", "--checkpoint", str(trained_run.run_dir), "--word", "speak",
+                 "--context", CONTEXTS[0], "--context", CONTEXTS[1], "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    written = (out / "context.md").read_text()
+    label, table = written.split("\n\n", 1)
+    assert label.startswith("# tinyattn lab context: ") and label[len("# tinyattn lab context: "):] in printed
+    assert "| depth | cos(context 1, 2) |" in table and table.rstrip() in printed
+    assert (out / "context.png").stat().st_size > 0
 
 
 def test_lab_context_without_matplotlib_is_refused_in_one_line_before_it_writes_anything(
