@@ -200,6 +200,34 @@ def test_head_ablation_of_a_model_in_training_runs_without_dropout_and_leaves_it
     assert in_training[1] == mean_loss and model.training
 
 
+def test_relevance_and_head_ablation_do_not_depend_on_how_the_variants_are_batched(monkeypatch):
+    # One ablated variant per forward: every chunk boundary, the last one included, is crossed.
+    from tinyattn.analysis import ablation
+
+    model = random_model()
+    ids = torch.randint(0, 11, (16,), generator=torch.Generator().manual_seed(8)).tolist()
+    whole = compute_relevance(model, ids)
+    monkeypatch.setattr(ablation, "CHUNK_ELEMENTS", 1)
+    one_at_a_time = compute_relevance(model, ids)
+    np.testing.assert_array_equal(one_at_a_time.measured(), whole.measured())
+    np.testing.assert_allclose(one_at_a_time.token_relevance, whole.token_relevance, atol=1e-5)
+    np.testing.assert_allclose(one_at_a_time.head_relevance, whole.head_relevance, atol=1e-5)
+
+
+def test_a_text_with_nothing_to_predict_or_a_token_outside_the_vocabulary_is_a_one_line_error():
+    from tinyattn.errors import TinyattnError
+
+    model = random_model()  # vocabulary 0..10
+    with pytest.raises(TinyattnError, match=r"the text has 1 token\(s\): relevance needs at least 2"):
+        compute_relevance(model, [3])
+    for ids in ([1, 11], [-1, 2]):
+        with pytest.raises(TinyattnError, match=r"token ids must lie in 0\.\.10, the model's vocabulary"):
+            compute_relevance(model, ids)
+        with pytest.raises(TinyattnError, match="the model's vocabulary"):
+            head_ablation(model, ids)
+    assert compute_relevance(model, [0, 10]).num_tokens == 2  # both ends of the vocabulary
+
+
 # ----------------------------------------------------------------------------- windows
 
 
@@ -354,3 +382,16 @@ def test_the_table_shows_only_the_layers_and_heads_asked(char_tokenizer):
     cells = lines[3 + 5].split()  # key 5
     expected = [rel.weights[1, :, 7, 5].mean(), rel.weights[1, 2, 7, 5]]
     assert [float(c) for c in cells[4:]] == pytest.approx(expected, abs=5e-4)
+
+
+def test_the_tables_weight_columns_are_the_mean_of_all_heads_of_each_layer_and_each_head(char_tokenizer):
+    # Weights made distinct in every layer and head, so a column averaged over the wrong ones shows.
+    model = random_model(vocab_size=char_tokenizer.vocab_size, context_length=32)
+    measured = relevance_of_text(model, char_tokenizer, "abc defg hij")
+    weights = measured.weights.copy()
+    weights[:, :, 7, 5] = [[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 0.7, 0.8]]
+    rel = Relevance(**{**measured.__dict__, "weights": weights})
+    cells = format_relevance_table(rel, 7).splitlines()[3 + 5].split()  # key 5
+    assert cells[1] == "e"
+    assert [float(c) for c in cells[3:6]] == pytest.approx([0.45, 0.25, 0.65], abs=5e-4)
+    assert [float(c) for c in cells[6:]] == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8], abs=5e-4)
