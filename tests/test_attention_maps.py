@@ -301,6 +301,8 @@ def test_a_word_query_is_the_last_character_of_its_first_whole_word_occurrence(t
     # "the" as a whole word, case-sensitive: not "The", not inside "that"
     assert query_position_of_word(tokenizer, ids, "the") == SENTENCE.index("the student") + 2
     assert query_position_of_word(tokenizer, ids, "The") == 2
+    # nor at the end of a longer word: "breathe the east" finds the second "the"
+    assert query_position_of_word(tokenizer, tokenizer.encode("breathe the east"), "the") == 10
     for absent in ("wa", "WAS", "dragon", " "):
         with pytest.raises(TinyattnError, match="not a word of the text"):
             query_position_of_word(tokenizer, ids, absent)
@@ -363,6 +365,19 @@ def test_query_table_keeps_only_the_layers_and_heads_asked(tiny_model, tokenizer
     rows = query_table(maps, 10, top_k=3, layers=[1], heads=[2, 0])
     assert [(row.layer, row.head) for row in rows] == [(1, 2), (1, 0)]
     assert rows[0].keys[0][2] == pytest.approx(float(maps.weights[1][2, 10, :11].max()))
+
+
+def test_query_table_counts_the_query_itself_and_ranks_ties_earlier_key_first():
+    T = 40
+    weights = np.zeros((1, T, T), dtype=np.float32)  # one head
+    weights[0, 2, :3] = [0.1, 0.2, 0.7]  # query 2's own key weighs most
+    maps = maps_module.AttentionMaps(list(range(T)), [f"t{i}" for i in range(T)], [weights], 0)
+    [row] = query_table(maps, 2)
+    assert [(key, label) for key, label, _ in row.keys] == [(2, "t2"), (1, "t1"), (0, "t0")]
+    assert [weight for _, _, weight in row.keys] == pytest.approx([0.7, 0.2, 0.1])
+    weights[0, T - 1] = np.where(np.arange(T) % 2, 0.04, 0.01)  # query 39: 20 keys tie for the most
+    [row] = query_table(maps, T - 1)
+    assert [key for key, _, _ in row.keys] == [1, 3, 5, 7, 9]  # the earliest of them, in text order
 
 
 # ----------------------------------------------------------------------------- command line
