@@ -331,6 +331,19 @@ def test_tensorboard_curve_is_drawn_with_numpy_at_the_losses_on_a_log_scale(monk
     np.testing.assert_array_equal(logged, image)
 
 
+def test_tensorboard_curve_tops_out_at_the_largest_loss_rounded_up_not_down():
+    from tinyattn.analysis.plotting import CHART_MARGIN as m
+    from tinyattn.analysis.plotting import LINE_RGB
+
+    losses = np.full(16, 1.5)
+    losses[0] = 2.4  # the top of the chart is 3 nats: the curve starts below it, unclipped
+    line = np.all(loss_by_position_image(losses) == LINE_RGB, axis=-1)
+    plot_h = 240 - 2 * m
+    start = np.flatnonzero(line[:, m])
+    assert start.size and abs(start.min() - (m + (3 - 2.4) / 3 * (plot_h - 1))) <= 1.5
+    flat = np.flatnonzero(line[:, 420 - m - 1])
+    assert flat.size and abs(flat.min() - (m + (3 - 1.5) / 3 * (plot_h - 1))) <= 1.5
+
 def test_a_curve_of_nan_losses_only_draws_an_empty_chart_instead_of_raising():
     from tinyattn.analysis.plotting import LINE_RGB
 
