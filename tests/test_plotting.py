@@ -89,6 +89,12 @@ def test_line_chart_draws_the_curve_where_the_data_puts_it_and_the_grid_at_its_v
     assert np.all(image[0] == 255)  # white margin
 
 
+def test_line_chart_draws_values_beyond_its_range_on_the_edge_of_the_plot():
+    x = np.arange(3.0)
+    for beyond, edge in ((-5.0, 0.0), (9.0, 4.0)):  # below the range: the bottom; above: the top
+        np.testing.assert_array_equal(line_chart(x, np.full(3, beyond), 60, 30, (0.0, 4.0)),
+                                      line_chart(x, np.full(3, edge), 60, 30, (0.0, 4.0)))
+
 def test_line_chart_skips_nan_values():
     y = np.array([1.0, np.nan, 1.0, np.nan])
     image = line_chart(np.arange(4.0), y, 60, 30, (0.0, 2.0))
