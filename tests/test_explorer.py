@@ -62,6 +62,7 @@ def test_the_page_holds_the_models_weights_relevance_losses_and_head_ablation(re
     losses = np.array([np.nan if v is None else v for v in data["loss"]])
     np.testing.assert_allclose(losses, relevance.losses, rtol=0, atol=5e-4)
     np.testing.assert_allclose(data["head_ablation"], relevance.head_relevance, rtol=0, atol=5e-4)
+    assert data["mean_loss"] == pytest.approx(relevance.mean_loss, abs=5e-4)
     assert data["query"] == relevance.num_tokens - 2  # default: the last token that predicts one
 
 
@@ -189,6 +190,12 @@ def test_in_chromium_the_highlighted_weights_are_the_models_and_nothing_is_fetch
     np.testing.assert_allclose(shown("relevance", "relevance", query),
                                relevance.token_relevance[query, 16:query], rtol=0, atol=1e-3)
     assert f"query {relevance.labels[query]} at {query}" in page.inner_text("#query-info")
+    row = relevance.token_relevance[query, 16:query]  # red where a key is needed, teal where better without
+    assert row.min() < 0 < row.max()
+    for key, colour in ((16 + np.argmax(row), "207, 34, 46"), (16 + np.argmin(row), "26, 127, 120")):
+        span = f"#relevance-row .tok[data-pos='{key}']"
+        background = page.eval_on_selector(span, "s => s.style.background")
+        assert colour in background, (key, relevance.token_relevance[query, key], background)
     # The surprise row: token j shows the loss of predicting it, made at position j - 1 (losses[j - 1]);
     # nothing predicts token 0. Three decimals shown.
     surprise = page.eval_on_selector_all("#loss-row .tok", "spans => spans.map(s => s.dataset.loss)")
@@ -199,6 +206,11 @@ def test_in_chromium_the_highlighted_weights_are_the_models_and_nothing_is_fetch
     page.select_option("#head", "mean")
     np.testing.assert_allclose(shown("weights", "weight", query), relevance.weights[1, :, query, 16:query + 1].mean(0),
                                rtol=0, atol=STEP + 1e-4)
+    page.select_option("#head", "2")
+    page.select_option("#layer", "mean")  # every layer and head, whichever head was chosen
+    everything = relevance.weights[:, :, query, 16:query + 1].mean((0, 1))
+    np.testing.assert_allclose(shown("weights", "weight", query), everything, rtol=0, atol=STEP + 1e-4)
+    page.select_option("#layer", "1")
 
     page.click("#weights-row .tok[data-pos='12']")  # pins query 12 ...
     page.hover("#relevance-row .tok[data-pos='30']")  # ... so hovering elsewhere does not move it
@@ -208,8 +220,26 @@ def test_in_chromium_the_highlighted_weights_are_the_models_and_nothing_is_fetch
                                atol=STEP + 1e-4)
     page.click("#ablation td[data-layer='1'][data-head='0']")  # so does a cell of the ablation grid
     assert page.input_value("#layer") == "1" and page.input_value("#head") == "0"
+    page.keyboard.press("Escape")  # unpins: hovering moves the query again
+    page.hover("#relevance-row .tok[data-pos='30']")
+    assert "query " + relevance.labels[30] + " at 30 " in page.inner_text("#query-info")
 
     page.screenshot(path=str(tmp_path / "explorer.png"), full_page=True)
     assert (tmp_path / "explorer.png").stat().st_size > 10_000
     assert requests == [page_file.as_uri()]  # the page itself, nothing else
     assert errors == []
+
+
+@pytest.mark.slow
+def test_in_chromium_a_text_without_a_rank_correlation_says_n_a(browser, relevance, tmp_path):
+    flat = np.where(relevance.measured(), 0.0, np.nan)  # every relevance alike: no correlation
+    alike = Relevance(**{**relevance.__dict__, "token_relevance": flat})
+    page_file = write_explorer(tmp_path / "explorer.html", alike)
+    page = browser.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(page_file.as_uri())
+    assert errors == []
+    said = page.inner_text("#agreement")
+    assert "pairs: n/a for the mean over every head; by layer 0: n/a, 1: n/a." in said
+    assert page.inner_text("#query-info").endswith("(Spearman): n/a")
