@@ -358,6 +358,12 @@ def test_head_ablation_is_logged_to_tensorboard_as_an_image(char_tokenizer, tmp_
     np.testing.assert_array_equal(decoded, head_ablation_image(rises))
 
 
+def test_a_one_token_probe_text_logs_no_head_ablation_and_raises_nothing(char_tokenizer, tensorboard_writer):
+    model = random_model(vocab_size=char_tokenizer.vocab_size, context_length=32)
+    log_head_ablation_to_tensorboard(tensorboard_writer, model, char_tokenizer, "a", step=3)
+    assert tensorboard_writer.images == []
+
+
 def test_agreement_ranks_each_layers_and_each_heads_weight_against_relevance():
     model = random_model()
     ids = torch.randint(0, 11, (16,), generator=torch.Generator().manual_seed(7)).tolist()
