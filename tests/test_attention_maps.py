@@ -200,6 +200,12 @@ def test_masked_cells_are_drawn_grey_not_the_colour_of_weight_zero(tiny_model, t
     assert not np.allclose(masked, allowed_zero, atol=0.1)
 
 
+def test_heads_fill_a_grid_as_square_as_possible_with_no_empty_row():
+    grids = {heads: maps_module.head_grid(heads) for heads in (1, 2, 3, 4, 5, 6, 8, 9, 12)}
+    assert grids == {1: (1, 1), 2: (1, 2), 3: (2, 2), 4: (2, 2), 5: (2, 3), 6: (2, 3), 8: (3, 3), 9: (3, 3),
+                     12: (3, 4)}
+
+
 def test_tensorboard_gets_one_image_per_layer(tiny_model, tokenizer, tensorboard_writer):
     model = tiny_model().train()
     images = attention_heatmap_images(model, tokenizer, "ROMEO:\nBut soft")
