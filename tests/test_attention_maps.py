@@ -110,6 +110,9 @@ def test_long_text_keeps_its_end_and_training_mode_is_restored(tiny_model, token
     assert maps.token_ids == tokenizer.encode(SENTENCE)[-24:]
     assert maps.dropped_tokens == len(SENTENCE) - 24
     assert model.training
+    if maps_module.plotting_available():  # the heatmap's title says how many went
+        title = maps_module.layer_figure(maps, 0)._suptitle.get_text()
+        assert title.endswith(f"24 tokens; the first {len(SENTENCE) - 24} cut to fit the context")
 
 
 def test_maps_of_a_model_in_training_are_its_weights_without_dropout(tiny_model, tokenizer):
@@ -312,6 +315,14 @@ def test_a_word_query_is_the_last_character_of_its_first_whole_word_occurrence(t
     for absent in ("wa", "WAS", "dragon", " "):
         with pytest.raises(TinyattnError, match="not a word of the text"):
             query_position_of_word(tokenizer, ids, absent)
+
+
+def test_a_query_position_is_one_of_the_texts_tokens_negative_counting_from_the_end():
+    assert [maps_module.check_query_position(5, p) for p in (0, 4, -1, -5)] == [0, 4, 4, 0]
+    for outside in (5, 6, -6):
+        message = rf"--query-position {outside}: the text has 5 tokens \(positions 0\.\.4, or -1 for the last"
+        with pytest.raises(TinyattnError, match=message):
+            maps_module.check_query_position(5, outside)
 
 
 def test_a_word_query_of_the_text_read_as_unknown_says_which_characters_the_tokenizer_lacks(tokenizer):
