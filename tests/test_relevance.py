@@ -198,6 +198,13 @@ def test_head_ablation_of_a_model_in_training_runs_without_dropout_and_leaves_it
     in_training = head_ablation(model, ids)
     np.testing.assert_array_equal(in_training[0], rises)
     assert in_training[1] == mean_loss and model.training
+    model.eval()
+    evaluated = compute_relevance(model, ids)
+    model.train()
+    trained = compute_relevance(model, ids)  # token ablation and weights too: no dropout, left training
+    np.testing.assert_array_equal(trained.token_relevance, evaluated.token_relevance)
+    np.testing.assert_array_equal(trained.weights, evaluated.weights)
+    assert model.training
 
 
 def test_relevance_and_head_ablation_do_not_depend_on_how_the_variants_are_batched(monkeypatch):
