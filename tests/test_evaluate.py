@@ -93,6 +93,16 @@ def test_bits_per_byte_divides_total_nats_by_the_utf8_bytes_of_the_predicted_tex
     assert result.bits_per_unit == pytest.approx(total_nats / math.log(2) / predicted_bytes)
 
 
+
+def test_bytes_counted_in_decode_chunks_count_every_chunk_the_last_one_included(monkeypatch):
+    text = "café naïve — déjà vu."
+    tokenizer = build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), lambda: iter([text * 20]))
+    tokens = np.asarray(tokenizer.encode(text))
+    whole = text_units(tokenizer, tokens, char_level=False)
+    assert whole == len(tokenizer.decode(tokens.tolist()).encode("utf-8"))
+    monkeypatch.setattr(evaluate, "DECODE_CHUNK", 1)  # every token a chunk: the last one alone
+    assert text_units(tokenizer, tokens, char_level=False) == whole
+
 def test_bits_per_byte_of_a_text_counts_the_bytes_an_unknown_token_stands_for():
     tokenizer = build_tokenizer(TokenizerConfig(kind="char"), lambda: iter(["abcd "]))
     text = "ΩΩ abc ~é<|endoftext|>dd ßß"  # Ω, ~, é and ß unseen: each an [UNK], decoded as U+FFFD
