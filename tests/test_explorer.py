@@ -164,6 +164,20 @@ def test_command_mistakes_are_one_line(run_dir, capsys, args, message):
 # ----------------------------------------------------------------------------- in a browser
 
 
+def check_head_ablation_colours(page, head_relevance):
+    """Each cell of the page's ablation grid: its rise, red for a rise, teal for a fall, opaque as its
+    size over the largest either way."""
+    cells = page.eval_on_selector_all("#ablation td",
+                                      "tds => tds.map(td => [td.dataset.rise, td.style.background])")
+    rises = np.array([float(rise) for rise, _ in cells])  # as stored: three decimals
+    np.testing.assert_allclose(rises, head_relevance.ravel(), rtol=0, atol=5e-4)
+    for rise, (_, background) in zip(rises, cells):
+        colour, opacity = re.fullmatch(r"rgba?\((\d+, \d+, \d+)(?:, ([0-9.]+))?\)", background).groups()
+        assert colour == ("207, 34, 46" if rise >= 0 else "26, 127, 120"), (rise, background)
+        expected = abs(rise) / np.abs(rises).max()
+        assert float(opacity or 1) == pytest.approx(expected, abs=5e-3), (rise, background)  # in 255ths
+
+
 @pytest.mark.slow
 def test_in_chromium_the_highlighted_weights_are_the_models_and_nothing_is_fetched(browser, relevance, tmp_path):
     page_file = write_explorer(tmp_path / "explorer.html", relevance, "test", "a tiny model")
@@ -187,6 +201,13 @@ def test_in_chromium_the_highlighted_weights_are_the_models_and_nothing_is_fetch
     page.select_option("#head", "2")
     expected = relevance.weights[1, 2, query, 16:query + 1]
     np.testing.assert_allclose(shown("weights", "weight", query), expected, rtol=0, atol=STEP + 1e-4)
+    classes = page.eval_on_selector_all("#weights-row .tok", "spans => spans.map(s => s.className)")
+    assert [c.split()[1:] for c in classes[14:18]] == [["far"], ["far"], [], []]  # keys 0..15: out of reach
+    assert classes[query].split()[1:] == ["query"] and classes[query + 1].split()[1:] == ["future"]
+    key = 16 + int(np.argmax(expected))  # the colour's opacity is the weight
+    background = page.eval_on_selector(f"#weights-row .tok[data-pos='{key}']", "s => s.style.background")
+    assert float(re.search(r"rgba\(9, 105, 218, ([0-9.]+)\)", background).group(1)) == pytest.approx(
+        expected.max(), abs=STEP + 5e-3)  # the browser keeps opacity in 255ths
     np.testing.assert_allclose(shown("relevance", "relevance", query),
                                relevance.token_relevance[query, 16:query], rtol=0, atol=1e-3)
     assert f"query {relevance.labels[query]} at {query}" in page.inner_text("#query-info")
@@ -218,6 +239,7 @@ def test_in_chromium_the_highlighted_weights_are_the_models_and_nothing_is_fetch
     assert page.input_value("#layer") == "0" and page.input_value("#head") == "3"
     np.testing.assert_allclose(shown("weights", "weight", 12), relevance.weights[0, 3, 12, :13], rtol=0,
                                atol=STEP + 1e-4)
+    check_head_ablation_colours(page, relevance.head_relevance)
     page.click("#ablation td[data-layer='1'][data-head='0']")  # so does a cell of the ablation grid
     assert page.input_value("#layer") == "1" and page.input_value("#head") == "0"
     page.keyboard.press("Escape")  # unpins: hovering moves the query again
@@ -233,7 +255,8 @@ def test_in_chromium_the_highlighted_weights_are_the_models_and_nothing_is_fetch
 @pytest.mark.slow
 def test_in_chromium_a_text_without_a_rank_correlation_says_n_a(browser, relevance, tmp_path):
     flat = np.where(relevance.measured(), 0.0, np.nan)  # every relevance alike: no correlation
-    alike = Relevance(**{**relevance.__dict__, "token_relevance": flat})
+    falls = -np.abs(relevance.head_relevance)  # and every head's removal lowers the loss
+    alike = Relevance(**{**relevance.__dict__, "token_relevance": flat, "head_relevance": falls})
     page_file = write_explorer(tmp_path / "explorer.html", alike)
     page = browser.new_page()
     errors = []
@@ -243,3 +266,4 @@ def test_in_chromium_a_text_without_a_rank_correlation_says_n_a(browser, relevan
     said = page.inner_text("#agreement")
     assert "pairs: n/a for the mean over every head; by layer 0: n/a, 1: n/a." in said
     assert page.inner_text("#query-info").endswith("(Spearman): n/a")
+    check_head_ablation_colours(page, falls)
