@@ -301,6 +301,9 @@ def test_table_plot_and_tensorboard_show_ranges_of_positions_doubling_the_contex
     path = save_loss_by_position_plot(losses, tmp_path / "plot.png")
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", data[16:24]) == (700, 400)
+    [curve] = evaluate.loss_by_position_figure(losses).axes[0].get_lines()  # x: tokens read, 1..32
+    np.testing.assert_array_equal(curve.get_xdata(), np.arange(1, 33))
+    np.testing.assert_array_equal(curve.get_ydata(), losses)
 
     writer = tensorboard_writer
     log_loss_by_position_to_tensorboard(writer, losses, step=500)
