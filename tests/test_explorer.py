@@ -63,6 +63,7 @@ def test_the_page_holds_the_models_weights_relevance_losses_and_head_ablation(re
     np.testing.assert_allclose(losses, relevance.losses, rtol=0, atol=5e-4)
     np.testing.assert_allclose(data["head_ablation"], relevance.head_relevance, rtol=0, atol=5e-4)
     assert data["mean_loss"] == pytest.approx(relevance.mean_loss, abs=5e-4)
+    assert (data["layers"], data["heads"], data["context"]) == (2, 4, relevance.context_length) == (2, 4, 32)
     assert data["query"] == relevance.num_tokens - 2  # default: the last token that predicts one
 
 
