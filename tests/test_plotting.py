@@ -95,6 +95,11 @@ def test_line_chart_draws_values_beyond_its_range_on_the_edge_of_the_plot():
         np.testing.assert_array_equal(line_chart(x, np.full(3, beyond), 60, 30, (0.0, 4.0)),
                                       line_chart(x, np.full(3, edge), 60, 30, (0.0, 4.0)))
 
+def test_line_chart_spans_its_x_values_wherever_they_start():
+    y = np.array([4.0, 2.0, 2.0])
+    at_zero = line_chart(np.array([0.0, 1.0, 2.0]), y, 60, 30, (0.0, 4.0))
+    np.testing.assert_array_equal(line_chart(np.array([10.0, 11.0, 12.0]), y, 60, 30, (0.0, 4.0)), at_zero)
+
 def test_line_chart_skips_nan_values():
     y = np.array([1.0, np.nan, 1.0, np.nan])
     image = line_chart(np.arange(4.0), y, 60, 30, (0.0, 2.0))
