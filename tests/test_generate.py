@@ -1057,7 +1057,7 @@ def test_cli_incompatible_checkpoint_in_a_real_process(tmp_path):
 
 def test_samples_whose_kv_caches_cannot_fit_are_refused_before_any_is_made(tiny_model, char_tokenizer,
                                                                            monkeypatch):
-    from tinyattn.errors import ConfigError, DataError
+    from tinyattn.errors import ConfigError
     from tinyattn.model import memory
 
     from tinyattn.generate.decoder import cache_dtype

@@ -253,17 +253,23 @@ def test_every_rows_leak_test_runs_on_the_first_window_at_the_position_asked_and
 def test_both_runs_are_evaluated_on_their_own_weights_not_a_moving_average(tmp_path, monkeypatch):
     # The main config keeps an average of the weights (train.ema 0.98), which its evaluations and
     # checkpoints read: the lab compares the two models' own weights, as its short runs train them.
+    main_config, trained = configs_train_both_gives(tmp_path, monkeypatch, steps=200)
+    assert main_config.train.ema is not None
+    assert [config.train.ema for config in trained] == [None, None]
+
+
+def configs_train_both_gives(tmp_path, monkeypatch, steps: int) -> tuple:
+    """(the main config, the configs `train_both` trains its two runs with), training mocked."""
     from tests.conftest import ROOT
     from tinyattn.train import loop
 
     trained = []
     monkeypatch.setattr(loop, "train", lambda config, **options: trained.append(config) or
                         SimpleNamespace(run_dir=tmp_path / options["run_name"], interrupted=False))
-    args = argparse.Namespace(config=str(ROOT / "configs" / "shakespeare_char.yaml"), steps=200, force=False,
+    args = argparse.Namespace(config=str(ROOT / "configs" / "shakespeare_char.yaml"), steps=steps, force=False,
                               overrides=[])
     train_both(args, tmp_path)
-    assert load_config(args.config).train.ema is not None
-    assert [config.train.ema for config in trained] == [None, None]
+    return load_config(args.config), trained
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
@@ -343,16 +349,8 @@ def test_both_runs_keep_the_configs_weight_decay_at_any_steps_without_its_tables
                                                                                         monkeypatch):
     # The main config's train.decay_by_passes gives 0.2 from 3.5 passes: the lab's 4,000 steps of
     # batch 16 and context 64 make about 4.1, where 200 make 0.2 (both arms alike either way).
-    from tests.conftest import ROOT
-    from tinyattn.train import loop
-
-    trained = []
-    monkeypatch.setattr(loop, "train", lambda config, **options: trained.append(config) or
-                        SimpleNamespace(run_dir=tmp_path / options["run_name"], interrupted=False))
-    args = argparse.Namespace(config=str(ROOT / "configs" / "shakespeare_char.yaml"), steps=4000, force=False,
-                              overrides=[])
-    train_both(args, tmp_path)
-    main_config = load_config(args.config).train
+    main, trained = configs_train_both_gives(tmp_path, monkeypatch, steps=4000)
+    main_config = main.train
     assert main_config.decay_by_passes  # the table the lab leaves out
     assert len(trained) == 2
     for config in trained:
