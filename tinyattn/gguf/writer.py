@@ -46,7 +46,7 @@ from tinyattn.config import ModelConfig
 from tinyattn.data.tokenizer import Tokenizer
 from tinyattn.errors import CheckpointError, TinyattnError
 from tinyattn.gguf.vocab import PRE_TOKENIZER, TOKENIZER_MODEL, gguf_vocab, padded
-from tinyattn.hf.convert import norm_eps, to_hf_weights
+from tinyattn.hf.convert import norm_eps, refuse_what_neither_computes, to_hf_weights
 from tinyattn.system.storage import TEMPORARY_SUFFIX, new_file_mode, storage_errors
 from tinyattn.system.choices import GGUF_PRECISIONS
 
@@ -78,13 +78,7 @@ def gguf_package():
 
 def architecture_of(config: ModelConfig) -> str:
     """llama.cpp's architecture for `config`, or a CheckpointError for what neither holds."""
-    if config.logit_softcap is not None:
-        raise CheckpointError(f"model.logit_softcap: {config.logit_softcap} cannot be exported to GGUF: "
-                              f"llama.cpp's {ARCHITECTURE} and {QK_NORM_ARCHITECTURE} do not soft-cap logits")
-    if not config.causal:
-        raise CheckpointError(f"model.causal: false (a bidirectional model) cannot be exported to GGUF: "
-                              f"llama.cpp's {ARCHITECTURE} and {QK_NORM_ARCHITECTURE} mask every later "
-                              "position")
+    refuse_what_neither_computes(config, " to GGUF", f"llama.cpp's {ARCHITECTURE} and {QK_NORM_ARCHITECTURE}")
     return QK_NORM_ARCHITECTURE if config.qk_norm else ARCHITECTURE
 
 

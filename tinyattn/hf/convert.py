@@ -303,15 +303,21 @@ def model_config_from_hf(raw: dict, origin: str, *, tied: Optional[bool] = None)
     return config
 
 
+def refuse_what_neither_computes(config: ModelConfig, where: str, architectures: str) -> None:
+    """A CheckpointError for a model option that Llama and Qwen3 (as `architectures` names them, in
+    transformers or llama.cpp) cannot hold; `where`: " to GGUF" or ""."""
+    if config.logit_softcap is not None:
+        raise CheckpointError(f"model.logit_softcap: {config.logit_softcap} cannot be exported{where}: "
+                              f"{architectures} do not soft-cap logits")
+    if not config.causal:
+        raise CheckpointError(f"model.causal: false (a bidirectional model) cannot be exported{where}: "
+                              f"{architectures} mask every later position")
+
+
 def hf_config(config: ModelConfig, bos_id: Optional[int], eos_id: Optional[int], dtype: torch.dtype) -> dict:
     """config.json for `config` (Llama, or Qwen3 with QK-norm); an option neither can hold
     is refused, never dropped."""
-    if config.logit_softcap is not None:
-        raise CheckpointError(f"model.logit_softcap: {config.logit_softcap} cannot be exported: "
-                              f"neither {ARCHITECTURE} nor {QK_NORM_ARCHITECTURE} soft-caps its logits")
-    if not config.causal:
-        raise CheckpointError(f"model.causal: false (a bidirectional model) cannot be exported: "
-                              f"{ARCHITECTURE} and {QK_NORM_ARCHITECTURE} mask every later position")
+    refuse_what_neither_computes(config, "", f"{ARCHITECTURE} and {QK_NORM_ARCHITECTURE}")
     architecture = QK_NORM_ARCHITECTURE if config.qk_norm else ARCHITECTURE
     rope = {"rope_type": "default", "rope_theta": config.rope_base}
     extra = {"use_sliding_window": False, "sliding_window": None, "max_window_layers": config.n_layer,

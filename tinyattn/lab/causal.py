@@ -211,9 +211,11 @@ def train_both(args: argparse.Namespace, out: Path) -> dict:
         results[name] = train(config, config_path=args.config, run_name=name, progress=False,
                               overrides=items)
         if results[name].interrupted:  # a comparison with a stopped run would compare its few steps
-            raise KeyboardInterrupt(f"lab causal stopped: the {name} run stopped at step {results[name].step} of "
-                                f"{args.steps} ({run_dir}); nothing was compared. Run the lab again with "
-                                f"--out {quoted(out)} --force to train both runs anew")
+            # A stop, not a mistake: `run_command` prints the message and exits 130, as for train.
+            raise KeyboardInterrupt(f"lab causal stopped: the {name} run stopped at step "
+                                    f"{results[name].step} of {args.steps} ({run_dir}); nothing was "
+                                    f"compared. Run the lab again with --out {quoted(out)} --force to "
+                                    "train both runs anew")
     return results
 
 
