@@ -170,6 +170,24 @@ def test_an_edited_config_yaml_applies_on_resume_and_the_users_text_is_kept(corp
     assert fork.edited_config().train.lr == 0.002
 
 
+def test_an_edit_the_command_line_overrules_is_logged_as_overruled(corpus, tmp_path, capsys):
+    """config.yaml's edit of a key that --set or --device also gives: the command line's value is the
+    one the run takes, and the note says so (it said the edit applied, then ran on the other)."""
+    train(tiny(corpus, tmp_path), run_name="run", stop_at_step=2, progress=False)
+    run = tmp_path / "run"
+    text = edit_run_config(run, "  lr: 0.002\n", "  lr: 0.001\n")
+    (run / "config.yaml").write_text(text.replace("  device: auto\n", "  device: cuda\n"), encoding="utf-8")
+    code = train_main(["--resume", str(run), "--no-progress", "--device", "cpu", "--set",
+                       f"train.out_dir={tmp_path}", "--set", "train.lr=0.003"])
+    assert code == 0, capsys.readouterr().err
+    saved = ckpt.load_checkpoint(run / ckpt.step_filename(4))["config"]["train"]
+    assert (saved["lr"], saved["device"]) == (0.003, "cpu")
+    log = (run / "train.log").read_text(encoding="utf-8")
+    overruled = "(overruled: the command line sets it for this run)"
+    assert f"train.lr 0.002 -> 0.001 {overruled}" in log
+    assert f"train.device 'auto' -> 'cuda' {overruled}" in log
+
+
 def test_an_edit_of_the_model_size_in_config_yaml_is_refused_naming_the_key(corpus, tmp_path, capsys):
     train(tiny(corpus, tmp_path), run_name="run", stop_at_step=2, progress=False)
     run = tmp_path / "run"

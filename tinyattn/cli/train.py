@@ -49,7 +49,10 @@ def main(argv: list[str] | None = None) -> int:
                                                                          DEFAULT_OUT_DIR)
             point = ResumePoint.find(args.resume, args.run_name, out_dir)  # the one load
             if config is None:  # the run continues as it was, with config.yaml's edits and the overrides
-                config = apply_overrides(point.edited_config(), args.overrides, origin=str(point.file))
+                given = [item.split("=", 1)[0].strip() for item in args.overrides]
+                given += ["train.device"] if args.device is not None else []
+                config = apply_overrides(point.edited_config(overruled=given), args.overrides,
+                                         origin=str(point.file))
         result = train(config, config_path=args.config, run_name=args.run_name, resume=point,
                        device=args.device, progress=not args.no_progress,
                        stop_at_step=args.stop_at_step, elapsed_before=process_age(), overrides=args.overrides,

@@ -260,9 +260,11 @@ class ResumePoint:
         saved = self.config.train
         return saved.min_lr if lr == saved.lr else saved.min_lr / saved.lr * lr
 
-    def edited_config(self) -> Config:
+    def edited_config(self, overruled: Sequence[str] = ()) -> Config:
         """The config a resume without --config continues with: the checkpoint's, with the edits
         made since to its folder's config.yaml (which the run wrote from that same config).
+        `overruled`: the keys the command line sets for this resume (--set, --device): their edits
+        are noted as overruled, as the command line's value is the one the run takes.
 
         The file is read as any config file: a key deleted from it is an edit back to its default
         (but for a key the run's older tinyattn did not write: `ckpt.migrated_config`). A table
@@ -295,7 +297,8 @@ class ResumePoint:
         if not changed:
             return self.config
         self.edited = tuple(changed)  # a table's choice edited by hand: the edit wins (`adopt`)
-        what = ", ".join(_edit(key, saved[key], edited[key], deleted=key not in written) for key in changed)
+        what = ", ".join(_edit(key, saved[key], edited[key], deleted=key not in written,
+                               overruled=key in set(overruled)) for key in changed)
         self.notes.append(f"{path}: your edits apply from step {self.step}: {what}")
         values = with_settings(config_to_dict(self.config), {key: edited[key] for key in changed})
         return config_from_dict(values, default_origin=str(path))
@@ -350,10 +353,13 @@ def keep_user_config(run_dir: Path, point: Optional[ResumePoint]) -> Optional[st
     return f"{path} differed from the run's own copy: what you wrote is kept in {kept.name}"
 
 
-def _edit(key: str, before, after, *, deleted: bool) -> str:
+def _edit(key: str, before, after, *, deleted: bool, overruled: bool = False) -> str:
     """An edit of config.yaml as the run logs it: "train.lr 0.002 -> 0.001"; a key deleted from the
-    file goes back to its default; a table by passes is read where a run starts."""
+    file goes back to its default; a table by passes is read where a run starts; a key the command
+    line sets takes the command line's value."""
     line = f"{key} {before!r} -> {after!r}" + (" (deleted: its default)" if deleted else "")
+    if overruled:
+        return line + " (overruled: the command line sets it for this run)"
     name = key.partition(".")[2]
     if name in PASS_TABLES:
         line += f" (a run reads it at its start: this one keeps its {PASS_TABLES[name]})"
