@@ -95,6 +95,16 @@ def test_line_chart_draws_values_beyond_its_range_on_the_edge_of_the_plot():
         np.testing.assert_array_equal(line_chart(x, np.full(3, beyond), 60, 30, (0.0, 4.0)),
                                       line_chart(x, np.full(3, edge), 60, 30, (0.0, 4.0)))
 
+def test_line_chart_keeps_a_curve_on_the_bottom_of_its_range_inside_the_plot_two_pixels_thick():
+    width, height, m = 60, 30, CHART_MARGIN
+    for level in (0.0, -5.0, 4.0):  # the bottom, below it (drawn on it), the top
+        line = np.all(line_chart(np.arange(3.0), np.full(3, level), width, height, (0.0, 4.0)) == LINE_RGB,
+                      axis=-1)
+        rows = np.flatnonzero(line.any(axis=1))
+        assert rows.min() >= m and rows.max() <= height - m - 1, (level, rows)  # not in the margin
+        assert (line[:, m:width - m].sum(axis=0) == 2).all(), level  # two pixels in every column
+
+
 def test_line_chart_spans_its_x_values_wherever_they_start():
     y = np.array([4.0, 2.0, 2.0])
     at_zero = line_chart(np.array([0.0, 1.0, 2.0]), y, 60, 30, (0.0, 4.0))

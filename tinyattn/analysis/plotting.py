@@ -163,8 +163,9 @@ def line_chart(x: np.ndarray, y: np.ndarray, width: int, height: int, y_range: t
     inside = (data_x >= x[keep][0]) & (data_x <= x[keep][-1])
     rows = row(ys)  # (plot_w,)
     following = np.append(rows[1:], rows[-1])
-    top = np.minimum(rows, following)
-    bottom = np.maximum(rows, following) + 1  # + 1: two pixels thick on flat stretches
+    # + 1: two pixels thick on flat stretches; on the plot's bottom row the second pixel goes above
+    bottom = np.minimum(np.maximum(rows, following) + 1, margin + plot_h - 1)
+    top = np.minimum(np.minimum(rows, following), bottom - 1)
     every_row = np.arange(height)[:, None]  # (height, 1)
     drawn = (every_row >= top) & (every_row <= bottom) & inside  # (height, plot_w)
     image[:, margin:margin + plot_w][drawn] = line_color
