@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tinyattn.checkpoint import FORMAT, load_checkpoint, load_model, save_checkpoint
 from tinyattn.cli.generate import main
-from tinyattn.config import ModelConfig, TokenizerConfig
+from tinyattn.config import ModelConfig, SampleConfig, TokenizerConfig
 from tinyattn.data.tokenizer import build_tokenizer
 from tinyattn.errors import ConfigError, DataError
 from tinyattn.generate import decoder as decoder_module
@@ -483,6 +483,52 @@ def test_temperature_divides_the_logits_before_the_softmax(monkeypatch):
         torch.testing.assert_close(probs, torch.softmax(logits / temperature, dim=-1))
 
 
+def drawn_from(monkeypatch) -> list:
+    """The probabilities each later `torch.multinomial` call draws from, recorded."""
+    recorded, real = [], torch.multinomial
+
+    def recording(probs, *args, **kwargs):
+        recorded.append(probs.clone())
+        return real(probs, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "multinomial", recording)
+    return recorded
+
+
+def test_a_top_p_just_below_one_still_drops_the_least_likely_tokens(monkeypatch):
+    probs = torch.tensor([[0.6, 0.39995, 0.00005]])  # the last token: less than 1 - top_p
+    recorded = drawn_from(monkeypatch)
+    for top_p in (0.9999, 1.0):
+        sample_next_token(probs.log(), torch.Generator().manual_seed(0), temperature=1.0, top_p=top_p)
+    cut, whole = recorded
+    assert cut[0, 2] == 0 and torch.equal(cut[0, :2], whole[0, :2])
+    assert whole[0, 2] > 0  # top_p 1: every token
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_logits_of_a_half_precision_model_are_sampled_from_fp32_probabilities(monkeypatch, dtype):
+    logits = torch.tensor([[2.3, 1.7, 0.1, -1.3]]).to(dtype)
+    recorded = drawn_from(monkeypatch)
+    sample_next_token(logits, torch.Generator().manual_seed(0), temperature=0.7)
+    [probs] = recorded
+    assert probs.dtype == torch.float32  # not rounded to the model's 8 or 11 significant bits
+    torch.testing.assert_close(probs, torch.softmax(logits.float() / 0.7, dim=-1), rtol=0, atol=1e-7)
+
+
+def test_one_generator_per_row_must_match_the_rows():
+    logits = torch.zeros(2, 5)
+    with pytest.raises(ValueError, match="3 generators for a batch of 2 rows"):
+        sample_next_token(logits, [torch.Generator() for _ in range(3)], temperature=1.0)
+    with pytest.raises(ValueError, match="1 generators for a batch of 2 rows"):
+        sample_next_token(logits, [torch.Generator()], temperature=1.0)
+
+
+def test_sampling_options_default_to_the_configs_sample_section():
+    defaults, config = SamplingOptions(), SampleConfig()
+    shared = [name for name in SampleConfig.__dataclass_fields__ if hasattr(defaults, name)]
+    assert len(shared) == 5  # max_new_tokens, temperature, top_k, top_p, repetition_penalty
+    assert [getattr(defaults, name) for name in shared] == [getattr(config, name) for name in shared]
+
 
 def test_a_tiny_temperature_or_penalty_samples_the_top_token_instead_of_overflowing():
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0], [-3.0, 5.0, 4.9, 0.0]])
@@ -491,7 +537,7 @@ def test_a_tiny_temperature_or_penalty_samples_the_top_token_instead_of_overflow
     present = torch.tensor([[False, True, False, False], [False, False, True, False]])
     penalized = apply_repetition_penalty(logits, present, 1e-40)
     assert penalized.isfinite().all()
-    for temperature in (1e-40, 1e-3, 0.5):
+    for temperature in (1e-40, 1e-5, 1e-3, 0.5):  # 1e-5: 3.4e35 / 1e-5 would overflow unshifted
         drawn = sample_next_token(penalized, torch.Generator().manual_seed(0), temperature=temperature)
         assert drawn.tolist() == [1, 2]  # a penalty below 1 rewards what is present
     # Below fp32's smallest number a temperature would be 0 there, above its largest a penalty inf.
@@ -519,6 +565,8 @@ def test_repetition_penalty_counts_the_prompt_and_the_generated_tokens():
     assert greedy([2], 1.0) == [0, 0, 0, 0]
     assert greedy([2], 4.0) == [0, 1, 0, 0]  # 10/4 < 5, then 5/4 < 10/4
     assert greedy([0], 4.0) == [1, 0, 0, 0]  # the prompt's token is penalised from the start
+    assert greedy([0, 2], 4.0) == [1, 0, 0, 0]  # ... wherever it is in the prompt, not only last
+    assert greedy([1], 0.25) == [1, 1, 1, 1]  # below 1 the present token is rewarded: 5 / 0.25 > 10
 
 
 def test_same_seed_same_text_different_seed_different_text(tiny_model, tokenizer):
