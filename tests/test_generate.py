@@ -141,6 +141,36 @@ def test_generating_past_the_context_length_matches_the_rule(tiny_model, tokeniz
     assert text == expected.split("<|endoftext|>")[0] and len("Speak" + text) > 16  # past the context
 
 
+def test_a_context_of_one_token_predicts_each_token_from_the_one_before_alone(tiny_model, tokenizer):
+    model = tiny_model(context_length=1)  # context_length // 2 is 0: a refill still keeps the new token
+    prompt = random_ids(tokenizer.vocab_size, 3, batch=1)
+    produced = torch.cat(list(generate_tokens(model, prompt, 6, temperature=0))).tolist()
+    sequence = prompt[0].tolist() + produced
+    with torch.no_grad():
+        expected = [int(model(torch.tensor([[token]])).logits[0, -1].argmax()) for token in sequence[2:-1]]
+    assert produced == expected
+
+
+class PrefillRecorder(BigramModel):
+    """A BigramModel that keeps the ids of each pass that fills the caches (`next_token_logits`)."""
+
+    def __init__(self, table: torch.Tensor, context_length: int = 16):
+        super().__init__(table, context_length)
+        self.fed = []
+
+    def next_token_logits(self, idx, kv_caches=None, start_pos=0):
+        self.fed.append(idx.clone())
+        return super().next_token_logits(idx, kv_caches, start_pos)
+
+
+def test_a_prompt_longer_than_the_context_is_prefilled_with_its_last_context_length_tokens():
+    model = PrefillRecorder(torch.zeros(30, 30), context_length=16)
+    prompt = torch.arange(20).unsqueeze(0)  # (1, 20)
+    list(generate_tokens(model, prompt, 1, temperature=0))
+    [prefill] = model.fed
+    assert prefill.tolist() == [list(range(4, 20))]
+
+
 @pytest.mark.slow  # two compiles of a tiny model: about 10 s each on a 2-core CPU, less from inductor's cache
 def test_compiled_decoding_equals_eager_decoding_token_for_token(tiny_model, tokenizer):
     model = tiny_model(context_length=16)
@@ -169,11 +199,12 @@ def test_compiled_decoding_equals_eager_decoding_token_for_token(tiny_model, tok
 
 
 def perturbed(model, dtype=torch.float32, pack=False):
-    """The model in `dtype` with every parameter nudged (norm gains included, so they matter).
+    """The model in `dtype` with every parameter nudged (norm gains included, so they matter), each its
+    own way: two gains of one shape that a step swapped (the query's and the key's) would give other numbers.
     pack: False, True, or the dtype of copies for one-row products (`pack_linear_weights`'s row_dtype)."""
     with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(param.numel())) * 0.05)
+        for i, param in enumerate(model.parameters()):
+            param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(i)) * 0.05)
     model = model.to(dtype)
     row_dtype = pack if isinstance(pack, torch.dtype) else None
     operators = ONEDNN if _packing_works(dtype, ONEDNN) else PLAIN  # bf16 on a CPU without bf16 units
@@ -216,6 +247,35 @@ def test_the_eager_decode_step_gives_the_models_own_cached_logits_bitwise(tiny_m
             assert torch.equal(fast.step(ids[:, t]), plain.step(ids[:, t])), f"position {t}"
         for ours, theirs in zip(fast.caches, plain.caches):  # the same keys and values were stored
             assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values)
+
+
+def test_the_decode_steps_qk_norm_off_the_cpu_gives_the_models_own_logits_bitwise(tiny_model, tokenizer):
+    # Off the CPU the step normalises queries and keys in two calls, each with its own gain: run that
+    # path here by taking away the CPU's one call for every head.
+    model = perturbed(tiny_model(qk_norm=True))  # the query and key gains differ
+    ids = random_ids(tokenizer.vocab_size, 12)
+    with torch.inference_mode():
+        fast, plain = CachedDecoder(model, batch_size=2), CachedDecoder(model, batch_size=2)
+        plain.eager_step = None
+        fast.eager_step.layers = [layer._replace(qk_gains=None) for layer in fast.eager_step.layers]
+        fast.prefill(ids[:, :3]), plain.prefill(ids[:, :3])
+        for t in range(3, 12):
+            assert torch.equal(fast.step(ids[:, t]), plain.step(ids[:, t])), f"position {t}"
+
+
+def test_a_bf16_model_decodes_on_the_cpu_over_fp32_caches(tiny_model, tokenizer):
+    # fp32 holds every bf16 key and value exactly, and the CPU's attention is faster in fp32 (`cache_dtype`).
+    model = perturbed(tiny_model(), torch.bfloat16)
+    ids = random_ids(tokenizer.vocab_size, 10)
+    caches = model.new_kv_caches(2, dtype=torch.float32)
+    with torch.inference_mode():
+        decoder = CachedDecoder(model, batch_size=2)
+        logits = decoder.prefill(ids[:, :3])
+        assert torch.equal(logits, model.next_token_logits(ids[:, :3], kv_caches=caches))
+        for t in range(3, 10):
+            logits = decoder.step(ids[:, t])
+            expected = model(ids[:, t:t + 1], kv_caches=caches, start_pos=t).logits[:, -1]
+            assert logits.dtype == torch.bfloat16 and torch.equal(logits, expected), f"position {t}"
 
 
 def test_a_one_row_step_multiplies_with_onednn_off_and_switches_it_back_on_even_after_a_failure(
@@ -329,6 +389,7 @@ def test_fp16_row_copies_are_kept_only_where_auto_decodes_in_fp32_on_an_avx2_cpu
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     prepared = prepare_for_generation(tiny_model(), name, torch.device("cpu"))
     assert row_weight_dtype(name, prepared.dtype, torch.device("cpu")) == expected
+    assert row_weight_dtype(name, prepared.dtype, torch.device("cuda")) is None  # for CPU rows only
     assert prepared.dtype == (torch.bfloat16 if bf16_fast == "1" else torch.float32)
     if expected is not None and not prepared.packed:
         pytest.skip("this torch build cannot pack weights for oneDNN")
@@ -338,6 +399,15 @@ def test_fp16_row_copies_are_kept_only_where_auto_decodes_in_fp32_on_an_avx2_cpu
     assert ("float16 copies for one-row steps" in prepared.describe("cpu")) == (expected is not None)
     if expected is not None:  # compiled steps multiply by the fp32 weights: no copies to keep
         assert prepare_for_generation(tiny_model(), name, torch.device("cpu"), compile=True).row_dtype is None
+
+
+def test_where_weights_cannot_be_packed_no_row_copies_are_reported(tiny_model, monkeypatch):
+    monkeypatch.setenv("TINYATTN_CPU_BF16", "0")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")  # auto wants fp16 copies
+    monkeypatch.setattr(decoder_module, "pack_linear_weights", lambda model, row_dtype=None: False)
+    prepared = prepare_for_generation(tiny_model(), "auto", torch.device("cpu"))
+    assert (prepared.dtype, prepared.packed, prepared.row_dtype) == (torch.float32, False, None)
+    assert prepared.describe("cpu") == "float32 on cpu"
 
 
 def test_the_decode_step_leaves_to_the_model_what_it_cannot_compute_the_same(tiny_model, monkeypatch):
