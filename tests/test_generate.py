@@ -739,6 +739,12 @@ def test_stop_string_filter_holds_back_possible_starts():
     assert h.push("zabc") == "z"  # the earliest occurrence wins
 
 
+def test_a_shorter_stop_string_listed_later_does_not_shorten_what_is_held_back():
+    f = StopStringFilter(["xyzab", "ab"])
+    assert f.push("..xyza") == ".."  # "xyza" may start "xyzab", though only "a" may start "ab"
+    assert f.push("b") == "" and f.stopped  # "xyzab" is never shown, not even its start
+
+
 class ByteTokenizer:
     """Tokens of raw bytes, decoded together as UTF-8 (U+FFFD for a character cut short), as
     byte-level BPE decodes: token 2 ends inside "é", so its text is held until what follows."""
@@ -833,7 +839,19 @@ def test_decoding_stops_as_soon_as_every_sample_has_ended():
     assert model.passes == 3  # the prefill, then a step after b and after c: none after the end of text
 
 
-@pytest.mark.parametrize("n", [1, 5])
+def test_a_stop_string_ends_decoding_at_the_token_that_completes_it():
+    small = build_tokenizer(TokenizerConfig(kind="char"), lambda: iter(["ab"]))
+    a, b = small.encode("ab")
+    table = torch.zeros(small.vocab_size, small.vocab_size)
+    table[a, b] = table[b, a] = 10.0  # a -> b -> a -> b ... never the end of text
+    model = CountedBigramModel(table)
+    pieces = list(generate_samples(model, small, "a", 1, max_new_tokens=20, temperature=0, stop="ba"))
+    assert "".join(p.text for p in pieces) == ""  # b, then a: "ba"
+    assert (pieces[-1].finish_reason, pieces[-1].tokens) == ("stop", 2)
+    assert model.passes == 2  # the prefill and a step after b: none after the stop string
+
+
+@pytest.mark.parametrize("n", [0, 1, 5])  # 0: not even a prefill
 def test_the_last_token_is_not_followed_by_a_forward_pass(n):
     model = CountedBigramModel(torch.randn(8, 8, generator=torch.Generator().manual_seed(0)))
     tokens = list(generate_tokens(model, torch.tensor([[1, 2]]), n, temperature=0))
@@ -1203,7 +1221,7 @@ def test_ten_million_samples_are_refused_before_anything_is_made_for_each(tiny_m
     monkeypatch.setattr(memory, "available_bytes", lambda device: (10**6, "available here"))
     monkeypatch.setattr(text, "sample_generators", made_for_each_sample)  # 10^7 generators: seconds, GBs
     with pytest.raises(ConfigError, match=r"^decoding 10,000,000 sequences at once needs "):
-        list(generate_samples(model, char_tokenizer, "RO", 10**7, max_new_tokens=2, seed=0))
+        list(generate_samples(model, char_tokenizer, "RO", 10**7, max_new_tokens=1, seed=0))  # one token too
 
 
 def test_one_sequence_whose_kv_caches_cannot_fit_is_named_in_the_singular(monkeypatch):
