@@ -1234,3 +1234,22 @@ def test_one_sequence_whose_kv_caches_cannot_fit_is_named_in_the_singular(monkey
     with pytest.raises(ConfigError, match=r"^decoding 1 sequence at once needs .* for their KV caches alone, "
                                           r"more than the .* available here; ask for fewer samples$"):
         memory.check_decoding_fits(config, 1, torch.device("cpu"), torch.float32)
+
+
+def test_the_kv_caches_are_sized_in_their_own_dtype_and_a_gpus_reserved_blocks_count_as_free(monkeypatch):
+    from tinyattn.model import memory
+
+    config = ModelConfig(vocab_size=65, n_layer=2, n_head=2, n_embd=32, context_length=64)
+    fp32_need = 2 * 2 * 3 * 2 * 64 * 16 * 4  # keys and values, layers, sequences, heads, positions, D, bytes
+    monkeypatch.setattr(memory, "available_bytes", lambda device: (fp32_need - 1, "free here"))
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    with pytest.raises(ConfigError, match="decoding 3 sequences at once"):
+        memory.check_decoding_fits(config, 3, cpu, torch.float32)
+    memory.check_decoding_fits(config, 3, cpu, torch.bfloat16)  # half the bytes: fits
+    # On a GPU, blocks torch keeps reserved but holds nothing in are free to the caches too.
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 3000)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 2999)
+    memory.check_decoding_fits(config, 3, gpu, torch.float32)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 3000)
+    with pytest.raises(ConfigError, match="decoding 3 sequences at once"):
+        memory.check_decoding_fits(config, 3, gpu, torch.float32)

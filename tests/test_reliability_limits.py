@@ -183,6 +183,10 @@ def test_auto_attention_is_counted_as_the_path_the_run_will_take():
     assert check_training_fits(auto, TrainConfig(batch_size=1, precision="bf16"), cpu) == explicit
     fused = training_memory(auto, TrainConfig(batch_size=1, precision="fp32"))  # fp32: the fused kernel
     assert check_training_fits(auto, TrainConfig(batch_size=1, precision="fp32"), cpu) == fused
+    # precision auto may train in fp32 on this CPU, fused: the floor counts no (H, T, T) weights
+    maybe_bf16 = TrainConfig(batch_size=1, precision="auto")
+    floor = training_memory(auto, maybe_bf16, explicit_attention=False)
+    assert check_training_fits(auto, maybe_bf16, cpu) == floor
 
 
 def test_auto_attention_with_dropout_on_the_residuals_alone_is_counted_as_the_explicit_path_once():
@@ -247,6 +251,18 @@ def test_without_psutil_the_cpu_limit_comes_from_proc_meminfo(monkeypatch):
     monkeypatch.setattr(memory, "_meminfo_available", lambda: seen.append(read()) or seen[-1])
     limit, where = memory.available_bytes(torch.device("cpu"))
     assert seen and limit == seen[-1] > 0 and where == "of memory available on this machine"
+
+
+def test_proc_meminfos_available_kilobytes_are_read_as_bytes(monkeypatch):
+    class Meminfo:
+        def __init__(self, path):
+            assert path == "/proc/meminfo"
+
+        def read_text(self):
+            return "MemTotal:        8000000 kB\nMemFree:          100000 kB\nMemAvailable:    2000000 kB\n"
+
+    monkeypatch.setattr(memory, "Path", Meminfo)
+    assert memory._meminfo_available() == 2_000_000 * 1024
 
 
 # ----------------------------------------------------------------------------- the tokenizer
