@@ -44,9 +44,11 @@ def test_prefill_in_chunks_of_every_size_equals_the_full_forward(tiny_model, ran
     torch.testing.assert_close(torch.cat(logits, dim=1), model(idx).logits, rtol=0, atol=1e-5)
 
 
-def test_a_callers_mask_holds_for_tokens_written_into_the_caches(tiny_model, random_tokens):
-    """A left-padded prompt prefilled into the caches reads what it reads without them."""
-    model = tiny_model()
+@pytest.mark.parametrize("attention", ["fused", "explicit"])
+def test_a_callers_mask_holds_for_tokens_written_into_the_caches(tiny_model, random_tokens, attention):
+    """A left-padded prompt prefilled into the caches reads what it reads without them; on the explicit
+    path too, where a padded query that may read no key must give zeros, not NaN, to the next layer."""
+    model = tiny_model(attention=attention)
     idx = random_tokens(length=10)
     real = torch.ones(2, 10, dtype=torch.bool)
     real[1, :3] = False  # sequence 1's first three tokens are padding
@@ -112,6 +114,20 @@ def test_decoding_at_position_tensors_equals_full_forward_and_hides_unwritten_sl
     torch.testing.assert_close(torch.cat(step_logits, dim=1), full, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="positions needs kv_caches"):
         model(idx[:, :1], positions=torch.tensor([0]))
+    with pytest.raises(ValueError, match="builds its own mask"):  # a mask given would be ignored
+        model(idx[:, :1], kv_caches=caches, positions=torch.tensor([0]), mask=torch.ones(1, 24).bool())
+
+
+def test_caches_shorter_than_the_context_hold_the_length_asked_for(tiny_model, random_tokens):
+    model = tiny_model()  # context 24
+    idx = random_tokens(length=10)
+    caches = model.new_kv_caches(batch_size=2, max_len=10)
+    assert all(c.max_len == 10 and c.keys.shape == (2, 4, 10, 8) for c in caches)
+    with torch.no_grad():
+        logits = model(idx, kv_caches=caches).logits
+        torch.testing.assert_close(logits, model(idx).logits, rtol=0, atol=1e-5)
+        with pytest.raises(ValueError, match="KV cache holds 10 positions; asked to write up to 11"):
+            model(idx[:, :1], kv_caches=caches, start_pos=10)
 
 
 def test_cache_write_stores_at_the_positions_and_returns_every_slot():
