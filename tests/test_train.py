@@ -1344,6 +1344,34 @@ def test_the_training_sample_uses_every_sampling_option_of_the_config(tiny_model
     assert f"--- step 5.0 ---\n{expected(5.0)}\n" in (tmp_path / "samples.txt").read_text(encoding="utf-8")
 
 
+def test_the_training_sample_draws_with_the_configs_temperature_top_k_top_p_and_the_runs_seed(
+        tiny_model, char_tokenizer, tensorboard_writer):
+    import torch
+
+    from tinyattn.generate import training_hooks
+    from tinyattn.generate.text import generate
+    from tinyattn.train.hooks import Shown
+
+    config = load_config(TINY)
+    config.sample.prompt, config.train.sample_tokens = "ROMEO:", 30
+    model = tiny_model(vocab_size=char_tokenizer.vocab_size)
+    base = dict(temperature=1.0, top_k=None, top_p=1.0, seed=1337)
+    variants = [{}, dict(temperature=0.3), dict(top_k=2), dict(top_p=0.3), dict(seed=7)]
+    expected = []
+    for step, variant in enumerate(variants):
+        options = {**base, **variant}
+        seed = options.pop("seed")
+        for name, value in options.items():
+            setattr(config.sample, name, value)
+        config.train.seed = seed
+        training_hooks.show_sample(Shown(step=step, model=model, tokenizer=char_tokenizer, config=config,
+                                         position_losses=None, writer=tensorboard_writer, run_dir=None))
+        expected.append("".join(generate(model, char_tokenizer, "ROMEO:", max_new_tokens=30,
+                                         generator=torch.Generator().manual_seed(seed), **options)))
+    assert len(set(expected)) == len(variants)  # each option changes this model's sample
+    assert [text for _, text, _ in tensorboard_writer.texts] == [f"```\n{text}\n```" for text in expected]
+
+
 def test_a_run_whose_config_lists_no_hook_shows_only_the_validation_loss(corpus, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
