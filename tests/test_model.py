@@ -430,6 +430,14 @@ def test_cpu_dropout_keeps_each_element_with_probability_1_minus_p_and_scales_th
     assert dropout(x).shape == x.shape and torch.equal(dropout.eval()(x), x)
 
 
+def test_cpu_dropout_at_the_top_of_its_range_keeps_one_element_in_2_to_the_15():
+    """p = 1 - 2^-15: of the 15-bit numbers u only the largest is kept (u >= round(p * 2^15)), so
+    about 32 of 2^20 elements survive, not none."""
+    torch.manual_seed(0)
+    kept = int((Dropout(1 - 2**-15).train()(torch.ones(1 << 20)) != 0).sum())
+    assert 10 <= kept <= 64, kept
+
+
 def test_compiled_dropout_gradient_uses_the_forward_mask():
     """Under torch.compile the mask is one opaque call: backward multiplies by the mask the
     forward drew (not a second draw), and each forward draws a new one."""
