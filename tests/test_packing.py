@@ -35,6 +35,13 @@ def test_packed_weights_give_the_same_logits_and_tokens(tiny_model, random_token
         packed(ids)  # gradients would be wrong: refused
 
 
+def test_a_model_off_the_cpu_is_left_unpacked():
+    # A GPU model multiplies through its own kernels; a meta model stands in for it on any machine.
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32, bias=False)).to("meta")
+    assert not pack_linear_weights(model)
+    assert type(model[0]) is torch.nn.Linear
+
+
 @pytest.mark.parametrize("missing", ["namespace", "operator", "failing"])
 def test_without_the_private_operators_the_model_is_left_unchanged(tiny_model, random_tokens, monkeypatch, missing):
     operators = ONEDNN
