@@ -536,6 +536,15 @@ def test_the_steps_that_fit_count_the_evaluations_due_on_the_way():
     assert plan.steps_that_fit(0) == 80  # 80 s + 7 evaluations (10..70) * 2.5 = 97.5 s; 81 would need 101
 
 
+def test_the_steps_that_fit_after_a_later_step_count_the_evaluations_due_from_that_step():
+    config = load_config(TINY, ["train.eval_interval=10"]).train
+    plan = TimePlan("100s", config, FakeClock(0.0))
+    plan.seed(step_seconds=1.0, eval_seconds=2.0, save_seconds=0.5)  # 95 s for steps, as above
+    # From step 5, 75 steps end at step 80: 7 evaluations on the way (10..70), the one at 80 the
+    # last: 75 + 7 * 2.5 = 92.5 s. 76 would pass 8 (10..80) on the way: 96 s. From step 0: 77.
+    assert plan.steps_that_fit(5) == 75
+
+
 def test_the_slowest_of_the_last_few_evaluations_and_writes_is_planned_for():
     config = load_config(TINY, ["train.eval_interval=10"]).train
     clock = FakeClock(0.0)
@@ -586,6 +595,59 @@ def test_the_plan_follows_the_last_steps_starts_after_warmup_and_a_finished_run_
     resumed = TimePlan("1000s", config, FakeClock())
     resumed.load_state_dict(plan.state_dict())
     assert resumed.done(63)  # a resumed finished run takes no step past its budget
+
+
+@pytest.mark.parametrize("warmup", [0, 3])
+@pytest.mark.parametrize("schedule", ["cosine", "linear"])
+def test_on_a_steady_machine_the_plan_steps_at_the_step_schedules_rates_for_the_steps_that_fit(
+        warmup, schedule):
+    """1 s steps after 10 s of start-up, no evaluation due: the rates are `lr_factor`'s for a run of
+    train.max_steps = the steps that fit, step for step (the schedule spans exactly those steps,
+    and the first is timed from the loop's start, not from the process's)."""
+    config = load_config(TINY, [f"train.warmup_steps={warmup}", f"train.schedule={schedule}",
+                                "train.eval_interval=100000"]).train
+    clock = FakeClock(10.0)
+    plan = TimePlan("100s", config, clock)
+    steps = plan.seed(1.0, 0.0, 0.0)
+    assert steps == 87  # 100 s less 1.5 %, 1 s of exit and 10 s spent: 87.5 s
+    plan.start()
+    rates = []
+    while not plan.done(len(rates)):
+        rates.append(plan.factor(len(rates)))
+        clock.now += 1.0
+        plan.after_step(len(rates))
+    config.max_steps = steps
+    assert rates == pytest.approx([lr_factor(step, config) for step in range(steps)], rel=1e-9, abs=1e-12)
+
+
+def test_one_stalled_step_is_outvoted_and_does_not_shorten_the_plan():
+    plan, clock, _ = started_plan(0, 0.0, 0.0)  # 1,000 s: 984 s for steps of 1 s
+    for step in range(1, 11):
+        clock.now += 30.0 if step == 5 else 1.0
+        plan.after_step(step)
+    assert plan.steps_left == 984 - 39  # the 39 s spent, at the median's 1 s a step
+
+
+def test_a_plan_that_counts_every_few_steps_counts_down_between_as_one_that_counts_every_step():
+    """A distributed run's rank 0 counts the steps that fit every replan_every steps and sends the
+    count (`share`); between counts each rank counts down. On a steady machine that is the plan of
+    a count after every step: the same steps left and the same progress, step for step."""
+    config = load_config(TINY, ["train.warmup_steps=2", "train.eval_interval=100000"]).train
+    clock, shared = FakeClock(), []
+    every = TimePlan("100s", config, clock)
+    few = TimePlan("100s", config, clock, replan_every=5, share=lambda count: shared.append(count) or count)
+    for plan in (every, few):
+        plan.seed(1.0, 0.0, 0.0)
+        plan.start()
+    step = 0
+    while not every.done(step):
+        step += 1
+        clock.now += 1.0
+        for plan in (every, few):
+            plan.after_step(step)
+        assert (few.steps_left, few.progress, few.done(step)) == \
+            (every.steps_left, every.progress, every.done(step))
+    assert step == 97 and len(shared) == 1 + 97 // 5  # the seed's count, then one every 5 steps
 
 
 def test_no_step_is_timed_with_an_evaluation_in_it():
