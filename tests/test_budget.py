@@ -316,7 +316,12 @@ def test_the_budget_gives_a_faster_machine_more_dropout_and_a_resume_keeps_it(
      "train.weight_decay=0.25 (train.decay_by_passes)"),
     ("{1: 0.05, 1.5: 0.1}", 0.05, 0.25, 0.1875,
      "model.dropout=0.05 (train.dropout_by_passes), train.min_lr=0.0002 kept (train.floor_by_passes starts at 1.5), "
-     "train.weight_decay=0.25 (train.decay_by_passes)")], ids=["none-left", "a-lower-entry"])
+     "train.weight_decay=0.25 (train.decay_by_passes)"),
+    ("{1.5: 0.1, 3: 0.2}", 0.0, 0.25, 0.125,  # the tables read under the lowest entry above 1.2 passes
+     "model.dropout=0 kept (the dearer step leaves it short of the 1.5 passes of its entry in "
+     "train.dropout_by_passes), train.min_lr=0.0002 kept (train.floor_by_passes from 1.5 passes: "
+     "with dropout), train.weight_decay=0.25 (train.decay_by_passes)")],
+    ids=["none-left", "a-lower-entry", "two-above"])
 def test_a_dropout_whose_dearer_step_falls_short_of_its_entry_is_not_taken(
         corpus, tmp_path, monkeypatch, dropouts, chosen, decay, step, choices):
     """1.8 passes fit at the model's own dropout (0) and 1.2 with the table's 0.1 (a dropped-out
