@@ -39,6 +39,12 @@ def test_wsd_whose_decay_would_begin_inside_warmup_starts_it_at_the_peak_where_w
     assert learning_rate(20, config) == pytest.approx(0.1)
 
 
+def test_wsd_decays_over_the_whole_number_of_steps_nearest_its_fraction():
+    # 30 % of 12 steps is 3.6: the decay takes the last 4 steps (8..11), not 3
+    config = TrainConfig(lr=1.0, min_lr=0.1, warmup_steps=0, max_steps=12, schedule="wsd", decay_fraction=0.3)
+    assert [learning_rate(step, config) for step in (7, 8, 9)] == pytest.approx([1.0, 1.0, 1.0 - 0.9 / 4])
+
+
 def test_every_group_follows_the_schedule_in_proportion_to_its_base_rate():
     torch.manual_seed(0)
     model = LanguageModel(ModelConfig(vocab_size=20, n_layer=1, n_head=2, n_embd=16, context_length=8,
@@ -99,6 +105,22 @@ def test_a_muon_step_is_the_orthogonalised_nesterov_momentum_at_its_documented_s
         direction = newton_schulz(g.lerp(buffer, m)[None], steps=3)[0]
         expected = expected * (1 - lr * decay) - lr * 0.2 * math.sqrt(64) * direction
     torch.testing.assert_close(p.detach(), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("precision, ns_dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16),
+                                               ("fp16", torch.float32)], ids=["fp32", "bf16", "fp16"])
+def test_muon_orthogonalises_in_bf16_only_in_a_run_that_trains_in_bf16(precision, ns_dtype):
+    """A run trains in fp16 where the hardware has no fast bf16 (`select_precision`'s auto):
+    there bf16 would be emulated and many times slower, so Muon works in fp32."""
+    from tinyattn.system.device import DTYPES, Precision
+    from tinyattn.train.trainer import Trainer
+
+    model_config = ModelConfig(vocab_size=20, n_layer=1, n_head=2, n_embd=16, context_length=8)
+    autocast = None if precision == "fp32" else DTYPES[precision]  # as on a GPU: the CPU refuses fp16 runs
+    tokens = torch.zeros(100, dtype=torch.int64).numpy()
+    trainer = Trainer.build(model_config, TrainConfig(optimizer="muon"), tokens, device=torch.device("cpu"),
+                            precision=Precision(precision, autocast, use_grad_scaler=precision == "fp16"))
+    assert trainer.optimizers.optimizers[1].ns_dtype == ns_dtype
 
 
 def test_muon_refuses_a_vector():
@@ -231,3 +253,22 @@ def test_a_config_saved_before_the_split_existed_keeps_muon_orthogonalising_whol
     del saved["train"]["muon_split_stacked"]
     assert ckpt.config_from_checkpoint({"config": saved}, tmp_path / "old.pt").train.muon_split_stacked is False
     assert Config().train.muon_split_stacked is True
+
+
+def test_an_optimizer_state_saved_before_muon_loads_and_another_count_is_refused_naming_the_key():
+    """A checkpoint from before Muon holds one AdamW's state (a dict), which still resumes; a
+    Muon run's two states into an AdamW run (or back) are refused naming train.optimizer."""
+    model = LanguageModel(ModelConfig(vocab_size=20, n_layer=1, n_head=2, n_embd=16, context_length=8))
+    cpu = torch.device("cpu")
+    saved = build_optimizer(model, TrainConfig(), cpu)
+    model(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long)).loss.backward()
+    saved.optimizers[0].step()
+    resumed = build_optimizer(model, TrainConfig(), cpu)
+    resumed.load_state_dict(saved.optimizers[0].state_dict())  # as the older checkpoint held it
+    assert all(int(state["step"]) == 1 for state in resumed.optimizers[0].state.values())
+    muon = build_optimizer(model, TrainConfig(optimizer="muon"), cpu)
+    with pytest.raises(ValueError, match=r"^the checkpoint holds 1 optimizer state\(s\), this run has 2 "
+                                         r"\(was train.optimizer changed\?\)$"):
+        muon.load_state_dict(saved.state_dict())
+    with pytest.raises(ValueError, match=r"^the checkpoint holds 2 optimizer state\(s\), this run has 1 "):
+        resumed.load_state_dict(muon.state_dict())
