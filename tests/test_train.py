@@ -1154,8 +1154,9 @@ def test_a_budget_too_small_for_one_step_is_one_line(corpus, tmp_path):
 # ----------------------------------------------------------------------------- the step's arithmetic
 
 
-def tiny_trainer(batches, **train_options) -> Trainer:
-    """A Trainer over a 2-layer model of a 67-token vocabulary (AdamW) and the given batches."""
+def tiny_trainer(batches, *, precision=None, **train_options) -> Trainer:
+    """A Trainer over a 2-layer model of a 67-token vocabulary (AdamW) and the given batches, in
+    `precision` (a Precision; default fp32)."""
     from tinyattn.config import ModelConfig, TrainConfig
     from tinyattn.system.device import select_precision
 
@@ -1163,7 +1164,7 @@ def tiny_trainer(batches, **train_options) -> Trainer:
     model_config = ModelConfig(vocab_size=67, n_layer=2, n_head=2, n_embd=32, context_length=32)
     tokens = np.random.default_rng(0).integers(0, 67, size=2000).astype(np.uint16)
     trainer = Trainer.build(model_config, TrainConfig(batch_size=8, **train_options), tokens, device=cpu,
-                            precision=select_precision("fp32", cpu))
+                            precision=precision or select_precision("fp32", cpu))
     if batches is not None:
         trainer.batches = batches
     return trainer
@@ -1254,6 +1255,40 @@ def test_the_gradient_norm_is_clipped_to_grad_clip():
     before, seen = step(grad_clip=0.1)
     assert before == pytest.approx(unclipped, rel=1e-5)  # the logged norm is the one before clipping
     assert seen == pytest.approx(0.1, rel=1e-4)
+
+
+def fp16():
+    from tinyattn.system.device import Precision
+
+    return Precision("fp16", torch.float16, use_grad_scaler=True)  # as on a GPU; the CPU refuses fp16 runs
+
+
+def test_under_loss_scaling_the_gradient_norm_is_clipped_and_logged_unscaled():
+    batch = torch.from_numpy(np.random.default_rng(1).integers(0, 67, size=(8, 33)))
+    x, y = batch[:, :-1], batch[:, 1:]
+
+    def step(grad_clip: float) -> tuple[float, float]:
+        trainer = tiny_trainer(ListBatches([(x, y)]), precision=fp16(), grad_clip=grad_clip)
+        recorder = RecordGradients(trainer.model.parameters())
+        trainer.optimizers.optimizers = [recorder]
+        _, norm = trainer.train_step()
+        stepped = torch.linalg.vector_norm(torch.stack([g.norm() for g in recorder.grads]))
+        return norm.item(), stepped.item()  # (the norm logged, the one the optimizer saw)
+
+    norm, seen = step(grad_clip=0)  # the scaled loss's gradients are 65,536 times as large
+    assert seen == pytest.approx(norm, rel=1e-4) and 0.5 < norm < 50
+    _, seen = step(grad_clip=0.1)
+    assert seen == pytest.approx(0.1, rel=1e-3)
+
+
+def test_an_fp16_step_whose_gradients_overflow_moves_no_weight_and_lowers_the_loss_scale():
+    trainer = tiny_trainer(None, precision=fp16())
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    trainer.model.final_norm.weight.register_hook(lambda grad: grad * math.inf)  # an overflow
+    trainer.train_step()
+    assert trainer.scaler.get_scale() == 65536.0 / 2
+    for name, p in trainer.model.named_parameters():
+        assert torch.equal(p.detach(), before[name]), name
 
 
 def test_checkpoints_are_written_at_every_eval_interval_and_the_last_step(corpus, tmp_path):
