@@ -717,6 +717,22 @@ def test_resuming_a_run_with_no_step_left_is_refused_before_anything_is_written(
     assert _file_digests(run) == before  # config.yaml keeps max_steps 12; no new TensorBoard file
 
 
+def test_a_stop_at_a_step_between_evaluations_evaluates_and_saves_it_and_a_resume_goes_on_from_it(
+        corpus, tmp_path, capsys):
+    """--stop-at-step 3 with evaluations every 4 steps: step 3 is evaluated and saved (the run's last
+    step for now), a resume continues from it, and one told to stop at the step it is at is refused."""
+    items = ("train.max_steps=6", "train.eval_interval=4")
+    first = train(tiny_config(corpus, tmp_path, *items), run_name="run", stop_at_step=3, progress=False)
+    assert ckpt.latest_checkpoint(first.run_dir).name == ckpt.step_filename(3)
+    assert first.last_val_loss == ckpt.load_checkpoint(first.run_dir / ckpt.step_filename(3))["best_val_loss"]
+    with pytest.raises(TinyattnError, match=r"^--stop-at-step 3: the run is already at step 3; give a "):
+        train(tiny_config(corpus, tmp_path, *items), run_name="run", resume=True, stop_at_step=3,
+              progress=False)
+    capsys.readouterr()
+    resumed = train(tiny_config(corpus, tmp_path, *items), run_name="run", resume=True, progress=False)
+    assert resumed.step == 6 and "done: 3 steps (steps 4-6)" in capsys.readouterr().err
+
+
 def test_leftovers_of_a_killed_save_are_removed_and_the_latest_step_is_by_number(corpus, tmp_path,
                                                                                   twelve_steps):
     run, _ = twelve_steps
