@@ -244,6 +244,26 @@ def test_a_run_saved_before_time_plans_resumed_with_config_continues_to_the_step
     assert not plan.done(776) and plan.done(777)
 
 
+def test_a_budget_run_saved_before_time_plans_resumes_through_train_to_the_step_count_it_chose(
+        corpus, tmp_path, monkeypatch):
+    """The same through `train`: config.yaml and the checkpoint hold the count the budget's start
+    chose (its first estimate, as the run said it), and the resume trains on to it, step by step."""
+    clock = FakeClock()
+    machine = FakeMachine(monkeypatch, clock, lambda now, step: 0.25, compute=False, signal_at_step=50)
+    first = train(budget_config(corpus, tmp_path, "100s"), run_name="run", progress=False, clock=clock)
+    chosen = load_config(first.run_dir / "config.yaml").train.max_steps
+    log = (first.run_dir / "train.log").read_text()
+    assert f"-> about {chosen} steps; the schedule follows the time left" in log
+    latest = ckpt.latest_checkpoint(first.run_dir)
+    state = ckpt.load_checkpoint(latest)
+    del state["plan"]  # as a checkpoint saved before time plans
+    ckpt.save_checkpoint(state, latest)
+    machine.signal_at_step, clock.now, machine.calls = None, 0.0, 0
+    resumed = train(budget_config(corpus, tmp_path, "100s"), run_name="run", resume=True, progress=False,
+                    clock=clock)
+    assert resumed.step == chosen and machine.calls == chosen - 50
+
+
 def test_entry_for_takes_the_entry_with_the_most_passes_at_or_below_the_count():
     table = {3.0: 0.1, 8.0: 0.2}
     assert [entry_for(table, passes) for passes in (0.5, 2.99, 3.0, 7.9, 8.0, 40.0)] == \
