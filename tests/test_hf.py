@@ -1040,9 +1040,13 @@ def test_init_from_names_the_tokenizer_key_the_config_sets_otherwise(tmp_path, c
 
 
 def test_init_from_a_tinyattn_run_takes_its_weights_and_tokenizer(tmp_path, corpus):
+    """From a run folder: its best.pt's weights (as generate and eval read it), not a later step's."""
     tokenizer = tokenizer_of("char")
     config, model = random_model(tokenizer, "char", 2)
-    run = save_run(tmp_path, config, model, tokenizer)  # best.pt only: the tokenizer is inside it
+    run = save_run(tmp_path, config, model, tokenizer)  # best.pt: the tokenizer is inside it
+    later = random_model(tokenizer, "char", 2, seed=1)[1]
+    ckpt.save_checkpoint({**ckpt.load_checkpoint(run / ckpt.BEST), "model": later.state_dict(), "step": 30},
+                         run / ckpt.step_filename(30))
     tuned_config = finetune_config(corpus, tmp_path, run)
     tuned_config.train.lr, tuned_config.train.min_lr, tuned_config.train.max_steps = 1e-7, 1e-8, 2
     result = train(tuned_config, run_name="ft", progress=False)
