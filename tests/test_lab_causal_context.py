@@ -358,6 +358,47 @@ def test_both_runs_keep_the_configs_weight_decay_at_any_steps_without_its_tables
         assert tables == ({}, {}, {}) and config.train.weight_decay == main_config.weight_decay
 
 
+def test_both_runs_warm_up_over_a_tenth_of_their_steps_not_the_configs_warmup(tmp_path, monkeypatch):
+    main_config, trained = configs_train_both_gives(tmp_path, monkeypatch, steps=200)
+    assert main_config.train.warmup_steps == 100  # sized for the main config's own schedule
+    assert [config.train.warmup_steps for config in trained] == [20, 20]
+
+
+def drawn_figures(monkeypatch) -> list:
+    """The matplotlib figures `plotting.new_figure` makes from now on: what a lab's PNG shows."""
+    from tinyattn.analysis import plotting
+
+    made, real = [], plotting.new_figure
+    monkeypatch.setattr(plotting, "new_figure", lambda *args, **kwargs: made.append(real(*args, **kwargs))
+                        or made[-1])
+    return made
+
+
+def lines_by_label(axes) -> dict:
+    """{label: (x, y)} of the lines drawn on `axes`."""
+    return {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in axes.lines}
+
+
+def test_the_figure_puts_each_causal_task_loss_beside_its_curve_and_marks_the_changed_token(
+        tmp_path, monkeypatch):
+    from tinyattn.lab.causal import save_figure
+
+    made = drawn_figures(monkeypatch)
+    causal = Row("causal", 2.5, 2.6, 2.7, np.array([0.0, 0.0, 0.0, 0.5, 2.0]), 2, "")
+    leaky = Row("bidirectional", 0.5, 0.6, 4.0, np.array([0.25, 0.5, 0.75, 3.0, 1.0]), 2, "")
+    curves = {"causal": (np.array([1, 2]), np.array([3.0, 2.75])),
+              "bidirectional": (np.array([1, 2]), np.array([3.0, 0.5]))}
+    save_figure([causal, leaky], curves, tmp_path / "causal.png")
+    [figure] = made
+    left, right = (lines_by_label(axes) for axes in figure.axes)
+    assert left["causal: training loss"] == ([1, 2], [3.0, 2.75])
+    # The dashed level is each row's causal-task loss (2.7, 4.0), not its own-mask one (2.6, 0.6).
+    assert left["causal: val loss, causal task (2.70)"][1] == [2.7, 2.7]
+    assert left["bidirectional: val loss, causal task (4.00)"][1] == [4.0, 4.0]
+    assert right["bidirectional"] == ([0, 1, 2, 3, 4], [0.25, 0.5, 0.75, 3.0, 1.0])
+    assert right["changed token (position 3)"][0] == [3, 3]  # position + 1, where the leak begins
+
+
 @pytest.mark.parametrize("earlier", ["causal.md", "causal.png", "bidirectional"])
 def test_an_out_holding_what_the_lab_writes_is_refused_before_anything_trains_and_force_clears_it(
         tmp_path, monkeypatch, earlier):
@@ -553,21 +594,22 @@ def test_a_tokenizer_that_merges_the_word_with_what_follows_is_refused_in_one_li
     assert word_position(Merging(), "All: speak and speak,", "speak")[1] == 9  # ends a token there
 
 
+class Subwords:  # a word after a space is one token with it, as in byte-level BPE: ' speak' and 'speak'
+    text_start: list[int] = []  # nothing put before a text, as tinyattn's own tokenizers
+
+    def __init__(self):
+        self.pieces = []
+
+    def encode(self, text):
+        found = re.findall(r" ?\w+|.", text, re.S)
+        self.pieces += [piece for piece in found if piece not in self.pieces]
+        return [self.pieces.index(piece) for piece in found]
+
+    def decode(self, ids):
+        return "".join(self.pieces[i] for i in ids)
+
+
 def test_the_table_names_each_contexts_compared_token_which_a_subword_tokenizer_may_change():
-    class Subwords:  # a word after a space is one token with it, as in byte-level BPE: ' speak' and 'speak'
-        text_start: list[int] = []  # nothing put before a text, as tinyattn's own tokenizers
-
-        def __init__(self):
-            self.pieces = []
-
-        def encode(self, text):
-            found = re.findall(r" ?\w+|.", text, re.S)
-            self.pieces += [piece for piece in found if piece not in self.pieces]
-            return [self.pieces.index(piece) for piece in found]
-
-        def decode(self, ids):
-            return "".join(self.pieces[i] for i in ids)
-
     tokenizer, contexts = Subwords(), ["we speak now", "(speak) now"]
     tokens = [compared_token(tokenizer, text, "speak") for text in contexts]
     assert tokens == ["' speak' (id 1)", "'speak' (id 4)"]
@@ -577,6 +619,30 @@ def test_the_table_names_each_contexts_compared_token_which_a_subword_tokenizer_
     # The columns are numbered as the legend numbers the contexts, from 1.
     assert "| depth | cos(context 1, 2) |\n" in table
     assert table.endswith("| embedding | 0.5000 |\n| after block 1 | 0.2500 |")  # row i: after block i
+
+
+def test_lab_context_names_the_token_compared_in_each_context_not_the_firsts(tiny_model, tmp_path,
+                                                                            monkeypatch):
+    from tinyattn.hf import folder
+
+    model, tokenizer = tiny_model(vocab_size=16), Subwords()
+    monkeypatch.setattr(folder, "load_any_model", lambda checkpoint: SimpleNamespace(
+        model=model, tokenizer=tokenizer, label="stub"))
+    assert main(["lab", "context", "--checkpoint", "unused", "--word", "speak", "--context", "we speak now",
+                 "--context", "(speak) now", "--out", str(tmp_path)]) == 0
+    written = (tmp_path / "context.md").read_text()
+    assert "- context 1: 'we speak now'; compared token ' speak' (id 1)\n" in written
+    assert "- context 2: '(speak) now'; compared token 'speak' (id 4)\n" in written
+
+
+def test_after_a_start_token_the_word_position_is_still_its_last_token(char_tokenizer, monkeypatch):
+    # An imported folder's bos begins the ids: the position counts it.
+    from tinyattn.data.tokenizer import Tokenizer
+
+    monkeypatch.setattr(Tokenizer, "text_start", property(lambda self: [self.eot_id]))
+    ids, position = word_position(char_tokenizer, "All: speak, speak", "speak")
+    assert ids[0] == char_tokenizer.eot_id
+    assert char_tokenizer.decode(ids[1:position + 1]) == "All: speak"
 
 
 def test_a_context_longer_than_the_models_is_one_line(tiny_model, char_tokenizer):
@@ -593,6 +659,19 @@ def test_fewer_than_two_contexts_is_one_line(tiny_model, char_tokenizer):
     model = tiny_model(vocab_size=char_tokenizer.vocab_size)  # one context has no pair to compare
     with pytest.raises(TinyattnError, match=r"^--context: 1 given; give at least two texts holding 'speak'$"):
         similarity_table(model, char_tokenizer, "speak", ["All: speak, speak"])
+
+
+def test_three_contexts_are_compared_in_every_pair_each_column_its_own_pairs_similarity(
+        tiny_model, char_tokenizer):
+    model = tiny_model(vocab_size=char_tokenizer.vocab_size)
+    contexts = [*CONTEXTS, "We speak of it"]
+    pairs, table = similarity_table(model, char_tokenizer, "speak", contexts)
+    assert pairs == [(0, 1), (0, 2), (1, 2)] and table.shape == (3, 3)
+    states = [hidden_states(model, *word_position(char_tokenizer, text, "speak")) for text in contexts]
+    for column, (i, j) in enumerate(pairs):
+        expected = torch.nn.functional.cosine_similarity(states[i], states[j], dim=-1).numpy()
+        np.testing.assert_allclose(table[:, column], expected, rtol=1e-12)
+    assert len({round(float(value), 6) for value in table[-1]}) == 3  # three pairs, three similarities
 
 
 def test_one_tokens_similarity_is_1_at_the_embedding_and_below_1_after_a_block_that_mixes_context(
