@@ -204,10 +204,29 @@ class RecordingWriter:
     def add_text(self, tag, text, step):
         self.texts.append((tag, text, step))
 
+    def close(self):
+        pass
+
 
 @pytest.fixture
 def tensorboard_writer() -> RecordingWriter:
     return RecordingWriter()
+
+
+@pytest.fixture
+def drawn_figures(monkeypatch) -> list:
+    """The matplotlib figures `plotting.new_figure` makes during the test: what a PNG shows."""
+    from tinyattn.analysis import plotting
+
+    made, real = [], plotting.new_figure
+    monkeypatch.setattr(plotting, "new_figure", lambda *args, **kwargs: made.append(real(*args, **kwargs))
+                        or made[-1])
+    return made
+
+
+def lines_by_label(axes) -> dict:
+    """{label: (x, y)} of the lines drawn on a matplotlib axes, as lists."""
+    return {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in axes.lines}
 
 
 class SmallDisk(type(Path())):

@@ -364,32 +364,17 @@ def test_both_runs_warm_up_over_a_tenth_of_their_steps_not_the_configs_warmup(tm
     assert [config.train.warmup_steps for config in trained] == [20, 20]
 
 
-def drawn_figures(monkeypatch) -> list:
-    """The matplotlib figures `plotting.new_figure` makes from now on: what a lab's PNG shows."""
-    from tinyattn.analysis import plotting
-
-    made, real = [], plotting.new_figure
-    monkeypatch.setattr(plotting, "new_figure", lambda *args, **kwargs: made.append(real(*args, **kwargs))
-                        or made[-1])
-    return made
-
-
-def lines_by_label(axes) -> dict:
-    """{label: (x, y)} of the lines drawn on `axes`."""
-    return {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in axes.lines}
-
-
 def test_the_figure_puts_each_causal_task_loss_beside_its_curve_and_marks_the_changed_token(
-        tmp_path, monkeypatch):
+        tmp_path, drawn_figures):
+    from tests.conftest import lines_by_label
     from tinyattn.lab.causal import save_figure
 
-    made = drawn_figures(monkeypatch)
     causal = Row("causal", 2.5, 2.6, 2.7, np.array([0.0, 0.0, 0.0, 0.5, 2.0]), 2, "")
     leaky = Row("bidirectional", 0.5, 0.6, 4.0, np.array([0.25, 0.5, 0.75, 3.0, 1.0]), 2, "")
     curves = {"causal": (np.array([1, 2]), np.array([3.0, 2.75])),
               "bidirectional": (np.array([1, 2]), np.array([3.0, 0.5]))}
     save_figure([causal, leaky], curves, tmp_path / "causal.png")
-    [figure] = made
+    [figure] = drawn_figures
     left, right = (lines_by_label(axes) for axes in figure.axes)
     assert left["causal: training loss"] == ([1, 2], [3.0, 2.75])
     # The dashed level is each row's causal-task loss (2.7, 4.0), not its own-mask one (2.6, 0.6).

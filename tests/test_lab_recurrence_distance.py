@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, lines_by_label
 from tinyattn.config import ModelConfig, load_config
 from tinyattn.errors import TinyattnError
 from tinyattn.lab import distance, recurrence
@@ -129,6 +129,20 @@ def test_each_context_is_timed_at_the_same_tokens_per_step(monkeypatch):
                                                 precision=precision) == 96 / 0.5
 
 
+def test_the_speed_is_the_median_of_three_timed_steps_after_an_untimed_one(monkeypatch):
+    config = load_config(ROOT / "configs" / "tiny.yaml", ["model.vocab_size=65"])
+    device = torch.device("cpu")
+    precision = select_precision("fp32", device)
+    calls = []
+    monkeypatch.setattr(recurrence, "call_times", lambda step, **kwargs: (
+        calls.append(kwargs) or [0.25, 0.5, 0.125]))
+    tokens = np.random.default_rng(0).integers(0, 65, 600).astype(np.uint16)
+    attention = contenders_for(config, 1, device, precision)[0]
+    assert recurrence.tokens_per_second(attention, config.train, tokens, context=8, tokens_per_step=96,
+                                        device=device, precision=precision) == 96 / 0.25  # not the fastest
+    assert calls == [dict(repeats=3, warmup=1, device=device)]
+
+
 def test_both_models_train_their_own_weights_without_a_moving_average():
     # The lab compares the two models' weights step for step: a config's train.ema is left out.
     config = load_config(ROOT / "configs" / "tiny.yaml", ["model.vocab_size=65", "train.ema=0.9"])
@@ -186,6 +200,8 @@ def test_the_training_curve_starts_at_the_first_step_and_then_every_tenth(monkey
     recurrence.train_for(Stepping(), contender, 25.0, writer)
     assert [step for tag, step in logged if tag == "train/loss"] == [1, 10, 20]
     assert len(contender.curve) == 3 and 20 <= contender.steps < 30
+    # The curve is against wall time: the clock's seconds after each logged step, not the step.
+    assert [seconds for seconds, _ in contender.curve] == [2.0, 12.0, 23.0]
 
 
 def test_the_recurrence_default_config_is_the_main_config():
@@ -313,6 +329,37 @@ def test_the_loss_by_position_and_the_trained_gradients_read_the_trained_model_o
     assert all(torch.equal(measured[0][k], initial[k]) for k in initial)
     assert not all(torch.equal(measured[1][k], initial[k]) for k in initial)
     assert not np.array_equal(contender.gradient_trained, contender.gradient_at_init)
+
+
+def test_the_trained_model_is_measured_on_the_eval_windows_in_its_precision_and_logged_at_its_step(
+        tmp_path, monkeypatch, tensorboard_writer):
+    config = load_config(ROOT / "configs" / "tiny.yaml", ["model.vocab_size=65", "train.batch_size=2",
+                                                          "train.eval_windows=2"])
+    device = torch.device("cpu")
+    precision = select_precision("bf16", device)
+    contender = contenders_for(config, 1, device, precision)[0]  # the attention model
+    read, gradient_windows = [], []
+    real_losses, real_gradients = recurrence.validation_loss_by_position, recurrence.gradient_by_distance
+    monkeypatch.setattr(recurrence, "validation_loss_by_position", lambda model, tokens, *args: (
+        read.append((args[-1], torch.is_autocast_enabled("cpu"))) or real_losses(model, tokens, *args)))
+    monkeypatch.setattr(recurrence, "gradient_by_distance", lambda model, x, y: (
+        gradient_windows.append(x) or real_gradients(model, x, y)))
+    monkeypatch.setattr(recurrence, "tensorboard_writer", lambda folder, name: tensorboard_writer)
+    rng = np.random.default_rng(0)
+    train, validation = (rng.integers(0, 65, 600).astype(np.uint16) for _ in range(2))
+    train_and_measure(contender, config, SimpleNamespace(train=train, validation=validation), seconds=0.05,
+                      folder=tmp_path, device=device, precision=precision)
+    assert read == [(2, True)]  # train.eval_windows, under the bf16 autocast the model trained in
+    x, _ = next(recurrence.iter_validation(validation, 32, recurrence.GRADIENT_WINDOWS))
+    assert len(gradient_windows) == 2 and all(torch.equal(windows, x) for windows in gradient_windows)
+    logged = {}
+    for tag, value, step in tensorboard_writer.scalars:
+        logged.setdefault(tag, []).append((step, value))
+    assert logged["val/loss"] == [(contender.steps, contender.val_loss)]
+    assert logged["val/loss_after_seconds"] == [(round(contender.seconds), contender.val_loss)]
+    assert [step for step, _ in logged["train/tokens_per_second"]] == [contender.steps]
+    for name, norms in (("at_init", contender.gradient_at_init), ("trained", contender.gradient_trained)):
+        assert logged[f"gradient_norm_by_distance/{name}"] == list(enumerate(norms)), name
 
 
 # ----------------------------------------------------------------------------- the repeated-sequence probe
@@ -483,6 +530,34 @@ def test_recall_accuracy_is_the_share_of_queries_answered_in_each_bin_of_distanc
     assert counts.sum() == 64 * task.queries
 
 
+def test_each_recall_batch_is_a_fresh_draw_and_the_seed_repeats_the_draws():
+    # The recall model trains on new sequences at every step, not on one batch over and over.
+    first, again, other = (KeyValueRecall(pairs=4, batch_size=8, seed=seed) for seed in (0, 0, 1))
+    batches = [first.next_batch() for _ in range(3)]
+    assert not torch.equal(batches[0][0], batches[1][0]) and not torch.equal(batches[1][0], batches[2][0])
+    for x, y in batches:
+        repeated_x, repeated_y = again.next_batch()
+        assert torch.equal(x, repeated_x) and torch.equal(y, repeated_y)
+    assert not torch.equal(other.next_batch()[0], batches[0][0])
+
+
+def test_the_recall_run_logs_every_tenth_loss_and_the_accuracy_by_distance_and_reports_its_last_loss(
+        tmp_path, monkeypatch, tensorboard_writer):
+    configs, real = [], distance.Trainer
+    monkeypatch.setattr(distance, "Trainer", lambda model, optimizers, task, config, **kwargs: (
+        configs.append(config) or real(model, optimizers, task, config, **kwargs)))
+    monkeypatch.setattr(distance, "tensorboard_writer", lambda folder, part: tensorboard_writer)
+    result = distance.train_recall(pairs=2, steps=20, seed=0, device=torch.device("cpu"),
+                                   writer_folder=tmp_path)
+    losses = [(step, value) for tag, value, step in tensorboard_writer.scalars if tag == "train/loss"]
+    assert [step for step, _ in losses] == [10, 20]
+    assert result.steps == 20 and result.final_loss == losses[-1][1] > 0  # the last step's loss
+    accuracy = [(step, value) for tag, value, step in tensorboard_writer.scalars
+                if tag == "recall_accuracy_by_distance"]
+    assert accuracy == list(zip(result.distances, result.accuracy))  # at the first d of each bin
+    assert (configs[0].max_steps, configs[0].warmup_steps) == (20, 4)  # warmup: a fifth of the steps
+
+
 def test_ordinary_tokens_leave_out_end_of_text_and_the_unknown_token(char_tokenizer):
     # The random string draws from them. [UNK] (what the corpus never held: "é") reads as U+FFFD
     # in token_text, so it is told apart by its id.
@@ -569,27 +644,31 @@ def test_lab_recurrence_names_the_value_it_refuses_in_one_line(tmp_path, capsys,
     assert not out.exists()
 
 
-def test_the_schedule_is_the_steps_the_training_contexts_speed_fits_in_the_seconds(tmp_path, monkeypatch):
+@pytest.mark.parametrize("speed, steps, warmup", [(1e4, 39, 7), (10.0, 10, 2)])
+def test_the_schedule_is_the_steps_the_training_contexts_speed_fits_in_the_seconds(
+        tmp_path, monkeypatch, speed, steps, warmup):
     # 0.5 s at 10,000 tokens/s (context 32, tiny.yaml's) in steps of 4 x 32 tokens: 39 steps, whatever
-    # the other contexts' speeds (64 is far slower, 8 far faster).
+    # the other contexts' speeds (64 is far slower, 8 far faster); at 10 tokens/s none fits: the floor
+    # of 10. The config's warmup of 20 steps is cut to a fifth of the schedule.
     from tests.conftest import CORPUS
     from tinyattn.cli.lab import main
     from tinyattn.errors import TinyattnError
 
     def scheduled(model, train_config, *args, **kwargs):
-        schedules.append(train_config.max_steps)
+        schedules.append((train_config.max_steps, train_config.warmup_steps))
         raise TinyattnError("reached the training")
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(CORPUS * 4, encoding="utf-8")
-    schedules, speeds = [], {8: 1e5, 64: 10.0, 32: 1e4}
+    schedules, speeds = [], {8: 1e5, 64: 10.0, 32: speed}
     monkeypatch.setattr(recurrence, "tokens_per_second", lambda contender, train_config, tokens, **kwargs:
                         speeds[kwargs["context"]])
     monkeypatch.setattr(recurrence, "make_trainer", scheduled)
     assert main(["recurrence", "--config", str(ROOT / "configs" / "tiny.yaml"), "--seconds", "0.5",
                  "--contexts", "8", "64", "--out", str(tmp_path / "out"), "--set", f"data.files={corpus}",
-                 "data.url=null", "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}"]) == 2
-    assert schedules == [39]
+                 "data.url=null", "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}",
+                 "train.warmup_steps=20"]) == 2
+    assert schedules == [(steps, warmup)]
 
 
 @pytest.mark.slow
@@ -667,6 +746,55 @@ def test_the_recurrence_table_gives_each_models_gradient_at_init_and_trained_to_
     speeds = text.split("training tokens/s", 1)[1].splitlines()[2:4]
     assert speeds[0].split() == ["8", "100", "200", "2.00"]  # lstm/attn: the lstm's speed over attention's
     assert speeds[1].split() == ["16", "50", "100", "2.00"]  # a row for each of --contexts
+
+
+def test_the_recurrence_report_gives_the_parameter_ratio_and_each_models_loss_over_all_windows():
+    config = load_config(ROOT / "configs" / "tiny.yaml", ["train.eval_windows=null"])
+    T = config.model.context_length
+
+    def contender(name, parameters, loss):
+        return Contender(name, "shape", lambda t: None, speed={8: 100.0}, steps=5, seconds=1.0,
+                         gradient_at_init=np.ones(T), gradient_trained=np.ones(T),
+                         position_losses=np.full(T, loss), parameters=parameters)
+
+    args = argparse.Namespace(config="tiny.yaml", contexts=[8], seconds=1.0)
+    text = recurrence.report([contender("attention", 1000, 2.5), contender("lstm", 1250, 3.25)], config, args,
+                             "cpu", wall=1.0)
+    assert "parameters (shape); ratio 1.250\n" in text  # the lstm's over the attention model's
+    assert "validation loss after 1 s of training each (context 32, all windows)\n" in text
+    assert " attention: 2.500 after 5 steps" in text and "      lstm: 3.250 after 5 steps" in text
+
+
+def test_the_recurrence_figure_draws_loss_by_tokens_read_and_each_models_gradients_trained_and_at_init(
+        tmp_path, drawn_figures):
+    def contender(name, scale):
+        return Contender(name, "shape", lambda t: None, speed={8: 100.0 * scale, 32: 50.0 * scale},
+                         curve=[(0.5, 4.0 * scale), (1.0, 3.0 * scale)],
+                         position_losses=np.array([3.0, 2.0, 1.0]) * scale,
+                         gradient_at_init=np.array([1.0, 0.5, 0.25]) * scale,
+                         gradient_trained=np.array([2.0, 1.0, 0.5]) * scale)
+
+    recurrence.save_figure([contender("attention", 1), contender("lstm", 2)], tmp_path / "recurrence.png")
+    speed, curve, position, gradient = (lines_by_label(axes) for axes in drawn_figures[0].axes)
+    assert speed["lstm"] == ([8, 32], [200.0, 100.0])
+    assert curve["lstm (val 4.000)"] == ([0.5, 1.0], [8.0, 6.0])  # against wall seconds
+    assert position["attention"] == ([1, 2, 3], [3.0, 2.0, 1.0])  # position p has read p + 1 tokens
+    assert gradient["lstm, trained"] == ([0, 1, 2], [4.0, 2.0, 1.0])
+    assert gradient["lstm, at init"] == ([0, 1, 2], [2.0, 1.0, 0.5])
+
+
+def test_the_distance_figure_draws_each_strings_loss_by_gap_and_the_recall_at_each_bins_middle_over_chance(
+        tmp_path, drawn_figures):
+    probe = [ProbeRow(0, 7.5, 0.25, 7.75, 7.5, 0.1), ProbeRow(4, 7.25, 1.5, 7.5, 6.0, 0.2)]
+    recall = RecallResult(np.array([0, 8]), np.array([0.75, 0.125]), np.array([40, 24]), steps=3, seconds=1.0,
+                          parameters=1000, final_loss=1.5, pairs=8)
+    distance.save_figure(probe, recall, tmp_path / "distance.png", length=3)
+    left, right = (lines_by_label(axes) for axes in drawn_figures[0].axes)
+    assert left["first copy (random)"] == ([0, 4], [7.5, 7.25])
+    assert left["second copy (seen d tokens before)"] == ([0, 4], [0.25, 1.5])
+    assert left["fresh string there instead (control)"] == ([0, 4], [7.75, 7.5])
+    assert right["trained model"] == ([4.0, 12.0], [0.75, 0.125])  # bins 0-7 and 8-15 at their middles
+    assert right["chance"][1] == [0.125, 0.125]  # one in 8 pairs
 
 
 @pytest.mark.parametrize("lab, written, next_step", [
@@ -785,6 +913,27 @@ def test_lab_distance_takes_the_longest_strings_whose_two_copies_fit_as_inputs(t
     assert capsys.readouterr().err == "error: reached the probe\n"
     assert main([*command, "--string-length", str(longest + 1)]) == 2
     assert f"give at most {longest}" in capsys.readouterr().err
+
+
+def test_after_a_start_token_the_probes_longest_sequence_still_fits_the_context(trained_run, monkeypatch):
+    # An imported folder's bos begins every sequence: the strings and the gaps fill what it leaves.
+    from tinyattn.cli.lab import main
+    from tinyattn.data.tokenizer import Tokenizer
+
+    probed = []
+
+    def reached(model, **kwargs):
+        probed.append(kwargs)
+        raise TinyattnError("reached the probe")
+
+    monkeypatch.setattr(Tokenizer, "text_start", property(lambda self: [self.eot_id]))
+    monkeypatch.setattr(distance, "repeat_probe", reached)
+    assert main(["distance", "--checkpoint", str(trained_run.run_dir), "--string-length", "3",
+                 "--out", "unused"]) == 2
+    [kwargs] = probed
+    assert len(kwargs["start"]) == 1
+    inputs = len(kwargs["start"]) + 2 * 3 + max(kwargs["distances"]) - 1  # the last token is only predicted
+    assert inputs == 32  # tiny.yaml's context: filled, not overrun
 
 
 def test_the_report_is_written_as_name_txt_and_printed(tmp_path, capsys):
