@@ -203,6 +203,29 @@ def test_masked_cells_are_drawn_grey_not_the_colour_of_weight_zero(tiny_model, t
     assert not np.allclose(masked, allowed_zero, atol=0.1)
 
 
+def test_a_long_texts_heatmap_labels_every_other_token_and_always_the_last():
+    # 150 tokens in one head's panel of at most 12 inches fit 133 labels: every second, counted from
+    # the last token back, so the last query and key are always named.
+    T = 150
+    maps = AttentionMaps(list(range(T)), [f"t{i}" for i in range(T)], [np.zeros((1, T, T), np.float32)], 0)
+    panel = maps_module.layer_figure(maps, 0).axes[0]
+    for ticks, labels in ((panel.get_yticks(), panel.get_yticklabels()),
+                          (panel.get_xticks(), panel.get_xticklabels())):
+        assert list(ticks) == list(range(1, T, 2))
+        assert labels[-1].get_text() == "t149"
+
+
+def test_one_head_on_its_own_is_drawn_in_a_larger_panel_than_in_the_grid_of_heads():
+    T = 10  # 0.9 inches of labels: each panel at its least, 5 inches alone (--head) and 3 in a grid
+    maps = AttentionMaps(list(range(T)), [f"t{i}" for i in range(T)], [np.zeros((4, T, T), np.float32)], 0)
+
+    def panel_inches(figure):
+        return figure.axes[0].get_position().width * figure.get_figwidth()
+
+    assert panel_inches(maps_module.layer_figure(maps, 0, heads=[2])) == pytest.approx(5.0)
+    assert panel_inches(maps_module.layer_figure(maps, 0)) == pytest.approx(3.0)
+
+
 def test_heads_fill_a_grid_as_square_as_possible_with_no_empty_row():
     grids = {heads: maps_module.head_grid(heads) for heads in (1, 2, 3, 4, 5, 6, 8, 9, 12)}
     assert grids == {1: (1, 1), 2: (1, 2), 3: (2, 2), 4: (2, 2), 5: (2, 3), 6: (2, 3), 8: (3, 3), 9: (3, 3),

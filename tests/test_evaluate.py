@@ -357,6 +357,18 @@ def test_tensorboard_curve_tops_out_at_the_largest_loss_rounded_up_not_down():
     flat = np.flatnonzero(line[:, 420 - m - 1])
     assert flat.size and abs(flat.min() - (m + (3 - 1.5) / 3 * (plot_h - 1))) <= 1.5
 
+def test_tensorboard_curve_of_losses_under_one_nat_tops_out_at_one():
+    from tinyattn.analysis.plotting import CHART_MARGIN as m
+    from tinyattn.analysis.plotting import LINE_RGB
+
+    losses = np.full(16, 0.25)
+    losses[0] = 0.75  # the largest loss rounded up: a chart 1 nat high, the curve in its top quarter
+    line = np.all(loss_by_position_image(losses) == LINE_RGB, axis=-1)
+    plot_h = 240 - 2 * m
+    start = np.flatnonzero(line[:, m])
+    assert start.size and abs(start.min() - (m + (1 - 0.75) * (plot_h - 1))) <= 1.5
+
+
 def test_a_curve_of_nan_losses_only_draws_an_empty_chart_instead_of_raising():
     from tinyattn.analysis.plotting import LINE_RGB
 

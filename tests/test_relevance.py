@@ -263,6 +263,16 @@ def test_a_long_text_measures_each_query_in_its_window_as_the_model_sees_that_wi
     assert mean_loss == pytest.approx(float(np.mean(rel.losses[:39])), abs=1e-5)
 
 
+def test_head_ablation_of_a_long_text_counts_each_prediction_once_in_the_window_that_owns_it():
+    # 60 tokens read in windows of 24 starting every 12: each window also holds queries an earlier
+    # window measured. Without head 0 every prediction is a uniform guess, so the rise is exactly
+    # the loss of the 57 right predictions spread over the 59.
+    rises, mean_loss = head_ablation(previous_token_model(), periodic_text(60))
+    assert mean_loss == pytest.approx(2 * np.log(VOCAB) / 59, abs=1e-4)
+    assert rises[0, 0] == pytest.approx(57 * np.log(VOCAB) / 59, abs=1e-4)
+    assert rises[0, 1] == 0.0
+
+
 # ----------------------------------------------------------------------------- correlation, table, images
 
 
@@ -302,6 +312,17 @@ def test_the_table_has_a_row_per_earlier_token_with_its_weights_and_relevance(ch
     top = format_relevance_table(rel, 7, top=2).splitlines()[3:-1]
     assert [int(r.split()[0]) for r in top] == list(np.argsort(-np.abs(rel.token_relevance[7, :7]), kind="stable")[:2])
     assert len(format_head_ablation(rel).splitlines()) == 2 + 2
+
+
+def test_the_table_of_a_query_in_a_later_window_lists_only_the_keys_in_its_reach(char_tokenizer):
+    model = random_model(vocab_size=char_tokenizer.vocab_size)  # context 16: windows at 0, 8 and 16
+    rel = relevance_of_text(model, char_tokenizer, "abc defg hij klmnop abc defg hij")  # 32 tokens
+    assert rel.reach[28] == 16
+    lines = format_relevance_table(rel, 28).splitlines()
+    assert lines[0].endswith("it reads keys 16..28")
+    rows = lines[3:-1]
+    assert [int(row.split()[0]) for row in rows] == list(range(16, 28))  # no row for a key out of reach
+    assert "nan" not in "\n".join(rows)
 
 
 def test_the_head_ablation_table_prints_each_layers_and_heads_rise(char_tokenizer):
