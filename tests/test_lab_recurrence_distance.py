@@ -293,6 +293,16 @@ def test_the_gradient_by_distance_is_the_mean_of_each_windows_own(random_tokens)
     np.testing.assert_allclose(copies, alone, rtol=1e-5)
 
 
+def test_the_gradient_by_distance_leaves_no_hook_on_the_model(random_tokens):
+    # A hook left on the embedding would keep every later forward's output (and its graph) alive
+    # while the lab trains the model it measured at initialisation.
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig(vocab_size=65, n_layer=1, n_head=2, n_embd=32, context_length=24))
+    x = random_tokens(batch=1, length=24)
+    gradient_by_distance(model, x, torch.roll(x, -1, 1))
+    assert not model.token_embedding._forward_hooks
+
+
 def test_an_untied_head_is_measured_at_init_as_a_tied_one_in_the_lab_and_the_model_still_trains(tmp_path):
     config = load_config(ROOT / "configs" / "tiny.yaml", ["model.vocab_size=65", "train.batch_size=2",
                                                           "train.eval_windows=2"])
