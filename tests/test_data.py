@@ -19,7 +19,7 @@ import torch
 import tinyattn.data.download as download_module
 import tinyattn.data.token_cache as token_cache
 from tinyattn.config import config_from_dict
-from tinyattn.data.batches import BatchSampler, eval_batches, prepare_data
+from tinyattn.data.batches import BatchSampler, eval_batches, prepare_data, tail_window
 from tinyattn.data.tokenizer import END_OF_TEXT, Tokenizer
 from tinyattn.errors import DataError
 
@@ -968,8 +968,9 @@ def test_a_sampler_state_saved_before_passes_were_cut_resumes_in_whole_passes():
     assert fresh.pass_starts == [0, 61] and all(torch.equal(fresh.next_batch()[0], x) for x in expected)
 
 
-def test_ranks_cut_their_passes_alike():
-    def starts(sampler, batches=8):
+@pytest.mark.parametrize("batches, passes", [(8, [0, 40]), (16, [0, 54, 107])])  # 80 windows, 160 windows
+def test_ranks_cut_their_passes_alike(batches, passes):
+    def starts(sampler):
         drawn = []
         for _ in range(batches):
             sampler.plan_end(batches)
@@ -979,8 +980,22 @@ def test_ranks_cut_their_passes_alike():
         starts(BatchSampler(counting_tokens(), 5, 16, seed=4, rank=rank, world_size=2, sampling="passes"))
         for rank in (0, 1))
     one, one_passes = starts(BatchSampler(counting_tokens(), 10, 16, seed=4, sampling="passes"))
-    assert our_passes == their_passes == one_passes == [0, 40]  # 80 windows: two passes of 40
+    assert our_passes == their_passes == one_passes == passes  # the plan counts the windows of both ranks
     assert sorted(ours + theirs) == one  # dealt between them: the windows one process would draw
+
+
+def test_a_run_that_goes_on_past_its_planned_end_goes_on_in_whole_passes():
+    # A plan that says the run ends where it is (a time budget still measuring says the step it is
+    # at): the pass that ends there is followed by a whole one, every window of it once.
+    T, per_pass = 16, (1000 - 16) // 16
+    sampler = BatchSampler(counting_tokens(), batch_size=1, context_length=T, seed=4, sampling="passes")
+    drawn = []
+    for _ in range(5 + per_pass):
+        sampler.plan_end(5)
+        drawn.append(int(sampler.next_batch()[0][0, 0]))
+    assert sampler.pass_starts == [0, 5]
+    offset = min(drawn[5:]) % T
+    assert sorted(drawn[5:]) == [offset + T * k for k in range(per_pass)]
 
 
 def test_passes_need_two_windows_and_name_the_key_that_avoids_them():
@@ -1021,6 +1036,17 @@ def test_eval_batches_with_max_windows_equal_to_the_full_windows_walk_them_all_w
     every = torch.cat([x for x, _ in eval_batches(tokens, 10, 4)])
     capped = torch.cat([x for x, _ in eval_batches(tokens, 10, 4, max_windows=10)])
     assert torch.equal(capped, every) and torch.equal(capped[:, 0], torch.arange(0, 100, 10))
+
+
+@pytest.mark.parametrize("extra", [0, 1, 5])
+def test_the_tail_holds_the_targets_after_the_last_full_window_and_is_none_without_any(extra):
+    tokens = counting_tokens(3 * 10 + 1 + extra)  # three full windows of 10 inputs, then `extra` targets
+    tail = tail_window(tokens, 10)
+    if extra == 0:
+        assert tail is None  # every target is in a full window: no empty (1, 0) tail to score
+    else:
+        x, y = tail
+        assert torch.equal(x, torch.arange(30, 30 + extra).unsqueeze(0)) and torch.equal(y, x + 1)
 
 
 def test_a_tokenizer_whose_output_changes_at_a_cut_encodes_each_document_whole():
