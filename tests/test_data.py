@@ -446,6 +446,18 @@ def test_ten_documents_hold_the_tenth_out_and_nine_the_last_tenth_of_the_charact
         assert validation.replace("<|endoftext|>", "") == text[int(len(text) * 0.9):]
 
 
+def test_a_character_cut_on_a_document_boundary_starts_validation_with_that_document(tmp_path):
+    # Three files, too few to hold one out whole: the cut at int(0.9 * 1000) falls where the third begins.
+    texts = ["x" * 449 + "\n", "y" * 449 + "\n", "xy" * 49 + "x\n"]
+    folder = tmp_path / "books"
+    folder.mkdir()
+    for i, text in enumerate(texts):
+        (folder / f"doc{i}.txt").write_text(text, encoding="utf-8")
+    result = prepare_data(make_config(tmp_path, {"files": [str(folder)]}), progress=False)
+    assert result.tokenizer.decode(result.train) == texts[0] + END_OF_TEXT + texts[1]
+    assert result.tokenizer.decode(result.validation) == texts[2]  # no <|endoftext|> before it
+
+
 def test_a_pretrained_tokenizer_file_replaced_in_place_rebuilds_with_the_new_one(tmp_path, builds):
     from tinyattn.config import TokenizerConfig
     from tinyattn.data.tokenizer import build_tokenizer
