@@ -594,6 +594,36 @@ def test_interrupted_build_is_not_trusted(tmp_path, monkeypatch, builds, stage):
     assert split_documents(result.validation, result.tokenizer) == [DOCUMENTS[i] for i in HELD_OUT]
 
 
+def test_a_cache_another_process_completes_while_this_one_waits_is_used_not_rebuilt(tmp_path, builds,
+                                                                                    monkeypatch):
+    folder = write_text_folder(tmp_path / "books")
+    config = make_config(tmp_path, {"files": [str(folder)]})
+    expected = np.array(prepare_data(config, progress=False).train)
+    builds.clear()
+    real, looks = token_cache.TokenCache.trusted_meta, []
+
+    def not_yet_then_done(self, **kwargs):  # the look before the build lock finds the other build unfinished
+        looks.append(kwargs)
+        return None if len(looks) == 1 else real(self, **kwargs)
+
+    monkeypatch.setattr(token_cache.TokenCache, "trusted_meta", not_yet_then_done)
+    result = prepare_data(config, progress=False)
+    assert len(looks) == 2 and builds == [] and np.array_equal(result.train, expected)
+
+
+def test_a_killed_builds_temporary_files_are_deleted_by_the_next_build(tmp_path):
+    folder = write_text_folder(tmp_path / "books")
+    config = make_config(tmp_path, {"files": [str(folder)]})
+    prepare_data(config, progress=False)
+    cache = trusted_caches(tmp_path)[0].parent
+    stale = cache / ".train.bin.k1ll3d.tmp"  # atomic_write's name for a file a killed build was writing
+    stale.write_bytes(b"half a file")
+    (cache / "meta.json").unlink()  # that build never got to meta.json
+    result = prepare_data(config, progress=False)
+    assert not stale.exists() and not leftovers(tmp_path)
+    assert split_documents(result.validation, result.tokenizer) == [DOCUMENTS[i] for i in HELD_OUT]
+
+
 @pytest.mark.parametrize("damage", ["truncate", "delete_meta", "edit_meta"])
 def test_damaged_cache_is_rebuilt(tmp_path, builds, damage):
     folder = write_text_folder(tmp_path / "books")
@@ -665,12 +695,13 @@ def test_a_cached_tokenizer_edited_in_place_is_not_trusted(tmp_path, builds, cap
     assert len(builds) == 2 and result.tokenizer.to_json() == first
 
 
-def test_uint32_when_the_vocabulary_does_not_fit_in_uint16(tmp_path):
+@pytest.mark.parametrize("vocab_size, dtype", [(65_536, np.uint16), (65_537, np.uint32)])
+def test_uint16_holds_a_vocabulary_of_65536_ids_and_uint32_a_larger_one(tmp_path, vocab_size, dtype):
     text = "".join(DOCUMENTS)
     vocab = {c: i for i, c in enumerate(sorted(set(text)))}
-    for i in range(70_000):
+    for i in range(vocab_size - 1 - len(vocab)):
         vocab[f"<extra{i}>"] = len(vocab)
-    vocab[END_OF_TEXT] = len(vocab)  # a high id, which uint16 would not hold
+    vocab[END_OF_TEXT] = len(vocab)  # the highest id: 65535 is uint16's largest, 65536 needs uint32
     backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<extra0>"))
     backend.pre_tokenizer = tokenizers.pre_tokenizers.FixedLength(length=1)
     backend.decoder = tokenizers.decoders.Fuse()
@@ -680,8 +711,9 @@ def test_uint32_when_the_vocabulary_does_not_fit_in_uint16(tmp_path):
     config = make_config(tmp_path, {"files": [str(folder)]},
                          tokenizer={"kind": "pretrained", "path": str(tmp_path / "big.json")})
     result = prepare_data(config, progress=False)
-    assert result.tokenizer.vocab_size > 65_536
-    assert result.train.dtype == np.uint32 and int(result.train.max()) == result.tokenizer.eot_id > 65_535
+    assert result.tokenizer.vocab_size == vocab_size
+    assert result.train.dtype == dtype
+    assert int(result.train.max()) == result.tokenizer.eot_id == vocab_size - 1
     assert split_documents(result.validation, result.tokenizer) == [DOCUMENTS[i] for i in HELD_OUT]
 
 
@@ -744,6 +776,18 @@ def test_validation_split_too_short(tmp_path):
     message = assert_one_line_error(
         tmp_path, config, r"the validation split has \d+ tokens, fewer than model\.context_length \+ 1 = 65")
     assert "data.validation_fraction (now 0.1)" in message and "smaller model.context_length" in message
+
+
+def test_a_split_of_exactly_one_window_is_enough_and_one_token_fewer_is_refused(tmp_path):
+    path = tmp_path / "book.txt"
+    path.write_text("abcdefghi\n" * 9, encoding="utf-8")  # 90 characters: 81 train, the last 9 validate
+    result = prepare_data(make_config(tmp_path, {"files": [str(path)]}, context_length=8), progress=False)
+    assert (len(result.train), len(result.validation)) == (81, 9)  # validation: 8 inputs and the target after
+    for context, split, tokens in ((9, "validation", 9), (81, "training", 81)):
+        with pytest.raises(DataError, match=rf"the {split} split has {tokens} tokens, fewer than "
+                                            rf"model\.context_length \+ 1 = {context + 1}"):
+            prepare_data(make_config(tmp_path, {"files": [str(path)]}, context_length=context),
+                         progress=False)
 
 
 def test_a_trusted_cache_too_short_for_a_longer_context_length_is_refused_too(tmp_path):
