@@ -212,8 +212,9 @@ def test_text_pieces_cover_the_text_and_respect_the_limit():
         assert left.endswith("\n") and not left[-2].isspace() and not right[0].isspace()
 
 
-def test_text_pieces_never_split_end_of_text():
-    text = "a" * 95 + END_OF_TEXT + "b" * 200  # no newline: the cut falls back to the limit (100)
+@pytest.mark.parametrize("before", range(100 - len(END_OF_TEXT) + 1, 100))  # each start that straddles 100
+def test_text_pieces_never_split_end_of_text(before):
+    text = "a" * before + END_OF_TEXT + "b" * 200  # no newline: the cut falls back to the limit (100)
     pieces = list(text_pieces(text, 100))
     assert "".join(pieces) == text
     assert sum(p.count(END_OF_TEXT) for p in pieces) == 1
@@ -257,6 +258,18 @@ def test_unsplittable_pretrained_tokenizer_encodes_whole():
     tokenizer = Tokenizer.from_json(json.dumps(spec))
     text = "ab\nab\n" * 100
     assert list(tokenizer.text_pieces(text, 10)) == [text]
+
+
+def test_a_tokenizer_reading_characters_in_pairs_is_never_cut():
+    # FixedLength(2) pairs characters from the text's start: a cut after an odd number of them
+    # would pair every later one differently. Only FixedLength(1), ours, is cut.
+    from tokenizers import models, pre_tokenizers
+
+    backend = tokenizers.Tokenizer(models.WordLevel({"ab": 0, "\na": 1, "b\n": 2, "?": 3}, unk_token="?"))
+    backend.pre_tokenizer = pre_tokenizers.FixedLength(length=2)
+    tokenizer = Tokenizer(backend)
+    text = "ab\n" * 100
+    assert not tokenizer.cuts_are_exact and list(tokenizer.text_pieces(text, 10)) == [text]
 
 
 def test_a_pretrained_files_truncation_and_padding_are_off_texts_are_encoded_whole(tmp_path):
@@ -317,6 +330,14 @@ def test_unknown_pieces_are_found_a_piece_of_the_text_at_a_time_in_order(monkeyp
     assert len(lengths) > 1 and max(lengths) <= 2 * PIECE_CHARS < len(text)
 
 
+def test_an_end_of_text_the_vocabulary_lacks_is_a_one_line_error_naming_it():
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "</s>": 1, "?": 2}, unk_token="?"))
+    tokenizer = Tokenizer(backend, end_of_text="</s>")
+    assert (tokenizer.eot_id, tokenizer.start_id) == (1, 1)  # a text starts from the end of the one before
+    with pytest.raises(DataError, match=r"^tokenizer\.end_of_text: '<eos>' is not a token of this tokenizer"):
+        Tokenizer(backend, end_of_text="<eos>")
+
+
 def test_a_start_of_text_the_vocabulary_lacks_is_a_one_line_error():
     backend = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "<s>": 1, "?": 2}, unk_token="?"))
     assert Tokenizer(backend, start_of_text="<s>").start_id == 1
@@ -335,7 +356,9 @@ def test_a_unigram_tokenizers_unknown_token_is_its_unk_id_and_its_pieces_are_nam
     assert unknown_characters(tokenizer, "abcab\u2603") == ["c", "\u2603"]
 
 
-def test_a_start_of_text_outside_the_added_specials_is_special_all_the_same():
-    # A folder's bos may be a plain vocabulary word: it still stands for no text (labels, skipping).
-    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "<s>": 1, "?": 2}, unk_token="?"))
+def test_a_start_or_end_of_text_outside_the_added_specials_is_special_all_the_same():
+    # A folder's bos or eos may be a plain vocabulary word: it still stands for no text (labels, skipping).
+    vocab = {"a": 0, "<s>": 1, "?": 2, "</s>": 3}
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="?"))
     assert Tokenizer(backend, start_of_text="<s>").special_ids == {1, 2}
+    assert Tokenizer(backend, end_of_text="</s>", start_of_text="<s>").special_ids == {1, 2, 3}  # and its eos
