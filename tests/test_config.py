@@ -186,6 +186,32 @@ def test_the_last_set_of_a_key_is_the_one_that_counts(tmp_path):
     assert override_value(items, "train.max_steps", None) is None
 
 
+def test_a_set_value_keeps_every_equals_sign_after_the_first_and_may_be_empty(tmp_path):
+    path = write(tmp_path / "c.yaml", "data:\n  files: a.txt\nsample:\n  prompt: Once\n")
+    assert load_config(path, ["sample.prompt=a = b=c"]).sample.prompt == "a = b=c"
+    assert load_config(path, ["sample.prompt="]).sample.prompt == ""  # empty: start from <|endoftext|>
+
+
+def test_values_at_the_edges_of_what_is_accepted_load(tmp_path):
+    path = write(tmp_path / "c.yaml", "data:\n  files: a.txt\n")
+    config = load_config(path, ["train.lr=0.002", "train.min_lr=0.002", "train.decay_fraction=1",
+                                "train.seed=9223372036854775807", "sample.max_new_tokens=0",
+                                "data.validation_fraction=0.999", "data.max_documents=1",
+                                "train.max_steps=1e3"])
+    assert (config.train.min_lr, config.train.decay_fraction, config.train.seed) == (0.002, 1.0, 2**63 - 1)
+    assert (config.sample.max_new_tokens, config.data.max_documents, config.train.max_steps) == (0, 1, 1000)
+
+
+def test_a_long_bad_value_is_shown_cut_to_a_readable_length(tmp_path):
+    path = write(tmp_path / "c.yaml", "data:\n  files: a.txt\n")
+    long_words = "[" + ", ".join(f"word{i}" * 20 for i in range(6)) + "]"  # six items of 100 characters
+    expected = r"^--set: model\.n_layer: expected an integer, got \['word0"
+    with pytest.raises(ConfigError, match=expected) as info:
+        load_config(path, [f"model.n_layer={long_words}"])
+    shown = str(info.value).split("got ", 1)[1]
+    assert len(shown) == 120 and shown.endswith("...")
+
+
 @pytest.mark.parametrize("text, seconds", [("90s", 90), ("10m", 600), ("10min", 600), ("1.5h", 5400),
                                            ("2h", 7200), ("600", 600), (" 45 s ", 45)])
 def test_a_duration_is_read_in_seconds_minutes_or_hours(text, seconds):
@@ -203,9 +229,12 @@ def test_a_duration_that_is_not_positive_or_has_another_unit_is_refused(text):
 
 
 def test_yaml_round_trip_and_rebuild(tmp_path):
-    config = load_config(ROOT / "configs" / "tinystories.yaml", ["model.vocab_size=300"])
+    config = load_config(ROOT / "configs" / "tinystories.yaml",
+                         ["model.vocab_size=300", "sample.prompt=Ça, 東京"])
     save_config(config, tmp_path / "resolved.yaml")
     assert load_config(tmp_path / "resolved.yaml") == config
+    saved = (tmp_path / "resolved.yaml").read_text(encoding="utf-8")
+    assert "prompt: Ça, 東京" in saved  # readable, not escaped
     assert config_from_dict(config_to_dict(config)) == config
 
 
@@ -245,6 +274,12 @@ def test_a_dropout_table_reads_as_numbers_and_survives_the_round_trip(tmp_path):
     ("model: [1, 2]\n", [], r"c\.yaml: model: expected a mapping"),
     ("model:\n  n_layer: [\n", [], r"c\.yaml: invalid YAML at line"),
     ("", ["model.n_layer"], r"--set: expected key=value"),
+    ("", ["lr=1"], r"^--set: expected a dotted key such as train\.lr, got 'lr'$"),
+    ("", ["model.n_kv_head="], r"^--set: model\.n_kv_head: expected an integer or null, got ''$"),  # not null
+    # --set made two sections: the error in the first is still named --set
+    ("", ["trian.lr.x=3"], r"^--set: unknown key 'trian'; did you mean 'train'"),
+    # YAML reads 2.5e0 as a string: as a number, it is still not an integer
+    ("", ["model.n_layer=2.5e0"], r"^--set: model\.n_layer: expected an integer, got '2\.5e0'$"),
     # Non-finite numbers are refused up front, naming their own key (not a later one).
     ("", ["train.lr=.nan"], r"--set: train\.lr: nan is not accepted; expected a finite number"),
     ("", ["model.rope_base=.nan"], r"--set: model\.rope_base: nan is not accepted; expected a finite number"),
@@ -293,6 +328,16 @@ def test_a_dropout_table_reads_as_numbers_and_survives_the_round_trip(tmp_path):
      r"--set: train\.time_budget: '0s' is not accepted; expected a positive duration"),
     ("", ["data.validation_fraction=1.0"],
      r"--set: data\.validation_fraction: 1\.0 is not accepted; expected a number in \(0, 1\)"),
+    ("", ["data.validation_fraction=0"],
+     r"--set: data\.validation_fraction: 0\.0 is not accepted; expected a number in \(0, 1\)"),
+    ("", ["data.max_documents=0"],
+     r"--set: data\.max_documents: 0 is not accepted; expected a positive integer or null"),
+    ("", ["data.files=[a.txt, b.txt]", "data.url=https://example.com/a.txt"],
+     r"--set: data\.url: 'https://example\.com/a\.txt' is not accepted; needs data\.files to be the single"),
+    ("", ["train.seed=9223372036854775808"],
+     r"--set: train\.seed: 9223372036854775808 is not accepted; expected an integer in \[0, 2\*\*63\)"),
+    ("", ["train.eval_windows=0"],
+     r"--set: train\.eval_windows: 0 is not accepted; expected a positive integer or null \(all windows\)"),
     ("tokenizer:\n  kind: bpe\n  vocab_size: 0\n", [],
      r"c\.yaml: tokenizer\.vocab_size: 0 is not accepted; expected a positive integer"),
 ])
