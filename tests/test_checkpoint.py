@@ -39,6 +39,23 @@ def test_the_most_recent_run_is_the_one_whose_newest_checkpoint_was_written_last
     assert ckpt.resolve_checkpoint(None, tmp_path) == newer / ckpt.step_filename(10)
 
 
+def test_steps_are_ordered_by_their_number_past_seven_digits_too(tmp_path):
+    for step in (9_999_999, 123, 10_000_000):  # step_filename pads to 7 digits: the last is longer
+        saved(tmp_path / ckpt.step_filename(step), step)
+    assert [ckpt.step_of(p) for p in ckpt.step_checkpoints(tmp_path)] == [123, 9_999_999, 10_000_000]
+    assert ckpt.latest_checkpoint(tmp_path) == tmp_path / ckpt.step_filename(10_000_000)
+    ckpt.prune_checkpoints(tmp_path, keep_last=1)
+    assert [p.name for p in tmp_path.iterdir()] == [ckpt.step_filename(10_000_000)]
+
+
+def test_a_best_pt_of_a_newer_format_is_refused_without_advice_to_load_itself(tmp_path):
+    best = tmp_path / ckpt.BEST  # it verifies (a whole archive): no step checkpoint to suggest instead
+    torch.save({"format": ckpt.FORMAT, "format_version": 99, "step": 3}, best)
+    with pytest.raises(CheckpointError) as error:
+        ckpt.load_model(best)
+    assert str(error.value).endswith(f"(it reads version {ckpt.FORMAT_VERSION})")
+
+
 def test_a_file_that_is_not_a_tinyattn_checkpoint_or_of_a_newer_format_is_refused_naming_it(tmp_path):
     foreign = tmp_path / "foreign.pt"
     torch.save({"model": {"weight": torch.zeros(2)}, "step": 3}, foreign)  # plain data, no format
