@@ -647,8 +647,10 @@ def test_damaged_cache_is_rebuilt(tmp_path, builds, damage):
 
 
 @pytest.mark.parametrize("split", ["train", "validation"])
-@pytest.mark.parametrize("damage", ["zeros", "ids outside the vocabulary", "the id one past the vocabulary"])
-def test_token_file_changed_in_place_is_rebuilt_with_a_warning(tmp_path, builds, capsys, damage, split):
+@pytest.mark.parametrize("damage", ["zeros", "ids outside the vocabulary", "the id one past the vocabulary",
+                                    "one id outside the vocabulary, in the first of many chunks"])
+def test_token_file_changed_in_place_is_rebuilt_with_a_warning(tmp_path, builds, capsys, monkeypatch, damage,
+                                                               split):
     folder = write_text_folder(tmp_path / "books")
     config = make_config(tmp_path, {"files": [str(folder)]})
     first = prepare_data(config, progress=False)
@@ -662,8 +664,12 @@ def test_token_file_changed_in_place_is_rebuilt_with_a_warning(tmp_path, builds,
             f.write(bytes(min(4096, size)))
         reason = rf"{split}\.bin does not match its checksum in meta\.json"
     else:  # ids the model has no embedding for, with a checksum that agrees
-        bad_id = vocab_size + 7 if damage == "ids outside the vocabulary" else vocab_size
+        bad_id = vocab_size if damage == "the id one past the vocabulary" else vocab_size + 7
         bad = np.full(size // 2, bad_id, dtype=np.uint16)
+        if damage.startswith("one id"):  # checked chunk by chunk: the largest id of them all counts
+            monkeypatch.setattr(token_cache, "CHECK_CHUNK_BYTES", 64)
+            bad = np.fromfile(path, dtype=np.uint16)
+            bad[0] = bad_id
         bad.tofile(path)
         meta = json.loads((cache / "meta.json").read_text())
         meta["checksums"][path.name] = hashlib.blake2b(bad.tobytes()).hexdigest()
@@ -1012,16 +1018,29 @@ def test_a_resumed_sampler_keeps_the_passes_cut_before_it_stopped(tmp_path):
         assert torch.equal(fresh.next_batch()[0], x)
 
 
-def test_a_sampler_state_saved_before_passes_were_cut_resumes_in_whole_passes():
-    sampler = BatchSampler(counting_tokens(), 4, 16, seed=3, sampling="passes")
-    for _ in range(20):  # 80 windows, no plan: whole passes of 61, the state taken in the second
+@pytest.mark.parametrize("world_size, passes", [(1, [0, 61]), (2, [0, 61, 122])])
+def test_a_sampler_state_saved_before_passes_were_cut_resumes_in_whole_passes(world_size, passes):
+    sampler = BatchSampler(counting_tokens(), 4, 16, seed=3, world_size=world_size, sampling="passes")
+    for _ in range(20):  # 80 windows a rank, no plan: whole passes of 61
         sampler.next_batch()
     state = sampler.state_dict()
     del state["pass_starts"]  # as checkpoints written before it held them
     expected = [sampler.next_batch()[0] for _ in range(4)]
+    fresh = BatchSampler(counting_tokens(), 4, 16, seed=3, world_size=world_size, sampling="passes")
+    fresh.load_state_dict(state)
+    assert fresh.pass_starts == passes and all(torch.equal(fresh.next_batch()[0], x) for x in expected)
+
+
+def test_a_sampler_state_is_a_snapshot_the_draws_after_it_leave_alone():
+    sampler = BatchSampler(counting_tokens(), 4, 16, seed=3, sampling="passes")
+    for _ in range(10):  # 40 windows: in the first pass of 61
+        sampler.next_batch()
+    state = sampler.state_dict()
+    expected = [sampler.next_batch()[0] for _ in range(20)]  # on into the second pass
+    assert state["pass_starts"] == [0] and sampler.pass_starts == [0, 61]
     fresh = BatchSampler(counting_tokens(), 4, 16, seed=3, sampling="passes")
     fresh.load_state_dict(state)
-    assert fresh.pass_starts == [0, 61] and all(torch.equal(fresh.next_batch()[0], x) for x in expected)
+    assert all(torch.equal(fresh.next_batch()[0], x) for x in expected)
 
 
 @pytest.mark.parametrize("batches, passes", [(8, [0, 40]), (16, [0, 54, 107])])  # 80 windows, 160 windows
@@ -1073,6 +1092,14 @@ def test_eval_batches_cover_all_windows_without_overlap():
     y = torch.cat([b[1] for b in batches])
     assert [len(b[0]) for b in batches] == [4, 4, 2]  # (103 - 1) // 10 = 10 windows
     assert torch.equal(x[:, 0], torch.arange(0, 100, 10)) and torch.equal(y, x + 1)
+
+
+@pytest.mark.parametrize("windows, batch_size, sizes", [(9, 4, [4, 4, 1]), (1, 1, [1]), (1, 4, [1])])
+def test_eval_batches_walk_every_window_when_the_last_batch_holds_one(windows, batch_size, sizes):
+    tokens = counting_tokens(windows * 10 + 1)
+    batches = list(eval_batches(tokens, context_length=10, batch_size=batch_size))
+    assert [len(x) for x, _ in batches] == sizes
+    assert torch.equal(torch.cat([x for x, _ in batches])[:, 0], torch.arange(0, windows * 10, 10))
 
 
 def test_eval_batches_spread_a_fixed_number_of_windows():
