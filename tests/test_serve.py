@@ -950,3 +950,94 @@ def test_a_prompt_that_encodes_to_no_tokens_is_a_400_naming_the_prompt():
         check_completion(CompletionRequest(model="m", prompt=" "), limits=Limits(), defaults=SampleConfig(),
                          tokenizer=tokenizer, context_length=8)
     assert refused.value.status == 400 and refused.value.param == "prompt"
+
+
+def _checked(limits=None, **fields):
+    """check_completion of a request with `fields`, a code-point tokenizer and a context of 64."""
+    import types
+
+    from tinyattn.serve.schemas import CompletionRequest, Limits, check_completion
+
+    tokenizer = types.SimpleNamespace(text_start=[], encode=lambda text: [ord(c) for c in text])
+    return check_completion(CompletionRequest(model="m", prompt="ab", **fields), limits=limits or Limits(),
+                            defaults=SampleConfig(temperature=0.7, top_k=5), tokenizer=tokenizer,
+                            context_length=64)
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"n": 4}, "n"), ({"max_tokens": 11}, "max_tokens"), ({"stop": ["a", "b", "c"]}, "stop"),
+    ({"seed": 2**63 - 2, "n": 3}, "seed"), ({"best_of": 2, "n": 3}, "best_of"),
+], ids=["n", "max-tokens", "stop", "seed", "best-of"])
+def test_each_limit_is_served_at_its_value_and_refused_one_past_it(fields, param):
+    # --max-n 3, --max-tokens 10, two stops: exactly the limit is a request the server takes.
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.serve.schemas import ApiError, Limits
+
+    limits = Limits(max_tokens=10, max_n=3, max_stop=2)
+    at_limit = _checked(limits, n=3, max_tokens=10, stop=["a", "b"], seed=2**63 - 3, best_of=3)
+    assert (at_limit.options.num_samples, at_limit.options.max_new_tokens) == (3, 10)
+    assert at_limit.options.stop == ("a", "b") and at_limit.options.seed == 2**63 - 3
+    with pytest.raises(ApiError) as refused:
+        _checked(limits, **{"max_tokens": 1, **fields})
+    assert refused.value.status == 400 and refused.value.param == param
+
+
+def test_the_off_values_of_unsupported_fields_are_accepted_and_usage_streams_only_when_asked():
+    # A client that sends OpenAI's defaults explicitly (echo false, best_of equal to n, ...) is served.
+    if MISSING:
+        pytest.skip(MISSING)
+    off = _checked(echo=False, logprobs=None, best_of=1, suffix="", frequency_penalty=0.0,
+                   presence_penalty=0.0, logit_bias={}, stream=True, stream_options={"include_usage": False})
+    assert off.stream and not off.include_usage
+    assert _checked(stream=True, stream_options={"include_usage": True}).include_usage
+    # Options a request leaves out are the checkpoint's; those it gives win.
+    assert (off.options.temperature, off.options.top_k, off.options.seed) == (0.7, 5, None)
+    given = _checked(temperature=0.0, top_k=0, seed=9).options
+    assert (given.temperature, given.top_k, given.seed) == (0.0, 0, 9)
+
+
+def test_the_model_thread_ends_when_the_server_shuts_down(loaded):
+    # Not left blocked on its condition for the life of the process (a test run, benchmarks/serve.py).
+    from tinyattn.serve.app import create_app
+    from tinyattn.serve.server import ServerThread, listening_socket
+
+    app = create_app(loaded)
+    with ServerThread(app, listening_socket("127.0.0.1", 0)):
+        assert app.state.served.worker.alive
+    assert not app.state.served.worker.alive
+
+
+def test_the_serve_commands_defaults_are_the_documented_ones():
+    # Its --help and the library's Limits say 1024 tokens, 8 choices, 4 at once, on 127.0.0.1:8000.
+    from tinyattn.cli.serve import build_parser
+    from tinyattn.serve.schemas import Limits
+
+    args = build_parser().parse_args([])
+    assert (args.max_tokens, args.max_n, args.max_active) == (1024, 8, 4)
+    assert (Limits().max_tokens, Limits().max_n, Limits().max_active) == (1024, 8, 4)
+    assert (args.host, args.port, args.dtype, args.device, args.out_dir) == ("127.0.0.1", 8000, "auto", "auto",
+                                                                            "checkpoints")
+    assert args.checkpoint is None and args.model_name is None
+
+
+def test_serving_in_the_foreground_puts_back_the_sigterm_handler_it_found(monkeypatch):
+    import signal
+
+    import tinyattn.serve.server as server_module
+
+    def interrupted(app, sock):
+        class Stub:
+            def run(self, sockets):
+                assert signal.getsignal(signal.SIGTERM) is server_module._interrupt  # SIGTERM stops as Ctrl-C
+                raise KeyboardInterrupt  # as uvicorn re-raises the signal once it has shut down
+        return Stub()
+
+    monkeypatch.setattr(server_module, "uvicorn_server", interrupted)
+    mine = lambda signum, frame: None  # noqa: E731
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        server_module.serve_forever(object(), None)  # no traceback: the normal way to stop
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, previous)
