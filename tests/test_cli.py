@@ -191,6 +191,17 @@ def test_run_command_turns_a_user_mistake_into_one_line(capsys):
     assert capsys.readouterr().err == "error: x.yaml: train.lr: -1 is not accepted\n"
 
 
+
+@pytest.mark.parametrize("message, line", [("stopped by SIGINT before step 1", "stopped by SIGINT before step 1"),
+                                           ("", "interrupted")], ids=["said", "plain"])
+def test_an_interrupted_command_exits_130_with_one_line(message, line, capsys):
+    # 128 + SIGINT, as a shell reports Ctrl-C; a training stopped before its first step says so.
+    def command():
+        raise KeyboardInterrupt(message)
+
+    assert run_command(command) == 130
+    assert capsys.readouterr().err == f"{line}\n"
+
 def test_a_command_freezes_what_is_alive_at_exit_so_teardown_skips_collecting_it():
     # The interpreter's last collection walks every object importing torch made (over a second
     # per command here, docs/BENCHMARKS.md "Start-up"); frozen objects are skipped. A real
