@@ -259,10 +259,12 @@ def test_allow_data_change_without_resume_is_a_usage_error(capsys):
         in capsys.readouterr().err
 
 
-def test_resume_without_config_looks_for_the_run_under_the_out_dir_set_gives(tmp_path, capsys):
+@pytest.mark.parametrize("config", [[], ["--config", "configs/tiny.yaml"]], ids=["no-config", "config"])
+def test_resume_without_config_looks_for_the_run_under_the_out_dir_set_gives(tmp_path, capsys, config):
+    # With --config too, its train.out_dir (here from --set), not the default checkpoints/.
     from tinyattn.cli.train import main as train_main
 
-    assert train_main(["--resume", "--run-name", "gone", "--set", f"train.out_dir={tmp_path}"]) == 2
+    assert train_main([*config, "--resume", "--run-name", "gone", "--set", f"train.out_dir={tmp_path}"]) == 2
     expected = f"error: {tmp_path / 'gone'}: no such run to resume (check --run-name)\n"
     assert capsys.readouterr().err == expected  # not checkpoints/gone
 
