@@ -192,8 +192,10 @@ def test_run_command_turns_a_user_mistake_into_one_line(capsys):
 
 
 
-@pytest.mark.parametrize("message, line", [("stopped by SIGINT before step 1", "stopped by SIGINT before step 1"),
-                                           ("", "interrupted")], ids=["said", "plain"])
+SAID = "stopped by SIGINT before step 1"
+
+
+@pytest.mark.parametrize("message, line", [(SAID, SAID), ("", "interrupted")], ids=["said", "plain"])
 def test_an_interrupted_command_exits_130_with_one_line(message, line, capsys):
     # 128 + SIGINT, as a shell reports Ctrl-C; a training stopped before its first step says so.
     def command():

@@ -477,7 +477,8 @@ def test_cli_says_which_characters_of_a_text_file_a_character_model_scores_as_un
 @pytest.mark.parametrize("split", [["--split", "validation"], []], ids=["given", "default"])
 def test_cli_scores_the_runs_validation_split(run, capsys, split):
     # Without --split or --text-file: the validation split, never the text it trained on.
-    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run["run_dir"] / "best.pt"), *split, "--no-plot")
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run["run_dir"] / "best.pt"), *split,
+                                     "--no-plot")
     assert status == 0, stderr
     expected = evaluate_tokens(run["model"], run["tokenizer"], run["data"].validation, 16, True)
     assert printed("loss", stdout) == pytest.approx(expected.loss, abs=1e-4)

@@ -1016,8 +1016,8 @@ def test_the_serve_commands_defaults_are_the_documented_ones():
     args = build_parser().parse_args([])
     assert (args.max_tokens, args.max_n, args.max_active) == (1024, 8, 4)
     assert (Limits().max_tokens, Limits().max_n, Limits().max_active) == (1024, 8, 4)
-    assert (args.host, args.port, args.dtype, args.device, args.out_dir) == ("127.0.0.1", 8000, "auto", "auto",
-                                                                            "checkpoints")
+    assert (args.host, args.port, args.dtype, args.device) == ("127.0.0.1", 8000, "auto", "auto")
+    assert args.out_dir == "checkpoints"
     assert args.checkpoint is None and args.model_name is None
 
 
