@@ -526,6 +526,75 @@ def test_a_byte_level_tokenizer_with_a_prefix_space_or_no_regex_is_refused_in_on
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("key,value", [("byte_fallback", True), ("end_of_word_suffix", "</w>")])
+def test_a_bpe_model_with_an_option_llama_cpps_bpe_lacks_is_refused_in_one_line(tmp_path, key, value):
+    # llama.cpp's byte-level BPE has no byte fallback and no suffix on a word's last piece: written
+    # as plain merges, such a vocabulary would tokenize otherwise.
+    import json
+
+    spec = json.loads(tokenizer_of("bpe").to_json())
+    spec["model"][key] = value
+    tokenizer = Tokenizer.from_json(json.dumps(spec))
+    with pytest.raises(CheckpointError) as raised:
+        export(tmp_path, random_model(tokenizer), tokenizer)
+    assert str(raised.value) == ("tokenizer: a BPE tokenizer with pre-tokenizer ByteLevel: GGUF export "
+                                 "writes tinyattn's char and byte-level bpe tokenizers only")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_word_level_tokenizer_that_splits_pairs_of_characters_is_refused_in_one_line(tmp_path):
+    # Only a char tokenizer (one character a token) comes out as llama.cpp's byte-level BPE alike.
+    import json
+
+    spec = json.loads(tokenizer_of("char").to_json())
+    spec["pre_tokenizer"]["length"] = 2
+    tokenizer = Tokenizer.from_json(json.dumps(spec))
+    with pytest.raises(CheckpointError) as raised:
+        export(tmp_path, random_model(tokenizer), tokenizer)
+    assert str(raised.value) == ("tokenizer: a WordLevel tokenizer with pre-tokenizer FixedLength: GGUF "
+                                 "export writes tinyattn's char and byte-level bpe tokenizers only")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_tokenizer_without_endoftext_is_refused_in_one_line(tmp_path):
+    # <|endoftext|> is the file's end-of-generation token: llama.cpp would generate without end.
+    import json
+
+    spec = json.loads(tokenizer_of("bpe").to_json())
+    spec["added_tokens"][0]["content"] = "<eos>"
+    spec["model"]["vocab"]["<eos>"] = spec["model"]["vocab"].pop("<|endoftext|>")
+    tokenizer = Tokenizer.from_json(json.dumps(spec))
+    assert tokenizer.eot_id is None
+    with pytest.raises(CheckpointError) as raised:
+        export(tmp_path, random_model(tokenizer), tokenizer)
+    assert str(raised.value) == ("tokenizer: no <|endoftext|> token: GGUF export needs it as the "
+                                 "end-of-generation token")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_tokenizer_whose_ids_skip_a_number_is_refused_in_one_line(tmp_path):
+    # llama.cpp numbers the tokens by their place in the list: an id with no token has no place.
+    import json
+
+    spec = json.loads(tokenizer_of("char").to_json())
+    vocab = spec["model"]["vocab"]
+    vocab[max(vocab, key=vocab.get)] += 5  # ids 0..67, then 73 (and <|endoftext|>'s 69)
+    tokenizer = Tokenizer.from_json(json.dumps(spec))
+    with pytest.raises(CheckpointError) as raised:
+        export(tmp_path, random_model(tokenizer, vocab_size=80), tokenizer)
+    assert str(raised.value) == f"tokenizer: its ids are not 0..{tokenizer.vocab_size - 1} once each"
+    assert list(tmp_path.iterdir()) == []
+
+
+@needs_llama_cpp
+def test_a_bpe_vocabulary_of_bytes_alone_without_merges_loads_and_tokenizes_alike(tmp_path):
+    """vocab_size 257 (the 256 bytes and <|endoftext|>): no merges, which llama.cpp would refuse."""
+    text = "First Citizen: hear me speak. Привет\n"
+    tokenizer = build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=257), lambda: iter([text]))
+    llm = load(export(tmp_path, random_model(tokenizer), tokenizer))
+    assert llama_tokens(llm, text) == tokenizer.encode(text)
+
+
 @pytest.mark.parametrize("kind", ["char", "bpe"])
 def test_a_model_vocab_larger_than_its_tokenizers_is_padded_with_unused_tokens(tmp_path, kind):
     # model.vocab_size set above the tokenizer's: llama.cpp's vocabulary is its token list, as
