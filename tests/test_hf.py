@@ -391,6 +391,23 @@ export_folder(state["model"], config_from_dict(state["config"]), Tokenizer.from_
 """
 
 
+def test_a_replaced_export_left_aside_after_the_new_one_is_in_place_is_deleted_not_put_back(tmp_path):
+    # Killed after the second rename, before the old folder was deleted: `out` is the new export.
+    from tinyattn.hf.folder import clean_interrupted_export
+
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)
+    out = tmp_path / "out"
+    export_folder(model.state_dict(), config, tokenizer, out)
+    new = {p.name: p.read_bytes() for p in out.iterdir()}
+    aside = tmp_path / ".out.abcd1234.old.tmp"
+    aside.mkdir()
+    (aside / "config.json").write_text("{}")  # the earlier export's
+    clean_interrupted_export(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == new
+
+
 @pytest.mark.slow  # a subprocess that dies mid-export
 def test_an_export_killed_while_replacing_a_folder_loses_neither_and_is_cleaned_up(tmp_path):
     import subprocess
@@ -478,6 +495,50 @@ def test_a_config_json_without_rope_theta_eps_or_context_takes_transformers_llam
     assert (m.rope_base, m.norm_eps, m.context_length) == (10000.0, 1e-6, 2048)
     ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
     assert max_logit_difference(loaded.model, reference, ids) < 1e-5
+
+
+LLAMA_JSON = {"architectures": ["LlamaForCausalLM"], "vocab_size": 300, "hidden_size": 48,
+              "num_hidden_layers": 2, "num_attention_heads": 6, "intermediate_size": 80}
+
+
+def test_config_json_fields_left_out_or_null_read_as_transformers_reads_them():
+    # hidden_act absent: silu; num_key_value_heads null: one per head; tie_word_embeddings absent
+    # (and no weights to tell): tied, the transformers 4 default.
+    import transformers
+
+    from tinyattn.hf.convert import model_config_from_hf
+
+    raw = {**LLAMA_JSON, "num_key_value_heads": None}
+    theirs = transformers.LlamaConfig.from_dict(raw)
+    assert (theirs.hidden_act, theirs.num_key_value_heads) == ("silu", 6)
+    m = model_config_from_hf(raw, "config.json")
+    assert (m.n_head, m.kv_heads, m.tie_embeddings) == (6, 6, True)
+
+
+def test_rope_parameters_rope_theta_wins_over_the_top_level_one_as_transformers_5_reads_it():
+    import transformers
+
+    from tinyattn.hf.convert import model_config_from_hf
+
+    raw = {**LLAMA_JSON, "rope_parameters": {"rope_type": "default", "rope_theta": 500.0},
+           "rope_theta": 20000.0}
+    assert transformers.LlamaConfig.from_dict(raw).rope_parameters["rope_theta"] == 500.0
+    assert model_config_from_hf(raw, "config.json").rope_base == 500.0
+
+
+@pytest.mark.parametrize("change, expected", [
+    # transformers 5 keeps partial_rotary_factor inside rope_parameters
+    ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}, "partial_rotary_factor"),
+    # any layer kind but full attention (Qwen3-Next's linear attention): not only sliding windows
+    ({"layer_types": ["full_attention", "linear_attention"]}, "sliding-window attention (use_sliding_window"),
+], ids=["partial-rotary-in-rope-parameters", "linear-attention-layer"])
+def test_a_config_json_tinyattn_would_compute_otherwise_is_refused_naming_the_field(change, expected):
+    from tinyattn.errors import CheckpointError
+    from tinyattn.hf.convert import model_config_from_hf
+
+    with pytest.raises(CheckpointError, match=r"^config\.json: ") as refused:
+        model_config_from_hf({**LLAMA_JSON, **change}, "config.json")
+    assert expected in str(refused.value)
 
 
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
