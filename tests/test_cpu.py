@@ -67,6 +67,7 @@ def test_auto_precision_on_x86_reads_the_flags_without_timing(fake_cpu, no_timin
 
 @pytest.mark.parametrize("flags, capability, expected", [
     (AVX2_ONLY, "AVX2", False),
+    (frozenset(), "AVX2", False),  # x86 off Linux: torch says neither bf16 unit is there
     (AVX2_ONLY | {"avx512f"}, "AVX512", False),
     (AVX512_BF16, "AVX2", True),  # ATEN_CPU_CAPABILITY lowered: the matmul units are still there
     (frozenset({"amx_bf16"}), "NO AVX", True),
@@ -133,6 +134,16 @@ def test_cache_of_another_machine_or_a_corrupt_file_is_measured_again(fake_cpu, 
     assert cpu.cpu_bf16_is_fast() is True
     assert measure.calls == 2
     assert len(json.loads(path.read_text())) == 1
+
+    path.write_text(json.dumps({key: {"bf16_is_fast": "false"} for key in json.loads(path.read_text())}))
+    assert cpu.cpu_bf16_is_fast() is True  # a verdict that is not true or false: measured again
+    assert measure.calls == 3
+
+
+def test_a_measured_speedup_of_exactly_the_threshold_counts_as_fast(fake_cpu, monkeypatch):
+    fake_cpu(None, "SVE256")
+    monkeypatch.setattr(cpu, "measure_cpu_bf16_speedup", CountingMeasurement(speedup=cpu.BF16_FAST_SPEEDUP))
+    assert cpu.cpu_bf16_is_fast() is True
 
 
 def test_unwritable_cache_warns_and_still_answers(fake_cpu, monkeypatch, tmp_path):

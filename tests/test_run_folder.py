@@ -141,8 +141,9 @@ def test_remove_temporaries_takes_files_and_leaves_a_folder_named_like_one(tmp_p
     (tmp_path / ".step.pt.x1.tmp").write_bytes(b"half")
     (tmp_path / ".keep.tmp").mkdir()
     (tmp_path / ".keep.tmp" / "inside").write_text("mine")
+    (tmp_path / "notes.tmp").write_text("mine")  # not hidden: a user's file, never a writer's temporary
     assert remove_temporaries(tmp_path) == [tmp_path / ".step.pt.x1.tmp"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".keep.tmp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".keep.tmp", "notes.tmp"]
     assert (tmp_path / ".keep.tmp" / "inside").read_text() == "mine"
 
 
@@ -265,7 +266,7 @@ def test_a_read_only_folder_is_refused_before_anything_is_written(small_tmpfs):
         RunLock.acquire(small_tmpfs / "run")
 
 
-@pytest.mark.parametrize("below", ["run", "run/deeper"])
+@pytest.mark.parametrize("below", ["", "run", "run/deeper"])  # "": the folder itself is the file (EEXIST)
 def test_a_file_where_a_folder_should_be_is_one_line_naming_it(tmp_path, below):
     (tmp_path / "taken").write_text("a file")
     target = tmp_path / "taken" / below / "model.bin"

@@ -81,9 +81,10 @@ def test_the_bf16_context_computes_in_bf16_and_the_fp32_one_in_fp32():
             assert (a @ a).dtype == dtype, name
 
 
-def draws() -> tuple[float, float, float]:
-    """One number from each global generator: Python's, numpy's and torch's."""
-    return random.random(), float(np.random.rand()), torch.rand(1).item()
+def draws() -> tuple[float, float, float, float]:
+    """One number from each global generator: Python's, numpy's and torch's (numpy's normal
+    draws in pairs and keeps the second for the next call: an odd count leaves one kept)."""
+    return random.random(), float(np.random.rand()), float(np.random.randn()), torch.rand(1).item()
 
 
 def test_seed_everything_seeds_python_numpy_and_torch():
@@ -98,6 +99,7 @@ def test_seed_everything_seeds_python_numpy_and_torch():
 
 def test_random_states_kept_in_a_checkpoint_put_every_generator_back():
     seed_everything(7)
+    draws()  # numpy now holds a normal draw for its next call: the state must carry it
     buffer = io.BytesIO()
     torch.save(random_states(), buffer)  # as a checkpoint keeps them: loaded back with weights_only
     expected = [draws() for _ in range(3)]
@@ -130,6 +132,44 @@ def test_a_torchrun_process_on_a_gpu_joins_over_nccl_and_takes_the_gpu_of_its_lo
     assert distributed.init_distributed(name) == distributed.Distributed(rank=3, world_size=4, local_rank=1)
     assert joined == ["nccl"] and current == [1]
     assert distributed.init_distributed("cpu").enabled and joined[-1] == "gloo"
+
+
+@pytest.mark.parametrize("world_size", ["2", "4"])
+def test_a_torchrun_process_on_the_cpu_joins_over_gloo_from_two_processes_on(monkeypatch, world_size):
+    from tinyattn.system import distributed
+
+    joined = []
+    for key, value in (("WORLD_SIZE", world_size), ("RANK", "1")):  # LOCAL_RANK unset: a node's rank 0
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda backend: joined.append(backend))
+    dist = distributed.init_distributed("cpu")
+    assert dist == distributed.Distributed(rank=1, world_size=int(world_size), local_rank=0)
+    assert joined == ["gloo"]
+
+
+def test_shutdown_leaves_the_process_group_of_a_distributed_run_only(monkeypatch):
+    from tinyattn.system import distributed
+
+    left = []
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "destroy_process_group", lambda: left.append(True))
+    distributed.shutdown_distributed(distributed.Distributed())
+    assert left == []
+    distributed.shutdown_distributed(distributed.Distributed(rank=1, world_size=2, local_rank=1))
+    assert left == [True]
+
+
+def test_auto_takes_cuda_first_then_mps_then_the_cpu(monkeypatch):
+    from tinyattn.system.device import select_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert select_device("auto") == torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert select_device("auto") == torch.device("mps")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert select_device("auto") == torch.device("cpu")
 
 
 def test_peak_flops_leaves_the_global_generator_alone():

@@ -30,6 +30,29 @@ def test_call_times_times_each_call_after_the_warmup_and_stops_at_the_budget(mon
     assert call_times(work, repeats=5, budget_s=0.0) == pytest.approx([0.01])  # at least one call is timed
 
 
+def test_call_times_budgets_the_next_call_as_the_fastest_seen(monkeypatch):
+    work = FakeWork(monkeypatch, [0.05, 0.2, 0.05])
+    # After 0.25 s, one more call of the fastest kind (0.05) still fits 0.3; a slowest (0.2) would not.
+    assert call_times(work, repeats=10, budget_s=0.3) == pytest.approx([0.05, 0.2, 0.05])
+
+
+def test_process_age_is_the_time_since_this_process_started_not_since_the_machine_did():
+    # train's time budget counts start-up with it (elapsed_before): a machine's uptime would end it at once.
+    psutil = pytest.importorskip("psutil")
+    since_start = time.time() - psutil.Process().create_time()
+    assert process_age() == pytest.approx(since_start, abs=1.0)
+
+
+@pytest.mark.parametrize("kind", ["cuda", "mps"])
+def test_synchronize_waits_for_a_gpu_and_not_for_the_cpu(monkeypatch, kind):
+    waited = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append("cuda"))
+    monkeypatch.setattr(torch.mps, "synchronize", lambda: waited.append("mps"))
+    timing.synchronize(torch.device(kind))
+    timing.synchronize(torch.device("cpu"))
+    assert waited == [kind]
+
+
 def test_median_time_is_the_median_of_the_timed_calls(monkeypatch):
     work = FakeWork(monkeypatch, [9.0, 0.3, 0.1, 3.0])  # the 9 s warm-up is not counted
     assert median_time(work, repeats=3, warmup=1) == pytest.approx(0.3)  # the 3 s outlier moves a mean, not it
