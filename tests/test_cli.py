@@ -147,6 +147,7 @@ def test_generate_and_serve_look_for_runs_where_train_writes_them_and_pick_the_d
     ("scripts/train.py", "python scripts/train.py"),  # as the user wrote it, from the checkout
     (str(ROOT / "scripts" / "generate.py"), f"python {ROOT / 'scripts' / 'train.py'}"),  # another script
     ("/home/me/project/scripts/mine.py", "tinyattn train"),  # a script of the user's: no train.py beside it
+    (str(ROOT / "tinyattn" / "cli" / "generate.py"), "tinyattn train"),  # train.py beside it, not in scripts/
     ("/venv/bin/tinyattn", "tinyattn train"),
     ("/venv/lib/python3.12/site-packages/tinyattn/__main__.py", "tinyattn train"),  # python -m tinyattn
 ])
@@ -167,6 +168,7 @@ def test_the_commands_messages_print_are_the_ones_this_process_was_started_with(
     ("/venv/lib/python3.12/site-packages/tinyattn/__main__.py", {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"},
      "torchrun --nnodes=2 --nproc_per_node=4 -m tinyattn train"),
     ("scripts/train.py", {"WORLD_SIZE": "1"}, "python scripts/train.py"),
+    ("scripts/train.py", {"WORLD_SIZE": "2"}, "torchrun --nproc_per_node=2 scripts/train.py"),  # one node
 ])
 def test_a_data_parallel_training_is_told_to_resume_under_torchrun_as_it_started(monkeypatch, argv0, world,
                                                                                  expected):
@@ -175,6 +177,7 @@ def test_a_data_parallel_training_is_told_to_resume_under_torchrun_as_it_started
 
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(sys, "argv", [argv0, "--resume", "x"])
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)  # torchrun's, where a case gives none
     for key, value in world.items():
         monkeypatch.setenv(key, value)
     assert command("train") == expected
