@@ -174,6 +174,22 @@ def test_bad_tokenizer_files_are_one_line_errors(tmp_path):
     assert "\n" not in str(error.value)
 
 
+def test_a_tokenizer_file_that_panics_the_rust_parser_is_a_one_line_error(tmp_path, monkeypatch):
+    """tokenizers panics on some files (here a BPE whose continuing_subword_prefix its merges lack):
+    pyo3's PanicException is no Exception, so it ended in a traceback."""
+    monkeypatch.delenv("RUST_BACKTRACE", raising=False)
+    model = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "##",
+             "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+             "vocab": {"a": 0, "b": 1, "ab": 2, END_OF_TEXT: 3}, "merges": [["a", "b"]]}
+    path = tmp_path / "panics.json"
+    path.write_text(json.dumps({"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+                                "normalizer": None, "pre_tokenizer": {"type": "Whitespace"},
+                                "post_processor": None, "decoder": None, "model": model}))
+    with pytest.raises(DataError, match=r"panics\.json: not a valid tokenizer\.json \(.+\)$") as error:
+        Tokenizer.from_file(path)
+    assert "\n" not in str(error.value)
+
+
 # ----------------------------------------------------------------------------- decode, labels
 
 

@@ -88,7 +88,9 @@ class Tokenizer:
                   start_of_text: Optional[str] = None) -> "Tokenizer":
         try:
             backend = tokenizers.Tokenizer.from_str(text)
-        except Exception as e:  # the Rust parser raises a bare Exception with serde's message
+        except BaseException as e:  # serde's message as a bare Exception, a Rust panic as pyo3's PanicException
+            if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
+                raise  # KeyboardInterrupt, SystemExit
             raise DataError(f"{origin}: not a valid tokenizer.json ({str(e).splitlines()[0]})") from None
         return cls(backend, end_of_text, start_of_text)
 
