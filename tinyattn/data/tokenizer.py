@@ -88,7 +88,7 @@ class Tokenizer:
                   start_of_text: Optional[str] = None) -> "Tokenizer":
         try:
             backend = tokenizers.Tokenizer.from_str(text)
-        except BaseException as e:  # serde's message as a bare Exception, a Rust panic as pyo3's PanicException
+        except BaseException as e:  # serde's message as an Exception; a Rust panic as PanicException
             if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
                 raise  # KeyboardInterrupt, SystemExit
             raise DataError(f"{origin}: not a valid tokenizer.json ({str(e).splitlines()[0]})") from None
