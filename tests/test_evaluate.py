@@ -460,6 +460,74 @@ def test_cli_a_plot_it_cannot_write_is_one_line_before_the_scoring(run, tmp_path
     assert f"cannot write {small_tmpfs}: Read-only file system" in stderr and "--no-plot" in stderr
 
 
+def test_cli_no_plot_wins_over_a_plot_path_it_would_refuse(run, tmp_path, capsys):
+    text_file = tmp_path / "text.txt"
+    text_file.write_text(TEXT[:200], encoding="utf-8")
+    (tmp_path / "a_file").write_text("", encoding="utf-8")
+    for plot in (str(tmp_path / "lbp.txt"), str(tmp_path / "a_file" / "lbp.png")):  # a bad format, no folder
+        status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run["run_dir"]), "--text-file",
+                                         str(text_file), "--plot", plot, "--no-plot")
+        assert status == 0 and stderr == "" and "wrote" not in stdout, (plot, stderr)
+
+
+def test_cli_plot_keeps_a_format_extension_given_in_any_case(run, tmp_path, capsys):
+    text_file = tmp_path / "text.txt"
+    text_file.write_text(TEXT[:200], encoding="utf-8")
+    for name, magic in (("lbp.pdf", b"%PDF"), ("upper.PNG", b"\x89PNG")):
+        status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run["run_dir"]), "--text-file",
+                                         str(text_file), "--plot", str(tmp_path / name))
+        assert status == 0, stderr
+        assert f"wrote {tmp_path / name}\n" in stdout and (tmp_path / name).read_bytes()[:4] == magic
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lbp.pdf", "text.txt", "upper.PNG"]
+
+
+def test_cli_a_text_without_a_full_window_is_not_plotted_and_one_with_no_tail_says_no_tail(
+        run, tmp_path, capsys):
+    text_file, plot = tmp_path / "text.txt", tmp_path / "lbp.png"
+    text_file.write_text(TEXT[:CONTEXT], encoding="utf-8")  # 31 targets: a tail only
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run["run_dir"]), "--text-file",
+                                     str(text_file), "--plot", str(plot))
+    assert status == 0, stderr
+    assert f"no full window ({CONTEXT} tokens < context_length + 1 = {CONTEXT + 1})" in stdout
+    assert "wrote" not in stdout and not plot.exists()
+    text_file.write_text(TEXT[:2 * CONTEXT + 1], encoding="utf-8")  # exactly two windows of targets
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run["run_dir"]), "--text-file",
+                                     str(text_file), "--no-plot")
+    assert status == 0 and f"{2 * CONTEXT + 1} tokens, 2 windows of {CONTEXT}\n" in stdout, stdout
+
+
+def test_cli_an_imported_folder_with_a_context_over_the_batch_tokens_scores_one_window_at_a_time(
+        run, tmp_path, capsys, monkeypatch):
+    from tinyattn.cli import eval as eval_cli
+    from tinyattn.hf.folder import export_folder
+
+    loaded = load_model(run["run_dir"])
+    export_folder(loaded.model.state_dict(), loaded.config, loaded.tokenizer, tmp_path / "hf")
+    (tmp_path / "text.txt").write_text(TEXT[:300], encoding="utf-8")
+    sizes, real = [], evaluate.evaluate_tokens
+    monkeypatch.setattr(evaluate, "evaluate_tokens",
+                        lambda model, tokenizer, tokens, batch_size, *a, **k:
+                        sizes.append(batch_size) or real(model, tokenizer, tokens, batch_size, *a, **k))
+    monkeypatch.setattr(eval_cli, "EVAL_BATCH_TOKENS", CONTEXT - 1)
+    status, _, stderr = run_cli(capsys, "--checkpoint", str(tmp_path / "hf"), "--text-file",
+                                str(tmp_path / "text.txt"), "--no-plot")
+    assert status == 0 and sizes == [1], stderr
+
+
+def test_cli_a_checkpoint_without_a_data_fingerprint_is_scored_with_a_note(run, tmp_path, capsys):
+    from tinyattn import checkpoint as ckpt
+
+    state = ckpt.load_checkpoint(run["run_dir"] / "best.pt")
+    del state["data"]  # as an older tinyattn saved it
+    ckpt.save_checkpoint({k: v for k, v in state.items() if k not in ("format", "format_version")},
+                         tmp_path / "old.pt")
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(tmp_path / "old.pt"), "--split", "train",
+                                     "--no-plot")
+    assert status == 0 and "on the train split" in stdout, stderr
+    assert stderr == (f"note: {tmp_path / 'old.pt'} records no data fingerprint (saved by an older "
+                      "tinyattn): whether this train split is the run's cannot be checked\n")
+
+
 def test_cli_says_which_characters_of_a_text_file_a_character_model_scores_as_unknown(run, tmp_path, capsys):
     text_file = tmp_path / "accents.txt"
     for added, named in (("héllo wörld", "2 characters the tokenizer has never seen, scored as [UNK]: 'é', 'ö'"),
@@ -498,7 +566,8 @@ def test_cli_a_text_file_too_short_to_predict_from_is_one_line_naming_it(run, tm
 @pytest.mark.parametrize("args, message", [
     (["--checkpoint", "no/such/run"], "no/such/run: no such checkpoint file or run folder"),
     (["--text-file", "no/such/file.txt"], "no/such/file.txt: text file not found"),
-], ids=["missing-checkpoint", "missing-text-file"])
+    (["--batch-size", "0"], "--batch-size 0: expected a positive integer"),
+], ids=["missing-checkpoint", "missing-text-file", "zero-batch-size"])
 def test_cli_bad_input_is_one_line_and_exit_status_2(run, args, message, capsys):
     if args[0] != "--checkpoint":
         args = ["--checkpoint", str(run["run_dir"]), *args]
