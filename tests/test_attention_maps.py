@@ -518,7 +518,11 @@ def test_cli_warns_of_characters_read_as_unknown_and_names_them_for_a_query_it_c
     (["--checkpoint", "no/such/run"], "no/such/run: no such checkpoint file or run folder"),
     (["--query", "dragon"], "--query 'dragon': not a word of the text"),
     (["--layer", "5"], "--layer 5: the model has 2 layers (0..1)"),
-], ids=["missing-checkpoint", "word-not-in-text", "bad-layer"])
+    (["--layer", "2"], "--layer 2: the model has 2 layers (0..1)"),
+    (["--layer", "-1"], "--layer -1: the model has 2 layers (0..1)"),
+    (["--head", "4"], "--head 4: the model has 4 heads (0..3)"),
+], ids=["missing-checkpoint", "word-not-in-text", "bad-layer", "layer-one-past", "negative-layer",
+        "head-one-past"])
 def test_cli_bad_input_is_one_line_and_exit_status_2(run_dir, args, message, capsys):
     if args[0] != "--checkpoint":
         args = ["--checkpoint", str(run_dir), "--text", SENTENCE[:40], *args]
@@ -527,6 +531,34 @@ def test_cli_bad_input_is_one_line_and_exit_status_2(run_dir, args, message, cap
     assert stderr.startswith("error: ") and message in stderr
     assert len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr
     assert not (run_dir / "unused").exists()
+
+
+def test_cli_layer_and_head_draw_and_tabulate_only_that_head_and_the_first_kept_token_can_be_asked(
+        run_dir, tmp_path, capsys):
+    context = load_config(run_dir / "config.yaml").model.context_length
+    dropped = len(SENTENCE) - context  # the first token of the kept end is token `dropped` of the text
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run_dir), "--text", SENTENCE, "--layer",
+                                     "1", "--head", "2", "--query-position", str(dropped), "--out-dir",
+                                     str(tmp_path), "--device", "cpu")
+    assert status == 0, stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["layer_1_head_2.png"]
+    table = stdout.split("\n\n", 1)[1].splitlines()
+    assert table[0].startswith(f"query {visible(SENTENCE[dropped])} at position 0 (of {context} tokens)")
+    assert len(table) == 2 + 1 and table[2].split()[:2] == ["1", "2"]  # a header, then layer 1 head 2 only
+
+
+def test_cli_html_alone_writes_the_page_for_any_query_and_notes_windows_only_past_the_context(
+        run_dir, tmp_path, capsys):
+    context = load_config(run_dir / "config.yaml").model.context_length
+    text = (SENTENCE * 2)[:80]  # a title of 80 characters is shown whole
+    for words, note in ((text[:context], False), (text, True)):
+        page = tmp_path / "page.html"
+        status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run_dir), "--text", words, "--html",
+                                         str(page), "--query-position", "-1", "--device", "cpu")
+        assert status == 0, stderr  # the last token: nothing to rank, but its weights can be looked at
+        assert stdout.startswith(f"wrote {page} (") and stdout.count("\n") == 1  # no relevance table
+        assert ("it is read in windows" in stderr) == note, stderr
+        assert f"<title>attention explorer: {words}</title>" in page.read_text(encoding="utf-8")
 
 
 def test_cli_without_text_on_a_run_without_a_probe_text_says_to_give_one(run_dir, tmp_path, capsys):
