@@ -1046,6 +1046,26 @@ def test_cli_without_a_prompt_continues_the_checkpoints_saved_prompt(run_dir, tm
                                                        *options], capsys)[1]
 
 
+def test_cli_an_empty_prompt_given_wins_over_the_saved_one_and_stdin_prompts_lose_their_byte_order_mark(
+        run_dir, tmp_path, capsys, monkeypatch):
+    state = load_checkpoint(run_dir / "best.pt")
+    state["config"]["sample"]["prompt"] = "All:"
+    save_checkpoint(state, tmp_path / "prompted.pt")
+    options = ["--seed", "5", "--dtype", "fp32", "--max-new-tokens", "10"]
+    empty = run_main(["--checkpoint", str(run_dir), "--prompt", "", *options], capsys)
+    assert empty[0] == 0 and not empty[1].startswith("All:")
+    given = run_main(["--checkpoint", str(tmp_path / "prompted.pt"), "--prompt", "", *options], capsys)
+    assert given[:2] == empty[:2]  # not the saved "All:"
+    typed = run_main(["--checkpoint", str(run_dir), "--prompt", "All:", *options], capsys)
+    for source in (["--prompt-file", "-"], ["-"]):  # the mark a Windows pipe may start with: not prompt text
+        status, out, err = run_main(["--checkpoint", str(run_dir), *source, *options], capsys,
+                                    stdin="\ufeffAll:", monkeypatch=monkeypatch)
+        assert (status, out) == typed[:2], (source, err)
+    status, out, err = run_main(["--checkpoint", str(run_dir), "--interactive", *options], capsys,
+                                stdin="\ufeffAll:\n", monkeypatch=monkeypatch)
+    assert status == 0 and out == typed[1][len("All:"):] and "warning" not in err, err  # not echoed
+
+
 def test_cli_a_samples_ending_newline_is_not_doubled_and_each_sample_has_its_header(monkeypatch):
     import tinyattn.generate.text as text_module
 
