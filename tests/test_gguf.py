@@ -471,6 +471,21 @@ def test_export_cli_writes_one_gguf_file_and_replaces_it_only_with_force(tmp_pat
     assert code == 2 and err == "error: --dtype fp16: --format hf writes fp32, bf16\n"
 
 
+def test_export_cli_format_gguf_wins_over_the_out_name_gguf_takes_no_out_and_the_size_is_in_mib(
+        tmp_path, capsys):
+    tokenizer = tokenizer_of("bpe")
+    run = save_run(tmp_path, random_model(tokenizer), tokenizer)
+    out = tmp_path / "model.bin"  # no .gguf: --format says what it is
+    code, printed, err = run_main(["--checkpoint", run, "--format", "gguf", "--out", out], capsys)
+    assert code == 0 and gguf.GGUFReader(out).fields["general.name"].contents() == "run", err
+    size = out.stat().st_size / 2**20
+    assert printed.endswith(f": wrote {out} (llama.cpp architecture llama, fp32, {size:.1f} MiB)\n")
+    both = ["--gguf", tmp_path / "a.gguf", "--out", tmp_path / "b"]
+    code, printed, err = run_main(["--checkpoint", run, *both], capsys)
+    assert code == 2 and printed == "" and err == (
+        "error: --gguf FILE stands for --format gguf --out FILE: give one or the other\n")
+
+
 def test_soft_capping_is_refused_in_one_line(tmp_path, capsys):
     tokenizer = tokenizer_of("bpe")
     model = random_model(tokenizer)
