@@ -561,6 +561,14 @@ def test_cli_html_alone_writes_the_page_for_any_query_and_notes_windows_only_pas
         assert f"<title>attention explorer: {words}</title>" in page.read_text(encoding="utf-8")
 
 
+def test_cli_with_an_empty_text_says_so_rather_than_drawing_the_probe_text(run_dir, tmp_path, capsys):
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run_dir), "--text", "", "--out",
+                                     str(tmp_path / "maps"), "--device", "cpu")
+    assert (status, stdout) == (2, "")
+    assert stderr == "error: the text is empty: attention maps need at least one token\n"
+    assert not (tmp_path / "maps").exists()
+
+
 def test_cli_without_text_on_a_run_without_a_probe_text_says_to_give_one(run_dir, tmp_path, capsys):
     from tinyattn import checkpoint as ckpt
 
