@@ -547,6 +547,16 @@ def test_cli_layer_and_head_draw_and_tabulate_only_that_head_and_the_first_kept_
     assert len(table) == 2 + 1 and table[2].split()[:2] == ["1", "2"]  # a header, then layer 1 head 2 only
 
 
+def test_cli_relevance_with_layer_and_head_tabulates_only_that_layer_and_head(run_dir, capsys):
+    context = load_config(run_dir / "config.yaml").model.context_length
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run_dir), "--text", SENTENCE[:context],
+                                     "--relevance", "--layer", "1", "--head", "2", "--query-position", "5",
+                                     "--device", "cpu")
+    assert status == 0, stderr
+    header = stdout.splitlines()[2].split()
+    assert header == ["pos", "token", "relevance", "weight", "L1", "L1H2"], header
+
+
 def test_cli_html_alone_writes_the_page_for_any_query_and_notes_windows_only_past_the_context(
         run_dir, tmp_path, capsys):
     context = load_config(run_dir / "config.yaml").model.context_length

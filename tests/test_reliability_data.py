@@ -138,6 +138,12 @@ def test_eval_of_the_validation_split_says_when_the_data_changed(corpus, tmp_pat
     assert eval_main(["--checkpoint", str(tmp_path / "run"), "--no-plot", "--split", "validation"]) == 0
     err = capsys.readouterr().err
     assert "warning: the validation split is not the one" in err and f"{corpus.resolve()} changed" in err
+    assert f"{tmp_path / 'run' / 'best.pt'} was validated on" in err
+    assert err.rstrip().endswith("not comparable with the run's and may count text it trained on"), err
+    assert eval_main(["--checkpoint", str(tmp_path / "run"), "--no-plot", "--split", "train"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: the train split is not the one" in err and "best.pt was trained on" in err
+    assert err.rstrip().endswith("this loss is not comparable with the run's"), err
 
 
 # -------------------------------------------------------------------------- config.yaml edited, then resumed
