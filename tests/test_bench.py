@@ -227,10 +227,12 @@ def test_the_suite_decodes_the_configs_whole_model(monkeypatch):
     ("decode", ["--threads", "1", "0"], "--threads 0"),
     ("decode", ["--vocab-size", "0"], "--vocab-size 0"),
     ("decode", ["--vocab-size", "-1"], "--vocab-size -1"),
+    ("decode", ["--prompt-tokens", "0"], "--prompt-tokens 0"),
     ("time_to_loss", ["--nanogpt", "/nonexistent"], "--nanogpt /nonexistent"),
     ("serve", ["--max-tokens", "1"], "--max-tokens 1"),
     ("serve", ["--repeats", "0"], "--repeats 0"),
     ("serve", ["--clients", "1", "0"], "--clients 0"),
+    ("serve", ["--threads", "0"], "--threads 0"),
 ])
 def test_a_benchmarks_refused_argument_is_one_line_naming_it_with_exit_2(module, arguments, named,
                                                                        monkeypatch, capsys):
@@ -262,6 +264,7 @@ def test_a_benchmark_run_as_a_module_says_a_refused_argument_in_one_line_with_ex
     ("suite", ["--steps", "0"], "--steps 0", "run_suite"),
     ("suite", ["--vocab-size", "1"], "--vocab-size 1", "run_suite"),
     ("suite", ["--max-context", "32"], "--max-context 32", "run_suite"),  # printed an empty attention table
+    ("suite", ["--max-context", "63"], "--max-context 63", "run_suite"),  # the table starts at 64
     ("time_to_loss", ["--rounds", "0"], "--rounds 0", "one_round"),  # measured nothing and exited 0
 ])
 def test_the_suite_and_time_to_loss_refuse_a_count_below_its_least_before_measuring(
@@ -380,6 +383,7 @@ def test_time_to_loss_prepares_tinyattns_data_before_nanogpts_round_and_refuses_
     (["--set", "model.dropuot=0.1"], "--set: unknown key 'model.dropuot'"),
     (["--steps", "0"], "--steps 0 is not accepted"),
     (["--rounds", "0"], "--rounds 0 is not accepted"),
+    (["--warmup", "-1"], "--warmup -1 is not accepted"),
 ])
 def test_train_step_refuses_a_bad_variant_or_count_in_one_line_before_any_process_starts(
         arguments, named, monkeypatch, capsys):
@@ -471,6 +475,92 @@ def test_attention_refuses_a_count_below_its_least_in_one_line_before_measuring(
     assert run_command(attention.main) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {named}") and "expected" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("arguments, lengths", [
+    (["--min-context", "64", "--max-context", "256"], [64, 128, 256]),  # the maximum itself is measured
+    (["--min-context", "64", "--max-context", "64"], [64]),  # a minimum equal to the maximum: one length
+    (["--min-context", "3", "--max-context", "20"], [3, 6, 12]),
+])
+def test_attention_measures_every_doubling_from_the_minimum_up_to_and_including_the_maximum(
+        arguments, lengths, monkeypatch):
+    from benchmarks import attention
+
+    measured = []
+
+    def measure(context_lengths, **kwargs):
+        measured.append(list(context_lengths))
+        raise KeyboardInterrupt  # stop before printing: only the lengths asked for matter here
+
+    monkeypatch.setattr(attention, "measure_attention_cost", measure)
+    monkeypatch.setattr(sys, "argv", ["attention", *arguments])
+    with pytest.raises(KeyboardInterrupt):
+        attention.main()
+    assert measured == [lengths]
+
+
+def test_attentions_table_from_reads_a_suite_files_attention_section_or_a_saved_file_whole(
+        tmp_path, monkeypatch, capsys):
+    from benchmarks import attention
+
+    monkeypatch.setattr(attention, "attention_cost_table", lambda figures: f"table of {figures}")
+    monkeypatch.setattr(attention, "measure_attention_cost", lambda *a, **k: pytest.fail("measured"))
+    for saved, shown in [({"attention": {"rows": 1}, "training": {}}, "{'rows': 1}"),
+                         ({"rows": 2}, "{'rows': 2}")]:
+        path = tmp_path / "saved.json"
+        path.write_text(json.dumps(saved))
+        monkeypatch.setattr(sys, "argv", ["attention", "--table-from", str(path)])
+        assert attention.main() == 0
+        assert capsys.readouterr().out == f"table of {shown}\n"
+
+
+def test_the_suite_takes_a_set_of_the_model_section_and_refuses_one_of_another_whatever_its_value(
+        monkeypatch, capsys):
+    from benchmarks import suite
+    from tinyattn.cli import run_command
+
+    runs = []
+    monkeypatch.setattr(suite, "run_suite", lambda config, **kwargs: runs.append(kwargs["overrides"]) or {})
+    config = ["--config", str(ROOT / "configs" / "tiny.yaml")]
+    monkeypatch.setattr(sys, "argv", ["suite", *config, "--set", "model.n_layer=2"])
+    assert run_command(suite.main) == 0 and runs == [["model.n_layer=2"]]
+    monkeypatch.setattr(sys, "argv", ["suite", *config, "--set", "train.note=model.x"])
+    assert run_command(suite.main) == 2 and len(runs) == 1
+    assert capsys.readouterr().err.startswith("error: --set train.note=model.x: the suite uses only")
+
+
+def test_train_step_accepts_no_warm_up_steps(monkeypatch):
+    from benchmarks import train_step
+
+    started = []
+
+    def run(command, **kwargs):
+        started.append(command)
+        raise KeyboardInterrupt  # the first child process: the counts were accepted
+
+    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr(sys, "argv", ["train_step", "--config", str(ROOT / "configs" / "tiny.yaml"),
+                                      "--warmup", "0", "--rounds", "1", "--steps", "1"])
+    with pytest.raises(KeyboardInterrupt):
+        train_step.main()
+    assert started and started[0][started[0].index("--warmup") + 1] == "0"
+
+
+def test_time_to_loss_reaches_nanogpts_final_loss_at_the_first_evaluation_at_or_below_it(monkeypatch):
+    # nanoGPT's evaluations fall 2.0 -> 1.5 in a 100 s run; tinyattn's 1.7, 1.5 (exactly the target), 1.4
+    # in a 50 s run: reached at its second, at 20 s, a fifth of nanoGPT's wall time.
+    from benchmarks import time_to_loss
+
+    outputs = {"train.py": ([(10.0, "step 0: train loss 4.0, val loss 2.0"),
+                             (90.0, "step 2000: train loss 1.2, val loss 1.5")], 100.0),
+               "scripts/train.py": ([(10.0, "step 100: validation loss 1.7"),
+                                     (20.0, "step 200: validation loss 1.5"),
+                                     (30.0, "step 300: validation loss 1.4")], 50.0)}
+    monkeypatch.setattr(time_to_loss, "stamped_run", lambda command, cwd: outputs[command[1]])
+    result = time_to_loss.one_round(Path("nanoGPT"), [], None)
+    assert result["target"] == 1.5
+    assert result["tinyattn_reached"] == {"step": 200, "val": 1.5, "seconds": 20.0}
+    assert result["ratio_to_nanogpt_wall"] == 0.2
 
 
 # ----------------------------------------------------------------------------- decode
