@@ -21,6 +21,7 @@ from tinyattn.errors import TinyattnError
 from tinyattn.lab.causal import (
     Row,
     causal_task_loss,
+    check_position,
     format_table,
     leak_test,
     measure,
@@ -305,6 +306,24 @@ def test_the_two_runs_differ_in_the_mask_alone_and_the_users_set_comes_after_the
         assert (config.model.n_embd, config.train.max_steps, config.train.precision) == (64, 3, "fp32")
         assert config.train.warmup_steps == 1  # a tenth of the steps, at least 1: not the config's 2
 
+
+
+@pytest.mark.parametrize("position, refused", [(-1, True), (0, False), (30, False), (31, True)])
+def test_the_leak_tests_position_is_refused_outside_0_to_the_context_less_2(position, refused):
+    # a context of 32: the token at position + 1 must be in the window, and a negative position is no token
+    if refused:
+        with pytest.raises(TinyattnError, match=rf"^--position {position}: expected 0..30 "):
+            check_position(position, 32)
+    else:
+        check_position(position, 32)
+
+
+def test_lab_without_an_experiment_is_a_usage_error_naming_them(capsys):
+    from tinyattn.cli.lab import main as lab_main
+
+    with pytest.raises(SystemExit) as stopped:
+        lab_main([])
+    assert stopped.value.code == 2 and "EXPERIMENT" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("steps", [0, -5])

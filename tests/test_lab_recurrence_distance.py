@@ -641,7 +641,7 @@ def test_every_context_is_timed_at_the_training_batch_of_tokens(tmp_path, monkey
 
 @pytest.mark.parametrize("flag, values, shown", [("--contexts", ["64", "0"], "0"), ("--seconds", ["-1"], "-1"),
                                                  ("--seconds", ["nan"], "nan"), ("--seconds", ["inf"], "inf"),
-                                                 ("--lstm-layers", ["0"], "0")])
+                                                 ("--seconds", ["0"], "0"), ("--lstm-layers", ["0"], "0")])
 def test_lab_recurrence_names_the_value_it_refuses_in_one_line(tmp_path, capsys, flag, values, shown):
     # nan and inf ended in a traceback from the schedule's int(seconds * speed ...), after the speed table.
     from tinyattn.cli.lab import main
@@ -693,14 +693,62 @@ def test_lab_distance_writes_its_table_and_figure(trained_run, tmp_path):
     assert (out / "distance.png").stat().st_size > 0 and any((out / "key_value").iterdir())
 
 
-@pytest.mark.parametrize("flag, value", [("--seed", "-1"), ("--seed", str(2**64)), ("--pairs", "1"),
-                                         ("--string-length", "0"), ("--recall-steps", "0")])
+@pytest.mark.parametrize("flag, value", [("--seed", "-1"), ("--seed", str(2**64)), ("--seed", str(2**63)),
+                                         ("--pairs", "1"), ("--string-length", "0"), ("--string-length", "1"),
+                                         ("--recall-steps", "0")])
 def test_lab_distance_names_the_value_it_refuses_in_one_line(tmp_path, capsys, flag, value):
     from tinyattn.cli.lab import main
 
     assert main(["distance", "--checkpoint", str(tmp_path / "nowhere"), flag, value]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {flag} {value}: expected an integer >= ") and err.count("\n") == 1, err
+
+
+def test_lab_distance_takes_each_count_at_its_least_and_the_largest_seed(tmp_path, capsys):
+    # Every count at the least it accepts, and the seed at both ends: only the missing checkpoint is refused.
+    from tinyattn.cli.lab import main
+
+    nowhere = str(tmp_path / "nowhere")
+    for seed in ("0", str(2**63 - 1)):
+        assert main(["distance", "--checkpoint", nowhere, "--string-length", "2", "--pairs", "2",
+                     "--recall-steps", "1", "--seed", seed]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {nowhere}") and err.count("\n") == 1, err
+
+
+def test_the_labs_defaults_are_the_ones_their_help_and_docs_give():
+    from tinyattn.cli.lab import parser
+
+    recurrence_args = parser().parse_args(["recurrence"])
+    assert (recurrence_args.precision, recurrence_args.lstm_layers, recurrence_args.seconds,
+            recurrence_args.contexts) == ("fp32", 2, 40.0, [64, 256, 1024])
+    distance_args = parser().parse_args(["distance"])
+    assert (distance_args.string_length, distance_args.recall_steps, distance_args.pairs, distance_args.seed,
+            distance_args.device) == (8, 1500, 8, 1337, None)
+
+
+def test_lab_recurrence_runs_on_the_device_asked_not_the_configs(tmp_path, monkeypatch):
+    from tinyattn.cli.lab import main
+
+    asked = []
+
+    def select_device(name):
+        asked.append(name)
+        raise TinyattnError("reached the device")
+
+    monkeypatch.setattr(recurrence, "select_device", select_device)
+    assert main(["recurrence", "--config", str(ROOT / "configs" / "tiny.yaml"), "--device", "cuda:3",
+                 "--out", str(tmp_path / "out")]) == 2
+    assert main(["recurrence", "--config", str(ROOT / "configs" / "tiny.yaml"), "--set", "train.device=mps",
+                 "--out", str(tmp_path / "out")]) == 2
+    assert asked == ["cuda:3", "mps"]
+
+
+def test_pairs_of_which_not_even_two_fit_advise_freeing_memory_not_a_pairs_that_is_refused(monkeypatch):
+    limit = distance.recall_bytes(1)  # one pair fits, and the recall needs at least two
+    monkeypatch.setattr(distance, "available_bytes", lambda device: (limit, "of memory available here"))
+    with pytest.raises(TinyattnError, match=r"more than the .* of memory available here; free some memory$"):
+        distance.check_recall_fits(8, torch.device("cpu"))
 
 
 def test_lab_distance_refuses_pairs_that_cannot_fit_naming_the_most_that_can_before_loading_anything(
