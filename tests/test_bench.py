@@ -228,6 +228,8 @@ def test_the_suite_decodes_the_configs_whole_model(monkeypatch):
     ("decode", ["--vocab-size", "0"], "--vocab-size 0"),
     ("decode", ["--vocab-size", "-1"], "--vocab-size -1"),
     ("decode", ["--prompt-tokens", "0"], "--prompt-tokens 0"),
+    ("decode", ["--batch-sizes", "1", "0"], "--batch-sizes 0"),
+    ("decode", ["--uncached-tokens", "0"], "--uncached-tokens 0"),
     ("time_to_loss", ["--nanogpt", "/nonexistent"], "--nanogpt /nonexistent"),
     ("serve", ["--max-tokens", "1"], "--max-tokens 1"),
     ("serve", ["--repeats", "0"], "--repeats 0"),

@@ -744,6 +744,28 @@ def test_lab_recurrence_runs_on_the_device_asked_not_the_configs(tmp_path, monke
     assert asked == ["cuda:3", "mps"]
 
 
+@pytest.mark.parametrize("fit, pairs", [(2, 3), (2, 8), (5, 6), (5, 40), (999, 1000)])
+def test_pairs_that_cannot_fit_name_exactly_the_most_that_can(monkeypatch, fit, pairs):
+    limit = distance.recall_bytes(fit)  # `fit` pairs fit exactly, one more does not
+    monkeypatch.setattr(distance, "available_bytes", lambda device: (limit, "of memory available here"))
+    with pytest.raises(TinyattnError, match=rf"; give at most --pairs {fit}$"):
+        distance.check_recall_fits(pairs, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("lab, refused", [("distance", ["--seed", "-1"]), ("recurrence", ["--seconds", "0"])])
+def test_threads_are_set_before_a_lab_checks_its_other_options(lab, refused, tmp_path):
+    from tinyattn.cli.lab import main
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        config = ["--config", str(ROOT / "configs" / "tiny.yaml")] if lab == "recurrence" else []
+        assert main([lab, *config, "--threads", "1", *refused, "--out", str(tmp_path / "out")]) == 2
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_pairs_of_which_not_even_two_fit_advise_freeing_memory_not_a_pairs_that_is_refused(monkeypatch):
     limit = distance.recall_bytes(1)  # one pair fits, and the recall needs at least two
     monkeypatch.setattr(distance, "available_bytes", lambda device: (limit, "of memory available here"))
