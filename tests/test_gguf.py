@@ -523,82 +523,69 @@ def test_a_tokenizer_llama_cpp_cannot_reproduce_is_refused_in_one_line(tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
+def refused_edit(tmp_path, kind: str, edit, vocab_size: Optional[int] = None) -> tuple[Tokenizer, str]:
+    """A `kind` tokenizer whose JSON `edit` changed, and export's refusal of it (nothing written)."""
+    import json
+
+    spec = json.loads(tokenizer_of(kind).to_json())
+    edit(spec)
+    tokenizer = Tokenizer.from_json(json.dumps(spec))
+    with pytest.raises(CheckpointError) as raised:
+        export(tmp_path, random_model(tokenizer, vocab_size=vocab_size), tokenizer)
+    assert list(tmp_path.iterdir()) == []
+    return tokenizer, str(raised.value)
+
+
 @pytest.mark.parametrize("key,value", [("add_prefix_space", True), ("use_regex", False)],
                          ids=["prefix-space", "no-regex"])
 def test_a_byte_level_tokenizer_with_a_prefix_space_or_no_regex_is_refused_in_one_line(tmp_path, key, value):
     # llama.cpp's gpt-2 pre-tokenizer adds no space before a text (" the" and "the" would differ)
     # and always splits by GPT-2's regex (without it, merges join across words).
-    import json
+    def edit(spec):
+        assert spec["pre_tokenizer"]["type"] == "ByteLevel"
+        spec["pre_tokenizer"][key] = value
 
-    spec = json.loads(tokenizer_of("bpe").to_json())
-    assert spec["pre_tokenizer"]["type"] == "ByteLevel"
-    spec["pre_tokenizer"][key] = value
-    tokenizer = Tokenizer.from_json(json.dumps(spec))
-    with pytest.raises(CheckpointError) as raised:
-        export(tmp_path, random_model(tokenizer), tokenizer)
-    assert str(raised.value) == ("tokenizer: a BPE tokenizer with pre-tokenizer ByteLevel: GGUF export "
-                                 "writes tinyattn's char and byte-level bpe tokenizers only")
-    assert list(tmp_path.iterdir()) == []
+    _, message = refused_edit(tmp_path, "bpe", edit)
+    assert message == ("tokenizer: a BPE tokenizer with pre-tokenizer ByteLevel: GGUF export "
+                       "writes tinyattn's char and byte-level bpe tokenizers only")
 
 
 @pytest.mark.parametrize("key,value", [("byte_fallback", True), ("end_of_word_suffix", "</w>")])
 def test_a_bpe_model_with_an_option_llama_cpps_bpe_lacks_is_refused_in_one_line(tmp_path, key, value):
     # llama.cpp's byte-level BPE has no byte fallback and no suffix on a word's last piece: written
     # as plain merges, such a vocabulary would tokenize otherwise.
-    import json
-
-    spec = json.loads(tokenizer_of("bpe").to_json())
-    spec["model"][key] = value
-    tokenizer = Tokenizer.from_json(json.dumps(spec))
-    with pytest.raises(CheckpointError) as raised:
-        export(tmp_path, random_model(tokenizer), tokenizer)
-    assert str(raised.value) == ("tokenizer: a BPE tokenizer with pre-tokenizer ByteLevel: GGUF export "
-                                 "writes tinyattn's char and byte-level bpe tokenizers only")
-    assert list(tmp_path.iterdir()) == []
+    _, message = refused_edit(tmp_path, "bpe", lambda spec: spec["model"].__setitem__(key, value))
+    assert message == ("tokenizer: a BPE tokenizer with pre-tokenizer ByteLevel: GGUF export "
+                       "writes tinyattn's char and byte-level bpe tokenizers only")
 
 
 def test_a_word_level_tokenizer_that_splits_pairs_of_characters_is_refused_in_one_line(tmp_path):
     # Only a char tokenizer (one character a token) comes out as llama.cpp's byte-level BPE alike.
-    import json
-
-    spec = json.loads(tokenizer_of("char").to_json())
-    spec["pre_tokenizer"]["length"] = 2
-    tokenizer = Tokenizer.from_json(json.dumps(spec))
-    with pytest.raises(CheckpointError) as raised:
-        export(tmp_path, random_model(tokenizer), tokenizer)
-    assert str(raised.value) == ("tokenizer: a WordLevel tokenizer with pre-tokenizer FixedLength: GGUF "
-                                 "export writes tinyattn's char and byte-level bpe tokenizers only")
-    assert list(tmp_path.iterdir()) == []
+    _, message = refused_edit(tmp_path, "char", lambda spec: spec["pre_tokenizer"].__setitem__("length", 2))
+    assert message == ("tokenizer: a WordLevel tokenizer with pre-tokenizer FixedLength: GGUF "
+                       "export writes tinyattn's char and byte-level bpe tokenizers only")
 
 
 def test_a_tokenizer_without_endoftext_is_refused_in_one_line(tmp_path):
     # <|endoftext|> is the file's end-of-generation token: llama.cpp would generate without end.
-    import json
+    def edit(spec):
+        spec["added_tokens"][0]["content"] = "<eos>"
+        spec["model"]["vocab"]["<eos>"] = spec["model"]["vocab"].pop("<|endoftext|>")
 
-    spec = json.loads(tokenizer_of("bpe").to_json())
-    spec["added_tokens"][0]["content"] = "<eos>"
-    spec["model"]["vocab"]["<eos>"] = spec["model"]["vocab"].pop("<|endoftext|>")
-    tokenizer = Tokenizer.from_json(json.dumps(spec))
+    tokenizer, message = refused_edit(tmp_path, "bpe", edit)
     assert tokenizer.eot_id is None
-    with pytest.raises(CheckpointError) as raised:
-        export(tmp_path, random_model(tokenizer), tokenizer)
-    assert str(raised.value) == ("tokenizer: no <|endoftext|> token: GGUF export needs it as the "
-                                 "end-of-generation token")
-    assert list(tmp_path.iterdir()) == []
+    assert message == ("tokenizer: no <|endoftext|> token: GGUF export needs it as the "
+                       "end-of-generation token")
 
 
 def test_a_tokenizer_whose_ids_skip_a_number_is_refused_in_one_line(tmp_path):
     # llama.cpp numbers the tokens by their place in the list: an id with no token has no place.
-    import json
+    def edit(spec):
+        vocab = spec["model"]["vocab"]
+        vocab[max(vocab, key=vocab.get)] += 5  # ids 0..67, then 73 (and <|endoftext|>'s 69)
 
-    spec = json.loads(tokenizer_of("char").to_json())
-    vocab = spec["model"]["vocab"]
-    vocab[max(vocab, key=vocab.get)] += 5  # ids 0..67, then 73 (and <|endoftext|>'s 69)
-    tokenizer = Tokenizer.from_json(json.dumps(spec))
-    with pytest.raises(CheckpointError) as raised:
-        export(tmp_path, random_model(tokenizer, vocab_size=80), tokenizer)
-    assert str(raised.value) == f"tokenizer: its ids are not 0..{tokenizer.vocab_size - 1} once each"
-    assert list(tmp_path.iterdir()) == []
+    tokenizer, message = refused_edit(tmp_path, "char", edit, vocab_size=80)
+    assert message == f"tokenizer: its ids are not 0..{tokenizer.vocab_size - 1} once each"
 
 
 @needs_llama_cpp
