@@ -24,7 +24,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import yaml
 
@@ -500,6 +500,11 @@ def _apply_sets(raw: dict, overrides: list[str], origins: dict[str, str]) -> Non
         origins[key] = origins[_set_dotted(raw, key, value)] = "--set"
         _set_dotted(given, key, value)
     _drop_inherited_source(raw, given, origins)
+
+
+def override_keys(overrides: Sequence[str]) -> tuple[str, ...]:
+    """The dotted keys `key=value` overrides set, in order (an item's text before its first '=')."""
+    return tuple(item.split("=", 1)[0].strip() for item in overrides)
 
 
 def override_value(overrides: list[str], key: str, default: Any) -> Any:

@@ -6,7 +6,7 @@ import argparse
 
 from tinyattn.cli import run_command
 from tinyattn.cli.options import add_config, add_device, command_parser
-from tinyattn.config import apply_overrides, load_config, override_value
+from tinyattn.config import apply_overrides, load_config, override_keys, override_value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -49,8 +49,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                          DEFAULT_OUT_DIR)
             point = ResumePoint.find(args.resume, args.run_name, out_dir)  # the one load
             if config is None:  # the run continues as it was, with config.yaml's edits and the overrides
-                given = [item.split("=", 1)[0].strip() for item in args.overrides]
-                given += ["train.device"] if args.device is not None else []
+                given = override_keys(args.overrides) + (("train.device",) if args.device is not None else ())
                 config = apply_overrides(point.edited_config(overruled=given), args.overrides,
                                          origin=str(point.file))
         result = train(config, config_path=args.config, run_name=args.run_name, resume=point,

@@ -46,7 +46,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from tinyattn.config import PASS_TABLES, Config, TrainConfig, for_precision, save_config
+from tinyattn.config import PASS_TABLES, Config, TrainConfig, for_precision, override_keys, save_config
 from tinyattn.data.batches import prepare_data
 from tinyattn.errors import TinyattnError
 from tinyattn.model.memory import check_training_fits
@@ -112,7 +112,7 @@ def train(config: Config, *, config_path: Optional[str | Path] = None, run_name:
     request = _Request(config_path=config_path, run_name=run_name, resume=resume, progress=progress,
                        stop_at_step=stop_at_step, allow_data_change=allow_data_change,
                        started=clock() - elapsed_before, notes=[note] if note else [], clock=clock,
-                       given=tuple(item.split("=", 1)[0].strip() for item in overrides))
+                       given=override_keys(overrides))
     # Until the first step a stop has no step to finish: it ends the run at once (the loop's turn
     # comes with the first step), and a new run's folder goes with it.
     stopper = StopRequest(at_once=True)
