@@ -2,6 +2,7 @@
 loading, safe cut points for long texts, and the errors a user can hit."""
 
 import json
+import os
 import random
 
 import numpy as np
@@ -174,10 +175,11 @@ def test_bad_tokenizer_files_are_one_line_errors(tmp_path):
     assert "\n" not in str(error.value)
 
 
-def test_a_tokenizer_file_that_panics_the_rust_parser_is_a_one_line_error(tmp_path, monkeypatch):
+def test_a_tokenizer_file_that_panics_the_rust_parser_is_a_one_line_error(tmp_path, monkeypatch, capfd):
     """tokenizers panics on some files (here a BPE whose continuing_subword_prefix its merges lack):
-    pyo3's PanicException is no Exception, so it ended in a traceback."""
-    monkeypatch.delenv("RUST_BACKTRACE", raising=False)
+    pyo3's PanicException is no Exception, so it ended in a traceback; and Rust's panic hook writes
+    its message (with RUST_BACKTRACE=1 a whole stack) to the terminal before Python sees it."""
+    monkeypatch.setenv("RUST_BACKTRACE", "1")
     model = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "##",
              "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
              "vocab": {"a": 0, "b": 1, "ab": 2, END_OF_TEXT: 3}, "merges": [["a", "b"]]}
@@ -188,6 +190,17 @@ def test_a_tokenizer_file_that_panics_the_rust_parser_is_a_one_line_error(tmp_pa
     with pytest.raises(DataError, match=r"panics\.json: not a valid tokenizer\.json \(.+\)$") as error:
         Tokenizer.from_file(path)
     assert "\n" not in str(error.value)
+    assert capfd.readouterr().err == ""  # nothing but the one-line error reaches the terminal
+
+
+def test_what_native_code_writes_while_a_tokenizer_loads_still_reaches_the_terminal(capfd):
+    """The panic's output is held back only when loading fails: a warning written to descriptor 2
+    by a load that succeeds is given back, after the lines written before it."""
+    from tinyattn.data.tokenizer import _native_stderr_held
+    os.write(2, b"before\n")
+    with _native_stderr_held():
+        os.write(2, b"a native warning\n")
+    assert capfd.readouterr().err == "before\na native warning\n"
 
 
 # ----------------------------------------------------------------------------- decode, labels

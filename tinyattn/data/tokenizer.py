@@ -24,6 +24,10 @@ why the cut points leave the tokens unchanged for the kinds built here.
 from __future__ import annotations
 
 import json
+import os
+import sys
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
@@ -38,6 +42,33 @@ END_OF_TEXT = "<|endoftext|>"
 UNKNOWN = "[UNK]"
 BYTE_ALPHABET_SIZE = 256
 PIECE_CHARS = 1 << 16  # long texts are encoded in pieces of about this many characters
+
+
+@contextmanager
+def _native_stderr_held() -> Iterator[None]:
+    """Hold what is written to file descriptor 2 inside the block, and give it back unless the
+    block raises. A Rust panic in `tokenizers` writes its message (with RUST_BACKTRACE=1 a whole
+    stack) there before Python sees the PanicException; the one-line error that follows says it.
+    Where descriptor 2 cannot be duplicated (closed), the block runs as it is."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:
+        saved = None
+    if saved is None:
+        yield
+        return
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        held.seek(0)  # the block did not raise: what it wrote goes where it was going
+        written = held.read()
+        while written:
+            written = written[os.write(2, written):]
 
 
 class Tokenizer:
@@ -87,7 +118,8 @@ class Tokenizer:
     def from_json(cls, text: str, *, origin: str = "tokenizer JSON", end_of_text: Optional[str] = None,
                   start_of_text: Optional[str] = None) -> "Tokenizer":
         try:
-            backend = tokenizers.Tokenizer.from_str(text)
+            with _native_stderr_held():
+                backend = tokenizers.Tokenizer.from_str(text)
         except BaseException as e:  # serde's message as an Exception; a Rust panic as PanicException
             if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
                 raise  # KeyboardInterrupt, SystemExit
