@@ -9,11 +9,16 @@ median time of a step of each, in alternating rounds.
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import torch
 
+from benchmarks.arguments import check_counts
+from tinyattn.cli import run_command
 from tinyattn.train.optim import Muon
+
+LEAST = {"rounds": (1, ""), "repeats": (1, "")}
 
 # The main config's matrices, per layer: qkv (576, 192), output (192, 192), gate_up (1024, 192),
 # down (192, 512).
@@ -37,7 +42,12 @@ def median_ms(optimizer, repeats: int = 15) -> float:
     return sorted(times)[len(times) // 2] * 1e3
 
 
-def main() -> None:
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of the three optimizers")
+    parser.add_argument("--repeats", type=int, default=15, help="steps timed per optimizer and round")
+    args = parser.parse_args()
+    check_counts(args, LEAST)
     print(f"torch {torch.__version__}, capability {torch.backends.cpu.get_cpu_capability()}, "
           f"{torch.get_num_threads()} threads")
     start, ours, theirs, ours_bf16 = matrices(), matrices(), matrices(), matrices()
@@ -53,9 +63,11 @@ def main() -> None:
 
     print(f"update difference from ours in fp32: torch.optim.Muon {gap(theirs, ours):.3g}, "
           f"ours in bf16 {gap(ours_bf16, ours):.3g}")
-    for r in range(3):
-        print(f"round {r}: " + ", ".join(f"{name} {median_ms(o):.0f} ms" for name, o in optimizers.items()))
+    for r in range(args.rounds):
+        print(f"round {r}: " + ", ".join(f"{name} {median_ms(o, args.repeats):.0f} ms"
+                                         for name, o in optimizers.items()))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_command(main))

@@ -235,6 +235,8 @@ def test_the_suite_decodes_the_configs_whole_model(monkeypatch):
     ("serve", ["--repeats", "0"], "--repeats 0"),
     ("serve", ["--clients", "1", "0"], "--clients 0"),
     ("serve", ["--threads", "0"], "--threads 0"),
+    ("muon_compare", ["--rounds", "0"], "--rounds 0"),
+    ("muon_compare", ["--repeats", "0"], "--repeats 0"),
 ])
 def test_a_benchmarks_refused_argument_is_one_line_naming_it_with_exit_2(module, arguments, named,
                                                                        monkeypatch, capsys):
@@ -244,10 +246,17 @@ def test_a_benchmarks_refused_argument_is_one_line_naming_it_with_exit_2(module,
 
     main = importlib.import_module(f"benchmarks.{module}").main
     monkeypatch.setattr(sys, "argv", [module, "--config", str(ROOT / "configs" / "tiny.yaml"), *arguments]
-                        if module != "time_to_loss" else [module, *arguments])
+                        if module not in ("time_to_loss", "muon_compare") else [module, *arguments])
     assert run_command(main) == 2  # before anything is measured
     err = capsys.readouterr().err
     assert err.startswith(f"error: {named}") and err.count("\n") == 1, err
+
+
+def test_muon_compare_help_prints_its_options_and_measures_nothing():
+    result = subprocess.run([sys.executable, "-m", "benchmarks.muon_compare", "--help"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "--rounds" in result.stdout, result.stderr[-2000:]
+    assert "update difference" not in result.stdout  # it ran the comparison before it took arguments
 
 
 @pytest.mark.parametrize("module, arguments", [("serve", ["--max-tokens", "1"]),
