@@ -142,6 +142,40 @@ def test_a_forked_run_has_its_own_hparams_session_and_keeps_it_when_resumed(corp
     assert [session["train.lr"] for session in hparams_sessions(tmp_path / "tb")] == [pytest.approx(2e-3)]
 
 
+def test_a_run_resumed_after_a_kill_holds_each_step_once_in_tensorboard(corpus, tmp_path, monkeypatch):
+    """A kill after step 9's evaluation, before its checkpoint: the curves of steps 7-9 are in the
+    killed session's event file; the resume from step 6 trains them again. TensorBoard then shows
+    each step once, the resumed session's, and keeps step 6's validation loss, which the checkpoint
+    covers and the resume does not log again."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tinyattn.train.owners import Checkpointer
+
+    items = ("train.max_steps=9", "train.eval_interval=3", "train.log_interval=1")
+    save = Checkpointer.save
+
+    def killed_at_step_9(checkpointer, trainer, best):
+        if trainer.step == 9:
+            raise RuntimeError("killed")
+        save(checkpointer, trainer, best)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Checkpointer, "save", killed_at_step_9)
+        with pytest.raises(RuntimeError, match="killed"):
+            train(tiny_config(corpus, tmp_path, *items), run_name="k9", progress=False)
+    assert ckpt.latest_checkpoint(tmp_path / "k9").name == ckpt.step_filename(6)
+    killed_second = int(time.time())
+    while int(time.time()) == killed_second:  # event files are named by the second they open in
+        time.sleep(0.05)
+    resumed_at = time.time()
+    train(tiny_config(corpus, tmp_path, *items), run_name="k9", resume=True, progress=False)
+    events = EventAccumulator(str(tmp_path / "k9")).Reload()
+    losses, validations = events.Scalars("train/loss"), events.Scalars("val/loss")
+    assert [e.step for e in losses] == list(range(1, 10))
+    assert [e.step for e in validations] == [3, 6, 9]
+    assert all((e.wall_time >= resumed_at) == (e.step > 6) for e in [*losses, *validations])
+
+
 def test_learning_rate_schedule():
     config = load_config(TINY, ["train.lr=1.0", "train.min_lr=0.1", "train.warmup_steps=10",
                                 "train.max_steps=110", "train.schedule=cosine"]).train

@@ -161,8 +161,12 @@ class Logger:
         checkpoint a resumed or forked run continues from."""
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(self.run_dir))
         t = self.trainer
+        # A run resumed in its own folder trains again the steps a killed session logged past its
+        # checkpoint: purge_step hides them (every step after the checkpoint's) from TensorBoard, and
+        # keeps what that session logged at the checkpoint's step, which the checkpoint holds.
+        resumed_in_place = point is not None and not point.forks_into(self.run_dir)
+        self.writer = SummaryWriter(str(self.run_dir), purge_step=t.step + 1 if resumed_in_place else None)
         self.writer.add_text("config", "```\n" + (self.run_dir / "config.yaml").read_text() + "\n```", t.step)
         # One HParams session per run: a new run's, or a fork's (a new run in a new folder, from a step
         # past 0); a run resumed in its own folder continues the one it has.
