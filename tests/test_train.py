@@ -1288,6 +1288,27 @@ def test_the_logged_learning_rates_are_read_from_the_optimizers(tmp_path, tensor
         "lr/adamw/embedding": 0.25, "lr/adamw/gains": 0.125, "lr/muon/matrices": 0.5}
 
 
+def test_the_progress_bar_shows_the_figures_of_the_step_it_reaches(tmp_path, tensorboard_writer):
+    import io
+
+    from tqdm import tqdm
+
+    from tinyattn.config import Config
+    from tinyattn.train.log import Logger
+
+    trainer = tiny_trainer(None, max_steps=20)
+    log = Logger(tmp_path, Config(), trainer, peak_flops=1e12, enabled=True, progress=True)
+    log.writer = tensorboard_writer
+    screen = io.StringIO()
+    log.bar = tqdm(total=20, file=screen, mininterval=0, miniters=1)  # draws at each update, as slow steps do
+    log.train(step=5, losses=[3.0] * 5, seconds=1.0, grad_norm=torch.tensor(1.0))
+    log.train(step=10, losses=[2.0] * 5, seconds=4.0, grad_norm=torch.tensor(1.0))
+    last = screen.getvalue().split("\r")[-1]
+    assert " 10/20 " in last and "loss=2.0000" in last
+    assert f"tok_s={5 * trainer.tokens_per_step / 4.0:,.0f}" in last
+    log.bar.close()
+
+
 def test_the_gradient_norm_is_clipped_to_grad_clip():
     batch = torch.from_numpy(np.random.default_rng(1).integers(0, 67, size=(8, 33)))
     x, y = batch[:, :-1], batch[:, 1:]

@@ -211,9 +211,10 @@ class Logger:
         if self.bar is not None:
             bar = self.bar
             bar.total = self.trainer.plan.total_steps(step)  # a time budget's plan moves it
-            to_console(lambda: bar.update(len(losses)))
+            # The figures first: the update draws the bar, with this step's figures beside its count
             bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:,.0f}",
                             refresh=False)
+            to_console(lambda: bar.update(len(losses)))
         else:
             self.print(f"step {step}: loss {loss:.4f}, lr {lr:.2e}, {tokens_per_second:,.0f} tok/s, "
                        f"mfu {mfu:.1%}")
