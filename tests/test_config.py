@@ -348,6 +348,34 @@ def test_validation_errors_name_file_key_and_what_is_accepted(tmp_path, text, ov
     assert "\n" not in str(info.value)  # one line
 
 
+@pytest.mark.parametrize("text, overrides, message", [
+    ("", ["data.files="], r"^--set: data\.files: '' is not accepted; expected a path, glob or folder$"),
+    ("", ["data.files=['']"], r"^--set: data\.files: '' is not accepted; expected a path, glob or folder$"),
+    ("", ["data.files='  '"], r"^--set: data\.files: '  ' is not accepted; expected a path, glob or folder$"),
+    ("", ["data.files=[a.txt, '']"], r"^--set: data\.files: '' is not accepted; expected a path, glob or folder$"),
+    ("data:\n  files: ['']\n", [], r"^.*c\.yaml: data\.files: '' is not accepted; expected a path, glob"),
+    ("", ["data.files=null", "data.dataset="],
+     r"^--set: data\.dataset: '' is not accepted; expected a hub name or a dataset folder$"),
+    ("", ["data.cache_dir="], r"^--set: data\.cache_dir: '' is not accepted; expected a folder"),
+    ("", ["data.cache_dir=' '"], r"^--set: data\.cache_dir: ' ' is not accepted; expected a folder"),
+    ("", ["train.out_dir="], r"^--set: train\.out_dir: '' is not accepted; expected a folder"),
+])
+def test_an_empty_or_blank_path_is_refused_not_read_as_the_current_folder(tmp_path, text, overrides, message):
+    """Path("") is the current folder: an empty data.files read everything below it (checkpoints
+    included), an empty data.dataset read it as a dataset folder, an empty data.cache_dir or
+    train.out_dir wrote into it. Each is refused when the config is read, before any work."""
+    path = write(tmp_path / "c.yaml", ("data:\n  files: a.txt\n" if not text else "") + text)
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(path, overrides)
+    assert "\n" not in str(info.value)  # one line
+
+
+def test_an_empty_init_from_still_means_none(tmp_path):
+    """train.init_from's empty text is read as "no source" (`init_source`), not as a folder: kept."""
+    path = write(tmp_path / "c.yaml", "data:\n  files: a.txt\n")
+    assert load_config(path, ["train.init_from="]).train.init_from == ""
+
+
 def test_error_names_the_file_the_key_came_from(tmp_path):
     write(tmp_path / "base.yaml", "data:\n  files: a.txt\nmodel:\n  n_head: 5\n")
     child = write(tmp_path / "child.yaml", "extends: base.yaml\n")

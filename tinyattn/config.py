@@ -35,6 +35,14 @@ from tinyattn.system.storage import atomic_write, read_text
 Fail = Callable[[str, Any, str], None]  # fail(dotted key, bad value, what is accepted) raises
 
 
+def _refuse_blank(fail: Fail, key: str, value: Optional[str], accepted: str) -> None:
+    """fail() for a path that is empty or only spaces. Path("") is the current folder: an empty
+    data.files would read everything below it (run folders included), an empty train.out_dir write
+    runs into it. Where the current folder is meant, '.' says so."""
+    if value is not None and not value.strip():
+        fail(key, value, accepted)
+
+
 @dataclass
 class ModelConfig:
     """Shape of the decoder-only transformer."""
@@ -140,6 +148,10 @@ class DataConfig:
             fail("data.files", d.files, "set exactly one of data.dataset (a hub name) or data.files")
         if d.files is not None and not d.files:
             fail("data.files", d.files, "expected at least one path, glob or folder")
+        for entry in d.files or []:
+            _refuse_blank(fail, "data.files", entry, "expected a path, glob or folder")
+        _refuse_blank(fail, "data.dataset", d.dataset, "expected a hub name or a dataset folder")
+        _refuse_blank(fail, "data.cache_dir", d.cache_dir, "expected a folder ('.' for the current one)")
         if d.url is not None and (d.files is None or len(d.files) != 1):
             fail("data.url", d.url, "needs data.files to be the single path it is downloaded to")
         if d.url is not None and any(c in d.files[0] for c in "*?["):
@@ -291,6 +303,7 @@ class TrainConfig:
             fail(key, getattr(tr, key.split(".")[1]), "expected a non-negative number")
         if tr.ema is not None and not 0.0 < tr.ema < 1.0:
             fail("train.ema", tr.ema, "expected a number in (0, 1), e.g. 0.98, or null (no average)")
+        _refuse_blank(fail, "train.out_dir", tr.out_dir, "expected a folder ('.' for the current one)")
         tr._validate_pass_tables(fail)
         tr._validate_run_numbers(fail)
         check_device(tr.device, fail, "train.device")
