@@ -639,6 +639,44 @@ def test_lab_context_names_the_token_compared_in_each_context_not_the_firsts(tin
     assert "- context 2: '(speak) now'; compared token 'speak' (id 4)\n" in written
 
 
+def _lab_context(tiny_model, char_tokenizer, monkeypatch, word, contexts, out) -> int:
+    """`tinyattn lab context` on the tests' tiny model and the character tokenizer of CORPUS."""
+    from tinyattn.hf import folder
+
+    model = tiny_model(vocab_size=char_tokenizer.vocab_size)
+    monkeypatch.setattr(folder, "load_any_model", lambda checkpoint: SimpleNamespace(
+        model=model, tokenizer=char_tokenizer, label="stub"))
+    context_options = [option for text in contexts for option in ("--context", text)]
+    return main(["lab", "context", "--checkpoint", "unused", "--word", word, *context_options, "--out", str(out)])
+
+
+def test_lab_context_refuses_a_word_whose_last_token_is_unk_before_writing_anything(
+        tiny_model, char_tokenizer, monkeypatch, tmp_path, capsys):
+    # The tokenizer never saw 'é': 'Café' ends in [UNK] in every context, and the table would compare
+    # the [UNK] token's states, not the word's.
+    out = tmp_path / "out"
+    assert _lab_context(tiny_model, char_tokenizer, monkeypatch, "Café", ["Café bank", "a Café"], out) == 2
+    err = capsys.readouterr().err
+    assert err == ("error: --word 'Café': its last token in the context 'Café bank' is [UNK] (the "
+                   "tokenizer has never seen 'é'), so the table would compare [UNK], not the word; give a "
+                   "word whose last character the tokenizer has seen\n")
+    assert not out.exists()
+    with pytest.raises(TinyattnError, match=r"^--word 'Café': its last token in the context 'Café bank' is "):
+        word_position(char_tokenizer, "Café bank", "Café")
+
+
+def test_lab_context_warns_of_characters_the_tokenizer_never_saw_as_generate_and_eval_do(
+        tiny_model, char_tokenizer, monkeypatch, tmp_path, capsys):
+    # 'speak' is read as itself; the second context's 'é' and 'ü' are [UNK]: measured, with a warning
+    # naming that context alone, in the words of the other commands' warning.
+    contexts = ["First Citizen: we speak", "héllo, speak, über"]
+    assert _lab_context(tiny_model, char_tokenizer, monkeypatch, "speak", contexts, tmp_path) == 0
+    err = capsys.readouterr().err
+    assert err == ("warning: --context 'héllo, speak, über': 2 characters the tokenizer has never seen, "
+                   "read as [UNK]: 'é', 'ü'\n")
+    assert "compared token 'k'" in (tmp_path / "context.md").read_text()
+
+
 def test_after_a_start_token_the_word_position_is_still_its_last_token(char_tokenizer, monkeypatch):
     # An imported folder's bos begins the ids: the position counts it.
     from tinyattn.data.tokenizer import Tokenizer

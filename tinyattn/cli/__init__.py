@@ -49,19 +49,6 @@ def run_command(command: Callable[[], int | None]) -> int:
         return 2
 
 
-def warn_unknown_characters(tokenizer, text: str, ids: list[int], where: str, verb: str = "read") -> None:
-    """`warning: <where>: N characters the tokenizer has never seen, <verb> as [UNK]: 'é', ...` on
-    stderr (the first ten named) where `ids`, the encoding of `text`, hold the unknown token."""
-    from tinyattn.data.tokenizer import unknown_characters
-
-    unknown = unknown_characters(tokenizer, text, ids)
-    if unknown:
-        shown = ", ".join(repr(c) for c in unknown[:10]) + (", ..." if len(unknown) > 10 else "")
-        what = "1 character" if len(unknown) == 1 else f"{len(unknown)} characters"
-        print(f"warning: {where}: {what} the tokenizer has never seen, {verb} as [UNK]: {shown}",
-              file=sys.stderr)
-
-
 def _to_stderr(line: str) -> None:
     """A last line for the console, which may be gone (a closed terminal): then it is dropped."""
     try:

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tinyattn.cli import run_command, warn_unknown_characters
+from tinyattn.cli import run_command
 from tinyattn.cli.options import add_checkpoint, add_device, command_parser
 from tinyattn.errors import TinyattnError
 
@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 def command(args: argparse.Namespace) -> int:
     from tinyattn.analysis.plotting import require_matplotlib
     from tinyattn.checkpoint import require_causal
+    from tinyattn.data.tokenizer import warn_unknown_characters
     from tinyattn.hf.folder import load_any_model
     from tinyattn.system.device import select_device
 

@@ -85,7 +85,7 @@ def _tokens(args: argparse.Namespace, loaded):
     name of the plot's file)."""
     import numpy as np
 
-    from tinyattn.cli import warn_unknown_characters
+    from tinyattn.data.tokenizer import warn_unknown_characters
     from tinyattn.system.storage import read_text
 
     if args.text_file is not None:

@@ -299,6 +299,19 @@ def unknown_characters(tokenizer, text: str, ids: Optional[list[int]] = None) ->
     return tokenizer.unknown_pieces(text)
 
 
+def warn_unknown_characters(tokenizer, text: str, ids: list[int], where: str, verb: str = "read") -> None:
+    """`warning: <where>: N characters the tokenizer has never seen, <verb> as [UNK]: 'é', ...` on
+    stderr (the first ten named) where `ids`, the encoding of `text`, hold the unknown token: the one
+    warning of the commands that read a user's text (generate's prompt, eval --text-file, attention
+    --text, lab context --context)."""
+    unknown = unknown_characters(tokenizer, text, ids)
+    if unknown:
+        shown = ", ".join(repr(c) for c in unknown[:10]) + (", ..." if len(unknown) > 10 else "")
+        what = "1 character" if len(unknown) == 1 else f"{len(unknown)} characters"
+        print(f"warning: {where}: {what} the tokenizer has never seen, {verb} as [UNK]: {shown}",
+              file=sys.stderr)
+
+
 def pretrained_file(path: str | Path) -> Path:
     """tokenizer.path as a file to read, or a one-line DataError for a missing path or a folder."""
     path = Path(path)

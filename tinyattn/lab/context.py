@@ -50,7 +50,9 @@ def word_position(tokenizer, context: str, word: str) -> tuple[list[int], int]:
     folder's bos, as generation reads a text; nothing for tinyattn's own tokenizers).
 
     The position is the length of the start and the encoded text up to the word's end, less one; a
-    tokenizer that merges the word with what follows it is refused, as no token then ends the word."""
+    tokenizer that merges the word with what follows it is refused, as no token then ends the word,
+    and so is a word whose last token is the unknown one ([UNK]: the table would compare it, the
+    same token for every word the tokenizer never saw, and say nothing of the word)."""
     found = re.search(rf"(?<!\w){re.escape(word)}(?!\w)", context) if word else None
     start = found.start() if found else -1
     if start < 0:
@@ -61,6 +63,14 @@ def word_position(tokenizer, context: str, word: str) -> tuple[list[int], int]:
     if ids[:len(prefix)] != prefix:
         raise TinyattnError(f"--context {context!r}: the tokenizer merges {word!r} with the text after it; "
                             "put a space or punctuation after the word")
+    unknown = getattr(tokenizer, "unknown_id", None)
+    if unknown is not None and prefix and prefix[-1] == unknown:
+        from tinyattn.data.tokenizer import unknown_characters
+
+        names = ", ".join(repr(c) for c in unknown_characters(tokenizer, word)) or repr(word)
+        raise TinyattnError(f"--word {word!r}: its last token in the context {context!r} is [UNK] (the "
+                            f"tokenizer has never seen {names}), so the table would compare [UNK], not the "
+                            "word; give a word whose last character the tokenizer has seen")
     bos = tokenizer.text_start
     return bos + ids, len(bos) + len(prefix) - 1
 
@@ -144,12 +154,16 @@ def save_figure(word: str, pairs, table, path: Path) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from tinyattn.analysis.plotting import require_matplotlib
+    from tinyattn.data.tokenizer import warn_unknown_characters
     from tinyattn.hf.folder import load_any_model
 
     started = time.perf_counter()
     require_matplotlib()  # before any work: without it context.png cannot be drawn (one line)
     contexts = args.contexts or list(DEFAULT_CONTEXTS)
     loaded = load_any_model(args.checkpoint)
+    for context in contexts:  # a word read as [UNK] refused; other unknown characters named, as generate does
+        ids, _ = word_position(loaded.tokenizer, context, args.word)
+        warn_unknown_characters(loaded.tokenizer, context, ids, f"--context {context!r}")
     pairs, table = similarity_table(loaded.model, loaded.tokenizer, args.word, contexts)
     from tinyattn.lab.outputs import experiment_folder
 
