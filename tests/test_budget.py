@@ -8,6 +8,7 @@ sums are exact, so two runs that see the same readings make bit-for-bit the same
 
 import math
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -196,8 +197,8 @@ def test_a_resume_whose_budget_is_spent_by_its_start_up_is_refused_and_a_one_ste
     spent = ckpt.load_checkpoint(ckpt.latest_checkpoint(first.run_dir))["plan"]["spent"]
     files = {p.name: p.read_bytes() for p in first.run_dir.iterdir() if p.name != "train.log"}
     machine.signal_at_step, clock.now = None, 0.0
-    with pytest.raises(TinyattnError, match=r"^the run is at step 100, and its time budget 100s is spent \(100 s "
-                                            r"over its sessions, this one's start-up included\): no step fits; "
+    with pytest.raises(TinyattnError, match=rf"^{re.escape(str(first.run_dir))}: the run is at step 100, and its "
+                                            r"time budget 100s is spent \(100 s over its sessions, this one's start-up included\): no step fits; "
                                             r"--set train\.max_steps=N with N above 100 trains on"):
         train(budget_config(corpus, tmp_path, "100s"), run_name="run", resume=True, progress=False, clock=clock,
               elapsed_before=100.0 - spent)

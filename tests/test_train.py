@@ -2,6 +2,7 @@
 
 import math
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -449,7 +450,9 @@ def test_resuming_an_earlier_checkpoint_with_a_new_run_name_forks(corpus, tmp_pa
 
 def test_a_fork_that_fails_before_its_first_step_leaves_no_folder_behind(corpus, tmp_path, twelve_steps):
     run, before = twelve_steps
-    with pytest.raises(TinyattnError, match="already at step 6"):
+    fork_from = run / "step_0000006.pt"  # named, as a fork starts from it
+    with pytest.raises(TinyattnError,
+                       match=rf"^--stop-at-step 5: {re.escape(str(fork_from))} is already at step 6"):
         train(tiny_config(corpus, tmp_path, "train.max_steps=12"), run_name="fork",
               resume=run / "step_0000006.pt", stop_at_step=5, progress=False)
     assert not (tmp_path / "fork").exists()
@@ -743,12 +746,24 @@ def test_an_emptied_config_yaml_resumes_with_the_checkpoints_config_and_says_so(
 def test_resuming_a_run_with_no_step_left_is_refused_before_anything_is_written(corpus, tmp_path,
                                                                                 twelve_steps, max_steps):
     run, before = twelve_steps
-    with pytest.raises(TinyattnError, match=rf"the run is at step 12, and train\.max_steps is {max_steps}: "
-                                            r"nothing is left to train; --set train\.max_steps=N with N "
-                                            r"above 12"):
+    with pytest.raises(TinyattnError, match=rf"^{re.escape(str(run))}: the run is at step 12, and "
+                                            rf"train\.max_steps is {max_steps}: nothing is left to train; "
+                                            r"--set train\.max_steps=N with N above 12"):
         train(tiny_config(corpus, tmp_path, f"train.max_steps={max_steps}"), run_name="orig", resume=True,
               progress=False)
     assert _file_digests(run) == before  # config.yaml keeps max_steps 12; no new TensorBoard file
+
+
+def test_a_bare_resume_with_no_step_left_names_the_run_it_picked(corpus, tmp_path, twelve_steps, capsys):
+    """--resume alone picks the most recent run: its refusal says which one, as the start line would."""
+    run, before = twelve_steps
+    from tinyattn.cli.train import main
+
+    assert main(["--resume", "--no-progress", "--set", f"train.out_dir={tmp_path}"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {run}: the run is at step 12, and train.max_steps is 12: nothing is left to train; "
+        "--set train.max_steps=N with N above 12 trains on")
+    assert _file_digests(run) == before
 
 
 def test_a_stop_at_a_step_between_evaluations_evaluates_and_saves_it_and_a_resume_goes_on_from_it(
@@ -759,7 +774,8 @@ def test_a_stop_at_a_step_between_evaluations_evaluates_and_saves_it_and_a_resum
     first = train(tiny_config(corpus, tmp_path, *items), run_name="run", stop_at_step=3, progress=False)
     assert ckpt.latest_checkpoint(first.run_dir).name == ckpt.step_filename(3)
     assert first.last_val_loss == ckpt.load_checkpoint(first.run_dir / ckpt.step_filename(3))["best_val_loss"]
-    with pytest.raises(TinyattnError, match=r"^--stop-at-step 3: the run is already at step 3; give a "):
+    with pytest.raises(TinyattnError, match=rf"^--stop-at-step 3: {re.escape(str(first.run_dir))} is "
+                                            r"already at step 3; give a "):
         train(tiny_config(corpus, tmp_path, *items), run_name="run", resume=True, stop_at_step=3,
               progress=False)
     capsys.readouterr()

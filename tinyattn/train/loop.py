@@ -172,12 +172,15 @@ def _for_precision(config: Config, device: torch.device, request: _Request,
 
 
 def _steps_left_or_refuse(trainer: Trainer, train: TrainConfig, stop_at_step: Optional[int], *,
-                          resumed: bool) -> Optional[int]:
-    """--stop-at-step, after refusing (before anything is written) a run with no step to train."""
-    if resumed and (trainer.plan.done(trainer.step) or trainer.plan.no_step_fits(trainer.step)):
-        raise TinyattnError(_nothing_left(trainer.plan, train, trainer.step))
+                          resumed: Optional[Path]) -> Optional[int]:
+    """--stop-at-step, after refusing (before anything is written) a run with no step to train.
+    `resumed`: what a resume continues, named first in its refusals (a bare --resume picked it);
+    None for a new run."""
+    if resumed is not None and (trainer.plan.done(trainer.step) or trainer.plan.no_step_fits(trainer.step)):
+        raise TinyattnError(f"{resumed}: {_nothing_left(trainer.plan, train, trainer.step)}")
     if stop_at_step is not None and stop_at_step <= trainer.step:
-        raise TinyattnError(f"--stop-at-step {stop_at_step}: the run is already at step {trainer.step}; "
+        run = "the run" if resumed is None else str(resumed)
+        raise TinyattnError(f"--stop-at-step {stop_at_step}: {run} is already at step {trainer.step}; "
                             "give a later step")
     return stop_at_step
 
@@ -207,7 +210,9 @@ def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Option
     elif source is not None:
         source.load_into(trainer.model)
         trainer.weights_loaded()  # train.ema's average starts from them, not from the random init
-    stop_at_step = _steps_left_or_refuse(trainer, config.train, request.stop_at_step, resumed=point is not None)
+    # A resume in place is named by its folder, a fork by the checkpoint it starts from
+    resumed = None if point is None else point.file if point.forks_into(run_dir) else run_dir
+    stop_at_step = _steps_left_or_refuse(trainer, config.train, request.stop_at_step, resumed=resumed)
     # MFU's denominator; the measurement draws from its own generator, so exact resume is unaffected.
     peak = config.train.peak_flops or measure_peak_flops(device, trainer.precision)
     log = Logger(run_dir, config, trainer, peak_flops=peak, enabled=dist.is_main, progress=request.progress)
