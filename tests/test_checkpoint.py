@@ -145,3 +145,72 @@ def test_a_loaded_model_is_ready_for_inference_in_eval_mode(tmp_path, char_token
                           "tokenizer": char_tokenizer.to_json(), "step": 7}, tmp_path / ckpt.BEST)
     loaded = ckpt.load_model(tmp_path)
     assert loaded.step == 7 and not any(module.training for module in loaded.model.modules())
+
+
+def gguf_file(path: Path) -> Path:
+    """The start of a GGUF file (magic, version 3, zero tensors, zero keys): enough to be told by."""
+    path.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + bytes(16))
+    return path
+
+
+def safetensors_file(path: Path) -> Path:
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({"weight": torch.zeros(2)}, str(path))
+    return path
+
+
+def other_formats(tmp_path: Path) -> dict[Path, str]:
+    """A GGUF file, a Hugging Face folder's weights and a safetensors file in no such folder, each
+    with the line a command reading Hugging Face folders too says for it."""
+    gguf = gguf_file(tmp_path / "b60.gguf")
+    folder = tmp_path / "b60"
+    weights = safetensors_file(folder / "model.safetensors")
+    (folder / "config.json").write_text("{}")
+    loose = safetensors_file(tmp_path / "loose" / "weights.safetensors")
+    safetensors = "a safetensors file (weights alone), not a tinyattn checkpoint"
+    return {
+        gguf: f"{gguf}: a GGUF file, which tinyattn writes but does not read; give a run folder, a .pt "
+              "checkpoint or a Hugging Face folder",
+        weights: f"{weights}: {safetensors}; give the Hugging Face folder that holds it ({folder}), a run "
+                 "folder or a .pt checkpoint",
+        loose: f"{loose}: {safetensors}; a Hugging Face folder holding it is read (config.json, safetensors, "
+               f"tokenizer.json: {loose.parent} has no config.json), as is a run folder or a .pt checkpoint",
+    }
+
+
+@pytest.mark.parametrize("command, argv", [("generate", ["--prompt", "x"]),
+                                           ("eval", ["--split", "validation"]),
+                                           ("export", ["--out", "exported"])])
+def test_a_gguf_or_safetensors_file_as_checkpoint_is_named_for_what_it_is_not_called_damaged(
+        command, argv, tmp_path, capsys):
+    import importlib
+
+    module = importlib.import_module(f"tinyattn.cli.{command}")
+    for file, message in other_formats(tmp_path).items():
+        assert module.main(["--checkpoint", str(file), *argv]) == 2
+        assert capsys.readouterr().err == f"error: {message}\n"
+    assert not (tmp_path / "exported").exists()
+
+
+def test_a_gguf_or_safetensors_file_to_fine_tune_from_or_resume_is_named_for_what_it_is(tmp_path):
+    from tinyattn.train.finetune import InitSource
+    from tinyattn.train.resume import ResumePoint
+
+    for file, message in other_formats(tmp_path).items():
+        with pytest.raises(CheckpointError, match=f"^{re.escape(message)}$"):
+            InitSource.load(str(file), tmp_path)  # train.init_from reads a Hugging Face folder too
+        what = message.partition(";")[0]  # --resume takes no Hugging Face folder: only tinyattn's own
+        with pytest.raises(CheckpointError, match=f"^{re.escape(what)}; --resume takes a run folder or one "
+                                                  r"of its checkpoints \(step_\*\.pt, best\.pt\)$"):
+            ResumePoint.find(file, None, tmp_path)
+
+
+def test_a_truncated_checkpoint_is_still_called_truncated_or_corrupt(tmp_path):
+    file = saved(tmp_path / ckpt.step_filename(3), 3)
+    file.write_bytes(file.read_bytes()[:100])
+    message = f"{file}: not a readable checkpoint (truncated or corrupt?): not a torch.save archive"
+    for load in (ckpt.load_checkpoint, ckpt.load_model):
+        with pytest.raises(CheckpointError, match=f"^{re.escape(message)}$"):
+            load(file)

@@ -16,7 +16,8 @@ A run folder (`checkpoints/<run-name>/`) holds `step_<N>.pt` for the last few st
 `best.pt` for the lowest validation loss, `config.yaml`, `tokenizer.json`, `data.json`, and the
 TensorBoard event files. A run folder named where the best model is wanted whose best.pt
 is damaged gives its newest step checkpoint that verifies, with a note; a damaged best.pt
-named as a file is refused, naming that step checkpoint.
+named as a file is refused, naming that step checkpoint. A GGUF or safetensors file named as a
+checkpoint is told by its first bytes (`file_format`) and named for what it is, never called damaged.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"{path}: checkpoint file not found")
     damaged = verify_checkpoint(path)
     if damaged:
-        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): {damaged}")
+        raise CheckpointError(other_format(path)
+                              or f"{path}: not a readable checkpoint (truncated or corrupt?): {damaged}")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError:
@@ -95,6 +97,51 @@ def verify_checkpoint(path: Path) -> Optional[str]:
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
         return f"damaged archive ({e})"
     return f"{bad} fails its CRC-32 check (the file was changed after it was written)" if bad else None
+
+
+GGUF_MAGIC = b"GGUF"  # a GGUF file's first four bytes
+
+
+def file_format(path: Path) -> Optional[str]:
+    """"gguf" or "safetensors" by a file's first bytes, else None. A safetensors file starts with
+    its header's length, 8 bytes little-endian, then the header: JSON, "{" first."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+        size = path.stat().st_size
+    except OSError:
+        return None
+    if head[:4] == GGUF_MAGIC:
+        return "gguf"
+    if len(head) == 9 and head[8:] == b"{" and 8 + int.from_bytes(head[:8], "little") <= size:
+        return "safetensors"
+    return None
+
+
+def other_format(path: Path) -> Optional[str]:
+    """What a file that is no torch.save archive is, where its first bytes tell (a GGUF or a
+    safetensors file: not damaged, only not a checkpoint); None where they do not."""
+    kind = file_format(path)
+    if kind == "gguf":
+        return f"{path}: a GGUF file, which tinyattn writes but does not read"
+    if kind == "safetensors":
+        return f"{path}: a safetensors file (weights alone), not a tinyattn checkpoint"
+    return None
+
+
+def readable_instead(file: Path) -> str:
+    """'; give ...' for a GGUF or safetensors file named where a Hugging Face folder is read too
+    (`tinyattn.hf.folder.load_any_model`, train.init_from); "" for any other file."""
+    kind = file_format(file)
+    if kind == "gguf":
+        return "; give a run folder, a .pt checkpoint or a Hugging Face folder"
+    if kind != "safetensors":
+        return ""
+    if is_hf_folder(file.parent):
+        return (f"; give the Hugging Face folder that holds it ({file.parent}), a run folder or a .pt "
+                "checkpoint")
+    return (f"; a Hugging Face folder holding it is read (config.json, safetensors, tokenizer.json: "
+            f"{file.parent} has no config.json), as is a run folder or a .pt checkpoint")
 
 
 def step_of(path: Path) -> Optional[int]:
@@ -328,7 +375,7 @@ def load_model(path: Optional[str | Path] = None, device: str | torch.device = "
     try:
         state = load_checkpoint(file)  # on the CPU: the optimizer state never goes to the device
     except CheckpointError as e:
-        raise CheckpointError(f"{e}{damaged_best_advice(file)}") from None
+        raise CheckpointError(f"{e}{damaged_best_advice(file)}{readable_instead(file)}") from None
     config = config_from_checkpoint(state, file)
     model = LanguageModel(config.model)
     load_weights(model, state, file)

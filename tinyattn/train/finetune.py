@@ -63,7 +63,10 @@ class InitSource:
             return cls(location, imported.weights_file, imported.config.model, Path(tokenizer.path),
                        imported.weights, tokenizer.end_of_text)
         file = ckpt.resolve_checkpoint(location, prefer="best")
-        state = ckpt.load_checkpoint(file)
+        try:
+            state = ckpt.load_checkpoint(file)
+        except CheckpointError as e:  # a GGUF or safetensors file: what to give instead
+            raise CheckpointError(f"{e}{ckpt.readable_instead(file)}") from None
         config = ckpt.config_from_checkpoint(state, file)
         text = state.get("tokenizer")
         if not isinstance(text, str):

@@ -54,8 +54,8 @@ def _verified_alternative(file: Path) -> str:
     """'; the newest checkpoint that verifies is ...' for a resume whose checkpoint is damaged;
     for another file (a run's config.yaml, say), where --resume points instead."""
     if file.name != ckpt.BEST and ckpt.step_of(file) is None:
-        return (f"; --resume takes a run folder or one of its checkpoints (step_*.pt, best.pt), "
-                f"such as --resume {quoted(file.parent)}")
+        such = f", such as --resume {quoted(file.parent)}" if ckpt.has_checkpoints(file.parent) else ""
+        return f"; --resume takes a run folder or one of its checkpoints (step_*.pt, best.pt){such}"
     good = ckpt.newest_verified(file.parent)
     if good is None or good == file:
         return ""
