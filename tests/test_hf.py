@@ -438,14 +438,16 @@ def test_an_export_killed_while_replacing_a_folder_loses_neither_and_is_cleaned_
 
 
 def random_llama(folder, tokenizer: Tokenizer, seed: int = 0, eos: Optional[int] = None,
-                 bos: Optional[int] = None):
+                 bos: Optional[int] = None, *, vocab_size: Optional[int] = None):
     """A LlamaForCausalLM built by transformers: GQA, untied head, eps 1e-5, RoPE base 500; its
-    eos and bos tokens `eos` and `bos` (None: the tokenizer's <|endoftext|>)."""
+    eos and bos tokens `eos` and `bos` (None: the tokenizer's <|endoftext|>); `vocab_size` rows
+    of embedding (None: the tokenizer's)."""
     import transformers
 
     hf_config = transformers.LlamaConfig(
-        vocab_size=tokenizer.vocab_size, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
-        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+        vocab_size=vocab_size or tokenizer.vocab_size, hidden_size=48, intermediate_size=80,
+        num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64,
+        rms_norm_eps=1e-5,
         rope_parameters={"rope_type": "default", "rope_theta": 500.0}, tie_word_embeddings=False,
         bos_token_id=tokenizer.eot_id if bos is None else bos,
         eos_token_id=tokenizer.eot_id if eos is None else eos)
@@ -1276,6 +1278,55 @@ def test_a_missing_init_from_is_one_line_naming_the_key(tmp_path, corpus, capsys
         "data.sha256=null", f"train.out_dir={tmp_path / 'runs'}"], capsys)
     assert code == 2 and err.startswith("error: train.init_from: ") and "nowhere" in err, err
     assert err.count("\n") == 1 and not (tmp_path / "runs").exists()
+
+
+def vocab_commands(tmp_path, corpus):
+    """generate, eval and train (train.init_from) on the folder tmp_path / "llama", as argv."""
+    from tinyattn.cli import train as train_cli
+
+    folder = tmp_path / "llama"
+    (tmp_path / "text.txt").write_text(TEXT, encoding="utf-8")
+    return {
+        "generate": (generate_cli.main, ["--checkpoint", folder, "--prompt", "ROMEO: But soft",
+                                         "--max-new-tokens", "5", "--device", "cpu"]),
+        "eval": (eval_cli.main, ["--checkpoint", folder, "--text-file", tmp_path / "text.txt", "--no-plot",
+                                 "--device", "cpu"]),
+        "train": (train_cli.main, [
+            "--config", ROOT / "configs" / "finetune_example.yaml", "--no-progress", "--set",
+            f"train.init_from={folder}", f"data.files={corpus}", "data.url=null", "data.sha256=null",
+            f"data.cache_dir={tmp_path / 'cache'}", f"train.out_dir={tmp_path / 'runs'}",
+            "train.time_budget=null", "train.max_steps=2", "train.eval_interval=2", "train.eval_windows=2",
+            "train.peak_flops=1e12", "train.sample_tokens=0", "train.show=[]", "train.device=cpu",
+            "train.precision=fp32"]),
+    }
+
+
+@pytest.mark.parametrize("command", ["generate", "eval", "train"])
+def test_a_folder_whose_vocab_size_is_below_its_tokenizers_is_refused_in_one_line_naming_config_json(
+        tmp_path, corpus, capsys, command):
+    # Was an IndexError traceback from the embedding at generate's prefill, and for train.init_from
+    # "model.vocab_size=... leave it unset", a key the user never set: config.json gave it.
+    tokenizer = tokenizer_of("bpe")
+    random_llama(tmp_path / "llama", tokenizer, vocab_size=tokenizer.vocab_size - 20)
+    main, argv = vocab_commands(tmp_path, corpus)[command]
+    code, out, err = run_main(main, argv, capsys)
+    expected = (f"{tmp_path / 'llama' / 'config.json'}: vocab_size {tokenizer.vocab_size - 20} is smaller "
+                f"than its tokenizer.json's {tokenizer.vocab_size} tokens; a model cannot read tokens it "
+                "has no embedding for")
+    prefix = "train.init_from: " if command == "train" else ""
+    assert (code, out, err) == (2, "", f"error: {prefix}{expected}\n")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("command", ["generate", "eval", "train"])
+def test_a_folder_whose_vocab_size_is_padded_above_its_tokenizers_is_used(tmp_path, corpus, capsys, command):
+    tokenizer = tokenizer_of("bpe")
+    random_llama(tmp_path / "llama", tokenizer, vocab_size=tokenizer.vocab_size + 20)
+    main, argv = vocab_commands(tmp_path, corpus)[command]
+    code, out, err = run_main(main, argv, capsys)
+    assert code == 0, err
+    if command == "train":
+        assert load_any_model(out_dir=tmp_path / "runs").config.model.vocab_size == tokenizer.vocab_size + 20
 
 
 def test_a_folder_that_gives_a_bos_but_no_eos_starts_texts_with_its_bos(tmp_path):

@@ -108,6 +108,12 @@ def read_folder(folder: str | Path) -> ImportedModel:
     weights = from_hf_weights(tensors, model_config, str(weights_file))
     tokenizer_file = folder / "tokenizer.json"
     tokenizer = Tokenizer.from_file(tokenizer_file)
+    if tokenizer.vocab_size > model_config.vocab_size:  # a padded vocab_size (larger) is fine
+        # Refused here, once, for every --checkpoint and train.init_from: the embedding has no
+        # row for the tokenizer's last ids, and the first prompt holding one would crash.
+        raise CheckpointError(f"{folder / 'config.json'}: vocab_size {model_config.vocab_size} is smaller "
+                              f"than its tokenizer.json's {tokenizer.vocab_size} tokens; a model cannot "
+                              "read tokens it has no embedding for")
     eos, bos = (_folder_token(folder, raw, tokenizer, key) for key in ("eos_token_id", "bos_token_id"))
     bos = bos or tokenizer.template_start()  # no bos_token_id: what the tokenizer puts first, as transformers
     end_of_text = None if eos == tokenizer.end_of_text else eos  # <|endoftext|> ends texts anyway
