@@ -19,8 +19,9 @@ Read top to bottom, this file is the explanation:
    the rest of the time, so a training forward pays nothing for it.
 
 Departures from the original 2017 transformer's attention, all standard in current small
-models: RoPE instead of learned absolute positions, no biases, and optionally QK-norm
-(`model.qk_norm`, RMSNorm on queries and keys, as in Qwen3).
+models: RoPE, which rotates queries and keys inside attention, instead of the fixed sinusoidal
+position encodings the 2017 transformer added to the embeddings (GPT-2 learned its own), no
+biases, and optionally QK-norm (`model.qk_norm`, RMSNorm on queries and keys, as in Qwen3).
 
 Shapes: B batch, T sequence length (Tq queries, Tk keys where they differ), C model width
 (n_embd), H query heads, Hkv key/value heads, D head width (C / H).
@@ -96,7 +97,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     """Rotate each pair (x[..., i], x[..., i + D/2]) by its position's angle.
 
     x: (B, H, T, D); cos, sin: (T, D/2) for the positions of those T tokens. The dot
-    product of a rotated query and key then depends only on their relative distance.
+    product of a rotated query and key then depends on the two vectors and, of their positions,
+    only on the offset between them (m - n), not on where they stand.
     The rotation runs in x's dtype: under bf16 the queries and keys are already bf16,
     and rotating them in fp32 would add two conversions per call for no accuracy.
     """

@@ -11,9 +11,10 @@ this file puts it to work, top to bottom:
    prompt's last token alone (`next_token_logits`).
 
 Departures from the original 2017 transformer, all standard in current small models:
-RMSNorm instead of LayerNorm, RoPE instead of learned absolute positions, SwiGLU
-instead of a ReLU MLP, no biases, pre-norm residual blocks, and an output head tied to
-the token embedding. This is the Llama architecture. Two options go beyond it and are
+RMSNorm instead of LayerNorm, RoPE instead of sinusoidal absolute positions, SwiGLU
+instead of a ReLU MLP, no biases, and pre-norm residual blocks (the 2017 model normalised
+after each residual sum). As there, the output head shares the token embedding's matrix by
+default (`model.tie_embeddings`). This is the Llama architecture. Two options go beyond it and are
 off by default: QK-norm (`model.qk_norm`, RMSNorm on queries and keys, as in Qwen3)
 and logit soft-capping (`model.logit_softcap`, as in Gemma 2).
 
