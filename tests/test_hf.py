@@ -1056,6 +1056,42 @@ def test_a_finetune_resumes_without_its_source_weights(tmp_path, corpus):
     assert result.step == 20 and load_any_model(result.run_dir).config.model.n_embd == 48
 
 
+def test_a_resume_or_fork_refuses_another_init_from_naming_both_before_anything_is_written(tmp_path, corpus,
+                                                                                           capsys):
+    # A resume reads no source: another train.init_from would only be recorded, in config.yaml and
+    # an export's model card, as a source the weights never came from.
+    from tinyattn.cli import train as train_cli
+    from tinyattn.config import load_config
+
+    random_llama(tmp_path / "llama", tokenizer_of("bpe"))
+    train(finetune_config(corpus, tmp_path, tmp_path / "llama"), run_name="ft", progress=False, stop_at_step=4)
+    runs, ft, other = tmp_path / "runs", tmp_path / "runs" / "ft", tmp_path / "qwen3_tied"
+    before = {p: p.read_bytes() for p in sorted(runs.rglob("*")) if p.is_file()}
+    for fork in (["--run-name", "fork_q"], []):
+        code, out, err = run_main(train_cli.main, ["--resume", ft, *fork, "--no-progress", "--set",
+                                                   "train.max_steps=6", f"train.init_from={other}"], capsys)
+        assert code == 2 and err.count("\n") == 1, err
+        assert f"train.init_from: checkpoint '{tmp_path / 'llama'}', config '{other}' (--set)" in err
+        assert f"fine-tune from {other} in a new run" in err
+        assert {p: p.read_bytes() for p in sorted(runs.rglob("*")) if p.is_file()} == before  # no fork_q/
+    text = (ft / "config.yaml").read_text(encoding="utf-8")
+    edited = text.replace(f"init_from: {tmp_path / 'llama'}\n", f"init_from: {other}\n")
+    assert edited != text
+    (ft / "config.yaml").write_text(edited, encoding="utf-8")
+    code, out, err = run_main(train_cli.main, ["--resume", ft, "--no-progress"], capsys)
+    assert code == 2 and "config.yaml: train.init_from was edited" in err and str(other) in err, err
+    (ft / "config.yaml").write_text(text, encoding="utf-8")
+    code, out, err = run_main(train_cli.main, ["--resume", ft, "--run-name", "fork_l", "--no-progress", "--set",
+                                               "train.max_steps=6", f"train.init_from={tmp_path / 'llama'}"], capsys)
+    assert code == 0, err  # the same value is no change
+    assert load_config(runs / "fork_l" / "config.yaml").train.init_from == str(tmp_path / "llama")
+    scratch = save_run(tmp_path, *random_model(tokenizer_of("char"), "char", 2), tokenizer_of("char"))
+    code, out, err = run_main(train_cli.main, ["--resume", scratch / "best.pt", "--run-name", "fork_s",
+                                               "--no-progress", "--set", f"train.init_from={other}"], capsys)
+    assert code == 2 and f"train.init_from: checkpoint None, config '{other}' (--set)" in err, err
+    assert not (tmp_path / "runs" / "fork_s").exists()
+
+
 @pytest.mark.parametrize("moved", [False, True], ids=["plain", "tokenizer-path-given"])
 def test_a_finetune_resumes_exactly_after_its_source_and_token_cache_are_gone(tmp_path, corpus, capsys,
                                                                               moved):

@@ -136,6 +136,7 @@ def _train(config: Config, request: _Request, dist: Distributed, stopper: StopRe
         # A --config file's by_precision: what the run's start chose (the run's own config.yaml
         # holds the result, by_precision emptied), before the model is checked against the weights.
         config = _for_precision(config, device, request, keep=point.edited)
+        point.keep_init_from(config, request.given)  # first: the source it names is never read
         if config.train.init_from:  # the model and tokenizer its source gave it (not read again)
             adopt_model(config, point.config.model, point.take_run_tokenizer(config),
                         f"{point.file} (train.init_from)")

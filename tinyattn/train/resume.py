@@ -2,7 +2,8 @@
 
 `ResumePoint` is the checkpoint a run continues from: found from a folder or file, loaded
 once, checked against the config's model shape, the data it trained on (refused when it
-changed, unless --allow-data-change) and the data's tokenizer. Without --config a resume
+changed, unless --allow-data-change) and the data's tokenizer; it keeps the run's
+train.init_from, the source it reads no more (`keep_init_from`). Without --config a resume
 takes its settings from the checkpoint plus the edits made to the folder's config.yaml
 (`edited_config`); a rewritten config.yaml keeps the user's edited text beside it
 (`keep_user_config`). It decides
@@ -202,6 +203,20 @@ class ResumePoint:
                 if f"model.{key}" not in given:
                     setattr(config.model, key, getattr(self.config.model, key))
 
+    def keep_init_from(self, config: Config, given: Sequence[str] = ()) -> None:
+        """A resume continues its checkpoint's weights and reads no source: train.init_from stays the
+        checkpoint's. Another value (--set, or a --config file's; an edit of config.yaml is refused by
+        `edited_config`) is refused before anything is written: the run's config.yaml and an export's
+        model card would name a source its weights never came from."""
+        saved, now = self.config.train.init_from or None, config.train.init_from or None
+        if now == saved:
+            return
+        source = "--set" if "train.init_from" in given else "the config's"
+        instead = f"fine-tune from {now} in a new run (without --resume)" if now else "start a new run"
+        raise CheckpointError(
+            f"{self.file}: train.init_from: checkpoint {saved!r}, config {now!r} ({source}); a resume continues "
+            f"the run's own weights and reads no source: leave train.init_from as the run has it, or {instead}")
+
     def _keep_step_count(self, config: Config, given: Sequence[str]) -> None:
         """A run that trained a step count continues it: a time budget's plan is measured at a new
         run's start (`budget.plan_for`). A train.time_budget given for this resume (--set, or edited
@@ -286,14 +301,16 @@ class ResumePoint:
         stored = self.state.get("config", {})  # as the run saved it, and wrote config.yaml
         older = set(settings(ckpt.migrated_config(stored))) - set(settings(stored))  # never in the file
         changed = [key for key in saved if key not in older and edited[key] != saved[key]]
-        fixed = [key for key in changed if key.startswith("tokenizer.")
+        fixed = [key for key in changed if key.startswith("tokenizer.") or key == "train.init_from"
                  or (key.startswith("model.") and key not in USE_NOT_SHAPE)]
         if fixed:
             key = fixed[0]
+            what = ("where these weights came from (it reads no source)" if key == "train.init_from"
+                    else "the model's shape or the tokenizer of these weights")
             raise CheckpointError(
                 f"{path}: {key} was {'edited' if key in written else 'deleted'} ({saved[key]!r} -> "
-                f"{edited[key]!r}), but a resume cannot change the model's shape or the tokenizer of these "
-                "weights: undo the edit, or start a new run (train.init_from to begin from these weights)")
+                f"{edited[key]!r}), but a resume cannot change {what}: undo the edit, or start a new run "
+                "(train.init_from to begin from these weights)")
         if not changed:
             return self.config
         self.edited = tuple(changed)  # a table's choice edited by hand: the edit wins (`adopt`)
