@@ -1092,6 +1092,46 @@ def test_a_resume_or_fork_refuses_another_init_from_naming_both_before_anything_
     assert not (tmp_path / "runs" / "fork_s").exists()
 
 
+@pytest.mark.parametrize("change", ["ids-swapped", "without-eos"])
+def test_a_finetune_whose_source_tokenizer_changed_names_the_file_and_the_runs_copy_to_resume_with(
+        tmp_path, corpus, capsys, change):
+    # The source folder downloaded again: its tokenizer.json, which a resume reads while it is there,
+    # now has two ids swapped, or is another tokenizer without the run's </s>. Refused before any
+    # data is read, naming the file, not blaming the settings or the data; the run's copy resumes.
+    from tinyattn.cli import train as train_cli
+
+    llama_with_bos_and_eos(tmp_path / "llama")
+    train(finetune_config(corpus, tmp_path, tmp_path / "llama"), run_name="ft", progress=False, stop_at_step=4)
+    source, ft = tmp_path / "llama" / "tokenizer.json", tmp_path / "runs" / "ft"
+    if change == "ids-swapped":
+        spec = json.loads(source.read_text(encoding="utf-8"))
+        vocab = spec["model"]["vocab"]
+        first, second = sorted(vocab, key=vocab.get)[10:12]
+        vocab[first], vocab[second] = vocab[second], vocab[first]
+        source.write_text(json.dumps(spec), encoding="utf-8")
+        what = f"2 tokens have other ids ({first!r}, {second!r})"
+    else:
+        tokenizer_of("bpe").save(source)
+        what = "it lacks 2 of the run's tokens ('</s>', '<s>')"
+    before = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    code, out, err = run_main(train_cli.main, ["--resume", ft, "--no-progress", "--set", "train.max_steps=6"],
+                              capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"tokenizer.path {source} changed since the run started: " in err
+    assert f"changed since the run started: {what}; token ids would no longer mean" in err
+    assert err.rstrip().endswith(f"Resume with the run's own copy: --set tokenizer.path={ft / 'tokenizer.json'}")
+    assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == before  # no cache built
+    other = tmp_path / "other.json"
+    other.write_bytes(source.read_bytes())  # a file given for the resume: named as not the run's
+    code, out, err = run_main(train_cli.main, ["--resume", ft, "--no-progress", "--set", f"tokenizer.path={other}"],
+                              capsys)
+    assert code == 2 and f"tokenizer.path {other} is not the tokenizer the run started with (from {source}): " \
+        f"{what};" in err, err
+    code, out, err = run_main(train_cli.main, ["--resume", ft, "--no-progress", "--set", "train.max_steps=6",
+                                               f"tokenizer.path={ft / 'tokenizer.json'}"], capsys)
+    assert code == 0 and "step 6:" in err, err
+
+
 @pytest.mark.parametrize("moved", [False, True], ids=["plain", "tokenizer-path-given"])
 def test_a_finetune_resumes_exactly_after_its_source_and_token_cache_are_gone(tmp_path, corpus, capsys,
                                                                               moved):

@@ -367,6 +367,16 @@ def test_an_end_of_text_the_vocabulary_lacks_is_a_one_line_error_naming_it():
         Tokenizer(backend, end_of_text="<eos>")
 
 
+def test_an_end_of_text_a_tokenizer_file_lacks_names_the_file(tmp_path):
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "</s>": 1, "?": 2}, unk_token="?"))
+    path = tmp_path / "models" / "llama" / "tokenizer.json"
+    path.parent.mkdir(parents=True)
+    Tokenizer(backend).save(path)
+    with pytest.raises(DataError) as caught:
+        Tokenizer.from_file(path, end_of_text="<eos>")
+    assert str(caught.value) == f"{path}: tokenizer.end_of_text: '<eos>' is not a token of this tokenizer"
+
+
 def test_a_start_of_text_the_vocabulary_lacks_is_a_one_line_error():
     backend = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "<s>": 1, "?": 2}, unk_token="?"))
     assert Tokenizer(backend, start_of_text="<s>").start_id == 1

@@ -124,7 +124,10 @@ class Tokenizer:
             if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
                 raise  # KeyboardInterrupt, SystemExit
             raise DataError(f"{origin}: not a valid tokenizer.json ({str(e).splitlines()[0]})") from None
-        return cls(backend, end_of_text, start_of_text)
+        try:
+            return cls(backend, end_of_text, start_of_text)
+        except DataError as e:  # an end_of_text the file lacks: name the file it was looked for in
+            raise DataError(f"{origin}: {e}") from None
 
     def to_json(self) -> str:
         return self._backend.to_str()

@@ -29,6 +29,7 @@ from tinyattn import checkpoint as ckpt
 from tinyattn.config import (PASS_TABLES, Config, TokenizerConfig, config_from_dict, config_to_dict,
                              load_config, settings, with_settings)
 from tinyattn.data.token_cache import data_differences
+from tinyattn.data.tokenizer import Tokenizer
 from tinyattn.errors import CheckpointError, ConfigError, StorageError
 from tinyattn.system.distributed import Distributed
 from tinyattn.system.invocation import quoted
@@ -77,9 +78,26 @@ def _tokenizer_change(saved_json, tokenizer) -> str:
     for extra, cause in ((now - saved, f"the corpus has {{n}} {unit} the run's tokenizer does not know"),
                          (saved - now, f"the corpus no longer has {{n}} {unit} the run's tokenizer has")):
         if extra:
-            shown = ", ".join(repr(t) for t in sorted(extra)[:5]) + (", ..." if len(extra) > 5 else "")
-            return f"{differs}: {cause.format(n=len(extra))} ({shown})"
+            return f"{differs}: {cause.format(n=len(extra))} ({_shown(extra)})"
     return f"{differs} (the tokenizer settings changed)"
+
+
+def _file_change(run: Tokenizer, now: Tokenizer) -> str:
+    """What differs between the run's tokenizer and the one a tokenizer file now holds: tokens it
+    adds or lacks, tokens whose ids moved, else its other settings."""
+    before, after = ({t.token(i): i for i in range(t.vocab_size) if t.token(i) is not None} for t in (run, now))
+    moved = {token for token in before.keys() & after.keys() if before[token] != after[token]}
+    for tokens, what in ((after.keys() - before.keys(), "it has {n} tokens the run's tokenizer lacks"),
+                         (before.keys() - after.keys(), "it lacks {n} of the run's tokens"),
+                         (moved, "{n} tokens have other ids")):
+        if tokens:
+            return f"{what.format(n=len(tokens))} ({_shown(tokens)})"
+    return "the same tokens and ids, other settings"
+
+
+def _shown(tokens) -> str:
+    """The first five of `tokens`, sorted, as a reader sees them: 'a', 'b', ..."""
+    return ", ".join(repr(t) for t in sorted(tokens)[:5]) + (", ..." if len(tokens) > 5 else "")
 
 
 @dataclass
@@ -191,6 +209,7 @@ class ResumePoint:
             raise CheckpointError(f"{self.file}: the config's model differs from the checkpoint's: "
                                   + "; ".join(differences))
         self._check_tokenizer_settings(config)
+        self._check_tokenizer_file(config.tokenizer)
         config.model.vocab_size = self.config.model.vocab_size
         if config.train.time_budget is not None and self.config.train.time_budget is not None:
             config.train.max_steps = self.config.train.max_steps
@@ -249,14 +268,38 @@ class ResumePoint:
                                   f"{'; '.join(changed)}; the model learned the run's token ids: set it "
                                   "back to resume, or start a new run")
 
+    def _check_tokenizer_file(self, tokenizer: TokenizerConfig) -> None:
+        """A pretrained tokenizer's file is read again by a resume: one that no longer holds the run's
+        tokenizer (the source's tokenizer.json changed since the run started: its model folder
+        downloaded again, say) is refused before any data is read, naming the file and the run's
+        own copy to resume with. It is not swapped for the copy unasked: the config names the file.
+        A missing file is named where the data is read."""
+        saved = self.state.get("tokenizer")
+        path = Path(tokenizer.path) if tokenizer.kind == "pretrained" and tokenizer.path else None
+        if not isinstance(saved, str) or path is None or not path.is_file():
+            return
+        now = Tokenizer.from_file(path)  # not its end_of_text: a file without it differs, said below
+        if now.to_json() == saved:
+            return
+        started, own = self.config.tokenizer.path, self.file.parent / "tokenizer.json"
+        how = ("changed since the run started" if started == tokenizer.path
+               else f"is not the tokenizer the run started with (from {started})")
+        fix = (f"Resume with the run's own copy: --set {quoted(f'tokenizer.path={own}')}"
+               if own.is_file() and own.resolve() != path.resolve()
+               else "Restore the file the run started with, or start a new run")
+        change = _file_change(Tokenizer.from_json(saved, origin=str(self.file)), now)
+        raise CheckpointError(f"{self.file}: tokenizer.path {path} {how}: {change}; token ids would no longer "
+                              f"mean what the model learned. {fix}")
+
     def take_run_tokenizer(self, config: Config) -> TokenizerConfig:
         """The tokenizer section a resumed fine-tune continues with: the checkpoint's. The file it
         names (the source's tokenizer.json, or the token cache's copy of a checkpoint's) may have
         moved or gone: a tokenizer.path given for this resume is read instead, else, where that file
         is gone, the run folder's own tokenizer.json. Taking the copy adds a note to `self.notes`
-        and, where `config.tokenizer` names the gone file, points it at the copy. Either is checked
-        against the checkpoint's tokenizer once the data is read (`check_tokenizer`), so the run
-        stays exact."""
+        and, where `config.tokenizer` names the gone file, points it at the copy. The file taken is
+        checked against the checkpoint's tokenizer before any data is read (`adopt`: a source's file
+        changed since is refused, naming the copy), and the data's once read (`check_tokenizer`),
+        so the run stays exact."""
         saved, given = self.config.tokenizer, config.tokenizer
         if given.kind == saved.kind and given.path not in (None, saved.path):  # --set for this resume
             return dataclasses.replace(saved, path=given.path)
