@@ -32,6 +32,23 @@ def test_extends_deep_merges(tmp_path):
     assert config.train.batch_size == 16  # dataclass default
 
 
+def test_written_keys_are_what_the_files_and_set_give_at_the_default_or_not(tmp_path):
+    # What a fine-tune compares with its source (tinyattn.train.finetune.adopt_model).
+    from tinyattn.config import ModelConfig, written_keys
+
+    write(tmp_path / "base.yaml", "model:\n  n_layer: 4\ndata:\n  files: a.txt\n  url: https://example.org/a.txt\n")
+    child = write(tmp_path / "child.yaml", "extends: base.yaml\nmodel:\n  context_length: 256\n"
+                                          "data:\n  files: b.txt\n")
+    overrides = ["model.rope_base=10000", "tokenizer.vocab_size=512"]
+    assert ModelConfig().n_layer == 4 and ModelConfig().context_length == 256  # the defaults, written
+    written = written_keys(load_config(child, overrides), child, overrides)
+    assert written == {"model.n_layer", "model.context_length", "data.files", "model.rope_base",
+                       "tokenizer.vocab_size"}  # the parent's url goes with its data.files
+    # Without a file, the keys held at other than their default (and the overrides') stand for it.
+    built = Config(model=ModelConfig(n_layer=2))
+    assert written_keys(built) == {"model.n_layer"}
+    assert written_keys(built, None, ["model.rope_base=10000"]) == {"model.n_layer", "model.rope_base"}
+
 def test_extends_with_own_files_drops_the_inherited_download(tmp_path):
     write(tmp_path / "base.yaml", "data:\n  files: shakespeare.txt\n  url: https://example.org/s.txt\n"
           "  sha256: abc\n  size_bytes: 3\n  text_field: body\n")

@@ -1032,12 +1032,14 @@ def test_finetune_example_config_trains_from_a_folder(tmp_path, corpus):
 
     tokenizer = tokenizer_of("bpe")
     random_llama(tmp_path / "llama", tokenizer)
-    config = load_config(ROOT / "configs" / "finetune_example.yaml", [
-        f"train.init_from={tmp_path / 'llama'}", f"data.files={corpus}", "data.url=null", "data.sha256=null",
-        f"data.cache_dir={tmp_path / 'cache'}", f"train.out_dir={tmp_path / 'runs'}", "train.time_budget=null",
-        "train.max_steps=2", "train.eval_interval=2", "train.eval_windows=2", "train.peak_flops=1e12",
-        "train.sample_tokens=0", "train.device=cpu", "train.precision=fp32"])
-    result = train(config, run_name="example", progress=False)
+    example = ROOT / "configs" / "finetune_example.yaml"
+    items = [f"train.init_from={tmp_path / 'llama'}", f"data.files={corpus}", "data.url=null", "data.sha256=null",
+             f"data.cache_dir={tmp_path / 'cache'}", f"train.out_dir={tmp_path / 'runs'}", "train.time_budget=null",
+             "train.max_steps=2", "train.eval_interval=2", "train.eval_windows=2", "train.peak_flops=1e12",
+             "train.sample_tokens=0", "train.device=cpu", "train.precision=fp32"]
+    # As `tinyattn train --config` runs it: the keys the file and --set give are the ones compared.
+    result = train(load_config(example, items), config_path=example, overrides=items, run_name="example",
+                   progress=False)
     saved = load_any_model(result.run_dir).config
     assert result.step == 2 and saved.model.n_embd == 48 and saved.model.context_length == 128
     assert saved.tokenizer.path == str(tmp_path / "llama" / "tokenizer.json")
@@ -1403,6 +1405,93 @@ def test_a_folder_whose_vocab_size_is_padded_above_its_tokenizers_is_used(tmp_pa
     assert code == 0, err
     if command == "train":
         assert load_any_model(out_dir=tmp_path / "runs").config.model.vocab_size == tokenizer.vocab_size + 20
+
+
+# A key the config gives (in its file, a file it extends, or with --set) is compared with the source
+# even where it holds tinyattn's default: "given" is what the user wrote, not what differs from
+# ModelConfig(). The folder random_llama writes has 2 layers, an untied head, RoPE base 500 and
+# context 64; ModelConfig's defaults are 4 layers, tied, 10000 and 256.
+
+
+def finetune_yaml(tmp_path, corpus, **sections) -> Path:
+    """A fine-tune's config file for the command line (`sections` merged in: {"model": {...}})."""
+    import yaml
+
+    raw = {"data": {"files": str(corpus), "cache_dir": str(tmp_path / "cache")},
+           "train": {"init_from": str(tmp_path / "llama"), "batch_size": 2, "max_steps": 2, "warmup_steps": 1,
+                     "eval_interval": 2, "eval_windows": 2, "sample_tokens": 0, "precision": "fp32",
+                     "device": "cpu", "peak_flops": 1e12, "out_dir": str(tmp_path / "runs")}}
+    for name, keys in sections.items():
+        raw.setdefault(name, {}).update(keys)
+    path = tmp_path / "ft.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+def test_init_from_keeps_a_given_context_length_that_equals_the_default(tmp_path, corpus, capsys):
+    from tinyattn.cli import train as train_cli
+    from tinyattn.config import load_config
+
+    random_llama(tmp_path / "llama", tokenizer_of("bpe"))  # context 64
+    assert ModelConfig().context_length == 256
+    code, out, err = run_main(train_cli.main, ["--config", finetune_yaml(tmp_path, corpus), "--no-progress",
+                                               "--run-name", "ft", "--set", "train.max_steps=1",
+                                               "model.context_length=256"], capsys)
+    assert code == 0, err
+    saved = load_config(tmp_path / "runs" / "ft" / "config.yaml").model
+    assert (saved.context_length, saved.n_layer) == (256, 2)
+
+
+@pytest.mark.parametrize("item,expected", [
+    ("model.n_layer=4", "model.n_layer: config 4, source 2"),
+    ("model.tie_embeddings=true", "model.tie_embeddings: config True, source False"),
+    ("model.rope_base=10000", "model.rope_base: config 10000.0, source 500.0"),
+], ids=["n_layer", "tie_embeddings", "rope_base"])
+def test_init_from_refuses_a_given_model_key_that_equals_the_default(tmp_path, corpus, capsys, item, expected):
+    from tinyattn.cli import train as train_cli
+
+    random_llama(tmp_path / "llama", tokenizer_of("bpe"))
+    code, out, err = run_main(train_cli.main, ["--config", finetune_yaml(tmp_path, corpus), "--no-progress",
+                                               "--run-name", "ft", "--set", item], capsys)
+    assert code == 2 and err.startswith("error: train.init_from ") and expected in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "runs" / "ft").exists()
+
+
+def test_init_from_refuses_a_model_key_a_parent_config_gives(tmp_path, corpus, capsys):
+    # Given in the file the config extends, at the default: given all the same.
+    from tinyattn.cli import train as train_cli
+
+    random_llama(tmp_path / "llama", tokenizer_of("bpe"))
+    (tmp_path / "parent.yaml").write_text("model:\n  n_layer: 4\n", encoding="utf-8")
+    child = finetune_yaml(tmp_path, corpus)
+    child.write_text("extends: parent.yaml\n" + child.read_text(encoding="utf-8"), encoding="utf-8")
+    code, out, err = run_main(train_cli.main, ["--config", child, "--no-progress", "--run-name", "ft"], capsys)
+    assert code == 2 and "model.n_layer: config 4, source 2" in err, err
+
+
+def test_a_fork_of_a_finetune_refuses_a_given_model_key_that_equals_the_default(tmp_path, corpus, capsys):
+    from tinyattn.cli import train as train_cli
+
+    random_llama(tmp_path / "llama", tokenizer_of("bpe"))
+    code, out, err = run_main(train_cli.main, ["--config", finetune_yaml(tmp_path, corpus), "--no-progress",
+                                               "--run-name", "ft", "--stop-at-step", "2", "--set",
+                                               "train.max_steps=4"], capsys)
+    assert code == 0, err
+    code, out, err = run_main(train_cli.main, ["--resume", tmp_path / "runs" / "ft", "--run-name", "fork",
+                                               "--no-progress", "--set", "model.n_layer=4"], capsys)
+    assert code == 2 and "model.n_layer: config 4, source 2" in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "runs" / "fork").exists()
+
+
+def test_init_from_names_only_the_tokenizer_keys_given(tmp_path, corpus, capsys):
+    from tinyattn.cli import train as train_cli
+
+    random_llama(tmp_path / "llama", tokenizer_of("bpe"))
+    code, out, err = run_main(train_cli.main, ["--config", finetune_yaml(tmp_path, corpus), "--no-progress",
+                                               "--run-name", "ft", "--set", "tokenizer.vocab_size=512"], capsys)
+    assert code == 2 and "tokenizer.vocab_size: config 512, source " in err, err
+    for key in ("tokenizer.kind", "tokenizer.path", "tokenizer.end_of_text"):
+        assert key not in err, err
 
 
 def test_a_folder_that_gives_a_bos_but_no_eos_starts_texts_with_its_bos(tmp_path):

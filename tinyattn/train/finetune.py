@@ -5,11 +5,13 @@ The source is a tinyattn run folder or checkpoint file, or a Hugging Face Llama 
 
 - the model section: every key that shapes the weights or the function they compute
   (sizes, heads, RoPE base, norm epsilon, tying, the non-Llama options). A key the config
-  sets to something else (not left at its default) is a conflict, and all conflicts are
-  named in one line. The config keeps the keys that only change how the weights are
-  trained or run: `context_length` (when set: fine-tune on shorter windows than the
-  source's, say), `dropout`, `attention`, `zero_init_projections`;
-- the tokenizer, as a `pretrained` tokenizer: the source's `tokenizer.json`.
+  gives (its file, a file it extends, or --set: `config.written_keys`; at the default or
+  not) with another value is a conflict, and all conflicts are named in one line. The
+  config keeps the keys that only change how the weights are trained or run:
+  `context_length` (when given: fine-tune on shorter windows than the source's, say),
+  `dropout`, `attention`, `zero_init_projections`;
+- the tokenizer, as a `pretrained` tokenizer: the source's `tokenizer.json` (a tokenizer key
+  the config gives must be the source's, as a model key must).
 
 A resumed fine-tune continues from its own checkpoint; the source's weights are not read
 again (the checkpoint's saved config holds the model section taken from it). Its tokenizer is
@@ -25,12 +27,12 @@ import dataclasses
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Collection, Optional
 
 import torch
 
 from tinyattn import checkpoint as ckpt
-from tinyattn.config import Config, ModelConfig, TokenizerConfig
+from tinyattn.config import Config, ModelConfig, TokenizerConfig, written_keys
 from tinyattn.errors import CheckpointError, ConfigError
 from tinyattn.model.transformer import LanguageModel
 from tinyattn.system.storage import atomic_write
@@ -82,11 +84,12 @@ class InitSource:
             raise CheckpointError(f"{file}: holds no model weights")
         return cls(location, file, config.model, tokenizer_path, weights, config.tokenizer.end_of_text)
 
-    def adopt(self, config: Config) -> None:
-        """Give `config` the source's model section and tokenizer; conflicts in one line."""
+    def adopt(self, config: Config, written: Optional[Collection[str]] = None) -> None:
+        """Give `config` the source's model section and tokenizer; conflicts in one line
+        (`written`: as `adopt_model` takes it)."""
         tokenizer = TokenizerConfig(kind="pretrained", path=str(self.tokenizer_path),
                                     end_of_text=self.end_of_text)
-        adopt_model(config, self.model_config, tokenizer, f"train.init_from {self.location}")
+        adopt_model(config, self.model_config, tokenizer, f"train.init_from {self.location}", written=written)
 
     def load_into(self, model: LanguageModel) -> None:
         ckpt.load_weights(model, {"model": self.weights}, self.file)
@@ -94,41 +97,43 @@ class InitSource:
 
 
 def adopt_model(config: Config, source_model: ModelConfig, source_tokenizer: TokenizerConfig,
-                origin: str) -> None:
+                origin: str, *, written: Optional[Collection[str]] = None) -> None:
     """Set config.model and config.tokenizer from a source, keeping `CONFIG_KEEPS`.
 
-    A key that the config sets (differs from its default) to a value other than the
-    source's is a ConfigError naming every such key.
+    `written`: the dotted keys the user gave the config (`config.written_keys`: its file's and
+    --set's, whatever their value); None: `written_keys(config)`, the keys it holds at other than
+    their default. A written model or tokenizer key whose value is not the source's is a
+    ConfigError naming every such key; a written context_length is kept, else the source's is taken.
     """
-    defaults = dataclasses.asdict(ModelConfig())
+    written = written_keys(config) if written is None else written
     current = dataclasses.asdict(config.model)
     source = dataclasses.asdict(source_model)
     conflicts = [f"model.{key}: config {current[key]!r}, source {source[key]!r}"
                  for key in source if key not in CONFIG_KEEPS
-                 and current[key] != defaults[key] and current[key] != source[key]]
+                 and f"model.{key}" in written and current[key] != source[key]]
     tokenizer = dataclasses.asdict(config.tokenizer)
     wanted = dataclasses.asdict(source_tokenizer)
-    if tokenizer != dataclasses.asdict(TokenizerConfig()):  # a tokenizer section set: it must be the source's
-        conflicts += [f"tokenizer.{key}: config {tokenizer[key]!r}, source {wanted[key]!r}"
-                      for key in wanted if tokenizer[key] != wanted[key]]
+    conflicts += [f"tokenizer.{key}: config {tokenizer[key]!r}, source {wanted[key]!r}"
+                  for key in wanted if f"tokenizer.{key}" in written and tokenizer[key] != wanted[key]]
     if conflicts:
         raise ConfigError(f"{origin}: the config conflicts with the model it starts from: "
                           f"{'; '.join(conflicts)} (init_from takes the model and tokenizer from the "
                           "source: remove these keys)")
     keep = {key: current[key] for key in CONFIG_KEEPS}
-    if keep["context_length"] == defaults["context_length"]:
+    if "model.context_length" not in written:
         keep["context_length"] = source["context_length"]
     config.model = dataclasses.replace(source_model, **keep)
     config.tokenizer = dataclasses.replace(source_tokenizer)
 
 
-def init_source(config: Config) -> Optional[InitSource]:
-    """The source named by train.init_from, adopted into `config`; None when not set."""
+def init_source(config: Config, written: Optional[Collection[str]] = None) -> Optional[InitSource]:
+    """The source named by train.init_from, adopted into `config` (`written`: as `adopt_model`
+    takes it); None when not set."""
     if not config.train.init_from:
         return None
     try:
         source = InitSource.load(config.train.init_from, config.data.cache_dir)
     except CheckpointError as e:
         raise CheckpointError(f"train.init_from: {e}") from None
-    source.adopt(config)
+    source.adopt(config, written)
     return source

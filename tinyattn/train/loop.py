@@ -46,7 +46,8 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from tinyattn.config import PASS_TABLES, Config, TrainConfig, for_precision, override_keys, save_config
+from tinyattn.config import (PASS_TABLES, Config, TrainConfig, for_precision, override_keys, save_config,
+                             written_keys)
 from tinyattn.data.batches import prepare_data
 from tinyattn.errors import TinyattnError
 from tinyattn.model.memory import check_training_fits
@@ -80,6 +81,8 @@ class _Request:
     notes: list[str]  # lines the run prints after its first one
     clock: Callable[[], float] = time.perf_counter  # the time budget's clock (a test's fake one)
     given: tuple[str, ...] = ()  # the dotted keys --set gave: by_precision does not change them
+    # The keys the user gave the config (config.written_keys): a fine-tune compares these with its source
+    written: frozenset[str] = frozenset()
 
     def elapsed(self) -> float:
         return self.clock() - self.started
@@ -92,6 +95,9 @@ def train(config: Config, *, config_path: Optional[str | Path] = None, run_name:
           clock: Callable[[], float] = time.perf_counter) -> TrainResult:
     """Run (or resume) one training job. Returns where it went and the figures it reached.
 
+    config_path: the YAML file `config` was loaded from (with `overrides`), or None (a Config
+    built in Python, or --resume's own): names a new run folder, and tells a fine-tune which
+    model and tokenizer keys the user gave (`config.written_keys`).
     resume: a `ResumePoint`, a run folder or checkpoint file, or True (the --run-name
     run, else the most recent one under train.out_dir). stop_at_step ends the run early
     with a checkpoint, as Ctrl-C would, while the schedule still spans train.max_steps (or
@@ -107,12 +113,13 @@ def train(config: Config, *, config_path: Optional[str | Path] = None, run_name:
     clock: seconds, for the time budget and the wall-time split (tests give a fake one).
     """
     note = explicit_steps(config, overrides)
+    written = written_keys(config, config_path, overrides)
     if device is not None:
         config.train.device = device
     request = _Request(config_path=config_path, run_name=run_name, resume=resume, progress=progress,
                        stop_at_step=stop_at_step, allow_data_change=allow_data_change,
                        started=clock() - elapsed_before, notes=[note] if note else [], clock=clock,
-                       given=override_keys(overrides))
+                       given=override_keys(overrides), written=written)
     # Until the first step a stop has no step to finish: it ends the run at once (the loop's turn
     # comes with the first step), and a new run's folder goes with it.
     stopper = StopRequest(at_once=True)
@@ -139,11 +146,11 @@ def _train(config: Config, request: _Request, dist: Distributed, stopper: StopRe
         point.keep_init_from(config, request.given)  # first: the source it names is never read
         if config.train.init_from:  # the model and tokenizer its source gave it (not read again)
             adopt_model(config, point.config.model, point.take_run_tokenizer(config),
-                        f"{point.file} (train.init_from)")
+                        f"{point.file} (train.init_from)", written=request.written)
         point.adopt(config, request.given)
         point.keep_out_dir(config, request.run_name, request.given)
         request.notes[:0] = point.notes  # what the resume took from config.yaml
-    source = init_source(config) if point is None else None  # fine-tuning: train.init_from
+    source = init_source(config, request.written) if point is None else None  # fine-tuning: train.init_from
     if point is None:
         config = _for_precision(config, device, request)
     check_training_fits(config.model, config.train, device)  # before the folder; vocab_size may be unknown
