@@ -2,8 +2,8 @@
 
 `nn.Dropout` draws one random number per element. On a CPU that draw is most of its cost,
 and under torch.compile inductor's own generator is slower still: on the main job in bf16,
-dropout 0.1 on the embedding and the eight residual branches made a step about 30% slower
-(docs/BENCHMARKS.md, "Dropout on a CPU"). `Dropout` here keeps or zeroes each element with
+dropout 0.1 on the embedding and the eight residual branches made a step markedly slower
+(the figures: docs/BENCHMARKS.md, "Dropout on a CPU"). `Dropout` here keeps or zeroes each element with
 the same probabilities and scales the kept ones by 1 / (1 - p), as `nn.Dropout` does, but on
 the CPU it draws the mask from 32-bit random integers, two elements per draw:
 
