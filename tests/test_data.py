@@ -234,6 +234,19 @@ def test_hub_dataset_without_validation_split_holds_out_documents(tmp_path, hf_c
     assert split_documents(result.validation, result.tokenizer) == [DOCUMENTS[i] for i in HELD_OUT]
 
 
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_a_validation_split_that_is_the_train_split_is_refused_not_validated_on_training_text(
+        tmp_path, hf_cache, split):
+    folder = tmp_path / "my_dataset"
+    folder.mkdir()
+    write_jsonl(folder / f"{split}.jsonl")
+    config = make_config(tmp_path, {"dataset": str(folder), "train_split": split, "validation_split": split})
+    assert_one_line_error(tmp_path, config, rf"^data\.validation_split: '{split}' is data\.train_split too, "
+                          r"so validation would be training text; leave it null to hold out "
+                          r"data\.validation_fraction of data\.train_split$")
+    assert not (tmp_path / "cache").exists()  # refused before anything was read or written
+
+
 def test_unreachable_hub_dataset_is_one_line_error(tmp_path):
     config = make_config(tmp_path, {"dataset": "nobody/no-such-dataset"})
     with pytest.raises(DataError) as error:

@@ -36,6 +36,10 @@ def split(source: Source, data: DataConfig) -> Splits:
         read = source.reader(split_name)
         return read if limit is None else lambda: _first_documents(read(), limit)
 
+    if data.validation_split == data.train_split:  # here, not in the config: old runs' configs still load
+        raise DataError(f"data.validation_split: {data.validation_split!r} is data.train_split too, so "
+                        "validation would be training text; leave it null to hold out "
+                        "data.validation_fraction of data.train_split")
     if data.validation_split is not None:
         return Splits(stream(data.train_split), stream(data.validation_split),
                       f"dataset split {data.validation_split!r}")
