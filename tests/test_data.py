@@ -136,6 +136,23 @@ def test_glob_of_text_files(tmp_path):
     assert split_documents(result.validation, result.tokenizer) == documents[9:]
 
 
+@pytest.mark.parametrize("entry", ["data[1].txt", "books[v2]"])
+def test_a_file_or_folder_whose_name_holds_glob_characters_is_read_as_named(tmp_path, entry):
+    # read as a glob, data[1].txt matched nothing, or data1.txt beside it: another corpus, silently
+    write_text_folder(tmp_path / "books[v2]", DOCUMENTS[:10])
+    (tmp_path / "data[1].txt").write_text("".join(DOCUMENTS[:10]), encoding="utf-8")
+    (tmp_path / "data1.txt").write_text("not this text\n" * 100, encoding="utf-8")
+    (tmp_path / "booksv").mkdir()
+    (tmp_path / "booksv" / "other.txt").write_text("nor this text\n" * 100, encoding="utf-8")
+    result = prepare_data(make_config(tmp_path, {"files": [str(tmp_path / entry)]}), progress=False)
+    text = result.tokenizer.decode(np.concatenate([result.train, result.validation]))
+    assert text.replace(END_OF_TEXT, "") == "".join(DOCUMENTS[:10])
+    # with no file of that name, the entry is a pattern still
+    result = prepare_data(make_config(tmp_path, {"files": [str(tmp_path / "data[0-1].txt")]}), progress=False)
+    text = result.tokenizer.decode(np.concatenate([result.train, result.validation]))
+    assert text == "not this text\n" * 100
+
+
 def test_a_file_named_and_matched_by_a_glob_is_read_once(tmp_path):
     folder = write_text_folder(tmp_path / "books")
     config = make_config(tmp_path, {"files": [str(folder / "doc05.txt"), str(folder / "*.txt")]})

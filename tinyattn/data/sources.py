@@ -294,7 +294,9 @@ def _resolve_files(entries: list[str], file_format: str, skip: Optional[Path] = 
     files: list[Path] = []
     for entry in entries:
         path = Path(entry)
-        if any(c in entry for c in "*?["):
+        # A name that exists is itself, a pattern only when nothing has that name: data[1].txt and
+        # books[v2]/ are read, not taken for patterns that match nothing, or another file (data1.txt).
+        if any(c in entry for c in "*?[") and not path.exists():
             # A glob takes what it matches; with data.format set, only the files of that format.
             matches = sorted(Path(p) for p in glob.glob(entry, recursive=True)
                              if Path(p).is_file() and kept(Path(p))
