@@ -7,6 +7,7 @@ import http.server
 import json
 import os
 import re
+import shutil
 import threading
 
 import numpy as np
@@ -652,6 +653,70 @@ def test_a_killed_builds_temporary_files_are_deleted_by_the_next_build(tmp_path)
     result = prepare_data(config, progress=False)
     assert not stale.exists() and not leftovers(tmp_path)
     assert split_documents(result.validation, result.tokenizer) == [DOCUMENTS[i] for i in HELD_OUT]
+
+
+def remove_the_cache_folder_when(monkeypatch, tmp_path, when):
+    """Patch a step of the build to `rm -r` the cache folder first: while train.bin is written (its
+    rename finds the folder gone), or before tokenizer.json (whose write makes the folder anew)."""
+    def remove():
+        shutil.rmtree(next(p for p in (tmp_path / "cache").iterdir() if p.name.startswith("books-")))
+
+    if when == "tokenizing train":
+        original = token_cache.write_tokens
+
+        def removing(*args, **kwargs):
+            written = original(*args, **kwargs)
+            if kwargs.get("desc") == when:
+                remove()
+            return written
+
+        monkeypatch.setattr(token_cache, "write_tokens", removing)
+    else:
+        save = Tokenizer.save
+
+        def removing_first(self, path):
+            remove()
+            save(self, path)
+
+        monkeypatch.setattr(Tokenizer, "save", removing_first)
+
+
+@pytest.mark.parametrize("when", ["tokenizing train", "saving the tokenizer"])
+def test_a_cache_folder_removed_while_it_is_built_is_one_line_and_the_next_run_builds_it(
+        tmp_path, monkeypatch, when):
+    folder = write_text_folder(tmp_path / "books")
+    config = make_config(tmp_path, {"files": [str(folder)]})
+    with monkeypatch.context() as patch:
+        remove_the_cache_folder_when(patch, tmp_path, when)
+        assert_one_line_error(tmp_path, config, r"^the token cache .*/cache/books-char-[0-9a-f]{12} was "
+                                                r"removed while it was being built; run again$")
+    result = prepare_data(config, progress=False)
+    assert split_documents(result.validation, result.tokenizer) == [DOCUMENTS[i] for i in HELD_OUT]
+
+
+def test_a_training_whose_cache_folder_is_removed_while_it_is_built_ends_in_one_line_a_resumes_log_keeps_it(
+        tmp_path, monkeypatch, capsys):
+    from tinyattn.cli.train import main
+
+    folder = write_text_folder(tmp_path / "books", DOCUMENTS * 3)
+    settings = ["--no-progress", "--set", f"data.files={folder}", "data.url=null", "data.sha256=null",
+                f"data.cache_dir={tmp_path / 'cache'}", f"train.out_dir={tmp_path}", "train.eval_interval=2"]
+    tiny = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "tiny.yaml")
+    run = ["--config", tiny, "--run-name", "run", *settings, "train.max_steps=2"]
+    said = r"error: the token cache \S+/books-char-\w+ was removed while it was being built; run again\n"
+    with monkeypatch.context() as patch:
+        remove_the_cache_folder_when(patch, tmp_path, "tokenizing train")
+        code, err = main(run), capsys.readouterr().err
+    assert code == 2 and re.fullmatch(said, err)  # one line, no traceback
+    assert not (tmp_path / "run").exists()  # a run that fails before its first step leaves no folder
+    assert main(run) == 0
+    shutil.rmtree(next((tmp_path / "cache").glob("books-*")))
+    with monkeypatch.context() as patch:  # a resume rebuilds the cache: its train.log keeps the line
+        remove_the_cache_folder_when(patch, tmp_path, "tokenizing train")
+        code = main(["--resume", str(tmp_path / "run"), *settings, "train.max_steps=4"])
+        err = capsys.readouterr().err
+    assert code == 2 and re.search(f"\n{said}$", err) and "Traceback" not in err
+    assert re.search(" " + said + "$", (tmp_path / "run" / "train.log").read_text(encoding="utf-8"))
 
 
 @pytest.mark.parametrize("damage", ["truncate", "delete_meta", "edit_meta"])

@@ -14,7 +14,8 @@ and a folder is trusted only when its `meta.json` matches the hash and the file 
 build that is interrupted, or whose splits turn out too short, leaves no `meta.json`; the
 temporary files of one that was killed are deleted by the next build (under the folder's
 build lock, so never a live build's). A build that finds another process building the same
-folder waits for it, and uses the cache it completed.
+folder waits for it, and uses the cache it completed. A folder removed while it is built
+(`rm -r` of the cache at the wrong moment) ends the build in one line: run again.
 
 `data_fingerprint(meta)` is what a run records of the data it trained on (in each checkpoint
 and the run folder's `data.json`); `data_differences` names what changed between two of them.
@@ -132,7 +133,8 @@ class TokenCache:
 
         tokenizer = build_tokenizer(config.tokenizer, texts, progress=progress)
         (folder / "meta.json").unlink(missing_ok=True)  # from here on, nothing in the folder is trusted
-        meta = self._write(folder, tokenizer, train, validation, rule=rule, progress=progress)
+        with _removal_said(folder):
+            meta = self._write(folder, tokenizer, train, validation, rule=rule, progress=progress)
         if tokenizer.eot_id is None and max(meta["train_documents"], meta["validation_documents"]) > 1:
             print(_run_together_warning(config, tokenizer), file=sys.stderr, flush=True)
         return meta
@@ -157,9 +159,32 @@ class TokenCache:
         return meta
 
     def commit(self, meta: dict) -> None:
-        """Write meta.json last, inside `sole_builder`: from now on the folder is trusted."""
+        """Write meta.json last, inside `sole_builder`: from now on the folder is trusted. Only when
+        every file it describes is there: a folder removed between two of them was made anew by the
+        next write, without the files before it."""
+        if not all((self.folder / name).is_file() for name in meta["checksums"]):
+            raise DataError(_removed_message(self.folder))
         with atomic_write(self.folder / "meta.json") as f:
             f.write(json.dumps(meta, indent=2).encode())
+
+
+@contextmanager
+def _removal_said(folder: Path) -> Iterator[None]:
+    """A cache folder removed while it is built (an `rm -r` of the cache at the wrong moment) ends the
+    build in one line, not in the FileNotFoundError of the rename that found the folder gone."""
+    try:
+        yield
+    except FileNotFoundError as e:
+        if e.filename is None or Path(e.filename).parent != folder:
+            raise  # not the cache's own file: a bug, with its traceback
+        if folder.is_dir():
+            raise DataError(f"{e.filename} was removed while the token cache was being built; "
+                            "run again") from None
+        raise DataError(_removed_message(folder)) from None
+
+
+def _removed_message(folder: Path) -> str:
+    return f"the token cache {folder} was removed while it was being built; run again"
 
 
 def _run_together_warning(config: Config, tokenizer: Tokenizer) -> str:
