@@ -393,6 +393,24 @@ def test_dotted_text_field_reads_nested_records(tmp_path):
     assert documents_of(prepare_data(config, progress=False)) == expected_split(DOCUMENTS)
 
 
+@pytest.mark.parametrize("holder, other", [("body", "plain text"), ("body.content", ["a", "list"])])
+def test_a_nested_text_field_through_another_type_on_one_line_names_that_line(tmp_path, holder, other):
+    # datasets read such a "body" as JSON text, and the message said "has no field 'body.text'"
+    path = tmp_path / "mixed.jsonl"
+    records = [{"body": {"content": {"text": text}}, "other": i} for i, text in enumerate(DOCUMENTS)]
+    records[7]["body"] = other if holder == "body" else {"content": other}
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    config = make_config(tmp_path, {"files": [str(path)], "text_field": "body.content.text"})
+    with pytest.raises(DataError) as error:
+        prepare_data(config, progress=False)
+    next_key = "content" if holder == "body" else "text"
+    kind = "text" if holder == "body" else "an array"
+    assert str(error.value).startswith(f"{path}: line 8: {holder!r} is {kind} ({json.dumps(other)}), not an "
+                                       f"object holding {next_key!r}; for data.text_field "
+                                       f"'body.content.text' every {holder!r} must be an object (or null)")
+    assert error.value.__cause__ is None and "\n" not in str(error.value)
+
+
 def test_missing_nested_field_lists_the_nested_ones(tmp_path):
     path = tmp_path / "nested.jsonl"
     path.write_text(jsonl_text(DOCUMENTS, lambda text: {"body": {"text": text}}), encoding="utf-8")

@@ -703,7 +703,8 @@ JSON_TYPES = {bool: "a boolean", int: "a number", float: "a number", list: "an a
 
 
 def _json_text_of_another_type(files: list[Path], text_field: str) -> Optional[str]:
-    """The first JSON line whose text field holds a number, a list or an object, and that line.
+    """The first JSON line whose text field holds a number, a list or an object, or whose nested
+    text field (`body.text`) passes through something other than an object, and that line.
 
     datasets would read it, then re-read that field of every later record as JSON source text
     (quotes and backslashes put into the texts, silently); other fields may mix types freely.
@@ -725,13 +726,26 @@ def _json_text_of_another_type(files: list[Path], text_field: str) -> Optional[s
                 if isinstance(value, dict) and text_field in value:
                     value = value[text_field]
                 else:
-                    for key in keys:
+                    for depth, key in enumerate(keys):
+                        if depth and value is not None and not isinstance(value, dict):
+                            return _not_an_object(path, number, text_field, depth, value)
                         value = value.get(key) if isinstance(value, dict) else None
                 kind = JSON_TYPES.get(type(value))
                 if kind is not None:
                     return (f"{path}: line {number}: {text_field!r} is {kind} ({json.dumps(value)[:40]}), "
                             "not text; every value of the text field must be a string (or null)")
     return None
+
+
+def _not_an_object(path: Path, number: int, text_field: str, depth: int, value) -> str:
+    """Line `number` of `path`, where the dotted text field passes through `value` (what its first `depth`
+    keys name), not an object. datasets would make that whole field JSON text in every record, and say
+    only that the file has no field `text_field`."""
+    keys = text_field.split(".")
+    holder, kind = ".".join(keys[:depth]), JSON_TYPES.get(type(value), "text")
+    return (f"{path}: line {number}: {holder!r} is {kind} ({json.dumps(value)[:40]}), not an object "
+            f"holding {keys[depth]!r}; for data.text_field {text_field!r} every {holder!r} must be an object "
+            "(or null)")
 
 
 def _slug(text: str) -> str:
