@@ -945,6 +945,43 @@ def test_bpe_vocabulary_too_small(tmp_path):
     assert_one_line_error(tmp_path, config, r"tokenizer\.vocab_size=100 is too small .* minimum is 257")
 
 
+def cache_folders(tmp_path):
+    return sorted(p.name for p in (tmp_path / "cache").iterdir() if p.is_dir())
+
+
+@pytest.mark.parametrize("tokenizer, message", [
+    ({"kind": "bpe", "vocab_size": 200}, r"tokenizer\.vocab_size=200 is too small"),
+    ({"kind": "pretrained", "path": "bad.json"}, r"bad\.json: not a valid tokenizer\.json"),
+    ({"kind": "pretrained", "path": "good.json", "end_of_text": "</s>"}, r"'</s>' is not a token of this"),
+])
+def test_a_tokenizer_that_cannot_be_built_leaves_no_empty_cache_folder(tmp_path, monkeypatch, tokenizer,
+                                                                        message):
+    monkeypatch.chdir(tmp_path)
+    folder = write_text_folder(tmp_path / "books")
+    prepare_data(make_config(tmp_path, {"files": [str(folder)]}), progress=False)
+    finished = cache_folders(tmp_path)
+    (tmp_path / "bad.json").write_text("{bad", encoding="utf-8")
+    shutil.copy(tmp_path / "cache" / finished[0] / "tokenizer.json", tmp_path / "good.json")  # char's
+    with pytest.raises(DataError, match=message):
+        prepare_data(make_config(tmp_path, {"files": [str(folder)]}, tokenizer), progress=False)
+    assert cache_folders(tmp_path) == finished  # the folder made for the failed build is gone, no other
+
+
+def test_a_failed_rebuild_keeps_the_cache_folder_that_holds_files(tmp_path, monkeypatch):
+    folder = write_text_folder(tmp_path / "books")
+    config = make_config(tmp_path, {"files": [str(folder)]})
+    cache = prepare_data(config, progress=False).cache_dir
+    (cache / "meta.json").unlink()  # an unfinished cache, rebuilt at the next run
+
+    def failing(*args, **kwargs):
+        raise DataError("no tokenizer this time")
+
+    monkeypatch.setattr(token_cache, "build_tokenizer", failing)
+    with pytest.raises(DataError, match="no tokenizer this time"):
+        prepare_data(config, progress=False)
+    assert sorted(p.name for p in cache.iterdir()) == ["tokenizer.json", "train.bin", "validation.bin"]
+
+
 def test_validation_split_needs_a_dataset(tmp_path):
     folder = write_text_folder(tmp_path / "books")
     config = make_config(tmp_path, {"files": [str(folder)], "validation_split": "validation"})

@@ -93,7 +93,8 @@ class TokenCache:
         `LOCK_NOTE_AFTER` seconds). The block then gets the meta.json of a cache another process
         completed, waited for or not (it may have committed just before this one took the lock),
         to use, or None: build it. Holding the lock, a killed build's temporary files
-        (`.train.bin.*.tmp`) are deleted: no other process is writing them.
+        (`.train.bin.*.tmp`) are deleted: no other process is writing them. A block that fails
+        leaves the folder only if something is in it.
         """
         folder = self.folder
         check_writable(folder)  # a read-only cache folder is one line, not a traceback
@@ -115,6 +116,9 @@ class TokenCache:
             if meta is None:
                 remove_temporaries(folder)
             yield meta
+        except BaseException:
+            _remove_if_empty(folder)  # a build failed before its first file (a bad tokenizer): no folder
+            raise
         finally:
             lock.release()
 
@@ -166,6 +170,14 @@ class TokenCache:
             raise DataError(_removed_message(self.folder))
         with atomic_write(self.folder / "meta.json") as f:
             f.write(json.dumps(meta, indent=2).encode())
+
+
+def _remove_if_empty(folder: Path) -> None:
+    """Remove `folder` if it is empty: never one that holds a cache, whole or not (rmdir refuses)."""
+    try:
+        folder.rmdir()
+    except OSError:
+        pass
 
 
 @contextmanager
