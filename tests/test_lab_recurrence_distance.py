@@ -690,6 +690,7 @@ def test_lab_distance_writes_its_table_and_figure(trained_run, tmp_path):
                  "--string-length", "3", "--out", str(out)]) == 0
     table = (out / "distance.txt").read_text()
     assert "first copy" in table and "recall" in table
+    assert "\npooled over the 14 gaps: mean benefit " in table  # context 32 less two strings of 3: d 0..27
     assert (out / "distance.png").stat().st_size > 0 and any((out / "key_value").iterdir())
 
 
@@ -794,11 +795,68 @@ def test_the_distance_table_shows_each_strings_loss_and_the_copy_benefit_and_the
     text = distance.report([ProbeRow(4, 7.5, 0.25, 7.75, 7.5, 0.125)], recall, "run", "cpu",
                            argparse.Namespace(string_length=8, pairs=8), wall=2.0)
     lines = text.splitlines()
-    assert lines[4].split() == ["d", "first", "copy", "second", "copy", "fresh", "string", "benefit", "SE"]
-    assert lines[5].split() == ["4", "7.500", "0.250", "7.750", "7.500", "0.125"]
-    assert [line.split() for line in lines[9:11]] == [["0-7", "0.750", "40"], ["8-15", "0.125", "24"]]
-    assert "(chance 0.125)" in lines[7]  # one value of the 8 pairs'
-    assert "key-value recall: 8 pairs then 4 queries" in lines[7]
+    assert lines[4].split() == ["d", "first", "copy", "second", "copy", "fresh", "string", "benefit", "SE",
+                                "z"]
+    assert lines[5].split() == ["4", "7.500", "0.250", "7.750", "7.500", "0.125", "60.00", "*"]
+    assert lines[6].startswith("pooled over the 1 gaps: mean benefit 7.500, SE 0.125")
+    assert [line.split() for line in lines[10:12]] == [["0-7", "0.750", "40"], ["8-15", "0.125", "24"]]
+    assert "(chance 0.125)" in lines[8]  # one value of the 8 pairs'
+    assert "key-value recall: 8 pairs then 4 queries" in lines[8]
+
+
+def probe_rows(benefits, errors):
+    return [ProbeRow(d, 8.0, 8.0, 8.0, benefit, se) for d, (benefit, se) in enumerate(zip(benefits, errors))]
+
+
+def test_the_pooled_benefit_is_the_mean_over_the_gaps_and_its_error_adds_their_independent_variances():
+    # Each d draws its own strings, gap texts and fresh strings: the gaps' estimates are independent,
+    # so the variance of their mean is the sum of theirs over G squared.
+    pooled = distance.pooled_benefit(probe_rows([0.1, 0.3, -0.1, 0.5], [0.3, 0.4, 0.0, 1.2]))
+    assert pooled.gaps == 4 and pooled.mean == pytest.approx(0.2)
+    assert pooled.se == pytest.approx(math.sqrt(0.09 + 0.16 + 0.0 + 1.44) / 4)  # 1.3 / 4 = 0.325
+    assert pooled.z == pytest.approx(0.2 / 0.325)
+    # 15 gaps of SE 0.2: the mean's SE is 0.2 / sqrt(15), a quarter of any one gap's
+    pooled = distance.pooled_benefit(probe_rows([0.0] * 15, [0.2] * 15))
+    assert pooled.se == pytest.approx(0.2 / math.sqrt(15))
+
+
+def test_the_per_gap_threshold_is_the_normal_quantile_corrected_for_the_number_of_gaps():
+    from statistics import NormalDist
+
+    assert distance.gap_threshold(1) == pytest.approx(1.960, abs=5e-4)  # one test at 5%, two-sided
+    assert distance.gap_threshold(15) == pytest.approx(2.935, abs=5e-4)  # about 3 SE for lab_main's 15 gaps
+    for gaps in (1, 7, 15, 40):  # noise alone marks any of `gaps` gaps with a chance of at most 5%
+        assert gaps * 2 * (1 - NormalDist().cdf(distance.gap_threshold(gaps))) == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize("benefits, ending", [
+    ([0.3] * 15, "measurable use of the copy, on average over d (beyond 1.96 SE of 0)"),
+    ([-0.3] * 15, "the second copy costs measurably more than a fresh string, on average over d "
+                  "(beyond 1.96 SE of 0)"),
+    ([0.0] * 14 + [-0.7], "no measurable use of the copy, on average over d (within 1.96 SE of 0)"),
+], ids=["use", "cost", "none"])
+def test_the_verdict_rests_on_the_pooled_test_not_on_any_one_gap(benefits, ending):
+    # SE 0.2 per gap, pooled 0.052: a mean of 0.3 is z 5.8; one gap at -0.7 (3.5 SE, marked) among
+    # 14 at zero is a mean of -0.047, z -0.9: no verdict of use or cost from one gap.
+    lines = distance.probe_lines(probe_rows(benefits, [0.2] * 15), 8)
+    assert lines[-1].startswith("pooled over the 15 gaps: mean benefit ")
+    assert lines[-1].endswith(ending), lines[-1]
+    assert "1 gap in 20 lands beyond 2 SE of 0: * marks a gap beyond 2.94 SE (the 5% threshold corrected " \
+           "for 15 gaps, Bonferroni)" in lines[1]
+
+
+def test_a_gap_is_marked_only_beyond_the_corrected_threshold():
+    # 2.5 SE, as d = 37 once gave on a real model: beyond 2 SE, within 2.94, so not marked among 15 gaps.
+    rows = probe_rows([0.0] * 13 + [-0.5, 0.7], [0.2] * 15)
+    table = distance.probe_lines(rows, 8)[3:-1]
+    assert [row.split()[6:] for row in table[-2:]] == [["-2.50"], ["3.50", "*"]]
+    assert sum(row.endswith("*") for row in table) == 1
+
+
+def test_a_probe_without_a_standard_error_gives_no_verdict():
+    lines = distance.probe_lines(probe_rows([0.5, 0.1], [float("nan")] * 2), 8)
+    assert lines[-1].endswith("no verdict (a standard error needs two strings per d)")
+    assert distance.pooled_benefit(probe_rows([0.0, 0.0], [0.0, 0.0])).z == 0.0  # no spread, no benefit
 
 
 @pytest.mark.parametrize("context, rows", [(1, [0]), (2, [0, 1]), (3, [0, 1, 2]),

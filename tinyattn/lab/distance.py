@@ -11,7 +11,10 @@ measurements of where a model stops using what it can reach:
    after the same text, so what the copy saves over the fresh string (the copy benefit) is what
    having seen the string is worth; the first copy's loss is no baseline, as it stands at the
    window's start. `repeat_probe` measures it against d, up to the context length; the first
-   token of each string is left out of every mean (nothing before it says a copy begins).
+   token of each string is left out of every mean (nothing before it says a copy begins). With
+   some 15 gaps, one in 20 lands beyond 2 standard errors of zero by chance alone: the verdict
+   rests on one test, the mean benefit over the gaps (`pooled_benefit`), and a single gap is
+   marked only beyond the threshold corrected for the number of gaps (`gap_threshold`).
 2. Key-value recall, trained here: 8 pairs (key, value) (`--pairs`), then 4 queries, each a
    different key of the pairs whose target is its value; the queried pair stands d tokens back. A small attention model trains
    for a fixed number of steps (the project's Trainer and optimizer), then its recall accuracy
@@ -25,10 +28,12 @@ an `--out` holding an earlier run's is refused without `--force` (`outputs.clear
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import NormalDist
 
 import numpy as np
 import torch
@@ -62,6 +67,7 @@ PROBE_SAMPLES = 64  # random strings per gap length
 RECALL_BATCH = 32
 RECALL_EVAL_SEQUENCES = 512
 DISTANCE_BIN = 8  # recall accuracy is reported over d in bins this wide
+FALSE_ALARM = 0.05  # the chance that noise alone passes the verdict's test, or marks any gap
 
 OUTPUTS = ("distance.txt", "distance.png", "key_value")  # what `run` writes into --out
 
@@ -215,6 +221,57 @@ def probe_row(gap: int, first: np.ndarray, second: np.ndarray, fresh: np.ndarray
                     float(benefit.mean()), float(se))
 
 
+@dataclass
+class PooledBenefit:
+    gaps: int
+    mean: float  # the copy benefit averaged over the gaps, each d weighted equally
+    se: float  # its standard error
+
+    @property
+    def z(self) -> float:
+        return z_score(self.mean, self.se)
+
+
+def z_score(benefit: float, se: float) -> float:
+    """benefit / se; a benefit of exactly 0 with no spread is 0 (no sign of use), not NaN."""
+    if se > 0 or math.isnan(se):
+        return benefit / se
+    return 0.0 if benefit == 0 else math.copysign(math.inf, benefit)
+
+
+def pooled_benefit(rows: list[ProbeRow]) -> PooledBenefit:
+    """The mean of the gaps' copy benefits and its standard error, sqrt(sum of SE_d^2) / G: the
+    gaps' estimates are independent (each d draws its own strings, gap texts and fresh strings from
+    the generator, and the model in evaluation mode scores them deterministically), so their
+    variances add. One test of use over all the gaps, where a test per gap would find some by chance."""
+    benefits = np.array([row.benefit for row in rows])
+    errors = np.array([row.benefit_se for row in rows])
+    return PooledBenefit(len(rows), float(benefits.mean()), float(np.sqrt((errors ** 2).sum()) / len(rows)))
+
+
+def gap_threshold(gaps: int) -> float:
+    """|benefit| / SE beyond which one of `gaps` gaps is marked: the normal quantile at
+    1 - FALSE_ALARM / (2 * gaps) (two-sided, Bonferroni), so that noise alone marks any gap at all
+    with a chance of at most FALSE_ALARM: 1.96 for one gap, 2.94 for 15."""
+    return NormalDist().inv_cdf(1 - FALSE_ALARM / (2 * gaps))
+
+
+def verdict(pooled: PooledBenefit) -> str:
+    """The probe's conclusion, from the pooled test alone (two-sided, at FALSE_ALARM)."""
+    threshold = gap_threshold(1)
+    line = (f"pooled over the {pooled.gaps} gaps: mean benefit {pooled.mean:.3f}, SE {pooled.se:.3f} ("
+            f"= sqrt(sum of the gaps' SE^2) / {pooled.gaps}, as each d draws its own strings), "
+            f"z {pooled.z:.2f}: ")
+    if math.isnan(pooled.z):
+        return line + "no verdict (a standard error needs two strings per d)"
+    if pooled.z > threshold:
+        return line + f"measurable use of the copy, on average over d (beyond {threshold:.2f} SE of 0)"
+    if pooled.z < -threshold:
+        return line + (f"the second copy costs measurably more than a fresh string, on average over d "
+                       f"(beyond {threshold:.2f} SE of 0)")
+    return line + f"no measurable use of the copy, on average over d (within {threshold:.2f} SE of 0)"
+
+
 # ----------------------------------------------------------------------------- key-value recall
 
 
@@ -357,25 +414,37 @@ def recall_accuracy(model: nn.Module, task: KeyValueRecall, *, seed: int,
 
 
 def report(probe: list[ProbeRow], recall: RecallResult, source: str, machine: str, args, *, wall: float) -> str:
-    lines = [f"tinyattn lab distance: {source}; {machine}", "",
-             f"repeated-sequence probe: a random string of {args.string_length} tokens, d tokens of text, "
-             f"the string again; the control: a fresh random string in the second copy's place "
-             f"({PROBE_SAMPLES} strings per d; loss in nats on tokens 2..n of each string)",
-             "benefit = fresh string - second copy, what having seen the string is worth, with its standard "
-             "error over the strings (paired); a benefit within 2 SE of 0 is no measurable use of the copy",
-             f"{'d':>5} {'first copy':>11} {'second copy':>12} {'fresh string':>13} {'benefit':>8} {'SE':>6}"]
-    for row in probe:
-        lines.append(f"{row.gap:>5} {row.first:>11.3f} {row.second:>12.3f} {row.fresh:>13.3f} "
-                     f"{row.benefit:>8.3f} {row.benefit_se:>6.3f}")
-    lines += ["", f"key-value recall: {args.pairs} pairs then {max(1, args.pairs // 2)} queries (distinct keys "
-              f"of the pairs); a {recall.parameters:,}-parameter attention model (2 layers, width 64) trained "
-              f"{recall.steps} steps in {recall.seconds:.0f} s, final train loss {recall.final_loss:.3f}; accuracy on {RECALL_EVAL_SEQUENCES} fresh sequences "
-              f"(chance {1 / args.pairs:.3f})",
-              f"{'d':>9} {'accuracy':>9} {'queries':>8}"]
+    lines = [f"tinyattn lab distance: {source}; {machine}", "", *probe_lines(probe, args.string_length), "",
+             f"key-value recall: {args.pairs} pairs then {max(1, args.pairs // 2)} queries (distinct keys "
+             f"of the pairs); a {recall.parameters:,}-parameter attention model (2 layers, width 64) trained "
+             f"{recall.steps} steps in {recall.seconds:.0f} s, final train loss {recall.final_loss:.3f}; "
+             f"accuracy on {RECALL_EVAL_SEQUENCES} fresh sequences (chance {1 / args.pairs:.3f})",
+             f"{'d':>9} {'accuracy':>9} {'queries':>8}"]
     for d, accuracy, count in zip(recall.distances, recall.accuracy, recall.counts):
         lines.append(f"{f'{d}-{d + DISTANCE_BIN - 1}':>9} {accuracy:>9.3f} {count:>8}")
     lines += ["", f"wall time of the command: {wall:.0f} s"]
     return "\n".join(lines)
+
+
+def probe_lines(probe: list[ProbeRow], length: int) -> list[str]:
+    """The probe's table: a row per gap, z = benefit / SE, a * where it passes `gap_threshold`,
+    then the verdict of the pooled test (`verdict`)."""
+    threshold = gap_threshold(len(probe))
+    lines = [f"repeated-sequence probe: a random string of {length} tokens, d tokens of text, the string "
+             f"again; the control: a fresh random string in the second copy's place ({PROBE_SAMPLES} strings "
+             "per d; loss in nats on tokens 2..n of each string)",
+             "benefit = fresh string - second copy, what having seen the string is worth, with its standard "
+             "error over the strings (paired) and z = benefit / SE. By chance alone about 1 gap in 20 lands "
+             f"beyond 2 SE of 0: * marks a gap beyond {threshold:.2f} SE (the {FALSE_ALARM:.0%} threshold "
+             f"corrected for {len(probe)} gaps, Bonferroni); the verdict is the pooled test below",
+             f"{'d':>5} {'first copy':>11} {'second copy':>12} {'fresh string':>13} {'benefit':>8} {'SE':>6} "
+             f"{'z':>6}"]
+    for row in probe:
+        z = z_score(row.benefit, row.benefit_se)
+        mark = " *" if abs(z) > threshold else ""
+        lines.append(f"{row.gap:>5} {row.first:>11.3f} {row.second:>12.3f} {row.fresh:>13.3f} "
+                     f"{row.benefit:>8.3f} {row.benefit_se:>6.3f} {z:>6.2f}{mark}")
+    return lines + [verdict(pooled_benefit(probe))]
 
 
 def save_figure(probe: list[ProbeRow], recall: RecallResult, path: Path, *, length: int) -> None:
