@@ -418,6 +418,23 @@ def test_the_table_shows_only_the_layers_and_heads_asked(char_tokenizer):
     assert [float(c) for c in cells[4:]] == pytest.approx(expected, abs=5e-4)
 
 
+@pytest.mark.parametrize("layers, heads, columns, described", [
+    (None, None, ["L0", "L1", "L0H0", "L1H3"],
+     "mean over every head, each layer's mean, then each head (LxHy)"),
+    (None, [], ["L0", "L1"], "mean over every head, each layer's mean"),  # as notebooks/tour.ipynb asks
+    ([], [], [], "mean over every head"),
+], ids=["all", "no-heads", "mean-only"])
+def test_the_tables_header_describes_only_the_weight_columns_it_prints(char_tokenizer, layers, heads, columns,
+                                                                       described):
+    model = random_model(vocab_size=char_tokenizer.vocab_size, context_length=32)
+    rel = relevance_of_text(model, char_tokenizer, "abc defg hij")
+    lines = format_relevance_table(rel, 7, layers=layers, heads=heads).splitlines()
+    assert lines[1].endswith("; weights: " + described), lines[1]
+    printed = lines[2].split()[4:]
+    assert all(column in printed for column in columns) and len(printed) == len(set(printed))
+    assert any("H" in column for column in printed) == ("LxHy" in lines[1])
+
+
 def test_the_tables_weight_columns_are_the_mean_of_all_heads_of_each_layer_and_each_head(char_tokenizer):
     # Weights made distinct in every layer and head, so a column averaged over the wrong ones shows.
     model = random_model(vocab_size=char_tokenizer.vocab_size, context_length=32)

@@ -334,7 +334,8 @@ def format_relevance_table(rel: Relevance, query: int, top: Optional[int] = None
              f"{rel.labels[query + 1]} with loss {rel.losses[query]:.3f} nats; it reads keys "
              f"{rel.reach[query]}..{query}",
              "relevance = rise in that loss, in nats, when the key is masked out of attention in every "
-             "layer; weights: mean over every head, each layer's mean, then each head (LxHy)",
+             "layer; weights: mean over every head" + (", each layer's mean" if layers else "")
+             + (", then each head (LxHy)" if head_columns else ""),
              f"{'pos':>4} {'token':<{label_width}} {'relevance':>9} {'weight':>6}  "
              + " ".join(f"{f'L{layer}':>5}" for layer in layers) + "  "
              + " ".join(f"{f'L{layer}H{head}':>5}" for layer, head in head_columns)]
