@@ -886,6 +886,51 @@ def test_the_recurrence_table_gives_each_models_gradient_at_init_and_trained_to_
     assert speeds[1].split() == ["16", "50", "100", "2.00"]  # a row for each of --contexts
 
 
+def speed_table(contexts):
+    """The speed rows of a report over tiny.yaml (4 x 32 = 128 tokens a training step) at `contexts`."""
+    config = load_config(ROOT / "configs" / "tiny.yaml")
+    T = config.model.context_length
+    attn, lstm = (Contender(name, "shape", lambda t: None, speed={c: 1000.0 for c in contexts}, steps=5,
+                            seconds=1.0, gradient_at_init=np.ones(T), gradient_trained=np.ones(T),
+                            position_losses=np.full(T, 2.0), parameters=1000) for name in ("attention", "lstm"))
+    args = argparse.Namespace(config="tiny.yaml", contexts=contexts, seconds=1.0)
+    text = recurrence.report([attn, lstm], config, args, "cpu", wall=1.0)
+    return text.split("\n\ntraining tokens/s", 1)[1].split("\n\n", 1)[0].splitlines()
+
+
+@pytest.mark.parametrize("contexts, title", [
+    ([8, 16, 32], " (128 tokens per step, median of 3 steps)"),  # 16, 8 and 4 windows
+    ([48], " (96 tokens per step, median of 3 steps)"),  # 2 whole windows of 48 fit 128
+], ids=["same", "fewer"])
+def test_the_speed_table_says_the_tokens_every_context_steps(contexts, title):
+    table = speed_table(contexts)
+    assert table[0] == title
+    assert table[1].split() == ["context", "attention", "lstm", "lstm/attn"]
+
+
+def test_a_context_longer_than_the_training_step_is_labelled_with_the_one_window_it_steps():
+    # --contexts 8192 with 2048 tokens a step timed 8192 (batch 1) under a "2048 tokens per step" title.
+    table = speed_table([8, 256, 1024])
+    assert "each context steps as many whole windows as fit the training step's 128 tokens" in table[0]
+    assert "128 tokens per step" not in table[0]
+    assert table[1].split() == ["context", "tokens/step", "attention", "lstm", "lstm/attn"]
+    assert [row.split()[:2] for row in table[2:]] == [["8", "128"], ["256", "256"], ["1024", "1024"]]
+
+
+def test_the_tokens_a_context_steps_are_the_ones_its_speed_is_measured_on(monkeypatch):
+    config = load_config(ROOT / "configs" / "tiny.yaml", ["model.vocab_size=65"])
+    device = torch.device("cpu")
+    precision = select_precision("fp32", device)
+    monkeypatch.setattr(recurrence, "call_times", lambda step, **kwargs: [1.0, 1.0, 1.0])
+    tokens = np.random.default_rng(0).integers(0, 65, 600).astype(np.uint16)
+    contender = contenders_for(config, 1, device, precision)[0]
+    # 100 tokens a step: 4 whole windows of 24 (96 tokens, not 100); one of 150, more than 100
+    for context, stepped in ((24, 96), (150, 150)):
+        assert recurrence.speed_batch(100, context) * context == stepped  # what the table's label says
+        assert recurrence.tokens_per_second(contender, config.train, tokens, context=context,
+                                            tokens_per_step=100, device=device, precision=precision) == stepped
+
+
 def test_the_recurrence_report_gives_the_parameter_ratio_and_each_models_loss_over_all_windows():
     config = load_config(ROOT / "configs" / "tiny.yaml", ["train.eval_windows=null"])
     T = config.model.context_length

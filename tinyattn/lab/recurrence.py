@@ -6,7 +6,8 @@ positions directly and computes them all at once. Four measurements, on the conf
 and tokenizer, the attention model as the config describes it and a `torch.nn.LSTM`
 language model (`tinyattn.lab.lstm`) whose parameter count is within a few percent of it:
 
-1. Speed: training tokens per second at contexts 64, 256 and 1024, the same tokens per step.
+1. Speed: training tokens per second at contexts 64, 256 and 1024, the same tokens per step
+   (a context longer than a training step's tokens steps one window: the table says so).
 2. Validation loss after the same wall time of training each (the config's optimizer and
    schedule, the schedule's length fixed by the step time measured in 1).
 3. Loss by position for both (what each makes of more context).
@@ -128,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     contenders = contenders_for(config, args.lstm_layers, device, precision)
     clear_earlier_lab(args.out, OUTPUTS, args.force)  # before the speed and the training
     folder = experiment_folder(args.out, "recurrence")
-    tokens_per_step = config.train.batch_size * config.model.context_length
+    tokens_per_step = training_step_tokens(config)
     for c in contenders:
         # The training context too, where the table does not ask for it: its speed sets the
         # schedule of the loss comparison (`train_and_measure`).
@@ -194,12 +195,35 @@ def make_trainer(model: nn.Module, train_config: TrainConfig, tokens, *, batch_s
 
 def tokens_per_second(contender: Contender, train_config: TrainConfig, tokens, *, context: int,
                       tokens_per_step: int, device: torch.device, precision: Precision) -> float:
-    """Training tokens/s at `context`: the median of 3 timed steps after one untimed."""
+    """Training tokens/s at `context`: the median of 3 timed steps after one untimed, of
+    `speed_batch` windows."""
     model = contender.build(context)
-    trainer = make_trainer(model, train_config, tokens, batch_size=max(1, tokens_per_step // context),
+    trainer = make_trainer(model, train_config, tokens, batch_size=speed_batch(tokens_per_step, context),
                            context=context, device=device, precision=precision)
     times = call_times(trainer.train_step, repeats=3, warmup=1, device=device)
     return trainer.tokens_per_step / statistics.median(times)
+
+
+def training_step_tokens(config: Config) -> int:
+    """The tokens of one training step, batch_size x context_length: what the speed table's every
+    context aims to step (`speed_batch`)."""
+    return config.train.batch_size * config.model.context_length
+
+
+def speed_batch(tokens_per_step: int, context: int) -> int:
+    """Windows per step of the speed table at `context`: as many as fit the training step's
+    `tokens_per_step`, at least one (a context longer than that steps one whole window)."""
+    return max(1, tokens_per_step // context)
+
+
+def speed_header(tokens_per_step: int, contexts: list[int]) -> tuple[str, bool]:
+    """The speed table's title, and whether its rows need a tokens/step column: the tokens each
+    context really steps (`speed_batch` x context), one number when every context steps the same."""
+    stepped = {speed_batch(tokens_per_step, context) * context for context in contexts}
+    if len(stepped) == 1:
+        return f"training tokens/s ({stepped.pop()} tokens per step, median of 3 steps)", False
+    return (f"training tokens/s (median of 3 steps; each context steps as many whole windows as fit the "
+            f"training step's {tokens_per_step} tokens, at least one: tokens/step)"), True
 
 
 def gradient_by_distance(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
@@ -298,15 +322,18 @@ def report(contenders: list[Contender], config: Config, args: argparse.Namespace
            wall: float) -> str:
     """The table: speed by context, loss after the same wall time, loss by position, gradient by distance."""
     attn, lstm = contenders
+    tokens_per_step = training_step_tokens(config)
+    title, per_context = speed_header(tokens_per_step, args.contexts)
     lines = [f"tinyattn lab recurrence: {args.config} ({config.data.files or config.data.dataset}); {machine}",
              f"attention: {attn.parameters:,} parameters ({attn.shape}); lstm: {lstm.parameters:,} "
              f"parameters ({lstm.shape}); ratio {lstm.parameters / attn.parameters:.3f}", "",
-             f"training tokens/s ({config.train.batch_size * config.model.context_length} tokens per step, "
-             "median of 3 steps)",
-             f"{'context':>8} {'attention':>10} {'lstm':>10} {'lstm/attn':>10}"]
+             title,
+             f"{'context':>8}" + (f" {'tokens/step':>11}" if per_context else "")
+             + f" {'attention':>10} {'lstm':>10} {'lstm/attn':>10}"]
     for context in args.contexts:
         a, b = attn.speed[context], lstm.speed[context]
-        lines.append(f"{context:>8} {a:>10,.0f} {b:>10,.0f} {b / a:>10.2f}")
+        stepped = f" {speed_batch(tokens_per_step, context) * context:>11}" if per_context else ""
+        lines.append(f"{context:>8}{stepped} {a:>10,.0f} {b:>10,.0f} {b / a:>10.2f}")
     lines += ["", f"validation loss after {args.seconds:g} s of training each (context "
               f"{config.model.context_length}, {config.train.eval_windows or 'all'} windows)"]
     for c in contenders:
