@@ -452,9 +452,22 @@ def test_cli_writes_heatmaps_and_prints_the_query_table(run_dir, capsys):
     assert table[1].startswith(f"query s at position {position} (of {context} tokens)")
     assert len(table) == 3 + 8
     # --query-position counts in the text too, as --relevance does; the cut-off start is one line.
+    # It says, as --query does, which token of the text the kept window's position is.
     status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run_dir), "--text", SENTENCE,
                                      "--query-position", str(in_text), "--device", "cpu")
-    assert status == 0 and f"query s at position {position} (of {context} tokens)" in stdout, stderr
+    assert status == 0, stderr
+    table = stdout.split("\n\n", 1)[1].splitlines()
+    assert table[0] == (f"--query-position {in_text}: token s at position {position} of the kept window "
+                        f"(token {in_text} of the text)")
+    assert table[1].startswith(f"query s at position {position} (of {context} tokens)")
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run_dir), "--text", SENTENCE,
+                                     "--query-position", "-1", "--device", "cpu")
+    assert status == 0 and (f"--query-position -1: token {visible(SENTENCE[-1])} at position {context - 1} of "
+                            f"the kept window (token {len(SENTENCE) - 1} of the text)\n") in stdout, stderr
+    # A text that fits has nothing cut: the table's position is the text's, and no such line.
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run_dir), "--text", SENTENCE[:context],
+                                     "--query-position", "5", "--device", "cpu")
+    assert status == 0 and stdout.split("\n\n", 1)[1].startswith("query "), stderr
     first_word = SENTENCE.split()[0].strip(",.;:")
     for option in (["--query", first_word], ["--query-position", "0"]):
         status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run_dir), "--text", SENTENCE, *option,
@@ -543,8 +556,9 @@ def test_cli_layer_and_head_draw_and_tabulate_only_that_head_and_the_first_kept_
     assert status == 0, stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["layer_1_head_2.png"]
     table = stdout.split("\n\n", 1)[1].splitlines()
-    assert table[0].startswith(f"query {visible(SENTENCE[dropped])} at position 0 (of {context} tokens)")
-    assert len(table) == 2 + 1 and table[2].split()[:2] == ["1", "2"]  # a header, then layer 1 head 2 only
+    assert table[0].endswith(f"at position 0 of the kept window (token {dropped} of the text)")
+    assert table[1].startswith(f"query {visible(SENTENCE[dropped])} at position 0 (of {context} tokens)")
+    assert len(table) == 3 + 1 and table[3].split()[:2] == ["1", "2"]  # a header, then layer 1 head 2 only
 
 
 def test_cli_relevance_with_layer_and_head_tabulates_only_that_layer_and_head(run_dir, capsys):

@@ -32,7 +32,9 @@ def parser() -> argparse.ArgumentParser:
                             "holding the last character of the word's first whole-word, "
                             "case-sensitive occurrence")
     query.add_argument("--query-position", type=int, metavar="N",
-                       help="the same for the token at position N (negative: from the end)")
+                       help="the same for token N of the text (negative: from the end); where a text "
+                            "longer than the context loses its start, the table counts in the kept "
+                            "window, after a line naming both positions")
     p.add_argument("--relevance", action="store_true",
                    help="instead of the PNGs, print for the query token (--query, --query-position; "
                         "default the last token that predicts one) each earlier token's relevance (the "
@@ -131,6 +133,9 @@ def _heatmaps(args: argparse.Namespace, loaded, text: str, token_ids: list[int])
             where = f" of the kept window (token {position + dropped} of the text)" if dropped else ""
             print(f"--query {args.query!r}: its first occurrence ends in token {maps.labels[position]} "
                   f"at position {position}{where}")
+        elif dropped:  # N counts in the text; the table below counts in the kept window
+            print(f"--query-position {args.query_position}: token {maps.labels[position]} at position "
+                  f"{position} of the kept window (token {position + dropped} of the text)")
         print(format_query_table(maps, position, query_table(maps, position, layers=layers, heads=heads)))
     return 0
 
