@@ -358,6 +358,71 @@ def test_a_cut_short_gzip_file_in_a_dataset_folder_is_named_in_one_line(tmp_path
     assert "\n" not in str(error.value) and error.value.__suppress_context__
 
 
+@pytest.mark.parametrize("layout", ["one corpus file", "its own splits"])
+def test_a_dataset_folder_holding_the_token_cache_gives_the_same_data_and_key_every_run(tmp_path, monkeypatch,
+                                                                                       layout):
+    # data.dataset: data with the default data.cache_dir, data/cache: datasets was shown the cache's
+    # train.bin and meta.json too (a second run: "No (supported) data files found"), and they keyed it
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    if layout == "one corpus file":
+        (tmp_path / "data" / "corpus.jsonl").write_text(jsonl_text(DOCUMENTS, lambda t: {"content": t}))
+        data, expected = {"text_field": "content"}, expected_split(DOCUMENTS)
+    else:
+        (tmp_path / "data" / "train.jsonl").write_text(jsonl_text(DOCUMENTS[:15]))
+        (tmp_path / "data" / "validation.jsonl").write_text(jsonl_text(DOCUMENTS[15:]))
+        data, expected = {"validation_split": "validation"}, (DOCUMENTS[:15], DOCUMENTS[15:])
+    (tmp_path / "data" / ".notes.jsonl").write_text(jsonl_text(["hidden, never read"]))
+    config = config_from_dict({"model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "context_length": 8},
+                               "data": {"dataset": "data", "cache_dir": "data/cache", **data}})
+    runs = [prepare_data(config, progress=False) for _ in range(3)]
+    assert [documents_of(run) for run in runs] == [expected] * 3
+    assert {run.cache_dir for run in runs} == {runs[0].cache_dir}
+    assert [p.parent for p in (tmp_path / "data" / "cache").glob("*/meta.json")] == [runs[0].cache_dir]
+    for path in (tmp_path / "data").glob("*.jsonl"):
+        path.unlink()
+    with pytest.raises(DataError) as error:  # left: the cache and a hidden file, neither of them data
+        prepare_data(config, progress=False)
+    assert str(error.value) == ("data.dataset: the folder data has no data files datasets reads (.jsonl, "
+                                ".csv, .parquet, .txt, ...; hidden files and those under data.cache_dir, "
+                                "data/cache, are not read)")
+
+
+def test_a_dataset_folder_reads_past_token_files_no_reader_takes(tmp_path, monkeypatch):
+    # a train.bin and a val.bin (nanoGPT's, or a token cache's under another data.cache_dir) were the
+    # splits train and validation: "Unable to find '.../train.bin' with any supported extension [...]"
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "corpus.jsonl").write_text(jsonl_text(DOCUMENTS))
+    for name in ("train.bin", "val.bin"):
+        (folder / name).write_bytes(np.arange(100, dtype=np.uint16).tobytes())
+    result = prepare_data(make_config(tmp_path, {"dataset": str(folder)}), progress=False)
+    assert documents_of(result) == expected_split(DOCUMENTS)
+
+
+def test_a_dataset_folder_whose_card_names_its_configs_files_reads_the_config_chosen(tmp_path, monkeypatch):
+    # a hub dataset's snapshot: README.md's configs name each config's files, which datasets reads
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    folder = tmp_path / "corpus"
+    for name, documents in (("small", DOCUMENTS[:10]), ("big", DOCUMENTS)):
+        (folder / name).mkdir(parents=True)
+        (folder / name / "train.jsonl").write_text(jsonl_text(documents))
+    (folder / "README.md").write_text("---\nconfigs:\n" + "".join(
+        f"- config_name: {name}\n  data_files:\n  - split: train\n    path: {name}/train.jsonl\n"
+        for name in ("small", "big")) + "---\n")
+    config = make_config(tmp_path, {"dataset": str(folder), "dataset_config": "big"})
+    result = prepare_data(config, progress=False)
+    assert documents_of(result) == expected_split(DOCUMENTS)
+
+
 def test_compressed_parquet_is_refused_in_one_line(tmp_path):
     path = tmp_path / "t.parquet.gz"
     path.write_bytes(gzip.compress(b"PAR1"))

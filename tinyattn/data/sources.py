@@ -37,7 +37,7 @@ import logging
 import os
 import re
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional
@@ -121,30 +121,92 @@ def _folder_source(data: DataConfig) -> Source:
     CastError traceback for shards whose other fields differ. A folder is always streamed, its files
     read as they are now: without streaming datasets reuses an Arrow cache it keyed by the files'
     times, which cp -p or touch -r carry over to new contents (the old text trained, filed under the
-    new text's key)."""
+    new text's key). Its files are those `_dataset_folder_files` keeps: the same folder gives the same
+    data and the same key, even with the token cache inside it (data/cache in data/)."""
     name, local = data.dataset, Path(data.dataset)
+    files = _dataset_folder_files(local, Path(data.cache_dir))
     identity: dict = {"dataset": name, "config": data.dataset_config, "revision": data.revision}
-    # its files decide whether the cache is current
-    identity["files"] = [_file_identity(p) for p in sorted(local.rglob("*")) if p.is_file()
-                         and not any(part.startswith(".") for part in p.relative_to(local).parts)]
+    identity["files"] = [_file_identity(p) for p in files]  # its files decide whether the cache is current
     description = f"dataset {name!r}"
 
     def reader(split: str) -> Callable[[], DocumentParts]:
         import datasets
 
         with _dataset_errors(name):
-            builder = datasets.load_dataset_builder(name, data.dataset_config, revision=data.revision)
-            data_files = builder.config.data_files or {}
-            if split not in data_files:  # datasets' own words for it
-                raise ValueError(f"Bad split: {split}. Available splits: {[str(s) for s in data_files]}")
+            # the splits datasets finds among `files` only, unless the folder's card names them
+            data_files = None if _card_lists_files(local) else _inferred_splits(data, files)
+            builder = datasets.load_dataset_builder(name, data.dataset_config, revision=data.revision,
+                                                    data_files=data_files)
+            kept = {os.path.realpath(p) for p in files}
+            found = {str(s): [Path(f) for f in fs if os.path.realpath(f) in kept]
+                     for s, fs in (builder.config.data_files or {}).items()}
+            if split not in found:  # datasets' own words for it
+                raise ValueError(f"Bad split: {split}. Available splits: {list(found)}")
             return _per_file_parts(
-                [Path(f) for f in data_files[split]], builder.name, data.text_field, description,
+                found[split], builder.name, data.text_field, description,
                 lambda path: datasets.load_dataset(name, data.dataset_config, data_files={split: [str(path)]},
                                                    split=split, revision=data.revision, streaming=True),
                 skipped=SkippedRecords(f"{description} split {split!r}", data.text_field))
 
     return Source(description=description, name=_slug(name.rstrip("/").rsplit("/", 1)[-1]),
                   identity=identity, reader=reader)
+
+
+def _dataset_folder_files(folder: Path, cache_dir: Path) -> list[Path]:
+    """A dataset folder's files, as a folder in data.files gives them: hidden files and folders left
+    out, and everything under the token cache's folder, which data/ holds by default (the cache's
+    train.bin and meta.json, shown to datasets, were taken for the folder's splits)."""
+    cache = cache_dir.resolve()
+    return sorted(p for p in folder.rglob("*") if p.is_file()
+                  and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+                  and not p.resolve().is_relative_to(cache))
+
+
+def _inferred_splits(data: DataConfig, files: list[Path]) -> dict[str, list[str]]:
+    """Which of `files` belong to which split, by datasets' rules for a folder (train.jsonl,
+    validation/, data/test-00000-of-00001.parquet; else all of them train), applied to `files`
+    only, and to those of them datasets has a reader for: datasets' own search of the folder would
+    see the token cache inside it too, and a train.bin (a cache's, or nanoGPT's) would be the split
+    train, which nothing reads."""
+    from datasets.data_files import _get_data_files_patterns, resolve_pattern  # the rules, on our files
+    from datasets.load import _ALL_ALLOWED_EXTENSIONS  # the extensions datasets reads a folder's files by
+
+    base, kept = str(Path(data.dataset).absolute()), {os.path.realpath(p) for p in files}
+
+    def resolve(pattern: str) -> list[str]:
+        found = [f for f in resolve_pattern(pattern, base, allowed_extensions=_ALL_ALLOWED_EXTENSIONS)
+                 if os.path.realpath(f) in kept]
+        if not found:
+            raise FileNotFoundError(pattern)  # how datasets' resolver says "nothing matches"
+        return found
+
+    try:
+        patterns = _get_data_files_patterns(resolve)
+    except FileNotFoundError:
+        raise DataError(f"data.dataset: the folder {data.dataset} has no data files datasets reads (.jsonl, "
+                        ".csv, .parquet, .txt, ...; hidden files and those under data.cache_dir, "
+                        f"{data.cache_dir}, are not read)") from None
+    splits: dict[str, list[str]] = {}
+    for split, split_patterns in patterns.items():
+        found: list[str] = []
+        for pattern in split_patterns:  # a split's patterns in order, each file once, as datasets does
+            with suppress(FileNotFoundError):
+                found += [f for f in resolve(pattern) if f not in found]
+        splits[split] = found
+    return splits
+
+
+def _card_lists_files(folder: Path) -> bool:
+    """Whether the folder's dataset card (README.md's YAML header) names each config's files
+    (`configs: [{config_name, data_files}]`, as a hub dataset's snapshot does): datasets then reads
+    those, and `data.dataset_config` picks one."""
+    readme = folder / "README.md"
+    if not readme.is_file():
+        return False
+    from huggingface_hub import DatasetCard
+
+    configs = DatasetCard.load(readme).data.to_dict().get("configs") or []
+    return any(isinstance(c, dict) and "data_files" in c for c in configs)
 
 
 @contextmanager
