@@ -423,6 +423,23 @@ def test_a_dataset_folder_whose_card_names_its_configs_files_reads_the_config_ch
     assert documents_of(result) == expected_split(DOCUMENTS)
 
 
+@pytest.mark.parametrize("compression", ["", ".gz"])
+def test_a_dataset_folder_of_text_files_reads_one_document_per_file_as_data_files_does(tmp_path, monkeypatch,
+                                                                                       compression):
+    # datasets' text builder made each line a document and dropped its newline
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    folder = tmp_path / "books"
+    folder.mkdir()
+    write = write_compressed if compression else lambda path, text: path.write_text(text, encoding="utf-8")
+    for i, text in enumerate(DOCUMENTS):
+        write(folder / f"book-{i:02d}.txt{compression}", text)
+    as_dataset = documents_of(prepare_data(make_config(tmp_path, {"dataset": str(folder)}), progress=False))
+    as_files = documents_of(prepare_data(make_config(tmp_path, {"files": [str(folder)]}), progress=False))
+    assert as_dataset == as_files == expected_split(DOCUMENTS)
+
+
 def test_compressed_parquet_is_refused_in_one_line(tmp_path):
     path = tmp_path / "t.parquet.gz"
     path.write_bytes(gzip.compress(b"PAR1"))

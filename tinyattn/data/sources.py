@@ -76,7 +76,7 @@ class Source:
 
 def resolve_source(data: DataConfig, progress: bool) -> Source:
     if data.dataset is not None:
-        return _folder_source(data) if Path(data.dataset).is_dir() else _hub_source(data)
+        return _folder_source(data, progress) if Path(data.dataset).is_dir() else _hub_source(data)
     if data.validation_split is not None:
         raise DataError(f"data.validation_split: {data.validation_split!r} needs a hub dataset "
                         "(data.dataset); local files are split by data.validation_fraction")
@@ -114,7 +114,7 @@ def _hub_source(data: DataConfig) -> Source:
                   identity=identity, reader=reader)
 
 
-def _folder_source(data: DataConfig) -> Source:
+def _folder_source(data: DataConfig, progress: bool) -> Source:
     """A dataset folder on disk (data.dataset: <folder>): the data files of each split, as datasets
     finds them, each its own streamed dataset as data.files reads them (`_per_file_parts`): one
     dataset of them all would cast every file to the first one's columns while it is read, a
@@ -122,11 +122,15 @@ def _folder_source(data: DataConfig) -> Source:
     read as they are now: without streaming datasets reuses an Arrow cache it keyed by the files'
     times, which cp -p or touch -r carry over to new contents (the old text trained, filed under the
     new text's key). Its files are those `_dataset_folder_files` keeps: the same folder gives the same
-    data and the same key, even with the token cache inside it (data/cache in data/)."""
+    data and the same key, even with the token cache inside it (data/cache in data/). Its .txt files
+    are read here as data.files reads them (`_text_reader`: one document per file, newlines kept), not
+    by datasets' text builder (a document per line, its newline dropped)."""
     name, local = data.dataset, Path(data.dataset)
     files = _dataset_folder_files(local, Path(data.cache_dir))
     identity: dict = {"dataset": name, "config": data.dataset_config, "revision": data.revision}
     identity["files"] = [_file_identity(p) for p in files]  # its files decide whether the cache is current
+    if any(format_suffix(p) == ".txt" for p in files):  # caches keyed before read a document per line
+        identity["text_files"] = "one document each"
     description = f"dataset {name!r}"
 
     def reader(split: str) -> Callable[[], DocumentParts]:
@@ -142,6 +146,8 @@ def _folder_source(data: DataConfig) -> Source:
                      for s, fs in (builder.config.data_files or {}).items()}
             if split not in found:  # datasets' own words for it
                 raise ValueError(f"Bad split: {split}. Available splits: {list(found)}")
+            if builder.name == "text":
+                return _text_reader(found[split], progress)(split)
             return _per_file_parts(
                 found[split], builder.name, data.text_field, description,
                 lambda path: datasets.load_dataset(name, data.dataset_config, data_files={split: [str(path)]},
