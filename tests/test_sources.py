@@ -440,6 +440,31 @@ def test_a_dataset_folder_of_text_files_reads_one_document_per_file_as_data_file
     assert as_dataset == as_files == expected_split(DOCUMENTS)
 
 
+@pytest.mark.parametrize("saved", ["Dataset", "DatasetDict"])
+def test_a_dataset_folder_written_by_save_to_disk_is_read(tmp_path, monkeypatch, saved):
+    # a Dataset's folder: "You are trying to load a dataset that was saved using save_to_disk. Please
+    # use load_from_disk instead", advice no setting follows; a DatasetDict's "dev" split was "validation"
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    folder = tmp_path / "saved"
+    if saved == "Dataset":
+        datasets.Dataset.from_dict({"text": DOCUMENTS}).save_to_disk(folder)
+        data, expected = {}, expected_split(DOCUMENTS)
+    else:
+        splits = {"train": DOCUMENTS[:15], "dev": DOCUMENTS[15:]}
+        datasets.DatasetDict({name: datasets.Dataset.from_dict({"text": documents})
+                              for name, documents in splits.items()}).save_to_disk(folder)
+        data, expected = {"validation_split": "dev"}, (DOCUMENTS[:15], DOCUMENTS[15:])
+    config = make_config(tmp_path, {"dataset": str(folder), **data})
+    assert documents_of(prepare_data(config, progress=False)) == expected
+    with pytest.raises(DataError) as error:
+        prepare_data(make_config(tmp_path, {"dataset": str(folder), "validation_split": "test"}),
+                     progress=False)
+    splits = ["train"] if saved == "Dataset" else ["train", "dev"]
+    assert str(error.value) == f"data.dataset {str(folder)!r}: Bad split: test. Available splits: {splits}"
+
+
 def test_compressed_parquet_is_refused_in_one_line(tmp_path):
     path = tmp_path / "t.parquet.gz"
     path.write_bytes(gzip.compress(b"PAR1"))

@@ -115,16 +115,10 @@ def _hub_source(data: DataConfig) -> Source:
 
 
 def _folder_source(data: DataConfig, progress: bool) -> Source:
-    """A dataset folder on disk (data.dataset: <folder>): the data files of each split, as datasets
-    finds them, each its own streamed dataset as data.files reads them (`_per_file_parts`): one
-    dataset of them all would cast every file to the first one's columns while it is read, a
-    CastError traceback for shards whose other fields differ. A folder is always streamed, its files
-    read as they are now: without streaming datasets reuses an Arrow cache it keyed by the files'
-    times, which cp -p or touch -r carry over to new contents (the old text trained, filed under the
-    new text's key). Its files are those `_dataset_folder_files` keeps: the same folder gives the same
-    data and the same key, even with the token cache inside it (data/cache in data/). Its .txt files
-    are read here as data.files reads them (`_text_reader`: one document per file, newlines kept), not
-    by datasets' text builder (a document per line, its newline dropped)."""
+    """A dataset folder on disk (data.dataset: <folder>), read as it is now: a folder of data files
+    (`_folder_reader`), or one written by save_to_disk (`_saved_reader`). Its files are those
+    `_dataset_folder_files` keeps: the same folder gives the same data and the same key, even with
+    the token cache inside it (data/cache in data/)."""
     name, local = data.dataset, Path(data.dataset)
     files = _dataset_folder_files(local, Path(data.cache_dir))
     identity: dict = {"dataset": name, "config": data.dataset_config, "revision": data.revision}
@@ -132,6 +126,24 @@ def _folder_source(data: DataConfig, progress: bool) -> Source:
     if any(format_suffix(p) == ".txt" for p in files):  # caches keyed before read a document per line
         identity["text_files"] = "one document each"
     description = f"dataset {name!r}"
+    # what save_to_disk writes at the top of a Dataset's folder, and of a DatasetDict's
+    saved = (local / "state.json").is_file() or (local / "dataset_dict.json").is_file()
+    reader = _saved_reader(data, description) if saved else _folder_reader(data, files, progress, description)
+    return Source(description=description, name=_slug(name.rstrip("/").rsplit("/", 1)[-1]),
+                  identity=identity, reader=reader)
+
+
+def _folder_reader(data: DataConfig, files: list[Path], progress: bool,
+                   description: str) -> Callable[[str], Callable[[], DocumentParts]]:
+    """A folder of data files: the files of each split, as datasets finds them among `files`, each
+    its own streamed dataset as data.files reads them (`_per_file_parts`): one dataset of them all
+    would cast every file to the first one's columns while it is read, a CastError traceback for
+    shards whose other fields differ. Always streamed: without streaming datasets reuses an Arrow
+    cache it keyed by the files' times, which cp -p or touch -r carry over to new contents (the old
+    text trained, filed under the new text's key). Its .txt files are read here as data.files reads
+    them (`_text_reader`: one document per file, newlines kept), not by datasets' text builder (a
+    document per line, its newline dropped)."""
+    name, local = data.dataset, Path(data.dataset)
 
     def reader(split: str) -> Callable[[], DocumentParts]:
         import datasets
@@ -154,8 +166,27 @@ def _folder_source(data: DataConfig, progress: bool) -> Source:
                                                    split=split, revision=data.revision, streaming=True),
                 skipped=SkippedRecords(f"{description} split {split!r}", data.text_field))
 
-    return Source(description=description, name=_slug(name.rstrip("/").rsplit("/", 1)[-1]),
-                  identity=identity, reader=reader)
+    return reader
+
+
+def _saved_reader(data: DataConfig, description: str) -> Callable[[str], Callable[[], DocumentParts]]:
+    """A folder written by save_to_disk, opened as datasets opens one, with load_from_disk (its
+    load_dataset refuses it): a Dataset, whose one split is called train, or a DatasetDict, with
+    the splits it was saved with. Its Arrow files are memory-mapped as they are now, not copied."""
+
+    def reader(split: str) -> Callable[[], DocumentParts]:
+        import datasets
+
+        with _dataset_errors(data.dataset):
+            saved = datasets.load_from_disk(data.dataset)
+            splits = saved if isinstance(saved, datasets.DatasetDict) else {"train": saved}
+            if split not in splits:  # in the words datasets uses for a folder of files
+                raise ValueError(f"Bad split: {split}. Available splits: {list(splits)}")
+        skipped = SkippedRecords(f"{description} split {split!r}", data.text_field)
+        return lambda: _dataset_parts(_tables(splits[split], description), data.text_field, description, [],
+                                      "arrow", skipped=skipped)
+
+    return reader
 
 
 def _dataset_folder_files(folder: Path, cache_dir: Path) -> list[Path]:
