@@ -465,6 +465,32 @@ def test_a_dataset_folder_written_by_save_to_disk_is_read(tmp_path, monkeypatch,
     assert str(error.value) == f"data.dataset {str(folder)!r}: Bad split: test. Available splits: {splits}"
 
 
+@pytest.mark.parametrize("setting", ["data.revision", "data.train_split", "data.validation_split"])
+def test_a_dataset_folder_refuses_a_revision_and_a_sliced_split_in_one_line(tmp_path, monkeypatch, setting):
+    # a revision was ignored but changed the cache's key; a slice said only "Bad split: train[:50%]"
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text(jsonl_text(DOCUMENTS))
+    value = {"data.revision": "v1.0", "data.train_split": "train[:50%]",
+             "data.validation_split": "train[90%:]"}[setting]
+    config = make_config(tmp_path, {"dataset": str(folder), setting.split(".")[1]: value})
+    with pytest.raises(DataError) as error:
+        prepare_data(config, progress=False)
+    if setting == "data.revision":
+        assert str(error.value) == (f"data.revision: 'v1.0' names a revision of a Hugging Face Hub dataset; "
+                                    f"data.dataset {str(folder)!r} is a local folder, read as it is now: "
+                                    "remove data.revision (or set it to null)")
+    else:
+        assert str(error.value).startswith(f"{setting}: {value!r} is a slice, which only a hub dataset read "
+                                           "whole (data.streaming: false) takes; ")
+        assert str(error.value).endswith("name a whole split, and keep its first N documents with "
+                                         "data.max_documents")
+    assert not (tmp_path / "cache").exists()
+
+
 def test_compressed_parquet_is_refused_in_one_line(tmp_path):
     path = tmp_path / "t.parquet.gz"
     path.write_bytes(gzip.compress(b"PAR1"))

@@ -120,8 +120,9 @@ def _folder_source(data: DataConfig, progress: bool) -> Source:
     `_dataset_folder_files` keeps: the same folder gives the same data and the same key, even with
     the token cache inside it (data/cache in data/)."""
     name, local = data.dataset, Path(data.dataset)
+    _refuse_hub_only_settings(data)
     files = _dataset_folder_files(local, Path(data.cache_dir))
-    identity: dict = {"dataset": name, "config": data.dataset_config, "revision": data.revision}
+    identity: dict = {"dataset": name, "config": data.dataset_config, "revision": None}  # a folder has none
     identity["files"] = [_file_identity(p) for p in files]  # its files decide whether the cache is current
     if any(format_suffix(p) == ".txt" for p in files):  # caches keyed before read a document per line
         identity["text_files"] = "one document each"
@@ -131,6 +132,22 @@ def _folder_source(data: DataConfig, progress: bool) -> Source:
     reader = _saved_reader(data, description) if saved else _folder_reader(data, files, progress, description)
     return Source(description=description, name=_slug(name.rstrip("/").rsplit("/", 1)[-1]),
                   identity=identity, reader=reader)
+
+
+def _refuse_hub_only_settings(data: DataConfig) -> None:
+    """data.revision and a sliced split name what only the hub has: a folder has no revisions
+    (datasets ignored it, and it changed the cache's key), and its splits are read whole."""
+    if data.revision is not None:
+        raise DataError(f"data.revision: {data.revision!r} names a revision of a Hugging Face Hub dataset; "
+                        f"data.dataset {data.dataset!r} is a local folder, read as it is now: remove "
+                        "data.revision (or set it to null)")
+    for key, split in (("data.train_split", data.train_split),
+                       ("data.validation_split", data.validation_split)):
+        if split is not None and "[" in split:
+            raise DataError(f"{key}: {split!r} is a slice, which only a hub dataset read whole "
+                            f"(data.streaming: false) takes; the splits of data.dataset {data.dataset!r}, a "
+                            "local folder, are read whole: name a whole split, and keep its first N "
+                            "documents with data.max_documents")
 
 
 def _folder_reader(data: DataConfig, files: list[Path], progress: bool,
@@ -151,8 +168,7 @@ def _folder_reader(data: DataConfig, files: list[Path], progress: bool,
         with _dataset_errors(name):
             # the splits datasets finds among `files` only, unless the folder's card names them
             data_files = None if _card_lists_files(local) else _inferred_splits(data, files)
-            builder = datasets.load_dataset_builder(name, data.dataset_config, revision=data.revision,
-                                                    data_files=data_files)
+            builder = datasets.load_dataset_builder(name, data.dataset_config, data_files=data_files)
             kept = {os.path.realpath(p) for p in files}
             found = {str(s): [Path(f) for f in fs if os.path.realpath(f) in kept]
                      for s, fs in (builder.config.data_files or {}).items()}
@@ -163,7 +179,7 @@ def _folder_reader(data: DataConfig, files: list[Path], progress: bool,
             return _per_file_parts(
                 found[split], builder.name, data.text_field, description,
                 lambda path: datasets.load_dataset(name, data.dataset_config, data_files={split: [str(path)]},
-                                                   split=split, revision=data.revision, streaming=True),
+                                                   split=split, streaming=True),
                 skipped=SkippedRecords(f"{description} split {split!r}", data.text_field))
 
     return reader
