@@ -391,6 +391,24 @@ def test_a_dataset_folder_holding_the_token_cache_gives_the_same_data_and_key_ev
                                 "data/cache, are not read)")
 
 
+def test_a_dataset_folder_is_refused_in_one_line_where_datasets_lacks_the_private_rules_it_reads(
+        tmp_path, monkeypatch):
+    # the split rules are two private names of datasets; a release without them must give one line
+    import datasets
+    import datasets.data_files
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    monkeypatch.delattr(datasets.data_files, "_get_data_files_patterns")
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text(jsonl_text(DOCUMENTS))
+    with pytest.raises(DataError) as error:
+        prepare_data(make_config(tmp_path, {"dataset": str(folder)}), progress=False)
+    message = str(error.value)
+    assert message.startswith(f"data.dataset: reading the local folder {folder} needs datasets' rules")
+    assert "as data.files" in message and "\n" not in message
+
+
 def test_a_dataset_folder_reads_past_token_files_no_reader_takes(tmp_path, monkeypatch):
     # a train.bin and a val.bin (nanoGPT's, or a token cache's under another data.cache_dir) were the
     # splits train and validation: "Unable to find '.../train.bin' with any supported extension [...]"

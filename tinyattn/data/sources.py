@@ -215,14 +215,28 @@ def _dataset_folder_files(folder: Path, cache_dir: Path) -> list[Path]:
                   and not p.resolve().is_relative_to(cache))
 
 
+def _datasets_version() -> str:
+    import datasets
+    return getattr(datasets, "__version__", "?")
+
+
 def _inferred_splits(data: DataConfig, files: list[Path]) -> dict[str, list[str]]:
     """Which of `files` belong to which split, by datasets' rules for a folder (train.jsonl,
     validation/, data/test-00000-of-00001.parquet; else all of them train), applied to `files`
     only, and to those of them datasets has a reader for: datasets' own search of the folder would
     see the token cache inside it too, and a train.bin (a cache's, or nanoGPT's) would be the split
-    train, which nothing reads."""
-    from datasets.data_files import _get_data_files_patterns, resolve_pattern  # the rules, on our files
-    from datasets.load import _ALL_ALLOWED_EXTENSIONS  # the extensions datasets reads a folder's files by
+    train, which nothing reads.
+
+    The risk, stated once: the rules are two private names of datasets (4.0-5.2 have them). Where a
+    release drops them, a local folder is refused in one line pointing to data.files, never read
+    by other rules."""
+    try:
+        from datasets.data_files import _get_data_files_patterns, resolve_pattern  # the rules, on our files
+        from datasets.load import _ALL_ALLOWED_EXTENSIONS  # the extensions datasets reads a folder by
+    except ImportError:
+        raise DataError(f"data.dataset: reading the local folder {data.dataset} needs datasets' rules for a "
+                        f"folder's splits, which datasets {_datasets_version()} no longer has; give its files "
+                        "as data.files (with data.validation_fraction), or install datasets 4.0-5.2") from None
 
     base, kept = str(Path(data.dataset).absolute()), {os.path.realpath(p) for p in files}
 
