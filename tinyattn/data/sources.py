@@ -212,7 +212,7 @@ def _dataset_folder_files(folder: Path, cache_dir: Path) -> list[Path]:
     cache = cache_dir.resolve()
     return sorted(p for p in folder.rglob("*") if p.is_file()
                   and not any(part.startswith(".") for part in p.relative_to(folder).parts)
-                  and not p.resolve().is_relative_to(cache))
+                  and not p.resolve().is_relative_to(cache) and not in_token_cache(p))
 
 
 def _datasets_version() -> str:
@@ -234,9 +234,10 @@ def _inferred_splits(data: DataConfig, files: list[Path]) -> dict[str, list[str]
         from datasets.data_files import _get_data_files_patterns, resolve_pattern  # the rules, on our files
         from datasets.load import _ALL_ALLOWED_EXTENSIONS  # the extensions datasets reads a folder by
     except ImportError:
-        raise DataError(f"data.dataset: reading the local folder {data.dataset} needs datasets' rules for a "
-                        f"folder's splits, which datasets {_datasets_version()} no longer has; give its files "
-                        "as data.files (with data.validation_fraction), or install datasets 4.0-5.2") from None
+        raise DataError(f"data.dataset: reading the local folder {data.dataset} needs datasets' rules for "
+                        f"a folder's splits, which datasets {_datasets_version()} no longer has; give its "
+                        "files as data.files (with data.validation_fraction), or install datasets 4.0-5.2"
+                        ) from None
 
     base, kept = str(Path(data.dataset).absolute()), {os.path.realpath(p) for p in files}
 
@@ -411,6 +412,13 @@ def _per_file_datasets(files: list[Path], file_format: str,
 # ----------------------------------------------------------------------------- files and formats
 
 
+def in_token_cache(path: Path) -> bool:
+    """Whether `path` is a file of a token cache (its folder holds meta.json and train.bin), under
+    data.cache_dir or not: one left from a run with another data.cache_dir is no data either (its
+    meta.json and tokenizer.json, read as JSON records, ended in a traceback)."""
+    return (path.parent / "meta.json").is_file() and (path.parent / "train.bin").is_file()
+
+
 def _resolve_files(entries: list[str], file_format: str, skip: Optional[Path] = None) -> list[Path]:
     """Paths, globs and folders -> the files they name, in order, each once. A glob or a folder
     never takes a file under `skip` (the token cache's folder, which data/ holds by default)."""
@@ -418,7 +426,7 @@ def _resolve_files(entries: list[str], file_format: str, skip: Optional[Path] = 
     skipped = skip.resolve() if skip is not None else None
 
     def kept(p: Path) -> bool:
-        return skipped is None or not p.resolve().is_relative_to(skipped)
+        return (skipped is None or not p.resolve().is_relative_to(skipped)) and not in_token_cache(p)
 
     files: list[Path] = []
     for entry in entries:
