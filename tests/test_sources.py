@@ -674,17 +674,26 @@ def test_a_file_linked_to_a_blob_without_an_extension_is_read_by_its_links_name(
     assert sorted(text.replace(END_OF_TEXT, "")) == sorted("".join(DOCUMENTS))
 
 
-@pytest.mark.parametrize("entry", ["folder", "glob"])
-def test_a_token_cache_left_in_a_data_folder_under_another_cache_dir_is_not_read_as_data(tmp_path, entry):
-    # data.files: [data] with data/cache left from a run whose data.cache_dir was data/cache: its
-    # meta.json and tokenizer.json were read as JSON records (a ValueError traceback)
+@pytest.mark.parametrize("finished", [True, False], ids=["finished", "stopped before meta.json"])
+@pytest.mark.parametrize("entry", ["folder", "glob", "dataset folder"])
+def test_a_token_cache_left_in_a_data_folder_under_another_cache_dir_is_not_read_as_data(tmp_path, monkeypatch,
+                                                                                        entry, finished):
+    # data/cache left from a run whose data.cache_dir was data/cache: its meta.json and tokenizer.json
+    # were read as JSON records (a ValueError traceback); a build whose splits were too short leaves
+    # train.bin, validation.bin and tokenizer.json without meta.json
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
     folder = tmp_path / "data"
     folder.mkdir()
     (folder / "corpus.jsonl").write_text(jsonl_text(DOCUMENTS))
-    files = {"files": [str(folder) if entry == "folder" else str(folder / "**" / "*.json*")]}
+    source = {"folder": {"files": [str(folder)]}, "glob": {"files": [str(folder / "**" / "*.json*")]},
+              "dataset folder": {"dataset": str(folder)}}[entry]
     model = {"n_layer": 1, "n_head": 2, "n_embd": 16, "context_length": 8}
-    beside = {**files, "cache_dir": str(folder / "cache")}
+    beside = {**source, "cache_dir": str(folder / "cache")}
     first = prepare_data(config_from_dict({"model": model, "data": beside}), progress=False)
     assert first.cache_dir.parent == folder / "cache" and (first.cache_dir / "meta.json").is_file()
-    again = prepare_data(make_config(tmp_path, files), progress=False)  # data.cache_dir elsewhere now
+    if not finished:
+        (first.cache_dir / "meta.json").unlink()
+    again = prepare_data(make_config(tmp_path, source), progress=False)  # data.cache_dir elsewhere now
     assert documents_of(again) == documents_of(first) == expected_split(DOCUMENTS)

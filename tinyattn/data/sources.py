@@ -117,11 +117,11 @@ def _hub_source(data: DataConfig) -> Source:
 def _folder_source(data: DataConfig, progress: bool) -> Source:
     """A dataset folder on disk (data.dataset: <folder>), read as it is now: a folder of data files
     (`_folder_reader`), or one written by save_to_disk (`_saved_reader`). Its files are those
-    `_dataset_folder_files` keeps: the same folder gives the same data and the same key, even with
+    `_folder_files` keeps: the same folder gives the same data and the same key, even with
     the token cache inside it (data/cache in data/)."""
     name, local = data.dataset, Path(data.dataset)
     _refuse_hub_only_settings(data)
-    files = _dataset_folder_files(local, Path(data.cache_dir))
+    files = _folder_files(local, Path(data.cache_dir))
     identity: dict = {"dataset": name, "config": data.dataset_config, "revision": None}  # a folder has none
     identity["files"] = [_file_identity(p) for p in files]  # its files decide whether the cache is current
     if any(format_suffix(p) == ".txt" for p in files):  # caches keyed before read a document per line
@@ -205,14 +205,15 @@ def _saved_reader(data: DataConfig, description: str) -> Callable[[str], Callabl
     return reader
 
 
-def _dataset_folder_files(folder: Path, cache_dir: Path) -> list[Path]:
-    """A dataset folder's files, as a folder in data.files gives them: hidden files and folders left
-    out, and everything under the token cache's folder, which data/ holds by default (the cache's
-    train.bin and meta.json, shown to datasets, were taken for the folder's splits)."""
-    cache = cache_dir.resolve()
+def _folder_files(folder: Path, skip: Optional[Path] = None) -> list[Path]:
+    """What a folder gives as data, to data.files and to a data.dataset folder alike: its files at
+    any depth but hidden files and folders, everything under `skip` (the token cache's folder,
+    which data/ holds by default) and any other token cache's files (`_in_token_cache`)."""
+    skipped = skip.resolve() if skip is not None else None
     return sorted(p for p in folder.rglob("*") if p.is_file()
                   and not any(part.startswith(".") for part in p.relative_to(folder).parts)
-                  and not p.resolve().is_relative_to(cache) and not in_token_cache(p))
+                  and (skipped is None or not p.resolve().is_relative_to(skipped))
+                  and not _in_token_cache(p))
 
 
 def _datasets_version() -> str:
@@ -412,11 +413,15 @@ def _per_file_datasets(files: list[Path], file_format: str,
 # ----------------------------------------------------------------------------- files and formats
 
 
-def in_token_cache(path: Path) -> bool:
-    """Whether `path` is a file of a token cache (its folder holds meta.json and train.bin), under
-    data.cache_dir or not: one left from a run with another data.cache_dir is no data either (its
-    meta.json and tokenizer.json, read as JSON records, ended in a traceback)."""
-    return (path.parent / "meta.json").is_file() and (path.parent / "train.bin").is_file()
+def _in_token_cache(path: Path) -> bool:
+    """Whether `path` is a file of a token cache, under data.cache_dir or not: one left from a run
+    with another data.cache_dir is no data either (its meta.json and tokenizer.json, read as JSON
+    records, ended in a traceback). A build writes train.bin, validation.bin, tokenizer.json and
+    meta.json in that order, so a folder holding train.bin and either JSON file is a cache's,
+    finished or not (a build whose splits were too short stops before meta.json)."""
+    folder = path.parent
+    return (folder / "train.bin").is_file() and any((folder / name).is_file()
+                                                     for name in ("tokenizer.json", "meta.json"))
 
 
 def _resolve_files(entries: list[str], file_format: str, skip: Optional[Path] = None) -> list[Path]:
@@ -426,7 +431,7 @@ def _resolve_files(entries: list[str], file_format: str, skip: Optional[Path] = 
     skipped = skip.resolve() if skip is not None else None
 
     def kept(p: Path) -> bool:
-        return (skipped is None or not p.resolve().is_relative_to(skipped)) and not in_token_cache(p)
+        return (skipped is None or not p.resolve().is_relative_to(skipped)) and not _in_token_cache(p)
 
     files: list[Path] = []
     for entry in entries:
@@ -442,9 +447,7 @@ def _resolve_files(entries: list[str], file_format: str, skip: Optional[Path] = 
                 raise DataError(f"data.files: no file matches the pattern {entry!r}")
             files.extend(matches)
         elif path.is_dir():
-            matches = sorted(p for p in path.rglob("*") if p.is_file() and format_suffix(p) in accepted
-                             and not any(part.startswith(".") for part in p.relative_to(path).parts)
-                             and kept(p))
+            matches = [p for p in _folder_files(path, skip) if format_suffix(p) in accepted]
             if not matches:
                 compressed = "/".join(COMPRESSIONS)
                 raise DataError(f"data.files: the folder {entry} has no {', '.join(accepted)} files "
