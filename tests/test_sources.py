@@ -697,3 +697,35 @@ def test_a_token_cache_left_in_a_data_folder_under_another_cache_dir_is_not_read
         (first.cache_dir / "meta.json").unlink()
     again = prepare_data(make_config(tmp_path, source), progress=False)  # data.cache_dir elsewhere now
     assert documents_of(again) == documents_of(first) == expected_split(DOCUMENTS)
+
+
+def test_a_dataset_folder_whose_path_holds_a_bracket_is_refused_in_one_line_not_called_empty(tmp_path):
+    # datasets finds a folder's files by patterns on its path: [v2] matched nothing, and the error said
+    # the folder had no data files
+    folder = tmp_path / "ds[v2]"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text(jsonl_text(DOCUMENTS))
+    with pytest.raises(DataError) as error:
+        prepare_data(make_config(tmp_path, {"dataset": str(folder)}), progress=False)
+    assert str(error.value).startswith(f"data.dataset: the folder path {str(folder)!r} holds '['")
+    assert "as data.files" in str(error.value)
+    decoy = tmp_path / "dsv"  # what the pattern ds[v2] matches
+    decoy.mkdir()
+    (decoy / "train.jsonl").write_text(jsonl_text(["not this one"] * 20))
+    for entry in (folder, folder / "train.jsonl"):  # what the message points to reads the file named
+        files = prepare_data(make_config(tmp_path, {"files": [str(entry)]}), progress=False)
+        assert documents_of(files) == expected_split(DOCUMENTS)
+
+
+def test_a_dataset_folder_whose_card_header_does_not_parse_names_its_readme_in_one_line(tmp_path, monkeypatch):
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text(jsonl_text(DOCUMENTS))
+    (folder / "README.md").write_text("---\nconfigs: [oops\n---\n# a corpus\n")
+    with pytest.raises(DataError) as error:
+        prepare_data(make_config(tmp_path, {"dataset": str(folder)}), progress=False)
+    message = str(error.value)
+    assert message.startswith(f"{folder / 'README.md'}: its YAML header") and "\n" not in message

@@ -121,14 +121,19 @@ def _folder_source(data: DataConfig, progress: bool) -> Source:
     the token cache inside it (data/cache in data/)."""
     name, local = data.dataset, Path(data.dataset)
     _refuse_hub_only_settings(data)
+    # what save_to_disk writes at the top of a Dataset's folder, and of a DatasetDict's
+    saved = (local / "state.json").is_file() or (local / "dataset_dict.json").is_file()
+    pattern = next((c for c in "[*?" if c in str(local.absolute())), None)
+    if pattern and not saved:  # datasets finds a folder's files by patterns built on its path
+        raise DataError(f"data.dataset: the folder path {str(local.absolute())!r} holds {pattern!r}, which "
+                        "datasets reads as a pattern when it looks for the folder's files; rename the "
+                        "folder, or give its files as data.files (a name that exists is read as named)")
     files = _folder_files(local, Path(data.cache_dir))
     identity: dict = {"dataset": name, "config": data.dataset_config, "revision": None}  # a folder has none
     identity["files"] = [_file_identity(p) for p in files]  # its files decide whether the cache is current
     if any(format_suffix(p) == ".txt" for p in files):  # caches keyed before read a document per line
         identity["text_files"] = "one document each"
     description = f"dataset {name!r}"
-    # what save_to_disk writes at the top of a Dataset's folder, and of a DatasetDict's
-    saved = (local / "state.json").is_file() or (local / "dataset_dict.json").is_file()
     reader = _saved_reader(data, description) if saved else _folder_reader(data, files, progress, description)
     return Source(description=description, name=_slug(name.rstrip("/").rsplit("/", 1)[-1]),
                   identity=identity, reader=reader)
@@ -178,8 +183,8 @@ def _folder_reader(data: DataConfig, files: list[Path], progress: bool,
                 return _text_reader(found[split], progress)(split)
             return _per_file_parts(
                 found[split], builder.name, data.text_field, description,
-                lambda path: datasets.load_dataset(name, data.dataset_config, data_files={split: [str(path)]},
-                                                   split=split, streaming=True),
+                lambda path: datasets.load_dataset(name, data.dataset_config, split=split, streaming=True,
+                                                   data_files={split: [glob.escape(str(path))]}),
                 skipped=SkippedRecords(f"{description} split {split!r}", data.text_field))
 
     return reader
@@ -272,9 +277,14 @@ def _card_lists_files(folder: Path) -> bool:
     readme = folder / "README.md"
     if not readme.is_file():
         return False
+    import yaml
     from huggingface_hub import DatasetCard
 
-    configs = DatasetCard.load(readme).data.to_dict().get("configs") or []
+    try:
+        configs = DatasetCard.load(readme).data.to_dict().get("configs") or []
+    except (yaml.YAMLError, ValueError) as e:
+        raise DataError(f"{readme}: its YAML header (the dataset card's metadata) does not parse "
+                        f"({_first_line(e)}); fix or remove it") from None
     return any(isinstance(c, dict) and "data_files" in c for c in configs)
 
 
@@ -367,7 +377,8 @@ def _records_reader(data: DataConfig, files: list[Path], file_format: str,
         # still leaves a lock file per file (each is its own dataset) in cache_dir, kept beside our
         # caches. It does read the start of each file, to learn its columns.
         return _per_file_parts(files, file_format, data.text_field, description, lambda path: (
-            datasets.load_dataset(builder, data_files=[str(path)], split="train", streaming=True,
+            # escaped: datasets reads data_files as patterns, and data[1].jsonl would read data1.jsonl
+            datasets.load_dataset(builder, data_files=[glob.escape(str(path))], split="train", streaming=True,
                                   cache_dir=str(lock_folder), **options)),
             skipped=SkippedRecords(description, data.text_field))
 
