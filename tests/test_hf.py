@@ -1180,6 +1180,27 @@ def test_init_from_names_the_tokenizer_key_the_config_sets_otherwise(tmp_path, c
     assert "tokenizer.kind" not in message
 
 
+def test_init_from_a_char_run_takes_a_config_that_writes_its_char_or_its_pretrained_form(tmp_path, corpus):
+    # The run trained with kind char; the fine-tune reads its tokenizer.json as a pretrained one.
+    # A config may write either (the shipped configs write kind char), never another tokenizer.
+    from tinyattn.train.finetune import init_source
+
+    tokenizer = tokenizer_of("char")
+    run = save_run(tmp_path, *random_model(tokenizer, "char", 2), tokenizer)
+    (run / "tokenizer.json").write_text(tokenizer.to_json(), encoding="utf-8")
+    pretrained = TokenizerConfig(kind="pretrained", path=str(run / "tokenizer.json"))
+    for given, written in ((TokenizerConfig(kind="char"), {"tokenizer.kind"}),
+                           (pretrained, {"tokenizer.kind", "tokenizer.path"})):
+        config = finetune_config(corpus, tmp_path, run)
+        config.tokenizer = given
+        init_source(config, written)
+        assert config.tokenizer == pretrained
+    config = finetune_config(corpus, tmp_path, run)
+    config.tokenizer = TokenizerConfig(kind="bpe")
+    with pytest.raises(ConfigError, match="tokenizer.kind: config 'bpe', source 'char'"):
+        init_source(config, written={"tokenizer.kind"})
+
+
 def test_init_from_a_tinyattn_run_takes_its_weights_and_tokenizer(tmp_path, corpus):
     """From a run folder: its best.pt's weights (as generate and eval read it), not a later step's."""
     tokenizer = tokenizer_of("char")

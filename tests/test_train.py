@@ -1703,3 +1703,47 @@ def test_a_resume_with_another_lr_keeps_the_floor_its_table_chose_as_a_share_of_
     saved = load_config(resumed.run_dir / "config.yaml").train
     assert (saved.lr, saved.min_lr) == (pytest.approx(5e-4), pytest.approx(2.5e-4))
     assert max(learning_rate(step, saved) for step in range(10, 20)) <= 5e-4
+
+
+# Fine-tuning a tinyattn run with the config it trained with (`--set train.init_from=RUN`, as the
+# resume's advice says): every shipped config extends shakespeare_char.yaml, which writes
+# tokenizer.kind char, and a key a parent writes cannot be unset. A written tokenizer or model key
+# is compared with what the source run trained with (its char tokenizer, its model section), not
+# with the pretrained form the fine-tune reads its tokenizer.json through.
+
+
+def own_config_file(corpus, tmp_path) -> Path:
+    """A config that extends tiny.yaml (and so shakespeare_char.yaml) with a local corpus."""
+    path = tmp_path / "base.yaml"
+    path.write_text(f"extends: {TINY}\ndata:\n  files: {corpus}\n  cache_dir: {tmp_path / 'cache'}\n"
+                    f"train:\n  out_dir: {tmp_path}\n  max_steps: 2\n  eval_interval: 2\n"
+                    "  sample_tokens: 0\n", encoding="utf-8")
+    return path
+
+
+def test_init_from_a_run_with_the_config_it_trained_with_trains(corpus, tmp_path, capsys):
+    base = own_config_file(corpus, tmp_path)
+    code, err = run_main(["--config", str(base), "--run-name", "src", "--no-progress"], capsys)
+    assert code == 0, err
+    code, err = run_main(["--config", str(base), "--run-name", "ft", "--no-progress",
+                          "--set", f"train.init_from={tmp_path / 'src'}"], capsys)
+    assert code == 0, err
+    source, tuned = (load_config(tmp_path / name / "config.yaml") for name in ("src", "ft"))
+    assert source.tokenizer.kind == "char" and tuned.tokenizer.kind == "pretrained"
+    assert tuned.model == source.model  # the model keys base.yaml writes are the run's own
+
+
+@pytest.mark.parametrize("item,expected", [
+    ("tokenizer.kind=bpe", "tokenizer.kind: config 'bpe', source 'char'"),
+    ("model.n_layer=4", "model.n_layer: config 4, source 2"),  # ModelConfig's default: given all the same
+    ("model.n_embd=48", "model.n_embd: config 48, source 32"),
+], ids=["tokenizer.kind", "n_layer", "n_embd"])
+def test_init_from_a_run_refuses_a_key_that_differs_from_the_runs(corpus, tmp_path, capsys, item, expected):
+    base = own_config_file(corpus, tmp_path)
+    code, err = run_main(["--config", str(base), "--run-name", "src", "--no-progress"], capsys)
+    assert code == 0, err
+    code, err = run_main(["--config", str(base), "--run-name", "ft", "--no-progress",
+                          "--set", f"train.init_from={tmp_path / 'src'}", item], capsys)
+    assert code == 2 and expected in err, err
+    assert err.startswith(f"error: train.init_from {tmp_path / 'src'}: the config conflicts with the model")
+    assert err.count("\n") == 1 and err.count(": config ") == 1 and not (tmp_path / "ft").exists()

@@ -10,8 +10,10 @@ The source is a tinyattn run folder or checkpoint file, or a Hugging Face Llama 
   config keeps the keys that only change how the weights are trained or run:
   `context_length` (when given: fine-tune on shorter windows than the source's, say),
   `dropout`, `attention`, `zero_init_projections`;
-- the tokenizer, as a `pretrained` tokenizer: the source's `tokenizer.json` (a tokenizer key
-  the config gives must be the source's, as a model key must).
+- the tokenizer, as a `pretrained` tokenizer: the source's `tokenizer.json`. A tokenizer key
+  the config gives must be the source's, as a model key must: the source's as it trained with
+  it (a tinyattn run's own section, `kind: char` say, which every shipped config writes), or
+  the pretrained form the fine-tune takes.
 
 A resumed fine-tune continues from its own checkpoint; the source's weights are not read
 again (the checkpoint's saved config holds the model section taken from it). Its tokenizer is
@@ -49,9 +51,11 @@ class InitSource:
     location: str  # train.init_from as given
     file: Path  # the checkpoint or weights file read
     model_config: ModelConfig
-    tokenizer_path: Path
+    # The source's own tokenizer section: a tinyattn run's as it trained (char, bpe or pretrained);
+    # a Hugging Face folder's pretrained one (its tokenizer.json and eos)
+    tokenizer_config: TokenizerConfig
+    tokenizer_path: Path  # the source's tokenizer.json, or the token cache's copy of a checkpoint's
     weights: dict[str, torch.Tensor]
-    end_of_text: Optional[str] = None  # the source's tokenizer.end_of_text (an imported folder's eos)
 
     @classmethod
     def load(cls, location: str, tokenizer_dir: str | Path) -> "InitSource":
@@ -62,8 +66,8 @@ class InitSource:
 
             imported = read_folder(location)
             tokenizer = imported.config.tokenizer
-            return cls(location, imported.weights_file, imported.config.model, Path(tokenizer.path),
-                       imported.weights, tokenizer.end_of_text)
+            return cls(location, imported.weights_file, imported.config.model, tokenizer,
+                       Path(tokenizer.path), imported.weights)
         file = ckpt.resolve_checkpoint(location, prefer="best")
         try:
             state = ckpt.load_checkpoint(file)
@@ -82,14 +86,15 @@ class InitSource:
         weights = state.get("model")
         if not isinstance(weights, dict):
             raise CheckpointError(f"{file}: holds no model weights")
-        return cls(location, file, config.model, tokenizer_path, weights, config.tokenizer.end_of_text)
+        return cls(location, file, config.model, config.tokenizer, tokenizer_path, weights)
 
     def adopt(self, config: Config, written: Optional[Collection[str]] = None) -> None:
         """Give `config` the source's model section and tokenizer; conflicts in one line
         (`written`: as `adopt_model` takes it)."""
         tokenizer = TokenizerConfig(kind="pretrained", path=str(self.tokenizer_path),
-                                    end_of_text=self.end_of_text)
-        adopt_model(config, self.model_config, tokenizer, f"train.init_from {self.location}", written=written)
+                                    end_of_text=self.tokenizer_config.end_of_text)
+        adopt_model(config, self.model_config, tokenizer, f"train.init_from {self.location}", written=written,
+                    trained_with=self.tokenizer_config)
 
     def load_into(self, model: LanguageModel) -> None:
         ckpt.load_weights(model, {"model": self.weights}, self.file)
@@ -97,13 +102,17 @@ class InitSource:
 
 
 def adopt_model(config: Config, source_model: ModelConfig, source_tokenizer: TokenizerConfig,
-                origin: str, *, written: Optional[Collection[str]] = None) -> None:
-    """Set config.model and config.tokenizer from a source, keeping `CONFIG_KEEPS`.
+                origin: str, *, written: Optional[Collection[str]] = None,
+                trained_with: Optional[TokenizerConfig] = None) -> None:
+    """Set config.model and config.tokenizer (`source_tokenizer`) from a source, keeping `CONFIG_KEEPS`.
 
     `written`: the dotted keys the user gave the config (`config.written_keys`: its file's and
     --set's, whatever their value); None: `written_keys(config)`, the keys it holds at other than
     their default. A written model or tokenizer key whose value is not the source's is a
     ConfigError naming every such key; a written context_length is kept, else the source's is taken.
+    `trained_with`: the tokenizer section the source trained with, where it is not
+    `source_tokenizer` (a tinyattn run's `kind: char`): written tokenizer keys that match either
+    agree with the source.
     """
     written = written_keys(config) if written is None else written
     current = dataclasses.asdict(config.model)
@@ -111,10 +120,8 @@ def adopt_model(config: Config, source_model: ModelConfig, source_tokenizer: Tok
     conflicts = [f"model.{key}: config {current[key]!r}, source {source[key]!r}"
                  for key in source if key not in CONFIG_KEEPS
                  and f"model.{key}" in written and current[key] != source[key]]
-    tokenizer = dataclasses.asdict(config.tokenizer)
-    wanted = dataclasses.asdict(source_tokenizer)
-    conflicts += [f"tokenizer.{key}: config {tokenizer[key]!r}, source {wanted[key]!r}"
-                  for key in wanted if f"tokenizer.{key}" in written and tokenizer[key] != wanted[key]]
+    forms = [form for form in (trained_with, source_tokenizer) if form is not None]
+    conflicts += min((_tokenizer_conflicts(config.tokenizer, form, written) for form in forms), key=len)
     if conflicts:
         raise ConfigError(f"{origin}: the config conflicts with the model it starts from: "
                           f"{'; '.join(conflicts)} (init_from takes the model and tokenizer from the "
@@ -124,6 +131,14 @@ def adopt_model(config: Config, source_model: ModelConfig, source_tokenizer: Tok
         keep["context_length"] = source["context_length"]
     config.model = dataclasses.replace(source_model, **keep)
     config.tokenizer = dataclasses.replace(source_tokenizer)
+
+
+def _tokenizer_conflicts(given: TokenizerConfig, source: TokenizerConfig,
+                         written: Collection[str]) -> list[str]:
+    """The written tokenizer keys whose value in `given` is not `source`'s, as adopt_model names them."""
+    ours, theirs = dataclasses.asdict(given), dataclasses.asdict(source)
+    return [f"tokenizer.{key}: config {ours[key]!r}, source {theirs[key]!r}"
+            for key in theirs if f"tokenizer.{key}" in written and ours[key] != theirs[key]]
 
 
 def init_source(config: Config, written: Optional[Collection[str]] = None) -> Optional[InitSource]:
