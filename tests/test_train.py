@@ -1747,3 +1747,22 @@ def test_init_from_a_run_refuses_a_key_that_differs_from_the_runs(corpus, tmp_pa
     assert code == 2 and expected in err, err
     assert err.startswith(f"error: train.init_from {tmp_path / 'src'}: the config conflicts with the model")
     assert err.count("\n") == 1 and err.count(": config ") == 1 and not (tmp_path / "ft").exists()
+
+
+def test_a_finetune_of_a_run_resumes_with_the_config_it_started_with(corpus, tmp_path, capsys):
+    # --config FILE --resume: the file's tokenizer.kind char is compared with what the source trained
+    # with, which the fine-tune's checkpoints record (the source itself is not read again).
+    base = own_config_file(corpus, tmp_path)
+    finetune = ["--config", str(base), "--no-progress", "--set", f"train.init_from={tmp_path / 'src'}"]
+    code, err = run_main(["--config", str(base), "--run-name", "src", "--no-progress"], capsys)
+    assert code == 0, err
+    code, err = run_main([*finetune, "--run-name", "ft", "--stop-at-step", "1"], capsys)
+    assert code == 0, err
+    code, err = run_main([*finetune, "--resume", str(tmp_path / "ft"), "--set", "train.max_steps=3"], capsys)
+    assert code == 0, err
+    latest = ckpt.latest_checkpoint(tmp_path / "ft")
+    assert latest.name == "step_0000003.pt"  # its session carries the record on, for the next resume
+    assert ckpt.saved_value(latest, ckpt.SOURCE_TOKENIZER)["kind"] == "char"
+    code, err = run_main([*finetune, "--resume", str(tmp_path / "ft"), "--set", "train.max_steps=4",
+                          "tokenizer.kind=bpe"], capsys)
+    assert code == 2 and "tokenizer.kind: config 'bpe', source 'char'" in err and err.count("\n") == 1, err

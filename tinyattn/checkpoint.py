@@ -5,7 +5,9 @@ strings, lists, dicts): the model's weights under "model" (with train.ema their 
 average, and the weights the optimizer steps under "trained_model"), optimizer and scaler state, counters,
 random-generator and batch-sampler states, the resolved config as a dict, the
 tokenizer as its JSON text, and under "data" what the run trained on
-(`tinyattn.data.token_cache.data_fingerprint`; absent in checkpoints of older versions).
+(`tinyattn.data.token_cache.data_fingerprint`; absent in checkpoints of older versions), and a
+fine-tune's under "init_from_tokenizer" (`SOURCE_TOKENIZER`) the tokenizer section its source
+trained with (a resume given the config file compares that file's tokenizer keys with it).
 It is loaded with `torch.load(weights_only=True)`, so a checkpoint file can never run code.
 
 Writing is atomic: the bytes go to a temporary file in the same folder, are flushed
@@ -41,6 +43,7 @@ from tinyattn.system.invocation import command, quoted
 from tinyattn.system.storage import atomic_write
 
 FORMAT = "tinyattn-checkpoint"
+SOURCE_TOKENIZER = "init_from_tokenizer"  # a fine-tune's: its source's tokenizer section (a dict)
 FORMAT_VERSION = 1
 BEST = "best.pt"
 STEP_PATTERN = re.compile(r"^step_(\d+)\.pt$")

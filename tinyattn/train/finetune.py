@@ -20,7 +20,9 @@ again (the checkpoint's saved config holds the model section taken from it). Its
 the checkpoint's: a `--set tokenizer.path=...` given for the resume is read instead of the
 file it names, else that file (the source's tokenizer.json) while it is there, else the run
 folder's own copy; the given file or the copy is checked against the checkpoint's tokenizer
-(`resume.ResumePoint.take_run_tokenizer`).
+(`resume.ResumePoint.take_run_tokenizer`). Its checkpoints record the tokenizer section the
+source trained with (`checkpoint.SOURCE_TOKENIZER`), which a resume's written tokenizer keys are
+compared with, as at the start.
 """
 
 from __future__ import annotations

@@ -40,12 +40,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import torch
 
+from tinyattn import checkpoint as ckpt
 from tinyattn.config import (PASS_TABLES, Config, TrainConfig, for_precision, override_keys, save_config,
                              written_keys)
 from tinyattn.data.batches import prepare_data
@@ -146,7 +147,8 @@ def _train(config: Config, request: _Request, dist: Distributed, stopper: StopRe
         point.keep_init_from(config, request.given)  # first: the source it names is never read
         if config.train.init_from:  # the model and tokenizer its source gave it (not read again)
             adopt_model(config, point.config.model, point.take_run_tokenizer(config),
-                        f"{point.file} (train.init_from)", written=request.written)
+                        f"{point.file} (train.init_from)", written=request.written,
+                        trained_with=point.source_tokenizer)
         point.adopt(config, request.given)
         point.keep_out_dir(config, request.run_name, request.given)
         request.notes[:0] = point.notes  # what the resume took from config.yaml
@@ -231,7 +233,7 @@ def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Option
                      timers=timers)
 
     checkpointer = Checkpointer(run_dir, config, data.tokenizer, dist)
-    checkpointer.run_state["data"] = data.fingerprint  # what every checkpoint says it trained on
+    checkpointer.run_state.update(_checkpoint_record(data.fingerprint, source, point))
     stopper.at_once = False  # from the first write a stop saves a checkpoint: the folder resumes
     if dist.is_main:  # written only now that training can start: a failed command changes nothing
         if point is not None and point.forks_into(run_dir):
@@ -257,6 +259,18 @@ def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Option
         return result
     finally:
         log.close()  # the TensorBoard writer and the bar, also when training fails
+
+
+def _checkpoint_record(fingerprint: dict, source: Optional[InitSource], point: Optional[ResumePoint]) -> dict:
+    """What every checkpoint says beside the weights: the data it trained on, and a fine-tune's
+    source's tokenizer section as the source trained with it (its InitSource's, or the resumed
+    checkpoint's record), which a resume given the config file compares that file's keys with."""
+    record: dict = {"data": fingerprint}
+    trained_with = (source.tokenizer_config if source is not None
+                    else point.source_tokenizer if point is not None else None)
+    if trained_with is not None:
+        record[ckpt.SOURCE_TOKENIZER] = asdict(trained_with)
+    return record
 
 
 def _build(config: Config, request: _Request, *, point: Optional[ResumePoint], device: torch.device,

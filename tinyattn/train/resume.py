@@ -110,6 +110,9 @@ class ResumePoint:
     step: int  # the checkpoint's step
     notes: list[str] = field(default_factory=list)  # lines the run prints about what it took from where
     edited: tuple[str, ...] = ()  # the dotted keys `edited_config` found edited in config.yaml
+    # A fine-tune's: the tokenizer section its source trained with, as the checkpoint records it
+    # (`ckpt.SOURCE_TOKENIZER`); None for another run, or one saved before checkpoints recorded it
+    source_tokenizer: Optional[TokenizerConfig] = None
 
     @classmethod
     def find(cls, resume: str | Path | bool, run_name: Optional[str], out_dir: str | Path) -> "ResumePoint":
@@ -127,7 +130,8 @@ class ResumePoint:
             state = ckpt.load_checkpoint(file)
         except CheckpointError as e:
             raise CheckpointError(f"{e}{_verified_alternative(file)}") from None
-        return cls(file, state, ckpt.config_from_checkpoint(state, file), int(state.get("step", 0)))
+        return cls(file, state, ckpt.config_from_checkpoint(state, file), int(state.get("step", 0)),
+                   source_tokenizer=_source_tokenizer(state))
 
     def target(self, run_name: Optional[str], out_dir: str | Path) -> Path:
         """The folder this run trains into (`forks_into` says whether it is a new one).
@@ -395,6 +399,15 @@ class ResumePoint:
     def restore(self, trainer: Trainer) -> None:
         trainer.load_state_dict(self.state, self.file)
         self.state = {}  # the tensors are in the trainer now; free the copy
+
+
+def _source_tokenizer(state: dict) -> Optional[TokenizerConfig]:
+    """A fine-tune checkpoint's record of its source's tokenizer section (`ckpt.SOURCE_TOKENIZER`)."""
+    saved = state.get(ckpt.SOURCE_TOKENIZER)
+    if not isinstance(saved, dict):
+        return None
+    known = {field.name for field in dataclasses.fields(TokenizerConfig)}
+    return TokenizerConfig(**{key: value for key, value in saved.items() if key in known})
 
 
 def keep_user_config(run_dir: Path, point: Optional[ResumePoint]) -> Optional[str]:
