@@ -1766,3 +1766,21 @@ def test_a_finetune_of_a_run_resumes_with_the_config_it_started_with(corpus, tmp
     code, err = run_main([*finetune, "--resume", str(tmp_path / "ft"), "--set", "train.max_steps=4",
                           "tokenizer.kind=bpe"], capsys)
     assert code == 2 and "tokenizer.kind: config 'bpe', source 'char'" in err and err.count("\n") == 1, err
+
+
+def test_a_finetune_saved_before_checkpoints_recorded_its_sources_tokenizer_resumes_with_its_config(
+        corpus, tmp_path, capsys):
+    # such a checkpoint (no SOURCE_TOKENIZER) resumed with --config at fed0684: its written char kind
+    # may not be compared with the pretrained form it cannot tell from the source's
+    import torch
+
+    base = own_config_file(corpus, tmp_path)
+    finetune = ["--config", str(base), "--no-progress", "--set", f"train.init_from={tmp_path / 'src'}"]
+    assert run_main(["--config", str(base), "--run-name", "src", "--no-progress"], capsys)[0] == 0
+    assert run_main([*finetune, "--run-name", "ft", "--stop-at-step", "1"], capsys)[0] == 0
+    old = ckpt.latest_checkpoint(tmp_path / "ft")
+    state = torch.load(old, weights_only=True)
+    del state[ckpt.SOURCE_TOKENIZER]
+    torch.save(state, old)
+    code, err = run_main([*finetune, "--resume", str(tmp_path / "ft"), "--set", "train.max_steps=3"], capsys)
+    assert code == 0, err

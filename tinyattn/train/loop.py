@@ -146,8 +146,11 @@ def _train(config: Config, request: _Request, dist: Distributed, stopper: StopRe
         config = _for_precision(config, device, request, keep=point.edited)
         point.keep_init_from(config, request.given)  # first: the source it names is never read
         if config.train.init_from:  # the model and tokenizer its source gave it (not read again)
+            # A fine-tune saved before its checkpoints recorded the source's tokenizer: the keys
+            # at other than their default count as given, as they did when it was saved
+            written = request.written if point.source_tokenizer is not None else None
             adopt_model(config, point.config.model, point.take_run_tokenizer(config),
-                        f"{point.file} (train.init_from)", written=request.written,
+                        f"{point.file} (train.init_from)", written=written,
                         trained_with=point.source_tokenizer)
         point.adopt(config, request.given)
         point.keep_out_dir(config, request.run_name, request.given)
