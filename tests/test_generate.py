@@ -1126,12 +1126,23 @@ def test_cli_prompt_from_stdin_and_stop_escapes(run_dir, capsys, monkeypatch):
             break
     else:
         pytest.fail("no seed in 0..49 gives a text that stops at a newline with text on both sides")
-    status, out, _ = run_main(["--checkpoint", str(run_dir), "-", "--max-new-tokens", "40", "--seed", str(seed),
-                               "--dtype", "fp32", "--stop", "\\n", "e"], capsys, stdin="All:\n",
+    # One string per --stop: two flags give two strings, and the "-" after the last one is the stdin
+    # prompt (once swallowed as a third stop string, which left the prompt empty).
+    status, out, _ = run_main(["--checkpoint", str(run_dir), "--max-new-tokens", "40", "--seed", str(seed),
+                               "--dtype", "fp32", "--stop", "\\n", "--stop", "e", "-"], capsys, stdin="All:\n",
                               monkeypatch=monkeypatch)
     # The command's text is the library's up to the first "\n" or "e", which is not printed.
     assert status == 0
     assert out == "All:\n" + whole[:cut] + "\n"  # the prompt read from stdin, the continuation, a newline
+
+
+def test_cli_each_stop_flag_takes_one_string_and_a_dash_after_it_is_the_stdin_prompt():
+    from tinyattn.cli.generate import build_parser
+
+    args = build_parser().parse_args(["--stop", "\\n\\n", "-"])
+    assert args.stop == ["\\n\\n"] and args.stdin == "-"
+    args = build_parser().parse_args(["--stop", "a", "--stop", "b"])
+    assert args.stop == ["a", "b"] and args.stdin is None
 
 
 def test_cli_warns_about_unknown_characters_and_long_prompts(run_dir, capsys):

@@ -99,9 +99,10 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-samples", type=int, default=1, metavar="S",
                         help="samples decoded together as one batch (default: 1)")
     parser.add_argument("--seed", type=int, metavar="N", help="fix the random draws (default: a fresh seed)")
-    parser.add_argument("--stop", nargs="+", action="extend", default=[], metavar="STRING",
+    # One string per --stop (not nargs="+"), so a "-" after it is the stdin prompt, not a stop string.
+    parser.add_argument("--stop", action="append", default=[], metavar="STRING",
                         help="end a sample where this string appears (not printed); Python escapes "
-                             "such as \\n are understood; may be given several times")
+                             "such as \\n are understood; give --stop again for each further string")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
