@@ -791,10 +791,14 @@ def test_the_explorer_of_a_text_from_an_empty_prompt_queries_the_token_at_a_late
 
 @pytest.mark.parametrize("body, message", [
     ({"text": "ROMEO:", "offset": 6}, "offset 6 is not accepted: expected 0 to 5"),
+    # Nothing predicts the first token of a text read without a start token (once the prediction at
+    # position 0, which produced the second token, not the one asked for).
+    ({"text": "ROMEO:", "offset": 0}, "offset 0 is not accepted: it is in the text's first token, which no "
+                                      "prediction produced"),
     ({"text": "R", "offset": 0}, "text: 1 tokens; the explorer takes 2 to 256"),
     ({"text": "ROMEO:" * 50, "offset": 0}, "text: 300 tokens; the explorer takes 2 to 256"),
     ({"text": "ROMEO:", "offset": 1, "query": 3}, "unknown field 'query'"),
-], ids=["offset-past-the-end", "one-token", "over-max-explore-tokens", "unknown-field"])
+], ids=["offset-past-the-end", "offset-of-the-first-token", "one-token", "over-max-explore-tokens", "unknown-field"])
 def test_a_bad_explorer_request_is_a_400(server, body, message):
     status, answer = post(server, "/explorer", body)
     assert status == 400 and message in json.loads(answer)["error"]["message"]

@@ -299,7 +299,11 @@ def _explorer_query(served: Served, body: ExploreRequest) -> tuple[list[int], in
         raise ApiError(f"offset {body.offset} is not accepted: expected 0 to {len(text) - 1}, a character of "
                        "the text", param="offset")
     position = len(start) + next(t for t, (_, end) in enumerate(spans) if end > body.offset)
-    return ids, max(position - 1, 0)
+    if position == 0:  # no start token before the text: no prediction produced its first token
+        raise ApiError(f"offset {body.offset} is not accepted: it is in the text's first token, which no "
+                       "prediction produced (nothing comes before it); expected a character of a later token, "
+                       'or "empty_prompt": true for a text generated from an empty prompt', param="offset")
+    return ids, position - 1
 
 
 def _explorer_page(served: Served, ids: list[int], query: int) -> str:
