@@ -710,8 +710,8 @@ def test_attention_and_the_explorer_read_an_imported_folders_text_after_its_bos(
     from tinyattn.serve.schemas import ExploreRequest, Limits
 
     served = types.SimpleNamespace(tokenizer=load_any_model(llama).tokenizer, limits=Limits())
-    assert _explorer_query(served, ExploreRequest(text=text, offset=0)) == (theirs, 0)  # <s> predicted "R..."
-    assert _explorer_query(served, ExploreRequest(text=text, offset=len(text) - 1)) == (theirs, len(theirs) - 2)
+    assert _explorer_query(served, ExploreRequest(text=text, offset=0)) == (theirs, 0, "")  # <s> predicted "R..."
+    assert _explorer_query(served, ExploreRequest(text=text, offset=len(text) - 1)) == (theirs, len(theirs) - 2, "")
 
 
 def test_lab_context_and_lab_distance_read_an_imported_folders_text_after_its_bos(tmp_path, monkeypatch,

@@ -15,7 +15,8 @@
   (`tinyattn.analysis.explorer`) of a text, at the prediction that produced the token holding
   a given character: what the playground shows when a generated token is clicked. A text
   generated from an empty prompt (`"empty_prompt": true`) is read after the start token
-  generation began from, which predicted its first token.
+  generation began from, which predicted its first token. A text longer than the explorer takes
+  (`Limits.max_explore_tokens`) is read as its last tokens up to the clicked one, said on the page.
 
 Mistakes in a request are 400s with OpenAI's error body (`schemas.ApiError`), unknown routes
 404s, and anything unexpected a 500 with the same body: the server stays up. Model calls run
@@ -146,8 +147,8 @@ def _add_routes(app: FastAPI, served: Served) -> None:
     @app.post("/explorer", response_class=HTMLResponse)
     async def explorer(request: Request):
         body = parse(ExploreRequest, await request.body())
-        ids, query = _explorer_query(served, body)
-        job = served.worker.submit(Job(one_call(lambda: _explorer_page(served, ids, query)),
+        ids, query, note = _explorer_query(served, body)
+        job = served.worker.submit(Job(one_call(lambda: _explorer_page(served, ids, query, note)),
                                        asyncio.get_running_loop(), "an explorer page"))
         async for page in job.items():
             return HTMLResponse(page)
@@ -277,11 +278,12 @@ async def _events(served: Served, completion: Completion, job: Job) -> AsyncIter
 # ----------------------------------------------------------------------------- the explorer and the page
 
 
-def _explorer_query(served: Served, body: ExploreRequest) -> tuple[list[int], int]:
-    """The text's token ids and the query: the prediction that produced the token holding `offset`.
-    Read as generation read it: after the start token it began from where the prompt was empty
-    (`empty_prompt`: what predicted the first token), else after an imported folder's bos where its
-    tokenizer puts it first."""
+def _explorer_query(served: Served, body: ExploreRequest) -> tuple[list[int], int, str]:
+    """The text's token ids, the query (the prediction that produced the token holding `offset`) and
+    a note, "" unless the text was cut. Read as generation read it: after the start token it began
+    from where the prompt was empty (`empty_prompt`: what predicted the first token), else after an
+    imported folder's bos where its tokenizer puts it first. A text longer than the explorer takes
+    (`max_explore_tokens`) is cut to its last tokens up to and including the clicked one."""
     from tinyattn.analysis.attention_maps import token_spans
     from tinyattn.generate.text import encode_prompt
 
@@ -292,8 +294,8 @@ def _explorer_query(served: Served, body: ExploreRequest) -> tuple[list[int], in
     text_ids = served.tokenizer.encode(body.text)
     ids = start + text_ids
     most = served.limits.max_explore_tokens
-    if not 2 <= len(ids) <= most:
-        raise ApiError(f"text: {len(ids)} tokens; the explorer takes 2 to {most}", param="text")
+    if len(ids) < 2:
+        raise ApiError(f"text: {len(ids)} tokens; the explorer takes at least 2", param="text")
     text, spans = token_spans(served.tokenizer, text_ids)  # offsets are the text's, without the start
     if not 0 <= body.offset < len(text):
         raise ApiError(f"offset {body.offset} is not accepted: expected 0 to {len(text) - 1}, a character of "
@@ -303,11 +305,17 @@ def _explorer_query(served: Served, body: ExploreRequest) -> tuple[list[int], in
         raise ApiError(f"offset {body.offset} is not accepted: it is in the text's first token, which no "
                        "prediction produced (nothing comes before it); expected a character of a later token, "
                        'or "empty_prompt": true for a text generated from an empty prompt', param="offset")
-    return ids, position - 1
+    if len(ids) <= most:
+        return ids, position - 1, ""
+    begin = max(position + 1 - most, 0)  # the window ends at the clicked token
+    note = (f"tokens {begin} to {position} of the text's {len(ids)}, the last up to the clicked one "
+            f"(the explorer takes at most {most})")
+    return ids[begin:position + 1], position - begin - 1, note
 
 
-def _explorer_page(served: Served, ids: list[int], query: int) -> str:
-    """On the worker thread: the explorer page of `ids` (relevance measured here), at `query`."""
+def _explorer_page(served: Served, ids: list[int], query: int, note: str = "") -> str:
+    """On the worker thread: the explorer page of `ids` (relevance measured here), at `query`; `note`
+    (where the text was cut) follows the page's source line."""
     from tinyattn.analysis.ablation import compute_relevance
     from tinyattn.analysis.attention_maps import visible
     from tinyattn.analysis.explorer import explorer_html
@@ -315,7 +323,8 @@ def _explorer_page(served: Served, ids: list[int], query: int) -> str:
     labels = [visible(served.tokenizer.token_text(i)) for i in ids]
     relevance = compute_relevance(served.model, ids, labels)
     return explorer_html(relevance, title=f"{served.model_id}: token {query + 1}",
-                         source=f"the prediction at position {query}, which produced token {query + 1}",
+                         source=f"the prediction at position {query}, which produced token {query + 1}"
+                                + (f"; {note}" if note else ""),
                          query=query)
 
 
