@@ -361,6 +361,12 @@ BAD_REQUESTS = {
     "n-zero": ({"n": 0}, "n", "n 0 is not accepted: expected 1 to 4"),
     "five-stops": ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4 stop strings, got 5"),
     "wrong-type": ({"extra_body": {"max_tokens": "ten"}}, "max_tokens", "valid integer"),
+    # A nested field is named by its path (once by its parent alone: "unknown field 'stream_options'").
+    "unknown-nested-field": ({"extra_body": {"stream": True, "stream_options": {"foo": 1}}}, "stream_options.foo",
+                             "unknown field 'stream_options.foo'"),
+    "nested-wrong-type": ({"extra_body": {"stream": True, "stream_options": {"include_usage": "yes"}}},
+                          "stream_options.include_usage", "stream_options.include_usage: Input should be a valid "
+                                                          "boolean"),
     "unsupported": ({"logprobs": 2}, "logprobs", "logprobs is not supported"),
     "echo": ({"echo": True}, "echo", "echo is not supported"),  # never the prompt silently left out
     "suffix": ({"suffix": "end"}, "suffix", "suffix is not supported"),

@@ -17,7 +17,7 @@ additions (vLLM accepts the same names).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Optional, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -99,11 +99,12 @@ class ExploreRequest(BaseModel):
     empty_prompt: bool = False
 
 
-def validation_error(e: ValidationError) -> ApiError:
-    """The first problem pydantic found, as one OpenAI-style 400."""
+def validation_error(e: ValidationError, model: type[BaseModel]) -> ApiError:
+    """The first problem pydantic found in a `model` body, as one OpenAI-style 400 naming the field
+    by its path (`stream_options.include_usage`)."""
     first = e.errors()[0]
-    kind, loc = first["type"], [str(part) for part in first["loc"]]
-    param = loc[0] if loc else None
+    kind, loc = first["type"], _field_path(model, [str(part) for part in first["loc"]])
+    param = ".".join(loc) if loc else None
     if kind == "json_invalid":
         return ApiError(f"the request body is not valid JSON: {first['msg']}", code="invalid_json")
     if kind == "extra_forbidden":
@@ -112,14 +113,24 @@ def validation_error(e: ValidationError) -> ApiError:
         return ApiError(f"the field {param!r} is required", param=param, code="missing_field")
     if not loc:
         return ApiError(f"the request body must be a JSON object: {first['msg']}")
-    return ApiError(f"{'.'.join(loc[:1] + loc[2:]) if len(loc) > 1 else param}: {first['msg']}", param=param)
+    return ApiError(f"{param}: {first['msg']}", param=param)
+
+
+def _field_path(model: type[BaseModel], loc: list[str]) -> list[str]:
+    """`loc` less the member pydantic names after a field typed as a union of several types
+    (`prompt`, `str`), which is no part of the request; a nested model's field stays."""
+    field = model.model_fields.get(loc[0]) if loc else None
+    if field is None or len(loc) < 2:
+        return loc
+    members = [t for t in get_args(field.annotation) if t is not type(None)]
+    return loc[:1] + loc[2:] if len(members) > 1 else loc
 
 
 def parse(model: type[BaseModel], body: bytes) -> Any:
     try:
         return model.model_validate_json(body)
     except ValidationError as e:
-        raise validation_error(e) from None
+        raise validation_error(e, model) from None
 
 
 # ----------------------------------------------------------------------------- a completion request
