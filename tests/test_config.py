@@ -101,6 +101,15 @@ def test_extends_chain_and_cycle(tmp_path):
         load_config(tmp_path / "a.yaml")
 
 
+def test_missing_extends_target_names_the_file_that_extends_it(tmp_path):
+    write(tmp_path / "m2.yaml", "extends: missing.yaml\n")
+    write(tmp_path / "missing.yaml", "extends: nothere.yaml\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(tmp_path / "m2.yaml")
+    assert str(caught.value) == (f"{tmp_path / 'missing.yaml'}: extends: nothere.yaml: config file not found "
+                                 f"({(tmp_path / 'nothere.yaml').resolve()})")
+
+
 def test_overrides_are_typed_like_the_field(tmp_path):
     path = write(tmp_path / "c.yaml", "data:\n  files: a.txt\n")
     config = load_config(path, ["model.n_layer=8", "train.lr=3e-4", "model.tie_embeddings=false",

@@ -760,7 +760,10 @@ def _read_with_extends(path: Path, seen: tuple[Path, ...]) -> tuple[dict, dict[s
     if parent is not None:
         if not isinstance(parent, str):
             raise ConfigError(f"{path}: extends: expected a file path, got {show_value(parent)}")
-        merged, origins = _read_with_extends(path.parent / parent, (*seen, resolved))
+        target = path.parent / parent
+        if not target.exists():  # named here, by the file that extends it; other read errors are the target's own
+            raise ConfigError(f"{path}: extends: {parent}: config file not found ({target.resolve()})")
+        merged, origins = _read_with_extends(target, (*seen, resolved))
         _drop_inherited_source(merged, data, origins)
     _deep_merge(merged, data, origins, str(path), prefix="")
     return merged, origins
