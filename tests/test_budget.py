@@ -733,3 +733,30 @@ def test_the_calibrations_steps_are_undone(corpus, tmp_path, monkeypatch):
     after = {k: v for k, v in trainer.state_dict().items() if k != "plan"}
     assert after["step"] == 0 and after["sampler"]["batches_drawn"] == 0
     assert_same_state(before, after)
+
+
+def _fits_a_step(config, budget_seconds: int, spent: float, measured: budget.Measured) -> bool:
+    """Whether a run under `budget_seconds` whose start-up and measuring spent `spent` fits a step."""
+    plan = TimePlan(f"{budget_seconds}s", config.train, FakeClock(spent))
+    return plan.seed(measured.step, measured.evaluation, measured.save) >= 1
+
+
+def test_the_advised_budget_holds_the_measuring_a_slower_start_up_and_a_step():
+    """tiny.yaml at 1s: 2.4 s of start-up gave "at least 5s", whose measuring (1.5 s timed, and
+    untimed steps, an evaluation, a write) then left no step ("at least 6s"). The advice counts the
+    measuring and a start-up up to a quarter slower; measured numbers injected, no run."""
+    from tinyattn.train.passes import PassTables
+    config = load_config(TINY, ["train.time_budget=1s"])
+    calibration = budget.Calibration(TimePlan("1s", config.train, FakeClock(2.4)), FakeClock(), PassTables(config.train))
+    slow_start = 2.4 * 1.25
+    # Before anything is measured: the measuring's 1.5 s timed and 1 s more allowed.
+    before = calibration.advised_budget(2.4)
+    assert before == 7
+    assert _fits_a_step(config, before, slow_start + 1.5 + 1.0, budget.Measured(0.004, 0.01, 0.02))
+    assert not _fits_a_step(config, 5, 2.4 + 1.5 + 1.0, budget.Measured(0.004, 0.01, 0.02))  # the old advice
+    # After it: its own 2.5 s counted, with the step, evaluation and writes it measured.
+    measured = budget.Measured(0.25, 0.5, 0.25, start_up=2.5, calibration=2.5)
+    after = calibration.advised_budget(2.5, measured)
+    assert after == math.ceil((2.5 * 1.25 + 1.0 + 2.5 + 0.25 + 0.5 + 0.25) / (1 - TimePlan.MARGIN)) == 8
+    assert _fits_a_step(config, after, 2.5 * 1.25 + 2.5, measured)
+    assert not _fits_a_step(config, after - 1, 2.5 * 1.25 + 2.5, measured)

@@ -222,12 +222,15 @@ def _from_rank0(count: int, device: torch.device) -> int:
 @dataclass
 class Measured:
     """What the calibration measured: seconds per step (of the model chosen), per evaluation, per
-    checkpoint write; with a table by passes, what the tables chose for the passes that fit."""
+    checkpoint write; with a table by passes, what the tables chose for the passes that fit; the
+    seconds of the budget spent before the measuring (start-up) and by it (calibration)."""
 
     step: float
     evaluation: float
     save: float
     choices: Optional[PassChoices] = None
+    start_up: float = 0.0
+    calibration: float = 0.0
 
 
 class Calibration:
@@ -242,6 +245,11 @@ class Calibration:
     # Timed: MIN_SHARE of the budget (1.5 s to 3 s), and at least one step: a first estimate
     # only, which the plan's own step times replace (a slow machine loses no more to it).
     MIN_SHARE = 0.005
+    # The advice when no step fits: start-up (imports, data, model) varies between runs of the
+    # same command by up to this share of it; and before anything is measured, the untimed
+    # steps, the evaluation and the checkpoint write of the measuring are allowed this much.
+    START_VARIATION = 0.25
+    UNMEASURED_SECONDS = 1.0
 
     def __init__(self, plan: TimePlan, clock: Clock, tables: PassTables):
         self.plan = plan
@@ -255,7 +263,7 @@ class Calibration:
         plan = self.plan
         spent = plan.spent()
         if plan.seconds * (1 - plan.MARGIN) - plan.EXIT_SECONDS - spent <= 0 and not trainer.dist.enabled:
-            advice = self.advice(spent + 1.5)  # the measuring alone takes 1.5 s or more
+            advice = self.advice(self.advised_budget(spent))
             raise TinyattnError(f"train.time_budget {self.text}: {spent:.0f} s are gone before training, "
                                 f"all the budget leaves; no step fits. {advice}")
         # A copy, not the live tensors state_dict() refers to: the measuring steps move those.
@@ -270,7 +278,8 @@ class Calibration:
         save_seconds = _time_a_save(trainer, run_dir, self.clock)
         trainer.load_state_dict(snapshot, Path("the time budget's snapshot"))
         # An evaluation writes its step checkpoint and, when it is the best so far, best.pt.
-        return dataclasses.replace(measured, evaluation=eval_seconds, save=2 * save_seconds)
+        return dataclasses.replace(measured, evaluation=eval_seconds, save=2 * save_seconds,
+                                   start_up=spent, calibration=plan.spent() - spent)
 
     def _choose(self, trainer: Trainer, step_seconds: float) -> Measured:
         """What the tables give the passes the run makes with what they give, from the step
@@ -308,12 +317,29 @@ class Calibration:
         steps = self.plan.seed(step_seconds, 0.0, 0.0)  # seeded again with every measurement after
         return steps * trainer.tokens_per_step / len(trainer.batches.tokens)
 
-    def advice(self, seconds_needed: float) -> str:
-        """What helps when no step fits: a budget that holds `seconds_needed` of the run's own
-        time, or no budget (train.max_steps counts only once the budget is off)."""
-        at_least = math.ceil((seconds_needed + self.plan.EXIT_SECONDS) / (1 - self.plan.MARGIN))
+    def advised_budget(self, start_up: float, measured: Optional[Measured] = None) -> int:
+        """The least budget (whole seconds) in which the next run of this command fits a step:
+        `start_up` seconds (and START_VARIATION more), the measuring (as `measured` took it, or
+        before it, its timed part and UNMEASURED_SECONDS), then one step with its evaluation and
+        checkpoint writes (`measured`'s), the exit and the plan's margin."""
+        plan = self.plan
+        needed = start_up * (1 + self.START_VARIATION) + plan.EXIT_SECONDS
+        if measured is not None:
+            needed += measured.calibration + measured.step + measured.evaluation + measured.save
+            return math.ceil(needed / (1 - plan.MARGIN))
+        needed += self.UNMEASURED_SECONDS
+        at_least = needed / (1 - plan.MARGIN)  # the timed part is longer for a longer budget
+        return math.ceil((needed + self._measure_for(at_least + self._measure_for(at_least))) / (1 - plan.MARGIN))
+
+    def advice(self, at_least: int) -> str:
+        """What helps when no step fits: a budget of `at_least` seconds (`advised_budget`), or no
+        budget (train.max_steps counts only once the budget is off)."""
         return (f"Give a budget of at least {at_least}s (--set train.time_budget={at_least}s), or train "
                 "a fixed number of steps: --set train.time_budget=null train.max_steps=N")
+
+    def _measure_for(self, budget_seconds: float) -> float:
+        """Seconds of timed steps the measuring takes under a budget of `budget_seconds`."""
+        return min(3.0, max(1.5, self.MIN_SHARE * budget_seconds))
 
     def _time_steps(self, trainer: Trainer) -> float:
         """Seconds per step, after WARM_STEPS untimed ones."""
@@ -321,7 +347,7 @@ class Calibration:
             trainer.train_step()
         synchronize(trainer.device)
         start, timed = self.clock(), 0
-        measure_for = min(3.0, max(1.5, self.MIN_SHARE * self.plan.seconds))
+        measure_for = self._measure_for(self.plan.seconds)
         while self._keep_measuring(trainer, timed, self.clock() - start, measure_for):
             trainer.train_step()
             timed += 1
