@@ -760,3 +760,16 @@ def test_the_advised_budget_holds_the_measuring_a_slower_start_up_and_a_step():
     assert after == math.ceil((2.5 * 1.25 + 1.0 + 2.5 + 0.25 + 0.5 + 0.25) / (1 - TimePlan.MARGIN)) == 8
     assert _fits_a_step(config, after, 2.5 * 1.25 + 2.5, measured)
     assert not _fits_a_step(config, after - 1, 2.5 * 1.25 + 2.5, measured)
+
+
+def test_a_warmup_longer_than_the_steps_the_budget_first_fits_is_said_at_the_start(
+        corpus, tmp_path, monkeypatch, capsys):
+    """warmup 100 under a budget fitting about 70 steps ended at 70% of the rate, "schedule 100% done"."""
+    clock = FakeClock()
+    FakeMachine(monkeypatch, clock, lambda now, step: 0.25, compute=False)
+    train(budget_config(corpus, tmp_path, "20s", "train.warmup_steps=100"), run_name="w", progress=False, clock=clock)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: train.warmup_steps")]
+    assert len(lines) == 1 and re.fullmatch(
+        r"warning: train\.warmup_steps=100 is not below the about (\d+) steps the 20s budget first fits: the rate "
+        r"ends still warming up, at \d+% of its peak, and never decays; give fewer warmup steps "
+        r"\(--set train\.warmup_steps=\d+\) or a longer train\.time_budget", lines[0]), lines

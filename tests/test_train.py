@@ -75,6 +75,17 @@ def test_a_bpe_vocabulary_the_text_cannot_fill_is_said_with_the_asked_and_the_go
                      f"of pairs to merge at {got:,}, so the vocabulary has {got:,}"]
 
 
+def test_a_warmup_longer_than_the_run_is_said_at_the_start(corpus, tmp_path, capsys):
+    """warmup 50 on a 20-step run ended mid-warmup at 40% of the rate, silently."""
+    train(tiny_config(corpus, tmp_path, "train.warmup_steps=50", "train.max_steps=20"), run_name="w", progress=False)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: train.warmup_steps")]
+    assert lines == ["warning: train.warmup_steps=50 is not below the 20 steps of train.max_steps: the rate ends "
+                     "still warming up, at 40% of its peak, and never decays; give fewer warmup steps "
+                     "(--set train.warmup_steps=2) or more train.max_steps"]
+    train(tiny_config(corpus, tmp_path, "train.warmup_steps=19", "train.max_steps=20"), run_name="ok", progress=False)
+    assert "warning: train.warmup_steps" not in capsys.readouterr().err
+
+
 def test_tensorboard_holds_every_curve(corpus, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

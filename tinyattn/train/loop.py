@@ -57,6 +57,7 @@ from tinyattn.system.distributed import Distributed, init_distributed, shutdown_
 from tinyattn.train.budget import Calibration, Measured, TimePlan, explicit_steps, plan_for
 from tinyattn.train.finetune import InitSource, adopt_model, init_source
 from tinyattn.train.hooks import resolve_hooks
+from tinyattn.train.optim import warmup_warning
 from tinyattn.train.log import Logger, RunLog
 from tinyattn.train.owners import (Checkpointer, Evaluator, LossWindow, StopRequest, StoppedBeforeStart,
                                    Timers)
@@ -309,6 +310,9 @@ def _choose_at_start(config: Config, trainer: Trainer, evaluator: Evaluator, run
         _calibrate(config, trainer, evaluator, run_dir, request=request, log=log, timers=timers)
     else:
         _take_tables_by_steps(config, trainer, request, log)
+    warning = warmup_warning(config.train, config.train.max_steps, config.train.time_budget)  # the first estimate
+    if warning:
+        log.print(warning)
 
 
 def _calibrate(config: Config, trainer: Trainer, evaluator: Evaluator, run_dir: Path, *,

@@ -82,6 +82,21 @@ def progress_lr_factor(step: int, progress: float, config: TrainConfig) -> float
     return floor + _decay(progress, config.schedule) * (1.0 - floor)
 
 
+def warmup_warning(config: TrainConfig, steps: int, budget: Optional[str] = None) -> Optional[str]:
+    """One line when train.warmup_steps is not below the `steps` the run takes (under the time
+    budget `budget`, its first estimate): the rate would end still warming up, never decayed.
+    A budget does not shorten warmup to fit: warmup counts steps, and a step count taken from
+    a first estimate would make the schedule depend on the machine's speed; it warns instead."""
+    if config.warmup_steps < steps:
+        return None
+    reached = min(steps, config.warmup_steps) / config.warmup_steps
+    run, longer = ((f"about {steps:,} steps the {budget} budget first fits", "a longer train.time_budget")
+                   if budget is not None else (f"{steps:,} steps of train.max_steps", "more train.max_steps"))
+    return (f"warning: train.warmup_steps={config.warmup_steps} is not below the {run}: the rate ends "
+            f"still warming up, at {reached:.0%} of its peak, and never decays; give fewer warmup steps "
+            f"(--set train.warmup_steps={max(1, steps // 10)}) or {longer}")
+
+
 def _decay(progress: float, schedule: str) -> float:
     """cosine or linear: 1 at progress 0, 0 at progress 1."""
     if schedule == "cosine":
