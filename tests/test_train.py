@@ -86,6 +86,25 @@ def test_a_warmup_longer_than_the_run_is_said_at_the_start(corpus, tmp_path, cap
     assert "warning: train.warmup_steps" not in capsys.readouterr().err
 
 
+def test_options_the_user_gave_that_nothing_reads_are_noted_and_inherited_ones_are_not(corpus, tmp_path, capsys):
+    """train.head_lr with a tied head, train.muon_* under adamw: accepted, then silently ignored.
+    Noted only where --config's own file or --set gives them: tiny.yaml inherits muon_lr,
+    muon_momentum and head_lr from the main config, which the user did not write for this run."""
+    path = tmp_path / "mine.yaml"
+    path.write_text(f"extends: {TINY}\nmodel:\n  tie_embeddings: true\ntrain:\n  head_lr: 0.01\n"
+                    "  max_steps: 1\n  warmup_steps: 0\n", encoding="utf-8")
+    overrides = tiny_overrides(corpus, tmp_path, "train.muon_ns_steps=3")
+    train(load_config(path, overrides), config_path=path, overrides=overrides, run_name="mine", progress=False)
+    assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: train.")] == [
+        "note: train.head_lr has no effect: model.tie_embeddings is true, so the head is the token embedding "
+        "and trains at train.embedding_lr",
+        "note: train.muon_ns_steps has no effect: train.optimizer is adamw (Muon is used only with "
+        "train.optimizer: muon)"]
+    overrides = tiny_overrides(corpus, tmp_path, "model.tie_embeddings=true", "train.max_steps=1")
+    train(load_config(TINY, overrides), config_path=TINY, overrides=overrides, run_name="tiny", progress=False)
+    assert "has no effect" not in capsys.readouterr().err
+
+
 def test_tensorboard_holds_every_curve(corpus, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

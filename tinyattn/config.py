@@ -521,20 +521,29 @@ def override_keys(overrides: Sequence[str]) -> tuple[str, ...]:
 
 
 def written_keys(config: Config, path: str | Path | None = None,
-                 overrides: Sequence[str] = ()) -> frozenset[str]:
+                 overrides: Sequence[str] = (), *, inherited: bool = True) -> frozenset[str]:
     """The settings (dotted, as `settings` names them) the user gave `config`: those the YAML file
     `path` it was loaded from writes (the files it extends included, less a download a child's data
-    source drops), and the keys of the `key=value` overrides. A key written at its default is
-    given all the same. Without a file (a Config built in Python, or a run's saved config) nothing
-    records what was written: the keys `config` holds at other than their default stand for it."""
+    source drops; with inherited=False, `path`'s own only), and the keys of the `key=value`
+    overrides. A key written at its default is given all the same. Without a file (a Config built
+    in Python, or a run's saved config) nothing records what was written: the keys `config` holds
+    at other than their default stand for it."""
     if path is None:
         defaults = settings(config_to_dict(Config()))
         written = {key for key, value in settings(config_to_dict(config)).items() if value != defaults[key]}
     else:
         raw, origins = _read_with_extends(Path(path), seen=())
         _apply_sets(raw, list(overrides), origins)
-        written = set(settings(raw))
+        own = (str(path), "--set")
+        written = {key for key in settings(raw) if inherited or _origin_of(key, origins) in own}
     return frozenset(written | set(override_keys(overrides)))
+
+
+def _origin_of(key: str, origins: dict[str, str]) -> Optional[str]:
+    """The most specific origin recorded for a dotted key or a section above it."""
+    parts = key.split(".")
+    return next((origins[".".join(parts[:i])] for i in range(len(parts), 0, -1)
+                 if ".".join(parts[:i]) in origins), None)
 
 
 def override_value(overrides: list[str], key: str, default: Any) -> Any:

@@ -57,7 +57,7 @@ from tinyattn.system.distributed import Distributed, init_distributed, shutdown_
 from tinyattn.train.budget import Calibration, Measured, TimePlan, explicit_steps, plan_for
 from tinyattn.train.finetune import InitSource, adopt_model, init_source
 from tinyattn.train.hooks import resolve_hooks
-from tinyattn.train.optim import warmup_warning
+from tinyattn.train.optim import unused_options, warmup_warning
 from tinyattn.train.log import Logger, RunLog
 from tinyattn.train.owners import (Checkpointer, Evaluator, LossWindow, StopRequest, StoppedBeforeStart,
                                    Timers)
@@ -85,6 +85,9 @@ class _Request:
     given: tuple[str, ...] = ()  # the dotted keys --set gave: by_precision does not change them
     # The keys the user gave the config (config.written_keys): a fine-tune compares these with its source
     written: frozenset[str] = frozenset()
+    # The keys --config's own file and --set gave, not the files it extends (a parent's options
+    # are the defaults of its family): a new run notes those of them nothing reads (`unused_options`)
+    own: frozenset[str] = frozenset()
 
     def elapsed(self) -> float:
         return self.clock() - self.started
@@ -116,12 +119,15 @@ def train(config: Config, *, config_path: Optional[str | Path] = None, run_name:
     """
     note = explicit_steps(config, overrides)
     written = written_keys(config, config_path, overrides)
+    # Without a file nothing tells the user's keys from inherited ones: only --set's count
+    own = (written_keys(config, config_path, overrides, inherited=False) if config_path is not None
+           else frozenset(override_keys(overrides)))
     if device is not None:
         config.train.device = device
     request = _Request(config_path=config_path, run_name=run_name, resume=resume, progress=progress,
                        stop_at_step=stop_at_step, allow_data_change=allow_data_change,
                        started=clock() - elapsed_before, notes=[note] if note else [], clock=clock,
-                       given=override_keys(overrides), written=written)
+                       given=override_keys(overrides), written=written, own=own)
     # Until the first step a stop has no step to finish: it ends the run at once (the loop's turn
     # comes with the first step), and a new run's folder goes with it.
     stopper = StopRequest(at_once=True)
@@ -159,6 +165,7 @@ def _train(config: Config, request: _Request, dist: Distributed, stopper: StopRe
     source = init_source(config, request.written) if point is None else None  # fine-tuning: train.init_from
     if point is None:
         config = _for_precision(config, device, request)
+        request.notes.extend(unused_options(config.train, config.model.tie_embeddings, request.own))
     check_training_fits(config.model, config.train, device)  # before the folder; vocab_size may be unknown
     run_dir, lock, made = open_run_folder(config, request.config_path, request.run_name, point, dist)
     with lock:

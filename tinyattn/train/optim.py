@@ -28,10 +28,11 @@ they see one row per token, not every row every step, and often want a larger on
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterable, Optional
 
 import torch
 import torch.nn as nn
@@ -324,6 +325,23 @@ def parameter_groups(model: nn.Module, config: TrainConfig) -> dict[str, list[nn
     if sorted(grouped) != sorted(trainable):
         raise AssertionError("every trainable parameter must be in exactly one optimizer group")
     return groups
+
+
+def unused_options(config: TrainConfig, tied: bool, given: Iterable[str]) -> list[str]:
+    """A line for each option among `given` (the dotted keys the user wrote) that this run's
+    optimizers never read: train.head_lr with a tied head (it is the embedding, at
+    train.embedding_lr), train.muon_* under train.optimizer adamw (no Muon is built)."""
+    given = set(given)
+    lines = []
+    if tied and "train.head_lr" in given:
+        lines.append("note: train.head_lr has no effect: model.tie_embeddings is true, so the head is the "
+                     "token embedding and trains at train.embedding_lr")
+    if config.optimizer == "adamw":
+        muon = [key for key in (f"train.{field.name}" for field in dataclasses.fields(config))
+                if key.startswith("train.muon_") and key in given]
+        lines.extend(f"note: {key} has no effect: train.optimizer is adamw (Muon is used only with "
+                     "train.optimizer: muon)" for key in muon)
+    return lines
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device,
