@@ -525,6 +525,29 @@ def test_a_fork_from_the_step_of_the_originals_best_takes_its_best_pt(corpus, tm
     assert (tmp_path / "fork" / "best.pt").read_bytes() == (run / "best.pt").read_bytes()
 
 
+def test_a_fork_without_the_originals_best_pt_starts_its_best_afresh_and_resumes_exactly(
+        corpus, tmp_path, twelve_steps):
+    """A fork from before the original's best.pt kept the checkpoint's best loss, reached at a step
+    the fork does not have: no evaluation beat it, so no best.pt, and the run reported a loss whose
+    model was not in its folder. The step-6 checkpoint is given a best of 0.5 (as if an earlier
+    step had reached it), which nothing here beats."""
+    run, _ = twelve_steps
+    assert ckpt.saved_value(run / "best.pt", "step") > 6
+    start = ckpt.load_checkpoint(run / "step_0000006.pt")
+    ckpt.save_checkpoint({**start, "best_val_loss": 0.5}, run / "step_0000006.pt")
+    config = tiny_config(corpus, tmp_path, "train.max_steps=12", "train.eval_interval=3", "train.keep_last=4")
+    result = train(config, run_name="fork", resume=run / "step_0000006.pt", progress=False)
+    fork = tmp_path / "fork"
+    assert ckpt.saved_value(fork / "step_0000006.pt", "best_val_loss") == math.inf  # as the fork started
+    best = ckpt.load_checkpoint(fork / "best.pt")
+    assert best["step"] in (9, 12) and result.best_val_loss == best["best_val_loss"] > 0.5
+    # Stopped before its first evaluation and resumed in place, the fork ends as it did at once.
+    train(config, run_name="split", resume=run / "step_0000006.pt", stop_at_step=7, progress=False)
+    again = train(config, run_name="split", resume=True, progress=False)
+    assert again.best_val_loss == result.best_val_loss
+    assert ckpt.saved_value(tmp_path / "split" / "best.pt", "step") == best["step"]
+
+
 def test_a_floor_or_weight_decay_given_for_a_resume_wins_over_the_checkpoints_table_choice(tmp_path):
     from tinyattn.train.resume import ResumePoint
 

@@ -227,7 +227,7 @@ def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Option
     trainer.plan = plan_for(config.train, point.state if point is not None else None, request.elapsed,
                             dist=dist, device=device)
     if point is not None:
-        point.restore(trainer)  # the plan's recorded state too
+        point.restore(trainer, run_dir)  # the plan's recorded state too
     elif source is not None:
         source.load_into(trainer.model)
         trainer.weights_loaded()  # train.ema's average starts from them, not from the random init

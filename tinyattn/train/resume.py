@@ -16,7 +16,9 @@ picks the folder and holds it (`run_folder.RunLock`) before anything is written 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import math
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,12 +181,27 @@ class ResumePoint:
 
     def fork_into(self, run_dir: Path) -> None:
         """Copy into a new run folder what resuming there needs: the starting checkpoint (and
-        the original's best.pt if it is no later than the start, so 'best' keeps its meaning)."""
-        ckpt.copy_checkpoint(self.file, run_dir / ckpt.step_filename(self.step))
+        the original's best.pt if it is no later than the start, so 'best' keeps its meaning).
+        Without that best.pt the copy's best validation loss is none yet, as `restore` made the
+        fork's: a resume of the fork from it goes on as the fork did."""
+        target = run_dir / ckpt.step_filename(self.step)
+        if self._keeps_best():
+            ckpt.copy_checkpoint(self.file, target)
+            ckpt.copy_checkpoint(self.file.parent / ckpt.BEST, run_dir / ckpt.BEST)
+        else:
+            state = ckpt.load_checkpoint(self.file)
+            ckpt.save_checkpoint({**state, "best_val_loss": math.inf}, target)
+
+    def _keeps_best(self) -> bool:
+        """Whether a fork takes the original's best.pt: it exists and is no later than the start."""
+        return self._original_best_step is not None and self._original_best_step <= self.step
+
+    @functools.cached_property
+    def _original_best_step(self) -> Optional[int]:
+        """The step of the original's best.pt, None without one (read once: `restore` and
+        `fork_into` ask alike)."""
         best = self.file.parent / ckpt.BEST
-        best_step = ckpt.saved_value(best, "step") if best.is_file() else None
-        if best_step is not None and best_step <= self.step:
-            ckpt.copy_checkpoint(best, run_dir / ckpt.BEST)
+        return ckpt.saved_value(best, "step") if best.is_file() else None
 
     def adopt(self, config: Config, given: Sequence[str] = ()) -> None:
         """Check that `config` can continue this checkpoint; take what the run fixed at its start.
@@ -396,9 +413,15 @@ class ResumePoint:
                                   "token ids would no longer mean what the model learned. Resume on the "
                                   "data the run was trained on, or start a new run")
 
-    def restore(self, trainer: Trainer) -> None:
+    def restore(self, trainer: Trainer, run_dir: Path) -> None:
+        """The checkpoint into `trainer`. A fork into `run_dir` that does not take the original's
+        best.pt (it is later than the start, or gone) starts with no best validation loss: the
+        checkpoint's was reached by a model the fork never holds, and its first evaluation
+        writes the fork's own best.pt."""
         trainer.load_state_dict(self.state, self.file)
         self.state = {}  # the tensors are in the trainer now; free the copy
+        if self.forks_into(run_dir) and not self._keeps_best():
+            trainer.best_val_loss = math.inf
 
 
 def _source_tokenizer(state: dict) -> Optional[TokenizerConfig]:
