@@ -48,6 +48,11 @@ def test_written_keys_are_what_the_files_and_set_give_at_the_default_or_not(tmp_
     built = Config(model=ModelConfig(n_layer=2))
     assert written_keys(built) == {"model.n_layer"}
     assert written_keys(built, None, ["model.rope_base=10000"]) == {"model.n_layer", "model.rope_base"}
+    # The file's own keys, however its path is spelled (./child.yaml, dir//child.yaml)
+    own = written_keys(load_config(child), child, (), inherited=False)
+    assert own == {"model.context_length", "data.files"}
+    for spelled in (f"{tmp_path}/./child.yaml", f"{tmp_path}//child.yaml"):
+        assert written_keys(load_config(spelled), spelled, (), inherited=False) == own
 
 def test_extends_with_own_files_drops_the_inherited_download(tmp_path):
     write(tmp_path / "base.yaml", "data:\n  files: shakespeare.txt\n  url: https://example.org/s.txt\n"

@@ -808,6 +808,8 @@ def test_the_explorer_of_a_text_over_max_explore_tokens_reads_its_last_tokens_up
     data = data_of_page(page)
     assert data["tokens"] == list(text[begin:offset + 1]) and data["query"] == offset - begin - 1
     assert f"tokens {begin} to {offset} of the text's 300" in data["source"]
+    # the page counts in the window; the note says how its tokens map to the text's
+    assert f"its token i is the text's token {begin} + i" in data["source"]
 
 
 @pytest.mark.parametrize("body, message", [

@@ -534,7 +534,7 @@ def written_keys(config: Config, path: str | Path | None = None,
     else:
         raw, origins = _read_with_extends(Path(path), seen=())
         _apply_sets(raw, list(overrides), origins)
-        own = (str(path), "--set")
+        own = (str(Path(path)), "--set")  # as origins name it: ./a.yaml and a.yaml alike
         written = {key for key in settings(raw) if inherited or _origin_of(key, origins) in own}
     return frozenset(written | set(override_keys(overrides)))
 

@@ -266,7 +266,8 @@ def _inferred_splits(data: DataConfig, files: list[Path]) -> dict[str, list[str]
         for pattern in split_patterns:  # a split's patterns in order, each file once, as datasets does
             with suppress(FileNotFoundError):
                 found += [f for f in resolve(pattern) if f not in found]
-        splits[split] = found
+        # escaped: datasets reads data_files as patterns (train[1].jsonl would be train1.jsonl)
+        splits[split] = [glob.escape(f) for f in found]
     return splits
 
 
@@ -285,6 +286,9 @@ def _card_lists_files(folder: Path) -> bool:
     except (yaml.YAMLError, ValueError) as e:
         raise DataError(f"{readme}: its YAML header (the dataset card's metadata) does not parse "
                         f"({_first_line(e)}); fix or remove it") from None
+    if not isinstance(configs, list):
+        raise DataError(f"{readme}: configs: expected a list of configs (config_name, data_files), got "
+                        f"{configs!r}; fix or remove it")
     return any(isinstance(c, dict) and "data_files" in c for c in configs)
 
 

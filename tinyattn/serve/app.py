@@ -308,8 +308,9 @@ def _explorer_query(served: Served, body: ExploreRequest) -> tuple[list[int], in
     if len(ids) <= most:
         return ids, position - 1, ""
     begin = max(position + 1 - most, 0)  # the window ends at the clicked token
-    note = (f"tokens {begin} to {position} of the text's {len(ids)}, the last up to the clicked one "
-            f"(the explorer takes at most {most})")
+    note = (f"the page counts in a window of the text: its token i is the text's token {begin} + i "
+            f"(tokens {begin} to {position} of the text's {len(ids)}, the last up to the clicked one; the "
+            f"explorer takes at most {most})")
     return ids[begin:position + 1], position - begin - 1, note
 
 
