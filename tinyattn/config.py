@@ -770,7 +770,8 @@ def _read_with_extends(path: Path, seen: tuple[Path, ...]) -> tuple[dict, dict[s
         if not isinstance(parent, str):
             raise ConfigError(f"{path}: extends: expected a file path, got {show_value(parent)}")
         target = path.parent / parent
-        if not target.exists():  # named here, by the file that extends it; other read errors are the target's own
+        # named here, by the file that extends it; other read errors are the target's own
+        if not target.exists():
             raise ConfigError(f"{path}: extends: {parent}: config file not found ({target.resolve()})")
         merged, origins = _read_with_extends(target, (*seen, resolved))
         _drop_inherited_source(merged, data, origins)

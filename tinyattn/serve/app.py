@@ -303,8 +303,9 @@ def _explorer_query(served: Served, body: ExploreRequest) -> tuple[list[int], in
     position = len(start) + next(t for t, (_, end) in enumerate(spans) if end > body.offset)
     if position == 0:  # no start token before the text: no prediction produced its first token
         raise ApiError(f"offset {body.offset} is not accepted: it is in the text's first token, which no "
-                       "prediction produced (nothing comes before it); expected a character of a later token, "
-                       'or "empty_prompt": true for a text generated from an empty prompt', param="offset")
+                       "prediction produced (nothing comes before it); expected a character of a later "
+                       'token, or "empty_prompt": true for a text generated from an empty prompt',
+                       param="offset")
     if len(ids) <= most:
         return ids, position - 1, ""
     begin = max(position + 1 - most, 0)  # the window ends at the clicked token

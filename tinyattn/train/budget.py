@@ -329,7 +329,8 @@ class Calibration:
             return math.ceil(needed / (1 - plan.MARGIN))
         needed += self.UNMEASURED_SECONDS
         at_least = needed / (1 - plan.MARGIN)  # the timed part is longer for a longer budget
-        return math.ceil((needed + self._measure_for(at_least + self._measure_for(at_least))) / (1 - plan.MARGIN))
+        measuring = self._measure_for(at_least + self._measure_for(at_least))
+        return math.ceil((needed + measuring) / (1 - plan.MARGIN))
 
     def advice(self, at_least: int) -> str:
         """What helps when no step fits: a budget of `at_least` seconds (`advised_budget`), or no

@@ -317,7 +317,8 @@ def _choose_at_start(config: Config, trainer: Trainer, evaluator: Evaluator, run
         _calibrate(config, trainer, evaluator, run_dir, request=request, log=log, timers=timers)
     else:
         _take_tables_by_steps(config, trainer, request, log)
-    warning = warmup_warning(config.train, config.train.max_steps, config.train.time_budget)  # the first estimate
+    # max_steps: under a budget, its first estimate
+    warning = warmup_warning(config.train, config.train.max_steps, config.train.time_budget)
     if warning:
         log.print(warning)
 

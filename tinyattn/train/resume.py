@@ -87,7 +87,8 @@ def _tokenizer_change(saved_json, tokenizer) -> str:
 def _file_change(run: Tokenizer, now: Tokenizer) -> str:
     """What differs between the run's tokenizer and the one a tokenizer file now holds: tokens it
     adds or lacks, tokens whose ids moved, else its other settings."""
-    before, after = ({t.token(i): i for i in range(t.vocab_size) if t.token(i) is not None} for t in (run, now))
+    before, after = ({t.token(i): i for i in range(t.vocab_size) if t.token(i) is not None}
+                     for t in (run, now))
     moved = {token for token in before.keys() & after.keys() if before[token] != after[token]}
     for tokens, what in ((after.keys() - before.keys(), "it has {n} tokens the run's tokenizer lacks"),
                          (before.keys() - after.keys(), "it lacks {n} of the run's tokens"),
@@ -254,8 +255,9 @@ class ResumePoint:
         source = "--set" if "train.init_from" in given else "the config's"
         instead = f"fine-tune from {now} in a new run (without --resume)" if now else "start a new run"
         raise CheckpointError(
-            f"{self.file}: train.init_from: checkpoint {saved!r}, config {now!r} ({source}); a resume continues "
-            f"the run's own weights and reads no source: leave train.init_from as the run has it, or {instead}")
+            f"{self.file}: train.init_from: checkpoint {saved!r}, config {now!r} ({source}); a resume "
+            f"continues the run's own weights and reads no source: leave train.init_from as the run has it, "
+            f"or {instead}")
 
     def _keep_step_count(self, config: Config, given: Sequence[str]) -> None:
         """A run that trained a step count continues it: a time budget's plan is measured at a new
@@ -309,8 +311,8 @@ class ResumePoint:
                if own.is_file() and own.resolve() != path.resolve()
                else "Restore the file the run started with, or start a new run")
         change = _file_change(Tokenizer.from_json(saved, origin=str(self.file)), now)
-        raise CheckpointError(f"{self.file}: tokenizer.path {path} {how}: {change}; token ids would no longer "
-                              f"mean what the model learned. {fix}")
+        raise CheckpointError(f"{self.file}: tokenizer.path {path} {how}: {change}; token ids would no "
+                              f"longer mean what the model learned. {fix}")
 
     def take_run_tokenizer(self, config: Config) -> TokenizerConfig:
         """The tokenizer section a resumed fine-tune continues with: the checkpoint's. The file it
