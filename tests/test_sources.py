@@ -717,20 +717,6 @@ def test_a_dataset_folder_whose_path_holds_a_bracket_is_refused_in_one_line_not_
         assert documents_of(files) == expected_split(DOCUMENTS)
 
 
-def test_a_dataset_folder_whose_card_header_does_not_parse_names_its_readme_in_one_line(tmp_path, monkeypatch):
-    import datasets
-
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
-    folder = tmp_path / "corpus"
-    folder.mkdir()
-    (folder / "train.jsonl").write_text(jsonl_text(DOCUMENTS))
-    (folder / "README.md").write_text("---\nconfigs: [oops\n---\n# a corpus\n")
-    with pytest.raises(DataError) as error:
-        prepare_data(make_config(tmp_path, {"dataset": str(folder)}), progress=False)
-    message = str(error.value)
-    assert message.startswith(f"{folder / 'README.md'}: its YAML header") and "\n" not in message
-
-
 def test_a_file_whose_name_holds_a_bracket_in_a_dataset_folder_is_read_not_its_lookalike(tmp_path, monkeypatch):
     # the split lists went to datasets unescaped: train-[1].jsonl was the pattern train-1.jsonl, so
     # it was left out beside train-1.jsonl (a name datasets' rules give no split, such as
@@ -747,15 +733,20 @@ def test_a_file_whose_name_holds_a_bracket_in_a_dataset_folder_is_read_not_its_l
     assert sorted(train + validation) == sorted(DOCUMENTS)
 
 
-def test_a_dataset_card_whose_configs_is_not_a_list_names_its_readme_in_one_line(tmp_path, monkeypatch):
+@pytest.mark.parametrize("header, message", [
+    ("configs: [oops", "its YAML header (the dataset card's metadata) does not parse ("),
+    ("configs: 5", "configs: expected a list of configs (config_name, data_files), got 5; fix or remove it"),
+], ids=["does not parse", "configs not a list"])
+def test_a_dataset_folder_whose_card_header_is_bad_names_its_readme_in_one_line(tmp_path, monkeypatch, header,
+                                                                                 message):
+    # a yaml.ParserError, and a TypeError for a configs that is no list, were tracebacks
     import datasets
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
     folder = tmp_path / "corpus"
     folder.mkdir()
     (folder / "train.jsonl").write_text(jsonl_text(DOCUMENTS))
-    (folder / "README.md").write_text("---\nconfigs: 5\n---\n# a corpus\n")
+    (folder / "README.md").write_text(f"---\n{header}\n---\n# a corpus\n")
     with pytest.raises(DataError) as error:
         prepare_data(make_config(tmp_path, {"dataset": str(folder)}), progress=False)
-    assert str(error.value) == (f"{folder / 'README.md'}: configs: expected a list of configs (config_name, "
-                                "data_files), got 5; fix or remove it")
+    assert str(error.value).startswith(f"{folder / 'README.md'}: {message}") and "\n" not in str(error.value)
