@@ -676,8 +676,8 @@ def test_a_file_linked_to_a_blob_without_an_extension_is_read_by_its_links_name(
 
 @pytest.mark.parametrize("finished", [True, False], ids=["finished", "stopped before meta.json"])
 @pytest.mark.parametrize("entry", ["folder", "glob", "dataset folder"])
-def test_a_token_cache_left_in_a_data_folder_under_another_cache_dir_is_not_read_as_data(tmp_path, monkeypatch,
-                                                                                        entry, finished):
+def test_a_token_cache_left_in_a_data_folder_under_another_cache_dir_is_not_read_as_data(
+        tmp_path, monkeypatch, entry, finished):
     # data/cache left from a run whose data.cache_dir was data/cache: its meta.json and tokenizer.json
     # were read as JSON records (a ValueError traceback); a build whose splits were too short leaves
     # train.bin, validation.bin and tokenizer.json without meta.json
@@ -717,7 +717,8 @@ def test_a_dataset_folder_whose_path_holds_a_bracket_is_refused_in_one_line_not_
         assert documents_of(files) == expected_split(DOCUMENTS)
 
 
-def test_a_file_whose_name_holds_a_bracket_in_a_dataset_folder_is_read_not_its_lookalike(tmp_path, monkeypatch):
+def test_a_file_whose_name_holds_a_bracket_in_a_dataset_folder_is_read_not_its_lookalike(
+        tmp_path, monkeypatch):
     # the split lists went to datasets unescaped: train-[1].jsonl was the pattern train-1.jsonl, so
     # it was left out beside train-1.jsonl (a name datasets' rules give no split, such as
     # train[1].jsonl, is left out by datasets itself)
