@@ -248,6 +248,22 @@ def test_the_model_card_gives_no_validation_loss_for_a_run_that_never_evaluated(
     assert "| training | 3 steps |" in text and "validation loss" not in text
 
 
+
+@pytest.mark.parametrize("source, own", [("runs/x/best.pt", True), ("runs/x/step_0000030.pt", False)])
+def test_the_model_card_calls_a_loss_the_exported_weights_own_only_for_best_pt(tmp_path, source, own):
+    # a step checkpoint holds the run's best so far (step 20's 3.3103 on step 30's weights, which
+    # scored 3.3448), and the card said it was these weights' "(best)"
+    from tinyattn.hf.folder import ModelCard
+
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)
+    export_folder(model.state_dict(), config, tokenizer, tmp_path / "out",
+                  card=ModelCard(source, step=30, best_val_loss=3.3103))
+    text = (tmp_path / "out" / "README.md").read_text()
+    assert ("| validation loss | 3.3103 nats per token (best) |" in text) == own
+    assert ("| the run's best validation loss by then | 3.3103 nats per token, at this step or an earlier "
+            "one (not measured on these weights) |" in text) == (not own)
+
 def test_greedy_generation_matches_transformers_token_for_token(tmp_path):
     import transformers
 

@@ -369,7 +369,11 @@ def model_card(config: Config, card: Optional[ModelCard], tokenizer: Tokenizer,
         lines.append(f"| training | {card.step:,} steps" + (f", {card.tokens_seen:,} tokens"
                                                            if card.tokens_seen else "") + " |")
         if card.best_val_loss is not None and math.isfinite(card.best_val_loss):
-            lines.append(f"| validation loss | {card.best_val_loss:.4f} nats per token (best) |")
+            # a step checkpoint holds the run's best so far, which may be of an earlier step's weights
+            lines.append(f"| validation loss | {card.best_val_loss:.4f} nats per token (best) |"
+                         if Path(card.source).name == "best.pt" else
+                         f"| the run's best validation loss by then | {card.best_val_loss:.4f} nats per "
+                         "token, at this step or an earlier one (not measured on these weights) |")
         lines.append(f"| exported from | `{card.source}` |")
     lines += ["", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
               'model = AutoModelForCausalLM.from_pretrained("<this folder>")',
