@@ -531,12 +531,31 @@ def written_keys(config: Config, path: str | Path | None = None,
     if path is None:
         defaults = settings(config_to_dict(Config()))
         written = {key for key, value in settings(config_to_dict(config)).items() if value != defaults[key]}
-    else:
-        raw, origins = _read_with_extends(Path(path), seen=())
-        _apply_sets(raw, list(overrides), origins)
-        own = (str(Path(path)), "--set")  # as origins name it: ./a.yaml and a.yaml alike
-        written = {key for key in settings(raw) if inherited or _origin_of(key, origins) in own}
-    return frozenset(written | set(override_keys(overrides)))
+        return frozenset(written | set(override_keys(overrides)))
+    every, own = _file_keys(path, overrides)
+    return every if inherited else own
+
+
+def given_keys(config: Config, path: str | Path | None = None,
+               overrides: Sequence[str] = ()) -> tuple[frozenset[str], frozenset[str]]:
+    """`written_keys` both ways from one reading of the files: (every key given; those of `path`'s
+    own file and the overrides). Without a file nothing tells the user's keys from inherited ones:
+    the second is the overrides' alone."""
+    if path is None:
+        return written_keys(config, None, overrides), frozenset(override_keys(overrides))
+    return _file_keys(path, overrides)
+
+
+def _file_keys(path: str | Path, overrides: Sequence[str]) -> tuple[frozenset[str], frozenset[str]]:
+    """(the keys the YAML file `path`, the files it extends and the overrides write; those of `path`
+    itself and the overrides alone)."""
+    raw, origins = _read_with_extends(Path(path), seen=())
+    _apply_sets(raw, list(overrides), origins)
+    sets = set(override_keys(overrides))
+    own = (str(Path(path)), "--set")  # as origins name it: ./a.yaml and a.yaml alike
+    every = set(settings(raw))
+    return (frozenset(every | sets),
+            frozenset({key for key in every if _origin_of(key, origins) in own} | sets))
 
 
 def _origin_of(key: str, origins: dict[str, str]) -> Optional[str]:

@@ -217,8 +217,13 @@ def _folder_files(folder: Path, skip: Optional[Path] = None) -> list[Path]:
     skipped = skip.resolve() if skip is not None else None
     return sorted(p for p in folder.rglob("*") if p.is_file()
                   and not any(part.startswith(".") for part in p.relative_to(folder).parts)
-                  and (skipped is None or not p.resolve().is_relative_to(skipped))
-                  and not _in_token_cache(p))
+                  and not _cache_file(p, skipped))
+
+
+def _cache_file(path: Path, skipped: Optional[Path]) -> bool:
+    """Whether `path` is no data but a token cache's: under the resolved folder `skipped` (the
+    token cache's, data.cache_dir), or a file of any other cache (`_in_token_cache`)."""
+    return (skipped is not None and path.resolve().is_relative_to(skipped)) or _in_token_cache(path)
 
 
 def _datasets_version() -> str:
@@ -444,10 +449,6 @@ def _resolve_files(entries: list[str], file_format: str, skip: Optional[Path] = 
     never takes a file under `skip` (the token cache's folder, which data/ holds by default)."""
     accepted = _extensions(file_format)
     skipped = skip.resolve() if skip is not None else None
-
-    def kept(p: Path) -> bool:
-        return (skipped is None or not p.resolve().is_relative_to(skipped)) and not _in_token_cache(p)
-
     files: list[Path] = []
     for entry in entries:
         path = Path(entry)
@@ -456,7 +457,7 @@ def _resolve_files(entries: list[str], file_format: str, skip: Optional[Path] = 
         if any(c in entry for c in "*?[") and not path.exists():
             # A glob takes what it matches; with data.format set, only the files of that format.
             matches = sorted(Path(p) for p in glob.glob(entry, recursive=True)
-                             if Path(p).is_file() and kept(Path(p))
+                             if Path(p).is_file() and not _cache_file(Path(p), skipped)
                              and (file_format == "auto" or format_suffix(Path(p)) in accepted))
             if not matches:
                 raise DataError(f"data.files: no file matches the pattern {entry!r}")

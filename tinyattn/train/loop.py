@@ -47,8 +47,8 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from tinyattn import checkpoint as ckpt
-from tinyattn.config import (PASS_TABLES, Config, TrainConfig, for_precision, override_keys, save_config,
-                             written_keys)
+from tinyattn.config import (PASS_TABLES, Config, TrainConfig, for_precision, given_keys, override_keys,
+                             save_config)
 from tinyattn.data.batches import prepare_data
 from tinyattn.errors import TinyattnError
 from tinyattn.model.memory import check_training_fits
@@ -118,10 +118,7 @@ def train(config: Config, *, config_path: Optional[str | Path] = None, run_name:
     clock: seconds, for the time budget and the wall-time split (tests give a fake one).
     """
     note = explicit_steps(config, overrides)
-    written = written_keys(config, config_path, overrides)
-    # Without a file nothing tells the user's keys from inherited ones: only --set's count
-    own = (written_keys(config, config_path, overrides, inherited=False) if config_path is not None
-           else frozenset(override_keys(overrides)))
+    written, own = given_keys(config, config_path, overrides)
     if device is not None:
         config.train.device = device
     request = _Request(config_path=config_path, run_name=run_name, resume=resume, progress=progress,

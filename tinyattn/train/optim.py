@@ -28,7 +28,6 @@ they see one row per token, not every row every step, and often want a larger on
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -90,7 +89,7 @@ def warmup_warning(config: TrainConfig, steps: int, budget: Optional[str] = None
     a first estimate would make the schedule depend on the machine's speed; it warns instead."""
     if config.warmup_steps < steps:
         return None
-    reached = min(steps, config.warmup_steps) / config.warmup_steps
+    reached = steps / config.warmup_steps
     run, longer = ((f"about {steps:,} steps the {budget} budget first fits", "a longer train.time_budget")
                    if budget is not None else (f"{steps:,} steps of train.max_steps", "more train.max_steps"))
     return (f"warning: train.warmup_steps={config.warmup_steps} is not below the {run}: the rate ends "
@@ -337,10 +336,8 @@ def unused_options(config: TrainConfig, tied: bool, given: Iterable[str]) -> lis
         lines.append("note: train.head_lr has no effect: model.tie_embeddings is true, so the head is the "
                      "token embedding and trains at train.embedding_lr")
     if config.optimizer == "adamw":
-        muon = [key for key in (f"train.{field.name}" for field in dataclasses.fields(config))
-                if key.startswith("train.muon_") and key in given]
         lines.extend(f"note: {key} has no effect: train.optimizer is adamw (Muon is used only with "
-                     "train.optimizer: muon)" for key in muon)
+                     "train.optimizer: muon)" for key in sorted(given) if key.startswith("train.muon_"))
     return lines
 
 
