@@ -499,37 +499,16 @@ def test_a_value_given_with_set_wins_over_its_table(corpus, tmp_path, monkeypatc
     assert "passes over the training text fit" not in (result.run_dir / "train.log").read_text()
 
 
-def old_lr_factor(step: int, config) -> float:
-    """tinyattn's schedule before time plans, copied: a fixed step count must keep it bit for bit."""
-    floor = config.min_lr / config.lr
-    if step < config.warmup_steps:
-        return (step + 1) / config.warmup_steps
-    if config.schedule == "constant":
-        return 1.0
-    if config.schedule == "wsd":
-        decay_steps = max(1, round(config.decay_fraction * config.max_steps))
-        decay_start = max(config.warmup_steps, config.max_steps - decay_steps)
-        if step < decay_start:
-            return 1.0
-        progress = min(1.0, (step - decay_start) / max(1, config.max_steps - decay_start))
-        return floor + (1.0 - progress) * (1.0 - floor)
-    progress = min(1.0, (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps))
-    if config.schedule == "cosine":
-        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
-    else:  # linear
-        decay = 1.0 - progress
-    return floor + decay * (1.0 - floor)
-
-
 @pytest.mark.parametrize("schedule", ["cosine", "linear", "wsd", "constant"])
-def test_an_explicit_step_count_keeps_the_schedule_bit_for_bit(schedule):
+def test_an_explicit_step_count_follows_the_step_schedule_to_its_last_step(schedule):
     config = load_config(TINY, ["train.lr=4.0e-3", "train.min_lr=4.0e-4", "train.warmup_steps=100",
                                 "train.max_steps=437", f"train.schedule={schedule}"]).train
     from tinyattn.train.optim import StepPlan
 
     plan = StepPlan(config)
-    for step in range(500):
-        assert plan.factor(step) == lr_factor(step, config) == old_lr_factor(step, config), step
+    assert [plan.factor(step) for step in range(437)] == [lr_factor(step, config) for step in range(437)]
+    assert plan.factor(436) == pytest.approx(1.0 if schedule == "constant" else 0.1)
+    assert plan.done(437) and not plan.done(436)
 
 
 def test_the_progress_schedule_has_the_shapes_of_the_step_schedule():
@@ -644,6 +623,7 @@ def test_on_a_steady_machine_the_plan_steps_at_the_step_schedules_rates_for_the_
         plan.after_step(len(rates))
     config.max_steps = steps
     assert rates == pytest.approx([lr_factor(step, config) for step in range(steps)], rel=1e-9, abs=1e-12)
+    assert rates[-1] == pytest.approx(config.min_lr / config.lr)  # the last step that fits: the floor
 
 
 def test_one_stalled_step_is_outvoted_and_does_not_shorten_the_plan():

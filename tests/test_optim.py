@@ -24,9 +24,10 @@ def test_wsd_holds_the_peak_then_decays_linearly_over_the_last_fraction():
                          decay_fraction=0.2)
     assert learning_rate(0, config) == pytest.approx(0.1)
     assert learning_rate(9, config) == pytest.approx(1.0)
-    assert learning_rate(79, config) == pytest.approx(1.0)  # stable until step 80
-    assert learning_rate(90, config) == pytest.approx(1.0 - 0.9 * 0.5)  # halfway down
-    assert learning_rate(100, config) == pytest.approx(0.1)
+    assert learning_rate(79, config) == pytest.approx(1.0)  # stable until step 79
+    assert learning_rate(80, config) == pytest.approx(1.0 - 0.9 / 20)  # the first of the decay's 20 steps
+    assert learning_rate(89, config) == pytest.approx(1.0 - 0.9 * 0.5)  # halfway down
+    assert learning_rate(99, config) == pytest.approx(0.1)  # the last step trains at the floor
 
 
 def test_wsd_whose_decay_would_begin_inside_warmup_starts_it_at_the_peak_where_warmup_ends():
@@ -34,15 +35,27 @@ def test_wsd_whose_decay_would_begin_inside_warmup_starts_it_at_the_peak_where_w
     config = TrainConfig(lr=1.0, min_lr=0.1, warmup_steps=10, max_steps=20, schedule="wsd",
                          decay_fraction=0.8)
     assert learning_rate(9, config) == pytest.approx(1.0)  # warmup's last step
-    assert learning_rate(10, config) == pytest.approx(1.0)  # no drop where warmup ends
-    assert learning_rate(15, config) == pytest.approx(1.0 - 0.9 * 0.5)  # halfway down the last 10 steps
-    assert learning_rate(20, config) == pytest.approx(0.1)
+    assert learning_rate(10, config) == pytest.approx(1.0 - 0.9 / 10)  # the decay starts where warmup ends
+    assert learning_rate(14, config) == pytest.approx(1.0 - 0.9 * 0.5)  # halfway down the last 10 steps
+    assert learning_rate(19, config) == pytest.approx(0.1)
 
 
 def test_wsd_decays_over_the_whole_number_of_steps_nearest_its_fraction():
     # 30 % of 12 steps is 3.6: the decay takes the last 4 steps (8..11), not 3
     config = TrainConfig(lr=1.0, min_lr=0.1, warmup_steps=0, max_steps=12, schedule="wsd", decay_fraction=0.3)
-    assert [learning_rate(step, config) for step in (7, 8, 9)] == pytest.approx([1.0, 1.0, 1.0 - 0.9 / 4])
+    assert [learning_rate(step, config) for step in (7, 8, 9, 11)] == pytest.approx(
+        [1.0, 1.0 - 0.9 / 4, 1.0 - 0.9 / 2, 0.1])
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "wsd"])
+@pytest.mark.parametrize("steps", [3, 11, 1000])
+def test_every_decaying_schedule_trains_its_last_step_at_the_floor_and_never_below(schedule, steps):
+    config = TrainConfig(lr=1.0, min_lr=0.1, warmup_steps=1, max_steps=steps, schedule=schedule,
+                         decay_fraction=0.3)
+    factors = [lr_factor(step, config) for step in range(steps)]
+    assert factors[-1] == pytest.approx(0.1)
+    assert min(factors) == pytest.approx(0.1)
+    assert factors == sorted(factors, reverse=True)  # from warmup's one step at the peak, down
 
 
 def test_every_group_follows_the_schedule_in_proportion_to_its_base_rate():

@@ -209,13 +209,15 @@ def test_a_run_resumed_after_a_kill_holds_each_step_once_in_tensorboard(corpus, 
 
 def test_learning_rate_schedule():
     config = load_config(TINY, ["train.lr=1.0", "train.min_lr=0.1", "train.warmup_steps=10",
-                                "train.max_steps=110", "train.schedule=cosine"]).train
+                                "train.max_steps=111", "train.schedule=cosine"]).train
     assert learning_rate(0, config) == pytest.approx(0.1)  # warmup starts above zero
     assert learning_rate(9, config) == pytest.approx(1.0)
-    assert learning_rate(60, config) == pytest.approx(0.55)  # cosine midpoint
-    assert learning_rate(110, config) == pytest.approx(0.1)
+    assert learning_rate(10, config) == pytest.approx(1.0)  # the first step after warmup: the peak
+    assert learning_rate(60, config) == pytest.approx(0.55)  # cosine midpoint of steps 10..110
+    assert learning_rate(110, config) == pytest.approx(0.1)  # the last step trains at the floor
     config.schedule = "linear"
     assert learning_rate(35, config) == pytest.approx(1.0 - 0.9 * 0.25)
+    assert learning_rate(110, config) == pytest.approx(0.1)
 
 
 class ListBatches:
@@ -1331,9 +1333,9 @@ def test_the_trainer_steps_with_the_rate_of_the_schedule():
             lambda opt, args, kwargs: used.append({g["name"]: g["lr"] for g in opt.param_groups}))
     for _ in range(6):
         trainer.train_step()
-    # Warmup 5e-3, 1e-2; then cosine from 1e-2 to the 1e-3 floor over steps 2..6 (0-based):
-    # 1e-3 + (1e-2 - 1e-3) * (1 + cos(pi * (k - 2) / 4)) / 2.
-    expected = [5e-3, 1e-2, 1e-2, 8.681981e-3, 5.5e-3, 2.318019e-3]
+    # Warmup 5e-3, 1e-2; then cosine from 1e-2 to the 1e-3 floor over steps 2..5 (0-based), the
+    # last step at the floor: 1e-3 + (1e-2 - 1e-3) * (1 + cos(pi * (k - 2) / 3)) / 2.
+    expected = [5e-3, 1e-2, 1e-2, 7.75e-3, 3.25e-3, 1e-3]
     assert [step["matrices"] for step in used] == pytest.approx(expected, rel=1e-6)
     assert [step["gains"] for step in used] == pytest.approx(expected, rel=1e-6)
     assert [step["embedding"] for step in used] == pytest.approx([3 * r for r in expected], rel=1e-6)

@@ -1,11 +1,12 @@
 """`train.time_budget`: a run that ends within the time given, whatever the machine does meanwhile.
 
 - `TimePlan`: the trainer's plan under a budget. The learning rate follows a recorded
-  progress p in [0, 1] (`optim.progress_lr_factor`) instead of step / max_steps. After
+  progress p in [0, 1] (`optim.progress_lr_factor`) instead of a step count. After
   every step the plan counts the steps that still fit in the time left and moves p by
-  (1 - p) / (that count + 1), so the rest of the schedule always spans the steps that fit:
-  a machine that slows down makes the schedule move faster per step, never jump, and the
-  run ends (with its last evaluation) when no further step fits and p is 1.
+  (1 - p) / (that count), so the rest of the schedule always spans the steps that fit:
+  a machine that slows down makes the schedule move faster per step, never jump, the
+  last step that fits trains at p = 1, and the run ends (with its last evaluation) when
+  no further step fits.
 - `Calibration`: before step 1 of a new budget run, throwaway steps (they compile, if asked,
   and warm the caches), one timed evaluation (with its train.show hooks) and one checkpoint
   write give the plan its first measurements; the trainer is then put back as it was
@@ -131,8 +132,8 @@ class TimePlan:
         if self.steps_left == 0:
             self.progress, self.finished = 1.0, True
         elif step > self.config.warmup_steps:  # the step just done was past warmup
-            # Spreads what is left of p evenly over the steps left and the next one.
-            self.progress += (1.0 - self.progress) / (self.steps_left + 1)
+            # Spreads what is left of p evenly over the steps left: the last one trains at p = 1.
+            self.progress += (1.0 - self.progress) / self.steps_left
 
     @contextmanager
     def measuring(self, kind: str) -> Iterator[None]:

@@ -43,8 +43,11 @@ from tinyattn.config import TrainConfig
 
 def lr_factor(step: int, config: TrainConfig) -> float:
     """The learning rate at `step` (0-based) as a fraction of the peak rate, for a run of
-    train.max_steps steps."""
+    train.max_steps steps: the last step, train.max_steps - 1, trains at the floor. cosine and
+    linear start from the peak on the step after warmup; wsd's decay takes the last
+    round(decay_fraction x max_steps) steps (none inside warmup), each one share lower."""
     floor = config.min_lr / config.lr
+    last = config.max_steps - 1  # the last step trains at the floor
     if step < config.warmup_steps:
         return (step + 1) / config.warmup_steps
     if config.schedule == "constant":
@@ -54,9 +57,10 @@ def lr_factor(step: int, config: TrainConfig) -> float:
         decay_start = max(config.warmup_steps, config.max_steps - decay_steps)
         if step < decay_start:
             return 1.0
-        progress = min(1.0, (step - decay_start) / max(1, config.max_steps - decay_start))
+        # The decay's steps decay_start..last each step down by one share, the last to the floor.
+        progress = min(1.0, (step - decay_start + 1) / (config.max_steps - decay_start))
         return floor + (1.0 - progress) * (1.0 - floor)
-    progress = min(1.0, (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps))
+    progress = min(1.0, (step - config.warmup_steps) / max(1, last - config.warmup_steps))
     return floor + _decay(progress, config.schedule) * (1.0 - floor)
 
 
