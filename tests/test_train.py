@@ -1076,6 +1076,27 @@ def test_a_ctrl_c_during_the_last_step_ends_the_run_as_done_not_stopped(corpus, 
     assert "done: 6 steps" in err and "stopped by" not in err and "Resume with" not in err, err
 
 
+def test_a_second_ctrl_c_stops_at_once_saying_which_checkpoint_is_kept_and_how_to_resume(corpus, tmp_path,
+                                                                                         monkeypatch):
+    original = Trainer.train_step
+
+    def interrupted_twice(self):
+        result = original(self)
+        if self.step == 7:  # two steps after the evaluation's checkpoint
+            os.kill(os.getpid(), signal.SIGINT)  # stop after this step
+            os.kill(os.getpid(), signal.SIGINT)  # no: stop now, before the checkpoint of step 7
+        return result
+
+    monkeypatch.setattr(Trainer, "train_step", interrupted_twice)
+    config = tiny_config(corpus, tmp_path, "train.max_steps=20", "train.eval_interval=5")
+    line = (r"stopped at once by a second SIGINT; the last checkpoint saved is step 5's \(step_0000005\.pt\) "
+            rf"in {re.escape(str(tmp_path / 'twice'))}, .* Resume with: .* --resume {re.escape(str(tmp_path))}")
+    with pytest.raises(KeyboardInterrupt, match=line):
+        train(config, run_name="twice", progress=False)
+    assert [p.name for p in ckpt.step_checkpoints(tmp_path / "twice")] == ["step_0000005.pt"]
+    assert "stopped at once by a second SIGINT; the last checkpoint" in (tmp_path / "twice" / "train.log").read_text()
+
+
 def test_a_second_hangup_is_not_a_second_ctrl_c_and_a_late_one_cannot_kill_the_last_lines():
     import os
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 from tqdm import tqdm
 
+from tinyattn import checkpoint as ckpt
 from tinyattn.config import Config, config_to_dict
 from tinyattn.errors import TinyattnError
 from tinyattn.system.invocation import command, quoted
@@ -83,6 +84,16 @@ class RunLog:
         RUN_LOG.removeHandler(self.handler)
         self.handler.close()
         self.handler = None
+
+
+def stopped_at_once(stop: KeyboardInterrupt, run_dir: Path) -> str:
+    """A run's last line after a second stop signal (`owners.StoppedAtOnce`, `stop`): the
+    checkpoint its folder keeps (what was trained after it is lost) and how to resume."""
+    kept = ckpt.latest_checkpoint(run_dir)
+    if kept is None:
+        return f"{stop} before any checkpoint was saved in {run_dir}: run the same command again to train"
+    return (f"{stop}; the last checkpoint saved is step {ckpt.step_of(kept)}'s ({kept.name}) in {run_dir}, "
+            f"what was trained after it is lost. Resume with: {command('train')} --resume {quoted(run_dir)}")
 
 
 def say(line: str) -> None:

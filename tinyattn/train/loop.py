@@ -22,7 +22,8 @@ What a run guarantees:
   thread-dependent order, so two fresh runs differ at that level too).
 - A model whose training step cannot fit in the device's free memory (`model.memory`) is
   refused before the run folder is made, naming both figures.
-- Ctrl-C or SIGTERM finishes the current step, saves a checkpoint and says how to resume;
+- Ctrl-C or SIGTERM finishes the current step, saves a checkpoint and says how to resume (a
+  second one stops at once, naming the checkpoint the folder keeps, and says how to resume);
   before the run's first write (the time budget's calibration included) it ends the run at
   once (`owners.StoppedBeforeStart`), and a new run takes back its folder; from the first write
   on a stop before step 1 saves the weights the run starts from, so its folder resumes.
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -58,9 +60,9 @@ from tinyattn.train.budget import Calibration, Measured, TimePlan, explicit_step
 from tinyattn.train.finetune import InitSource, adopt_model, init_source
 from tinyattn.train.hooks import resolve_hooks
 from tinyattn.train.optim import unused_options, warmup_warning
-from tinyattn.train.log import Logger, RunLog
-from tinyattn.train.owners import (Checkpointer, Evaluator, LossWindow, StopRequest, StoppedBeforeStart,
-                                   Timers)
+from tinyattn.train.log import Logger, RunLog, stopped_at_once
+from tinyattn.train.owners import (Checkpointer, Evaluator, LossWindow, StopRequest, StoppedAtOnce,
+                                   StoppedBeforeStart, Timers)
 from tinyattn.train.passes import PassChoices, PassTables, choose_by_steps, entry_for
 from tinyattn.train.resume import ResumePoint, keep_user_config, open_run_folder, save_data_fingerprint
 from tinyattn.train.run_folder import remove_failed_start
@@ -167,13 +169,23 @@ def _train(config: Config, request: _Request, dist: Distributed, stopper: StopRe
     run_dir, lock, made = open_run_folder(config, request.config_path, request.run_name, point, dist)
     with lock:
         try:
-            with RunLog(run_dir, enabled=dist.is_main) as run_log:
+            with RunLog(run_dir, enabled=dist.is_main) as run_log, _said_what_is_kept(run_dir):
                 return _train_in(run_dir, config, request, point=point, device=device, dist=dist,
                                  timers=timers, source=source, stopper=stopper)
         except (TinyattnError, StoppedBeforeStart):  # a mistake or a stop before step 1 leaves no folder
             if made:
                 remove_failed_start(run_dir, run_log.path.name)
             raise
+
+
+@contextmanager
+def _said_what_is_kept(run_dir: Path):
+    """A second stop signal (`StoppedAtOnce`) ends the run with a line saying which checkpoint
+    its folder keeps and how to resume, as the first one's last line does (train.log has it too)."""
+    try:
+        yield
+    except StoppedAtOnce as stop:
+        raise KeyboardInterrupt(stopped_at_once(stop, run_dir)) from None
 
 
 def _for_precision(config: Config, device: torch.device, request: _Request,

@@ -191,11 +191,20 @@ class StoppedBeforeStart(KeyboardInterrupt):
         self.signal_name = signal_name
 
 
+class StoppedAtOnce(KeyboardInterrupt):
+    """A second stop signal after the first one's (a second Ctrl-C): the run ends mid-step or
+    mid-save, without the checkpoint the first one asked for; `train` says what the folder keeps."""
+
+    def __init__(self, signal_name: str):
+        super().__init__(f"stopped at once by a second {signal_name}")
+        self.signal_name = signal_name
+
+
 class StopRequest:
     """Turns SIGINT/SIGTERM, and SIGHUP (a closed terminal) unless the run ignores it (`nohup`),
-    into a flag the loop checks after each step. While `at_once` (before the first step: data
-    preparation, building, the time budget's calibration, up to the first write) a signal
-    raises StoppedBeforeStart instead."""
+    into a flag the loop checks after each step; a second one raises StoppedAtOnce. While
+    `at_once` (before the first step: data preparation, building, the time budget's calibration,
+    up to the first write) a signal raises StoppedBeforeStart instead."""
 
     def __init__(self, *, at_once: bool = False):
         self.signal_name: Optional[str] = None
@@ -212,7 +221,7 @@ class StopRequest:
                 # step the run is already ending at once, and a second signal would cut its clean-up
                 if signum == hangup or self.at_once:
                     return
-                raise KeyboardInterrupt  # a second Ctrl-C: stop now
+                raise StoppedAtOnce(signal.Signals(signum).name)  # a second Ctrl-C: stop now
             self.signal_name = signal.Signals(signum).name
             if self.at_once:
                 raise StoppedBeforeStart(self.signal_name)
