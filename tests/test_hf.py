@@ -137,6 +137,20 @@ def test_a_tied_export_stores_the_embedding_once_and_no_lm_head(tmp_path):
     assert torch.equal(stored["model.embed_tokens.weight"], model.token_embedding.weight)
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, where nothing can be made")
+@pytest.mark.parametrize("out", ["/proc/nope", "/proc/nope/deeper", "/proc/nope.gguf"])
+def test_an_export_to_a_folder_that_cannot_be_made_is_one_line(tmp_path, capsys, out):
+    # /proc refuses a new folder or file with ENOENT (a read-only mount says EROFS, a folder not
+    # the user's EACCES): the path and the reason, not a FileNotFoundError traceback
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)
+    run = save_run(tmp_path, config, model, tokenizer)
+    code, _, err = run_main(export_cli.main, ["--checkpoint", run, "--out", out], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: cannot write {out}: ") and "No such file or directory" in err, err
+    assert "choose another folder" in err, err
+
+
 def test_an_exports_rope_base_is_written_where_transformers_5_and_4_read_it(tmp_path):
     # rope_parameters for transformers 5, the top-level rope_theta for transformers 4: both the model's.
     tokenizer = tokenizer_of("char")

@@ -185,7 +185,7 @@ def write_gguf(state: dict[str, torch.Tensor], config: ModelConfig, tokenizer: T
 
 def _write_beside_then_rename(writer, path: Path) -> None:
     """Write the file under a temporary name in the same folder and rename it into place."""
-    with storage_errors(path):
+    with storage_errors(path, creating=True):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX)
         os.close(fd)

@@ -265,7 +265,7 @@ def _json_bytes(value: dict) -> bytes:
 def _write_folder(out: Path, files: dict[str, bytes]) -> None:
     """Write `files` into a staging folder beside `out`, then put it in `out`'s place as one
     step (`_swap_in`): a write that fails, or a kill at any moment, never leaves half of one."""
-    with storage_errors(out.parent):
+    with storage_errors(out, creating=True):  # the --out the user gave
         out.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=TEMPORARY_SUFFIX))
         os.chmod(staging, new_folder_mode(out))  # mkdtemp's 0700 would keep a class or a container out

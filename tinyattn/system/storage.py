@@ -35,6 +35,9 @@ from tinyattn.errors import DataError, StorageError, TinyattnError
 NOT_A_FOLDER_ERRNOS = {errno.ENOTDIR, errno.EEXIST}
 STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG,
                   errno.ENAMETOOLONG, *NOT_A_FOLDER_ERRNOS}
+# Where a block makes the file or folder (mkdir, mkstemp), ENOENT is the file system refusing to
+# hold one there (/proc), not a file that went missing: the user's to fix too.
+CREATE_ERRNOS = STORAGE_ERRNOS | {errno.ENOENT}
 TEMPORARY_SUFFIX = ".tmp"
 BYTE_ORDER_MARK = "\ufeff"  # a Windows editor puts it first in a UTF-8 file: never text (data files drop it)
 
@@ -83,7 +86,7 @@ def _as_a_plain_write(fd: int, path: Path) -> None:
 def atomic_write(path: str | Path) -> Iterator[BinaryIO]:  # yields a file-like writer
     """Yield a binary file whose contents replace `path` only if the block succeeds."""
     path = Path(path)
-    with storage_errors(path):
+    with storage_errors(path, creating=True):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX)
     try:
@@ -137,18 +140,21 @@ def storage_message(path: Path, error: OSError) -> str:
         advice = "free some space there or choose another folder"
     elif error.errno == errno.ENAMETOOLONG:
         advice = "a name may have at most 255 bytes; choose a shorter one"
+    elif error.errno == errno.ENOENT:  # from a block that makes it (CREATE_ERRNOS)
+        advice = "nothing can be made there; choose another folder"
     else:
         advice = "make it writable or choose another folder"
     return f"cannot write {path}: {reason}; {advice}"
 
 
 @contextmanager
-def storage_errors(path: str | Path) -> Iterator[None]:
-    """Turn a refused write (disk full, read-only, permission) into a StorageError naming `path`."""
+def storage_errors(path: str | Path, *, creating: bool = False) -> Iterator[None]:
+    """Turn a refused write (disk full, read-only, permission) into a StorageError naming `path`;
+    `creating`: the block makes `path` or its folder, so ENOENT is a refusal too (CREATE_ERRNOS)."""
     try:
         yield
     except OSError as e:
-        if e.errno in STORAGE_ERRNOS:
+        if e.errno in (CREATE_ERRNOS if creating else STORAGE_ERRNOS):
             raise StorageError(storage_message(Path(path), e)) from None
         raise
 
@@ -156,7 +162,7 @@ def storage_errors(path: str | Path) -> Iterator[None]:
 def check_writable(folder: str | Path) -> Path:
     """Create `folder` if needed and prove a file can be written in it; else a StorageError."""
     folder = Path(folder)
-    with storage_errors(folder):
+    with storage_errors(folder, creating=True):
         folder.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(dir=folder, prefix=".writable.", suffix=TEMPORARY_SUFFIX)
         os.close(fd)
