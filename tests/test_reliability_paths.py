@@ -146,6 +146,19 @@ def test_a_token_cache_build_waits_for_another_processs_build_and_leaves_its_fil
     assert note in capfd.readouterr().err
 
 
+def test_a_failed_token_cache_build_takes_its_lock_file_with_it(tmp_path):
+    from tinyattn.data.batches import prepare_data
+    from tinyattn.errors import DataError
+
+    config = tiny_config(tmp_path, "model.context_length=100000")  # the splits turn out too short
+    with pytest.raises(DataError, match="fewer than model.context_length"):
+        prepare_data(config, progress=False)
+    cache = tmp_path / "cache"
+    assert not list(cache.glob(".*.build.filelock"))  # held by nothing: it goes with the failed build
+    folder = prepare_data(tiny_config(tmp_path), progress=False).cache_dir  # a build that succeeds keeps it
+    assert [p.name for p in cache.glob(".*.build.filelock")] == [f".{folder.name}.build.filelock"]
+
+
 def test_a_cache_another_process_completed_just_before_the_lock_was_taken_is_used_not_built_again(
         tmp_path, monkeypatch):
     # The other build committed between this process's first look (no cache yet) and its lock,

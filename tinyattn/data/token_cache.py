@@ -14,8 +14,9 @@ and a folder is trusted only when its `meta.json` matches the hash and the file 
 build that is interrupted, or whose splits turn out too short, leaves no `meta.json`; the
 temporary files of one that was killed are deleted by the next build (under the folder's
 build lock, so never a live build's). A build that finds another process building the same
-folder waits for it, and uses the cache it completed. A folder removed while it is built
-(`rm -r` of the cache at the wrong moment) ends the build in one line: run again.
+folder waits for it, and uses the cache it completed; a build that fails deletes its lock
+file (beside the folder) too. A folder removed while it is built (`rm -r` of the cache at
+the wrong moment) ends the build in one line: run again.
 
 `data_fingerprint(meta)` is what a run records of the data it trained on (in each checkpoint
 and the run folder's `data.json`); `data_differences` names what changed between two of them.
@@ -94,7 +95,8 @@ class TokenCache:
         completed, waited for or not (it may have committed just before this one took the lock),
         to use, or None: build it. Holding the lock, a killed build's temporary files
         (`.train.bin.*.tmp`) are deleted: no other process is writing them. A block that fails
-        leaves the folder only if something is in it.
+        leaves the folder only if something is in it, and deletes the lock file while it still
+        holds it (`_remove_held_lock`).
         """
         folder = self.folder
         check_writable(folder)  # a read-only cache folder is one line, not a traceback
@@ -118,6 +120,7 @@ class TokenCache:
             yield meta
         except BaseException:
             _remove_if_empty(folder)  # a build failed before its first file (a bad tokenizer): no folder
+            _remove_held_lock(path)
             raise
         finally:
             lock.release()
@@ -176,6 +179,20 @@ def _remove_if_empty(folder: Path) -> None:
     """Remove `folder` if it is empty: never one that holds a cache, whole or not (rmdir refuses)."""
     try:
         folder.rmdir()
+    except OSError:
+        pass
+
+
+def _remove_held_lock(path: Path) -> None:
+    """Delete the build lock file `path`, which this process holds, after its build failed: a
+    failed build leaves nothing beside the cache folder. A process that opens the name afterwards
+    makes a lock file of its own; one that opened the old file just before (between its open and
+    its lock) finds it deleted once it has locked it and tries again (filelock 3.20.4 and later;
+    with an earlier one that gap of microseconds is open, as for `run_folder.remove_failed_start`).
+    A successful build keeps the file, as run folders keep theirs. Best effort: a file system
+    that refuses (Windows, while it is held) leaves it."""
+    try:
+        path.unlink(missing_ok=True)
     except OSError:
         pass
 
