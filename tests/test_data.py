@@ -867,7 +867,11 @@ def test_empty_corpus(tmp_path):
     for name in ("a.txt", "b.txt"):
         (tmp_path / "empty" / name).write_text("")
     config = make_config(tmp_path, {"files": [str(tmp_path / "empty")]})
-    assert_one_line_error(tmp_path, config, r"the corpus is empty")
+    assert_one_line_error(tmp_path, config, r"the corpus is empty \(every file is empty\)$")
+    # A text file has no field: its emptiness is said as it is, naming the file
+    config = make_config(tmp_path, {"files": [str(tmp_path / "empty" / "a.txt")]})
+    message = assert_one_line_error(tmp_path, config, r"the file is empty")
+    assert message == f"{tmp_path / 'empty' / 'a.txt'}: the file is empty (no text to train on)"
 
 
 def test_validation_split_too_short(tmp_path):

@@ -72,6 +72,7 @@ class Source:
     identity: dict  # hashed into the cache key
     # split name -> a function that streams that split's documents anew at each call
     reader: Callable[[str], Callable[[], DocumentParts]]
+    empty: Optional[str] = None  # what a corpus with no text is said to be; None: no text in data.text_field
 
 
 def resolve_source(data: DataConfig, progress: bool) -> Source:
@@ -349,11 +350,14 @@ def _file_source(data: DataConfig, files: list[Path], file_format: str, progress
     # token cache hashes them), so another url for the same file keeps it. "url": None stays in
     # the identity so that caches keyed before, without a url, keep their keys.
     identity = {"files": [_file_identity(p) for p in files], "format": file_format, "url": None}
-    if file_format == "text":
+    empty = None
+    if file_format == "text":  # no field to name: the files themselves hold no text
         reader = _text_reader(files, progress)
+        empty = ("the file is empty (no text to train on)" if len(files) == 1
+                 else "the corpus is empty (every file is empty)")
     else:
         reader = _records_reader(data, files, file_format, description)
-    return Source(description=description, name=_slug(stem), identity=identity, reader=reader)
+    return Source(description=description, name=_slug(stem), identity=identity, reader=reader, empty=empty)
 
 
 def _text_reader(files: list[Path], progress: bool) -> Callable[[str], Callable[[], DocumentParts]]:

@@ -49,8 +49,8 @@ def split(source: Source, data: DataConfig) -> Splits:
     first_held = _first_held_out(f)
     count, total = _count_documents(everything(), stop=first_held + 1)
     if count == 0:
-        raise DataError(f"{source.description}: the corpus is empty (no text in field "
-                        f"{data.text_field!r})")
+        empty = source.empty or f"the corpus is empty (no text in field {data.text_field!r})"
+        raise DataError(f"{source.description}: {empty}")
     if count > first_held:
         return Splits(lambda: _documents_where(everything(), lambda i: not _held_out(i, f)),
                       lambda: _documents_where(everything(), lambda i: _held_out(i, f)),
