@@ -669,6 +669,20 @@ def test_batched_samples_equal_the_same_samples_decoded_one_by_one(tiny_model, t
     assert greedy[0] == greedy[1]
 
 
+def test_sample_seeds_wrap_past_the_largest_seed_so_each_is_one_seed_takes(tiny_model, tokenizer):
+    # Sample i uses (seed + i) mod 2**63: sample 2 of --seed 2**63 - 1 is --seed 0's one sample,
+    # never 2**63, which --seed refuses (and torch's generator takes, so nothing failed before).
+    from tinyattn.generate.text import sample_generators
+
+    largest = 2**63 - 1
+    seeds = [g.initial_seed() for g in sample_generators(3, largest, None, torch.device("cpu"))]
+    assert seeds == [largest, 0, 1]
+    model = tiny_model(context_length=16)
+    options = dict(max_new_tokens=12, temperature=1.0)
+    batched = collect(generate_samples(model, tokenizer, "Speak", 2, seed=largest, **options))
+    assert batched[1][0] == "".join(generate(model, tokenizer, "Speak", seed=0, **options))
+
+
 def collect(pieces) -> list[tuple[str, str]]:
     """(text, finish reason) of each sample; checks that pieces come in sample order."""
     texts, reasons, order = {}, {}, []

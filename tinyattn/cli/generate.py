@@ -44,9 +44,10 @@ its end (with a warning); characters a character-level tokenizer never saw becom
 
 Sampling options not given default to the checkpoint's saved `sample` config. Temperature 0
 is greedy decoding. --seed N fixes the text: sample i (from 1) of --num-samples uses seed
-N + i - 1, so each sample equals the single sample of a run with that seed (exactly in fp32;
-in bf16, or with the fp16 copies --dtype auto keeps on some CPUs, a batch's products round
-differently from one sequence's, and a long sample can part from the single run).
+N + i - 1 (past 2**63 - 1 it wraps to 0, 1, ...), so each sample equals the single sample of a
+run with that seed (exactly in fp32; in bf16, or with the fp16 copies --dtype auto keeps on
+some CPUs, a batch's products round differently from one sequence's, and a long sample can
+part from the single run).
 
 Past the model's context length, generation goes on: when the context is full, the last
 context_length // 2 tokens are re-read (positions restart at 0) and decoding continues.

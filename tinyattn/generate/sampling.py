@@ -68,6 +68,15 @@ class SamplingOptions:
         check_sampling_options(**dataclasses.asdict(self))
 
 
+SEEDS = 2**63  # a seed is an integer in [0, 2**63): what --seed, sample.seed and torch.manual_seed take
+
+
+def sample_seed(seed: int, sample: int) -> int:
+    """The seed of sample `sample` (from 0) of a call seeded with `seed`: seed + sample, wrapping
+    past 2**63 - 1 to 0, so each sample's seed is one a single sample's --seed takes."""
+    return (seed + sample) % SEEDS
+
+
 SHIFT_BELOW = 1e-3  # a temperature below it divides logits shifted to a maximum of 0 (`sample_next_token`)
 
 

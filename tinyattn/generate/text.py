@@ -21,7 +21,7 @@ import torch
 from tinyattn.data.tokenizer import unknown_characters
 from tinyattn.errors import DataError
 from tinyattn.generate.decoder import check_caches_fit, generate_tokens
-from tinyattn.generate.sampling import SamplingOptions
+from tinyattn.generate.sampling import SamplingOptions, sample_seed
 
 
 class PromptWarning(UserWarning):
@@ -172,10 +172,10 @@ def generate_samples(model, tokenizer, prompt: str, num_samples: int = 1, *, max
     `finish_reason`: "stop" (a stop string, not included), "eot" (the end-of-text token, not
     included) or "length" (max_new_tokens reached). `stop`: one stop string, or a sequence of them.
 
-    Sample i draws from its own generator, seeded with `seed + i` (seed None: a fresh random
-    seed), so sample i equals the single sample of a run with seed `seed + i` (exactly in fp32; in
-    bf16 or with fp16 row copies a batch rounds differently from one sequence). `generators`
-    (one per sample) replaces the seeding. `compile=True` compiles the one-token step
+    Sample i draws from its own generator, seeded with `seed + i` (wrapping past 2**63 - 1 to 0,
+    `sampling.sample_seed`; seed None: a fresh random seed), so sample i equals the single sample
+    of a run with that seed (exactly in fp32; in bf16 or with fp16 row copies a batch rounds
+    differently from one sequence). `generators` (one per sample) replaces the seeding. `compile=True` compiles the one-token step
     (`compile_decode_step`): the same text in fp32 (in bf16, or where the model keeps fp16 row
     copies, rounding can part the texts after some tokens), faster per token, after a compile that
     only long generations repay.
@@ -216,11 +216,12 @@ def stream_samples(model, tokenizer, prompt: str, options: SamplingOptions, *,
 
 def sample_generators(num_samples: int, seed: Optional[int], generators: Optional[Sequence[torch.Generator]],
                       device: torch.device) -> Sequence[torch.Generator]:
-    """One generator per sample: sample i seeded with `seed + i` (None: a fresh random seed)."""
+    """One generator per sample: sample i seeded with `sample_seed(seed, i)`, seed + i wrapped
+    below 2**63 (None: a fresh random seed)."""
     if generators is None:
         if seed is None:
             seed = int.from_bytes(os.urandom(6), "little")
-        return [torch.Generator(device=device).manual_seed(seed + i) for i in range(num_samples)]
+        return [torch.Generator(device=device).manual_seed(sample_seed(seed, i)) for i in range(num_samples)]
     if seed is not None or len(generators) != num_samples:
         raise ValueError("pass either a seed or one generator per sample")
     return generators

@@ -4,8 +4,9 @@
 - `POST /v1/completions`: OpenAI's fields (`schemas.CompletionRequest`); with `"stream": true`
   the text comes as server-sent events in OpenAI's chunk format, ending with `data: [DONE]`.
   Every completion is `tinyattn.generate.text.stream_samples` with the request's options, so
-  choice i equals `generate()` with seed `seed + i` (exactly in fp32; with n > 1 in bf16 or with
-  fp16 row copies, the choices' batch rounds differently from one sequence). Finish reasons: "stop" (a stop string or
+  choice i equals `generate()` with seed `seed + i` (wrapping past 2**63 - 1 to 0; exactly in
+  fp32; with n > 1 in bf16 or with fp16 row copies, the choices' batch rounds differently from
+  one sequence). Finish reasons: "stop" (a stop string or
   the end-of-text token) and "length". `usage.completion_tokens` counts the tokens sampled for
   the choices, each up to and including the one that ended it (the end-of-text token, the one
   completing a stop string; `SamplePiece.tokens`), not the returned text re-encoded.

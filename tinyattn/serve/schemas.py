@@ -201,9 +201,6 @@ def check_completion(request: CompletionRequest, *, limits: Limits, defaults: Sa
                    repetition_penalty=given(request.repetition_penalty, defaults.repetition_penalty),
                    num_samples=n, seed=request.seed, stop=_stop_of(request, limits))
     check_sampling(_fail, **options)
-    if request.seed is not None and request.seed + n > 2**63:  # sample i is seeded with seed + i
-        raise ApiError(f"seed {request.seed} is too large for n {n}: expected seed + n <= 2**63",
-                       param="seed")
     prompt = _prompt_of(request)
     ids = tokenizer.encode(prompt) if prompt else []
     if prompt and not ids:  # all of it normalised away (a WordPiece tokenizer's " ")
