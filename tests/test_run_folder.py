@@ -281,8 +281,8 @@ def test_a_file_where_a_folder_should_be_is_one_line_naming_it(tmp_path, below):
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, where nothing can be made")
 def test_a_folder_the_file_system_cannot_make_is_one_line_naming_it():
     # /proc says ENOENT to mkdir and mkstemp: where a write makes its place, that is a refusal too
-    with pytest.raises(StorageError, match=r"^cannot write /proc/runs: No such file or directory; nothing can "
-                                           r"be made there; choose another folder$"):
+    with pytest.raises(StorageError, match=r"^cannot write /proc/runs: No such file or directory; "
+                                           r"nothing can be made there; choose another folder$"):
         check_writable("/proc/runs")  # train.out_dir, a token cache's folder
     with pytest.raises(StorageError, match=r"^cannot write /proc/x/model\.bin: No such file or directory"):
         with atomic_write("/proc/x/model.bin") as f:

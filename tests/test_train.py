@@ -1090,11 +1090,13 @@ def test_a_second_ctrl_c_stops_at_once_saying_which_checkpoint_is_kept_and_how_t
     monkeypatch.setattr(Trainer, "train_step", interrupted_twice)
     config = tiny_config(corpus, tmp_path, "train.max_steps=20", "train.eval_interval=5")
     line = (r"stopped at once by a second SIGINT; the last checkpoint saved is step 5's \(step_0000005\.pt\) "
-            rf"in {re.escape(str(tmp_path / 'twice'))}, .* Resume with: .* --resume {re.escape(str(tmp_path))}")
+            rf"in {re.escape(str(tmp_path / 'twice'))}, .* Resume with: .* "
+            rf"--resume {re.escape(str(tmp_path))}")
     with pytest.raises(KeyboardInterrupt, match=line):
         train(config, run_name="twice", progress=False)
     assert [p.name for p in ckpt.step_checkpoints(tmp_path / "twice")] == ["step_0000005.pt"]
-    assert "stopped at once by a second SIGINT; the last checkpoint" in (tmp_path / "twice" / "train.log").read_text()
+    log = (tmp_path / "twice" / "train.log").read_text()
+    assert "stopped at once by a second SIGINT; the last checkpoint" in log
 
 
 def test_a_second_hangup_is_not_a_second_ctrl_c_and_a_late_one_cannot_kill_the_last_lines():

@@ -175,8 +175,8 @@ def generate_samples(model, tokenizer, prompt: str, num_samples: int = 1, *, max
     Sample i draws from its own generator, seeded with `seed + i` (wrapping past 2**63 - 1 to 0,
     `sampling.sample_seed`; seed None: a fresh random seed), so sample i equals the single sample
     of a run with that seed (exactly in fp32; in bf16 or with fp16 row copies a batch rounds
-    differently from one sequence). `generators` (one per sample) replaces the seeding. `compile=True` compiles the one-token step
-    (`compile_decode_step`): the same text in fp32 (in bf16, or where the model keeps fp16 row
+    differently from one sequence). `generators` (one per sample) replaces the seeding.
+    `compile=True` compiles the one-token step (`compile_decode_step`): the same text in fp32 (in bf16, or where the model keeps fp16 row
     copies, rounding can part the texts after some tokens), faster per token, after a compile that
     only long generations repay.
     """
