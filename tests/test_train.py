@@ -1811,6 +1811,29 @@ def test_init_from_a_run_with_the_config_it_trained_with_trains(corpus, tmp_path
     assert tuned.model == source.model  # the model keys base.yaml writes are the run's own
 
 
+def test_a_finetune_of_a_finetune_with_the_config_it_started_with_trains(corpus, tmp_path, capsys):
+    # The fine-tune's own section is the pretrained form; the chain is compared with the section its
+    # first source trained with, which each fine-tune's checkpoints record and pass on (refused before:
+    # "tokenizer.kind: config 'char', source 'pretrained'").
+    base = own_config_file(corpus, tmp_path)
+    code, err = run_main(["--config", str(base), "--run-name", "src", "--no-progress"], capsys)
+    assert code == 0, err
+    for name, source in (("ft", "src"), ("ft_of_ft", "ft")):
+        code, err = run_main(["--config", str(base), "--run-name", name, "--no-progress",
+                              "--set", f"train.init_from={tmp_path / source}"], capsys)
+        assert code == 0, err
+    latest = ckpt.latest_checkpoint(tmp_path / "ft_of_ft")
+    assert ckpt.saved_value(latest, ckpt.SOURCE_TOKENIZER)["kind"] == "char"
+    assert load_config(tmp_path / "ft_of_ft" / "config.yaml").tokenizer.kind == "pretrained"
+    # the fine-tune's own config.yaml (its pretrained section, another path) is the source's as well
+    code, err = run_main(["--config", str(tmp_path / "ft" / "config.yaml"), "--run-name", "ft_own",
+                          "--no-progress", "--set", f"train.init_from={tmp_path / 'ft'}"], capsys)
+    assert code == 0, err
+    code, err = run_main(["--config", str(base), "--run-name", "ft3", "--no-progress",
+                          "--set", f"train.init_from={tmp_path / 'ft_of_ft'}", "tokenizer.kind=bpe"], capsys)
+    assert code == 2 and "tokenizer.kind: config 'bpe', source 'char'" in err, err
+
+
 @pytest.mark.parametrize("item,expected", [
     ("tokenizer.kind=bpe", "tokenizer.kind: config 'bpe', source 'char'"),
     ("model.n_layer=4", "model.n_layer: config 4, source 2"),  # ModelConfig's default: given all the same

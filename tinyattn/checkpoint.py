@@ -29,13 +29,13 @@ import re
 import shutil
 import sys
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from tinyattn.config import Config, config_from_dict
+from tinyattn.config import Config, TokenizerConfig, config_from_dict
 from tinyattn.data.tokenizer import Tokenizer
 from tinyattn.errors import CheckpointError, ConfigError
 from tinyattn.model.transformer import LanguageModel
@@ -190,6 +190,17 @@ def saved_value(path: Path, key: str):
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True).get(key)
     except Exception:  # a damaged file has no value worth keeping
         return None
+
+
+def source_tokenizer(state: dict) -> Optional[TokenizerConfig]:
+    """A fine-tune checkpoint's record of the tokenizer section its source trained with
+    (`SOURCE_TOKENIZER`; a fine-tune of a fine-tune passes on the first source's); None where
+    there is none (not a fine-tune, or saved before checkpoints recorded it)."""
+    saved = state.get(SOURCE_TOKENIZER)
+    if not isinstance(saved, dict):
+        return None
+    known = {field.name for field in fields(TokenizerConfig)}
+    return TokenizerConfig(**{key: value for key, value in saved.items() if key in known})
 
 
 def has_checkpoints(run_dir: str | Path) -> bool:

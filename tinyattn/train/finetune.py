@@ -13,7 +13,8 @@ The source is a tinyattn run folder or checkpoint file, or a Hugging Face Llama 
 - the tokenizer, as a `pretrained` tokenizer: the source's `tokenizer.json`. A tokenizer key
   the config gives must be the source's, as a model key must: the source's as it trained with
   it (a tinyattn run's own section, `kind: char` say, which every shipped config writes), or
-  the pretrained form the fine-tune takes.
+  the pretrained form the fine-tune takes. A fine-tune as the source: the section its own source
+  trained with, which its checkpoints record, so a chain of fine-tunes takes one config throughout.
 
 A resumed fine-tune continues from its own checkpoint; the source's weights are not read
 again (the checkpoint's saved config holds the model section taken from it). Its tokenizer is
@@ -31,7 +32,7 @@ import dataclasses
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Collection, Optional
+from typing import Collection, Optional, Sequence
 
 import torch
 
@@ -53,11 +54,15 @@ class InitSource:
     location: str  # train.init_from as given
     file: Path  # the checkpoint or weights file read
     model_config: ModelConfig
-    # The source's own tokenizer section: a tinyattn run's as it trained (char, bpe or pretrained);
-    # a Hugging Face folder's pretrained one (its tokenizer.json and eos)
+    # The tokenizer section the source trained with: a tinyattn run's own (char, bpe or pretrained),
+    # or for a fine-tune the section its chain started from (`ckpt.source_tokenizer`); a Hugging
+    # Face folder's pretrained one (its tokenizer.json and eos)
     tokenizer_config: TokenizerConfig
     tokenizer_path: Path  # the source's tokenizer.json, or the token cache's copy of a checkpoint's
     weights: dict[str, torch.Tensor]
+    # A fine-tune's own section where it is not tokenizer_config: the pretrained form it read its
+    # source's tokenizer through, which its config.yaml writes (given as the config, it is the source's)
+    own_tokenizer: Optional[TokenizerConfig] = None
 
     @classmethod
     def load(cls, location: str, tokenizer_dir: str | Path) -> "InitSource":
@@ -88,7 +93,12 @@ class InitSource:
         weights = state.get("model")
         if not isinstance(weights, dict):
             raise CheckpointError(f"{file}: holds no model weights")
-        return cls(location, file, config.model, config.tokenizer, tokenizer_path, weights)
+        # A fine-tune's own section is the pretrained form it read its source's tokenizer through: the
+        # section its chain started from is the one it records, compared with and passed on
+        trained_with = ckpt.source_tokenizer(state)
+        if trained_with is None:
+            return cls(location, file, config.model, config.tokenizer, tokenizer_path, weights)
+        return cls(location, file, config.model, trained_with, tokenizer_path, weights, config.tokenizer)
 
     def adopt(self, config: Config, written: Optional[Collection[str]] = None) -> None:
         """Give `config` the source's model section and tokenizer; conflicts in one line
@@ -96,7 +106,7 @@ class InitSource:
         tokenizer = TokenizerConfig(kind="pretrained", path=str(self.tokenizer_path),
                                     end_of_text=self.tokenizer_config.end_of_text)
         adopt_model(config, self.model_config, tokenizer, f"train.init_from {self.location}", written=written,
-                    trained_with=self.tokenizer_config)
+                    trained_with=(self.tokenizer_config, self.own_tokenizer))
 
     def load_into(self, model: LanguageModel) -> None:
         ckpt.load_weights(model, {"model": self.weights}, self.file)
@@ -105,16 +115,16 @@ class InitSource:
 
 def adopt_model(config: Config, source_model: ModelConfig, source_tokenizer: TokenizerConfig,
                 origin: str, *, written: Optional[Collection[str]] = None,
-                trained_with: Optional[TokenizerConfig] = None) -> None:
+                trained_with: Sequence[Optional[TokenizerConfig]] = ()) -> None:
     """Set config.model and config.tokenizer (`source_tokenizer`) from a source, keeping `CONFIG_KEEPS`.
 
     `written`: the dotted keys the user gave the config (`config.written_keys`: its file's and
     --set's, whatever their value); None: `written_keys(config)`, the keys it holds at other than
     their default. A written model or tokenizer key whose value is not the source's is a
     ConfigError naming every such key; a written context_length is kept, else the source's is taken.
-    `trained_with`: the tokenizer section the source trained with, where it is not
-    `source_tokenizer` (a tinyattn run's `kind: char`): written tokenizer keys that match either
-    agree with the source.
+    `trained_with`: the tokenizer sections the source trained with or holds, where they are not
+    `source_tokenizer` (a tinyattn run's `kind: char`; a fine-tune's own pretrained one; None for
+    none): written tokenizer keys that match any of them agree with the source.
     """
     written = written_keys(config) if written is None else written
     current = dataclasses.asdict(config.model)
@@ -122,7 +132,7 @@ def adopt_model(config: Config, source_model: ModelConfig, source_tokenizer: Tok
     conflicts = [f"model.{key}: config {current[key]!r}, source {source[key]!r}"
                  for key in source if key not in CONFIG_KEEPS
                  and f"model.{key}" in written and current[key] != source[key]]
-    forms = [form for form in (trained_with, source_tokenizer) if form is not None]
+    forms = [form for form in (*trained_with, source_tokenizer) if form is not None]
     conflicts += min((_tokenizer_conflicts(config.tokenizer, form, written) for form in forms), key=len)
     if conflicts:
         raise ConfigError(f"{origin}: the config conflicts with the model it starts from: "

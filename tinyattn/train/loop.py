@@ -157,7 +157,7 @@ def _train(config: Config, request: _Request, dist: Distributed, stopper: StopRe
             written = request.written if point.source_tokenizer is not None else None
             adopt_model(config, point.config.model, point.take_run_tokenizer(config),
                         f"{point.file} (train.init_from)", written=written,
-                        trained_with=point.source_tokenizer)
+                        trained_with=(point.source_tokenizer,))
         point.adopt(config, request.given)
         point.keep_out_dir(config, request.run_name, request.given)
         request.notes[:0] = point.notes  # what the resume took from config.yaml

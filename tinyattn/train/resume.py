@@ -134,7 +134,7 @@ class ResumePoint:
         except CheckpointError as e:
             raise CheckpointError(f"{e}{_verified_alternative(file)}") from None
         return cls(file, state, ckpt.config_from_checkpoint(state, file), int(state.get("step", 0)),
-                   source_tokenizer=_source_tokenizer(state))
+                   source_tokenizer=ckpt.source_tokenizer(state))
 
     def target(self, run_name: Optional[str], out_dir: str | Path) -> Path:
         """The folder this run trains into (`forks_into` says whether it is a new one).
@@ -424,15 +424,6 @@ class ResumePoint:
         self.state = {}  # the tensors are in the trainer now; free the copy
         if self.forks_into(run_dir) and not self._keeps_best():
             trainer.best_val_loss = math.inf
-
-
-def _source_tokenizer(state: dict) -> Optional[TokenizerConfig]:
-    """A fine-tune checkpoint's record of its source's tokenizer section (`ckpt.SOURCE_TOKENIZER`)."""
-    saved = state.get(ckpt.SOURCE_TOKENIZER)
-    if not isinstance(saved, dict):
-        return None
-    known = {field.name for field in dataclasses.fields(TokenizerConfig)}
-    return TokenizerConfig(**{key: value for key, value in saved.items() if key in known})
 
 
 def keep_user_config(run_dir: Path, point: Optional[ResumePoint]) -> Optional[str]:
