@@ -303,8 +303,8 @@ def test_a_folder_or_glob_never_reads_the_token_cache_inside_it(tmp_path, monkey
                                "data": {"files": [entry], "cache_dir": "data/cache"}})
     first = documents_of(prepare_data(config, progress=False))
     assert (tmp_path / "data" / "cache").is_dir()
-    assert [p.name for p in sources._resolve_files([entry], "auto", skip=tmp_path / "data" / "cache")] == \
-        ["book-0.txt", "book-1.txt"]
+    resolved = sources._resolve_files([entry], "auto", cache_dir=tmp_path / "data" / "cache")
+    assert [p.name for p in resolved] == ["book-0.txt", "book-1.txt"]
     assert documents_of(prepare_data(config, progress=False)) == first
 
 def test_zst_without_a_zstd_reader_says_what_to_install(tmp_path, monkeypatch):
@@ -387,8 +387,8 @@ def test_a_dataset_folder_holding_the_token_cache_gives_the_same_data_and_key_ev
     with pytest.raises(DataError) as error:  # left: the cache and a hidden file, neither of them data
         prepare_data(config, progress=False)
     assert str(error.value) == ("data.dataset: the folder data has no data files datasets reads (.jsonl, "
-                                ".csv, .parquet, .txt, ...; hidden files and those under data.cache_dir, "
-                                "data/cache, are not read)")
+                                ".csv, .parquet, .txt, ...; hidden files and what a token cache writes are "
+                                "not read)")
 
 
 def test_a_dataset_folder_is_refused_in_one_line_where_datasets_lacks_the_private_rules_it_reads(
@@ -697,6 +697,56 @@ def test_a_token_cache_left_in_a_data_folder_under_another_cache_dir_is_not_read
         (first.cache_dir / "meta.json").unlink()
     again = prepare_data(make_config(tmp_path, source), progress=False)  # data.cache_dir elsewhere now
     assert documents_of(again) == documents_of(first) == expected_split(DOCUMENTS)
+
+
+@pytest.mark.parametrize("cache_dir", [".", "data"])
+@pytest.mark.parametrize("entry", ["glob", "folder", "dataset folder"])
+def test_a_cache_dir_that_holds_the_data_hides_only_what_the_token_cache_writes(tmp_path, monkeypatch,
+                                                                                entry, cache_dir):
+    # data.cache_dir '.' (what the blank cache_dir's refusal advises), or the data's own folder: every
+    # file under it was taken for the cache's ("no file matches the pattern", "the folder has no data
+    # files"). What the cache writes stays unread: its folders, the build locks, datasets' lock files
+    # and train.init_from's copy of a checkpoint's tokenizer, a JSON file a glob of data/ would take.
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "corpus.jsonl").write_text(jsonl_text(DOCUMENTS))
+    (tmp_path / cache_dir / "init_from-0123456789abcdef-tokenizer.json").write_text('{"model": {}}')
+    source = {"glob": {"files": ["data/**/*"]}, "folder": {"files": ["data"]},
+              "dataset folder": {"dataset": "data"}}[entry]
+    config = config_from_dict({"model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "context_length": 8},
+                               "data": {**source, "cache_dir": cache_dir}})
+    runs = [prepare_data(config, progress=False) for _ in range(2)]
+    assert [documents_of(run) for run in runs] == [expected_split(DOCUMENTS)] * 2
+    assert runs[0].cache_dir == runs[1].cache_dir and runs[0].cache_dir.parent == (tmp_path / cache_dir)
+    if entry == "dataset folder" or cache_dir == ".":
+        return
+    assert list((tmp_path / "data" / "datasets").glob("*.lock"))  # datasets' lock files are there too
+    with pytest.raises(DataError) as error:  # a pattern that finds only the cache's files says so
+        resolve_source(config_from_dict({"data": {"files": ["data/**/*.bin"], "cache_dir": cache_dir}}).data,
+                       progress=False)
+    assert str(error.value).startswith("data.files: the pattern 'data/**/*.bin' matches only files a token "
+                                       f"cache writes (data/{runs[0].cache_dir.name}/train.bin, ...), "
+                                       "which are never read")
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("name,written", [
+    ("corpus-char-0123456789ab/train.bin", True),  # a build cut short: no tokenizer.json yet
+    (".corpus-char-0123456789ab.build.filelock", True),
+    ("init_from-0123456789abcdef-tokenizer.json", True),
+    ("datasets/_data_json_default-0123_0.0.0_abcd.lock", True),
+    ("corpus.jsonl", False),
+    ("tokenizer.json", False),
+    ("books/train.bin", False),  # nanoGPT's, say: not in a folder named as a cache's
+])
+def test_what_the_token_cache_writes_in_its_folder_is_told_from_data_there(tmp_path, name, written):
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"")
+    assert sources._cache_file(path, tmp_path.resolve()) is written
 
 
 def test_a_dataset_folder_whose_path_holds_a_bracket_is_refused_in_one_line_not_called_empty(tmp_path):

@@ -57,6 +57,14 @@ EXTENSIONS = {
     "parquet": (".parquet",),
 }
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}  # fsspec's names
+# What a token cache writes in data.cache_dir, never read as data (written here: token_cache sits above
+# this module): a folder `<source>-<tokenizer>-<12 hex digits of its key>` of these files (`TokenCache`),
+# beside it its build lock, train.init_from's copies of a checkpoint's tokenizer (train/finetune.py),
+# and in DATASETS_LOCKS the lock files datasets leaves for each JSON, CSV or Parquet file it reads.
+CACHE_FILES = ("train.bin", "validation.bin", "tokenizer.json", "meta.json")
+CACHE_FOLDER = re.compile(r".+-[0-9a-f]{12}")
+CACHE_SIDE_FILES = re.compile(r"\..+-[0-9a-f]{12}\.build\.filelock|init_from-[0-9a-f]{16}-tokenizer\.json")
+DATASETS_LOCKS = "datasets"
 READ_CHARS = 1 << 22  # a text file is read this many characters at a time
 REPORT_BYTES = 1 << 26  # text files at least this large report how far reading has got
 
@@ -91,7 +99,7 @@ def resolve_source(data: DataConfig, progress: bool) -> Source:
                             "file, so give its path (e.g. data/corpus.txt)")
         if not target.exists():
             download(data.url, target, sha256=data.sha256, size_bytes=data.size_bytes, progress=progress)
-    files = _resolve_files(data.files, data.format, skip=Path(data.cache_dir))
+    files = _resolve_files(data.files, data.format, cache_dir=Path(data.cache_dir))
     file_format = _common_format(files, data.format)
     return _file_source(data, files, file_format, progress)
 
@@ -211,20 +219,32 @@ def _saved_reader(data: DataConfig, description: str) -> Callable[[str], Callabl
     return reader
 
 
-def _folder_files(folder: Path, skip: Optional[Path] = None) -> list[Path]:
+def _folder_files(folder: Path, cache_dir: Optional[Path] = None) -> list[Path]:
     """What a folder gives as data, to data.files and to a data.dataset folder alike: its files at
-    any depth but hidden files and folders, everything under `skip` (the token cache's folder,
-    which data/ holds by default) and any other token cache's files (`_in_token_cache`)."""
-    skipped = skip.resolve() if skip is not None else None
+    any depth but hidden files and folders and what a token cache writes (`_cache_file`; data/
+    holds data.cache_dir by default)."""
+    cache_dir = cache_dir.resolve() if cache_dir is not None else None
     return sorted(p for p in folder.rglob("*") if p.is_file()
                   and not any(part.startswith(".") for part in p.relative_to(folder).parts)
-                  and not _cache_file(p, skipped))
+                  and not _cache_file(p, cache_dir))
 
 
-def _cache_file(path: Path, skipped: Optional[Path]) -> bool:
-    """Whether `path` is no data but a token cache's: under the resolved folder `skipped` (the
-    token cache's, data.cache_dir), or a file of any other cache (`_in_token_cache`)."""
-    return (skipped is not None and path.resolve().is_relative_to(skipped)) or _in_token_cache(path)
+def _cache_file(path: Path, cache_dir: Optional[Path]) -> bool:
+    """Whether `path` is no data but what a token cache writes: a cache folder's files, finished or
+    not, under any data.cache_dir (`_in_token_cache`), and in `cache_dir` (resolved) those of a
+    folder named as a cache's (a build cut short) and the files beside them (`CACHE_SIDE_FILES`,
+    datasets' lock files). Nothing else under cache_dir: '.', or the data's own folder, hides no data."""
+    if _in_token_cache(path):
+        return True
+    if cache_dir is None:
+        return False
+    folder = path.parent.resolve()
+    if folder == cache_dir:
+        return CACHE_SIDE_FILES.fullmatch(path.name) is not None
+    if folder == cache_dir / DATASETS_LOCKS:
+        return path.suffix == ".lock"
+    return (folder.parent == cache_dir and CACHE_FOLDER.fullmatch(folder.name) is not None
+            and path.name in CACHE_FILES)
 
 
 def _datasets_version() -> str:
@@ -264,8 +284,8 @@ def _inferred_splits(data: DataConfig, files: list[Path]) -> dict[str, list[str]
         patterns = _get_data_files_patterns(resolve)
     except FileNotFoundError:
         raise DataError(f"data.dataset: the folder {data.dataset} has no data files datasets reads (.jsonl, "
-                        ".csv, .parquet, .txt, ...; hidden files and those under data.cache_dir, "
-                        f"{data.cache_dir}, are not read)") from None
+                        ".csv, .parquet, .txt, ...; hidden files and what a token cache writes are "
+                        "not read)") from None
     splits: dict[str, list[str]] = {}
     for split, split_patterns in patterns.items():
         found: list[str] = []
@@ -381,7 +401,7 @@ def _records_reader(data: DataConfig, files: list[Path], file_format: str,
         # keep_default_na off: a text "NA", "null" or "None" is that text, not a missing value.
         builder, options = "csv", {"sep": "," if file_format == "csv" else "\t",
                                    "converters": {data.text_field: str}, "keep_default_na": False}
-    lock_folder = Path(data.cache_dir).resolve() / "datasets"
+    lock_folder = Path(data.cache_dir).resolve() / DATASETS_LOCKS
 
     def reader(split: str) -> Callable[[], DocumentParts]:
         import datasets
@@ -448,26 +468,19 @@ def _in_token_cache(path: Path) -> bool:
                                                      for name in ("tokenizer.json", "meta.json"))
 
 
-def _resolve_files(entries: list[str], file_format: str, skip: Optional[Path] = None) -> list[Path]:
+def _resolve_files(entries: list[str], file_format: str, cache_dir: Optional[Path] = None) -> list[Path]:
     """Paths, globs and folders -> the files they name, in order, each once. A glob or a folder
-    never takes a file under `skip` (the token cache's folder, which data/ holds by default)."""
+    never takes what a token cache writes (`_cache_file`; data/ holds data.cache_dir by default)."""
     accepted = _extensions(file_format)
-    skipped = skip.resolve() if skip is not None else None
     files: list[Path] = []
     for entry in entries:
         path = Path(entry)
         # A name that exists is itself, a pattern only when nothing has that name: data[1].txt and
         # books[v2]/ are read, not taken for patterns that match nothing, or another file (data1.txt).
         if any(c in entry for c in "*?[") and not path.exists():
-            # A glob takes what it matches; with data.format set, only the files of that format.
-            matches = sorted(Path(p) for p in glob.glob(entry, recursive=True)
-                             if Path(p).is_file() and not _cache_file(Path(p), skipped)
-                             and (file_format == "auto" or format_suffix(Path(p)) in accepted))
-            if not matches:
-                raise DataError(f"data.files: no file matches the pattern {entry!r}")
-            files.extend(matches)
+            files.extend(_glob_files(entry, file_format, cache_dir))
         elif path.is_dir():
-            matches = [p for p in _folder_files(path, skip) if format_suffix(p) in accepted]
+            matches = [p for p in _folder_files(path, cache_dir) if format_suffix(p) in accepted]
             if not matches:
                 compressed = "/".join(COMPRESSIONS)
                 raise DataError(f"data.files: the folder {entry} has no {', '.join(accepted)} files "
@@ -486,6 +499,23 @@ def _resolve_files(entries: list[str], file_format: str, skip: Optional[Path] = 
     for path in files:
         _check_decompressor(path)
     return files
+
+
+def _glob_files(pattern: str, file_format: str, cache_dir: Optional[Path]) -> list[Path]:
+    """What a data.files glob takes: the files it matches (with data.format set, only that format's)
+    but what a token cache writes; a pattern that matches only those says so."""
+    accepted = _extensions(file_format)
+    found = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file()
+                   and (file_format == "auto" or format_suffix(Path(p)) in accepted))
+    cache_dir = cache_dir.resolve() if cache_dir is not None else None
+    matches = [p for p in found if not _cache_file(p, cache_dir)]
+    if found and not matches:
+        raise DataError(f"data.files: the pattern {pattern!r} matches only files a token cache writes "
+                        f"({found[0]}{', ...' if len(found) > 1 else ''}), which are never read as data; "
+                        "give the corpus's files")
+    if not matches:
+        raise DataError(f"data.files: no file matches the pattern {pattern!r}")
+    return matches
 
 
 def format_suffix(path: Path) -> str:
