@@ -1869,6 +1869,34 @@ def test_a_finetune_of_a_run_resumes_with_the_config_it_started_with(corpus, tmp
     assert code == 2 and "tokenizer.kind: config 'bpe', source 'char'" in err and err.count("\n") == 1, err
 
 
+def test_a_resume_naming_its_source_otherwise_spelled_continues_and_keeps_the_runs_spelling(
+        corpus, tmp_path, capsys, monkeypatch):
+    # train.init_from compared as text: a trailing slash, a relative path or an edit of config.yaml to
+    # either was refused as another source ("a resume continues the run's own weights")
+    monkeypatch.chdir(tmp_path)
+    base = own_config_file(corpus, tmp_path)
+    finetune = ["--config", str(base), "--no-progress", "--set"]
+    assert run_main(["--config", str(base), "--run-name", "src", "--no-progress"], capsys)[0] == 0
+    code, err = run_main([*finetune, f"train.init_from={tmp_path / 'src'}", "--run-name", "ft",
+                          "--stop-at-step", "1"], capsys)
+    assert code == 0, err
+    for steps, spelling in ((2, f"{tmp_path / 'src'}/"), (3, "src"), (4, "./src/../src")):
+        code, err = run_main([*finetune, f"train.init_from={spelling}", f"train.max_steps={steps}",
+                              "--resume", str(tmp_path / "ft")], capsys)
+        assert code == 0, err
+    saved = tmp_path / "ft" / "config.yaml"
+    assert load_config(saved).train.init_from == str(tmp_path / "src")
+    saved.write_text(saved.read_text().replace(f"init_from: {tmp_path / 'src'}", "init_from: src/"))
+    code, err = run_main(["--resume", str(tmp_path / "ft"), "--no-progress", "--set", "train.max_steps=5"],
+                         capsys)
+    assert code == 0, err
+    assert ckpt.latest_checkpoint(tmp_path / "ft").name == "step_0000005.pt"
+    assert load_config(saved).train.init_from == str(tmp_path / "src")
+    code, err = run_main([*finetune, "train.init_from=ft", "train.max_steps=6",
+                          "--resume", str(tmp_path / "ft")], capsys)
+    assert code == 2 and f"train.init_from: checkpoint '{tmp_path / 'src'}', config 'ft' (--set)" in err, err
+
+
 def test_a_finetune_saved_before_checkpoints_recorded_its_sources_tokenizer_resumes_with_its_config(
         corpus, tmp_path, capsys):
     # such a checkpoint (no SOURCE_TOKENIZER) resumed with --config at fed0684: its written char kind

@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import json
 import math
+import os
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,6 +102,16 @@ def _file_change(run: Tokenizer, now: Tokenizer) -> str:
 def _shown(tokens) -> str:
     """The first five of `tokens`, sorted, as a reader sees them: 'a', 'b', ..."""
     return ", ".join(repr(t) for t in sorted(tokens)[:5]) + (", ..." if len(tokens) > 5 else "")
+
+
+def same_source(saved: Optional[str], given: Optional[str]) -> bool:
+    """Whether two values of train.init_from name the same source: none in both, the same path once
+    normalised (a trailing slash, `./`, `a/../`), or two paths that exist and resolve to one."""
+    if not saved or not given:
+        return not saved and not given
+    if os.path.normpath(saved) == os.path.normpath(given):
+        return True
+    return Path(saved).exists() and Path(given).exists() and Path(saved).resolve() == Path(given).resolve()
 
 
 @dataclass
@@ -248,9 +259,11 @@ class ResumePoint:
         """A resume continues its checkpoint's weights and reads no source: train.init_from stays the
         checkpoint's. Another value (--set, or a --config file's; an edit of config.yaml is refused by
         `edited_config`) is refused before anything is written: the run's config.yaml and an export's
-        model card would name a source its weights never came from."""
+        model card would name a source its weights never came from. The same source otherwise spelled
+        (`same_source`) is the run's, and keeps the run's spelling."""
         saved, now = self.config.train.init_from or None, config.train.init_from or None
-        if now == saved:
+        if same_source(saved, now):  # the run's spelling stays: config.yaml and the card name it so
+            config.train.init_from = self.config.train.init_from
             return
         source = "--set" if "train.init_from" in given else "the config's"
         instead = f"fine-tune from {now} in a new run (without --resume)" if now else "start a new run"
@@ -366,7 +379,8 @@ class ResumePoint:
         written = set(settings(yaml.safe_load(path.read_text(encoding="utf-8")) or {}))
         stored = self.state.get("config", {})  # as the run saved it, and wrote config.yaml
         older = set(settings(ckpt.migrated_config(stored))) - set(settings(stored))  # never in the file
-        changed = [key for key in saved if key not in older and edited[key] != saved[key]]
+        changed = [key for key in saved if key not in older and edited[key] != saved[key]
+                   and not (key == "train.init_from" and same_source(saved[key], edited[key]))]
         fixed = [key for key in changed if key.startswith("tokenizer.") or key == "train.init_from"
                  or (key.startswith("model.") and key not in USE_NOT_SHAPE)]
         if fixed:
