@@ -1897,6 +1897,36 @@ def test_a_resume_naming_its_source_otherwise_spelled_continues_and_keeps_the_ru
     assert code == 2 and f"train.init_from: checkpoint '{tmp_path / 'src'}', config 'ft' (--set)" in err, err
 
 
+def test_a_finetune_resumed_with_its_config_after_its_source_tokenizer_changed_resumes_as_advised(
+        corpus, tmp_path, capsys):
+    # The advice `--set tokenizer.path=<run>/tokenizer.json` was refused with a --config that writes
+    # tokenizer.kind char ("tokenizer.path ... is read only with tokenizer.kind=pretrained"): it gives
+    # the kind too where the config's is not pretrained, and the command it gives resumes.
+    import json
+
+    base = own_config_file(corpus, tmp_path)
+    finetune = ["--config", str(base), "--no-progress", "--set", f"train.init_from={tmp_path / 'src'}"]
+    assert run_main(["--config", str(base), "--run-name", "src", "--no-progress"], capsys)[0] == 0
+    assert run_main([*finetune, "--run-name", "ft", "--stop-at-step", "1"], capsys)[0] == 0
+    source = tmp_path / "src" / "tokenizer.json"
+    spec = json.loads(source.read_text(encoding="utf-8"))
+    vocab = spec["model"]["vocab"]
+    first, second = sorted(vocab, key=vocab.get)[:2]
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    source.write_text(json.dumps(spec), encoding="utf-8")
+    own = tmp_path / "ft" / "tokenizer.json"
+    code, err = run_main(["--resume", str(tmp_path / "ft"), "--no-progress"], capsys)
+    # without --config: the run's own section, pretrained already
+    assert code == 2 and err.rstrip().endswith(f"own copy: --set tokenizer.path={own}"), err
+    code, err = run_main([*finetune, "--resume", str(tmp_path / "ft")], capsys)
+    assert code == 2 and f"tokenizer.path {source} changed since the run started" in err, err
+    advice = shlex.split(err.rsplit("Resume with the run's own copy: ", 1)[1])
+    assert advice == ["--set", "tokenizer.kind=pretrained", f"tokenizer.path={own}"]
+    code, err = run_main([*finetune, "--resume", str(tmp_path / "ft"), *advice], capsys)
+    assert code == 0, err
+    assert ckpt.latest_checkpoint(tmp_path / "ft").name == "step_0000002.pt"
+
+
 def test_a_finetune_saved_before_checkpoints_recorded_its_sources_tokenizer_resumes_with_its_config(
         corpus, tmp_path, capsys):
     # such a checkpoint (no SOURCE_TOKENIZER) resumed with --config at fed0684: its written char kind

@@ -127,6 +127,9 @@ class ResumePoint:
     # A fine-tune's: the tokenizer section its source trained with, as the checkpoint records it
     # (`ckpt.SOURCE_TOKENIZER`); None for another run, or one saved before checkpoints recorded it
     source_tokenizer: Optional[TokenizerConfig] = None
+    # A resumed fine-tune's: the tokenizer.kind its config gave (`take_run_tokenizer`), before it took
+    # the run's section: advice to name a tokenizer file for the resume sets pretrained where it is not
+    given_tokenizer_kind: Optional[str] = None
 
     @classmethod
     def find(cls, resume: str | Path | bool, run_name: Optional[str], out_dir: str | Path) -> "ResumePoint":
@@ -320,7 +323,10 @@ class ResumePoint:
         started, own = self.config.tokenizer.path, self.file.parent / "tokenizer.json"
         how = ("changed since the run started" if started == tokenizer.path
                else f"is not the tokenizer the run started with (from {started})")
-        fix = (f"Resume with the run's own copy: --set {quoted(f'tokenizer.path={own}')}"
+        # a config that writes another kind (a fine-tune's, kind: char) reads no tokenizer.path alone
+        kind = [] if self.given_tokenizer_kind in (None, "pretrained") else ["tokenizer.kind=pretrained"]
+        items = " ".join(quoted(item) for item in [*kind, f"tokenizer.path={own}"])
+        fix = (f"Resume with the run's own copy: --set {items}"
                if own.is_file() and own.resolve() != path.resolve()
                else "Restore the file the run started with, or start a new run")
         change = _file_change(Tokenizer.from_json(saved, origin=str(self.file)), now)
@@ -337,6 +343,7 @@ class ResumePoint:
         changed since is refused, naming the copy), and the data's once read (`check_tokenizer`),
         so the run stays exact."""
         saved, given = self.config.tokenizer, config.tokenizer
+        self.given_tokenizer_kind = given.kind
         if given.kind == saved.kind and given.path not in (None, saved.path):  # --set for this resume
             return dataclasses.replace(saved, path=given.path)
         own = self.file.parent / "tokenizer.json"
