@@ -48,14 +48,21 @@ def test_wsd_decays_over_the_whole_number_of_steps_nearest_its_fraction():
 
 
 @pytest.mark.parametrize("schedule", ["cosine", "linear", "wsd"])
-@pytest.mark.parametrize("steps", [3, 11, 1000])
-def test_every_decaying_schedule_trains_its_last_step_at_the_floor_and_never_below(schedule, steps):
-    config = TrainConfig(lr=1.0, min_lr=0.1, warmup_steps=1, max_steps=steps, schedule=schedule,
+@pytest.mark.parametrize("steps, warmup", [(3, 1), (11, 1), (1000, 1), (1, 0), (2, 1), (5, 4), (4, 4), (3, 5)])
+def test_every_decaying_schedule_trains_its_last_step_at_the_floor_and_never_below(schedule, steps, warmup):
+    # (5, 4): the one step after warmup is the last, so it takes the floor; (4, 4) and (3, 5): the run
+    # ends inside warmup (warned of); a step past the end (a lab's timing steps) is at the floor
+    config = TrainConfig(lr=1.0, min_lr=0.1, warmup_steps=warmup, max_steps=steps, schedule=schedule,
                          decay_fraction=0.3)
     factors = [lr_factor(step, config) for step in range(steps)]
-    assert factors[-1] == pytest.approx(0.1)
-    assert min(factors) == pytest.approx(0.1)
-    assert factors == sorted(factors, reverse=True)  # from warmup's one step at the peak, down
+    past = [lr_factor(step, config) for step in range(max(steps, warmup), max(steps, warmup) + 3)]
+    assert past == pytest.approx([0.1] * 3)
+    assert max(factors) <= 1.0
+    if warmup < steps:
+        assert factors[-1] == pytest.approx(0.1)
+        assert min(factors) == pytest.approx(0.1)
+    after_warmup = factors[max(0, warmup - 1):]  # from warmup's last step, at the peak, down
+    assert after_warmup == sorted(after_warmup, reverse=True)
 
 
 def test_every_group_follows_the_schedule_in_proportion_to_its_base_rate():

@@ -43,9 +43,10 @@ from tinyattn.config import TrainConfig
 
 def lr_factor(step: int, config: TrainConfig) -> float:
     """The learning rate at `step` (0-based) as a fraction of the peak rate, for a run of
-    train.max_steps steps: the last step, train.max_steps - 1, trains at the floor. cosine and
-    linear start from the peak on the step after warmup; wsd's decay takes the last
-    round(decay_fraction x max_steps) steps (none inside warmup), each one share lower."""
+    train.max_steps steps: the last step, train.max_steps - 1, trains at the floor, and so does any
+    step past it. cosine and linear start from the peak on the step after warmup (where that step
+    is the last, it takes the floor); wsd's decay takes the last round(decay_fraction x max_steps)
+    steps (none inside warmup), each one share lower."""
     floor = config.min_lr / config.lr
     last = config.max_steps - 1  # the last step trains at the floor
     if step < config.warmup_steps:
@@ -58,9 +59,10 @@ def lr_factor(step: int, config: TrainConfig) -> float:
         if step < decay_start:
             return 1.0
         # The decay's steps decay_start..last each step down by one share, the last to the floor.
-        progress = min(1.0, (step - decay_start + 1) / (config.max_steps - decay_start))
+        progress = min(1.0, (step - decay_start + 1) / max(1, config.max_steps - decay_start))
         return floor + (1.0 - progress) * (1.0 - floor)
-    progress = min(1.0, (step - config.warmup_steps) / max(1, last - config.warmup_steps))
+    span = last - config.warmup_steps  # the steps after warmup's first one
+    progress = min(1.0, (step - config.warmup_steps) / span) if span > 0 else 1.0
     return floor + _decay(progress, config.schedule) * (1.0 - floor)
 
 
