@@ -12,7 +12,6 @@ the dataset has its own).
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 from typing import Callable
