@@ -293,6 +293,36 @@ def test_the_gradient_by_distance_is_the_mean_of_each_windows_own(random_tokens)
     np.testing.assert_allclose(copies, alone, rtol=1e-5)
 
 
+def test_the_lstm_is_read_for_its_gradient_in_eval_mode_with_cudnn_off(random_tokens):
+    # cuDNN refuses an RNN backward in eval mode ("cudnn RNN backward can only be called in
+    # training mode"): on CUDA the lab lost its run after training. The CPU never uses cuDNN, so
+    # this pins what makes CUDA work, that the LSTM's forward runs with cuDNN off and without
+    # dropout; the CUDA case below runs the backward itself.
+    torch.manual_seed(0)
+    lstm = LSTMLanguageModel(LSTMConfig(65, 32, n_layer=2, dropout=0.5))
+    seen = []
+    lstm.lstm.register_forward_hook(lambda module, inputs, output: seen.append(
+        (torch.backends.cudnn.enabled, module.training)))
+    x = random_tokens(batch=2, length=24)
+    before = torch.backends.cudnn.enabled
+    gradient_by_distance(lstm, x, torch.roll(x, -1, 1))
+    assert seen == [(False, False)]
+    assert torch.backends.cudnn.enabled == before and lstm.training  # both as they were
+
+
+def test_the_gradient_by_distance_on_each_device_is_the_cpus(random_tokens, device):
+    # The CUDA half is `lab recurrence --device cuda`'s measurement of a trained LSTM: before cuDNN
+    # was turned off for it, a RuntimeError. The same weights give the CPU's numbers: fp32 on
+    # both, summed in another order, within 1e-4 relative (plus 1e-7 for the norms far back,
+    # near zero).
+    torch.manual_seed(0)
+    lstm = LSTMLanguageModel(LSTMConfig(65, 32, n_layer=2, dropout=0.5))
+    x = random_tokens(batch=2, length=24)
+    expected = gradient_by_distance(lstm, x, torch.roll(x, -1, 1))
+    measured = gradient_by_distance(lstm.to(device), x.to(device), torch.roll(x, -1, 1).to(device))
+    np.testing.assert_allclose(measured, expected, rtol=1e-4, atol=1e-7)
+
+
 def test_the_gradient_by_distance_leaves_no_hook_on_the_model(random_tokens):
     # A hook left on the embedding would keep every later forward's output (and its graph) alive
     # while the lab trains the model it measured at initialisation.

@@ -233,11 +233,15 @@ def gradient_by_distance(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> 
     (the token embedding's output) at position t. Read with a forward hook on
     `model.token_embedding`, so any model with one (LanguageModel, LSTMLanguageModel) is measured
     as it is. x, y: (B, T).
+
+    cuDNN is off for the forward and backward: its RNN kernels refuse a backward in eval mode
+    ("cudnn RNN backward can only be called in training mode"), and the measurement wants eval
+    (no dropout). Without cuDNN the LSTM runs torch's own kernels, the same maths.
     """
     captured: list[torch.Tensor] = []
     handle = model.token_embedding.register_forward_hook(lambda module, inputs, output: captured.append(output))
     try:
-        with evaluation_mode(model), torch.enable_grad():
+        with evaluation_mode(model), torch.enable_grad(), torch.backends.cudnn.flags(enabled=False):
             logits = model(x).logits  # (B, T, V)
             # Summed, not averaged: each window's gradient is that of its own loss.
             loss = F.cross_entropy(logits[:, -1].float(), y[:, -1], reduction="sum")
