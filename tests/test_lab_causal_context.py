@@ -625,6 +625,18 @@ def test_the_table_names_each_contexts_compared_token_which_a_subword_tokenizer_
     assert table.endswith("| embedding | 0.5000 |\n| after block 1 | 0.2500 |")  # row i: after block i
 
 
+def test_the_table_tells_an_exact_1_from_a_similarity_just_below_it():
+    # After block 1 a trained model's similarities are 1 - ~1e-5: at four decimals they read 1.0000,
+    # the same as the embedding's exact 1, and the docs' "below 1 after every block" looked false.
+    table = np.array([[1.0, 1.0, 0.5], [0.9999881338467833, 1.0 + 2.0 ** -52, 0.99994],
+                      [0.9505, 0.927398, 0.0]])
+    rows = context_table("bank", ["a", "b", "c"], [(0, 1), (0, 2), (1, 2)], table,
+                         tokens=["'k' (id 1)"] * 3).splitlines()[-3:]
+    assert rows == ["| embedding | 1 (exactly) | 1 (exactly) | 0.5000 |",
+                    "| after block 1 | 1 - 1.2e-05 | 1 + 2.2e-16 | 0.9999 |",
+                    "| after block 2 | 0.9505 | 0.9274 | 0.0000 |"]
+
+
 def test_lab_context_names_the_token_compared_in_each_context_not_the_firsts(tiny_model, tmp_path,
                                                                             monkeypatch):
     from tinyattn.hf import folder

@@ -132,8 +132,19 @@ def format_table(word: str, contexts: list[str], pairs, table, *, tokens: list[s
     lines = [f"{word!r} at its last token\n\n{legend}\n", head, "| --- |" + " ---: |" * len(pairs)]
     for depth, row in enumerate(table):
         name = "embedding" if depth == 0 else f"after block {depth}"
-        lines.append(f"| {name} | " + " | ".join(f"{value:.4f}" for value in row) + " |")
+        lines.append(f"| {name} | " + " | ".join(format_similarity(value) for value in row) + " |")
     return "\n".join(lines)
+
+
+def format_similarity(value: float) -> str:
+    """A cosine similarity as the table prints it: four decimals, but `1 (exactly)` for an exact 1 and
+    `1 - 1.2e-05` for one that four decimals would round to 1.0000, so a learner sees which
+    states are the same vector and which only nearly (after block 1 they differ by ~1e-5)."""
+    if value == 1.0:
+        return "1 (exactly)"
+    if f"{value:.4f}" != "1.0000":
+        return f"{value:.4f}"
+    return f"1 {'-' if value < 1 else '+'} {abs(1.0 - value):.1e}"
 
 
 def save_figure(word: str, pairs, table, path: Path) -> Path:
