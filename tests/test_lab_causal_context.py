@@ -701,12 +701,25 @@ def test_after_a_start_token_the_word_position_is_still_its_last_token(char_toke
 
 def test_a_context_longer_than_the_models_is_one_line(tiny_model, char_tokenizer):
     model = tiny_model(vocab_size=char_tokenizer.vocab_size)  # context 24
-    long = "All: speak, speak, and all speak at once"
-    with pytest.raises(TinyattnError, match=r"a context of 40 tokens is longer than the model's context "
-                                            r"length 24"):
-        similarity_table(model, char_tokenizer, "speak", [long, "All: speak, speak"])
+    long = "All: speak, speak, and all speak at once, now"  # 45 characters, named by its first 37
+    refused = (r"^--context 'All: speak, speak, and all speak at o\.\.\.': 45 tokens, longer than the "
+               r"model's context length 24; give a shorter text$")
+    with pytest.raises(TinyattnError, match=refused):
+        similarity_table(model, char_tokenizer, "speak", ["All: speak, speak", long])  # named, not the first
     full = "All: speak, speak, and a"  # exactly the 24 tokens the model reads: measured
     assert similarity_table(model, char_tokenizer, "speak", [full, "All: speak, speak"])[1].shape == (3, 1)
+
+
+def test_lab_context_names_the_context_too_long_for_the_model_in_one_line(
+        tiny_model, char_tokenizer, monkeypatch, tmp_path, capsys):
+    out = tmp_path / "out"
+    contexts = ["All: speak", "speak, speak, and all"]  # 10 and 21 tokens: both fit the model's 24 ...
+    assert _lab_context(tiny_model, char_tokenizer, monkeypatch, "speak", contexts, out) == 0
+    contexts = ["All: speak", "speak, speak, and all speak"]  # ... 27 do not
+    assert _lab_context(tiny_model, char_tokenizer, monkeypatch, "speak", contexts, tmp_path / "long") == 2
+    assert capsys.readouterr().err == ("error: --context 'speak, speak, and all speak': 27 tokens, longer "
+                                       "than the model's context length 24; give a shorter text\n")
+    assert not (tmp_path / "long").exists()
 
 
 def test_fewer_than_two_contexts_is_one_line(tiny_model, char_tokenizer):

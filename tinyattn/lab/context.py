@@ -83,16 +83,26 @@ def compared_token(tokenizer, context: str, word: str) -> str:
     return f"{tokenizer.decode([ids[position]])!r} (id {ids[position]})"
 
 
+def fitted_position(model, tokenizer, context: str, word: str) -> tuple[list[int], int]:
+    """`word_position`'s ids and position, where the ids fit the model's context; a context longer
+    than that is refused in one line naming it (its first 40 characters), its tokens and the model's."""
+    ids, position = word_position(tokenizer, context, word)
+    limit = model.config.context_length
+    if len(ids) > limit:
+        shown = context if len(context) <= 40 else context[:37] + "..."
+        raise TinyattnError(f"--context {shown!r}: {len(ids)} tokens, longer than the model's context length "
+                            f"{limit}; give a shorter text")
+    return ids, position
+
+
 def hidden_states(model, ids: list[int], position: int):
     """(n_layer + 1, C) float64: the residual stream at `position`, at the embedding (row 0)
-    and after each block (row i), read by forward hooks (the model is unchanged)."""
+    and after each block (row i), read by forward hooks (the model is unchanged). `ids` fit the
+    model's context (`fitted_position` refuses a text that does not)."""
     import torch
 
     from tinyattn.model.transformer import evaluation_mode
 
-    if len(ids) > model.config.context_length:
-        raise TinyattnError(f"a context of {len(ids)} tokens is longer than the model's context length "
-                            f"{model.config.context_length}; give a shorter text")
     captured = []
     modules = [model.token_embedding, *model.blocks]
     handles = [m.register_forward_hook(lambda _m, _inputs, output: captured.append(output[0, position]))
@@ -117,7 +127,7 @@ def similarity_table(model, tokenizer, word: str, contexts: list[str]):
 
     if len(contexts) < 2:
         raise TinyattnError(f"--context: {len(contexts)} given; give at least two texts holding {word!r}")
-    states = [hidden_states(model, *word_position(tokenizer, text, word)) for text in contexts]
+    states = [hidden_states(model, *fitted_position(model, tokenizer, text, word)) for text in contexts]
     pairs = list(itertools.combinations(range(len(contexts)), 2))
     columns = [F.cosine_similarity(states[i], states[j], dim=-1) for i, j in pairs]  # (L + 1,) each
     return pairs, torch.stack(columns, dim=1).numpy()  # (L + 1, pairs)
