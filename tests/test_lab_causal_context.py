@@ -534,13 +534,15 @@ def bidirectional_run(tmp_path_factory, corpus_text):
 @pytest.mark.parametrize("command", [
     ["generate", "--prompt", "To be"], ["export", "--out", "exported"], ["export", "--gguf", "exported.gguf"],
     ["eval", "--no-plot"], ["lab", "distance", "--recall-steps", "1"], ["attention", "--text", "To be"],
-    ["attention", "--relevance"], ["attention", "--html"], ["serve", "--port", "0"]],
+    ["attention", "--relevance"], ["attention", "--html"], ["serve", "--port", "0"],
+    ["lab", "context", "--word", "speak", "--context", "we speak", "--context", "All: speak"]],
     ids=["generate", "export", "export-gguf", "eval", "lab-distance", "attention", "attention-relevance",
-         "attention-html", "serve"])
+         "attention-html", "serve", "lab-context"])
 def test_commands_that_score_predictions_refuse_a_bidirectional_checkpoint_in_one_line(
         bidirectional_run, tmp_path, capsys, monkeypatch, command):
     # Each position of a bidirectional model read the token it predicts: its losses, recall and
     # relevance would all be of the leaked answer, and attention's maps grey out later keys as masked.
+    # lab context's word would have read the text after it, which its reading (docs/LAB.md) rules out.
     if command[0] == "export":
         pytest.importorskip("safetensors" if command[1] == "--out" else "gguf")
         command = ["export", command[1], str(tmp_path / command[2])]
@@ -553,7 +555,7 @@ def test_commands_that_score_predictions_refuse_a_bidirectional_checkpoint_in_on
             raise AssertionError("the bidirectional model was served")
         monkeypatch.setattr(server_module, "serve_forever", served)
     if command[0] == "lab":
-        command = [*command, "--out", str(tmp_path / "distance")]
+        command = [*command, "--out", str(tmp_path / command[1])]
     if command[-1] == "--html":
         command = [*command, str(tmp_path / "page.html")]
     where = 2 if command[0] == "lab" else 1
@@ -643,7 +645,7 @@ def test_lab_context_names_the_token_compared_in_each_context_not_the_firsts(tin
 
     model, tokenizer = tiny_model(vocab_size=16), Subwords()
     monkeypatch.setattr(folder, "load_any_model", lambda checkpoint: SimpleNamespace(
-        model=model, tokenizer=tokenizer, label="stub"))
+        model=model, tokenizer=tokenizer, label="stub", config=SimpleNamespace(model=model.config)))
     assert main(["lab", "context", "--checkpoint", "unused", "--word", "speak", "--context", "we speak now",
                  "--context", "(speak) now", "--out", str(tmp_path)]) == 0
     written = (tmp_path / "context.md").read_text()
@@ -657,7 +659,7 @@ def _lab_context(tiny_model, char_tokenizer, monkeypatch, word, contexts, out) -
 
     model = tiny_model(vocab_size=char_tokenizer.vocab_size)
     monkeypatch.setattr(folder, "load_any_model", lambda checkpoint: SimpleNamespace(
-        model=model, tokenizer=char_tokenizer, label="stub"))
+        model=model, tokenizer=char_tokenizer, label="stub", config=SimpleNamespace(model=model.config)))
     context_options = [option for text in contexts for option in ("--context", text)]
     return main(["lab", "context", "--checkpoint", "unused", "--word", word, *context_options, "--out", str(out)])
 

@@ -175,6 +175,7 @@ def save_figure(word: str, pairs, table, path: Path) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from tinyattn.analysis.plotting import require_matplotlib
+    from tinyattn.checkpoint import require_causal
     from tinyattn.data.tokenizer import warn_unknown_characters
     from tinyattn.hf.folder import load_any_model
 
@@ -182,6 +183,9 @@ def run(args: argparse.Namespace) -> int:
     require_matplotlib()  # before any work: without it context.png cannot be drawn (one line)
     contexts = args.contexts or list(DEFAULT_CONTEXTS)
     loaded = load_any_model(args.checkpoint)
+    # A bidirectional model's word has read the text after it too: the table's reading (the state
+    # holds the word and what came before it) would not hold.
+    require_causal(loaded, "tinyattn lab context (it reads what the text before a word makes of it)")
     for context in contexts:  # a word read as [UNK] refused; other unknown characters named, as generate does
         ids, _ = word_position(loaded.tokenizer, context, args.word)
         warn_unknown_characters(loaded.tokenizer, context, ids, f"--context {context!r}")
