@@ -864,7 +864,8 @@ def _find_invalid_json(files: list[Path]) -> Optional[str]:
                 except ValueError as e:
                     if first and line.lstrip().startswith(("[", "{")) and _one_json_document(path):
                         break  # an array of records, or one record over many lines: fine
-                    return f"{path}: line {number} is not valid JSON ({e.msg} at column {e.colno})"
+                    fault = e.msg.removesuffix(" at")  # "Unterminated string starting at", at a column
+                    return f"{path}: line {number} is not valid JSON ({fault} at column {e.colno})"
                 first = False
     return None
 
