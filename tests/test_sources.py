@@ -801,3 +801,24 @@ def test_a_dataset_folder_whose_card_header_is_bad_names_its_readme_in_one_line(
     with pytest.raises(DataError) as error:
         prepare_data(make_config(tmp_path, {"dataset": str(folder)}), progress=False)
     assert str(error.value).startswith(f"{folder / 'README.md'}: {message}") and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("entry", ["folder", "glob", "dataset folder"])
+def test_a_fine_tunes_tokenizer_in_a_cache_dir_inside_the_data_folder_is_not_read_as_data(
+        tmp_path, monkeypatch, entry):
+    # data.cache_dir holds more than token caches: a fine-tune copies its checkpoint's tokenizer there
+    # (init_from-<digest>-tokenizer.json), in no cache's folder, so only data.cache_dir itself (given
+    # relative, as by default) says it is no data; read as records it would be "has no field 'text'"
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "cache").mkdir(parents=True)
+    (tmp_path / "data" / "corpus.jsonl").write_text(jsonl_text(DOCUMENTS))
+    (tmp_path / "data" / "cache" / "init_from-0123456789abcdef-tokenizer.json").write_text(
+        json.dumps({"version": "1.0", "model": {"type": "BPE"}}))
+    source = {"folder": {"files": ["data"]}, "glob": {"files": ["data/**/*"]},
+              "dataset folder": {"dataset": "data"}}[entry]
+    config = config_from_dict({"model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "context_length": 8},
+                               "data": {**source, "cache_dir": "data/cache"}})
+    assert documents_of(prepare_data(config, progress=False)) == expected_split(DOCUMENTS)
