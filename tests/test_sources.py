@@ -822,3 +822,34 @@ def test_a_fine_tunes_tokenizer_in_a_cache_dir_inside_the_data_folder_is_not_rea
     config = config_from_dict({"model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "context_length": 8},
                                "data": {**source, "cache_dir": "data/cache"}})
     assert documents_of(prepare_data(config, progress=False)) == expected_split(DOCUMENTS)
+
+
+@pytest.mark.parametrize("entry", ["folder", "dataset folder"])
+def test_a_data_folder_inside_a_hidden_folder_is_read(tmp_path, monkeypatch, entry):
+    # hidden files and folders are left out below the folder given, not above it: the Hugging Face
+    # cache, ~/.cache/huggingface, is a hidden folder
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    folder = tmp_path / ".cache" / "corpus"
+    folder.mkdir(parents=True)
+    (folder / "train.jsonl").write_text(jsonl_text(DOCUMENTS))
+    (folder / ".notes.jsonl").write_text(jsonl_text(["hidden, never read"]))
+    source = {"files": [str(folder)]} if entry == "folder" else {"dataset": str(folder)}
+    result = prepare_data(make_config(tmp_path, source), progress=False)
+    assert documents_of(result) == expected_split(DOCUMENTS)
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "meta.json"])
+def test_a_tokenizer_json_or_meta_json_beside_the_data_without_a_train_bin_leaves_the_data_read(
+        tmp_path, name):
+    # a folder is a token cache's only with a train.bin too: a pretrained tokenizer.json kept beside
+    # the books (or a meta.json describing them) must not make the books themselves no data
+    folder = tmp_path / "books"
+    folder.mkdir()
+    for i, text in enumerate(DOCUMENTS):
+        (folder / f"book-{i:02d}.txt").write_text(text, encoding="utf-8")
+    (folder / name).write_text(json.dumps({"version": "1.0"}))
+    for entry in (str(folder / "*.txt"), str(folder)):
+        config = make_config(tmp_path, {"files": [entry], "format": "text"})
+        assert documents_of(prepare_data(config, progress=False)) == expected_split(DOCUMENTS)
