@@ -853,3 +853,30 @@ def test_a_tokenizer_json_or_meta_json_beside_the_data_without_a_train_bin_leave
     for entry in (str(folder / "*.txt"), str(folder)):
         config = make_config(tmp_path, {"files": [entry], "format": "text"})
         assert documents_of(prepare_data(config, progress=False)) == expected_split(DOCUMENTS)
+
+
+def test_a_file_two_of_a_splits_patterns_match_in_a_dataset_folder_is_read_once(tmp_path, monkeypatch):
+    # wiki-train/train/part-0.jsonl is in train/ and in *-train/: two of datasets' patterns for the split
+    # train match it, and it must still be read once (not every document twice)
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    folder = tmp_path / "corpus"
+    (folder / "wiki-train" / "train").mkdir(parents=True)
+    (folder / "wiki-train" / "train" / "part-0.jsonl").write_text(jsonl_text(DOCUMENTS))
+    result = prepare_data(make_config(tmp_path, {"dataset": str(folder)}), progress=False)
+    assert documents_of(result) == expected_split(DOCUMENTS)
+
+
+def test_a_dataset_folder_of_text_files_with_its_own_splits_reads_each_splits_files_only(
+        tmp_path, monkeypatch):
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    folder = tmp_path / "books"
+    for split, documents in (("train", DOCUMENTS[:15]), ("validation", DOCUMENTS[15:])):
+        (folder / split).mkdir(parents=True)
+        for i, text in enumerate(documents):
+            (folder / split / f"book-{i:02d}.txt").write_text(text, encoding="utf-8")
+    config = make_config(tmp_path, {"dataset": str(folder), "validation_split": "validation"})
+    assert documents_of(prepare_data(config, progress=False)) == (DOCUMENTS[:15], DOCUMENTS[15:])
