@@ -880,3 +880,27 @@ def test_a_dataset_folder_of_text_files_with_its_own_splits_reads_each_splits_fi
             (folder / split / f"book-{i:02d}.txt").write_text(text, encoding="utf-8")
     config = make_config(tmp_path, {"dataset": str(folder), "validation_split": "validation"})
     assert documents_of(prepare_data(config, progress=False)) == (DOCUMENTS[:15], DOCUMENTS[15:])
+
+
+def test_a_save_to_disk_folder_whose_path_holds_a_bracket_is_read(tmp_path, monkeypatch):
+    # only a folder of data files is found by patterns on its path; load_from_disk opens the path as named
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    folder = tmp_path / "saved[v2]"
+    datasets.Dataset.from_dict({"text": DOCUMENTS}).save_to_disk(folder)
+    result = prepare_data(make_config(tmp_path, {"dataset": str(folder)}), progress=False)
+    assert documents_of(result) == expected_split(DOCUMENTS)
+
+
+def test_a_relative_dataset_folder_under_a_working_folder_whose_path_holds_a_bracket_is_refused(
+        tmp_path, monkeypatch):
+    # datasets builds its patterns on the folder's absolute path: data.dataset: corpus, run in runs[1]/,
+    # would match nothing, and the folder be called empty
+    here = tmp_path / "runs[1]"
+    (here / "corpus").mkdir(parents=True)
+    (here / "corpus" / "train.jsonl").write_text(jsonl_text(DOCUMENTS))
+    monkeypatch.chdir(here)
+    with pytest.raises(DataError) as error:
+        prepare_data(make_config(tmp_path, {"dataset": "corpus"}), progress=False)
+    assert str(error.value).startswith(f"data.dataset: the folder path {str(here / 'corpus')!r} holds '['")
