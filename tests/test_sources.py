@@ -614,7 +614,7 @@ def test_reading_a_large_file_reports_how_far_it_got(tmp_path, monkeypatch, caps
     path = tmp_path / "book.txt"
     path.write_text(book(), encoding="utf-8")
     monkeypatch.setattr(sources, "READ_CHARS", 1000)
-    monkeypatch.setattr(sources, "REPORT_BYTES", 1000)
+    monkeypatch.setattr(sources, "REPORT_BYTES", path.stat().st_size)  # files at least this large report
     config = make_config(tmp_path, {"files": [str(path)]})
     read = resolve_source(config.data, progress=progress).reader("train")
     list(read())
@@ -904,3 +904,17 @@ def test_a_relative_dataset_folder_under_a_working_folder_whose_path_holds_a_bra
     with pytest.raises(DataError) as error:
         prepare_data(make_config(tmp_path, {"dataset": "corpus"}), progress=False)
     assert str(error.value).startswith(f"data.dataset: the folder path {str(here / 'corpus')!r} holds '['")
+
+
+@pytest.mark.parametrize("last, fault", [
+    ('{"text": }', "line 21 is not valid JSON (Expecting value at column 10)"),
+    ('{"text": 7}', "line 21: 'text' is a number (7), not text; every value of the text field must be a "
+                    "string (or null)"),
+], ids=["bad JSON", "a number"])
+def test_a_bad_last_json_line_without_a_newline_after_it_is_named(tmp_path, last, fault):
+    # the lines are read in chunks and split at newlines: the last line has none after it
+    path = tmp_path / "corpus.jsonl"
+    path.write_text(jsonl_text(DOCUMENTS) + last, encoding="utf-8")
+    with pytest.raises(DataError) as error:
+        prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
+    assert str(error.value) == f"{path}: {fault}"
