@@ -855,8 +855,11 @@ def test_unknown_extension_and_mixed_formats(tmp_path):
     assert_one_line_error(tmp_path, config, r"cannot tell the format of .*a\.xml.*set data\.format")
     (tmp_path / "a.txt").write_text("x")
     write_jsonl(tmp_path / "b.jsonl")
-    config = make_config(tmp_path, {"files": [str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl")]})
-    assert_one_line_error(tmp_path, config, r"mixes formats: text \(a\.txt\), json \(b\.jsonl\)")
+    (tmp_path / "c.txt").write_text("y")
+    entries = [str(tmp_path / name) for name in ("a.txt", "b.jsonl", "c.txt")]
+    config = make_config(tmp_path, {"files": entries})
+    # each format named by its first file
+    assert_one_line_error(tmp_path, config, r"mixes formats: text \(a\.txt\), json \(b\.jsonl\);")
     # The advice holds: a glob with data.format set takes only the files of that format.
     config = make_config(tmp_path, {"files": [str(tmp_path / "*")], "format": "json"})
     assert prepare_data(config, progress=False).train.size > 0
@@ -925,6 +928,20 @@ def test_invalid_utf8_names_file_byte_and_line(tmp_path):
     bad.write_bytes(b"fine line\nsecond line \xff\xfe broken\n")
     config = make_config(tmp_path, {"files": [str(tmp_path / "books")]})
     assert_one_line_error(tmp_path, config, r"doc05\.txt: not valid UTF-8 at byte 22 \(line 2\)")
+
+
+def test_invalid_utf8_across_two_reads_names_the_byte_and_line_where_its_character_starts(tmp_path):
+    # the fault is looked for a megabyte at a time: a character begun at the end of one read and broken
+    # at the start of the next is placed where it begins, on the line counted from the bytes before it
+    path = tmp_path / "book.txt"
+    head = b"abc\n" * ((1 << 20) // 4 - 1) + b"abc"  # 262,143 lines, then a line that the read cuts
+    path.write_bytes(head + b"\xc3" + b"X, not the rest\nof the character\n")  # lines after it don't count
+    config = make_config(tmp_path, {"files": [str(path)]})
+    fault = rf"book\.txt: not valid UTF-8 at byte {len(head)} \(line 262144\); save it as UTF-8$"
+    assert_one_line_error(tmp_path, config, fault)
+    path.write_bytes(b"fine line\ncut short \xe2\x82")  # the first two of the three bytes of the euro sign
+    assert_one_line_error(tmp_path, config, r"book\.txt: not valid UTF-8: it ends inside a character "
+                          r"\(byte 22\)$")
 
 
 def test_invalid_json_line_names_file_and_line(tmp_path):
