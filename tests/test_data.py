@@ -572,6 +572,41 @@ def test_a_pretrained_tokenizer_without_an_end_of_text_token_says_nothing_of_a_s
     assert result.tokenizer.eot_id is None and "warning" not in capsys.readouterr().err
 
 
+def test_a_pretrained_tokenizer_without_an_end_of_text_token_warns_of_a_validation_split_of_documents(
+        tmp_path, hf_cache, capsys):
+    # one long training document runs into nothing, but the validation split's several do
+    from tinyattn.config import TokenizerConfig
+    from tinyattn.data.tokenizer import build_tokenizer
+
+    folder = tmp_path / "my_dataset"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl", ["".join(DOCUMENTS[:15])])
+    write_jsonl(folder / "validation.jsonl", DOCUMENTS[15:])
+    spec = json.loads(build_tokenizer(TokenizerConfig(kind="char"), lambda: iter(DOCUMENTS)).to_json())
+    spec["added_tokens"] = []  # a file with no <|endoftext|>
+    tokenizers.Tokenizer.from_str(json.dumps(spec)).save(str(tmp_path / "tokenizer.json"))
+    capsys.readouterr()
+    config = make_config(tmp_path, {"dataset": str(folder), "validation_split": "validation"},
+                         {"kind": "pretrained", "path": str(tmp_path / "tokenizer.json")})
+    result = prepare_data(config, progress=False)
+    assert result.tokenizer.eot_id is None
+    assert result.fingerprint["train"]["tokens"] == len("".join(DOCUMENTS[:15]))  # one document, no joins
+    assert "the documents run together" in capsys.readouterr().err
+
+
+def test_the_validation_fraction_does_not_key_a_cache_whose_validation_is_a_split_of_its_own(
+        tmp_path, builds, hf_cache):
+    # data.validation_fraction is not read when data.validation_split is set: another one is the same data
+    folder = tmp_path / "my_dataset"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl", DOCUMENTS[:15])
+    write_jsonl(folder / "validation.jsonl", DOCUMENTS[15:])
+    caches = {prepare_data(make_config(tmp_path, {"dataset": str(folder), "validation_split": "validation",
+                                                  "validation_fraction": fraction}), progress=False).cache_dir
+              for fraction in (0.1, 0.3)}
+    assert builds == ["tokenizing train", "tokenizing validation"] and len(caches) == 1
+
+
 def test_another_train_split_of_a_hub_dataset_rebuilds(tmp_path, builds, hf_cache):
     folder = tmp_path / "my_dataset"
     folder.mkdir()
