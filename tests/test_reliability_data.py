@@ -97,6 +97,7 @@ def test_a_run_records_the_data_it_trained_on(corpus, tmp_path):
     assert source_files == [[str(corpus.resolve()), corpus.stat().st_size, digest]]
     assert ckpt.load_checkpoint(result.run_dir / "best.pt")["data"] == fingerprint
     assert fingerprint["train"]["tokens"] > fingerprint["validation"]["tokens"] > 0
+    assert fingerprint["validation_rule"] == "the last 0.1 of the characters (6000 of 60000)"
 
 
 def test_a_resume_on_changed_data_is_refused_unless_allowed_and_logged(corpus, tmp_path, capsys):
@@ -297,3 +298,19 @@ def test_data_with_the_same_tokens_is_the_same_data():
     assert data_differences(saved, {**saved, "key": "b", "inputs": {"tokenizers_version": "0.21"}}) == []
     changed = {**saved, "key": "b", "validation": {"tokens": 2, "checksum": "w"}}
     assert data_differences(saved, changed) == ["the validation split differs (1 tokens then, 2 now)"]
+
+
+def test_data_differences_name_each_file_changed_added_and_removed_and_the_dataset_settings():
+    from tinyattn.data.token_cache import data_differences
+
+    def fingerprint(files, dataset_config, train_checksum):
+        source = {"dataset": "corpus", "config": dataset_config, "revision": None, "files": files}
+        return {"key": train_checksum, "inputs": {"source": source, "text_field": "text"},
+                "train": {"tokens": 9, "checksum": train_checksum},
+                "validation": {"tokens": 1, "checksum": "v"}}
+
+    saved = fingerprint([["a.jsonl", 5, "x"], ["b.jsonl", 5, "y"]], None, "t")
+    now = fingerprint([["a.jsonl", 5, "z"], ["c.jsonl", 7, "w"]], "en", "u")
+    assert data_differences(saved, now) == [
+        "a.jsonl changed", "c.jsonl added", "b.jsonl removed", "data.dataset_config was None, now 'en'",
+        "the training tokens differ (9 tokens then, 9 now)"]
