@@ -602,7 +602,7 @@ def test_the_plan_follows_the_last_steps_starts_after_warmup_and_a_finished_run_
     assert resumed.done(63)  # a resumed finished run takes no step past its budget
 
 
-@pytest.mark.parametrize("warmup", [0, 3])
+@pytest.mark.parametrize("warmup", [0, 3, 86])  # 86: the one step after warmup is the last (87 fit)
 @pytest.mark.parametrize("schedule", ["cosine", "linear"])
 def test_on_a_steady_machine_the_plan_steps_at_the_step_schedules_rates_for_the_steps_that_fit(
         warmup, schedule):

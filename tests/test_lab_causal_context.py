@@ -722,6 +722,11 @@ def test_lab_context_names_the_context_too_long_for_the_model_in_one_line(
     assert capsys.readouterr().err == ("error: --context 'speak, speak, and all speak': 27 tokens, longer "
                                        "than the model's context length 24; give a shorter text\n")
     assert not (tmp_path / "long").exists()
+    # With no --context, the default contexts (each longer than this model's 24 tokens): called so
+    assert _lab_context(tiny_model, char_tokenizer, monkeypatch, "bank", [], tmp_path / "default") == 2
+    assert capsys.readouterr().err.endswith(
+        "error: the default context 'They sat on the river bank and watche...' has 49 tokens, longer than "
+        "the model's context length 24; give --context texts of at most 24 tokens\n")
 
 
 def test_fewer_than_two_contexts_is_one_line(tiny_model, char_tokenizer):
@@ -748,7 +753,7 @@ def test_one_tokens_similarity_is_1_at_the_embedding_and_below_1_after_a_block_t
     model = tiny_model(vocab_size=char_tokenizer.vocab_size)
     pairs, table = similarity_table(model, char_tokenizer, "speak", CONTEXTS)
     assert pairs == [(0, 1)] and table.shape == (3, 1)  # the embedding and after each of 2 blocks
-    assert table[0, 0] == pytest.approx(1.0, abs=1e-12)  # one table row, whatever the context
+    assert table[0, 0] == 1.0  # one table row, whatever the context: exactly 1 (not 1 +- 1e-16)
     assert table[1, 0] < 0.999 and table[2, 0] < 0.999  # attention mixed different contexts in
 
 
@@ -776,7 +781,19 @@ def test_a_model_that_attends_only_to_itself_keeps_the_similarity_at_1(tiny_mode
                         lambda queries, keys, device=None: torch.eye(queries, keys, dtype=torch.bool))
     model = tiny_model(vocab_size=char_tokenizer.vocab_size, attention="explicit")
     _, table = similarity_table(model, char_tokenizer, "speak", CONTEXTS)
-    assert table == pytest.approx(np.ones((3, 1)), abs=1e-9)
+    assert np.array_equal(table, np.ones((3, 1)))  # the same vector at every depth: exactly 1
+
+
+@pytest.mark.parametrize("word", ["speak", "the", "of", "it", "we", "a"])
+def test_the_embedding_row_is_exactly_1_for_any_word_and_no_similarity_exceeds_1(
+        tiny_model, char_tokenizer, word):
+    # The cosine of a float64 vector with itself rounds to 1 +- 1e-16 for about half of all vectors:
+    # the table says 1 (exactly) for the same vector, and never more than 1.
+    model = tiny_model(vocab_size=char_tokenizer.vocab_size)
+    _, table = similarity_table(model, char_tokenizer, word, ["we speak of it to the a",
+                                                              "of the a; it we speak"])
+    assert table[0, 0] == 1.0
+    assert (table <= 1.0).all()
 
 
 def test_the_words_state_reads_only_the_text_before_it(tiny_model, char_tokenizer):

@@ -85,11 +85,15 @@ def compared_token(tokenizer, context: str, word: str) -> str:
 
 def fitted_position(model, tokenizer, context: str, word: str) -> tuple[list[int], int]:
     """`word_position`'s ids and position, where the ids fit the model's context; a context longer
-    than that is refused in one line naming it (its first 40 characters), its tokens and the model's."""
+    than that is refused in one line naming it (its first 40 characters), its tokens and the model's.
+    One of DEFAULT_CONTEXTS (no --context given) is called the default context."""
     ids, position = word_position(tokenizer, context, word)
     limit = model.config.context_length
     if len(ids) > limit:
         shown = context if len(context) <= 40 else context[:37] + "..."
+        if context in DEFAULT_CONTEXTS:
+            raise TinyattnError(f"the default context {shown!r} has {len(ids)} tokens, longer than the "
+                                f"model's context length {limit}; give --context texts of at most {limit} tokens")
         raise TinyattnError(f"--context {shown!r}: {len(ids)} tokens, longer than the model's context length "
                             f"{limit}; give a shorter text")
     return ids, position
@@ -129,7 +133,14 @@ def similarity_table(model, tokenizer, word: str, contexts: list[str]):
         raise TinyattnError(f"--context: {len(contexts)} given; give at least two texts holding {word!r}")
     states = [hidden_states(model, *fitted_position(model, tokenizer, text, word)) for text in contexts]
     pairs = list(itertools.combinations(range(len(contexts)), 2))
-    columns = [F.cosine_similarity(states[i], states[j], dim=-1) for i, j in pairs]  # (L + 1,) each
+    below_one = torch.nextafter(torch.tensor(1.0, dtype=torch.float64), torch.tensor(0.0, dtype=torch.float64))
+    columns = []
+    for i, j in pairs:
+        # The same vector is exactly 1; the cosine's rounding can give 1 +- 1e-16 for it, and 1 or more
+        # for two vectors that differ only in their last bits, which is printed just below 1.
+        same = (states[i] == states[j]).all(dim=-1)  # (L + 1,)
+        cosine = F.cosine_similarity(states[i], states[j], dim=-1).clamp(max=below_one)  # (L + 1,)
+        columns.append(torch.where(same, torch.ones_like(cosine), cosine))
     return pairs, torch.stack(columns, dim=1).numpy()  # (L + 1, pairs)
 
 

@@ -101,7 +101,10 @@ class TimePlan:
         return self.steps_left
 
     def factor(self, step: int) -> float:
-        return progress_lr_factor(step, self.progress, self.config)
+        # The last step that fits trains at p = 1: after_step has moved p there, unless it is also
+        # the first after warmup (p has not moved yet), as in a step count's schedule (`lr_factor`).
+        last = self.steps_left == 1 and step >= self.config.warmup_steps
+        return progress_lr_factor(step, 1.0 if last else self.progress, self.config)
 
     def done(self, step: int) -> bool:
         return self.finished
