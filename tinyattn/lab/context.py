@@ -93,7 +93,8 @@ def fitted_position(model, tokenizer, context: str, word: str) -> tuple[list[int
         shown = context if len(context) <= 40 else context[:37] + "..."
         if context in DEFAULT_CONTEXTS:
             raise TinyattnError(f"the default context {shown!r} has {len(ids)} tokens, longer than the "
-                                f"model's context length {limit}; give --context texts of at most {limit} tokens")
+                                f"model's context length {limit}; give --context texts of at most "
+                                f"{limit} tokens")
         raise TinyattnError(f"--context {shown!r}: {len(ids)} tokens, longer than the model's context length "
                             f"{limit}; give a shorter text")
     return ids, position
@@ -133,7 +134,8 @@ def similarity_table(model, tokenizer, word: str, contexts: list[str]):
         raise TinyattnError(f"--context: {len(contexts)} given; give at least two texts holding {word!r}")
     states = [hidden_states(model, *fitted_position(model, tokenizer, text, word)) for text in contexts]
     pairs = list(itertools.combinations(range(len(contexts)), 2))
-    below_one = torch.nextafter(torch.tensor(1.0, dtype=torch.float64), torch.tensor(0.0, dtype=torch.float64))
+    one = torch.tensor(1.0, dtype=torch.float64)
+    below_one = torch.nextafter(one, torch.zeros_like(one))  # the largest float64 below 1
     columns = []
     for i, j in pairs:
         # The same vector is exactly 1; the cosine's rounding can give 1 +- 1e-16 for it, and 1 or more
