@@ -489,6 +489,12 @@ def test_a_fork_that_fails_before_its_first_step_leaves_no_folder_behind(corpus,
               resume=run / "step_0000006.pt", stop_at_step=5, progress=False)
     assert not (tmp_path / "fork").exists()
     assert _file_digests(run) == before
+    # A folder the user made for it is not this command's to take back
+    (tmp_path / "made").mkdir()
+    with pytest.raises(TinyattnError, match=r"^--stop-at-step 5: "):
+        train(tiny_config(corpus, tmp_path, "train.max_steps=12"), run_name="made",
+              resume=run / "step_0000006.pt", stop_at_step=5, progress=False)
+    assert (tmp_path / "made").is_dir() and _file_digests(run) == before
 
 def test_a_new_named_run_that_fails_before_its_first_step_leaves_no_folder_behind(corpus, tmp_path):
     config = tiny_config(corpus, tmp_path, f"data.files={tmp_path / 'missing.txt'}")
@@ -572,6 +578,47 @@ def test_a_resume_may_change_how_attention_is_computed_but_not_the_models_shape(
     with pytest.raises(CheckpointError, match=r"the config's model differs from the checkpoint's: "
                                               r"model\.n_layer: checkpoint \d+, config 7$"):
         point.adopt(load_config(TINY, ["model.attention=explicit", "model.n_layer=7"]))
+
+
+def test_a_resume_whose_config_leaves_the_vocabulary_size_unset_takes_the_checkpoints(tmp_path):
+    # A run given a vocabulary above its tokenizer's, resumed with a config that does not give it
+    # (its --config file without the --set): the model must be built at the checkpoint's size.
+    from tinyattn.train.resume import ResumePoint
+
+    point = ResumePoint(tmp_path / "step_0000010.pt", {}, load_config(TINY, ["model.vocab_size=96"]), 10)
+    config = load_config(TINY)
+    assert config.model.vocab_size is None
+    point.adopt(config)
+    assert config.model.vocab_size == 96
+
+
+def test_a_resume_in_place_may_name_the_parent_of_the_link_it_is_reached_through_or_of_the_folder(tmp_path):
+    from tinyattn.errors import ConfigError
+    from tinyattn.train.resume import ResumePoint
+
+    (tmp_path / "runs" / "orig").mkdir(parents=True)
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "link").symlink_to(tmp_path / "runs" / "orig", target_is_directory=True)
+    point = ResumePoint(tmp_path / "links" / "link" / "step_0000010.pt", {}, load_config(TINY), 10)
+    for parent in (tmp_path / "links", tmp_path / "runs"):  # the link's, the folder's
+        point.keep_out_dir(load_config(TINY, [f"train.out_dir={parent}"]), None, given=["train.out_dir"])
+    with pytest.raises(ConfigError, match=rf"^train\.out_dir '{re.escape(str(tmp_path))}' \(--set\): "):
+        point.keep_out_dir(load_config(TINY, [f"train.out_dir={tmp_path}"]), None, given=["train.out_dir"])
+
+
+def test_a_time_budget_edited_into_the_config_yaml_of_a_step_count_run_is_refused_naming_the_edit(tmp_path):
+    # As one given with --set: only a --config file's is turned off (its budget is the family's default).
+    from tinyattn.errors import ConfigError
+    from tinyattn.train.resume import ResumePoint
+
+    run = tmp_path / "run"
+    point = ResumePoint(run / "step_0000002.pt", {}, load_config(TINY, ["train.max_steps=4"]), 2,
+                        edited=("train.time_budget",))
+    config = load_config(TINY, ["train.max_steps=4", "train.time_budget=5m"])
+    edited = re.escape(str(run / "config.yaml"))
+    with pytest.raises(ConfigError, match=rf"^train\.time_budget 5m \(edited in {edited}\): "
+                                          rf"the run {re.escape(str(run))} trains a step count"):
+        point.adopt(config)
 
 
 def test_a_bpe_run_resumed_with_another_vocabulary_size_is_refused_naming_the_key(tmp_path):
@@ -756,6 +803,19 @@ def test_a_damaged_checkpoint_is_refused_and_the_newest_good_one_named(corpus, t
     with pytest.raises(CheckpointError, match=r"CRC-32.*the newest checkpoint in .*orig that verifies is "
                                               r"step_0000009\.pt"):
         train(tiny_config(corpus, tmp_path, "train.max_steps=12"), resume=run, progress=False)
+
+
+def test_a_resume_from_a_checkpoint_of_a_newer_format_names_it_without_advice_to_move_it_away(tmp_path):
+    # It verifies (a whole archive): it is the newest that does, so no other checkpoint is named for it.
+    from tinyattn.train.resume import ResumePoint
+
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.save({"format": ckpt.FORMAT, "format_version": 99, "step": 3}, run / "step_0000003.pt")
+    with pytest.raises(CheckpointError) as refused:
+        ResumePoint.find(run, None, tmp_path)
+    assert str(refused.value) == (f"{run / 'step_0000003.pt'}: checkpoint format version 99 is not supported "
+                                  f"by this tinyattn (it reads version {ckpt.FORMAT_VERSION})")
 
 
 def test_resuming_from_a_file_that_is_no_checkpoint_points_at_the_run_not_at_moving_it(corpus, tmp_path,
