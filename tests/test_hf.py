@@ -1162,6 +1162,13 @@ def test_a_finetune_whose_source_tokenizer_changed_names_the_file_and_the_runs_c
     code, out, err = run_main(train_cli.main, ["--resume", ft, "--no-progress", "--set", "train.max_steps=6",
                                                f"tokenizer.path={ft / 'tokenizer.json'}"], capsys)
     assert code == 0 and "step 6:" in err, err
+    # The run's own copy changed too, where the run now reads it: no copy left to advise
+    (ft / "tokenizer.json").write_bytes(source.read_bytes())
+    code, out, err = run_main(train_cli.main, ["--resume", ft, "--no-progress", "--set", "train.max_steps=8"],
+                              capsys)
+    copy = ft / "tokenizer.json"
+    assert code == 2 and f"tokenizer.path {copy} changed since the run started: {what};" in err
+    assert err.rstrip().endswith("Restore the file the run started with, or start a new run"), err
 
 
 @pytest.mark.parametrize("moved", [False, True], ids=["plain", "tokenizer-path-given"])
