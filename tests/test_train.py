@@ -1,5 +1,6 @@
 """Training: the CLI end to end, TensorBoard tags, accumulation, exact resume, survival."""
 
+import dataclasses
 import math
 import os
 import re
@@ -1927,6 +1928,39 @@ def test_a_finetune_of_a_run_resumes_with_the_config_it_started_with(corpus, tmp
     code, err = run_main([*finetune, "--resume", str(tmp_path / "ft"), "--set", "train.max_steps=4",
                           "tokenizer.kind=bpe"], capsys)
     assert code == 2 and "tokenizer.kind: config 'bpe', source 'char'" in err and err.count("\n") == 1, err
+
+
+def test_a_source_is_the_same_spelled_otherwise_when_gone_and_resolved_only_while_it_exists(tmp_path,
+                                                                                             monkeypatch):
+    # A resumed fine-tune's source may be gone (it reads it no more): its spelling is compared then.
+    from tinyattn.train.resume import same_source
+
+    monkeypatch.chdir(tmp_path)
+    assert same_source(None, None) and not same_source(None, "gone") and not same_source("gone", None)
+    for spelled in ("gone/", "./gone", "other/../gone"):
+        assert same_source("gone", spelled)
+    assert not same_source("gone", "gone2")
+    # A gone path is not resolved (a relative one may have been read from another folder)...
+    assert not same_source("gone", str(tmp_path / "gone"))
+    # ...an existing one is, links included
+    (tmp_path / "src").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "src", target_is_directory=True)
+    assert same_source("src", str(tmp_path / "src")) and same_source(str(tmp_path / "link"), "src")
+
+
+def test_init_from_keeps_the_model_keys_of_the_config_that_train_or_run_the_weights(tmp_path):
+    # The source gives every key that shapes the weights; the config keeps how they are trained and run.
+    from tinyattn.config import ModelConfig, TokenizerConfig
+    from tinyattn.train.finetune import adopt_model
+
+    source = ModelConfig(vocab_size=67, n_layer=2, n_head=2, n_embd=32, context_length=64)
+    ours = dict(context_length=32, dropout=0.25, attention_dropout=0.125, attention="explicit",
+                zero_init_projections=True)
+    assert all(getattr(source, key) != value for key, value in ours.items())
+    config = load_config(TINY, [f"model.{key}={value}" for key, value in ours.items()])
+    tokenizer = TokenizerConfig(kind="pretrained", path=str(tmp_path / "tokenizer.json"))
+    adopt_model(config, source, tokenizer, "test", written={f"model.{key}" for key in ours})
+    assert config.model == dataclasses.replace(source, **ours) and config.tokenizer == tokenizer
 
 
 def test_a_resume_naming_its_source_otherwise_spelled_continues_and_keeps_the_runs_spelling(
