@@ -54,6 +54,23 @@ def test_written_keys_are_what_the_files_and_set_give_at_the_default_or_not(tmp_
     for spelled in (f"{tmp_path}/./child.yaml", f"{tmp_path}//child.yaml"):
         assert written_keys(load_config(spelled), spelled, (), inherited=False) == own
 
+def test_given_keys_tell_the_files_own_keys_and_without_a_file_only_the_overrides(tmp_path):
+    # The second set is what a new run notes as given but unread (`optim.unused_options`): a parent's
+    # keys are its family's defaults, and a Config built in Python holds no file to tell them apart.
+    from tinyattn.config import ModelConfig, given_keys
+
+    write(tmp_path / "base.yaml",
+          "train:\n  lr: 1.0e-3\ndata:\n  files: a.txt\n  url: https://example.org/a.txt\n")
+    child = write(tmp_path / "child.yaml", "extends: base.yaml\ntrain:\n  min_lr: 1.0e-4\n")
+    overrides = ["model.n_layer=3", "data.files=b.txt"]
+    every, own = given_keys(load_config(child, overrides), child, overrides)
+    # A --set data.files drops the download the file's url described, as a child's data.files does
+    assert every == {"train.lr", "train.min_lr", "data.files", "model.n_layer"}
+    assert own == {"train.min_lr", "data.files", "model.n_layer"}
+    built = Config(model=ModelConfig(n_layer=2))
+    assert given_keys(built, None, ["train.lr=1e-3"]) == ({"model.n_layer", "train.lr"}, {"train.lr"})
+
+
 def test_extends_with_own_files_drops_the_inherited_download(tmp_path):
     write(tmp_path / "base.yaml", "data:\n  files: shakespeare.txt\n  url: https://example.org/s.txt\n"
           "  sha256: abc\n  size_bytes: 3\n  text_field: body\n")
