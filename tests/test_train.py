@@ -162,6 +162,11 @@ def test_a_resumed_run_keeps_one_hparams_session(corpus, tmp_path):
     train(tiny_config(corpus, tmp_path), run_name="tb", resume=True, progress=False)
     assert len(hparams_sessions(tmp_path / "tb")) == 1
     assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 2  # both runs wrote curves
+    # Each session's config (a resume's may be edited) at the step it starts from
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0}).Reload()
+    assert [event.step for event in events.Tensors("config/text_summary")] == [0, 10]
 
 
 def test_a_forked_run_has_its_own_hparams_session_and_keeps_it_when_resumed(corpus, tmp_path):
@@ -1457,11 +1462,80 @@ def test_the_progress_bar_shows_the_figures_of_the_step_it_reaches(tmp_path, ten
     screen = io.StringIO()
     log.bar = tqdm(total=20, file=screen, mininterval=0, miniters=1)  # draws at each update, as slow steps do
     log.train(step=5, losses=[3.0] * 5, seconds=1.0, grad_norm=torch.tensor(1.0))
-    log.train(step=10, losses=[2.0] * 5, seconds=4.0, grad_norm=torch.tensor(1.0))
+    log.train(step=10, losses=[2.5, 2.5, 1.5, 3.0, 0.5], seconds=4.0, grad_norm=torch.tensor(1.0))
     last = screen.getvalue().split("\r")[-1]
-    assert " 10/20 " in last and "loss=2.0000" in last
+    assert " 10/20 " in last and "loss=2.0000" in last  # the mean of the steps since the last line
+    assert [(value, step) for tag, value, step in tensorboard_writer.scalars if tag == "train/loss"] == [
+        (3.0, 5), (2.0, 10)]
     assert f"tok_s={5 * trainer.tokens_per_step / 4.0:,.0f}" in last
     log.bar.close()
+
+
+def test_the_logged_tokens_are_the_runs_since_step_0_and_the_throughput_this_sessions_over_every_rank(
+        tmp_path, tensorboard_writer):
+    from tinyattn.config import Config
+    from tinyattn.system.distributed import Distributed
+    from tinyattn.train.log import Logger
+
+    trainer = tiny_trainer(None)
+    trainer.dist = Distributed(rank=0, world_size=2)  # a step's tokens_per_step are every rank's
+    trainer.tokens_seen = 123_456  # resumed: what the checkpoint's steps saw, and this session's since
+    log = Logger(tmp_path, Config(), trainer, peak_flops=1e12, enabled=True, progress=False)
+    log.writer = tensorboard_writer
+    log.train(step=5, losses=[2.0] * 5, seconds=1.0, grad_norm=torch.tensor(1.0))
+    log.train(step=10, losses=[2.0] * 5, seconds=3.0, grad_norm=torch.tensor(1.0))
+    logged = {(tag, step): value for tag, value, step in tensorboard_writer.scalars}
+    assert logged["train/tokens_seen", 10] == 123_456
+    tokens_per_second = 5 * trainer.tokens_per_step / 3.0
+    assert logged["perf/tokens_per_second", 10] == pytest.approx(tokens_per_second)
+    assert logged["perf/mfu", 10] == pytest.approx(trainer.model.flops_per_token() * tokens_per_second / 2e12)
+    assert log.tokens_per_second == pytest.approx(10 * trainer.tokens_per_step / 4.0)  # the session's, whole
+
+
+def test_an_evaluation_is_in_tensorboard_at_once_with_the_runs_best_loss(tmp_path, tensorboard_writer,
+                                                                        capsys):
+    from types import SimpleNamespace
+
+    from tinyattn.config import Config
+    from tinyattn.train.log import Logger
+    from tinyattn.train.owners import EvalResult
+
+    class FlushedWriter(type(tensorboard_writer)):
+        def flush(self):  # SummaryWriter's: what was added is on disk, where TensorBoard reads it mid-run
+            self.flushed = list(self.scalars)
+
+    trainer = tiny_trainer(None)
+    trainer.best_val_loss = 1.25  # an earlier evaluation's
+    log = Logger(tmp_path, Config(), trainer, peak_flops=1e12, enabled=True, progress=False)
+    log.writer = writer = FlushedWriter()
+    log.evaluation(EvalResult(10, np.full(8, 1.5)), best=False,
+                   evaluator=SimpleNamespace(show=lambda result, writer, run_dir: None))
+    expected = [("val/loss", 1.5, 10), ("hparam/best_val_loss", 1.25, 10), ("hparam/last_val_loss", 1.5, 10)]
+    assert writer.scalars == expected and writer.flushed == expected
+    assert capsys.readouterr().err == "step 10: validation loss 1.5000\n"
+
+
+def test_a_resumed_runs_progress_bar_starts_at_its_step_and_its_total_follows_the_plan(tmp_path):
+    from types import SimpleNamespace
+
+    from tinyattn.config import Config
+    from tinyattn.train.log import Logger
+    from tinyattn.train.resume import ResumePoint
+
+    trainer = tiny_trainer(None, max_steps=20)
+    trainer.step = 12
+    config = Config()
+    config.train.max_steps = 20
+    (tmp_path / "config.yaml").write_text("train:\n  max_steps: 20\n", encoding="utf-8")
+    log = Logger(tmp_path, config, trainer, peak_flops=1e12, enabled=True, progress=True)
+    try:
+        log.start(ResumePoint(tmp_path / "step_0000012.pt", {}, config, 12))
+        assert (log.bar.n, log.bar.total) == (12, 20)
+        trainer.plan = SimpleNamespace(total_steps=lambda step: step + 9)  # a time budget's, planned again
+        log.train(step=15, losses=[2.0] * 3, seconds=1.0, grad_norm=torch.tensor(1.0))
+        assert (log.bar.n, log.bar.total) == (15, 24)
+    finally:
+        log.close()
 
 
 def test_the_gradient_norm_is_clipped_to_grad_clip():
