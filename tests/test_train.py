@@ -1142,6 +1142,32 @@ def test_a_ctrl_c_during_the_last_step_ends_the_run_as_done_not_stopped(corpus, 
     assert "done: 6 steps" in err and "stopped by" not in err and "Resume with" not in err, err
 
 
+def test_train_log_keeps_the_runs_lines_its_warnings_and_the_error_that_ends_it(tmp_path, monkeypatch):
+    import warnings
+
+    from tinyattn.train.log import RunLog, say
+
+    shown = []
+    monkeypatch.setattr(warnings, "showwarning", lambda message, *where: shown.append(str(message)))
+    with pytest.raises(TinyattnError), RunLog(tmp_path, enabled=True):
+        say("a line")
+        warnings.warn("a warning", UserWarning)
+        raise TinyattnError("the error")
+    text = (tmp_path / "train.log").read_text(encoding="utf-8")
+    lines = [line.split(" ", 2)[2] for line in text.splitlines()]  # less the date and time
+    assert lines == ["a line", "warning: a warning", "error: the error"]
+    assert shown == ["a warning"]  # shown as ever
+
+
+def test_a_second_stop_before_the_first_checkpoint_says_to_run_the_command_again(tmp_path):
+    from tinyattn.train.log import stopped_at_once
+    from tinyattn.train.owners import StoppedAtOnce
+
+    assert stopped_at_once(StoppedAtOnce("SIGINT"), tmp_path) == (
+        f"stopped at once by a second SIGINT before any checkpoint was saved in {tmp_path}: run the same "
+        "command again to train")
+
+
 def test_a_second_ctrl_c_stops_at_once_saying_which_checkpoint_is_kept_and_how_to_resume(corpus, tmp_path,
                                                                                          monkeypatch):
     original = Trainer.train_step
