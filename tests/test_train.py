@@ -5,6 +5,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -560,6 +561,23 @@ def test_a_fork_without_the_originals_best_pt_starts_its_best_afresh_and_resumes
     again = train(config, run_name="split", resume=True, progress=False)
     assert again.best_val_loss == result.best_val_loss
     assert ckpt.saved_value(tmp_path / "split" / "best.pt", "step") == best["step"]
+
+
+def test_a_resume_in_place_whose_best_pt_is_gone_starts_its_best_afresh(corpus, tmp_path, twelve_steps):
+    """best.pt deleted (or damaged) before a resume in place: the checkpoint's best of 0.5, which
+    nothing here beats, would leave the run without a best.pt and report a loss whose model is not
+    in its folder; its first evaluation writes best.pt instead."""
+    run, _ = twelve_steps
+    inplace = tmp_path / "inplace"
+    shutil.copytree(run, inplace)
+    for name in ("best.pt", "step_0000009.pt", "step_0000012.pt"):
+        (inplace / name).unlink(missing_ok=True)
+    start = ckpt.load_checkpoint(inplace / "step_0000006.pt")
+    ckpt.save_checkpoint({**start, "best_val_loss": 0.5}, inplace / "step_0000006.pt")
+    config = tiny_config(corpus, tmp_path, "train.max_steps=12", "train.eval_interval=3", "train.keep_last=4")
+    result = train(config, run_name="inplace", resume=True, progress=False)
+    best = ckpt.load_checkpoint(inplace / "best.pt")
+    assert best["step"] in (9, 12) and result.best_val_loss == best["best_val_loss"] > 0.5
 
 
 def test_a_floor_or_weight_decay_given_for_a_resume_wins_over_the_checkpoints_table_choice(tmp_path):

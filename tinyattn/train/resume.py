@@ -440,10 +440,12 @@ class ResumePoint:
         """The checkpoint into `trainer`. A fork into `run_dir` that does not take the original's
         best.pt (it is later than the start, or gone) starts with no best validation loss: the
         checkpoint's was reached by a model the fork never holds, and its first evaluation
-        writes the fork's own best.pt."""
+        writes the fork's own best.pt. So does a resume in place whose best.pt is gone or
+        unreadable: else no evaluation after a rise would write one, and the run would report a
+        best whose model is not in its folder."""
         trainer.load_state_dict(self.state, self.file)
         self.state = {}  # the tensors are in the trainer now; free the copy
-        if self.forks_into(run_dir) and not self._keeps_best():
+        if (self.forks_into(run_dir) or self._original_best_step is None) and not self._keeps_best():
             trainer.best_val_loss = math.inf
 
 
