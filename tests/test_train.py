@@ -2109,6 +2109,16 @@ def test_a_resume_naming_its_source_otherwise_spelled_continues_and_keeps_the_ru
     assert code == 2 and f"train.init_from: checkpoint '{tmp_path / 'src'}', config 'ft' (--set)" in err, err
 
 
+def _source_and_its_finetune(corpus, tmp_path, capsys) -> list[str]:
+    """Trains `src` with a config of its own, fine-tunes it one step into `ft` with that config, and
+    returns the fine-tune's command line (without --run-name)."""
+    base = own_config_file(corpus, tmp_path)
+    finetune = ["--config", str(base), "--no-progress", "--set", f"train.init_from={tmp_path / 'src'}"]
+    assert run_main(["--config", str(base), "--run-name", "src", "--no-progress"], capsys)[0] == 0
+    assert run_main([*finetune, "--run-name", "ft", "--stop-at-step", "1"], capsys)[0] == 0
+    return finetune
+
+
 def test_a_finetune_resumed_with_its_config_after_its_source_tokenizer_changed_resumes_as_advised(
         corpus, tmp_path, capsys):
     # The advice `--set tokenizer.path=<run>/tokenizer.json` was refused with a --config that writes
@@ -2116,10 +2126,7 @@ def test_a_finetune_resumed_with_its_config_after_its_source_tokenizer_changed_r
     # the kind too where the config's is not pretrained, and the command it gives resumes.
     import json
 
-    base = own_config_file(corpus, tmp_path)
-    finetune = ["--config", str(base), "--no-progress", "--set", f"train.init_from={tmp_path / 'src'}"]
-    assert run_main(["--config", str(base), "--run-name", "src", "--no-progress"], capsys)[0] == 0
-    assert run_main([*finetune, "--run-name", "ft", "--stop-at-step", "1"], capsys)[0] == 0
+    finetune = _source_and_its_finetune(corpus, tmp_path, capsys)
     source = tmp_path / "src" / "tokenizer.json"
     spec = json.loads(source.read_text(encoding="utf-8"))
     vocab = spec["model"]["vocab"]
@@ -2145,10 +2152,7 @@ def test_a_finetune_saved_before_checkpoints_recorded_its_sources_tokenizer_resu
     # may not be compared with the pretrained form it cannot tell from the source's
     import torch
 
-    base = own_config_file(corpus, tmp_path)
-    finetune = ["--config", str(base), "--no-progress", "--set", f"train.init_from={tmp_path / 'src'}"]
-    assert run_main(["--config", str(base), "--run-name", "src", "--no-progress"], capsys)[0] == 0
-    assert run_main([*finetune, "--run-name", "ft", "--stop-at-step", "1"], capsys)[0] == 0
+    finetune = _source_and_its_finetune(corpus, tmp_path, capsys)
     old = ckpt.latest_checkpoint(tmp_path / "ft")
     state = torch.load(old, weights_only=True)
     del state[ckpt.SOURCE_TOKENIZER]
