@@ -563,6 +563,24 @@ def test_a_fork_without_the_originals_best_pt_starts_its_best_afresh_and_resumes
     assert ckpt.saved_value(tmp_path / "split" / "best.pt", "step") == best["step"]
 
 
+def test_a_checkpoint_saved_before_the_schedule_ended_at_the_floor_resumes_with_a_note(
+        corpus, tmp_path, twelve_steps):
+    # Its plan state lacks ends_at_floor: the run continues with today's schedule, and says so once;
+    # a checkpoint of today's code resumes without the note.
+    run, _ = twelve_steps
+    config = tiny_config(corpus, tmp_path, "train.max_steps=18", "train.eval_interval=3", "train.keep_last=4")
+    train(config, run_name="orig", resume=True, stop_at_step=15, progress=False)
+    log = (run / "train.log").read_text()
+    assert "was saved before 2026-12-05" not in log
+    state = ckpt.load_checkpoint(run / "step_0000015.pt")
+    assert state["plan"] == {"kind": "steps", "ends_at_floor": True}
+    ckpt.save_checkpoint({**state, "plan": {"kind": "steps"}}, run / "step_0000015.pt")
+    train(config, run_name="orig", resume=True, progress=False)
+    log = (run / "train.log").read_text()
+    note = f"note: {run / 'step_0000015.pt'} was saved before 2026-12-05, when a schedule's last step"
+    assert log.count(note) == 1
+
+
 def test_a_resume_in_place_whose_best_pt_is_gone_starts_its_best_afresh(corpus, tmp_path, twelve_steps):
     """best.pt deleted (or damaged) before a resume in place: the checkpoint's best of 0.5, which
     nothing here beats, would leave the run without a best.pt and report a loss whose model is not

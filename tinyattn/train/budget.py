@@ -180,7 +180,8 @@ class TimePlan:
         return f"{self.spent():.0f} s of the {self.text} budget spent"
 
     def state_dict(self) -> dict:
-        return {"kind": self.kind, "budget": self.text, "progress": self.progress, "spent": self.spent(),
+        return {"kind": self.kind, "ends_at_floor": True, "budget": self.text, "progress": self.progress,
+                "spent": self.spent(),
                 "steps_left": self.steps_left, "finished": self.finished,
                 "times": {kind: list(values) for kind, values in self.times.items()},
                 "history": list(self.history)}

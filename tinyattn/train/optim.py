@@ -150,7 +150,7 @@ class StepPlan:
         return None
 
     def state_dict(self) -> dict:
-        return {"kind": self.kind}
+        return {"kind": self.kind, "ends_at_floor": True}  # the schedule since 2026-12-05 (`floor_note`)
 
     def load_state_dict(self, state: dict) -> None:
         pass

@@ -235,6 +235,7 @@ class ResumePoint:
         with a CheckpointError.
         """
         self._keep_step_count(config, given)
+        self._note_older_schedule(config)
         given = (*given, *self.edited)
         saved = config_to_dict(self.config)["model"]
         current = config_to_dict(config)["model"]
@@ -274,6 +275,18 @@ class ResumePoint:
             f"{self.file}: train.init_from: checkpoint {saved!r}, config {now!r} ({source}); a resume "
             f"continues the run's own weights and reads no source: leave train.init_from as the run has it, "
             f"or {instead}")
+
+    def _note_older_schedule(self, config: Config) -> None:
+        """A checkpoint saved before the schedule's last step trained at the floor (2026-12-05: its plan
+        state lacks `ends_at_floor`) continues with today's schedule, a share lower per step from here
+        on: said in a note, as the rates after the resume differ from what the run would have had."""
+        plan = self.state.get("plan")
+        if config.train.schedule == "constant" or (isinstance(plan, dict) and plan.get("ends_at_floor")):
+            return
+        self.notes.append(f"note: {self.file} was saved before 2026-12-05, when a schedule's last step "
+                          "stopped one step's share above train.min_lr; the run continues with today's, whose "
+                          "last step trains at the floor (the rate of each step from here on differs by at "
+                          "most that share)")
 
     def _keep_step_count(self, config: Config, given: Sequence[str]) -> None:
         """A run that trained a step count continues it: a time budget's plan is measured at a new
