@@ -284,9 +284,9 @@ class ResumePoint:
         if config.train.schedule == "constant" or (isinstance(plan, dict) and plan.get("ends_at_floor")):
             return
         self.notes.append(f"note: {self.file} was saved before 2026-12-05, when a schedule's last step "
-                          "stopped one step's share above train.min_lr; the run continues with today's, whose "
-                          "last step trains at the floor (the rate of each step from here on differs by at "
-                          "most that share)")
+                          "stopped one step's share above train.min_lr; the run continues with today's, "
+                          "whose last step trains at the floor (the rate of each step from here on differs "
+                          "by at most that share)")
 
     def _keep_step_count(self, config: Config, given: Sequence[str]) -> None:
         """A run that trained a step count continues it: a time budget's plan is measured at a new
