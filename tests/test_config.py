@@ -390,7 +390,11 @@ def test_a_dropout_table_reads_as_numbers_and_survives_the_round_trip(tmp_path):
      r"c\.yaml: tokenizer\.vocab_size: 0 is not accepted; expected a positive integer"),
 ])
 def test_validation_errors_name_file_key_and_what_is_accepted(tmp_path, text, overrides, message):
-    path = write(tmp_path / "c.yaml", "data:\n  files: a.txt\n" + text)
+    _refused_in_one_line(write(tmp_path / "c.yaml", "data:\n  files: a.txt\n" + text), overrides, message)
+
+
+def _refused_in_one_line(path, overrides, message):
+    """Reading the config at `path` with `overrides` is a one-line ConfigError matching `message`."""
     with pytest.raises(ConfigError, match=message) as info:
         load_config(path, overrides)
     assert "\n" not in str(info.value)  # one line
@@ -412,10 +416,8 @@ def test_an_empty_or_blank_path_is_refused_not_read_as_the_current_folder(tmp_pa
     """Path("") is the current folder: an empty data.files read everything below it (checkpoints
     included), an empty data.dataset read it as a dataset folder, an empty data.cache_dir or
     train.out_dir wrote into it. Each is refused when the config is read, before any work."""
-    path = write(tmp_path / "c.yaml", ("data:\n  files: a.txt\n" if not text else "") + text)
-    with pytest.raises(ConfigError, match=message) as info:
-        load_config(path, overrides)
-    assert "\n" not in str(info.value)  # one line
+    _refused_in_one_line(write(tmp_path / "c.yaml", ("data:\n  files: a.txt\n" if not text else "") + text),
+                         overrides, message)
 
 
 def test_an_empty_init_from_still_means_none(tmp_path):

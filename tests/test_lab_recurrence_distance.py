@@ -114,14 +114,20 @@ def test_threads_of_zero_or_fewer_are_refused_in_one_line():
     assert torch.get_num_threads() == before
 
 
+def _timed_setup(monkeypatch, call_times):
+    """The tiny config, the CPU in fp32 and 600 random tokens, with `recurrence.call_times` (the
+    timer the speed runs read) replaced by `call_times`: (config, device, precision, tokens)."""
+    config = load_config(ROOT / "configs" / "tiny.yaml", ["model.vocab_size=65"])
+    device = torch.device("cpu")
+    monkeypatch.setattr(recurrence, "call_times", call_times)
+    tokens = np.random.default_rng(0).integers(0, 65, 600).astype(np.uint16)
+    return config, device, select_precision("fp32", device), tokens
+
+
 def test_each_context_is_timed_at_the_same_tokens_per_step(monkeypatch):
     # The speed table compares contexts at one number of tokens per step: the batch is that number
     # over the context (12 windows of 8, 6 of 16), not the config's batch of 4 at every context.
-    config = load_config(ROOT / "configs" / "tiny.yaml", ["model.vocab_size=65"])
-    device = torch.device("cpu")
-    precision = select_precision("fp32", device)
-    monkeypatch.setattr(recurrence, "call_times", lambda step, **kwargs: [0.5, 0.5, 0.5])
-    tokens = np.random.default_rng(0).integers(0, 65, 600).astype(np.uint16)
+    config, device, precision, tokens = _timed_setup(monkeypatch, lambda step, **kwargs: [0.5, 0.5, 0.5])
     for contender in contenders_for(config, 1, device, precision):
         for context in (8, 16):
             assert recurrence.tokens_per_second(contender, config.train, tokens, context=context,
@@ -130,13 +136,9 @@ def test_each_context_is_timed_at_the_same_tokens_per_step(monkeypatch):
 
 
 def test_the_speed_is_the_median_of_three_timed_steps_after_an_untimed_one(monkeypatch):
-    config = load_config(ROOT / "configs" / "tiny.yaml", ["model.vocab_size=65"])
-    device = torch.device("cpu")
-    precision = select_precision("fp32", device)
     calls = []
-    monkeypatch.setattr(recurrence, "call_times", lambda step, **kwargs: (
+    config, device, precision, tokens = _timed_setup(monkeypatch, lambda step, **kwargs: (
         calls.append(kwargs) or [0.25, 0.5, 0.125]))
-    tokens = np.random.default_rng(0).integers(0, 65, 600).astype(np.uint16)
     attention = contenders_for(config, 1, device, precision)[0]
     assert recurrence.tokens_per_second(attention, config.train, tokens, context=8, tokens_per_step=96,
                                         device=device, precision=precision) == 96 / 0.25  # not the fastest
@@ -948,11 +950,7 @@ def test_a_context_longer_than_the_training_step_is_labelled_with_the_one_window
 
 
 def test_the_tokens_a_context_steps_are_the_ones_its_speed_is_measured_on(monkeypatch):
-    config = load_config(ROOT / "configs" / "tiny.yaml", ["model.vocab_size=65"])
-    device = torch.device("cpu")
-    precision = select_precision("fp32", device)
-    monkeypatch.setattr(recurrence, "call_times", lambda step, **kwargs: [1.0, 1.0, 1.0])
-    tokens = np.random.default_rng(0).integers(0, 65, 600).astype(np.uint16)
+    config, device, precision, tokens = _timed_setup(monkeypatch, lambda step, **kwargs: [1.0, 1.0, 1.0])
     contender = contenders_for(config, 1, device, precision)[0]
     # 100 tokens a step: 4 whole windows of 24 (96 tokens, not 100); one of 150, more than 100
     for context, stepped in ((24, 96), (150, 150)):
