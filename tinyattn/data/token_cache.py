@@ -187,8 +187,8 @@ def _remove_held_lock(path: Path) -> None:
     """Delete the build lock file `path`, which this process holds, after its build failed: a
     failed build leaves nothing beside the cache folder. A process that opens the name afterwards
     makes a lock file of its own; one that opened the old file just before (between its open and
-    its lock) finds it deleted once it has locked it and tries again (filelock 3.20.4 and later;
-    with an earlier one that gap of microseconds is open, as for `run_folder.remove_failed_start`).
+    its lock) finds it deleted once it has locked it and tries again (filelock 4.2.1 and later, the
+    lower bound in pyproject.toml).
     A successful build keeps the file, as run folders keep theirs. Best effort: a file system
     that refuses (Windows, while it is held) leaves it."""
     try:
