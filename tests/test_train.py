@@ -1861,13 +1861,17 @@ def test_a_time_budget_given_to_a_resumed_step_count_run_is_refused_and_a_config
     assert shlex.split(err.rsplit(" with ", 1)[1]) == ["--set", f"train.init_from={run / 'step_0000002.pt'}"]
     assert ckpt.latest_checkpoint(run).name == "step_0000002.pt"
     budgeted = tmp_path / "budgeted.yaml"
-    budgeted.write_text(f"extends: {TINY}\ntrain:\n  time_budget: 30s\n  max_steps: 4\n  eval_interval: 2\n",
+    # The file's max_steps is its budget's first estimate, not the run's count: the run's 4 stays.
+    budgeted.write_text(f"extends: {TINY}\ntrain:\n  time_budget: 30s\n  max_steps: 9\n  eval_interval: 2\n",
                         encoding="utf-8")
     code, err = run_main(["--resume", str(run), "--config", str(budgeted), "--no-progress", "--set",
                           *tiny_overrides(corpus, tmp_path)], capsys)
     assert code == 0, err
-    assert f"note: train.time_budget 30s (the config's) is off: the run {run} trains a step count" in err
-    assert "done: 2 steps (steps 3-4)" in err and load_config(run / "config.yaml").train.time_budget is None
+    assert (f"note: train.time_budget 30s (the config's) is off: the run {run} trains a step count "
+            "(train.max_steps 4), which a resume continues") in err
+    assert "done: 2 steps (steps 3-4)" in err
+    saved = load_config(run / "config.yaml").train
+    assert saved.time_budget is None and saved.max_steps == 4
 
 
 def test_a_run_without_run_name_is_named_after_its_config_file_and_the_time(corpus, tmp_path, capsys):

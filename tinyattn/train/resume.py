@@ -291,15 +291,19 @@ class ResumePoint:
     def _keep_step_count(self, config: Config, given: Sequence[str]) -> None:
         """A run that trained a step count continues it: a time budget's plan is measured at a new
         run's start (`budget.plan_for`). A train.time_budget given for this resume (--set, or edited
-        in config.yaml) is refused; a --config file's is off, and config.yaml records so."""
+        in config.yaml) is refused; a --config file's is off, and config.yaml records so, with the
+        run's train.max_steps unless --set gives one (the file's is its budget's first estimate)."""
         budget = config.train.time_budget
         if budget is None or self.config.train.time_budget is not None:
             return
         run = self.file.parent
         if "train.time_budget" not in (*given, *self.edited):
             config.train.time_budget = None
+            if "train.max_steps" not in given:
+                config.train.max_steps = self.config.train.max_steps
             self.notes.append(f"note: train.time_budget {budget} (the config's) is off: the run {run} "
-                              "trains a step count, which a resume continues")
+                              f"trains a step count (train.max_steps {config.train.max_steps:,}), which a "
+                              "resume continues")
             return
         source = "--set" if "train.time_budget" in given else f"edited in {run / CONFIG_FILE}"
         raise ConfigError(
