@@ -167,6 +167,23 @@ def test_a_text_field_in_a_config_file_keeps_the_text_as_typed(tmp_path, typed, 
                            ).data.revision is None  # null still means null
 
 
+def test_null_for_a_text_field_without_null_is_refused_saying_how_to_write_an_empty_text_or_the_word(tmp_path):
+    path = write(tmp_path / "c.yaml", "data:\n  files: a.txt\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(path, ["sample.prompt=null"])
+    assert str(refused.value) == ("--set: sample.prompt: expected a string, got null, which this field does not "
+                                  "take (an empty text: sample.prompt= ; the word: sample.prompt='null')")
+    assert load_config(path, ["sample.prompt=", "train.probe_text='null'"]).sample.prompt == ""
+    assert load_config(path, ["train.probe_text='null'"]).train.probe_text == "null"  # as the advice says
+    in_file = write(tmp_path / "n.yaml", "data:\n  files: a.txt\nsample:\n  prompt:\n")
+    with pytest.raises(ConfigError, match=r'n\.yaml: sample\.prompt: expected a string, got null, which this '
+                                          r'field does not take \(an empty text: prompt: ""; the word: prompt: "null"\)$'):
+        load_config(in_file)
+    with pytest.raises(ConfigError, match=r"train\.max_steps: expected an integer, got null, which this field "
+                                          r"does not take$"):
+        load_config(path, ["train.max_steps=null"])
+
+
 def test_a_number_field_reads_its_number_in_decimal_or_refuses_another_base(tmp_path):
     # YAML 1.1 reads 0100 as octal 64, 1:30 as 90 (base 60), 0x10 as 16: a --set and a config file
     # (a run's config.yaml on resume too) read 0100 as 100 and refuse the others in one line

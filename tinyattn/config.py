@@ -212,7 +212,7 @@ class TrainConfig:
     lr: float = 1e-3  # peak rate of AdamW (and of Muon unless muon_lr is set)
     min_lr: float = 1e-4  # the floor the schedule decays to (every group in proportion)
     warmup_steps: int = 100
-    schedule: str = "cosine"  # cosine, linear, constant or wsd (after warmup); see tinyattn/optim.py
+    schedule: str = "cosine"  # cosine, linear, constant or wsd (after warmup); see tinyattn/train/optim.py
     decay_fraction: float = 0.3  # wsd: the final share of the run (with a budget: of its time) to decay
     optimizer: str = "adamw"  # adamw, or muon (Muon for the blocks' matrices, AdamW for the rest)
     muon_lr: Optional[float] = None  # None: train.lr
@@ -982,6 +982,13 @@ def _coerce(value: Any, tp: Any, key: str, where) -> Any:
 def _type_error(where, key: str, expected: str, value: Any) -> ConfigError:
     if isinstance(value, str) and _OTHER_BASE.fullmatch(value):
         expected += " written in decimal"  # 1:30, 0x10: see _plain_numbers_as_written
+    if value is None:  # YAML's null (null, ~ or nothing after the colon): the field has no null
+        shown = "null, which this field does not take"
+        if expected == "a string":
+            name = key.rsplit(".", 1)[-1]
+            shown += (f" (an empty text: {key}= ; the word: {key}='null')" if where(key) == "--set"
+                      else f' (an empty text: {name}: ""; the word: {name}: "null")')
+        return ConfigError(f"{where(key)}: {key}: expected {expected}, got {shown}")
     return ConfigError(f"{where(key)}: {key}: expected {expected}, got {show_value(value)}")
 
 
