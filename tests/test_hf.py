@@ -868,6 +868,29 @@ def test_generate_eval_and_attention_take_a_hf_folder(tmp_path, capsys):
     assert [p.name for p in (tmp_path / "maps").iterdir()], out
 
 
+def test_plots_of_a_hf_folder_go_to_the_current_folder_not_into_the_model_folder(tmp_path, capsys, monkeypatch):
+    # A Hugging Face folder is a model's own (or the hub's cache): attention's PNGs and eval's plot
+    # land beside the command, named after the folder (an export into a folder holding them is refused).
+    pytest.importorskip("matplotlib")
+    tokenizer = tokenizer_of("bpe")
+    random_llama(tmp_path / "llama", tokenizer)
+    before = sorted(p.name for p in (tmp_path / "llama").iterdir())
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    code, out, err = run_main(attention_cli.main, ["--checkpoint", tmp_path / "llama", "--text", "ROMEO: soft",
+                                                   "--layer", "0", "--device", "cpu"], capsys)
+    assert code == 0, err
+    assert [p.name for p in (work / "llama_attention").iterdir()] == ["layer_0.png"]
+    code, out, err = run_main(eval_cli.main, ["--checkpoint", tmp_path / "llama", "--text-file", text,
+                                              "--device", "cpu"], capsys)
+    assert code == 0, err
+    assert (work / "llama_loss_by_position_text.png").is_file(), out
+    assert sorted(p.name for p in (tmp_path / "llama").iterdir()) == before
+
+
 # ----------------------------------------------------------------------------- refusals
 
 

@@ -299,6 +299,14 @@ class LoadedModel:
             return f"{self.path.parent} (a Hugging Face folder)"
         return f"{self.path} (step {self.step})"
 
+    def default_output(self, name: str) -> Path:
+        """Where a command writes `name` (a plot, a folder of them) when not told: in the run folder.
+        A Hugging Face folder is a model's own (perhaps the hub's cache), and an export into it is
+        refused once it holds other files: there `<folder name>_<name>` in the current folder."""
+        if self.hf_folder:
+            return Path(f"{self.path.parent.name}_{name}")
+        return self.path.parent / name
+
 
 def config_from_checkpoint(state: dict, path: Path) -> Config:
     try:

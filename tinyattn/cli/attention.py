@@ -48,7 +48,8 @@ def parser() -> argparse.ArgumentParser:
                    help="instead of the PNGs, write the explorer: one self-contained HTML page of the "
                         "weights, relevance, losses and head ablation of the text (windows as --relevance)")
     p.add_argument("--out-dir", help="folder for the PNGs (default: attention/ in the checkpoint's "
-                                     "run folder)")
+                                     "run folder; for a Hugging Face folder, <its name>_attention/ in the "
+                                     "current folder)")
     add_device(p)
     return p
 
@@ -118,7 +119,7 @@ def _heatmaps(args: argparse.Namespace, loaded, text: str, token_ids: list[int])
         print(f"warning: the text is {kept + dropped} tokens, longer than the context of "
               f"{kept}: kept the last {kept}", file=sys.stderr)
 
-    out_dir = Path(args.out_dir) if args.out_dir else loaded.path.parent / "attention"
+    out_dir = Path(args.out_dir) if args.out_dir else loaded.default_output("attention")
     layers = None if args.layer is None else [args.layer]
     try:
         paths = save_heatmaps(maps, out_dir, layers, args.head)

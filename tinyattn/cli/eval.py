@@ -33,7 +33,8 @@ def parser() -> argparse.ArgumentParser:
     # A string, not a Path: Path("plots/") drops the slash that says it is a folder
     p.add_argument("--plot", metavar="PNG", help="where to save the loss-by-position plot, or a folder to "
                    "save it in (an existing one, or a path ending in /); default: "
-                   "loss_by_position_<split or file name>.png in the run folder")
+                   "loss_by_position_<split or file name>.png in the run folder (for a Hugging Face folder, "
+                   "<its name>_loss_by_position_<file name>.png in the current folder)")
     p.add_argument("--no-plot", action="store_true", help="do not draw the plot")
     return p
 
@@ -58,7 +59,7 @@ def command(args: argparse.Namespace) -> int:
                            "tinyattn lab causal reports its losses)")
     tokens, text, source, name = _tokens(args, loaded)
     if not args.no_plot:  # a plot that cannot be written is said before the scoring, not after
-        _check_plot_folder(_plot_file(args.plot, loaded.path.parent / f"loss_by_position_{name}.png"))
+        _check_plot_folder(_plot_file(args.plot, loaded.default_output(f"loss_by_position_{name}.png")))
     batch_size = _batch_size(args.batch_size, loaded)
     char_level = loaded.config.tokenizer.kind == "char"
     result = evaluate_tokens(loaded.model, loaded.tokenizer, tokens, batch_size, char_level, text=text,
@@ -161,7 +162,7 @@ def _plot(args: argparse.Namespace, loaded, result, source: str, name: str) -> N
     if not plotting_available():
         print("plot skipped: matplotlib is missing (pip install 'tinyattn[plot]'), or use --no-plot")
         return
-    path = _plot_file(args.plot, loaded.path.parent / f"loss_by_position_{name}.png")
+    path = _plot_file(args.plot, loaded.default_output(f"loss_by_position_{name}.png"))
     step = "" if loaded.hf_folder else f", step {loaded.step}"
     title = f"loss by position: {loaded.path.parent.name}{step}, {source}"
     try:
