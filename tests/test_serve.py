@@ -986,6 +986,53 @@ def test_a_prompt_that_encodes_to_no_tokens_is_a_400_naming_the_prompt():
     assert refused.value.status == 400 and refused.value.param == "prompt"
 
 
+def test_a_prompt_longer_than_the_context_can_read_is_refused_before_it_is_encoded(char_tokenizer,
+                                                                                     monkeypatch):
+    # A 10 MB prompt took seconds to encode on the event loop, every client waiting, to be refused all the
+    # same. Past `most` times the most characters a token reads, no encoding can fit: refused unread.
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.data.tokenizer import END_OF_TEXT
+    from tinyattn.serve.schemas import ApiError, CompletionRequest, Limits, check_completion
+
+    encoded, encode = [], char_tokenizer.encode
+    monkeypatch.setattr(char_tokenizer, "encode", lambda text: encoded.append(text) or encode(text))
+    check = lambda prompt: check_completion(  # noqa: E731
+        CompletionRequest(model="m", prompt=prompt), limits=Limits(max_prompt_tokens=4),
+        defaults=SampleConfig(), tokenizer=char_tokenizer, context_length=64)
+    fits = END_OF_TEXT * 4  # 52 characters in 4 tokens: the most that 4 tokens of this tokenizer read
+    assert check(fits).prompt_tokens == 4 and encoded == [fits]
+    with pytest.raises(ApiError, match="the prompt is 5 tokens; this server takes at most 4") as counted:
+        check("a" * 5)
+    with pytest.raises(ApiError) as refused:
+        check(fits + "a")
+    assert refused.value.message == ("the prompt is 53 characters, more than 4 tokens can read (each at most "
+                                     "13 characters); this server takes at most 4 tokens")
+    assert encoded == [fits, "a" * 5]  # never the one refused unread
+    assert [(e.status, e.param, e.code) for e in (refused.value, counted.value)] == [
+        (400, "prompt", "context_length_exceeded")] * 2
+
+
+def test_prompts_and_explorer_texts_are_encoded_off_the_event_loop(server, loaded, monkeypatch):
+    # Encoded on the event loop, a long prompt or explorer text stalled every other client (a 10 MB
+    # prompt kept /health waiting 8 s); in the thread pool only its own request waits for it.
+    import asyncio
+
+    on_the_loop, encode = [], loaded.tokenizer.encode
+
+    def watched(text):
+        try:
+            asyncio.get_running_loop()
+            on_the_loop.append(text)
+        except RuntimeError:  # no event loop runs in this thread
+            pass
+        return encode(text)
+    monkeypatch.setattr(loaded.tokenizer, "encode", watched)
+    answers = [post(server, "/v1/completions", {"model": "tiny-serve", "prompt": PROMPT, "max_tokens": 1}),
+               post(server, "/explorer", {"text": "ROMEO:\nBut soft", "offset": 8})]
+    assert [status for status, _ in answers] == [200, 200] and on_the_loop == []
+
+
 def _checked(limits=None, **fields):
     """check_completion of a request with `fields`, a code-point tokenizer and a context of 64."""
     import types

@@ -401,3 +401,30 @@ def test_a_start_or_end_of_text_outside_the_added_specials_is_special_all_the_sa
     backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="?"))
     assert Tokenizer(backend, start_of_text="<s>").special_ids == {1, 2}
     assert Tokenizer(backend, end_of_text="</s>", start_of_text="<s>").special_ids == {1, 2, 3}  # and its eos
+
+
+def test_a_text_of_more_than_n_times_max_token_chars_characters_is_more_than_n_tokens(char_tokenizer,
+                                                                                       bpe_tokenizer):
+    # The server refuses a prompt longer than its context can read without encoding it (`serve`): the
+    # bound must hold for every text, or a prompt that fits would be refused.
+    longest = max(len(bpe_tokenizer.token(i)) for i in range(bpe_tokenizer.vocab_size))
+    assert (char_tokenizer.max_token_chars, bpe_tokenizer.max_token_chars) == (len(END_OF_TEXT), longest)
+    for tokenizer in (char_tokenizer, bpe_tokenizer):
+        for text in (TRAINING, HARD, END_OF_TEXT * 3, TRAINING * 7 + END_OF_TEXT):
+            assert len(tokenizer.encode(text)) * tokenizer.max_token_chars >= len(text)
+        assert len(tokenizer.encode(END_OF_TEXT * 3)) * tokenizer.max_token_chars == len(END_OF_TEXT * 3)
+
+
+def test_a_tokenizer_that_can_read_any_number_of_characters_in_one_token_has_no_max_token_chars(
+        bpe_tokenizer):
+    spec = json.loads(bpe_tokenizer.to_json())
+    normalised = {**spec, "normalizer": {"type": "NFC"}}  # "e\u0301" (two characters) becomes one
+    missing_a_byte = {**spec, "model": {**spec["model"], "vocab": {  # BPE drops a byte it lacks: byte 0's
+        token: i for token, i in spec["model"]["vocab"].items() if token != "\u0100"}}}
+    stripping = {**spec, "added_tokens": [{**spec["added_tokens"][0], "lstrip": True}]}  # takes the spaces
+    for changed in (normalised, missing_a_byte, stripping):
+        assert Tokenizer.from_json(json.dumps(changed)).max_token_chars is None
+    word_piece = tokenizers.Tokenizer(tokenizers.models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    word_piece.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tokenizer = Tokenizer(word_piece)
+    assert tokenizer.encode("bbbbbbbb   bbbbbb") == [0, 0] and tokenizer.max_token_chars is None

@@ -100,6 +100,7 @@ class Tokenizer:
         self.adds_start = start_of_text is not None and self.template_start() == start_of_text
         self._byte_level = (spec.get("decoder") or {}).get("type") == "ByteLevel"
         self._splittable = _cuts_at_newlines_are_exact(spec)
+        self._max_token_chars = _longest_token_chars(spec)
         model = spec.get("model") or {}
         self._model_type = model.get("type", "?")
         # The unknown token: WordLevel, WordPiece and BPE name it, Unigram gives its id.
@@ -190,6 +191,14 @@ class Tokenizer:
         unknown = getattr(self._backend.model, "unk_token", None)
         ids |= {self._eot_id, self._start_id, self._backend.token_to_id(unknown) if unknown else None}
         return frozenset(ids - {None})
+
+    @property
+    def max_token_chars(self) -> Optional[int]:
+        """The most characters of a text one token can read, where that is bounded (so a text of more
+        than n times as many characters is sure to be more than n tokens, without encoding it); None
+        where a tokenizer can read any number in one token (one that normalises text, which may delete
+        characters; a WordPiece [UNK] for a whole word). See `_longest_token_chars`."""
+        return self._max_token_chars
 
     @property
     def unknown_id(self) -> Optional[int]:
@@ -444,6 +453,34 @@ def _cuts_at_newlines_are_exact(spec: dict) -> bool:
     if pre.get("type") == "ByteLevel":
         return pre.get("add_prefix_space") is False and pre.get("use_regex", True) is True
     return False
+
+
+def _longest_token_chars(spec: dict) -> Optional[int]:
+    """The most characters one token reads, for the tokenizers where a bound is known, else None.
+
+    With no normalizer (NFC, say, joins characters; BERT's deletes some), known for two kinds: one
+    character a token (`FixedLength(1)` into a WordLevel model: `char`), and byte-level BPE whose
+    vocabulary holds every byte (a token spells one vocabulary character per byte it reads, and a
+    text's character is at least one byte; missing a byte, BPE would drop it, or fuse a run into one
+    unknown token). An added token reads its own content, unless it also takes the spaces beside it
+    (`lstrip`, `rstrip`)."""
+    model, pre = spec.get("model") or {}, spec.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    kinds = [step.get("type") for step in steps]
+    added = spec.get("added_tokens") or []
+    if spec.get("normalizer") is not None or any(t.get("lstrip") or t.get("rstrip") for t in added):
+        return None
+    vocab = model.get("vocab")
+    if kinds == ["FixedLength"] and pre.get("length") == 1 and model.get("type") == "WordLevel":
+        longest = 1
+    elif ("ByteLevel" in kinds and model.get("type") == "BPE" and isinstance(vocab, dict)
+          and all(k == "ByteLevel" or (k == "Split" and step.get("behavior") != "Removed")
+                  for k, step in zip(kinds, steps))
+          and all(c in vocab for c in pre_tokenizers.ByteLevel.alphabet())):
+        longest = max(map(len, vocab), default=1)
+    else:
+        return None
+    return max([longest, *(len(t["content"]) for t in added)])
 
 
 _BYTE_LEVEL_INVERSE: dict[str, int] = {}

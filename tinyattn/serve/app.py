@@ -21,7 +21,8 @@
 
 Mistakes in a request are 400s with OpenAI's error body (`schemas.ApiError`), unknown routes
 404s, and anything unexpected a 500 with the same body: the server stays up. Model calls run
-on one thread (`worker.ModelWorker`); a client that goes away mid-stream cancels its job.
+on one thread (`worker.ModelWorker`); a client that goes away mid-stream cancels its job. A
+request's text is encoded in the thread pool, never on the event loop, which every client shares.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import AsyncIterator, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tinyattn.serve.schemas import (
@@ -135,9 +137,10 @@ def _add_routes(app: FastAPI, served: Served) -> None:
     async def completions(request: Request):
         body = parse(CompletionRequest, await request.body())
         _check_model(served, body.model)
-        completion = check_completion(body, limits=served.limits, defaults=served.sample,
-                                      tokenizer=served.tokenizer,
-                                      context_length=served.model.config.context_length)
+        # Off the event loop: encoding a long prompt takes a while, and every other client waits on the loop.
+        completion = await run_in_threadpool(check_completion, body, limits=served.limits,
+                                             defaults=served.sample, tokenizer=served.tokenizer,
+                                             context_length=served.model.config.context_length)
         job = Job(_samples(served, completion), asyncio.get_running_loop(), "a completion")
         served.worker.submit(job)
         if completion.stream:
@@ -148,7 +151,7 @@ def _add_routes(app: FastAPI, served: Served) -> None:
     @app.post("/explorer", response_class=HTMLResponse)
     async def explorer(request: Request):
         body = parse(ExploreRequest, await request.body())
-        ids, query, note = _explorer_query(served, body)
+        ids, query, note = await run_in_threadpool(_explorer_query, served, body)  # encodes: off the loop
         job = served.worker.submit(Job(one_call(lambda: _explorer_page(served, ids, query, note)),
                                        asyncio.get_running_loop(), "an explorer page"))
         async for page in job.items():

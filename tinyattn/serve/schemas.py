@@ -202,15 +202,27 @@ def check_completion(request: CompletionRequest, *, limits: Limits, defaults: Sa
                    num_samples=n, seed=request.seed, stop=_stop_of(request, limits))
     check_sampling(_fail, **options)
     prompt = _prompt_of(request)
+    prompt_tokens = _prompt_tokens(prompt, tokenizer, limits.max_prompt_tokens or context_length)
+    return Completion(prompt, prompt_tokens, SamplingOptions(**options), bool(request.stream),
+                      bool(request.stream_options and request.stream_options.include_usage))
+
+
+def _prompt_tokens(prompt: str, tokenizer, most: int) -> int:
+    """The tokens the model reads for `prompt`, refused past `most`. A prompt of more characters than
+    `most` tokens can read (`Tokenizer.max_token_chars`) is refused before it is encoded: encoding
+    megabytes of text takes seconds, for a refusal all the same."""
+    longest = getattr(tokenizer, "max_token_chars", None)  # None: no bound known, so encode and count
+    if longest is not None and len(prompt) > most * longest:
+        raise ApiError(f"the prompt is {len(prompt)} characters, more than {most} tokens can read (each at "
+                       f"most {longest} characters); this server takes at most {most} tokens",
+                       param="prompt", code="context_length_exceeded")
     ids = tokenizer.encode(prompt) if prompt else []
     if prompt and not ids:  # all of it normalised away (a WordPiece tokenizer's " ")
         raise ApiError(f"the prompt {prompt!r} encodes to no tokens: give text the model can read",
                        param="prompt")
     # An empty prompt: one start token; another gets an imported folder's bos where its tokenizer adds it.
     prompt_tokens = len(tokenizer.text_start + ids) if prompt else 1
-    most = limits.max_prompt_tokens or context_length
     if prompt_tokens > most:
         raise ApiError(f"the prompt is {prompt_tokens} tokens; this server takes at most {most}",
                        param="prompt", code="context_length_exceeded")
-    return Completion(prompt, prompt_tokens, SamplingOptions(**options), bool(request.stream),
-                      bool(request.stream_options and request.stream_options.include_usage))
+    return prompt_tokens
