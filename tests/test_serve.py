@@ -544,6 +544,35 @@ def test_a_shutdown_that_cuts_one_of_the_choices_short_is_a_503(server, monkeypa
     assert status == 503 and json.loads(body)["error"]["code"] == "server_shutting_down", body
 
 
+def test_a_stream_the_shutdown_cuts_short_ends_in_the_503s_error_event_not_usage(server, monkeypatch):
+    # It ended as a finished stream: the usage chunk (completion_tokens 0 after 380 characters, a
+    # choice's tokens being counted on its last piece), then [DONE], choice 1 never seen.
+    import tinyattn.serve.app as app_module
+    from tinyattn.generate.text import SamplePiece
+
+    stream = {"stream": True, "stream_options": {"include_usage": True}}
+    status, body = cancelled_mid_request(server, {"max_tokens": 5000, "temperature": 0, **stream},
+                                         ready=lambda: worker(server).load["active"] > 0)
+    *pieces, error, done = [block for block in body.split("\n\n") if block]
+    assert status == 200 and done == "data: [DONE]" and pieces, body
+    assert all(json.loads(p[len("data: "):])["choices"][0]["finish_reason"] is None for p in pieces)
+    assert json.loads(error[len("data: "):])["error"]["code"] == "server_shutting_down", body
+
+    def first_ends_second_runs_on(served, completion):  # choice 0 has ended, choice 1 has not
+        yield SamplePiece(0, "done", "stop", tokens=4)
+        while True:
+            time.sleep(0.005)
+            yield SamplePiece(1, "x")
+    monkeypatch.setattr(app_module, "_samples", first_ends_second_runs_on)
+    turns = worker(server).stats.turns
+    status, body = cancelled_mid_request(server, {"max_tokens": 100, "n": 2, **stream},
+                                         ready=lambda: worker(server).stats.turns >= turns + 3)
+    *pieces, error, done = [json.loads(b[len("data: "):]) if b != "data: [DONE]" else b
+                            for b in body.split("\n\n") if b]
+    assert done == "data: [DONE]" and error["error"]["code"] == "server_shutting_down", body
+    assert all(p["usage"] is None for p in pieces) and pieces[0]["choices"][0]["finish_reason"] == "stop"
+
+
 def test_a_worker_error_mid_stream_is_an_error_event_and_then_done(server, monkeypatch):
     import tinyattn.serve.app as app_module
     from tinyattn.generate.text import SamplePiece

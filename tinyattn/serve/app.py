@@ -258,18 +258,25 @@ def _event(value: dict) -> str:
 
 
 async def _events(served: Served, completion: Completion, job: Job) -> AsyncIterator[str]:
-    """Server-sent events: one chunk per piece, the usage chunk if asked for, then [DONE].
+    """Server-sent events: one chunk per piece, the usage chunk if asked for, then [DONE]. A stream
+    the server's shutdown cuts short (a choice without its finish reason) ends in the error event a
+    whole completion's 503 would carry instead of the usage chunk: not a finished answer, and no count
+    of a part (a choice's tokens are counted on its last piece).
 
     When the client goes away, sending the next chunk fails and Starlette closes this
     generator: its `finally` cancels the job, which the worker then closes before its next turn.
     """
     completion_id = _completion_id()
-    generated = [0] * completion.options.num_samples
+    n = completion.options.num_samples
+    finished, generated = [None] * n, [0] * n
     try:
         async for piece in job.items():
+            finished[piece.sample] = piece.finish_reason or finished[piece.sample]
             generated[piece.sample] += piece.tokens
             choice = _choice(piece.sample, piece.text, piece.finish_reason)
             yield _event(_body(served, completion_id, [choice], None))
+        if any(reason is None for reason in finished):  # cancelled: the server is stopping (Ctrl-C)
+            raise _stopped("this completion")
         if completion.include_usage:
             yield _event(_body(served, completion_id, [], _usage(completion, generated)))
     except ApiError as error:  # the worker failed mid-stream: the headers are gone, so say it in the stream
