@@ -646,6 +646,26 @@ def test_a_failed_write_leaves_no_file_and_no_temporary(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_temporary_file_of_an_export_killed_mid_write_is_deleted_by_the_next_export_there(tmp_path):
+    # A SIGKILLed export left its full-size `.model.gguf.XXXXXXXX.tmp` beside the target for good.
+    import os
+    import tempfile
+
+    fd, leftover = tempfile.mkstemp(dir=tmp_path, prefix=".model.gguf.", suffix=".tmp")  # the writer's name
+    os.write(fd, b"GGUF" + bytes(1000))
+    os.close(fd)
+    others = [".other.gguf.abcd1234.tmp", ".model.gguf.tmp", ".model.gguf.abcd12345.tmp", "notes.txt",
+              "model.gguf.abcd1234.tmp", ".model.gguf.abcd1234.tmp.keep", ".model.gguf.ABCD1234.tmp"]
+    for name in others:
+        (tmp_path / name).write_text("not an export's")
+    (tmp_path / ".model.gguf.abcd5678.tmp").mkdir()  # a folder of that name is no file the writer made
+    tokenizer = tokenizer_of("char")
+    path = export(tmp_path, random_model(tokenizer), tokenizer)
+    assert not os.path.exists(leftover)
+    kept = [*others, ".model.gguf.abcd5678.tmp", path.name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
+
+
 def test_a_dtype_a_gguf_file_cannot_hold_is_refused_in_one_line(tmp_path):
     tokenizer = tokenizer_of("char")
     with pytest.raises(CheckpointError) as raised:

@@ -29,12 +29,14 @@ per-head norm weights would have to follow one, and need not).
 Norm gains stay float32 at every dtype (llama.cpp's converters keep 1-D tensors so);
 matrices are float32, float16 or bfloat16 (`GGUF_DTYPES`), rounded by torch. Logit
 soft-capping has no place in either architecture and is refused. The file is written
-beside its target and renamed into place, so a failed export leaves no partial file.
+beside its target and renamed into place, so a failed export leaves no partial file; the
+temporary file of one killed mid-write (SIGKILL) is deleted by the next export to that path.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Optional
@@ -163,6 +165,7 @@ def write_gguf(state: dict[str, torch.Tensor], config: ModelConfig, tokenizer: T
     """Write `path` (one .gguf file) for the model `state`/`config` and its tokenizer."""
     gguf = gguf_package()
     path = Path(path)
+    clean_interrupted_export(path)
     if dtype not in GGUF_DTYPES:
         raise CheckpointError(f"--dtype {dtype}: a GGUF file holds {', '.join(GGUF_DTYPES)}")
     if path.is_dir() or (path.exists() and not force):
@@ -181,6 +184,18 @@ def write_gguf(state: dict[str, torch.Tensor], config: ModelConfig, tokenizer: T
         writer.add_tensor(tensor_name, data, raw_dtype=raw_dtype)
     _write_beside_then_rename(writer, path)
     return path
+
+
+def clean_interrupted_export(path: Path) -> None:
+    """Delete what an export to `path` killed mid-write (SIGKILL, a power cut) left beside it: its
+    temporary file, as large as the export, named by mkstemp `.{name}.XXXXXXXX.tmp`; nothing else."""
+    if not path.parent.is_dir():
+        return
+    pattern = re.compile(rf"^\.{re.escape(path.name)}\.[a-z0-9_]{{8}}{re.escape(TEMPORARY_SUFFIX)}$")
+    for leftover in path.parent.iterdir():
+        if pattern.match(leftover.name) and leftover.is_file():
+            with storage_errors(leftover):
+                leftover.unlink(missing_ok=True)
 
 
 def _write_beside_then_rename(writer, path: Path) -> None:
