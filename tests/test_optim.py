@@ -292,3 +292,45 @@ def test_an_optimizer_state_saved_before_muon_loads_and_another_count_is_refused
         muon.load_state_dict(saved.state_dict())
     with pytest.raises(ValueError, match=r"^the checkpoint holds 2 optimizer state\(s\), this run has 1 "):
         resumed.load_state_dict(muon.state_dict())
+
+
+def test_a_warmup_as_long_as_the_run_is_warned_of_and_one_step_shorter_is_not():
+    """warmup_steps == max_steps: the last step trains at 100 % of the peak and nothing decays."""
+    from tinyattn.train.optim import warmup_warning
+
+    config = TrainConfig(warmup_steps=20, max_steps=20)
+    assert warmup_warning(config, 20) == (
+        "warning: train.warmup_steps=20 is not below the 20 steps of train.max_steps: the rate ends still "
+        "warming up, at 100% of its peak, and never decays; give fewer warmup steps "
+        "(--set train.warmup_steps=2) or more train.max_steps")
+    assert warmup_warning(TrainConfig(warmup_steps=19, max_steps=20), 20) is None
+
+
+def test_a_run_of_max_steps_ends_its_last_pass_over_the_text_with_its_last_step():
+    """train.sampling passes: 15 steps of 4 windows over a text of 40 windows a pass take 60 windows,
+    shared between two passes of 30, so the run's last window is the second pass's last."""
+    from tinyattn.system.device import select_precision
+    from tinyattn.train.trainer import Trainer
+
+    tokens = (torch.arange(16 * 41) % 16).numpy().astype("uint16")  # (41 - 1) windows of 16 a pass
+    model_config = ModelConfig(vocab_size=16, n_layer=1, n_head=2, n_embd=16, context_length=16)
+    train_config = TrainConfig(max_steps=15, warmup_steps=2, batch_size=4, sampling="passes")
+    cpu = torch.device("cpu")
+    trainer = Trainer.build(model_config, train_config, tokens, device=cpu, precision=select_precision("fp32", cpu))
+    for _ in range(15):
+        trainer.train_step()
+    assert trainer.batches.pass_starts == [0, 30]
+
+
+def test_a_fork_with_other_rates_and_betas_trains_with_its_own_not_the_checkpoints():
+    """Optimizer states saved by a run at lr 1e-3 (muon 2e-3), beta2 0.99, loaded by a fork given
+    lr 4e-3 (muon 8e-3) and beta2 0.95: every group steps at the fork's rates and betas."""
+    model = LanguageModel(ModelConfig(vocab_size=20, n_layer=1, n_head=2, n_embd=16, context_length=8))
+    cpu = torch.device("cpu")
+    saved = build_optimizer(model, TrainConfig(optimizer="muon", lr=1e-3, muon_lr=2e-3, beta2=0.99), cpu)
+    set_learning_rates(saved.optimizers, 0.5)  # as a run does before each of its steps
+    fork = build_optimizer(model, TrainConfig(optimizer="muon", lr=4e-3, muon_lr=8e-3, beta1=0.8, beta2=0.95), cpu)
+    fork.load_state_dict(saved.state_dict())
+    set_learning_rates(fork.optimizers, 0.5)
+    assert fork.rates() == pytest.approx({"adamw/embedding": 2e-3, "adamw/gains": 2e-3, "muon/matrices": 4e-3})
+    assert {group["betas"] for group in fork.optimizers[0].param_groups} == {(0.8, 0.95)}
