@@ -170,6 +170,24 @@ def test_a_resumed_budget_run_counts_the_time_already_spent(corpus, tmp_path, mo
     assert 95.0 <= total <= 100.0 - TimePlan.EXIT_SECONDS, total
     state = ckpt.load_checkpoint(ckpt.latest_checkpoint(resumed.run_dir))
     assert state["plan"]["spent"] == pytest.approx(total) and state["plan"]["finished"]
+    # Its plan's schedule ends at the floor, as today's: no note of an older one.
+    assert "was saved before 2026-12-05" not in (resumed.run_dir / "train.log").read_text()
+
+
+def test_a_new_budget_run_counts_its_start_up_once(corpus, tmp_path, monkeypatch):
+    """10 s of start-up before the first measurement: the run ends within the budget and uses it, its
+    plan counting those seconds once (the measuring, put back after, must not put back the plan's clock)."""
+    clock = FakeClock()
+    FakeMachine(monkeypatch, clock, lambda now, step: 0.25, compute=False)
+    result = train(budget_config(corpus, tmp_path, "100s"), run_name="run", progress=False, clock=clock,
+                   elapsed_before=10.0)
+    assert 95.0 <= result.wall_seconds <= 100.0 - TimePlan.EXIT_SECONDS, result.wall_seconds
+    state = ckpt.load_checkpoint(ckpt.latest_checkpoint(result.run_dir))
+    assert state["plan"]["spent"] == pytest.approx(result.wall_seconds) and state["plan"]["finished"]
+    # The plan at each evaluation (every 25 steps and the last) is in the checkpoint.
+    history = state["plan"]["history"]
+    assert [entry[0] for entry in history] == sorted({*range(25, result.step, 25), result.step})
+    assert history[-1][1] == pytest.approx(result.wall_seconds) and tuple(history[-1][3:]) == (0, 1.0)
 
 
 def test_a_finished_budget_run_resumed_says_how_to_train_on_and_that_way_works(corpus, tmp_path, monkeypatch):
@@ -243,6 +261,31 @@ def test_a_run_saved_before_time_plans_resumed_with_config_continues_to_the_step
                            device=torch.device("cpu"))
     assert isinstance(plan, StepPlan) and config.train.max_steps == 777
     assert not plan.done(776) and plan.done(777)
+
+
+def test_a_run_that_trained_a_step_count_resumed_with_a_budget_keeps_its_step_schedule():
+    """Its checkpoint's plan is a step count's: the resume goes on with StepPlan, not a time plan."""
+    from tinyattn.system.distributed import Distributed
+    from tinyattn.train.optim import StepPlan
+
+    config = load_config(TINY, ["train.time_budget=10m", "train.max_steps=777"]).train
+    state = {"step": 100, "plan": StepPlan(config).state_dict()}
+    plan = budget.plan_for(config, state, FakeClock(), dist=Distributed(), device=torch.device("cpu"))
+    assert isinstance(plan, StepPlan) and plan.done(777) and not plan.done(776)
+    new_run = budget.plan_for(config, None, FakeClock(), dist=Distributed(), device=torch.device("cpu"))
+    assert isinstance(new_run, TimePlan)
+
+
+def test_a_resumed_plan_with_time_for_exactly_one_more_step_takes_it():
+    config = load_config(TINY, ["train.eval_interval=100000"]).train
+    saved = TimePlan("100s", config, FakeClock())
+    saved.seed(1.0, 0.0, 0.0)
+    clock = FakeClock(100 * (1 - TimePlan.MARGIN) - TimePlan.EXIT_SECONDS - 1.5)  # 1.5 s left: one 1 s step
+    resumed = TimePlan("100s", config, clock)
+    resumed.load_state_dict(saved.state_dict())
+    assert resumed.steps_that_fit(100) == 1 and not resumed.no_step_fits(100)
+    clock.now += 1.0
+    assert resumed.no_step_fits(100)
 
 
 def test_a_budget_run_saved_before_time_plans_resumes_through_train_to_the_step_count_it_chose(
@@ -341,8 +384,12 @@ def test_the_budget_gives_a_faster_machine_more_dropout_and_a_resume_keeps_it(
     ("{1.5: 0.1, 3: 0.2}", 0.0, 0.25, 0.125,  # the tables read under the lowest entry above 1.2 passes
      "model.dropout=0 kept (the dearer step leaves it short of the 1.5 passes of its entry in "
      "train.dropout_by_passes), train.min_lr=0.0002 kept (train.floor_by_passes from 1.5 passes: "
+     "with dropout), train.weight_decay=0.25 (train.decay_by_passes)"),
+    ("{0: 0.0, 1.5: 0.1}", 0.0, 0.25, 0.125,  # the entry 1.2 passes reach is the model's own: as none-left
+     "model.dropout=0 kept (the dearer step leaves it short of the 1.5 passes of its entry in "
+     "train.dropout_by_passes), train.min_lr=0.0002 kept (train.floor_by_passes from 1.5 passes: "
      "with dropout), train.weight_decay=0.25 (train.decay_by_passes)")],
-    ids=["none-left", "a-lower-entry", "two-above"])
+    ids=["none-left", "a-lower-entry", "two-above", "own-entry-below"])
 def test_a_dropout_whose_dearer_step_falls_short_of_its_entry_is_not_taken(
         corpus, tmp_path, monkeypatch, dropouts, chosen, decay, step, choices):
     """1.8 passes fit at the model's own dropout (0) and 1.2 with the table's 0.1 (a dropped-out
@@ -616,14 +663,27 @@ def test_on_a_steady_machine_the_plan_steps_at_the_step_schedules_rates_for_the_
     steps = plan.seed(1.0, 0.0, 0.0)
     assert steps == 87  # 100 s less 1.5 %, 1 s of exit and 10 s spent: 87.5 s
     plan.start()
-    rates = []
+    rates, totals = [], []
     while not plan.done(len(rates)):
+        totals.append(plan.total_steps(len(rates)))  # the run's length as planned before each step
         rates.append(plan.factor(len(rates)))
         clock.now += 1.0
         plan.after_step(len(rates))
     config.max_steps = steps
     assert rates == pytest.approx([lr_factor(step, config) for step in range(steps)], rel=1e-9, abs=1e-12)
+    assert totals == [steps] * steps  # where the sampler ends the passes, and the progress bar's total
     assert rates[-1] == pytest.approx(config.min_lr / config.lr)  # the last step that fits: the floor
+
+
+def test_a_step_that_fits_the_time_left_exactly_is_taken():
+    config = load_config(TINY, ["train.eval_interval=100000"]).train
+    clock = FakeClock(0.0)
+    plan = TimePlan("200s", config, clock)
+    plan.seed(1.0, 0.0, 0.0)
+    clock.now = plan.seconds * (1 - TimePlan.MARGIN) - TimePlan.EXIT_SECONDS - 1.0  # 1 s left: one step
+    assert plan.steps_that_fit(0) == 1
+    clock.now += 0.25
+    assert plan.steps_that_fit(0) == 0
 
 
 def test_one_stalled_step_is_outvoted_and_does_not_shorten_the_plan():
