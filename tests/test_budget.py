@@ -315,6 +315,29 @@ def test_entry_for_takes_the_entry_with_the_most_passes_at_or_below_the_count():
     assert entry_for({}, 100.0) is None
 
 
+def test_a_run_of_fixed_steps_whose_table_entries_equal_its_values_chooses_nothing():
+    """100 steps of 128 tokens over 12,800: one pass. Entries equal to the model's dropout, the floor
+    and the decay it has leave them as they are (None: config.yaml then pins no attention dropout);
+    other entries are chosen."""
+    from types import SimpleNamespace
+
+    from tinyattn.config import TrainConfig
+    from tinyattn.train.passes import PassTables, choose_by_steps
+
+    config = TrainConfig(lr=1e-3, min_lr=5e-4, weight_decay=0.25, max_steps=100)
+    trainer = SimpleNamespace(config=config, tokens_per_step=128,
+                              batches=SimpleNamespace(tokens=np.zeros(12_800)),
+                              model=SimpleNamespace(dropout=torch.nn.Dropout(0.125)))
+    same = PassTables(config, dropout_by_passes={1.0: 0.125}, floor_by_passes={1.0: 0.5},
+                      decay_by_passes={1.0: 0.25})
+    choices = choose_by_steps(trainer, same)
+    assert (choices.passes, choices.dropout, choices.min_lr, choices.weight_decay) == (1.0, None, None, None)
+    other = PassTables(config, dropout_by_passes={1.0: 0.25}, floor_by_passes={1.0: 0.25},
+                       decay_by_passes={1.0: 0.5})
+    choices = choose_by_steps(trainer, other)
+    assert (choices.dropout, choices.min_lr, choices.weight_decay) == (0.25, 2.5e-4, 0.5)
+
+
 @pytest.mark.parametrize("idle_step, passes, chosen", [(0.5, "0.4 passes over the training text fit", 0.0),
                                                        (0.125, "1.8 passes over the training text fit, "
                                                                "1.2 with model.dropout=0.1", 0.1),
