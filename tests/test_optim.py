@@ -334,3 +334,13 @@ def test_a_fork_with_other_rates_and_betas_trains_with_its_own_not_the_checkpoin
     set_learning_rates(fork.optimizers, 0.5)
     assert fork.rates() == pytest.approx({"adamw/embedding": 2e-3, "adamw/gains": 2e-3, "muon/matrices": 4e-3})
     assert {group["betas"] for group in fork.optimizers[0].param_groups} == {(0.8, 0.95)}
+
+
+def test_head_lr_is_noted_as_unused_only_with_a_tied_head():
+    from tinyattn.train.optim import unused_options
+
+    config = TrainConfig(optimizer="muon", head_lr=1e-2)
+    assert unused_options(config, False, ["train.head_lr", "train.muon_lr"]) == []
+    assert unused_options(config, True, ["train.head_lr"]) == [
+        "note: train.head_lr has no effect: model.tie_embeddings is true, so the head is the token embedding "
+        "and trains at train.embedding_lr"]
