@@ -391,6 +391,26 @@ def test_an_fp16_runs_loss_scale_is_restored_on_resume(corpus, tmp_path):
     assert resumed.scaler.state_dict() == state["scaler"]
 
 
+def test_an_average_saved_without_one_of_the_weights_is_refused_naming_it():
+    """A checkpoint's average ("model") that lacks a trained weight: refused naming the weight, the
+    average left as it was; a whole one is taken back exactly."""
+    from tinyattn.train.averaging import WeightAverage
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
+    average = WeightAverage(model, 0.8)
+    saved = average.model_state_dict()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    average.update()
+    before = [a.clone() for a in average.averages]
+    with pytest.raises(KeyError, match=r"the saved average has no '1.weight'"):
+        average.load_model_state_dict({k: v for k, v in saved.items() if k != "1.weight"})
+    assert all(torch.equal(a, b) for a, b in zip(average.averages, before))
+    average.load_model_state_dict(saved)
+    assert all(torch.equal(a, saved[name]) for name, a in zip(average.names, average.averages))
+
+
 @pytest.mark.parametrize("tied", [False, True])  # tied: the head's name must hold the average too
 def test_the_moving_average_is_what_a_run_evaluates_and_saves(corpus, tmp_path, tied):
     from tinyattn.analysis.evaluate import loss_by_position
