@@ -205,6 +205,39 @@ def test_a_finished_budget_run_resumed_says_how_to_train_on_and_that_way_works(c
     assert train(more, run_name="run", resume=True, progress=False, clock=clock).step == first.step + 5
 
 
+def test_a_budget_run_resumed_without_its_budget_says_it_trains_a_step_count_and_an_edited_count_turns_it_off(
+        corpus, tmp_path, monkeypatch, capsys):
+    # A --config file without a budget (a Config without one) ended the run's time plan without a word;
+    # max_steps edited in config.yaml was said to apply and then replaced by the plan's first estimate.
+    from tinyattn.cli.train import main as train_main
+
+    clock = FakeClock()
+    FakeMachine(monkeypatch, clock, lambda now, step: 0.25, compute=False, signal_at_step=100)
+    run = train(budget_config(corpus, tmp_path, "100s"), run_name="run", progress=False, clock=clock).run_dir
+    estimate = load_config(run / "config.yaml").train.max_steps
+    config_yaml = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(config_yaml.replace(f"max_steps: {estimate}", "max_steps: 102"))
+    capsys.readouterr()
+    assert train_main(["--resume", str(run), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert f"train.max_steps=102 edited in {run / 'config.yaml'}: the time budget 100s is off for this run" in err
+    assert "done: 2 steps (steps 101-102)" in err
+    saved = load_config(run / "config.yaml").train
+    assert (saved.time_budget, saved.max_steps) == (None, 102)
+    other = tmp_path / "other"
+    other.mkdir()
+    monkeypatch.setattr(TimePlan, "load_state_dict", None)  # a step count reads no time plan
+    no_budget = budget_config(corpus, other, "100s", "train.time_budget=null", "train.max_steps=104")
+    result = train(no_budget, resume=run / "step_0000102.pt", run_name="fork", progress=False)
+    assert result.step == 104
+    note = (f"note: the run {run} trained under a time budget of 100s, which the config does not have: it "
+            "trains a step count from here on (train.max_steps 104; the budget's plan and its rates end); "
+            "--set train.time_budget=100s continues the plan")
+    assert note not in capsys.readouterr().err  # a step run's checkpoint (102) no longer records the budget
+    fork = train(no_budget, resume=run / "step_0000100.pt", run_name="fork100", progress=False)
+    assert fork.step == 104 and note in capsys.readouterr().err
+
+
 def test_a_resume_whose_budget_is_spent_by_its_start_up_is_refused_and_a_one_step_session_says_1_step(
         corpus, tmp_path, monkeypatch, capsys):
     """A run stopped near the end of its budget, resumed with a start-up that spends the rest: no

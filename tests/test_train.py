@@ -1884,14 +1884,39 @@ def test_a_time_budget_given_to_a_resumed_step_count_run_is_refused_and_a_config
     # The file's max_steps is its budget's first estimate, not the run's count: the run's 4 stays.
     budgeted.write_text(f"extends: {TINY}\ntrain:\n  time_budget: 30s\n  max_steps: 9\n  eval_interval: 2\n",
                         encoding="utf-8")
+    note = (f"the run {run} trains a step count (train.max_steps 4), which a resume continues; --set "
+            "train.max_steps=N changes it")
+    code, err = run_main(["--resume", str(run), "--config", str(budgeted), "--no-progress", "--stop-at-step", "3",
+                          "--set", *tiny_overrides(corpus, tmp_path), "train.time_budget=null"], capsys)
+    assert code == 0, err  # the budget turned off by --set: the file's max_steps is still its estimate
+    assert f"note: {note}" in err and "4 steps\n" in err and "stopped by --stop-at-step at step 3" in err
     code, err = run_main(["--resume", str(run), "--config", str(budgeted), "--no-progress", "--set",
                           *tiny_overrides(corpus, tmp_path)], capsys)
     assert code == 0, err
-    assert (f"note: train.time_budget 30s (the config's) is off: the run {run} trains a step count "
-            "(train.max_steps 4), which a resume continues") in err
-    assert "done: 2 steps (steps 3-4)" in err
+    assert f"note: train.time_budget 30s (the config's) is off; {note}" in err
+    assert "done: 1 step (step 4)" in err
     saved = load_config(run / "config.yaml").train
     assert saved.time_budget is None and saved.max_steps == 4
+
+
+def test_a_seed_or_a_table_by_passes_given_to_a_resume_is_said_and_the_run_keeps_its_own(corpus, tmp_path, capsys):
+    # A resume continues the checkpoint's random generators and the choices its start made: a train.seed
+    # given for it was recorded in config.yaml but used nowhere, a --set table read by nothing, unsaid.
+    config = tiny_config(corpus, tmp_path, "train.max_steps=4", "train.eval_interval=2",
+                         "train.decay_by_passes={0: 0.3}")
+    seed = config.train.seed
+    train(config, run_name="r", stop_at_step=2, progress=False)
+    run = tmp_path / "r"
+    capsys.readouterr()
+    code, err = run_main(["--resume", str(run), "--no-progress", "--set", f"train.seed={seed + 6}",
+                          "train.decay_by_passes={0: 0.5}"], capsys)
+    assert code == 0, err
+    assert (f"note: train.seed {seed + 6} (--set) does not apply: a resume continues the run's random "
+            f"generators (seed {seed}), which it keeps") in err
+    assert ("note: train.decay_by_passes (--set) is read at a run's start: this one keeps its "
+            "train.weight_decay; --set train.weight_decay=X changes it") in err
+    saved = load_config(run / "config.yaml").train
+    assert (saved.seed, saved.weight_decay, saved.decay_by_passes) == (seed, 0.3, {0: 0.5})
 
 
 def test_a_run_without_run_name_is_named_after_its_config_file_and_the_time(corpus, tmp_path, capsys):

@@ -228,14 +228,13 @@ class ResumePoint:
         passes it makes (where `config` has the table; not a key in `given`, the ones --set
         gives now, nor one edited in the folder's config.yaml, `edited_config`), under a budget
         or not: a `--config FILE` holds the table, not the choice. The floor stays the same share
-        of the peak when train.lr changes. A run that trained a step count keeps it: a
-        --config file's train.time_budget is turned off in `config` (with a note), and one given
-        for this resume (--set, or edited in config.yaml) is refused with a ConfigError
-        (`_keep_step_count`). A model or tokenizer the checkpoint cannot continue is refused
+        of the peak when train.lr changes. The run's length, a time budget or a step count, is kept
+        as `_keep_length` says. A model or tokenizer the checkpoint cannot continue is refused
         with a CheckpointError.
         """
-        self._keep_step_count(config, given)
+        self._keep_length(config, given)
         self._note_older_schedule(config)
+        self._note_start_choices(config, given)
         given = (*given, *self.edited)
         saved = config_to_dict(self.config)["model"]
         current = config_to_dict(config)["model"]
@@ -248,8 +247,6 @@ class ResumePoint:
         self._check_tokenizer_settings(config)
         self._check_tokenizer_file(config.tokenizer)
         config.model.vocab_size = self.config.model.vocab_size
-        if config.train.time_budget is not None and self.config.train.time_budget is not None:
-            config.train.max_steps = self.config.train.max_steps
         if config.train.floor_by_passes and "train.min_lr" not in given:
             config.train.min_lr = self._floor_for(config.train.lr)
         if config.train.decay_by_passes and "train.weight_decay" not in given:
@@ -288,29 +285,78 @@ class ResumePoint:
                           "whose last step trains at the floor (the rate of each step from here on differs "
                           "by at most that share)")
 
+    def _note_start_choices(self, config: Config, given: Sequence[str]) -> None:
+        """What a run fixed at its start, given again for its resume: said, not silently dropped. The seed
+        (a resume continues the checkpoint's random generators, so another train.seed would only be
+        recorded) stays the run's; a table by passes given with --set is recorded and read by a new run
+        (an edit of config.yaml says so in its own note)."""
+        saved = self.config.train
+        if config.train.seed != saved.seed:
+            source = "--set" if "train.seed" in given else "the config's"
+            self.notes.append(f"note: train.seed {config.train.seed} ({source}) does not apply: a resume "
+                              f"continues the run's random generators (seed {saved.seed}), which it keeps; "
+                              f"another seed starts a new run (train.init_from to begin from these weights)")
+            config.train.seed = saved.seed
+        for name, chosen in PASS_TABLES.items():
+            if f"train.{name}" in given and getattr(config.train, name) != getattr(saved, name):
+                self.notes.append(f"note: train.{name} (--set) is read at a run's start: this one keeps its "
+                                  f"{chosen}; --set {chosen}=X changes it")
+
+    def _keep_length(self, config: Config, given: Sequence[str]) -> None:
+        """A resume keeps its run's length: a time budget's plan, or a step count. A step count typed for
+        this resume (--set train.max_steps=N, or edited in config.yaml) wins over a budget, which is then
+        off (`budget.explicit_steps` for --set). A run of a time budget given a config without one trains
+        the config's train.max_steps from here on, with a note (a budget the resume gives, by --set or by
+        the file, is the run's from here on). A run that
+        trained a step count keeps it where the config has a budget: the budget is off, its
+        train.max_steps is that budget's first estimate, not the run's (with a note); so where --set
+        turns a config's budget off. A budget given for it (--set, or edited in config.yaml) is
+        refused: a time plan is measured at a run's start (`budget.plan_for`). Otherwise the config's
+        train.max_steps is the run's from here on (the way to train a run further)."""
+        typed = (*given, *self.edited)
+        if self.config.train.time_budget is not None:
+            self._keep_budget(config, typed)
+        else:
+            self._keep_step_count(config, given)
+
+    def _keep_budget(self, config: Config, typed: Sequence[str]) -> None:
+        run, budget = self.file.parent, self.config.train.time_budget
+        if "train.max_steps" in typed:
+            if config.train.time_budget is not None:  # edited in config.yaml (--set's is off already)
+                self.notes.append(f"train.max_steps={config.train.max_steps} edited in {run / CONFIG_FILE}: "
+                                  f"the time budget {config.train.time_budget} is off for this run")
+                config.train.time_budget = None
+            return
+        if config.train.time_budget is None:
+            if "train.time_budget" not in typed:  # a --config file (or a Config) without one: said
+                self.notes.append(
+                    f"note: the run {run} trained under a time budget of {budget}, which the config does "
+                    f"not have: it trains a step count from here on (train.max_steps "
+                    f"{config.train.max_steps:,}; the budget's plan and its rates end); --set "
+                    f"train.time_budget={budget} continues the plan")
+            return
+        config.train.max_steps = self.config.train.max_steps  # the plan's first estimate, recorded
+
     def _keep_step_count(self, config: Config, given: Sequence[str]) -> None:
-        """A run that trained a step count continues it: a time budget's plan is measured at a new
-        run's start (`budget.plan_for`). A train.time_budget given for this resume (--set, or edited
-        in config.yaml) is refused; a --config file's is off, and config.yaml records so, with the
-        run's train.max_steps unless --set gives one (the file's is its budget's first estimate)."""
+        run, steps = self.file.parent, self.config.train.max_steps
         budget = config.train.time_budget
-        if budget is None or self.config.train.time_budget is not None:
+        if budget is not None and "train.time_budget" in (*given, *self.edited):
+            source = "--set" if "train.time_budget" in given else f"edited in {run / CONFIG_FILE}"
+            raise ConfigError(
+                f"train.time_budget {budget} ({source}): the run {run} trains a step count (train.max_steps "
+                f"{steps}), which a resume continues: a time budget is planned at a run's start. Resume "
+                f"without it (--set train.max_steps=N changes the count), or start a new run from these "
+                f"weights with --set {quoted(f'train.init_from={self.file}')}")
+        # A config's budget, on or turned off by --set: its train.max_steps is that budget's first estimate
+        beside_a_budget = budget is not None or "train.time_budget" in given
+        if not beside_a_budget or "train.max_steps" in given:
             return
-        run = self.file.parent
-        if "train.time_budget" not in (*given, *self.edited):
-            config.train.time_budget = None
-            if "train.max_steps" not in given:
-                config.train.max_steps = self.config.train.max_steps
-            self.notes.append(f"note: train.time_budget {budget} (the config's) is off: the run {run} "
-                              f"trains a step count (train.max_steps {config.train.max_steps:,}), which a "
-                              "resume continues")
-            return
-        source = "--set" if "train.time_budget" in given else f"edited in {run / CONFIG_FILE}"
-        raise ConfigError(
-            f"train.time_budget {budget} ({source}): the run {run} trains a step count (train.max_steps "
-            f"{self.config.train.max_steps}), which a resume continues: a time budget is planned at a run's "
-            f"start. Resume without it (--set train.max_steps=N changes the count), or start a new run from "
-            f"these weights with --set {quoted(f'train.init_from={self.file}')}")
+        config.train.time_budget = None
+        if budget is not None or config.train.max_steps != steps:
+            off = f"train.time_budget {budget} (the config's) is off; " if budget is not None else ""
+            self.notes.append(f"note: {off}the run {run} trains a step count (train.max_steps {steps:,}), "
+                              "which a resume continues; --set train.max_steps=N changes it")
+        config.train.max_steps = steps
 
     def _check_tokenizer_settings(self, config: Config) -> None:
         """Refuse another tokenizer kind (or BPE size) before any data is read: the model learned
