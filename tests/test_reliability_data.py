@@ -175,6 +175,29 @@ def test_an_edited_config_yaml_applies_on_resume_and_the_users_text_is_kept(corp
 
     fork = ResumePoint.find(run / ckpt.step_filename(2), "fork", tmp_path)
     assert fork.edited_config().train.lr == 0.002
+    assert fork.notes == []  # the edit was step 4's own setting: nothing in the file is left untaken
+
+
+def test_a_fork_from_an_earlier_step_names_the_config_yaml_edits_it_does_not_take(corpus, tmp_path):
+    """config.yaml describes the folder's latest step: a fork from an earlier one keeps its own config
+    and says which edits of the file it leaves, but for those the command line gives anyway."""
+    from tinyattn.train.resume import ResumePoint
+
+    train(tiny(corpus, tmp_path), run_name="run", progress=False)  # step_2 and step_4
+    run = tmp_path / "run"
+    edit_run_config(run, "  lr: 0.002\n", "  lr: 0.001\n")
+    edit_run_config(run, "  ema: null\n", "  ema: 0.9\n")
+    fork = ResumePoint.find(run / ckpt.step_filename(2), "fork", tmp_path)
+    config = fork.edited_config()
+    assert (config.train.lr, config.train.ema) == (0.002, None)
+    assert fork.notes == [f"note: {run / 'config.yaml'} describes step 4, not step 2: its edits (train.lr, "
+                          "train.ema) do not apply to a fork from step 2; give them with --set"]
+    fork = ResumePoint.find(run / ckpt.step_filename(2), "fork", tmp_path)
+    fork.edited_config(overruled=("train.lr",))
+    assert fork.notes[0].endswith("its edits (train.ema) do not apply to a fork from step 2; give them with --set")
+    fork = ResumePoint.find(run / ckpt.step_filename(2), "fork", tmp_path)
+    fork.edited_config(overruled=("train.lr", "train.ema"))
+    assert fork.notes == []
 
 
 def test_an_edit_the_command_line_overrules_is_logged_as_overruled(corpus, tmp_path, capsys):

@@ -433,24 +433,24 @@ class ResumePoint:
         The file is read as any config file: a key deleted from it is an edit back to its default
         (but for a key the run's older tinyattn did not write: `ckpt.migrated_config`). A table
         such as train.decay_by_passes is one setting. Only for the folder's latest checkpoint
-        (config.yaml describes it); an edit of the model or the tokenizer cannot apply to these
-        weights and is refused naming the key.
+        (config.yaml describes it: a fork from an earlier one notes the edits it does not take); an
+        edit of the model or the tokenizer cannot apply to these weights and is refused naming the key.
         """
         path = self.file.parent / CONFIG_FILE
         latest = ckpt.latest_checkpoint(self.file.parent)
-        if not path.is_file() or (latest is not None and ckpt.step_of(latest) != self.step):
+        if not path.is_file():
+            return self.config
+        if latest is not None and ckpt.step_of(latest) != self.step:
+            self._note_edits_not_taken(path, latest, overruled)
             return self.config
         if not path.read_text(encoding="utf-8", errors="replace").strip():
             # emptied (a full disk while it was written, say): nothing is edited in it
             self.notes.append(f"note: {path} is empty; the run continues with its checkpoint's config "
                               "and writes config.yaml again")
             return self.config
-        saved, edited = settings(config_to_dict(self.config)), settings(config_to_dict(load_config(path)))
+        # self.state's config: as the run saved it, and wrote config.yaml
+        changed, saved, edited = _config_edits(path, self.config, self.state.get("config", {}))
         written = set(settings(yaml.safe_load(path.read_text(encoding="utf-8")) or {}))
-        stored = self.state.get("config", {})  # as the run saved it, and wrote config.yaml
-        older = set(settings(ckpt.migrated_config(stored))) - set(settings(stored))  # never in the file
-        changed = [key for key in saved if key not in older and edited[key] != saved[key]
-                   and not (key == "train.init_from" and same_source(saved[key], edited[key]))]
         fixed = [key for key in changed if key.startswith("tokenizer.") or key == "train.init_from"
                  or (key.startswith("model.") and key not in USE_NOT_SHAPE)]
         if fixed:
@@ -469,6 +469,25 @@ class ResumePoint:
         self.notes.append(f"{path}: your edits apply from step {self.step}: {what}")
         values = with_settings(config_to_dict(self.config), {key: edited[key] for key in changed})
         return config_from_dict(values, default_origin=str(path))
+
+    def _note_edits_not_taken(self, path: Path, latest: Path, overruled: Sequence[str]) -> None:
+        """A fork from an earlier step than the folder's latest does not take config.yaml's edits
+        (the file describes the latest step): a note names those not given on the command line.
+        The edits are what the file changes from the latest checkpoint's config (that checkpoint's
+        own settings, from a resume with --set, are none); where it cannot be read, from this one's.
+        A file that cannot be read as a config is left to a resume from the latest to refuse."""
+        stored = ckpt.saved_value(latest, "config")
+        try:
+            config = self.config if stored is None else ckpt.config_from_checkpoint({"config": stored}, latest)
+            stored = self.state.get("config", {}) if stored is None else stored
+            changed = _config_edits(path, config, stored)[0]
+        except (ConfigError, CheckpointError, OSError, yaml.YAMLError):  # emptied or broken: no edits to name
+            return
+        untaken = [key for key in changed if key not in overruled]
+        if untaken:
+            self.notes.append(
+                f"note: {path} describes step {ckpt.step_of(latest)}, not step {self.step}: its edits "
+                f"({', '.join(untaken)}) do not apply to a fork from step {self.step}; give them with --set")
 
     def check_data(self, fingerprint: dict, *, allow_change: bool) -> Optional[str]:
         """Refuse to continue on data other than what the checkpoint trained on, naming what
@@ -526,6 +545,18 @@ def keep_user_config(run_dir: Path, point: Optional[ResumePoint]) -> Optional[st
     with atomic_write(kept) as f:
         f.write(text.encode("utf-8"))
     return f"{path} differed from the run's own copy: what you wrote is kept in {kept.name}"
+
+
+def _config_edits(path: Path, config: Config, stored: dict) -> tuple[list[str], dict, dict]:
+    """The dotted keys the config file `path` changes from `config`, the checkpoint's config the run
+    wrote it from (`stored`: that config as the checkpoint holds it), and the settings before and
+    after. Not an edit: a key the run's older tinyattn did not write (`ckpt.migrated_config` gives
+    it), nor another spelling of the same train.init_from source."""
+    saved, edited = settings(config_to_dict(config)), settings(config_to_dict(load_config(path)))
+    older = set(settings(ckpt.migrated_config(stored))) - set(settings(stored))  # never in the file
+    changed = [key for key in saved if key not in older and edited[key] != saved[key]
+               and not (key == "train.init_from" and same_source(saved[key], edited[key]))]
+    return changed, saved, edited
 
 
 def _edit(key: str, before, after, *, deleted: bool, overruled: bool = False) -> str:
