@@ -1144,7 +1144,7 @@ def draw_pass_windows(sampler, batches, end_after=None):
     passes = {}
     for _ in range(batches):
         sampler.plan_end(batches if end_after is None else end_after)
-        drawn = sampler.batches_drawn * sampler.batch_size
+        drawn = sampler.windows_drawn
         for k, start in enumerate(sampler.next_batch()[0][:, 0].tolist()):
             number = int(np.searchsorted(sampler.pass_starts, drawn + k, side="right")) - 1
             passes.setdefault(number, []).append(start)
@@ -1214,11 +1214,50 @@ def test_a_sampler_state_saved_before_passes_were_cut_resumes_in_whole_passes(wo
     for _ in range(20):  # 80 windows a rank, no plan: whole passes of 61
         sampler.next_batch()
     state = sampler.state_dict()
-    del state["pass_starts"]  # as checkpoints written before it held them
+    for key in ("pass_starts", "windows_drawn", "batch_size"):  # as checkpoints written before it held them
+        del state[key]
     expected = [sampler.next_batch()[0] for _ in range(4)]
     fresh = BatchSampler(counting_tokens(), 4, 16, seed=3, world_size=world_size, sampling="passes")
     fresh.load_state_dict(state)
     assert fresh.pass_starts == passes and all(torch.equal(fresh.next_batch()[0], x) for x in expected)
+
+
+def draw_rounds(samplers, rounds):
+    """The window starts `rounds` rounds of the ranks' batches draw, in the order of the sequence
+    they deal from (in each round rank 0's batch, then rank 1's, ...)."""
+    return [start for _ in range(rounds) for sampler in samplers
+            for start in sampler.next_batch()[0][:, 0].tolist()]
+
+
+@pytest.mark.parametrize("before, after", [((4, 1), (8, 1)), ((8, 1), (4, 1)), ((4, 1), (3, 2)),
+                                           ((3, 2), (4, 1))])  # (batch size, ranks)
+def test_a_pass_resumed_at_another_batch_size_or_number_of_ranks_shows_each_of_its_windows_once(before, after):
+    T, per_pass = 16, (1000 - 16) // 16  # 61 windows a pass
+
+    def ranks(batch_size, world_size):
+        return [BatchSampler(counting_tokens(), batch_size, T, seed=4, rank=rank, world_size=world_size,
+                             sampling="passes") for rank in range(world_size)]
+    the_pass = BatchSampler(counting_tokens(), per_pass, T, seed=4, sampling="passes").next_batch()[0][:, 0].tolist()
+    old = ranks(*before)
+    drawn = draw_rounds(old, 2)  # 12 to 16 windows of the first pass
+    resumed = ranks(*after)
+    for sampler in resumed:
+        sampler.load_state_dict(old[0].state_dict())  # rank 0's state
+    drawn += draw_rounds(resumed, 16)[:per_pass - len(drawn)]  # the rest of the pass
+    assert len(set(drawn)) == per_pass and set(drawn) == set(the_pass)  # every window once, none twice
+    assert drawn == the_pass  # in the pass's own order: the resume goes on where the pass stood
+
+
+def test_a_state_saved_before_it_held_the_windows_drawn_resumes_at_another_batch_size_from_its_own():
+    T = 16
+    old = BatchSampler(counting_tokens(), 4, T, seed=4, sampling="passes")
+    drawn = draw_rounds([old], 3)
+    state = {**old.state_dict(), "batch_size": 4}  # the Trainer gives the checkpoint config's
+    state.pop("windows_drawn", None)  # as checkpoints written before it held it
+    rest = draw_rounds([old], 3)
+    resumed = BatchSampler(counting_tokens(), 6, T, seed=4, sampling="passes")
+    resumed.load_state_dict(state)
+    assert draw_rounds([resumed], 2) == rest  # windows 12..23, not 18..29
 
 
 def test_a_sampler_state_is_a_snapshot_the_draws_after_it_leave_alone():

@@ -287,6 +287,21 @@ def test_gradient_accumulation_equals_one_large_batch(corpus, tmp_path):
         torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-7)
 
 
+def test_a_checkpoint_whose_sampler_state_predates_the_windows_drawn_resumes_at_another_batch_size(corpus,
+                                                                                                   tmp_path):
+    """Its windows drawn are its batches times the batch size of its config, not of the resume's."""
+    extra = ("train.max_steps=4", "train.eval_interval=2", "train.sampling=passes", "train.batch_size=4")
+    train(tiny_config(corpus, tmp_path, *extra), run_name="run", progress=False, stop_at_step=2)
+    path = tmp_path / "run" / ckpt.step_filename(2)
+    state = ckpt.load_checkpoint(path)
+    for key in ("windows_drawn", "batch_size"):  # as checkpoints written before the sampler held them
+        state["sampler"].pop(key, None)
+    ckpt.save_checkpoint(state, path)
+    train(tiny_config(corpus, tmp_path, *extra, "train.batch_size=8"), run_name="run", resume=True, progress=False)
+    sampler = ckpt.load_checkpoint(tmp_path / "run" / ckpt.step_filename(4))["sampler"]
+    assert sampler["windows_drawn"] == 2 * 4 + 2 * 8
+
+
 @pytest.mark.parametrize("sampling, ema, peak_flops", [("random", None, "null"), ("passes", None, "1e12"),
                                                        ("passes", 0.8, "1e12")])
 def test_resume_is_exact(corpus, tmp_path, count_train_steps, sampling, ema, peak_flops):

@@ -91,10 +91,12 @@ class BatchSampler:
     A pass's end is placed only when the windows reach it, from the plan then; the last
     pass follows the plan to the end (up to a whole pass).
 
-    Either way the state is the number of batches drawn, and for passes the windows where
-    each pass began: `state_dict` saves them, a resumed run draws exactly the batches it
-    would have drawn, and any rank can resume from the state rank 0 saved (the rank is not
-    restored from it, so ranks keep drawing different windows).
+    Either way the state is the number of batches drawn, and for passes the windows all ranks
+    have drawn and where each pass began: `state_dict` saves them, a resumed run draws exactly
+    the batches it would have drawn, and any rank can resume from the state rank 0 saved (the
+    rank is not restored from it, so ranks keep drawing different windows). A run resumed with
+    another batch size or number of ranks goes on from the window the passes stood at: no window
+    of a pass is left out or seen twice.
     """
 
     def __init__(self, tokens: np.ndarray, batch_size: int, context_length: int, *, seed: int,
@@ -117,6 +119,7 @@ class BatchSampler:
         self.world_size = world_size
         self.sampling = sampling
         self.batches_drawn = 0
+        self.windows_drawn = 0  # by all ranks: where their next batches begin in the sequence of all passes
         self._offsets = np.arange(context_length + 1)  # (T+1,)
         self._per_pass = (len(tokens) - context_length) // context_length  # windows in a whole pass
         self._pass = (-1, None)  # (pass number, its window starts in visiting order)
@@ -125,22 +128,24 @@ class BatchSampler:
 
     def plan_end(self, batches: int) -> None:
         """The run is planned to end after this rank has drawn `batches` batches (the Trainer says
-        so before every step; a time budget not yet measured says the step it is at)."""
-        self.end = batches * self.world_size * self.batch_size
+        so before every step; a time budget not yet measured says the step it is at). Counted from
+        the windows drawn, at this batch size: a resume may have changed it."""
+        self.end = self.windows_drawn + (batches - self.batches_drawn) * self.world_size * self.batch_size
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.sampling == "passes":
             # Every rank places the pass ends through the windows all ranks draw now, from the
             # same plan: their passes agree.
-            first = self.batches_drawn * self.world_size * self.batch_size
+            first = self.windows_drawn
             self._place_pass_ends(first, first + self.world_size * self.batch_size - 1)
-            batch = self.batches_drawn * self.world_size + self.rank  # in the sequence all ranks deal from
-            starts = self._pass_window_starts(batch * self.batch_size + np.arange(self.batch_size))  # (B,)
+            mine = first + self.rank * self.batch_size  # in the sequence all ranks deal from
+            starts = self._pass_window_starts(mine + np.arange(self.batch_size))  # (B,)
         else:
             # SeedSequence needs non-negative entropy; the modulo maps a negative seed into range.
             rng = np.random.default_rng([self.seed % (1 << 64), self.rank, self.batches_drawn])
             starts = rng.integers(0, len(self.tokens) - self.context_length, size=self.batch_size)  # (B,)
         self.batches_drawn += 1
+        self.windows_drawn += self.world_size * self.batch_size
         # One fancy-indexing gather: numpy reads only the pages these windows touch, so the
         # memmap is never loaded whole and no Python loop runs over tokens.
         windows = self.tokens[starts[:, None] + self._offsets].astype(np.int64)  # (B, T+1)
@@ -195,16 +200,21 @@ class BatchSampler:
 
     def state_dict(self) -> dict:
         return {"seed": self.seed, "batches_drawn": self.batches_drawn, "rank": self.rank,
-                "world_size": self.world_size, "pass_starts": list(self.pass_starts)}
+                "world_size": self.world_size, "batch_size": self.batch_size,
+                "windows_drawn": self.windows_drawn, "pass_starts": list(self.pass_starts)}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restores what `state_dict` saved. A state saved before it held the windows drawn gives
+        them as its batches times its world size times its batch size (where it holds none, the
+        given one: `Trainer.load_state_dict` gives the checkpoint's config's, else this sampler's)."""
         self.seed = int(state["seed"])
         self.batches_drawn = int(state["batches_drawn"])
+        batch_size = int(state.get("batch_size", self.batch_size))
+        self.windows_drawn = int(state.get("windows_drawn", self.batches_drawn * state["world_size"] * batch_size))
         if "pass_starts" in state:
             self.pass_starts = [int(start) for start in state["pass_starts"]]
         else:  # saved before passes could end early: every pass so far was whole
-            drawn = self.batches_drawn * state["world_size"] * self.batch_size
-            self.pass_starts = list(range(0, drawn, self._per_pass)) or [0]
+            self.pass_starts = list(range(0, self.windows_drawn, self._per_pass)) or [0]
         self._pass = (-1, None)  # made again from the restored seed
 
 

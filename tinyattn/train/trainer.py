@@ -59,6 +59,13 @@ class TrainResult:
 # ----------------------------------------------------------------------------- the trainer
 
 
+def _sampler_state(state: dict) -> dict:
+    """A checkpoint's sampler state; one saved before it held its batch size is given the checkpoint
+    config's, so that a resume at another batch size goes on from the window the passes stood at."""
+    sampler, saved = state["sampler"], (state.get("config") or {}).get("train", {}).get("batch_size")
+    return sampler if "batch_size" in sampler or saved is None else {**sampler, "batch_size": saved}
+
+
 class Trainer:
     """Owns the model, optimizers, batches and counters of one run, and steps them.
 
@@ -192,7 +199,7 @@ class Trainer:
             self.step = int(state["step"])
             self.tokens_seen = int(state["tokens_seen"])
             self.best_val_loss = float(state["best_val_loss"])
-            self.batches.load_state_dict(state["sampler"])  # keeps this process's own rank
+            self.batches.load_state_dict(_sampler_state(state))  # keeps this process's own rank
             if "plan" in state:  # absent: written before plans were saved (the loop chose for it)
                 self.plan.load_state_dict(state["plan"])
             if state["world_size"] != self.dist.world_size and self.dist.is_main:
