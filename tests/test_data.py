@@ -1251,7 +1251,7 @@ def test_a_pass_resumed_at_another_batch_size_or_number_of_ranks_shows_each_of_i
 def test_a_state_saved_before_it_held_the_windows_drawn_resumes_at_another_batch_size_from_its_own():
     T = 16
     old = BatchSampler(counting_tokens(), 4, T, seed=4, sampling="passes")
-    drawn = draw_rounds([old], 3)
+    draw_rounds([old], 3)
     state = {**old.state_dict(), "batch_size": 4}  # the Trainer gives the checkpoint config's
     state.pop("windows_drawn", None)  # as checkpoints written before it held it
     rest = draw_rounds([old], 3)
