@@ -321,6 +321,40 @@ def test_data_with_the_same_tokens_is_the_same_data():
     assert data_differences(saved, {**saved, "key": "b", "inputs": {"tokenizers_version": "0.21"}}) == []
     changed = {**saved, "key": "b", "validation": {"tokens": 2, "checksum": "w"}}
     assert data_differences(saved, changed) == ["the validation split differs (1 tokens then, 2 now)"]
+    # Under one key the tokens decide too (a hub dataset rebuilt after it changed upstream, a reading
+    # of the same bytes that changed with tinyattn): the key alone said "the same data".
+    assert data_differences(saved, {**changed, "key": "a"}) == [
+        "the validation split differs (1 tokens then, 2 now)"]
+    older = {key: value for key, value in saved.items() if key not in ("train", "validation")}
+    assert data_differences(older, {**changed, "key": "a"}) == []  # no checksums recorded: the key decides
+    assert data_differences(older, changed) == ["the data's cache key differs"]
+
+
+def test_the_tokens_a_reading_makes_of_the_same_bytes_belong_to_the_cache_format_version(tmp_path):
+    # A cache's key holds token_cache.FORMAT_VERSION, not the reading's code: a change in how the same
+    # bytes become texts must bump it, or a cache the earlier reading built is reused without a word
+    # (3: CSV texts 'NA', 'None' and 'null' kept, not dropped as missing; a file name holding '[' read
+    # as that file, not as a pattern matching another). When a change moves these tokens, bump the
+    # version and write the new checksums here.
+    from tinyattn.data.token_cache import FORMAT_VERSION
+
+    lines = "".join(f"line {i} of the texts\n" for i in range(30))
+    (tmp_path / "texts.csv").write_text(f"text\n{lines}NA\nNone\nnull\n", encoding="utf-8")
+    records = "".join(f'{{"text": "record {i} in a bracketed name"}}\n' for i in range(30))
+    (tmp_path / "more[1].jsonl").write_text(records, encoding="utf-8")
+    (tmp_path / "more1.jsonl").write_text('{"text": "the file a pattern would match"}\n', encoding="utf-8")
+    read = {}
+    for name in ("texts.csv", "more[1].jsonl"):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(f"extends: {TINY}\ndata:\n  files: '{tmp_path / name}'\n"
+                        f"  cache_dir: {tmp_path / 'cache'}\n  validation_fraction: 0.2\n"
+                        "model:\n  context_length: 16\n", encoding="utf-8")
+        fingerprint = prepare_data(load_config(path), progress=False).fingerprint
+        read[name] = [(fingerprint[split]["tokens"], fingerprint[split]["checksum"][:16])
+                      for split in ("train", "validation")]
+    assert (FORMAT_VERSION, read) == (3, {
+        "texts.csv": [(508, "4e555749a82429d7"), (123, "6c1fc0df3052dc82")],
+        "more[1].jsonl": [(711, "45536a58fbd842c3"), (177, "f30a6fb11749d5fb")]})
 
 
 def test_data_differences_name_each_file_changed_added_and_removed_and_the_dataset_settings():

@@ -47,7 +47,10 @@ from tinyattn.data.tokenizer import END_OF_TEXT, Tokenizer, build_tokenizer, pre
 from tinyattn.errors import DataError
 from tinyattn.system.storage import atomic_write, check_writable, remove_temporaries, storage_errors
 
-FORMAT_VERSION = 2  # bump when the layout or meaning of the cache files changes (2: checksums)
+# Bump when the layout or meaning of the cache files changes, or the reading of the same bytes into
+# texts does (2: checksums; 3: CSV/TSV texts 'NA', 'None' and 'null' kept, a file name holding '['
+# read as that file and not as a pattern)
+FORMAT_VERSION = 3
 CHECK_CHUNK_BYTES = 1 << 24  # token files are checked this many bytes at a time
 ENCODE_BATCH_CHARS = 1 << 20  # characters handed to the tokenizer at once (encoded in parallel)
 BUILD_LOCK_SUFFIX = ".build.filelock"  # `.<folder>` + this, beside it: held while building it
@@ -274,10 +277,16 @@ def data_fingerprint(meta: dict) -> dict:
 
 def data_differences(saved: dict, current: dict) -> list[str]:
     """What differs between the data a run recorded (`saved`) and the data it would read now;
-    nothing when the token files are the same (a new tokenizers version that encodes alike)."""
-    same_tokens = all(saved.get(split, {}).get("checksum") == current.get(split, {}).get("checksum")
-                      for split in ("train", "validation"))
-    if saved.get("key") == current.get("key") or same_tokens:
+    nothing when the token files are the same (a new tokenizers version that encodes alike). The
+    tokens decide: under one key the tokens can differ too (a hub dataset rebuilt after it changed
+    upstream; a reading of the same bytes that changed). A fingerprint without checksums (saved
+    before they were kept) is compared by its key."""
+    checksums = [(saved.get(split, {}).get("checksum"), current.get(split, {}).get("checksum"))
+                 for split in ("train", "validation")]
+    if all(then is not None for then, _ in checksums):
+        if all(then == now for then, now in checksums):
+            return []
+    elif saved.get("key") == current.get("key"):
         return []
     old_inputs, new_inputs = saved.get("inputs", {}), current.get("inputs", {})
     changes = _file_changes(old_inputs.get("source", {}), new_inputs.get("source", {}))
@@ -285,8 +294,8 @@ def data_differences(saved: dict, current: dict) -> list[str]:
                 for key in sorted(set(old_inputs) | set(new_inputs))
                 if key != "source" and old_inputs.get(key) != new_inputs.get(key)]
     splits = (("train", "the training tokens differ"), ("validation", "the validation split differs"))
-    for split, what in splits:
-        if saved.get(split, {}).get("checksum") != current.get(split, {}).get("checksum"):
+    for (then, now), (split, what) in zip(checksums, splits):
+        if then is not None and then != now:
             changes.append(f"{what} ({saved.get(split, {}).get('tokens')} tokens then, "
                            f"{current.get(split, {}).get('tokens')} now)")
     return changes or ["the data's cache key differs"]
