@@ -739,3 +739,41 @@ def test_a_trained_model_meets_the_f16_cache_bound_of_1e_3(tmp_path, trained_run
 def _trained(run) -> tuple[LanguageModel, Tokenizer]:
     loaded = ckpt.load_model(run.run_dir / "best.pt", device="cpu")
     return loaded.model.float().eval(), loaded.tokenizer
+
+
+def test_force_replaces_only_a_gguf_file_and_never_the_checkpoint_read(tmp_path, capsys):
+    # --force replaced any file: the checkpoint being exported (best.pt became a GGUF file), a
+    # step checkpoint beside it, or a user's text file named by mistake.
+    tokenizer = tokenizer_of("bpe")
+    run = save_run(tmp_path, random_model(tokenizer), tokenizer)
+    (run / "step_0.pt").write_bytes((run / "best.pt").read_bytes())
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    before = {p: p.read_bytes() for p in (run / "best.pt", run / "step_0.pt", notes)}
+    for force in ([], ["--force"]):
+        code, out, err = run_main(["--checkpoint", run, "--gguf", run / "best.pt", *force], capsys)
+        assert code == 2 and out == "" and err == (
+            f"error: {run / 'best.pt'}: the file this export reads ({run / 'best.pt'}); "
+            "choose another path to write\n")
+        code, out, err = run_main(["--checkpoint", run / "best.pt", "--gguf", run / "step_0.pt", *force], capsys)
+        assert code == 2 and out == "" and err == (
+            f"error: {run / 'step_0.pt'}: a checkpoint of the run this export reads ({run}); "
+            "choose another path to write\n")
+        code, out, err = run_main(["--checkpoint", run, "--gguf", notes, *force], capsys)
+        assert code == 2 and out == "" and err == (
+            f"error: {notes}: exists and is not a GGUF file (--force replaces only an earlier GGUF export); "
+            "expected the path of a new .gguf file\n")
+    assert {p: p.read_bytes() for p in before} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "run"]  # nothing written
+    assert sorted(p.name for p in run.iterdir()) == ["best.pt", "step_0.pt"]
+
+
+def test_the_file_read_is_refused_under_another_spelling_of_its_path(tmp_path, capsys, monkeypatch):
+    tokenizer = tokenizer_of("bpe")
+    run = save_run(tmp_path, random_model(tokenizer), tokenizer)
+    before = (run / "best.pt").read_bytes()
+    monkeypatch.chdir(run)
+    code, out, err = run_main(["--checkpoint", ".", "--gguf", "../run/./best.pt", "--force"], capsys)
+    assert code == 2 and out == "" and err == (
+        "error: ../run/./best.pt: the file this export reads (best.pt); choose another path to write\n")
+    assert (run / "best.pt").read_bytes() == before

@@ -839,6 +839,21 @@ def test_init_from_names_every_conflicting_key(tmp_path, corpus):
     assert not (tmp_path / "runs" / "ft").exists()
 
 
+def test_an_export_into_the_folder_it_reads_is_refused_even_with_force(tmp_path, capsys):
+    # --force replaces a folder holding only an export's files: the one being read, too.
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)
+    folder = tmp_path / "exported"
+    code, _, err = run_main(export_cli.main, ["--checkpoint", save_run(tmp_path, config, model, tokenizer),
+                                              "--out", folder], capsys)
+    assert code == 0, err
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    code, out, err = run_main(export_cli.main, ["--checkpoint", folder, "--out", folder, "--force"], capsys)
+    assert code == 2 and out == "" and err == (
+        f"error: {folder}: the folder this export reads ({folder}); choose another path to write\n")
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
 def test_generate_eval_and_attention_take_a_hf_folder(tmp_path, capsys):
     tokenizer = tokenizer_of("bpe")
     random_llama(tmp_path / "llama", tokenizer)

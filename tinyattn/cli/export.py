@@ -4,6 +4,7 @@ Qwen3), or as one GGUF file for llama.cpp (`--format gguf`, `--gguf FILE`, or `-
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from tinyattn.cli import run_command
 from tinyattn.cli.options import add_checkpoint, command_parser
@@ -35,7 +36,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=sorted(set(EXPORT_PRECISIONS) | set(GGUF_PRECISIONS)), default="fp32",
                    help="the weights' dtype (default: fp32, the dtype tinyattn trains its weights in); "
                         f"a folder holds {', '.join(EXPORT_PRECISIONS)}, a GGUF file {', '.join(GGUF_PRECISIONS)}")
-    p.add_argument("--force", action="store_true", help="replace an earlier export in --out")
+    p.add_argument("--force", action="store_true", help="replace an earlier export in --out (a GGUF file, or a folder holding only an "
+                        "export's files); never a checkpoint or another file")
     return p
 
 
@@ -65,16 +67,32 @@ def main(argv: list[str] | None = None) -> int:
         if kind == "gguf":
             from tinyattn.gguf.writer import gguf_package
             gguf_package()  # before any work: a missing extra is a one-line error
-            loaded = load_any_model(args.checkpoint)
-            require_causal(loaded, "tinyattn export")
-            return export_gguf(loaded, out, args)
-        from tinyattn.hf.convert import safetensors_torch
-        safetensors_torch()
+        else:
+            from tinyattn.hf.convert import safetensors_torch
+            safetensors_torch()
         loaded = load_any_model(args.checkpoint)
         require_causal(loaded, "tinyattn export")
-        return export_hf(loaded, out, args)
+        refuse_the_source(loaded, out, kind)
+        return export_gguf(loaded, out, args) if kind == "gguf" else export_hf(loaded, out, args)
 
     return run_command(command)
+
+
+def refuse_the_source(loaded, out: str, kind: str) -> None:
+    """Refuse, with or without --force, an `out` that is what the export reads: the checkpoint file,
+    another checkpoint of its run (best.pt, step_<N>.pt), or the Hugging Face folder it came from."""
+    from tinyattn.checkpoint import BEST, step_of
+
+    target, source = Path(out).resolve(), loaded.path.resolve()
+    if target == source:
+        raise ConfigError(f"{out}: the file this export reads ({loaded.path}); choose another path to write")
+    if target == source.parent:
+        raise ConfigError(f"{out}: the folder this export reads ({loaded.path.parent}); choose another "
+                          "path to write")
+    run_checkpoint = target.name == BEST or step_of(target) is not None
+    if not loaded.hf_folder and target.parent == source.parent and run_checkpoint:
+        raise ConfigError(f"{out}: a checkpoint of the run this export reads ({loaded.path.parent}); "
+                          "choose another path to write")
 
 
 def export_hf(loaded, out: str, args: argparse.Namespace) -> int:

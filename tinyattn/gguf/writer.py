@@ -44,6 +44,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from tinyattn.checkpoint import file_format
 from tinyattn.config import ModelConfig
 from tinyattn.data.tokenizer import Tokenizer
 from tinyattn.errors import CheckpointError, TinyattnError
@@ -168,9 +169,7 @@ def write_gguf(state: dict[str, torch.Tensor], config: ModelConfig, tokenizer: T
     clean_interrupted_export(path)
     if dtype not in GGUF_DTYPES:
         raise CheckpointError(f"--dtype {dtype}: a GGUF file holds {', '.join(GGUF_DTYPES)}")
-    if path.is_dir() or (path.exists() and not force):
-        what = "is a folder" if path.is_dir() else "exists (--force replaces it)"
-        raise CheckpointError(f"{path}: {what}; expected the path of a new .gguf file")
+    _check_gguf_path(path, force)
     if tokenizer.vocab_size > config.vocab_size:
         raise CheckpointError(f"tokenizer: {tokenizer.vocab_size} tokens but model.vocab_size is "
                               f"{config.vocab_size}: the model has no row for some of them; a GGUF export "
@@ -184,6 +183,18 @@ def write_gguf(state: dict[str, torch.Tensor], config: ModelConfig, tokenizer: T
         writer.add_tensor(tensor_name, data, raw_dtype=raw_dtype)
     _write_beside_then_rename(writer, path)
     return path
+
+
+def _check_gguf_path(path: Path, force: bool) -> None:
+    """Refuse a folder, and an existing file unless `force` and it is a GGUF file: --force replaces
+    an earlier export, never a checkpoint or a user's file that happens to be named."""
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a folder; expected the path of a new .gguf file")
+    if path.exists() and file_format(path) != "gguf":
+        raise CheckpointError(f"{path}: exists and is not a GGUF file (--force replaces only an earlier "
+                              "GGUF export); expected the path of a new .gguf file")
+    if path.exists() and not force:
+        raise CheckpointError(f"{path}: exists (--force replaces it); expected the path of a new .gguf file")
 
 
 def clean_interrupted_export(path: Path) -> None:
