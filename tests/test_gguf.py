@@ -768,6 +768,15 @@ def test_force_replaces_only_a_gguf_file_and_never_the_checkpoint_read(tmp_path,
     assert sorted(p.name for p in run.iterdir()) == ["best.pt", "step_0.pt"]
 
 
+def test_the_files_name_is_the_run_folders_for_checkpoint_dot(tmp_path, capsys, monkeypatch):
+    # Path('.').name is '': the file was named "tinyattn", not after the run.
+    tokenizer = tokenizer_of("bpe")
+    monkeypatch.chdir(save_run(tmp_path, random_model(tokenizer), tokenizer))
+    code, _, err = run_main(["--checkpoint", ".", "--gguf", tmp_path / "m.gguf"], capsys)
+    assert code == 0, err
+    assert gguf.GGUFReader(tmp_path / "m.gguf").fields["general.name"].contents() == "run"
+
+
 def test_the_file_read_is_refused_under_another_spelling_of_its_path(tmp_path, capsys, monkeypatch):
     tokenizer = tokenizer_of("bpe")
     run = save_run(tmp_path, random_model(tokenizer), tokenizer)

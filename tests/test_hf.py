@@ -906,6 +906,46 @@ def test_plots_of_a_hf_folder_go_to_the_current_folder_not_into_the_model_folder
     assert sorted(p.name for p in (tmp_path / "llama").iterdir()) == before
 
 
+def test_checkpoint_dot_inside_a_hf_folder_or_a_run_folder_keeps_the_models_name(tmp_path, capsys, monkeypatch):
+    # `--checkpoint .` (Path('.').name is ''): attention wrote `_attention/`, eval's plot lost the
+    # name in its file and title, an export's model card said it came from `best.pt`.
+    import tinyattn.analysis.evaluate as evaluate_module
+    import tinyattn.analysis.plotting as plotting_module
+
+    pytest.importorskip("matplotlib")  # attention's heatmaps; eval's plot is caught below
+    plots = []
+    monkeypatch.setattr(plotting_module, "plotting_available", lambda: True)
+    monkeypatch.setattr(evaluate_module, "save_loss_by_position_plot",
+                        lambda losses, path, title: plots.append((str(path), title)))
+    tokenizer = tokenizer_of("bpe")
+    random_llama(tmp_path / "llama", tokenizer)
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    monkeypatch.chdir(tmp_path / "llama")
+    code, out, err = run_main(attention_cli.main, ["--checkpoint", ".", "--text", "ROMEO: soft", "--layer", "0",
+                                                   "--device", "cpu"], capsys)
+    assert code == 0 and f"wrote {Path('llama_attention', 'layer_0.png')}" in out, err
+    code, out, err = run_main(eval_cli.main, ["--checkpoint", ".", "--text-file", text, "--device", "cpu"], capsys)
+    assert code == 0 and "(a Hugging Face folder)" in out, err  # the path as given: '.'
+    assert plots.pop() == ("llama_loss_by_position_text.png", f"loss by position: llama, {text}")
+
+    char = tokenizer_of("char")
+    config, model = random_model(char, "char", 2)
+    monkeypatch.chdir(save_run(tmp_path, config, model, char))
+    code, out, err = run_main(eval_cli.main, ["--checkpoint", ".", "--text-file", text, "--device", "cpu"], capsys)
+    assert code == 0 and out.startswith("best.pt (step 20) on "), err
+    assert plots.pop() == ("loss_by_position_text.png", f"loss by position: run, step 20, {text}")
+    code, out, err = run_main(export_cli.main, ["--checkpoint", ".", "--out", tmp_path / "out"], capsys)
+    assert code == 0, err
+    assert "| exported from | `run/best.pt` |" in (tmp_path / "out" / "README.md").read_text()
+    code, out, err = run_main(export_cli.main, ["--checkpoint", tmp_path / "run", "--out", tmp_path / "again"],
+                              capsys)
+    assert code == 0, err  # a path naming the run's folder is kept as given
+    assert f"| exported from | `{tmp_path / 'run' / 'best.pt'}` |" in (tmp_path / "again" / "README.md").read_text()
+    monkeypatch.chdir(tmp_path / "llama")
+    assert load_any_model(".").name == load_any_model("./").name == "llama"
+
+
 # ----------------------------------------------------------------------------- refusals
 
 

@@ -158,6 +158,16 @@ def test_the_commands_limits_and_model_name_reach_the_app_it_serves(loaded, monk
     assert "serving 'mine'" in err and "warning" not in err  # on this machine only: nothing to warn of
 
 
+@pytest.mark.parametrize("given", [".", "./", "best.pt"])
+def test_a_checkpoint_given_from_inside_its_run_folder_is_served_under_the_runs_name(loaded, monkeypatch,
+                                                                                     capsys, given):
+    # `--checkpoint .` served model '' (Path('.').name) and refused the run's own name.
+    monkeypatch.chdir(loaded.path.parent)
+    [app] = serve_command(["--checkpoint", given, "--port", "0", "--dtype", "fp32"], monkeypatch)
+    assert app.state.served.model_id == "tiny-serve"
+    assert "serving 'tiny-serve'" in capsys.readouterr().err
+
+
 def test_listening_beyond_this_machine_warns_that_there_is_no_authentication(loaded, monkeypatch, capsys):
     serve_command(["--checkpoint", str(loaded.path.parent), "--host", "0.0.0.0", "--port", "0", "--dtype",
                    "fp32"], monkeypatch)

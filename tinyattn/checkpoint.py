@@ -293,6 +293,13 @@ class LoadedModel:
     hf_folder: bool = False  # read from a Hugging Face folder, which records no step
 
     @property
+    def name(self) -> str:
+        """The model's name: its run folder's or Hugging Face folder's, resolved, so `--checkpoint .`
+        (whose `Path.name` is '') gives it too; a file given directly, its folder's (the file's
+        own stem where that folder has no name, the file system's root)."""
+        return self.path.parent.resolve().name or self.path.stem
+
+    @property
     def label(self) -> str:
         """What messages call the model: the file and its step, or the Hugging Face folder."""
         if self.hf_folder:
@@ -304,7 +311,7 @@ class LoadedModel:
         A Hugging Face folder is a model's own (perhaps the hub's cache), and an export into it is
         refused once it holds other files: there `<folder name>_<name>` in the current folder."""
         if self.hf_folder:
-            return Path(f"{self.path.parent.name}_{name}")
+            return Path(f"{self.name}_{name}")
         return self.path.parent / name
 
 

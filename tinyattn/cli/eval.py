@@ -164,7 +164,7 @@ def _plot(args: argparse.Namespace, loaded, result, source: str, name: str) -> N
         return
     path = _plot_file(args.plot, loaded.default_output(f"loss_by_position_{name}.png"))
     step = "" if loaded.hf_folder else f", step {loaded.step}"
-    title = f"loss by position: {loaded.path.parent.name}{step}, {source}"
+    title = f"loss by position: {loaded.name}{step}, {source}"
     try:
         save_loss_by_position_plot(result.loss_by_position, path, title)
     except OSError as e:

@@ -99,8 +99,10 @@ def export_hf(loaded, out: str, args: argparse.Namespace) -> int:
     from tinyattn.hf.convert import DTYPES
     from tinyattn.hf.folder import ModelCard, export_folder
 
-    # A Hugging Face folder records no training run: its card says none.
-    card = None if loaded.hf_folder else ModelCard(str(loaded.path), loaded.step, loaded.tokens_seen,
+    # A Hugging Face folder records no training run: its card says none. The source is the path as
+    # given where it names the run's folder (not `best.pt` for `--checkpoint .`).
+    source = loaded.path if loaded.path.parent.name == loaded.name else Path(loaded.name, loaded.path.name)
+    card = None if loaded.hf_folder else ModelCard(str(source), loaded.step, loaded.tokens_seen,
                                                    loaded.best_val_loss)
     files = export_folder(loaded.model.state_dict(), loaded.config, loaded.tokenizer, out,
                           dtype=DTYPES[args.dtype], card=card, force=args.force)
@@ -114,7 +116,7 @@ def export_gguf(loaded, out: str, args: argparse.Namespace) -> int:
     model_config = loaded.config.model
     architecture = architecture_of(model_config)  # refuses what llama.cpp cannot hold, before writing
     path = write_gguf(loaded.model.state_dict(), model_config, loaded.tokenizer, out, dtype=args.dtype,
-                      name=loaded.path.parent.name or "tinyattn", force=args.force)  # the run's name
+                      name=loaded.name, force=args.force)  # the run's name
     size = path.stat().st_size / 2**20
     print(f"{loaded.label}: wrote {path} (llama.cpp architecture {architecture}, "
           f"{args.dtype}, {size:.1f} MiB)")

@@ -71,8 +71,7 @@ class Served:
 
 def create_app(loaded, *, limits: Limits = Limits(), model_id: Optional[str] = None) -> FastAPI:
     """The app serving `loaded` (a `tinyattn.checkpoint.LoadedModel`); its worker runs while it is served."""
-    # loaded.path is the checkpoint file (best.pt) or a Hugging Face folder's weights file: name its folder.
-    model_id = model_id or (loaded.path.parent.name if loaded.path.suffix else loaded.path.name)
+    model_id = model_id or loaded.name  # the run folder's or Hugging Face folder's name
     worker = ModelWorker(max_active=limits.max_active, max_waiting=limits.max_waiting,
                          warm_up=lambda: _warm_up(loaded.model, loaded.tokenizer))
     served = Served(loaded.model, loaded.tokenizer, loaded.config.sample, model_id, limits, worker,
