@@ -207,6 +207,27 @@ def test_a_gguf_or_safetensors_file_to_fine_tune_from_or_resume_is_named_for_wha
             ResumePoint.find(file, None, tmp_path)
 
 
+def test_an_empty_or_foreign_file_is_named_for_what_it_is_not_called_truncated_or_corrupt(tmp_path):
+    from tinyattn.hf.folder import load_any_model
+
+    empty, notes = tmp_path / "empty.pt", tmp_path / "notes.txt"
+    empty.write_bytes(b"")
+    notes.write_text("not a model\n")
+    folder = tmp_path / "hf"
+    (folder / "README.md").parent.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "README.md").write_text("# a model\n")
+    foreign = "not a tinyattn checkpoint (a torch.save archive): another kind of file"
+    expected = {empty: f"{empty}: an empty file, not a tinyattn checkpoint", notes: f"{notes}: {foreign}",
+                folder / "README.md": f"{folder / 'README.md'}: {foreign}; give the Hugging Face folder "
+                                      f"that holds it ({folder}), a run folder or a .pt checkpoint"}
+    for file, message in expected.items():
+        with pytest.raises(CheckpointError, match=f"^{re.escape(message)}$"):
+            load_any_model(file)
+        with pytest.raises(CheckpointError, match=f"^{re.escape(message.partition(';')[0])}$"):
+            ckpt.load_checkpoint(file)  # a resume reads no Hugging Face folder: no advice to give one
+
+
 def test_a_truncated_checkpoint_is_still_called_truncated_or_corrupt(tmp_path):
     file = saved(tmp_path / ckpt.step_filename(3), 3)
     file.write_bytes(file.read_bytes()[:100])

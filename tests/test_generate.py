@@ -1204,7 +1204,7 @@ def test_cli_a_refused_sampling_option_is_named_as_typed_before_the_model_loads(
     (["--device", "gpu"], "device 'gpu' is not accepted; expected auto, cpu, cuda, cuda:N or mps"),
     (["--prompt-file", "{tmp}/missing.txt"], "missing.txt: prompt file not found"),
     (["--checkpoint", "{tmp}/nowhere"], "nowhere: no such checkpoint file or run folder"),
-    (["--checkpoint", "{tmp}/notes.txt"], "notes.txt: not a readable checkpoint"),
+    (["--checkpoint", "{tmp}/notes.txt"], "notes.txt: not a tinyattn checkpoint (a torch.save archive)"),
     (["--checkpoint", "{tmp}/foreign.pt"], "foreign.pt: not a tinyattn checkpoint"),
     (["--checkpoint", "{tmp}/future.pt"], "checkpoint format version 99 is not supported"),
     (["--out-dir", "{tmp}/empty"], "no checkpoints under"),

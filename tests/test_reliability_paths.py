@@ -201,10 +201,10 @@ def test_a_zero_byte_best_pt_falls_back_to_the_newest_good_step_checkpoint_with_
     capsys.readouterr()
     loaded = ckpt.load_model(run)  # the run's model was asked for: the newest one that verifies
     assert loaded.path == newest
-    assert f"note: {run / 'best.pt'} is damaged (not a torch.save archive); using {newest.name}" in (
+    assert f"note: {run / 'best.pt'} is damaged (an empty file); using {newest.name}" in (
         capsys.readouterr().err)
     # best.pt named as a file: refused, naming the good checkpoint to use instead.
-    with pytest.raises(CheckpointError, match=rf"best\.pt: not a readable checkpoint .*; the newest "
+    with pytest.raises(CheckpointError, match=rf"best\.pt: an empty file, not a tinyattn checkpoint; the newest "
                                               rf"checkpoint in .* that verifies is {newest.name}: use "
                                               rf"--checkpoint .*{newest.name}"):
         ckpt.load_model(run / "best.pt")

@@ -901,7 +901,8 @@ def test_resuming_from_a_file_that_is_no_checkpoint_points_at_the_run_not_at_mov
     with pytest.raises(CheckpointError) as caught:
         train(tiny_config(corpus, tmp_path, "train.max_steps=15"), resume=run / "config.yaml", progress=False)
     message = str(caught.value)
-    assert "not a readable checkpoint" in message and f"such as --resume {run}" in message
+    assert "config.yaml: not a tinyattn checkpoint (a torch.save archive): another kind of file; " in message
+    assert f"such as --resume {run}" in message
     assert "move the damaged file away" not in message  # the user's config.yaml is not damaged
     assert _file_digests(run) == before
 
@@ -1099,7 +1100,8 @@ def test_corrupt_checkpoint_is_named(corpus, tmp_path, capsys):
     assert status == 2 and "Traceback" not in stderr
     assert "step_0000002.pt: not a readable checkpoint" in stderr
     file.write_bytes(b"import os; os.system('echo pwned')")  # not even a zip: never executed
-    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+    with pytest.raises(CheckpointError, match=r"step_0000002\.pt: not a tinyattn checkpoint \(a torch\.save "
+                                              r"archive\): another kind of file$"):
         ckpt.load_checkpoint(file)
 
     class Payload:

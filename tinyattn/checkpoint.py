@@ -18,8 +18,9 @@ A run folder (`checkpoints/<run-name>/`) holds `step_<N>.pt` for the last few st
 `best.pt` for the lowest validation loss, `config.yaml`, `tokenizer.json`, `data.json`, and the
 TensorBoard event files. A run folder named where the best model is wanted whose best.pt
 is damaged gives its newest step checkpoint that verifies, with a note; a damaged best.pt
-named as a file is refused, naming that step checkpoint. A GGUF or safetensors file named as a
-checkpoint is told by its first bytes (`file_format`) and named for what it is, never called damaged.
+named as a file is refused, naming that step checkpoint. A file named as a checkpoint that is no
+torch.save archive (a GGUF or safetensors file, an empty file, a text file) is told by its first
+bytes (`file_format`, `unreadable`) and named for what it is, never called damaged.
 """
 
 from __future__ import annotations
@@ -67,8 +68,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"{path}: checkpoint file not found")
     damaged = verify_checkpoint(path)
     if damaged:
-        raise CheckpointError(other_format(path)
-                              or f"{path}: not a readable checkpoint (truncated or corrupt?): {damaged}")
+        raise CheckpointError(other_format(path) or unreadable(path, damaged))
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError:
@@ -93,13 +93,31 @@ def verify_checkpoint(path: Path) -> Optional[str]:
     what is wrong. torch.load itself does not check them: a file with flipped bytes would load
     and give garbage. Reading the file once costs little next to loading it."""
     if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut one has no directory
-        return "not a torch.save archive"
+        return "an empty file" if path.stat().st_size == 0 else "not a torch.save archive"
     try:
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
         return f"damaged archive ({e})"
     return f"{bad} fails its CRC-32 check (the file was changed after it was written)" if bad else None
+
+
+ZIP_MAGIC = b"PK\x03\x04"  # a zip archive's first four bytes, as every torch.save file's are
+
+
+def unreadable(path: Path, damage: str) -> str:
+    """What a file that fails `verify_checkpoint` is: one that starts as a torch.save archive does is
+    truncated or corrupt; an empty file or another kind of file is named for what it is (not damaged)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(ZIP_MAGIC))
+    except OSError as e:
+        return f"{path}: not readable ({e.strerror or type(e).__name__})"
+    if head == ZIP_MAGIC:
+        return f"{path}: not a readable checkpoint (truncated or corrupt?): {damage}"
+    if not head:
+        return f"{path}: an empty file, not a tinyattn checkpoint"
+    return f"{path}: not a tinyattn checkpoint (a torch.save archive): another kind of file"
 
 
 GGUF_MAGIC = b"GGUF"  # a GGUF file's first four bytes
@@ -133,16 +151,16 @@ def other_format(path: Path) -> Optional[str]:
 
 
 def readable_instead(file: Path) -> str:
-    """'; give ...' for a GGUF or safetensors file named where a Hugging Face folder is read too
-    (`tinyattn.hf.folder.load_any_model`, train.init_from); "" for any other file."""
+    """'; give ...' for a GGUF or safetensors file, or any file of a Hugging Face folder, named where
+    such a folder is read too (`tinyattn.hf.folder.load_any_model`, train.init_from); "" for any other."""
     kind = file_format(file)
     if kind == "gguf":
         return "; give a run folder, a .pt checkpoint or a Hugging Face folder"
-    if kind != "safetensors":
-        return ""
-    if is_hf_folder(file.parent):
+    if is_hf_folder(file.parent):  # its weights, its config.json or any other file of it
         return (f"; give the Hugging Face folder that holds it ({file.parent}), a run folder or a .pt "
                 "checkpoint")
+    if kind != "safetensors":
+        return ""
     return (f"; a Hugging Face folder holding it is read (config.json, safetensors, tokenizer.json: "
             f"{file.parent} has no config.json), as is a run folder or a .pt checkpoint")
 
@@ -264,8 +282,8 @@ def _instead_of_damaged_best(best: Path, damage: str) -> Path:
     damaged (the folder was named, not the file: the user asked for the run's model)."""
     good = next((p for p in step_checkpoints(best.parent)[::-1] if verify_checkpoint(p) is None), None)
     if good is None:
-        raise CheckpointError(f"{best}: not a readable checkpoint (truncated or corrupt?): {damage}; "
-                              f"no step checkpoint in {best.parent} verifies either")
+        raise CheckpointError(f"{unreadable(best, damage)}; no step checkpoint in {best.parent} verifies "
+                              "either")
     print(f"note: {best} is damaged ({damage}); using {good.name}, the newest checkpoint that verifies "
           f"(its validation loss may be above best's)", file=sys.stderr, flush=True)
     return good
