@@ -228,6 +228,26 @@ def test_an_empty_or_foreign_file_is_named_for_what_it_is_not_called_truncated_o
             ckpt.load_checkpoint(file)  # a resume reads no Hugging Face folder: no advice to give one
 
 
+def test_a_checkpoint_without_a_tokenizer_is_one_line_naming_the_file(tmp_path, capsys):
+    from tinyattn.cli import generate
+    from tinyattn.config import ModelConfig, config_to_dict, load_config
+    from tinyattn.model.transformer import LanguageModel
+    from tinyattn.train.finetune import InitSource
+
+    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml")
+    config.model = ModelConfig(vocab_size=12, n_layer=1, n_head=2, n_embd=16, context_length=8)
+    file = tmp_path / "notok.pt"
+    ckpt.save_checkpoint({"config": config_to_dict(config), "model": LanguageModel(config.model).state_dict(),
+                          "step": 1}, file)
+    message = (f"{file}: holds no tokenizer (tinyattn train saves its JSON text under \"tokenizer\" in every "
+               "checkpoint); give a checkpoint or run folder it wrote")
+    for load in (ckpt.load_model, lambda file: InitSource.load(str(file), tmp_path)):
+        with pytest.raises(CheckpointError, match=f"^{re.escape(message)}$"):
+            load(file)
+    assert generate.main(["--checkpoint", str(file), "--prompt", "x"]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+
+
 def test_a_truncated_checkpoint_is_still_called_truncated_or_corrupt(tmp_path):
     file = saved(tmp_path / ckpt.step_filename(3), 3)
     file.write_bytes(file.read_bytes()[:100])

@@ -392,6 +392,15 @@ def load_weights(model: LanguageModel, state: dict, path: Path) -> None:
     model.load_state_dict(weights)
 
 
+def saved_tokenizer(state: dict, path: Path) -> str:
+    """The tokenizer's JSON text a checkpoint holds, naming the file where it holds none."""
+    text = state.get("tokenizer")
+    if not isinstance(text, str):
+        raise CheckpointError(f"{path}: holds no tokenizer (tinyattn train saves its JSON text under "
+                              "\"tokenizer\" in every checkpoint); give a checkpoint or run folder it wrote")
+    return text
+
+
 def require_causal(loaded: LoadedModel, command: str) -> None:
     """Refuse a bidirectional model (model.causal false, from `tinyattn lab causal`) for a
     command that predicts left to right: each of its positions read the tokens after it."""
@@ -427,7 +436,7 @@ def load_model(path: Optional[str | Path] = None, device: str | torch.device = "
     model = LanguageModel(config.model)
     load_weights(model, state, file)
     model.to(device).eval()
-    tokenizer = Tokenizer.from_json(state["tokenizer"], origin=str(file),
+    tokenizer = Tokenizer.from_json(saved_tokenizer(state, file), origin=str(file),
                                     end_of_text=config.tokenizer.end_of_text)
     return LoadedModel(model, tokenizer, config, file, int(state.get("step", 0)),
                        state.get("tokens_seen"), state.get("best_val_loss"), state.get("data"))

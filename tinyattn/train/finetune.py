@@ -81,9 +81,7 @@ class InitSource:
         except CheckpointError as e:  # a GGUF or safetensors file: what to give instead
             raise CheckpointError(f"{e}{ckpt.readable_instead(file)}") from None
         config = ckpt.config_from_checkpoint(state, file)
-        text = state.get("tokenizer")
-        if not isinstance(text, str):
-            raise CheckpointError(f"{file}: holds no tokenizer")
+        text = ckpt.saved_tokenizer(state, file)
         tokenizer_path = file.parent / "tokenizer.json"
         if not (tokenizer_path.is_file() and tokenizer_path.read_text(encoding="utf-8") == text):
             digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
