@@ -29,6 +29,22 @@ def test_a_run_folder_gives_best_pt_to_sample_from_and_its_latest_step_to_resume
     assert ckpt.resolve_checkpoint(tmp_path, prefer="best") == latest
 
 
+def test_a_run_folder_without_best_pt_whose_latest_step_is_damaged_gives_the_newest_that_verifies(
+        tmp_path, capsys):
+    older, newest = saved(tmp_path / ckpt.step_filename(10), 10), saved(tmp_path / ckpt.step_filename(20), 20)
+    newest.write_bytes(newest.read_bytes()[:100])  # cut short: it fails verification
+    capsys.readouterr()
+    assert ckpt.resolve_checkpoint(tmp_path, prefer="best") == older  # the run's model was asked for
+    assert capsys.readouterr().err == (f"note: {newest} is damaged (not a torch.save archive); using "
+                                       f"{older.name}, the newest checkpoint that verifies (an earlier step)\n")
+    assert ckpt.resolve_checkpoint(tmp_path, prefer="latest") == newest  # a resume names what to use itself
+    older.unlink()
+    with pytest.raises(CheckpointError, match=rf"^{re.escape(str(newest))}: not a readable checkpoint "
+                                              rf"\(truncated or corrupt\?\): not a torch\.save archive; no "
+                                              rf"other checkpoint in {re.escape(str(tmp_path))} verifies either$"):
+        ckpt.resolve_checkpoint(tmp_path, prefer="best")
+
+
 def test_the_most_recent_run_is_the_one_whose_newest_checkpoint_was_written_last(tmp_path):
     older, newer = tmp_path / "b-older", tmp_path / "a-newer"  # names that sort the other way
     saved(older / ckpt.step_filename(500), 500)

@@ -16,8 +16,9 @@ moment leaves either the old checkpoint or the new one, never half of one.
 
 A run folder (`checkpoints/<run-name>/`) holds `step_<N>.pt` for the last few steps,
 `best.pt` for the lowest validation loss, `config.yaml`, `tokenizer.json`, `data.json`, and the
-TensorBoard event files. A run folder named where the best model is wanted whose best.pt
-is damaged gives its newest step checkpoint that verifies, with a note; a damaged best.pt
+TensorBoard event files. A run folder named where the best model is wanted whose best.pt (or,
+with none, whose latest step checkpoint) is damaged gives its newest step checkpoint that
+verifies, with a note; a damaged best.pt
 named as a file is refused, naming that step checkpoint. A file named as a checkpoint that is no
 torch.save archive (a GGUF or safetensors file, an empty file, a text file) is told by its first
 bytes (`file_format`, `unreadable`) and named for what it is, never called damaged.
@@ -268,24 +269,27 @@ def resolve_checkpoint(path: Optional[str | Path], out_dir: str | Path = "checkp
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such checkpoint file or run folder")
     best, latest = path / BEST, latest_checkpoint(path)
-    if prefer == "best" and best.is_file() and (damage := verify_checkpoint(best)):
-        return _instead_of_damaged_best(best, damage)
     order = [best, latest] if prefer == "best" else [latest, best]
-    for candidate in order:
-        if candidate is not None and candidate.is_file():
-            return candidate
-    raise CheckpointError(f"{path}: run folder holds no checkpoint (step_*.pt or best.pt)")
+    chosen = next((candidate for candidate in order if candidate is not None and candidate.is_file()), None)
+    if chosen is None:
+        raise CheckpointError(f"{path}: run folder holds no checkpoint (step_*.pt or best.pt)")
+    if prefer == "best" and (damage := verify_checkpoint(chosen)):
+        return _instead_of_damaged(chosen, damage)
+    return chosen
 
 
-def _instead_of_damaged_best(best: Path, damage: str) -> Path:
-    """The newest step checkpoint that verifies, said on stderr, for a run folder whose best.pt is
-    damaged (the folder was named, not the file: the user asked for the run's model)."""
-    good = next((p for p in step_checkpoints(best.parent)[::-1] if verify_checkpoint(p) is None), None)
+def _instead_of_damaged(chosen: Path, damage: str) -> Path:
+    """The newest other step checkpoint that verifies, said on stderr, for a run folder whose best.pt
+    (or, with none, whose latest step checkpoint) is damaged: the folder was named, not the file, so
+    the user asked for the run's model. A resume never comes here: it names the one to use."""
+    others = [p for p in step_checkpoints(chosen.parent)[::-1] if p != chosen]
+    good = next((p for p in others if verify_checkpoint(p) is None), None)
     if good is None:
-        raise CheckpointError(f"{unreadable(best, damage)}; no step checkpoint in {best.parent} verifies "
-                              "either")
-    print(f"note: {best} is damaged ({damage}); using {good.name}, the newest checkpoint that verifies "
-          f"(its validation loss may be above best's)", file=sys.stderr, flush=True)
+        raise CheckpointError(f"{unreadable(chosen, damage)}; no other checkpoint in {chosen.parent} "
+                              "verifies either")
+    why = "its validation loss may be above best's" if chosen.name == BEST else "an earlier step"
+    print(f"note: {chosen} is damaged ({damage}); using {good.name}, the newest checkpoint that verifies "
+          f"({why})", file=sys.stderr, flush=True)
     return good
 
 
