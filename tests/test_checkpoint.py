@@ -223,6 +223,19 @@ def test_a_gguf_or_safetensors_file_to_fine_tune_from_or_resume_is_named_for_wha
             ResumePoint.find(file, None, tmp_path)
 
 
+def test_a_damaged_best_pt_to_fine_tune_from_names_the_newest_checkpoint_that_verifies(tmp_path):
+    from tinyattn.train.finetune import InitSource
+
+    good = saved(tmp_path / ckpt.step_filename(20), 20)
+    best = saved(tmp_path / ckpt.BEST, 20)
+    best.write_bytes(best.read_bytes()[:100])  # cut short
+    message = (f"{best}: not a readable checkpoint (truncated or corrupt?): not a torch.save archive; the "
+               f"newest checkpoint in {tmp_path} that verifies is {good.name}: use --set train.init_from={good}, "
+               f"or --set train.init_from={tmp_path} to take it with a note")
+    with pytest.raises(CheckpointError, match=f"^{re.escape(message)}$"):
+        InitSource.load(str(best), tmp_path)
+
+
 def test_an_empty_or_foreign_file_is_named_for_what_it_is_not_called_truncated_or_corrupt(tmp_path):
     from tinyattn.hf.folder import load_any_model
 

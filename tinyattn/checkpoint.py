@@ -293,13 +293,14 @@ def _instead_of_damaged(chosen: Path, damage: str) -> Path:
     return good
 
 
-def damaged_best_advice(file: Path) -> str:
-    """'; ... use --checkpoint <step file>' when `file` is a damaged best.pt named by the user."""
+def damaged_best_advice(file: Path, option: str = "--checkpoint ") -> str:
+    """'; ... use --checkpoint <step file>' when `file` is a damaged best.pt named by the user
+    (`option`: how the command is given a checkpoint, "--set train.init_from=" for a fine-tune)."""
     good = newest_verified(file.parent) if file.name == BEST else None
     if good is None or good == file:
         return ""
-    return (f"; the newest checkpoint in {file.parent} that verifies is {good.name}: use --checkpoint "
-            f"{quoted(good)}, or --checkpoint {quoted(file.parent)} to take it with a note")
+    return (f"; the newest checkpoint in {file.parent} that verifies is {good.name}: use {option}"
+            f"{quoted(good)}, or {option}{quoted(file.parent)} to take it with a note")
 
 
 @dataclass

@@ -78,8 +78,9 @@ class InitSource:
         file = ckpt.resolve_checkpoint(location, prefer="best")
         try:
             state = ckpt.load_checkpoint(file)
-        except CheckpointError as e:  # a GGUF or safetensors file: what to give instead
-            raise CheckpointError(f"{e}{ckpt.readable_instead(file)}") from None
+        except CheckpointError as e:  # a damaged best.pt, a GGUF or safetensors file: what to give instead
+            advice = ckpt.damaged_best_advice(file, "--set train.init_from=")
+            raise CheckpointError(f"{e}{advice}{ckpt.readable_instead(file)}") from None
         config = ckpt.config_from_checkpoint(state, file)
         text = ckpt.saved_tokenizer(state, file)
         tokenizer_path = file.parent / "tokenizer.json"
