@@ -2165,6 +2165,27 @@ def test_init_from_keeps_the_model_keys_of_the_config_that_train_or_run_the_weig
     assert config.model == dataclasses.replace(source, **ours) and config.tokenizer == tokenizer
 
 
+def test_init_from_a_bidirectional_model_is_refused_unless_the_config_writes_causal_false(tmp_path):
+    # Its fine-tune would be bidirectional too, which every inference command refuses (require_causal).
+    from tinyattn.config import ModelConfig, TokenizerConfig
+    from tinyattn.errors import ConfigError
+    from tinyattn.train.finetune import InitSource
+
+    source = InitSource("src", tmp_path / "src" / "best.pt",
+                        ModelConfig(vocab_size=67, n_layer=2, n_head=2, n_embd=32, causal=False),
+                        TokenizerConfig(kind="char"), tmp_path / "tokenizer.json", {})
+    message = (f"train.init_from src: model.causal is false in {source.file} (a bidirectional model, trained by "
+               "tinyattn lab causal to show the mask's effect): a fine-tune of it is bidirectional too, which "
+               "generate, eval, attention and export refuse (they need a causal model); start from a causal "
+               "model, or write model.causal: false in the config to train one all the same")
+    for written in ((), None):  # the file's and --set's keys; None: the keys held at other than the default
+        with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+            source.adopt(load_config(TINY), written)
+    config = load_config(TINY, ["model.causal=false"])  # the user asks for a bidirectional fine-tune
+    source.adopt(config, {"model.causal"})
+    assert config.model.causal is False and config.model.n_embd == 32
+
+
 def test_a_resume_naming_its_source_otherwise_spelled_continues_and_keeps_the_runs_spelling(
         corpus, tmp_path, capsys, monkeypatch):
     # train.init_from compared as text: a trailing slash, a relative path or an edit of config.yaml to

@@ -101,7 +101,16 @@ class InitSource:
 
     def adopt(self, config: Config, written: Optional[Collection[str]] = None) -> None:
         """Give `config` the source's model section and tokenizer; conflicts in one line
-        (`written`: as `adopt_model` takes it)."""
+        (`written`: as `adopt_model` takes it). A bidirectional source (model.causal false, from
+        `tinyattn lab causal`) is refused unless the config writes model.causal itself: its fine-tune
+        would be one too, which every inference command refuses (`checkpoint.require_causal`)."""
+        written = written_keys(config) if written is None else written
+        if not self.model_config.causal and "model.causal" not in written:
+            raise ConfigError(f"train.init_from {self.location}: model.causal is false in {self.file} (a "
+                              "bidirectional model, trained by tinyattn lab causal to show the mask's "
+                              "effect): a fine-tune of it is bidirectional too, which generate, eval, "
+                              "attention and export refuse (they need a causal model); start from a causal "
+                              "model, or write model.causal: false in the config to train one all the same")
         tokenizer = TokenizerConfig(kind="pretrained", path=str(self.tokenizer_path),
                                     end_of_text=self.tokenizer_config.end_of_text)
         adopt_model(config, self.model_config, tokenizer, f"train.init_from {self.location}", written=written,
