@@ -434,6 +434,27 @@ def test_cli_a_text_files_byte_order_mark_is_not_scored(run, tmp_path, capsys):
     assert scores[1] == scores[0]
 
 
+def test_plots_of_a_step_checkpoint_are_named_after_it_and_leave_best_pts_alone(run, tmp_path, capsys):
+    # eval and attention on step_N.pt wrote the names best.pt's plots have, replacing them unsaid.
+    import shutil
+
+    from tinyattn.cli.attention import main as attention_main
+
+    folder = tmp_path / "run"
+    shutil.copytree(run["run_dir"], folder)
+    step = sorted(folder.glob("step_*.pt"))[0]
+    for checkpoint in (folder, step):
+        status, stdout, stderr = run_cli(capsys, "--checkpoint", str(checkpoint), "--split", "validation")
+        assert status == 0, stderr
+        assert attention_main(["--checkpoint", str(checkpoint), "--text", "ROMEO: soft", "--layer", "0",
+                               "--device", "cpu"]) == 0
+    capsys.readouterr()
+    assert (folder / "loss_by_position_validation.png").is_file()
+    assert (folder / f"loss_by_position_validation_{step.stem}.png").is_file()
+    assert [p.name for p in (folder / "attention").iterdir()] == ["layer_0.png"]
+    assert [p.name for p in (folder / f"attention_{step.stem}").iterdir()] == ["layer_0.png"]
+
+
 def test_cli_plot_goes_where_it_says_and_a_format_it_cannot_write_is_one_line(run, tmp_path, capsys):
     args = ("--checkpoint", str(run["run_dir"]), "--split", "validation", "--plot")
     default = "loss_by_position_validation.png"

@@ -330,11 +330,16 @@ class LoadedModel:
         return f"{self.path} (step {self.step})"
 
     def default_output(self, name: str) -> Path:
-        """Where a command writes `name` (a plot, a folder of them) when not told: in the run folder.
+        """Where a command writes `name` (a plot, a folder of them) when not told: in the run folder,
+        for best.pt as `name`, for another checkpoint with its file's stem added (`attention_step_0000500`,
+        `loss_by_position_validation_step_0000500.png`), so one model's plots never replace another's.
         A Hugging Face folder is a model's own (perhaps the hub's cache), and an export into it is
         refused once it holds other files: there `<folder name>_<name>` in the current folder."""
         if self.hf_folder:
             return Path(f"{self.name}_{name}")
+        if self.path.name != BEST:
+            stem, dot, suffix = name.partition(".")
+            name = f"{stem}_{self.path.stem}{dot}{suffix}"
         return self.path.parent / name
 
 

@@ -48,8 +48,8 @@ def parser() -> argparse.ArgumentParser:
                    help="instead of the PNGs, write the explorer: one self-contained HTML page of the "
                         "weights, relevance, losses and head ablation of the text (windows as --relevance)")
     p.add_argument("--out-dir", help="folder for the PNGs (default: attention/ in the checkpoint's "
-                                     "run folder; for a Hugging Face folder, <its name>_attention/ in the "
-                                     "current folder)")
+                                     "run folder, attention_step_N/ for a step checkpoint; for a Hugging "
+                                     "Face folder, <its name>_attention/ in the current folder)")
     add_device(p)
     return p
 
