@@ -292,7 +292,8 @@ class ResumePoint:
         (an edit of config.yaml says so in its own note)."""
         saved = self.config.train
         if config.train.seed != saved.seed:
-            source = "--set" if "train.seed" in given else "the config's"
+            source = ("--set" if "train.seed" in given else f"edited in {self.file.parent / CONFIG_FILE}"
+                      if "train.seed" in self.edited else "the config's")
             self.notes.append(f"note: train.seed {config.train.seed} ({source}) does not apply: a resume "
                               f"continues the run's random generators (seed {saved.seed}), which it keeps; "
                               f"another seed starts a new run (train.init_from to begin from these weights)")
@@ -303,16 +304,17 @@ class ResumePoint:
                                   f"{chosen}; --set {chosen}=X changes it")
 
     def _keep_length(self, config: Config, given: Sequence[str]) -> None:
-        """A resume keeps its run's length: a time budget's plan, or a step count. A step count typed for
-        this resume (--set train.max_steps=N, or edited in config.yaml) wins over a budget, which is then
-        off (`budget.explicit_steps` for --set). A run of a time budget given a config without one trains
-        the config's train.max_steps from here on, with a note (a budget the resume gives, by --set or by
-        the file, is the run's from here on). A run that
-        trained a step count keeps it where the config has a budget: the budget is off, its
-        train.max_steps is that budget's first estimate, not the run's (with a note); so where --set
-        turns a config's budget off. A budget given for it (--set, or edited in config.yaml) is
-        refused: a time plan is measured at a run's start (`budget.plan_for`). Otherwise the config's
-        train.max_steps is the run's from here on (the way to train a run further)."""
+        """A resume keeps its run's length, a time budget's plan or a step count, unless told otherwise.
+
+        - A step count typed for this resume (--set train.max_steps=N, or edited in config.yaml) wins
+          over a budget, which is then off (`budget.explicit_steps` for --set).
+        - A run of a time budget given a config without one trains the config's train.max_steps from
+          here on, with a note; a budget the resume gives (--set, or the file's) is the run's from here on.
+        - A run that trained a step count keeps it where the config has a budget, on or turned off by
+          --set: the budget is off, and its train.max_steps is that budget's first estimate, not the
+          run's (with a note). A budget given for it (--set, or edited in config.yaml) is refused: a
+          time plan is measured at a run's start (`budget.plan_for`). Otherwise the config's
+          train.max_steps is the run's from here on (the way to train a run further)."""
         typed = (*given, *self.edited)
         if self.config.train.time_budget is not None:
             self._keep_budget(config, typed)
@@ -478,7 +480,8 @@ class ResumePoint:
         A file that cannot be read as a config is left to a resume from the latest to refuse."""
         stored = ckpt.saved_value(latest, "config")
         try:
-            config = self.config if stored is None else ckpt.config_from_checkpoint({"config": stored}, latest)
+            config = (self.config if stored is None
+                      else ckpt.config_from_checkpoint({"config": stored}, latest))
             stored = self.state.get("config", {}) if stored is None else stored
             changed = _config_edits(path, config, stored)[0]
         except (ConfigError, CheckpointError, OSError, yaml.YAMLError):  # emptied or broken: no edits to name
