@@ -36,7 +36,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=sorted(set(EXPORT_PRECISIONS) | set(GGUF_PRECISIONS)), default="fp32",
                    help="the weights' dtype (default: fp32, the dtype tinyattn trains its weights in); "
                         f"a folder holds {', '.join(EXPORT_PRECISIONS)}, a GGUF file {', '.join(GGUF_PRECISIONS)}")
-    p.add_argument("--force", action="store_true", help="replace an earlier export in --out (a GGUF file, or a folder holding only an "
+    p.add_argument("--force", action="store_true",
+                   help="replace an earlier export in --out (a GGUF file, or a folder holding only an "
                         "export's files); never a checkpoint or another file")
     return p
 

@@ -210,7 +210,8 @@ class BatchSampler:
         self.seed = int(state["seed"])
         self.batches_drawn = int(state["batches_drawn"])
         batch_size = int(state.get("batch_size", self.batch_size))
-        self.windows_drawn = int(state.get("windows_drawn", self.batches_drawn * state["world_size"] * batch_size))
+        before = self.batches_drawn * state["world_size"] * batch_size  # a state without windows_drawn
+        self.windows_drawn = int(state.get("windows_drawn", before))
         if "pass_starts" in state:
             self.pass_starts = [int(start) for start in state["pass_starts"]]
         else:  # saved before passes could end early: every pass so far was whole
