@@ -1143,7 +1143,7 @@ def draw_pass_windows(sampler, batches, end_after=None):
     returns each pass's window starts, in the order drawn."""
     passes = {}
     for _ in range(batches):
-        sampler.plan_end(batches if end_after is None else end_after)
+        sampler.plan_end((batches if end_after is None else end_after) - sampler.batches_drawn)
         drawn = sampler.windows_drawn
         for k, start in enumerate(sampler.next_batch()[0][:, 0].tolist()):
             number = int(np.searchsorted(sampler.pass_starts, drawn + k, side="right")) - 1
@@ -1186,11 +1186,11 @@ def test_a_plan_shrunk_below_the_windows_drawn_keeps_them_in_their_pass_and_show
     T, per_pass = 16, (1000 - 16) // 16
     sampler = BatchSampler(counting_tokens(), batch_size=1, context_length=T, seed=4, sampling="passes")
     for _ in range(20):  # 20 windows of a planned 100
-        sampler.plan_end(100)
+        sampler.plan_end(100 - sampler.batches_drawn)
         sampler.next_batch()
     after = []
     for _ in range(per_pass):  # the plan re-estimated down to 10 windows, before the 20 drawn
-        sampler.plan_end(10)
+        sampler.plan_end(10 - sampler.batches_drawn)
         after.append(int(sampler.next_batch()[0][0, 0]))
     assert sampler.pass_starts[:2] == [0, 20]  # the drawn windows stay in the first pass; the next starts now
     offset = min(after) % T
@@ -1277,7 +1277,7 @@ def test_ranks_cut_their_passes_alike(batches, passes):
     def starts(sampler):
         drawn = []
         for _ in range(batches):
-            sampler.plan_end(batches)
+            sampler.plan_end(batches - sampler.batches_drawn)
             drawn += sampler.next_batch()[0][:, 0].tolist()
         return sorted(drawn), sampler.pass_starts
     (ours, our_passes), (theirs, their_passes) = (
@@ -1295,7 +1295,7 @@ def test_a_run_that_goes_on_past_its_planned_end_goes_on_in_whole_passes():
     sampler = BatchSampler(counting_tokens(), batch_size=1, context_length=T, seed=4, sampling="passes")
     drawn = []
     for _ in range(5 + per_pass):
-        sampler.plan_end(5)
+        sampler.plan_end(5 - sampler.batches_drawn)
         drawn.append(int(sampler.next_batch()[0][0, 0]))
     assert sampler.pass_starts == [0, 5]
     offset = min(drawn[5:]) % T

@@ -84,8 +84,8 @@ class BatchSampler:
     the ranks deal the windows of one sequence between them (rank r takes batches r, r + W,
     ...). Every window of a pass is seen once before any is seen again; a pass holds at most
     len / T windows, and its order is made when it begins (O(corpus / T) memory).
-    The passes end with the run: told where the run is planned to end (`plan_end`, before
-    each step), the sampler shares the windows left between the fewest passes that hold
+    The passes end with the run: told how many batches the run is planned to draw yet
+    (`plan_end`, before each step), the sampler shares the windows left between the fewest passes that hold
     them, in equal parts, so the run's last window is a pass's last (validation is lowest
     at the end of a pass, where the windows seen longest ago come: docs/BENCHMARKS.md).
     A pass's end is placed only when the windows reach it, from the plan then; the last
@@ -126,11 +126,12 @@ class BatchSampler:
         self.pass_starts = [0]  # the window (in the sequence of all passes) each pass began at
         self.end: Optional[int] = None  # the window the run is planned to end before (None: not told)
 
-    def plan_end(self, batches: int) -> None:
-        """The run is planned to end after this rank has drawn `batches` batches (the Trainer says
-        so before every step; a time budget not yet measured says the step it is at). Counted from
-        the windows drawn, at this batch size: a resume may have changed it."""
-        self.end = self.windows_drawn + (batches - self.batches_drawn) * self.world_size * self.batch_size
+    def plan_end(self, batches_left: int) -> None:
+        """The run is planned to end after this rank has drawn `batches_left` more batches (the
+        Trainer says so before every step; a time budget not yet measured says the step it is at;
+        below 0 where a plan shrank past what was drawn). Counted from the windows drawn, at this
+        batch size: a resume may have changed it, or the micro-batches a step draws."""
+        self.end = self.windows_drawn + batches_left * self.world_size * self.batch_size
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.sampling == "passes":

@@ -309,7 +309,7 @@ class KeyValueRecall:
         distance = query_positions[None, :] - 2 * order  # (N, Q): the queried key stood at 2 * pair index
         return torch.from_numpy(x.astype(np.int64)), torch.from_numpy(target.astype(np.int64)), distance
 
-    def plan_end(self, batches: int) -> None:
+    def plan_end(self, batches_left: int) -> None:
         """The Trainer says where the run ends; fresh draws have no passes to end there."""
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:

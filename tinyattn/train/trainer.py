@@ -125,7 +125,8 @@ class Trainer:
         """
         accum = self.config.grad_accum_steps
         set_learning_rates(self.optimizers.optimizers, self.plan.factor(self.step))
-        self.batches.plan_end(self.plan.total_steps(self.step) * accum)  # passes end with the run
+        # passes end with the run: the batches it is to draw yet, at this accumulation
+        self.batches.plan_end((self.plan.total_steps(self.step) - self.step) * accum)
         total_loss = torch.zeros((), device=self.device)
         for micro in range(accum):
             x, y = self.next_batch()
