@@ -660,6 +660,9 @@ def test_the_temporary_file_of_an_export_killed_mid_write_is_deleted_by_the_next
         (tmp_path / name).write_text("not an export's")
     (tmp_path / ".model.gguf.abcd5678.tmp").mkdir()  # a folder of that name is no file the writer made
     tokenizer = tokenizer_of("char")
+    with pytest.raises(CheckpointError, match="--dtype q8_0"):  # a refused export deletes nothing
+        export(tmp_path, random_model(tokenizer), tokenizer, dtype="q8_0")
+    assert os.path.exists(leftover)
     path = export(tmp_path, random_model(tokenizer), tokenizer)
     assert not os.path.exists(leftover)
     kept = [*others, ".model.gguf.abcd5678.tmp", path.name]

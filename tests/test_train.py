@@ -522,6 +522,22 @@ def twelve_steps(corpus, tmp_path):
     return run, _file_digests(run)
 
 
+def test_a_fine_tune_of_a_folder_whose_best_pt_is_damaged_logs_the_checkpoint_it_read(corpus, tmp_path,
+                                                                                      twelve_steps):
+    # The console said "best.pt is damaged; using step_0000012.pt" before train.log was open, and the
+    # run's config.yaml names only the folder: nothing kept which weights the fine-tune started from.
+    run, _ = twelve_steps
+    best = run / "best.pt"
+    best.write_bytes(best.read_bytes()[:-100])  # cut short
+    config = tiny_config(corpus, tmp_path, "train.max_steps=2", f"train.init_from={run}")
+    result = train(config, run_name="tuned", progress=False)
+    log = (result.run_dir / "train.log").read_text()
+    assert f"note: train.init_from {run}: the weights come from {run / 'step_0000012.pt'}" in log
+    tuned = tiny_config(corpus, tmp_path, "train.max_steps=2", f"train.init_from={run / 'step_0000009.pt'}")
+    log = (train(tuned, run_name="named", progress=False).run_dir / "train.log").read_text()
+    assert "the weights come from" not in log  # the file the user named: nothing to add
+
+
 def test_resuming_an_earlier_checkpoint_with_a_new_run_name_forks(corpus, tmp_path, twelve_steps):
     run, before = twelve_steps
     result = train(tiny_config(corpus, tmp_path, "train.max_steps=12", "train.eval_interval=3",
@@ -1941,8 +1957,8 @@ def test_a_seed_or_a_table_by_passes_given_to_a_resume_is_said_and_the_run_keeps
     train(config, run_name="r", stop_at_step=2, progress=False)
     run = tmp_path / "r"
     capsys.readouterr()
-    code, err = run_main(["--resume", str(run), "--no-progress", "--set", f"train.seed={seed + 6}",
-                          "train.decay_by_passes={0: 0.5}"], capsys)
+    code, err = run_main(["--resume", str(run), "--no-progress", "--stop-at-step", "3", "--set",
+                          f"train.seed={seed + 6}", "train.decay_by_passes={0: 0.5}"], capsys)
     assert code == 0, err
     assert (f"note: train.seed {seed + 6} (--set) does not apply: a resume continues the run's random "
             f"generators (seed {seed}), which it keeps") in err
@@ -1950,6 +1966,29 @@ def test_a_seed_or_a_table_by_passes_given_to_a_resume_is_said_and_the_run_keeps
             "train.weight_decay; --set train.weight_decay=X changes it") in err
     saved = load_config(run / "config.yaml").train
     assert (saved.seed, saved.weight_decay, saved.decay_by_passes) == (seed, 0.3, {0: 0.5})
+    # Edited in config.yaml: the edit's own line says the run keeps its seed, and no note contradicts it
+    text = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(text.replace(f"seed: {seed}", f"seed: {seed + 6}"))
+    code, err = run_main(["--resume", str(run), "--no-progress"], capsys)
+    assert code == 0, err
+    assert (f"train.seed {seed} -> {seed + 6} (a run draws from it at its start: this one continues its "
+            "random generators and keeps its seed)") in err and "does not apply" not in err
+    assert load_config(run / "config.yaml").train.seed == seed
+
+
+def test_a_step_run_resumed_with_a_config_of_another_step_count_says_its_schedule_changes(
+        corpus, tmp_path, capsys):
+    # A --config file's train.max_steps is the run's from here on (the way to train further): a
+    # schedule shortened or lengthened that way was shown only by the count on the first line.
+    train(tiny_config(corpus, tmp_path, "train.max_steps=6", "train.eval_interval=2"), run_name="r",
+          stop_at_step=2, progress=False)
+    shorter = tmp_path / "shorter.yaml"
+    shorter.write_text(f"extends: {TINY}\ntrain:\n  max_steps: 4\n  eval_interval: 2\n", encoding="utf-8")
+    code, err = run_main(["--resume", str(tmp_path / "r"), "--config", str(shorter), "--no-progress", "--set",
+                          *tiny_overrides(corpus, tmp_path)], capsys)
+    assert code == 0, err
+    assert "note: train.max_steps 6 -> 4 (the config's): the run's schedule spans that from here on" in err
+    assert "done: 2 steps (steps 3-4)" in err
 
 
 def test_a_run_without_run_name_is_named_after_its_config_file_and_the_time(corpus, tmp_path, capsys):

@@ -166,7 +166,6 @@ def write_gguf(state: dict[str, torch.Tensor], config: ModelConfig, tokenizer: T
     """Write `path` (one .gguf file) for the model `state`/`config` and its tokenizer."""
     gguf = gguf_package()
     path = Path(path)
-    clean_interrupted_export(path)
     if dtype not in GGUF_DTYPES:
         raise CheckpointError(f"--dtype {dtype}: a GGUF file holds {', '.join(GGUF_DTYPES)}")
     _check_gguf_path(path, force)
@@ -175,6 +174,7 @@ def write_gguf(state: dict[str, torch.Tensor], config: ModelConfig, tokenizer: T
                               f"{config.vocab_size}: the model has no row for some of them; a GGUF export "
                               f"needs model.vocab_size >= {tokenizer.vocab_size}, the tokenizer's (is the "
                               "checkpoint's tokenizer.json the one its run trained with?)")
+    clean_interrupted_export(path)  # once refusals are behind: a refused export deletes nothing
     writer = gguf.GGUFWriter(None, architecture_of(config))
     add_metadata(writer, config, dtype=dtype, name=name)
     add_tokenizer(writer, tokenizer, config.vocab_size)

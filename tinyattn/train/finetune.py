@@ -116,6 +116,15 @@ class InitSource:
         adopt_model(config, self.model_config, tokenizer, f"train.init_from {self.location}", written=written,
                     trained_with=(self.tokenizer_config, self.own_tokenizer))
 
+    def notes(self) -> list[str]:
+        """What train.log keeps of the source: the checkpoint read where a run folder was named and
+        it is not its best.pt (one damaged, or none: `checkpoint.resolve_checkpoint` said so on the
+        console only, before the log was open)."""
+        folder = Path(self.location)
+        if self.file.name == ckpt.BEST or not folder.is_dir() or ckpt.is_hf_folder(folder):
+            return []
+        return [f"note: train.init_from {self.location}: the weights come from {self.file}"]
+
     def load_into(self, model: LanguageModel) -> None:
         ckpt.load_weights(model, {"model": self.weights}, self.file)
         self.weights = {}  # the tensors are in the model now; free the copy

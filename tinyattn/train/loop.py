@@ -162,6 +162,7 @@ def _train(config: Config, request: _Request, dist: Distributed, stopper: StopRe
         point.keep_out_dir(config, request.run_name, request.given)
         request.notes[:0] = point.notes  # what the resume took from config.yaml
     source = init_source(config, request.written) if point is None else None  # fine-tuning: train.init_from
+    request.notes.extend(source.notes() if source is not None else [])
     if point is None:
         config = _for_precision(config, device, request)
         request.notes.extend(unused_options(config.train, config.model.tie_embeddings, request.own))

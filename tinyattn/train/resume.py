@@ -292,11 +292,12 @@ class ResumePoint:
         (an edit of config.yaml says so in its own note)."""
         saved = self.config.train
         if config.train.seed != saved.seed:
-            source = ("--set" if "train.seed" in given else f"edited in {self.file.parent / CONFIG_FILE}"
-                      if "train.seed" in self.edited else "the config's")
-            self.notes.append(f"note: train.seed {config.train.seed} ({source}) does not apply: a resume "
-                              f"continues the run's random generators (seed {saved.seed}), which it keeps; "
-                              f"another seed starts a new run (train.init_from to begin from these weights)")
+            if "train.seed" in given or "train.seed" not in self.edited:  # an edit's own note says so
+                source = "--set" if "train.seed" in given else "the config's"
+                self.notes.append(f"note: train.seed {config.train.seed} ({source}) does not apply: a "
+                                  f"resume continues the run's random generators (seed {saved.seed}), which "
+                                  "it keeps; another seed starts a new run (train.init_from to begin from "
+                                  "these weights)")
             config.train.seed = saved.seed
         for name, chosen in PASS_TABLES.items():
             if f"train.{name}" in given and getattr(config.train, name) != getattr(saved, name):
@@ -351,7 +352,12 @@ class ResumePoint:
                 f"weights with --set {quoted(f'train.init_from={self.file}')}")
         # A config's budget, on or turned off by --set: its train.max_steps is that budget's first estimate
         beside_a_budget = budget is not None or "train.time_budget" in given
-        if not beside_a_budget or "train.max_steps" in given:
+        if "train.max_steps" in given:
+            return
+        if not beside_a_budget:
+            if config.train.max_steps != steps and "train.max_steps" not in self.edited:  # the config's: said
+                self.notes.append(f"note: train.max_steps {steps:,} -> {config.train.max_steps:,} (the "
+                                  "config's): the run's schedule spans that from here on")
             return
         config.train.time_budget = None
         if budget is not None or config.train.max_steps != steps:
@@ -572,6 +578,9 @@ def _edit(key: str, before, after, *, deleted: bool, overruled: bool = False) ->
     name = key.partition(".")[2]
     if name in PASS_TABLES:
         line += f" (a run reads it at its start: this one keeps its {PASS_TABLES[name]})"
+    elif key == "train.seed":
+        line += (" (a run draws from it at its start: this one continues its random generators and keeps "
+                 "its seed)")
     return line
 
 
