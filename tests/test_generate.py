@@ -739,6 +739,44 @@ def test_the_first_new_token_reads_as_it_does_after_the_prompt_with_a_sentencepi
     text = "".join(generate(BigramModel(table), Llama2Like(), "ROMEO:", max_new_tokens=3, temperature=0))
     assert text == " A b A" and "ROMEO:" + text == backend.decode([0, 1, 2, 1])
 
+
+def llama_like_byte_fallback_tokenizer():
+    """A SentencePiece-style BPE as Llama and Mistral ship it: characters outside the vocabulary
+    become <0x..> byte tokens, which ByteFallback decodes a run at a time."""
+    from tokenizers import Tokenizer as Backend, decoders, models, normalizers
+
+    from tinyattn.data.tokenizer import Tokenizer
+
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    pieces = ["<unk>", "<s>", "</s>"] + byte_tokens + ["▁", "a", "b", "▁a", "▁b", "ab"]
+    backend = Backend(models.BPE(vocab={piece: i for i, piece in enumerate(pieces)},
+                                 merges=[("▁", "a"), ("▁", "b"), ("a", "b")], unk_token="<unk>",
+                                 byte_fallback=True, fuse_unk=True))
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                         decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    return Tokenizer.from_json(backend.to_str(), end_of_text="</s>", start_of_text="<s>")
+
+
+@pytest.mark.parametrize("prompt", ["ab日日", "日日", "a日日日", "b 日日日", "é😀", "ab日 b"])
+@pytest.mark.parametrize("continuation", ["日 a", "😀b", "é", " 日"])
+def test_new_byte_tokens_after_a_prompt_ending_in_byte_tokens_stream_their_characters(prompt, continuation,
+                                                                                     monkeypatch):
+    # The detokenizer's context was the prompt's last 4 ids, which could start inside a character's
+    # byte tokens: ByteFallback read the broken run, and the new byte tokens joining it, as U+FFFD.
+    import tinyattn.generate.text as text_module
+
+    tokenizer = llama_like_byte_fallback_tokenizer()
+    prompt_ids = tokenizer.text_start + tokenizer.encode(prompt)
+    new_ids = tokenizer.encode(continuation)[1:]  # not the "▁" the normalizer puts before a text
+    monkeypatch.setattr(text_module, "generate_tokens", lambda *args, **kwargs: iter(
+        torch.tensor([token]) for token in new_ids))
+    model = BigramModel(torch.zeros(tokenizer.vocab_size, tokenizer.vocab_size), context_length=64)
+    streamed = "".join(generate(model, tokenizer, prompt, max_new_tokens=len(new_ids), temperature=0))
+    whole, before = tokenizer.decode(prompt_ids + new_ids), tokenizer.decode(prompt_ids)
+    assert whole.startswith(before) and streamed == whole[len(before):] and "\ufffd" not in streamed
+
+
 def test_stop_string_filter_holds_back_possible_starts():
     f = StopStringFilter(["\n\n", "END"])
     assert f.push("ab\n") == "ab"  # "\n" may start "\n\n"
