@@ -1188,6 +1188,18 @@ def test_cli_prompt_from_stdin_and_stop_escapes(run_dir, capsys, monkeypatch):
     assert out == "All:\n" + whole[:cut] + "\n"  # the prompt read from stdin, the continuation, a newline
 
 
+@pytest.mark.parametrize("typed, meant", [
+    (r"\n\n", "\n\n"), (r"a\tb", "a\tb"), (r"\\n", "\\n"), (r"\u00e9\x41\101", "éAA"), (r"\N{BULLET}", "•"),
+    (r"\日", "\\日"), (r"\é", "\\é"), (r"日\n", "日\n"), (r"\日\n", "\\日\n"), (r"\q", "\\q"), ("é😀", "é😀"),
+])
+def test_stop_escapes_are_read_and_a_backslash_before_any_other_character_stays(typed, meant):
+    # The escapes were read by encoding the text to escapes first: a backslash before a character
+    # above U+00FF ("\日") became the six characters "\u65e5", a stop string never found.
+    from tinyattn.cli.generate import unescape
+
+    assert unescape(typed) == meant
+
+
 def test_cli_each_stop_flag_takes_one_string_and_a_dash_after_it_is_the_stdin_prompt():
     from tinyattn.cli.generate import build_parser
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import re
 import sys
 import warnings
 from typing import Optional
@@ -103,7 +104,8 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
     # One string per --stop (not nargs="+"), so a "-" after it is the stdin prompt, not a stop string.
     parser.add_argument("--stop", action="append", default=[], metavar="STRING",
                         help="end a sample where this string appears (not printed); Python escapes "
-                             "such as \\n are understood; give --stop again for each further string")
+                             "such as \\n, \\t, \\\\ and \\u00e9 are understood (a backslash before "
+                             "anything else stays); give --stop again for each further string")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -268,12 +270,23 @@ def read_stdin(read) -> str:
         raise DataError(f"stdin: the prompt is not {sys.stdin.encoding} text ({e.reason})") from None
 
 
+# Python's escape sequences: \\ \' \" \a \b \f \n \r \t \v, octal \ooo, \xhh, \uXXXX, \UXXXXXXXX,
+# \N{name}, and a backslash before a newline. The digits are optional here so that "\x" alone is
+# found, and refused, as Python refuses it.
+ESCAPE_SEQUENCE = re.compile(r"\\(?:[\\'\"abfnrtv\n]|[0-7]{1,3}|x[0-9a-fA-F]{0,2}|u[0-9a-fA-F]{0,4}"
+                             r"|U[0-9a-fA-F]{0,8}|N(?:\{[^}]*\}?)?)")
+
+
 def unescape(text: str) -> str:
-    r"""Python escapes in a command-line string: "\n" -> newline; other characters unchanged."""
-    try:
-        return text.encode("latin-1", "backslashreplace").decode("unicode_escape")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"--stop {text!r}: not a valid escape sequence ({e.reason})") from None
+    r"""Python's escape sequences in a command-line string ("\n" -> newline, "\u00e9" -> "é");
+    every other character, a backslash before one that starts no escape ("\日") included, as typed."""
+    def decoded(match: re.Match) -> str:
+        try:
+            return match[0].encode("ascii").decode("unicode_escape")
+        except UnicodeError as e:  # "\x" without its digits; a "\N{name}" Python does not know
+            raise ConfigError(f"--stop {text!r}: not a valid escape sequence ({match[0]}: {e.reason}); "
+                              f"escapes such as \\n, \\t, \\\\ and \\u00e9 are understood") from None
+    return ESCAPE_SEQUENCE.sub(decoded, text)
 
 
 def _given(value, default):
