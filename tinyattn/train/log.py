@@ -39,8 +39,23 @@ RUN_LOG = logging.getLogger("tinyattn.run")
 
 
 class _LogFile(logging.FileHandler):
-    def handleError(self, record):  # a full disk must not end a run over a log line
+    """train.log's handler. A full disk must not end a run over a log line, nor hide the error
+    that ends it: a refused write, flush or close is dropped (the console has had the line)."""
+
+    def handleError(self, record):
         pass
+
+    def flush(self):
+        try:
+            super().flush()
+        except OSError:
+            pass
+
+    def close(self):
+        try:
+            super().close()
+        except OSError:
+            pass
 
 
 class RunLog:
