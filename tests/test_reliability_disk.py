@@ -5,7 +5,11 @@ half-written left (docs/RELIABILITY.md)."""
 import errno
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import CORPUS, ROOT, local_corpus
+
+from tinyattn.errors import StorageError
 
 TINY = ROOT / "configs" / "tiny.yaml"
 
@@ -44,3 +48,38 @@ def test_a_full_disk_at_config_yaml_is_its_one_line_not_train_logs_close(tmp_pat
     assert err.splitlines()[-1] == (f"error: cannot write {small_tmpfs / 'r' / 'config.yaml'}: No space left "
                                     "on device; free some space there or choose another folder")
     assert sorted(p.name for p in small_tmpfs.iterdir()) == ["filler"]  # a failed start: no folder left
+
+
+@pytest.mark.parametrize("pages_left", [0, 4])  # 0: the header's flush fails; 4: numpy writes short
+def test_a_full_disk_during_a_gguf_export_is_one_line_and_leaves_no_temporary_file(small_tmpfs, pages_left):
+    pytest.importorskip("gguf")
+    from tests.test_gguf import random_model, tokenizer_of
+    from tinyattn.gguf.writer import write_gguf
+
+    tokenizer = tokenizer_of("char")
+    model = random_model(tokenizer)
+    fill(small_tmpfs, pages_left)
+    path = small_tmpfs / "m.gguf"
+    with pytest.raises(StorageError) as raised:
+        write_gguf(model.state_dict(), model.config, tokenizer, path)
+    message = str(raised.value)
+    assert message.startswith(f"cannot write {path}: ") and "\n" not in message
+    assert "No space left on device" in message or "the disk took only" in message, message
+    assert message.endswith("; free some space there or choose another folder")
+    assert sorted(p.name for p in small_tmpfs.iterdir()) == ["filler"]  # no hidden .m.gguf.*.tmp
+
+
+def test_a_full_disk_during_a_hugging_face_export_names_the_out_folder_not_its_staging_copy(small_tmpfs):
+    pytest.importorskip("safetensors")
+    from tests.test_hf import random_model, tokenizer_of
+    from tinyattn.hf.folder import export_folder
+
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 4)
+    fill(small_tmpfs)
+    out = small_tmpfs / "exp"
+    with pytest.raises(StorageError) as raised:
+        export_folder(model.state_dict(), config, tokenizer, out)
+    assert str(raised.value) == (f"cannot write {out} (writing config.json): No space left on device; free "
+                                 "some space there or choose another folder")
+    assert sorted(p.name for p in small_tmpfs.iterdir()) == ["filler"]

@@ -227,6 +227,9 @@ def _write_beside_then_rename(writer, path: Path) -> None:
             os.chmod(temporary, new_file_mode(path))  # mkstemp's 0600 would keep ollama's own user out
             os.replace(temporary, path)
     finally:
-        writer.close()
+        try:
+            writer.close()  # a second time after a failure: a full disk refuses its flush again
+        except OSError:
+            pass
         if os.path.exists(temporary):
             os.unlink(temporary)

@@ -271,7 +271,7 @@ def _write_folder(out: Path, files: dict[str, bytes]) -> None:
         os.chmod(staging, new_folder_mode(out))  # mkdtemp's 0700 would keep a class or a container out
     try:
         for name, data in files.items():
-            with atomic_write(staging / name) as f:
+            with atomic_write(staging / name, named=f"{out} (writing {name})") as f:
                 f.write(data)
         with storage_errors(out):
             _swap_in(staging, out)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,6 +40,8 @@ STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.E
 # hold one there (/proc), not a file that went missing: the user's to fix too.
 CREATE_ERRNOS = STORAGE_ERRNOS | {errno.ENOENT}
 TEMPORARY_SUFFIX = ".tmp"
+# numpy's tofile on a full disk: a write that took fewer bytes than it was given, with no errno
+SHORT_WRITE = re.compile(r"(\d+) requested and (\d+) written")
 BYTE_ORDER_MARK = "\ufeff"  # a Windows editor puts it first in a UTF-8 file: never text (data files drop it)
 
 
@@ -83,15 +86,17 @@ def _as_a_plain_write(fd: int, path: Path) -> None:
 
 
 @contextmanager
-def atomic_write(path: str | Path) -> Iterator[BinaryIO]:  # yields a file-like writer
-    """Yield a binary file whose contents replace `path` only if the block succeeds."""
+def atomic_write(path: str | Path, *, named: str | Path | None = None) -> Iterator[BinaryIO]:
+    """Yield a binary file whose contents replace `path` only if the block succeeds; `named`:
+    what a refusal names instead of `path` (the folder a staging copy becomes)."""
     path = Path(path)
-    with storage_errors(path, creating=True):
+    named = path if named is None else Path(named)
+    with storage_errors(named, creating=True):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX)
     try:
         _as_a_plain_write(fd, path)
-        with storage_errors(path):
+        with storage_errors(named):
             with os.fdopen(fd, "wb") as f:
                 recorder = _WriteRecorder(f)
                 try:
@@ -132,6 +137,10 @@ class _WriteRecorder:
 def storage_message(path: Path, error: OSError) -> str:
     """One line: the path, what the file system said, and what the user can do."""
     reason = os.strerror(error.errno) if error.errno else str(error)
+    short = _short_write(error)
+    if short is not None:
+        return (f"cannot write {path}: the disk took only {short[1]:,} of {short[0]:,} bytes; "
+                "free some space there or choose another folder")
     if error.errno in NOT_A_FOLDER_ERRNOS:
         in_the_way = next((p for p in (*reversed(path.parents), path) if p.exists() and not p.is_dir()), None)
         if in_the_way is not None:
@@ -154,9 +163,16 @@ def storage_errors(path: str | Path, *, creating: bool = False) -> Iterator[None
     try:
         yield
     except OSError as e:
-        if e.errno in (CREATE_ERRNOS if creating else STORAGE_ERRNOS):
+        if e.errno in (CREATE_ERRNOS if creating else STORAGE_ERRNOS) or _short_write(e) is not None:
             raise StorageError(storage_message(Path(path), e)) from None
         raise
+
+
+def _short_write(error: OSError) -> tuple[int, int] | None:
+    """(bytes asked, bytes written) of a write that took fewer bytes than it was given and says
+    so without an errno (numpy's tofile): a full disk. None for any other error."""
+    match = SHORT_WRITE.fullmatch(str(error)) if error.errno is None else None
+    return (int(match[1]), int(match[2])) if match else None
 
 
 def check_writable(folder: str | Path) -> Path:
