@@ -83,3 +83,59 @@ def test_a_full_disk_during_a_hugging_face_export_names_the_out_folder_not_its_s
     assert str(raised.value) == (f"cannot write {out} (writing config.json): No space left on device; free "
                                  "some space there or choose another folder")
     assert sorted(p.name for p in small_tmpfs.iterdir()) == ["filler"]
+
+
+def refusing_tensorboard_writes(monkeypatch, refuse: list) -> None:
+    """TensorBoard's writer thread is refused every write while `refuse` is not empty, as a full
+    disk refuses it."""
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    write = RecordWriter.write
+
+    def full(self, data):
+        if refuse:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write(self, data)
+
+    monkeypatch.setattr(RecordWriter, "write", full)
+
+
+def test_a_full_disk_as_tensorboard_starts_is_one_line_and_takes_back_the_new_runs_folder(
+        tmp_path, monkeypatch, capsys):
+    from tinyattn.cli.main import main
+
+    refusing_tensorboard_writes(monkeypatch, [True])
+    code = main(train_args(tmp_path, tmp_path / "runs"))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err and "Exception in thread" not in err, err
+    assert err.splitlines()[-1] == (f"error: cannot write {tmp_path / 'runs' / 'r'}: No space left on device; "
+                                    "free some space there or choose another folder")
+    assert list((tmp_path / "runs").iterdir()) == []
+
+
+def test_a_full_disk_at_an_evaluations_tensorboard_write_is_one_line_naming_the_events_file(
+        tmp_path, monkeypatch, capsys):
+    from tinyattn import checkpoint as ckpt
+    from tinyattn.cli.main import main
+    from tinyattn.train.log import Logger
+
+    refuse = []
+    refusing_tensorboard_writes(monkeypatch, refuse)
+    evaluation = Logger.evaluation
+
+    def filled(self, result, best, evaluator):  # the disk fills at the second evaluation
+        if result.step == 4:
+            refuse.append(True)
+        evaluation(self, result, best, evaluator)
+
+    monkeypatch.setattr(Logger, "evaluation", filled)
+    code = main(train_args(tmp_path, tmp_path / "runs"))
+    err = capsys.readouterr().err
+    run = tmp_path / "runs" / "r"
+    assert code == 2, err
+    assert "Traceback" not in err and "Exception in thread" not in err, err
+    [events] = run.glob("events.out.tfevents.*")
+    assert err.splitlines()[-1] == (f"error: cannot write {events}: No space left on device; "
+                                    "free some space there or choose another folder")
+    assert [ckpt.step_of(p) for p in ckpt.step_checkpoints(run)] == [2]  # what was saved stays

@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -25,6 +26,7 @@ from tinyattn import checkpoint as ckpt
 from tinyattn.config import Config, config_to_dict
 from tinyattn.errors import TinyattnError
 from tinyattn.system.invocation import command, quoted
+from tinyattn.system.storage import storage_errors
 from tinyattn.train.optim import optimizer_description
 
 if TYPE_CHECKING:
@@ -141,6 +143,39 @@ def hparams_of(config: Config) -> dict:
     return flat
 
 
+class _Events:
+    """TensorBoard's SummaryWriter whose every call turns a refused write into a StorageError
+    naming its events file. A full disk fails the writer's own thread; the thread keeps the error
+    and the writer's next call (a scalar, the flush, the close) raises it."""
+
+    def __init__(self, writer, path: Path):
+        self.writer = writer
+        self.path = path
+
+    def __getattr__(self, name):
+        attribute = getattr(self.writer, name)
+        if not callable(attribute):
+            return attribute
+
+        def call(*args, **kwargs):
+            with storage_errors(self.path):
+                return attribute(*args, **kwargs)
+
+        return call
+
+
+def _quiet_writer_thread(previous):
+    """A threading.excepthook that prints no traceback for TensorBoard's writer thread refused a
+    write: the thread keeps the error, and `_Events` turns it into the run's one line."""
+
+    def hook(args):
+        writer_thread = type(args.thread).__module__.startswith("tensorboard.")
+        if not (writer_thread and issubclass(args.exc_type, OSError)):
+            previous(args)
+
+    return hook
+
+
 class Logger:
     """The progress bar, the plain log lines and TensorBoard, on the main process only."""
 
@@ -152,7 +187,8 @@ class Logger:
         self.flops_per_token = trainer.model.flops_per_token()
         self.peak_flops = peak_flops * trainer.dist.world_size
         self.enabled = enabled
-        self.writer = None
+        self.writer: Optional[_Events] = None
+        self.thread_hook = None  # threading.excepthook, while TensorBoard's writer runs
         self.bar = None
         self.progress = progress and enabled
         self.train_seconds, self.train_tokens = 0.0, 0
@@ -185,6 +221,16 @@ class Logger:
     def start(self, point: Optional[ResumePoint]) -> None:
         """Opens TensorBoard (after config.yaml is written) and the progress bar; `point`: the
         checkpoint a resumed or forked run continues from."""
+        try:
+            self._open_tensorboard(point)
+        except BaseException:
+            self.close(failing=True)
+            raise
+        if self.progress:
+            self.bar = tqdm(total=self.config.train.max_steps, initial=self.trainer.step, unit="step",
+                            dynamic_ncols=True, file=sys.stderr)
+
+    def _open_tensorboard(self, point: Optional[ResumePoint]) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         t = self.trainer
@@ -192,18 +238,21 @@ class Logger:
         # checkpoint: purge_step hides them (every step after the checkpoint's) from TensorBoard, and
         # keeps what that session logged at the checkpoint's step, which the checkpoint holds.
         resumed_in_place = point is not None and not point.forks_into(self.run_dir)
-        self.writer = SummaryWriter(str(self.run_dir), purge_step=t.step + 1 if resumed_in_place else None)
+        self.thread_hook = threading.excepthook
+        threading.excepthook = _quiet_writer_thread(self.thread_hook)
+        with storage_errors(self.run_dir):  # its events file is not named yet
+            writer = SummaryWriter(str(self.run_dir), purge_step=t.step + 1 if resumed_in_place else None)
+        events = getattr(writer.file_writer.event_writer, "_file_name", self.run_dir)  # the file it writes
+        self.writer = _Events(writer, Path(events))
         self.writer.add_text("config", "```\n" + (self.run_dir / "config.yaml").read_text() + "\n```", t.step)
         # One HParams session per run: a new run's, or a fork's (a new run in a new folder, from a step
         # past 0); a run resumed in its own folder continues the one it has.
         if point is None or point.forks_into(self.run_dir):
             from torch.utils.tensorboard.summary import hparams
 
-            for summary in hparams(hparams_of(self.config), dict.fromkeys(HPARAM_METRICS, math.nan)):
-                self.writer.file_writer.add_summary(summary)
-        if self.progress:
-            self.bar = tqdm(total=self.config.train.max_steps, initial=t.step, unit="step",
-                            dynamic_ncols=True, file=sys.stderr)
+            with storage_errors(self.writer.path):
+                for summary in hparams(hparams_of(self.config), dict.fromkeys(HPARAM_METRICS, math.nan)):
+                    self.writer.file_writer.add_summary(summary)
 
     def print(self, line: str) -> None:
         if not self.enabled:
@@ -263,13 +312,22 @@ class Logger:
         evaluator.show(result, self.writer, self.run_dir)
         self.writer.flush()
 
-    def close(self) -> None:
+    def close(self, *, failing: bool = False) -> None:
+        """Closes the bar and TensorBoard's writer; `failing`: the run ends on an error of its own,
+        which a refused write of the events file here must not replace."""
         if self.bar is not None:
             to_console(self.bar.close)
             self.bar = None
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
+        writer, self.writer = self.writer, None
+        try:
+            if writer is not None:
+                writer.close()
+        except (OSError, TinyattnError):
+            if not failing:
+                raise
+        finally:
+            if self.thread_hook is not None:  # after the close: the writer's thread has ended
+                threading.excepthook, self.thread_hook = self.thread_hook, None
 
     def finish(self, result: TrainResult, stopped_by: Optional[str]) -> None:
         if not self.enabled:

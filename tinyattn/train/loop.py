@@ -52,7 +52,7 @@ from tinyattn import checkpoint as ckpt
 from tinyattn.config import (PASS_TABLES, Config, TrainConfig, for_precision, given_keys, override_keys,
                              save_config)
 from tinyattn.data.batches import prepare_data
-from tinyattn.errors import TinyattnError
+from tinyattn.errors import StorageError, TinyattnError
 from tinyattn.model.memory import check_training_fits
 from tinyattn.system.device import measure_peak_flops, select_device, select_precision
 from tinyattn.system.distributed import Distributed, init_distributed, shutdown_distributed
@@ -257,15 +257,7 @@ def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Option
     checkpointer.run_state.update(_checkpoint_record(data.fingerprint, source, point))
     stopper.at_once = False  # from the first write a stop saves a checkpoint: the folder resumes
     if dist.is_main:  # written only now that training can start: a failed command changes nothing
-        if point is not None and point.forks_into(run_dir):
-            point.fork_into(run_dir)
-        kept = keep_user_config(run_dir, point)  # the user's edited config.yaml is never lost
-        if kept:
-            log.print(kept)
-        save_config(config, run_dir / "config.yaml")
-        data.tokenizer.save(run_dir / "tokenizer.json")
-        save_data_fingerprint(data.fingerprint, run_dir)
-        log.start(point)
+        _write_start(run_dir, config, data, point, log)
     timers.seconds["start-up"] = request.elapsed() - timers.seconds.get("calibration", 0.0)
     try:
         signal_name, last_val = _loop(trainer, evaluator, checkpointer, log, timers=timers,
@@ -278,8 +270,34 @@ def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Option
         stopped_early = None if done else signal_name or "--stop-at-step"
         log.finish(result, stopped_early)
         return result
+    except BaseException:
+        log.close(failing=True)  # the error that ended the run is the one to tell
+        raise
     finally:
         log.close()  # the TensorBoard writer and the bar, also when training fails
+
+
+def _write_start(run_dir: Path, config: Config, data, point: Optional[ResumePoint], log: Logger) -> None:
+    """What a run writes before its first step: config.yaml, tokenizer.json, data.json, TensorBoard's
+    events file. A new run whose disk refuses one takes back those it wrote, so its folder goes as
+    any failed start's does (`remove_failed_start`); a resumed run's folder keeps every file."""
+    before = set(run_dir.iterdir())
+    try:
+        if point is not None and point.forks_into(run_dir):
+            point.fork_into(run_dir)
+        kept = keep_user_config(run_dir, point)  # the user's edited config.yaml is never lost
+        if kept:
+            log.print(kept)
+        save_config(config, run_dir / "config.yaml")
+        data.tokenizer.save(run_dir / "tokenizer.json")
+        save_data_fingerprint(data.fingerprint, run_dir)
+        log.start(point)
+    except StorageError:
+        if point is None:
+            for written in set(run_dir.iterdir()) - before:
+                if written.is_file():
+                    written.unlink(missing_ok=True)
+        raise
 
 
 def _checkpoint_record(fingerprint: dict, source: Optional[InitSource], point: Optional[ResumePoint]) -> dict:
