@@ -382,10 +382,10 @@ def test_a_failed_export_leaves_the_out_folder_as_it_was(tmp_path, capsys, monke
     assert code == 2 and f"{earlier / 'config.json'} is a file, not a folder" in err and err.count("\n") == 1, err
     real_atomic_write = hf.atomic_write
 
-    def disk_full_at_the_weights(path):
+    def disk_full_at_the_weights(path, **kwargs):
         if Path(path).name == "model.safetensors":
             raise StorageError(f"cannot write {path}: No space left on device")
-        return real_atomic_write(path)
+        return real_atomic_write(path, **kwargs)
 
     monkeypatch.setattr(hf, "atomic_write", disk_full_at_the_weights)
     code, _, err = run_main(export_cli.main, ["--checkpoint", run, "--out", tmp_path / "new"], capsys)
