@@ -777,6 +777,22 @@ def test_new_byte_tokens_after_a_prompt_ending_in_byte_tokens_stream_their_chara
     assert whole.startswith(before) and streamed == whole[len(before):] and "\ufffd" not in streamed
 
 
+@pytest.mark.parametrize("continuation", ["a b", "ab 日", "日 a"])
+def test_an_empty_prompts_text_has_no_space_before_its_first_word_with_a_stripping_decoder(continuation,
+                                                                                        monkeypatch):
+    # The empty prompt's context was its start token alone: the decoder's Strip took its one leading
+    # space from "<s>"'s text, and every sample began with a space transformers' decoding lacks.
+    import tinyattn.generate.text as text_module
+
+    tokenizer = llama_like_byte_fallback_tokenizer()
+    new_ids = tokenizer.encode(continuation)  # "▁a", ...: the word's own "▁", as a model generates it
+    monkeypatch.setattr(text_module, "generate_tokens", lambda *args, **kwargs: iter(
+        torch.tensor([token]) for token in new_ids))
+    model = BigramModel(torch.zeros(tokenizer.vocab_size, tokenizer.vocab_size), context_length=64)
+    streamed = "".join(generate(model, tokenizer, "", max_new_tokens=len(new_ids), temperature=0))
+    assert streamed == tokenizer.decode(new_ids) == continuation
+
+
 def test_stop_string_filter_holds_back_possible_starts():
     f = StopStringFilter(["\n\n", "END"])
     assert f.push("ab\n") == "ab"  # "\n" may start "\n\n"
