@@ -574,8 +574,21 @@ def test_a_tokenizer_without_endoftext_is_refused_in_one_line(tmp_path):
 
     tokenizer, message = refused_edit(tmp_path, "bpe", edit)
     assert tokenizer.eot_id is None
-    assert message == ("tokenizer: no <|endoftext|> token: GGUF export needs it as the "
-                       "end-of-generation token")
+    assert message == ("tokenizer: no end-of-text token (<|endoftext|>, or the one tokenizer.end_of_text "
+                       "names): GGUF export needs it as the end-of-generation token; train with "
+                       "tokenizer.end_of_text set to one of the tokenizer's own")
+
+
+def test_a_tokenizer_gguf_cannot_write_is_refused_for_that_before_its_missing_end_of_text(tmp_path):
+    # Named first for the missing end-of-text token, a user who retrained with tokenizer.end_of_text
+    # was then refused for the tokenizer's kind, which no retraining changes.
+    def edit(spec):
+        spec["pre_tokenizer"]["length"] = 2
+        spec["added_tokens"][0]["content"] = "<eos>"  # a char tokenizer holds it among its added tokens
+
+    tokenizer, message = refused_edit(tmp_path, "char", edit)
+    assert tokenizer.eot_id is None
+    assert message.startswith("tokenizer: a WordLevel tokenizer with pre-tokenizer FixedLength: GGUF export")
 
 
 def test_a_tokenizer_whose_ids_skip_a_number_is_refused_in_one_line(tmp_path):

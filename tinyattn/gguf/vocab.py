@@ -61,10 +61,15 @@ def gguf_vocab(tokenizer: Tokenizer) -> GGUFVocab:
     """The vocabulary llama.cpp needs to tokenize exactly as `tokenizer` does, or a
     CheckpointError naming what llama.cpp could not reproduce."""
     spec = json.loads(tokenizer.to_json())
-    if tokenizer.eot_id is None:
-        raise CheckpointError(f"tokenizer: no {END_OF_TEXT} token: GGUF export needs it as the "
-                              "end-of-generation token")
     model, added = spec.get("model") or {}, spec.get("added_tokens") or []
+    if not (_is_char(spec) or _is_byte_level_bpe(spec)):  # before the end-of-text token: no retraining helps
+        pre = (spec.get("pre_tokenizer") or {}).get("type")
+        raise CheckpointError(f"tokenizer: a {model.get('type', '?')} tokenizer with pre-tokenizer {pre}: "
+                              "GGUF export writes tinyattn's char and byte-level bpe tokenizers only")
+    if tokenizer.eot_id is None:
+        raise CheckpointError(f"tokenizer: no end-of-text token ({END_OF_TEXT}, or the one "
+                              "tokenizer.end_of_text names): GGUF export needs it as the end-of-generation "
+                              "token; train with tokenizer.end_of_text set to one of the tokenizer's own")
     vocab = dict(model.get("vocab") or {})
     for token in added:  # <|endoftext|>: in a BPE model's vocabulary already, not in WordLevel's
         vocab.setdefault(token["content"], token["id"])
@@ -72,11 +77,7 @@ def gguf_vocab(tokenizer: Tokenizer) -> GGUFVocab:
         raise CheckpointError(f"tokenizer: its ids are not 0..{tokenizer.vocab_size - 1} once each")
     if _is_char(spec):
         return _char_vocab(vocab, tokenizer.eot_id)
-    if _is_byte_level_bpe(spec):
-        return _bpe_vocab(vocab, model.get("merges", []), added, tokenizer.eot_id)
-    raise CheckpointError(f"tokenizer: a {model.get('type', '?')} tokenizer with pre-tokenizer "
-                          f"{(spec.get('pre_tokenizer') or {}).get('type')}: GGUF export writes tinyattn's "
-                          "char and byte-level bpe tokenizers only")
+    return _bpe_vocab(vocab, model.get("merges", []), added, tokenizer.eot_id)
 
 
 def padded(vocab: GGUFVocab, size: int) -> GGUFVocab:
