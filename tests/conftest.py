@@ -32,6 +32,24 @@ def shakespeare_head(tmp_path_factory, shakespeare_path) -> Path:
     return path
 
 
+def llama_like_byte_fallback_tokenizer():
+    """A SentencePiece-style BPE as Llama and Mistral ship it: characters outside the vocabulary
+    become <0x..> byte tokens, which ByteFallback decodes a run at a time."""
+    from tokenizers import Tokenizer as Backend, decoders, models, normalizers
+
+    from tinyattn.data.tokenizer import Tokenizer
+
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    pieces = ["<unk>", "<s>", "</s>"] + byte_tokens + ["▁", "a", "b", "▁a", "▁b", "ab"]
+    backend = Backend(models.BPE(vocab={piece: i for i, piece in enumerate(pieces)},
+                                 merges=[("▁", "a"), ("▁", "b"), ("a", "b")], unk_token="<unk>",
+                                 byte_fallback=True, fuse_unk=True))
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                         decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    return Tokenizer.from_json(backend.to_str(), end_of_text="</s>", start_of_text="<s>")
+
+
 def local_corpus(corpus: Path, out_dir: Path) -> list[str]:
     """--set items that train on the local file `corpus` (no download) with caches and runs in out_dir."""
     return [f"data.files={corpus}", "data.url=null", "data.sha256=null",

@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.conftest import llama_like_byte_fallback_tokenizer
 from tinyattn.checkpoint import FORMAT, load_checkpoint, load_model, save_checkpoint
 from tinyattn.cli.generate import main
 from tinyattn.config import ModelConfig, SampleConfig, TokenizerConfig
@@ -738,24 +739,6 @@ def test_the_first_new_token_reads_as_it_does_after_the_prompt_with_a_sentencepi
     table[0, 1] = table[1, 2] = table[2, 1] = 10.0  # ROMEO: -> ▁A -> ▁b -> ▁A
     text = "".join(generate(BigramModel(table), Llama2Like(), "ROMEO:", max_new_tokens=3, temperature=0))
     assert text == " A b A" and "ROMEO:" + text == backend.decode([0, 1, 2, 1])
-
-
-def llama_like_byte_fallback_tokenizer():
-    """A SentencePiece-style BPE as Llama and Mistral ship it: characters outside the vocabulary
-    become <0x..> byte tokens, which ByteFallback decodes a run at a time."""
-    from tokenizers import Tokenizer as Backend, decoders, models, normalizers
-
-    from tinyattn.data.tokenizer import Tokenizer
-
-    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
-    pieces = ["<unk>", "<s>", "</s>"] + byte_tokens + ["▁", "a", "b", "▁a", "▁b", "ab"]
-    backend = Backend(models.BPE(vocab={piece: i for i, piece in enumerate(pieces)},
-                                 merges=[("▁", "a"), ("▁", "b"), ("a", "b")], unk_token="<unk>",
-                                 byte_fallback=True, fuse_unk=True))
-    backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
-                                         decoders.Fuse(), decoders.Strip(" ", 1, 0)])
-    return Tokenizer.from_json(backend.to_str(), end_of_text="</s>", start_of_text="<s>")
 
 
 @pytest.mark.parametrize("prompt", ["ab日日", "日日", "a日日日", "b 日日日", "é😀", "ab日 b"])

@@ -10,6 +10,7 @@ import pytest
 import tokenizers
 import torch
 
+from tests.conftest import llama_like_byte_fallback_tokenizer
 from tinyattn.config import TokenizerConfig
 from tinyattn.data.tokenizer import END_OF_TEXT, Tokenizer, build_tokenizer, text_pieces
 from tinyattn.errors import DataError
@@ -227,6 +228,26 @@ def test_token_text_is_readable(char_tokenizer, bpe_tokenizer):
         assert [bpe_tokenizer.token_text(i) for i in bpe_tokenizer.encode(control)] == [shown]
     with pytest.raises(ValueError):
         bpe_tokenizer.token_text(10 ** 6)
+
+
+def test_sentencepiece_token_text_keeps_its_spaces_and_shows_byte_tokens_as_bytes():
+    # Decoded alone, a Llama-style token lost its leading "▁" to the decoder's Strip (" a" showed
+    # as "a", a lone "▁" as ""), and ByteFallback turned each <0x..> token into U+FFFD.
+    tokenizer = llama_like_byte_fallback_tokenizer()
+    ids = tokenizer.encode("ab  b 日\n")
+    assert [tokenizer.token(i) for i in ids] == ["▁a", "b", "▁", "▁b", "▁", "<0xE6>", "<0x97>", "<0xA5>",
+                                                 "<0x0A>"]
+    assert [tokenizer.token_text(i) for i in ids] == [" a", "b", " ", " b", " ", "\\xe6", "\\x97", "\\xa5",
+                                                      "\\n"]
+    specials = [tokenizer.start_id, tokenizer.eot_id, tokenizer.unknown_id]
+    assert [tokenizer.token_text(i) for i in specials] == ["<s>", "</s>", "<unk>"]
+
+
+def test_char_token_text_is_the_token_decoded_alone(char_tokenizer):
+    # The SentencePiece labels above read a token after another one: a character's stays its own.
+    decoded = [char_tokenizer.decode([i]).replace("\n", "\\n").replace("\t", "\\t")
+               for i in range(char_tokenizer.vocab_size)]
+    assert [char_tokenizer.token_text(i) for i in range(char_tokenizer.vocab_size)] == decoded
 
 
 # ----------------------------------------------------------------------------- long texts

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import string
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -106,6 +108,9 @@ class Tokenizer:
         # The unknown token: WordLevel, WordPiece and BPE name it, Unigram gives its id.
         unknown = model.get("unk_token")
         self._unknown_id = backend.token_to_id(unknown) if unknown else model.get("unk_id")
+        # A SentencePiece-style model's <0x..> tokens, which ByteFallback decodes only in runs.
+        self._byte_fallback = bool(model.get("byte_fallback"))
+        self._label_anchor = None if self._byte_level or not spec.get("decoder") else _label_anchor(backend)
 
     # ------------------------------------------------------------------ loading and saving
 
@@ -231,7 +236,9 @@ class Tokenizer:
         """Readable text of one token, for plot labels.
 
         Control characters are escaped (a newline shows as `\\n`); a byte-level token that
-        is only part of a UTF-8 character shows its bytes (`\\xe4`).
+        is only part of a UTF-8 character, or a byte-fallback token (`<0xE4>`), shows its bytes
+        (`\\xe4`). Any other token is read as it decodes after a plain token (`_label_anchor`):
+        decoded alone, a SentencePiece-style decoder's Strip would take its leading space.
         """
         token = self._backend.id_to_token(int(id))
         if token is None:
@@ -241,6 +248,13 @@ class Tokenizer:
             if all(c in inverse for c in token):
                 text = bytes(inverse[c] for c in token).decode("utf-8", errors="backslashreplace")
                 return _escape_controls(text)
+        if self._byte_fallback and _FALLBACK_BYTE.fullmatch(token):
+            return _escape_controls(bytes([int(token[3:5], 16)]).decode("utf-8", errors="backslashreplace"))
+        if self._label_anchor is not None:
+            before = self._backend.decode([self._label_anchor], skip_special_tokens=False)
+            after = self._backend.decode([self._label_anchor, int(id)], skip_special_tokens=False)
+            if after.startswith(before):
+                return _escape_controls(after[len(before):])
         return _escape_controls(self._backend.decode([int(id)], skip_special_tokens=False))
 
     # ------------------------------------------------------------------ encoding
@@ -500,6 +514,27 @@ def _byte_level_inverse() -> dict[str, int]:
                 _BYTE_LEVEL_INVERSE[chr(256 + shifted)] = byte
                 shifted += 1
     return _BYTE_LEVEL_INVERSE
+
+
+_FALLBACK_BYTE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+def _label_anchor(backend: tokenizers.Tokenizer) -> Optional[int]:
+    """A token for `token_text` to decode another after: a plain one-character token (a letter or a
+    digit, an ASCII one where the vocabulary has it) that is no added token and decodes to itself,
+    so that nothing a decoder does to the start of a text (Strip, Metaspace) reaches the token
+    after it; None where the vocabulary has none."""
+    added = backend.get_added_tokens_decoder()
+
+    def plain(token: str, id: Optional[int]) -> bool:
+        return (id is not None and id not in added and len(token) == 1 and token.isalnum()
+                and backend.decode([id], skip_special_tokens=False) == token)
+
+    for token in string.ascii_letters + string.digits:
+        if plain(token, backend.token_to_id(token)):
+            return backend.token_to_id(token)
+    return next((id for token, id in sorted(backend.get_vocab().items(), key=lambda item: item[1])
+                 if plain(token, id)), None)
 
 
 _ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
