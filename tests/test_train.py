@@ -1333,6 +1333,35 @@ def test_a_second_signal_before_the_first_step_cannot_cut_the_clean_up_of_the_fi
     assert stop.signal_name == "SIGINT"
 
 
+def test_the_ranks_agree_on_a_stop_that_one_got_and_a_single_process_needs_no_collective(monkeypatch):
+    """`SharedStop`: under DDP the loop stops on the highest signal any rank got (a rank stepping on
+    alone hangs the run); a rank that got none keeps its own flag unset. One process: no collective.
+    On a GPU the ranks agree only where the loop reads its losses (its one host sync)."""
+    from tinyattn.system.distributed import Distributed
+    from tinyattn.train.owners import SharedStop, StopRequest
+
+    other_rank, calls = [0], []
+
+    def all_reduce(flag, op):  # rank 1's flag, maxed in
+        calls.append(op)
+        flag.copy_(torch.maximum(flag, torch.tensor(other_rank)))
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    own, cpu = StopRequest(), torch.device("cpu")
+    alone = SharedStop(own, Distributed(), cpu)
+    assert alone.agreed(reading=True) is None and calls == []
+    own.signal_name = "SIGINT"
+    assert alone.agreed(reading=False) == "SIGINT" and calls == []
+    own.signal_name = None
+    ranks = SharedStop(own, Distributed(rank=0, world_size=2), cpu)
+    assert ranks.agreed(reading=False) is None and len(calls) == 1  # the CPU: after every step
+    other_rank[0] = signal.SIGTERM.value
+    assert ranks.agreed(reading=False) == "SIGTERM" and own.signal_name is None
+    ranks.every_step = False  # a GPU's: only with the loss window's read
+    assert ranks.agreed(reading=False) is None and len(calls) == 2
+    assert ranks.agreed(reading=True) == "SIGTERM" and len(calls) == 3
+
+
 SAVE_AND_PAUSE = """
 import os, sys, time, torch
 import tinyattn.system.storage as files
@@ -1424,6 +1453,57 @@ def test_two_process_gloo_run(corpus, tmp_path):
                                                 world_size=2)
     for name, tensor in reference.items():
         torch.testing.assert_close(state["model"][name], tensor, rtol=0, atol=1e-5, msg=name)
+
+
+def torchrun_workers(launcher: subprocess.Popen) -> dict[int, int]:
+    """{rank: pid} of a torchrun launcher's worker processes (its children, by their RANK)."""
+    pids = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()
+    ranks = {}
+    for pid in pids:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        rank = [v[5:] for v in environ if v.startswith(b"RANK=")]
+        if rank:
+            ranks[int(rank[0])] = int(pid)
+    return ranks
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds torchrun's workers in /proc")
+def test_a_stop_signal_to_one_rank_stops_every_rank_with_a_checkpoint(corpus, tmp_path):
+    """`kill -TERM` to rank 1 alone: every rank stops after the same step and rank 0 saves. Each
+    rank acting on its own flag hung: rank 1 waited in the checkpoint's barrier, rank 0 in the next
+    step's all-reduce (gloo's timeout is 30 minutes)."""
+    pytest.importorskip("torch.distributed.run")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+         str(ROOT / "scripts" / "train.py"), "--config", str(TINY), "--run-name", "ddp", "--no-progress",
+         "--device", "cpu", "--set",
+         *tiny_overrides(corpus, tmp_path, "train.max_steps=100000", "train.eval_interval=100000",
+                         "train.log_interval=1")],
+        cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    lines, workers = [], {}
+    try:
+        for line in process.stderr:  # wait until training really runs
+            lines.append(line)
+            if line.startswith("step 3:"):
+                break
+        workers = torchrun_workers(process)
+        os.kill(workers[1], signal.SIGTERM)
+        _, rest = process.communicate(timeout=20)
+    finally:
+        for pid in [process.pid, *workers.values()]:  # a hung run: torchrun's workers outlive it
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        process.wait()
+    stderr = "".join(lines) + rest
+    # torchrun exits 1 when its workers do not exit 0: here each with a stop's 130
+    assert process.returncode == 1 and set(re.findall(r"exitcode\s*:\s*(\d+)", stderr)) == {"130"}, stderr[-3000:]
+    assert "stopped by SIGTERM at step" in stderr, stderr[-3000:]
+    latest = ckpt.latest_checkpoint(tmp_path / "ddp")
+    assert latest is not None and ckpt.load_checkpoint(latest)["step"] >= 3
 
 
 class GlobalBatches:

@@ -26,7 +26,8 @@ What a run guarantees:
   second one stops at once, naming the checkpoint the folder keeps, and says how to resume);
   before the run's first write (the time budget's calibration included) it ends the run at
   once (`owners.StoppedBeforeStart`), and a new run takes back its folder; from the first write
-  on a stop before step 1 saves the weights the run starts from, so its folder resumes.
+  on a stop before step 1 saves the weights the run starts from, so its folder resumes. Under
+  DDP a signal to one rank stops every rank after the same step (`owners.SharedStop`).
   A non-finite loss stops the run naming the step; no checkpoint is written after it.
 - Under train.time_budget the whole process ends within the budget, however the machine's
   speed changes during the run (`budget.TimePlan`): the schedule follows the time left and
@@ -61,8 +62,8 @@ from tinyattn.train.finetune import InitSource, adopt_model, init_source
 from tinyattn.train.hooks import resolve_hooks
 from tinyattn.train.optim import unused_options, warmup_warning
 from tinyattn.train.log import Logger, RunLog, stopped_at_once
-from tinyattn.train.owners import (Checkpointer, Evaluator, LossWindow, StopRequest, StoppedAtOnce,
-                                   StoppedBeforeStart, Timers)
+from tinyattn.train.owners import (Checkpointer, Evaluator, LossWindow, SharedStop, StopRequest,
+                                   StoppedAtOnce, StoppedBeforeStart, Timers)
 from tinyattn.train.passes import PassChoices, PassTables, choose_by_steps, entry_for
 from tinyattn.train.resume import ResumePoint, keep_user_config, open_run_folder, save_data_fingerprint
 from tinyattn.train.run_folder import remove_failed_start
@@ -476,25 +477,28 @@ def _loop(trainer: Trainer, evaluator: Evaluator, checkpointer: Checkpointer, lo
     plan = trainer.plan
     window = LossWindow(trainer.config.log_interval, trainer.device)
     last_val, at_eval = float("nan"), False
+    shared_stop = SharedStop(stopper, trainer.dist, trainer.device)
+    stop = shared_stop.agreed(reading=True)  # one before step 1 saves the weights the run starts from
     plan.start()
-    while not (plan.done(trainer.step) or trainer.step >= stop_at) and stopper.signal_name is None:
+    while not (plan.done(trainer.step) or trainer.step >= stop_at) and stop is None:
         with timers("train"):
             loss, grad_norm = trainer.train_step()
             window.add(loss, grad_norm)
             plan.after_step(trainer.step)
             at_eval = evaluator.due(trainer.step, last=plan.done(trainer.step) or trainer.step >= stop_at)
+            stop = shared_stop.agreed(reading=window.full or at_eval)  # every rank's, under DDP
             # Every checkpoint follows a read of the losses, whose NaN check keeps bad weights out.
-            if window.full or at_eval or stopper.signal_name is not None:
+            if window.full or at_eval or stop is not None:
                 losses, seconds = window.read(trainer.step, run_dir)
                 log.train(trainer.step, losses, seconds, window.grad_norm)
         if at_eval:
             last_val = _evaluate(trainer, evaluator, checkpointer, log, timers)
         if window.pending == 0:
             window.restart()
-    if stopper.signal_name is not None and not at_eval:
+    if stop is not None and not at_eval:
         with timers("save"), plan.measuring("save"):
             checkpointer.save(trainer, best=False)
-    return stopper.signal_name, last_val
+    return stop, last_val
 
 
 def _evaluate(trainer: Trainer, evaluator: Evaluator, checkpointer: Checkpointer, log: "Logger",

@@ -7,6 +7,7 @@
 - `Checkpointer`: step checkpoints, pruning, `best.pt` (replaced only by a lower loss).
 - `Timers`, `StopRequest`: where the wall time went; Ctrl-C/SIGTERM as a flag (before the
   first step, `StoppedBeforeStart`: nothing to finish, the run ends at once).
+- `SharedStop`: under DDP, the stop every rank acts on (a signal to one rank stops them all).
 
 `Trainer` (`tinyattn.train.trainer`) owns the step; `tinyattn.train.loop` runs the loop over them.
 """
@@ -241,3 +242,34 @@ class StopRequest:
             hung_up = self.signal_name == "SIGHUP"
             for sig, old in previous.items():
                 signal.signal(sig, signal.SIG_IGN if sig == hangup and hung_up else old)
+
+
+class SharedStop:
+    """The stop the loop acts on. Under DDP a signal may reach one rank only (`kill -TERM <pid>`)
+    or the ranks at different steps; a rank that left the loop alone would wait in the
+    checkpoint's barrier while the others wait in the next step's all-reduce, for ever. So the
+    ranks agree: an all-reduce MAX of each one's signal number, after every step on the CPU; on a
+    GPU only where the loop reads its loss window anyway (`reading`), which keeps the one host
+    sync per log interval (a stop then waits for the window's end). A rank that got no signal
+    stops with the name of the one another rank got; its own `StopRequest` stays unset, so a
+    signal that reaches it late (torchrun forwards one to every rank) is a first one, not a second.
+    A single process reads its own flag: no collective."""
+
+    def __init__(self, stopper: StopRequest, dist: Distributed, device: torch.device):
+        self.stopper = stopper
+        self.dist = dist
+        self.device = device
+        self.every_step = device.type != "cuda"
+
+    def agreed(self, reading: bool) -> Optional[str]:
+        """The signal's name once the ranks agree the run stops, else None. `reading`: the loop
+        reads its losses now (waits for the device): a GPU's ranks agree only then."""
+        own = self.stopper.signal_name
+        if not self.dist.enabled:
+            return own
+        if not (self.every_step or reading):
+            return None
+        flag = torch.tensor([signal.Signals[own].value if own else 0], device=self.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        number = int(flag.item())
+        return own or (signal.Signals(number).name if number else None)
