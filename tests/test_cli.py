@@ -207,6 +207,24 @@ def test_an_interrupted_command_exits_130_with_one_line(message, line, capsys):
     assert run_command(command) == 130
     assert capsys.readouterr().err == f"{line}\n"
 
+@pytest.mark.parametrize("rank, printed", [("0", True), ("1", False)])
+def test_under_torchrun_rank_0_alone_prints_the_last_line_and_every_rank_keeps_the_exit_status(
+        monkeypatch, capsys, rank, printed):
+    """Each rank meets the same mistake or stop: one line on the console, not one per process."""
+    from tinyattn.errors import ConfigError
+
+    def mistake():
+        raise ConfigError("x.yaml: train.lr: -1 is not accepted")
+
+    def stop():
+        raise KeyboardInterrupt(SAID)
+
+    monkeypatch.setenv("RANK", rank)
+    assert run_command(mistake) == 2 and run_command(stop) == 130
+    expected = f"error: x.yaml: train.lr: -1 is not accepted\n{SAID}\n" if printed else ""
+    assert capsys.readouterr().err == expected
+
+
 def test_a_command_freezes_what_is_alive_at_exit_so_teardown_skips_collecting_it():
     # The interpreter's last collection walks every object importing torch made (over a second
     # per command here, docs/BENCHMARKS.md "Start-up"); frozen objects are skipped. A real

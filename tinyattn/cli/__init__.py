@@ -7,7 +7,7 @@ What a command computes is in the library; a module here adds only what a termin
 console scripts (`tinyattn-train`, ..., aliases for one release) all call
 `tinyattn.cli.<name>.main`; the options several commands share are in `options.py`.
 `run_command` is the one place user mistakes become a single line on stderr and exit
-status 2 instead of a traceback.
+status 2 instead of a traceback (under torchrun, rank 0's line only: every rank ends alike).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import atexit
 import errno
 import functools
 import gc
+import os
 import sys
 import warnings
 from contextlib import contextmanager
@@ -30,14 +31,13 @@ def run_command(command: Callable[[], int | None]) -> int:
     try:
         return command() or 0
     except TinyattnError as e:
-        _to_stderr(f"error: {e}")
+        _last_line(f"error: {e}")
         return 2
     except KeyboardInterrupt as e:
-        _to_stderr(str(e) or "interrupted")  # a training stopped before its first step says so
+        _last_line(str(e) or "interrupted")  # a training stopped before its first step says so
         return 130
     except BrokenPipeError:
         # The reader went away (`... | head`): stop quietly, as other command-line tools do.
-        import os
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
@@ -45,8 +45,16 @@ def run_command(command: Callable[[], int | None]) -> int:
         if e.errno != errno.ENAMETOOLONG:
             raise
         # A path given with a part over 255 bytes fails wherever it is first looked at.
-        _to_stderr(f"error: {e.filename}: {e.strerror}; a name may have at most 255 bytes")
+        _last_line(f"error: {e.filename}: {e.strerror}; a name may have at most 255 bytes")
         return 2
+
+
+def _last_line(line: str) -> None:
+    """The line a command ends with. Under torchrun every rank ends with the same one (each saw
+    the same mistake or stop): rank 0 alone prints it (RANK, torchrun's; the exit status stays
+    every rank's), rather than one copy per process."""
+    if os.environ.get("RANK", "0") == "0":
+        _to_stderr(line)
 
 
 def _to_stderr(line: str) -> None:
