@@ -263,6 +263,26 @@ def test_train_without_device_keeps_the_configs_train_device():
     assert parser_of("eval").parse_args([]).device == "auto"
 
 
+def test_a_warning_during_training_is_one_line_as_generate_and_serve_print_them(monkeypatch, capsys):
+    """E.g. a resume under another number of processes than the run's (trainer.load_state_dict):
+    `warning: <message>`, not Python's `UserWarning` with its file, line and source line."""
+    import warnings
+
+    import tinyattn.train.loop
+    from tinyattn.cli.train import main as train_main
+
+    class Result:
+        interrupted = False
+
+    def train(config, **options):
+        warnings.warn("step_0000004.pt was written by 2 process(es), this run has 1", UserWarning)
+        return Result()
+
+    monkeypatch.setattr(tinyattn.train.loop, "train", train)
+    assert train_main(["--config", str(ROOT / "configs" / "tiny.yaml")]) == 0
+    assert capsys.readouterr().err == "warning: step_0000004.pt was written by 2 process(es), this run has 1\n"
+
+
 def test_train_without_config_or_resume_is_a_usage_error(capsys):
     from tinyattn.cli.train import main as train_main
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from tinyattn.cli import run_command
+from tinyattn.cli import run_command, warnings_as_lines
 from tinyattn.cli.options import add_config, add_device, command_parser
 from tinyattn.config import apply_overrides, load_config, override_keys, override_value
 
@@ -58,5 +58,6 @@ def main(argv: list[str] | None = None) -> int:
                        allow_data_change=args.allow_data_change)
         return 130 if result.interrupted else 0
 
-    return run_command(command)
+    with warnings_as_lines():  # e.g. a resume under another number of processes: one `warning:` line
+        return run_command(command)
 
