@@ -1506,6 +1506,32 @@ def test_a_stop_signal_to_one_rank_stops_every_rank_with_a_checkpoint(corpus, tm
     assert latest is not None and ckpt.load_checkpoint(latest)["step"] >= 3
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("refusal", ["checkpoints", "no-data"])
+def test_a_refusal_on_rank_0_ends_every_rank_with_its_one_line(corpus, tmp_path, refusal):
+    """Rank 0 alone opens the run folder and builds the token cache while the others wait for it:
+    its refusal is one line on the console and every rank exits 2. The others printed gloo's
+    "Connection closed by peer" traceback (exit 1) as rank 0 exited."""
+    pytest.importorskip("torch.distributed.run")
+    overrides = tiny_overrides(corpus, tmp_path)
+    if refusal == "checkpoints":
+        (tmp_path / "ddp").mkdir()
+        (tmp_path / "ddp" / "best.pt").write_bytes(b"")
+        expected = f"error: {tmp_path / 'ddp'} already holds checkpoints"
+    else:
+        overrides = [o if not o.startswith("data.files=") else f"data.files={tmp_path / 'gone.txt'}"
+                     for o in overrides]
+        expected = f"error: data.files: file not found: {tmp_path / 'gone.txt'}"
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+         str(ROOT / "scripts" / "train.py"), "--config", str(TINY), "--run-name", "ddp", "--no-progress",
+         "--device", "cpu", "--set", *overrides],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert set(re.findall(r"exitcode\s*:\s*(\d+)", result.stderr)) == {"2"}, result.stderr[-3000:]
+    assert result.stderr.count("error: ") == 1 and expected in result.stderr, result.stderr[-3000:]
+    assert "Connection closed" not in result.stderr, result.stderr[-3000:]
+
+
 class GlobalBatches:
     """Every rank's batch k of a world_size-process run, concatenated: one process's view of it."""
 

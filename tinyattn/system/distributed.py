@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
+
+from tinyattn.errors import TinyattnError
 
 
 @dataclass(frozen=True)
@@ -45,3 +49,27 @@ def init_distributed(device_name: str) -> Distributed:
 def shutdown_distributed(dist: Distributed) -> None:
     if dist.enabled and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+@contextmanager
+def refusal_shared(dist: Distributed) -> Iterator[None]:
+    """Around what rank 0 does alone while the others wait for it (opening the run folder,
+    building the token cache): its refusal (a TinyattnError) ends every rank, the others with its
+    message (which the command prints on rank 0 only), where they saw gloo's "Connection closed by
+    peer" traceback as rank 0 exited. Every rank enters it; one process: no collective."""
+    if not dist.enabled:
+        yield
+        return
+    refusal = None
+    try:
+        yield
+    except TinyattnError as error:
+        if not dist.is_main:
+            raise
+        refusal = error
+    said = [None if refusal is None else str(refusal)]
+    torch.distributed.broadcast_object_list(said, src=0)
+    if refusal is not None:
+        raise refusal
+    if said[0] is not None:
+        raise TinyattnError(said[0])

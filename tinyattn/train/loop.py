@@ -56,7 +56,7 @@ from tinyattn.data.batches import prepare_data
 from tinyattn.errors import StorageError, TinyattnError
 from tinyattn.model.memory import check_training_fits
 from tinyattn.system.device import measure_peak_flops, select_device, select_precision
-from tinyattn.system.distributed import Distributed, init_distributed, shutdown_distributed
+from tinyattn.system.distributed import Distributed, init_distributed, refusal_shared, shutdown_distributed
 from tinyattn.train.budget import Calibration, Measured, TimePlan, explicit_steps, plan_for
 from tinyattn.train.finetune import InitSource, adopt_model, init_source
 from tinyattn.train.hooks import resolve_hooks
@@ -453,11 +453,10 @@ def _pass_choices(tables: PassTables, choices: PassChoices, trainer: Trainer) ->
 
 def _prepare_data(config: Config, dist: Distributed, progress: bool, *, point: Optional[ResumePoint] = None):
     """The token data (rank 0 builds the cache, the others then read it); sets vocab_size."""
-    if dist.enabled and not dist.is_main:
-        torch.distributed.barrier()
-    data = prepare_data(config, progress=progress and dist.is_main)
-    if dist.enabled and dist.is_main:
-        torch.distributed.barrier()
+    with refusal_shared(dist):  # a missing data file: every rank ends with rank 0's line
+        data = prepare_data(config, progress=progress) if dist.is_main else None
+    if data is None:
+        data = prepare_data(config, progress=False)
     if point is not None:  # first: new characters are the cause a vocab_size check would hide
         point.check_tokenizer(data.tokenizer)
     if config.model.vocab_size is None:

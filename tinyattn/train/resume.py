@@ -34,7 +34,7 @@ from tinyattn.config import (PASS_TABLES, Config, TokenizerConfig, config_from_d
 from tinyattn.data.token_cache import data_differences
 from tinyattn.data.tokenizer import Tokenizer
 from tinyattn.errors import CheckpointError, ConfigError, StorageError
-from tinyattn.system.distributed import Distributed
+from tinyattn.system.distributed import Distributed, refusal_shared
 from tinyattn.system.invocation import quoted
 from tinyattn.system.storage import atomic_write
 from tinyattn.train.run_folder import RunLock, check_run_name, in_use_message, unique_run_dir
@@ -605,23 +605,28 @@ def open_run_folder(config: Config, config_path, run_name: Optional[str], point:
     run_dir, lock, made = None, nullcontext(), False
     if run_name is not None:
         check_run_name(run_name)  # on every rank: each fails alike, before any folder is made
-    if dist.is_main:
-        if point is not None:
-            run_dir = point.target(run_name, config.train.out_dir)
-            made = point.forks_into(run_dir) and not run_dir.exists()
-        elif run_name:
-            run_dir = Path(config.train.out_dir) / run_name
-            made = not run_dir.exists()
-        else:
-            run_dir = unique_run_dir(config.train.out_dir, Path(config_path).stem if config_path else "run")
-            made = True
-        lock = RunLock.acquire(run_dir)
-        if (point is None or point.forks_into(run_dir)) and ckpt.has_checkpoints(run_dir):
-            lock.release()
-            raise CheckpointError(f"{run_dir} already holds checkpoints; continue it with --resume "
-                                  f"{quoted(run_dir)}, or choose another --run-name")
+    with refusal_shared(dist):  # a folder in use, or with checkpoints: every rank ends with its line
+        if dist.is_main:
+            run_dir, made = _run_folder(config, config_path, run_name, point)
+            lock = RunLock.acquire(run_dir)
+            if (point is None or point.forks_into(run_dir)) and ckpt.has_checkpoints(run_dir):
+                lock.release()
+                raise CheckpointError(f"{run_dir} already holds checkpoints; continue it with --resume "
+                                      f"{quoted(run_dir)}, or choose another --run-name")
     if dist.enabled:  # a default name has the time in it: rank 0's choice is everyone's
         shared = [str(run_dir) if run_dir is not None else None]
         torch.distributed.broadcast_object_list(shared, src=0)
         run_dir = Path(shared[0])
     return run_dir, lock, made
+
+
+def _run_folder(config: Config, config_path, run_name: Optional[str],
+                point: Optional[ResumePoint]) -> tuple[Path, bool]:
+    """`open_run_folder`'s folder (rank 0's choice), and whether it is yet to be made."""
+    if point is not None:
+        run_dir = point.target(run_name, config.train.out_dir)
+        return run_dir, point.forks_into(run_dir) and not run_dir.exists()
+    if run_name:
+        run_dir = Path(config.train.out_dir) / run_name
+        return run_dir, not run_dir.exists()
+    return unique_run_dir(config.train.out_dir, Path(config_path).stem if config_path else "run"), True
