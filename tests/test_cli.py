@@ -219,10 +219,19 @@ def test_under_torchrun_rank_0_alone_prints_the_last_line_and_every_rank_keeps_t
     def stop():
         raise KeyboardInterrupt(SAID)
 
+    def shared():
+        error = ConfigError("data.files: file not found: x.txt")
+        error.shared = True  # rank 0's refusal passed on (distributed.refusal_shared)
+        raise error
+
     monkeypatch.setenv("RANK", rank)
-    assert run_command(mistake) == 2 and run_command(stop) == 130
-    expected = f"error: x.yaml: train.lr: -1 is not accepted\n{SAID}\n" if printed else ""
+    assert run_command(shared) == 2 and run_command(stop) == 130
+    expected = f"error: data.files: file not found: x.txt\n{SAID}\n" if printed else ""
     assert capsys.readouterr().err == expected
+    # An error a rank met by itself (its GPU's memory, its losses) is said by that rank, named
+    assert run_command(mistake) == 2
+    own = "" if printed else f"rank {rank}: "
+    assert capsys.readouterr().err == f"{own}error: x.yaml: train.lr: -1 is not accepted\n"
 
 
 def test_a_command_freezes_what_is_alive_at_exit_so_teardown_skips_collecting_it():

@@ -2097,6 +2097,25 @@ def test_a_step_run_resumed_with_a_config_of_another_step_count_says_its_schedul
     assert "done: 2 steps (steps 3-4)" in err
 
 
+def test_a_signal_during_an_evaluation_stops_at_its_step_without_another(corpus, tmp_path, monkeypatch):
+    # One process read its stop before the evaluation (which takes seconds): a Ctrl-C during it
+    # trained one more step and wrote one more checkpoint than the evaluation's.
+    from tinyattn.train.owners import Evaluator
+
+    real_run = Evaluator.run
+
+    def interrupted_at_step_2(evaluator, step):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # as `kill` would, while the evaluation runs
+        return real_run(evaluator, step)
+
+    monkeypatch.setattr(Evaluator, "run", interrupted_at_step_2)
+    result = train(tiny_config(corpus, tmp_path, "train.max_steps=6", "train.eval_interval=2"), run_name="r",
+                   progress=False)
+    assert result.interrupted and result.step == 2
+    assert sorted(p.name for p in (tmp_path / "r").glob("step_*.pt")) == ["step_0000002.pt"]
+
+
 def test_a_run_without_run_name_is_named_after_its_config_file_and_the_time(corpus, tmp_path, capsys):
     import re
 

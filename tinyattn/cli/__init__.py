@@ -31,7 +31,7 @@ def run_command(command: Callable[[], int | None]) -> int:
     try:
         return command() or 0
     except TinyattnError as e:
-        _last_line(f"error: {e}")
+        _error_line(e)
         return 2
     except KeyboardInterrupt as e:
         _last_line(str(e) or "interrupted")  # a training stopped before its first step says so
@@ -47,6 +47,18 @@ def run_command(command: Callable[[], int | None]) -> int:
         # A path given with a part over 255 bytes fails wherever it is first looked at.
         _last_line(f"error: {e.filename}: {e.strerror}; a name may have at most 255 bytes")
         return 2
+
+
+def _error_line(error: TinyattnError) -> None:
+    """`error: <message>`. Under torchrun an error every rank shares (rank 0's refusal passed on,
+    `distributed.refusal_shared`, which marks it `shared`) is printed by rank 0 alone; one a rank
+    met by itself (its GPU's free memory, its losses) by that rank, named, where it would
+    otherwise be seen nowhere (train.log is rank 0's)."""
+    rank = os.environ.get("RANK", "0")
+    if rank == "0" or getattr(error, "shared", False):
+        _last_line(f"error: {error}")
+    else:
+        _to_stderr(f"rank {rank}: error: {error}")
 
 
 def _last_line(line: str) -> None:

@@ -7,6 +7,7 @@ import argparse
 from tinyattn.cli import run_command, warnings_as_lines
 from tinyattn.cli.options import add_config, add_device, command_parser
 from tinyattn.config import apply_overrides, load_config, override_keys, override_value
+from tinyattn.errors import TinyattnError
 
 
 def parser() -> argparse.ArgumentParser:
@@ -29,6 +30,24 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _config_and_point(args: argparse.Namespace):
+    """The config the run trains with and, for --resume, the checkpoint it continues from."""
+    from tinyattn.train.loop import DEFAULT_OUT_DIR
+    from tinyattn.train.resume import ResumePoint
+
+    config = load_config(args.config, args.overrides) if args.config else None
+    point = None
+    if args.resume:
+        out_dir = config.train.out_dir if config else override_value(args.overrides, "train.out_dir",
+                                                                     DEFAULT_OUT_DIR)
+        point = ResumePoint.find(args.resume, args.run_name, out_dir)  # the one load
+        if config is None:  # the run continues as it was, with config.yaml's edits and the overrides
+            given = override_keys(args.overrides) + (("train.device",) if args.device is not None else ())
+            config = apply_overrides(point.edited_config(overruled=given), args.overrides,
+                                     origin=str(point.file))
+    return config, point
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
 
@@ -39,19 +58,13 @@ def main(argv: list[str] | None = None) -> int:
 
     def command() -> int:
         from tinyattn.system.timing import process_age
-        from tinyattn.train.loop import DEFAULT_OUT_DIR, train
-        from tinyattn.train.resume import ResumePoint
+        from tinyattn.train.loop import train
 
-        config = load_config(args.config, args.overrides) if args.config else None
-        point = None
-        if args.resume:
-            out_dir = config.train.out_dir if config else override_value(args.overrides, "train.out_dir",
-                                                                         DEFAULT_OUT_DIR)
-            point = ResumePoint.find(args.resume, args.run_name, out_dir)  # the one load
-            if config is None:  # the run continues as it was, with config.yaml's edits and the overrides
-                given = override_keys(args.overrides) + (("train.device",) if args.device is not None else ())
-                config = apply_overrides(point.edited_config(overruled=given), args.overrides,
-                                         origin=str(point.file))
+        try:
+            config, point = _config_and_point(args)
+        except TinyattnError as mistake:  # the same files on every rank: under torchrun rank 0 says it
+            mistake.shared = True
+            raise
         result = train(config, config_path=args.config, run_name=args.run_name, resume=point,
                        device=args.device, progress=not args.no_progress,
                        stop_at_step=args.stop_at_step, elapsed_before=process_age(), overrides=args.overrides,

@@ -72,4 +72,6 @@ def refusal_shared(dist: Distributed) -> Iterator[None]:
     if refusal is not None:
         raise refusal
     if said[0] is not None:
-        raise TinyattnError(said[0])
+        shared = TinyattnError(said[0])
+        shared.shared = True  # rank 0 prints it (`cli.run_command`)
+        raise shared

@@ -139,8 +139,8 @@ def storage_message(path: Path, error: OSError) -> str:
     reason = os.strerror(error.errno) if error.errno else str(error)
     short = _short_write(error)
     if short is not None:
-        return (f"cannot write {path}: the disk took only {short[1]:,} of {short[0]:,} bytes; "
-                "free some space there or choose another folder")
+        return (f"cannot write {path}: the disk took only part of the write ({short[1]:,} of {short[0]:,} "
+                "items); free some space there or choose another folder")
     if error.errno in NOT_A_FOLDER_ERRNOS:
         in_the_way = next((p for p in (*reversed(path.parents), path) if p.exists() and not p.is_dir()), None)
         if in_the_way is not None:

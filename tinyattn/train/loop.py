@@ -492,6 +492,7 @@ def _loop(trainer: Trainer, evaluator: Evaluator, checkpointer: Checkpointer, lo
                 log.train(trainer.step, losses, seconds, window.grad_norm)
         if at_eval:
             last_val = _evaluate(trainer, evaluator, checkpointer, log, timers)
+            stop = stop or shared_stop.local()  # one process: a signal during the evaluation stops here
         if window.pending == 0:
             window.restart()
     if stop is not None and not at_eval:

@@ -261,6 +261,11 @@ class SharedStop:
         self.device = device
         self.every_step = device.type != "cuda"
 
+    def local(self) -> Optional[str]:
+        """A single process's own signal, read again (after an evaluation, which takes seconds, as the
+        loop read it before each step); under DDP None: the ranks act on what they agreed."""
+        return None if self.dist.enabled else self.stopper.signal_name
+
     def agreed(self, reading: bool) -> Optional[str]:
         """The signal's name once the ranks agree the run stops, else None. `reading`: the loop
         reads its losses now (waits for the device): a GPU's ranks agree only then."""
