@@ -302,6 +302,7 @@ def test_a_checkpoint_whose_sampler_state_predates_the_windows_drawn_resumes_at_
     assert sampler["windows_drawn"] == 2 * 4 + 2 * 8
 
 
+@pytest.mark.slow  # three trainings of 24-48 steps at context 256
 def test_a_resume_that_halves_the_batch_and_doubles_the_accumulation_ends_its_passes_with_the_run(
         corpus, tmp_path):
     # The Trainer told the sampler the run's total batches at the new accumulation, counted against
