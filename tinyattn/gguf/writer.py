@@ -36,7 +36,6 @@ temporary file of one killed mid-write (SIGKILL) is deleted by the next export t
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 from pathlib import Path
 from typing import Optional
@@ -50,7 +49,7 @@ from tinyattn.data.tokenizer import Tokenizer
 from tinyattn.errors import CheckpointError, TinyattnError
 from tinyattn.gguf.vocab import PRE_TOKENIZER, TOKENIZER_MODEL, gguf_vocab, padded
 from tinyattn.hf.convert import norm_eps, refuse_what_neither_computes, to_hf_weights
-from tinyattn.system.storage import TEMPORARY_SUFFIX, new_file_mode, storage_errors
+from tinyattn.system.storage import TEMPORARY_SUFFIX, new_file_mode, remove_temporaries, storage_errors
 from tinyattn.system.choices import GGUF_PRECISIONS
 
 INSTALL_HINT = "pip install 'tinyattn[gguf]'"
@@ -199,14 +198,10 @@ def _check_gguf_path(path: Path, force: bool) -> None:
 
 def clean_interrupted_export(path: Path) -> None:
     """Delete what an export to `path` killed mid-write (SIGKILL, a power cut) left beside it: its
-    temporary file, as large as the export, named by mkstemp `.{name}.XXXXXXXX.tmp`; nothing else."""
-    if not path.parent.is_dir():
-        return
-    pattern = re.compile(rf"^\.{re.escape(path.name)}\.[a-z0-9_]{{8}}{re.escape(TEMPORARY_SUFFIX)}$")
-    for leftover in path.parent.iterdir():
-        if pattern.match(leftover.name) and leftover.is_file():
-            with storage_errors(leftover):
-                leftover.unlink(missing_ok=True)
+    temporary file, as large as the export; nothing else (`storage.remove_temporaries`)."""
+    if path.parent.is_dir():
+        with storage_errors(path):
+            remove_temporaries(path.parent, of=path.name)
 
 
 def _write_beside_then_rename(writer, path: Path) -> None:

@@ -9,9 +9,9 @@ deletes the temporary file and leaves `path` untouched.
 A write the file system refuses (disk full, read-only folder, no permission) becomes a
 `StorageError` naming the path, so commands end with one line instead of a traceback.
 `check_writable(folder)` asks the same question before a command writes anything, and
-`remove_temporaries(folder)` clears what a killed writer left behind. The file gets the
-permissions a plain `open(path, "w")` would give it (those of the file it replaces, else
-0666 less the umask), not the temporary file's owner-only 0600: a checkpoint folder shared
+`remove_temporaries(folder)` clears what a killed writer left behind (`of=name`: only what a
+write to that name left). The file gets the permissions a plain `open(path, "w")` would give
+it (those of the file it replaces, else 0666 less the umask), not the temporary file's owner-only 0600: a checkpoint folder shared
 with a class stays readable.
 
 Reading has its one helper too: `read_text(path, what)` is a UTF-8 file's text without the
@@ -27,7 +27,7 @@ import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterator, Optional
 
 from tinyattn.errors import DataError, StorageError, TinyattnError
 
@@ -186,15 +186,19 @@ def check_writable(folder: str | Path) -> Path:
     return folder
 
 
-def remove_temporaries(folder: str | Path) -> list[Path]:
-    """Delete the temporary files that writers killed mid-write left in `folder`.
+def remove_temporaries(folder: str | Path, of: Optional[str] = None) -> list[Path]:
+    """Delete the temporary files that writers killed mid-write left in `folder`; with `of`, only
+    those of a write to that file name (mkstemp's `.{of}.XXXXXXXX.tmp`, as `atomic_write` names
+    them), in a folder that holds other things than ours (an export's).
 
-    Only for a folder this process holds (see run_folder.RunLock): another writer's
+    Without `of`, only for a folder this process holds (see run_folder.RunLock): another writer's
     temporary file would otherwise be deleted under it.
     """
+    pattern = (None if of is None
+               else re.compile(rf"\.{re.escape(of)}\.[a-z0-9_]{{8}}{re.escape(TEMPORARY_SUFFIX)}"))
     removed = []
     for path in Path(folder).glob(f".*{TEMPORARY_SUFFIX}"):
-        if path.is_file():
+        if path.is_file() and (pattern is None or pattern.fullmatch(path.name)):
             path.unlink(missing_ok=True)
             removed.append(path)
     return removed
