@@ -11,8 +11,8 @@ A write the file system refuses (disk full, read-only folder, no permission) bec
 `check_writable(folder)` asks the same question before a command writes anything, and
 `remove_temporaries(folder)` clears what a killed writer left behind (`of=name`: only what a
 write to that name left). The file gets the permissions a plain `open(path, "w")` would give
-it (those of the file it replaces, else 0666 less the umask), not the temporary file's owner-only 0600: a checkpoint folder shared
-with a class stays readable.
+it (those of the file it replaces, else 0666 less the umask), not the temporary file's
+owner-only 0600: a checkpoint folder shared with a class stays readable.
 
 Reading has its one helper too: `read_text(path, what)` is a UTF-8 file's text without the
 byte-order mark a Windows editor puts first, or one line naming the file and what went wrong
