@@ -23,6 +23,7 @@ why the cut points leave the tokens unchanged for the kinds built here.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -110,7 +111,7 @@ class Tokenizer:
         self._unknown_id = backend.token_to_id(unknown) if unknown else model.get("unk_id")
         # A SentencePiece-style model's <0x..> tokens, which ByteFallback decodes only in runs.
         self._byte_fallback = bool(model.get("byte_fallback"))
-        self._label_anchor = None if self._byte_level or not spec.get("decoder") else _label_anchor(backend)
+        self._labels_after_an_anchor = not self._byte_level and bool(spec.get("decoder"))
 
     # ------------------------------------------------------------------ loading and saving
 
@@ -232,12 +233,21 @@ class Tokenizer:
         """The token `id` stands for, as the vocabulary spells it ("</s>", "▁the"); None outside it."""
         return self._backend.id_to_token(int(id))
 
+    @functools.cached_property
+    def _label_anchor(self) -> Optional[tuple[int, str]]:
+        """The token `token_text` decodes another after, and its own text (`_label_anchor_id`): found
+        once, when a label is first asked for; None for byte-level and decoder-less tokenizers."""
+        if not self._labels_after_an_anchor:
+            return None
+        anchor = _label_anchor_id(self._backend)
+        return None if anchor is None else (anchor, self._backend.decode([anchor], skip_special_tokens=False))
+
     def token_text(self, id: int) -> str:
         """Readable text of one token, for plot labels.
 
         Control characters are escaped (a newline shows as `\\n`); a byte-level token that
         is only part of a UTF-8 character, or a byte-fallback token (`<0xE4>`), shows its bytes
-        (`\\xe4`). Any other token is read as it decodes after a plain token (`_label_anchor`):
+        (`\\xe4`). Any other token is read as it decodes after a plain token (`_label_anchor_id`):
         decoded alone, a SentencePiece-style decoder's Strip would take its leading space.
         """
         token = self._backend.id_to_token(int(id))
@@ -251,8 +261,8 @@ class Tokenizer:
         if self._byte_fallback and _FALLBACK_BYTE.fullmatch(token):
             return _escape_controls(bytes([int(token[3:5], 16)]).decode("utf-8", errors="backslashreplace"))
         if self._label_anchor is not None:
-            before = self._backend.decode([self._label_anchor], skip_special_tokens=False)
-            after = self._backend.decode([self._label_anchor, int(id)], skip_special_tokens=False)
+            anchor, before = self._label_anchor
+            after = self._backend.decode([anchor, int(id)], skip_special_tokens=False)
             if after.startswith(before):
                 return _escape_controls(after[len(before):])
         return _escape_controls(self._backend.decode([int(id)], skip_special_tokens=False))
@@ -519,7 +529,7 @@ def _byte_level_inverse() -> dict[str, int]:
 _FALLBACK_BYTE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
-def _label_anchor(backend: tokenizers.Tokenizer) -> Optional[int]:
+def _label_anchor_id(backend: tokenizers.Tokenizer) -> Optional[int]:
     """A token for `token_text` to decode another after: a plain one-character token (a letter or a
     digit, an ASCII one where the vocabulary has it) that is no added token and decodes to itself,
     so that nothing a decoder does to the start of a text (Strip, Metaspace) reaches the token
