@@ -18,8 +18,8 @@ A run folder (`checkpoints/<run-name>/`) holds `step_<N>.pt` for the last few st
 `best.pt` for the lowest validation loss, `config.yaml`, `tokenizer.json`, `data.json`, and the
 TensorBoard event files. A run folder named where the best model is wanted whose best.pt (or,
 with none, whose latest step checkpoint) is damaged gives its newest step checkpoint that
-verifies, with a note; a damaged best.pt
-named as a file is refused, naming that step checkpoint. A file named as a checkpoint that is no
+verifies, with a note; a damaged best.pt named as a file is refused, naming that step
+checkpoint. A file named as a checkpoint that is no
 torch.save archive (a GGUF or safetensors file, an empty file, a text file) is told by its first
 bytes (`file_format`, `unreadable`) and named for what it is, never called damaged.
 """

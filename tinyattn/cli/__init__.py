@@ -54,7 +54,7 @@ def _error_line(error: TinyattnError) -> None:
     `distributed.refusal_shared`, which marks it `shared`) is printed by rank 0 alone; one a rank
     met by itself (its GPU's free memory, its losses) by that rank, named, where it would
     otherwise be seen nowhere (train.log is rank 0's)."""
-    rank = os.environ.get("RANK", "0")
+    rank = _rank()
     if rank == "0" or getattr(error, "shared", False):
         _last_line(f"error: {error}")
     else:
@@ -65,8 +65,13 @@ def _last_line(line: str) -> None:
     """The line a command ends with. Under torchrun every rank ends with the same one (each saw
     the same mistake or stop): rank 0 alone prints it (RANK, torchrun's; the exit status stays
     every rank's), rather than one copy per process."""
-    if os.environ.get("RANK", "0") == "0":
+    if _rank() == "0":
         _to_stderr(line)
+
+
+def _rank() -> str:
+    """This process's rank under torchrun (its RANK), "0" for a plain process."""
+    return os.environ.get("RANK", "0")
 
 
 def _to_stderr(line: str) -> None:

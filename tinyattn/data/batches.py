@@ -85,8 +85,8 @@ class BatchSampler:
     ...). Every window of a pass is seen once before any is seen again; a pass holds at most
     len / T windows, and its order is made when it begins (O(corpus / T) memory).
     The passes end with the run: told how many batches the run is planned to draw yet
-    (`plan_end`, before each step), the sampler shares the windows left between the fewest passes that hold
-    them, in equal parts, so the run's last window is a pass's last (validation is lowest
+    (`plan_end`, before each step), the sampler shares the windows left between the fewest
+    passes that hold them, in equal parts, so the run's last window is a pass's last (validation is lowest
     at the end of a pass, where the windows seen longest ago come: docs/BENCHMARKS.md).
     A pass's end is placed only when the windows reach it, from the plan then; the last
     pass follows the plan to the end (up to a whole pass).
