@@ -219,3 +219,20 @@ def test_measurements_are_short_where_bf16_is_emulated():
     assert figures["fallback_s"] < 1.5, figures
     assert figures["peak_s"] < 1.5, figures
     assert figures["peak"] > 0
+
+
+def test_a_lowered_capability_keeps_its_compiled_code_in_a_folder_of_its_own(monkeypatch):
+    # Inductor's cache is not keyed on ATEN_CPU_CAPABILITY: AVX-512 code read back at AVX2 gave
+    # wrong logits, AVX2 code read back at AVX-512 corrupted the heap (docs/BENCHMARKS.md).
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    cpu.keep_compiled_code_per_capability()
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ  # torch's own default, untouched
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "AVX2")
+    cpu.keep_compiled_code_per_capability()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == default_cache_dir() + "_avx2"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/chosen")  # a folder named is kept
+    cpu.keep_compiled_code_per_capability()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/chosen"

@@ -4,6 +4,7 @@ import contextlib
 import copy
 import functools
 import io
+import os
 import subprocess
 import sys
 import warnings
@@ -170,6 +171,13 @@ def test_a_prompt_longer_than_the_context_is_prefilled_with_its_last_context_len
     list(generate_tokens(model, prompt, 1, temperature=0))
     [prefill] = model.fed
     assert prefill.tolist() == [list(range(4, 20))]
+
+
+def test_a_compiled_step_under_a_lowered_capability_uses_its_own_compile_cache(tiny_model, monkeypatch):
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    decoder_module.compile_decode_step(tiny_model())  # compiles at its first call, not here
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"].endswith("_avx2")
 
 
 @pytest.mark.slow  # two compiles of a tiny model: about 10 s each on a 2-core CPU, less from inductor's cache

@@ -347,6 +347,20 @@ def test_resume_is_exact(corpus, tmp_path, count_train_steps, sampling, ema, pea
     assert a["best_val_loss"] == pytest.approx(b["best_val_loss"], abs=1e-6)
 
 
+def test_compiled_training_under_a_lowered_capability_uses_its_own_compile_cache(corpus, tmp_path, monkeypatch):
+    from tinyattn.data.batches import prepare_data
+    from tinyattn.system.device import select_precision
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    config = tiny_config(corpus, tmp_path, "train.max_steps=2", "train.compile=true")
+    data = prepare_data(config, progress=False)
+    config.model.vocab_size = data.tokenizer.vocab_size
+    cpu = torch.device("cpu")
+    Trainer.build(config.model, config.train, data.train, device=cpu, precision=select_precision("fp32", cpu))
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"].endswith("_avx2")  # compiled at the first step, not here
+
+
 def test_a_trainer_takes_back_what_it_saved_and_an_average_added_on_resume_starts_from_it(corpus, tmp_path):
     from tinyattn.data.batches import prepare_data
     from tinyattn.system.device import select_precision

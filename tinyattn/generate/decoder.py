@@ -48,7 +48,7 @@ from tinyattn.generate.sampling import Generators, apply_repetition_penalty, sam
 from tinyattn.model.attention import attention
 from tinyattn.model.memory import check_decoding_fits
 from tinyattn.model.transformer import Block, LanguageModel, SwiGLU, evaluation_mode
-from tinyattn.system.cpu import cpu_fp16_rows_are_fast
+from tinyattn.system.cpu import cpu_fp16_rows_are_fast, keep_compiled_code_per_capability
 from tinyattn.system.device import select_precision
 
 # ----------------------------------------------------------------------------- 2. the cached model
@@ -288,6 +288,7 @@ def compile_decode_step(model):
     compiled on disk, in TORCHINDUCTOR_CACHE_DIR, and reuses it in later processes). Only
     long generations repay it, which is why it is asked for (`compile=True`), never implied.
     """
+    keep_compiled_code_per_capability()
     if next(model.parameters()).device.type == "cuda":
         return torch.compile(decode_one_token, mode="reduce-overhead", fullgraph=True, dynamic=False)
     return torch.compile(decode_one_token, fullgraph=True, dynamic=False,

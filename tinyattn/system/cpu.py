@@ -92,6 +92,25 @@ def cpu_bf16_is_fast() -> bool:
     return measured_cpu_bf16_is_fast()
 
 
+def keep_compiled_code_per_capability() -> None:
+    """Give a lowered `ATEN_CPU_CAPABILITY` its own torch.compile cache folder.
+
+    Inductor writes C++ for the capability torch runs at (vectors of 8 floats at AVX2, 16
+    at AVX-512) and keeps it on disk, in a folder not keyed on that capability: code
+    written at AVX-512 and read back under `ATEN_CPU_CAPABILITY=avx2` gave wrong logits,
+    and the other way round corrupted the heap. Emulating an AVX2 CPU on an AVX-512 one
+    (as docs/BENCHMARKS.md does) then needs its own folder, which this picks beside the
+    default one (`<default>_avx2`) unless `TORCHINDUCTOR_CACHE_DIR` names one already.
+    Called before each torch.compile; a no-op without `ATEN_CPU_CAPABILITY`.
+    """
+    capability = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    if capability and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        safe = "".join(c if c.isalnum() else "_" for c in capability)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}_{safe}"
+
+
 def cpu_fp16_rows_are_fast() -> bool:
     """Whether one fp16 row times an fp16 matrix runs a vectorised kernel here (fp32 accumulation).
 

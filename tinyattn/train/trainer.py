@@ -32,6 +32,7 @@ from tinyattn.data.batches import BatchSampler
 from tinyattn.errors import CheckpointError, TinyattnError
 from tinyattn.model.attention_path import attention_path
 from tinyattn.model.transformer import LanguageModel
+from tinyattn.system.cpu import keep_compiled_code_per_capability
 from tinyattn.system.device import Precision
 from tinyattn.system.distributed import Distributed
 from tinyattn.system.seeding import random_states, seed_everything, set_random_states
@@ -92,6 +93,7 @@ class Trainer:
             self.forward_model = nn.parallel.DistributedDataParallel(
                 model, device_ids=[device.index] if device.type == "cuda" else None)
         if config.compile:
+            keep_compiled_code_per_capability()
             self.forward_model = torch.compile(self.forward_model)
         self.tokens_per_step = (batches.batch_size * batches.context_length
                                 * config.grad_accum_steps * dist.world_size)
