@@ -26,6 +26,8 @@ AMX = AVX2_ONLY | {"avx512f", "amx_tile", "amx_bf16", "amx_int8"}  # AMX without
 def fake_cpu(monkeypatch, tmp_path):
     """A CPU whose flags and capability a test sets; no override, and a cache folder of its own."""
     monkeypatch.delenv(cpu.CPU_BF16_ENV, raising=False)
+    for name in cpu.ONEDNN_ISA_ENVS:  # an emulation's environment (docs/BENCHMARKS.md) must not leak in
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(cpu.CACHE_DIR_ENV, str(tmp_path / "cache"))
 
     def set_cpu(flags, capability):
@@ -185,6 +187,18 @@ def test_env_override_sets_the_verdict(fake_cpu, no_timing, monkeypatch, *, valu
     monkeypatch.setenv(cpu.CPU_BF16_ENV, value)
     assert select_precision("auto", CPU).name == expected
     assert not cpu_cache_path().exists()
+
+
+@pytest.mark.parametrize("name, isa, expected", [
+    ("ONEDNN_MAX_CPU_ISA", "AVX2", "fp32"),  # emulating an AVX2 CPU: bf16 50x slower than fp32
+    ("DNNL_MAX_CPU_ISA", "avx512_core", "fp32"),  # the old name; oneDNN reads either case
+    ("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16", "bf16"),  # AMX off, AVX512-BF16 on
+    ("ONEDNN_MAX_CPU_ISA", "DEFAULT", "bf16"),
+])
+def test_onednn_held_below_its_bf16_units_means_fp32(fake_cpu, no_timing, monkeypatch, *, name, isa, expected):
+    fake_cpu(AMX, "AVX512")
+    monkeypatch.setenv(name, isa)
+    assert select_precision("auto", CPU).name == expected
 
 
 def test_env_override_other_than_0_or_1_is_a_config_error(fake_cpu, monkeypatch):

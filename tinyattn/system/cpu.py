@@ -33,6 +33,12 @@ CPU_BF16_ENV = "TINYATTN_CPU_BF16"  # 1 or 0: bf16 is (is not) fast on this CPU,
 CACHE_DIR_ENV = "TINYATTN_CACHE_DIR"  # where the measured verdict is kept
 BF16_CPU_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})  # x86 units that run bf16 matmuls
 X86_CAPABILITIES = frozenset({"AVX2", "AVX512"})  # get_cpu_capability names only x86 builds give
+# oneDNN runs the matmuls; ONEDNN_MAX_CPU_ISA (or its old name DNNL_MAX_CPU_ISA) set to one of these
+# keeps it off the bf16 units the flags list, and bf16 is then emulated (50x slower than fp32 on the
+# AMX Xeon at AVX2).
+ONEDNN_ISA_ENVS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+ONEDNN_ISAS_WITHOUT_BF16 = frozenset({"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
+                                      "AVX512_CORE_VNNI"})
 BF16_FAST_SPEEDUP = 1.5  # a measured bf16 matmul this many times faster than fp32 counts as fast
 
 
@@ -77,7 +83,8 @@ def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> Optional[frozenset[str]]
 def cpu_bf16_is_fast() -> bool:
     """Whether training and generation on this CPU should run in bf16: the CPU-side `auto` rule.
 
-    In order: the `TINYATTN_CPU_BF16` override, the CPU's flags (no timing), and only
+    In order: the `TINYATTN_CPU_BF16` override, oneDNN held below its bf16 units
+    (`ONEDNN_MAX_CPU_ISA=AVX2`, as when emulating an AVX2 CPU), the CPU's flags (no timing), and only
     when those cannot tell, a short measurement cached on disk (`measured_cpu_bf16_is_fast`).
     """
     forced = os.environ.get(CPU_BF16_ENV, "")
@@ -86,6 +93,8 @@ def cpu_bf16_is_fast() -> bool:
             raise ConfigError(f"{CPU_BF16_ENV}={forced!r} is not accepted; expected 1 (bf16 is fast), "
                               "0 (it is not) or unset (detect it)")
         return forced == "1"
+    if any(os.environ.get(name, "").strip().upper() in ONEDNN_ISAS_WITHOUT_BF16 for name in ONEDNN_ISA_ENVS):
+        return False
     verdict = bf16_verdict_from_flags(cpu_flags(), torch.backends.cpu.get_cpu_capability())
     if verdict is not None:
         return verdict
