@@ -344,3 +344,30 @@ def test_head_lr_is_noted_as_unused_only_with_a_tied_head():
     assert unused_options(config, True, ["train.head_lr"]) == [
         "note: train.head_lr has no effect: model.tie_embeddings is true, so the head is the token embedding "
         "and trains at train.embedding_lr"]
+
+
+@pytest.mark.parametrize("grad_clip", [1.0, 0.0], ids=["clipped", "unclipped"])
+def test_an_fp16_step_with_an_overflow_in_one_optimizers_gradients_is_skipped_by_every_optimizer(grad_clip):
+    """Under loss scaling (fp16, on a GPU) an inf gradient in one Muon matrix made the scaler skip
+    Muon's step only: AdamW stepped with gradients the clipping over every parameter had made 0
+    (clipped) or NaN (0 x inf: unclipped, which left NaN weights). The whole step is skipped."""
+    from tinyattn.system.device import Precision
+    from tinyattn.train.trainer import Trainer
+
+    model_config = ModelConfig(vocab_size=16, n_layer=1, n_head=2, n_embd=16, context_length=8)
+    tokens = torch.randint(0, 16, (400,), generator=torch.Generator().manual_seed(0)).numpy()
+    fp16 = Precision("fp16", None, use_grad_scaler=True)  # the scaler as on a GPU, no fp16 autocast here
+    trainer = Trainer.build(model_config, TrainConfig(optimizer="muon", batch_size=2, grad_clip=grad_clip),
+                            tokens, device=torch.device("cpu"), precision=fp16)
+    trainer.train_step()
+    gate_up = trainer.model.blocks[0].mlp.gate_up.weight  # one of Muon's matrices
+    hook = gate_up.register_hook(lambda grad: grad.index_fill(0, torch.tensor([0]), float("inf")))
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    scale = trainer.scaler.get_scale()
+    trainer.train_step()
+    hook.remove()
+    assert trainer.scaler.get_scale() == scale / 2  # the scaler saw the overflow
+    for name, p in trainer.model.named_parameters():
+        assert torch.equal(p, before[name]), f"{name} changed in a step the scaler skipped"
+    trainer.train_step()  # and the next step trains again
+    assert not torch.equal(trainer.model.token_embedding.weight, before["token_embedding.weight"])

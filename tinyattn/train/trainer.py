@@ -146,15 +146,23 @@ class Trainer:
             self.scaler.unscale_(optimizer)
         max_norm = self.config.grad_clip if self.config.grad_clip > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        for optimizer in self.optimizers.optimizers:
-            self.scaler.step(optimizer)
-        self.scaler.update()
+        if not self._overflowed(grad_norm):
+            for optimizer in self.optimizers.optimizers:
+                self.scaler.step(optimizer)
+        self.scaler.update()  # an overflow halves the scale
         self.optimizers.zero_grad()
         if self.average is not None:
             self.average.update()
         self.step += 1
         self.tokens_seen += self.tokens_per_step
         return total_loss, grad_norm
+
+    def _overflowed(self, grad_norm: torch.Tensor) -> bool:
+        """Under loss scaling (fp16), whether some gradient is inf or NaN: then no optimizer steps.
+        The scaler skips only the step of the optimizer that holds it, while the clipping over
+        every parameter has made the others' gradients 0, or NaN (0 x inf) without train.grad_clip.
+        One host sync, where the scaler's steps take one per optimizer anyway; none in fp32 or bf16."""
+        return self.scaler.is_enabled() and not bool(torch.isfinite(grad_norm))
 
     def weights_loaded(self) -> None:
         """Weights were loaded into the model from elsewhere (train.init_from): the average, if
