@@ -205,3 +205,56 @@ def test_peak_flops_stop_at_the_first_slow_size_and_take_the_best_of_its_repeats
     assert sizes == [256, 384, 512]
     # Times 0.1, then 0.08: one more call (0.18 + 0.08) would pass PEAK_FINAL_SECONDS (0.25).
     assert flops == 2 * 512 ** 3 / 0.08
+
+
+class _StandInGenerator:
+    """A CUDA generator's state as torch.cuda's own get/set_rng_state reach it (no GPU here)."""
+
+    def __init__(self, index: int):
+        self.state = torch.tensor([index], dtype=torch.uint8)
+
+    def get_state(self) -> torch.Tensor:
+        return self.state.clone()
+
+    def set_state(self, state: torch.Tensor) -> None:
+        self.state = state.clone()
+
+
+def _gpus(monkeypatch, count: int) -> tuple:
+    """A machine with `count` GPUs, as torch.cuda's RNG functions see it (current device 0)."""
+    import torch.cuda.random as cuda_random
+
+    generators = tuple(_StandInGenerator(i) for i in range(count))
+    monkeypatch.setattr(torch.cuda, "_initialized", True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "default_generators", generators)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    for name, value in (("device_count", lambda: count), ("current_device", lambda: 0)):
+        monkeypatch.setattr(cuda_random, name, value)
+    return generators
+
+
+def test_a_checkpoints_cuda_random_state_goes_back_on_a_machine_with_fewer_gpus(monkeypatch):
+    """A process that saw 4 GPUs saved every one's generator; set back on a 1-GPU machine, torch's
+    set_rng_state_all raised IndexError (a traceback: `load_state_dict` names KeyError, RuntimeError
+    and ValueError only). The generator the run drew from goes back on the device it runs on."""
+    trained = _gpus(monkeypatch, 4)
+    trained[0].state = torch.tensor([42], dtype=torch.uint8)  # the default GPU's, the run's
+    states = random_states()
+    resumed = _gpus(monkeypatch, 1)
+    set_random_states(states)
+    assert resumed[0].state.tolist() == [42]
+
+
+def test_under_torchrun_every_rank_takes_the_cuda_generator_rank_0_trained_with(monkeypatch):
+    """Rank 0 saves the checkpoint. Its process drew on cuda:0 only: its state of cuda:1 is the
+    seeded one, which rank 1 took on resume, drawing its dropout masks from the start again. Every
+    rank seeds and draws alike, so rank 0's generator is each rank's."""
+    generators = _gpus(monkeypatch, 2)
+    generators[0].state = torch.tensor([42], dtype=torch.uint8)  # rank 0's, after training on cuda:0
+    states = random_states(torch.device("cuda", 0))
+    set_random_states(states, torch.device("cuda", 1))  # rank 1's process
+    assert generators[1].state.tolist() == [42]
+    set_random_states(states, torch.device("cpu"))  # a CPU run leaves the GPUs' generators alone
+    generators[0].state = torch.tensor([7], dtype=torch.uint8)
+    assert "cuda" not in random_states(torch.device("cpu"))

@@ -8,6 +8,7 @@ and batches as a run that never stopped; the states are kept in types that
 from __future__ import annotations
 
 import random
+from typing import Optional
 
 import numpy as np
 import torch
@@ -19,8 +20,13 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
-def random_states() -> dict:
-    """Every global random generator's state, in types `torch.load(weights_only=True)` accepts."""
+def random_states(device: Optional[torch.device] = None) -> dict:
+    """Every global random generator's state, in types `torch.load(weights_only=True)` accepts.
+
+    CUDA's: the generator of `device` (None: the current GPU), the one a run there draws from,
+    as a list of one state. Under torchrun every rank seeds and draws alike, so rank 0's, which
+    its checkpoint keeps, is each rank's. Not every GPU's: a machine with fewer could not take
+    them back, and rank 0's process holds the other GPUs' generators as seeded, not as drawn."""
     numpy_state = np.random.get_state()
     states = {
         "python": random.getstate(),
@@ -29,19 +35,24 @@ def random_states() -> dict:
                   "cached_gaussian": float(numpy_state[4])},
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available() and (device is None or device.type == "cuda"):
+        states["cuda"] = [torch.cuda.get_rng_state(device if device is not None else "cuda")]
     return states
 
 
-def set_random_states(states: dict) -> None:
+def set_random_states(states: dict, device: Optional[torch.device] = None) -> None:
+    """`random_states`' states back; CUDA's into the generator of `device` (None: the current GPU)."""
     random.setstate(_as_tuple(states["python"]))
     n = states["numpy"]
     np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
                          n["cached_gaussian"]))
     torch.set_rng_state(states["torch"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+    saved = states.get("cuda")
+    if saved and torch.cuda.is_available() and (device is None or device.type == "cuda"):
+        index = torch.cuda.current_device() if device is None or device.index is None else device.index
+        # Several: an older checkpoint, with every GPU's; this device's where it is among them.
+        torch.cuda.set_rng_state(saved[index] if 1 < len(saved) and index < len(saved) else saved[0],
+                                 torch.device("cuda", index))
 
 
 def _as_tuple(value):

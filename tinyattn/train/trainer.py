@@ -190,7 +190,7 @@ class Trainer:
             "step": self.step,
             "tokens_seen": self.tokens_seen,
             "best_val_loss": self.best_val_loss,
-            "random_states": random_states(),
+            "random_states": random_states(self.device),
             # Batch k of rank r is a function of (seed, r, k): rank 0's count serves every rank.
             "sampler": self.batches.state_dict(),
             "world_size": self.dist.world_size,
@@ -217,6 +217,6 @@ class Trainer:
                 warnings.warn(f"{path} was written by {state['world_size']} process(es), this run has "
                               f"{self.dist.world_size}: the batches and tokens per step differ from the "
                               "original run from here on", stacklevel=2)
-            set_random_states(state["random_states"])
+            set_random_states(state["random_states"], self.device)
         except (KeyError, RuntimeError, ValueError) as e:
             raise CheckpointError(f"{path}: cannot resume from it: {str(e).splitlines()[0]}") from None
