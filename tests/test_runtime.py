@@ -127,11 +127,32 @@ def test_a_torchrun_process_on_a_gpu_joins_over_nccl_and_takes_the_gpu_of_its_lo
     for key, value in (("WORLD_SIZE", "4"), ("RANK", "3"), ("LOCAL_RANK", "1")):  # node 2's second process
         monkeypatch.setenv(key, value)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # the node's two GPUs
     monkeypatch.setattr(torch.cuda, "set_device", current.append)
     monkeypatch.setattr(torch.distributed, "init_process_group", lambda backend: joined.append(backend))
     assert distributed.init_distributed(name) == distributed.Distributed(rank=3, world_size=4, local_rank=1)
     assert joined == ["nccl"] and current == [1]
     assert distributed.init_distributed("cpu").enabled and joined[-1] == "gloo"
+
+
+def test_a_torchrun_process_without_a_gpu_of_its_own_is_refused_in_one_line(monkeypatch):
+    """torchrun --nproc_per_node=4 (the README's line) on a 2-GPU machine: LOCAL_RANK 2 and 3 have no
+    GPU, and torch.cuda.set_device(2) ended in a traceback ("invalid device ordinal")."""
+    from tinyattn.errors import ConfigError
+    from tinyattn.system import distributed
+
+    current = []
+    for key, value in (("WORLD_SIZE", "4"), ("RANK", "2"), ("LOCAL_RANK", "2")):
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda backend: None)
+    refusal = ("LOCAL_RANK=2: this machine has 2 CUDA device(s), one per process; start at most 2 "
+               "processes a machine (torchrun --nproc_per_node=2), or train on the CPU (--device cpu)")
+    with pytest.raises(ConfigError, match=re.escape(refusal)):
+        distributed.init_distributed("auto")
+    assert current == []
 
 
 @pytest.mark.parametrize("world_size", ["2", "4"])

@@ -9,7 +9,7 @@ from typing import Iterator
 
 import torch
 
-from tinyattn.errors import TinyattnError
+from tinyattn.errors import ConfigError, TinyattnError
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,11 @@ def init_distributed(device_name: str) -> Distributed:
     # Any CUDA name: the loop trains each process on cuda:LOCAL_RANK whichever index was given.
     use_cuda = torch.cuda.is_available() and (device_name == "auto" or device_name.startswith("cuda"))
     if use_cuda:
+        gpus = torch.cuda.device_count()
+        if local_rank >= gpus:  # more processes than GPUs: set_device would end in CUDA's traceback
+            raise ConfigError(f"LOCAL_RANK={local_rank}: this machine has {gpus} CUDA device(s), one per "
+                              f"process; start at most {gpus} processes a machine (torchrun "
+                              f"--nproc_per_node={gpus}), or train on the CPU (--device cpu)")
         torch.cuda.set_device(local_rank)
     torch.distributed.init_process_group(backend="nccl" if use_cuda else "gloo")
     return Distributed(rank, world_size, local_rank)
