@@ -214,6 +214,42 @@ def test_a_run_resumed_after_a_kill_holds_each_step_once_in_tensorboard(corpus, 
     assert all((e.wall_time >= resumed_at) == (e.step > 6) for e in [*losses, *validations])
 
 
+def test_a_run_trained_again_where_an_attempt_died_before_its_first_checkpoint_shows_only_itself(
+        corpus, tmp_path, monkeypatch, capsys):
+    """An attempt that dies before its first checkpoint (a second Ctrl-C, a kill) leaves its curves
+    of steps 1-5 and its HParams session (train.lr 1e-3) in the folder, and "run the same command
+    again" trains there from step 1. The folder showed both attempts: the dead one's steps 4-5 after
+    the new run's 1-3 (to TensorBoard's reader, a curve that zigzags back) and two HParams sessions,
+    the dead attempt's hyperparameters in the HParams tab. Now the new run removes those events."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tinyattn.train.owners import Checkpointer
+
+    items = ("train.max_steps=9", "train.eval_interval=5", "train.log_interval=1")
+
+    def killed(checkpointer, trainer, best):
+        raise RuntimeError("killed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Checkpointer, "save", killed)
+        with pytest.raises(RuntimeError, match="killed"):
+            train(tiny_config(corpus, tmp_path, *items, "train.lr=1e-3", "train.min_lr=1e-4"), run_name="d",
+                  progress=False)
+    assert ckpt.latest_checkpoint(tmp_path / "d") is None
+    died_second = int(time.time())
+    while int(time.time()) == died_second:  # event files are named by the second they open in
+        time.sleep(0.05)
+    started = time.time()
+    capsys.readouterr()
+    train(tiny_config(corpus, tmp_path, *items), run_name="d", progress=False, stop_at_step=3)
+    events = EventAccumulator(str(tmp_path / "d")).Reload()
+    losses = events.Scalars("train/loss")
+    assert [e.step for e in losses] == [1, 2, 3] and all(e.wall_time >= started for e in losses)
+    assert [session["train.lr"] for session in hparams_sessions(tmp_path / "d")] == [pytest.approx(2e-3)]
+    assert (f"note: {tmp_path / 'd'} held the TensorBoard events of an earlier attempt that saved no "
+            "checkpoint (1 file); removed them") in capsys.readouterr().err.splitlines()
+
+
 def test_learning_rate_schedule():
     config = load_config(TINY, ["train.lr=1.0", "train.min_lr=0.1", "train.warmup_steps=10",
                                 "train.max_steps=111", "train.schedule=cosine"]).train

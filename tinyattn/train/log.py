@@ -236,12 +236,15 @@ class Logger:
         t = self.trainer
         # A run resumed in its own folder trains again the steps a killed session logged past its
         # checkpoint: purge_step hides them (every step after the checkpoint's) from TensorBoard, and
-        # keeps what that session logged at the checkpoint's step, which the checkpoint holds.
+        # keeps what that session logged at the checkpoint's step, which the checkpoint holds. A new run
+        # or a fork starts its folder's curves: purge_step 0 hides whatever is there from before.
         resumed_in_place = point is not None and not point.forks_into(self.run_dir)
+        if not resumed_in_place:
+            self._remove_dead_attempts_events()
         self.thread_hook = threading.excepthook
         threading.excepthook = _quiet_writer_thread(self.thread_hook)
         with storage_errors(self.run_dir):  # its events file is not named yet
-            writer = SummaryWriter(str(self.run_dir), purge_step=t.step + 1 if resumed_in_place else None)
+            writer = SummaryWriter(str(self.run_dir), purge_step=t.step + 1 if resumed_in_place else 0)
         events = getattr(writer.file_writer.event_writer, "_file_name", self.run_dir)  # the file it writes
         self.writer = _Events(writer, Path(events))
         self.writer.add_text("config", "```\n" + (self.run_dir / "config.yaml").read_text() + "\n```", t.step)
@@ -253,6 +256,23 @@ class Logger:
             with storage_errors(self.writer.path):
                 for summary in hparams(hparams_of(self.config), dict.fromkeys(HPARAM_METRICS, math.nan)):
                     self.writer.file_writer.add_summary(summary)
+
+    def _remove_dead_attempts_events(self) -> None:
+        """A new run or a fork trains from its start in a folder that holds no checkpoint of its own,
+        where an attempt that died before its first checkpoint (a second Ctrl-C, a kill) may have
+        left event files: its curves would show beside this run's, zigzagging back at its steps, and
+        its HParams session (its hyperparameters) in place of this run's. They go, said in one line;
+        one that cannot (held open by a TensorBoard on Windows) stays, its curves purged (purge_step 0)."""
+        removed = 0
+        for path in sorted(self.run_dir.glob("events.out.tfevents.*")):
+            try:
+                path.unlink()
+                removed += 1
+            except OSError:
+                pass
+        if removed:
+            self.print(f"note: {self.run_dir} held the TensorBoard events of an earlier attempt that saved "
+                       f"no checkpoint ({removed} file{'s' if removed > 1 else ''}); removed them")
 
     def print(self, line: str) -> None:
         if not self.enabled:
