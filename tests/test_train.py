@@ -214,6 +214,34 @@ def test_a_run_resumed_after_a_kill_holds_each_step_once_in_tensorboard(corpus, 
     assert all((e.wall_time >= resumed_at) == (e.step > 6) for e in [*losses, *validations])
 
 
+def test_a_run_resumed_after_a_kill_holds_each_steps_sample_once_in_samples_txt(corpus, tmp_path,
+                                                                              monkeypatch):
+    """A kill after step 9's evaluation, before its checkpoint: samples.txt held step 9's sample, and
+    the resume from step 6 appended another step 9 after it (TensorBoard purges the first; the file
+    kept both, the first from weights no checkpoint holds). Now each evaluation's sample replaces
+    those of its step and later ones, as TensorBoard's view does."""
+    from tinyattn.train.owners import Checkpointer
+
+    items = ("train.max_steps=9", "train.eval_interval=3", "train.show=[sample]")
+    save = Checkpointer.save
+
+    def killed_at_step_9(checkpointer, trainer, best):
+        if trainer.step == 9:
+            raise RuntimeError("killed")
+        save(checkpointer, trainer, best)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Checkpointer, "save", killed_at_step_9)
+        with pytest.raises(RuntimeError, match="killed"):
+            train(tiny_config(corpus, tmp_path, *items), run_name="k9", progress=False)
+    samples = tmp_path / "k9" / "samples.txt"
+    killed = samples.read_text(encoding="utf-8")
+    train(tiny_config(corpus, tmp_path, *items), run_name="k9", resume=True, progress=False)
+    text = samples.read_text(encoding="utf-8")
+    assert re.findall(r"^--- step (\d+) ---$", text, flags=re.M) == ["3", "6", "9"]
+    assert text.startswith(killed[:killed.index("--- step 9 ---")])  # steps 3 and 6 as they were
+
+
 def test_a_run_trained_again_where_an_attempt_died_before_its_first_checkpoint_shows_only_itself(
         corpus, tmp_path, monkeypatch, capsys):
     """An attempt that dies before its first checkpoint (a second Ctrl-C, a kill) leaves its curves
