@@ -321,6 +321,20 @@ def test_a_resumed_plan_with_time_for_exactly_one_more_step_takes_it():
     assert resumed.no_step_fits(100)
 
 
+def test_a_resumed_plan_whose_start_up_left_time_for_one_step_trains_it_at_the_floor():
+    config = load_config(TINY, ["train.eval_interval=100000", "train.warmup_steps=10"]).train
+    saved = TimePlan("100s", config, FakeClock())
+    saved.seed(1.0, 0.0, 0.0)
+    saved.progress = 0.5  # the checkpoint's: half the schedule done, many steps counted as left
+    assert saved.steps_left > 50
+    clock = FakeClock(100 * (1 - TimePlan.MARGIN) - TimePlan.EXIT_SECONDS - 1.5)  # start-up spent the rest
+    resumed = TimePlan("100s", config, clock)
+    resumed.load_state_dict(saved.state_dict())
+    assert not resumed.no_step_fits(100)
+    assert resumed.total_steps(100) == 101
+    assert resumed.factor(100) == pytest.approx(config.min_lr / config.lr)  # the last step, at the floor
+
+
 def test_a_budget_run_saved_before_time_plans_resumes_through_train_to_the_step_count_it_chose(
         corpus, tmp_path, monkeypatch):
     """The same through `train`: config.yaml and the checkpoint hold the count the budget's start
