@@ -1085,7 +1085,8 @@ def test_the_gap_text_is_the_checkpoints_validation_split_only_under_its_own_tok
     from tinyattn.data.tokenizer import build_tokenizer
 
     other = build_tokenizer(TokenizerConfig(kind="char"), lambda: iter(["0123456789 abc"]))
-    loaded = SimpleNamespace(tokenizer=char_tokenizer, config=None)
+    data = SimpleNamespace(dataset=None, files=["corpus.txt"])  # a run's data section (stubbed below)
+    loaded = SimpleNamespace(tokenizer=char_tokenizer, config=SimpleNamespace(data=data))
     validation = np.arange(40, dtype=np.uint16)
     for tokenizer in (char_tokenizer, other):
         monkeypatch.setattr(distance, "prepare_data", lambda config, progress: SimpleNamespace(
@@ -1188,3 +1189,23 @@ def test_an_empty_folder_by_a_name_the_lab_writes_is_not_refused(tmp_path):
     (tmp_path / "key_value" / "events.out.tfevents.1").write_bytes(b"")
     with pytest.raises(TinyattnError, match=r"holds key_value, which this lab writes; add --force"):
         clear_earlier_lab(tmp_path, ["key_value", "distance.txt"], force=False)
+
+
+def test_lab_distance_on_a_hugging_face_folder_without_text_asks_for_text_in_one_line(
+        tmp_path, capsys, char_tokenizer):
+    # An imported folder records no data (no data section): the gap text must come from --text, in one
+    # line naming it, not a traceback from reading a data section that is not there.
+    pytest.importorskip("safetensors")
+    from tinyattn.cli.lab import main
+    from tinyattn.config import Config, DataConfig, TokenizerConfig
+    from tinyattn.hf.folder import export_folder
+
+    config = Config(model=ModelConfig(vocab_size=char_tokenizer.vocab_size, n_layer=1, n_head=2, n_embd=16,
+                                      context_length=24),
+                    data=DataConfig(files=["corpus.txt"]), tokenizer=TokenizerConfig(kind="char"))
+    export_folder(LanguageModel(config.model).state_dict(), config, char_tokenizer, tmp_path / "hf")
+    assert main(["distance", "--checkpoint", str(tmp_path / "hf"), "--recall-steps", "1",
+                 "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "give --text FILE" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()

@@ -77,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the model the probe reads: a run folder, a checkpoint file or a Hugging Face "
                              "folder (default: the most recent run under checkpoints/)")
     parser.add_argument("--text", metavar="FILE", help="the gap's ordinary text (default: the validation "
-                        "split of the checkpoint's data)")
+                        "split of the checkpoint's data; a Hugging Face folder has none: give one)")
     parser.add_argument("--string-length", type=int, default=8, help="tokens in the repeated string (default: 8)")
     parser.add_argument("--recall-steps", type=int, default=1500,
                         help="training steps of the key-value recall model (default: 1500)")
@@ -136,6 +136,8 @@ def gap_text(path: str | None, loaded) -> np.ndarray:
     """Token ids of ordinary text: `--text` encoded with the model's tokenizer, or its validation split."""
     if path is not None:
         return np.asarray(loaded.tokenizer.encode(read_text(path, "--text file")), dtype=np.int64)
+    if loaded.config.data.dataset is None and loaded.config.data.files is None:  # a Hugging Face folder
+        raise TinyattnError(f"{loaded.label}: records no data to take the gap text from; give --text FILE")
     try:
         data = prepare_data(loaded.config, progress=False)
     except TinyattnError as e:
