@@ -28,6 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.page.is_file():
         print(f"error: {args.page}: no such page", file=sys.stderr)
         return 2
+    mistake = check_choices(args)  # before the browser, which would wait 30 s for a missing option
+    if mistake:
+        print(f"error: {mistake}", file=sys.stderr)
+        return 2
 
     from PIL import Image
     try:
@@ -57,6 +61,26 @@ def main(argv: list[str] | None = None) -> int:
     Image.open(args.out).convert("RGB").quantize(256).save(args.out, optimize=True)
     print(f"wrote {args.out} ({args.out.stat().st_size / 1024:,.0f} KiB)")
     return 0
+
+
+def check_choices(args: argparse.Namespace) -> str | None:
+    """What is wrong with the page or --layer, --head, --query for it, in one line (None: nothing).
+    The page's own data says its layers, heads and tokens: the choices its selectors and tokens offer."""
+    from tinyattn.analysis.explorer import data_of_page
+    from tinyattn.errors import TinyattnError
+
+    try:
+        data = data_of_page(args.page.read_text(encoding="utf-8", errors="replace"))
+    except (TinyattnError, ValueError) as e:
+        return f"{args.page}: {e}; give a page written by tinyattn attention --html"
+    tokens = len(data["tokens"])
+    for flag, value, count, what in (("--layer", args.layer, data["layers"], "layers"),
+                                     ("--head", args.head, data["heads"], "heads")):
+        if value not in [str(i) for i in range(count)] + ["mean"]:
+            return f"{flag} {value}: the page has {count} {what}; expected 0..{count - 1} or mean"
+    if args.query is not None and not 0 <= args.query < tokens:
+        return f"--query {args.query}: the page has {tokens} tokens; expected 0..{tokens - 1}"
+    return None
 
 
 if __name__ == "__main__":

@@ -126,6 +126,45 @@ def test_a_256_token_text_of_a_6x6_model_makes_a_page_well_under_two_megabytes()
     print(f"page of {T} tokens, {L}x{H} heads: {size:,} bytes")
 
 
+# ----------------------------------------------------------------------------- the screenshot script
+
+
+def screenshot_main():
+    """scripts/explorer_screenshot.py's main, loaded from its file (scripts/ is not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "explorer_screenshot.py"
+    spec = importlib.util.spec_from_file_location("explorer_screenshot", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--layer", "2"], "--layer 2: the page has 2 layers; expected 0..1 or mean"),
+    (["--head", "4"], "--head 4: the page has 4 heads; expected 0..3 or mean"),
+    (["--query", "51"], "--query 51: the page has 51 tokens; expected 0..50"),
+    (["--query", "-1"], "--query -1: the page has 51 tokens; expected 0..50"),
+], ids=["layer", "head", "query", "negative-query"])
+def test_the_screenshot_script_refuses_a_choice_the_page_lacks_in_one_line_before_any_browser(
+        relevance, tmp_path, capsys, args, message):
+    # Playwright would wait 30 s for the missing option or token, then end in a traceback.
+    page = tmp_path / "page.html"
+    write_explorer(page, relevance)
+    assert screenshot_main()([str(page), str(tmp_path / "out.png"), *args]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {message}\n"
+    assert not (tmp_path / "out.png").exists()
+
+
+def test_the_screenshot_script_refuses_a_file_that_is_no_explorer_page_in_one_line(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("relevance table", encoding="utf-8")
+    assert screenshot_main()([str(tmp_path / "notes.txt"), str(tmp_path / "out.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'notes.txt'}: not an explorer page") and err.count("\n") == 1
+
+
 # ----------------------------------------------------------------------------- the command
 
 
