@@ -846,3 +846,24 @@ def test_a_labs_repeated_set_flags_add_up(lab):
     args = parser.parse_args(["--set", "model.n_layr=1", "--set", "train.batch_size=2", "train.lr=1e-3"])
     # The typo in the first is not dropped:
     assert args.overrides == ["model.n_layr=1", "train.batch_size=2", "train.lr=1e-3"]
+
+
+def test_lab_causal_names_the_prompts_characters_the_tokenizer_never_saw_before_anything_trains(
+        tmp_path, monkeypatch, capsys, corpus_text):
+    # As generate names them: a sample from a prompt read as [UNK] says why, before the runs' minutes.
+    from tests.conftest import ROOT
+    from tinyattn.cli.lab import main
+    from tinyattn.lab import causal
+
+    def no_training(args, out):
+        raise TinyattnError("stopped before training")
+
+    monkeypatch.setattr(causal, "train_both", no_training)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(corpus_text * 4, encoding="utf-8")
+    assert main(["causal", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "2", "--out",
+                 str(tmp_path / "out"), "--prompt", "Café ROMEO", "--set", f"data.files={corpus}",
+                 "data.url=null", "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("warning: --prompt: 1 character the tokenizer has never seen, read as [UNK]: 'é'\n"
+                   "error: stopped before training\n"), err

@@ -315,6 +315,18 @@ def _other_checkpoint(args: argparse.Namespace, tokenizer, context: int):
     return loaded
 
 
+def _prompt_ids(prompt: Optional[str], tokenizer, validation) -> list[int]:
+    """--prompt's ids, its characters the tokenizer never saw named as generate names them; without
+    one, the first PROMPT_TOKENS tokens of the validation split."""
+    from tinyattn.data.tokenizer import warn_unknown_characters
+
+    if not prompt:
+        return [int(i) for i in validation[:PROMPT_TOKENS]]
+    ids = tokenizer.encode(prompt)
+    warn_unknown_characters(tokenizer, prompt, ids, "--prompt")
+    return ids
+
+
 def run(args: argparse.Namespace) -> int:
     from tinyattn.analysis.plotting import require_matplotlib
     from tinyattn.config import load_config
@@ -335,11 +347,10 @@ def run(args: argparse.Namespace) -> int:
         check_position(args.position, config.model.context_length)
     checkpoint = (_other_checkpoint(args, data.tokenizer, config.model.context_length) if args.checkpoint
                   else None)
+    tokens = data.validation
+    prompt = _prompt_ids(args.prompt, data.tokenizer, tokens)  # its warning before the runs' minutes
     out = experiment_folder(args.out, "causal")
     results = train_both(args, out)
-    tokens = data.validation
-    prompt = (data.tokenizer.encode(args.prompt) if args.prompt
-              else [int(i) for i in tokens[:PROMPT_TOKENS]])
     rows, curves = [], {}
     for name in RUNS:
         loaded = load_any_model(results[name].run_dir)
