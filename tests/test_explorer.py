@@ -67,9 +67,10 @@ def test_the_page_holds_the_models_weights_relevance_losses_and_head_ablation(re
     assert data["query"] == relevance.num_tokens - 2  # default: the last token that predicts one
 
 
-def test_the_page_holds_the_rank_correlation_of_weight_with_relevance(relevance):
-    stored = data_of_page(explorer_html(relevance))["agreement"]
-    whole = agreement(relevance)
+@pytest.mark.parametrize("key, size", [("agreement", False), ("agreement_by_size", True)])
+def test_the_page_holds_the_rank_correlation_of_weight_with_relevance_and_with_its_size(relevance, key, size):
+    stored = data_of_page(explorer_html(relevance))[key]
+    whole = agreement(relevance, size=size)
     assert stored["pairs"] == whole.pairs
     values = [stored["mean"], *stored["by_layer"], *np.ravel(stored["by_head"])]
     expected = [whole.mean, *whole.by_layer, *whole.by_head.ravel()]
@@ -305,5 +306,6 @@ def test_in_chromium_a_text_without_a_rank_correlation_says_n_a(browser, relevan
     assert errors == []
     said = page.inner_text("#agreement")
     assert "pairs: n/a for the mean over every head; by layer 0: n/a, 1: n/a." in said
-    assert page.inner_text("#query-info").endswith("(Spearman): n/a")
+    assert "With |relevance| (how much a key matters, either way): n/a; by layer 0: n/a, 1: n/a." in said
+    assert page.inner_text("#query-info").endswith("(Spearman): n/a; vs |relevance|: n/a")
     check_head_ablation_colours(page, falls)

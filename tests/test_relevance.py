@@ -297,19 +297,22 @@ def test_the_table_has_a_row_per_earlier_token_with_its_weights_and_relevance(ch
     lines = format_relevance_table(rel, 7).splitlines()
     assert lines[0].startswith("query g at position 7 (of 12 tokens) predicts ␣ with loss")
     assert lines[2].split()[:4] == ["pos", "token", "relevance", "weight"] and lines[2].split()[-1] == "L1H3"
-    rows = lines[3:-1]
+    rows = lines[3:-2]
     assert [int(r.split()[0]) for r in rows] == list(range(7))  # every earlier token, in text order
     key = 5
     cells = rows[key].split()
     assert cells[1] == "e" and float(cells[2]) == pytest.approx(rel.token_relevance[7, key], abs=5e-4)
     assert float(cells[3]) == pytest.approx(rel.weights[:, :, 7, key].mean(), abs=5e-4)
     assert [float(c) for c in cells[6:]] == pytest.approx(list(rel.weights[:, :, 7, key].ravel()), abs=5e-4)
-    assert lines[-1].startswith("rank correlation (Spearman) of weight with relevance: this query's 7 keys")
+    assert lines[-2].startswith("rank correlation (Spearman) of weight with relevance: this query's 7 keys")
+    by_size = f"{agreement(rel, 7, size=True).mean:+.2f} (mean weight)"
+    assert lines[-1].startswith("rank correlation (Spearman) of weight with |relevance| (how much the key "
+                                f"matters, either way): this query's 7 keys {by_size}")
     # The first token reads no earlier key: no correlation, said as the explorer says it, not +nan.
     first = format_relevance_table(rel, 0).splitlines()
-    assert first[3:-1] == [] and "this query's 0 keys n/a (mean weight); the whole text's" in first[-1]
-    assert "nan" not in first[-1]
-    top = format_relevance_table(rel, 7, top=2).splitlines()[3:-1]
+    assert first[3:-2] == [] and "this query's 0 keys n/a (mean weight); the whole text's" in first[-1]
+    assert "nan" not in first[-1] + first[-2]
+    top = format_relevance_table(rel, 7, top=2).splitlines()[3:-2]
     assert [int(r.split()[0]) for r in top] == list(np.argsort(-np.abs(rel.token_relevance[7, :7]), kind="stable")[:2])
     assert len(format_head_ablation(rel).splitlines()) == 2 + 2
 
@@ -320,7 +323,7 @@ def test_the_table_of_a_query_in_a_later_window_lists_only_the_keys_in_its_reach
     assert rel.reach[28] == 16
     lines = format_relevance_table(rel, 28).splitlines()
     assert lines[0].endswith("it reads keys 16..28")
-    rows = lines[3:-1]
+    rows = lines[3:-2]
     assert [int(row.split()[0]) for row in rows] == list(range(16, 28))  # no row for a key out of reach
     assert "nan" not in "\n".join(rows)
 
@@ -406,6 +409,22 @@ def test_agreement_ranks_each_layers_and_each_heads_weight_against_relevance():
                 rank_correlation(rel.weights[layer, head][pairs], relevance))
     assert result.by_layer[0] != pytest.approx(result.by_layer[1])  # the layers tell apart
     assert result.mean == pytest.approx(rank_correlation(rel.weights.mean((0, 1))[pairs], relevance))
+    by_size = agreement(rel, size=True)  # against how much each key matters, either way
+    assert by_size.mean == pytest.approx(rank_correlation(rel.weights.mean((0, 1))[pairs], np.abs(relevance)))
+    assert by_size.by_head[1, 2] == pytest.approx(rank_correlation(rel.weights[1, 2][pairs], np.abs(relevance)))
+    assert by_size.mean != pytest.approx(result.mean)
+
+
+def test_a_heavily_weighted_key_whose_masking_helps_agrees_by_size_and_disagrees_by_sign():
+    """The chapter's reading: weight finding the keys that matter (either way) is what |relevance| ranks."""
+    weights = np.zeros((1, 1, 4, 4))
+    weights[0, 0, 3, :3] = [0.05, 0.15, 0.8]  # query 3 weights key 2 most, then 1, then 0
+    relevance = np.full((4, 4), np.nan)
+    relevance[3, :3] = [0.01, 0.1, -0.9]  # masking key 2 helps the prediction most
+    rel = Relevance(token_ids=[0, 1, 2, 3], labels=list("abcd"), context_length=8,
+                    reach=np.zeros(4, dtype=int), weights=weights, losses=np.array([1.0, 1.0, 1.0, 1.0]),
+                    token_relevance=relevance, head_relevance=np.zeros((1, 1)), mean_loss=1.0)
+    assert agreement(rel, 3).mean < 0 < agreement(rel, 3, size=True).mean == pytest.approx(1.0)
 
 
 def test_the_table_shows_only_the_layers_and_heads_asked(char_tokenizer):

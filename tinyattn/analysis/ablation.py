@@ -294,12 +294,16 @@ class Agreement:
     by_head: np.ndarray  # (L, H)
 
 
-def agreement(rel: Relevance, query: Optional[int] = None) -> Agreement:
-    """How far weight and relevance rank the (query, key) pairs alike: over the whole text, or one query's keys."""
+def agreement(rel: Relevance, query: Optional[int] = None, size: bool = False) -> Agreement:
+    """How far weight and relevance rank the (query, key) pairs alike: over the whole text, or one query's keys.
+
+    size: rank against |relevance|, how much masking the key changes the loss either way. Signed,
+    a heavily weighted key whose masking helps the prediction counts against agreement; by size
+    it counts for it: whether weight finds the keys that matter, not whether they help."""
     pairs = rel.measured()
     if query is not None:
         pairs = pairs & (np.arange(rel.num_tokens)[:, None] == query)
-    relevance = rel.token_relevance[pairs]
+    relevance = np.abs(rel.token_relevance[pairs]) if size else rel.token_relevance[pairs]
     by_head = np.array([[rank_correlation(rel.weights[layer, head][pairs], relevance)
                          for head in range(rel.num_heads)] for layer in range(rel.num_layers)])
     by_layer = np.array([rank_correlation(rel.weights[layer].mean(0)[pairs], relevance)
@@ -316,7 +320,7 @@ def format_relevance_table(rel: Relevance, query: int, top: Optional[int] = None
     """For one query, each earlier token in reach: relevance, mean weight, each layer's and head's weight.
 
     Rows in text order, or the `top` whose removal changes the loss most (either way) first.
-    Ends with the rank correlations.
+    Ends with the rank correlations of weight with relevance and with its size (`agreement`).
     """
     T = rel.num_tokens
     layers = list(range(rel.num_layers)) if layers is None else layers
@@ -344,11 +348,12 @@ def format_relevance_table(rel: Relevance, query: int, top: Optional[int] = None
         head_cells = [f"{rel.weights[layer, head, query, key]:5.3f}" for layer, head in head_columns]
         lines.append(f"{key:>4} {rel.labels[key]:<{label_width}} {rel.token_relevance[query, key]:+9.3f} "
                      f"{mean[key]:6.3f}  " + " ".join(cells) + "  " + " ".join(head_cells))
-    here, text = agreement(rel, query), agreement(rel)
-    lines.append(f"rank correlation (Spearman) of weight with relevance: this query's {here.pairs} keys "
-                 f"{_correlation(here.mean)} (mean weight); the whole text's {text.pairs} pairs "
-                 f"{_correlation(text.mean)}, by layer "
-                 + " ".join(f"L{layer} {_correlation(value)}" for layer, value in enumerate(text.by_layer)))
+    for size, what in ((False, "relevance"), (True, "|relevance| (how much the key matters, either way)")):
+        here, text = agreement(rel, query, size), agreement(rel, size=size)
+        by_layer = " ".join(f"L{layer} {_correlation(value)}" for layer, value in enumerate(text.by_layer))
+        lines.append(f"rank correlation (Spearman) of weight with {what}: this query's {here.pairs} keys "
+                     f"{_correlation(here.mean)} (mean weight); the whole text's {text.pairs} pairs "
+                     f"{_correlation(text.mean)}, by layer {by_layer}")
     return "\n".join(lines)
 
 

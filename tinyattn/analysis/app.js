@@ -107,10 +107,12 @@ function renderInfo() {
   $("head").disabled = state.layer === "mean";
   const predicts = D.loss[q] === null ? "predicts nothing (the last token)"
     : `predicts ${tok[q + 1]} with loss ${D.loss[q].toFixed(3)} nats`;
-  const a = D.agreement, corr = state.layer === "mean" ? a.mean
+  const pick = a => state.layer === "mean" ? a.mean
     : state.head === "mean" ? a.by_layer[state.layer] : a.by_head[state.layer][state.head];
+  const shown = v => v === null ? "n/a" : v.toFixed(2);
   $("query-info").textContent = `query ${tok[q]} at ${q}${state.pinned ? " (pinned)" : ""} ${predicts}; ` +
-    `reads ${reach[q]}..${q}. Weight vs relevance over the text (Spearman): ${corr === null ? "n/a" : corr.toFixed(2)}`;
+    `reads ${reach[q]}..${q}. Weight vs relevance over the text (Spearman): ${shown(pick(D.agreement))}; ` +
+    `vs |relevance|: ${shown(pick(D.agreement_by_size))}`;
 }
 
 function renderCurve() {
@@ -171,11 +173,12 @@ function buildAblation() {
     });
     table.appendChild(tr);
   });
-  const a = D.agreement;
+  const a = D.agreement, b = D.agreement_by_size, shown = v => v === null ? "n/a" : v.toFixed(2);
+  const byLayer = x => x.by_layer.map((v, l) => `${l}: ${shown(v)}`).join(", ");
   $("agreement").textContent = `Mean loss ${D.mean_loss.toFixed(3)} nats over ${T - 1} predictions. ` +
     `Rank correlation (Spearman) of weight with relevance over the text's ${a.pairs} (query, earlier key) pairs: ` +
-    `${a.mean === null ? "n/a" : a.mean.toFixed(2)} for the mean over every head; by layer ` +
-    a.by_layer.map((v, l) => `${l}: ${v === null ? "n/a" : v.toFixed(2)}`).join(", ") + ".";
+    `${shown(a.mean)} for the mean over every head; by layer ${byLayer(a)}. ` +
+    `With |relevance| (how much a key matters, either way): ${shown(b.mean)}; by layer ${byLayer(b)}.`;
 }
 
 function renderSelection() {

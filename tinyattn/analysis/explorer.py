@@ -34,7 +34,7 @@ from typing import Optional
 
 import numpy as np
 
-from tinyattn.analysis.ablation import Relevance, agreement
+from tinyattn.analysis.ablation import Agreement, Relevance, agreement
 from tinyattn.errors import TinyattnError
 
 WEIGHT_LEVELS = 255  # weights are stored as round(weight * WEIGHT_LEVELS), one byte each
@@ -60,17 +60,21 @@ def explorer_data(rel: Relevance, title: str = "", source: str = "", query: Opti
     measured = [t for t in range(T) if not math.isnan(rel.losses[t])]
     if query is None:
         query = measured[-1] if measured else T - 1
-    whole = agreement(rel)
+    whole, by_size = agreement(rel), agreement(rel, size=True)
     return {
         "title": title, "source": source, "tokens": rel.labels, "layers": rel.num_layers,
         "heads": rel.num_heads, "context": rel.context_length, "reach": [int(r) for r in reach],
         "weights": base64.b64encode(levels.tobytes()).decode("ascii"), "weight_levels": WEIGHT_LEVELS,
         "loss": _rounded(rel.losses), "relevance": _rounded(relevance),
         "head_ablation": [_rounded(row) for row in rel.head_relevance], "mean_loss": round(rel.mean_loss, DIGITS),
-        "agreement": {"pairs": whole.pairs, "mean": _rounded([whole.mean])[0],
-                      "by_layer": _rounded(whole.by_layer), "by_head": [_rounded(r) for r in whole.by_head]},
+        "agreement": _agreement_data(whole), "agreement_by_size": _agreement_data(by_size),
         "query": int(query),
     }
+
+
+def _agreement_data(found: Agreement) -> dict:
+    return {"pairs": found.pairs, "mean": _rounded([found.mean])[0], "by_layer": _rounded(found.by_layer),
+            "by_head": [_rounded(row) for row in found.by_head]}
 
 
 def weights_from_data(data: dict) -> np.ndarray:
