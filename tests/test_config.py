@@ -73,7 +73,7 @@ def test_given_keys_tell_the_files_own_keys_and_without_a_file_only_the_override
 
 def test_extends_with_own_files_drops_the_inherited_download(tmp_path):
     write(tmp_path / "base.yaml", "data:\n  files: shakespeare.txt\n  url: https://example.org/s.txt\n"
-          "  sha256: abc\n  size_bytes: 3\n  text_field: body\n")
+          f"  sha256: {'ab' * 32}\n  size_bytes: 3\n  text_field: body\n")
     mine = load_config(write(tmp_path / "mine.yaml", "extends: base.yaml\ndata:\n  files: [corpus/*.parquet]\n"))
     assert (mine.data.url, mine.data.sha256, mine.data.size_bytes) == (None, None, None)
     assert mine.data.files == ["corpus/*.parquet"] and mine.data.text_field == "body"  # the rest is inherited
@@ -405,6 +405,25 @@ def test_a_dropout_table_reads_as_numbers_and_survives_the_round_trip(tmp_path):
      r"--set: train\.eval_windows: 0 is not accepted; expected a positive integer or null \(all windows\)"),
     ("tokenizer:\n  kind: bpe\n  vocab_size: 0\n", [],
      r"c\.yaml: tokenizer\.vocab_size: 0 is not accepted; expected a positive integer"),
+    # Past 2**63 no integer setting means anything: torch cannot hold it (an OverflowError mid-run)
+    ("", ["train.grad_accum_steps=1e30"],
+     r"^--set: train\.grad_accum_steps: 1000000000000000019884624838656 is not accepted; expected an "
+     r"integer below 2\*\*63$"),
+    ("train:\n  log_interval: 99999999999999999999\n", [],
+     r"^\S*c\.yaml: train\.log_interval: 99999999999999999999 is not accepted; expected an integer "
+     r"below 2\*\*63$"),
+    # A choice's hint reads the value whatever its case: BF16 is bf16, not fp16
+    ("", ["train.precision=BF16"],
+     r"'BF16' is not accepted; expected one of auto, fp32, bf16, fp16 \(did you mean 'bf16'\?\)$"),
+    ("", ["tokenizer.kind=BPE"],
+     r"'BPE' is not accepted; expected one of char, bpe, pretrained \(did you mean 'bpe'\?\)$"),
+    # A download's checks that no file can pass: refused before the download, not after it
+    ("", ["data.sha256=86c4e6aa9db7"],
+     r"^--set: data\.sha256: '86c4e6aa9db7' is not accepted; expected 64 hexadecimal digits \(sha256sum's\)"),
+    ("", ["data.size_bytes=-1"], r"^--set: data\.size_bytes: -1 is not accepted; expected a positive integer or null"),
+    # A dotted key with an empty part is --set's mistake, named as such
+    ("", [".lr=1"], r"^--set: expected a dotted key such as train\.lr, got '\.lr'$"),
+    ("", ["train.=1"], r"^--set: expected a dotted key such as train\.lr, got 'train\.'$"),
 ])
 def test_validation_errors_name_file_key_and_what_is_accepted(tmp_path, text, overrides, message):
     _refused_in_one_line(write(tmp_path / "c.yaml", "data:\n  files: a.txt\n" + text), overrides, message)
@@ -478,6 +497,33 @@ def test_a_key_given_twice_in_yaml_is_refused_naming_the_key_and_line(tmp_path, 
     message = str(e.value)
     assert str(path) in message and f"duplicate key {key}" in message and f"at line {line}," in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("text, key", [
+    ("train: {lr: 0.1, lr: 0.2}\n", "'lr'"),  # a flow mapping: both on one line
+    ("model: {n_layer: 2}\nsample: {top_p: 0.9, temperature: 0.5, top_p: 0.8}\n", "'top_p'"),
+])
+def test_a_key_given_twice_on_one_line_is_refused_too(tmp_path, text, key):
+    path = write(tmp_path / "twice.yaml", "data:\n  files: a.txt\n" + text)
+    message = rf"twice\.yaml: invalid YAML at line \d+, column \d+: duplicate key {key}"
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+@pytest.mark.parametrize("top", ["1: 2", "true: 2", "null: 2", "1.5: x"])
+def test_a_top_level_key_that_is_not_text_is_refused_in_one_line(tmp_path, top):
+    # YAML reads these keys as a number, a boolean or null: each is an unknown section, not a traceback
+    path = write(tmp_path / "c.yaml", f"data:\n  files: a.txt\n{top}\n")
+    _refused_in_one_line(path, [], r"c\.yaml: unknown key '.+' \(valid: model, data, tokenizer, train, sampl")
+
+
+@pytest.mark.parametrize("section", ["train:\n", "train:\n  # lr: 0.5\n", "train: {}\n", "train: ~\n"])
+def test_an_empty_section_in_a_child_config_inherits_the_parents_whole(tmp_path, section):
+    write(tmp_path / "base.yaml", "data:\n  files: a.txt\ntrain:\n  lr: 0.01\n  time_budget: 10m\n")
+    child = load_config(write(tmp_path / "child.yaml", "extends: base.yaml\n" + section))
+    assert (child.train.lr, child.train.time_budget) == (0.01, "10m")  # not the defaults: nothing was given
+    cleared = load_config(write(tmp_path / "bp.yaml", "extends: base.yaml\nby_precision: null\n"))
+    assert cleared.by_precision == {}  # by_precision: null still clears the parent's
 
 
 def test_yaml_merge_keys_are_not_taken_for_duplicates(tmp_path):

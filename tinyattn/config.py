@@ -161,6 +161,11 @@ class DataConfig:
             fail("data.validation_fraction", d.validation_fraction, "expected a number in (0, 1)")
         if d.max_documents is not None and d.max_documents <= 0:
             fail("data.max_documents", d.max_documents, "expected a positive integer or null")
+        # a download's checks that no file passes: said now, not after the download
+        if d.sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", d.sha256):
+            fail("data.sha256", d.sha256, "expected 64 hexadecimal digits (sha256sum's) or null")
+        if d.size_bytes is not None and d.size_bytes <= 0:
+            fail("data.size_bytes", d.size_bytes, "expected a positive integer or null")
 
 
 @dataclass
@@ -595,8 +600,8 @@ def config_from_dict(raw: dict, *, origins: dict[str, str] | None = None,
     section_types = {f.name: f.type for f in dataclasses.fields(Config)}
     hints = typing.get_type_hints(Config)
     for name, value in raw.items():
-        if name not in section_types:
-            raise ConfigError(_unknown_key_message(where(name), name, list(section_types)))
+        if name not in section_types:  # str(): YAML reads `1:`, `true:` or `null:` as no text
+            raise ConfigError(_unknown_key_message(where(str(name)), str(name), list(section_types)))
         if value is None:
             value = {}
         if not isinstance(value, dict):
@@ -673,17 +678,18 @@ class _UniqueKeyLoader(_SAFE_LOADER):
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
-            first_line: dict = {}
+            first_at: dict = {}  # key -> (line, column): two keys of one flow mapping share a line
             for key_node, _ in node.value:
                 if key_node.tag == "tag:yaml.org,2002:merge":
                     continue  # `<<: *alias` merges on purpose
                 key = self.construct_object(key_node, deep=True)
+                at = (key_node.start_mark.line + 1, key_node.start_mark.column)
                 try:
-                    line = first_line.setdefault(key, key_node.start_mark.line + 1)
+                    first = first_at.setdefault(key, at)
                 except TypeError:
                     continue  # an unhashable key: SafeLoader's own error names it
-                if line != key_node.start_mark.line + 1:
-                    problem = f"duplicate key {key!r} (first given at line {line})"
+                if first != at:
+                    problem = f"duplicate key {key!r} (first given at line {first[0]})"
                     raise yaml.constructor.ConstructorError(None, None, problem, key_node.start_mark)
         return super().construct_mapping(node, deep=deep)
 
@@ -837,8 +843,12 @@ def _table_keys() -> frozenset[str]:
 
 
 def _deep_merge(base: dict, update: dict, origins: dict[str, str], origin: str, prefix: str) -> None:
+    """update's keys into base, section by section; a section with nothing under it (`train:`, its
+    keys commented out) gives nothing, as `train: {}` does, instead of replacing the inherited one."""
     for key, value in update.items():
         dotted = f"{prefix}{key}"
+        if value is None and not prefix and any(key == name for name, _ in _sections()):
+            continue
         if isinstance(value, dict) and isinstance(base.get(key), dict) and dotted not in _table_keys():
             _deep_merge(base[key], value, origins, origin, prefix=f"{dotted}.")
         else:
@@ -890,6 +900,12 @@ def _number_keys() -> frozenset[str]:
 
 
 @functools.cache
+def _int_keys() -> frozenset[str]:
+    """The dotted keys of fields that hold an integer (or null): train.max_steps, model.vocab_size."""
+    return _keys_holding(int)
+
+
+@functools.cache
 def _text_keys() -> frozenset[str]:
     """The dotted keys of fields that hold text (str, or str or null): sample.prompt, data.revision."""
     return _keys_holding(str)
@@ -907,7 +923,7 @@ def _parse_override(item: str) -> tuple[str, Any]:
         raise ConfigError(f"--set: expected key=value (e.g. model.n_layer=8), got {item!r}")
     key, text = item.split("=", 1)
     key = key.strip()
-    if not key or "." not in key:
+    if "." not in key or not all(key.split(".")):  # lr, .lr, train.
         raise ConfigError(f"--set: expected a dotted key such as train.lr, got {key!r}")
     try:
         value = _load_yaml(text, set_key=key) if text.strip() else ""
@@ -1068,8 +1084,13 @@ def _validate(config: Config, where) -> None:
         section, name = key.split(".")
         value = getattr(getattr(config, section), name)
         if value not in choices:
-            close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.5)
+            close = difflib.get_close_matches(str(value).lower(), choices, n=1, cutoff=0.5)  # BF16: bf16
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             fail(key, value, f"expected one of {', '.join(choices)}{hint}")
     for section in (config.model, config.data, config.tokenizer, config.train, config.sample):
         section.validate(fail)
+    for key in sorted(_int_keys()):  # after the sections' own ranges (train.seed names its own)
+        section, name = key.split(".")
+        value = getattr(getattr(config, section), name)
+        if value is not None and not -2**63 <= value < 2**63:  # torch cannot hold it: an OverflowError
+            fail(key, value, "expected an integer below 2**63")
