@@ -2523,3 +2523,20 @@ def test_a_finetune_saved_before_checkpoints_recorded_its_sources_tokenizer_resu
     torch.save(state, old)
     code, err = run_main([*finetune, "--resume", str(tmp_path / "ft"), "--set", "train.max_steps=3"], capsys)
     assert code == 0, err
+
+
+def test_a_log_interval_far_past_the_run_holds_only_the_steps_taken():
+    """train.log_interval=1e11 (no log lines: the evaluations say enough) allocated 1e11 losses
+    up front: a traceback after the run folder was made."""
+    from tinyattn.train.owners import LossWindow
+
+    window = LossWindow(10**11, torch.device("cpu"))
+    for loss in (1.0, 2.0, 3.0):
+        window.add(torch.tensor(loss), torch.tensor(0.5))
+    assert (window.pending, window.full) == (3, False)
+    losses, _ = window.read(3, Path("."))
+    assert losses == [1.0, 2.0, 3.0] and window.pending == 0
+    small = LossWindow(2, torch.device("cpu"))
+    small.add(torch.tensor(1.0), torch.tensor(0.5))
+    small.add(torch.tensor(2.0), torch.tensor(0.5))
+    assert small.full and small.read(2, Path("."))[0] == [1.0, 2.0]

@@ -40,29 +40,34 @@ from tinyattn.train.trainer import Trainer, TrainingError
 
 
 class LossWindow:
-    """Per-step losses kept on the device, read once per log interval (the one host sync)."""
+    """Per-step losses kept on the device, read once per log interval (the one host sync). Each
+    step's own 0-d tensor is kept, not a buffer of `size`: a train.log_interval far past the run
+    (1e11) holds only the steps taken."""
 
     def __init__(self, size: int, device: torch.device):
-        self.losses = torch.zeros(size, device=device)
+        self.size = size
+        self.losses: list[torch.Tensor] = []  # a new tensor each step (Trainer.train_step's total)
         self.device = device
-        self.pending = 0
         self.grad_norm: Optional[torch.Tensor] = None
         self.started = time.perf_counter()
 
     def add(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
-        self.losses[self.pending] = loss
+        self.losses.append(loss)
         self.grad_norm = grad_norm
-        self.pending += 1
+
+    @property
+    def pending(self) -> int:
+        return len(self.losses)
 
     @property
     def full(self) -> bool:
-        return self.pending == self.losses.numel()
+        return self.pending == self.size
 
     def read(self, step: int, run_dir: Path) -> tuple[list[float], float]:
         """The window's losses and its wall seconds; raises TrainingError on a non-finite loss."""
         synchronize(self.device)
         seconds = time.perf_counter() - self.started
-        window = self.losses[:self.pending].tolist()
+        window = torch.stack(self.losses).tolist() if self.losses else []
         bad = [i for i, value in enumerate(window) if not math.isfinite(value)]
         if bad:
             failed_step = step - len(window) + 1 + bad[0]
@@ -70,7 +75,7 @@ class LossWindow:
             kept = f"; the last good checkpoint is {last}" if last else ""
             raise TrainingError(f"the loss became {window[bad[0]]} at step {failed_step}; "
                                 f"training stopped{kept} (try a lower train.lr)")
-        self.pending = 0
+        self.losses = []
         return window, seconds
 
     def restart(self) -> None:
