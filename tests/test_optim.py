@@ -371,3 +371,17 @@ def test_an_fp16_step_with_an_overflow_in_one_optimizers_gradients_is_skipped_by
         assert torch.equal(p, before[name]), f"{name} changed in a step the scaler skipped"
     trainer.train_step()  # and the next step trains again
     assert not torch.equal(trainer.model.token_embedding.weight, before["token_embedding.weight"])
+
+
+def test_a_step_count_the_config_file_gives_beside_a_time_budget_is_noted_as_unused():
+    """`extends: shakespeare_char.yaml` with `train: {max_steps: 500}` trained for the parent's 10 minutes,
+    silently: under a budget train.max_steps is only its first estimate (--set train.max_steps turns
+    the budget off before this is asked, see budget.explicit_steps)."""
+    from tinyattn.train.optim import unused_options
+
+    assert unused_options(TrainConfig(time_budget="10m", max_steps=500), False, ["train.max_steps"]) == [
+        "note: train.max_steps=500 has no effect: train.time_budget 10m sets the run's length (config.yaml "
+        "records the budget's first estimate instead); for 500 steps, --set train.max_steps=500 (the budget "
+        "is then off) or give train.time_budget: null"]
+    assert unused_options(TrainConfig(max_steps=500), False, ["train.max_steps"]) == []
+    assert unused_options(TrainConfig(time_budget="10m", max_steps=500), False, ["train.lr"]) == []

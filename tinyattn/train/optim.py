@@ -335,9 +335,16 @@ def parameter_groups(model: nn.Module, config: TrainConfig) -> dict[str, list[nn
 def unused_options(config: TrainConfig, tied: bool, given: Iterable[str]) -> list[str]:
     """A line for each option among `given` (the dotted keys the user wrote) that this run's
     optimizers never read: train.head_lr with a tied head (it is the embedding, at
-    train.embedding_lr), train.muon_* under train.optimizer adamw (no Muon is built)."""
+    train.embedding_lr), train.muon_* under train.optimizer adamw (no Muon is built), train.max_steps
+    under train.time_budget (the budget sets the length; --set train.max_steps turns it off before)."""
     given = set(given)
     lines = []
+    if config.time_budget is not None and "train.max_steps" in given:
+        steps = config.max_steps
+        lines.append(f"note: train.max_steps={steps} has no effect: train.time_budget {config.time_budget} "
+                     "sets the run's length (config.yaml records the budget's first estimate instead); for "
+                     f"{steps} steps, --set train.max_steps={steps} (the budget is then off) or give "
+                     "train.time_budget: null")
     if tied and "train.head_lr" in given:
         lines.append("note: train.head_lr has no effect: model.tie_embeddings is true, so the head is the "
                      "token embedding and trains at train.embedding_lr")
