@@ -142,6 +142,8 @@ VALIDATION = re.compile(r"step (\d+): validation loss ([\d.]+|nan|inf)")
 BUDGET = re.compile(r"time budget (\S+): measured ([\d.]+) s/step, ([\d.]+) s per evaluation, ([\d.]+) s per "
                     r"checkpoint, (\d+) s of start-up -> ([\d,]+) steps")
 SPLIT = re.compile(r"([a-z-]+) ([\d.]+) s \(")
+PLAN_NOTE = re.compile(r"time budget \S+: (\d+) s spent, about ([\d,]+) more steps at ([\d.]+) s/step, "
+                       r"schedule (\d+)% done")
 
 
 def run_figures(run_dir: Path, target_loss: float | None) -> dict:
@@ -162,6 +164,8 @@ def run_figures(run_dir: Path, target_loss: float | None) -> dict:
                            "split_seconds": {name: float(s) for name, s in SPLIT.findall(match[3])},
                            "tokens_per_second": float(match[4].replace(",", "")),
                            "best_val_loss": float(match[5])}
+    if "done" in figures and (notes := PLAN_NOTE.findall(log)):
+        figures["plan_check"] = _plan_check(notes, figures["done"])
     curve = figures["validation"]
     if curve:
         figures["best_val_loss"] = min(v for _, v in curve)
@@ -172,6 +176,19 @@ def run_figures(run_dir: Path, target_loss: float | None) -> dict:
         figures["target_reached_at_step"] = reached[0] if reached else None
     figures["tensorboard"] = _tensorboard_curve(run_dir, target_loss)
     return figures
+
+
+def _plan_check(notes: list[tuple[str, ...]], done: dict) -> dict:
+    """A time budget's plan against the run: the s/step it planned with (a median of per-step times
+    the host measured) beside the training seconds per step the run took. On a GPU the steps are
+    timed without a sync: a host that runs ahead of the device would plan with far too short a step
+    (a ratio well under 1) and leave the schedule undone until its last steps."""
+    planned = float(notes[-1][2])
+    train_seconds, steps = done["split_seconds"].get("train"), done["steps"]
+    taken = train_seconds / steps if train_seconds and steps else None
+    return {"planned_step_seconds": planned, "taken_step_seconds": taken,
+            "ratio": planned / taken if taken else None,
+            "schedule_done_at_notes": [int(note[3]) for note in notes]}
 
 
 def _tensorboard_curve(run_dir: Path, target_loss: float | None) -> dict:
@@ -330,6 +347,10 @@ def _run_lines(f: dict) -> list[str]:
         lines.append(f"{name}: best validation loss {r.get('best_val_loss')} (target {r.get('target_loss')}: "
                      f"{reached}); {done.get('steps')} steps, {done.get('wall_seconds')} s wall "
                      f"({done.get('split_seconds')}), {done.get('tokens_per_second')} tok/s")
+        if (plan := r.get("plan_check")) and plan["ratio"] is not None:
+            lines.append(f"{name}: the time plan's step {plan['planned_step_seconds']:.4f} s against "
+                         f"{plan['taken_step_seconds']:.4f} s taken (ratio {plan['ratio']:.2f}; well under 1: "
+                         f"unsynced step times); schedule done at its notes {plan['schedule_done_at_notes']}%")
     return lines
 
 

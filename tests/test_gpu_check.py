@@ -108,3 +108,23 @@ def test_the_pytest_counts_pass_only_what_did_not_fail_error_or_skip(report, tmp
                    '<testcase classname="t" name="b"><error/></testcase></testsuite></testsuites>')
     counts = report._pytest_counts(xml)
     assert (counts["tests"], counts["passed"], counts["failed"]) == (6, 3, ["t::a", "t::b"])
+
+
+def test_a_budget_runs_plan_is_set_beside_the_step_time_it_took(report, trained_run, tmp_path):
+    """Whether a GPU run's plan timed its steps without a sync shows as a ratio well under 1."""
+    from tinyattn.config import TrainConfig
+    from tinyattn.train.budget import TimePlan
+
+    plan = TimePlan("10m", TrainConfig(), lambda: 12.0)
+    plan.seed(0.005, 0.5, 0.1)  # the note's format is the plan's own
+    log = (trained_run.run_dir / "train.log").read_text()
+    (tmp_path / "train.log").write_text(f"{plan.note(30)}\n{log}")
+    figures = report.run_figures(tmp_path, target_loss=None)
+    taken = trained_run.seconds["train"] / 30
+    assert figures["plan_check"]["planned_step_seconds"] == 0.005
+    assert figures["plan_check"]["taken_step_seconds"] == pytest.approx(taken, abs=0.051 / 30)  # 0.1 s printed
+    assert figures["plan_check"]["schedule_done_at_notes"] == [0]
+    figures.update(best_val_loss=1.0, target_loss=None)
+    line = [text for text in report._run_lines({"baby-adamw": figures}) if "time plan" in text]
+    assert line and line[0].startswith("baby-adamw: the time plan's step 0.0050 s against")
+    assert "plan_check" not in report.run_figures(trained_run.run_dir, target_loss=None)  # no budget
