@@ -250,3 +250,37 @@ def test_a_lowered_capability_keeps_its_compiled_code_in_a_folder_of_its_own(mon
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/chosen")  # a folder named is kept
     cpu.keep_compiled_code_per_capability()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/chosen"
+
+
+def test_a_lowered_capability_gets_its_folder_where_torch_has_already_set_its_default(monkeypatch):
+    # Importing torch._dynamo (building the optimizer does) sets TORCHINDUCTOR_CACHE_DIR to torch's
+    # default before the trainer compiles: that folder is torch's, not one the user named.
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.path.abspath(default_cache_dir()))
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    cpu.keep_compiled_code_per_capability()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == default_cache_dir() + "_avx2"
+    cpu.keep_compiled_code_per_capability()  # a second compile (decoding after training) keeps it
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == default_cache_dir() + "_avx2"
+
+
+@pytest.mark.slow  # a subprocess: torch's imports, a few seconds
+def test_a_fresh_process_that_builds_a_compiled_trainer_at_a_lowered_capability_uses_its_own_folder():
+    """As `tinyattn train` does: no TORCHINDUCTOR_CACHE_DIR given, the optimizer built before the compile."""
+    code = textwrap.dedent("""
+        import os, numpy as np, torch
+        from tinyattn.config import ModelConfig, TrainConfig
+        from tinyattn.system.device import select_precision
+        from tinyattn.train.trainer import Trainer
+        cpu = torch.device("cpu")
+        model = ModelConfig(vocab_size=16, n_layer=1, n_head=2, n_embd=16, context_length=8)
+        Trainer.build(model, TrainConfig(compile=True, batch_size=2), np.arange(400) % 16, device=cpu,
+                      precision=select_precision("fp32", cpu))
+        print(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    """)
+    env = {key: value for key, value in os.environ.items() if key != "TORCHINDUCTOR_CACHE_DIR"}
+    done = subprocess.run([sys.executable, "-c", code], env={**env, "ATEN_CPU_CAPABILITY": "avx2"},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("_avx2"), done.stdout

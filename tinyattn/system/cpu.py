@@ -109,15 +109,19 @@ def keep_compiled_code_per_capability() -> None:
     written at AVX-512 and read back under `ATEN_CPU_CAPABILITY=avx2` gave wrong logits,
     and the other way round corrupted the heap. Emulating an AVX2 CPU on an AVX-512 one
     (as docs/BENCHMARKS.md does) then needs its own folder, which this picks beside the
-    default one (`<default>_avx2`) unless `TORCHINDUCTOR_CACHE_DIR` names one already.
-    Called before each torch.compile; a no-op without `ATEN_CPU_CAPABILITY`.
+    default one (`<default>_avx2`) unless `TORCHINDUCTOR_CACHE_DIR` names another folder.
+    Torch's own default there counts as none named: importing torch._dynamo (building an
+    optimizer does) sets the variable to it. Called before each torch.compile; a no-op
+    without `ATEN_CPU_CAPABILITY`.
     """
     capability = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
-    if capability and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    named = os.environ.get("TORCHINDUCTOR_CACHE_DIR")  # read first: the import below sets it
+    if capability:
         from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-        safe = "".join(c if c.isalnum() else "_" for c in capability)
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}_{safe}"
+        if named is None or os.path.abspath(named) == os.path.abspath(default_cache_dir()):
+            safe = "".join(c if c.isalnum() else "_" for c in capability)
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}_{safe}"
 
 
 def cpu_fp16_rows_are_fast() -> bool:
