@@ -335,6 +335,48 @@ def test_a_resumed_plan_whose_start_up_left_time_for_one_step_trains_it_at_the_f
     assert resumed.factor(100) == pytest.approx(config.min_lr / config.lr)  # the last step, at the floor
 
 
+def _step_plan(plan, clock, step, rates, stop_at=None):
+    """Steps `plan` as the loop does (0.25 s a step, 0.375 s from step 30, 0.5 s an evaluation), keeping
+    each step's rate in `rates`; returns the step it stopped at and the plan's state there."""
+    plan.start()
+    while not plan.done(step):
+        rates[step] = plan.factor(step)
+        clock.now += 0.25 if step < 30 else 0.375
+        step += 1
+        plan.after_step(step)
+        if step % plan.config.eval_interval == 0 or plan.done(step):
+            with plan.measuring("eval"):
+                clock.now += 0.5
+        if step == stop_at:
+            return step, plan.state_dict()
+    return step, None
+
+
+def test_a_distributed_plan_resumed_with_no_start_up_makes_the_decisions_of_a_run_that_never_stopped():
+    """Rank 0 of a distributed run counts the steps that fit every log_interval steps and counts down
+    between. A resume whose start-up took no time (the same clock readings) counted again instead of
+    going on with the checkpoint's count: the rate of every step after it differed."""
+    config = load_config(TINY, ["train.eval_interval=20", "train.warmup_steps=4"]).train
+
+    def new_plan(clock):
+        plan = TimePlan("30s", config, clock, replan_every=10)
+        plan.seed(0.25, 0.5, 0.0)
+        return plan
+
+    straight, split = {}, {}
+    clock = FakeClock()
+    _step_plan(new_plan(clock), clock, 0, straight)
+    clock = FakeClock()
+    step, state = _step_plan(new_plan(clock), clock, 0, split, stop_at=37)
+    clock = FakeClock()  # a new process, its start-up taking no time
+    resumed = TimePlan("30s", config, clock, replan_every=10)
+    resumed.load_state_dict(state)
+    assert not resumed.no_step_fits(step)
+    _step_plan(resumed, clock, step, split)
+    assert len(split) == len(straight) > 40
+    assert [s for s in straight if split[s] != straight[s]] == []
+
+
 def test_a_budget_run_saved_before_time_plans_resumes_through_train_to_the_step_count_it_chose(
         corpus, tmp_path, monkeypatch):
     """The same through `train`: config.yaml and the checkpoint hold the count the budget's start

@@ -112,14 +112,18 @@ class TimePlan:
     def no_step_fits(self, step: int) -> bool:
         """Whether a resumed plan has no time left for a step: its earlier sessions and this
         one's start-up spent the budget (a run stopped near its end), as the loop would find
-        after training one step beyond it. Every rank gets rank 0's answer (`share`). The count
-        is kept: this session's start-up has spent time the checkpoint's count had left, and a
-        first step that is now the last trains at the floor (`factor`), as it would have in one
-        session; with the checkpoint's count it trained far above it."""
+        after training one step beyond it. Every rank gets rank 0's answer (`share`). Where this
+        session's start-up spent time (rank 0's clock says), the count replaces the checkpoint's,
+        which that time had left: a first step that is now the last trains at the floor (`factor`),
+        as it would have in one session. Where it spent none (the same clock readings), the
+        checkpoint's count stands, as in a run that never stopped (a distributed one counts down
+        between its counts), so the decisions are that run's."""
         if not self.times["step"]:
             return False
-        self.steps_left = self.share(self.steps_that_fit(step))
-        return self.steps_left == 0
+        fits = self.share(self.steps_that_fit(step))
+        if fits == 0 or self.share(int(self.elapsed() > 0)):
+            self.steps_left = fits
+        return fits == 0
 
     def total_steps(self, step: int) -> int:
         """The run's length as now planned (the progress bar's total)."""
