@@ -274,8 +274,79 @@ def test_a_run_trained_again_where_an_attempt_died_before_its_first_checkpoint_s
     losses = events.Scalars("train/loss")
     assert [e.step for e in losses] == [1, 2, 3] and all(e.wall_time >= started for e in losses)
     assert [session["train.lr"] for session in hparams_sessions(tmp_path / "d")] == [pytest.approx(2e-3)]
-    assert (f"note: {tmp_path / 'd'} held the TensorBoard events of an earlier attempt that saved no "
-            "checkpoint (1 file); removed them") in capsys.readouterr().err.splitlines()
+    aside = tmp_path / "d" / "earlier_attempt_1"
+    assert (f"note: {tmp_path / 'd'} held the TensorBoard events or samples of an earlier attempt without a "
+            f"checkpoint here (1 file); moved them to {aside} (TensorBoard shows it as a run of its own)"
+            ) in capsys.readouterr().err.splitlines()
+    kept = EventAccumulator(str(aside)).Reload()  # nothing is lost: the attempt's curves, on their own
+    assert [e.step for e in kept.Scalars("train/loss")][:5] == [1, 2, 3, 4, 5]
+
+
+def test_an_earlier_attempts_events_that_cannot_move_are_hidden_from_the_new_runs_curves(
+        corpus, tmp_path, monkeypatch):
+    """Events that cannot be set aside (held open elsewhere) stay, and the new run's writer purges them
+    (purge_step 0): the folder's curves are the new run's alone."""
+    from pathlib import Path
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    items = ("train.max_steps=5", "train.eval_interval=5", "train.log_interval=1")
+    train(tiny_config(corpus, tmp_path, *items), run_name="h", progress=False)
+    for path in (tmp_path / "h").glob("*.pt"):
+        path.unlink()
+    second = int(time.time())
+    while int(time.time()) == second:  # event files are named by the second they open in
+        time.sleep(0.05)
+
+    def refused(self, target):
+        raise PermissionError(13, "in use", str(self))
+
+    monkeypatch.setattr(Path, "rename", refused)
+    train(tiny_config(corpus, tmp_path, *items), run_name="h", progress=False, stop_at_step=2)
+    assert len(list((tmp_path / "h").glob("events.out.tfevents.*"))) == 2  # the earlier one stayed
+    losses = EventAccumulator(str(tmp_path / "h")).Reload().Scalars("train/loss")
+    assert [e.step for e in losses] == [1, 2]
+
+
+def test_a_run_trained_again_where_its_checkpoints_were_deleted_keeps_the_earlier_curves_and_samples(
+        corpus, tmp_path, capsys):
+    """A finished run whose checkpoints the user deleted (for disk space), trained again under its name:
+    its curves and samples are set aside in the folder, not deleted, and the new run's start afresh."""
+    items = ("train.max_steps=6", "train.eval_interval=3", "train.show=[sample]")
+    train(tiny_config(corpus, tmp_path, *items), run_name="r", progress=False)
+    first_samples = (tmp_path / "r" / "samples.txt").read_text(encoding="utf-8")
+    for path in (tmp_path / "r").glob("*.pt"):
+        path.unlink()
+    train(tiny_config(corpus, tmp_path, *items, "train.max_steps=3"), run_name="r", progress=False)
+    aside = tmp_path / "r" / "earlier_attempt_1"
+    assert (aside / "samples.txt").read_text(encoding="utf-8") == first_samples
+    assert len(list(aside.glob("events.out.tfevents.*"))) == 1
+    samples = (tmp_path / "r" / "samples.txt").read_text(encoding="utf-8")
+    assert re.findall(r"^--- step (\d+) ---$", samples, flags=re.M) == ["3"]
+
+
+def test_a_resume_that_evaluates_at_other_steps_drops_the_killed_sessions_samples_past_its_checkpoint(
+        corpus, tmp_path, monkeypatch):
+    """Killed at step 9's save (checkpoint at 6), resumed with train.eval_interval 5: the killed session's
+    sample of step 9 came from weights no checkpoint holds, and the resume never samples step 9 again."""
+    from tinyattn.train.owners import Checkpointer
+
+    items = ("train.max_steps=10", "train.eval_interval=3", "train.show=[sample]")
+    save = Checkpointer.save
+
+    def killed_at_step_9(checkpointer, trainer, best):
+        if trainer.step == 9:
+            raise RuntimeError("killed")
+        save(checkpointer, trainer, best)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Checkpointer, "save", killed_at_step_9)
+        with pytest.raises(RuntimeError, match="killed"):
+            train(tiny_config(corpus, tmp_path, *items), run_name="k", progress=False)
+    train(tiny_config(corpus, tmp_path, *items, "train.eval_interval=5"), run_name="k", resume=True,
+          progress=False, overrides=["train.eval_interval=5"])
+    text = (tmp_path / "k" / "samples.txt").read_text(encoding="utf-8")
+    assert re.findall(r"^--- step (\d+) ---$", text, flags=re.M) == ["3", "6", "10"]
 
 
 def test_learning_rate_schedule():

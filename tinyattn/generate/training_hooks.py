@@ -7,10 +7,6 @@ config, the writer, the run folder).
 
 from __future__ import annotations
 
-import os
-import re
-from pathlib import Path
-
 import torch
 
 from tinyattn.generate.text import generate
@@ -30,29 +26,6 @@ def show_sample(shown) -> None:
                             repetition_penalty=s.repetition_penalty, generator=generator))
     if shown.run_dir is not None:
         path = shown.run_dir / "samples.txt"
-        with storage_errors(path):
-            _cut_from_step(path, shown.step)
-            with open(path, "a", encoding="utf-8") as f:
-                f.write(f"--- step {shown.step} ---\n{text}\n")
+        with storage_errors(path), open(path, "a", encoding="utf-8") as f:
+            f.write(f"--- step {shown.step} ---\n{text}\n")
     shown.writer.add_text("sample", "```\n" + text + "\n```", shown.step)
-
-
-_HEADER = re.compile(rb"^--- step (\S+) ---$", re.MULTILINE)
-
-
-def _cut_from_step(path: Path, step: float) -> None:
-    """Drops from samples.txt the samples of `step` and later steps: a run resumed in its folder
-    trains again the steps a killed session sampled past its checkpoint, and its samples replace
-    those, as TensorBoard's view of the run does (`purge_step`)."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return
-    for header in _HEADER.finditer(data):
-        try:
-            later = float(header.group(1)) >= step
-        except ValueError:  # a line of a sample's text that reads like a header
-            continue
-        if later:
-            os.truncate(path, header.start())
-            return

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import sys
 import threading
 import warnings
@@ -176,6 +177,29 @@ def _quiet_writer_thread(previous):
     return hook
 
 
+SAMPLES_FILE = "samples.txt"  # the training samples, one "--- step N ---" header each (train.show)
+_SAMPLE_HEADER = re.compile(rb"^--- step (\S+) ---$", re.MULTILINE)
+
+
+def cut_samples_after(path: Path, step: int) -> None:
+    """Drops from samples.txt the samples of steps after `step`: a run resumed in its folder trains
+    again the steps a killed session sampled past its checkpoint (perhaps at other steps, under
+    another train.eval_interval), as TensorBoard's view of the run drops them (`purge_step`)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return
+    for header in _SAMPLE_HEADER.finditer(data):
+        try:
+            later = float(header.group(1)) > step
+        except ValueError:  # a line of a sample's text that reads like a header
+            continue
+        if later:
+            with storage_errors(path):
+                os.truncate(path, header.start())
+            return
+
+
 class Logger:
     """The progress bar, the plain log lines and TensorBoard, on the main process only."""
 
@@ -239,8 +263,10 @@ class Logger:
         # keeps what that session logged at the checkpoint's step, which the checkpoint holds. A new run
         # or a fork starts its folder's curves: purge_step 0 hides whatever is there from before.
         resumed_in_place = point is not None and not point.forks_into(self.run_dir)
-        if not resumed_in_place:
-            self._remove_dead_attempts_events()
+        if resumed_in_place:
+            cut_samples_after(self.run_dir / SAMPLES_FILE, t.step)
+        else:
+            self._set_aside_an_earlier_attempt()
         self.thread_hook = threading.excepthook
         threading.excepthook = _quiet_writer_thread(self.thread_hook)
         with storage_errors(self.run_dir):  # its events file is not named yet
@@ -257,22 +283,35 @@ class Logger:
                 for summary in hparams(hparams_of(self.config), dict.fromkeys(HPARAM_METRICS, math.nan)):
                     self.writer.file_writer.add_summary(summary)
 
-    def _remove_dead_attempts_events(self) -> None:
+    def _set_aside_an_earlier_attempt(self) -> None:
         """A new run or a fork trains from its start in a folder that holds no checkpoint of its own,
-        where an attempt that died before its first checkpoint (a second Ctrl-C, a kill) may have
-        left event files: its curves would show beside this run's, zigzagging back at its steps, and
-        its HParams session (its hyperparameters) in place of this run's. They go, said in one line;
-        one that cannot (held open by a TensorBoard on Windows) stays, its curves purged (purge_step 0)."""
-        removed = 0
-        for path in sorted(self.run_dir.glob("events.out.tfevents.*")):
+        where an attempt that died before its first checkpoint (a second Ctrl-C, a kill), or a run whose
+        checkpoints were deleted, may have left event files and samples.txt: its curves would show
+        beside this run's, zigzagging back, and its HParams session in place of this run's. They move
+        to a folder of their own inside (TensorBoard shows it as a run of its own), said in one line;
+        one that cannot move stays, its curves purged (purge_step 0)."""
+        found = sorted(self.run_dir.glob("events.out.tfevents.*")) + [
+            path for path in [self.run_dir / SAMPLES_FILE] if path.exists()]
+        if not found:
+            return
+        aside = next(self.run_dir / f"earlier_attempt_{n}" for n in range(1, 10_000)
+                     if not (self.run_dir / f"earlier_attempt_{n}").exists())
+        with storage_errors(aside, creating=True):
+            aside.mkdir()
+        moved = []
+        for path in found:
             try:
-                path.unlink()
-                removed += 1
+                path.rename(aside / path.name)
+                moved.append(path.name)
             except OSError:
                 pass
-        if removed:
-            self.print(f"note: {self.run_dir} held the TensorBoard events of an earlier attempt that saved "
-                       f"no checkpoint ({removed} file{'s' if removed > 1 else ''}); removed them")
+        if not moved:
+            aside.rmdir()
+            return
+        files = f"{len(moved)} file{'s' if len(moved) > 1 else ''}"
+        self.print(f"note: {self.run_dir} held the TensorBoard events or samples of an earlier attempt "
+                   f"without a checkpoint here ({files}); moved them to {aside} (TensorBoard shows it "
+                   "as a run of its own)")
 
     def print(self, line: str) -> None:
         if not self.enabled:
