@@ -284,3 +284,18 @@ def test_a_truncated_checkpoint_is_still_called_truncated_or_corrupt(tmp_path):
     for load in (ckpt.load_checkpoint, ckpt.load_model):
         with pytest.raises(CheckpointError, match=f"^{re.escape(message)}$"):
             load(file)
+
+
+def test_a_saved_config_with_a_download_check_no_longer_accepted_still_loads_without_it():
+    """data.sha256 'see-release-notes' or data.size_bytes 0 were accepted before 2026-12-06 and read only by
+    a download: the checkpoints of such a run load (generate, eval, resume), the unread value dropped."""
+    from tinyattn.config import config_from_dict, config_to_dict
+
+    saved = config_to_dict(config_from_dict({"data": {"files": ["x.txt"]}}))
+    sha = "ab" * 32
+    saved["data"].update(sha256="see-release-notes", size_bytes=0)
+    config = ckpt.config_from_checkpoint({"config": saved}, Path("run/best.pt"))
+    assert (config.data.sha256, config.data.size_bytes) == (None, None)
+    saved["data"].update(sha256=sha, size_bytes=1000)  # a valid pair is kept as it is
+    config = ckpt.config_from_checkpoint({"config": saved}, Path("run/best.pt"))
+    assert (config.data.sha256, config.data.size_bytes) == (sha, 1000)

@@ -370,8 +370,24 @@ def _with_muon_whole(saved: dict) -> dict:
     return {**saved, "train": {**train, "muon_split_stacked": False}}
 
 
+def _without_unread_download_checks(saved: dict) -> dict:
+    """A config saved before data.sha256 had to be 64 hex digits and data.size_bytes positive
+    (2026-12-06): either was read only by a download, so a run that trained held a local file, or a
+    download its value did not stop. Such a value is dropped (null), not refused: its checkpoints load."""
+    data = saved.get("data") if isinstance(saved, dict) else None
+    if not isinstance(data, dict):
+        return saved
+    sha, size = data.get("sha256"), data.get("size_bytes")
+    bad_sha = sha is not None and not (isinstance(sha, str) and re.fullmatch(r"[0-9a-fA-F]{64}", sha))
+    bad_size = isinstance(size, (int, float)) and not isinstance(size, bool) and size <= 0
+    if not (bad_sha or bad_size):
+        return saved
+    return {**saved, "data": {**data, **({"sha256": None} if bad_sha else {}),
+                              **({"size_bytes": None} if bad_size else {})}}
+
+
 # A config saved before a key existed, given the value that reproduces what such a run did.
-SAVED_CONFIG_MIGRATIONS = (_with_show, _with_muon_whole)
+SAVED_CONFIG_MIGRATIONS = (_with_show, _with_muon_whole, _without_unread_download_checks)
 
 
 def migrated_config(saved: dict) -> dict:
