@@ -522,8 +522,10 @@ def test_an_empty_section_in_a_child_config_inherits_the_parents_whole(tmp_path,
     write(tmp_path / "base.yaml", "data:\n  files: a.txt\ntrain:\n  lr: 0.01\n  time_budget: 10m\n")
     child = load_config(write(tmp_path / "child.yaml", "extends: base.yaml\n" + section))
     assert (child.train.lr, child.train.time_budget) == (0.01, "10m")  # not the defaults: nothing was given
-    cleared = load_config(write(tmp_path / "bp.yaml", "extends: base.yaml\nby_precision: null\n"))
-    assert cleared.by_precision == {}  # by_precision: null still clears the parent's
+    write(tmp_path / "with_bp.yaml", "extends: base.yaml\nby_precision:\n  fp32:\n    train:\n      lr: 0.02\n")
+    assert load_config(tmp_path / "with_bp.yaml").by_precision  # the parent below has one to clear
+    cleared = load_config(write(tmp_path / "bp.yaml", "extends: with_bp.yaml\nby_precision: null\n"))
+    assert cleared.by_precision == {}  # by_precision: null still clears the parent's (the README's way)
 
 
 def test_yaml_merge_keys_are_not_taken_for_duplicates(tmp_path):
