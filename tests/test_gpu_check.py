@@ -116,14 +116,16 @@ def test_a_budget_runs_plan_is_set_beside_the_step_time_it_took(report, trained_
     from tinyattn.train.budget import TimePlan
 
     plan = TimePlan("10m", TrainConfig(), lambda: 12.0)
-    plan.seed(0.005, 0.5, 0.1)  # the note's format is the plan's own
+    plan.seed(0.02, 0.5, 0.1)  # the note's format is the plan's own
+    first = plan.note(10)
+    plan.seed(0.005, 0.5, 0.1)  # the last note's step time is the one the plan ended with
     log = (trained_run.run_dir / "train.log").read_text()
-    (tmp_path / "train.log").write_text(f"{plan.note(30)}\n{log}")
+    (tmp_path / "train.log").write_text(f"{first}\n{plan.note(30)}\n{log}")
     figures = report.run_figures(tmp_path, target_loss=None)
     taken = trained_run.seconds["train"] / 30
     assert figures["plan_check"]["planned_step_seconds"] == 0.005
     assert figures["plan_check"]["taken_step_seconds"] == pytest.approx(taken, abs=0.051 / 30)  # 0.1 s printed
-    assert figures["plan_check"]["schedule_done_at_notes"] == [0]
+    assert figures["plan_check"]["schedule_done_at_notes"] == [0, 0]
     figures.update(best_val_loss=1.0, target_loss=None)
     line = [text for text in report._run_lines({"baby-adamw": figures}) if "time plan" in text]
     assert line and line[0].startswith("baby-adamw: the time plan's step 0.0050 s against")
