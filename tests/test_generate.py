@@ -1355,3 +1355,38 @@ def test_the_kv_caches_are_sized_in_their_own_dtype_and_a_gpus_reserved_blocks_c
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 3000)
     with pytest.raises(ConfigError, match="decoding 3 sequences at once"):
         memory.check_decoding_fits(config, 3, gpu, torch.float32)
+
+
+# ----------------------------------------------------------------------------- stdout that fails
+
+
+class FullDisk(io.StringIO):
+    """A stdout on a full disk: every write fails with ENOSPC."""
+
+    def write(self, text):
+        raise OSError(28, "No space left on device")
+
+
+def test_cli_a_stdout_that_cannot_take_the_text_is_one_line_not_a_traceback(monkeypatch):
+    import tinyattn.generate.text as text_module
+
+    from tinyattn.cli.generate import StreamPrinter
+    from tinyattn.errors import StorageError
+
+    monkeypatch.setattr(text_module, "stream_samples", lambda *args, **kwargs: iter([SamplePiece(0, "ab")]))
+    printer = StreamPrinter(FullDisk(), None, None, SamplingOptions())
+    message = r"^stdout: cannot write the generated text \(No space left on device\)$"
+    with pytest.raises(StorageError, match=message):
+        printer.run("P:", echo=True)
+
+
+@pytest.mark.slow  # a fresh Python process
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+def test_cli_generating_into_a_full_disk_ends_in_one_line_with_status_2(run_dir):
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, str(ROOT / "scripts" / "generate.py"), "--checkpoint",
+                                 str(run_dir), "--prompt", "All:", "--max-new-tokens", "5"],
+                                stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "Exception ignored" not in result.stderr, result.stderr
+    assert result.stderr.splitlines()[-1].startswith("error: stdout: cannot write the generated text")

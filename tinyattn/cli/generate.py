@@ -11,7 +11,8 @@ What goes where:
   at once, then live). A stop string or the end-of-text token ends a sample and is not
   printed.
 - stderr: one line saying which checkpoint was loaded, warnings about the prompt
-  (`warning: ...`), and errors (`error: ...`, exit status 2, no traceback).
+  (`warning: ...`), and errors (`error: ...`, exit status 2, no traceback; a stdout that cannot
+  take the text, a full disk, is one of them).
 
 `--interactive` reads one prompt per line from stdin until end of input (Ctrl-D) and prints
 each continuation; the prompt itself is not echoed there. A line that is not text in stdin's
@@ -22,14 +23,16 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import re
 import sys
 import warnings
+from contextlib import suppress
 from typing import Optional
 
 from tinyattn.cli import run_command, warnings_as_lines
 from tinyattn.cli.options import add_checkpoint, add_device, add_inference_dtype, add_out_dir, command_parser
-from tinyattn.errors import ConfigError, DataError
+from tinyattn.errors import ConfigError, DataError, StorageError
 from tinyattn.system.storage import BYTE_ORDER_MARK
 
 DESCRIPTION = """\
@@ -225,8 +228,14 @@ class StreamPrinter:
 
     def write(self, text: str) -> None:
         if text:
-            self.stream.write(text)
-            self.stream.flush()
+            try:
+                self.stream.write(text)
+                self.stream.flush()
+            except BrokenPipeError:
+                raise  # the reader went away (`| head`): `run_command` ends quietly
+            except OSError as e:  # a full disk, an I/O error: one line, not a traceback
+                _discard_the_rest(self.stream)
+                raise StorageError(f"stdout: cannot write the generated text ({e.strerror or e})") from None
             self.at_line_start = text.endswith("\n")
 
     def end_line(self) -> None:
@@ -248,6 +257,16 @@ class StreamPrinter:
                     self.write(prompt)
             self.write(piece.text)
         self.end_line()
+
+
+def _discard_the_rest(stream) -> None:
+    """Point a failed stdout at the null device, so the text still in its buffer does not fail
+    again, with Python's "Exception ignored" lines, when the interpreter flushes it at exit."""
+    with suppress(AttributeError, OSError, ValueError):  # no descriptor (a StringIO): nothing to do
+        descriptor = stream.fileno()
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, descriptor)
+        os.close(null)
 
 
 def read_prompt(args: argparse.Namespace) -> Optional[str]:
