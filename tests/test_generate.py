@@ -1357,7 +1357,7 @@ def test_the_kv_caches_are_sized_in_their_own_dtype_and_a_gpus_reserved_blocks_c
         memory.check_decoding_fits(config, 3, gpu, torch.float32)
 
 
-# ----------------------------------------------------------------------------- stdout that fails
+# ----------------------------------------------------------------------------- stdout that fails, stops
 
 
 class FullDisk(io.StringIO):
@@ -1390,3 +1390,37 @@ def test_cli_generating_into_a_full_disk_ends_in_one_line_with_status_2(run_dir)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "Exception ignored" not in result.stderr, result.stderr
     assert result.stderr.splitlines()[-1].startswith("error: stdout: cannot write the generated text")
+
+
+def test_cli_ctrl_c_ends_the_partial_texts_line_before_the_message(monkeypatch):
+    import tinyattn.generate.text as text_module
+
+    from tinyattn.cli.generate import StreamPrinter
+
+    def pieces(*args, **kwargs):
+        yield SamplePiece(0, "half a li")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(text_module, "stream_samples", pieces)
+    out = io.StringIO()
+    with pytest.raises(KeyboardInterrupt):
+        StreamPrinter(out, None, None, SamplingOptions()).run("P:", echo=True)
+    assert out.getvalue() == "P:half a li\n"  # "interrupted" then starts a line of its own
+
+
+@pytest.mark.slow  # a fresh Python process, stopped by a signal
+def test_cli_sigterm_stops_as_ctrl_c_does(run_dir):
+    import signal
+
+    # --interactive, waiting for its second prompt: a stop that no end-of-text token can pre-empt.
+    process = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "generate.py"), "--checkpoint",
+                                str(run_dir), "--interactive", "--max-new-tokens", "3"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    process.stdin.write("All:\n")
+    process.stdin.flush()
+    assert process.stdout.readline()  # the first continuation, ended by its newline
+    process.send_signal(signal.SIGTERM)
+    err = process.communicate(timeout=60)[1]
+    assert process.returncode == 130 and "Traceback" not in err, err
+    assert err.splitlines()[-1] == "stopped by SIGTERM"

@@ -14,6 +14,9 @@ What goes where:
   (`warning: ...`), and errors (`error: ...`, exit status 2, no traceback; a stdout that cannot
   take the text, a full disk, is one of them).
 
+Ctrl-C or SIGTERM stops at once: the partial text ends its line, and `interrupted` (or
+`stopped by SIGTERM`) is the last line, exit status 130.
+
 `--interactive` reads one prompt per line from stdin until end of input (Ctrl-D) and prints
 each continuation; the prompt itself is not echoed there. A line that is not text in stdin's
 encoding is skipped with a warning naming its line number, and the session goes on.
@@ -25,10 +28,12 @@ import argparse
 import itertools
 import os
 import re
+import signal
 import sys
+import threading
 import warnings
-from contextlib import suppress
-from typing import Optional
+from contextlib import contextmanager, suppress
+from typing import Iterator, Optional
 
 from tinyattn.cli import run_command, warnings_as_lines
 from tinyattn.cli.options import add_checkpoint, add_device, add_inference_dtype, add_out_dir, command_parser
@@ -113,7 +118,27 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    return run_command(lambda: run(args))
+    with sigterm_interrupts():
+        return run_command(lambda: run(args))
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Inside the block SIGTERM stops as Ctrl-C does (`run_command`: one line, exit status 130),
+    not silently with status 143 and the text's last line unended. Only the main thread can
+    set a handler; elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _stopped_by_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stopped_by_sigterm(signum, frame) -> None:
+    raise KeyboardInterrupt("stopped by SIGTERM")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -247,15 +272,20 @@ class StreamPrinter:
 
         pieces = stream_samples(self.model, self.tokenizer, prompt, self.options, compile=self.compile)
         started = -1
-        for piece in pieces:
-            if piece.sample != started:  # first piece of a sample
-                started = piece.sample
-                if self.num_samples > 1:
-                    self.end_line()
-                    self.write(f"--- sample {piece.sample + 1}/{self.num_samples} ---\n")
-                if echo:
-                    self.write(prompt)
-            self.write(piece.text)
+        try:
+            for piece in pieces:
+                if piece.sample != started:  # first piece of a sample
+                    started = piece.sample
+                    if self.num_samples > 1:
+                        self.end_line()
+                        self.write(f"--- sample {piece.sample + 1}/{self.num_samples} ---\n")
+                    if echo:
+                        self.write(prompt)
+                self.write(piece.text)
+        except KeyboardInterrupt:  # Ctrl-C, SIGTERM: the partial text ends its line, then the message
+            with suppress(OSError, StorageError):
+                self.end_line()
+            raise
         self.end_line()
 
 
