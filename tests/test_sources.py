@@ -918,3 +918,30 @@ def test_a_bad_last_json_line_without_a_newline_after_it_is_named(tmp_path, last
     with pytest.raises(DataError) as error:
         prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
     assert str(error.value) == f"{path}: {fault}"
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet"])
+def test_reading_local_files_sends_no_download_count_to_the_hub(tmp_path, monkeypatch, suffix):
+    # datasets counts each load of its json, csv and parquet builders with a HEAD request to the hub's
+    # bucket (timeout 3 s), and each file here is its own load: 1,000 local shards took 122 s of
+    # requests where the network is unreachable, before a word was read
+    import datasets.config
+    import datasets.load
+
+    requests = []
+
+    class Session:
+        def head(self, url, **kwargs):
+            requests.append(url)
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)  # as on a user's machine
+    monkeypatch.setattr(datasets.config, "HF_UPDATE_DOWNLOAD_COUNTS", True)
+    monkeypatch.setattr(datasets.load, "get_session", lambda: Session())
+    for shard in range(3):
+        table = pa.table({"text": DOCUMENTS[shard::3]})
+        path = tmp_path / f"part{shard}{suffix}"
+        {".jsonl": lambda: path.write_text(jsonl_text(DOCUMENTS[shard::3]), encoding="utf-8"),
+         ".csv": lambda: table.to_pandas().to_csv(path, index=False),
+         ".parquet": lambda: pq.write_table(table, path)}[suffix]()
+    prepare_data(make_config(tmp_path, {"files": [str(tmp_path / f"part*{suffix}")]}), progress=False)
+    assert requests == []
