@@ -29,6 +29,8 @@ empty are skipped, and how many is said once (`SkippedRecords`).
 from __future__ import annotations
 
 import codecs
+import csv
+import functools
 import glob
 import io
 import itertools
@@ -67,6 +69,10 @@ CACHE_SIDE_FILES = re.compile(r"\..+-[0-9a-f]{12}\.build\.filelock|init_from-[0-
 DATASETS_LOCKS = "datasets"
 READ_CHARS = 1 << 22  # a text file is read this many characters at a time
 REPORT_BYTES = 1 << 26  # text files at least this large report how far reading has got
+CSV_CHUNK_BYTES = 1 << 24  # CSV and TSV files are parsed about this many bytes of rows at a time
+CSV_SAMPLE_BYTES = 1 << 22  # the start of a CSV or TSV file read to learn how long its rows are
+CSV_CHUNK_ROWS = 10_000  # datasets' csv builder's own chunk, in rows: where rows are short
+TABLE_ROWS = 1000  # records read from datasets at a time
 
 DocumentParts = Iterator[tuple[str, bool]]  # (text, whether it starts a new document)
 
@@ -193,7 +199,8 @@ def _folder_reader(data: DataConfig, files: list[Path], progress: bool,
             return _per_file_parts(
                 found[split], builder.name, data.text_field, description,
                 lambda path: datasets.load_dataset(name, data.dataset_config, split=split, streaming=True,
-                                                   data_files={split: [glob.escape(str(path))]}),
+                                                   data_files={split: [glob.escape(str(path))]},
+                                                   **_csv_chunking(builder.name, path)),
                 skipped=SkippedRecords(f"{description} split {split!r}", data.text_field))
 
     return reader
@@ -412,10 +419,49 @@ def _records_reader(data: DataConfig, files: list[Path], file_format: str,
         return _per_file_parts(files, file_format, data.text_field, description, lambda path: (
             # escaped: datasets reads data_files as patterns, and data[1].jsonl would read data1.jsonl
             datasets.load_dataset(builder, data_files=[glob.escape(str(path))], split="train", streaming=True,
-                                  cache_dir=str(lock_folder), **options)),
+                                  cache_dir=str(lock_folder), **options, **_csv_chunking(file_format, path))),
             skipped=SkippedRecords(description, data.text_field))
 
     return reader
+
+
+def _csv_chunking(file_format: str, path: Path) -> dict:
+    """datasets' csv builder option for `path`: its `chunksize`, the rows pandas parses at once, so that
+    a chunk holds about CSV_CHUNK_BYTES (`_csv_chunk_rows`); nothing for another format."""
+    if file_format not in ("csv", "tsv"):
+        return {}
+    return {"chunksize": _csv_chunk_rows(path, "\t" if format_suffix(path) == ".tsv" else ",")}
+
+
+def _csv_chunk_rows(path: Path, separator: str) -> int:
+    """How many rows of `path` make about CSV_CHUNK_BYTES, judged by the rows in its first
+    CSV_SAMPLE_BYTES; at most CSV_CHUNK_ROWS. pandas holds a chunk whole, several times over: 10,000
+    documents of 30 KB (a 300 MB file) were parsed at once, 2.1 GB at the peak. Judged once per
+    version of the file: its loading and each reading ask."""
+    stat = path.stat()
+    return _sampled_chunk_rows(path, separator, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4096)
+def _sampled_chunk_rows(path: Path, separator: str, size: int, mtime_ns: int) -> int:
+    """`_csv_chunk_rows` of the file as it is at that size and time."""
+    try:
+        with _open_binary(path) as f:
+            sample = f.read(CSV_SAMPLE_BYTES)
+    except Exception:  # a damaged compressed file: datasets' reading of it says so, naming it
+        return CSV_CHUNK_ROWS
+    rows = -1  # the header is no row
+    try:
+        for _ in csv.reader(io.StringIO(sample.decode("utf-8", errors="ignore"), newline=""),
+                            delimiter=separator):
+            rows += 1
+    except csv.Error:  # a field over the csv module's limit (131,072 characters): long rows
+        pass
+    if len(sample) == CSV_SAMPLE_BYTES:
+        rows -= 1  # the sample's last row may be cut short
+    if rows < 1:  # not one whole row in the sample
+        return 1
+    return max(1, min(CSV_CHUNK_ROWS, CSV_CHUNK_BYTES * rows // len(sample)))
 
 
 def _per_file_parts(files: list[Path], file_format: str, text_field: str, description: str,
@@ -715,17 +761,20 @@ class SkippedRecords:
               f"{' and '.join(parts)}", file=sys.stderr, flush=True)
 
 
-def _tables(dataset, where: str) -> Iterator[tuple[str, object]]:
-    """A `datasets` dataset as Arrow tables of up to 1000 rows, each with `where` they come from."""
-    for table in dataset.with_format("arrow").iter(batch_size=1000):
+def _tables(dataset, where: str, rows: int = TABLE_ROWS) -> Iterator[tuple[str, object]]:
+    """A `datasets` dataset as Arrow tables of up to `rows` rows, each with `where` they come from."""
+    for table in dataset.with_format("arrow").iter(batch_size=rows):
         yield where, table
 
 
 def _file_tables(per_file: list[tuple[Path, object]], file_format: str) -> Iterator[tuple[str, object]]:
-    """The tables of each file's dataset in turn, in the files' order; a failure names its file."""
+    """The tables of each file's dataset in turn, in the files' order; a failure names its file. A CSV
+    file's tables hold no more rows than its chunks (`_csv_chunking`): their texts are made Python
+    strings a table at a time."""
     for path, dataset in per_file:
+        rows = min(TABLE_ROWS, _csv_chunking(file_format, path).get("chunksize", TABLE_ROWS))
         with _reading_errors(str(path), [path], file_format):
-            yield from _tables(dataset, str(path))
+            yield from _tables(dataset, str(path), rows)
 
 
 def _dataset_parts(tables: Iterator[tuple[str, object]], text_field: str, description: str, files: list[Path],
