@@ -1025,11 +1025,14 @@ def test_a_tokenizer_that_cannot_be_built_leaves_no_empty_cache_folder(tmp_path,
     assert cache_folders(tmp_path) == finished  # the folder made for the failed build is gone, no other
 
 
-def test_a_failed_rebuild_keeps_the_cache_folder_that_holds_files(tmp_path, monkeypatch):
+def test_a_failed_rebuild_takes_the_unfinished_caches_files_and_keeps_the_folder_that_holds_others(
+        tmp_path, monkeypatch):
+    # the token files of a cache without meta.json are never trusted, and took the room a rebuild needs
     folder = write_text_folder(tmp_path / "books")
     config = make_config(tmp_path, {"files": [str(folder)]})
     cache = prepare_data(config, progress=False).cache_dir
     (cache / "meta.json").unlink()  # an unfinished cache, rebuilt at the next run
+    (cache / "notes.txt").write_text("not the cache's", encoding="utf-8")
 
     def failing(*args, **kwargs):
         raise DataError("no tokenizer this time")
@@ -1037,7 +1040,7 @@ def test_a_failed_rebuild_keeps_the_cache_folder_that_holds_files(tmp_path, monk
     monkeypatch.setattr(token_cache, "build_tokenizer", failing)
     with pytest.raises(DataError, match="no tokenizer this time"):
         prepare_data(config, progress=False)
-    assert sorted(p.name for p in cache.iterdir()) == ["tokenizer.json", "train.bin", "validation.bin"]
+    assert sorted(p.name for p in cache.iterdir()) == ["notes.txt"]
 
 
 def test_validation_split_needs_a_dataset(tmp_path):

@@ -139,3 +139,40 @@ def test_a_full_disk_at_an_evaluations_tensorboard_write_is_one_line_naming_the_
     assert err.splitlines()[-1] == (f"error: cannot write {events}: No space left on device; "
                                     "free some space there or choose another folder")
     assert [ckpt.step_of(p) for p in ckpt.step_checkpoints(run)] == [2]  # what was saved stays
+
+
+def token_cache_config(tmp_path: Path, disk: Path, characters: int):
+    from tinyattn.config import config_from_dict
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text((CORPUS * (characters // len(CORPUS) + 1))[:characters], encoding="utf-8")
+    return config_from_dict({"model": {"context_length": 8}, "tokenizer": {"kind": "char"},
+                             "data": {"files": [str(corpus)], "cache_dir": str(disk),
+                                      "validation_fraction": 0.3}})
+
+
+def test_a_token_cache_build_that_fills_the_disk_leaves_none_of_its_files(tmp_path, small_tmpfs):
+    # train.bin fitted, validation.bin did not: the whole train.bin (never to be trusted) stayed, taking
+    # the room the next build needs (a 300 MB corpus: 600 MB left on a full disk)
+    from tinyattn.data.batches import prepare_data
+
+    config = token_cache_config(tmp_path, small_tmpfs, 150_000)  # 210 KB of train.bin, 90 KB validation
+    with pytest.raises(StorageError, match="validation.bin: No space left on device"):
+        prepare_data(config, progress=False)
+    assert [p for p in small_tmpfs.rglob("*") if p.is_file()] == []
+
+
+def test_a_damaged_token_cache_is_rebuilt_in_the_room_its_files_took(tmp_path, small_tmpfs, capsys):
+    # the damaged files stayed while the new ones were written: a rebuild needed twice the room
+    from tinyattn.data.batches import prepare_data
+
+    config = token_cache_config(tmp_path, small_tmpfs, 80_000)  # 160 KB of the disk's 256 KB
+    first = prepare_data(config, progress=False)
+    train_bin = first.cache_dir / "train.bin"
+    expected = train_bin.read_bytes()
+    del first
+    with open(train_bin, "r+b") as f:
+        f.write(b"\0" * 4096)  # changed in place
+    again = prepare_data(config, progress=False)
+    assert "does not match its checksum in meta.json" in capsys.readouterr().err
+    assert again.train.tobytes() == expected

@@ -11,7 +11,8 @@ The files are keyed by what they hold, not by their size and modification time, 
 `cp -p`, `rsync -a` or `touch -r` carry over to an edited file.
 Every file is written under a temporary name and renamed; `meta.json` is written last,
 and a folder is trusted only when its `meta.json` matches the hash and the file sizes. A
-build that is interrupted, or whose splits turn out too short, leaves no `meta.json`; the
+build that is interrupted, or whose splits turn out too short, leaves no `meta.json` (and
+deletes the token files it wrote, as a rebuild deletes a damaged cache's before writing); the
 temporary files of one that was killed are deleted by the next build (under the folder's
 build lock, so never a live build's). A build that finds another process building the same
 folder waits for it, and uses the cache it completed; a build that fails deletes its lock
@@ -122,7 +123,8 @@ class TokenCache:
                 remove_temporaries(folder)
             yield meta
         except BaseException:
-            _remove_if_empty(folder)  # a build failed before its first file (a bad tokenizer): no folder
+            _remove_untrusted(folder)  # a build that failed after some files (a full disk): none of them
+            _remove_if_empty(folder)  # then no folder either
             _remove_held_lock(path)
             raise
         finally:
@@ -143,6 +145,7 @@ class TokenCache:
 
         tokenizer = build_tokenizer(config.tokenizer, texts, progress=progress)
         (folder / "meta.json").unlink(missing_ok=True)  # from here on, nothing in the folder is trusted
+        _remove_untrusted(folder)  # a damaged cache's files: the new ones need their room
         with _removal_said(folder):
             meta = self._write(folder, tokenizer, train, validation, rule=rule, progress=progress)
         if tokenizer.eot_id is None and max(meta["train_documents"], meta["validation_documents"]) > 1:
@@ -176,6 +179,20 @@ class TokenCache:
             raise DataError(_removed_message(self.folder))
         with atomic_write(self.folder / "meta.json") as f:
             f.write(json.dumps(meta, indent=2).encode())
+
+
+def _remove_untrusted(folder: Path) -> None:
+    """Delete the cache files of `folder` when it has no meta.json, so is never trusted: what a build
+    that failed wrote (a whole train.bin before the disk filled at validation.bin), or a damaged cache
+    being rebuilt, which kept its files while the new ones were written (twice the room). Best effort:
+    the caller's error is the one to see."""
+    if (folder / "meta.json").exists():
+        return
+    for name in ("train.bin", "validation.bin", "tokenizer.json"):
+        try:
+            (folder / name).unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def _remove_if_empty(folder: Path) -> None:
