@@ -1369,7 +1369,7 @@ def test_a_closed_terminal_saves_and_logs_the_stop_unless_the_run_ignores_hangup
     process.send_signal(signal.SIGHUP)  # a closed terminal hangs up twice: its shell, then the kernel
     if nohup:
         with pytest.raises(subprocess.TimeoutExpired):
-            process.wait(timeout=3)  # still training, writing to no console
+            process.wait(timeout=1)  # still training, writing to no console
         process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=120) == 130
     log = (tmp_path / "hup" / "train.log").read_text(encoding="utf-8")
