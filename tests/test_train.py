@@ -42,6 +42,24 @@ def tiny_config(corpus, out_dir, *extra):
     return load_config(TINY, tiny_overrides(corpus, out_dir, *extra))
 
 
+def killed_at_the_save_of_step_9(monkeypatch, config, run_name: str) -> None:
+    """Trains `config` as `run_name` until the save of step 9, which fails as a kill there would end it:
+    the checkpoint before (step 6 at eval_interval 3) is the newest, and step 9 was logged."""
+    from tinyattn.train.owners import Checkpointer
+
+    save = Checkpointer.save
+
+    def killed(checkpointer, trainer, best):
+        if trainer.step == 9:
+            raise RuntimeError("killed")
+        save(checkpointer, trainer, best)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Checkpointer, "save", killed)
+        with pytest.raises(RuntimeError, match="killed"):
+            train(config, run_name=run_name, progress=False)
+
+
 def run_cli(*args, cwd=ROOT, timeout=240, **kwargs):
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), *args], cwd=cwd,
                           capture_output=True, text=True, timeout=timeout, **kwargs)
@@ -187,20 +205,8 @@ def test_a_run_resumed_after_a_kill_holds_each_step_once_in_tensorboard(corpus, 
     covers and the resume does not log again."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from tinyattn.train.owners import Checkpointer
-
     items = ("train.max_steps=9", "train.eval_interval=3", "train.log_interval=1")
-    save = Checkpointer.save
-
-    def killed_at_step_9(checkpointer, trainer, best):
-        if trainer.step == 9:
-            raise RuntimeError("killed")
-        save(checkpointer, trainer, best)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(Checkpointer, "save", killed_at_step_9)
-        with pytest.raises(RuntimeError, match="killed"):
-            train(tiny_config(corpus, tmp_path, *items), run_name="k9", progress=False)
+    killed_at_the_save_of_step_9(monkeypatch, tiny_config(corpus, tmp_path, *items), "k9")
     assert ckpt.latest_checkpoint(tmp_path / "k9").name == ckpt.step_filename(6)
     killed_second = int(time.time())
     while int(time.time()) == killed_second:  # event files are named by the second they open in
@@ -218,22 +224,10 @@ def test_a_run_resumed_after_a_kill_holds_each_steps_sample_once_in_samples_txt(
                                                                               monkeypatch):
     """A kill after step 9's evaluation, before its checkpoint: samples.txt held step 9's sample, and
     the resume from step 6 appended another step 9 after it (TensorBoard purges the first; the file
-    kept both, the first from weights no checkpoint holds). Now each evaluation's sample replaces
-    those of its step and later ones, as TensorBoard's view does."""
-    from tinyattn.train.owners import Checkpointer
-
+    kept both, the first from weights no checkpoint holds). Now a resume drops the samples past its
+    checkpoint's step, as TensorBoard's view does."""
     items = ("train.max_steps=9", "train.eval_interval=3", "train.show=[sample]")
-    save = Checkpointer.save
-
-    def killed_at_step_9(checkpointer, trainer, best):
-        if trainer.step == 9:
-            raise RuntimeError("killed")
-        save(checkpointer, trainer, best)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(Checkpointer, "save", killed_at_step_9)
-        with pytest.raises(RuntimeError, match="killed"):
-            train(tiny_config(corpus, tmp_path, *items), run_name="k9", progress=False)
+    killed_at_the_save_of_step_9(monkeypatch, tiny_config(corpus, tmp_path, *items), "k9")
     samples = tmp_path / "k9" / "samples.txt"
     killed = samples.read_text(encoding="utf-8")
     train(tiny_config(corpus, tmp_path, *items), run_name="k9", resume=True, progress=False)
@@ -329,20 +323,8 @@ def test_a_resume_that_evaluates_at_other_steps_drops_the_killed_sessions_sample
         corpus, tmp_path, monkeypatch):
     """Killed at step 9's save (checkpoint at 6), resumed with train.eval_interval 5: the killed session's
     sample of step 9 came from weights no checkpoint holds, and the resume never samples step 9 again."""
-    from tinyattn.train.owners import Checkpointer
-
     items = ("train.max_steps=10", "train.eval_interval=3", "train.show=[sample]")
-    save = Checkpointer.save
-
-    def killed_at_step_9(checkpointer, trainer, best):
-        if trainer.step == 9:
-            raise RuntimeError("killed")
-        save(checkpointer, trainer, best)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(Checkpointer, "save", killed_at_step_9)
-        with pytest.raises(RuntimeError, match="killed"):
-            train(tiny_config(corpus, tmp_path, *items), run_name="k", progress=False)
+    killed_at_the_save_of_step_9(monkeypatch, tiny_config(corpus, tmp_path, *items), "k")
     train(tiny_config(corpus, tmp_path, *items, "train.eval_interval=5"), run_name="k", resume=True,
           progress=False, overrides=["train.eval_interval=5"])
     text = (tmp_path / "k" / "samples.txt").read_text(encoding="utf-8")
