@@ -348,9 +348,10 @@ def _run_lines(f: dict) -> list[str]:
                      f"{reached}); {done.get('steps')} steps, {done.get('wall_seconds')} s wall "
                      f"({done.get('split_seconds')}), {done.get('tokens_per_second')} tok/s")
         if (plan := r.get("plan_check")) and plan["ratio"] is not None:
-            lines.append(f"{name}: the time plan's step {plan['planned_step_seconds']:.4f} s against "
-                         f"{plan['taken_step_seconds']:.4f} s taken (ratio {plan['ratio']:.2f}; well under 1: "
-                         f"unsynced step times); schedule done at its notes {plan['schedule_done_at_notes']}%")
+            planned, taken = plan["planned_step_seconds"], plan["taken_step_seconds"]
+            lines.append(f"{name}: the time plan's step {planned:.4f} s against {taken:.4f} s taken "
+                         f"(ratio {plan['ratio']:.2f}; well under 1: unsynced step times); schedule done "
+                         f"at its notes {plan['schedule_done_at_notes']}%")
     return lines
 
 

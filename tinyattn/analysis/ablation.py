@@ -295,7 +295,7 @@ class Agreement:
 
 
 def agreement(rel: Relevance, query: Optional[int] = None, size: bool = False) -> Agreement:
-    """How far weight and relevance rank the (query, key) pairs alike: over the whole text, or one query's keys.
+    """How far weight and relevance rank the (query, key) pairs alike: over the text, or one query's keys.
 
     size: rank against |relevance|, how much masking the key changes the loss either way. Signed,
     a heavily weighted key whose masking helps the prediction counts against agreement; by size
