@@ -970,3 +970,22 @@ def test_a_csv_of_long_rows_is_parsed_a_chunk_at_a_time_not_whole(tmp_path, monk
         tracemalloc.stop()
     assert next(expected, None) is None
     assert peak < 3_000_000  # 6 MB whole
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_reading_many_files_that_are_large_together_reports_how_far_it_got_across_them(
+        tmp_path, monkeypatch, capsys, progress):
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    for i in range(8):  # a folder of small files: 41 s of silence at 100 MB in 10,000 of them
+        (folder / f"{i}.txt").write_text(f"part {i}: " + "to be or not to be " * 50, encoding="utf-8")
+    total = sum(path.stat().st_size for path in folder.iterdir())
+    monkeypatch.setattr(sources, "REPORT_BYTES", total)  # together they are large; each file is not
+    read = resolve_source(make_config(tmp_path, {"files": [str(folder)]}).data, progress=progress).reader("train")
+    list(read())
+    err = capsys.readouterr().err
+    if progress:
+        assert "reading 8 files (pass 1)" in err and "B/s" in err
+    else:
+        assert [line for line in err.splitlines() if line.startswith("reading")] == [
+            f"reading 8 files (pass 1): {p}% of {total / 1e6:,.0f} MB" for p in (25, 50, 75, 100)]
