@@ -4,8 +4,6 @@ loading, safe cut points for long texts, and the errors a user can hit."""
 import json
 import os
 import random
-import signal
-import time
 
 import numpy as np
 import pytest
@@ -100,43 +98,6 @@ def test_bpe_on_empty_text_is_an_error():
         build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), texts_of("", ""))
     with pytest.raises(DataError, match="empty"):
         build_tokenizer(TokenizerConfig(kind="char"), texts_of())
-
-
-class _Stopped(Exception):
-    pass
-
-
-def test_a_signal_during_bpe_training_is_handled_at_once_not_when_training_ends():
-    # tokenizers trains in Rust and pulls the texts from threads of its own, so the main thread ran no
-    # Python until training was over: Ctrl-C or SIGTERM while a run prepared its data (a stop "at once"
-    # before the first step) waited 37 s at 300 MB, and longer with more text
-    def stop(signum, frame):
-        raise _Stopped()
-
-    def texts():
-        for i in range(40):
-            if i == 2:
-                os.kill(os.getpid(), signal.SIGUSR1)
-            time.sleep(0.05)  # 2 s of reading in all
-            yield f"text number {i}, " * 50
-
-    previous = signal.signal(signal.SIGUSR1, stop)
-    start = time.monotonic()
-    try:
-        with pytest.raises(_Stopped):
-            build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), texts)
-    finally:
-        signal.signal(signal.SIGUSR1, previous)
-    assert time.monotonic() - start < 1.0
-
-
-def test_an_error_reading_the_texts_of_bpe_training_is_raised_as_it_is():
-    def texts():
-        yield TRAINING
-        raise DataError("corpus.txt: not valid UTF-8")
-
-    with pytest.raises(DataError, match="not valid UTF-8"):
-        build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), texts)
 
 
 # ----------------------------------------------------------------------------- end of text

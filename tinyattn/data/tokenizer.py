@@ -30,7 +30,6 @@ import re
 import string
 import sys
 import tempfile
-import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
@@ -411,48 +410,18 @@ def _build_bpe(vocab_size: int, texts: Iterator[str], progress: bool) -> Tokeniz
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # every byte, seen or not
 
     seen_text = False
-    stop = threading.Event()
 
     def pieces() -> Iterator[str]:
         nonlocal seen_text
         for text in texts:
-            if stop.is_set():
-                return
             if text:
                 seen_text = True
                 yield from text_pieces(text, PIECE_CHARS)
 
-    _in_a_helper_thread(lambda: backend.train_from_iterator(pieces(), trainer), stop)
+    backend.train_from_iterator(pieces(), trainer)
     if not seen_text:
         raise DataError("the training text is empty: nothing to train the BPE tokenizer on")
     return Tokenizer(backend)
-
-
-def _in_a_helper_thread(work: Callable[[], object], stop: threading.Event) -> None:
-    """Run `work` (BPE training) in a helper thread while this one waits where signal handlers run.
-
-    tokenizers trains in Rust and pulls the texts from threads of its own: run here, no Python ran in
-    the main thread, where handlers run, until training was over (Ctrl-C or a run's SIGTERM before its
-    first step waited 37 s at 300 MB). A signal's exception here sets `stop`, which ends the texts, and
-    leaves the helper (a daemon) to finish with the process. What `work` raises is raised here."""
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            work()
-        except BaseException as e:  # the texts' own error (a file that is not UTF-8), raised below
-            failure.append(e)
-
-    helper = threading.Thread(target=run, name="tinyattn-bpe-training", daemon=True)
-    helper.start()
-    try:
-        while helper.is_alive():
-            helper.join(0.1)
-    except BaseException:
-        stop.set()
-        raise
-    if failure:
-        raise failure[0]
 
 
 # ----------------------------------------------------------------------------- helpers
