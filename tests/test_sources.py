@@ -989,3 +989,15 @@ def test_reading_many_files_that_are_large_together_reports_how_far_it_got_acros
     else:
         assert [line for line in err.splitlines() if line.startswith("reading")] == [
             f"reading 8 files (pass 1): {p}% of {total / 1e6:,.0f} MB" for p in (25, 50, 75, 100)]
+
+
+def test_reading_local_files_works_with_a_datasets_that_has_no_download_count_setting(tmp_path, monkeypatch):
+    # pyproject asks datasets>=4.0 with no upper bound: a release without config.HF_UPDATE_DOWNLOAD_COUNTS
+    # made every local JSON, CSV or Parquet file an AttributeError traceback before a word was read
+    import datasets.config
+
+    monkeypatch.delattr(datasets.config, "HF_UPDATE_DOWNLOAD_COUNTS")
+    path = tmp_path / "part.jsonl"
+    path.write_text(jsonl_text(DOCUMENTS), encoding="utf-8")
+    prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
+    assert not hasattr(datasets.config, "HF_UPDATE_DOWNLOAD_COUNTS")  # nothing left behind

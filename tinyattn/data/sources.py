@@ -505,15 +505,20 @@ def _no_download_counts() -> Iterator[None]:
     """Inside the block, datasets sends no download count to the hub. It counts each load of its json,
     csv and parquet builders with a HEAD request (3 s timeout) unless offline, and each local file is a
     load of its own here: 1,000 shards sent 1,000 requests, 122 s where the network was unreachable.
-    A local file is no download."""
+    A local file is no download. A datasets release without the setting (datasets>=4.0 has no upper
+    bound in pyproject.toml) reads the files as it is, and is left without it."""
     import datasets.config
 
-    before = datasets.config.HF_UPDATE_DOWNLOAD_COUNTS
+    absent = object()
+    before = getattr(datasets.config, "HF_UPDATE_DOWNLOAD_COUNTS", absent)
     datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False
     try:
         yield
     finally:
-        datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = before
+        if before is absent:
+            del datasets.config.HF_UPDATE_DOWNLOAD_COUNTS
+        else:
+            datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = before
 
 
 # ----------------------------------------------------------------------------- files and formats
