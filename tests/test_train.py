@@ -298,6 +298,7 @@ def test_an_earlier_attempts_events_that_cannot_move_are_hidden_from_the_new_run
     monkeypatch.setattr(Path, "rename", refused)
     train(tiny_config(corpus, tmp_path, *items), run_name="h", progress=False, stop_at_step=2)
     assert len(list((tmp_path / "h").glob("events.out.tfevents.*"))) == 2  # the earlier one stayed
+    assert not (tmp_path / "h" / "earlier_attempt_1").exists()  # and no empty folder for it
     losses = EventAccumulator(str(tmp_path / "h")).Reload().Scalars("train/loss")
     assert [e.step for e in losses] == [1, 2]
 
