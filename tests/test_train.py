@@ -2594,3 +2594,16 @@ def test_a_log_interval_far_past_the_run_holds_only_the_steps_taken():
     small.add(torch.tensor(1.0), torch.tensor(0.5))
     small.add(torch.tensor(2.0), torch.tensor(0.5))
     assert small.full and small.read(2, Path("."))[0] == [1.0, 2.0]
+
+
+def test_a_header_like_line_in_an_earlier_sample_is_text_to_the_resumes_cut(tmp_path):
+    from tinyattn.train.log import cut_samples_after
+
+    path = tmp_path / "samples.txt"
+    kept = "--- step 3 ---\nROMEO:\n--- step 12 ---\nmore text\n--- step 6 ---\nsample six\n"
+    path.write_text(kept + "--- step 9 ---\nnine\n--- step 12 ---\ntwelve\n", encoding="utf-8")
+    cut_samples_after(path, 6)
+    assert path.read_text(encoding="utf-8") == kept  # step 3's text and step 6's sample, whole
+    cut_samples_after(path, 6)
+    assert path.read_text(encoding="utf-8") == kept  # nothing past step 6 left to cut
+    cut_samples_after(tmp_path / "none.txt", 6)  # a run that sampled nothing: no file, nothing to do

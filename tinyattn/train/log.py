@@ -184,20 +184,24 @@ _SAMPLE_HEADER = re.compile(rb"^--- step (\S+) ---$", re.MULTILINE)
 def cut_samples_after(path: Path, step: int) -> None:
     """Drops from samples.txt the samples of steps after `step`: a run resumed in its folder trains
     again the steps a killed session sampled past its checkpoint (perhaps at other steps, under
-    another train.eval_interval), as TensorBoard's view of the run drops them (`purge_step`)."""
+    another train.eval_interval), as TensorBoard's view of the run drops them (`purge_step`).
+    Read from the end: the cut is at the first of the last headers that are all past `step`, so a
+    line of a sample's text that reads like a header of a later step, in an earlier sample, is text."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return
-    for header in _SAMPLE_HEADER.finditer(data):
+    cut = None
+    for header in reversed(list(_SAMPLE_HEADER.finditer(data))):
         try:
-            later = float(header.group(1)) > step
+            if float(header.group(1)) <= step:
+                break
         except ValueError:  # a line of a sample's text that reads like a header
             continue
-        if later:
-            with storage_errors(path):
-                os.truncate(path, header.start())
-            return
+        cut = header.start()
+    if cut is not None:
+        with storage_errors(path):
+            os.truncate(path, cut)
 
 
 class Logger:
