@@ -178,6 +178,9 @@ def hparams_sessions(run: Path) -> list[dict]:
 def test_a_resumed_run_keeps_one_hparams_session(corpus, tmp_path):
 
     train(tiny_config(corpus, tmp_path), run_name="tb", progress=False, stop_at_step=10)
+    stopped_second = int(time.time())
+    while int(time.time()) == stopped_second:  # event files are named by the second they open in (then by
+        time.sleep(0.05)  # a counter of this process's writers, where ".10" sorts before ".9")
     train(tiny_config(corpus, tmp_path), run_name="tb", resume=True, progress=False)
     assert len(hparams_sessions(tmp_path / "tb")) == 1
     assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 2  # both runs wrote curves
