@@ -174,6 +174,10 @@ def test_a_prompt_longer_than_the_context_is_prefilled_with_its_last_context_len
 
 
 def test_a_compiled_step_under_a_lowered_capability_uses_its_own_compile_cache(tiny_model, monkeypatch):
+    # Imported first, under this process's own capability: imported under the lowered one, inductor's
+    # runtime keeps it for every later compile here, whose code read back from the cache aborts the process
+    import torch._inductor.runtime.cache_dir_utils  # noqa: F401
+
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     decoder_module.compile_decode_step(tiny_model())  # compiles at its first call, not here

@@ -472,6 +472,8 @@ def test_compiled_training_under_a_lowered_capability_uses_its_own_compile_cache
     from tinyattn.data.batches import prepare_data
     from tinyattn.system.device import select_precision
 
+    import torch._inductor.runtime.cache_dir_utils  # noqa: F401  (first: tests/test_generate.py's twin says why)
+
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     config = tiny_config(corpus, tmp_path, "train.max_steps=2", "train.compile=true")
