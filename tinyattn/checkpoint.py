@@ -37,7 +37,7 @@ from typing import Optional
 
 import torch
 
-from tinyattn.config import Config, TokenizerConfig, config_from_dict
+from tinyattn.config import Config, TokenizerConfig, config_from_dict, is_sha256
 from tinyattn.data.tokenizer import Tokenizer
 from tinyattn.errors import CheckpointError, ConfigError
 from tinyattn.model.transformer import LanguageModel
@@ -378,7 +378,7 @@ def _without_unread_download_checks(saved: dict) -> dict:
     if not isinstance(data, dict):
         return saved
     sha, size = data.get("sha256"), data.get("size_bytes")
-    bad_sha = sha is not None and not (isinstance(sha, str) and re.fullmatch(r"[0-9a-fA-F]{64}", sha))
+    bad_sha = sha is not None and not (isinstance(sha, str) and is_sha256(sha))
     bad_size = isinstance(size, (int, float)) and not isinstance(size, bool) and size <= 0
     if not (bad_sha or bad_size):
         return saved

@@ -162,7 +162,7 @@ class DataConfig:
         if d.max_documents is not None and d.max_documents <= 0:
             fail("data.max_documents", d.max_documents, "expected a positive integer or null")
         # a download's checks that no file passes: said now, not after the download
-        if d.sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", d.sha256):
+        if d.sha256 is not None and not is_sha256(d.sha256):
             fail("data.sha256", d.sha256, "expected 64 hexadecimal digits (sha256sum's) or null")
         if d.size_bytes is not None and d.size_bytes <= 0:
             fail("data.size_bytes", d.size_bytes, "expected a positive integer or null")
@@ -802,6 +802,11 @@ def _read_with_extends(path: Path, seen: tuple[Path, ...]) -> tuple[dict, dict[s
         _drop_inherited_source(merged, data, origins)
     _deep_merge(merged, data, origins, str(path), prefix="")
     return merged, origins
+
+
+def is_sha256(text: str) -> bool:
+    """Whether `text` is a SHA-256 digest as sha256sum prints it (64 hexadecimal digits)."""
+    return re.fullmatch(r"[0-9a-fA-F]{64}", text) is not None
 
 
 DOWNLOAD_KEYS = ("url", "sha256", "size_bytes")  # what describes data.files[0]'s download

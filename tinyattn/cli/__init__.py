@@ -19,7 +19,7 @@ import gc
 import os
 import sys
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Callable, Iterator
 
 from tinyattn.errors import TinyattnError
@@ -38,8 +38,7 @@ def run_command(command: Callable[[], int | None]) -> int:
         return 130
     except BrokenPipeError:
         # The reader went away (`... | head`): stop quietly, as other command-line tools do.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        point_at_null(sys.stdout)
         return 141
     except OSError as e:  # after BrokenPipeError, one of its kind
         if e.errno != errno.ENAMETOOLONG:
@@ -47,6 +46,17 @@ def run_command(command: Callable[[], int | None]) -> int:
         # A path given with a part over 255 bytes fails wherever it is first looked at.
         _last_line(f"error: {e.filename}: {e.strerror}; a name may have at most 255 bytes")
         return 2
+
+
+def point_at_null(stream) -> None:
+    """Point a failed output stream (a closed pipe, a full disk) at the null device, so the text still
+    in its buffer does not fail again, with Python's "Exception ignored" lines, when it is flushed at
+    exit. A stream without a descriptor (a StringIO) is left as it is."""
+    with suppress(AttributeError, OSError, ValueError):
+        descriptor = stream.fileno()
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, descriptor)
+        os.close(null)
 
 
 def _error_line(error: TinyattnError) -> None:

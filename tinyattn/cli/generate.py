@@ -26,18 +26,16 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import re
-import signal
 import sys
-import threading
 import warnings
-from contextlib import contextmanager, suppress
-from typing import Iterator, Optional
+from contextlib import suppress
+from typing import Optional
 
-from tinyattn.cli import run_command, warnings_as_lines
+from tinyattn.cli import point_at_null, run_command, warnings_as_lines
 from tinyattn.cli.options import add_checkpoint, add_device, add_inference_dtype, add_out_dir, command_parser
 from tinyattn.errors import ConfigError, DataError, StorageError
+from tinyattn.system.signals import sigterm_interrupts
 from tinyattn.system.storage import BYTE_ORDER_MARK
 
 DESCRIPTION = """\
@@ -118,27 +116,8 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    with sigterm_interrupts():
+    with sigterm_interrupts("stopped by SIGTERM"):
         return run_command(lambda: run(args))
-
-
-@contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """Inside the block SIGTERM stops as Ctrl-C does (`run_command`: one line, exit status 130),
-    not silently with status 143 and the text's last line unended. Only the main thread can
-    set a handler; elsewhere the block runs as it is."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _stopped_by_sigterm)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _stopped_by_sigterm(signum, frame) -> None:
-    raise KeyboardInterrupt("stopped by SIGTERM")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -259,7 +238,7 @@ class StreamPrinter:
             except BrokenPipeError:
                 raise  # the reader went away (`| head`): `run_command` ends quietly
             except OSError as e:  # a full disk, an I/O error: one line, not a traceback
-                _discard_the_rest(self.stream)
+                point_at_null(self.stream)  # the text still buffered would fail again at exit
                 raise StorageError(f"stdout: cannot write the generated text ({e.strerror or e})") from None
             self.at_line_start = text.endswith("\n")
 
@@ -287,16 +266,6 @@ class StreamPrinter:
                 self.end_line()
             raise
         self.end_line()
-
-
-def _discard_the_rest(stream) -> None:
-    """Point a failed stdout at the null device, so the text still in its buffer does not fail
-    again, with Python's "Exception ignored" lines, when the interpreter flushes it at exit."""
-    with suppress(AttributeError, OSError, ValueError):  # no descriptor (a StringIO): nothing to do
-        descriptor = stream.fileno()
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, descriptor)
-        os.close(null)
 
 
 def read_prompt(args: argparse.Namespace) -> Optional[str]:

@@ -7,12 +7,13 @@ benchmarks/serve.py start servers that way).
 
 from __future__ import annotations
 
-import signal
 import socket
 import threading
 import time
+from contextlib import suppress
 
 from tinyattn.errors import TinyattnError
+from tinyattn.system.signals import sigterm_interrupts
 
 
 class ServeUnavailable(TinyattnError):
@@ -61,23 +62,14 @@ def uvicorn_server(app, sock: socket.socket):
     return Server(config)
 
 
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
 def serve_forever(app, sock: socket.socket) -> None:
     """uvicorn in the foreground until Ctrl-C or SIGTERM: the normal way to stop, so no error.
 
     uvicorn shuts down on either, then raises the signal again under the handler it found: SIGTERM's
     is made to interrupt as SIGINT's does (by default SIGTERM would end the process, with status 143).
     """
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
+    with sigterm_interrupts(), suppress(KeyboardInterrupt):  # uvicorn raises it again once shut down
         uvicorn_server(app, sock).run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn raises the signal again once it has shut down
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 class ServerThread:
