@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import warm_python
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -253,8 +255,8 @@ def test_a_benchmarks_refused_argument_is_one_line_naming_it_with_exit_2(module,
 
 
 def test_muon_compare_help_prints_its_options_and_measures_nothing():
-    result = subprocess.run([sys.executable, "-m", "benchmarks.muon_compare", "--help"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+    result = warm_python.run([sys.executable, "-m", "benchmarks.muon_compare", "--help"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "--rounds" in result.stdout, result.stderr[-2000:]
     assert "update difference" not in result.stdout  # it ran the comparison before it took arguments
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests import warm_python
 from tests.conftest import llama_like_byte_fallback_tokenizer
 from tinyattn.checkpoint import FORMAT, load_checkpoint, load_model, save_checkpoint
 from tinyattn.cli.generate import main
@@ -1041,9 +1042,9 @@ def run_main(argv, capsys, stdin=None, monkeypatch=None):
 @pytest.mark.slow  # a fresh Python process
 def test_cli_end_to_end_on_a_trained_checkpoint(run_dir):
     # No --checkpoint: the most recent run under --out-dir.
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "generate.py"), "--out-dir",
-                             str(run_dir.parent), "--prompt", "All:", "--max-new-tokens", "30", "--seed",
-                             "1", "--num-samples", "2"], capture_output=True, text=True, timeout=120)
+    result = warm_python.run([sys.executable, str(ROOT / "scripts" / "generate.py"), "--out-dir",
+                              str(run_dir.parent), "--prompt", "All:", "--max-new-tokens", "30", "--seed",
+                              "1", "--num-samples", "2"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr and run_dir.name in result.stderr
     assert result.stdout.startswith("--- sample 1/2 ---\nAll:")
@@ -1290,8 +1291,8 @@ def test_cli_prompt_that_is_not_utf8_is_one_line_and_exit_status_2(run_dir, caps
 @pytest.mark.slow  # a fresh Python process
 def test_cli_incompatible_checkpoint_in_a_real_process(tmp_path):
     _, _, future = bad_checkpoints(tmp_path)
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "generate.py"),
-                             "--checkpoint", str(future)], capture_output=True, text=True, timeout=120)
+    result = warm_python.run([sys.executable, str(ROOT / "scripts" / "generate.py"),
+                              "--checkpoint", str(future)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
     assert "Traceback" not in result.stderr
@@ -1417,10 +1418,10 @@ def test_cli_sigterm_stops_as_ctrl_c_does(run_dir):
     import signal
 
     # --interactive, waiting for its second prompt: a stop that no end-of-text token can pre-empt.
-    process = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "generate.py"), "--checkpoint",
-                                str(run_dir), "--interactive", "--max-new-tokens", "3"],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+    process = warm_python.Popen([sys.executable, str(ROOT / "scripts" / "generate.py"), "--checkpoint",
+                                 str(run_dir), "--interactive", "--max-new-tokens", "3"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
     process.stdin.write("All:\n")
     process.stdin.flush()
     assert process.stdout.readline()  # the first continuation, ended by its newline

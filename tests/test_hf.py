@@ -43,6 +43,7 @@ from tinyattn.generate.text import encode_prompt, generate  # noqa: E402
 from tinyattn.hf.folder import export_folder, load_any_model  # noqa: E402
 from tinyattn.model.transformer import LanguageModel  # noqa: E402
 from tinyattn.train.loop import train  # noqa: E402
+from tests import warm_python  # noqa: E402
 
 TEXT = ("ROMEO: But soft, what light through yonder window breaks?\n"
         "JULIET: Привет, мир! Καλημέρα. 日本語のテキスト, 中文.\n"
@@ -440,8 +441,6 @@ def test_a_replaced_export_left_aside_after_the_new_one_is_in_place_is_deleted_n
 
 @pytest.mark.slow  # a subprocess that dies mid-export
 def test_an_export_killed_while_replacing_a_folder_loses_neither_and_is_cleaned_up(tmp_path):
-    import subprocess
-
     from tinyattn.errors import CheckpointError
 
     tokenizer = tokenizer_of("char")
@@ -450,8 +449,8 @@ def test_an_export_killed_while_replacing_a_folder_loses_neither_and_is_cleaned_
     out = tmp_path / "out"
     export_folder(model.state_dict(), config, tokenizer, out)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    killed = subprocess.run([sys.executable, "-c", KILLED_EXPORT, str(run / "best.pt"), str(out)],
-                            capture_output=True, text=True, timeout=120)
+    killed = warm_python.run([sys.executable, "-c", KILLED_EXPORT, str(run / "best.pt"), str(out)],
+                             capture_output=True, text=True, timeout=120)
     assert killed.returncode == 9, killed.stderr
     (tmp_path / ".out.abcd1234.tmp").mkdir()  # and a staging folder an export killed mid-write left
     (tmp_path / ".out.abcd1234.tmp" / "config.json").write_text("{")

@@ -7,7 +7,6 @@ tokens and a click on one shows the model's own attention weights."""
 import http.client
 import importlib.util
 import json
-import os
 import re
 import sys
 import threading
@@ -23,6 +22,7 @@ from tinyattn import checkpoint as ckpt
 from tinyattn.config import Config, DataConfig, ModelConfig, SampleConfig, TokenizerConfig, config_to_dict
 from tinyattn.generate.text import generate
 from tinyattn.model.transformer import LanguageModel
+from tests import warm_python
 
 # The serve extra and the dev extra's openai client; without them the server tests skip. Looked up,
 # not imported: every pytest worker collects this module, and importing them costs about 1.3 s.
@@ -226,8 +226,7 @@ def test_the_command_serves_until_ctrl_c_or_sigterm_and_then_exits_cleanly(loade
     run = loaded.path.parent
     command = [sys.executable, "-m", "tinyattn", "serve", "--checkpoint", str(run), "--port", "0",
                "--dtype", "fp32"]  # packed fp32 weights: the same draws as the test's unpacked fp32 model
-    server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    server = warm_python.Popen(command, stderr=subprocess.PIPE, text=True, cwd=ROOT)  # -m: ROOT's tinyattn
     try:
         line = server.stderr.readline()
         found = re.search(r"serving 'tiny-serve', .* at http://127\.0\.0\.1:(\d+) ", line)

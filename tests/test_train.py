@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests import warm_python
 from tests.conftest import local_corpus
 from tinyattn import checkpoint as ckpt
 from tinyattn.config import SHOW_HOOKS, load_config
@@ -61,8 +62,8 @@ def killed_at_the_save_of_step_9(monkeypatch, config, run_name: str) -> None:
 
 
 def run_cli(*args, cwd=ROOT, timeout=240, **kwargs):
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout, **kwargs)
+    return warm_python.run([sys.executable, str(ROOT / "scripts" / "train.py"), *args], cwd=cwd,
+                           capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
 @pytest.mark.slow
@@ -1323,7 +1324,7 @@ def test_ctrl_c_saves_and_says_how_to_resume(corpus, tmp_path, sig):
             "--no-progress", "--set",
             *tiny_overrides(corpus, tmp_path, "train.max_steps=100000", "train.eval_interval=100000",
                             "train.log_interval=1")]
-    process = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    process = warm_python.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     lines = []
     for line in process.stderr:  # wait until training really runs
         lines.append(line)
@@ -1346,8 +1347,8 @@ def test_a_closed_terminal_saves_and_logs_the_stop_unless_the_run_ignores_hangup
             "--no-progress", "--set",
             *tiny_overrides(corpus, tmp_path, "train.max_steps=100000", "train.eval_interval=100000",
                             "train.log_interval=1")]
-    ignore = (lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None
-    process = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, text=True, preexec_fn=ignore)
+    process = warm_python.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                                ignored_signals=[signal.SIGHUP] if nohup else [])
     for line in process.stderr:  # wait until training really runs
         if line.startswith("step 3:"):
             break
@@ -1544,8 +1545,8 @@ def test_sigkill_during_a_checkpoint_write_leaves_the_previous_one_whole(tmp_pat
     """The child is killed at a known point of the second save: half of its bytes written,
     or all of them fsynced with only the rename left. Either way the first checkpoint is
     the latest, loads and is whole, and the half-written file never has a checkpoint's name."""
-    process = subprocess.Popen([sys.executable, "-c", SAVE_AND_PAUSE, str(tmp_path), pause_at], cwd=ROOT,
-                               stdout=subprocess.PIPE, text=True)
+    process = warm_python.Popen([sys.executable, "-c", SAVE_AND_PAUSE, str(tmp_path), pause_at], cwd=ROOT,
+                                stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout.readline().strip() == "paused"
         temporary = list(tmp_path.glob(".step_0000002.pt.*.tmp"))
