@@ -7,7 +7,6 @@ code that expands it fails the test instead of the machine.
 """
 
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from tinyattn.model import memory
 from tinyattn.model.memory import check_training_fits, parameter_count, training_memory
 from tinyattn.model.transformer import LanguageModel
 from tinyattn.train.loop import train
+from tests import warm_python
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "the quick brown fox jumps over the lazy dog.\n" * 60
@@ -294,9 +294,7 @@ def test_sigterm_during_the_time_budgets_calibration_ends_at_once_and_takes_back
     (tmp_path / "corpus.txt").write_text(TEXT)
     command = [sys.executable, "-m", "tinyattn", "train", "--config", str(config), "--run-name", "s",
                "--no-progress", "--set", "train.time_budget=300s"]
-    child = subprocess.Popen(command, cwd=tmp_path,
-                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                             preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30)))
+    child = warm_python.Popen(command, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
     try:
         first = child.stderr.readline()
         assert "measuring a few steps" in first, first
