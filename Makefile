@@ -28,7 +28,9 @@ train: install
 # Speed is measured by the benchmarks, not by the suite: the tests that time the machine
 # (marked bench) run only in bench-check. The suite runs one pytest-xdist worker per core,
 # each with one torch thread (most of its time is single-threaded: imports, subprocesses).
-TEST_RUN := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto
+# Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set: the suite's dozens of Python
+# processes would each compile tinyattn from source again (__pycache__ is git-ignored).
+TEST_RUN := PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto
 
 test: install
 	$(TEST_RUN) -m "not bench and not tour"
