@@ -424,18 +424,18 @@ def test_a_checkpoint_whose_sampler_state_predates_the_windows_drawn_resumes_at_
     assert sampler["windows_drawn"] == 2 * 4 + 2 * 8
 
 
-@pytest.mark.slow  # three trainings of 24-48 steps at context 256
 def test_a_resume_that_halves_the_batch_and_doubles_the_accumulation_ends_its_passes_with_the_run(
         corpus, tmp_path):
     # The Trainer told the sampler the run's total batches at the new accumulation, counted against
     # the batches drawn at the old: the passes were sized for a longer run, and the last one cut short.
-    extra = ("train.max_steps=48", "train.eval_interval=24", "train.sampling=passes", "train.batch_size=8",
-             "model.context_length=256")  # about 210 windows a pass: 384 windows make two
-    train(tiny_config(corpus, tmp_path, *extra), run_name="straight", progress=False)
-    train(tiny_config(corpus, tmp_path, *extra), run_name="split", progress=False, stop_at_step=24)
-    train(tiny_config(corpus, tmp_path, *extra, "train.batch_size=4", "train.grad_accum_steps=2"),
+    small = tmp_path / "small.txt"  # 2,880 training tokens: 89 windows of 32 a pass, so 128 windows make two
+    small.write_text(corpus.read_text(encoding="utf-8")[:3200], encoding="utf-8")
+    extra = ("train.max_steps=16", "train.eval_interval=8", "train.sampling=passes", "train.batch_size=8")
+    train(tiny_config(small, tmp_path, *extra), run_name="straight", progress=False)
+    train(tiny_config(small, tmp_path, *extra), run_name="split", progress=False, stop_at_step=8)
+    train(tiny_config(small, tmp_path, *extra, "train.batch_size=4", "train.grad_accum_steps=2"),
           run_name="split", resume=True, progress=False)
-    straight, split = (ckpt.load_checkpoint(tmp_path / name / ckpt.step_filename(48))["sampler"]
+    straight, split = (ckpt.load_checkpoint(tmp_path / name / ckpt.step_filename(16))["sampler"]
                        for name in ("straight", "split"))
     assert len(straight["pass_starts"]) == 2  # the run makes passes to end
     assert (split["windows_drawn"], split["pass_starts"]) == (straight["windows_drawn"], straight["pass_starts"])
