@@ -410,9 +410,13 @@ def test_a_bad_request_is_a_400_with_an_openai_error_and_the_server_stays_up(cli
     assert message in error["message"]
     after = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=2)  # still up
     assert after.choices[0].finish_reason is not None
+
+
+def test_a_prompt_at_the_token_limit_and_max_tokens_0_are_served(client):
+    # The edges of two refusals above: 49 prompt tokens are refused, 48 served; 0 is in "0 to 5000".
     at_the_limit = client.completions.create(model="tiny-serve", prompt=PROMPT * 8, max_tokens=2)  # 48 tokens
     assert at_the_limit.usage.prompt_tokens == 48
-    nothing = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=0)  # 0 is in "0 to 5000"
+    nothing = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=0)
     assert nothing.choices[0].text == "" and nothing.usage.completion_tokens == 0
 
 
