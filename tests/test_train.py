@@ -2148,7 +2148,8 @@ def test_a_model_in_training_gets_the_cores_validation_loss_without_dropout_and_
 
 
 @pytest.mark.slow  # measures a time budget
-def test_an_explicit_max_steps_wins_over_the_time_budget(corpus, tmp_path, capsys):
+def test_an_explicit_max_steps_wins_over_the_time_budget(corpus, tmp_path, capsys, monkeypatch):
+    from tinyattn.train.budget import Calibration
     budgeted = tmp_path / "budgeted.yaml"
     budgeted.write_text(f"extends: {TINY}\ntrain:\n  time_budget: 30s\n", encoding="utf-8")
     code, err = run_main(["--config", str(budgeted), "--run-name", "steps", "--no-progress", "--set",
@@ -2160,6 +2161,8 @@ def test_an_explicit_max_steps_wins_over_the_time_budget(corpus, tmp_path, capsy
     assert saved.max_steps == 3 and saved.time_budget is None
     # A budget run resumed with a step count: the typed count wins over the recorded one too.
     # (In this process, not through main(): the command line counts the process's age against the budget.)
+    # Its step is timed for 0.1 s, not 1.5 s: a 30 s budget then plans thousands of steps all the same.
+    monkeypatch.setattr(Calibration, "_measure_for", lambda calibration, budget_seconds: 0.1)
     train(load_config(budgeted, tiny_overrides(corpus, tmp_path, "train.eval_interval=2")), run_name="resumed",
           stop_at_step=2, progress=False)
     assert load_config(tmp_path / "resumed" / "config.yaml").train.max_steps > 4
