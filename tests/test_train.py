@@ -1599,7 +1599,7 @@ def stopped_ddp_run(corpus, tmp_path_factory) -> StoppedDDPRun:
     if not Path("/proc/self/task").exists():
         pytest.skip("finds torchrun's workers in /proc")
     out_dir = tmp_path_factory.mktemp("ddp_run")
-    process = subprocess.Popen(
+    process = warm_python.Popen(  # the launcher forked; torchrun starts its workers as fresh processes
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
          str(ROOT / "scripts" / "train.py"), "--config", str(TINY), "--run-name", "ddp", "--no-progress",
          "--device", "cpu", "--set",
@@ -1675,7 +1675,7 @@ def test_a_refusal_on_rank_0_ends_every_rank_with_its_one_line(corpus, tmp_path,
         overrides = [o if not o.startswith("data.files=") else f"data.files={tmp_path / 'gone.txt'}"
                      for o in overrides]
         expected = f"error: data.files: file not found: {tmp_path / 'gone.txt'}"
-    result = subprocess.run(
+    result = warm_python.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
          str(ROOT / "scripts" / "train.py"), "--config", str(TINY), "--run-name", "ddp", "--no-progress",
          "--device", "cpu", "--set", *overrides],
