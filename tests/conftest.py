@@ -9,9 +9,10 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # Inductor checks each vector ISA the CPU names by building and loading a test program with the
-# compiler (ten builds, about 10 s, at the first compile into a new cache folder, as in a fresh CI
-# clone). The suite takes the CPU's word for them: it picks the same ISA, and a compiler that
-# could not build it would fail the compiled tests rather than fall back to a narrower one.
+# compiler (ten builds at the first compile into an empty cache folder, as on a fresh CI machine;
+# docs/BENCHMARKS.md "Start-up" has the time). The suite takes the CPU's word for them: it picks
+# the same ISA, and a compiler that could not build one would fail the compiled tests rather than
+# fall back to a narrower one.
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 
 import pytest  # noqa: E402

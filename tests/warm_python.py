@@ -1,7 +1,8 @@
 """Python commands started as forks of a Python that has already imported torch.
 
-A test that runs `python scripts/train.py ...` spends about 2 s of its 2.5-3.5 s importing torch and
-torch._dynamo (which torch.optim imports at its first use). `Popen` and `run` take subprocess's
+A test that runs `python scripts/train.py ...` spends most of its time importing torch and
+torch._dynamo (which torch.optim imports at its first use; docs/BENCHMARKS.md "Start-up" has the
+figures). `Popen` and `run` take subprocess's
 arguments for a command `[sys.executable, SCRIPT | -m MODULE | -c CODE, *args]` and start it as a fork
 of a server process (one per test process) that imported those modules once, then nothing else. The
 child has its own pid, standard streams, working directory, environment, session and exit status, and
