@@ -294,7 +294,7 @@ def test_sigterm_during_the_time_budgets_calibration_ends_at_once_and_takes_back
     (tmp_path / "corpus.txt").write_text(TEXT)
     command = [sys.executable, "-m", "tinyattn", "train", "--config", str(config), "--run-name", "s",
                "--no-progress", "--set", "train.time_budget=300s"]
-    child = warm_python.Popen(command, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    child = warm_python.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)  # -m: ROOT's tinyattn
     try:
         first = child.stderr.readline()
         assert "measuring a few steps" in first, first

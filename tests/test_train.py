@@ -1583,27 +1583,44 @@ def torchrun_workers(launcher: subprocess.Popen) -> dict[int, int]:
     return ranks
 
 
-@dataclasses.dataclass
-class StoppedDDPRun:
-    """What `stopped_ddp_run` gives its tests: torchrun's exit status and stderr, the run folder."""
-
-    returncode: int  # torchrun's
-    stderr: str
-    run_dir: Path
-
-
-@pytest.fixture(scope="module")
-def stopped_ddp_run(corpus, tmp_path_factory) -> StoppedDDPRun:
-    """A two-process gloo run of tiny.yaml stopped by `kill -TERM` to rank 1 alone after step 3."""
+@pytest.mark.slow
+def test_two_process_gloo_run(corpus, tmp_path):
     pytest.importorskip("torch.distributed.run")
-    if not Path("/proc/self/task").exists():
-        pytest.skip("finds torchrun's workers in /proc")
-    out_dir = tmp_path_factory.mktemp("ddp_run")
-    process = warm_python.Popen(  # the launcher forked; torchrun starts its workers as fresh processes
+    result = warm_python.run(  # the launcher forked; torchrun starts its workers as fresh processes
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
          str(ROOT / "scripts" / "train.py"), "--config", str(TINY), "--run-name", "ddp", "--no-progress",
          "--device", "cpu", "--set",
-         *tiny_overrides(corpus, out_dir, "train.max_steps=100000", "train.eval_interval=100000",
+         *tiny_overrides(corpus, tmp_path, "train.max_steps=6", "train.eval_interval=3")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    state = ckpt.load_checkpoint(tmp_path / "ddp" / "step_0000006.pt")
+    assert state["world_size"] == 2 and state["sampler"]["batches_drawn"] == 6
+    assert state["tokens_seen"] == 6 * 2 * 4 * 32
+    # The checkpoint is an ordinary one: it loads into a single process for sampling.
+    loaded = ckpt.load_model(tmp_path / "ddp")
+    assert loaded.step == 6
+    # DDP averages the two ranks' gradients: the weights are those of one process stepping over
+    # the same global batches (rank 0's batch k and rank 1's batch k as one batch of 8). Without
+    # the averaging each rank would follow its own batches and differ by ~lr (2e-3) a step.
+    reference = one_process_over_global_batches(load_config(tmp_path / "ddp" / "config.yaml"), steps=6,
+                                                world_size=2)
+    for name, tensor in reference.items():
+        torch.testing.assert_close(state["model"][name], tensor, rtol=0, atol=1e-5, msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds torchrun's workers in /proc")
+def test_a_stop_signal_to_one_rank_stops_every_rank_with_a_checkpoint(corpus, tmp_path):
+    """`kill -TERM` to rank 1 alone: every rank stops after the same step and rank 0 saves. Each
+    rank acting on its own flag hung: rank 1 waited in the checkpoint's barrier, rank 0 in the next
+    step's all-reduce (gloo's timeout is 30 minutes)."""
+    pytest.importorskip("torch.distributed.run")
+    process = warm_python.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+         str(ROOT / "scripts" / "train.py"), "--config", str(TINY), "--run-name", "ddp", "--no-progress",
+         "--device", "cpu", "--set",
+         *tiny_overrides(corpus, tmp_path, "train.max_steps=100000", "train.eval_interval=100000",
                          "train.log_interval=1")],
         cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -1623,39 +1640,11 @@ def stopped_ddp_run(corpus, tmp_path_factory) -> StoppedDDPRun:
             except ProcessLookupError:
                 pass
         process.wait()
-    return StoppedDDPRun(process.returncode, "".join(lines) + rest, out_dir / "ddp")
-
-
-@pytest.mark.slow
-def test_two_process_gloo_run(stopped_ddp_run):
-    # The run the stop test stops: its checkpoint holds the weights of the step it stopped at (3 or later).
-    stopped_at = ckpt.latest_checkpoint(stopped_ddp_run.run_dir)
-    assert stopped_at is not None, stopped_ddp_run.stderr[-3000:]
-    state = ckpt.load_checkpoint(stopped_at)
-    steps = state["step"]
-    assert steps >= 3 and state["world_size"] == 2 and state["sampler"]["batches_drawn"] == steps
-    assert state["tokens_seen"] == steps * 2 * 4 * 32
-    # The checkpoint is an ordinary one: it loads into a single process for sampling.
-    assert ckpt.load_model(stopped_at).step == steps
-    # DDP averages the two ranks' gradients: the weights are those of one process stepping over
-    # the same global batches (rank 0's batch k and rank 1's batch k as one batch of 8). Without
-    # the averaging each rank would follow its own batches and differ by ~lr (2e-3) a step.
-    reference = one_process_over_global_batches(load_config(stopped_ddp_run.run_dir / "config.yaml"),
-                                                steps=steps, world_size=2)
-    for name, tensor in reference.items():
-        torch.testing.assert_close(state["model"][name], tensor, rtol=0, atol=1e-5, msg=name)
-
-
-@pytest.mark.slow
-def test_a_stop_signal_to_one_rank_stops_every_rank_with_a_checkpoint(stopped_ddp_run):
-    """`kill -TERM` to rank 1 alone: every rank stops after the same step and rank 0 saves. Each
-    rank acting on its own flag hung: rank 1 waited in the checkpoint's barrier, rank 0 in the next
-    step's all-reduce (gloo's timeout is 30 minutes)."""
-    returncode, stderr = stopped_ddp_run.returncode, stopped_ddp_run.stderr
+    stderr = "".join(lines) + rest
     # torchrun exits 1 when its workers do not exit 0: here each with a stop's 130
-    assert returncode == 1 and set(re.findall(r"exitcode\s*:\s*(\d+)", stderr)) == {"130"}, stderr[-3000:]
+    assert process.returncode == 1 and set(re.findall(r"exitcode\s*:\s*(\d+)", stderr)) == {"130"}, stderr[-3000:]
     assert "stopped by SIGTERM at step" in stderr, stderr[-3000:]
-    latest = ckpt.latest_checkpoint(stopped_ddp_run.run_dir)
+    latest = ckpt.latest_checkpoint(tmp_path / "ddp")
     assert latest is not None and ckpt.load_checkpoint(latest)["step"] >= 3
 
 
@@ -1734,10 +1723,12 @@ def test_time_budget_run_ends_within_its_budget(corpus, tmp_path):
     is a benchmark figure (docs/BENCHMARKS.md), not this test's.
     """
     start = time.perf_counter()
-    result = run_cli("--config", str(TINY), "--run-name", "budget", "--no-progress", "--set",
-                     *tiny_overrides(corpus, tmp_path, "train.time_budget=20s", "train.eval_interval=400",
-                                     "train.log_interval=50", "train.batch_size=16"),
-                     env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = subprocess.run(  # a fresh Python: its start-up is part of the budget
+        [sys.executable, str(ROOT / "scripts" / "train.py"), "--config", str(TINY), "--run-name", "budget",
+         "--no-progress", "--set",
+         *tiny_overrides(corpus, tmp_path, "train.time_budget=20s", "train.eval_interval=400",
+                         "train.log_interval=50", "train.batch_size=16")],
+        cwd=ROOT, capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
     wall = time.perf_counter() - start
     assert result.returncode == 0, result.stderr
     assert 17.0 <= wall <= 21.0, f"{wall:.1f} s\n{result.stderr[-2000:]}"

@@ -99,3 +99,45 @@ def test_a_forked_commands_standard_streams_are_made_for_its_own_descriptors(mon
         said.append(os.read(reader, 1000))
         os.close(reader)
     assert said[0] == said[1] == (b"False True False True\r\n" if unbuffered else b"True False True True\r\n")
+
+
+def test_a_signal_sent_as_soon_as_popen_returns_reaches_the_commands_own_handling():
+    # A fresh Python killed before it starts dies of the signal; a fork sees it once it is the command.
+    for sig in [signal.SIGTERM, signal.SIGINT] * 8:
+        process = warm_python.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        process.send_signal(sig)
+        assert process.wait(timeout=30) == -sig
+
+
+def test_forks_draw_their_own_seeds_and_read_their_own_temporary_folder(tmp_path):
+    command = [sys.executable, "-c", "import random, tempfile, torch; "
+                                     "print(torch.initial_seed(), random.random(), tempfile.gettempdir())"]
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    first, second = (warm_python.run(command, capture_output=True, text=True, timeout=60, env=env).stdout.split()
+                     for _ in "ab")
+    assert first[0] != second[0] and first[1] != second[1] and first[2] == second[2] == str(tmp_path)
+
+
+def test_a_variable_the_servers_imports_set_in_the_test_process_too_still_forks(tmp_path, monkeypatch):
+    # torch._dynamo sets TORCHINDUCTOR_CACHE_DIR in every process that imports it, the tests' own too.
+    (tmp_path / "sets_a_variable.py").write_text("import os\nos.environ['TORCH_SET_BY_IMPORT'] = 'x'\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.delenv("TORCH_SET_BY_IMPORT", raising=False)
+    monkeypatch.setattr(warm_python, "_servers", {})
+    monkeypatch.setattr(warm_python, "PRELOADED", ("sets_a_variable",))
+    command = [sys.executable, "-c", "import os; print(os.environ.get('TORCH_SET_BY_IMPORT'))"]
+    for value, forks in [(None, True), ("x", True), ("y", False)]:
+        if value is not None:
+            monkeypatch.setenv("TORCH_SET_BY_IMPORT", value)
+        with warm_python.Popen(command, stdout=subprocess.PIPE, text=True) as process:
+            assert process.forked == forks and process.communicate(timeout=60)[0] == f"{value or 'x'}\n"
+
+
+def test_a_missing_script_or_working_folder_fails_as_with_a_fresh_python(tmp_path):
+    missing = [sys.executable, str(tmp_path / "missing.py")]
+    forked, fresh = (module.run(missing, capture_output=True, text=True, timeout=60)
+                     for module in (warm_python, subprocess))
+    assert (forked.returncode, forked.stderr) == (fresh.returncode, fresh.stderr) and fresh.returncode == 2
+    for module in (warm_python, subprocess):
+        with pytest.raises(FileNotFoundError):
+            module.run([sys.executable, "-c", ""], cwd=tmp_path / "missing", timeout=60)

@@ -2,18 +2,22 @@
 
 A test that runs `python scripts/train.py ...` spends most of its time importing torch and
 torch._dynamo (which torch.optim imports at its first use; docs/BENCHMARKS.md "Start-up" has the
-figures). `Popen` and `run` take subprocess's
-arguments for a command `[sys.executable, SCRIPT | -m MODULE | -c CODE, *args]` and start it as a fork
-of a server process (one per test process) that imported those modules once, then nothing else. The
-child has its own pid, standard streams, working directory, environment, session and exit status, and
-runs the command as `python` would: `sys.argv`, `sys.path[0]`, `__main__`, exit codes (an uncaught
-Ctrl-C ends it by SIGINT), `atexit`, and standard streams made afresh for the new descriptors.
+figures). `Popen` and `run` take subprocess's arguments for a command `[sys.executable, SCRIPT |
+-m MODULE | -c CODE, *args]` and start it as a fork of a server process (one per test process) that
+imported those modules once, then nothing else. The child has its own pid, standard streams, working
+directory, environment, session, signals and exit status, and runs the command as `python` would:
+`sys.argv`, `sys.path[0]`, `__main__`, exit codes (an uncaught Ctrl-C ends it by SIGINT), `atexit`,
+standard streams made afresh for the new descriptors, and fresh random seeds.
 
 A real subprocess is started instead where a fork could differ: another interpreter or a shell, a
-preexec_fn, user or group changes, pass_fds, or an environment whose variables read while torch
-imports (OMP_*, MKL_*, ATEN_*, TORCH*, PYTORCH*, DNNL_*, ONEDNN_*, CUDA*, LD_*, PYTHON*) differ from
-the server's. Tests of what a fresh interpreter imports, or of the interpreter's own shutdown (a
-standard stream that fails at exit), use `subprocess` itself.
+preexec_fn, user or group changes, pass_fds, a working directory that is not a folder, a relative
+PYTHONPATH entry, or an environment whose variables read while torch imports (OMP_*, MKL_*, ATEN_*,
+TORCH*, PYTORCH*, DNNL_*, ONEDNN_*, CUDA*, LD_*, PYTHON*) differ from the server's. What a fork still
+does not give: its own string-hash seed, the finalization of objects alive at exit (a file never
+closed is not flushed; the command's atexit handlers and non-daemon threads do run), tracebacks
+without the server's frames, and a process age that counts the interpreter's and torch's start-up.
+So tests of what a fresh interpreter imports, of its shutdown (a standard stream that fails at exit),
+or of wall time from the process's start use `subprocess` itself.
 """
 
 import inspect
@@ -63,9 +67,9 @@ class Popen(subprocess.Popen):
     def _forks(self, given) -> bool:
         """Starts the command as a fork of the server; False where it cannot (nothing is started then)."""
         server = _server_for(list(given["args"]), given)
-        if server is None:
-            return False
         cwd = os.fsdecode(given["cwd"] if given["cwd"] is not None else os.getcwd())
+        if server is None or not os.path.isdir(cwd):  # subprocess raises FileNotFoundError for a bad cwd
+            return False
         request = {"argv": [os.fsdecode(a) for a in given["args"][1:]], "env": given["env"],
                    "cwd": os.path.abspath(cwd), "new_session": bool(given["start_new_session"]),
                    "ignored_signals": self._ignored_signals}
@@ -74,13 +78,16 @@ class Popen(subprocess.Popen):
         status_read, status_write = os.pipe()
         try:
             server.start(request, [*standard, status_write])
-        except OSError:  # the server has gone: a real subprocess runs the command
-            os.close(status_read)
-            return False
+        except OSError:
+            pass
         finally:
             os.close(status_write)
+        pid = _read_exactly(status_read, 8)
+        if not pid:  # the server has gone before it forked: a real subprocess runs the command
+            os.close(status_read)
+            return False
         self._status_fd = status_read
-        self.pid = struct.unpack("q", _read_exactly(status_read, 8))[0]
+        self.pid = struct.unpack("q", pid)[0]
         self._child_created = True
         self._close_pipe_fds(*(given[name] for name in ("p2cread", "p2cwrite", "c2pread", "c2pwrite",
                                                         "errread", "errwrite")))
@@ -158,21 +165,29 @@ class _Server:
         self.process = subprocess.Popen(
             [sys.executable, "-c", _SERVER, str(theirs.fileno()), ",".join(PRELOADED)],
             pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            env=self.env, cwd="/")
+            env=self.env)
         theirs.close()
         self.socket = ours
         self.lock = threading.Lock()
-        self.ready = False
+        self.set_by_imports = None  # what importing PRELOADED put in os.environ, once they are done
 
     def serves(self, env) -> bool:
+        """Whether a fork sees the environment `env` as a fresh Python would: the same variables that
+        torch reads at import, save those the imports set themselves (torch._dynamo sets
+        TORCHINDUCTOR_CACHE_DIR in every process that imports it, this test process included)."""
+        with self.lock:
+            if self.set_by_imports is None:
+                self.set_by_imports = json.loads(self.socket.recv(1 << 20) or "{}")
+
         def read_at_import(variables):
-            return {k: v for k, v in variables.items() if k.startswith(READ_AT_IMPORT)}
-        return read_at_import(env) == read_at_import(self.env) and self.process.poll() is None
+            return {k: v for k, v in variables.items() if k.startswith(READ_AT_IMPORT)
+                    and not (k not in self.env and self.set_by_imports.get(k) == v)}
+        relative = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and not os.path.isabs(p)]
+        return (read_at_import(env) == read_at_import(self.env) and not relative
+                and self.process.poll() is None)
 
     def start(self, request, fds):
         with self.lock:
-            if not self.ready:
-                self.ready = self.socket.recv(1) == b"R"  # the imports are done
             socket.send_fds(self.socket, [json.dumps(request).encode()], fds)
 
     def close(self):
@@ -218,7 +233,8 @@ started_with = dict(os.environ)
 for name in filter(None, sys.argv[2].split(",")):
     importlib.import_module(name)
 set_by_imports = {k: v for k, v in os.environ.items() if k not in started_with}
-sock.sendall(b"R")
+sock.sendall(json.dumps(set_by_imports).encode())
+STOPS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
 
 
 def standard_streams(env):
@@ -244,17 +260,24 @@ def run_as_python(argv):
         sys.argv, sys.path[0] = [argv[1], *argv[2:]], os.getcwd()
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
     else:
+        if not os.path.exists(argv[0]):
+            print(f"{sys.executable}: can't open file {os.path.abspath(argv[0])!r}: [Errno 2] No such file "
+                  "or directory", file=sys.stderr)
+            raise SystemExit(2)
         sys.argv, sys.path[0] = list(argv), os.path.dirname(os.path.realpath(argv[0]))
         runpy.run_path(argv[0], run_name="__main__")
 
 
-def reseed_as_a_fresh_process():
-    """A fresh Python seeds `random` (and numpy, which torch imports) from the system; forks share the
-    server's state."""
-    import random
+def as_a_fresh_process():
+    """What a fresh Python draws or looks up at start: `random`, numpy's and torch's seeds (forks
+    share the server's), the temporary folder (the command's TMPDIR)."""
+    import random, tempfile
     random.seed()
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
+    if "torch" in sys.modules:
+        sys.modules["torch"].seed()
+    tempfile.tempdir = None
 
 
 def exit_code(code):
@@ -265,8 +288,13 @@ def exit_code(code):
 
 
 def command(request, fds):
+    """The command's process: signals as a fresh Python has them, then unblocked (one sent since the
+    fork is delivered now, to the command's own handling)."""
     if request["new_session"]:
         os.setsid()
+    for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(number, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     for number in request["ignored_signals"]:
         signal.signal(number, signal.SIG_IGN)
     for target, fd in enumerate(fds[:3]):
@@ -277,9 +305,10 @@ def command(request, fds):
     os.environ.clear()
     os.environ.update({**set_by_imports, **request["env"]})
     standard_streams(request["env"])
-    reseed_as_a_fresh_process()
+    as_a_fresh_process()
     code, interrupted = 0, False
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
         run_as_python(request["argv"])
     except SystemExit as exit:
         code = exit_code(exit.code)
@@ -304,13 +333,13 @@ def command(request, fds):
 
 
 def watch(request, fds):
-    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+    """Forks the command with the stop signals blocked (a test may signal it as soon as it has the
+    pid), sends its pid and then its wait status, and ignores those signals itself."""
+    for number in STOPS:
         signal.signal(number, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
     pid = os.fork()
     if pid == 0:
-        for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-            signal.signal(number, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
         command(request, fds)
     os.write(fds[3], struct.pack("q", pid))
     for fd in fds[:3]:
