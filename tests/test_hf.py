@@ -40,7 +40,7 @@ from tinyattn.data.tokenizer import Tokenizer, build_tokenizer  # noqa: E402
 from tinyattn.errors import ConfigError  # noqa: E402
 from tinyattn.generate.decoder import generate_tokens  # noqa: E402
 from tinyattn.generate.text import encode_prompt, generate  # noqa: E402
-from tinyattn.hf.folder import export_folder, load_any_model  # noqa: E402
+from tinyattn.hf.folder import EXPORTED_FILES, export_folder, load_any_model  # noqa: E402
 from tinyattn.model.transformer import LanguageModel  # noqa: E402
 from tinyattn.train.loop import train  # noqa: E402
 from tests import warm_python  # noqa: E402
@@ -461,6 +461,57 @@ def test_an_export_killed_while_replacing_a_folder_loses_neither_and_is_cleaned_
     export_folder(model.state_dict(), config, tokenizer, out, dtype=torch.bfloat16, force=True)
     assert hf_model(out).model.embed_tokens.weight.dtype == torch.bfloat16
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "run"]
+
+
+def refuse_to_move(out: Path, monkeypatch) -> None:
+    """os.replace refuses to move `out` as it refuses a mount point (EBUSY); other moves go on."""
+    import errno
+    import os
+
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if Path(src) == out:
+            raise OSError(errno.EBUSY, "Device or resource busy", str(src), 1, str(dst))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+
+
+def test_an_export_into_an_empty_mount_point_writes_into_it_and_a_forced_replace_is_one_line(
+        tmp_path, capsys, monkeypatch):
+    # A mount point (a docker volume, a tmpfs) cannot be renamed: EBUSY was a traceback.
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)
+    run = save_run(tmp_path, config, model, tokenizer)
+    out = tmp_path / "mounted"
+    out.mkdir()
+    refuse_to_move(out, monkeypatch)
+    code, _, err = run_main(export_cli.main, ["--checkpoint", run, "--out", out], capsys)
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir()) == sorted(EXPORTED_FILES)  # no staging left inside
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mounted", "run"]  # nor beside
+    ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
+    assert max_logit_difference(hf_model(out), model, ids) < 1e-4
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    code, _, err = run_main(export_cli.main, ["--checkpoint", run, "--out", out, "--force"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err == (f"error: {out}: cannot be moved aside to replace the export in it (Device or resource "
+                   "busy; a mount point?); empty the folder and export again, or choose another --out\n")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mounted", "run"]
+
+
+def test_an_export_killed_while_writing_into_an_empty_folder_is_undone_by_the_next(tmp_path):
+    from tinyattn.hf.folder import clean_interrupted_export
+
+    out = tmp_path / "out"
+    staging = out / ".out.abcd1234.tmp"
+    staging.mkdir(parents=True)
+    (staging / "README.md").write_text("not yet moved")
+    (out / "config.json").write_text("{}")  # moved in before the kill
+    clean_interrupted_export(out)
+    assert out.is_dir() and list(out.iterdir()) == []  # empty again, as it was
 
 
 # ----------------------------------------------------------------------------- import
