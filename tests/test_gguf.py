@@ -784,6 +784,28 @@ def test_force_replaces_only_a_gguf_file_and_never_the_checkpoint_read(tmp_path,
     assert sorted(p.name for p in run.iterdir()) == ["best.pt", "step_0.pt"]
 
 
+def test_a_gguf_export_to_a_symlink_writes_through_it_and_keeps_the_link(tmp_path, capsys):
+    # --force replaced the link itself with a new file, leaving the file it pointed to as it was.
+    tokenizer = tokenizer_of("bpe")
+    run = save_run(tmp_path, random_model(tokenizer), tokenizer)
+    real, link = tmp_path / "real.gguf", tmp_path / "link.gguf"
+    code, _, err = run_main(["--checkpoint", run, "--gguf", real, "--dtype", "fp16"], capsys)
+    assert code == 0, err
+    link.symlink_to("real.gguf")
+    code, _, err = run_main(["--checkpoint", run, "--gguf", link], capsys)
+    assert code == 2 and err == (f"error: {real}: exists (--force replaces it); expected the path of a new "
+                                 ".gguf file\n")  # the file it points to
+    code, _, err = run_main(["--checkpoint", run, "--gguf", link, "--force"], capsys)
+    assert code == 0, err
+    assert link.is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.gguf", "real.gguf", "run"]
+    assert gguf.GGUFReader(real).fields["general.file_type"].contents() == gguf.LlamaFileType.ALL_F32
+    (tmp_path / "gone.gguf").symlink_to("nowhere.gguf")
+    code, _, err = run_main(["--checkpoint", run, "--gguf", tmp_path / "gone.gguf"], capsys)
+    assert code == 2 and err == (f"error: {tmp_path / 'gone.gguf'}: a symbolic link to nowhere.gguf, which "
+                                 "does not exist; point it at a .gguf file, or choose another --out\n")
+
+
 def test_the_files_name_is_the_run_folders_for_checkpoint_dot(tmp_path, capsys, monkeypatch):
     # Path('.').name is '': the file was named "tinyattn", not after the run.
     tokenizer = tokenizer_of("bpe")

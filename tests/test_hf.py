@@ -514,6 +514,43 @@ def test_an_export_killed_while_writing_into_an_empty_folder_is_undone_by_the_ne
     assert out.is_dir() and list(out.iterdir()) == []  # empty again, as it was
 
 
+def test_an_export_to_a_symlinked_folder_writes_through_the_link_and_keeps_it(tmp_path, capsys):
+    # --force replaced the link with a real folder and left the link aside as .linked.XXX.old.tmp;
+    # every later export to the path then failed with "Cannot call rmtree on a symbolic link".
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)
+    run = save_run(tmp_path, config, model, tokenizer)
+    (tmp_path / "real").mkdir()
+    linked = tmp_path / "linked"
+    linked.symlink_to("real")
+    for force in ([], ["--force"], ["--force", "--dtype", "bf16"]):
+        code, _, err = run_main(export_cli.main, ["--checkpoint", run, "--out", linked, *force], capsys)
+        assert code == 0, err
+        assert linked.is_symlink() and sorted(p.name for p in (tmp_path / "real").iterdir()) == sorted(
+            EXPORTED_FILES)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["linked", "real", "run"]  # nothing aside
+    assert hf_model(linked).model.embed_tokens.weight.dtype == torch.bfloat16
+    (tmp_path / "gone").symlink_to("nowhere")
+    code, _, err = run_main(export_cli.main, ["--checkpoint", run, "--out", tmp_path / "gone"], capsys)
+    assert code == 2 and err == (f"error: {tmp_path / 'gone'}: a symbolic link to nowhere, which does not "
+                                 "exist; point it at a folder, or choose another --out\n")
+
+
+def test_a_symlink_left_beside_an_export_is_removed_never_followed(tmp_path):
+    from tinyattn.hf.folder import clean_interrupted_export
+
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "config.json").write_text("{}")
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / ".out.abcd1234.old.tmp").symlink_to("keep")  # what the old export left aside
+    (tmp_path / ".out.abcd1234.tmp").symlink_to("keep")
+    clean_interrupted_export(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep", "out"]
+    assert (keep / "config.json").read_text() == "{}"  # what a link pointed to is never touched
+
+
 # ----------------------------------------------------------------------------- import
 
 

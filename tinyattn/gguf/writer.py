@@ -49,7 +49,8 @@ from tinyattn.data.tokenizer import Tokenizer
 from tinyattn.errors import CheckpointError, TinyattnError
 from tinyattn.gguf.vocab import PRE_TOKENIZER, TOKENIZER_MODEL, gguf_vocab, padded
 from tinyattn.hf.convert import norm_eps, refuse_what_neither_computes, to_hf_weights
-from tinyattn.system.storage import TEMPORARY_SUFFIX, new_file_mode, remove_temporaries, storage_errors
+from tinyattn.system.storage import (TEMPORARY_SUFFIX, new_file_mode, remove_temporaries, storage_errors,
+                                     through_link)
 from tinyattn.system.choices import GGUF_PRECISIONS
 
 INSTALL_HINT = "pip install 'tinyattn[gguf]'"
@@ -164,7 +165,7 @@ def write_gguf(state: dict[str, torch.Tensor], config: ModelConfig, tokenizer: T
                force: bool = False) -> Path:
     """Write `path` (one .gguf file) for the model `state`/`config` and its tokenizer."""
     gguf = gguf_package()
-    path = Path(path)
+    path = through_link(Path(path), "a .gguf file")  # a symlinked path: its file is replaced, the link kept
     if dtype not in GGUF_DTYPES:
         raise CheckpointError(f"--dtype {dtype}: a GGUF file holds {', '.join(GGUF_DTYPES)}")
     _check_gguf_path(path, force)

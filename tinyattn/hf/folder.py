@@ -47,7 +47,7 @@ from tinyattn.hf.convert import (
 )
 from tinyattn.model.transformer import LanguageModel
 from tinyattn.system.storage import (TEMPORARY_SUFFIX, atomic_write, new_folder_mode, read_text,
-                                     storage_errors)
+                                     remove_leftover, storage_errors, through_link)
 
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
@@ -230,7 +230,7 @@ def export_folder(weights: dict[str, torch.Tensor], config: Config, tokenizer: T
     before any is written, and written beside `out` first: a failed export leaves `out`
     as it was (absent, empty, or the earlier export), never half of one.
     """
-    out = Path(out)
+    out = through_link(Path(out), "a folder")  # a symlinked --out: its folder is written, the link kept
     st = safetensors_torch()
     bos, eos = tokenizer.start_id, tokenizer.eot_id  # one token, <|endoftext|>, for tinyattn's own
     hf = hf_config(config.model, bos, eos, dtype)  # refuses what Llama cannot hold, before any write
@@ -336,13 +336,13 @@ def clean_interrupted_export(out: Path) -> None:
                 print(f"note: {out}: an earlier export was interrupted while replacing it; put the "
                       "folder it replaced back", file=sys.stderr)
             else:
-                shutil.rmtree(path)
+                remove_leftover(path)  # a link (an older export's --out) is removed, not followed
     inside = [p for p in out.iterdir() if pattern.match(p.name) and p.is_dir()] if out.is_dir() else []
     for staging in inside:  # `out` was empty: what is in it besides came from the killed export
         with storage_errors(out):
             for name in EXPORTED_FILES:
                 (out / name).unlink(missing_ok=True)
-            shutil.rmtree(staging)
+            remove_leftover(staging)
         print(f"note: {out}: an earlier export into the empty folder was interrupted; took back what "
               "it had written", file=sys.stderr)
 

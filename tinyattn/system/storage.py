@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -184,6 +185,28 @@ def check_writable(folder: str | Path) -> Path:
         os.close(fd)
         os.unlink(name)
     return folder
+
+
+def through_link(path: Path, what: str) -> Path:
+    """`path`, or what it points to when it is a symbolic link: a write there replaces the file or
+    folder the link leads to and keeps the link (a rename would replace the link itself). A link
+    that leads nowhere is a StorageError naming it; `what`: what it should point at ("a folder")."""
+    if not path.is_symlink():
+        return path
+    try:
+        return path.resolve(strict=True)
+    except (OSError, RuntimeError):  # missing, or a loop of links
+        raise StorageError(f"{path}: a symbolic link to {os.readlink(path)}, which does not exist; "
+                           f"point it at {what}, or choose another --out") from None
+
+
+def remove_leftover(path: Path) -> None:
+    """Delete a file or folder an interrupted write left; a symbolic link is removed, never what
+    it points to (shutil.rmtree refuses a link)."""
+    if path.is_symlink() or not path.is_dir():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path)
 
 
 def remove_temporaries(folder: str | Path, of: Optional[str] = None) -> list[Path]:
