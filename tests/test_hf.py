@@ -1507,6 +1507,34 @@ def test_a_tied_folder_that_also_stores_lm_head_imports_as_tied_as_its_config_js
         assert (loaded.model(ids).logits - model(ids).logits).abs().max().item() < 1e-5
 
 
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["llama", "qwen3"])
+def test_a_tied_folder_whose_lm_head_differs_from_its_embedding_loads_untied_as_transformers_does(
+        tmp_path, capsys, qk_norm):
+    # transformers 5 warns "both are present ... with different values, so we will NOT tie them";
+    # tinyattn used the embedding as the head, logits off by tens.
+    tokenizer = tokenizer_of("bpe")
+    random_llama(tmp_path / "llama", tokenizer)  # untied: its lm_head differs from its embedding
+    edit_config(tmp_path / "llama", tie_word_embeddings=True)
+    if qk_norm:
+        edit_config(tmp_path / "llama", architectures=["Qwen3ForCausalLM"], model_type="qwen3")
+        for layer in range(2):
+            for name in ("q_norm", "k_norm"):
+                edit_tensor(tmp_path / "llama", f"model.layers.{layer}.self_attn.{name}.weight",
+                            1 + 0.2 * torch.randn(8))
+    reference = hf_model(tmp_path / "llama")
+    capsys.readouterr()
+    loaded = load_any_model(tmp_path / "llama")
+    assert loaded.config.model.tie_embeddings is False
+    assert capsys.readouterr().err == (
+        f"note: {tmp_path / 'llama' / 'config.json'}: tie_word_embeddings is true, but the weights hold an "
+        "lm_head.weight that differs from the embedding; it is loaded untied, as transformers loads it\n")
+    ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
+    assert max_logit_difference(loaded.model, reference, ids) < 1e-5
+    export_folder(loaded.model.state_dict(), loaded.config, loaded.tokenizer, tmp_path / "again")
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["tie_word_embeddings"] is False
+    assert max_logit_difference(hf_model(tmp_path / "again"), reference, ids) < 1e-5
+
+
 def test_a_rotary_inv_freq_tensor_in_the_weights_is_ignored_not_refused(tmp_path):
     # Older transformers saved each layer's RoPE frequencies as a buffer; tinyattn computes its own.
     folder, model, tokenizer = exported_char_folder(tmp_path)

@@ -148,6 +148,17 @@ def check_hf_weights(tensors: dict[str, torch.Tensor], config: ModelConfig, orig
                               f"{', '.join(extra[:3])}{more}{bias}")
 
 
+def head_differs_from_embedding(tensors: dict[str, torch.Tensor]) -> bool:
+    """Whether the weights hold an lm_head.weight of the embedding's shape but other values:
+    transformers 5 then leaves a head that config.json calls tied untied (and warns), and so
+    must tinyattn. A copy equal to the embedding is a tied head's; another shape is refused
+    by `check_hf_weights`."""
+    head, embedding = tensors.get("lm_head.weight"), tensors.get("model.embed_tokens.weight")
+    if head is None or embedding is None or head.shape != embedding.shape:
+        return False
+    return not torch.equal(head, embedding.to(head.dtype))
+
+
 def _shape(shape: tuple[int, ...]) -> str:
     return "x".join(str(n) for n in shape) or "a scalar"
 

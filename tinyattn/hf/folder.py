@@ -18,6 +18,7 @@ folder is read or written, so the core works without either. Pickled weights
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import math
@@ -40,6 +41,7 @@ from tinyattn.hf.convert import (
     ARCHITECTURE,
     QK_NORM_ARCHITECTURE,
     from_hf_weights,
+    head_differs_from_embedding,
     hf_config,
     model_config_from_hf,
     safetensors_torch,
@@ -107,6 +109,12 @@ def read_folder(folder: str | Path) -> ImportedModel:
     weights_file, tensors = _read_weights(folder)
     model_config = model_config_from_hf(raw, f"{folder / 'config.json'}",
                                         tied="lm_head.weight" not in tensors)
+    if model_config.tie_embeddings and head_differs_from_embedding(tensors):
+        # Loaded as transformers loads it: the embedding as the head would be another model.
+        model_config = dataclasses.replace(model_config, tie_embeddings=False)
+        print(f"note: {folder / 'config.json'}: tie_word_embeddings is true, but the weights hold an "
+              "lm_head.weight that differs from the embedding; it is loaded untied, as transformers "
+              "loads it", file=sys.stderr)
     weights = from_hf_weights(tensors, model_config, str(weights_file))
     tokenizer_file = folder / "tokenizer.json"
     tokenizer = Tokenizer.from_file(tokenizer_file)
