@@ -230,6 +230,36 @@ def test_an_export_takes_an_empty_folder_but_never_one_holding_other_files_even_
     assert (out / "notes.txt").read_text() == "mine"  # --force replaces an export, never a user's files
 
 
+@pytest.mark.parametrize("card", [None, "---\nlicense: apache-2.0\ntags: [llama]\n---\n# SmolLM2\n"],
+                         ids=["no-card", "another-card"])
+def test_force_never_replaces_a_downloaded_model_holding_only_the_files_an_export_writes(
+        tmp_path, capsys, card):
+    # `hf download` leaves config.json, model.safetensors, tokenizer.json, ... (and often a
+    # README.md): the names an export writes. It was called "an earlier export" and --force wiped it.
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)
+    run = save_run(tmp_path, config, model, tokenizer)
+    downloaded = tmp_path / "models" / "SmolLM2"
+    random_llama(downloaded, tokenizer_of("bpe"))
+    (downloaded / "README.md").unlink(missing_ok=True)
+    if card is not None:
+        (downloaded / "README.md").write_text(card)
+    before = {p.name: p.read_bytes() for p in downloaded.iterdir()}
+    for force in ([], ["--force"]):
+        code, out, err = run_main(export_cli.main, ["--checkpoint", run, "--out", downloaded, *force], capsys)
+        assert code == 2 and out == "" and err == (
+            f"error: {downloaded}: not empty and not an earlier tinyattn export (no README.md with "
+            f"tinyattn's model card; it holds {', '.join(sorted(before)[:3])}, ...); choose another --out "
+            "(--force replaces only an earlier tinyattn export)\n")
+    assert {p.name: p.read_bytes() for p in downloaded.iterdir()} == before
+    assert sorted(p.name for p in downloaded.parent.iterdir()) == ["SmolLM2"]
+    again = tmp_path / "again"  # a folder tinyattn exported, its card's front matter as written
+    export_folder(model.state_dict(), config, tokenizer, again)
+    code, _, err = run_main(export_cli.main, ["--checkpoint", run, "--out", again], capsys)
+    assert code == 2 and err == f"error: {again}: holds an earlier export; add --force to replace it\n"
+    assert run_main(export_cli.main, ["--checkpoint", run, "--out", again, "--force"], capsys)[0] == 0
+
+
 def test_a_bf16_export_stores_bf16_weights_and_float32_where_asked(tmp_path):
     # transformers casts to config.json's dtype on loading, so only the file shows what was stored.
     from safetensors.torch import load_file

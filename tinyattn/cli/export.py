@@ -37,8 +37,9 @@ def parser() -> argparse.ArgumentParser:
                    help="the weights' dtype (default: fp32, the dtype tinyattn trains its weights in); "
                         f"a folder holds {', '.join(EXPORT_PRECISIONS)}, a GGUF file {', '.join(GGUF_PRECISIONS)}")
     p.add_argument("--force", action="store_true",
-                   help="replace an earlier export in --out (a GGUF file, or a folder holding only an "
-                        "export's files); never a checkpoint or another file")
+                   help="replace an earlier export in --out (a GGUF file, or a folder tinyattn exported: "
+                        "only an export's files, its README.md tinyattn's model card); never a checkpoint, "
+                        "a downloaded model or another file")
     return p
 
 

@@ -55,9 +55,11 @@ WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.pth")
 ASIDE_SUFFIX = ".old" + TEMPORARY_SUFFIX  # the replaced export, for the moment between two renames
-# Files an export writes; an existing folder holding only these may be replaced with --force.
+# Files an export writes; an existing folder holding only these, its README.md tinyattn's model
+# card (CARD_TAGS), is an earlier export that --force may replace.
 EXPORTED_FILES = ("config.json", WEIGHTS, "generation_config.json", "tokenizer.json",
                   "tokenizer_config.json", "special_tokens_map.json", "README.md")
+CARD_TAGS = "tags: [tinyattn, "  # the model card's front matter: tags: [tinyattn, llama] (or qwen3)
 
 
 # ----------------------------------------------------------------------------- reading
@@ -356,16 +358,37 @@ def clean_interrupted_export(out: Path) -> None:
 
 
 def _check_out_folder(out: Path, force: bool) -> None:
+    """Refuse an `out` that is not a folder, holds files an export does not write, or is not an
+    earlier tinyattn export (a downloaded model holds the same file names: its model card tells
+    them apart); an earlier export is replaced only with `force`."""
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"{out}: exists and is not a folder; choose another --out")
-    if out.is_dir():
-        present = sorted(p.name for p in out.iterdir())
-        foreign = [name for name in present if name not in EXPORTED_FILES]
-        if foreign:
-            raise CheckpointError(f"{out}: the folder holds other files ({', '.join(foreign[:3])}); "
-                                  "choose another --out")
-        if present and not force:
-            raise CheckpointError(f"{out}: holds an earlier export; add --force to replace it")
+    present = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if not present:
+        return
+    foreign = [name for name in present if name not in EXPORTED_FILES]
+    if foreign:
+        raise CheckpointError(f"{out}: the folder holds other files ({', '.join(foreign[:3])}); "
+                              "choose another --out")
+    if not is_tinyattn_export(out):
+        more = ", ..." if len(present) > 3 else ""
+        raise CheckpointError(f"{out}: not empty and not an earlier tinyattn export (no README.md with "
+                              f"tinyattn's model card; it holds {', '.join(present[:3])}{more}); choose "
+                              "another --out (--force replaces only an earlier tinyattn export)")
+    if not force:
+        raise CheckpointError(f"{out}: holds an earlier export; add --force to replace it")
+
+
+def is_tinyattn_export(folder: Path) -> bool:
+    """Whether `folder`'s README.md is a model card tinyattn wrote: its front matter's tags
+    begin with tinyattn (`CARD_TAGS`)."""
+    try:
+        text = (folder / "README.md").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    lines = text.splitlines()
+    front = lines[1:lines.index("---", 1)] if lines[:1] == ["---"] and "---" in lines[1:] else []
+    return any(line.startswith(CARD_TAGS) for line in front)
 
 
 def _generation_config(sample: SampleConfig, bos: Optional[int], eos: Optional[int]) -> dict:
@@ -398,7 +421,7 @@ def model_card(config: Config, card: Optional[ModelCard], tokenizer: Tokenizer,
     else:
         data = "unknown data"
     lines = ["---", "library_name: transformers", "pipeline_tag: text-generation",
-             f"tags: [tinyattn, {family.lower()}]", "---", "",
+             f"{CARD_TAGS}{family.lower()}]", "---", "",
              f"# A {parameters / 1e6:.2f}M-parameter {family}-architecture language model", "",
              f"Trained with tinyattn and exported as `{architecture}`; it "
              "loads with `AutoModelForCausalLM` and `AutoTokenizer`, no custom code.", "",
