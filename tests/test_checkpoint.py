@@ -299,3 +299,23 @@ def test_a_saved_config_with_a_download_check_no_longer_accepted_still_loads_wit
     saved["data"].update(sha256=sha, size_bytes=1000)  # a valid pair is kept as it is
     config = ckpt.config_from_checkpoint({"config": saved}, Path("run/best.pt"))
     assert (config.data.sha256, config.data.size_bytes) == (sha, 1000)
+
+
+@pytest.mark.parametrize("files", [["model.safetensors", "tokenizer.json"], ["model.safetensors.index.json"],
+                                   ["tokenizer.json"]], ids=["weights-and-tokenizer", "sharded", "tokenizer"])
+def test_a_hugging_face_folder_without_config_json_is_named_so_not_called_an_empty_run_folder(
+        tmp_path, files):
+    # Was "run folder holds no checkpoint (step_*.pt or best.pt)": true, and no help to fix it.
+    folder = tmp_path / "SmolLM2"
+    folder.mkdir()
+    for name in files:
+        (folder / name).write_bytes(b"{}")
+    with pytest.raises(CheckpointError) as refused:
+        ckpt.resolve_checkpoint(folder)
+    assert str(refused.value) == (
+        f"{folder}: looks like a Hugging Face folder ({', '.join(files)}) but has no config.json, which "
+        "tinyattn needs to read it; copy the model's config.json into it (a run folder holds step_*.pt or "
+        "best.pt)")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match=r"run folder holds no checkpoint \(step_\*\.pt or best\.pt\)$"):
+        ckpt.resolve_checkpoint(tmp_path / "empty")

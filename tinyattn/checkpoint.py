@@ -272,6 +272,10 @@ def resolve_checkpoint(path: Optional[str | Path], out_dir: str | Path = "checkp
     order = [best, latest] if prefer == "best" else [latest, best]
     chosen = next((candidate for candidate in order if candidate is not None and candidate.is_file()), None)
     if chosen is None:
+        if found := [name for name in HF_FOLDER_FILES if (path / name).is_file()]:
+            raise CheckpointError(f"{path}: looks like a Hugging Face folder ({', '.join(found)}) but has "
+                                  "no config.json, which tinyattn needs to read it; copy the model's "
+                                  "config.json into it (a run folder holds step_*.pt or best.pt)")
         raise CheckpointError(f"{path}: run folder holds no checkpoint (step_*.pt or best.pt)")
     if prefer == "best" and (damage := verify_checkpoint(chosen)):
         return _instead_of_damaged(chosen, damage)
@@ -434,6 +438,10 @@ def require_causal(loaded: LoadedModel, command: str) -> None:
         raise CheckpointError(f"{loaded.path}: model.causal is false (a bidirectional model, trained by "
                               f"tinyattn lab causal to show the mask's effect): {command} needs a causal "
                               "model")
+
+
+# What a Hugging Face model folder holds besides config.json: a folder with one is named as such.
+HF_FOLDER_FILES = ("model.safetensors", "model.safetensors.index.json", "tokenizer.json", "pytorch_model.bin")
 
 
 def is_hf_folder(path: str | Path) -> bool:
