@@ -870,7 +870,10 @@ def test_the_explorer_of_a_text_over_max_explore_tokens_reads_its_last_tokens_up
                                       "prediction produced"),
     ({"text": "R", "offset": 0}, "text: 1 tokens; the explorer takes at least 2"),
     ({"text": "ROMEO:", "offset": 1, "query": 3}, "unknown field 'query'"),
-], ids=["offset-past-the-end", "offset-of-the-first-token", "one-token", "unknown-field"])
+    # Finding the clicked token decodes the text once per token: no client buys minutes of that.
+    ({"text": "ROMEO:" * 842, "offset": 5}, "; the explorer takes the text of a completion here: at most 5048 "
+                                           "tokens (a prompt of at most 48, then at most 5000)"),
+], ids=["offset-past-the-end", "offset-of-the-first-token", "one-token", "unknown-field", "longer-than-completions"])
 def test_a_bad_explorer_request_is_a_400(server, body, message):
     status, answer = post(server, "/explorer", body)
     assert status == 400 and message in json.loads(answer)["error"]["message"]
@@ -1165,3 +1168,16 @@ def test_serving_in_the_foreground_puts_back_the_sigterm_handler_it_found(monkey
         assert signal.getsignal(signal.SIGTERM) is mine
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_an_explorer_text_of_more_characters_than_a_completion_can_hold_is_refused_before_it_is_encoded(
+        server, loaded, monkeypatch):
+    longest, encoded = loaded.tokenizer.max_token_chars, []
+    assert longest is not None  # the char model's bound: a text this long cannot be one a completion made
+    monkeypatch.setattr(loaded.tokenizer, "encode", lambda text, encode=loaded.tokenizer.encode:
+                        encoded.append(len(text)) or encode(text))
+    text = "R" * (5048 * longest + 1)
+    status, answer = post(server, "/explorer", {"text": text, "offset": 5})
+    message = json.loads(answer)["error"]["message"]
+    assert status == 400 and encoded == [], message
+    assert message.startswith(f"text: {len(text)} characters, more than 5048 tokens can read (each at most {longest})")

@@ -288,6 +288,25 @@ async def _events(served: Served, completion: Completion, job: Job) -> AsyncIter
 # ----------------------------------------------------------------------------- the explorer and the page
 
 
+def _explorer_text_ids(served: Served, text: str) -> list[int]:
+    """The text's tokens, refused past the longest text a completion here can make (a prompt of at
+    most the prompt limit, then at most max_tokens): finding the clicked token decodes the text once
+    per token, work that grows as the square of its length, and no client should buy minutes of it.
+    A text of more characters than that many tokens can read is refused before it is encoded."""
+    limits = served.limits
+    prompt_most = limits.max_prompt_tokens or served.model.config.context_length
+    most = prompt_most + limits.max_tokens
+    longest = getattr(served.tokenizer, "max_token_chars", None)
+    ids = None if longest is not None and len(text) > most * longest else served.tokenizer.encode(text)
+    if ids is None or len(ids) > most:
+        size = (f"{len(ids)} tokens" if ids is not None
+                else f"{len(text)} characters, more than {most} tokens can read (each at most {longest})")
+        raise ApiError(f"text: {size}; the explorer takes the text of a completion here: at most {most} "
+                       f"tokens (a prompt of at most {prompt_most}, then at most {limits.max_tokens})",
+                       param="text")
+    return ids
+
+
 def _explorer_query(served: Served, body: ExploreRequest) -> tuple[list[int], int, str]:
     """The text's token ids, the query (the prediction that produced the token holding `offset`) and
     a note, "" unless the text was cut. Read as generation read it: after the start token it began
@@ -301,7 +320,7 @@ def _explorer_query(served: Served, body: ExploreRequest) -> tuple[list[int], in
         start = encode_prompt(served.tokenizer, "", served.model.config.context_length)
     else:
         start = served.tokenizer.text_start
-    text_ids = served.tokenizer.encode(body.text)
+    text_ids = _explorer_text_ids(served, body.text)
     ids = start + text_ids
     most = served.limits.max_explore_tokens
     if len(ids) < 2:
