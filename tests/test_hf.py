@@ -856,7 +856,8 @@ def test_attention_and_the_explorer_read_an_imported_folders_text_after_its_bos(
     from tinyattn.serve.app import _explorer_query
     from tinyattn.serve.schemas import ExploreRequest, Limits
 
-    served = types.SimpleNamespace(tokenizer=load_any_model(llama).tokenizer, limits=Limits())
+    loaded = load_any_model(llama)
+    served = types.SimpleNamespace(tokenizer=loaded.tokenizer, model=loaded.model, limits=Limits())
     assert _explorer_query(served, ExploreRequest(text=text, offset=0)) == (theirs, 0, "")  # <s> predicted "R..."
     assert _explorer_query(served, ExploreRequest(text=text, offset=len(text) - 1)) == (theirs, len(theirs) - 2, "")
 
