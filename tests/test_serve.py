@@ -811,6 +811,18 @@ def test_the_playground_escapes_the_models_name():
     assert 'data-model="a&quot;&lt;b&gt;&amp;"' in page and '"<b>' not in page
 
 
+def test_the_playgrounds_sampling_controls_start_at_the_checkpoints_sample_config():
+    # The page sends every control: hard-coded values (temperature 0.8) sampled a greedy imported folder.
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.serve.app import playground_html
+
+    page = playground_html("m", SampleConfig(temperature=0.0, top_p=0.9, top_k=None))
+    assert 'id="temperature" type="number" min="0" step="0.05" value="0.0"' in page
+    assert 'value="0.9"' in page.split('id="top-p"')[1].split(">")[0]
+    assert 'value="0"' in page.split('id="top-k"')[1].split(">")[0] and "%" not in page.split("<style>")[0]
+
+
 def test_the_explorer_route_shows_the_prediction_that_produced_the_token_at_an_offset(server, loaded):
     from tinyattn.analysis.explorer import data_of_page
 

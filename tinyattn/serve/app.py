@@ -41,6 +41,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tinyattn.config import SampleConfig
 from tinyattn.serve.schemas import (
     ApiError,
     Completion,
@@ -159,7 +160,7 @@ def _add_routes(app: FastAPI, served: Served) -> None:
 
     @app.get("/", response_class=HTMLResponse)
     async def playground():
-        return HTMLResponse(playground_html(served.model_id))
+        return HTMLResponse(playground_html(served.model_id, served.sample))
 
 
 def _check_model(served: Served, name: str) -> None:
@@ -362,13 +363,18 @@ def _explorer_page(served: Served, ids: list[int], query: int, note: str = "") -
 PAGE_FILES = {"PAGE": "playground.html", "STYLE": "playground.css", "SCRIPT": "playground.js"}
 
 
-def playground_html(model_id: str) -> str:
-    """The playground: one page, its style and script inline, nothing fetched but this server's routes."""
+def playground_html(model_id: str, sample: Optional[SampleConfig] = None) -> str:
+    """The playground: one page, its style and script inline, nothing fetched but this server's routes.
+    Its sampling controls start at `sample`'s values (the checkpoint's, which a request that leaves
+    them out gets): the page sends every control, so a greedy imported folder stays greedy there."""
     import html
 
+    sample = sample or SampleConfig()
     part = {name: resources.files("tinyattn.serve").joinpath(file).read_text(encoding="utf-8")
             for name, file in PAGE_FILES.items()}
-    values = {"STYLE": part["STYLE"], "SCRIPT": part["SCRIPT"], "MODEL": html.escape(model_id, quote=True)}
+    controls = {"TEMPERATURE": sample.temperature, "TOP_P": sample.top_p, "TOP_K": sample.top_k or 0}
+    values = {"STYLE": part["STYLE"], "SCRIPT": part["SCRIPT"], **{k: str(v) for k, v in controls.items()},
+              "MODEL": html.escape(model_id, quote=True)}
     page = part["PAGE"]
     for name, value in values.items():  # the model's name goes last: it cannot bring in a placeholder
         page = page.replace(f"%{name}%", value)
