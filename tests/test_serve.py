@@ -424,7 +424,12 @@ def test_a_prompt_at_the_token_limit_and_max_tokens_0_are_served(client):
     (b'{"model": "tiny-serve", "prompt": ', "not valid JSON"),
     (b'["tiny-serve"]', "must be a JSON object"),
     (b'{"prompt": "x"}', "the field 'model' is required"),
-], ids=["malformed-json", "not-an-object", "no-model"])
+    # JSON that escapes half a surrogate pair, as Python's json.dumps writes "\ud800": valid JSON,
+    # which pydantic's parser refuses as invalid; the 400 says what is wrong with which field.
+    (b'{"model": "tiny-serve", "prompt": "ab\\ud800"}', "prompt: not valid Unicode text at character 2"),
+    (b'{"model": "tiny-serve", "prompt": "x", "stop": ["\\udc00"]}', "stop.0: not valid Unicode text at "
+                                                                      "character 0"),
+], ids=["malformed-json", "not-an-object", "no-model", "a-lone-surrogate", "a-lone-surrogate-in-a-list"])
 def test_a_body_that_is_not_a_request_is_a_400(server, body, message):
     connection = http.client.HTTPConnection(*server.sock.getsockname()[:2])
     connection.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})

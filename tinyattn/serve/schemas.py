@@ -130,7 +130,37 @@ def parse(model: type[BaseModel], body: bytes) -> Any:
     try:
         return model.model_validate_json(body)
     except ValidationError as e:
+        if e.errors()[0]["type"] == "json_invalid":
+            _refuse_a_lone_surrogate(body)
         raise validation_error(e, model) from None
+
+
+def _refuse_a_lone_surrogate(body: bytes) -> None:
+    """JSON may escape half of a UTF-16 surrogate pair (a \\ud800 escape; Python's json writes one for
+    such a str), which pydantic's parser calls invalid JSON: the 400 names the field and the character."""
+    import json
+
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        return  # invalid JSON indeed
+    for path, text in _strings_in(value, []):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            name = ".".join(path) or None
+            raise ApiError(f"{name}: not valid Unicode text at character {e.start} (half of a UTF-16 "
+                           "surrogate pair)", param=name) from None
+
+
+def _strings_in(value, path: list[str]):
+    """(path, str) for every string in a parsed JSON value, its keys' and indices' path to it."""
+    if isinstance(value, str):
+        yield path, value
+    members = (value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list)
+               else ())
+    for key, member in members:
+        yield from _strings_in(member, path + [str(key)])
 
 
 # ----------------------------------------------------------------------------- a completion request
