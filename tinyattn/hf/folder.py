@@ -7,9 +7,8 @@
   are translated in `tinyattn.hf.convert`.
 - `export_folder(...)`: the reverse, a folder that `AutoModelForCausalLM` and
   `AutoTokenizer` load with no custom code, with a model card. It is staged beside the
-  target and swapped in as one step (into an existing empty folder, such as a mount point:
-  staged inside it and moved in), so a failed or killed export leaves the folder as it
-  was; what a killed one left is cleaned up by the next export.
+  target and swapped in as one step, so a failed or killed export leaves the folder as it
+  was; what a killed one left beside it is cleaned up by the next export.
 
 Only the `safetensors` package is needed here (never `transformers`), imported when a
 folder is read or written, so the core works without either. Pickled weights
@@ -240,11 +239,12 @@ def export_folder(weights: dict[str, torch.Tensor], config: Config, tokenizer: T
     before any is written, and written beside `out` first: a failed export leaves `out`
     as it was (absent, empty, or the earlier export), never half of one.
     """
-    out = through_link(Path(out), "a folder")  # a symlinked --out: its folder is written, the link kept
     st = safetensors_torch()
     bos, eos = tokenizer.start_id, tokenizer.eot_id  # one token, <|endoftext|>, for tinyattn's own
     hf = hf_config(config.model, bos, eos, dtype)  # refuses what Llama cannot hold, before any write
-    clean_interrupted_export(out)  # first: an export killed mid-swap may have moved `out` aside
+    # First: an export killed mid-swap may have moved `out` (or the folder a link --out leads to) aside.
+    clean_interrupted_export(Path(os.path.realpath(out)))
+    out = through_link(Path(out), "a folder")  # a symlinked --out: its folder is written, the link kept
     _check_out_folder(out, force)
     tensors = {name: t.to(dtype) for name, t in to_hf_weights(weights, config.model).items()}
     special = {}
@@ -275,55 +275,37 @@ def _json_bytes(value: dict) -> bytes:
 
 
 def _write_folder(out: Path, files: dict[str, bytes]) -> None:
-    """Write `files` into a staging folder, then put them in place: beside `out`, swapped in as
-    one step (`_swap_in`); inside an existing empty `out` (a mount point, which cannot be renamed),
-    moved into it (`_move_into`). A write that fails, or a kill at any moment, never leaves half of one."""
-    in_place = out.is_dir() and not any(out.iterdir())
+    """Write `files` into a staging folder beside `out`, then put it in `out`'s place as one
+    step (`_swap_in`): a write that fails, or a kill at any moment, never leaves half of one."""
     with storage_errors(out, creating=True):  # the --out the user gave
         out.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=out if in_place else out.parent, prefix=f".{out.name}.",
-                                        suffix=TEMPORARY_SUFFIX))
+        staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=TEMPORARY_SUFFIX))
         os.chmod(staging, new_folder_mode(out))  # mkdtemp's 0700 would keep a class or a container out
     try:
         for name, data in files.items():
             with atomic_write(staging / name, named=f"{out} (writing {name})") as f:
                 f.write(data)
         with storage_errors(out):
-            (_move_into if in_place else _swap_in)(staging, out)
+            _swap_in(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _move_into(staging: Path, out: Path) -> None:
-    """Move the files of `staging` (a folder inside the empty `out`) into `out`, the model card
-    last; a failure takes back those moved, leaving `out` empty. What a kill leaves (the staging
-    folder inside `out`) the next export's `clean_interrupted_export` takes back the same way."""
-    moved = []
-    try:
-        for file in sorted(staging.iterdir(), key=lambda p: p.name == "README.md"):
-            os.replace(file, out / file.name)
-            moved.append(out / file.name)
-    except BaseException:
-        for file in moved:
-            file.unlink(missing_ok=True)
-        raise
-
-
 def _swap_in(staging: Path, out: Path) -> None:
-    """Put the complete `staging` folder at `out`. The earlier export --force replaces is moved
-    aside first and deleted last: at every moment `out` is the old export or the new one, and a
-    kill between the two renames leaves the old one aside, where the next export's
-    `clean_interrupted_export` puts it back. A folder that cannot be moved (a mount point) is refused."""
+    """Put the complete `staging` folder at `out`. An existing `out` (empty, or the earlier
+    export --force replaces) is moved aside first and deleted last: at every moment `out`
+    is the old export or the new one, and a kill between the two renames leaves the old one
+    aside, where the next export's `clean_interrupted_export` puts it back."""
     if out.is_dir():
         aside = staging.with_name(staging.name.removesuffix(TEMPORARY_SUFFIX) + ASIDE_SUFFIX)
         try:
             os.replace(out, aside)
-        except OSError as e:
+        except OSError as e:  # a mount point (a container's volume) cannot be moved
             if e.errno not in (errno.EBUSY, errno.EXDEV, errno.EINVAL):
                 raise
-            raise CheckpointError(f"{out}: cannot be moved aside to replace the export in it ({e.strerror}; "
-                                  "a mount point?); empty the folder and export again, or choose another "
-                                  "--out") from None
+            raise CheckpointError(f"{out}: cannot be moved aside to replace it ({e.strerror}; a mount "
+                                  f"point?); export into a folder inside it, such as --out {out / 'model'}"
+                                  ) from None
         os.replace(staging, out)
         shutil.rmtree(aside, ignore_errors=True)
     else:
@@ -331,9 +313,8 @@ def _swap_in(staging: Path, out: Path) -> None:
 
 
 def clean_interrupted_export(out: Path) -> None:
-    """Undo what an export into `out` killed part-way left: its staging folders beside `out` are
-    deleted; a folder it had moved aside goes back to `out` when `out` is missing (else deleted).
-    A staging folder inside `out` (an export into an empty folder) goes, with what it moved into `out`."""
+    """Undo what an export into `out` killed part-way left beside it: its staging folders are
+    deleted; a folder it had moved aside goes back to `out` when `out` is missing (else deleted)."""
     if not out.parent.is_dir():
         return
     pattern = re.compile(rf"^\.{re.escape(out.name)}\.[a-z0-9_]{{8}}(\.old)?{re.escape(TEMPORARY_SUFFIX)}$")
@@ -347,14 +328,6 @@ def clean_interrupted_export(out: Path) -> None:
                       "folder it replaced back", file=sys.stderr)
             else:
                 remove_leftover(path)  # a link (an older export's --out) is removed, not followed
-    inside = [p for p in out.iterdir() if pattern.match(p.name) and p.is_dir()] if out.is_dir() else []
-    for staging in inside:  # `out` was empty: what is in it besides came from the killed export
-        with storage_errors(out):
-            for name in EXPORTED_FILES:
-                (out / name).unlink(missing_ok=True)
-            remove_leftover(staging)
-        print(f"note: {out}: an earlier export into the empty folder was interrupted; took back what "
-              "it had written", file=sys.stderr)
 
 
 def _check_out_folder(out: Path, force: bool) -> None:
