@@ -888,8 +888,9 @@ def test_the_explorer_of_a_text_over_max_explore_tokens_reads_its_last_tokens_up
     ({"text": "R", "offset": 0}, "text: 1 tokens; the explorer takes at least 2"),
     ({"text": "ROMEO:", "offset": 1, "query": 3}, "unknown field 'query'"),
     # Finding the clicked token decodes the text once per token: no client buys minutes of that.
-    ({"text": "ROMEO:" * 842, "offset": 5}, "; the explorer takes the text of a completion here: at most 5048 "
-                                           "tokens (a prompt of at most 48, then at most 5000)"),
+    ({"text": "ROMEO:" * 3366, "offset": 5}, "; the explorer takes the text of a completion here: a prompt of "
+                                            "at most 48 tokens, then at most 5000, which encode again into at "
+                                            "most 20192"),
 ], ids=["offset-past-the-end", "offset-of-the-first-token", "one-token", "unknown-field", "longer-than-completions"])
 def test_a_bad_explorer_request_is_a_400(server, body, message):
     status, answer = post(server, "/explorer", body)
@@ -1193,8 +1194,29 @@ def test_an_explorer_text_of_more_characters_than_a_completion_can_hold_is_refus
     assert longest is not None  # the char model's bound: a text this long cannot be one a completion made
     monkeypatch.setattr(loaded.tokenizer, "encode", lambda text, encode=loaded.tokenizer.encode:
                         encoded.append(len(text)) or encode(text))
-    text = "R" * (5048 * longest + 1)
+    text = "R" * (20192 * longest + 1)
     status, answer = post(server, "/explorer", {"text": text, "offset": 5})
     message = json.loads(answer)["error"]["message"]
     assert status == 400 and encoded == [], message
-    assert message.startswith(f"text: {len(text)} characters, more than 5048 tokens can read (each at most {longest})")
+    assert message.startswith(f"text: {len(text)} characters, more than 20192 tokens can read (each at most "
+                              f"{longest})")
+
+
+def test_an_explorer_text_a_byte_level_model_generated_fits_the_bound_though_it_encodes_again_into_more_tokens():
+    # Tokens ending inside a UTF-8 character decode to U+FFFD, which encodes again into up to three
+    # tokens: a playground text of 6 + 64 tokens was refused as 105 ("at most 80").
+    import random
+    import types
+
+    from tinyattn.data.tokenizer import build_tokenizer
+    from tinyattn.serve.app import _explorer_text_ids
+    from tinyattn.serve.schemas import Limits
+
+    tokenizer = build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300),
+                                lambda: iter(["ROMEO: héllo wörld — ✓ 😀 " * 40]))
+    served = types.SimpleNamespace(tokenizer=tokenizer, limits=Limits(max_tokens=64, max_prompt_tokens=16),
+                                   model=types.SimpleNamespace(config=types.SimpleNamespace(context_length=64)))
+    drawn = random.Random(0).choices(range(tokenizer.vocab_size), k=80)  # what sampling may give
+    text = tokenizer.decode(drawn)
+    assert len(tokenizer.encode(text)) > 80  # more than were generated
+    assert _explorer_text_ids(served, text) == tokenizer.encode(text)

@@ -54,6 +54,7 @@ from tinyattn.serve.schemas import (
 from tinyattn.serve.worker import Job, ModelWorker, one_call
 
 FINISH_REASONS = {"stop": "stop", "eot": "stop", "length": "length"}  # tinyattn's -> OpenAI's
+RE_ENCODED = 4  # tokens a generated token's text may encode into again (`_explorer_text_ids`)
 DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its client is still there
 
 
@@ -290,21 +291,24 @@ async def _events(served: Served, completion: Completion, job: Job) -> AsyncIter
 
 
 def _explorer_text_ids(served: Served, text: str) -> list[int]:
-    """The text's tokens, refused past the longest text a completion here can make (a prompt of at
-    most the prompt limit, then at most max_tokens): finding the clicked token decodes the text once
-    per token, work that grows as the square of its length, and no client should buy minutes of it.
-    A text of more characters than that many tokens can read is refused before it is encoded."""
+    """The text's tokens, refused past what a completion here can make: a prompt of at most the
+    prompt limit, then at most max_tokens, each of whose texts encodes again into at most
+    RE_ENCODED tokens (a token ending inside a UTF-8 character decodes to U+FFFD, three bytes that a
+    byte-level BPE may read as three tokens). Finding the clicked token decodes the text once per
+    token, work that grows as the square of its length, and no client should buy minutes of it. A
+    text of more characters than that many tokens can read is refused before it is encoded."""
     limits = served.limits
     prompt_most = limits.max_prompt_tokens or served.model.config.context_length
-    most = prompt_most + limits.max_tokens
+    completion = prompt_most + limits.max_tokens
+    most = completion * RE_ENCODED
     longest = getattr(served.tokenizer, "max_token_chars", None)
     ids = None if longest is not None and len(text) > most * longest else served.tokenizer.encode(text)
     if ids is None or len(ids) > most:
         size = (f"{len(ids)} tokens" if ids is not None
                 else f"{len(text)} characters, more than {most} tokens can read (each at most {longest})")
-        raise ApiError(f"text: {size}; the explorer takes the text of a completion here: at most {most} "
-                       f"tokens (a prompt of at most {prompt_most}, then at most {limits.max_tokens})",
-                       param="text")
+        raise ApiError(f"text: {size}; the explorer takes the text of a completion here: a prompt of at most "
+                       f"{prompt_most} tokens, then at most {limits.max_tokens}, which encode again into at "
+                       f"most {most}", param="text")
     return ids
 
 
