@@ -301,8 +301,8 @@ def test_a_saved_config_with_a_download_check_no_longer_accepted_still_loads_wit
     assert (config.data.sha256, config.data.size_bytes) == (sha, 1000)
 
 
-@pytest.mark.parametrize("files", [["model.safetensors", "tokenizer.json"], ["model.safetensors.index.json"],
-                                   ["tokenizer.json"]], ids=["weights-and-tokenizer", "sharded", "tokenizer"])
+@pytest.mark.parametrize("files", [["model.safetensors", "tokenizer.json"], ["model.safetensors.index.json"]],
+                         ids=["weights-and-tokenizer", "sharded"])
 def test_a_hugging_face_folder_without_config_json_is_named_so_not_called_an_empty_run_folder(
         tmp_path, files):
     # Was "run folder holds no checkpoint (step_*.pt or best.pt)": true, and no help to fix it.
@@ -319,3 +319,17 @@ def test_a_hugging_face_folder_without_config_json_is_named_so_not_called_an_emp
     (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match=r"run folder holds no checkpoint \(step_\*\.pt or best\.pt\)$"):
         ckpt.resolve_checkpoint(tmp_path / "empty")
+
+
+def test_a_run_folder_before_its_first_checkpoint_is_called_a_run_folder_not_a_hugging_face_one(tmp_path):
+    # A run writes config.yaml and tokenizer.json before its first step: a run killed (or still
+    # running) before its first checkpoint was told to copy a Hugging Face config.json into it.
+    run = tmp_path / "early"
+    run.mkdir()
+    (run / "config.yaml").write_text("model: {}\n")
+    (run / "tokenizer.json").write_text("{}")
+    with pytest.raises(CheckpointError, match=r"run folder holds no checkpoint \(step_\*\.pt or best\.pt\)$"):
+        ckpt.resolve_checkpoint(run)
+    (run / "config.yaml").unlink()  # a tokenizer alone is no Hugging Face model either
+    with pytest.raises(CheckpointError, match=r"run folder holds no checkpoint \(step_\*\.pt or best\.pt\)$"):
+        ckpt.resolve_checkpoint(run)

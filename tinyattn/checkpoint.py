@@ -272,7 +272,10 @@ def resolve_checkpoint(path: Optional[str | Path], out_dir: str | Path = "checkp
     order = [best, latest] if prefer == "best" else [latest, best]
     chosen = next((candidate for candidate in order if candidate is not None and candidate.is_file()), None)
     if chosen is None:
-        if found := [name for name in HF_FOLDER_FILES if (path / name).is_file()]:
+        found = [name for name in HF_FOLDER_FILES if (path / name).is_file()]
+        # A run folder writes tokenizer.json (and config.yaml) before its first checkpoint: only weights
+        # without a run's config.yaml make a folder look like a Hugging Face one.
+        if set(found) - {"tokenizer.json"} and not (path / "config.yaml").is_file():
             raise CheckpointError(f"{path}: looks like a Hugging Face folder ({', '.join(found)}) but has "
                                   "no config.json, which tinyattn needs to read it; copy the model's "
                                   "config.json into it (a run folder holds step_*.pt or best.pt)")
