@@ -1565,6 +1565,23 @@ def test_a_tied_folder_whose_lm_head_differs_from_its_embedding_loads_untied_as_
     assert max_logit_difference(hf_model(tmp_path / "again"), reference, ids) < 1e-5
 
 
+def test_a_tied_folders_head_stored_in_another_dtype_is_compared_as_transformers_loads_it(tmp_path, capsys):
+    # The embedding in float32, the head its bf16 copy: equal after casting the embedding down, not in
+    # float32, the dtype config.json names and transformers loads; it leaves them untied (logits 0.008 off).
+    from safetensors.torch import load_file
+
+    tokenizer = tokenizer_of("bpe")
+    random_llama(tmp_path / "llama", tokenizer)
+    embedding = load_file(tmp_path / "llama" / "model.safetensors")["model.embed_tokens.weight"]
+    edit_tensor(tmp_path / "llama", "lm_head.weight", embedding.to(torch.bfloat16))
+    edit_config(tmp_path / "llama", tie_word_embeddings=True, dtype="float32")
+    reference = hf_model(tmp_path / "llama")
+    loaded = load_any_model(tmp_path / "llama")
+    assert loaded.config.model.tie_embeddings is False
+    ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
+    assert max_logit_difference(loaded.model, reference, ids) < 1e-5
+
+
 def test_a_rotary_inv_freq_tensor_in_the_weights_is_ignored_not_refused(tmp_path):
     # Older transformers saved each layer's RoPE frequencies as a buffer; tinyattn computes its own.
     folder, model, tokenizer = exported_char_folder(tmp_path)

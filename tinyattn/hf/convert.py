@@ -148,15 +148,18 @@ def check_hf_weights(tensors: dict[str, torch.Tensor], config: ModelConfig, orig
                               f"{', '.join(extra[:3])}{more}{bias}")
 
 
-def head_differs_from_embedding(tensors: dict[str, torch.Tensor]) -> bool:
+def head_differs_from_embedding(tensors: dict[str, torch.Tensor], raw: dict) -> bool:
     """Whether the weights hold an lm_head.weight of the embedding's shape but other values:
     transformers 5 then leaves a head that config.json calls tied untied (and warns), and so
-    must tinyattn. A copy equal to the embedding is a tied head's; another shape is refused
-    by `check_hf_weights`."""
+    must tinyattn. They are compared as transformers loads them, in config.json's dtype (float32
+    where it names none or another): a head stored in bf16 beside a float32 embedding differs. A
+    copy equal to the embedding is a tied head's; another shape is refused by `check_hf_weights`."""
     head, embedding = tensors.get("lm_head.weight"), tensors.get("model.embed_tokens.weight")
     if head is None or embedding is None or head.shape != embedding.shape:
         return False
-    return not torch.equal(head, embedding.to(head.dtype))
+    named = raw.get("dtype") or raw.get("torch_dtype")
+    dtype = next((t for t, name in DTYPE_NAMES.items() if name == named), torch.float32)
+    return not torch.equal(head.to(dtype), embedding.to(dtype))
 
 
 def _shape(shape: tuple[int, ...]) -> str:

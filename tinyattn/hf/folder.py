@@ -110,7 +110,7 @@ def read_folder(folder: str | Path) -> ImportedModel:
     weights_file, tensors = _read_weights(folder)
     model_config = model_config_from_hf(raw, f"{folder / 'config.json'}",
                                         tied="lm_head.weight" not in tensors)
-    if model_config.tie_embeddings and head_differs_from_embedding(tensors):
+    if model_config.tie_embeddings and head_differs_from_embedding(tensors, raw):
         # Loaded as transformers loads it: the embedding as the head would be another model.
         model_config = dataclasses.replace(model_config, tie_embeddings=False)
         print(f"note: {folder / 'config.json'}: tie_word_embeddings is true, but the weights hold an "
