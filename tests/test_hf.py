@@ -565,6 +565,29 @@ def test_an_export_killed_while_replacing_a_linked_folder_is_put_back_by_the_nex
     assert sorted(p.name for p in (tmp_path / "real").iterdir()) == sorted(EXPORTED_FILES)
 
 
+def test_files_that_appear_in_the_out_folder_during_an_export_are_kept_and_nothing_replaced(
+        tmp_path, capsys, monkeypatch):
+    # Checked empty, then written beside it: a file put in meanwhile was deleted with the folder aside.
+    import tinyattn.hf.folder as folder_module
+
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)
+    run = save_run(tmp_path, config, model, tokenizer)
+    out = tmp_path / "out"
+    out.mkdir()
+    swap_in = folder_module._swap_in
+
+    def meanwhile(staging, target):
+        (target / "notes.txt").write_text("mine")
+        swap_in(staging, target)
+    monkeypatch.setattr(folder_module, "_swap_in", meanwhile)
+    code, _, err = run_main(export_cli.main, ["--checkpoint", run, "--out", out], capsys)
+    assert code == 2 and err == (f"error: {out}: files appeared in it during the export (notes.txt); nothing "
+                                 "was replaced; export again, or choose another --out\n")
+    assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "run"]
+
+
 def test_a_symlink_left_beside_an_export_is_removed_never_followed(tmp_path):
     from tinyattn.hf.folder import clean_interrupted_export
 

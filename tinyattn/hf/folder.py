@@ -306,6 +306,10 @@ def _swap_in(staging: Path, out: Path) -> None:
             raise CheckpointError(f"{out}: cannot be moved aside to replace it ({e.strerror}; a mount "
                                   f"point?); export into a folder inside it, such as --out {out / 'model'}"
                                   ) from None
+        if appeared := sorted(p.name for p in aside.iterdir() if p.name not in EXPORTED_FILES):
+            os.replace(aside, out)  # checked before the export was made, the folder has gained files since
+            raise CheckpointError(f"{out}: files appeared in it during the export ({', '.join(appeared)}); "
+                                  "nothing was replaced; export again, or choose another --out")
         os.replace(staging, out)
         shutil.rmtree(aside, ignore_errors=True)
     else:
