@@ -282,6 +282,18 @@ def test_the_model_cards_parameter_count_counts_a_tied_head_once(tmp_path):
     assert f"# A {count / 1e6:.2f}M-parameter Llama-architecture language model" in card
 
 
+def test_a_hugging_face_folder_exported_again_is_not_called_trained_with_tinyattn(tmp_path, capsys):
+    # An imported folder tinyattn never trained, exported again: its card said "Trained with tinyattn"
+    # on "unknown data".
+    tokenizer = tokenizer_of("bpe")
+    random_llama(tmp_path / "llama", tokenizer)
+    code, _, err = run_main(export_cli.main, ["--checkpoint", tmp_path / "llama", "--out", tmp_path / "out"],
+                            capsys)
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert code == 0 and "Exported by tinyattn as `LlamaForCausalLM` from a Hugging Face folder" in card, err
+    assert "Trained with tinyattn" not in card and "| data |" not in card
+
+
 def test_the_model_card_gives_no_validation_loss_for_a_run_that_never_evaluated(tmp_path):
     from tinyattn.hf.folder import ModelCard
 

@@ -400,10 +400,11 @@ def model_card(config: Config, card: Optional[ModelCard], tokenizer: Tokenizer,
     lines = ["---", "library_name: transformers", "pipeline_tag: text-generation",
              f"{CARD_TAGS}{family.lower()}]", "---", "",
              f"# A {parameters / 1e6:.2f}M-parameter {family}-architecture language model", "",
-             f"Trained with tinyattn and exported as `{architecture}`; it "
-             "loads with `AutoModelForCausalLM` and `AutoTokenizer`, no custom code.", "",
+             (f"Trained with tinyattn and exported as `{architecture}`" if card is not None else
+              f"Exported by tinyattn as `{architecture}` from a Hugging Face folder, untrained by tinyattn")
+             + "; it loads with `AutoModelForCausalLM` and `AutoTokenizer`, no custom code.", "",
              "| | |", "|---|---|",
-             f"| data | {data} |",
+             *([f"| data | {data} |"] if card is not None else []),
              f"| tokenizer | {config.tokenizer.kind}, {tokenizer.vocab_size:,} tokens |",
              f"| shape | {m.n_layer} layers, width {m.n_embd}, {m.n_head} heads "
              f"({m.kv_heads} key/value), context {m.context_length} |"]
