@@ -1419,12 +1419,17 @@ def test_cli_sigterm_stops_as_ctrl_c_does(run_dir):
     import signal
 
     # --interactive, waiting for its second prompt: a stop that no end-of-text token can pre-empt.
+    # A seed: a continuation whose first token ended the text would print nothing, not even its
+    # newline, and the readline below would wait for ever (it did, once in a dozen runs).
+    import select
+
     process = warm_python.Popen([sys.executable, str(ROOT / "scripts" / "generate.py"), "--checkpoint",
-                                 str(run_dir), "--interactive", "--max-new-tokens", "3"],
+                                 str(run_dir), "--interactive", "--max-new-tokens", "3", "--seed", "1"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
     process.stdin.write("All:\n")
     process.stdin.flush()
+    assert select.select([process.stdout], [], [], 60)[0], "no continuation in 60 s"
     assert process.stdout.readline()  # the first continuation, ended by its newline
     process.send_signal(signal.SIGTERM)
     err = process.communicate(timeout=60)[1]
