@@ -91,6 +91,13 @@ def save_run(tmp_path, config, model, tokenizer, name="run"):
     return run
 
 
+def char_run(tmp_path):
+    """A run folder of a random tied char model (random_model's), for tests of where an export goes."""
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)
+    return save_run(tmp_path, config, model, tokenizer)
+
+
 def run_main(main, argv, capsys):
     capsys.readouterr()  # drop what came before (transformers' progress bars)
     code = main([str(a) for a in argv])
@@ -524,9 +531,7 @@ def test_an_export_to_a_folder_that_cannot_be_moved_aside_is_one_line_and_leaves
         tmp_path, capsys, monkeypatch):
     # A mount point (a container's volume, a tmpfs) cannot be renamed: EBUSY was a traceback. Writing
     # into it instead could not be made safe: files the user put there meanwhile were deleted.
-    tokenizer = tokenizer_of("char")
-    config, model = random_model(tokenizer, "char", 2)
-    run = save_run(tmp_path, config, model, tokenizer)
+    run = char_run(tmp_path)
     out = tmp_path / "mounted"
     out.mkdir()
     refuse_to_move(out, monkeypatch)
@@ -541,9 +546,7 @@ def test_an_export_to_a_folder_that_cannot_be_moved_aside_is_one_line_and_leaves
 def test_an_export_to_a_symlinked_folder_writes_through_the_link_and_keeps_it(tmp_path, capsys):
     # --force replaced the link with a real folder and left the link aside as .linked.XXX.old.tmp;
     # every later export to the path then failed with "Cannot call rmtree on a symbolic link".
-    tokenizer = tokenizer_of("char")
-    config, model = random_model(tokenizer, "char", 2)
-    run = save_run(tmp_path, config, model, tokenizer)
+    run = char_run(tmp_path)
     (tmp_path / "real").mkdir()
     linked = tmp_path / "linked"
     linked.symlink_to("real")
@@ -562,9 +565,7 @@ def test_an_export_to_a_symlinked_folder_writes_through_the_link_and_keeps_it(tm
 
 def test_an_export_killed_while_replacing_a_linked_folder_is_put_back_by_the_next(tmp_path, capsys):
     # The link's folder was aside when the kill came: the next export said the link led nowhere.
-    tokenizer = tokenizer_of("char")
-    config, model = random_model(tokenizer, "char", 2)
-    run = save_run(tmp_path, config, model, tokenizer)
+    run = char_run(tmp_path)
     (tmp_path / "real").mkdir()
     (tmp_path / "linked").symlink_to("real")
     assert run_main(export_cli.main, ["--checkpoint", run, "--out", tmp_path / "linked"], capsys)[0] == 0
@@ -582,9 +583,7 @@ def test_files_that_appear_in_the_out_folder_during_an_export_are_kept_and_nothi
     # Checked empty, then written beside it: a file put in meanwhile was deleted with the folder aside.
     import tinyattn.hf.folder as folder_module
 
-    tokenizer = tokenizer_of("char")
-    config, model = random_model(tokenizer, "char", 2)
-    run = save_run(tmp_path, config, model, tokenizer)
+    run = char_run(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
     swap_in = folder_module._swap_in

@@ -49,6 +49,7 @@ from tinyattn.serve.schemas import (
     ExploreRequest,
     Limits,
     check_completion,
+    longer_than_tokens_read,
     parse,
 )
 from tinyattn.serve.worker import Job, ModelWorker, one_call
@@ -301,8 +302,8 @@ def _explorer_text_ids(served: Served, text: str) -> list[int]:
     prompt_most = limits.max_prompt_tokens or served.model.config.context_length
     completion = prompt_most + limits.max_tokens
     most = completion * RE_ENCODED
-    longest = getattr(served.tokenizer, "max_token_chars", None)
-    ids = None if longest is not None and len(text) > most * longest else served.tokenizer.encode(text)
+    longest = longer_than_tokens_read(text, served.tokenizer, most)
+    ids = None if longest else served.tokenizer.encode(text)
     if ids is None or len(ids) > most:
         size = (f"{len(ids)} tokens" if ids is not None
                 else f"{len(text)} characters, more than {most} tokens can read (each at most {longest})")

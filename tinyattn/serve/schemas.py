@@ -237,12 +237,19 @@ def check_completion(request: CompletionRequest, *, limits: Limits, defaults: Sa
                       bool(request.stream_options and request.stream_options.include_usage))
 
 
+def longer_than_tokens_read(text: str, tokenizer, most: int) -> Optional[int]:
+    """The most characters one token reads (`Tokenizer.max_token_chars`) where `text` has more than
+    `most` such tokens can read, so is sure to be more than `most` tokens without encoding it; else
+    None (also where the tokenizer has no such bound: encode and count then)."""
+    longest = getattr(tokenizer, "max_token_chars", None)
+    return longest if longest is not None and len(text) > most * longest else None
+
+
 def _prompt_tokens(prompt: str, tokenizer, most: int) -> int:
     """The tokens the model reads for `prompt`, refused past `most`. A prompt of more characters than
     `most` tokens can read (`Tokenizer.max_token_chars`) is refused before it is encoded: encoding
     megabytes of text takes seconds, for a refusal all the same."""
-    longest = getattr(tokenizer, "max_token_chars", None)  # None: no bound known, so encode and count
-    if longest is not None and len(prompt) > most * longest:
+    if longest := longer_than_tokens_read(prompt, tokenizer, most):
         raise ApiError(f"the prompt is {len(prompt)} characters, more than {most} tokens can read (each at "
                        f"most {longest} characters); this server takes at most {most} tokens",
                        param="prompt", code="context_length_exceeded")
