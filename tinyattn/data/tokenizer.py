@@ -39,6 +39,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from tinyattn.config import TOKENIZER_KINDS, TokenizerConfig
 from tinyattn.errors import DataError
+from tinyattn.system.signals import interruptible
 from tinyattn.system.storage import atomic_write, read_text
 
 END_OF_TEXT = "<|endoftext|>"
@@ -418,7 +419,9 @@ def _build_bpe(vocab_size: int, texts: Iterator[str], progress: bool) -> Tokeniz
                 seen_text = True
                 yield from text_pieces(text, PIECE_CHARS)
 
-    backend.train_from_iterator(pieces(), trainer)
+    # tokenizers trains in native code that returns to Python only at its end: in a thread of its
+    # own, so that Ctrl-C (or a run's stop before its first step) is not kept waiting meanwhile.
+    interruptible(lambda: backend.train_from_iterator(pieces(), trainer), "BPE tokenizer training")
     if not seen_text:
         raise DataError("the training text is empty: nothing to train the BPE tokenizer on")
     return Tokenizer(backend)
