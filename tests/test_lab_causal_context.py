@@ -448,6 +448,27 @@ def test_a_bad_position_or_checkpoint_is_refused_before_anything_trains(tmp_path
     assert not out.exists()
 
 
+def test_a_context_of_one_token_is_refused_before_anything_trains_naming_the_context(tmp_path, monkeypatch,
+                                                                                     capsys, corpus_text):
+    # The leak test changes the token after position t, both in the window: a context of 1 holds no
+    # such pair. Both runs trained, then the lab ended in "--position -1: expected 0..-1", an option
+    # never given.
+    from tests.conftest import ROOT
+    from tinyattn.cli.lab import main
+    from tinyattn.train import loop
+
+    monkeypatch.setattr(loop, "train", lambda *args, **kwargs: pytest.fail("trained before checking"))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(corpus_text, encoding="utf-8")
+    out = tmp_path / "out"
+    assert main(["causal", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "3", "--out", str(out),
+                 "--set", "model.context_length=1", f"data.files={corpus}", "data.url=null",
+                 "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}"]) == 2
+    assert capsys.readouterr().err == ("error: model.context_length 1: the leak test changes the token after "
+                                       "a position, both in the window: expected a context of at least 2\n")
+    assert not out.exists()
+
+
 def test_lab_causal_without_matplotlib_is_refused_in_one_line_before_anything_trains(
         tmp_path, monkeypatch, capsys, corpus_text):
     # It trained both runs (minutes) and then failed drawing causal.png, before the table was printed.

@@ -127,6 +127,14 @@ def check_position(position: int, context: int) -> None:
                             f"position + 1 is changed, within the context of {context})")
 
 
+def check_context(context: int) -> None:
+    """The runs' context must hold a position and the token after it, which the leak test changes (a
+    TinyattnError otherwise, before anything trains: the default position of a context of 1 is -1)."""
+    if context < 2:
+        raise TinyattnError(f"model.context_length {context}: the leak test changes the token after a "
+                            "position, both in the window: expected a context of at least 2")
+
+
 def check_steps(steps: int) -> None:
     if steps <= 0:
         raise TinyattnError(f"--steps {steps}: expected a positive integer")
@@ -337,11 +345,12 @@ def run(args: argparse.Namespace) -> int:
     from tinyattn.lab.outputs import experiment_folder
 
     # What the two runs cannot change is checked before they train (minutes): matplotlib (for
-    # causal.png), the steps, the position, the checkpoint, its tokenizer and its context.
+    # causal.png), the steps, the context, the position, the checkpoint, its tokenizer and its context.
     # Nothing is written until then.
     require_matplotlib()
     check_steps(args.steps)
     config = load_config(args.config, lab_overrides(args.steps, Path(args.out or ".")) + list(args.overrides))
+    check_context(config.model.context_length)
     data = prepare_data(config, progress=False)
     if args.position is not None:
         check_position(args.position, config.model.context_length)
