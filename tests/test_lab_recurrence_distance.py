@@ -686,6 +686,26 @@ def test_lab_recurrence_names_the_value_it_refuses_in_one_line(tmp_path, capsys,
     assert not out.exists()
 
 
+def test_lab_recurrence_refuses_a_bidirectional_attention_model_in_one_line_before_anything_runs(
+        tmp_path, monkeypatch, capsys):
+    # model.causal false reads the token it predicts: its loss beside the LSTM's was that of the leaked
+    # answer, printed as attention's win, where every command that scores predictions refuses it.
+    from tests.conftest import CORPUS
+    from tinyattn.cli.lab import main
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS * 4, encoding="utf-8")
+    monkeypatch.setattr(recurrence, "tokens_per_second", lambda *args, **kwargs: pytest.fail("timed"))
+    out = tmp_path / "out"
+    assert main(["recurrence", "--config", str(ROOT / "configs" / "tiny.yaml"), "--out", str(out), "--set",
+                 "model.causal=false", f"data.files={corpus}", "data.url=null", "data.sha256=null",
+                 f"data.cache_dir={tmp_path / 'cache'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: model.causal false: ") and "expected true" in err, err
+    assert err.count("\n") == 1, err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("speed, steps, warmup", [(1e4, 39, 7), (10.0, 10, 2)])
 def test_the_schedule_is_the_steps_the_training_contexts_speed_fits_in_the_seconds(
         tmp_path, monkeypatch, speed, steps, warmup):

@@ -122,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
     use_threads(args.threads)
     config = load_config(args.config, args.overrides)
     check_positive(args)
+    check_causal(config)
     device = select_device(args.device or config.train.device)
     precision = select_precision(args.precision, device)
     data = prepare_data(config, progress=False)
@@ -158,6 +159,15 @@ def check_positive(args: argparse.Namespace) -> None:
         for value in values:
             if value <= 0:
                 raise TinyattnError(f"{flag} {value}: expected a positive integer")
+
+
+def check_causal(config: Config) -> None:
+    """A bidirectional attention model (model.causal false, `tinyattn lab causal`'s experiment) reads the
+    token it predicts: its loss beside the LSTM's would be of the leaked answer. One line, before anything."""
+    if not config.model.causal:
+        raise TinyattnError("model.causal false: a bidirectional attention model reads the token it "
+                            "predicts, so its loss and speed beside an LSTM's next-token predictions would "
+                            "compare nothing; expected true (remove it from --set or the config)")
 
 
 def contenders_for(config: Config, lstm_layers: int, device: torch.device,
