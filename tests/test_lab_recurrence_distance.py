@@ -757,6 +757,34 @@ def test_lab_distance_names_the_value_it_refuses_in_one_line(tmp_path, capsys, f
     assert err.startswith(f"error: {flag} {value}: expected an integer >= ") and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize("context, message", [
+    (2, "--string-length 2: two copies must fit the context of 2 tokens (as inputs: the last token is only "
+        "predicted); the probe needs a context of at least 3, and this model's holds no string of 2 tokens, "
+        "the fewest --string-length takes"),
+    (5, "--string-length 4: two copies must fit the context of 5 tokens (as inputs: the last token is only "
+        "predicted); give at most 3"),
+], ids=["too-short-for-any", "too-long-for-this"])
+def test_lab_distance_refuses_a_string_that_does_not_fit_with_advice_it_accepts(
+        tmp_path, monkeypatch, capsys, char_tokenizer, tiny_model, context, message):
+    # A context of 2 fits no string of 2 tokens (2 + 2 - 1 inputs): the advice was "give at most 1",
+    # which --string-length itself refuses (it takes 2 or more).
+    from tinyattn.cli.lab import main
+    from tinyattn.config import Config
+
+    config = Config(model=ModelConfig(vocab_size=char_tokenizer.vocab_size, context_length=context))
+    loaded = SimpleNamespace(model=tiny_model(vocab_size=char_tokenizer.vocab_size, context_length=context),
+                             tokenizer=char_tokenizer, config=config, label="tiny", path="tiny")
+    monkeypatch.setattr(distance, "load_any_model", lambda *args: loaded)
+    text = tmp_path / "gap.txt"
+    text.write_text("ROMEO: But soft, what light through yonder window breaks?", encoding="utf-8")
+    out = tmp_path / "out"
+    length = "2" if context == 2 else "4"
+    assert main(["distance", "--checkpoint", "tiny", "--text", str(text), "--string-length", length,
+                 "--out", str(out)]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+    assert not out.exists()
+
+
 def test_lab_distance_takes_each_count_at_its_least_and_the_largest_seed(tmp_path, capsys):
     # Every count at the least it accepts, and the seed at both ends: only the missing checkpoint is refused.
     from tinyattn.cli.lab import main

@@ -106,10 +106,7 @@ def run(args: argparse.Namespace) -> int:
     text = gap_text(args.text, loaded)
     start = tokenizer.text_start  # an imported folder's bos begins every sequence, as it begins a text
     context = model.config.context_length - len(start)  # what the strings and the gap can fill
-    if 2 * args.string_length > context + 1:  # the inputs: both copies but the last token (gap 0)
-        raise TinyattnError(f"--string-length {args.string_length}: two copies must fit the context of "
-                            f"{context} tokens{' after the start token' if start else ''} (as inputs: the "
-                            f"last token is only predicted); give at most {(context + 1) // 2}")
+    check_string_length(args.string_length, context, after_start=bool(start))
     distances = gap_lengths(context, args.string_length)
     check_gap_text(text, distances[-1] + 1, args.text)
     clear_earlier_lab(args.out, OUTPUTS, args.force)  # after every check: --force never loses a run to a typo
@@ -130,6 +127,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- the probe
+
+
+def check_string_length(length: int, context: int, *, after_start: bool) -> None:
+    """Both copies of a string of `length` tokens must fit `context` as inputs (the last token is only
+    predicted, gap 0); one line otherwise, advising a length --string-length takes (2 or more) or, where
+    none fits, saying the context is too short for the probe."""
+    if 2 * length <= context + 1:
+        return
+    fits = (context + 1) // 2
+    advice = (f"give at most {fits}" if fits >= 2 else "the probe needs a context of at least 3, and this "
+              "model's holds no string of 2 tokens, the fewest --string-length takes")
+    after = " after the start token" if after_start else ""
+    raise TinyattnError(f"--string-length {length}: two copies must fit the context of {context} "
+                        f"tokens{after} (as inputs: the last token is only predicted); {advice}")
 
 
 def gap_text(path: str | None, loaded) -> np.ndarray:
