@@ -345,7 +345,7 @@ def run(args: argparse.Namespace) -> int:
     from tinyattn.lab.outputs import experiment_folder
 
     # What the two runs cannot change is checked before they train (minutes): matplotlib (for
-    # causal.png), the steps, the context, the position, the checkpoint, its tokenizer and its context.
+    # causal.png), the steps, the runs' context, the position, the checkpoint, its tokenizer and its context.
     # Nothing is written until then.
     require_matplotlib()
     check_steps(args.steps)
