@@ -295,6 +295,31 @@ def test_an_unreachable_hub_shows_no_retry_warnings_before_its_one_line(tmp_path
     assert logging.getLogger("huggingface_hub").level == level  # put back afterwards
 
 
+@pytest.mark.parametrize("builder", ["json", "csv", "text", "parquet"])
+def test_a_reader_of_datasets_named_as_the_dataset_is_refused(tmp_path, monkeypatch, hf_cache, builder):
+    """load_dataset("json") reads the folder run from, into a token cache keyed by the name alone: a
+    second folder's files (or these edited) trained the first ones' tokens. Refused, pointing to
+    data.files."""
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "notes.jsonl")
+    config = make_config(tmp_path, {"dataset": builder})
+    message = assert_one_line_error(tmp_path, config, rf"^data\.dataset: '{builder}' is the name of "
+                                    rf"datasets' own {builder} reader, not a dataset: give your files as "
+                                    r"data\.files")
+    assert "data.format" in message
+
+
+@pytest.mark.parametrize("name", ["notes.jsonl", "./no_such_folder", "../elsewhere/corpus", "a/b/c"])
+def test_a_local_file_or_missing_folder_as_the_dataset_is_not_a_hub_name(tmp_path, monkeypatch, name):
+    """A file given as data.dataset, or a path whose folder is not there, said as such: not 'cannot
+    reach ... on the Hugging Face Hub', which no network would change."""
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "notes.jsonl")
+    message = assert_one_line_error(tmp_path, make_config(tmp_path, {"dataset": name}), "^data\\.dataset: ")
+    assert "Hub (offline" not in message and name in message and "data.files" in message
+    assert ("is a file" if name == "notes.jsonl" else "no folder") in message
+
+
 def test_unknown_hub_split_names_the_valid_ones(tmp_path, hf_cache):
     folder = tmp_path / "my_dataset"
     folder.mkdir()

@@ -91,7 +91,10 @@ class Source:
 
 def resolve_source(data: DataConfig, progress: bool) -> Source:
     if data.dataset is not None:
-        return _folder_source(data, progress) if Path(data.dataset).is_dir() else _hub_source(data)
+        if Path(data.dataset).is_dir():
+            return _folder_source(data, progress)
+        _refuse_what_no_hub_has(data.dataset)
+        return _hub_source(data)
     if data.validation_split is not None:
         raise DataError(f"data.validation_split: {data.validation_split!r} needs a hub dataset "
                         "(data.dataset); local files are split by data.validation_fraction")
@@ -108,6 +111,34 @@ def resolve_source(data: DataConfig, progress: bool) -> Source:
     files = _resolve_files(data.files, data.format, cache_dir=Path(data.cache_dir))
     file_format = _common_format(files, data.format)
     return _file_source(data, files, file_format, progress)
+
+
+def _refuse_what_no_hub_has(name: str) -> None:
+    """data.dataset that is no folder here and names what the hub has none of: a file, a path (a
+    folder not found), or one of datasets' own readers (json, csv, ...). load_dataset("json") reads
+    the files of the folder run from, into a cache keyed by the name alone: other files there, or
+    the same ones edited, trained the first reading's tokens (and a resume saw no change)."""
+    if Path(name).is_file():
+        raise DataError(f"data.dataset: {name} is a file; data.dataset is a hub name or a dataset folder: "
+                        f"give the file as data.files: [{name}]")
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:  # no hub name starts so or has two
+        raise DataError(f"data.dataset: no folder {name} (a dataset folder on disk; a hub name is "
+                        "owner/name); check the path, or give the files as data.files")
+    if name in _builder_names():
+        formats = (f" (data.format: {name} where their extension does not say it)" if name in EXTENSIONS
+                   else "")
+        raise DataError(f"data.dataset: {name!r} is the name of datasets' own {name} reader, not a dataset: "
+                        f"give your files as data.files{formats}")
+
+
+def _builder_names() -> frozenset[str]:
+    """The names load_dataset takes for its own readers, not for a hub dataset (its registry, a
+    private name; a datasets release without it: the formats data.format names, and arrow and pandas)."""
+    try:
+        from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+    except ImportError:
+        return frozenset(EXTENSIONS) | {"arrow", "pandas"}
+    return frozenset(_PACKAGED_DATASETS_MODULES)
 
 
 def _hub_source(data: DataConfig) -> Source:
