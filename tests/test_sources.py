@@ -160,6 +160,29 @@ def test_a_bad_json_line_is_found_without_reading_the_rest_of_the_file(tmp_path,
     assert sum(bytes_read) <= sources.READ_CHARS < path.stat().st_size // 2
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be"])
+def test_a_utf16_json_lines_file_is_named_not_utf8_not_bad_json(tmp_path, encoding):
+    """A JSON lines file saved as UTF-16 (Windows PowerShell's `>`) is not UTF-8, as a UTF-16 text
+    file is said to be: 'line 1 is not valid JSON' sent the user looking for a syntax error."""
+    path = tmp_path / "notes.jsonl"
+    path.write_bytes(jsonl_text(DOCUMENTS).encode(encoding))
+    with pytest.raises(DataError) as error:
+        prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
+    assert str(error.value) == (f"{path}: not valid UTF-8 at byte 0 (line 1); save it as UTF-8"
+                                if encoding == "utf-16" else  # a byte-order mark, then UTF-16LE
+                                f"{path}: line 1 holds a NUL byte (byte 0), which no JSON text does: "
+                                "it is UTF-16 or not text; save it as UTF-8")
+
+
+def test_a_json_line_after_good_ones_that_is_not_utf8_is_named_at_its_byte(tmp_path):
+    good = (json.dumps({"text": "caf\u00e9 ok"}) + "\n").encode()
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(good * 3 + '{"text": "caf\u00e9\n'.encode("latin-1") + good)
+    at = 3 * len(good) + len('{"text": "caf')
+    expected = f"{path}: not valid UTF-8 at byte {at} (line 4); save it as UTF-8"
+    assert sources._find_invalid_json([path]) == expected
+
+
 def test_other_json_fields_may_mix_types_the_texts_are_read_as_written(tmp_path):
     path = tmp_path / "mixed.jsonl"
     ids = [i if i < 5 else f"x{i}" for i in range(len(DOCUMENTS))]  # an id column of ints, then strings

@@ -935,8 +935,7 @@ def _find_invalid_utf8(files: list[Path]) -> Optional[str]:
                 except UnicodeDecodeError as e:
                     position = offset - pending + e.start
                     line = lines + chunk[:max(0, position - offset)].count(b"\n") + 1
-                    return (f"{path}: not valid UTF-8 at byte {position} (line {line}); "
-                            "save it as UTF-8")
+                    return _not_utf8(path, position, line)
                 offset += len(chunk)
                 lines += chunk.count(b"\n")
         try:
@@ -944,6 +943,10 @@ def _find_invalid_utf8(files: list[Path]) -> Optional[str]:
         except UnicodeDecodeError:
             return f"{path}: not valid UTF-8: it ends inside a character (byte {offset})"
     return None
+
+
+def _not_utf8(path: Path, position: int, line: int) -> str:
+    return f"{path}: not valid UTF-8 at byte {position} (line {line}); save it as UTF-8"
 
 
 def _raise_if_undecompressible(files: list[Path]) -> None:
@@ -971,11 +974,14 @@ def _find_invalid_json(files: list[Path]) -> Optional[str]:
     """The first JSON lines file with a line that does not parse, and that line. The lines are
     streamed: a fault on line 2 of a corpus of many gigabytes is named without reading the rest, as
     is a bad first line, unless it opens an array or an object: then the file may be one JSON
-    document over many lines, and it is read whole to know (as datasets has just read it)."""
+    document over many lines, and it is read whole to know (as datasets has just read it). A line that
+    is not UTF-8 (a UTF-16 file, as Windows PowerShell writes one) is named as such, as a text file's is."""
     for path in files:
         first = True  # the first line that is not blank
         with _open_binary(path) as f:
+            offset = 0  # bytes before the line
             for number, raw in enumerate(_byte_lines(f), 1):
+                start, offset = offset, offset + len(raw) + 1
                 if not raw.strip():
                     continue
                 line = raw.decode("utf-8-sig", errors="replace")
@@ -984,9 +990,26 @@ def _find_invalid_json(files: list[Path]) -> Optional[str]:
                 except ValueError as e:
                     if first and line.lstrip().startswith(("[", "{")) and _one_json_document(path):
                         break  # an array of records, or one record over many lines: fine
+                    encoding = _not_utf8_line(path, raw, start, number)
+                    if encoding:
+                        return encoding
                     fault = e.msg.removesuffix(" at")  # "Unterminated string starting at", at a column
                     return f"{path}: line {number} is not valid JSON ({fault} at column {e.colno})"
                 first = False
+    return None
+
+
+def _not_utf8_line(path: Path, raw: bytes, start: int, number: int) -> Optional[str]:
+    """Line `number` of `path` (`raw`, from byte `start`), which does not parse as JSON, named as not UTF-8
+    where it is not, or holds a NUL byte (no JSON text does: UTF-16 without a byte-order mark); else None."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return _not_utf8(path, start + e.start, number)
+    nul = raw.find(b"\0")
+    if nul >= 0:
+        return (f"{path}: line {number} holds a NUL byte (byte {start + nul}), which no JSON text does: it "
+                "is UTF-16 or not text; save it as UTF-8")
     return None
 
 
