@@ -120,6 +120,21 @@ def test_a_resume_on_changed_data_is_refused_unless_allowed_and_logged(corpus, t
     assert not list(run.glob("config.edited-*"))  # config.yaml was the run's own: nothing to keep
 
 
+def test_a_bpe_run_resumed_on_changed_text_blames_the_text_not_the_unchanged_settings(corpus, tmp_path):
+    """A BPE trained again on the text with a line put before it has the same tokens with other ids: the
+    refusal said '(the tokenizer settings changed)', which they had not (an edit of them is refused
+    earlier, naming the key)."""
+    bpe = ("tokenizer.kind=bpe", "tokenizer.vocab_size=300")
+    train(tiny(corpus, tmp_path, *bpe), run_name="run", stop_at_step=2, progress=False)
+    corpus.write_text("More text put here.\n" + corpus.read_text(encoding="utf-8"), encoding="utf-8")
+    with pytest.raises(CheckpointError) as e:
+        train(tiny(corpus, tmp_path, *bpe), resume=tmp_path / "run", progress=False)
+    message = str(e.value)
+    assert "settings changed" not in message
+    assert "its tokenizer differs from the one the data now builds: the same tokens, with other ids or " \
+           "merges (it was trained again on text that changed since the run" in message
+
+
 def test_a_resume_from_a_checkpoint_without_a_data_fingerprint_says_the_data_cannot_be_checked(tmp_path):
     from tinyattn.train.resume import ResumePoint
 

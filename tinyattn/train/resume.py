@@ -82,7 +82,10 @@ def _tokenizer_change(saved_json, tokenizer) -> str:
                          (saved - now, f"the corpus no longer has {{n}} {unit} the run's tokenizer has")):
         if extra:
             return f"{differs}: {cause.format(n=len(extra))} ({_shown(extra)})"
-    return f"{differs} (the tokenizer settings changed)"
+    # The settings are the run's (an edit of them is refused before the data is read): what changed is
+    # what the tokenizer was made from. A BPE trained on changed text learns other merges.
+    return (f"{differs}: the same {unit}, with other ids or merges (it was trained again on text that "
+            "changed since the run, by another tokenizers version, or read from a changed tokenizer file)")
 
 
 def _file_change(run: Tokenizer, now: Tokenizer) -> str:
