@@ -135,6 +135,22 @@ def test_a_bpe_run_resumed_on_changed_text_blames_the_text_not_the_unchanged_set
            "merges (it was trained again on text that changed since the run" in message
 
 
+def test_a_refused_resume_says_only_what_changed_the_validation_split_kept(tmp_path):
+    """A text file among several edited in a training document: the validation split is the same, and
+    the refusal said the run would 'validate on another split'."""
+    books = tmp_path / "books"
+    books.mkdir()
+    for i in range(10):  # documents 0-8 train, 9 validates
+        (books / f"{i}.txt").write_text(f"Book {i}. " + "Lorem ipsum dolor sit amet. " * 40, encoding="utf-8")
+    train(tiny(books, tmp_path), run_name="run", stop_at_step=2, progress=False)
+    (books / "3.txt").write_text("Book 3. " + "Lorem ipsum dolor sit amat. " * 40, encoding="utf-8")
+    with pytest.raises(CheckpointError) as e:
+        train(tiny(books, tmp_path), resume=tmp_path / "run", progress=False)
+    message = str(e.value)
+    assert "the validation split differs" not in message and "validate on another split" not in message
+    assert "resuming would go on with other tokens (the validation split is the same): restore" in message
+
+
 def test_a_resume_from_a_checkpoint_without_a_data_fingerprint_says_the_data_cannot_be_checked(tmp_path):
     from tinyattn.train.resume import ResumePoint
 

@@ -102,6 +102,17 @@ def _file_change(run: Tokenizer, now: Tokenizer) -> str:
     return "the same tokens and ids, other settings"
 
 
+def _what_resuming_does(saved: dict, now: dict) -> str:
+    """What a resume on changed data would do, by the splits whose tokens differ (both, where a
+    fingerprint saved before checksums were kept cannot tell)."""
+    then = {split: saved.get(split, {}).get("checksum") for split in ("train", "validation")}
+    changed = {split: then[split] != now.get(split, {}).get("checksum") for split in then}
+    if None not in then.values() and not all(changed.values()):
+        return ("go on with other tokens (the validation split is the same)" if changed["train"]
+                else "validate on another split (the training tokens are the same)")
+    return "go on with other tokens and validate on another split"
+
+
 def _shown(tokens) -> str:
     """The first five of `tokens`, sorted, as a reader sees them: 'a', 'b', ..."""
     return ", ".join(repr(t) for t in sorted(tokens)[:5]) + (", ..." if len(tokens) > 5 else "")
@@ -514,8 +525,8 @@ class ResumePoint:
         what = "; ".join(changes)
         if not allow_change:
             raise CheckpointError(
-                f"{self.file}: the data differs from what the run trained on: {what}; resuming would go "
-                "on with other tokens and validate on another split: restore the data, or resume anyway "
+                f"{self.file}: the data differs from what the run trained on: {what}; resuming would "
+                f"{_what_resuming_does(saved, fingerprint)}: restore the data, or resume anyway "
                 "with --allow-data-change")
         return (f"warning: --allow-data-change: the data differs from what the run trained on up to step "
                 f"{self.step}: {what}; validation losses before and after step {self.step} (best.pt's "
