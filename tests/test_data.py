@@ -320,6 +320,26 @@ def test_a_local_file_or_missing_folder_as_the_dataset_is_not_a_hub_name(tmp_pat
     assert ("is a file" if name == "notes.jsonl" else "no folder") in message
 
 
+@pytest.mark.parametrize("other", ["LICENSE.txt", "notes.csv"])
+def test_a_dataset_folder_reads_only_its_builders_files_as_datasets_does(tmp_path, hf_cache, other):
+    """A folder of JSON lines shards and a LICENSE.txt: datasets' load_dataset(folder) reads the shards
+    only; tinyattn read the LICENSE too, a training document per line."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    write_jsonl(folder / "part-0.jsonl", DOCUMENTS[:10])
+    write_jsonl(folder / "part-1.jsonl", DOCUMENTS[10:])
+    (folder / other).write_text("text\nLicensed under the Apache License.\nSee the NOTICE file.\n",
+                                encoding="utf-8")
+    config = make_config(tmp_path, {"dataset": str(folder)})
+    result = prepare_data(config, progress=False)
+    train, validation = (split_documents(t, result.tokenizer) for t in (result.train, result.validation))
+    assert train == [d for i, d in enumerate(DOCUMENTS) if i not in HELD_OUT]
+    assert validation == [DOCUMENTS[i] for i in HELD_OUT]
+    # a cache built before, which read the other file too, is not this one's
+    inputs = json.loads((result.cache_dir / "meta.json").read_text(encoding="utf-8"))["inputs"]
+    assert inputs["source"]["other_formats"] == "not read"
+
+
 def test_unknown_hub_split_names_the_valid_ones(tmp_path, hf_cache):
     folder = tmp_path / "my_dataset"
     folder.mkdir()

@@ -179,6 +179,9 @@ def _folder_source(data: DataConfig, progress: bool) -> Source:
     identity["files"] = [_file_identity(p) for p in files]  # its files decide whether the cache is current
     if any(format_suffix(p) == ".txt" for p in files):  # caches keyed before read a document per line
         identity["text_files"] = "one document each"
+    formats = {name for p in files for name, suffixes in EXTENSIONS.items() if format_suffix(p) in suffixes}
+    if len(formats) > 1:
+        identity["other_formats"] = "not read"  # caches keyed before read them too (`_read_by`)
     description = f"dataset {name!r}"
     reader = _saved_reader(data, description) if saved else _folder_reader(data, files, progress, description)
     return Source(description=description, name=_slug(name.rstrip("/").rsplit("/", 1)[-1]),
@@ -221,7 +224,7 @@ def _folder_reader(data: DataConfig, files: list[Path], progress: bool,
             data_files = None if _card_lists_files(local) else _inferred_splits(data, files)
             builder = datasets.load_dataset_builder(name, data.dataset_config, data_files=data_files)
             kept = {os.path.realpath(p) for p in files}
-            found = {str(s): [Path(f) for f in fs if os.path.realpath(f) in kept]
+            found = {str(s): _read_by(builder.name, [Path(f) for f in fs if os.path.realpath(f) in kept])
                      for s, fs in (builder.config.data_files or {}).items()}
             if split not in found:  # datasets' own words for it
                 raise ValueError(f"Bad split: {split}. Available splits: {list(found)}")
@@ -235,6 +238,22 @@ def _folder_reader(data: DataConfig, files: list[Path], progress: bool,
                 skipped=SkippedRecords(f"{description} split {split!r}", data.text_field))
 
     return reader
+
+
+BUILDER_FORMATS = {"text": ("text",), "json": ("json",), "csv": ("csv", "tsv"), "parquet": ("parquet",)}
+
+
+def _read_by(builder_name: str, files: list[Path]) -> list[Path]:
+    """The files of a folder's split that its builder reads: those of its format, as datasets keeps
+    them when it finds a folder's files itself (load_dataset(folder) reads only the .jsonl files of a
+    folder that holds a LICENSE.txt too). Given them as data_files, its builder keeps every one, and the
+    LICENSE.txt was read, a document per line, by a text builder of its own. A builder tinyattn does
+    not know the formats of keeps them all."""
+    formats = BUILDER_FORMATS.get(builder_name)
+    if formats is None:
+        return files
+    suffixes = tuple(itertools.chain(*(EXTENSIONS[name] for name in formats)))
+    return [path for path in files if format_suffix(path) in suffixes]
 
 
 def _saved_reader(data: DataConfig, description: str) -> Callable[[str], Callable[[], DocumentParts]]:
