@@ -183,6 +183,26 @@ def test_a_json_line_after_good_ones_that_is_not_utf8_is_named_at_its_byte(tmp_p
     assert sources._find_invalid_json([path]) == expected
 
 
+def test_a_folder_reads_the_files_of_a_linked_folder_inside_it_once_and_a_link_above_is_no_loop(tmp_path):
+    """data.files: [books/] where books/more links to a folder elsewhere: its files are below books/, as
+    books/**/*.txt finds them; Path.rglob left them out, unsaid."""
+    books, elsewhere = tmp_path / "books", tmp_path / "elsewhere"
+    books.mkdir()
+    elsewhere.mkdir()
+    for i, text in enumerate(DOCUMENTS):
+        (books if i < 10 else elsewhere).joinpath(f"doc{i:02d}.txt").write_text(text, encoding="utf-8")
+    (books / "more").symlink_to(elsewhere, target_is_directory=True)
+    by_glob = resolve_source(make_config(tmp_path, {"files": [str(books / "**" / "*.txt")]}).data, False)
+    by_folder = resolve_source(make_config(tmp_path, {"files": [str(books)]}).data, False)
+    assert len(by_folder.identity["files"]) == len(DOCUMENTS)
+    names = [sorted(entry[0] for entry in source.identity["files"]) for source in (by_folder, by_glob)]
+    assert names[0] == names[1]
+    (books / "twice").symlink_to(elsewhere, target_is_directory=True)
+    (elsewhere / "up").symlink_to(books, target_is_directory=True)  # a loop, which a glob's ** would follow
+    found = sources._folder_files(books)
+    assert sorted(path.name for path in found) == [f"doc{i:02d}.txt" for i in range(len(DOCUMENTS))]
+
+
 def test_other_json_fields_may_mix_types_the_texts_are_read_as_written(tmp_path):
     path = tmp_path / "mixed.jsonl"
     ids = [i if i < 5 else f"x{i}" for i in range(len(DOCUMENTS))]  # an id column of ints, then strings

@@ -281,9 +281,22 @@ def _folder_files(folder: Path, cache_dir: Optional[Path] = None) -> list[Path]:
     any depth but hidden files and folders and what a token cache writes (`_cache_file`; data/
     holds data.cache_dir by default)."""
     cache_dir = cache_dir.resolve() if cache_dir is not None else None
-    return sorted(p for p in folder.rglob("*") if p.is_file()
+    return sorted(p for p in _files_below(folder) if p.is_file()
                   and not any(part.startswith(".") for part in p.relative_to(folder).parts)
                   and not _cache_file(p, cache_dir))
+
+
+def _files_below(folder: Path) -> Iterator[Path]:
+    """Every name below `folder`, in linked folders too, as a glob's `**` finds them (Path.rglob skipped
+    a linked folder's files, unsaid); each real folder once, so a link to a folder above is no loop."""
+    seen: set[str] = set()
+    for root, folders, names in os.walk(folder, followlinks=True):
+        real = os.path.realpath(root)
+        if real in seen:  # reached again through a link: its files are found once
+            folders[:] = []
+            continue
+        seen.add(real)
+        yield from (Path(root) / name for name in names)
 
 
 def _cache_file(path: Path, cache_dir: Optional[Path]) -> bool:
