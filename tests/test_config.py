@@ -153,6 +153,17 @@ def test_a_set_text_field_keeps_the_text_as_typed(tmp_path, typed, kept):
     assert load_config(path, ["data.revision=null"]).data.revision is None  # null still means null
 
 
+@pytest.mark.parametrize("typed", ["Act 1 #2", "ROMEO: what #light", "&a x", "*a", "|", ">", "!!str x"])
+def test_a_set_text_field_keeps_what_yaml_reads_as_a_comment_anchor_or_block(tmp_path, typed):
+    """YAML reads ' #2' as a comment, '&a' as an anchor, '|' and '>' as block scalars: a --set of a
+    text field gave 'Act 1', 'x' or '' where the text was typed whole."""
+    path = write(tmp_path / "c.yaml", "data:\n  files: a.txt\n")
+    config = load_config(path, [f"sample.prompt={typed}", f"train.probe_text={typed}"])
+    assert (config.sample.prompt, config.train.probe_text) == (typed, typed)
+    quoted = load_config(path, ["sample.prompt='a #b'", 'train.probe_text="x\\ny"'])
+    assert (quoted.sample.prompt, quoted.train.probe_text) == ("a #b", "x\ny")  # quotes still quote
+
+
 @pytest.mark.parametrize("typed, kept", [("1.10", "1.10"), ("0123", "0123"), ("yes", "yes"),
                                          ("1_000", "1_000"), ("2024-01-05", "2024-01-05"),
                                          ("'1.10'", "1.10")])

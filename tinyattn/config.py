@@ -922,8 +922,10 @@ YAML_NULLS = ("null", "Null", "NULL", "~")
 def _parse_override(item: str) -> tuple[str, Any]:
     """(key, value) of a --set item. The value is read as YAML, but a field that holds text keeps
     the text as typed where YAML would make it something else: sample.prompt=1.10 is "1.10", not 1.1,
-    0123 not 83, yes not true, "Q: what" not a mapping (null still means null). A number field
-    reads its number in decimal: train.max_steps=0100 is 100, not octal 64 (_plain_numbers_as_written)."""
+    0123 not 83, yes not true, "Q: what" not a mapping, "Act 1 #2" not "Act 1" (a comment), "&a x"
+    not "x" (an anchor), ">" not "" (a block); a quoted text is YAML's ('a #b', "x\\ny"), and null still
+    means null. A number field reads its number in decimal: train.max_steps=0100 is 100, not octal 64
+    (_plain_numbers_as_written)."""
     if "=" not in item:
         raise ConfigError(f"--set: expected key=value (e.g. model.n_layer=8), got {item!r}")
     key, text = item.split("=", 1)
@@ -934,8 +936,10 @@ def _parse_override(item: str) -> tuple[str, Any]:
         value = _load_yaml(text, set_key=key) if text.strip() else ""
     except yaml.YAMLError:
         value = text  # not YAML: keep the string, the field's type decides
-    if key in _text_keys() and not isinstance(value, str) and text.strip() not in YAML_NULLS:
-        value = text.strip()
+    typed = text.strip()
+    quoted = typed.startswith(("'", '"')) and isinstance(value, str)
+    if key in _text_keys() and not quoted and typed not in YAML_NULLS:
+        value = typed
     return key, value
 
 
