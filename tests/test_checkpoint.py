@@ -333,3 +333,19 @@ def test_a_run_folder_before_its_first_checkpoint_is_called_a_run_folder_not_a_h
     (run / "config.yaml").unlink()  # a tokenizer alone is no Hugging Face model either
     with pytest.raises(CheckpointError, match=r"run folder holds no checkpoint \(step_\*\.pt or best\.pt\)$"):
         ckpt.resolve_checkpoint(run)
+
+
+def test_a_folder_of_runs_given_as_the_checkpoint_names_its_runs_not_called_an_empty_run_folder(tmp_path):
+    # `--checkpoint checkpoints` (train.out_dir, not a run in it) was "checkpoints: run folder holds no
+    # checkpoint (step_*.pt or best.pt)": no run folder was named, and none of the runs it holds.
+    older, newer = tmp_path / "b-older", tmp_path / "a-newer"
+    saved(older / ckpt.step_filename(500), 500)
+    saved(newer / ckpt.BEST, 10)
+    os.utime(older / ckpt.step_filename(500), (1_000_000, 1_000_000))
+    (tmp_path / "lab").mkdir()  # a folder without checkpoints is no run
+    for prefer in ("best", "latest"):
+        with pytest.raises(CheckpointError) as refused:
+            ckpt.resolve_checkpoint(tmp_path, prefer=prefer)
+        assert str(refused.value) == (
+            f"{tmp_path}: a folder of runs, not a run folder (it holds a-newer, b-older); give one of them, "
+            f"e.g. the most recent: {newer}")

@@ -279,10 +279,26 @@ def resolve_checkpoint(path: Optional[str | Path], out_dir: str | Path = "checkp
             raise CheckpointError(f"{path}: looks like a Hugging Face folder ({', '.join(found)}) but has "
                                   "no config.json, which tinyattn needs to read it; copy the model's "
                                   "config.json into it (a run folder holds step_*.pt or best.pt)")
+        _refuse_a_folder_of_runs(path)
         raise CheckpointError(f"{path}: run folder holds no checkpoint (step_*.pt or best.pt)")
     if prefer == "best" and (damage := verify_checkpoint(chosen)):
         return _instead_of_damaged(chosen, damage)
     return chosen
+
+
+RUNS_NAMED = 5  # the runs a folder of runs given as a checkpoint names, the most
+
+
+def _refuse_a_folder_of_runs(folder: Path) -> None:
+    """A folder that holds run folders (train.out_dir, `--checkpoint checkpoints`) is not one: said
+    so, naming its runs and the most recent, rather than called a run folder without a checkpoint."""
+    runs = sorted(p.name for p in folder.iterdir() if p.is_dir() and has_checkpoints(p))
+    if not runs:
+        return
+    more = f" and {len(runs) - RUNS_NAMED} more" if len(runs) > RUNS_NAMED else ""
+    raise CheckpointError(f"{folder}: a folder of runs, not a run folder (it holds "
+                          f"{', '.join(runs[:RUNS_NAMED])}{more}); give one of them, e.g. the most recent: "
+                          f"{latest_run(folder)}")
 
 
 def _instead_of_damaged(chosen: Path, damage: str) -> Path:
