@@ -604,3 +604,15 @@ def test_cli_without_text_on_a_run_without_a_probe_text_says_to_give_one(run_dir
     assert status == 2
     assert stderr == (f"error: {tmp_path / 'no_probe.pt'}: its run sets no train.probe_text, so there is no "
                       "text to look at: give one with --text \"...\"\n")
+
+
+def test_cli_without_text_on_a_hugging_face_folder_says_it_records_no_probe_text(run_dir, tmp_path, capsys):
+    # Was "<folder>/model.safetensors: its run sets no train.probe_text": a Hugging Face folder has no run.
+    from tinyattn.cli.export import main as export_main
+
+    assert export_main(["--checkpoint", str(run_dir), "--out", str(tmp_path / "hf")]) == 0
+    capsys.readouterr()
+    status, _, stderr = run_cli(capsys, "--checkpoint", str(tmp_path / "hf"), "--device", "cpu")
+    assert status == 2
+    assert stderr == (f"error: {tmp_path / 'hf'} (a Hugging Face folder): records no train.probe_text "
+                      "(a run's config does), so there is no text to look at: give one with --text \"...\"\n")

@@ -79,8 +79,9 @@ def command(args: argparse.Namespace) -> int:
     _check_index("--head", args.head, model_config.n_head, "heads")
     text = loaded.config.train.probe_text if args.text is None else args.text
     if args.text is None and not text:
-        raise TinyattnError(f"{loaded.path}: its run sets no train.probe_text, so there is no text to "
-                            "look at: give one with --text \"...\"")
+        why = (f"{loaded.label}: records no train.probe_text (a run's config does)" if loaded.hf_folder
+               else f"{loaded.path}: its run sets no train.probe_text")
+        raise TinyattnError(f"{why}, so there is no text to look at: give one with --text \"...\"")
     # Once: the query's position and the model read the same ids; an imported folder's bos first
     # where its tokenizer puts it there, as generation and transformers read the text.
     ids = loaded.tokenizer.encode(text)
