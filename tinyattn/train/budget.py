@@ -265,12 +265,14 @@ class Calibration:
     # steps, the evaluation and the checkpoint write of the measuring are allowed this much.
     START_VARIATION = 0.25
     UNMEASURED_SECONDS = 1.0
+    COMPILE_NOTED = 5.0  # seconds of compiling (the warm steps beyond their step time) worth a note
 
     def __init__(self, plan: TimePlan, clock: Clock, tables: PassTables):
         self.plan = plan
         self.text = plan.text
         self.clock = clock
         self.tables = tables
+        self.warm_seconds = 0.0  # the untimed first steps' (with train.compile: compiling)
 
     def measure(self, trainer: Trainer, evaluator: Evaluator, run_dir: Path) -> Measured:
         """The measurements; refuses a budget already spent before anything is measured. A stop
@@ -353,15 +355,27 @@ class Calibration:
         return (f"Give a budget of at least {at_least}s (--set train.time_budget={at_least}s), or train "
                 "a fixed number of steps: --set train.time_budget=null train.max_steps=N")
 
+    def compile_note(self, trainer: Trainer, step_seconds: float) -> str:
+        """Where compiling took much of the budget, says so: a first compile on a machine (an empty
+        inductor cache) can take a minute and more, the same command again starts from the cache."""
+        compiling = self.warm_seconds - self.WARM_STEPS * step_seconds
+        if not trainer.config.compile or not compiling >= self.COMPILE_NOTED:
+            return ""
+        return (f" {compiling:.0f} s of them compiled the model (train.compile; inductor keeps what it "
+                "compiled on disk, so the same command again may start sooner); --set train.compile=false "
+                "trains without compiling.")
+
     def _measure_for(self, budget_seconds: float) -> float:
         """Seconds of timed steps the measuring takes under a budget of `budget_seconds`."""
         return min(3.0, max(1.5, self.MIN_SHARE * budget_seconds))
 
     def _time_steps(self, trainer: Trainer) -> float:
         """Seconds per step, after WARM_STEPS untimed ones."""
+        start = self.clock()
         for _ in range(self.WARM_STEPS):
             trainer.train_step()
         synchronize(trainer.device)
+        self.warm_seconds += self.clock() - start
         start, timed = self.clock(), 0
         measure_for = self._measure_for(self.plan.seconds)
         while self._keep_measuring(trainer, timed, self.clock() - start, measure_for):
