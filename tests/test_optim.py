@@ -300,9 +300,11 @@ def test_a_warmup_as_long_as_the_run_is_warned_of_and_one_step_shorter_is_not():
 
     config = TrainConfig(warmup_steps=20, max_steps=20)
     assert warmup_warning(config, 20) == (
-        "warning: train.warmup_steps=20 is not below the 20 steps of train.max_steps: the rate ends still "
-        "warming up, at 100% of its peak, and never decays; give fewer warmup steps "
+        "warning: train.warmup_steps=20 is not below the 20 steps of train.max_steps: the rate reaches its "
+        "peak only at the last step and never decays; give fewer warmup steps "
         "(--set train.warmup_steps=2) or more train.max_steps")
+    assert "the rate ends still warming up, at 50% of its peak, and never decays" in warmup_warning(
+        TrainConfig(warmup_steps=40, max_steps=20), 20)
     assert warmup_warning(TrainConfig(warmup_steps=19, max_steps=20), 20) is None
 
 

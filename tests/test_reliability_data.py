@@ -199,7 +199,7 @@ def test_an_edited_config_yaml_applies_on_resume_and_the_users_text_is_kept(corp
     assert load_config(run / "config.yaml").train.lr == 0.001
     assert ckpt.load_checkpoint(run / ckpt.step_filename(4))["config"]["train"]["lr"] == 0.001
     log = (run / "train.log").read_text(encoding="utf-8")
-    assert f"{run / 'config.yaml'}: your edits apply from step 2: train.lr 0.002 -> 0.001" in log
+    assert f"{run / 'config.yaml'}: your edits apply after step 2: train.lr 0.002 -> 0.001" in log
     assert (run / "config.edited-step2.yaml").read_text(encoding="utf-8") == edited
     # config.yaml now describes step 4: a fork from step 2 continues step 2's own config.
     from tinyattn.train.resume import ResumePoint
@@ -274,7 +274,7 @@ def test_a_key_deleted_from_config_yaml_goes_back_to_its_default_and_the_run_say
     point = ResumePoint.find(run, None, tmp_path)
     assert point.edited_config().train.ema is None
     path = run / "config.yaml"
-    assert point.notes == [f"{path}: your edits apply from step 2: "
+    assert point.notes == [f"{path}: your edits apply after step 2: "
                            "train.ema 0.9 -> None (deleted: its default)"]
     edit_run_config(run, "  lr: 0.002\n", "  lr: 0.001\n")
     point = ResumePoint.find(run, None, tmp_path)

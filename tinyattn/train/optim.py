@@ -98,8 +98,10 @@ def warmup_warning(config: TrainConfig, steps: int, budget: Optional[str] = None
     reached = steps / config.warmup_steps
     run, longer = ((f"about {steps:,} steps the {budget} budget first fits", "a longer train.time_budget")
                    if budget is not None else (f"{steps:,} steps of train.max_steps", "more train.max_steps"))
-    return (f"warning: train.warmup_steps={config.warmup_steps} is not below the {run}: the rate ends "
-            f"still warming up, at {reached:.0%} of its peak, and never decays; give fewer warmup steps "
+    ends = ("reaches its peak only at the last step" if reached >= 1
+            else f"ends still warming up, at {reached:.0%} of its peak,")
+    return (f"warning: train.warmup_steps={config.warmup_steps} is not below the {run}: the rate {ends} "
+            f"and never decays; give fewer warmup steps "
             f"(--set train.warmup_steps={max(1, steps // 10)}) or {longer}")
 
 

@@ -488,7 +488,7 @@ class ResumePoint:
         self.edited = tuple(changed)  # a table's choice edited by hand: the edit wins (`adopt`)
         what = ", ".join(_edit(key, saved[key], edited[key], deleted=key not in written,
                                overruled=key in overruled) for key in changed)
-        self.notes.append(f"{path}: your edits apply from step {self.step}: {what}")
+        self.notes.append(f"{path}: your edits apply after step {self.step}: {what}")
         values = with_settings(config_to_dict(self.config), {key: edited[key] for key in changed})
         return config_from_dict(values, default_origin=str(path))
 
