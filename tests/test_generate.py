@@ -5,6 +5,7 @@ import copy
 import functools
 import io
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -86,6 +87,17 @@ def test_cached_decoding_equals_recomputing_at_every_step(tiny_model, tokenizer,
             torch.testing.assert_close(logits, full, rtol=0, atol=1e-4)
             logits = decoder.step(ids[:, t])
     assert decoder.refills == 0
+
+
+def test_a_prefill_of_no_tokens_or_more_than_the_context_and_an_empty_prompt_are_refused():
+    decoder = CachedDecoder(BigramModel(torch.zeros(4, 4), context_length=8), batch_size=1)
+    for length in (0, 9):
+        with pytest.raises(ValueError, match=f"prefill takes 1 to 8 tokens per row, got {length}"):
+            decoder.prefill(torch.zeros(1, length, dtype=torch.long))
+    for shape in ((1, 0), (3,)):  # refused even where no token is asked for
+        message = re.escape(f"prompt_ids must be (B, T) with T >= 1, got shape {shape}")
+        with pytest.raises(ValueError, match=message):
+            list(generate_tokens(BigramModel(torch.zeros(4, 4)), torch.zeros(shape, dtype=torch.long), 0))
 
 
 @pytest.mark.parametrize("context, keep, refills", [(16, 8, 5), (15, 7, 5)])  # keep = context_length // 2
@@ -652,6 +664,15 @@ def test_repetition_penalty_counts_the_prompt_and_the_generated_tokens():
     assert greedy([0], 4.0) == [1, 0, 0, 0]  # the prompt's token is penalised from the start
     assert greedy([0, 2], 4.0) == [1, 0, 0, 0]  # ... wherever it is in the prompt, not only last
     assert greedy([1], 0.25) == [1, 1, 1, 1]  # below 1 the present token is rewarded: 5 / 0.25 > 10
+
+
+def test_repetition_penalty_counts_the_prompt_tokens_the_context_no_longer_holds():
+    table = torch.zeros(3, 3)
+    table[:, 0], table[:, 1] = 10.0, 5.0  # token 0 (logit 10) preferred over token 1 (logit 5)
+    model = PrefillRecorder(table, context_length=4)
+    tokens = generate_tokens(model, torch.tensor([[0, 2, 2, 2, 2]]), 2, temperature=0, repetition_penalty=4.0)
+    assert torch.cat(list(tokens)).tolist() == [1, 0]  # 10/4 < 5: token 0 is in the prompt, then 5/4 < 10/4
+    assert model.fed[0].tolist() == [[2, 2, 2, 2]]  # though the prefill no longer reads it
 
 
 def test_same_seed_same_text_different_seed_different_text(tiny_model, tokenizer):
