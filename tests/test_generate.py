@@ -795,6 +795,28 @@ def test_new_byte_tokens_after_a_prompt_ending_in_byte_tokens_stream_their_chara
     assert whole.startswith(before) and streamed == whole[len(before):] and "\ufffd" not in streamed
 
 
+@pytest.mark.parametrize("prompt", ["日日", "😀日"])  # byte tokens only: 3 + 3 and 4 + 3
+def test_a_prompt_of_byte_tokens_only_is_all_context_for_new_byte_tokens(prompt, monkeypatch):
+    # Without a bos or a "▁" put before the text (Gemma's SentencePiece), the prompt's only character
+    # boundary before its last character may be its first id: the context must reach back to it.
+    from tokenizers import Tokenizer as Backend, decoders, normalizers
+
+    import tinyattn.generate.text as text_module
+    from tinyattn.data.tokenizer import Tokenizer
+
+    backend = Backend.from_str(llama_like_byte_fallback_tokenizer().to_json())
+    backend.normalizer = normalizers.Replace(" ", "▁")
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                         decoders.Fuse()])
+    tokenizer = Tokenizer.from_json(backend.to_str(), end_of_text="</s>")
+    prompt_ids, new_ids = tokenizer.encode(prompt), tokenizer.encode("日")
+    assert tokenizer.text_start == [] and tokenizer.decode(prompt_ids[1:]).startswith("\ufffd")
+    monkeypatch.setattr(text_module, "generate_tokens", lambda *args, **kwargs: iter(
+        torch.tensor([token]) for token in new_ids))
+    model = BigramModel(torch.zeros(tokenizer.vocab_size, tokenizer.vocab_size), context_length=64)
+    assert "".join(generate(model, tokenizer, prompt, max_new_tokens=len(new_ids), temperature=0)) == "日"
+
+
 @pytest.mark.parametrize("continuation", ["a b", "ab 日", "日 a"])
 def test_an_empty_prompts_text_has_no_space_before_its_first_word_with_a_stripping_decoder(continuation,
                                                                                         monkeypatch):
@@ -906,6 +928,13 @@ def test_end_of_text_ends_a_sample(tokenizer):
     assert "".join(generate(model, small, "b", max_new_tokens=1, temperature=0)) == "c"
 
 
+def test_generate_yields_each_tokens_text_and_no_empty_piece():
+    small, model = abc_chain()  # a -> b -> c -> end of text
+    assert list(generate(model, small, "a", max_new_tokens=2, temperature=0)) == ["b", "c"]  # "length"
+    assert list(generate(model, small, "a", max_new_tokens=9, temperature=0)) == ["b", "c"]  # "eot"
+    assert list(generate(model, small, "a", max_new_tokens=9, temperature=0, stop="c")) == ["b"]  # "stop"
+
+
 class CountedBigramModel(BigramModel):
     """A BigramModel that counts its forward passes (prefills and steps: `next_token_logits`)."""
 
@@ -953,6 +982,22 @@ def test_an_empty_prompt_starts_from_the_end_of_text_token():
     model = BigramModel(table)
     assert "".join(generate(model, small, "", max_new_tokens=20, temperature=0)) == "Hi"
     assert "".join(generate(model, small, "\n", max_new_tokens=20, temperature=0)) == "i"
+
+
+def test_an_empty_prompt_starts_from_a_newline_where_the_tokenizer_has_no_start_token():
+    small = build_tokenizer(TokenizerConfig(kind="char"), lambda: iter(["Hi\n "]))
+    h, i, newline, space = small.encode("Hi\n ")
+
+    class WithoutStart:  # start_id None: a folder's tokenizer with neither a bos nor an eos
+        start_id = None
+
+        def __getattr__(self, name):
+            return getattr(small, name)
+
+    table = torch.zeros(small.vocab_size, small.vocab_size)
+    table[newline, i] = table[space, h] = table[small.eot_id, h] = 10.0
+    table[i, small.eot_id] = table[h, small.eot_id] = 10.0
+    assert "".join(generate(BigramModel(table), WithoutStart(), "", max_new_tokens=5, temperature=0)) == "i"
 
 
 def test_a_prompt_longer_than_the_context_keeps_its_end_with_a_warning(tiny_model, tokenizer):
