@@ -785,6 +785,63 @@ def test_a_cancelled_jobs_generator_is_closed_at_once_on_the_worker_thread():
         loop.close()
 
 
+def test_when_a_job_ends_the_jobs_after_it_keep_their_turn_in_that_round():
+    import asyncio
+
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.serve.worker import Job, ModelWorker
+
+    order = []
+
+    def steps(name, turns):
+        for _ in range(turns):
+            order.append(name)
+            yield name
+
+    loop = asyncio.new_event_loop()  # not running: what the jobs send stays queued on it
+    three = ModelWorker(max_active=3)
+    try:
+        jobs = [three.submit(Job(steps(name, turns), loop, name))
+                for name, turns in [("a", 1), ("b", 3), ("c", 3)]]
+        three.start()
+        deadline = time.monotonic() + 10
+        while three.stats.jobs < 3 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert [job.ended for job in jobs] == ["done"] * 3
+        assert order == ["a", "b", "c", "b", "c", "b", "c"]  # round robin, b's turn kept as "a" ends
+    finally:
+        three.stop()
+        loop.close()
+
+
+def test_a_job_whose_event_loop_has_closed_is_cancelled_at_its_next_turn():
+    # At shutdown the event loop may close before the worker stops: nobody reads the job any more.
+    import asyncio
+
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.serve.worker import Job, ModelWorker
+
+    def endless():
+        while True:
+            time.sleep(0.001)
+            yield "x"
+
+    closed = asyncio.new_event_loop()
+    closed.close()
+    one = ModelWorker(max_active=1)
+    try:
+        job = one.submit(Job(endless(), closed, "orphan"))
+        one.start()
+        deadline = time.monotonic() + 10
+        while not job.ended and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert (job.ended, job.turns) == ("cancelled", 1)
+    finally:
+        one.stop()
+
+
 # ----------------------------------------------------------------------------- the playground, the explorer
 
 
