@@ -650,6 +650,20 @@ def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
     assert apply_repetition_penalty(logits, present, 2.0).tolist() == [[1.0, -4.0, 1.0, -1.0]]
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_repetition_penalty_of_half_precision_logits_is_not_held_to_their_dtypes_range(dtype):
+    # The hold against overflow (a thousandth of the largest number) was fp16's own, 65.5, though
+    # sampling divides in fp32: a rewarded fp16 logit stopped at 65.5 and a penalised one at -65.5.
+    logits = torch.tensor([[70.0, 68.0, -60.0, -70.0]], dtype=dtype)
+    present = torch.tensor([[False, True, True, False]])
+    rewarded = apply_repetition_penalty(logits, present, 0.8)
+    near = dict(rtol=1e-3, atol=0)
+    torch.testing.assert_close(rewarded.float(), torch.tensor([[70.0, 85.0, -48.0, -70.0]]), **near)
+    assert sample_next_token(rewarded, temperature=0).item() == 1  # 68 / 0.8 = 85 > 70
+    penalised = apply_repetition_penalty(logits, present, 2.0)
+    torch.testing.assert_close(penalised.float(), torch.tensor([[70.0, 34.0, -120.0, -70.0]]), **near)
+
+
 def test_repetition_penalty_counts_the_prompt_and_the_generated_tokens():
     # Bigram stand-in that always prefers token 0 (logit 10) over token 1 (logit 5).
     table = torch.zeros(3, 3)

@@ -85,12 +85,14 @@ def apply_repetition_penalty(logits: torch.Tensor, present: torch.Tensor, penalt
 
     logits: (B, V); present: (B, V) bool, True for tokens already in the row's sequence.
     Positive logits of present tokens are divided by `penalty`, negative ones multiplied by it
-    (dividing a negative logit would make the token more likely). Returns a new (B, V) tensor.
+    (dividing a negative logit would make the token more likely). Returns a new (B, V) fp32 tensor:
+    computed in fp32, as `sample_next_token` samples (fp16's range would hold a logit at 65.5).
     """
-    penalty = min(penalty, torch.finfo(logits.dtype).max)  # 1e39 would be inf, and 0 * inf NaN
+    logits = logits.float()  # (B, V)
+    penalty = min(penalty, torch.finfo(torch.float32).max)  # 1e39 would be inf, and 0 * inf NaN
     penalized = torch.where(logits > 0, logits / penalty, logits * penalty)  # (B, V)
     # A tiny penalty would overflow: held where a temperature of SHIFT_BELOW still divides it finitely.
-    limit = torch.finfo(penalized.dtype).max * SHIFT_BELOW
+    limit = torch.finfo(torch.float32).max * SHIFT_BELOW
     return torch.where(present, penalized.clamp(-limit, limit), logits)
 
 
