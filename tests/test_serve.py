@@ -1160,9 +1160,9 @@ def _checked(limits=None, **fields):
     from tinyattn.serve.schemas import CompletionRequest, Limits, check_completion
 
     tokenizer = types.SimpleNamespace(text_start=[], encode=lambda text: [ord(c) for c in text])
+    defaults = SampleConfig(temperature=0.7, top_k=5, top_p=0.9, repetition_penalty=1.3)
     return check_completion(CompletionRequest(model="m", prompt="ab", **fields), limits=limits or Limits(),
-                            defaults=SampleConfig(temperature=0.7, top_k=5), tokenizer=tokenizer,
-                            context_length=64)
+                            defaults=defaults, tokenizer=tokenizer, context_length=64)
 
 
 @pytest.mark.parametrize("fields, param", [
@@ -1193,9 +1193,10 @@ def test_the_off_values_of_unsupported_fields_are_accepted_and_usage_streams_onl
     assert off.stream and not off.include_usage
     assert _checked(stream=True, stream_options={"include_usage": True}).include_usage
     # Options a request leaves out are the checkpoint's; those it gives win.
-    assert (off.options.temperature, off.options.top_k, off.options.seed) == (0.7, 5, None)
-    given = _checked(temperature=0.0, top_k=0, seed=9).options
-    assert (given.temperature, given.top_k, given.seed) == (0.0, 0, 9)
+    o = off.options
+    assert (o.temperature, o.top_k, o.top_p, o.repetition_penalty, o.seed) == (0.7, 5, 0.9, 1.3, None)
+    o = _checked(temperature=0.0, top_k=0, top_p=1.0, repetition_penalty=1.0, seed=9).options
+    assert (o.temperature, o.top_k, o.top_p, o.repetition_penalty, o.seed) == (0.0, 0, 1.0, 1.0, 9)
 
 
 def test_the_model_thread_ends_when_the_server_shuts_down(loaded):
