@@ -222,6 +222,19 @@ def test_compiled_decoding_equals_eager_decoding_token_for_token(tiny_model, tok
     assert greedy_and_sampled(True) == greedy_and_sampled(False)
 
 
+def test_compile_asked_of_generate_reaches_the_decoders_steps(monkeypatch):
+    built, steps = [], []
+
+    def compile_decode_step(model):  # stands in for torch.compile: the step itself, counted
+        built.append(model)
+        return lambda *args: steps.append(args[2].item()) or decoder_module.decode_one_token(*args)
+
+    monkeypatch.setattr(decoder_module, "compile_decode_step", compile_decode_step)
+    small, model = abc_chain()  # a -> b -> c -> end of text
+    assert "".join(generate(model, small, "a", max_new_tokens=9, temperature=0, compile=True)) == "bc"
+    assert built == [model] and steps == [1, 2]  # b and c stepped at positions 1 and 2; none after the end
+
+
 # ----------------------------------------------------------------------------- the eager decode step
 
 
