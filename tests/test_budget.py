@@ -526,6 +526,20 @@ def test_a_dropout_whose_dearer_step_falls_short_of_its_entry_is_not_taken(
     assert seen[-1] == chosen
 
 
+def test_a_model_whose_dropout_is_its_tables_entry_is_measured_once(corpus, tmp_path, monkeypatch):
+    """model.dropout=0.1 and 0.1 the entry for the passes that fit: the step measured is the one the
+    run takes, so the calibration measures no second time (3 warm steps and 1.5 s of 0.125 s steps,
+    once) and the run says what it keeps, with no passes "with model.dropout=0.1"."""
+    clock = FakeClock()
+    machine = FakeMachine(monkeypatch, clock, lambda now, step: 0.125, compute=False)
+    config = budget_config(corpus, tmp_path, "100s", "model.dropout=0.1",
+                           "train.dropout_by_passes={0.5: 0.1}")
+    result = train(config, run_name="run", progress=False, clock=clock, stop_at_step=5)
+    assert machine.calls == 3 + 12 + 5
+    assert "about 1.8 passes over the training text fit -> model.dropout=0.1 (train.dropout_by_passes)" in \
+        (result.run_dir / "train.log").read_text()
+
+
 def test_the_budget_sets_the_schedules_floor_from_the_passes_and_a_resume_keeps_it(corpus, tmp_path, monkeypatch):
     """train.floor_by_passes: the share for the passes that fit, times train.lr, becomes
     train.min_lr, the floor the time plan's schedule decays to at every step; config.yaml records
@@ -677,6 +691,8 @@ def test_the_progress_schedule_has_the_shapes_of_the_step_schedule():
     assert progress_lr_factor(10, 0.0, config) == 1.0
     assert progress_lr_factor(50, 0.5, config) == pytest.approx(0.55)
     assert progress_lr_factor(50, 1.0, config) == pytest.approx(0.1)
+    config.schedule = "constant"  # the peak to the end: no floor to decay to
+    assert [progress_lr_factor(50, progress, config) for progress in (0.0, 0.5, 1.0)] == [1.0, 1.0, 1.0]
     config.schedule, config.decay_fraction = "wsd", 0.25  # the decay: the last quarter of the progress
     assert progress_lr_factor(50, 0.75, config) == 1.0
     assert progress_lr_factor(50, 0.875, config) == pytest.approx(0.55)
@@ -761,6 +777,19 @@ def test_the_plan_follows_the_last_steps_starts_after_warmup_and_a_finished_run_
     assert resumed.done(63)  # a resumed finished run takes no step past its budget
 
 
+def test_the_count_after_a_step_reads_that_steps_time():
+    """The calibration measured 1 s a step; the first two steps take 3 s. The count after each
+    includes it: 981 s left at the median of (1, 3) s, then 978 s at that of (1, 3, 3) s, not one
+    step late."""
+    plan, clock, _ = started_plan(0, 0.0, 0.0)  # 1,000 s: 984 s for steps
+    left = []
+    for step in (1, 2):
+        clock.now += 3.0
+        plan.after_step(step)
+        left.append(plan.steps_left)
+    assert left == [981 // 2, 978 // 3]
+
+
 @pytest.mark.parametrize("warmup", [0, 3, 86])  # 86: the one step after warmup is the last (87 fit)
 @pytest.mark.parametrize("schedule", ["cosine", "linear"])
 def test_on_a_steady_machine_the_plan_steps_at_the_step_schedules_rates_for_the_steps_that_fit(
@@ -828,6 +857,34 @@ def test_a_plan_that_counts_every_few_steps_counts_down_between_as_one_that_coun
     assert step == 97 and len(shared) == 1 + 97 // 5  # the seed's count, then one every 5 steps
 
 
+def test_a_distributed_plan_counts_every_log_interval_steps_and_every_rank_takes_rank_0s_count(monkeypatch):
+    """plan_for a distributed run: rank 0's count of the steps that fit reaches every rank (here a rank
+    whose own count differs: rank 0 counted 40), at the start and every train.log_interval steps, and
+    each rank counts down between."""
+    from types import SimpleNamespace
+
+    config = load_config(TINY, ["train.time_budget=100s", "train.log_interval=10", "train.eval_interval=25",
+                                "train.warmup_steps=2"]).train
+    sent = []
+
+    def broadcast(tensor, src):  # torch.distributed's, as a rank other than 0 sees it
+        sent.append((int(tensor.item()), src))
+        tensor.fill_(40)
+
+    monkeypatch.setattr(torch.distributed, "broadcast", broadcast)
+    clock = FakeClock()
+    plan = budget.plan_for(config, None, clock, dist=SimpleNamespace(enabled=True),
+                           device=torch.device("cpu"))
+    assert plan.seed(1.0, 0.0, 0.0) == 40
+    left = []
+    for step in range(1, 31):
+        clock.now += 1.0
+        plan.after_step(step)
+        left.append(plan.steps_left)
+    assert left == [40 - step % 10 for step in range(1, 31)]
+    assert len(sent) == 1 + 3 and {src for _, src in sent} == {0} and sent[0][0] > 40  # its own count: more
+
+
 def test_no_step_is_timed_with_an_evaluation_in_it():
     plan, clock, _ = started_plan(0, 5.0, 1.0)
     for step in range(1, 40):  # the loop's order: the step, the plan, then an evaluation if due
@@ -885,6 +942,76 @@ def test_the_calibrations_steps_are_undone(corpus, tmp_path, monkeypatch):
     after = {k: v for k, v in trainer.state_dict().items() if k != "plan"}
     assert after["step"] == 0 and after["sampler"]["batches_drawn"] == 0
     assert_same_state(before, after)
+
+
+def test_the_calibration_times_steps_for_its_share_of_the_budget_and_counts_the_hooks_and_start_up_apart(
+        corpus, tmp_path, monkeypatch):
+    """A 600 s budget times 3 s of steps (MIN_SHARE, at most 3 s), not the 1.5 s of a short one; the
+    evaluation's time holds the train.show hooks (given DISCARD: they log nothing here); a write
+    counts twice (a step checkpoint and best.pt); and the 2 s of start-up before it are not the
+    measuring's own seconds, which the advice when no step fits adds to them. No probe file is left."""
+    from tinyattn.data.batches import prepare_data
+    from tinyattn.system.device import select_precision
+    from tinyattn.train.hooks import DISCARD
+    from tinyattn.train.passes import PassTables
+
+    config = budget_config(corpus, tmp_path, "600s")
+    data = prepare_data(config, progress=False)
+    config.model.vocab_size = data.tokenizer.vocab_size
+    cpu = torch.device("cpu")
+    trainer = Trainer.build(config.model, config.train, data.train, device=cpu,
+                            precision=select_precision("fp32", cpu))
+    clock = FakeClock(2.0)  # the start-up's seconds
+    machine = FakeMachine(monkeypatch, clock, lambda now, step: 0.5, compute=False)
+    real_save, hooked = ckpt.save_checkpoint, []
+
+    def timed_save(state, path):  # a write takes 0.125 s
+        real_save(state, path)
+        clock.now += 0.125
+
+    def slow_hook(shown):  # a train.show hook that takes 0.25 s
+        hooked.append((shown.writer, shown.run_dir))
+        clock.now += 0.25
+
+    monkeypatch.setattr(ckpt, "save_checkpoint", timed_save)
+    trainer.plan = TimePlan("600s", config.train, clock)
+    evaluator = Evaluator(trainer, config, data.validation, data.tokenizer)
+    evaluator.hooks = [slow_hook]
+    calibration = budget.Calibration(trainer.plan, clock, PassTables(config.train))
+    measured = calibration.measure(trainer, evaluator, tmp_path)
+    assert machine.calls == 3 + 6  # 3 warm steps, then 6 of 0.5 s timed: 3 s
+    assert hooked == [(DISCARD, None)]
+    assert measured == budget.Measured(step=0.5, evaluation=0.5 + 0.25, save=2 * 0.125, start_up=2.0,
+                                       calibration=9 * 0.5 + 0.75 + 0.125)
+    assert list(tmp_path.glob(".budget_probe*")) == []
+
+
+def test_a_budget_its_start_up_spent_exactly_is_refused_before_anything_is_measured():
+    """Nothing left after the margin and the exit: refused at once, with the advice, before a step is
+    measured; a quarter second left is measured (the plan then says whether a step fits)."""
+    from types import SimpleNamespace
+
+    from tinyattn.train.passes import PassTables
+
+    config = load_config(TINY, ["train.time_budget=100s"])
+    gone = 100 * (1 - TimePlan.MARGIN) - TimePlan.EXIT_SECONDS
+
+    class Measuring(Exception):
+        pass
+
+    def state_dict():
+        raise Measuring  # the measuring's first act: the snapshot of the trainer
+
+    trainer = SimpleNamespace(dist=SimpleNamespace(enabled=False), state_dict=state_dict)
+    for spent, outcome in ((gone, TinyattnError), (gone - 0.25, Measuring)):
+        calibration = budget.Calibration(TimePlan("100s", config.train, FakeClock(spent)), FakeClock(),
+                                         PassTables(config.train))
+        with pytest.raises(outcome) as raised:
+            calibration.measure(trainer, None, Path("run"))
+        if outcome is TinyattnError:
+            assert re.fullmatch(r"train\.time_budget 100s: 98 s are gone before training, all the "
+                                r"budget leaves; no step fits\. Give a budget of at least \d+s .*",
+                                str(raised.value))
 
 
 def _fits_a_step(config, budget_seconds: int, spent: float, measured: budget.Measured) -> bool:
