@@ -127,6 +127,39 @@ def test_a_muon_step_is_the_orthogonalised_nesterov_momentum_at_its_documented_s
     torch.testing.assert_close(p.detach(), expected, rtol=1e-5, atol=1e-6)
 
 
+def test_a_muon_step_given_bf16_orthogonalises_in_bf16():
+    """ns_dtype bf16 (a run that trains in bf16): the Newton-Schulz chain runs in bf16, and the
+    update is added to the fp32 weight; not the fp32 chain, which differs here by far more than
+    the rounding of the add."""
+    gen = torch.Generator().manual_seed(0)
+    w, g = torch.randn(16, 64, generator=gen), torch.randn(16, 64, generator=gen)
+    p = torch.nn.Parameter(w.clone())
+    p.grad = g.clone()
+    lr, m = 0.5, 0.9
+    Muon([p], lr=lr, momentum=m, ns_steps=3, ns_dtype=torch.bfloat16).step()
+    direction = g.lerp((1 - m) * g, m)[None]  # the first step's Nesterov direction
+    scale = lr * 0.2 * math.sqrt(64)
+    in_bf16 = w - scale * newton_schulz(direction.bfloat16(), steps=3)[0].float()
+    in_fp32 = w - scale * newton_schulz(direction, steps=3)[0]
+    torch.testing.assert_close(p.detach(), in_bf16, rtol=1e-5, atol=1e-6)
+    assert (in_bf16 - in_fp32).abs().max() > 1e-3
+
+
+def test_the_embedding_and_head_without_their_own_rates_train_at_train_lr():
+    """train.embedding_lr or train.head_lr unset (None): that group steps at train.lr, as do the
+    gains, and Muon's matrices without train.muon_lr; an untied head does not borrow the
+    embedding's rate."""
+    model = LanguageModel(ModelConfig(vocab_size=20, n_layer=1, n_head=2, n_embd=16, context_length=8,
+                                      tie_embeddings=False))
+    cpu = torch.device("cpu")
+    adamw = build_optimizer(model, TrainConfig(lr=1e-3, embedding_lr=4e-3), cpu)
+    assert adamw.rates() == pytest.approx({"adamw/embedding": 4e-3, "adamw/head": 1e-3, "adamw/gains": 1e-3,
+                                           "adamw/matrices": 1e-3})
+    muon = build_optimizer(model, TrainConfig(optimizer="muon", lr=1e-3, head_lr=2e-3), cpu)
+    assert muon.rates() == pytest.approx({"adamw/embedding": 1e-3, "adamw/head": 2e-3, "adamw/gains": 1e-3,
+                                          "muon/matrices": 1e-3})
+
+
 @pytest.mark.parametrize("precision, ns_dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16),
                                                ("fp16", torch.float32)], ids=["fp32", "bf16", "fp16"])
 def test_muon_orthogonalises_in_bf16_only_in_a_run_that_trains_in_bf16(precision, ns_dtype):
@@ -306,6 +339,8 @@ def test_a_warmup_as_long_as_the_run_is_warned_of_and_one_step_shorter_is_not():
     assert "the rate ends still warming up, at 50% of its peak, and never decays" in warmup_warning(
         TrainConfig(warmup_steps=40, max_steps=20), 20)
     assert warmup_warning(TrainConfig(warmup_steps=19, max_steps=20), 20) is None
+    # a run of fewer than 10 steps is advised one warmup step, not 0
+    assert "(--set train.warmup_steps=1)" in warmup_warning(TrainConfig(warmup_steps=8, max_steps=5), 5)
 
 
 def test_a_run_of_max_steps_ends_its_last_pass_over_the_text_with_its_last_step():
