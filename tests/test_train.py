@@ -564,7 +564,8 @@ def test_an_fp16_runs_loss_scale_is_restored_on_resume(corpus, tmp_path):
     assert resumed.scaler.state_dict() == state["scaler"]
 
 
-def test_an_average_saved_without_one_of_the_weights_is_refused_naming_it():
+@pytest.mark.parametrize("missing", ["0.weight", "1.weight"])  # the first of the names too
+def test_an_average_saved_without_one_of_the_weights_is_refused_naming_it(missing):
     """A checkpoint's average ("model") that lacks a trained weight: refused naming the weight, the
     average left as it was; a whole one is taken back exactly."""
     from tinyattn.train.averaging import WeightAverage
@@ -577,11 +578,22 @@ def test_an_average_saved_without_one_of_the_weights_is_refused_naming_it():
             p.add_(1.0)
     average.update()
     before = [a.clone() for a in average.averages]
-    with pytest.raises(KeyError, match=r"the saved average has no '1.weight'"):
-        average.load_model_state_dict({k: v for k, v in saved.items() if k != "1.weight"})
+    with pytest.raises(KeyError, match=rf"the saved average has no '{missing}'"):
+        average.load_model_state_dict({k: v for k, v in saved.items() if k != missing})
     assert all(torch.equal(a, b) for a, b in zip(average.averages, before))
     average.load_model_state_dict(saved)
     assert all(torch.equal(a, saved[name]) for name, a in zip(average.names, average.averages))
+
+
+def test_an_average_loaded_from_another_device_is_on_the_models():
+    """A checkpoint is read onto the CPU (`load_checkpoint`); the averages go to the model's device,
+    where every update lerps them with its weights (a "meta" model stands for a GPU's here)."""
+    from tinyattn.train.averaging import WeightAverage
+
+    average = WeightAverage(torch.nn.Linear(4, 3, device="meta"), 0.8)
+    average.load_model_state_dict({"weight": torch.zeros(3, 4), "bias": torch.zeros(3)})
+    assert [a.device.type for a in average.averages] == ["meta", "meta"]
+    average.update()
 
 
 @pytest.mark.parametrize("tied", [False, True])  # tied: the head's name must hold the average too
