@@ -1065,6 +1065,6 @@ def test_a_budget_a_first_compile_spent_says_how_much_compiling_took(corpus, tmp
     with pytest.raises(TinyattnError, match=r"train.time_budget 60s: .* no step fits") as refused:
         train(config, run_name="cold", progress=False, clock=clock)
     message = str(refused.value)
-    noted = ("80 s of them compiled the model (train.compile; inductor keeps what it compiled on disk, so the "
-             "same command again may start sooner); --set train.compile=false trains without compiling. Give")
+    noted = ("80 s of them compiled the model (train.compile; inductor keeps what it compiled on disk, so "
+             "the same command again may start sooner); --set train.compile=false trains without compiling. Give")
     assert (noted in message) == compile, message

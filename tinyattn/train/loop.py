@@ -418,7 +418,8 @@ def _first_plan(calibration: Calibration, trainer: Trainer, evaluator: Evaluator
     if steps < 1:
         raise TinyattnError(
             f"train.time_budget {plan.text}: {spent:.0f} s are gone before training and a "
-            f"step takes {measured.step:.2f} s; no step fits.{calibration.compile_note(trainer, measured.step)} "
+            f"step takes {measured.step:.2f} s; no step fits."
+            f"{calibration.compile_note(trainer, measured.step)} "
             + calibration.advice(calibration.advised_budget(measured.start_up, measured)))
     log.print(f"time budget {plan.text}: measured {measured.step:.3f} s/step, {measured.evaluation:.2f} s "
               f"per evaluation, {measured.save / 2:.2f} s per checkpoint, {spent:.0f} s of start-up "
