@@ -5,6 +5,8 @@ import json
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -13,7 +15,7 @@ import pytest
 import tokenizers
 import torch
 
-from tests.conftest import llama_like_byte_fallback_tokenizer
+from tests.conftest import ROOT, llama_like_byte_fallback_tokenizer
 from tinyattn.config import TokenizerConfig
 from tinyattn.data.tokenizer import END_OF_TEXT, Tokenizer, build_tokenizer, text_pieces
 from tinyattn.errors import DataError
@@ -469,3 +471,56 @@ def test_ctrl_c_stops_a_bpe_training_at_once_not_when_it_ends(shakespeare_path):
         if thread.name == "BPE tokenizer training":
             thread.join()  # its native work goes on after the interrupt: not into the next test
     assert waited < 0.15 + 0.3, f"Ctrl-C took {waited - 0.15:.2f} s to stop the BPE training"
+
+
+def join_the_bpe_training() -> None:
+    for thread in threading.enumerate():
+        if thread.name == "BPE tokenizer training":
+            thread.join()  # not into the next test
+
+
+def test_an_interrupted_bpe_training_stops_reading_the_text():
+    """After Ctrl-C the training went on in the background, reading the corpus to its end (minutes on a
+    large one, all cores busy: a notebook's next cell, or the exit that waits for it); now it stops
+    reading at the next piece, and tokenizers returns within a second."""
+    pulled, resumed = 0, threading.Event()
+
+    def texts():
+        nonlocal pulled
+        for i in range(2000):
+            if i == 300:  # the training thread is reading: Ctrl-C now
+                os.kill(os.getpid(), signal.SIGINT)
+                resumed.wait(30)
+            pulled += 1
+            yield f"document {i}: " + "words of a document " * 20
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), texts)
+    finally:
+        resumed.set()
+        join_the_bpe_training()
+    assert pulled <= 301, f"the interrupted training read {pulled} texts of 2000"
+
+
+def test_the_exit_after_an_interrupted_wait_waits_for_the_work_it_left_running(tmp_path):
+    """An interrupt leaves the work running (tokenizers' native BPE training); a process that exits then
+    finalized the interpreter under it, which ends such a thread mid-call: `tinyattn train` stopped by
+    Ctrl-C while a BPE tokenizer trained died by a segmentation fault (exit 139) or 'FATAL: exception not
+    rethrown' (134) in 5 of 11 tries. The exit now waits for the work's end."""
+    ended = tmp_path / "ended"
+    script = (
+        "import os, signal, sys, threading, time\n"
+        "from tinyattn.system.signals import interruptible\n"
+        "def work():\n"
+        "    time.sleep(1.0)  # stands in for native work that goes on after the interrupt\n"
+        f"    open({str(ended)!r}, 'w').close()\n"
+        "threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
+        "try:\n"
+        "    interruptible(work, 'work')\n"
+        "except KeyboardInterrupt:\n"
+        "    sys.exit(130)\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130, done.stderr
+    assert ended.exists(), "the interpreter finalized while the interrupted work still ran"

@@ -30,6 +30,7 @@ import re
 import string
 import sys
 import tempfile
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
@@ -398,6 +399,10 @@ def _build_char(texts: Iterator[str]) -> Tokenizer:
     return Tokenizer(backend)
 
 
+class _Stopped(Exception):
+    """Ends tokenizers' reading of the text after an interrupt (`_build_bpe`); nobody sees it."""
+
+
 def _build_bpe(vocab_size: int, texts: Iterator[str], progress: bool) -> Tokenizer:
     minimum = BYTE_ALPHABET_SIZE + 1
     if vocab_size < minimum:
@@ -411,17 +416,22 @@ def _build_bpe(vocab_size: int, texts: Iterator[str], progress: bool) -> Tokeniz
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # every byte, seen or not
 
     seen_text = False
+    stopped = threading.Event()  # set on an interrupt: the text read so far is the last
 
     def pieces() -> Iterator[str]:
         nonlocal seen_text
         for text in texts:
             if text:
                 seen_text = True
-                yield from text_pieces(text, PIECE_CHARS)
+                for piece in text_pieces(text, PIECE_CHARS):
+                    if stopped.is_set():  # tokenizers stops reading, and returns in a second, not minutes
+                        raise _Stopped("the BPE training was interrupted")
+                    yield piece
 
     # tokenizers trains in native code that returns to Python only at its end: in a thread of its
     # own, so that Ctrl-C (or a run's stop before its first step) is not kept waiting meanwhile.
-    interruptible(lambda: backend.train_from_iterator(pieces(), trainer), "BPE tokenizer training")
+    interruptible(lambda: backend.train_from_iterator(pieces(), trainer), "BPE tokenizer training",
+                  cancel=stopped.set)
     if not seen_text:
         raise DataError("the training text is empty: nothing to train the BPE tokenizer on")
     return Tokenizer(backend)
