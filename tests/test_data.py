@@ -340,6 +340,22 @@ def test_a_dataset_folder_reads_only_its_builders_files_as_datasets_does(tmp_pat
     assert inputs["source"]["other_formats"] == "not read"
 
 
+def test_a_dataset_folders_card_does_not_change_its_cache_key(tmp_path, hf_cache):
+    """A dataset card (README.md, in every clone of a hub dataset) beside the shards, which datasets never
+    reads as data: counted as a second format (.md is text's), it gave the folder a new token cache key
+    ('other_formats'), so an upgrade tokenized again (a BPE trained again) and left the old cache."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    write_jsonl(folder / "part-0.jsonl", DOCUMENTS[:10])
+    write_jsonl(folder / "part-1.jsonl", DOCUMENTS[10:])
+    (folder / "README.md").write_text("# Shards\n\nA dataset card.\n", encoding="utf-8")
+    result = prepare_data(make_config(tmp_path, {"dataset": str(folder)}), progress=False)
+    train = split_documents(result.train, result.tokenizer)
+    assert train == [d for i, d in enumerate(DOCUMENTS) if i not in HELD_OUT]  # nor was it ever read
+    inputs = json.loads((result.cache_dir / "meta.json").read_text(encoding="utf-8"))["inputs"]
+    assert "other_formats" not in inputs["source"]
+
+
 def test_unknown_hub_split_names_the_valid_ones(tmp_path, hf_cache):
     folder = tmp_path / "my_dataset"
     folder.mkdir()

@@ -179,13 +179,24 @@ def _folder_source(data: DataConfig, progress: bool) -> Source:
     identity["files"] = [_file_identity(p) for p in files]  # its files decide whether the cache is current
     if any(format_suffix(p) == ".txt" for p in files):  # caches keyed before read a document per line
         identity["text_files"] = "one document each"
-    formats = {name for p in files for name, suffixes in EXTENSIONS.items() if format_suffix(p) in suffixes}
-    if len(formats) > 1:
+    if len(_data_formats(files)) > 1:
         identity["other_formats"] = "not read"  # caches keyed before read them too (`_read_by`)
     description = f"dataset {name!r}"
     reader = _saved_reader(data, description) if saved else _folder_reader(data, files, progress, description)
     return Source(description=description, name=_slug(name.rstrip("/").rsplit("/", 1)[-1]),
                   identity=identity, reader=reader)
+
+
+# What datasets never reads as a folder's data (its FILES_TO_IGNORE): a dataset card, metadata files.
+DATASETS_IGNORED = frozenset({"README.md", "config.json", "dataset_info.json", "dataset_infos.json",
+                              "dataset_dict.json"})
+
+
+def _data_formats(files: list[Path]) -> set[str]:
+    """The formats (EXTENSIONS' names) of a dataset folder's files that datasets may read as data: not
+    its card (README.md, whose .md is text's) nor the metadata beside the shards, never read."""
+    return {name for p in files if p.name not in DATASETS_IGNORED
+            for name, suffixes in EXTENSIONS.items() if format_suffix(p) in suffixes}
 
 
 def _refuse_hub_only_settings(data: DataConfig) -> None:
