@@ -349,3 +349,23 @@ def test_a_folder_of_runs_given_as_the_checkpoint_names_its_runs_not_called_an_e
         assert str(refused.value) == (
             f"{tmp_path}: a folder of runs, not a run folder (it holds a-newer, b-older); give one of them, "
             f"e.g. the most recent: {newer}")
+
+
+def test_a_folder_of_runs_holding_a_folder_the_user_may_not_read_is_one_line(tmp_path, monkeypatch):
+    # `--checkpoint /mnt/data` (its lost+found is root's, mode 700): looking for runs in it stat()ed
+    # lost+found/best.pt, a PermissionError traceback where the line was "run folder holds no checkpoint".
+    (tmp_path / "lost+found").mkdir()
+    is_file = Path.is_file
+
+    def unreadable(path):  # what a user who is not root meets there (the tests may run as root)
+        if path.parent.name == "lost+found":
+            raise PermissionError(13, "Permission denied", str(path))
+        return is_file(path)
+
+    monkeypatch.setattr(Path, "is_file", unreadable)
+    with pytest.raises(CheckpointError, match=r"run folder holds no checkpoint \(step_\*\.pt or best\.pt\)$"):
+        ckpt.resolve_checkpoint(tmp_path)
+    saved(tmp_path / "run" / ckpt.BEST, 10)
+    with pytest.raises(CheckpointError, match=r"\(it holds run\); give one of them, e\.g\. the most recent"):
+        ckpt.resolve_checkpoint(tmp_path)
+    assert ckpt.latest_run(tmp_path) == tmp_path / "run"
