@@ -1068,3 +1068,16 @@ def test_a_budget_a_first_compile_spent_says_how_much_compiling_took(corpus, tmp
     noted = ("80 s of them compiled the model (train.compile; inductor keeps what it compiled on disk, so "
              "the same command again may start sooner); --set train.compile=false trains without compiling. Give")
     assert (noted in message) == compile, message
+
+
+def test_a_budget_measured_twice_for_a_dropout_notes_no_compiling_that_did_not_happen(
+        corpus, tmp_path, monkeypatch):
+    """With a dropout table the calibration warms up twice (the model with the dropout is measured
+    too): six warm steps, none compiling, must not read as compile time."""
+    clock = FakeClock()
+    FakeMachine(monkeypatch, clock, lambda now, step: 2.0, compute=False)
+    config = budget_config(corpus, tmp_path, "12s", "train.compile=true", "model.dropout=0",
+                           "train.dropout_by_passes={0: 0.1}", "model.attention_dropout=null")
+    with pytest.raises(TinyattnError, match=r"train.time_budget 12s: .* no step fits") as refused:
+        train(config, run_name="twice", progress=False, clock=clock)
+    assert "compiled the model" not in str(refused.value), str(refused.value)

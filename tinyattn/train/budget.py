@@ -272,7 +272,7 @@ class Calibration:
         self.text = plan.text
         self.clock = clock
         self.tables = tables
-        self.warm_seconds = 0.0  # the untimed first steps' (with train.compile: compiling)
+        self.warm_seconds, self.warm_steps = 0.0, 0  # the untimed steps' (with train.compile: compiling)
 
     def measure(self, trainer: Trainer, evaluator: Evaluator, run_dir: Path) -> Measured:
         """The measurements; refuses a budget already spent before anything is measured. A stop
@@ -358,7 +358,7 @@ class Calibration:
     def compile_note(self, trainer: Trainer, step_seconds: float) -> str:
         """Where compiling took much of the budget, says so: a first compile on a machine (an empty
         inductor cache) can take a minute and more, the same command again starts from the cache."""
-        compiling = self.warm_seconds - self.WARM_STEPS * step_seconds
+        compiling = self.warm_seconds - self.warm_steps * step_seconds  # twice with a dropout table
         if not trainer.config.compile or not compiling >= self.COMPILE_NOTED:
             return ""
         return (f" {compiling:.0f} s of them compiled the model (train.compile; inductor keeps what it "
@@ -376,6 +376,7 @@ class Calibration:
             trainer.train_step()
         synchronize(trainer.device)
         self.warm_seconds += self.clock() - start
+        self.warm_steps += self.WARM_STEPS
         start, timed = self.clock(), 0
         measure_for = self._measure_for(self.plan.seconds)
         while self._keep_measuring(trainer, timed, self.clock() - start, measure_for):
