@@ -1801,6 +1801,23 @@ def test_init_from_refuses_a_model_key_a_parent_config_gives(tmp_path, corpus, c
     assert code == 2 and "model.n_layer: config 4, source 2" in err, err
 
 
+@pytest.mark.parametrize("key,value,expected", [
+    ("rope_base", 10000.0, "model.rope_base: config 10000.0, source 500.0"),  # was trained on another RoPE
+    ("n_layer", 3, "model.n_layer: config 3, source 2"),  # was 'weights do not fit ... another version?'
+], ids=["rope_base", "n_layer"])
+def test_init_from_refuses_a_model_key_the_configs_by_precision_gives(tmp_path, corpus, capsys, key, value,
+                                                                       expected):
+    # by_precision is applied to the config the source's model was adopted into: its keys are given too.
+    from tinyattn.cli import train as train_cli
+
+    random_llama(tmp_path / "llama", tokenizer_of("bpe"))
+    config = finetune_yaml(tmp_path, corpus, by_precision={"fp32": {"model": {key: value}}})
+    argv = ["--config", config, "--no-progress", "--run-name", "ft"]
+    code, out, err = run_main(train_cli.main, argv, capsys)
+    assert code == 2 and err.startswith("error: train.init_from ") and expected in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "runs" / "ft").exists()
+
+
 def test_a_fork_of_a_finetune_refuses_a_given_model_key_that_equals_the_default(tmp_path, corpus, capsys):
     from tinyattn.cli import train as train_cli
 

@@ -162,10 +162,11 @@ def _train(config: Config, request: _Request, dist: Distributed, stopper: StopRe
         point.adopt(config, request.given)
         point.keep_out_dir(config, request.run_name, request.given)
         request.notes[:0] = point.notes  # what the resume took from config.yaml
+    if point is None:  # before the source is adopted: a model key by_precision gives is compared with it
+        config = _for_precision(config, device, request)
     source = init_source(config, request.written) if point is None else None  # fine-tuning: train.init_from
     request.notes.extend(source.notes() if source is not None else [])
     if point is None:
-        config = _for_precision(config, device, request)
         request.notes.extend(unused_options(config.train, config.model.tie_embeddings, request.own))
     check_training_fits(config.model, config.train, device)  # before the folder; vocab_size may be unknown
     run_dir, lock, made = open_run_folder(config, request.config_path, request.run_name, point, dist)
@@ -193,13 +194,16 @@ def _said_what_is_kept(run_dir: Path):
 def _for_precision(config: Config, device: torch.device, request: _Request,
                    keep: Sequence[str] = ()) -> Config:
     """`config` with its by_precision entry for the precision this run trains in applied (keys given
-    with --set, and `keep`, win over it), saying what changed; as it is without by_precision."""
+    with --set, and `keep`, win over it), saying what changed and adding the keys it set to
+    `request.written`; as it is without by_precision."""
     if not config.by_precision:
         return config
     precision = select_precision(config.train.precision, device).name
     config, changed = for_precision(config, precision, keep=(*request.given, *keep))
     request.notes.extend([f"precision {precision}: {' '.join(changed)} (the config's by_precision)"]
                          if changed else [])
+    # Given by the config as much as its sections' keys: a fine-tune compares them with its source
+    request.written = request.written | {item.split("=", 1)[0] for item in changed}
     return config
 
 
