@@ -2413,6 +2413,24 @@ def test_init_from_a_run_with_the_config_it_trained_with_trains(corpus, tmp_path
     assert tuned.model == source.model  # the model keys base.yaml writes are the run's own
 
 
+def test_a_finetune_of_a_char_run_on_text_of_other_characters_warns_of_the_unk_it_trains_on(corpus, tmp_path,
+                                                                                           capsys):
+    # The source's character tokenizer reads what its corpus lacked as [UNK]: 'é', 'ü' here (a fifth of
+    # the tokens). The cache's build said nothing, and the fine-tune trained on [UNK] in their place.
+    base = own_config_file(corpus, tmp_path)
+    code, err = run_main(["--config", str(base), "--run-name", "src", "--no-progress"], capsys)
+    assert code == 0 and "[UNK]" not in err, err  # a char run's own training split: every character seen
+    other = tmp_path / "other.txt"
+    text = corpus.read_text(encoding="utf-8")
+    other.write_text(text.replace("e", "é").replace("u", "ü"), encoding="utf-8")
+    code, err = run_main(["--config", str(base), "--run-name", "ft", "--no-progress",
+                          "--set", f"train.init_from={tmp_path / 'src'}", f"data.files={other}"], capsys)
+    assert code == 0, err
+    warning = next((line for line in err.splitlines() if "[UNK]" in line), err)
+    assert warning.startswith("warning: ") and "of the training split's tokens are [UNK]" in warning, err
+    assert "'é', 'ü'" in warning and str(tmp_path / "src" / "tokenizer.json") in warning, err
+
+
 def test_a_finetune_of_a_finetune_with_the_config_it_started_with_trains(corpus, tmp_path, capsys):
     # The fine-tune's own section is the pretrained form; the chain is compared with the section its
     # first source trained with, which each fine-tune's checkpoints record and pass on (refused before:

@@ -55,6 +55,8 @@ FORMAT_VERSION = 3
 CHECK_CHUNK_BYTES = 1 << 24  # token files are checked this many bytes at a time
 ENCODE_BATCH_CHARS = 1 << 20  # characters handed to the tokenizer at once (encoded in parallel)
 BUILD_LOCK_SUFFIX = ".build.filelock"  # `.<folder>` + this, beside it: held while building it
+UNKNOWN_NAMED = 10  # the characters read as [UNK] that the training split's warning names
+UNKNOWN_SCAN_CHARS = 1 << 24  # the training text searched for them (the count is over every token)
 LOCK_NOTE_AFTER = 2.0  # seconds a build waits for another process's build before it says so
 
 
@@ -150,6 +152,9 @@ class TokenCache:
             meta = self._write(folder, tokenizer, train, validation, rule=rule, progress=progress)
         if tokenizer.eot_id is None and max(meta["train_documents"], meta["validation_documents"]) > 1:
             print(_run_together_warning(config, tokenizer), file=sys.stderr, flush=True)
+        unknown = _unknown_warning(folder, meta, tokenizer, train, config)
+        if unknown:
+            print(unknown, file=sys.stderr, flush=True)
         return meta
 
     def _write(self, folder: Path, tokenizer: Tokenizer, train: Callable[[], DocumentParts],
@@ -244,6 +249,37 @@ def _run_together_warning(config: Config, tokenizer: Tokenizer) -> str:
     return (f"warning: {pretrained_file(config.tokenizer.path)} has no {END_OF_TEXT} token and "
             "tokenizer.end_of_text is not set: the documents run together, with nothing between them; "
             f"set tokenizer.end_of_text to {candidates}")
+
+
+def _unknown_warning(folder: Path, meta: dict, tokenizer: Tokenizer, train: Callable[[], DocumentParts],
+                     config: Config) -> Optional[str]:
+    """A pretrained tokenizer that reads some of the training split as its unknown token (a fine-tune
+    of a character model on text of characters its corpus lacked): how many tokens, and the first
+    such characters of the text (`UNKNOWN_NAMED`; found within `UNKNOWN_SCAN_CHARS` characters).
+    None where there are none: a char or bpe tokenizer is built from the training split itself."""
+    unknown = tokenizer.unknown_id
+    if unknown is None or config.tokenizer.kind != "pretrained" or not meta["train_tokens"]:
+        return None
+    count = 0
+    with open(folder / "train.bin", "rb") as f:
+        while chunk := f.read(CHECK_CHUNK_BYTES):
+            count += int(np.count_nonzero(np.frombuffer(chunk, dtype=meta["dtype"]) == unknown))
+    if not count:
+        return None
+    found: dict[str, None] = {}
+    scanned = 0
+    for text, _ in train():
+        found.update(dict.fromkeys(tokenizer.unknown_pieces(text[:UNKNOWN_SCAN_CHARS - scanned])))
+        scanned += len(text)
+        if len(found) >= UNKNOWN_NAMED or scanned >= UNKNOWN_SCAN_CHARS:
+            break
+    named = ", ".join(repr(c) for c in list(found)[:UNKNOWN_NAMED])
+    total = meta["train_tokens"]
+    share = f"{count / total:.1%}" if count / total >= 0.001 else "under 0.1%"
+    return (f"warning: {share} of the training split's tokens are [UNK] ({count:,} of {total:,}): "
+            f"{pretrained_file(config.tokenizer.path)} has never seen {named or 'some of its characters'}"
+            f"{', ...' if len(found) > UNKNOWN_NAMED else ''}; the model trains on [UNK] in their place "
+            "(a tokenizer made for other text, such as a character model's given new characters)")
 
 
 def cache_inputs(source: Source, config: Config) -> dict:
