@@ -1,6 +1,7 @@
 """Training: the CLI end to end, TensorBoard tags, accumulation, exact resume, survival."""
 
 import dataclasses
+import json
 import math
 import os
 import re
@@ -2651,3 +2652,17 @@ def test_a_header_like_line_in_an_earlier_sample_is_text_to_the_resumes_cut(tmp_
     cut_samples_after(path, 6)
     assert path.read_text(encoding="utf-8") == kept  # nothing past step 6 left to cut
     cut_samples_after(tmp_path / "none.txt", 6)  # a run that sampled nothing: no file, nothing to do
+
+
+def test_what_the_data_warns_of_while_a_run_builds_its_cache_is_in_train_log(corpus, tmp_path):
+    """train.log holds every line the run printed, its warnings: the data's (skipped records, a
+    pretrained tokenizer's [UNK], documents run together) were printed by a layer below the run's
+    logger and were on the console only."""
+    records = tmp_path / "records.jsonl"
+    lines = [json.dumps({"text": line}) for line in corpus.read_text(encoding="utf-8").splitlines()[:3000]]
+    records.write_text("\n".join(lines + ['{"text": null}'] * 2) + "\n", encoding="utf-8")
+    config = load_config(TINY, tiny_overrides(records, tmp_path, "train.max_steps=1", "train.show=[]"))
+    result = train(config, run_name="warned", progress=False)
+    log = (result.run_dir / "train.log").read_text(encoding="utf-8")
+    assert re.search(r"warning: \S+records.jsonl: skipped [\d,]+ of [\d,]+ records: 2 with no 'text' \(null or "
+                     r"missing\)", log), log

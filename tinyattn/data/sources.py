@@ -38,7 +38,6 @@ import json
 import logging
 import os
 import re
-import sys
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +49,7 @@ from tinyattn.config import DataConfig
 from tinyattn.data.download import download
 from tinyattn.data.tokenizer import text_pieces
 from tinyattn.errors import DataError
+from tinyattn.system.console import notice
 
 EXTENSIONS = {
     "text": (".txt", ".text", ".md"),
@@ -831,8 +831,7 @@ class _ReadingReport:
         quarter = 4 * position // self.size
         if quarter > self.quarter:
             self.quarter = quarter
-            print(f"{self.label}: {min(100, 25 * quarter)}% of {self.size / 1e6:,.0f} MB",
-                  file=sys.stderr, flush=True)
+            notice(f"{self.label}: {min(100, 25 * quarter)}% of {self.size / 1e6:,.0f} MB")
 
     def close(self) -> None:
         if self.bar is not None:
@@ -855,8 +854,8 @@ class SkippedRecords:
         self.said = True
         parts = [f"{missing} with no {self.text_field!r} (null or missing)"] if missing else []
         parts += [f"{empty} whose {self.text_field!r} is empty"] if empty else []
-        print(f"warning: {self.description}: skipped {missing + empty:,} of {records:,} records: "
-              f"{' and '.join(parts)}", file=sys.stderr, flush=True)
+        notice(f"warning: {self.description}: skipped {missing + empty:,} of {records:,} records: "
+               f"{' and '.join(parts)}")
 
 
 def _tables(dataset, where: str, rows: int = TABLE_ROWS) -> Iterator[tuple[str, object]]:

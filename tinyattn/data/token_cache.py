@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Optional
@@ -46,6 +45,7 @@ from tinyattn.config import Config
 from tinyattn.data.sources import DocumentParts, Source
 from tinyattn.data.tokenizer import END_OF_TEXT, Tokenizer, build_tokenizer, pretrained_file
 from tinyattn.errors import DataError
+from tinyattn.system.console import notice
 from tinyattn.system.storage import atomic_write, check_writable, remove_temporaries, storage_errors
 
 # Bump when the layout or meaning of the cache files changes, or the reading of the same bytes into
@@ -88,7 +88,7 @@ class TokenCache:
             return None
         if damage:
             if not quiet:
-                print(f"warning: {damage}; rebuilding the token cache", file=sys.stderr, flush=True)
+                notice(f"warning: {damage}; rebuilding the token cache")
             return None
         return meta
 
@@ -114,8 +114,8 @@ class TokenCache:
                 lock.acquire(timeout=LOCK_NOTE_AFTER)
                 waited = False
             except Timeout:
-                print(f"note: another process is building the token cache {folder}; waiting for it "
-                      f"(its lock: {path})", file=sys.stderr, flush=True)
+                notice(f"note: another process is building the token cache {folder}; waiting for it "
+                       f"(its lock: {path})")
                 lock.acquire(timeout=-1)
                 waited = True
         try:
@@ -151,10 +151,10 @@ class TokenCache:
         with _removal_said(folder):
             meta = self._write(folder, tokenizer, train, validation, rule=rule, progress=progress)
         if tokenizer.eot_id is None and max(meta["train_documents"], meta["validation_documents"]) > 1:
-            print(_run_together_warning(config, tokenizer), file=sys.stderr, flush=True)
+            notice(_run_together_warning(config, tokenizer))
         unknown = _unknown_warning(folder, meta, tokenizer, train, config)
         if unknown:
-            print(unknown, file=sys.stderr, flush=True)
+            notice(unknown)
         return meta
 
     def _write(self, folder: Path, tokenizer: Tokenizer, train: Callable[[], DocumentParts],

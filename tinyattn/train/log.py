@@ -26,6 +26,7 @@ from tqdm import tqdm
 from tinyattn import checkpoint as ckpt
 from tinyattn.config import Config, config_to_dict
 from tinyattn.errors import TinyattnError
+from tinyattn.system.console import RUN_LOG_NAME
 from tinyattn.system.invocation import command, quoted
 from tinyattn.system.storage import storage_errors
 from tinyattn.train.optim import optimizer_description
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 HPARAM_METRICS = ("hparam/best_val_loss", "hparam/last_val_loss")
 
 
-RUN_LOG = logging.getLogger("tinyattn.run")
+RUN_LOG = logging.getLogger(RUN_LOG_NAME)  # also what `system.console.notice` writes to
 
 
 class _LogFile(logging.FileHandler):
