@@ -524,3 +524,30 @@ def test_the_exit_after_an_interrupted_wait_waits_for_the_work_it_left_running(t
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 130, done.stderr
     assert ended.exists(), "the interpreter finalized while the interrupted work still ran"
+
+
+def run_interrupted(tmp_path, seconds: float, cancel: str = "None") -> subprocess.CompletedProcess:
+    """A process whose `interruptible(work)` Ctrl-C interrupts after 0.2 s, `seconds` before the work
+    ends (it then writes tmp_path/ended); the process exits 130 on the interrupt."""
+    script = (
+        "import os, signal, sys, threading, time\n"
+        "from tinyattn.system.signals import interruptible\n"
+        "def work():\n"
+        f"    time.sleep({seconds})  # native work that goes on after the interrupt\n"
+        f"    open({str(tmp_path / 'ended')!r}, 'w').close()\n"
+        "def broken():\n"
+        "    raise RuntimeError('cancel failed')\n"
+        "threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
+        "try:\n"
+        f"    interruptible(work, 'BPE tokenizer training', cancel={cancel})\n"
+        "except BaseException:\n"
+        "    sys.exit(130)\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_the_exit_waits_for_interrupted_work_whose_cancel_fails(tmp_path):
+    # The wait at exit was registered after cancel(): a cancel that raised left the work running
+    # under an interpreter that finalized.
+    done = run_interrupted(tmp_path, 0.8, cancel="broken")
+    assert done.returncode == 130 and (tmp_path / "ended").exists(), done.stderr

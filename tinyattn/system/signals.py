@@ -74,9 +74,9 @@ def interruptible(work: Callable[[], T], name: str, cancel: Optional[Callable[[]
     try:
         done.wait()
     except BaseException:
+        atexit.register(_wait_at_exit, done)  # first: a cancel that fails must not skip it
         if cancel is not None:
             cancel()
-        atexit.register(_wait_at_exit, done)
         raise
     if "error" in outcome:
         raise outcome.pop("error")
