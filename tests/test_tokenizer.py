@@ -546,6 +546,17 @@ def run_interrupted(tmp_path, seconds: float, cancel: str = "None") -> subproces
     return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
 
 
+def test_an_exit_that_waits_long_for_interrupted_work_says_so(tmp_path):
+    """The exit waits for the work's end (a BPE training merges what it read after Ctrl-C: seconds on
+    a large corpus), which looked like a hang after the run's last line: now a note says what it waits
+    for, and that a second Ctrl-C quits at once."""
+    done = run_interrupted(tmp_path, 2.5)
+    assert done.returncode == 130 and (tmp_path / "ended").exists(), done.stderr
+    assert done.stderr == ("note: waiting for the BPE tokenizer training to end before exiting (its native "
+                           "code first finishes with the text it had read: seconds, longer on a large "
+                           "corpus); Ctrl-C again quits at once\n"), done.stderr
+
+
 def test_the_exit_waits_for_interrupted_work_whose_cancel_fails(tmp_path):
     # The wait at exit was registered after cancel(): a cancel that raised left the work running
     # under an interpreter that finalized.

@@ -424,7 +424,7 @@ def _build_bpe(vocab_size: int, texts: Iterator[str], progress: bool) -> Tokeniz
             if text:
                 seen_text = True
                 for piece in text_pieces(text, PIECE_CHARS):
-                    if stopped.is_set():  # tokenizers stops reading, and returns in a second, not minutes
+                    if stopped.is_set():  # tokenizers stops reading (and returns once it merged what it read)
                         raise _Stopped("the BPE training was interrupted")
                     yield piece
 

@@ -25,6 +25,7 @@ from contextlib import contextmanager, suppress
 from typing import Callable, Iterator, Optional, TypeVar
 
 T = TypeVar("T")
+EXIT_NOTE_AFTER = 1.0  # seconds the exit waits for interrupted work before it says so
 
 
 @contextmanager
@@ -74,7 +75,7 @@ def interruptible(work: Callable[[], T], name: str, cancel: Optional[Callable[[]
     try:
         done.wait()
     except BaseException:
-        atexit.register(_wait_at_exit, done)  # first: a cancel that fails must not skip it
+        atexit.register(_wait_at_exit, done, name)  # first: a cancel that fails must not skip it
         if cancel is not None:
             cancel()
         raise
@@ -83,11 +84,19 @@ def interruptible(work: Callable[[], T], name: str, cancel: Optional[Callable[[]
     return outcome["result"]
 
 
-def _wait_at_exit(done: threading.Event) -> None:
+def _wait_at_exit(done: threading.Event, name: str) -> None:
     """At exit, before the interpreter finalizes: the end of work an interrupt left running
-    (`interruptible`). A signal meanwhile (a second Ctrl-C) ends the process at once, unfinalized."""
+    (`interruptible`), said after `EXIT_NOTE_AFTER` seconds (a BPE training still merges the text it
+    read before it returns: 3.3-5.8 s after 4-40 MB of a 40 MB text of 400,000 distinct words
+    at vocab_size 32768, on a 2-core VM). A signal meanwhile (a second Ctrl-C) ends the
+    process at once, unfinalized."""
     try:
-        done.wait()
+        if not done.wait(EXIT_NOTE_AFTER):
+            with suppress(OSError, ValueError):  # a closed terminal: wait all the same
+                print(f"note: waiting for the {name} to end before exiting (its native code first finishes "
+                      "with the text it had read: seconds, longer on a large corpus); Ctrl-C again quits "
+                      "at once", file=sys.stderr, flush=True)
+            done.wait()
     except BaseException:
         for stream in (sys.stdout, sys.stderr):
             with suppress(Exception):
