@@ -1445,3 +1445,46 @@ def test_a_tokenizer_whose_output_changes_at_a_cut_encodes_each_document_whole()
     tokens, documents = token_cache.write_tokens(iter(parts), tokenizer, out, np.uint16)
     assert documents == 2
     assert np.frombuffer(out.getvalue(), dtype=np.uint16).tolist() == tokenizer.encode(text) * 2
+
+
+def marked_corpus(tmp_path, marker, extra=""):
+    """DOCUMENTS with every fifth word replaced by `marker` (WikiText's '<unk>'), `extra` in the first."""
+    documents = [" ".join(marker if i % 5 == 2 else word for i, word in enumerate(d.split(" ")))
+                 for d in DOCUMENTS]
+    documents[0] += extra
+    return write_jsonl(tmp_path / "corpus.jsonl", documents), sum(d.count(marker) for d in documents)
+
+
+def test_a_text_that_writes_the_unknown_token_itself_is_not_said_to_be_unseen(tmp_path, capsys):
+    """WikiText writes '<unk>' for its rare words, and a Llama tokenizer.json reads that text as its
+    unknown token (an added token): 'has never seen '<unk>'', of a tokenizer that read every character."""
+    from tests.conftest import llama_like_byte_fallback_tokenizer
+
+    backend = tokenizers.Tokenizer.from_str(llama_like_byte_fallback_tokenizer().to_json())
+    backend.add_special_tokens(["<unk>", "<s>", "</s>"])  # as a Llama tokenizer.json's added tokens
+    backend.save(str(tmp_path / "tokenizer.json"))
+    path, _ = marked_corpus(tmp_path, "<unk>")
+    tokenizer = {"kind": "pretrained", "path": str(tmp_path / "tokenizer.json"), "end_of_text": "</s>"}
+    result = prepare_data(make_config(tmp_path, {"files": [str(path)]}, tokenizer), progress=False)
+    assert result.tokenizer.unknown_id in result.train  # the text's own '<unk>'
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_the_unknown_warning_counts_and_names_what_the_tokenizer_never_saw_not_the_token_written(
+        tmp_path, capsys):
+    from tinyattn.config import TokenizerConfig
+    from tinyattn.data.tokenizer import build_tokenizer
+
+    backend = tokenizers.Tokenizer.from_str(
+        build_tokenizer(TokenizerConfig(kind="char"), lambda: iter(["".join(DOCUMENTS) + "<>kun"])).to_json())
+    backend.add_special_tokens(["<unk>"])  # its unknown token, named so, and read where a text writes it
+    spec = json.loads(backend.to_str())
+    spec["model"]["vocab"]["<unk>"] = spec["model"]["vocab"].pop("[UNK]")
+    spec["model"]["unk_token"] = "<unk>"
+    tokenizers.Tokenizer.from_str(json.dumps(spec)).save(str(tmp_path / "tokenizer.json"))
+    path, _ = marked_corpus(tmp_path, "<unk>", extra="é é")
+    tokenizer = {"kind": "pretrained", "path": str(tmp_path / "tokenizer.json")}
+    prepare_data(make_config(tmp_path, {"files": [str(path)]}, tokenizer), progress=False)
+    warning = capsys.readouterr().err
+    assert warning.startswith("warning: 0.1% of the training split's tokens are <unk> (2 of 1,5"), warning
+    assert "has never seen 'é'; the model trains on <unk> in their place" in warning, warning

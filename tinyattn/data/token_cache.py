@@ -255,8 +255,9 @@ def _unknown_warning(folder: Path, meta: dict, tokenizer: Tokenizer, train: Call
                      config: Config) -> Optional[str]:
     """A pretrained tokenizer that reads some of the training split as its unknown token (a fine-tune
     of a character model on text of characters its corpus lacked): how many tokens, and the first
-    such characters of the text (`UNKNOWN_NAMED`; found within `UNKNOWN_SCAN_CHARS` characters).
-    None where there are none: a char or bpe tokenizer is built from the training split itself."""
+    such characters of the text (`_unknown_in_text`). None where there are none (a char or bpe
+    tokenizer is built from the training split itself), and where the text only writes the token
+    itself (WikiText's '<unk>', read so by a tokenizer that has it as an added token)."""
     unknown = tokenizer.unknown_id
     if unknown is None or config.tokenizer.kind != "pretrained" or not meta["train_tokens"]:
         return None
@@ -266,20 +267,36 @@ def _unknown_warning(folder: Path, meta: dict, tokenizer: Tokenizer, train: Call
             count += int(np.count_nonzero(np.frombuffer(chunk, dtype=meta["dtype"]) == unknown))
     if not count:
         return None
-    found: dict[str, None] = {}
-    scanned = 0
-    for text, _ in train():
-        found.update(dict.fromkeys(tokenizer.unknown_pieces(text[:UNKNOWN_SCAN_CHARS - scanned])))
-        scanned += len(text)
-        if len(found) >= UNKNOWN_NAMED or scanned >= UNKNOWN_SCAN_CHARS:
-            break
-    named = ", ".join(repr(c) for c in list(found)[:UNKNOWN_NAMED])
+    found, written = _unknown_in_text(tokenizer, train)
+    count -= written
+    if count <= 0:
+        return None
+    token = tokenizer.token(unknown)
+    named = ", ".join(repr(c) for c in found[:UNKNOWN_NAMED])
     total = meta["train_tokens"]
     share = f"{count / total:.1%}" if count / total >= 0.001 else "under 0.1%"
-    return (f"warning: {share} of the training split's tokens are [UNK] ({count:,} of {total:,}): "
+    return (f"warning: {share} of the training split's tokens are {token} ({count:,} of {total:,}): "
             f"{pretrained_file(config.tokenizer.path)} has never seen {named or 'some of its characters'}"
-            f"{', ...' if len(found) > UNKNOWN_NAMED else ''}; the model trains on [UNK] in their place "
+            f"{', ...' if len(found) > UNKNOWN_NAMED else ''}; the model trains on {token} in their place "
             "(a tokenizer made for other text, such as a character model's given new characters)")
+
+
+def _unknown_in_text(tokenizer: Tokenizer, train: Callable[[], DocumentParts]) -> tuple[list[str], int]:
+    """The pieces of the training text read as the unknown token, in order (more than `UNKNOWN_NAMED`
+    where there are; found within `UNKNOWN_SCAN_CHARS` characters), but the token's own text; and how
+    often the text writes that (`Tokenizer.unknown_written`), counted in the whole split once seen."""
+    literal = tokenizer.unknown_written
+    found: dict[str, None] = {}
+    scanned = written = 0
+    for text, _ in train():
+        if scanned < UNKNOWN_SCAN_CHARS and len(found) <= UNKNOWN_NAMED:
+            pieces = tokenizer.unknown_pieces(text[:UNKNOWN_SCAN_CHARS - scanned])
+            found.update(dict.fromkeys(piece for piece in pieces if piece != literal))
+        written += text.count(literal) if literal else 0
+        scanned += len(text)
+        if (len(found) > UNKNOWN_NAMED or scanned >= UNKNOWN_SCAN_CHARS) and not written:
+            break  # past the characters to name, and the text writes no unknown token of its own
+    return list(found), written
 
 
 def cache_inputs(source: Source, config: Config) -> dict:

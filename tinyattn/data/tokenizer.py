@@ -214,6 +214,13 @@ class Tokenizer:
         vocabulary's); None where every text has tokens (byte-level BPE)."""
         return self._unknown_id
 
+    @property
+    def unknown_written(self) -> Optional[str]:
+        """The unknown token's text where a text that writes it is read as the token itself (an added
+        token: a Llama file's '<unk>', which WikiText writes for its rare words); else None."""
+        added = self._backend.get_added_tokens_decoder()
+        return added[self._unknown_id].content if self._unknown_id in added else None
+
     def unknown_pieces(self, text: str) -> list[str]:
         """The pieces of `text` read as the unknown token (a character, or a word a WordPiece
         vocabulary cannot spell), each once, in order of first appearance. A piece of the text
