@@ -369,3 +369,22 @@ def test_a_folder_of_runs_holding_a_folder_the_user_may_not_read_is_one_line(tmp
     with pytest.raises(CheckpointError, match=r"\(it holds run\); give one of them, e\.g\. the most recent"):
         ckpt.resolve_checkpoint(tmp_path)
     assert ckpt.latest_run(tmp_path) == tmp_path / "run"
+
+
+def test_a_link_among_the_runs_into_a_folder_the_user_may_not_enter_is_passed_over(tmp_path, monkeypatch):
+    # checkpoints/shared-run -> another user's run (mode 700 above it): is_dir() of the link raised
+    # PermissionError before the check for checkpoints that passes over such folders, a traceback for
+    # `tinyattn generate` (the most recent run) and for `--checkpoint checkpoints`.
+    run = saved(tmp_path / "runs" / "mine" / ckpt.BEST, 10).parent
+    (tmp_path / "runs" / "shared-run").mkdir()
+    is_dir = Path.is_dir
+
+    def unreachable(path):  # what a user who is not root meets there (the tests may run as root)
+        if path.name == "shared-run":
+            raise PermissionError(13, "Permission denied", str(path))
+        return is_dir(path)
+
+    monkeypatch.setattr(Path, "is_dir", unreachable)
+    assert ckpt.resolve_checkpoint(None, out_dir=tmp_path / "runs") == run / ckpt.BEST
+    with pytest.raises(CheckpointError, match=r"\(it holds mine\); give one of them"):
+        ckpt.resolve_checkpoint(tmp_path / "runs")

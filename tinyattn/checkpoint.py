@@ -243,17 +243,18 @@ def latest_run(out_dir: str | Path) -> Optional[Path]:
         return None
     runs = []
     for run_dir in out_dir.iterdir():
-        if run_dir.is_dir() and _holds_checkpoints(run_dir):
+        if _holds_checkpoints(run_dir):
             files = step_checkpoints(run_dir) + ([run_dir / BEST] if (run_dir / BEST).is_file() else [])
             runs.append((max(f.stat().st_mtime for f in files), run_dir))
     return max(runs)[1] if runs else None
 
 
 def _holds_checkpoints(folder: Path) -> bool:
-    """`has_checkpoints`, and False for a folder this user may not look into (a disk's lost+found,
-    another user's folder): a folder beside the runs, not a traceback."""
+    """A folder with checkpoints (`has_checkpoints`); False for anything else beside the runs, also
+    a folder this user may not look into (a disk's lost+found, another user's folder, a link into
+    one, whose is_dir() raises): not a traceback."""
     try:
-        return has_checkpoints(folder)
+        return folder.is_dir() and has_checkpoints(folder)
     except OSError:
         return False
 
@@ -300,7 +301,7 @@ RUNS_NAMED = 5  # the runs a folder of runs given as a checkpoint names, the mos
 def _refuse_a_folder_of_runs(folder: Path) -> None:
     """A folder that holds run folders (train.out_dir, `--checkpoint checkpoints`) is not one: said
     so, naming its runs and the most recent, rather than called a run folder without a checkpoint."""
-    runs = sorted(p.name for p in folder.iterdir() if p.is_dir() and _holds_checkpoints(p))
+    runs = sorted(p.name for p in folder.iterdir() if _holds_checkpoints(p))
     if not runs:
         return
     more = f" and {len(runs) - RUNS_NAMED} more" if len(runs) > RUNS_NAMED else ""
