@@ -87,9 +87,8 @@ def interruptible(work: Callable[[], T], name: str, cancel: Optional[Callable[[]
 def _wait_at_exit(done: threading.Event, name: str) -> None:
     """At exit, before the interpreter finalizes: the end of work an interrupt left running
     (`interruptible`), said after `EXIT_NOTE_AFTER` seconds (a BPE training still merges the text it
-    read before it returns: 3.3-5.8 s after 4-40 MB of a 40 MB text of 400,000 distinct words
-    at vocab_size 32768, on a 2-core VM). A signal meanwhile (a second Ctrl-C) ends the
-    process at once, unfinalized."""
+    read before it returns: seconds on a large corpus, docs/RELIABILITY.md). A signal meanwhile (a
+    second Ctrl-C) ends the process at once, unfinalized."""
     try:
         if not done.wait(EXIT_NOTE_AFTER):
             with suppress(OSError, ValueError):  # a closed terminal: wait all the same
