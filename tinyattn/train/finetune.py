@@ -166,15 +166,11 @@ def _tokenizer_conflicts(given: TokenizerConfig, source: TokenizerConfig,
                          written: Collection[str]) -> list[str]:
     """The written tokenizer keys whose value in `given` is not `source`'s, as adopt_model names them."""
     ours, theirs = dataclasses.asdict(given), dataclasses.asdict(source)
+    shown = {key: repr(value) for key, value in theirs.items()}
     if source.kind != "bpe":  # its vocab_size is the dataclass default, read by no tokenizer of its kind
-        theirs["vocab_size"] = f"none: a {source.kind} tokenizer's size is its own"
-    return [f"tokenizer.{key}: config {ours[key]!r}, source {_shown(theirs[key])}"
+        shown["vocab_size"] = f"none: a {source.kind} tokenizer's size is its own"
+    return [f"tokenizer.{key}: config {ours[key]!r}, source {shown[key]}"
             for key in theirs if f"tokenizer.{key}" in written and ours[key] != theirs[key]]
-
-
-def _shown(value) -> str:
-    """A source's value as `_tokenizer_conflicts` names it: repr, or a sentence as it is."""
-    return value if isinstance(value, str) and value.startswith("none: ") else repr(value)
 
 
 def init_source(config: Config, written: Optional[Collection[str]] = None) -> Optional[InitSource]:
