@@ -1687,6 +1687,29 @@ def test_a_refusal_on_rank_0_ends_every_rank_with_its_one_line(corpus, tmp_path,
     assert "Connection closed" not in result.stderr, result.stderr[-3000:]
 
 
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mistake", ["init_from", "stop-at-step", "budget"])
+def test_a_mistake_every_rank_meets_is_one_line_on_the_console(corpus, tmp_path, mistake):
+    """Every rank checks the fine-tune's source, --stop-at-step and a budget no step fits alike: rank 0
+    alone says it, as README's "one line on the console, rank 0's" promises. Each rank printed its
+    copy (`rank 1: error: ...` above rank 0's line)."""
+    pytest.importorskip("torch.distributed.run")
+    extra = {"init_from": ["--set", f"train.init_from={tmp_path / 'gone.pt'}"],
+             "stop-at-step": ["--stop-at-step", "0"],
+             "budget": ["--set", "train.time_budget=1s"]}[mistake]
+    expected = {"init_from": f"error: train.init_from: {tmp_path / 'gone.pt'}: no such checkpoint",
+                "stop-at-step": "error: --stop-at-step 0: the run is already at step 0",
+                "budget": "error: train.time_budget 1s: "}[mistake]
+    result = warm_python.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+         str(ROOT / "scripts" / "train.py"), "--config", str(TINY), "--run-name", "ddp", "--no-progress",
+         "--device", "cpu", "--set", *tiny_overrides(corpus, tmp_path), *extra],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert set(re.findall(r"exitcode\s*:\s*(\d+)", result.stderr)) == {"2"}, result.stderr[-3000:]
+    assert result.stderr.count("error: ") == 1 and expected in result.stderr, result.stderr[-3000:]
+    assert not (tmp_path / "ddp").exists()  # a new run's failed start leaves no folder
+
 class GlobalBatches:
     """Every rank's batch k of a world_size-process run, concatenated: one process's view of it."""
 

@@ -80,3 +80,28 @@ def refusal_shared(dist: Distributed) -> Iterator[None]:
         shared = TinyattnError(said[0])
         shared.shared = True  # rank 0 prints it (`cli.run_command`)
         raise shared
+
+
+@contextmanager
+def mistake_alike(dist: Distributed) -> Iterator[None]:
+    """Around a check every rank makes alike and leaves together (the device, a resume's settings, a
+    budget no step fits): a mistake every rank meets is said once, by rank 0 (`shared`), where each
+    rank printed its copy; one that only some ranks meet ends the others too, naming those ranks,
+    where the others went on alone into the next collective. One process: no collective."""
+    if not dist.enabled:
+        yield
+        return
+    mistake = None
+    try:
+        yield
+    except TinyattnError as error:
+        mistake = error
+    met = [False] * dist.world_size
+    torch.distributed.all_gather_object(met, mistake is not None)
+    if mistake is not None:
+        mistake.shared = all(met)  # rank 0 prints it (`cli.run_command`)
+        raise mistake
+    if any(met):
+        ranks = ", ".join(str(rank) for rank, failed in enumerate(met) if failed)
+        raise TinyattnError(f"rank {ranks} met a mistake the others did not (its 'rank N: error:' line says "
+                            "which); every rank stops")

@@ -56,7 +56,8 @@ from tinyattn.data.batches import prepare_data
 from tinyattn.errors import StorageError, TinyattnError
 from tinyattn.model.memory import check_training_fits
 from tinyattn.system.device import measure_peak_flops, select_device, select_precision
-from tinyattn.system.distributed import Distributed, init_distributed, refusal_shared, shutdown_distributed
+from tinyattn.system.distributed import (Distributed, init_distributed, mistake_alike, refusal_shared,
+                                         shutdown_distributed)
 from tinyattn.train.budget import Calibration, Measured, TimePlan, explicit_steps, plan_for
 from tinyattn.train.finetune import InitSource, adopt_model, init_source
 from tinyattn.train.hooks import resolve_hooks
@@ -141,6 +142,24 @@ def train(config: Config, *, config_path: Optional[str | Path] = None, run_name:
 
 def _train(config: Config, request: _Request, dist: Distributed, stopper: StopRequest) -> TrainResult:
     timers = Timers(request.clock)
+    with mistake_alike(dist):  # a mistake every rank meets here is one line, rank 0's
+        config, point, device, source = _checked_start(config, request, dist)
+    run_dir, lock, made = open_run_folder(config, request.config_path, request.run_name, point, dist)
+    with lock:
+        try:
+            with RunLog(run_dir, enabled=dist.is_main) as run_log, _said_what_is_kept(run_dir):
+                return _train_in(run_dir, config, request, point=point, device=device, dist=dist,
+                                 timers=timers, source=source, stopper=stopper)
+        except (TinyattnError, StoppedBeforeStart):  # a mistake or a stop before step 1 leaves no folder
+            if made:
+                remove_failed_start(run_dir, run_log.path.name)
+            raise
+
+
+def _checked_start(config: Config, request: _Request, dist: Distributed
+                   ) -> tuple[Config, Optional[ResumePoint], torch.device, Optional[InitSource]]:
+    """What a run checks before its folder is made, alike on every rank: the resume point, the
+    device, the config a resume or by_precision makes, the fine-tune's source and what fits."""
     point = request.resume
     if point is not None and not isinstance(point, ResumePoint):
         point = ResumePoint.find(point, request.run_name, config.train.out_dir)
@@ -169,16 +188,7 @@ def _train(config: Config, request: _Request, dist: Distributed, stopper: StopRe
     if point is None:
         request.notes.extend(unused_options(config.train, config.model.tie_embeddings, request.own))
     check_training_fits(config.model, config.train, device)  # before the folder; vocab_size may be unknown
-    run_dir, lock, made = open_run_folder(config, request.config_path, request.run_name, point, dist)
-    with lock:
-        try:
-            with RunLog(run_dir, enabled=dist.is_main) as run_log, _said_what_is_kept(run_dir):
-                return _train_in(run_dir, config, request, point=point, device=device, dist=dist,
-                                 timers=timers, source=source, stopper=stopper)
-        except (TinyattnError, StoppedBeforeStart):  # a mistake or a stop before step 1 leaves no folder
-            if made:
-                remove_failed_start(run_dir, run_log.path.name)
-            raise
+    return config, point, device, source
 
 
 @contextmanager
@@ -212,12 +222,16 @@ def _steps_left_or_refuse(trainer: Trainer, train: TrainConfig, stop_at_step: Op
     """--stop-at-step, after refusing (before anything is written) a run with no step to train.
     `resumed`: what a resume continues, named first in its refusals (a bare --resume picked it);
     None for a new run."""
+    refusal = None
     if resumed is not None and (trainer.plan.done(trainer.step) or trainer.plan.no_step_fits(trainer.step)):
-        raise TinyattnError(f"{resumed}: {_nothing_left(trainer.plan, train, trainer.step)}")
-    if stop_at_step is not None and stop_at_step <= trainer.step:
+        refusal = TinyattnError(f"{resumed}: {_nothing_left(trainer.plan, train, trainer.step)}")
+    elif stop_at_step is not None and stop_at_step <= trainer.step:
         run = "the run" if resumed is None else str(resumed)
-        raise TinyattnError(f"--stop-at-step {stop_at_step}: {run} is already at step {trainer.step}; "
-                            "give a later step")
+        refusal = TinyattnError(f"--stop-at-step {stop_at_step}: {run} is already at step {trainer.step}; "
+                                "give a later step")
+    if refusal is not None:
+        refusal.shared = trainer.dist.enabled  # every rank decides alike (the plan's counts are rank 0's)
+        raise refusal
     return stop_at_step
 
 
@@ -420,11 +434,13 @@ def _first_plan(calibration: Calibration, trainer: Trainer, evaluator: Evaluator
     steps = plan.seed(measured.step, measured.evaluation, measured.save)
     spent = plan.spent()
     if steps < 1:
-        raise TinyattnError(
+        refusal = TinyattnError(
             f"train.time_budget {plan.text}: {spent:.0f} s are gone before training and a "
             f"step takes {measured.step:.2f} s; no step fits."
             f"{calibration.compile_note(trainer, measured.step)} "
             + calibration.advice(calibration.advised_budget(measured.start_up, measured)))
+        refusal.shared = trainer.dist.enabled  # every rank has rank 0's count: one line, rank 0's
+        raise refusal
     log.print(f"time budget {plan.text}: measured {measured.step:.3f} s/step, {measured.evaluation:.2f} s "
               f"per evaluation, {measured.save / 2:.2f} s per checkpoint, {spent:.0f} s of start-up "
               f"-> about {steps:,} step{'s' if steps > 1 else ''}; the schedule follows the time left")
