@@ -1689,7 +1689,7 @@ def test_a_refusal_on_rank_0_ends_every_rank_with_its_one_line(corpus, tmp_path,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mistake", ["init_from", "stop-at-step", "budget"])
+@pytest.mark.parametrize("mistake", ["init_from", "stop-at-step", "budget", "run-name"])
 def test_a_mistake_every_rank_meets_is_one_line_on_the_console(corpus, tmp_path, mistake):
     """Every rank checks the fine-tune's source, --stop-at-step and a budget no step fits alike: rank 0
     alone says it, as README's "one line on the console, rank 0's" promises. Each rank printed its
@@ -1697,10 +1697,11 @@ def test_a_mistake_every_rank_meets_is_one_line_on_the_console(corpus, tmp_path,
     pytest.importorskip("torch.distributed.run")
     extra = {"init_from": ["--set", f"train.init_from={tmp_path / 'gone.pt'}"],
              "stop-at-step": ["--stop-at-step", "0"],
-             "budget": ["--set", "train.time_budget=1s"]}[mistake]
+             "budget": ["--set", "train.time_budget=1s"], "run-name": ["--run-name", "a/../b"]}[mistake]
     expected = {"init_from": f"error: train.init_from: {tmp_path / 'gone.pt'}: no such checkpoint",
                 "stop-at-step": "error: --stop-at-step 0: the run is already at step 0",
-                "budget": "error: train.time_budget 1s: "}[mistake]
+                "budget": "error: train.time_budget 1s: ",
+                "run-name": "error: --run-name 'a/../b': a run name is one folder name"}[mistake]
     result = warm_python.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
          str(ROOT / "scripts" / "train.py"), "--config", str(TINY), "--run-name", "ddp", "--no-progress",
