@@ -1711,6 +1711,27 @@ def test_a_mistake_every_rank_meets_is_one_line_on_the_console(corpus, tmp_path,
     assert result.stderr.count("error: ") == 1 and expected in result.stderr, result.stderr[-3000:]
     assert not (tmp_path / "ddp").exists()  # a new run's failed start leaves no folder
 
+
+@pytest.mark.slow
+def test_a_resume_on_changed_data_is_refused_in_one_line_under_torchrun(corpus, tmp_path):
+    """Every rank compares the data with the checkpoint's alike (after rank 0 built the cache): rank 0
+    alone says the refusal. Each rank printed its copy ('rank 1: error: ...' beside rank 0's)."""
+    pytest.importorskip("torch.distributed.run")
+    text = tmp_path / "text.txt"
+    shutil.copyfile(corpus, text)
+    overrides = [o if not o.startswith("data.files=") else f"data.files={text}"
+                 for o in tiny_overrides(corpus, tmp_path, "train.max_steps=2")]
+    train(load_config(TINY, overrides), run_name="ddp")
+    text.write_text(text.read_text(encoding="utf-8") + "more text\n", encoding="utf-8")
+    result = warm_python.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+         str(ROOT / "scripts" / "train.py"), "--resume", str(tmp_path / "ddp"), "--no-progress",
+         "--device", "cpu", "--set", "train.max_steps=4"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert set(re.findall(r"exitcode\s*:\s*(\d+)", result.stderr)) == {"2"}, result.stderr[-3000:]
+    assert result.stderr.count("error: ") == 1, result.stderr[-3000:]
+    assert "the data differs from what the run trained on" in result.stderr, result.stderr[-3000:]
+
 class GlobalBatches:
     """Every rank's batch k of a world_size-process run, concatenated: one process's view of it."""
 

@@ -335,15 +335,8 @@ def _build(config: Config, request: _Request, *, point: Optional[ResumePoint], d
            dist: Distributed) -> tuple[Trainer, Evaluator, object]:
     """The data, a seeded Trainer over it and the Evaluator with train.show's hooks."""
     precision = select_precision(config.train.precision, device)
-    data = _prepare_data(config, dist, request.progress, point=point)
-    asked, got = config.tokenizer.vocab_size, data.tokenizer.vocab_size
-    if config.tokenizer.kind == "bpe" and got < asked:  # a small text: the model is built with the smaller
-        request.notes.append(f"note: tokenizer.vocab_size asked for {asked:,} tokens; BPE training on this "
-                             f"text ran out of pairs to merge at {got:,}, so the vocabulary has {got:,}")
-    if point is not None:
-        note = point.check_data(data.fingerprint, allow_change=request.allow_data_change)
-        request.notes.extend([note] if note else [])
-    check_training_fits(config.model, config.train, device)  # again, now with the vocabulary's size
+    with mistake_alike(dist):  # the data's checks, alike on every rank: a mistake is rank 0's one line
+        data = _checked_data(config, request, point=point, device=device, dist=dist)
     trainer = Trainer.build(config.model, config.train, data.train, device=device, precision=precision,
                             dist=dist)
     hooks = resolve_hooks(config.train.show) if dist.is_main else ()
@@ -470,6 +463,21 @@ def _pass_choices(tables: PassTables, choices: PassChoices, trainer: Trainer) ->
         else:  # the table's entry (None from the calibration where it equals the value already set)
             lines.append(f"{key}={current if chosen is None else chosen:g} (train.{table_name})")
     return lines
+
+
+def _checked_data(config: Config, request: _Request, *, point: Optional[ResumePoint], device: torch.device,
+                  dist: Distributed):
+    """The token data, checked against a resumed run's and against what fits in memory."""
+    data = _prepare_data(config, dist, request.progress, point=point)
+    asked, got = config.tokenizer.vocab_size, data.tokenizer.vocab_size
+    if config.tokenizer.kind == "bpe" and got < asked:  # a small text: the model is built with the smaller
+        request.notes.append(f"note: tokenizer.vocab_size asked for {asked:,} tokens; BPE training on this "
+                             f"text ran out of pairs to merge at {got:,}, so the vocabulary has {got:,}")
+    if point is not None:
+        note = point.check_data(data.fingerprint, allow_change=request.allow_data_change)
+        request.notes.extend([note] if note else [])
+    check_training_fits(config.model, config.train, device)  # again, now with the vocabulary's size
+    return data
 
 
 def _prepare_data(config: Config, dist: Distributed, progress: bool, *, point: Optional[ResumePoint] = None):
