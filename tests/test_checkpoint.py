@@ -388,3 +388,87 @@ def test_a_link_among_the_runs_into_a_folder_the_user_may_not_enter_is_passed_ov
     assert ckpt.resolve_checkpoint(None, out_dir=tmp_path / "runs") == run / ckpt.BEST
     with pytest.raises(CheckpointError, match=r"\(it holds mine\); give one of them"):
         ckpt.resolve_checkpoint(tmp_path / "runs")
+
+
+def test_a_damaged_best_pt_named_as_a_file_names_the_newest_step_that_verifies_not_a_damaged_newer_one(
+        tmp_path):
+    good, newer = saved(tmp_path / ckpt.step_filename(10), 10), saved(tmp_path / ckpt.step_filename(20), 20)
+    best = saved(tmp_path / ckpt.BEST, 20)
+    for damaged in (newer, best):
+        damaged.write_bytes(damaged.read_bytes()[:100])  # cut short: fails verification
+    assert ckpt.newest_verified(tmp_path) == good
+    with pytest.raises(CheckpointError, match=f"the newest checkpoint in {re.escape(str(tmp_path))} that "
+                                              f"verifies is {good.name}: use --checkpoint "):
+        ckpt.load_model(best)
+    # a damaged step checkpoint named as a file is no best.pt: no advice to take another step instead
+    with pytest.raises(CheckpointError, match=r"not a torch\.save archive$"):
+        ckpt.load_model(newer)
+
+
+def test_a_safetensors_file_of_a_header_alone_is_named_a_safetensors_file(tmp_path):
+    from safetensors.torch import save_file
+
+    file = tmp_path / "empty.safetensors"
+    save_file({}, str(file), metadata={"format": "pt"})  # no tensors: the file ends where its header does
+    assert ckpt.file_format(file) == "safetensors"
+    with pytest.raises(CheckpointError, match=r"a safetensors file \(weights alone\), not a tinyattn "
+                                              r"checkpoint$"):
+        ckpt.load_checkpoint(file)
+
+
+def test_a_config_saved_before_train_show_shows_what_such_a_run_showed_with_or_without_a_probe_text():
+    from tinyattn.config import config_from_dict, config_to_dict
+
+    saved = config_to_dict(config_from_dict({"data": {"files": ["x.txt"]}}))
+    del saved["train"]["show"]  # a run saved before train.show existed
+    without = ckpt.config_from_checkpoint({"config": saved}, Path("run/best.pt"))
+    assert (without.train.show, without.train.probe_text) == (["sample", "loss_by_position"], "")
+    saved["train"]["probe_text"] = "ROMEO:"
+    probed = ckpt.config_from_checkpoint({"config": saved}, Path("run/best.pt"))
+    assert probed.train.show == ["sample", "loss_by_position", "attention", "head_ablation"]
+    del saved["train"]["muon_split_stacked"]  # saved before it existed: each stacked weight whole
+    older = ckpt.config_from_checkpoint({"config": saved}, Path("run/best.pt"))
+    assert older.train.muon_split_stacked is False
+
+
+def test_a_loaded_model_carries_its_counters_and_writes_beside_itself_named_by_its_run_folder(
+        tmp_path, char_tokenizer, monkeypatch):
+    from tinyattn.config import Config, DataConfig, ModelConfig, config_to_dict
+    from tinyattn.model.transformer import LanguageModel
+
+    config = Config(model=ModelConfig(vocab_size=char_tokenizer.vocab_size, n_layer=1, n_head=2, n_embd=16,
+                                      context_length=8), data=DataConfig(files=["a.txt"]))
+    run = tmp_path / "shakespeare-run"
+    state = {"config": config_to_dict(config), "model": LanguageModel(config.model).state_dict(),
+             "tokenizer": char_tokenizer.to_json(), "step": 7, "tokens_seen": 896, "best_val_loss": 2.5,
+             "data": {"train": {"checksum": "ab"}}}
+    for name in (ckpt.BEST, ckpt.step_filename(7)):
+        run.mkdir(exist_ok=True)
+        ckpt.save_checkpoint(state, run / name)
+    monkeypatch.chdir(run)
+    loaded = ckpt.load_model(".")  # Path(".").name is ''
+    assert (loaded.tokens_seen, loaded.best_val_loss) == (896, 2.5)
+    assert loaded.data == {"train": {"checksum": "ab"}}
+    assert loaded.name == "shakespeare-run"
+    assert loaded.default_output("attention.png") == Path("attention.png")  # in the run folder
+    step = ckpt.load_model(run / ckpt.step_filename(7))
+    assert step.default_output("attention.png") == run / "attention_step_0000007.png"
+
+
+@pytest.mark.parametrize("version", [0, None, "1"])
+def test_a_checkpoint_of_an_older_or_no_format_version_is_refused_naming_it(tmp_path, version):
+    file = tmp_path / "old.pt"
+    torch.save({"format": ckpt.FORMAT, "format_version": version, "step": 1}, file)
+    with pytest.raises(CheckpointError, match=f"^{re.escape(str(file))}: checkpoint format version {version} "
+                                              r"is not supported by this tinyattn \(it reads version 1\)$"):
+        ckpt.load_checkpoint(file)
+
+
+def test_a_folder_of_five_runs_names_all_five_and_of_six_names_five_and_one_more(tmp_path):
+    for n in range(5):
+        saved(tmp_path / f"run{n}" / ckpt.BEST, n)
+    with pytest.raises(CheckpointError, match=r"\(it holds run0, run1, run2, run3, run4\); give one"):
+        ckpt.resolve_checkpoint(tmp_path)
+    saved(tmp_path / "run5" / ckpt.BEST, 5)
+    with pytest.raises(CheckpointError, match=r"\(it holds run0, run1, run2, run3, run4 and 1 more\); give"):
+        ckpt.resolve_checkpoint(tmp_path)
