@@ -2711,3 +2711,19 @@ def test_what_the_data_warns_of_while_a_run_builds_its_cache_is_in_train_log(cor
     log = (result.run_dir / "train.log").read_text(encoding="utf-8")
     assert re.search(r"warning: \S+records.jsonl: skipped [\d,]+ of [\d,]+ records: 2 with no 'text' \(null or "
                      r"missing\)", log), log
+
+
+def test_a_run_name_naming_the_checkpoints_own_folder_otherwise_spelled_still_refuses_an_earlier_step(
+        tmp_path, monkeypatch):
+    # --run-name of the checkpoint's own folder continues in place: from an earlier step it would
+    # overwrite the later ones, however out_dir is spelled (relative here, the file's path absolute).
+    from tinyattn.train.resume import ResumePoint
+
+    run = tmp_path / "out" / "run"
+    for step in (6, 9):
+        ckpt.save_checkpoint({"step": step}, run / ckpt.step_filename(step))
+    monkeypatch.chdir(tmp_path)
+    earlier = ResumePoint(run / ckpt.step_filename(6), {}, load_config(TINY), 6)
+    with pytest.raises(CheckpointError, match=r"is step 6, but .* goes on to step 9: continuing there"):
+        earlier.target("run", "out")
+    assert ResumePoint(run / ckpt.step_filename(9), {}, load_config(TINY), 9).target("run", "out") == run
