@@ -311,3 +311,12 @@ def test_read_text_drops_a_leading_byte_order_mark_only(tmp_path):
     path.write_bytes(b"\xef\xbb\xbfab\xff")
     with pytest.raises(DataError, match=r"notes.txt: the text file is not UTF-8 text \(byte 5\)$"):
         read_text(path, "text file")  # the byte counted in the file, the mark included
+
+
+def test_asking_who_holds_a_folder_never_held_writes_nothing_there(tmp_path):
+    # A resume asks before it compares a folder's checkpoints; the question must leave no lock file
+    # in a folder no training ever locked (a user's, or one not made yet).
+    folder, missing = tmp_path / "run", tmp_path / "not-yet"
+    folder.mkdir()
+    assert RunLock.holder(folder) is None and RunLock.holder(missing) is None
+    assert list(folder.iterdir()) == [] and not missing.exists()
