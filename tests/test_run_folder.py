@@ -320,3 +320,13 @@ def test_asking_who_holds_a_folder_never_held_writes_nothing_there(tmp_path):
     folder.mkdir()
     assert RunLock.holder(folder) is None and RunLock.holder(missing) is None
     assert list(folder.iterdir()) == [] and not missing.exists()
+
+
+@pytest.mark.parametrize("text", ["not a pid\n", "12x\n", "-3\n"])
+def test_a_lock_file_that_holds_no_pid_is_taken_over_without_a_traceback(tmp_path, text):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / LOCK_NAME).write_text(text)  # a half-written or foreign .lock
+    assert RunLock.holder(folder) is None
+    with RunLock.acquire(folder):
+        assert (folder / LOCK_NAME).read_text().strip() == str(os.getpid())
