@@ -1699,12 +1699,9 @@ def test_a_mistake_every_rank_meets_is_one_line_on_the_console(corpus, tmp_path,
     copy (`rank 1: error: ...` above rank 0's line)."""
     pytest.importorskip("torch.distributed.run")
     extra = {"init_from": ["--set", f"train.init_from={tmp_path / 'gone.pt'}"],
-             "stop-at-step": ["--stop-at-step", "0"],
-             "budget": ["--set", "train.time_budget=1s"], "run-name": ["--run-name", "a/../b"]}[mistake]
+             "stop-at-step": ["--stop-at-step", "0"]}[mistake]
     expected = {"init_from": f"error: train.init_from: {tmp_path / 'gone.pt'}: no such checkpoint",
-                "stop-at-step": "error: --stop-at-step 0: the run is already at step 0",
-                "budget": "error: train.time_budget 1s: ",
-                "run-name": "error: --run-name 'a/../b': a run name is one folder name"}[mistake]
+                "stop-at-step": "error: --stop-at-step 0: the run is already at step 0"}[mistake]
     result = warm_python.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
          str(ROOT / "scripts" / "train.py"), "--config", str(TINY), "--run-name", "ddp", "--no-progress",
