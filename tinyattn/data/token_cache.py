@@ -261,10 +261,8 @@ def _unknown_warning(folder: Path, meta: dict, tokenizer: Tokenizer, train: Call
     unknown = tokenizer.unknown_id
     if unknown is None or config.tokenizer.kind != "pretrained" or not meta["train_tokens"]:
         return None
-    count = 0
-    with open(folder / "train.bin", "rb") as f:
-        while chunk := f.read(CHECK_CHUNK_BYTES):
-            count += int(np.count_nonzero(np.frombuffer(chunk, dtype=meta["dtype"]) == unknown))
+    count = sum(int(np.count_nonzero(np.frombuffer(chunk, dtype=meta["dtype"]) == unknown))
+                for chunk in _chunks(folder / "train.bin"))
     if not count:
         return None
     found, written = _unknown_in_text(tokenizer, train)
@@ -478,11 +476,17 @@ class _Checksummed:
         return self.out.write(data)
 
 
-def _checksum(path: Path) -> str:
-    digest = hashlib.blake2b()
+def _chunks(path: Path) -> Iterator[bytes]:
+    """The bytes of `path`, CHECK_CHUNK_BYTES at a time (a multiple of a token's size)."""
     with open(path, "rb") as f:
         while chunk := f.read(CHECK_CHUNK_BYTES):
-            digest.update(chunk)
+            yield chunk
+
+
+def _checksum(path: Path) -> str:
+    digest = hashlib.blake2b()
+    for chunk in _chunks(path):
+        digest.update(chunk)
     return digest.hexdigest()
 
 
@@ -494,10 +498,9 @@ def _damage(folder: Path, meta: dict) -> Optional[str]:
         path = folder / f"{split}.bin"
         digest = hashlib.blake2b()
         largest = -1
-        with open(path, "rb") as f:
-            while chunk := f.read(CHECK_CHUNK_BYTES):  # a multiple of the item size
-                digest.update(chunk)
-                largest = max(largest, int(np.frombuffer(chunk, dtype=dtype).max()))
+        for chunk in _chunks(path):
+            digest.update(chunk)
+            largest = max(largest, int(np.frombuffer(chunk, dtype=dtype).max()))
         if digest.hexdigest() != meta["checksums"][path.name]:
             return f"{path} does not match its checksum in meta.json (changed after it was written)"
         if largest >= vocab_size:

@@ -99,9 +99,15 @@ def mistake_alike(dist: Distributed) -> Iterator[None]:
     met = [False] * dist.world_size
     torch.distributed.all_gather_object(met, mistake is not None)
     if mistake is not None:
-        mistake.shared = all(met)  # rank 0 prints it (`cli.run_command`)
-        raise mistake
+        raise said_once(mistake, all(met))
     if any(met):
         ranks = ", ".join(str(rank) for rank, failed in enumerate(met) if failed)
         raise TinyattnError(f"rank {ranks} met a mistake the others did not (its 'rank N: error:' line says "
                             "which); every rank stops")
+
+
+def said_once(mistake: TinyattnError, alike: bool) -> TinyattnError:
+    """`mistake`, marked to be said by rank 0 alone (`shared`, `cli.run_command`) where `alike`:
+    every rank of a distributed run meets it, from the same check of the same values."""
+    mistake.shared = alike
+    return mistake

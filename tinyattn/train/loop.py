@@ -57,7 +57,7 @@ from tinyattn.errors import StorageError, TinyattnError
 from tinyattn.model.memory import check_training_fits
 from tinyattn.system.device import measure_peak_flops, select_device, select_precision
 from tinyattn.system.distributed import (Distributed, init_distributed, mistake_alike, refusal_shared,
-                                         shutdown_distributed)
+                                         said_once, shutdown_distributed)
 from tinyattn.train.budget import Calibration, Measured, TimePlan, explicit_steps, plan_for
 from tinyattn.train.finetune import InitSource, adopt_model, init_source
 from tinyattn.train.hooks import resolve_hooks
@@ -229,9 +229,8 @@ def _steps_left_or_refuse(trainer: Trainer, train: TrainConfig, stop_at_step: Op
         run = "the run" if resumed is None else str(resumed)
         refusal = TinyattnError(f"--stop-at-step {stop_at_step}: {run} is already at step {trainer.step}; "
                                 "give a later step")
-    if refusal is not None:
-        refusal.shared = trainer.dist.enabled  # every rank decides alike (the plan's counts are rank 0's)
-        raise refusal
+    if refusal is not None:  # every rank decides alike (the plan's counts are rank 0's)
+        raise said_once(refusal, trainer.dist.enabled)
     return stop_at_step
 
 
@@ -432,8 +431,7 @@ def _first_plan(calibration: Calibration, trainer: Trainer, evaluator: Evaluator
             f"step takes {measured.step:.2f} s; no step fits."
             f"{calibration.compile_note(trainer, measured.step)} "
             + calibration.advice(calibration.advised_budget(measured.start_up, measured)))
-        refusal.shared = trainer.dist.enabled  # every rank has rank 0's count: one line, rank 0's
-        raise refusal
+        raise said_once(refusal, trainer.dist.enabled)  # every rank has rank 0's count: one line, rank 0's
     log.print(f"time budget {plan.text}: measured {measured.step:.3f} s/step, {measured.evaluation:.2f} s "
               f"per evaluation, {measured.save / 2:.2f} s per checkpoint, {spent:.0f} s of start-up "
               f"-> about {steps:,} step{'s' if steps > 1 else ''}; the schedule follows the time left")

@@ -34,7 +34,7 @@ from tinyattn.config import (PASS_TABLES, Config, TokenizerConfig, config_from_d
 from tinyattn.data.token_cache import data_differences
 from tinyattn.data.tokenizer import Tokenizer
 from tinyattn.errors import CheckpointError, ConfigError, StorageError, TinyattnError
-from tinyattn.system.distributed import Distributed, refusal_shared
+from tinyattn.system.distributed import Distributed, refusal_shared, said_once
 from tinyattn.system.invocation import quoted
 from tinyattn.system.storage import atomic_write
 from tinyattn.train.run_folder import RunLock, check_run_name, in_use_message, unique_run_dir
@@ -617,12 +617,11 @@ def open_run_folder(config: Config, config_path, run_name: Optional[str], point:
     new folder). Nothing is written before the lock is held.
     """
     run_dir, lock, made = None, nullcontext(), False
-    try:
-        if run_name is not None:
+    if run_name is not None:
+        try:
             check_run_name(run_name)  # on every rank: each fails alike, before any folder is made
-    except TinyattnError as mistake:
-        mistake.shared = dist.enabled  # one line, rank 0's
-        raise
+        except TinyattnError as mistake:
+            raise said_once(mistake, dist.enabled) from None
     with refusal_shared(dist):  # a folder in use, or with checkpoints: every rank ends with its line
         if dist.is_main:
             run_dir, made = _run_folder(config, config_path, run_name, point)
