@@ -351,6 +351,20 @@ def test_a_folder_of_runs_given_as_the_checkpoint_names_its_runs_not_called_an_e
             f"e.g. the most recent: {newer}")
 
 
+def test_a_folder_of_hugging_face_folders_given_as_the_checkpoint_names_them(tmp_path):
+    # `--checkpoint models` (where the README puts models/SmolLM2-135M) was "models: run folder holds
+    # no checkpoint (step_*.pt or best.pt)": called a run folder, and no model in it was named.
+    for name in ("SmolLM2-135M", "exported"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+    (tmp_path / "notes").mkdir()  # a folder without config.json is no model
+    with pytest.raises(CheckpointError) as refused:
+        ckpt.resolve_checkpoint(tmp_path)
+    assert str(refused.value) == (
+        f"{tmp_path}: a folder of Hugging Face model folders, not one (it holds SmolLM2-135M, exported); "
+        f"give one of them, e.g. {tmp_path / 'SmolLM2-135M'}")
+
+
 def test_a_folder_of_runs_holding_a_folder_the_user_may_not_read_is_one_line(tmp_path, monkeypatch):
     # `--checkpoint /mnt/data` (its lost+found is root's, mode 700): looking for runs in it stat()ed
     # lost+found/best.pt, a PermissionError traceback where the line was "run folder holds no checkpoint".

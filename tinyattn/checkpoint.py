@@ -303,11 +303,29 @@ def _refuse_a_folder_of_runs(folder: Path) -> None:
     so, naming its runs and the most recent, rather than called a run folder without a checkpoint."""
     runs = sorted(p.name for p in folder.iterdir() if _holds_checkpoints(p))
     if not runs:
+        _refuse_a_folder_of_models(folder)
         return
     more = f" and {len(runs) - RUNS_NAMED} more" if len(runs) > RUNS_NAMED else ""
     raise CheckpointError(f"{folder}: a folder of runs, not a run folder (it holds "
                           f"{', '.join(runs[:RUNS_NAMED])}{more}); give one of them, e.g. the most recent: "
                           f"{latest_run(folder)}")
+
+
+def _refuse_a_folder_of_models(folder: Path) -> None:
+    """A folder that holds Hugging Face folders (`--checkpoint models`, where models/<name> were
+    downloaded or exported) is not one: said so, naming them, rather than called a run folder."""
+    def is_model(path: Path) -> bool:
+        try:
+            return is_hf_folder(path)
+        except OSError:  # a folder this user may not look into is no model to name
+            return False
+
+    models = sorted(p.name for p in folder.iterdir() if is_model(p))
+    if models:
+        more = f" and {len(models) - RUNS_NAMED} more" if len(models) > RUNS_NAMED else ""
+        raise CheckpointError(f"{folder}: a folder of Hugging Face model folders, not one (it holds "
+                              f"{', '.join(models[:RUNS_NAMED])}{more}); give one of them, e.g. "
+                              f"{folder / models[0]}")
 
 
 def _instead_of_damaged(chosen: Path, damage: str) -> Path:
