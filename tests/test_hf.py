@@ -1539,6 +1539,19 @@ def test_greedy_and_top_k_off_export_as_transformers_reads_them_and_import_back(
         assert (sample.temperature, sample.top_k) == (0.8, None)
 
 
+def test_a_run_whose_max_new_tokens_is_0_exports_a_folder_transformers_loads(tmp_path):
+    # sample.max_new_tokens: 0 (accepted: generate nothing) went out as "max_new_tokens": 0, which
+    # transformers' GenerationConfig refuses: from_pretrained of the folder raised a ValueError.
+    import transformers
+
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)
+    config.sample.max_new_tokens = 0
+    export_folder(model.state_dict(), config, tokenizer, tmp_path / "out")
+    theirs = transformers.GenerationConfig.from_pretrained(tmp_path / "out")
+    assert theirs.max_new_tokens is None and (theirs.do_sample, theirs.top_k) == (True, 20)
+
+
 def test_generation_configs_eos_token_wins_over_config_jsons_and_config_jsons_is_the_fallback(tmp_path):
     # transformers' generate() stops at generation_config.json's eos_token_id when the file gives one.
     folder, _, tokenizer = exported_char_folder(tmp_path)

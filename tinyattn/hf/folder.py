@@ -370,9 +370,10 @@ def is_tinyattn_export(folder: Path) -> bool:
 
 def _generation_config(sample: SampleConfig, bos: Optional[int], eos: Optional[int]) -> dict:
     greedy = sample.temperature == 0
-    config = {"do_sample": not greedy, "max_new_tokens": sample.max_new_tokens,
-              "repetition_penalty": sample.repetition_penalty,
+    config = {"do_sample": not greedy, "repetition_penalty": sample.repetition_penalty,
               "bos_token_id": bos, "eos_token_id": eos}
+    if sample.max_new_tokens:  # transformers refuses a 0 there (loading the folder fails): left out
+        config["max_new_tokens"] = sample.max_new_tokens
     if not greedy:
         # top_k 0 switches top-k off in transformers, whose default would be 50.
         config.update(temperature=sample.temperature, top_k=sample.top_k or 0, top_p=sample.top_p)
