@@ -237,6 +237,29 @@ def test_an_export_takes_an_empty_folder_but_never_one_holding_other_files_even_
     assert (out / "notes.txt").read_text() == "mine"  # --force replaces an export, never a user's files
 
 
+@pytest.mark.parametrize("spelling", [".", "absolute"])
+def test_an_export_into_the_folder_the_user_is_in_is_refused_saying_where_to_export(tmp_path, monkeypatch,
+                                                                                   spelling):
+    # `cd mymodel && tinyattn export ... --out .` (an empty folder, which --out accepts) was "error: .:
+    # cannot be moved aside to replace it (Device or resource busy; a mount point?)"; the same folder
+    # by its full path was swapped out from under the shell, which was left in a deleted folder.
+    from tinyattn.errors import CheckpointError
+
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)
+    here = tmp_path / "mymodel"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    out = "." if spelling == "." else str(here)
+    with pytest.raises(CheckpointError) as refused:
+        export_folder(model.state_dict(), config, tokenizer, out)
+    assert str(refused.value) == (
+        f"{out}: the folder you are in ({here}); an export puts a new folder in its place, which cannot "
+        "be done to the current folder: export into a folder inside it, such as --out model, or from "
+        "its parent folder")
+    assert list(here.iterdir()) == [] and Path.cwd() == here
+
+
 @pytest.mark.parametrize("card", [None, "---\nlicense: apache-2.0\ntags: [llama]\n---\n# SmolLM2\n"],
                          ids=["no-card", "another-card"])
 def test_force_never_replaces_a_downloaded_model_holding_only_the_files_an_export_writes(

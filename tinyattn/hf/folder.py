@@ -340,6 +340,10 @@ def _check_out_folder(out: Path, force: bool) -> None:
     them apart); an earlier export is replaced only with `force`."""
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"{out}: exists and is not a folder; choose another --out")
+    if _is_current_folder(out):  # "." cannot be renamed; a full path would leave the shell in a deleted one
+        raise CheckpointError(f"{out}: the folder you are in ({Path.cwd()}); an export puts a new folder in "
+                              "its place, which cannot be done to the current folder: export into a folder "
+                              "inside it, such as --out model, or from its parent folder")
     present = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     if not present:
         return
@@ -354,6 +358,13 @@ def _check_out_folder(out: Path, force: bool) -> None:
                               "another --out (--force replaces only an earlier tinyattn export)")
     if not force:
         raise CheckpointError(f"{out}: holds an earlier export; add --force to replace it")
+
+
+def _is_current_folder(out: Path) -> bool:
+    try:
+        return out.is_dir() and out.resolve() == Path.cwd().resolve()
+    except OSError:  # the current folder was deleted: it is no --out
+        return False
 
 
 def is_tinyattn_export(folder: Path) -> bool:
