@@ -736,7 +736,11 @@ def test_rope_parameters_rope_theta_wins_over_the_top_level_one_as_transformers_
     ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}, "partial_rotary_factor"),
     # any layer kind but full attention (Qwen3-Next's linear attention): not only sliding windows
     ({"layer_types": ["full_attention", "linear_attention"]}, "sliding-window attention (use_sliding_window"),
-], ids=["partial-rotary-in-rope-parameters", "linear-attention-layer"])
+    # a quantized folder (FP8, GPTQ, bitsandbytes) was refused only by its weights' names: "weight ...
+    # q_proj.weight is missing" (GPTQ's qweight) or "weights ... do not have: ...weight_scale_inv"
+    ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}},
+     "quantization_config (quant_method 'fp8'): tinyattn reads unquantized weights only"),
+], ids=["partial-rotary-in-rope-parameters", "linear-attention-layer", "quantized"])
 def test_a_config_json_tinyattn_would_compute_otherwise_is_refused_naming_the_field(change, expected):
     from tinyattn.errors import CheckpointError
     from tinyattn.hf.convert import model_config_from_hf

@@ -282,6 +282,11 @@ def model_config_from_hf(raw: dict, origin: str, *, tied: Optional[bool] = None)
     if raw.get("use_sliding_window") or any(t != "full_attention" for t in raw.get("layer_types") or []):
         refuse("sliding-window attention (use_sliding_window, layer_types): tinyattn's layers all "
                "attend to the whole context")
+    quantized = raw.get("quantization_config")
+    if quantized is not None:  # before the weights, whose names would say it less plainly
+        method = quantized.get("quant_method") if isinstance(quantized, dict) else quantized
+        refuse(f"quantization_config (quant_method {method!r}): tinyattn reads unquantized weights only "
+               "(float32, float16 or bfloat16): use the model's unquantized release")
     activation = raw.get("hidden_act", "silu")
     if activation != "silu":
         refuse(f"hidden_act {activation!r}: tinyattn's MLP is SwiGLU (silu) only")
