@@ -1190,6 +1190,20 @@ def test_a_run_folder_is_held_by_one_process(corpus, tmp_path):
     assert "(starting)" in log and "done: 2 steps" in log
 
 
+def test_a_lock_a_killed_run_left_is_noted_once_on_the_console_and_in_train_log(corpus, tmp_path, capsys):
+    # train.log holds every line the run printed once its folder existed: the note that a killed
+    # session's lock was taken over too, which says the session before this one did not end.
+    config = tiny_config(corpus, tmp_path, "train.max_steps=4", "train.eval_interval=2")
+    train(config, run_name="k9", progress=False, stop_at_step=2)
+    (tmp_path / "k9" / ".lock").write_text("4194304\n")  # what a kill -9 leaves
+    capsys.readouterr()
+    train(tiny_config(corpus, tmp_path, "train.max_steps=4", "train.eval_interval=2"), run_name="k9",
+          resume=True, progress=False)
+    note = f"note: {tmp_path / 'k9' / '.lock'} was left by pid 4194304, which is no longer running"
+    assert capsys.readouterr().err.count(note) == 1
+    assert note in (tmp_path / "k9" / "train.log").read_text(encoding="utf-8")
+
+
 def run_main(args, capsys) -> tuple[int, str]:
     from tinyattn.cli.train import main
 

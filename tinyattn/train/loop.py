@@ -55,6 +55,7 @@ from tinyattn.config import (PASS_TABLES, Config, TrainConfig, for_precision, gi
 from tinyattn.data.batches import prepare_data
 from tinyattn.errors import StorageError, TinyattnError
 from tinyattn.model.memory import check_training_fits
+from tinyattn.system.console import notice
 from tinyattn.system.device import measure_peak_flops, select_device, select_precision
 from tinyattn.system.distributed import (Distributed, init_distributed, mistake_alike, refusal_shared,
                                          said_once, shutdown_distributed)
@@ -67,7 +68,7 @@ from tinyattn.train.owners import (Checkpointer, Evaluator, LossWindow, SharedSt
                                    StoppedAtOnce, StoppedBeforeStart, Timers)
 from tinyattn.train.passes import PassChoices, PassTables, choose_by_steps, entry_for
 from tinyattn.train.resume import ResumePoint, keep_user_config, open_run_folder, save_data_fingerprint
-from tinyattn.train.run_folder import remove_failed_start
+from tinyattn.train.run_folder import RunLock, remove_failed_start
 from tinyattn.train.trainer import Trainer, TrainResult
 
 DEFAULT_OUT_DIR = TrainConfig.out_dir
@@ -148,6 +149,8 @@ def _train(config: Config, request: _Request, dist: Distributed, stopper: StopRe
     with lock:
         try:
             with RunLog(run_dir, enabled=dist.is_main) as run_log, _said_what_is_kept(run_dir):
+                if isinstance(lock, RunLock) and lock.note:  # a killed session's: train.log keeps it too
+                    notice(lock.note)
                 return _train_in(run_dir, config, request, point=point, device=device, dist=dist,
                                  timers=timers, source=source, stopper=stopper)
         except (TinyattnError, StoppedBeforeStart):  # a mistake or a stop before step 1 leaves no folder

@@ -30,7 +30,6 @@ nothing behind, as it writes no config.yaml.
 from __future__ import annotations
 
 import os
-import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Optional
@@ -51,9 +50,11 @@ ACQUIRE_WAIT = 0.5
 class RunLock:
     """The exclusive hold of one run folder; `release()` (or process exit) ends it."""
 
-    def __init__(self, folder: Path, kernel_lock: FileLock):
+    def __init__(self, folder: Path, kernel_lock: FileLock, note: Optional[str] = None):
         self.folder = folder
         self._kernel_lock: Optional[FileLock] = kernel_lock
+        # said by the run once its train.log is open (it opens after the lock), not here
+        self.note = note
 
     @classmethod
     def acquire(cls, folder: str | Path) -> "RunLock":
@@ -68,14 +69,14 @@ class RunLock:
         except (Timeout, FileNotFoundError):  # held; or removed meanwhile by its holder's failed start
             raise StorageError(in_use_message(folder, _read_pid(pid_file))) from None
         previous = _read_pid(pid_file)
+        note = None
         if previous and previous != os.getpid():
-            print(f"note: {pid_file} was left by pid {previous}, which is no longer running; taking it over",
-                  file=sys.stderr)
+            note = f"note: {pid_file} was left by pid {previous}, which is no longer running; taking it over"
         with storage_errors(pid_file):
             pid_file.write_text(f"{os.getpid()}\n", encoding="ascii")
             (folder / MARKER_NAME).touch()
         remove_temporaries(folder)  # ours now: a killed writer's half files can go
-        return cls(folder, kernel_lock)
+        return cls(folder, kernel_lock, note)
 
     @staticmethod
     def holder(folder: str | Path) -> Optional[int]:
