@@ -2,6 +2,7 @@
 
 import argparse
 import math
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -186,7 +187,7 @@ def test_the_machine_line_names_the_cpu_cores_precision_and_torchs_threads():
     assert line.endswith(f", torch threads {torch.get_num_threads()}")
 
 
-def test_the_training_curve_starts_at_the_first_step_and_then_every_tenth(monkeypatch):
+def test_the_training_curve_starts_at_the_first_step_then_every_tenth_and_ends_at_the_last(monkeypatch):
     class Stepping:  # a Trainer's interface, one step per call
         step, tokens_seen = 0, 0
 
@@ -200,10 +201,10 @@ def test_the_training_curve_starts_at_the_first_step_and_then_every_tenth(monkey
     writer = SimpleNamespace(add_scalar=lambda tag, value, step: logged.append((tag, step)))
     contender = Contender("lstm", "shape", lambda t: None)
     recurrence.train_for(Stepping(), contender, 25.0, writer)
-    assert [step for tag, step in logged if tag == "train/loss"] == [1, 10, 20]
-    assert len(contender.curve) == 3 and 20 <= contender.steps < 30
+    assert [step for tag, step in logged if tag == "train/loss"] == [1, 10, 20, 21]
+    assert len(contender.curve) == 4 and contender.steps == 21
     # The curve is against wall time: the clock's seconds after each logged step, not the step.
-    assert [seconds for seconds, _ in contender.curve] == [2.0, 12.0, 23.0]
+    assert [seconds for seconds, _ in contender.curve] == [2.0, 12.0, 23.0, 26.0]
 
 
 def test_the_recurrence_default_config_is_the_main_config():
@@ -1257,3 +1258,31 @@ def test_lab_distance_on_a_hugging_face_folder_without_text_asks_for_text_in_one
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "give --text FILE" in err and err.count("\n") == 1, err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_train_loss_curve_ends_at_the_last_step_so_a_short_run_draws_a_line():
+    # `lab recurrence --seconds 1` trained 5 and 6 steps: with a point every LOG_EVERY steps and
+    # at step 1 alone, each curve was one point, and the figure's panel drew nothing.
+    class Stepper:
+        step = tokens_seen = 0
+
+        def train_step(self):
+            self.step += 1
+            self.tokens_seen += 8
+            time.sleep(0.01)
+            return torch.tensor(5.0 - self.step), None
+
+    class Writer:
+        def __init__(self):
+            self.scalars = []
+
+        def add_scalar(self, tag, value, step):
+            self.scalars.append((tag, value, step))
+
+    trainer, writer = Stepper(), Writer()
+    contender = Contender("attention", "shape", lambda t: None)
+    recurrence.train_for(trainer, contender, 0.05, writer)
+    assert 1 < trainer.step < recurrence.LOG_EVERY
+    assert [value for _, value in contender.curve] == [4.0, 5.0 - trainer.step]
+    assert [(value, step) for tag, value, step in writer.scalars if tag == "train/loss"] == [
+        (4.0, 1), (5.0 - trainer.step, trainer.step)]

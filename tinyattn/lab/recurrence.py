@@ -312,16 +312,25 @@ def train_and_measure(contender: Contender, config: Config, data, *, seconds: fl
 
 
 def train_for(trainer: Trainer, contender: Contender, seconds: float, writer) -> None:
-    """Step until `seconds` of wall time pass; log the train loss."""
+    """Step until `seconds` of wall time pass; log the train loss at step 1, every LOG_EVERY steps and
+    at the last step, so the curve spans the run however few steps fit (one point draws no line)."""
     start = time.perf_counter()
+    logged, loss = 0, None
     while time.perf_counter() - start < seconds:
         loss, _ = trainer.train_step()
         if trainer.step % LOG_EVERY == 0 or trainer.step == 1:
-            value = float(loss)
-            contender.curve.append((time.perf_counter() - start, value))
-            writer.add_scalar("train/loss", value, trainer.step)
+            logged = _log_train_loss(trainer.step, float(loss), time.perf_counter() - start, contender,
+                                     writer)
+    if loss is not None and logged != trainer.step:
+        _log_train_loss(trainer.step, float(loss), time.perf_counter() - start, contender, writer)
     contender.steps, contender.seconds = trainer.step, time.perf_counter() - start
     writer.add_scalar("train/tokens_per_second", trainer.tokens_seen / contender.seconds, trainer.step)
+
+
+def _log_train_loss(step: int, value: float, seconds: float, contender: Contender, writer) -> int:
+    contender.curve.append((seconds, value))
+    writer.add_scalar("train/loss", value, step)
+    return step
 
 
 def iter_validation(tokens, context: int, windows: int):
