@@ -403,6 +403,21 @@ def test_the_figure_puts_each_causal_task_loss_beside_its_curve_and_marks_the_ch
     assert right["changed token (position 3)"][0] == [3, 3]  # position + 1, where the leak begins
 
 
+def test_a_training_curve_of_one_logged_point_is_drawn_as_a_marker(tmp_path, drawn_figures):
+    # `lab causal --steps 5` logs each run's training loss once (at its last step): a line through
+    # one point draws nothing, and the panel showed the legend over an empty plot.
+    from tinyattn.lab.causal import save_figure
+
+    causal = Row("causal", 2.5, 2.6, 2.7, np.array([0.0, 0.5]), 0, "")
+    leaky = Row("bidirectional", 0.5, 0.6, 4.0, np.array([0.25, 3.0]), 0, "")
+    curves = {"causal": (np.array([5]), np.array([3.0])),
+              "bidirectional": (np.array([1, 5]), np.array([3.0, 0.5]))}
+    save_figure([causal, leaky], curves, tmp_path / "causal.png")
+    lines = {line.get_label(): line for line in drawn_figures[0].axes[0].lines}
+    assert lines["causal: training loss"].get_marker() not in ("None", "", " ", None)
+    assert list(lines["causal: training loss"].get_ydata()) == [3.0]
+
+
 @pytest.mark.parametrize("earlier", ["causal.md", "causal.png", "bidirectional"])
 def test_an_out_holding_what_the_lab_writes_is_refused_before_anything_trains_and_force_clears_it(
         tmp_path, monkeypatch, earlier):

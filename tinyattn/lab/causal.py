@@ -281,7 +281,9 @@ def save_figure(rows: list[Row], curves: dict, path: Path) -> Path:
         colour = f"C{i}"
         if row.name in curves:
             steps, losses = curves[row.name]
-            left.plot(steps, losses, color=colour, label=f"{row.name}: training loss")
+            # one logged loss (a run of fewer steps than train.log_interval) is a point, not a line
+            left.plot(steps, losses, color=colour, marker="o" if len(steps) == 1 else None,
+                      label=f"{row.name}: training loss")
             left.axhline(row.causal_task_loss, color=colour, linestyle="--",
                          label=f"{row.name}: val loss, causal task ({row.causal_task_loss:.2f})")
         right.plot(range(len(row.leak)), row.leak, color=colour, marker=".", label=row.name)
