@@ -596,3 +596,32 @@ def test_cli_bad_input_is_one_line_and_exit_status_2(run, args, message, capsys)
     assert status == 2
     assert stderr.startswith("error: ") and message in stderr
     assert len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr
+
+
+def test_cli_split_train_scores_the_runs_training_split(run, capsys):
+    # --split train: the text the run trained on, not the validation split under another name.
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run["run_dir"] / "best.pt"),
+                                     "--split", "train", "--no-plot")
+    assert status == 0, stderr
+    expected = evaluate_tokens(run["model"], run["tokenizer"], run["data"].train, 16, True)
+    validation = evaluate_tokens(run["model"], run["tokenizer"], run["data"].validation, 16, True)
+    assert expected.loss != pytest.approx(validation.loss, abs=1e-4)  # the two splits tell apart
+    assert printed("loss", stdout) == pytest.approx(expected.loss, abs=1e-4)
+    assert f"on the train split: {len(run['data'].train):,} tokens" in stdout
+
+
+def test_cli_bits_per_byte_are_the_texts_nats_over_its_bytes_not_per_token(run, tmp_path, capsys):
+    from tinyattn.hf.folder import export_folder
+
+    loaded = load_model(run["run_dir"])
+    export_folder(loaded.model.state_dict(), loaded.config, loaded.tokenizer, tmp_path / "hf")
+    text = TEXT[:90] + "ΩΩΩΩΩΩ " + TEXT[:30]  # Ω: one token, two bytes: bytes and tokens differ by 6
+    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(tmp_path / "hf"), "--text-file",
+                                     str(tmp_path / "text.txt"), "--no-plot")
+    assert status == 0, stderr
+    tokens = int(re.search(r": ([0-9,]+) tokens,", stdout).group(1).replace(",", ""))
+    units = int(re.search(r"\(([0-9,]+) bytes\)", stdout).group(1).replace(",", ""))
+    assert units == tokens - 1 + 6
+    nats = printed("loss", stdout) * (tokens - 1)  # the loss is per predicted token
+    assert printed("bits per byte", stdout) == pytest.approx(nats / math.log(2) / units, rel=1e-3)
