@@ -616,3 +616,15 @@ def test_cli_without_text_on_a_hugging_face_folder_says_it_records_no_probe_text
     assert status == 2
     assert stderr == (f"error: {tmp_path / 'hf'} (a Hugging Face folder): records no train.probe_text "
                       "(a run's config does), so there is no text to look at: give one with --text \"...\"\n")
+
+
+def test_cli_relevance_without_a_query_asks_about_the_last_token_that_predicts_one(run_dir, capsys):
+    # --relevance's help: the default query is the last token that predicts one, the next to last.
+    context = load_config(run_dir / "config.yaml").model.context_length
+    text = SENTENCE[:context]  # a character model: a token per character, ending "borrow"
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run_dir), "--text", text, "--relevance",
+                                     "--device", "cpu")
+    assert status == 0, stderr
+    T = len(text)
+    expected = f"query {text[-2]} at position {T - 2} (of {T} tokens) predicts {text[-1]} "
+    assert stdout.startswith(expected), stdout
