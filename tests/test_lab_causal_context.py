@@ -207,6 +207,13 @@ def test_each_rows_train_and_val_loss_are_its_own_runs_last_logged_loss_and_eval
     real = loop.train
     monkeypatch.setattr(loop, "train", lambda config, **options: results.setdefault(
         options["run_name"], real(config, **options)))
+    read_curve = causal.training_curve
+
+    def rising_at_the_end(run_dir):  # a falling curve's last point is also its least: make it the largest
+        steps, losses = read_curve(run_dir)
+        return steps, np.append(losses[:-1], losses.max() + 1.0)
+
+    monkeypatch.setattr(causal, "training_curve", rising_at_the_end)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(corpus_text * 4, encoding="utf-8")
     out = tmp_path / "out"
@@ -903,3 +910,24 @@ def test_lab_causal_names_the_prompts_characters_the_tokenizer_never_saw_before_
     err = capsys.readouterr().err
     assert err == ("warning: --prompt: 1 character the tokenizer has never seen, read as [UNK]: 'é'\n"
                    "error: stopped before training\n"), err
+
+
+def test_both_runs_evaluate_the_labs_windows_not_the_configs(tmp_path, monkeypatch):
+    # The main config evaluates 200 windows; the lab's runs, and so each row's causal-task loss (a
+    # forward per position of every window), read EVAL_WINDOWS: what keeps the lab within its minutes.
+    from tinyattn.lab.causal import EVAL_WINDOWS
+
+    main_config, trained = configs_train_both_gives(tmp_path, monkeypatch, steps=200)
+    assert main_config.train.eval_windows != EVAL_WINDOWS
+    assert [config.train.eval_windows for config in trained] == [EVAL_WINDOWS, EVAL_WINDOWS]
+
+
+def test_the_tables_columns_name_the_pair_of_contexts_each_compares():
+    # Three contexts give the pairs (1, 2), (1, 3), (2, 3): each column's header names its own pair, so
+    # a learner reads 0.8000 as the similarity of contexts 1 and 3, not of 1 and 2 again.
+    pairs = [(0, 1), (0, 2), (1, 2)]
+    table = np.array([[1.0, 1.0, 1.0], [0.9, 0.8, 0.7]])
+    text = context_table("bank", ["a bank.", "b bank.", "c bank."], pairs, table, tokens=["k", "k", "k"])
+    lines = text.splitlines()
+    assert "| depth | cos(context 1, 2) | cos(context 1, 3) | cos(context 2, 3) |" in lines
+    assert "| after block 1 | 0.9000 | 0.8000 | 0.7000 |" in lines
