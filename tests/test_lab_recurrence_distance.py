@@ -1286,3 +1286,17 @@ def test_the_train_loss_curve_ends_at_the_last_step_so_a_short_run_draws_a_line(
     assert [value for _, value in contender.curve] == [4.0, 5.0 - trainer.step]
     assert [(value, step) for tag, value, step in writer.scalars if tag == "train/loss"] == [
         (4.0, 1), (5.0 - trainer.step, trainer.step)]
+
+
+def test_the_recurrence_report_names_the_validation_windows_the_config_evaluates():
+    # train.eval_windows 8 (tiny.yaml's): the losses are over those 8 windows, and the report says so.
+    config = load_config(ROOT / "configs" / "tiny.yaml")
+    T = config.model.context_length
+    contenders = [Contender(name, "shape", lambda t: None, speed={8: 100.0}, steps=5, seconds=1.0,
+                            gradient_at_init=np.ones(T), gradient_trained=np.ones(T),
+                            position_losses=np.full(T, 2.5), parameters=1000)
+                  for name in ("attention", "lstm")]
+    args = argparse.Namespace(config="tiny.yaml", contexts=[8], seconds=1.0)
+    text = recurrence.report(contenders, config, args, "cpu", wall=1.0)
+    assert config.train.eval_windows == 8
+    assert "validation loss after 1 s of training each (context 32, 8 windows)\n" in text
