@@ -302,6 +302,20 @@ def test_text_pieces_are_cut_only_at_newlines_with_no_space_before_them():
     assert [i for piece in pieces for i in tokenizer.encode(piece)] == whole
 
 
+def test_text_pieces_are_cut_only_at_newlines_with_no_space_after_them():
+    # An indented line read from a cut ("    return x") splits its indent as "   ", " return"; within
+    # the text the newline takes some of it ("\n   ", " return"): code and verse change tokens at such cuts.
+    rng = random.Random(0)
+    words = ["return", "value", "self", "item", "count", "name"]
+    lines = [" " * rng.choice([0, 0, 4, 8]) + " ".join(rng.choice(words) for _ in range(5)) for _ in range(600)]
+    text = "\n".join(lines) + "\n"
+    tokenizer = build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), texts_of(text))
+    whole = tokenizers.Tokenizer.from_str(tokenizer.to_json()).encode(text, add_special_tokens=False).ids
+    pieces = list(tokenizer.text_pieces(text, 1000))
+    assert len(pieces) > 10 and not any(piece[0].isspace() for piece in pieces[1:])
+    assert [i for piece in pieces for i in tokenizer.encode(piece)] == whole
+
+
 def test_encode_batch_matches_encode(bpe_tokenizer):
     texts = [TRAINING, "", HARD, "x"]
     assert bpe_tokenizer.encode_batch(texts) == [bpe_tokenizer.encode(t) for t in texts]
