@@ -432,6 +432,7 @@ def test_a_dropout_table_reads_as_numbers_and_survives_the_round_trip(tmp_path):
     ("", ["data.sha256=86c4e6aa9db7"],
      r"^--set: data\.sha256: '86c4e6aa9db7' is not accepted; expected 64 hexadecimal digits \(sha256sum's\)"),
     ("", ["data.size_bytes=-1"], r"^--set: data\.size_bytes: -1 is not accepted; expected a positive integer or null"),
+    ("", ["data.size_bytes=0"], r"^--set: data\.size_bytes: 0 is not accepted; expected a positive integer or null"),
     # A dotted key with an empty part is --set's mistake, named as such
     ("", [".lr=1"], r"^--set: expected a dotted key such as train\.lr, got '\.lr'$"),
     ("", ["train.=1"], r"^--set: expected a dotted key such as train\.lr, got 'train\.'$"),
