@@ -163,6 +163,16 @@ def test_a_file_named_and_matched_by_a_glob_is_read_once(tmp_path):
     assert documents[0] == DOCUMENTS[5] and sorted(documents) == sorted(DOCUMENTS)  # in its first place only
 
 
+def test_a_file_named_through_a_linked_folder_and_by_its_own_path_is_read_once(tmp_path):
+    folder = write_text_folder(tmp_path / "books")
+    (tmp_path / "shelf").symlink_to(folder, target_is_directory=True)
+    config = make_config(tmp_path, {"files": [str(tmp_path / "shelf" / "doc05.txt"), str(folder)]})
+    result = prepare_data(config, progress=False)
+    documents = (split_documents(result.train, result.tokenizer)
+                 + split_documents(result.validation, result.tokenizer))
+    assert documents[0] == DOCUMENTS[5] and sorted(documents) == sorted(DOCUMENTS)  # not twice
+
+
 def test_json_lines_with_a_custom_text_field(tmp_path):
     path = write_jsonl(tmp_path / "corpus.jsonl", field="content")
     config = make_config(tmp_path, {"files": [str(path)], "text_field": "content"})
