@@ -971,6 +971,18 @@ def test_unknown_extension_and_mixed_formats(tmp_path):
     assert prepare_data(config, progress=False).train.size > 0
 
 
+def test_an_upper_case_extension_names_the_format_too(tmp_path):
+    def documents(name):
+        result = prepare_data(make_config(tmp_path, {"files": [str(tmp_path / name)]}), progress=False)
+        tokenizer = result.tokenizer
+        return split_documents(result.train, tokenizer) + split_documents(result.validation, tokenizer)
+
+    (tmp_path / "BOOK.TXT").write_text("".join(DOCUMENTS), encoding="utf-8")
+    assert "".join(documents("BOOK.TXT")) == "".join(DOCUMENTS)  # one text: its last tenth validates
+    write_jsonl(tmp_path / "notes.JSONL")
+    assert sorted(documents("notes.JSONL")) == sorted(DOCUMENTS)  # a document per line
+
+
 def test_empty_corpus(tmp_path):
     (tmp_path / "empty").mkdir()
     for name in ("a.txt", "b.txt"):
