@@ -222,6 +222,18 @@ def test_hub_dataset_from_a_local_folder_with_its_own_splits(tmp_path, hf_cache,
     assert result.cache_dir.name.startswith("my_dataset-char-")
 
 
+def test_max_documents_keeps_the_first_ones_of_each_split_of_a_dataset_with_its_own(tmp_path, hf_cache):
+    folder = tmp_path / "my_dataset"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl", DOCUMENTS[:15])
+    write_jsonl(folder / "validation.jsonl", DOCUMENTS[5:])
+    config = make_config(tmp_path, {"dataset": str(folder), "validation_split": "validation",
+                                    "max_documents": 3})
+    result = prepare_data(config, progress=False)
+    assert split_documents(result.train, result.tokenizer) == DOCUMENTS[:3]
+    assert split_documents(result.validation, result.tokenizer) == DOCUMENTS[5:8]
+
+
 def test_a_local_dataset_folder_edited_with_its_old_file_times_is_read_anew(tmp_path, hf_cache):
     # datasets' Arrow cache of a folder is keyed by its files' times: cp -p or touch -r kept the old text
     folder = tmp_path / "my_dataset"
