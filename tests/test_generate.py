@@ -1097,7 +1097,8 @@ def test_a_normalising_tokenizer_warns_only_for_text_it_reads_as_unk(tmp_path):
 
 
 @pytest.mark.parametrize("option, value", [
-    ("temperature", -0.5), ("top_k", -1), ("top_p", 0.0), ("top_p", 1.5), ("max_new_tokens", -1),
+    ("temperature", -0.5), ("temperature", float("inf")), ("top_k", -1), ("top_p", 0.0), ("top_p", 1.5),
+    ("max_new_tokens", -1),
     ("repetition_penalty", 0.0), ("stop", [""]),
 ])
 def test_bad_options_are_config_errors(tiny_model, tokenizer, option, value):
