@@ -392,6 +392,7 @@ def test_a_dropout_table_reads_as_numbers_and_survives_the_round_trip(tmp_path):
     ("", ["train.warmup_steps=-1"],
      r"--set: train\.warmup_steps: -1 is not accepted; expected a non-negative integer"),
     ("", ["train.ema=1.0"], r"--set: train\.ema: 1\.0 is not accepted; expected a number in \(0, 1\)"),
+    ("", ["train.ema=0"], r"--set: train\.ema: 0\.0 is not accepted; expected a number in \(0, 1\)"),
     ("", ["train.keep_last=0"], r"--set: train\.keep_last: 0 is not accepted; expected an integer >= 1"),
     ("", ["train.seed=100000000000000000000000"],
      r"--set: train\.seed: 100000000000000000000000 is not accepted; expected an integer in \[0, 2\*\*63\)"),
