@@ -615,6 +615,23 @@ def test_a_top_p_just_below_one_still_drops_the_least_likely_tokens(monkeypatch)
     assert whole[0, 2] > 0  # top_p 1: every token
 
 
+def test_top_k_keeps_every_token_tied_with_the_kth_largest(monkeypatch):
+    recorded = drawn_from(monkeypatch)
+    logits = torch.tensor([[1.0, 2.0, 1.0, 0.0]])  # the 2nd largest is shared by tokens 0 and 2
+    sample_next_token(logits, torch.Generator().manual_seed(0), temperature=1.0, top_k=2)
+    [probs] = recorded
+    assert probs[0].nonzero().flatten().tolist() == [0, 1, 2]
+    assert probs[0, 0] == probs[0, 2]
+
+
+def test_top_k_one_below_the_vocabulary_size_drops_the_least_likely_token(monkeypatch):
+    recorded = drawn_from(monkeypatch)
+    logits = torch.tensor([[0.1, 0.4, 0.2, 0.3]]).log()
+    sample_next_token(logits, torch.Generator().manual_seed(0), temperature=1.0, top_k=3)
+    [probs] = recorded
+    assert probs[0].nonzero().flatten().tolist() == [1, 2, 3]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_logits_of_a_half_precision_model_are_sampled_from_fp32_probabilities(monkeypatch, dtype):
     logits = torch.tensor([[2.3, 1.7, 0.1, -1.3]]).to(dtype)
