@@ -156,6 +156,15 @@ def test_logits_shape_and_loss_ignores_padding(tiny_model, random_tokens):
     torch.testing.assert_close(model(idx, padded).loss, expected)
 
 
+def test_the_loss_of_a_bf16_model_is_computed_from_its_logits_in_fp32(tiny_model, random_tokens):
+    model = tiny_model().to(torch.bfloat16)
+    idx, targets = random_tokens(length=10), random_tokens(length=10, seed=2)
+    out = model(idx, targets)
+    assert out.logits.dtype == torch.bfloat16 and out.loss.dtype == torch.float32  # not to 3 digits
+    expected = torch.nn.functional.cross_entropy(out.logits.float().reshape(-1, VOCAB), targets.reshape(-1))
+    torch.testing.assert_close(out.loss, expected, rtol=0, atol=1e-6)
+
+
 def test_next_token_logits_are_the_full_forwards_last_position(tiny_model, random_tokens):
     model = tiny_model()
     idx = random_tokens(length=10)
