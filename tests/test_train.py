@@ -1204,6 +1204,19 @@ def test_a_lock_a_killed_run_left_is_noted_once_on_the_console_and_in_train_log(
     assert note in (tmp_path / "k9" / "train.log").read_text(encoding="utf-8")
 
 
+def test_a_killed_runs_lock_taken_over_by_a_refused_start_is_still_noted(corpus, tmp_path, capsys):
+    # A start without --resume into the killed run's folder takes the lock over, is refused (it holds
+    # checkpoints) and removes the .lock: the note, kept for a train.log that never opens, was lost.
+    config = tiny_config(corpus, tmp_path, "train.max_steps=4", "train.eval_interval=2")
+    train(config, run_name="k9", progress=False, stop_at_step=2)
+    (tmp_path / "k9" / ".lock").write_text("4194304\n")  # what a kill -9 leaves
+    capsys.readouterr()
+    with pytest.raises(CheckpointError, match="already holds checkpoints"):
+        train(tiny_config(corpus, tmp_path, "train.max_steps=4"), run_name="k9", progress=False)
+    note = f"note: {tmp_path / 'k9' / '.lock'} was left by pid 4194304, which is no longer running"
+    assert capsys.readouterr().err.count(note) == 1
+
+
 def run_main(args, capsys) -> tuple[int, str]:
     from tinyattn.cli.train import main
 
