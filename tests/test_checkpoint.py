@@ -365,6 +365,25 @@ def test_a_folder_of_hugging_face_folders_given_as_the_checkpoint_names_them(tmp
         f"give one of them, e.g. {tmp_path / 'SmolLM2-135M'}")
 
 
+def test_resuming_a_hugging_face_folder_or_a_folder_of_them_says_to_start_a_run_from_it(tmp_path):
+    # `train --resume models` was told "give one of them, e.g. models/SmolLM2-135M", which --resume
+    # then refused as "looks like a Hugging Face folder ... but has no config.json": it has one.
+    model = tmp_path / "SmolLM2-135M"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"")
+    advice = f"to train from its weights, start a run with --set train.init_from={model}"
+    with pytest.raises(CheckpointError) as refused:
+        ckpt.resolve_checkpoint(tmp_path, prefer="latest")
+    assert str(refused.value) == (
+        f"{tmp_path}: a folder of Hugging Face model folders (it holds SmolLM2-135M), none of them a run "
+        f"to resume; {advice.replace('its weights', 'one')}")
+    with pytest.raises(CheckpointError) as refused:
+        ckpt.resolve_checkpoint(model, prefer="latest")
+    assert str(refused.value) == (f"{model}: a Hugging Face folder, not a run folder (step_*.pt or best.pt) "
+                                  f"to resume; {advice}")
+
+
 def test_a_folder_of_runs_holding_a_folder_the_user_may_not_read_is_one_line(tmp_path, monkeypatch):
     # `--checkpoint /mnt/data` (its lost+found is root's, mode 700): looking for runs in it stat()ed
     # lost+found/best.pt, a PermissionError traceback where the line was "run folder holds no checkpoint".

@@ -281,6 +281,9 @@ def resolve_checkpoint(path: Optional[str | Path], out_dir: str | Path = "checkp
     order = [best, latest] if prefer == "best" else [latest, best]
     chosen = next((candidate for candidate in order if candidate is not None and candidate.is_file()), None)
     if chosen is None:
+        if is_hf_folder(path):  # only --resume gets here with one (loading and init_from read it first)
+            raise CheckpointError(f"{path}: a Hugging Face folder, not a run folder (step_*.pt or best.pt) "
+                                  f"to resume; {_train_from(path, 'its weights')}")
         found = [name for name in HF_FOLDER_FILES if (path / name).is_file()]
         # A run folder writes tokenizer.json (and config.yaml) before its first checkpoint: only weights
         # without a run's config.yaml make a folder look like a Hugging Face one.
@@ -288,7 +291,7 @@ def resolve_checkpoint(path: Optional[str | Path], out_dir: str | Path = "checkp
             raise CheckpointError(f"{path}: looks like a Hugging Face folder ({', '.join(found)}) but has "
                                   "no config.json, which tinyattn needs to read it; copy the model's "
                                   "config.json into it (a run folder holds step_*.pt or best.pt)")
-        _refuse_a_folder_of_runs(path)
+        _refuse_a_folder_of_runs(path, resuming=prefer == "latest")
         raise CheckpointError(f"{path}: run folder holds no checkpoint (step_*.pt or best.pt)")
     if prefer == "best" and (damage := verify_checkpoint(chosen)):
         return _instead_of_damaged(chosen, damage)
@@ -298,12 +301,12 @@ def resolve_checkpoint(path: Optional[str | Path], out_dir: str | Path = "checkp
 RUNS_NAMED = 5  # the runs a folder of runs given as a checkpoint names, the most
 
 
-def _refuse_a_folder_of_runs(folder: Path) -> None:
+def _refuse_a_folder_of_runs(folder: Path, resuming: bool = False) -> None:
     """A folder that holds run folders (train.out_dir, `--checkpoint checkpoints`) is not one: said
     so, naming its runs and the most recent, rather than called a run folder without a checkpoint."""
     runs = sorted(p.name for p in folder.iterdir() if _holds_checkpoints(p))
     if not runs:
-        _refuse_a_folder_of_models(folder)
+        _refuse_a_folder_of_models(folder, resuming)
         return
     more = f" and {len(runs) - RUNS_NAMED} more" if len(runs) > RUNS_NAMED else ""
     raise CheckpointError(f"{folder}: a folder of runs, not a run folder (it holds "
@@ -311,9 +314,10 @@ def _refuse_a_folder_of_runs(folder: Path) -> None:
                           f"{latest_run(folder)}")
 
 
-def _refuse_a_folder_of_models(folder: Path) -> None:
+def _refuse_a_folder_of_models(folder: Path, resuming: bool) -> None:
     """A folder that holds Hugging Face folders (`--checkpoint models`, where models/<name> were
-    downloaded or exported) is not one: said so, naming them, rather than called a run folder."""
+    downloaded or exported) is not one: said so, naming them, rather than called a run folder.
+    `resuming` (--resume, which reads none of them): how to start a run from one instead."""
     def is_model(path: Path) -> bool:
         try:
             return is_hf_folder(path)
@@ -323,9 +327,17 @@ def _refuse_a_folder_of_models(folder: Path) -> None:
     models = sorted(p.name for p in folder.iterdir() if is_model(p))
     if models:
         more = f" and {len(models) - RUNS_NAMED} more" if len(models) > RUNS_NAMED else ""
+        if resuming:
+            raise CheckpointError(f"{folder}: a folder of Hugging Face model folders (it holds "
+                                  f"{', '.join(models[:RUNS_NAMED])}{more}), none of them a run to resume; "
+                                  f"{_train_from(folder / models[0], 'one')}")
         raise CheckpointError(f"{folder}: a folder of Hugging Face model folders, not one (it holds "
                               f"{', '.join(models[:RUNS_NAMED])}{more}); give one of them, e.g. "
                               f"{folder / models[0]}")
+
+
+def _train_from(model: Path, what: str) -> str:
+    return f"to train from {what}, start a run with --set {quoted(f'train.init_from={model}')}"
 
 
 def _instead_of_damaged(chosen: Path, damage: str) -> Path:
