@@ -312,8 +312,8 @@ def train_and_measure(contender: Contender, config: Config, data, *, seconds: fl
 
 
 def train_for(trainer: Trainer, contender: Contender, seconds: float, writer) -> None:
-    """Step until `seconds` of wall time pass; log the train loss at step 1, every LOG_EVERY steps and
-    at the last step, so the curve spans the run however few steps fit (one point draws no line)."""
+    """Step until `seconds` of wall time pass; log the train loss at the first step, every LOG_EVERY
+    steps and at the last step, so the curve spans the run however few steps fit (a point is no line)."""
     start = time.perf_counter()
     logged, loss = 0, None
     while time.perf_counter() - start < seconds:
