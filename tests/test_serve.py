@@ -357,6 +357,18 @@ def test_a_streamed_completion_joins_to_the_same_text_and_ends_with_done(client,
     assert json.loads(events[0][len("data: "):])["object"] == "text_completion"
 
 
+def test_every_chunk_of_a_stream_carries_the_same_id_and_created_time(client, monkeypatch):
+    # OpenAI's chunks share the completion's timestamp; one taken per chunk changed within a stream
+    # whenever it crossed a second. A clock that ticks a second at every reading shows it at once.
+    from tinyattn.serve import app as app_module
+
+    ticks = iter(range(1_800_000_000, 1_900_000_000))
+    monkeypatch.setattr(app_module, "time", type("Clock", (), {"time": staticmethod(lambda: next(ticks))}))
+    chunks = list(client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=6, temperature=1.0,
+                                            seed=3, n=2, stream=True, stream_options={"include_usage": True}))
+    assert len(chunks) > 3 and len({(c.id, c.created) for c in chunks}) == 1
+
+
 def test_a_request_without_max_tokens_gets_openais_default_of_16(client):
     done = client.completions.create(model="tiny-serve", prompt=PROMPT, temperature=0)  # greedy: never eot
     assert done.usage.completion_tokens == 16 and len(done.choices[0].text) == 16

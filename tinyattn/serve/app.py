@@ -56,6 +56,7 @@ from tinyattn.serve.worker import Job, ModelWorker, one_call
 
 FINISH_REASONS = {"stop": "stop", "eot": "stop", "length": "length"}  # tinyattn's -> OpenAI's
 RE_ENCODED = 4  # tokens a generated token's text may encode into again (`_explorer_text_ids`)
+EVENT_STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy holds chunks back
 DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its client is still there
 
 
@@ -143,12 +144,13 @@ def _add_routes(app: FastAPI, served: Served) -> None:
         completion = await run_in_threadpool(check_completion, body, limits=served.limits,
                                              defaults=served.sample, tokenizer=served.tokenizer,
                                              context_length=served.model.config.context_length)
+        created = int(time.time())  # one timestamp for the whole completion: every chunk of a stream has it
         job = Job(_samples(served, completion), asyncio.get_running_loop(), "a completion")
         served.worker.submit(job)
         if completion.stream:
-            return StreamingResponse(_events(served, completion, job), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await _whole(served, completion, job, request)
+            return StreamingResponse(_events(served, completion, job, created),
+                                     media_type="text/event-stream", headers=EVENT_STREAM_HEADERS)
+        return await _whole(served, completion, job, request, created)
 
     @app.post("/explorer", response_class=HTMLResponse)
     async def explorer(request: Request):
@@ -214,8 +216,11 @@ def _usage(completion: Completion, generated: list[int]) -> dict:
             "total_tokens": completion.prompt_tokens + total}
 
 
-def _body(served: Served, completion_id: str, choices: list[dict], usage: Optional[dict]) -> dict:
-    return {"id": completion_id, "object": "text_completion", "created": int(time.time()),
+def _body(served: Served, completion_id: str, created: int, choices: list[dict],
+          usage: Optional[dict]) -> dict:
+    """OpenAI's completion object; every chunk of one stream carries the same id and `created` (the
+    time the request was taken, in whole seconds), as OpenAI's do."""
+    return {"id": completion_id, "object": "text_completion", "created": created,
             "model": served.model_id, "choices": choices, "usage": usage}
 
 
@@ -231,7 +236,8 @@ async def _cancel_when_gone(job: Job, request: Request) -> None:
     job.cancel()
 
 
-async def _whole(served: Served, completion: Completion, job: Job, request: Request) -> JSONResponse:
+async def _whole(served: Served, completion: Completion, job: Job, request: Request,
+                 created: int) -> JSONResponse:
     n = completion.options.num_samples
     texts, finished, generated = [""] * n, [None] * n, [0] * n
     watcher = asyncio.create_task(_cancel_when_gone(job, request))
@@ -246,7 +252,7 @@ async def _whole(served: Served, completion: Completion, job: Job, request: Requ
     if any(reason is None for reason in finished):  # cancelled: the server is stopping (Ctrl-C)
         raise _stopped("this completion")
     choices = [_choice(i, texts[i], finished[i]) for i in range(n)]
-    return JSONResponse(_body(served, _completion_id(), choices, _usage(completion, generated)))
+    return JSONResponse(_body(served, _completion_id(), created, choices, _usage(completion, generated)))
 
 
 def _stopped(what: str) -> ApiError:
@@ -259,7 +265,7 @@ def _event(value: dict) -> str:
     return f"data: {json.dumps(value, ensure_ascii=False)}\n\n"
 
 
-async def _events(served: Served, completion: Completion, job: Job) -> AsyncIterator[str]:
+async def _events(served: Served, completion: Completion, job: Job, created: int) -> AsyncIterator[str]:
     """Server-sent events: one chunk per piece, the usage chunk if asked for, then [DONE]. A stream
     the server's shutdown cuts short (a choice without its finish reason) ends in the error event a
     whole completion's 503 would carry instead of the usage chunk: not a finished answer, and no count
@@ -276,11 +282,11 @@ async def _events(served: Served, completion: Completion, job: Job) -> AsyncIter
             finished[piece.sample] = piece.finish_reason or finished[piece.sample]
             generated[piece.sample] += piece.tokens
             choice = _choice(piece.sample, piece.text, piece.finish_reason)
-            yield _event(_body(served, completion_id, [choice], None))
+            yield _event(_body(served, completion_id, created, [choice], None))
         if any(reason is None for reason in finished):  # cancelled: the server is stopping (Ctrl-C)
             raise _stopped("this completion")
         if completion.include_usage:
-            yield _event(_body(served, completion_id, [], _usage(completion, generated)))
+            yield _event(_body(served, completion_id, created, [], _usage(completion, generated)))
     except ApiError as error:  # the worker failed mid-stream: the headers are gone, so say it in the stream
         yield _event(error.body())
     finally:
