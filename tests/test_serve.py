@@ -468,6 +468,17 @@ def test_an_unknown_model_is_a_404_and_an_unknown_route_too(client, server):
     assert response.status == 405 and json.loads(response.read())["error"]["code"] == "method_not_allowed"
 
 
+def test_a_method_a_route_does_not_take_is_a_405_whose_allow_header_names_the_ones_it_does(server):
+    # HTTP requires the Allow header on a 405; the OpenAI-style body replaced Starlette's response without it.
+    connection = http.client.HTTPConnection(*server.sock.getsockname()[:2])
+    routes = (("GET", "/v1/completions", "POST"), ("DELETE", "/v1/models/tiny-serve", "GET"))
+    for method, path, allowed in routes:
+        connection.request(method, path)
+        response = connection.getresponse()
+        assert response.status == 405 and json.loads(response.read())["error"]["code"] == "method_not_allowed"
+        assert response.getheader("allow") == allowed
+
+
 # ----------------------------------------------------------------------------- concurrency and disconnects
 
 

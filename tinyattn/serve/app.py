@@ -94,8 +94,8 @@ def create_app(loaded, *, limits: Limits = Limits(), model_id: Optional[str] = N
     return app
 
 
-def _error_response(error: ApiError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
+def _error_response(error: ApiError, headers: Optional[dict] = None) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -107,7 +107,8 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def http_error(request, error: StarletteHTTPException):
         kind = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code)
         message = f"{request.method} {request.url.path}: {error.detail}"
-        return _error_response(ApiError(message, status=error.status_code, code=kind))
+        # Starlette's own headers go along: a 405's Allow, which HTTP requires, names the methods taken.
+        return _error_response(ApiError(message, status=error.status_code, code=kind), error.headers)
 
     @app.exception_handler(Exception)
     async def server_error(request, error: Exception):
