@@ -908,6 +908,19 @@ def test_the_playgrounds_sampling_controls_start_at_the_checkpoints_sample_confi
     assert 'value="0"' in page.split('id="top-k"')[1].split(">")[0] and "%" not in page.split("<style>")[0]
 
 
+def test_the_playgrounds_max_tokens_starts_within_the_servers_limit():
+    # A hard-coded 200 made the page's first request a 400 on a server started with --max-tokens 100.
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.serve.app import playground_html
+
+    def max_tokens_input(page):
+        return page.split('id="max-tokens"')[1].split(">")[0]
+
+    assert 'max="100" value="100"' in max_tokens_input(playground_html("m", None, 100))
+    assert 'max="1024" value="200"' in max_tokens_input(playground_html("m"))
+
+
 def test_the_explorer_route_shows_the_prediction_that_produced_the_token_at_an_offset(server, loaded):
     from tinyattn.analysis.explorer import data_of_page
 

@@ -165,7 +165,7 @@ def _add_routes(app: FastAPI, served: Served) -> None:
 
     @app.get("/", response_class=HTMLResponse)
     async def playground():
-        return HTMLResponse(playground_html(served.model_id, served.sample))
+        return HTMLResponse(playground_html(served.model_id, served.sample, served.limits.max_tokens))
 
 
 def _check_model(served: Served, name: str) -> None:
@@ -372,19 +372,24 @@ def _explorer_page(served: Served, ids: list[int], query: int, note: str = "") -
                          query=query)
 
 
+PLAYGROUND_MAX_TOKENS = 200  # the page's max tokens control starts here, within the server's limit
 PAGE_FILES = {"PAGE": "playground.html", "STYLE": "playground.css", "SCRIPT": "playground.js"}
 
 
-def playground_html(model_id: str, sample: Optional[SampleConfig] = None) -> str:
+def playground_html(model_id: str, sample: Optional[SampleConfig] = None,
+                    max_tokens: int = Limits.max_tokens) -> str:
     """The playground: one page, its style and script inline, nothing fetched but this server's routes.
     Its sampling controls start at `sample`'s values (the checkpoint's, which a request that leaves
-    them out gets): the page sends every control, so a greedy imported folder stays greedy there."""
+    them out gets): the page sends every control, so a greedy imported folder stays greedy there.
+    Its max tokens starts at PLAYGROUND_MAX_TOKENS or the server's `max_tokens` limit if lower (a
+    `--max-tokens` below it refused the page's first request), and goes no higher than that limit."""
     import html
 
     sample = sample or SampleConfig()
     part = {name: resources.files("tinyattn.serve").joinpath(file).read_text(encoding="utf-8")
             for name, file in PAGE_FILES.items()}
-    controls = {"TEMPERATURE": sample.temperature, "TOP_P": sample.top_p, "TOP_K": sample.top_k or 0}
+    controls = {"TEMPERATURE": sample.temperature, "TOP_P": sample.top_p, "TOP_K": sample.top_k or 0,
+                "MAX_TOKENS": min(PLAYGROUND_MAX_TOKENS, max_tokens), "MOST_TOKENS": max_tokens}
     values = {"STYLE": part["STYLE"], "SCRIPT": part["SCRIPT"], **{k: str(v) for k, v in controls.items()},
               "MODEL": html.escape(model_id, quote=True)}
     page = part["PAGE"]
