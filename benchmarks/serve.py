@@ -40,6 +40,8 @@ import threading
 import time
 from pathlib import Path
 
+from tinyattn.errors import TinyattnError
+
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "ROMEO:\nBut soft, what light through yonder window breaks?\n"
 
@@ -156,6 +158,8 @@ def _stream_one(url: str, model_id: str, max_tokens: int) -> dict:
     start = time.perf_counter()
     connection.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
     response = connection.getresponse()
+    if response.status != 200:  # a prompt past a small model's context: the server's own reason, in one line
+        _refused(url, json.loads(response.read()))
     first, tokens = None, 0
     for line in response:
         if not line.startswith(b"data: "):
@@ -163,14 +167,23 @@ def _stream_one(url: str, model_id: str, max_tokens: int) -> dict:
         if line.strip() == b"data: [DONE]":
             break
         chunk = json.loads(line[len(b"data: "):])
+        if "error" in chunk:
+            _refused(url, chunk)
         if first is None and any(c["text"] for c in chunk["choices"]):
             first = time.perf_counter()
         if chunk.get("usage"):
             tokens = chunk["usage"]["completion_tokens"]
     end = time.perf_counter()
     connection.close()
+    if first is None:
+        raise TinyattnError(f"{url}: the server streamed no text for the benchmark's prompt (the model ended "
+                            "it at once): nothing to time; try another checkpoint")
     return {"start": start, "ttft": first - start, "end": end, "tokens": tokens,
             "tokens_per_s": (tokens - 1) / (end - first)}
+
+
+def _refused(url: str, answer: dict) -> None:
+    raise TinyattnError(f"{url}: the server refused the benchmark's request: {answer['error']['message']}")
 
 
 def _measure(url: str, model_id: str, clients: int, args) -> dict:

@@ -316,6 +316,28 @@ def test_the_serve_benchmarks_warm_up_asks_for_no_more_tokens_than_the_server_al
     assert asked == [5, 5]  # the warm-up within the server's --max-tokens 5, then the timed request
 
 
+def test_the_serve_benchmark_against_a_server_that_refuses_its_prompt_is_one_line_naming_why(tmp_path):
+    # The prompt is past a tiny model's context: the 400 was read as a stream, and a TypeError ended the run.
+    import importlib.util
+
+    if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
+        pytest.skip("the serve extra is not installed")
+    from benchmarks import serve
+    from tinyattn.errors import TinyattnError
+    from tinyattn.hf.folder import load_any_model
+    from tinyattn.serve.app import create_app
+    from tinyattn.serve.server import ServerThread, listening_socket
+
+    run = serve._random_run(tmp_path, str(ROOT / "configs" / "tiny.yaml"))  # context 32 < the prompt's tokens
+    app = create_app(load_any_model(str(run), "cpu"))
+    with ServerThread(app, listening_socket("127.0.0.1", 0)) as server:
+        with pytest.raises(TinyattnError) as caught:
+            serve._stream_one(server.url, run.name, 5)
+    message = str(caught.value)
+    assert message.startswith(f"{server.url}: the server refused") and "at most 32" in message, message
+    assert "\n" not in message
+
+
 # ----------------------------------------------------------------------------- time_to_loss
 
 
