@@ -555,6 +555,15 @@ def test_nucleus_keeps_the_smallest_set_reaching_p(top_p, kept):
     assert set(mask[0].nonzero().flatten().tolist()) == kept
 
 
+@pytest.mark.parametrize("top_p", [1e-300, 5e-324])
+def test_a_top_p_below_fp32s_smallest_number_still_keeps_the_most_likely_token(top_p):
+    # Compared in fp32 such a top_p is 0: no token was kept, and torch.multinomial raised
+    # (tinyattn serve answered a 500; tinyattn generate --top-p 1e-300 ended in a traceback).
+    assert nucleus_mask(PROBS, top_p)[0].nonzero().flatten().tolist() == [1]
+    drawn = sample_next_token(PROBS.log(), torch.Generator().manual_seed(0), temperature=1.0, top_p=top_p)
+    assert drawn.tolist() == [1]
+
+
 def test_nucleus_takes_one_of_two_tied_tokens_when_one_is_enough():
     kept = set(nucleus_mask(PROBS, 0.9)[0].nonzero().flatten().tolist())  # 0.875 + 0.0625 reaches it
     assert len(kept) == 4 and {1, 4, 2} < kept

@@ -106,6 +106,7 @@ def nucleus_mask(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     sorted_probs, order = probs.sort(dim=-1, descending=True)  # (B, V) each
     mass_above = sorted_probs.cumsum(dim=-1) - sorted_probs  # (B, V): probability ranked above
     keep_sorted = mass_above < top_p  # (B, V) in sorted order
+    keep_sorted[:, 0] = True  # the most likely, whatever top_p: one below fp32's smallest compares as 0 here
     return torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)  # back to vocabulary order
 
 
