@@ -406,6 +406,10 @@ BAD_REQUESTS = {
     "best-of-more-than-n": ({"best_of": 2}, "best_of", "best_of is not supported"),
     "a-list-of-prompts": ({"prompt": ["ROMEO:", "JULIET:"]}, "prompt", "one prompt per request"),
     "an-empty-list-of-prompts": ({"prompt": []}, "prompt", "one prompt per request, got a list of 0"),
+    # Token ids (OpenAI takes them) or a number: the 400 says what is taken, not one member of the union.
+    "token-ids": ({"prompt": [1, 2, 3]}, "prompt",
+                  "prompt: expected text: a string, or a list of one string"),
+    "a-number-as-stop": ({"stop": 5}, "stop", "stop: expected a string or a list of strings"),
 }
 
 

@@ -88,6 +88,11 @@ OFF_VALUES = {"echo": (None, False), "logprobs": (None,), "suffix": (None, ""),
               "frequency_penalty": (None, 0), "presence_penalty": (None, 0), "logit_bias": (None, {})}
 
 
+# What a field typed as a union takes, for its 400 (OpenAI's prompt may also be token ids: not here).
+UNION_FIELDS = {"prompt": "text: a string, or a list of one string (token ids are not taken)",
+                "stop": "a string or a list of strings"}
+
+
 class ExploreRequest(BaseModel):
     """The body of POST /explorer: a text and a character of it (the token holding it is shown)."""
 
@@ -113,6 +118,8 @@ def validation_error(e: ValidationError, model: type[BaseModel]) -> ApiError:
         return ApiError(f"the field {param!r} is required", param=param, code="missing_field")
     if not loc:
         return ApiError(f"the request body must be a JSON object: {first['msg']}")
+    if loc[0] in UNION_FIELDS:  # pydantic names one member of the union ("a valid string"): say them all
+        return ApiError(f"{loc[0]}: expected {UNION_FIELDS[loc[0]]}", param=loc[0])
     return ApiError(f"{param}: {first['msg']}", param=param)
 
 
