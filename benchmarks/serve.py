@@ -132,6 +132,10 @@ def _in_process_tokens_per_s(checkpoint: str, max_tokens: int, threads: int) -> 
         # the time of each piece with text; the finish piece after the last token has none
         times = [time.perf_counter() for piece in generate_samples(
             loaded.model, loaded.tokenizer, PROMPT, max_new_tokens=max_tokens, temperature=0) if piece.text]
+    if len(times) < 2:  # the model's end of text at once: the server's stream would end there too
+        raise TinyattnError(f"{checkpoint}: generate() gave {len(times)} token(s) of text for the "
+                            "benchmark's prompt before the model's end of text: nothing to time; "
+                            "try another checkpoint")
     return (len(times) - 1) / (times[-1] - times[0])  # as the HTTP side's (tokens - 1) / (end - first)
 
 

@@ -152,6 +152,27 @@ def test_serve_in_process_tokens_per_s_counts_the_tokens_after_the_first_not_the
     assert serve._in_process_tokens_per_s(str(run), 5, 1) == pytest.approx(100.0)
 
 
+@pytest.mark.parametrize("tokens", [0, 1])
+def test_serve_in_process_tokens_per_s_of_a_model_that_ends_the_prompt_at_once_is_one_line(
+        tmp_path, monkeypatch, tokens):
+    # A model whose greedy continuation is its end of text at once (or after one token): an IndexError
+    # (a ZeroDivisionError) ended the benchmark here, before the server's stream could say it.
+    from benchmarks import serve
+    from tinyattn.errors import TinyattnError
+    from tinyattn.generate import text
+    from tinyattn.generate.text import SamplePiece
+
+    def pieces(*args, **kwargs):
+        yield from [SamplePiece(0, "a")] * tokens
+        yield SamplePiece(0, "", "eot")
+
+    monkeypatch.setattr(text, "generate_samples", pieces)
+    run = serve._random_run(tmp_path, str(ROOT / "configs" / "tiny.yaml"))
+    with pytest.raises(TinyattnError) as caught:
+        serve._in_process_tokens_per_s(str(run), 5, 1)
+    assert f"gave {tokens} token(s) of text" in str(caught.value) and "nothing to time" in str(caught.value)
+
+
 def test_a_training_rows_cpu_peak_memory_is_its_own_not_the_processs_peak_so_far():
     import resource
 
