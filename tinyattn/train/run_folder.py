@@ -53,7 +53,8 @@ class RunLock:
     def __init__(self, folder: Path, kernel_lock: FileLock, note: Optional[str] = None):
         self.folder = folder
         self._kernel_lock: Optional[FileLock] = kernel_lock
-        # said by the run once its train.log is open (it opens after the lock), not here
+        # said by the run once its train.log is open (it opens after the lock), or by a start refused
+        # before it opens (train.resume.open_run_folder); not here
         self.note = note
 
     @classmethod
