@@ -540,10 +540,29 @@ def test_the_exit_after_an_interrupted_wait_waits_for_the_work_it_left_running(t
     assert ended.exists(), "the interpreter finalized while the interrupted work still ran"
 
 
+def test_interruptible_work_gives_its_result_and_its_error_to_the_waiting_thread():
+    # A BPE training that fails in its thread must fail the command, not hand back None as a tokenizer.
+    from tinyattn.system.signals import interruptible
+
+    def work():
+        raise ValueError("the merges could not be learnt")
+
+    assert interruptible(lambda: 7, "work") == 7
+    with pytest.raises(ValueError, match="the merges could not be learnt"):
+        interruptible(work, "work")
+
+
 def run_interrupted(tmp_path, seconds: float, cancel: str = "None") -> subprocess.CompletedProcess:
     """A process whose `interruptible(work)` Ctrl-C interrupts after 0.2 s, `seconds` before the work
     ends (it then writes tmp_path/ended); the process exits 130 on the interrupt."""
-    script = (
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-c", interrupted_script(tmp_path, seconds, cancel)], env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def interrupted_script(tmp_path, seconds: float, cancel: str = "None") -> str:
+    """The program `run_interrupted` runs."""
+    return (
         "import os, signal, sys, threading, time\n"
         "from tinyattn.system.signals import interruptible\n"
         "def work():\n"
@@ -556,8 +575,6 @@ def run_interrupted(tmp_path, seconds: float, cancel: str = "None") -> subproces
         f"    interruptible(work, 'BPE tokenizer training', cancel={cancel})\n"
         "except BaseException:\n"
         "    sys.exit(130)\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
 
 
 def test_an_exit_that_waits_long_for_interrupted_work_says_so(tmp_path):
@@ -569,6 +586,23 @@ def test_an_exit_that_waits_long_for_interrupted_work_says_so(tmp_path):
     assert done.stderr == ("note: waiting for the BPE tokenizer training to end before exiting (its native "
                            "code first finishes with the text it had read: seconds, longer on a large "
                            "corpus); Ctrl-C again quits at once\n"), done.stderr
+
+
+def test_a_second_ctrl_c_while_the_exit_waits_quits_at_once_with_status_130(tmp_path):
+    """The note's promise: a second Ctrl-C while the exit waits for interrupted work ends the process
+    at once, unfinalized, with the interrupt's status 130 and no traceback from the wait."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen([sys.executable, "-c", interrupted_script(tmp_path, 30)], env=env,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        note = process.stderr.readline()  # the exit waits for the work now
+        start = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 130 and time.monotonic() - start < 10
+    finally:
+        process.kill()
+    assert note.startswith("note: waiting for") and process.stderr.read() == ""
+    assert not (tmp_path / "ended").exists()
 
 
 def test_the_exit_waits_for_interrupted_work_whose_cancel_fails(tmp_path):
