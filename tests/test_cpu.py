@@ -141,6 +141,10 @@ def test_cache_of_another_machine_or_a_corrupt_file_is_measured_again(fake_cpu, 
     assert cpu.cpu_bf16_is_fast() is True  # a verdict that is not true or false: measured again
     assert measure.calls == 3
 
+    path.write_text("[]")  # JSON, but not a table of machines: measured again, not a traceback
+    assert cpu.cpu_bf16_is_fast() is True
+    assert measure.calls == 4
+
 
 def test_a_measured_speedup_of_exactly_the_threshold_counts_as_fast(fake_cpu, monkeypatch):
     fake_cpu(None, "SVE256")

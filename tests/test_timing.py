@@ -79,3 +79,21 @@ def test_a_timed_call_on_a_device_stops_the_clock_only_once_the_device_has_finis
     assert timing.seconds_of(work, gpu) == pytest.approx(2.01)
     assert call_times(work, repeats=2, warmup=1, device=gpu) == pytest.approx([2.01, 2.01])
     assert timing.seconds_of(work) == pytest.approx(0.01) and waited == [gpu] * 4  # no device: no wait
+
+
+def test_a_timed_call_counts_the_device_work_it_queued_not_the_work_queued_before_it(monkeypatch):
+    """A GPU call returns once its kernels are launched; the clock must wait for them after the call.
+    Waiting before it instead timed the launch alone (and charged the work queued before it)."""
+    work = FakeWork(monkeypatch, [0.01])  # the launch: 10 ms of the fake clock
+    queued = []
+
+    def launch():
+        work()
+        queued.append(2.0)  # the device runs the kernels for 2 s after the call returns
+
+    def synchronize(device):
+        work.now += sum(queued)
+        queued.clear()
+
+    monkeypatch.setattr(timing, "synchronize", synchronize)
+    assert timing.seconds_of(launch, torch.device("cuda")) == pytest.approx(2.01)
