@@ -279,3 +279,38 @@ def test_under_torchrun_every_rank_takes_the_cuda_generator_rank_0_trained_with(
     set_random_states(states, torch.device("cpu"))  # a CPU run leaves the GPUs' generators alone
     generators[0].state = torch.tensor([7], dtype=torch.uint8)
     assert "cuda" not in random_states(torch.device("cpu"))
+
+
+def test_an_older_checkpoint_with_every_gpus_random_state_gives_the_device_its_own(monkeypatch):
+    """Checkpoints before the one-state format kept every GPU's generator: a run resumed on cuda:2
+    takes cuda:2's, the one a single-process run there drew from, not cuda:0's."""
+    generators = _gpus(monkeypatch, 4)
+    states = random_states()
+    states["cuda"] = [torch.tensor([40 + i], dtype=torch.uint8) for i in range(4)]
+    set_random_states(states, torch.device("cuda", 2))
+    assert generators[2].state.tolist() == [42]
+
+
+def test_a_mistake_every_rank_meets_is_said_once_and_one_a_rank_met_alone_by_that_rank(monkeypatch):
+    """mistake_alike: rank 0 alone says a mistake every rank met (`shared`); one only rank 1 met stays
+    its own (`rank 1: error: ...`, not `shared`: no rank would print it), and the others stop naming it."""
+    from tinyattn.errors import TinyattnError
+    from tinyattn.system.distributed import Distributed, mistake_alike
+
+    def met_on(ranks, rank):
+        """The error `rank` raises when the ranks in `ranks` meet the mistake."""
+        def all_gather_object(gathered, mine):
+            gathered[:] = [r in ranks for r in (0, 1)]
+
+        monkeypatch.setattr(torch.distributed, "all_gather_object", all_gather_object)
+        with pytest.raises(TinyattnError) as raised:
+            with mistake_alike(Distributed(rank=rank, world_size=2, local_rank=rank)):
+                if rank in ranks:
+                    raise TinyattnError("--stop-at-step 0: the run is already at step 0")
+        return raised.value
+
+    assert met_on({0, 1}, 1).shared is True
+    assert met_on({1}, 1).shared is False
+    other = met_on({1}, 0)
+    assert str(other).startswith("rank 1 met a mistake the others did not")
+    assert not getattr(other, "shared", False)
