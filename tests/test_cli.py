@@ -68,9 +68,10 @@ def test_an_unknown_subcommand_is_one_line_naming_every_subcommand(recorded_main
 def test_no_subcommand_prints_the_usage_and_help_lists_every_subcommand(recorded_mains, capsys):
     assert main([]) == 2
     assert "usage: tinyattn SUBCOMMAND" in capsys.readouterr().err
-    assert main(["--help"]) == 0
-    out = capsys.readouterr().out
-    assert all(f"  {name} " in out for name in NAMES) and recorded_mains == []
+    for flag in ("--help", "-h"):
+        assert main([flag]) == 0
+        out = capsys.readouterr().out
+        assert all(f"  {name} " in out for name in NAMES) and recorded_mains == []
 
 
 def test_python_dash_m_tinyattn_is_the_command():
@@ -290,6 +291,53 @@ def test_a_warning_during_training_is_one_line_as_generate_and_serve_print_them(
     monkeypatch.setattr(tinyattn.train.loop, "train", train)
     assert train_main(["--config", str(ROOT / "configs" / "tiny.yaml")]) == 0
     assert capsys.readouterr().err == "warning: step_0000004.pt was written by 2 process(es), this run has 1\n"
+
+
+def options_given_to_the_loop(monkeypatch, argv: list[str]) -> dict:
+    """The keyword arguments `tinyattn train ARGV` hands `tinyattn.train.loop.train` (which is faked)."""
+    import tinyattn.train.loop
+    from tinyattn.cli.train import main as train_main
+
+    class Result:
+        interrupted = False
+
+    given = {}
+
+    def train(config, **options):
+        given.update(options)
+        return Result()
+
+    monkeypatch.setattr(tinyattn.train.loop, "train", train)
+    assert train_main(["--config", str(ROOT / "configs" / "tiny.yaml"), *argv]) == 0
+    return given
+
+
+def test_train_counts_the_processes_start_up_against_the_time_budget(monkeypatch):
+    """README: the main config's run ends at about 590 s of its 10 minutes, start-up included: the
+    command hands the process's age to the loop (elapsed_before), which counted from zero without it."""
+    import tinyattn.system.timing
+
+    monkeypatch.setattr(tinyattn.system.timing, "process_age", lambda: 12.5)
+    assert options_given_to_the_loop(monkeypatch, [])["elapsed_before"] == 12.5
+
+
+def test_train_no_progress_reaches_the_loop(monkeypatch):
+    assert options_given_to_the_loop(monkeypatch, [])["progress"] is True
+    assert options_given_to_the_loop(monkeypatch, ["--no-progress"])["progress"] is False
+
+
+def test_under_torchrun_a_config_mistake_is_said_by_rank_0_alone(monkeypatch, capsys):
+    # Every rank reads the same config: one line on the console, not `rank 1: error: ...` beside it.
+    from tinyattn.cli.train import main as train_main
+
+    argv = ["--config", str(ROOT / "configs" / "tiny.yaml"), "--set", "train.lr=-1"]
+    monkeypatch.setenv("RANK", "0")
+    assert train_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "train.lr" in err and err.count("\n") == 1, err
+    monkeypatch.setenv("RANK", "1")
+    assert train_main(argv) == 2
+    assert capsys.readouterr().err == ""
 
 
 def test_train_without_config_or_resume_is_a_usage_error(capsys):

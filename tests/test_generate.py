@@ -1274,6 +1274,28 @@ def test_cli_interactive_reads_prompts_until_end_of_input(run_dir, capsys, monke
     assert out == first.removeprefix("Speak") + second.removeprefix("All:")
 
 
+def test_cli_interactive_prompts_on_stderr_so_that_stdout_holds_only_the_text(capsys, monkeypatch):
+    # `tinyattn generate --interactive > out.txt` at a terminal: the "> " marks are not the text.
+    from tinyattn.cli.generate import _interactive
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    class Printer:
+        def __init__(self):
+            self.prompts = []
+
+        def run(self, prompt, echo):
+            self.prompts.append((prompt, echo))
+
+    printer = Printer()
+    monkeypatch.setattr(sys, "stdin", Terminal("Speak\nAll:\n"))
+    assert _interactive(printer) == 0
+    assert printer.prompts == [("Speak", False), ("All:", False)]
+    assert capsys.readouterr() == ("", "> > > \n")  # one mark per read, a newline after Ctrl-D
+
+
 def test_cli_interactive_skips_a_line_that_is_not_utf8_with_a_warning(run_dir, capsys, monkeypatch):
     options = ["--checkpoint", str(run_dir), "--max-new-tokens", "8", "--temperature", "0", "--dtype", "fp32",
                "--interactive"]
