@@ -1528,6 +1528,33 @@ def test_cli_a_stdout_that_cannot_take_the_text_is_one_line_not_a_traceback(monk
         printer.run("P:", echo=True)
 
 
+def test_cli_a_reader_that_goes_away_ends_quietly_with_status_141_not_as_a_full_disk(monkeypatch, capsys):
+    # `tinyattn generate ... | head`: a closed pipe is not a stdout that cannot take the text.
+    import tinyattn.generate.text as text_module
+
+    from tinyattn.cli import run_command
+    from tinyattn.cli.generate import StreamPrinter
+
+    class Gone(io.StringIO):
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(text_module, "stream_samples", lambda *args, **kwargs: iter([SamplePiece(0, "ab")]))
+    printer = StreamPrinter(Gone(), None, None, SamplingOptions())
+    assert run_command(lambda: printer.run("P:", echo=True)) == 141
+    assert capsys.readouterr().err == ""
+
+
+def test_cli_a_stdin_prompt_that_is_not_in_stdins_encoding_is_a_data_error():
+    from tinyattn.cli.generate import read_stdin
+
+    def read():
+        raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+
+    with pytest.raises(DataError, match=r"^stdin: the prompt is not \S+ text \(invalid start byte\)$"):
+        read_stdin(read)
+
+
 @pytest.mark.slow  # a fresh Python process
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
 def test_cli_generating_into_a_full_disk_ends_in_one_line_with_status_2(run_dir):
