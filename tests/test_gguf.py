@@ -51,10 +51,11 @@ def tokenizer_of(kind: str) -> Tokenizer:
 
 
 def random_model(tokenizer: Tokenizer, *, n_kv_head: int = 2, qk_norm: bool = False, tied: bool = True,
-                 seed: int = 0, vocab_size: Optional[int] = None) -> LanguageModel:
+                 seed: int = 0, vocab_size: Optional[int] = None,
+                 mlp_hidden: Optional[int] = None) -> LanguageModel:
     config = ModelConfig(vocab_size=vocab_size or tokenizer.vocab_size, n_layer=2, n_head=4,
                          n_kv_head=n_kv_head, n_embd=32, context_length=CONTEXT, qk_norm=qk_norm,
-                         tie_embeddings=tied)
+                         tie_embeddings=tied, mlp_hidden=mlp_hidden)
     torch.manual_seed(seed)
     model = LanguageModel(config).eval()
     with torch.no_grad():
@@ -103,7 +104,8 @@ def export(tmp_path, model, tokenizer, name="model.gguf", dtype="fp32"):
 F16_CACHE_BOUND = 2e-3
 CASES = {  # name: (tokenizer kind, model options)
     "char": ("char", dict(n_kv_head=4)),
-    "char-gqa-untied": ("char", dict(n_kv_head=2, tied=False)),
+    # An MLP width other than 4 * n_embd (the default at this width): llama.cpp checks it against the file.
+    "char-gqa-untied": ("char", dict(n_kv_head=2, tied=False, mlp_hidden=96)),
     "bpe-gqa": ("bpe", dict(n_kv_head=2)),
     "bpe-mqa-untied": ("bpe", dict(n_kv_head=1, tied=False)),
     "char-qk_norm": ("char", dict(n_kv_head=2, qk_norm=True)),
