@@ -482,6 +482,9 @@ def test_export_cli_format_gguf_wins_over_the_out_name_gguf_takes_no_out_and_the
     assert code == 0 and gguf.GGUFReader(out).fields["general.name"].contents() == "run", err
     size = out.stat().st_size / 2**20
     assert printed.endswith(f": wrote {out} (llama.cpp architecture llama, fp32, {size:.1f} MiB)\n")
+    folder = tmp_path / "folder.gguf"  # and --format hf wins over a name ending in .gguf
+    code, _, err = run_main(["--checkpoint", run, "--format", "hf", "--out", folder], capsys)
+    assert code == 0 and (folder / "config.json").is_file(), err
     both = ["--gguf", tmp_path / "a.gguf", "--out", tmp_path / "b"]
     code, printed, err = run_main(["--checkpoint", run, *both], capsys)
     assert code == 2 and printed == "" and err == (
