@@ -50,7 +50,9 @@ TEXT = ("ROMEO: But soft, what light through yonder window breaks?\n"
         "NURSE: Emoji too 😀🎉👍🏽 and done.\n") * 3
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = {"ascii": "ROMEO: what light breaks?", "non-latin": "Привет, мир! 日本語 Καλημέρα",
-           "emoji": "done 😀🎉👍🏽"}
+           "emoji": "done 😀🎉👍🏽",
+           # what transformers' clean_up_tokenization_spaces would join: decode must leave it as it is
+           "spaced-punctuation": "what , light . breaks ? done !"}
 
 
 def tokenizer_of(kind: str) -> Tokenizer:
