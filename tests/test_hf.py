@@ -1658,6 +1658,21 @@ def test_a_tied_folders_head_stored_in_another_dtype_is_compared_as_transformers
     assert max_logit_difference(loaded.model, reference, ids) < 1e-5
 
 
+def test_a_tied_folders_bf16_head_copy_stays_tied_where_config_json_says_bfloat16(tmp_path, capsys):
+    # transformers loads both in bfloat16, where the copy equals the embedding, and ties them.
+    from safetensors.torch import load_file
+
+    tokenizer = tokenizer_of("bpe")
+    random_llama(tmp_path / "llama", tokenizer)
+    embedding = load_file(tmp_path / "llama" / "model.safetensors")["model.embed_tokens.weight"]
+    assert not torch.equal(embedding.to(torch.bfloat16).float(), embedding)  # float32 would tell them apart
+    edit_tensor(tmp_path / "llama", "lm_head.weight", embedding.to(torch.bfloat16))
+    edit_config(tmp_path / "llama", tie_word_embeddings=True, dtype="bfloat16")
+    capsys.readouterr()
+    assert load_any_model(tmp_path / "llama").config.model.tie_embeddings is True
+    assert capsys.readouterr().err == ""
+
+
 def test_a_rotary_inv_freq_tensor_in_the_weights_is_ignored_not_refused(tmp_path):
     # Older transformers saved each layer's RoPE frequencies as a buffer; tinyattn computes its own.
     folder, model, tokenizer = exported_char_folder(tmp_path)
