@@ -564,6 +564,19 @@ def test_a_bpe_model_with_an_option_llama_cpps_bpe_lacks_is_refused_in_one_line(
                        "writes tinyattn's char and byte-level bpe tokenizers only")
 
 
+@pytest.mark.parametrize("kind,model", [("char", "WordLevel"), ("bpe", "BPE")])
+def test_a_tokenizer_with_a_normalizer_is_refused_in_one_line(tmp_path, kind, model):
+    # llama.cpp's gpt2 vocabulary normalizes nothing: "\u0065\u0301" would not become "\u00e9" as here.
+    def edit(spec):
+        assert spec["normalizer"] is None
+        spec["normalizer"] = {"type": "NFC"}
+
+    _, message = refused_edit(tmp_path, kind, edit)
+    pre = "FixedLength" if kind == "char" else "ByteLevel"
+    assert message == (f"tokenizer: a {model} tokenizer with pre-tokenizer {pre}: GGUF export "
+                       "writes tinyattn's char and byte-level bpe tokenizers only")
+
+
 def test_a_word_level_tokenizer_that_splits_pairs_of_characters_is_refused_in_one_line(tmp_path):
     # Only a char tokenizer (one character a token) comes out as llama.cpp's byte-level BPE alike.
     _, message = refused_edit(tmp_path, "char", lambda spec: spec["pre_tokenizer"].__setitem__("length", 2))
