@@ -307,7 +307,8 @@ def test_text_pieces_are_cut_only_at_newlines_with_no_space_after_them():
     # the text the newline takes some of it ("\n   ", " return"): code and verse change tokens at such cuts.
     rng = random.Random(0)
     words = ["return", "value", "self", "item", "count", "name"]
-    lines = [" " * rng.choice([0, 0, 4, 8]) + " ".join(rng.choice(words) for _ in range(5)) for _ in range(600)]
+    lines = [" " * rng.choice([0, 0, 4, 8]) + " ".join(rng.choice(words) for _ in range(5))
+             for _ in range(600)]
     text = "\n".join(lines) + "\n"
     tokenizer = build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), texts_of(text))
     whole = tokenizers.Tokenizer.from_str(tokenizer.to_json()).encode(text, add_special_tokens=False).ids
