@@ -202,6 +202,15 @@ def test_command_mistakes_are_one_line(run_dir, capsys, args, message):
     assert status == 2 and err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_text_that_is_not_utf8_is_one_line_naming_the_character(run_dir, capsys):
+    # Bytes that are not UTF-8 reach Python as lone surrogates; the tokenizer ended in a TypeError traceback.
+    status = attention_main(["--checkpoint", str(run_dir), "--text", "ab\udcffcd", "--html", "x.html",
+                             "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err == "error: --text is not valid UTF-8 text (at character 2: '\\udcff'); give it as UTF-8\n"
+
+
 # ----------------------------------------------------------------------------- in a browser
 
 
@@ -309,3 +318,4 @@ def test_in_chromium_a_text_without_a_rank_correlation_says_n_a(browser, relevan
     assert "With |relevance| (how much a key matters, either way): n/a; by layer 0: n/a, 1: n/a." in said
     assert page.inner_text("#query-info").endswith("(Spearman): n/a; vs |relevance|: n/a")
     check_head_ablation_colours(page, falls)
+

@@ -82,10 +82,15 @@ def command(args: argparse.Namespace) -> int:
         why = (f"{loaded.label}: records no train.probe_text (a run's config does)" if loaded.hf_folder
                else f"{loaded.path}: its run sets no train.probe_text")
         raise TinyattnError(f"{why}, so there is no text to look at: give one with --text \"...\"")
+    where = "train.probe_text" if args.text is None else "--text"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:  # lone surrogates: bytes in the argument that were not UTF-8
+        raise TinyattnError(f"{where} is not valid UTF-8 text (at character {e.start}: "
+                            f"{text[e.start:e.end]!r}); give it as UTF-8") from None
     # Once: the query's position and the model read the same ids; an imported folder's bos first
     # where its tokenizer puts it there, as generation and transformers read the text.
     ids = loaded.tokenizer.encode(text)
-    where = "train.probe_text" if args.text is None else "--text"
     warn_unknown_characters(loaded.tokenizer, text, ids, where)
     token_ids = loaded.tokenizer.text_start + ids
     if args.relevance or args.html:
