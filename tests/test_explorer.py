@@ -319,3 +319,23 @@ def test_in_chromium_a_text_without_a_rank_correlation_says_n_a(browser, relevan
     assert page.inner_text("#query-info").endswith("(Spearman): n/a; vs |relevance|: n/a")
     check_head_ablation_colours(page, falls)
 
+
+@pytest.mark.slow
+def test_in_chromium_arrow_keys_move_the_query_and_leave_a_focused_selector_alone(browser, relevance,
+                                                                                   tmp_path):
+    # After a head was chosen in its selector, the selector keeps the focus: ArrowRight moved the query
+    # and, as the select's own key, chose the next head too.
+    page = browser.new_page()
+    page.goto(write_explorer(tmp_path / "explorer.html", relevance).as_uri())
+    page.click("#weights-row .tok[data-pos='20']")  # pins query 20
+    page.select_option("#head", "1")
+    page.focus("#head")
+    page.keyboard.press("ArrowRight")
+    assert page.input_value("#head") == "1"
+    assert page.inner_text("#weights-title").startswith("layer 0, head 1;")
+    assert page.inner_text("#query-info").startswith(f"query {relevance.labels[21]} at 21 (pinned)")
+    page.focus("#layer")
+    page.keyboard.press("ArrowLeft")
+    assert page.input_value("#layer") == "0" and page.inner_text("#query-info").startswith(
+        f"query {relevance.labels[20]} at 20 (pinned)")
+

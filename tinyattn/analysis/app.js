@@ -54,6 +54,7 @@ $("layer").addEventListener("change", e => { state.layer = parse(e.target.value)
 $("head").addEventListener("change", e => { state.head = parse(e.target.value); render(); });
 document.addEventListener("keydown", e => {
   if (e.key === "ArrowRight" || e.key === "ArrowLeft") {
+    e.preventDefault();  // a focused layer or head selector would also take the key and change
     state.pinned = true; setQuery(Math.min(T - 1, Math.max(0, state.query + (e.key === "ArrowRight" ? 1 : -1))));
   } else if (e.key === "Escape") { state.pinned = false; render(); }
 });
