@@ -339,3 +339,23 @@ def test_in_chromium_arrow_keys_move_the_query_and_leave_a_focused_selector_alon
     assert page.input_value("#layer") == "0" and page.inner_text("#query-info").startswith(
         f"query {relevance.labels[20]} at 20 (pinned)")
 
+
+@pytest.mark.slow
+def test_in_chromium_tokens_stand_in_position_order_whatever_their_script(browser, tmp_path):
+    # Right-to-left tokens (Hebrew, Arabic) were laid out right to left by the bidi algorithm: a run of
+    # them showed in reverse order, and a control such as U+202E reversed every later token.
+    labels = ["a", "\u05e9", "\u05dc", "\u05d5", "\u2423", "\u0633\u0644", "\u0627\u0645", "b", "\u202e", "x",
+              "y"]
+    T, L, H = len(labels), 1, 1
+    weights = np.tril(np.ones((T, T), dtype=np.float32))[None, None] / np.arange(1, T + 1)[:, None]
+    relevance = np.where(np.tril(np.ones((T, T)), k=-1) > 0, 0.1, np.nan)
+    rel = Relevance(list(range(T)), labels, T, np.zeros(T, dtype=int), weights,
+                    np.append(np.ones(T - 1), np.nan), relevance, np.zeros((L, H)), 1.0)
+    page = browser.new_page(viewport={"width": 1000, "height": 600})
+    page.goto(write_explorer(tmp_path / "explorer.html", rel).as_uri())
+    for row in ("weights", "relevance", "loss"):
+        spans = page.eval_on_selector_all(
+            f"#{row}-row .tok", "s => s.map(x => [x.textContent, x.getBoundingClientRect().left])")
+        assert [text for text, _ in spans] == labels
+        lefts = [left for _, left in spans]
+        assert lefts == sorted(lefts) and len(set(lefts)) == T, (row, lefts)
