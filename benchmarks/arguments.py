@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from tinyattn.errors import ConfigError
 
@@ -16,3 +17,27 @@ def check_counts(args: argparse.Namespace, least: dict[str, tuple[int, str]]) ->
             if value is not None and value < lowest:
                 raise ConfigError(f"--{name.replace('_', '-')} {value} is not accepted: expected at least "
                                   f"{lowest}" + (f" ({why})" if why else ""))
+
+
+def check_output(path: Path | None, option: str = "--json") -> None:
+    """The file the figures will be written to, checked before any work: a folder or a place that
+    cannot be written is a ConfigError naming it, not a traceback after every figure was measured.
+    Its folder is made now if need be, as the suite's always was."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise ConfigError(f"{option} {path}: a folder; expected the name of a file to write the figures to")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{option} {path}: cannot make its folder ({e.strerror}); expected a file in a "
+                          "folder that can be written") from None
+    existed = path.exists()
+    try:  # opened as the writer will open it (os.access says yes to root, even in /proc)
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{option} {path}: cannot be written ({e.strerror}); expected a file in a folder "
+                          "that can be written") from None
+    if not existed:
+        path.unlink()  # made only to try: a run that fails later leaves no empty file behind

@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.arguments import check_counts
+from benchmarks.arguments import check_counts, check_output
 from benchmarks.measure import attention_cost_table, measure_attention_cost
 from tinyattn.cli import run_command
 from tinyattn.errors import ConfigError, DataError
@@ -47,6 +47,7 @@ def main() -> int:
         print(attention_cost_table(saved.get("attention", saved)))
         return 0
 
+    check_output(args.json)
     lengths = []
     T = args.min_context
     while T <= args.max_context:

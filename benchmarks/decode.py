@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.measure import DECODE_MODEL, measure_decode
-from benchmarks.arguments import check_counts
+from benchmarks.arguments import check_counts, check_output
 from tinyattn.cli import run_command
 from tinyattn.config import ModelConfig, load_config
 from tinyattn.errors import TinyattnError
@@ -53,6 +53,7 @@ from tinyattn.system.cpu import cpu_name
 def main() -> int:
     args = _parser().parse_args()
     check_counts(args, LEAST)
+    check_output(args.json)
     if args.nanogpt:
         return _against_nanogpt(args)
     args.threads = args.threads or [1, 2]

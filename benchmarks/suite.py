@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.arguments import check_counts
+from benchmarks.arguments import check_counts, check_output
 from benchmarks.measure import SECTIONS, run_suite
 from tinyattn.cli import run_command
 from tinyattn.errors import ConfigError
@@ -38,11 +38,11 @@ def main() -> int:
     args = parser.parse_args()
     check_counts(args, LEAST)
     _refuse_unused_overrides(args.overrides)
+    check_output(args.json)
     results = run_suite(args.config, overrides=args.overrides, device=args.device, precision=args.precision,
                         batch_size=args.batch_size, vocab_size=args.vocab_size, compile=args.compile,
                         steps=args.steps, max_context=args.max_context, skip=args.skip)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0

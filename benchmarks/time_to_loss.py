@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from benchmarks.arguments import check_counts
+from benchmarks.arguments import check_counts, check_output
 from tinyattn.cli import run_command
 from tinyattn.errors import TinyattnError
 
@@ -136,6 +136,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     check_counts(args, {"rounds": (1, "")})
+    check_output(args.json)
     check_nanogpt(args.nanogpt)
     prepare_tinyattn_data(args.set)
     rounds = []

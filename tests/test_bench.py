@@ -683,3 +683,74 @@ def test_the_data_benchmarks_shakespeare_line_claims_no_datasets_import_and_a_tx
     result = subprocess.run([sys.executable, "-c", code, str(shakespeare_head), str(tmp_path / "cache")],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "False", result.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------- --json
+
+def _measuring_fails(monkeypatch, module: str) -> list[str]:
+    """The module's measuring replaced by a failure; the arguments that reach it quickly."""
+    import importlib
+
+    benchmark = importlib.import_module(f"benchmarks.{module}")
+
+    def measure(*args, **kwargs):
+        raise AssertionError("measured")
+
+    runner = {"suite": "run_suite", "decode": "measure_decode", "attention": "measure_attention_cost",
+              "serve": "_random_run", "time_to_loss": "prepare_tinyattn_data"}[module]
+    monkeypatch.setattr(benchmark, runner, measure)
+    if module == "time_to_loss":
+        monkeypatch.setattr(benchmark, "check_nanogpt", lambda folder: None)
+        return ["--nanogpt", "nanoGPT"]
+    return ["--config", str(ROOT / "configs" / "tiny.yaml")] if module in ("suite", "decode", "serve") else []
+
+
+@pytest.mark.parametrize("module", ["suite", "decode", "attention", "serve", "time_to_loss"])
+def test_a_json_path_that_is_a_folder_is_refused_in_one_line_before_measuring(module, tmp_path, monkeypatch,
+                                                                              capsys):
+    # It was written after every figure was measured: an IsADirectoryError traceback, the figures lost.
+    import importlib
+
+    from tinyattn.cli import run_command
+
+    arguments = _measuring_fails(monkeypatch, module)
+    main = importlib.import_module(f"benchmarks.{module}").main
+    monkeypatch.setattr(sys, "argv", [module, *arguments, "--json", str(tmp_path)])
+    assert run_command(lambda: main(sys.argv[1:]) if module == "time_to_loss" else main()) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --json {tmp_path}: a folder") and "expected" in err, err
+    assert err.count("\n") == 1
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_json_path_that_cannot_be_written_is_refused_and_a_writable_one_left_unmade(tmp_path):
+    from benchmarks.arguments import check_output
+    from tinyattn.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^--json /proc/figures.json: cannot be written .*expected"):
+        check_output(Path("/proc/figures.json"))  # os.access says yes to root there
+    check_output(tmp_path / "figures.json")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("module", ["decode", "attention"])
+def test_a_json_path_in_a_folder_not_made_yet_is_written_there_as_the_suites_is(
+        module, tmp_path, monkeypatch):
+    # decode and attention wrote into the folder as it was: a FileNotFoundError after the measuring.
+    import importlib
+
+    benchmark = importlib.import_module(f"benchmarks.{module}")
+    figures = {"device": "cpu", "threads": 1, "batch_size": 1, "n_head": 1, "head_dim": 2, "repeats": 1,
+               "memory_method": "not measured", "rows": [], "skipped_context_lengths": [],
+               "cpu": "a CPU", "torch": "2", "model": {"parameters": 1e6}, "new_tokens": 9,
+               "prompt_tokens": 4, "refills": 0, "packed": False, "row_dtype": None,
+               "cached_tokens_per_s": 1.0, "cached_ms_per_step": 1.0, "ttft_ms": 1.0, "first_run_s": 0.1,
+               "uncached_tokens_per_s": 1.0, "uncached_ms_per_step": 1.0, "speedup": 1.0}
+    monkeypatch.setattr(benchmark, "measure_decode" if module == "decode" else "measure_attention_cost",
+                        lambda *args, **kwargs: figures)
+    out = tmp_path / "new" / "figures.json"
+    arguments = ["--dtypes", "fp32", "--threads", "1", "--pack", "no"] if module == "decode" else []
+    monkeypatch.setattr(sys, "argv", [module, *arguments, "--json", str(out)])
+    assert benchmark.main() == 0
+    saved = json.loads(out.read_text())
+    assert (saved[0] if module == "decode" else saved)["device"] == "cpu"
