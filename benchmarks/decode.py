@@ -145,12 +145,21 @@ def _nanogpt_model(folder: Path):
         raise TinyattnError(f"--nanogpt {folder}: no model.py there; expected a nanoGPT checkout")
     spec = importlib.util.spec_from_file_location("nanogpt_model", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     s = NANOGPT_SHAPE
-    config = module.GPTConfig(block_size=s["context_length"], vocab_size=s["vocab_size"], n_layer=s["n_layer"],
-                              n_head=s["n_head"], n_embd=s["n_embd"], dropout=0.0, bias=False)  # its train.py's bias
-    torch.manual_seed(0)
-    return module.GPT(config).eval()
+    # Another project's model.py, or nanoGPT's needing a package not installed: one line, not its traceback.
+    try:
+        spec.loader.exec_module(module)
+        if not (hasattr(module, "GPTConfig") and hasattr(module, "GPT")):
+            raise AttributeError("no GPTConfig or GPT in it")
+        config = module.GPTConfig(block_size=s["context_length"], vocab_size=s["vocab_size"],
+                                  n_layer=s["n_layer"], n_head=s["n_head"], n_embd=s["n_embd"],
+                                  dropout=0.0, bias=False)  # its train.py's bias
+        torch.manual_seed(0)
+        return module.GPT(config).eval()
+    except Exception as e:  # noqa: BLE001 - the checkout's own code can raise anything
+        raise TinyattnError(f"--nanogpt {folder}: {path} cannot build nanoGPT's GPT ({type(e).__name__}: "
+                            f"{e}); expected a nanoGPT checkout with the packages its model.py imports"
+                            ) from None
 
 
 def _our_model() -> tuple[LanguageModel, str]:

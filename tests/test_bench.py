@@ -754,3 +754,23 @@ def test_a_json_path_in_a_folder_not_made_yet_is_written_there_as_the_suites_is(
     assert benchmark.main() == 0
     saved = json.loads(out.read_text())
     assert (saved[0] if module == "decode" else saved)["device"] == "cpu"
+
+
+@pytest.mark.parametrize("model_py, why", [
+    ("x = 1\n", "no GPTConfig or GPT"),  # another project's model.py
+    ("import nanogpt_needs_this\n", "No module named 'nanogpt_needs_this'"),
+    ("class GPTConfig:\n    pass\nclass GPT:\n    pass\n", "GPTConfig() takes no arguments"),
+])
+def test_decode_against_a_model_py_that_is_not_nanogpts_is_one_line_naming_it(
+        model_py, why, tmp_path, monkeypatch, capsys):
+    # Each was a traceback (AttributeError, ModuleNotFoundError, TypeError) from inside the import.
+    from benchmarks import decode
+    from tinyattn.cli import run_command
+
+    (tmp_path / "model.py").write_text(model_py)
+    monkeypatch.setattr(decode, "_our_model", lambda: pytest.fail("built ours before nanoGPT's"))
+    monkeypatch.setattr(sys, "argv", ["decode", "--nanogpt", str(tmp_path)])
+    assert run_command(decode.main) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --nanogpt {tmp_path}: {tmp_path / 'model.py'}") and why in err, err
+    assert "expected a nanoGPT checkout" in err and err.count("\n") == 1
