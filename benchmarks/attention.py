@@ -40,11 +40,7 @@ def main() -> int:
         raise ConfigError(f"--max-context {args.max_context} is below --min-context {args.min_context}: "
                           "no context length to measure; expected a --max-context of at least the minimum")
     if args.table_from:
-        try:
-            saved = json.loads(args.table_from.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise DataError(f"{args.table_from}: cannot read saved figures ({e})") from None
-        print(attention_cost_table(saved.get("attention", saved)))
+        print(attention_cost_table(saved_figures(args.table_from)))
         return 0
 
     check_output(args.json)
@@ -65,6 +61,28 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0
+
+
+# What attention_cost_table reads of each row.
+ROW_FIELDS = ("context_length", "fused_ms", "explicit_ms", "fused_peak_bytes", "explicit_peak_bytes",
+              "weights_bytes", "max_abs_difference")
+
+
+def saved_figures(path: Path) -> dict:
+    """The figures of a saved --json file, or the 'attention' section of a suite's; any other JSON
+    (another benchmark's, a suite file made with --skip attention) is one line naming the file."""
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: cannot read saved figures ({e})") from None
+    figures = saved.get("attention", saved) if isinstance(saved, dict) else saved
+    rows = figures.get("rows") if isinstance(figures, dict) else None
+    if not (isinstance(rows, list) and all(isinstance(row, dict) and set(ROW_FIELDS) <= set(row)
+                                           for row in rows)):
+        raise DataError(f"{path}: not attention-cost figures (no 'rows' of {', '.join(ROW_FIELDS)}); "
+                        "expected the --json of benchmarks.attention, or of benchmarks.suite with its "
+                        "attention section")
+    return figures
 
 
 # The fewest each count accepts, and why where it is not plain. --min-context is doubled up to

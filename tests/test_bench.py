@@ -561,8 +561,8 @@ def test_attentions_table_from_reads_a_suite_files_attention_section_or_a_saved_
 
     monkeypatch.setattr(attention, "attention_cost_table", lambda figures: f"table of {figures}")
     monkeypatch.setattr(attention, "measure_attention_cost", lambda *a, **k: pytest.fail("measured"))
-    for saved, shown in [({"attention": {"rows": 1}, "training": {}}, "{'rows': 1}"),
-                         ({"rows": 2}, "{'rows': 2}")]:
+    for saved, shown in [({"attention": {"rows": [], "n": 1}, "training": {}}, "{'rows': [], 'n': 1}"),
+                         ({"rows": [], "n": 2}, "{'rows': [], 'n': 2}")]:
         path = tmp_path / "saved.json"
         path.write_text(json.dumps(saved))
         monkeypatch.setattr(sys, "argv", ["attention", "--table-from", str(path)])
@@ -774,3 +774,23 @@ def test_decode_against_a_model_py_that_is_not_nanogpts_is_one_line_naming_it(
     err = capsys.readouterr().err
     assert err.startswith(f"error: --nanogpt {tmp_path}: {tmp_path / 'model.py'}") and why in err, err
     assert "expected a nanoGPT checkout" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("saved", [
+    [{"clients": 1}],  # time_to_loss's or decode's --json: a list
+    {"in_process_tokens_per_s": 1.0, "results": []},  # serve's
+    {"machine": {}, "training": []},  # a suite file made with --skip attention
+    {"rows": [{"context_length": 64}]},  # a row without its times
+])
+def test_attentions_table_from_a_json_of_other_figures_is_one_line_naming_the_file(
+        saved, tmp_path, monkeypatch, capsys):
+    # Each was a traceback: AttributeError ('list' has no 'get') or KeyError ('rows', 'fused_ms').
+    from benchmarks import attention
+    from tinyattn.cli import run_command
+
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps(saved))
+    monkeypatch.setattr(sys, "argv", ["attention", "--table-from", str(path)])
+    assert run_command(attention.main) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: ") and "expected" in err and err.count("\n") == 1, err
