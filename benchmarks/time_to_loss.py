@@ -81,6 +81,10 @@ def one_round(nanogpt: Path, tinyattn_extra: list[str], target: Optional[float])
         command = [sys.executable, "train.py", *NANOGPT_ARGS, f"--out_dir={out_dir}"]
         lines, wall = stamped_run(command, nanogpt)
     theirs = {"wall": round(wall, 1), "evaluations": evaluations(lines, NANOGPT_VAL)}
+    if not theirs["evaluations"]:  # its final loss: the default target, and every round's line
+        raise TinyattnError(f"--nanogpt {nanogpt}: its train.py printed no evaluation (a line like "
+                            "'step 250: train loss 1.9, val loss 2.0'); expected nanoGPT's train.py, which "
+                            "prints one every 250 steps")
     target = target if target is not None else theirs["evaluations"][-1]["val"]
     run_name = f"time-to-loss-{os.getpid()}-{time.time_ns()}"
     command = [sys.executable, "scripts/train.py", "--config", CONFIG, "--no-progress",

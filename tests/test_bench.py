@@ -794,3 +794,20 @@ def test_attentions_table_from_a_json_of_other_figures_is_one_line_naming_the_fi
     assert run_command(attention.main) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {path}: ") and "expected" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("target", [None, 1.5])
+def test_time_to_loss_when_nanogpt_prints_no_evaluation_is_one_line_naming_the_checkout(
+        target, monkeypatch, capsys):
+    # A fork or version whose train.py logs its evaluations otherwise: an IndexError after its run.
+    from benchmarks import time_to_loss
+    from tinyattn.cli import run_command
+
+    outputs = {"train.py": ([(1.0, "iter 0: loss 4.0"), (2.0, "iter 1: loss 3.9")], 3.0),
+               "scripts/train.py": ([(1.0, "step 100: validation loss 1.7")], 2.0)}
+    monkeypatch.setattr(time_to_loss, "stamped_run", lambda command, cwd: outputs[command[1]])
+    assert run_command(lambda: time_to_loss.one_round(Path("nanoGPT"), [], target)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --nanogpt nanoGPT: its train.py printed no evaluation"), err
+    assert "expected" in err
+    assert err.count("\n") == 1, err
