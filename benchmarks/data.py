@@ -23,6 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.arguments import check_counts
+from tinyattn.errors import ConfigError
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -87,15 +90,30 @@ def write_corpus(shakespeare: Path, folder: Path, size_mb: int) -> None:
         (folder / f"copy{i:04d}.txt").write_bytes(data)
 
 
+DEFAULT_SHAKESPEARE = ROOT / "data" / "tinyshakespeare.txt"
+
+
+def check_shakespeare(path: Path) -> None:
+    """The default file is copied from ../shared/data when missing (as CI does); a path the user
+    gave must be a file already: a typo is refused, not filled with another file's text."""
+    shared = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+    if path == DEFAULT_SHAKESPEARE and not path.exists() and shared.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shared, path)
+    if path.is_dir():
+        raise ConfigError(f"--shakespeare {path}: a folder; expected Tiny Shakespeare's text file")
+    if not path.is_file():
+        raise ConfigError(f"--shakespeare {path}: no such file; expected Tiny Shakespeare's text file "
+                          f"(the default, {DEFAULT_SHAKESPEARE}, is copied from {shared} when that exists)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shakespeare", type=Path, default=ROOT / "data" / "tinyshakespeare.txt")
+    parser.add_argument("--shakespeare", type=Path, default=DEFAULT_SHAKESPEARE)
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[25, 100])
     args = parser.parse_args()
-    if not args.shakespeare.exists():
-        shared = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
-        args.shakespeare.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(shared, args.shakespeare)
+    check_counts(args, {"sizes_mb": (1, "each corpus is whole copies of a file of about 1 MB")})
+    check_shakespeare(args.shakespeare)
 
     from tinyattn.system.cpu import cpu_name
 
@@ -127,4 +145,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from tinyattn.cli import run_command
+
+    raise SystemExit(run_command(main))

@@ -811,3 +811,23 @@ def test_time_to_loss_when_nanogpt_prints_no_evaluation_is_one_line_naming_the_c
     assert err.startswith("error: --nanogpt nanoGPT: its train.py printed no evaluation"), err
     assert "expected" in err
     assert err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("arguments, named", [
+    # A typo: ../shared/data's file was copied there and measured (or a traceback without it).
+    (["--shakespeare", "{tmp}/typo.txt"], "--shakespeare {tmp}/typo.txt: no such file"),
+    (["--shakespeare", "{tmp}"], "--shakespeare {tmp}: a folder"),  # an IsADirectoryError from the pool
+    (["--sizes-mb", "25", "0"], "--sizes-mb 0"),  # measured a 1 MB corpus and called it 0 MB
+    (["--sizes-mb", "-5"], "--sizes-mb -5"),
+])
+def test_the_data_benchmark_refuses_a_bad_argument_in_one_line_before_measuring(
+        arguments, named, tmp_path, monkeypatch, capsys):
+    from benchmarks import data
+    from tinyattn.cli import run_command
+
+    monkeypatch.setattr(data, "bench_shakespeare", lambda *args: pytest.fail("measured"))
+    monkeypatch.setattr(sys, "argv", ["data", *[a.format(tmp=tmp_path) for a in arguments]])
+    assert run_command(data.main) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {named.format(tmp=tmp_path)}") and "expected" in err, err
+    assert err.count("\n") == 1 and list(tmp_path.iterdir()) == []  # nothing written in the user's place
