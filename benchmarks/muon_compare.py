@@ -16,6 +16,7 @@ import torch
 
 from benchmarks.arguments import check_counts
 from tinyattn.cli import run_command
+from tinyattn.errors import TinyattnError
 from tinyattn.train.optim import Muon
 
 LEAST = {"rounds": (1, ""), "repeats": (1, "")}
@@ -48,6 +49,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=15, help="steps timed per optimizer and round")
     args = parser.parse_args()
     check_counts(args, LEAST)
+    if not hasattr(torch.optim, "Muon"):  # tinyattn runs on torch 2.5, before it
+        raise TinyattnError(f"torch {torch.__version__} has no torch.optim.Muon to compare with; expected a "
+                            "newer torch that has it")
     print(f"torch {torch.__version__}, capability {torch.backends.cpu.get_cpu_capability()}, "
           f"{torch.get_num_threads()} threads")
     start, ours, theirs, ours_bf16 = matrices(), matrices(), matrices(), matrices()

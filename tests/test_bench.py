@@ -831,3 +831,24 @@ def test_the_data_benchmark_refuses_a_bad_argument_in_one_line_before_measuring(
     err = capsys.readouterr().err
     assert err.startswith(f"error: {named.format(tmp=tmp_path)}") and "expected" in err, err
     assert err.count("\n") == 1 and list(tmp_path.iterdir()) == []  # nothing written in the user's place
+
+
+# ----------------------------------------------------------------------------- muon_compare
+
+
+def test_muon_compare_on_a_torch_without_torch_optim_muon_is_one_line_naming_the_version(
+        monkeypatch, capsys):
+    # pyproject accepts torch 2.5; torch.optim.Muon came later: an AttributeError traceback.
+    import torch
+
+    from benchmarks import muon_compare
+    from tinyattn.cli import run_command
+
+    monkeypatch.delattr(torch.optim, "Muon")
+    monkeypatch.setattr(muon_compare, "matrices", lambda: pytest.fail("built the matrices first"))
+    monkeypatch.setattr(sys, "argv", ["muon_compare"])
+    assert run_command(muon_compare.main) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: torch {torch.__version__} has no torch.optim.Muon"), err
+    assert "expected" in err
+    assert err.count("\n") == 1
