@@ -10,6 +10,7 @@ median time of a step of each, in alternating rounds.
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -40,7 +41,7 @@ def median_ms(optimizer, repeats: int = 15) -> float:
         start = time.perf_counter()
         optimizer.step()
         times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2] * 1e3
+    return statistics.median(times) * 1e3
 
 
 def main() -> int:

@@ -852,3 +852,19 @@ def test_muon_compare_on_a_torch_without_torch_optim_muon_is_one_line_naming_the
     assert err.startswith(f"error: torch {torch.__version__} has no torch.optim.Muon"), err
     assert "expected" in err
     assert err.count("\n") == 1
+
+
+def test_muon_compares_median_of_an_even_number_of_steps_is_the_mean_of_the_middle_two(monkeypatch):
+    # Steps of 1, 2, 4 and 9 ms: the median is 3 ms; sorted(times)[len // 2] said 4 (of 2 steps: the slower).
+    import types
+
+    from benchmarks import muon_compare
+
+    clock = iter([0.0, 0.001, 1.0, 1.002, 2.0, 2.004, 3.0, 3.009])
+    monkeypatch.setattr(muon_compare, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+
+    class Optimizer:
+        def step(self):
+            pass
+
+    assert muon_compare.median_ms(Optimizer(), repeats=4) == pytest.approx(3.0)
