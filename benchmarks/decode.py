@@ -44,15 +44,17 @@ from benchmarks.measure import DECODE_MODEL, measure_decode
 from benchmarks.arguments import check_counts, check_output
 from tinyattn.cli import run_command
 from tinyattn.config import ModelConfig, load_config
-from tinyattn.errors import TinyattnError
+from tinyattn.errors import ConfigError, TinyattnError
 from tinyattn.generate.decoder import generate_tokens, prepare_for_generation
 from tinyattn.model.transformer import LanguageModel
 from tinyattn.system.cpu import cpu_name
 
 
 def main() -> int:
-    args = _parser().parse_args()
+    parser = _parser()
+    args = parser.parse_args()
     check_counts(args, LEAST)
+    _refuse_options_not_used(args, parser)
     check_output(args.json)
     if args.nanogpt:
         return _against_nanogpt(args)
@@ -93,6 +95,24 @@ def _model_config(config_path: str | None, vocab_size: int | None) -> ModelConfi
     config = load_config(config_path).model if config_path else DECODE_MODEL
     chosen = vocab_size if vocab_size is not None else config.vocab_size
     return dataclasses.replace(config, vocab_size=chosen or 65)
+
+
+# What the comparison with nanoGPT does not use: the baby GPT on the CPU, ours prepared as `generate` does.
+NOT_USED_WITH_NANOGPT = ("dtypes", "pack", "compile", "uncached_tokens", "batch_sizes", "config",
+                         "vocab_size", "device", "json")
+
+
+def _refuse_options_not_used(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """An option given that the chosen mode ignores is refused, not dropped without a word."""
+    if args.nanogpt_bf16 and not args.nanogpt:
+        raise ConfigError("--nanogpt-bf16 adds a row to the comparison with nanoGPT; expected it with "
+                          "--nanogpt DIR")
+    for name in NOT_USED_WITH_NANOGPT if args.nanogpt else ():
+        if getattr(args, name) != parser.get_default(name):
+            raise ConfigError(f"--{name.replace('_', '-')} is not used by the comparison with nanoGPT (its "
+                              "baby GPT on the CPU, ours as `tinyattn generate` prepares it); expected "
+                              "--nanogpt with --threads, --new-tokens, --prompt-tokens, --repeats and "
+                              "--nanogpt-bf16 only")
 
 
 # The fewest each count accepts, and why where it is not plain.

@@ -868,3 +868,23 @@ def test_muon_compares_median_of_an_even_number_of_steps_is_the_mean_of_the_midd
             pass
 
     assert muon_compare.median_ms(Optimizer(), repeats=4) == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("arguments, named", [
+    (["--nanogpt", "{tmp}", "--json", "{tmp}/d.json"], "--json"),  # no file was written, nothing said
+    (["--nanogpt", "{tmp}", "--dtypes", "bf16"], "--dtypes"),  # ours ran in the dtype `auto` picks
+    (["--nanogpt", "{tmp}", "--config", "configs/tiny.yaml"], "--config"),  # the baby GPT's shape was timed
+    (["--nanogpt", "{tmp}", "--batch-sizes", "4"], "--batch-sizes"),
+    (["--nanogpt-bf16"], "--nanogpt-bf16"),  # without --nanogpt: the usual table, no nanoGPT row
+])
+def test_decode_refuses_an_option_its_nanogpt_comparison_would_ignore(
+        arguments, named, tmp_path, monkeypatch, capsys):
+    from benchmarks import decode
+    from tinyattn.cli import run_command
+
+    monkeypatch.setattr(decode, "_nanogpt_model", lambda folder: pytest.fail("measured"))
+    monkeypatch.setattr(decode, "measure_decode", lambda **kwargs: pytest.fail("measured"))
+    monkeypatch.setattr(sys, "argv", ["decode", *[a.format(tmp=tmp_path) for a in arguments]])
+    assert run_command(decode.main) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {named} ") and "expected" in err and err.count("\n") == 1, err
