@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import subprocess
@@ -32,7 +33,7 @@ from typing import Optional
 
 from benchmarks.arguments import check_counts, check_output
 from tinyattn.cli import run_command
-from tinyattn.errors import TinyattnError
+from tinyattn.errors import ConfigError, TinyattnError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/shakespeare_char.yaml"  # tinyattn's, relative to ROOT, where its runs start
@@ -140,6 +141,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     check_counts(args, {"rounds": (1, "")})
+    if args.target is not None and not 0 < args.target < math.inf:  # not one of nan's comparisons is true
+        raise ConfigError(f"--target {args.target} is not a loss a run can aim at; expected a positive, "
+                          "finite validation loss (default: nanoGPT's final one)")
     check_output(args.json)
     check_nanogpt(args.nanogpt)
     prepare_tinyattn_data(args.set)

@@ -888,3 +888,18 @@ def test_decode_refuses_an_option_its_nanogpt_comparison_would_ignore(
     assert run_command(decode.main) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {named} ") and "expected" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("target", ["0", "-1.5", "nan", "inf"])
+def test_time_to_loss_refuses_a_target_no_loss_can_reach_before_running_anything(
+        target, tmp_path, monkeypatch, capsys):
+    # Rounds of minutes each ran, then said "reached -1.5 never" (nan: never; inf: at the first evaluation).
+    from benchmarks import time_to_loss
+    from tinyattn.cli import run_command
+
+    checkout = _nanogpt_checkout(tmp_path / "nanoGPT")
+    commands = _fake_rounds(monkeypatch)
+    assert run_command(lambda: time_to_loss.main(["--nanogpt", str(checkout), "--target", target])) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --target {target}") and "expected" in err and err.count("\n") == 1, err
+    assert commands == []
