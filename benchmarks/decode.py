@@ -91,10 +91,13 @@ def main() -> int:
 
 def _model_config(config_path: str | None, vocab_size: int | None) -> ModelConfig:
     """The model to time: a config's whole model section (else measure_decode's default), with
-    --vocab-size, else the config's vocabulary, else 65."""
-    config = load_config(config_path).model if config_path else DECODE_MODEL
-    chosen = vocab_size if vocab_size is not None else config.vocab_size
-    return dataclasses.replace(config, vocab_size=chosen or 65)
+    --vocab-size, else the config's vocabulary (its model's, else its BPE's), else 65."""
+    if not config_path:
+        return dataclasses.replace(DECODE_MODEL, vocab_size=vocab_size or DECODE_MODEL.vocab_size)
+    config = load_config(config_path)
+    # A config's model has no vocabulary of its own: training takes its tokenizer's.
+    bpe = config.tokenizer.vocab_size if config.tokenizer.kind == "bpe" else None
+    return dataclasses.replace(config.model, vocab_size=vocab_size or config.model.vocab_size or bpe or 65)
 
 
 # What the comparison with nanoGPT does not use: the baby GPT on the CPU, ours prepared as `generate` does.
@@ -233,7 +236,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", help="time this config's model (default: 6 layers, "
                                          "6 heads, width 384, context 256)")
     parser.add_argument("--vocab-size", type=int, default=None,
-                        help="vocabulary of the random model (default: the config's, else 65)")
+                        help="vocabulary of the random model (default: the config's, or its BPE's, else 65)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--nanogpt", type=Path, metavar="DIR",

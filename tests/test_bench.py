@@ -903,3 +903,15 @@ def test_time_to_loss_refuses_a_target_no_loss_can_reach_before_running_anything
     err = capsys.readouterr().err
     assert err.startswith(f"error: --target {target}") and "expected" in err and err.count("\n") == 1, err
     assert commands == []
+
+
+
+@pytest.mark.parametrize("config, vocab_size, expected", [
+    ("gpt2_small.yaml", None, 50304),  # its BPE's vocabulary: was 65, a 124M-shaped model with a tiny head
+    ("gpt2_small.yaml", 1000, 1000),  # --vocab-size wins
+    ("tiny.yaml", None, 65),  # a character vocabulary comes from the data: 65, Tiny Shakespeare's
+])
+def test_decodes_default_vocabulary_is_the_configs_bpe_vocabulary_else_65(config, vocab_size, expected):
+    from benchmarks import decode
+
+    assert decode._model_config(str(ROOT / "configs" / config), vocab_size).vocab_size == expected
