@@ -158,8 +158,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                                         f"= {result['ratio_to_nanogpt_wall']}x" if reached else "never")
               + f"; tinyattn whole run {result['tinyattn']['wall']} s, final val "
               f"{result['tinyattn']['evaluations'][-1]['val']}", flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(rounds, indent=1))
+        if args.json:  # after each round: a later round that fails loses none of the earlier ones
+            args.json.write_text(json.dumps(rounds, indent=1))
 
 
 if __name__ == "__main__":

@@ -915,3 +915,27 @@ def test_decodes_default_vocabulary_is_the_configs_bpe_vocabulary_else_65(config
     from benchmarks import decode
 
     assert decode._model_config(str(ROOT / "configs" / config), vocab_size).vocab_size == expected
+
+
+def test_time_to_loss_writes_each_finished_round_to_its_json_before_the_next_starts(
+        tmp_path, monkeypatch, shakespeare_head):
+    # Written once after the last round: a second round that failed lost the first one's figures.
+    from benchmarks import time_to_loss
+
+    checkout = _nanogpt_checkout(tmp_path / "nanoGPT")
+    nanogpt_runs = []
+
+    def before(command, cwd):
+        if command[1] == "train.py":
+            nanogpt_runs.append(command)
+            if len(nanogpt_runs) == 2:
+                raise SystemExit("['python', 'train.py'] failed with exit code 1")
+
+    _fake_rounds(monkeypatch, before)
+    out = tmp_path / "rounds.json"
+    data = ["--set", f"data.files={shakespeare_head}", "data.url=null",
+            f"data.cache_dir={tmp_path / 'cache'}"]
+    with pytest.raises(SystemExit):
+        time_to_loss.main(["--nanogpt", str(checkout), "--rounds", "2", "--json", str(out), *data])
+    [saved] = json.loads(out.read_text())
+    assert saved["target"] == 2.0 and saved["tinyattn"]["evaluations"][0]["val"] == 1.9
