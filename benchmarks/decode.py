@@ -84,8 +84,8 @@ def main() -> int:
               f"{r['ttft_ms']:.1f} | {r['first_run_s']:.1f} | {r['uncached_tokens_per_s']:.1f} | "
               f"{r['speedup']:.1f}x |", flush=True)
         results.append(r)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        if args.json:  # after each row: an interrupted or failing sweep keeps the rows it finished
+            args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0
 
 

@@ -939,3 +939,28 @@ def test_time_to_loss_writes_each_finished_round_to_its_json_before_the_next_sta
         time_to_loss.main(["--nanogpt", str(checkout), "--rounds", "2", "--json", str(out), *data])
     [saved] = json.loads(out.read_text())
     assert saved["target"] == 2.0 and saved["tinyattn"]["evaluations"][0]["val"] == 1.9
+
+
+def test_decode_writes_each_finished_row_to_its_json_before_the_next_is_measured(tmp_path, monkeypatch):
+    # Written once after the last row: a sweep interrupted (or failing) in its last row lost every row.
+    from benchmarks import decode
+
+    rows = []
+
+    def measure_decode(**kwargs):
+        if rows:
+            raise KeyboardInterrupt
+        rows.append({"cpu": "a CPU", "torch": "2", "device": "cpu", "model": {"parameters": 1e6},
+                     "new_tokens": 9, "prompt_tokens": 4, "refills": 0, "packed": False, "row_dtype": None,
+                     "cached_tokens_per_s": 1.0, "cached_ms_per_step": 1.0, "ttft_ms": 1.0,
+                     "first_run_s": 0.1, "uncached_tokens_per_s": 1.0, "uncached_ms_per_step": 1.0,
+                     "speedup": 1.0})
+        return rows[-1]
+
+    monkeypatch.setattr(decode, "measure_decode", measure_decode)
+    out = tmp_path / "rows.json"
+    monkeypatch.setattr(sys, "argv", ["decode", "--dtypes", "fp32", "--threads", "1", "2", "--pack", "no",
+                                      "--json", str(out)])
+    with pytest.raises(KeyboardInterrupt):
+        decode.main()
+    assert json.loads(out.read_text()) == rows
