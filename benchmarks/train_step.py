@@ -74,12 +74,25 @@ def check_variants(config_path: str, overrides: list[str], variants: list[str]) 
     line naming the variant, not a child's traceback."""
     from tinyattn.config import load_config
 
-    load_config(config_path, overrides)  # the config and --set alone: their errors name them
+    config = load_config(config_path, overrides)  # the config and --set alone: their errors name them
+    _runs_here(config, f"--set {' '.join(overrides)}" if overrides else config_path)
     for variant in variants:
         try:
-            load_config(config_path, overrides + variant.split())
+            config = load_config(config_path, overrides + variant.split())
         except ConfigError as e:
             raise ConfigError(f"--variant {shlex.quote(variant)}: {str(e).removeprefix('--set: ')}") from None
+        _runs_here(config, f"--variant {shlex.quote(variant)}")
+
+
+def _runs_here(config, where: str) -> None:
+    """The config's device and precision exist on this machine (a GPU's fp16 not on a CPU): else one
+    line naming where they came from, not a child process's failure."""
+    from tinyattn.system.device import select_device, select_precision
+
+    try:
+        select_precision(config.train.precision, select_device(config.train.device))
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def _child_result(args: argparse.Namespace, variant: str) -> dict:

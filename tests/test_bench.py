@@ -964,3 +964,26 @@ def test_decode_writes_each_finished_row_to_its_json_before_the_next_is_measured
     with pytest.raises(KeyboardInterrupt):
         decode.main()
     assert json.loads(out.read_text()) == rows
+
+
+@pytest.mark.parametrize("arguments, named", [
+    (["--set", "train.precision=fp16"], "--set train.precision=fp16: precision 'fp16' is not supported"),
+    (["--variant", "train.precision=fp16"], "--variant train.precision=fp16: precision 'fp16'"),
+    (["--variant", "train.device=cuda:7"], "--variant train.device=cuda:7: device 'cuda:7'"),
+])
+def test_train_step_refuses_a_device_or_precision_this_machine_lacks_before_any_process_starts(
+        arguments, named, monkeypatch, capsys):
+    # A child process started, failed, and its error came back as two lines, exit 1, naming --device.
+    import torch
+
+    from benchmarks import train_step
+    from tinyattn.cli import run_command
+
+    if torch.cuda.device_count() > (7 if "cuda:7" in named else 0):
+        pytest.skip("this machine has the GPU asked for")
+    monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: pytest.fail("started a process"))
+    monkeypatch.setattr(sys, "argv", ["train_step", "--config", str(ROOT / "configs" / "tiny.yaml"),
+                                      *arguments])
+    assert run_command(train_step.main) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {named}") and err.count("\n") == 1, err
