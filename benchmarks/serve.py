@@ -196,12 +196,21 @@ def _measure(url: str, model_id: str, clients: int, args) -> dict:
     rounds = []
     for _ in range(args.repeats):
         done: list[dict] = []
-        threads = [threading.Thread(target=lambda: done.append(_stream_one(url, model_id, args.max_tokens)))
-                   for _ in range(clients)]
+        failed: list[Exception] = []
+
+        def client() -> None:  # a client's error ends the benchmark: a round of fewer clients is not this row
+            try:
+                done.append(_stream_one(url, model_id, args.max_tokens))
+            except Exception as e:  # noqa: BLE001 - raised again below, in the main thread
+                failed.append(e)
+
+        threads = [threading.Thread(target=client) for _ in range(clients)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
+        if failed:
+            raise failed[0]
         wall = max(r["end"] for r in done) - min(r["start"] for r in done)
         rounds.append({"ttft": [r["ttft"] for r in done], "per_client": [r["tokens_per_s"] for r in done],
                        "aggregate": sum(r["tokens"] for r in done) / wall})

@@ -987,3 +987,26 @@ def test_train_step_refuses_a_device_or_precision_this_machine_lacks_before_any_
     assert run_command(train_step.main) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {named}") and err.count("\n") == 1, err
+
+
+def test_the_serve_benchmark_fails_in_one_line_when_a_client_of_a_round_fails_not_with_fewer_clients(
+        monkeypatch):
+    # A client thread's error was printed as a thread's traceback and the round's figures were
+    # computed from the clients left: a 4-client row that timed 3.
+    import argparse
+
+    from benchmarks import serve
+    from tinyattn.errors import TinyattnError
+
+    calls = []
+
+    def stream_one(url, model_id, max_tokens):
+        calls.append(max_tokens)
+        if len(calls) == 3:  # the warm-up, then the round's second client
+            raise TinyattnError(f"{url}: the server streamed no text")
+        return {"start": 0.0, "ttft": 0.01, "end": 1.0, "tokens": 10, "tokens_per_s": 10.0}
+
+    monkeypatch.setattr(serve, "_stream_one", stream_one)
+    args = argparse.Namespace(max_tokens=10, repeats=1)
+    with pytest.raises(TinyattnError, match="the server streamed no text"):
+        serve._measure("http://127.0.0.1:1", "m", 4, args)
