@@ -107,6 +107,10 @@ NOT_USED_WITH_NANOGPT = ("dtypes", "pack", "compile", "uncached_tokens", "batch_
 
 def _refuse_options_not_used(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """An option given that the chosen mode ignores is refused, not dropped without a word."""
+    if not args.nanogpt and set(args.pack) == {"fp16-rows"} and "fp32" not in args.dtypes:
+        raise ConfigError(f"--pack fp16-rows keeps fp16 copies beside fp32 weights only: with --dtypes "
+                          f"{' '.join(args.dtypes)} nothing would be measured; expected --dtypes fp32, or "
+                          "--pack no or yes")
     if args.nanogpt_bf16 and not args.nanogpt:
         raise ConfigError("--nanogpt-bf16 adds a row to the comparison with nanoGPT; expected it with "
                           "--nanogpt DIR")

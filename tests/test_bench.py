@@ -1010,3 +1010,17 @@ def test_the_serve_benchmark_fails_in_one_line_when_a_client_of_a_round_fails_no
     args = argparse.Namespace(max_tokens=10, repeats=1)
     with pytest.raises(TinyattnError, match="the server streamed no text"):
         serve._measure("http://127.0.0.1:1", "m", 4, args)
+
+
+def test_decode_refuses_fp16_rows_alone_with_no_fp32_in_one_line_instead_of_measuring_nothing(
+        monkeypatch, capsys):
+    # fp16 row copies are kept beside fp32 weights only: every row was skipped, nothing printed, exit 0.
+    from benchmarks import decode
+    from tinyattn.cli import run_command
+
+    monkeypatch.setattr(decode, "measure_decode", lambda **kwargs: pytest.fail("measured"))
+    monkeypatch.setattr(sys, "argv", ["decode", "--dtypes", "bf16", "--pack", "fp16-rows"])
+    assert run_command(decode.main) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --pack fp16-rows") and "--dtypes bf16" in err and "expected" in err, err
+    assert err.count("\n") == 1
