@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.arguments import check_counts, check_output
+from benchmarks.arguments import check_counts, check_output, write_figures
 from benchmarks.measure import attention_cost_table, measure_attention_cost
 from tinyattn.cli import run_command
 from tinyattn.errors import ConfigError, DataError
@@ -59,7 +59,7 @@ def main() -> int:
     if result["skipped_context_lengths"]:
         print(f"\nskipped (would not fit in memory): {result['skipped_context_lengths']}")
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+        write_figures(args.json, json.dumps(result, indent=2))
     return 0
 
 

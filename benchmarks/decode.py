@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.measure import DECODE_MODEL, measure_decode
-from benchmarks.arguments import check_counts, check_output
+from benchmarks.arguments import check_counts, check_output, write_figures
 from tinyattn.cli import run_command
 from tinyattn.config import ModelConfig, load_config
 from tinyattn.errors import ConfigError, TinyattnError
@@ -85,7 +85,7 @@ def main() -> int:
               f"{r['speedup']:.1f}x |", flush=True)
         results.append(r)
         if args.json:  # after each row: an interrupted or failing sweep keeps the rows it finished
-            args.json.write_text(json.dumps(results, indent=2) + "\n")
+            write_figures(args.json, json.dumps(results, indent=2) + "\n")
     return 0
 
 

@@ -52,7 +52,7 @@ LEAST = {"max_tokens": (2, "the tokens after the first are timed"), "repeats": (
 
 def main() -> int:
     args = _parser().parse_args()
-    from benchmarks.arguments import check_counts, check_output
+    from benchmarks.arguments import check_counts, check_output, write_figures
 
     check_counts(args, LEAST)
     check_output(args.json)
@@ -75,7 +75,7 @@ def main() -> int:
             server.wait(timeout=30)
     if args.json:
         figures = {"in_process_tokens_per_s": in_process, "results": results}
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        write_figures(args.json, json.dumps(figures, indent=2) + "\n")
     return 0
 
 

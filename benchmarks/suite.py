@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.arguments import check_counts, check_output
+from benchmarks.arguments import check_counts, check_output, write_figures
 from benchmarks.measure import SECTIONS, run_suite
 from tinyattn.cli import run_command
 from tinyattn.errors import ConfigError
@@ -43,7 +43,7 @@ def main() -> int:
                         batch_size=args.batch_size, vocab_size=args.vocab_size, compile=args.compile,
                         steps=args.steps, max_context=args.max_context, skip=args.skip)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        write_figures(args.json, json.dumps(results, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
 

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from benchmarks.arguments import check_counts, check_output
+from benchmarks.arguments import check_counts, check_output, write_figures
 from tinyattn.cli import run_command
 from tinyattn.errors import ConfigError, TinyattnError
 
@@ -159,7 +159,7 @@ def main(argv: Optional[list[str]] = None) -> None:
               + f"; tinyattn whole run {result['tinyattn']['wall']} s, final val "
               f"{result['tinyattn']['evaluations'][-1]['val']}", flush=True)
         if args.json:  # after each round: a later round that fails loses none of the earlier ones
-            args.json.write_text(json.dumps(rounds, indent=1))
+            write_figures(args.json, json.dumps(rounds, indent=1))
 
 
 if __name__ == "__main__":

@@ -733,6 +733,17 @@ def test_a_json_path_that_cannot_be_written_is_refused_and_a_writable_one_left_u
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_run_refused_after_its_json_was_checked_leaves_no_folder_behind(tmp_path, capsys):
+    # The check made --json's folders and left them, empty, when a later check refused the run.
+    from benchmarks import time_to_loss
+    from tinyattn.cli import run_command
+
+    out = tmp_path / "new" / "deeper" / "figures.json"
+    status = run_command(lambda: time_to_loss.main(["--nanogpt", str(tmp_path / "none"), "--json", str(out)]))
+    assert status == 2 and "--nanogpt" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("module", ["decode", "attention"])
 def test_a_json_path_in_a_folder_not_made_yet_is_written_there_as_the_suites_is(
         module, tmp_path, monkeypatch):
