@@ -90,7 +90,9 @@ def _runs_here(config, where: str) -> None:
     from tinyattn.system.device import select_device, select_precision
 
     try:
-        select_precision(config.train.precision, select_device(config.train.device))
+        device = select_device(config.train.device)
+        if config.train.precision != "auto":  # auto asks the GPU itself: left to the child process
+            select_precision(config.train.precision, device)
     except ConfigError as e:
         raise ConfigError(f"{where}: {e}") from None
 
