@@ -107,6 +107,20 @@ def test_newton_schulz_sets_every_singular_value_near_one_for_a_stack():
     assert smallest[1] > smallest[0]
 
 
+def test_newton_schulz_is_the_documented_quintic_applied_exactly_steps_times():
+    """X / |X|_F, then `steps` times X <- aX + b(XX^T)X + c(XX^T)^2 X, (a, b, c) = Keller Jordan's:
+    written out here in plain matmuls (a golden check of the coefficients and of the count)."""
+    g = torch.randn(2, 8, 24, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    a, b, c = 3.4445, -4.7750, 2.0315
+    x = g / g.norm(dim=(-2, -1), keepdim=True)
+    for steps in range(1, 6):
+        gram = x @ x.transpose(-2, -1)
+        x = a * x + b * gram @ x + c * gram @ gram @ x
+        torch.testing.assert_close(newton_schulz(g, steps=steps), x, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(newton_schulz(g.transpose(-2, -1), steps=steps), x.transpose(-2, -1),
+                                   rtol=1e-6, atol=1e-7)
+
+
 def test_a_muon_step_is_the_orthogonalised_nesterov_momentum_at_its_documented_scale():
     """Two steps on a (16, 64) matrix by hand: buffer = m * buffer + (1 - m) * g, the direction
     g.lerp(buffer, m) (Nesterov), its Newton-Schulz orthogonalisation (3 steps here), times lr * 0.2 *
