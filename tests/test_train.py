@@ -2713,6 +2713,18 @@ def test_a_log_interval_far_past_the_run_holds_only_the_steps_taken():
     assert small.full and small.read(2, Path("."))[0] == [1.0, 2.0]
 
 
+def test_the_timers_add_up_every_period_of_an_activity():
+    """The run's last line splits its time by activity: each is the sum of its periods, not the last."""
+    from tinyattn.train.owners import Timers
+
+    ticks = iter([0.0, 1.0, 5.0, 7.0, 7.5, 8.0])
+    timers = Timers(clock=lambda: next(ticks))
+    for name in ("train", "eval", "train"):
+        with timers(name):
+            pass
+    assert timers.seconds == {"train": 1.5, "eval": 2.0}
+
+
 def test_a_header_like_line_in_an_earlier_sample_is_text_to_the_resumes_cut(tmp_path):
     from tinyattn.train.log import cut_samples_after
 
