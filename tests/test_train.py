@@ -2725,6 +2725,12 @@ def test_the_timers_add_up_every_period_of_an_activity():
     assert timers.seconds == {"train": 1.5, "eval": 2.0}
 
 
+def test_a_run_keeps_its_last_keep_last_step_checkpoints_and_no_more(corpus, tmp_path):
+    result = train(tiny_config(corpus, tmp_path, "train.max_steps=8", "train.eval_interval=2",
+                               "train.keep_last=2", "train.sample_tokens=0"), run_name="kept", progress=False)
+    assert [ckpt.step_of(p) for p in ckpt.step_checkpoints(result.run_dir)] == [6, 8]
+
+
 def test_a_header_like_line_in_an_earlier_sample_is_text_to_the_resumes_cut(tmp_path):
     from tinyattn.train.log import cut_samples_after
 
