@@ -387,6 +387,16 @@ def test_a_fork_with_other_rates_and_betas_trains_with_its_own_not_the_checkpoin
     assert {group["betas"] for group in fork.optimizers[0].param_groups} == {(0.8, 0.95)}
 
 
+def test_the_start_line_names_each_optimizers_own_rate_and_the_average():
+    from tinyattn.train.optim import optimizer_description
+
+    muon = TrainConfig(optimizer="muon", lr=1e-3, muon_lr=0.02, ema=0.98)
+    assert optimizer_description(muon) == "Muon (lr 0.02) + AdamW (lr 0.001), weights averaged (ema 0.98)"
+    plain = TrainConfig(optimizer="muon", lr=1e-3)
+    assert optimizer_description(plain) == "Muon (lr 0.001) + AdamW (lr 0.001)"
+    assert optimizer_description(TrainConfig(optimizer="adamw", lr=3e-4)) == "AdamW (lr 0.0003)"
+
+
 def test_head_lr_is_noted_as_unused_only_with_a_tied_head():
     from tinyattn.train.optim import unused_options
 
