@@ -1958,6 +1958,21 @@ def test_the_logged_tokens_are_the_runs_since_step_0_and_the_throughput_this_ses
     assert log.tokens_per_second == pytest.approx(10 * trainer.tokens_per_step / 4.0)  # the session's, whole
 
 
+def test_the_last_line_splits_the_runs_time_as_shares_of_its_wall_time(tmp_path, tensorboard_writer, capsys):
+    """Each activity's share is of the whole process's wall time (what the shares leave is time no
+    activity counted), not of their sum."""
+    from tinyattn.config import Config
+    from tinyattn.train.log import Logger
+    from tinyattn.train.trainer import TrainResult
+
+    trainer = tiny_trainer(None)
+    log = Logger(tmp_path, Config(), trainer, peak_flops=1e12, enabled=True, progress=False)
+    log.writer = tensorboard_writer
+    seconds = {"start-up": 1.0, "train": 6.0, "eval": 1.0}
+    log.finish(TrainResult(tmp_path, 4, 0, 2.0, 2.0, 100.0, 10.0, False, seconds), None)
+    assert "(start-up 1.0 s (10.0%), train 6.0 s (60.0%), eval 1.0 s (10.0%))" in capsys.readouterr().err
+
+
 def test_an_evaluation_is_in_tensorboard_at_once_with_the_runs_best_loss(tmp_path, tensorboard_writer,
                                                                         capsys):
     from types import SimpleNamespace
