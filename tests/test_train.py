@@ -693,6 +693,19 @@ def test_a_fine_tune_of_a_folder_whose_best_pt_is_damaged_logs_the_checkpoint_it
     assert "the weights come from" not in log  # the file the user named: nothing to add
 
 
+def test_a_fine_tune_of_a_folder_whose_best_pt_is_read_notes_nothing(tmp_path):
+    """best.pt is what naming a folder means: only another checkpoint read instead is worth a note."""
+    from tinyattn.config import ModelConfig, TokenizerConfig
+    from tinyattn.train.finetune import InitSource
+
+    def source(file):
+        return InitSource(str(tmp_path), tmp_path / file, ModelConfig(), TokenizerConfig(), tmp_path, {})
+
+    assert source(ckpt.BEST).notes() == []
+    assert source("step_0000012.pt").notes() == [
+        f"note: train.init_from {tmp_path}: the weights come from {tmp_path / 'step_0000012.pt'}"]
+
+
 def test_resuming_an_earlier_checkpoint_with_a_new_run_name_forks(corpus, tmp_path, twelve_steps):
     run, before = twelve_steps
     result = train(tiny_config(corpus, tmp_path, "train.max_steps=12", "train.eval_interval=3",
