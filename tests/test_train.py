@@ -706,6 +706,19 @@ def test_a_fine_tune_of_a_folder_whose_best_pt_is_read_notes_nothing(tmp_path):
         f"note: train.init_from {tmp_path}: the weights come from {tmp_path / 'step_0000012.pt'}"]
 
 
+def test_a_fine_tune_takes_the_end_of_text_token_of_its_source(tmp_path):
+    """A Llama folder's "</s>" ends the fine-tune's texts and its generation too."""
+    from tinyattn.config import Config, ModelConfig, TokenizerConfig
+    from tinyattn.train.finetune import InitSource
+
+    tokenizer = TokenizerConfig(kind="pretrained", path=str(tmp_path / "tokenizer.json"), end_of_text="</s>")
+    source = InitSource(str(tmp_path), tmp_path / "model.safetensors", ModelConfig(), tokenizer,
+                        tmp_path / "tokenizer.json", {})
+    config = Config()
+    source.adopt(config, written=())
+    assert (config.tokenizer.kind, config.tokenizer.end_of_text) == ("pretrained", "</s>")
+
+
 def test_resuming_an_earlier_checkpoint_with_a_new_run_name_forks(corpus, tmp_path, twelve_steps):
     run, before = twelve_steps
     result = train(tiny_config(corpus, tmp_path, "train.max_steps=12", "train.eval_interval=3",
