@@ -301,6 +301,12 @@ def resolve_checkpoint(path: Optional[str | Path], out_dir: str | Path = "checkp
 RUNS_NAMED = 5  # the runs a folder of runs given as a checkpoint names, the most
 
 
+def _some(names: list[str], most: int = RUNS_NAMED) -> str:
+    """The first `most` names, and how many more: "a, b, c and 4 more"."""
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return f"{', '.join(names[:most])}{more}"
+
+
 def _refuse_a_folder_of_runs(folder: Path, resuming: bool = False) -> None:
     """A folder that holds run folders (train.out_dir, `--checkpoint checkpoints`) is not one: said
     so, naming its runs and the most recent, rather than called a run folder without a checkpoint."""
@@ -308,10 +314,8 @@ def _refuse_a_folder_of_runs(folder: Path, resuming: bool = False) -> None:
     if not runs:
         _refuse_a_folder_of_models(folder, resuming)
         return
-    more = f" and {len(runs) - RUNS_NAMED} more" if len(runs) > RUNS_NAMED else ""
-    raise CheckpointError(f"{folder}: a folder of runs, not a run folder (it holds "
-                          f"{', '.join(runs[:RUNS_NAMED])}{more}); give one of them, e.g. the most recent: "
-                          f"{latest_run(folder)}")
+    raise CheckpointError(f"{folder}: a folder of runs, not a run folder (it holds {_some(runs)}); give one "
+                          f"of them, e.g. the most recent: {latest_run(folder)}")
 
 
 def _refuse_a_folder_of_models(folder: Path, resuming: bool) -> None:
@@ -326,14 +330,12 @@ def _refuse_a_folder_of_models(folder: Path, resuming: bool) -> None:
 
     models = sorted(p.name for p in folder.iterdir() if is_model(p))
     if models:
-        more = f" and {len(models) - RUNS_NAMED} more" if len(models) > RUNS_NAMED else ""
         if resuming:
             raise CheckpointError(f"{folder}: a folder of Hugging Face model folders (it holds "
-                                  f"{', '.join(models[:RUNS_NAMED])}{more}), none of them a run to resume; "
+                                  f"{_some(models)}), none of them a run to resume; "
                                   f"{_train_from(folder / models[0], 'one')}")
         raise CheckpointError(f"{folder}: a folder of Hugging Face model folders, not one (it holds "
-                              f"{', '.join(models[:RUNS_NAMED])}{more}); give one of them, e.g. "
-                              f"{folder / models[0]}")
+                              f"{_some(models)}); give one of them, e.g. {folder / models[0]}")
 
 
 def _train_from(model: Path, what: str) -> str:
@@ -473,8 +475,7 @@ def load_weights(model: LanguageModel, state: dict, path: Path) -> None:
         parts = []
         for label, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong_shape)):
             if keys:
-                more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
-                parts.append(f"{label}: {', '.join(keys[:3])}{more}")
+                parts.append(f"{label}: {_some(keys, most=3)}")
         raise CheckpointError(f"{path}: weights do not fit the model its config describes "
                               f"(written by another version of tinyattn?): {'; '.join(parts)}")
     model.load_state_dict(weights)

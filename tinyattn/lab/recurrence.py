@@ -314,23 +314,23 @@ def train_and_measure(contender: Contender, config: Config, data, *, seconds: fl
 def train_for(trainer: Trainer, contender: Contender, seconds: float, writer) -> None:
     """Step until `seconds` of wall time pass; log the train loss at the first step, every LOG_EVERY
     steps and at the last step, so the curve spans the run however few steps fit (a point is no line)."""
-    start = time.perf_counter()
-    logged, loss = 0, None
+    def log(loss) -> None:
+        value, at = float(loss), time.perf_counter() - start
+        contender.curve.append((at, value))
+        writer.add_scalar("train/loss", value, trainer.step)
+
+    def logs_at(step: int) -> bool:
+        return step % LOG_EVERY == 0 or step == 1
+
+    start, loss = time.perf_counter(), None
     while time.perf_counter() - start < seconds:
         loss, _ = trainer.train_step()
-        if trainer.step % LOG_EVERY == 0 or trainer.step == 1:
-            logged = _log_train_loss(trainer.step, float(loss), time.perf_counter() - start, contender,
-                                     writer)
-    if loss is not None and logged != trainer.step:
-        _log_train_loss(trainer.step, float(loss), time.perf_counter() - start, contender, writer)
+        if logs_at(trainer.step):
+            log(loss)
+    if loss is not None and not logs_at(trainer.step):  # the last step's, so the curve ends with the run
+        log(loss)
     contender.steps, contender.seconds = trainer.step, time.perf_counter() - start
     writer.add_scalar("train/tokens_per_second", trainer.tokens_seen / contender.seconds, trainer.step)
-
-
-def _log_train_loss(step: int, value: float, seconds: float, contender: Contender, writer) -> int:
-    contender.curve.append((seconds, value))
-    writer.add_scalar("train/loss", value, step)
-    return step
 
 
 def iter_validation(tokens, context: int, windows: int):

@@ -55,7 +55,6 @@ from tinyattn.config import (PASS_TABLES, Config, TrainConfig, for_precision, gi
 from tinyattn.data.batches import prepare_data
 from tinyattn.errors import StorageError, TinyattnError
 from tinyattn.model.memory import check_training_fits
-from tinyattn.system.console import notice
 from tinyattn.system.device import measure_peak_flops, select_device, select_precision
 from tinyattn.system.distributed import (Distributed, init_distributed, mistake_alike, refusal_shared,
                                          said_once, shutdown_distributed)
@@ -149,8 +148,8 @@ def _train(config: Config, request: _Request, dist: Distributed, stopper: StopRe
     with lock:
         try:
             with RunLog(run_dir, enabled=dist.is_main) as run_log, _said_what_is_kept(run_dir):
-                if isinstance(lock, RunLock) and lock.note:  # a killed session's: train.log keeps it too
-                    notice(lock.note)
+                if isinstance(lock, RunLock):  # rank 0's; a killed session's note: train.log keeps it too
+                    lock.say_note()
                 return _train_in(run_dir, config, request, point=point, device=device, dist=dist,
                                  timers=timers, source=source, stopper=stopper)
         except (TinyattnError, StoppedBeforeStart):  # a mistake or a stop before step 1 leaves no folder

@@ -20,7 +20,6 @@ import functools
 import json
 import math
 import os
-import sys
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -629,8 +628,7 @@ def open_run_folder(config: Config, config_path, run_name: Optional[str], point:
             lock = RunLock.acquire(run_dir)
             if (point is None or point.forks_into(run_dir)) and ckpt.has_checkpoints(run_dir):
                 lock.release()
-                if lock.note:  # no train.log opens to say it: the console does
-                    print(lock.note, file=sys.stderr)
+                lock.say_note()  # no train.log opens to say it: the console does
                 raise CheckpointError(f"{run_dir} already holds checkpoints; continue it with --resume "
                                       f"{quoted(run_dir)}, or choose another --run-name")
     if dist.enabled:  # a default name has the time in it: rank 0's choice is everyone's

@@ -37,6 +37,7 @@ from typing import Optional
 from filelock import FileLock, Timeout
 
 from tinyattn.errors import ConfigError, StorageError
+from tinyattn.system.console import notice
 from tinyattn.system.storage import check_writable, remove_temporaries, storage_errors
 
 LOCK_NAME = ".lock"  # the holder's pid, one line; there while the folder is held
@@ -53,9 +54,7 @@ class RunLock:
     def __init__(self, folder: Path, kernel_lock: FileLock, note: Optional[str] = None):
         self.folder = folder
         self._kernel_lock: Optional[FileLock] = kernel_lock
-        # said by the run once its train.log is open (it opens after the lock), or by a start refused
-        # before it opens (train.resume.open_run_folder); not here
-        self.note = note
+        self.note = note  # a killed session's lock taken over: `say_note` says it once its train.log is open
 
     @classmethod
     def acquire(cls, folder: str | Path) -> "RunLock":
@@ -78,6 +77,13 @@ class RunLock:
             (folder / MARKER_NAME).touch()
         remove_temporaries(folder)  # ours now: a killed writer's half files can go
         return cls(folder, kernel_lock, note)
+
+    def say_note(self) -> None:
+        """The note that a killed session's lock was taken over, once: on the console and in the
+        run's train.log where one is open (it opens after the lock; a start refused before it has none)."""
+        if self.note:
+            notice(self.note)
+            self.note = None
 
     @staticmethod
     def holder(folder: str | Path) -> Optional[int]:
