@@ -189,6 +189,19 @@ def test_the_command_prints_the_table_and_writes_the_page(run_dir, relevance, tm
     assert sorted((run_dir / "attention").glob("*.png")) == pngs_before  # no PNGs with --relevance / --html
 
 
+def test_the_commands_layer_and_head_are_the_pages_first_view(run_dir, tmp_path, capsys):
+    # --layer and --head drew only that layer and head but the page still opened on layer 0, head 0.
+    page = tmp_path / "explorer.html"
+    status = attention_main(["--checkpoint", str(run_dir), "--text", "The book", "--layer", "1", "--head", "2",
+                             "--html", str(page), "--device", "cpu"])
+    assert status == 0, capsys.readouterr().err
+    data = data_of_page(page.read_text(encoding="utf-8"))
+    assert (data["layer"], data["head"]) == (1, 2)
+    default = data_of_page(write_explorer(tmp_path / "default.html", relevance_of_text(
+        load_model(run_dir).model, load_model(run_dir).tokenizer, "The book")).read_text(encoding="utf-8"))
+    assert (default["layer"], default["head"]) == (0, 0)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--relevance", "--query-position", "-1"], "it predicts nothing in the text"),
     (["--relevance", "--top", "0"], "--top 0: expected a positive number"),
@@ -338,6 +351,18 @@ def test_in_chromium_arrow_keys_move_the_query_and_leave_a_focused_selector_alon
     page.keyboard.press("ArrowLeft")
     assert page.input_value("#layer") == "0" and page.inner_text("#query-info").startswith(
         f"query {relevance.labels[20]} at 20 (pinned)")
+    page.focus("body")
+    for keys in ("Alt+ArrowRight", "Control+ArrowRight"):  # the browser's (Alt+ArrowLeft: back), not the page's
+        page.keyboard.press(keys)
+        assert page.inner_text("#query-info").startswith(f"query {relevance.labels[20]} at 20 (pinned)"), keys
+
+
+@pytest.mark.slow
+def test_in_chromium_the_page_opens_on_the_layer_and_head_it_was_written_for(browser, relevance, tmp_path):
+    page = browser.new_page()
+    page.goto(write_explorer(tmp_path / "explorer.html", relevance, layer=1, head=2).as_uri())
+    assert (page.input_value("#layer"), page.input_value("#head")) == ("1", "2")
+    assert page.inner_text("#weights-title").startswith("layer 1, head 2;")
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ for (let t = 0; t < T; t++) {
   relStart.push(relStart[t] + t - reach[t]);
 }
 const R = rowStart[T];
-const state = { layer: 0, head: 0, query: D.query, pinned: false };
+const state = { layer: D.layer, head: D.head, query: D.query, pinned: false };  // the first view
 const $ = id => document.getElementById(id);
 
 function headWeight(l, h, t, j) {  // one head's stored weight, null where t cannot read j
@@ -49,10 +49,12 @@ function fill(select, values, labels) {
 }
 fill($("layer"), [...Array(L).keys(), "mean"], [...Array(L).keys()].map(String).concat(["every layer (mean)"]));
 fill($("head"), [...Array(H).keys(), "mean"], [...Array(H).keys()].map(String).concat(["mean over heads"]));
+$("layer").value = state.layer; $("head").value = state.head;
 const parse = v => v === "mean" ? "mean" : Number(v);
 $("layer").addEventListener("change", e => { state.layer = parse(e.target.value); render(); });
 $("head").addEventListener("change", e => { state.head = parse(e.target.value); render(); });
 document.addEventListener("keydown", e => {
+  if (e.altKey || e.ctrlKey || e.metaKey) return;  // the browser's own (Alt+ArrowLeft: back)
   if (e.key === "ArrowRight" || e.key === "ArrowLeft") {
     e.preventDefault();  // a focused layer or head selector would also take the key and change
     state.pinned = true; setQuery(Math.min(T - 1, Math.max(0, state.query + (e.key === "ArrowRight" ? 1 : -1))));

@@ -49,8 +49,10 @@ def _rounded(values) -> list:
     return [None if math.isnan(v) else round(float(v), DIGITS) for v in np.asarray(values, dtype=np.float64).ravel()]
 
 
-def explorer_data(rel: Relevance, title: str = "", source: str = "", query: Optional[int] = None) -> dict:
-    """The page's data: weights rows reach[t]..t per (layer, head, query), relevance rows reach[t]..t-1."""
+def explorer_data(rel: Relevance, title: str = "", source: str = "", query: Optional[int] = None, *,
+                  layer: Optional[int] = None, head: Optional[int] = None) -> dict:
+    """The page's data: weights rows reach[t]..t per (layer, head, query), relevance rows reach[t]..t-1.
+    query, layer and head: what the page shows first (None: the last measured query, layer 0, head 0)."""
     T = rel.num_tokens
     reach = rel.reach
     rows = [(t, slice(int(reach[t]), t + 1)) for t in range(T)]
@@ -68,7 +70,7 @@ def explorer_data(rel: Relevance, title: str = "", source: str = "", query: Opti
         "loss": _rounded(rel.losses), "relevance": _rounded(relevance),
         "head_ablation": [_rounded(row) for row in rel.head_relevance], "mean_loss": round(rel.mean_loss, DIGITS),
         "agreement": _agreement_data(whole), "agreement_by_size": _agreement_data(by_size),
-        "query": int(query),
+        "query": int(query), "layer": int(layer or 0), "head": int(head or 0),
     }
 
 
@@ -111,9 +113,11 @@ def page_part(name: str) -> str:
     return resources.files("tinyattn.analysis").joinpath(PAGE_FILES[name]).read_text(encoding="utf-8")
 
 
-def explorer_html(rel: Relevance, title: str = "", source: str = "", query: Optional[int] = None) -> str:
+def explorer_html(rel: Relevance, title: str = "", source: str = "", query: Optional[int] = None, *,
+                  layer: Optional[int] = None, head: Optional[int] = None) -> str:
     """The whole page as one string: page.html with the style, the script and the data inline."""
-    data = json.dumps(explorer_data(rel, title, source, query), separators=(",", ":"), ensure_ascii=False)
+    data = explorer_data(rel, title, source, query, layer=layer, head=head)
+    data = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
     data = data.replace("<", "\\u003c")  # "</script>" inside a token cannot end the block
     values = {"TITLE": html.escape(title or "attention explorer"), "STYLE": page_part("STYLE"),
               "SCRIPT": page_part("SCRIPT"), "DATA": data}
@@ -123,8 +127,8 @@ def explorer_html(rel: Relevance, title: str = "", source: str = "", query: Opti
 
 
 def write_explorer(path: str | Path, rel: Relevance, title: str = "", source: str = "",
-                   query: Optional[int] = None) -> Path:
+                   query: Optional[int] = None, *, layer: Optional[int] = None, head: Optional[int] = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)  # as eval --plot and export make theirs
-    path.write_text(explorer_html(rel, title, source, query), encoding="utf-8")
+    path.write_text(explorer_html(rel, title, source, query, layer=layer, head=head), encoding="utf-8")
     return path

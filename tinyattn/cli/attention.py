@@ -24,8 +24,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--text", help="the text to look at (default: the run's train.probe_text); for the "
                                   "PNGs a text longer than the context keeps its end, --relevance and "
                                   "--html read all of it in windows of the context length")
-    p.add_argument("--layer", type=int, help="draw only this layer (default: every layer)")
-    p.add_argument("--head", type=int, help="draw only this head, large (default: every head in a grid)")
+    p.add_argument("--layer", type=int, help="draw only this layer (default: every layer); --html's page "
+                                             "opens on it")
+    p.add_argument("--head", type=int, help="draw only this head, large (default: every head in a grid); "
+                                            "--html's page opens on it")
     query = p.add_mutually_exclusive_group()
     query.add_argument("--query", metavar="WORD",
                        help="print the top 5 keys of this word's token for each head: the token "
@@ -206,7 +208,7 @@ def _write_page(args: argparse.Namespace, loaded, text: str, rel, position: int)
     shown = text if len(text) <= 80 else text[:79] + "…"
     try:
         path = write_explorer(args.html, rel, title="attention explorer: " + shown, source=source,
-                              query=position)
+                              query=position, layer=args.layer, head=args.head)
     except OSError as e:
         folder = Path(args.html).parent
         why = f"{folder} is a file, not a folder" if folder.is_file() else e.strerror or e
