@@ -472,7 +472,7 @@ def test_cli_writes_heatmaps_and_prints_the_query_table(run_dir, capsys):
     for option in (["--query", first_word], ["--query-position", "0"]):
         status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run_dir), "--text", SENTENCE, *option,
                                          "--device", "cpu")
-        assert status == 2 and "which do not fit the context" in stderr and stderr.count("error:") == 1, stderr
+        assert status == 2 and "cut to fit the context" in stderr and stderr.count("error:") == 1, stderr
 
 
 def test_cli_a_negative_query_position_counts_from_the_end_of_the_text(run_dir, tmp_path, capsys):

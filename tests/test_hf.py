@@ -1402,7 +1402,7 @@ def test_a_finetune_whose_source_tokenizer_changed_names_the_file_and_the_runs_c
         what = f"2 tokens have other ids ({first!r}, {second!r})"
     else:
         tokenizer_of("bpe").save(source)
-        what = "it lacks 2 of the run's tokens ('</s>', '<s>')"
+        what = "it lacks 2 tokens of the run's ('</s>', '<s>')"
     before = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
     code, out, err = run_main(train_cli.main, ["--resume", ft, "--no-progress", "--set", "train.max_steps=6"],
                               capsys)

@@ -982,7 +982,7 @@ def test_the_explorer_of_a_text_over_max_explore_tokens_reads_its_last_tokens_up
     # position 0, which produced the second token, not the one asked for).
     ({"text": "ROMEO:", "offset": 0}, "offset 0 is not accepted: it is in the text's first token, which no "
                                       "prediction produced"),
-    ({"text": "R", "offset": 0}, "text: 1 tokens; the explorer takes at least 2"),
+    ({"text": "R", "offset": 0}, "text: 1 token; the explorer takes at least 2"),
     ({"text": "ROMEO:", "offset": 1, "query": 3}, "unknown field 'query'"),
     # Finding the clicked token decodes the text once per token: no client buys minutes of that.
     ({"text": "ROMEO:" * 3366, "offset": 5}, "; the explorer takes the text of a completion here: a prompt of "

@@ -26,3 +26,8 @@ class CheckpointError(TinyattnError):
 
 class StorageError(TinyattnError):
     """A folder that cannot take a file: disk full, read-only, no permission, or in use."""
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """n and its noun for a message: "1 token", "0 tokens", "3 queries" (plural given where not noun + s)."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from tinyattn.analysis.plotting import line_chart, new_figure
 from tinyattn.data.batches import eval_batches, full_window_count, tail_window
 from tinyattn.data.tokenizer import END_OF_TEXT
-from tinyattn.errors import DataError
+from tinyattn.errors import DataError, counted
 from tinyattn.model.transformer import evaluation_mode
 from tinyattn.system.storage import check_writable, storage_errors
 
@@ -111,8 +111,8 @@ def loss_by_position(model, tokens, context_length: int, batch_size: int,
     """
     sums, count = _position_sums(model, tokens, context_length, batch_size, max_windows)
     if count == 0:
-        raise DataError(f"loss by position needs at least one full window: {len(tokens)} tokens "
-                        f"are fewer than context_length + 1 = {context_length + 1}")
+        raise DataError(f"loss by position needs at least one full window: {counted(len(tokens), 'token')}, "
+                        f"fewer than context_length + 1 = {context_length + 1}")
     return sums / count
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tinyattn.cli import run_command
 from tinyattn.cli.options import add_checkpoint, add_device, command_parser
-from tinyattn.errors import DataError, TinyattnError
+from tinyattn.errors import DataError, TinyattnError, counted
 
 EVAL_BATCH_TOKENS = 1 << 14  # tokens per forward pass for an imported folder (`_batch_size`)
 
@@ -113,7 +113,7 @@ def _print_scores(loaded, result, num_tokens: int, source: str) -> None:
     print(f"{'perplexity':<19} {result.perplexity:.3f}")
     print(f"{bits:<19} {result.bits_per_unit:.4f} ({result.units:,} {result.unit}s)")
     if result.full_windows == 0:
-        print(f"loss by position: no full window ({num_tokens} tokens < context_length + 1 = {T + 1})")
+        print(f"loss by position: no full window ({counted(num_tokens, 'token')} < context_length + 1 = {T + 1})")
         return
     print(f"\nloss by position, mean over {result.full_windows:,} full windows:")
     print(format_loss_by_position(result.loss_by_position))

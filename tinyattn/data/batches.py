@@ -29,7 +29,7 @@ from tinyattn.data.sources import resolve_source
 from tinyattn.data.splits import split
 from tinyattn.data.token_cache import TokenCache, check_split_lengths, data_fingerprint
 from tinyattn.data.tokenizer import Tokenizer
-from tinyattn.errors import DataError
+from tinyattn.errors import DataError, counted
 
 
 @dataclass
@@ -102,14 +102,14 @@ class BatchSampler:
     def __init__(self, tokens: np.ndarray, batch_size: int, context_length: int, *, seed: int,
                  rank: int = 0, world_size: int = 1, sampling: str = "random"):
         if len(tokens) < context_length + 1:
-            raise DataError(f"{len(tokens)} tokens cannot fill one window of model.context_length + 1 = "
+            raise DataError(f"{counted(len(tokens), 'token')} cannot fill one window of model.context_length + 1 = "
                             f"{context_length + 1}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
         if sampling not in SAMPLINGS:
             raise ValueError(f"sampling {sampling!r}: expected one of {', '.join(SAMPLINGS)}")
         if sampling == "passes" and len(tokens) < 2 * context_length:
-            raise DataError(f"{len(tokens)} tokens cannot fill a pass of train.sampling: passes (it needs "
+            raise DataError(f"{counted(len(tokens), 'token')} cannot fill a pass of train.sampling: passes (it needs "
                             f"at least 2 * model.context_length = {2 * context_length}); set train.sampling: random")
         self.tokens = tokens
         self.batch_size = batch_size
@@ -245,7 +245,7 @@ def eval_batches(tokens: np.ndarray, context_length: int, batch_size: int,
     T = context_length
     available = full_window_count(len(tokens), T)
     if available == 0:
-        raise DataError(f"{len(tokens)} tokens cannot fill one window of model.context_length + 1 = "
+        raise DataError(f"{counted(len(tokens), 'token')} cannot fill one window of model.context_length + 1 = "
                         f"{T + 1}")
     if max_windows is None or max_windows >= available:
         starts = np.arange(available, dtype=np.int64) * T

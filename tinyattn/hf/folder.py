@@ -35,7 +35,7 @@ import torch
 from tinyattn.checkpoint import LoadedModel, is_hf_folder, load_model, load_weights
 from tinyattn.config import Config, SampleConfig, TokenizerConfig
 from tinyattn.data.tokenizer import Tokenizer
-from tinyattn.errors import CheckpointError
+from tinyattn.errors import CheckpointError, counted
 from tinyattn.hf.convert import (
     ARCHITECTURE,
     QK_NORM_ARCHITECTURE,
@@ -418,7 +418,7 @@ def model_card(config: Config, card: Optional[ModelCard], tokenizer: Tokenizer,
              "| | |", "|---|---|",
              *([f"| data | {data} |"] if card is not None else []),
              f"| tokenizer | {config.tokenizer.kind}, {tokenizer.vocab_size:,} tokens |",
-             f"| shape | {m.n_layer} layers, width {m.n_embd}, {m.n_head} heads "
+             f"| shape | {counted(m.n_layer, 'layer')}, width {m.n_embd}, {counted(m.n_head, 'head')} "
              f"({m.kv_heads} key/value), context {m.context_length} |"]
     if t.init_from:
         lines.append(f"| initialised from | `{t.init_from}` |")

@@ -43,7 +43,7 @@ from tinyattn.analysis.evaluate import token_losses
 from tinyattn.checkpoint import require_causal
 from tinyattn.config import ModelConfig, TrainConfig
 from tinyattn.data.batches import prepare_data
-from tinyattn.errors import TinyattnError
+from tinyattn.errors import TinyattnError, counted
 from tinyattn.hf.folder import load_any_model
 from tinyattn.lab.outputs import (
     add_threads,
@@ -166,7 +166,7 @@ def check_gap_text(text: np.ndarray, needed: int, path: str | None) -> None:
         return
     where, advice = ((f"--text {path}", "give a longer text") if path is not None else
                      ("the validation split of the checkpoint's data", "give a longer text with --text FILE"))
-    raise TinyattnError(f"{where}: {len(text)} tokens; the probe needs at least {needed} ({advice})")
+    raise TinyattnError(f"{where}: {counted(len(text), 'token')}; the probe needs at least {needed} ({advice})")
 
 
 def ordinary_tokens(tokenizer) -> np.ndarray:
@@ -205,7 +205,7 @@ def repeat_probe(model: nn.Module, *, string_tokens: np.ndarray, text: np.ndarra
     rows = []
     for d in distances:
         if len(text) < d + 1:
-            raise TinyattnError(f"the gap text has {len(text)} tokens; the probe needs at least {d + 1}")
+            raise TinyattnError(f"the gap text has {counted(len(text), 'token')}; the probe needs at least {d + 1}")
         strings = rng.choice(string_tokens, size=(samples, length))  # (S, n)
         starts = rng.integers(0, len(text) - d + 1, size=samples)  # (S,)
         fresh = rng.choice(string_tokens, size=(samples, length))  # (S, n) the control's second string

@@ -42,6 +42,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tinyattn.config import SampleConfig
+from tinyattn.errors import counted
 from tinyattn.serve.schemas import (
     ApiError,
     Completion,
@@ -337,7 +338,7 @@ def _explorer_query(served: Served, body: ExploreRequest) -> tuple[list[int], in
     ids = start + text_ids
     most = served.limits.max_explore_tokens
     if len(ids) < 2:
-        raise ApiError(f"text: {len(ids)} tokens; the explorer takes at least 2", param="text")
+        raise ApiError(f"text: {counted(len(ids), 'token')}; the explorer takes at least 2", param="text")
     text, spans = token_spans(served.tokenizer, text_ids)  # offsets are the text's, without the start
     if not 0 <= body.offset < len(text):
         raise ApiError(f"offset {body.offset} is not accepted: expected 0 to {len(text) - 1}, a character of "

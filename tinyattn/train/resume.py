@@ -33,7 +33,7 @@ from tinyattn.config import (PASS_TABLES, Config, TokenizerConfig, config_from_d
                              load_config, settings, with_settings)
 from tinyattn.data.token_cache import data_differences
 from tinyattn.data.tokenizer import Tokenizer
-from tinyattn.errors import CheckpointError, ConfigError, StorageError, TinyattnError
+from tinyattn.errors import CheckpointError, ConfigError, StorageError, TinyattnError, counted
 from tinyattn.system.distributed import Distributed, refusal_shared, said_once
 from tinyattn.system.invocation import quoted
 from tinyattn.system.storage import atomic_write
@@ -94,11 +94,12 @@ def _file_change(run: Tokenizer, now: Tokenizer) -> str:
     before, after = ({t.token(i): i for i in range(t.vocab_size) if t.token(i) is not None}
                      for t in (run, now))
     moved = {token for token in before.keys() & after.keys() if before[token] != after[token]}
-    for tokens, what in ((after.keys() - before.keys(), "it has {n} tokens the run's tokenizer lacks"),
-                         (before.keys() - after.keys(), "it lacks {n} of the run's tokens"),
-                         (moved, "{n} tokens have other ids")):
+    for tokens, what in ((after.keys() - before.keys(), "it has {n} the run's tokenizer lacks"),
+                         (before.keys() - after.keys(), "it lacks {n} of the run's"),
+                         (moved, "{n} {have} other ids")):
         if tokens:
-            return f"{what.format(n=len(tokens))} ({_shown(tokens)})"
+            n, have = counted(len(tokens), "token"), "has" if len(tokens) == 1 else "have"
+            return f"{what.format(n=n, have=have)} ({_shown(tokens)})"
     return "the same tokens and ids, other settings"
 
 
