@@ -742,7 +742,9 @@ def test_rope_parameters_rope_theta_wins_over_the_top_level_one_as_transformers_
     # q_proj.weight is missing" (GPTQ's qweight) or "weights ... do not have: ...weight_scale_inv"
     ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}},
      "quantization_config (quant_method 'fp8'): tinyattn reads unquantized weights only"),
-], ids=["partial-rotary-in-rope-parameters", "linear-attention-layer", "quantized"])
+    # one without quant_method said "(quant_method None)"
+    ({"quantization_config": {"bits": 4}}, "config.json: quantization_config: tinyattn reads unquantized"),
+], ids=["partial-rotary-in-rope-parameters", "linear-attention-layer", "quantized", "quantized-unnamed"])
 def test_a_config_json_tinyattn_would_compute_otherwise_is_refused_naming_the_field(change, expected):
     from tinyattn.errors import CheckpointError
     from tinyattn.hf.convert import model_config_from_hf

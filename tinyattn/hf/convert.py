@@ -284,8 +284,9 @@ def model_config_from_hf(raw: dict, origin: str, *, tied: Optional[bool] = None)
                "attend to the whole context")
     quantized = raw.get("quantization_config")
     if quantized is not None:  # before the weights, whose names would say it less plainly
-        method = quantized.get("quant_method") if isinstance(quantized, dict) else quantized
-        refuse(f"quantization_config (quant_method {method!r}): tinyattn reads unquantized weights only "
+        method = quantized.get("quant_method") if isinstance(quantized, dict) else None
+        named = "" if method is None else f" (quant_method {method!r})"
+        refuse(f"quantization_config{named}: tinyattn reads unquantized weights only "
                "(float32, float16 or bfloat16): use the model's unquantized release")
     activation = raw.get("hidden_act", "silu")
     if activation != "silu":
