@@ -397,6 +397,9 @@ BAD_REQUESTS = {
     "nested-wrong-type": ({"extra_body": {"stream": True, "stream_options": {"include_usage": "yes"}}},
                           "stream_options.include_usage", "stream_options.include_usage: Input should be a valid "
                                                           "boolean"),
+    # OpenAI refuses it; it was ignored, so a client expecting a usage chunk got one plain response
+    "stream-options-without-stream": ({"stream_options": {"include_usage": True}}, "stream_options",
+                                      "stream_options is only allowed with stream true"),
     "unsupported": ({"logprobs": 2}, "logprobs", "logprobs is not supported"),
     "echo": ({"echo": True}, "echo", "echo is not supported"),  # never the prompt silently left out
     "suffix": ({"suffix": "end"}, "suffix", "suffix is not supported"),

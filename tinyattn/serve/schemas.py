@@ -228,6 +228,8 @@ def check_completion(request: CompletionRequest, *, limits: Limits, defaults: Sa
     if not 1 <= n <= limits.max_n:
         raise ApiError(f"n {n} is not accepted: expected 1 to {limits.max_n}", param="n")
     _refuse_unsupported(request, n)
+    if request.stream_options is not None and not request.stream:  # as OpenAI's API refuses it
+        raise ApiError("stream_options is only allowed with stream true", param="stream_options")
     max_tokens = DEFAULT_MAX_TOKENS if request.max_tokens is None else request.max_tokens
     if not 0 <= max_tokens <= limits.max_tokens:
         raise ApiError(f"max_tokens {max_tokens} is not accepted: expected 0 to {limits.max_tokens}",
