@@ -1675,6 +1675,48 @@ def test_two_process_gloo_run(corpus, tmp_path):
         torch.testing.assert_close(state["model"][name], tensor, rtol=0, atol=1e-5, msg=name)
 
 
+def test_each_rank_draws_dropout_masks_of_its_own_and_a_resume_draws_them_again(monkeypatch):
+    """Every rank seeds alike (the model starts the same everywhere), so every rank dropped the same
+    elements of its own batch. Rank r > 0 now draws from (seed, r, step): apart from rank 0, and again
+    after a resume from a checkpoint that keeps rank 0's generators only. The ranks are set on the
+    trainer after it is built (no process group: one step here needs none), with the same batches."""
+    from tinyattn.config import ModelConfig, TrainConfig
+    from tinyattn.system.device import select_precision
+    from tinyattn.system.distributed import Distributed
+
+    cpu = torch.device("cpu")
+    tokens = (np.arange(3000) * 7 % 13).astype("uint16")
+
+    def trainer_at(rank: int) -> Trainer:
+        trainer = Trainer.build(ModelConfig(vocab_size=13, n_layer=1, n_head=2, n_embd=16, context_length=16,
+                                            dropout=0.3), TrainConfig(batch_size=4, seed=5), tokens,
+                                device=cpu, precision=select_precision("fp32", cpu))
+        trainer.dist = Distributed(rank=rank, world_size=2)
+        return trainer
+
+    def losses(trainer: Trainer, steps: int) -> list[float]:
+        return [trainer.train_step()[0].item() for _ in range(steps)]
+
+    from tinyattn.system.seeding import rank_seed
+
+    rank0, first_rank1 = losses(trainer_at(0), 3), trainer_at(1)
+    seeds, seed = [], torch.manual_seed
+    monkeypatch.setattr(torch, "manual_seed", lambda value: (seeds.append(value), seed(value))[1])
+    rank1 = losses(first_rank1, 3)
+    monkeypatch.undo()
+    assert seeds == [rank_seed(5, 1, step) for step in range(3)] and len(set(seeds)) == 3
+    assert rank_seed(5, 2, 0) not in seeds and rank_seed(6, 1, 0) not in seeds
+    assert all(a != b for a, b in zip(rank0, rank1))  # the same weights and batch at step 0: masks differ
+    assert losses(trainer_at(0), 3) == rank0 and losses(trainer_at(1), 3) == rank1
+    stopped = trainer_at(1)
+    losses(stopped, 2)
+    state = stopped.state_dict()
+    resumed = trainer_at(1)
+    torch.manual_seed(123)  # whatever the process drew before
+    resumed.load_state_dict(state, Path("step_2.pt"))
+    assert losses(resumed, 1) == rank1[2:]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds torchrun's workers in /proc")
 def test_a_stop_signal_to_one_rank_stops_every_rank_with_a_checkpoint(corpus, tmp_path):

@@ -20,12 +20,21 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
+def rank_seed(seed: int, rank: int, step: int) -> int:
+    """The seed a rank above 0 of a torchrun run draws its dropout masks from at `step`.
+
+    Every rank seeds alike (the model starts the same everywhere), so without this each rank
+    would drop the same elements of its own batch. A function of (seed, rank, step), not a
+    stream: a resume draws what the run it continues drew, with nothing more to keep."""
+    return int(np.random.SeedSequence([seed % 2**64, rank, step]).generate_state(1, np.uint64)[0] >> 1)
+
+
 def random_states(device: Optional[torch.device] = None) -> dict:
     """Every global random generator's state, in types `torch.load(weights_only=True)` accepts.
 
     CUDA's: the generator of `device` (None: the current GPU), the one a run there draws from,
-    as a list of one state. Under torchrun every rank seeds and draws alike, so rank 0's, which
-    its checkpoint keeps, is each rank's. Not every GPU's: a machine with fewer could not take
+    as a list of one state. Under torchrun the checkpoint keeps rank 0's: the other ranks seed
+    their draws at each step (`rank_seed`). Not every GPU's: a machine with fewer could not take
     them back, and rank 0's process holds the other GPUs' generators as seeded, not as drawn."""
     numpy_state = np.random.get_state()
     states = {

@@ -35,7 +35,7 @@ from tinyattn.model.transformer import LanguageModel
 from tinyattn.system.cpu import keep_compiled_code_per_capability
 from tinyattn.system.device import Precision
 from tinyattn.system.distributed import Distributed
-from tinyattn.system.seeding import random_states, seed_everything, set_random_states
+from tinyattn.system.seeding import rank_seed, random_states, seed_everything, set_random_states
 from tinyattn.train.averaging import WeightAverage
 from tinyattn.train.optim import Optimizers, StepPlan, build_optimizer, ns_dtype_for, set_learning_rates
 
@@ -126,6 +126,8 @@ class Trainer:
         gradients are those of the mean loss over one large batch.
         """
         accum = self.config.grad_accum_steps
+        if self.dist.rank > 0:  # dropout masks of its own, not rank 0's (`rank_seed`)
+            torch.manual_seed(rank_seed(self.config.seed, self.dist.rank, self.step))
         set_learning_rates(self.optimizers.optimizers, self.plan.factor(self.step))
         # passes end with the run: the batches it is to draw yet, at this accumulation
         self.batches.plan_end((self.plan.total_steps(self.step) - self.step) * accum)
