@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from tinyattn.config import ModelConfig, TrainConfig, load_config
+from tinyattn.data.token_cache import token_dtype
 from tinyattn.generate.cpu_weights import pack_linear_weights
 from tinyattn.generate.decoder import CachedDecoder, row_weight_dtype
 from tinyattn.generate.sampling import sample_next_token
@@ -40,6 +41,11 @@ from tinyattn.train.trainer import Trainer
 
 # The decoding benchmarks' default model: nanoGPT's "baby GPT" size, the nanoGPT comparison's.
 DECODE_MODEL = ModelConfig(vocab_size=65, n_layer=6, n_head=6, n_embd=384, context_length=256)
+
+
+def random_tokens(vocab_size: int, count: int = 1_000_000) -> np.ndarray:
+    """`count` ids drawn uniformly from the vocabulary (seeded), in the type a token cache stores them in."""
+    return np.random.default_rng(0).integers(0, vocab_size, count).astype(token_dtype(vocab_size))
 
 
 def measure_decode(*, model_config: ModelConfig = DECODE_MODEL, new_tokens: int = 500,
@@ -372,7 +378,7 @@ def measure_training(model_config, *, batch_size: int = 16, device: str = "auto"
     torch_device = select_device(device)
     chosen = select_precision(precision, torch_device)
     train_config = TrainConfig(batch_size=batch_size, compile=compile)
-    tokens = np.random.default_rng(0).integers(0, model_config.vocab_size, size=1_000_000).astype(np.uint16)
+    tokens = random_tokens(model_config.vocab_size)
     trainer = Trainer.build(model_config, train_config, tokens, device=torch_device, precision=chosen)
     # Measured before the memory mark is reset: its matrices (8192 x 8192 on CUDA) are not the model's.
     peak = peak_flops or measure_peak_flops(torch_device, chosen)

@@ -21,8 +21,6 @@ import statistics
 import subprocess
 import sys
 
-import numpy as np
-
 from benchmarks.arguments import check_counts
 from tinyattn.cli import run_command
 from tinyattn.errors import ConfigError
@@ -31,6 +29,7 @@ LEAST = {"rounds": (1, ""), "steps": (1, ""), "warmup": (0, "")}  # the fewest e
 
 
 def one_process(config_path: str, overrides: list[str], steps: int, warmup: int) -> dict:
+    from benchmarks.measure import random_tokens
     from tinyattn.config import load_config
     from tinyattn.system.device import select_device, select_precision
     from tinyattn.system.timing import call_times
@@ -41,7 +40,7 @@ def one_process(config_path: str, overrides: list[str], steps: int, warmup: int)
     precision = select_precision(config.train.precision, device)
     if config.model.vocab_size is None:
         config.model.vocab_size = 65  # the character vocabulary of the main corpus
-    tokens = np.random.default_rng(0).integers(0, config.model.vocab_size, 1_000_000).astype(np.uint16)
+    tokens = random_tokens(config.model.vocab_size)
     trainer = Trainer.build(config.model, config.train, tokens, device=device, precision=precision)
     # Waiting for the device after the warm-up and after each step: on a GPU a step returns at its launch.
     times = call_times(trainer.train_step, steps, warmup=warmup, device=device)

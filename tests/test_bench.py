@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests import warm_python
@@ -36,6 +37,15 @@ def test_bench_smoke_writes_every_field(tmp_path):
     assert rows[0]["fused_ms"] > 0 and rows[0]["explicit_ms"] > 0
     assert rows[0]["max_abs_difference"] < 1e-4  # both paths compute the same attention
     assert "training (fp32" in result.stdout and "decode" in result.stdout
+
+
+def test_the_benchmarks_tokens_reach_every_id_of_a_vocabulary_over_65536():
+    # drawn as uint16, the ids of a 100,000-token vocabulary wrapped below 65,536
+    from benchmarks.measure import random_tokens
+
+    large, small = random_tokens(100_000, 10_000), random_tokens(65, 10_000)
+    assert large.max() >= 65_536 and large.dtype == np.uint32
+    assert small.dtype == np.uint16 and set(small.tolist()) == set(range(65))
 
 
 def test_the_attention_cost_table_in_the_docs_is_the_one_of_bench_cpu_json():

@@ -159,7 +159,7 @@ class TokenCache:
 
     def _write(self, folder: Path, tokenizer: Tokenizer, train: Callable[[], DocumentParts],
                validation: Callable[[], DocumentParts], *, rule: str, progress: bool) -> dict:
-        dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
+        dtype = token_dtype(tokenizer.vocab_size)
         meta = {"format_version": FORMAT_VERSION, "key": self.key, "dtype": np.dtype(dtype).name,
                 "vocab_size": tokenizer.vocab_size, "validation_rule": rule, "inputs": self.inputs,
                 "checksums": {}}
@@ -385,6 +385,11 @@ def _file_changes(old: dict, new: dict) -> list[str]:
 def _tokenizer_slug(config: Config) -> str:
     kind = config.tokenizer.kind
     return f"bpe{config.tokenizer.vocab_size}" if kind == "bpe" else kind
+
+
+def token_dtype(vocab_size: int) -> type:
+    """The smallest unsigned integer type that holds every id of a vocabulary of `vocab_size`."""
+    return np.uint16 if vocab_size <= 1 << 16 else np.uint32
 
 
 def write_tokens(documents: DocumentParts, tokenizer: Tokenizer, out, dtype, *, progress: bool = False,
