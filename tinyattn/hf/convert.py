@@ -31,7 +31,7 @@ may write its weights in.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -270,15 +270,8 @@ def plain_rope(raw: dict, origin: str) -> dict:
     return rope
 
 
-def model_config_from_hf(raw: dict, origin: str, *, tied: Optional[bool] = None) -> ModelConfig:
-    """A Llama `config.json` as a ModelConfig; anything tinyattn would compute differently
-    is a CheckpointError naming the field. tied: the head's tying when the file omits it."""
-    def refuse(what: str) -> None:
-        raise CheckpointError(f"{origin}: {what}")
-
-    name = architecture(raw, origin)
-    qk_norm = name == QK_NORM_ARCHITECTURE
-    check_field_types(raw, origin)
+def refuse_other_layers(raw: dict, refuse: Callable[[str], None]) -> None:
+    """refuse(what) for a config.json whose layers compute what tinyattn's do not."""
     if raw.get("use_sliding_window") or any(t != "full_attention" for t in raw.get("layer_types") or []):
         refuse("sliding-window attention (use_sliding_window, layer_types): tinyattn's layers all "
                "attend to the whole context")
@@ -294,6 +287,18 @@ def model_config_from_hf(raw: dict, origin: str, *, tied: Optional[bool] = None)
     for key in ("attention_bias", "mlp_bias"):
         if raw.get(key):
             refuse(f"{key} true: tinyattn's projections have no biases")
+
+
+def model_config_from_hf(raw: dict, origin: str, *, tied: Optional[bool] = None) -> ModelConfig:
+    """A Llama `config.json` as a ModelConfig; anything tinyattn would compute differently
+    is a CheckpointError naming the field. tied: the head's tying when the file omits it."""
+    def refuse(what: str) -> None:
+        raise CheckpointError(f"{origin}: {what}")
+
+    name = architecture(raw, origin)
+    qk_norm = name == QK_NORM_ARCHITECTURE
+    check_field_types(raw, origin)
+    refuse_other_layers(raw, refuse)
     rope = plain_rope(raw, origin)
     try:
         hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
