@@ -291,6 +291,28 @@ def test_an_empty_json_lines_file_among_others_is_zero_records_only_all_empty_is
         prepare_data(make_config(tmp_path, {"files": [str(folder)]}), progress=False)
 
 
+@pytest.mark.parametrize("layout", ["files", "dataset-folder"])
+def test_parquet_files_with_no_rows_or_an_empty_first_row_group_are_read(tmp_path, monkeypatch, layout):
+    # datasets read a file in batches of its first row group's rows: 0 for a shard with no rows (an empty
+    # partition a writer left) or one opened with an empty row group, and the run ended in
+    # "cannot read it (BatchSize must be greater than 0, got 0)"
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    schema = pa.schema([("text", pa.string())])
+    pq.write_table(pa.table({"text": DOCUMENTS[:12]}), folder / "train-0.parquet")
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), folder / "train-1.parquet")
+    with pq.ParquetWriter(folder / "train-2.parquet", schema) as writer:
+        writer.write_table(pa.table({"text": pa.array([], pa.string())}, schema=schema))
+        writer.write_table(pa.table({"text": DOCUMENTS[12:]}, schema=schema))
+    assert pq.ParquetFile(folder / "train-2.parquet").metadata.row_group(0).num_rows == 0
+    data = {"dataset": str(folder)} if layout == "dataset-folder" else {"files": [str(folder)]}
+    result = prepare_data(make_config(tmp_path, data), progress=False)
+    assert documents_of(result) == expected_split(DOCUMENTS)
+
+
 def test_csv_without_the_text_field_lists_its_columns(tmp_path):
     path = tmp_path / "reviews.csv"
     path.write_text("id,body\n1,hello\n", encoding="utf-8")

@@ -245,7 +245,7 @@ def _folder_reader(data: DataConfig, files: list[Path], progress: bool,
                 found[split], builder.name, data.text_field, description,
                 lambda path: datasets.load_dataset(name, data.dataset_config, split=split, streaming=True,
                                                    data_files={split: [glob.escape(str(path))]},
-                                                   **_csv_chunking(builder.name, path)),
+                                                   **_reading_options(builder.name, path)),
                 skipped=SkippedRecords(f"{description} split {split!r}", data.text_field))
 
     return reader
@@ -493,10 +493,37 @@ def _records_reader(data: DataConfig, files: list[Path], file_format: str,
         return _per_file_parts(files, file_format, data.text_field, description, lambda path: (
             # escaped: datasets reads data_files as patterns, and data[1].jsonl would read data1.jsonl
             datasets.load_dataset(builder, data_files=[glob.escape(str(path))], split="train", streaming=True,
-                                  cache_dir=str(lock_folder), **options, **_csv_chunking(file_format, path))),
+                                  cache_dir=str(lock_folder), **options,
+                                  **_reading_options(file_format, path))),
             skipped=SkippedRecords(description, data.text_field))
 
     return reader
+
+
+def _reading_options(file_format: str, path: Path) -> dict:
+    """datasets' builder options for the one file `path`: a CSV or TSV file's chunk (`_csv_chunking`), a
+    Parquet file's batch (`_parquet_batching`); nothing for another format."""
+    if file_format == "parquet":
+        return _parquet_batching(path)
+    return _csv_chunking(file_format, path)
+
+
+def _parquet_batching(path: Path) -> dict:
+    """datasets' parquet builder option for `path`: its `batch_size`, the rows of its first row group
+    that has any. Left to itself datasets reads batches of the first row group's rows, none in a file
+    with no rows (an empty shard a writer left) or one that opens with an empty row group, and pyarrow
+    refuses batches of no rows: the run ended in "BatchSize must be greater than 0". A file with no
+    rows gets batches of one row, and yields none. A file pyarrow cannot read is left to datasets,
+    whose reading of it says so, naming it."""
+    import pyarrow
+    import pyarrow.parquet
+
+    try:
+        metadata = pyarrow.parquet.read_metadata(path)
+    except (pyarrow.ArrowException, OSError):
+        return {}
+    rows = (metadata.row_group(i).num_rows for i in range(metadata.num_row_groups))
+    return {"batch_size": next((count for count in rows if count > 0), 1)}
 
 
 def _csv_chunking(file_format: str, path: Path) -> dict:
