@@ -985,6 +985,31 @@ def test_a_bad_last_json_line_without_a_newline_after_it_is_named(tmp_path, last
     assert str(error.value) == f"{path}: {fault}"
 
 
+@pytest.mark.parametrize("line, value, kind", [
+    (6, '"just a string"', 'a string ("just a string")'), (6, "42", "a number (42)"),
+    (1, "[1, 2]", "an array ([1, 2])"), (21, '["the", "last"]', 'an array (["the", "last"])'),
+], ids=["a string", "a number", "an array first", "an array last"])
+def test_a_json_line_that_is_no_record_is_named(tmp_path, line, value, kind):
+    # datasets said "cannot read it (JSON parse error: Column() changed from object to string in row 0)",
+    # naming no line; an array on the first line ended in a ValueError traceback ("Trailing data")
+    lines = jsonl_text(DOCUMENTS).splitlines()
+    lines.insert(line - 1, value)
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(DataError) as error:
+        prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
+    assert str(error.value) == (f"{path}: line {line} is {kind}, not a record; each line of a JSON lines "
+                                'file is one object, such as {"text": "..."}')
+
+
+def test_a_json_file_of_one_array_on_one_line_is_still_read(tmp_path):
+    path = tmp_path / "corpus.json"
+    path.write_text(json.dumps([{"text": text} for text in DOCUMENTS]), encoding="utf-8")
+    assert sources._find_invalid_json([path]) is None
+    assert documents_of(prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)) == (
+        expected_split(DOCUMENTS))
+
+
 @pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet"])
 def test_reading_local_files_sends_no_download_count_to_the_hub(tmp_path, monkeypatch, suffix):
     # datasets counts each load of its json, csv and parquet builders with a HEAD request to the hub's

@@ -946,6 +946,12 @@ def _reading_errors(description: str, files: list[Path], file_format: str) -> It
         raise DataError(found or f"{description}: cannot read it ({_first_line(e)})") from None
     except DataError:
         raise
+    except ValueError:  # datasets' JSON reader on a first line that is no record: "Trailing data"
+        _raise_if_undecompressible(files)
+        found = _find_invalid_json(files) if file_format == "json" else None
+        if found is None:
+            raise
+        raise DataError(found) from None
     except Exception:
         _raise_if_undecompressible(files)
         raise
@@ -1040,13 +1046,16 @@ def _raise_if_undecompressible(files: list[Path]) -> None:
 
 
 def _find_invalid_json(files: list[Path]) -> Optional[str]:
-    """The first JSON lines file with a line that does not parse, and that line. The lines are
-    streamed: a fault on line 2 of a corpus of many gigabytes is named without reading the rest, as
-    is a bad first line, unless it opens an array or an object: then the file may be one JSON
-    document over many lines, and it is read whole to know (as datasets has just read it). A line that
-    is not UTF-8 (a UTF-16 file, as Windows PowerShell writes one) is named as such, as a text file's is."""
+    """The first JSON lines file with a line that does not parse, or parses to no record (a string, a
+    number, an array: `_no_record`), and that line. The lines are streamed: a fault on line 2 of a
+    corpus of many gigabytes is named without reading the rest, as is a bad first line, unless it
+    opens an array or an object: then the file may be one JSON document over many lines, and it is
+    read whole to know (as datasets has just read it). A first line that parses to no record is named
+    only once a line follows it (else it is the whole file: an array of records on one line). A line
+    that is not UTF-8 (a UTF-16 file, as Windows PowerShell writes one) is named as such, as a text
+    file's is."""
     for path in files:
-        first = True  # the first line that is not blank
+        first = None  # (number, value) of the first line that is not blank, once it parsed
         with _open_binary(path) as f:
             offset = 0  # bytes before the line
             for number, raw in enumerate(_byte_lines(f), 1):
@@ -1055,17 +1064,31 @@ def _find_invalid_json(files: list[Path]) -> Optional[str]:
                     continue
                 line = raw.decode("utf-8-sig", errors="replace")
                 try:
-                    json.loads(line)
+                    value = json.loads(line)
                 except ValueError as e:
-                    if first and line.lstrip().startswith(("[", "{")) and _one_json_document(path):
+                    if first is None and line.lstrip().startswith(("[", "{")) and _one_json_document(path):
                         break  # an array of records, or one record over many lines: fine
                     encoding = _not_utf8_line(path, raw, start, number)
                     if encoding:
                         return encoding
                     fault = e.msg.removesuffix(" at")  # "Unterminated string starting at", at a column
                     return f"{path}: line {number} is not valid JSON ({fault} at column {e.colno})"
-                first = False
+                if first is None:  # no record may be the whole file (an array of records on one line)
+                    first = (number, value)
+                    continue
+                for at, parsed in (first, (number, value)):  # with a line after it, it is JSON lines
+                    if not isinstance(parsed, dict) and parsed is not None:
+                        return _no_record(path, at, parsed)
     return None
+
+
+def _no_record(path: Path, number: int, value) -> str:
+    """Line `number` of a JSON lines file, which parses to `value`, a JSON value that is no object.
+    datasets said only that a column "changed from object to string", naming no line (or, for an array
+    on the first line, raised "Trailing data")."""
+    kind = JSON_TYPES.get(type(value), "a string")
+    return (f"{path}: line {number} is {kind} ({json.dumps(value)[:40]}), not a record; each line of a "
+            'JSON lines file is one object, such as {"text": "..."}')
 
 
 def _not_utf8_line(path: Path, raw: bytes, start: int, number: int) -> Optional[str]:
