@@ -222,6 +222,21 @@ def test_hub_dataset_from_a_local_folder_with_its_own_splits(tmp_path, hf_cache,
     assert result.cache_dir.name.startswith("my_dataset-char-")
 
 
+@pytest.mark.parametrize("name", [".", "./", "corpus/.."])
+def test_the_folder_run_from_is_a_dataset_folder_too(tmp_path, hf_cache, monkeypatch, name):
+    # datasets names a folder's dataset after its path's last part, none for "." or "./": data.dataset: .
+    # ended in "data.dataset '.': dataset_name should be specified but got None"
+    folder = tmp_path / "my_dataset"
+    (folder / "corpus").mkdir(parents=True)
+    write_jsonl(folder / "train.jsonl", DOCUMENTS[:15])
+    write_jsonl(folder / "validation.jsonl", DOCUMENTS[15:])
+    monkeypatch.chdir(folder)
+    config = make_config(tmp_path, {"dataset": name, "validation_split": "validation"})
+    result = prepare_data(config, progress=False)
+    assert split_documents(result.train, result.tokenizer) == DOCUMENTS[:15]
+    assert split_documents(result.validation, result.tokenizer) == DOCUMENTS[15:]
+
+
 def test_max_documents_keeps_the_first_ones_of_each_split_of_a_dataset_with_its_own(tmp_path, hf_cache):
     folder = tmp_path / "my_dataset"
     folder.mkdir()

@@ -226,6 +226,9 @@ def _folder_reader(data: DataConfig, files: list[Path], progress: bool,
     them (`_text_reader`: one document per file, newlines kept), not by datasets' text builder (a
     document per line, its newline dropped)."""
     name, local = data.dataset, Path(data.dataset)
+    # datasets names the dataset after the path's last part, and "." or "./" (the folder run from) has
+    # none: "dataset_name should be specified but got None"
+    path = str(local.absolute())
 
     def reader(split: str) -> Callable[[], DocumentParts]:
         import datasets
@@ -233,7 +236,7 @@ def _folder_reader(data: DataConfig, files: list[Path], progress: bool,
         with _dataset_errors(name):
             # the splits datasets finds among `files` only, unless the folder's card names them
             data_files = None if _card_lists_files(local) else _inferred_splits(data, files)
-            builder = datasets.load_dataset_builder(name, data.dataset_config, data_files=data_files)
+            builder = datasets.load_dataset_builder(path, data.dataset_config, data_files=data_files)
             kept = {os.path.realpath(p) for p in files}
             found = {str(s): _read_by(builder.name, [Path(f) for f in fs if os.path.realpath(f) in kept])
                      for s, fs in (builder.config.data_files or {}).items()}
@@ -243,9 +246,9 @@ def _folder_reader(data: DataConfig, files: list[Path], progress: bool,
                 return _text_reader(found[split], progress)(split)
             return _per_file_parts(
                 found[split], builder.name, data.text_field, description,
-                lambda path: datasets.load_dataset(name, data.dataset_config, split=split, streaming=True,
-                                                   data_files={split: [glob.escape(str(path))]},
-                                                   **_reading_options(builder.name, path)),
+                lambda file: datasets.load_dataset(path, data.dataset_config, split=split, streaming=True,
+                                                   data_files={split: [glob.escape(str(file))]},
+                                                   **_reading_options(builder.name, file)),
                 skipped=SkippedRecords(f"{description} split {split!r}", data.text_field))
 
     return reader
