@@ -1031,6 +1031,22 @@ def test_validation_split_too_short(tmp_path):
     assert "data.validation_fraction (now 0.1)" in message and "smaller model.context_length" in message
 
 
+@pytest.mark.parametrize("tokenizer", ["char", "bpe"])
+@pytest.mark.parametrize("fraction, left", [(0.99, 0), (0.95, 2)])
+def test_a_validation_fraction_that_leaves_too_little_to_train_on_is_named(tmp_path, tokenizer, fraction, left):
+    # a fraction that held out every character said only "the training text is empty: nothing to build
+    # a character vocabulary from", and one that left a few "use more text", naming neither the file
+    # nor data.validation_fraction
+    path = tmp_path / "book.txt"
+    path.write_text("abcdefghi\n" * 5, encoding="utf-8")  # one text of 50 characters
+    kind = {"kind": tokenizer, "vocab_size": 300} if tokenizer == "bpe" else {"kind": tokenizer}
+    config = make_config(tmp_path, {"files": [str(path)], "validation_fraction": fraction}, kind)
+    message = assert_one_line_error(tmp_path, config, r"training")
+    assert f"a smaller data.validation_fraction (now {fraction})" in message
+    if not left:
+        assert message.startswith(f"{path}: data.validation_fraction={fraction} holds out all 50 characters")
+
+
 def test_a_split_of_exactly_one_window_is_enough_and_one_token_fewer_is_refused(tmp_path):
     path = tmp_path / "book.txt"
     path.write_text("abcdefghi\n" * 9, encoding="utf-8")  # 90 characters: 81 train, the last 9 validate

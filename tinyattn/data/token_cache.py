@@ -456,8 +456,11 @@ def check_split_lengths(meta: dict, config: Config) -> None:
     needed = config.model.context_length + 1
     data = config.data
     if meta["train_tokens"] < needed:
+        # held out by a fraction, the validation split takes what the training split could have had
+        fraction = "" if data.validation_split else (
+            f", a smaller data.validation_fraction (now {data.validation_fraction})")
         raise DataError(f"the training split has {meta['train_tokens']} tokens, fewer than "
-                        f"model.context_length + 1 = {needed}; use more text or a smaller "
+                        f"model.context_length + 1 = {needed}; use more text{fraction} or a smaller "
                         "model.context_length")
     if meta["validation_tokens"] < needed:
         if data.validation_split:
