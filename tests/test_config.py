@@ -581,3 +581,18 @@ def test_a_bad_by_precision_entry_is_refused_naming_it(tmp_path, entry, message)
     path.write_text(f"extends: {ROOT / 'configs' / 'shakespeare_char.yaml'}\nby_precision: {{{entry}}}\n")
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(path)
+
+
+def test_a_path_written_with_a_tilde_is_under_the_home_folder(tmp_path, monkeypatch):
+    # A YAML file and a --set value (after "=") reach tinyattn unexpanded: "file not found: ~/corpus.txt".
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "x.yaml").write_text("extends: " + str(ROOT / "configs" / "tiny.yaml") + "\n"
+                                     "train: {out_dir: ~/runs}\n", encoding="utf-8")
+    config = load_config(tmp_path / "x.yaml", ["data.files=[~/corpus.txt, plain.txt]", "data.cache_dir=~/cache",
+                                               "tokenizer.kind=pretrained", "tokenizer.path=~/tok.json",
+                                               "train.init_from=~/base"])
+    assert config.data.files == [str(tmp_path / "corpus.txt"), "plain.txt"]
+    assert (config.data.cache_dir, config.tokenizer.path) == (str(tmp_path / "cache"), str(tmp_path / "tok.json"))
+    assert (config.train.init_from, config.train.out_dir) == (str(tmp_path / "base"), str(tmp_path / "runs"))
+    folder = load_config(ROOT / "configs" / "tiny.yaml", ["data.files=null", "data.dataset=~/corpus"])
+    assert folder.data.dataset == str(tmp_path / "corpus")

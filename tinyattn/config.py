@@ -18,6 +18,7 @@ import dataclasses
 import difflib
 import functools
 import math
+import os
 import re
 import reprlib
 import types
@@ -609,10 +610,23 @@ def config_from_dict(raw: dict, *, origins: dict[str, str] | None = None,
         if name != "by_precision":  # checked once the config it changes is valid
             sections[name] = _build_section(hints[name], name, value, where)
     config = Config(**sections)
+    _expand_home(config)
     _validate(config, where)
     if raw.get("by_precision"):
         config.by_precision = _check_by_precision(raw, raw["by_precision"], where)
     return config
+
+
+def _expand_home(config: Config) -> None:
+    """A path written ~/... is under the user's home folder, as in a shell: a YAML file and a --set
+    value (`data.files=~/x.txt`, after `=`) reach tinyattn with no shell expanding them."""
+    home = lambda path: os.path.expanduser(path) if isinstance(path, str) else path  # noqa: E731
+    data, train = config.data, config.train
+    if isinstance(data.files, list):
+        data.files = [home(entry) for entry in data.files]
+    data.dataset, data.cache_dir = home(data.dataset), home(data.cache_dir)
+    config.tokenizer.path = home(config.tokenizer.path)
+    train.init_from, train.out_dir = home(train.init_from), home(train.out_dir)
 
 
 def _check_by_precision(raw: dict, value: dict, where) -> dict:
