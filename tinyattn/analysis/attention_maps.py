@@ -48,7 +48,7 @@ from tinyattn.analysis.plotting import (
     tile,
 )
 from tinyattn.data.tokenizer import unknown_characters
-from tinyattn.errors import TinyattnError
+from tinyattn.errors import TinyattnError, counted
 from tinyattn.model.transformer import evaluation_mode
 from tinyattn.system.storage import check_writable, storage_errors
 
@@ -186,7 +186,7 @@ def check_query_position(num_tokens: int, position: int) -> int:
     """A position among num_tokens, negative counting from the end; out of range is a TinyattnError."""
     T = num_tokens
     if not -T <= position < T:
-        raise TinyattnError(f"--query-position {position}: the text has {T} tokens "
+        raise TinyattnError(f"--query-position {position}: the text has {counted(T, 'token')} "
                             f"(positions 0..{T - 1}, or -1 for the last)")
     return position % T
 

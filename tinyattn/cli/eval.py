@@ -107,7 +107,7 @@ def _print_scores(loaded, result, num_tokens: int, source: str) -> None:
     T = loaded.config.model.context_length
     tail = f" + a tail of {result.tail_tokens}" if result.tail_tokens else ""
     print(f"{loaded.label} on {source}: {num_tokens:,} tokens, "
-          f"{result.full_windows:,} windows of {T}{tail}")
+          f"{counted(result.full_windows, 'window')} of {T}{tail}")
     bits = f"bits per {result.unit}"
     print(f"{'loss':<19} {result.loss:.4f} nats per token")
     print(f"{'perplexity':<19} {result.perplexity:.3f}")

@@ -44,7 +44,7 @@ from tqdm import tqdm
 from tinyattn.config import Config
 from tinyattn.data.sources import DocumentParts, Source
 from tinyattn.data.tokenizer import END_OF_TEXT, Tokenizer, build_tokenizer, pretrained_file
-from tinyattn.errors import DataError
+from tinyattn.errors import DataError, counted
 from tinyattn.system.console import notice
 from tinyattn.system.storage import atomic_write, check_writable, remove_temporaries, storage_errors
 
@@ -459,7 +459,7 @@ def check_split_lengths(meta: dict, config: Config) -> None:
         # held out by a fraction, the validation split takes what the training split could have had
         fraction = "" if data.validation_split else (
             f", a smaller data.validation_fraction (now {data.validation_fraction})")
-        raise DataError(f"the training split has {meta['train_tokens']} tokens, fewer than "
+        raise DataError(f"the training split has {counted(meta['train_tokens'], 'token')}, fewer than "
                         f"model.context_length + 1 = {needed}; use more text{fraction} or a smaller "
                         "model.context_length")
     if meta["validation_tokens"] < needed:
@@ -467,7 +467,7 @@ def check_split_lengths(meta: dict, config: Config) -> None:
             more = f"a larger split than data.validation_split={data.validation_split!r}"
         else:
             more = f"a larger data.validation_fraction (now {data.validation_fraction})"
-        raise DataError(f"the validation split has {meta['validation_tokens']} tokens, fewer than "
+        raise DataError(f"the validation split has {counted(meta['validation_tokens'], 'token')}, fewer than "
                         f"model.context_length + 1 = {needed}; use {more} or a smaller "
                         "model.context_length")
 
