@@ -1127,6 +1127,26 @@ def test_a_gap_text_of_exactly_the_tokens_the_probe_needs_is_taken():
         distance.check_gap_text(np.arange(27), 28, "gap.txt")
 
 
+def test_a_gap_text_with_characters_the_tokenizer_never_saw_names_them_as_the_other_commands_do(
+        tmp_path, capsys, char_tokenizer):
+    # The gap would hold [UNK] where the file has text: said in one warning line, as generate's prompt,
+    # eval --text-file, attention --text and the other labs' texts are.
+    text = tmp_path / "gap.txt"
+    text.write_text("They are at the caf\u00e9.", encoding="utf-8")
+    loaded = SimpleNamespace(tokenizer=char_tokenizer)
+    ids = distance.gap_text(str(text), loaded)
+    assert char_tokenizer.unknown_id in ids.tolist()
+    assert capsys.readouterr().err == (f"warning: --text {text}: 1 character the tokenizer has never seen, "
+                                       "read as [UNK]: '\u00e9'\n")
+
+
+def test_a_gap_text_the_tokenizer_reads_whole_warns_of_nothing(tmp_path, capsys, char_tokenizer):
+    text = tmp_path / "gap.txt"
+    text.write_text("the cat sat on the mat", encoding="utf-8")
+    distance.gap_text(str(text), SimpleNamespace(tokenizer=char_tokenizer))
+    assert capsys.readouterr().err == ""
+
+
 def test_the_gap_text_is_the_checkpoints_validation_split_only_under_its_own_tokenizer(monkeypatch,
                                                                                     char_tokenizer):
     # Another tokenizer's ids would be read as other tokens: the gap would be noise, not text.

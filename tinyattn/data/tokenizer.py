@@ -348,7 +348,7 @@ def warn_unknown_characters(tokenizer, text: str, ids: list[int], where: str, ve
     """`warning: <where>: N characters the tokenizer has never seen, <verb> as [UNK]: 'é', ...` on
     stderr (the first ten named) where `ids`, the encoding of `text`, hold the unknown token: the one
     warning of the commands that read a user's text (generate's prompt, eval --text-file, attention
-    --text, lab context --context, lab causal --prompt)."""
+    --text, lab context --context, lab causal --prompt, lab distance --text)."""
     unknown = unknown_characters(tokenizer, text, ids)
     if unknown:
         shown = ", ".join(repr(c) for c in unknown[:10]) + (", ..." if len(unknown) > 10 else "")

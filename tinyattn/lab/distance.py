@@ -43,6 +43,7 @@ from tinyattn.analysis.evaluate import token_losses
 from tinyattn.checkpoint import require_causal
 from tinyattn.config import ModelConfig, TrainConfig
 from tinyattn.data.batches import prepare_data
+from tinyattn.data.tokenizer import warn_unknown_characters
 from tinyattn.errors import TinyattnError, counted
 from tinyattn.hf.folder import load_any_model
 from tinyattn.lab.outputs import (
@@ -144,9 +145,13 @@ def check_string_length(length: int, context: int, *, after_start: bool) -> None
 
 
 def gap_text(path: str | None, loaded) -> np.ndarray:
-    """Token ids of ordinary text: `--text` encoded with the model's tokenizer, or its validation split."""
+    """Token ids of ordinary text: `--text` encoded with the model's tokenizer (its characters the
+    tokenizer never saw named, as generate names a prompt's), or its validation split."""
     if path is not None:
-        return np.asarray(loaded.tokenizer.encode(read_text(path, "--text file")), dtype=np.int64)
+        text = read_text(path, "--text file")
+        ids = loaded.tokenizer.encode(text)
+        warn_unknown_characters(loaded.tokenizer, text, ids, f"--text {path}")
+        return np.asarray(ids, dtype=np.int64)
     if loaded.config.data.dataset is None and loaded.config.data.files is None:  # a Hugging Face folder
         raise TinyattnError(f"{loaded.label}: records no data to take the gap text from; give --text FILE")
     try:
