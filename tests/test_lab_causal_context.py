@@ -931,3 +931,19 @@ def test_the_tables_columns_name_the_pair_of_contexts_each_compares():
     lines = text.splitlines()
     assert "| depth | cos(context 1, 2) | cos(context 1, 3) | cos(context 2, 3) |" in lines
     assert "| after block 1 | 0.9000 | 0.8000 | 0.7000 |" in lines
+
+
+def test_the_report_names_the_prompt_its_samples_continue(tmp_path):
+    # A sample is the text drawn after the prompt, not the prompt itself: without the prompt beside
+    # them (by default the validation split's first tokens, which the user never typed) the samples
+    # read as text from nowhere.
+    import numpy as np
+
+    from tinyattn.lab.causal import Row, write_report
+
+    rows = [Row(name, 1.0, 1.0, 1.0, np.zeros(4), 1, f"{name}'s text")
+            for name in ("causal", "bidirectional")]
+    write_report(rows, tmp_path, 1.0, prompt="ROMEO:\n")
+    report = (tmp_path / "causal.md").read_text()
+    assert "\nthe samples continue the prompt 'ROMEO:\\n'" in report
+    assert report.index("the samples continue the prompt") < report.index("## sample: causal")

@@ -297,11 +297,12 @@ def save_figure(rows: list[Row], curves: dict, path: Path) -> Path:
     return path
 
 
-def write_report(rows: list[Row], out: Path, seconds: float) -> str:
-    """causal.md: the table, the leak position and each model's sample."""
+def write_report(rows: list[Row], out: Path, seconds: float, *, prompt: str) -> str:
+    """causal.md: the table, the leak position, the prompt and each model's sample after it (the
+    prompt, by default the validation split's first tokens, is not part of the samples)."""
     table = format_table(rows)
     parts = [f"# tinyattn lab causal\n\n{table}\n\nleak test: the token at position {rows[0].position + 1} "
-             f"changed; wall time {seconds:.0f} s\n"]
+             f"changed; wall time {seconds:.0f} s\n\nthe samples continue the prompt {prompt!r}\n"]
     for r in rows:
         parts.append(f"\n## sample: {r.name}\n\n```\n{r.sample}\n```\n")
     (out / "causal.md").write_text("".join(parts), encoding="utf-8")
@@ -373,7 +374,7 @@ def run(args: argparse.Namespace) -> int:
         rows.append(measure(str(args.checkpoint), checkpoint, tokens=tokens, position=args.position,
                             prompt=prompt, windows=config.train.eval_windows))
     figure = save_figure(rows, curves, out / "causal.png")
-    table = write_report(rows, out, time.perf_counter() - started)
+    table = write_report(rows, out, time.perf_counter() - started, prompt=data.tokenizer.decode(prompt))
     print(table)
     print(f"wrote {out / 'causal.md'} and {figure} in {time.perf_counter() - started:.0f} s; "
           f"tensorboard --logdir {quoted(out)} shows both runs")
