@@ -912,6 +912,29 @@ def test_lab_causal_names_the_prompts_characters_the_tokenizer_never_saw_before_
                    "error: stopped before training\n"), err
 
 
+def test_lab_causal_says_a_prompt_longer_than_the_context_is_read_from_its_end_before_anything_trains(
+        tmp_path, monkeypatch, capsys, corpus_text):
+    # As generate says it: each sample step reads the prompt's last context tokens, never its start.
+    from tests.conftest import ROOT
+    from tinyattn.cli.lab import main
+    from tinyattn.lab import causal
+
+    def no_training(args, out):
+        raise TinyattnError("stopped before training")
+
+    monkeypatch.setattr(causal, "train_both", no_training)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(corpus_text * 4, encoding="utf-8")
+    options = ["causal", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "2", "--out",
+               str(tmp_path / "out"), "--set", f"data.files={corpus}", "data.url=null", "data.sha256=null",
+               f"data.cache_dir={tmp_path / 'cache'}", "--prompt"]
+    assert main(options + ["ROMEO: " * 5]) == 2  # 35 characters, tiny.yaml's context 32
+    assert capsys.readouterr().err == ("warning: --prompt: 35 tokens, longer than the runs' context of 32; "
+                                       "the samples read only its last 32\nerror: stopped before training\n")
+    assert main(options + ["ROMEO: " * 4]) == 2  # 28: read whole
+    assert capsys.readouterr().err == "error: stopped before training\n"
+
+
 def test_both_runs_evaluate_the_labs_windows_not_the_configs(tmp_path, monkeypatch):
     # The main config evaluates 200 windows; the lab's runs, and so each row's causal-task loss (a
     # forward per position of every window), read EVAL_WINDOWS: what keeps the lab within its minutes.

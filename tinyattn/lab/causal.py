@@ -326,15 +326,21 @@ def _other_checkpoint(args: argparse.Namespace, tokenizer, context: int):
     return loaded
 
 
-def _prompt_ids(prompt: Optional[str], tokenizer, validation) -> list[int]:
-    """--prompt's ids, its characters the tokenizer never saw named as generate names them; without
-    one, the first PROMPT_TOKENS tokens of the validation split."""
+def _prompt_ids(prompt: Optional[str], tokenizer, validation, context: int) -> list[int]:
+    """--prompt's ids, its characters the tokenizer never saw named as generate names them, and a
+    prompt longer than the runs' `context` said to be read from its end (`prefix_sample` crops it);
+    without one, the first PROMPT_TOKENS tokens of the validation split."""
+    import sys
+
     from tinyattn.data.tokenizer import warn_unknown_characters
 
     if not prompt:
         return [int(i) for i in validation[:PROMPT_TOKENS]]
     ids = tokenizer.encode(prompt)
     warn_unknown_characters(tokenizer, prompt, ids, "--prompt")
+    if len(ids) > context:
+        print(f"warning: --prompt: {len(ids)} tokens, longer than the runs' context of {context}; "
+              f"the samples read only its last {context}", file=sys.stderr)
     return ids
 
 
@@ -360,7 +366,8 @@ def run(args: argparse.Namespace) -> int:
     checkpoint = (_other_checkpoint(args, data.tokenizer, config.model.context_length) if args.checkpoint
                   else None)
     tokens = data.validation
-    prompt = _prompt_ids(args.prompt, data.tokenizer, tokens)  # its warning before the runs' minutes
+    prompt = _prompt_ids(args.prompt, data.tokenizer, tokens,  # its warnings before the runs' minutes
+                         config.model.context_length)
     out = experiment_folder(args.out, "causal")
     results = train_both(args, out)
     rows, curves = [], {}
