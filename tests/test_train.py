@@ -1000,6 +1000,20 @@ def test_the_advice_of_a_refused_resume_quotes_a_run_path_that_holds_a_space(cor
     assert shlex.split(folder.split(" to take it")[0]) == [str(run)]
 
 
+def test_a_resume_without_config_looks_for_the_run_under_a_set_out_dir_written_with_a_tilde(
+        twelve_steps, tmp_path, monkeypatch):
+    # The config's train.out_dir=~/... is under the home folder, but --resume without --config looked
+    # for the run in a folder named '~' under the one run from: "~/orig: no such run to resume".
+    from tinyattn.cli.train import main
+
+    run, _ = twelve_steps
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path / "orig")  # no folder "~" here
+    assert main(["--resume", "--run-name", "orig", "--no-progress", "--set", "train.out_dir=~/",
+                 "train.max_steps=13"]) == 0
+    assert (run / "step_0000013.pt").is_file() and not (tmp_path / "orig" / "~").exists()
+
+
 def test_a_resume_in_place_refuses_another_out_dir_given_for_it(
         corpus, tmp_path, twelve_steps, capsys):
     from tinyattn.cli.train import main

@@ -617,10 +617,16 @@ def config_from_dict(raw: dict, *, origins: dict[str, str] | None = None,
     return config
 
 
+def home_path(path: Any) -> Any:
+    """A path written ~/... as under the user's home folder, as in a shell: a YAML file and a --set
+    value (`data.files=~/x.txt`, after `=`) reach tinyattn with no shell expanding them. Another
+    value (None, a number) is returned as it is."""
+    return os.path.expanduser(path) if isinstance(path, str) else path
+
+
 def _expand_home(config: Config) -> None:
-    """A path written ~/... is under the user's home folder, as in a shell: a YAML file and a --set
-    value (`data.files=~/x.txt`, after `=`) reach tinyattn with no shell expanding them."""
-    home = lambda path: os.path.expanduser(path) if isinstance(path, str) else path  # noqa: E731
+    """The config's paths written ~/... under the home folder (`home_path`)."""
+    home = home_path
     data, train = config.data, config.train
     if isinstance(data.files, list):
         data.files = [home(entry) for entry in data.files]

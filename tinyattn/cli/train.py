@@ -6,7 +6,7 @@ import argparse
 
 from tinyattn.cli import run_command, warnings_as_lines
 from tinyattn.cli.options import add_config, add_device, command_parser
-from tinyattn.config import apply_overrides, load_config, override_keys, override_value
+from tinyattn.config import apply_overrides, home_path, load_config, override_keys, override_value
 from tinyattn.errors import TinyattnError
 
 
@@ -38,8 +38,9 @@ def _config_and_point(args: argparse.Namespace):
     config = load_config(args.config, args.overrides) if args.config else None
     point = None
     if args.resume:
-        out_dir = config.train.out_dir if config else override_value(args.overrides, "train.out_dir",
-                                                                     DEFAULT_OUT_DIR)
+        # the folder the run is looked for in: a --set train.out_dir=~/runs under the home folder too
+        out_dir = (config.train.out_dir if config
+                   else home_path(override_value(args.overrides, "train.out_dir", DEFAULT_OUT_DIR)))
         point = ResumePoint.find(args.resume, args.run_name, out_dir)  # the one load
         if config is None:  # the run continues as it was, with config.yaml's edits and the overrides
             given = override_keys(args.overrides) + (("train.device",) if args.device is not None else ())
