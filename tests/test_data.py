@@ -1047,6 +1047,16 @@ def test_a_validation_fraction_that_leaves_too_little_to_train_on_is_named(tmp_p
         assert message.startswith(f"{path}: data.validation_fraction={fraction} holds out all 50 characters")
 
 
+def test_a_text_of_one_character_held_out_whole_is_named_in_the_singular(tmp_path):
+    # "holds out all 1 characters of the text"
+    path = tmp_path / "book.txt"
+    path.write_text("a", encoding="utf-8")
+    config = make_config(tmp_path, {"files": [str(path)]})
+    message = assert_one_line_error(tmp_path, config, r"training")
+    assert message.startswith(f"{path}: data.validation_fraction=0.1 holds out the only character of the "
+                              "text, leaving no training text"), message
+
+
 def test_a_split_of_exactly_one_window_is_enough_and_one_token_fewer_is_refused(tmp_path):
     path = tmp_path / "book.txt"
     path.write_text("abcdefghi\n" * 9, encoding="utf-8")  # 90 characters: 81 train, the last 9 validate

@@ -57,9 +57,10 @@ def split(source: Source, data: DataConfig) -> Splits:
     # Too few documents to hold whole ones out: the last fraction of the characters.
     cut = int(total * (1 - f))  # int(n * 0.9): the split published Tiny Shakespeare results use
     if cut == 0:  # said here: the tokenizer, built from no text, would only say that it has none
-        raise DataError(f"{source.description}: data.validation_fraction={f} holds out all {total} "
-                        "characters of the text, leaving no training text; use a smaller "
-                        f"data.validation_fraction (now {f}) or more text")
+        held = "the only character" if total == 1 else f"all {total:,} characters"
+        raise DataError(f"{source.description}: data.validation_fraction={f} holds out {held} of the "
+                        "text, leaving no training text; use a smaller data.validation_fraction "
+                        f"(now {f}) or more text")
     return Splits(lambda: _characters_before(everything(), cut),
                   lambda: _characters_from(everything(), cut),
                   f"the last {f} of the characters ({total - cut} of {total})")
