@@ -127,7 +127,8 @@ def explorer_html(rel: Relevance, title: str = "", source: str = "", query: Opti
 
 
 def write_explorer(path: str | Path, rel: Relevance, title: str = "", source: str = "",
-                   query: Optional[int] = None, *, layer: Optional[int] = None, head: Optional[int] = None) -> Path:
+                   query: Optional[int] = None, *, layer: Optional[int] = None,
+                   head: Optional[int] = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)  # as eval --plot and export make theirs
     path.write_text(explorer_html(rel, title, source, query, layer=layer, head=head), encoding="utf-8")

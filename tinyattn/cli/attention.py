@@ -120,8 +120,9 @@ def _heatmaps(args: argparse.Namespace, loaded, text: str, token_ids: list[int])
         position = check_query_position(kept + dropped, args.query_position)
     if position is not None and position < dropped:
         what = f"--query {args.query!r}" if args.query is not None else f"--query-position {args.query_position}"
-        raise TinyattnError(f"{what}: token {position} of the text, in the first {counted(dropped, 'token')}, cut "
-                            f"to fit the context of {kept}; shorten the text or ask about a later token")
+        raise TinyattnError(f"{what}: token {position} of the text, in the first "
+                            f"{counted(dropped, 'token')}, cut to fit the context of {kept}; shorten the "
+                            "text or ask about a later token")
     position = None if position is None else position - dropped
     if dropped:
         print(f"warning: the text is {kept + dropped} tokens, longer than the context of "

@@ -113,7 +113,8 @@ def _print_scores(loaded, result, num_tokens: int, source: str) -> None:
     print(f"{'perplexity':<19} {result.perplexity:.3f}")
     print(f"{bits:<19} {result.bits_per_unit:.4f} ({result.units:,} {result.unit}s)")
     if result.full_windows == 0:
-        print(f"loss by position: no full window ({counted(num_tokens, 'token')} < context_length + 1 = {T + 1})")
+        print(f"loss by position: no full window ({counted(num_tokens, 'token')} < context_length + 1 = "
+              f"{T + 1})")
         return
     print(f"\nloss by position, mean over {result.full_windows:,} full windows:")
     print(format_loss_by_position(result.loss_by_position))

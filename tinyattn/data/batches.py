@@ -102,15 +102,16 @@ class BatchSampler:
     def __init__(self, tokens: np.ndarray, batch_size: int, context_length: int, *, seed: int,
                  rank: int = 0, world_size: int = 1, sampling: str = "random"):
         if len(tokens) < context_length + 1:
-            raise DataError(f"{counted(len(tokens), 'token')} cannot fill one window of model.context_length + 1 = "
-                            f"{context_length + 1}")
+            raise DataError(f"{counted(len(tokens), 'token')} cannot fill one window of "
+                            f"model.context_length + 1 = {context_length + 1}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
         if sampling not in SAMPLINGS:
             raise ValueError(f"sampling {sampling!r}: expected one of {', '.join(SAMPLINGS)}")
         if sampling == "passes" and len(tokens) < 2 * context_length:
-            raise DataError(f"{counted(len(tokens), 'token')} cannot fill a pass of train.sampling: passes (it needs "
-                            f"at least 2 * model.context_length = {2 * context_length}); set train.sampling: random")
+            raise DataError(f"{counted(len(tokens), 'token')} cannot fill a pass of train.sampling: "
+                            f"passes (it needs at least 2 * model.context_length = {2 * context_length}); "
+                            "set train.sampling: random")
         self.tokens = tokens
         self.batch_size = batch_size
         self.context_length = context_length
@@ -245,8 +246,8 @@ def eval_batches(tokens: np.ndarray, context_length: int, batch_size: int,
     T = context_length
     available = full_window_count(len(tokens), T)
     if available == 0:
-        raise DataError(f"{counted(len(tokens), 'token')} cannot fill one window of model.context_length + 1 = "
-                        f"{T + 1}")
+        raise DataError(f"{counted(len(tokens), 'token')} cannot fill one window of "
+                        f"model.context_length + 1 = {T + 1}")
     if max_windows is None or max_windows >= available:
         starts = np.arange(available, dtype=np.int64) * T
     else:

@@ -171,7 +171,8 @@ def check_gap_text(text: np.ndarray, needed: int, path: str | None) -> None:
         return
     where, advice = ((f"--text {path}", "give a longer text") if path is not None else
                      ("the validation split of the checkpoint's data", "give a longer text with --text FILE"))
-    raise TinyattnError(f"{where}: {counted(len(text), 'token')}; the probe needs at least {needed} ({advice})")
+    raise TinyattnError(f"{where}: {counted(len(text), 'token')}; the probe needs at least {needed} "
+                        f"({advice})")
 
 
 def ordinary_tokens(tokenizer) -> np.ndarray:
@@ -210,7 +211,8 @@ def repeat_probe(model: nn.Module, *, string_tokens: np.ndarray, text: np.ndarra
     rows = []
     for d in distances:
         if len(text) < d + 1:
-            raise TinyattnError(f"the gap text has {counted(len(text), 'token')}; the probe needs at least {d + 1}")
+            raise TinyattnError(f"the gap text has {counted(len(text), 'token')}; the probe needs at least "
+                                f"{d + 1}")
         strings = rng.choice(string_tokens, size=(samples, length))  # (S, n)
         starts = rng.integers(0, len(text) - d + 1, size=samples)  # (S,)
         fresh = rng.choice(string_tokens, size=(samples, length))  # (S, n) the control's second string
