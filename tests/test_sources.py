@@ -1002,6 +1002,19 @@ def test_a_json_line_that_is_no_record_is_named(tmp_path, line, value, kind):
                                 'file is one object, such as {"text": "..."}')
 
 
+@pytest.mark.parametrize("value, kind", [
+    ('"just a string"', 'a string ("just a string")'), ("42", "a number (42)"), ("true", "a boolean (true)")])
+def test_a_json_lines_file_of_one_line_that_is_no_record_is_named(tmp_path, value, kind):
+    # Alone in its file it is no array of records either: datasets said "cannot read it (JSON parse
+    # error: Column() changed from object to string in row 0)", naming no line
+    path = tmp_path / "corpus.jsonl"
+    path.write_text(value + "\n", encoding="utf-8")
+    with pytest.raises(DataError) as error:
+        prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
+    assert str(error.value) == (f"{path}: line 1 is {kind}, not a record; each line of a JSON lines "
+                                'file is one object, such as {"text": "..."}')
+
+
 def test_a_json_file_of_one_array_on_one_line_is_still_read(tmp_path):
     path = tmp_path / "corpus.json"
     path.write_text(json.dumps([{"text": text} for text in DOCUMENTS]), encoding="utf-8")

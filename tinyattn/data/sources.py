@@ -1053,8 +1053,8 @@ def _find_invalid_json(files: list[Path]) -> Optional[str]:
     number, an array: `_no_record`), and that line. The lines are streamed: a fault on line 2 of a
     corpus of many gigabytes is named without reading the rest, as is a bad first line, unless it
     opens an array or an object: then the file may be one JSON document over many lines, and it is
-    read whole to know (as datasets has just read it). A first line that parses to no record is named
-    only once a line follows it (else it is the whole file: an array of records on one line). A line
+    read whole to know (as datasets has just read it). A first line that is an array is named only
+    once a line follows it (else it is the whole file: an array of records on one line). A line
     that is not UTF-8 (a UTF-16 file, as Windows PowerShell writes one) is named as such, as a text
     file's is."""
     for path in files:
@@ -1082,6 +1082,8 @@ def _find_invalid_json(files: list[Path]) -> Optional[str]:
                 for at, parsed in (first, (number, value)):  # with a line after it, it is JSON lines
                     if not isinstance(parsed, dict) and parsed is not None:
                         return _no_record(path, at, parsed)
+        if first is not None and not isinstance(first[1], (dict, list)) and first[1] is not None:
+            return _no_record(path, *first)  # a string or a number alone is no file of records either
     return None
 
 
