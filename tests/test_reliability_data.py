@@ -17,6 +17,7 @@ from tinyattn.config import load_config
 from tinyattn.data.batches import prepare_data
 from tinyattn.errors import CheckpointError
 from tinyattn.train.loop import train
+from tinyattn.train.resume import ResumePoint
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
 
@@ -118,6 +119,23 @@ def test_a_resume_on_changed_data_is_refused_unless_allowed_and_logged(corpus, t
     assert f"{corpus.resolve()} changed" in log
     assert (run / ckpt.step_filename(4)).exists()
     assert not list(run.glob("config.edited-*"))  # config.yaml was the run's own: nothing to keep
+
+
+def test_allowing_changed_training_tokens_alone_says_the_validation_losses_stay_comparable():
+    """Only the training split changed: the validation windows are the same, so the warning of
+    --allow-data-change must not call the losses before and after the resume incomparable (it did,
+    right after the refusal had said the validation split is the same)."""
+    saved = {"key": "k1", "train": {"checksum": "t1", "tokens": 100},
+             "validation": {"checksum": "v", "tokens": 9}}
+    point = ResumePoint(file=Path("run/step_0000002.pt"), state={"data": saved}, config=None, step=2)
+    same_validation = {**saved, "key": "k2", "train": {"checksum": "t2", "tokens": 100}}
+    line = point.check_data(same_validation, allow_change=True)
+    assert "not comparable" not in line
+    assert ("the validation split is the same: validation losses before and after step 2 stay comparable"
+            in line)
+    other_validation = {**same_validation, "validation": {"checksum": "w", "tokens": 9}}
+    line = point.check_data(other_validation, allow_change=True)
+    assert "validation losses before and after step 2 (best.pt's included) are not comparable" in line
 
 
 def test_a_bpe_run_resumed_on_changed_text_blames_the_text_not_the_unchanged_settings(corpus, tmp_path):

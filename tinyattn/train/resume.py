@@ -103,15 +103,31 @@ def _file_change(run: Tokenizer, now: Tokenizer) -> str:
     return "the same tokens and ids, other settings"
 
 
-def _what_resuming_does(saved: dict, now: dict) -> str:
-    """What a resume on changed data would do, by the splits whose tokens differ (both, where a
-    fingerprint saved before checksums were kept cannot tell)."""
+def _changed_splits(saved: dict, now: dict) -> dict[str, bool]:
+    """Whether each split's tokens differ; both, where a fingerprint saved before checksums were
+    kept cannot tell."""
     then = {split: saved.get(split, {}).get("checksum") for split in ("train", "validation")}
-    changed = {split: then[split] != now.get(split, {}).get("checksum") for split in then}
-    if None not in then.values() and not all(changed.values()):
+    if None in then.values():
+        return {split: True for split in then}
+    return {split: then[split] != now.get(split, {}).get("checksum") for split in then}
+
+
+def _what_resuming_does(saved: dict, now: dict) -> str:
+    """What a resume on changed data would do, by the splits whose tokens differ."""
+    changed = _changed_splits(saved, now)
+    if not all(changed.values()):
         return ("go on with other tokens (the validation split is the same)" if changed["train"]
                 else "validate on another split (the training tokens are the same)")
     return "go on with other tokens and validate on another split"
+
+
+def _what_the_losses_mean(saved: dict, now: dict, step: int) -> str:
+    """Whether the validation losses before and after `step` can be compared, after a resume that
+    --allow-data-change let go on: only where the validation split is the same."""
+    if not _changed_splits(saved, now)["validation"]:
+        return (f"the validation split is the same: validation losses before and after step {step} "
+                "stay comparable")
+    return f"validation losses before and after step {step} (best.pt's included) are not comparable"
 
 
 def _shown(tokens) -> str:
@@ -530,8 +546,7 @@ class ResumePoint:
                 f"{_what_resuming_does(saved, fingerprint)}: restore the data, or resume anyway "
                 "with --allow-data-change")
         return (f"warning: --allow-data-change: the data differs from what the run trained on up to step "
-                f"{self.step}: {what}; validation losses before and after step {self.step} (best.pt's "
-                "included) are not comparable")
+                f"{self.step}: {what}; {_what_the_losses_mean(saved, fingerprint, self.step)}")
 
     def check_tokenizer(self, tokenizer) -> None:
         """Refuse data whose tokenizer is not the run's, naming what changed (before any size check:
