@@ -190,6 +190,23 @@ def test_a_new_budget_run_counts_its_start_up_once(corpus, tmp_path, monkeypatch
     assert history[-1][1] == pytest.approx(result.wall_seconds) and tuple(history[-1][3:]) == (0, 1.0)
 
 
+def test_the_measuring_line_splits_the_start_up_from_the_measuring_as_the_last_line_does(
+        corpus, tmp_path, monkeypatch):
+    """The calibration's line called start-up and measuring together "s of start-up" (13 s here, 65 s
+    for a first compile), where the run's last line splits them: start-up 10.0 s, calibration 3.4 s."""
+    clock = FakeClock()
+    FakeMachine(monkeypatch, clock, lambda now, step: 0.25, compute=False)
+    result = train(budget_config(corpus, tmp_path, "100s"), run_name="run", progress=False, clock=clock,
+                   elapsed_before=10.0)
+    log = (result.run_dir / "train.log").read_text(encoding="utf-8")
+    line = next(line for line in log.splitlines() if "s per checkpoint" in line)
+    last = next(line for line in log.splitlines() if "done: " in line)
+    start_up, calibration = (float(value) for value in
+                             re.search(r"start-up ([\d.]+) s .*calibration ([\d.]+) s", last).groups())
+    assert start_up == pytest.approx(10.0, abs=0.05) and calibration > 1.0
+    assert f"per checkpoint, {start_up:.0f} s of start-up and {calibration:.0f} s measuring -> about " in line
+
+
 def test_a_finished_budget_run_resumed_says_how_to_train_on_and_that_way_works(corpus, tmp_path, monkeypatch):
     clock = FakeClock()
     FakeMachine(monkeypatch, clock, lambda now, step: 0.25, compute=False)

@@ -426,17 +426,18 @@ def _first_plan(calibration: Calibration, trainer: Trainer, evaluator: Evaluator
         log.print(f"time budget {plan.text}: about {choices.passes:.1f} passes over the training text "
                   f"fit{with_dropout} -> {', '.join(_pass_choices(calibration.tables, choices, trainer))}")
     steps = plan.seed(measured.step, measured.evaluation, measured.save)
-    spent = plan.spent()
     if steps < 1:
         refusal = TinyattnError(
-            f"train.time_budget {plan.text}: {spent:.0f} s are gone before training and a "
+            f"train.time_budget {plan.text}: {plan.spent():.0f} s are gone before training and a "
             f"step takes {measured.step:.2f} s; no step fits."
             f"{calibration.compile_note(trainer, measured.step)} "
             + calibration.advice(calibration.advised_budget(measured.start_up, measured)))
         raise said_once(refusal, trainer.dist.enabled)  # every rank has rank 0's count: one line, rank 0's
+    # start-up and measuring apart, as the run's last line splits them (a first compile is measuring)
     log.print(f"time budget {plan.text}: measured {measured.step:.3f} s/step, {measured.evaluation:.2f} s "
-              f"per evaluation, {measured.save / 2:.2f} s per checkpoint, {spent:.0f} s of start-up "
-              f"-> about {steps:,} step{'s' if steps > 1 else ''}; the schedule follows the time left")
+              f"per evaluation, {measured.save / 2:.2f} s per checkpoint, {measured.start_up:.0f} s of "
+              f"start-up and {measured.calibration:.0f} s measuring -> about {steps:,} "
+              f"step{'s' if steps > 1 else ''}; the schedule follows the time left")
     return steps, measured
 
 
