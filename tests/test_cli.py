@@ -367,6 +367,21 @@ def test_allow_data_change_without_resume_is_a_usage_error(capsys):
         in capsys.readouterr().err
 
 
+def test_init_from_a_folder_that_is_not_there_names_the_hugging_face_folder_it_could_be(tmp_path, capsys):
+    """configs/finetune_example.yaml before its model is downloaded: the error said 'no such checkpoint
+    file or run folder', leaving out the Hugging Face folder the config names and how one gets there."""
+    from tinyattn.cli.train import main as train_main
+
+    missing = tmp_path / "models" / "SmolLM2-135M"
+    code = train_main(["--config", "configs/tiny.yaml", "--no-progress", "--set", f"train.out_dir={tmp_path}",
+                       f"train.init_from={missing}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert (f"error: train.init_from: {missing}: no such checkpoint file, run folder or Hugging Face folder "
+            "(a Hugging Face model is read from a local folder: download it first") in err
+    assert not list(tmp_path.iterdir())  # no run folder is made
+
+
 @pytest.mark.parametrize("config", [[], ["--config", "configs/tiny.yaml"]], ids=["no-config", "config"])
 def test_resume_without_config_looks_for_the_run_under_the_out_dir_set_gives(tmp_path, capsys, config):
     # With --config too, its train.out_dir (here from --set), not the default checkpoints/.
