@@ -623,7 +623,11 @@ FIXED_STEP_TABLES = ["train.dropout_by_passes={0.2: 0.05, 0.5: 0.1}", "train.flo
      (0.05, 2e-4, 0.25)),
     (300, 1, "0.71 passes over the training text -> model.dropout=0.1 (train.dropout_by_passes), train.min_lr=0.001 "
              "(train.floor_by_passes), train.weight_decay=0.5 (train.decay_by_passes)", (0.1, 1e-3, 0.5)),
-    (150, 2, "0.71 passes", (0.1, 1e-3, 0.5))], ids=["0.24", "0.71", "0.71-accumulating"])
+    (150, 2, "0.71 passes", (0.1, 1e-3, 0.5)),
+    # 0.4978 passes, short of the entries at 0.5: shown as 0.49, not as the 0.50 it rounds to
+    (210, 1, "0.49 passes over the training text -> model.dropout=0.05 (train.dropout_by_passes), "
+             "train.min_lr=0.0002 kept (train.floor_by_passes starts at 0.5)", (0.05, 2e-4, 0.25))],
+    ids=["0.24", "0.71", "0.71-accumulating", "just-short-of-an-entry"])
 def test_a_run_of_fixed_steps_takes_the_entries_for_the_passes_its_steps_make(
         corpus, tmp_path, monkeypatch, steps, accumulate, choices, chosen):
     """Without a time budget the passes are train.max_steps' own, exactly: 128 tokens a step (256

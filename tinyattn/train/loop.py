@@ -65,7 +65,7 @@ from tinyattn.train.optim import unused_options, warmup_warning
 from tinyattn.train.log import Logger, RunLog, stopped_at_once
 from tinyattn.train.owners import (Checkpointer, Evaluator, LossWindow, SharedStop, StopRequest,
                                    StoppedAtOnce, StoppedBeforeStart, Timers)
-from tinyattn.train.passes import PassChoices, PassTables, choose_by_steps, entry_for
+from tinyattn.train.passes import PassChoices, PassTables, choose_by_steps, entry_for, shown_passes
 from tinyattn.train.resume import ResumePoint, keep_user_config, open_run_folder, save_data_fingerprint
 from tinyattn.train.run_folder import RunLock, remove_failed_start
 from tinyattn.train.trainer import Trainer, TrainResult
@@ -389,8 +389,8 @@ def _take_tables_by_steps(config: Config, trainer: Trainer, request: _Request, l
     if not tables:
         return
     choices = choose_by_steps(trainer, tables)
-    log.print(f"train.max_steps {config.train.max_steps:,}: {choices.passes:.2f} passes over the training "
-              f"text -> {', '.join(_pass_choices(tables, choices, trainer))}")
+    log.print(f"train.max_steps {config.train.max_steps:,}: {shown_passes(choices.passes, 2, tables)} passes "
+              f"over the training text -> {', '.join(_pass_choices(tables, choices, trainer))}")
     _take_choices(config, trainer, choices)
 
 
@@ -421,10 +421,11 @@ def _first_plan(calibration: Calibration, trainer: Trainer, evaluator: Evaluator
         measured = chosen[0]
     choices = measured.choices
     if choices is not None:
+        tables = calibration.tables
         with_dropout = "" if choices.tried is None else \
-            f", {choices.tried[1]:.1f} with model.dropout={choices.tried[0]:g}"
-        log.print(f"time budget {plan.text}: about {choices.passes:.1f} passes over the training text "
-                  f"fit{with_dropout} -> {', '.join(_pass_choices(calibration.tables, choices, trainer))}")
+            f", {shown_passes(choices.tried[1], 1, tables)} with model.dropout={choices.tried[0]:g}"
+        log.print(f"time budget {plan.text}: about {shown_passes(choices.passes, 1, tables)} passes over the "
+                  f"training text fit{with_dropout} -> {', '.join(_pass_choices(tables, choices, trainer))}")
     steps = plan.seed(measured.step, measured.evaluation, measured.save)
     if steps < 1:
         refusal = TinyattnError(

@@ -16,6 +16,7 @@ table says so, the higher its rate stays at the end).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
@@ -49,6 +50,16 @@ class PassChoices:
     def passes_chosen(self) -> float:
         """The passes the tables read: the run's with the dropout chosen."""
         return self.tried[1] if self.dropout is not None and self.tried else self.passes
+
+
+def shown_passes(passes: float, digits: int, tables: "PassTables") -> str:
+    """`passes` to `digits` decimals as a line shows it, rounded down where rounding would reach an
+    entry of the tables that the count falls short of (as 0.50 beside an entry at 0.5 not taken)."""
+    text = f"{passes:.{digits}f}"
+    entries = {key for table in tables.by_name.values() for key in table}
+    if any(passes < key <= float(text) for key in entries):
+        text = f"{math.floor(passes * 10 ** digits) / 10 ** digits:.{digits}f}"
+    return text
 
 
 class PassTables:
