@@ -132,6 +132,18 @@ def test_missing_extends_target_names_the_file_that_extends_it(tmp_path):
                                  f"({(tmp_path / 'nothere.yaml').resolve()})")
 
 
+@pytest.mark.parametrize("parent", ["''", "' '", ".", "configs/"], ids=["empty", "blank", "dot", "folder"])
+def test_extends_naming_no_file_is_refused_naming_the_file_that_extends(tmp_path, parent):
+    """`extends: ''` (or a folder) read the folder the config is in and said only
+    '<folder>: cannot read the config file (Is a directory)', naming neither the file nor its key."""
+    (tmp_path / "configs").mkdir()
+    write(tmp_path / "child.yaml", f"extends: {parent}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(tmp_path / "child.yaml")
+    assert str(caught.value).startswith(f"{tmp_path / 'child.yaml'}: extends: "), str(caught.value)
+    assert str(caught.value).endswith("is not accepted; expected the path of a YAML config file to inherit")
+
+
 def test_overrides_are_typed_like_the_field(tmp_path):
     path = write(tmp_path / "c.yaml", "data:\n  files: a.txt\n")
     config = load_config(path, ["model.n_layer=8", "train.lr=3e-4", "model.tie_embeddings=false",

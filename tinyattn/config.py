@@ -814,10 +814,15 @@ def _read_with_extends(path: Path, seen: tuple[Path, ...]) -> tuple[dict, dict[s
     if parent is not None:
         if not isinstance(parent, str):
             raise ConfigError(f"{path}: extends: expected a file path, got {show_value(parent)}")
+        wanted = "is not accepted; expected the path of a YAML config file to inherit"
+        if not parent.strip():  # '' would name the folder the file is in
+            raise ConfigError(f"{path}: extends: {show_value(parent)} {wanted}")
         target = path.parent / parent
         # named here, by the file that extends it; other read errors are the target's own
         if not target.exists():
             raise ConfigError(f"{path}: extends: {parent}: config file not found ({target.resolve()})")
+        if target.is_dir():
+            raise ConfigError(f"{path}: extends: {parent} is a folder, which {wanted}")
         merged, origins = _read_with_extends(target, (*seen, resolved))
         _drop_inherited_source(merged, data, origins)
     _deep_merge(merged, data, origins, str(path), prefix="")
