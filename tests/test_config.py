@@ -600,11 +600,29 @@ def test_a_path_written_with_a_tilde_is_under_the_home_folder(tmp_path, monkeypa
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "x.yaml").write_text("extends: " + str(ROOT / "configs" / "tiny.yaml") + "\n"
                                      "train: {out_dir: ~/runs}\n", encoding="utf-8")
-    config = load_config(tmp_path / "x.yaml", ["data.files=[~/corpus.txt, plain.txt]", "data.cache_dir=~/cache",
+    config = load_config(tmp_path / "x.yaml", ["data.files=[~/corpus.txt, plain.txt]",
+                                               "data.cache_dir=~/cache",
                                                "tokenizer.kind=pretrained", "tokenizer.path=~/tok.json",
                                                "train.init_from=~/base"])
     assert config.data.files == [str(tmp_path / "corpus.txt"), "plain.txt"]
-    assert (config.data.cache_dir, config.tokenizer.path) == (str(tmp_path / "cache"), str(tmp_path / "tok.json"))
+    assert config.data.cache_dir == str(tmp_path / "cache")
+    assert config.tokenizer.path == str(tmp_path / "tok.json")
     assert (config.train.init_from, config.train.out_dir) == (str(tmp_path / "base"), str(tmp_path / "runs"))
     folder = load_config(ROOT / "configs" / "tiny.yaml", ["data.files=null", "data.dataset=~/corpus"])
     assert folder.data.dataset == str(tmp_path / "corpus")
+
+
+def test_a_rule_between_two_keys_says_where_the_other_key_was_set():
+    # --set model.n_kv_head=3 against tiny.yaml's n_head 4 blamed the file alone: "configs/tiny.yaml:
+    # model.n_head: 4 is not accepted; must be divisible by model.n_kv_head=3", the --set unnamed.
+    tiny = ROOT / "configs" / "tiny.yaml"
+    with pytest.raises(ConfigError) as refused:
+        load_config(tiny, ["model.n_kv_head=3"])
+    assert str(refused.value) == (f"{tiny}: model.n_head: 4 is not accepted; must be divisible by "
+                                  "model.n_kv_head=3 (from --set)")
+    with pytest.raises(ConfigError) as both_set:  # both from --set: nothing to add
+        load_config(tiny, ["model.n_head=4", "model.n_kv_head=3"])
+    assert str(both_set.value).endswith("must be divisible by model.n_kv_head=3")
+    with pytest.raises(ConfigError) as suggested:  # a setting the rule suggests, not the one in force
+        load_config(tiny, ["tokenizer.path=x.json"])
+    assert "(from" not in str(suggested.value)

@@ -635,6 +635,19 @@ def _expand_home(config: Config) -> None:
     train.init_from, train.out_dir = home(train.init_from), home(train.out_dir)
 
 
+def _with_origins(rule: str, config: Config, where, origin: str) -> str:
+    """`rule` with each setting it names at its value now followed by where that came from, where that
+    is not `origin`: the mistake may be the other key's (`--set model.n_kv_head=3` against a file's
+    model.n_head: 4 blamed the file alone)."""
+    def said(match: re.Match) -> str:
+        section, name, text = match.groups()
+        key, now = f"{section}.{name}", getattr(getattr(config, section, None), name, None)
+        known = now is not None and str(now) == text and where(key) != origin
+        return f"{match.group(0)} (from {where(key)})" if known else match.group(0)
+
+    return NAMED_SETTING.sub(said, rule)
+
+
 def _check_by_precision(raw: dict, value: dict, where) -> dict:
     """by_precision as given, once each precision's version of the config is itself valid."""
     for precision, changes in value.items():
@@ -1110,9 +1123,14 @@ def _coerce_plain(value: Any, tp: Any, key: str, where, expected: str) -> Any:
     raise bad()
 
 
+# A key and its value named in a rule's text: "must be divisible by model.n_kv_head=3"
+NAMED_SETTING = re.compile(r"\b(model|data|tokenizer|train|sample)\.(\w+)=([^\s,;()\[\]]+)")
+
+
 def _validate(config: Config, where) -> None:
     def fail(key: str, value: Any, accepted: str) -> None:
-        raise ConfigError(f"{where(key)}: {key}: {show_value(value)} is not accepted; {accepted}")
+        raise ConfigError(f"{where(key)}: {key}: {show_value(value)} is not accepted; "
+                          f"{_with_origins(accepted, config, where, where(key))}")
 
     for key, choices in CHOICES.items():
         section, name = key.split(".")
