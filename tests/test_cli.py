@@ -50,7 +50,8 @@ def test_a_count_in_a_message_agrees_with_its_number():
     # "text: 1 tokens; the explorer takes at least 2", "| shape | 1 layers, ... 1 heads" in a model card
     from tinyattn.errors import counted
 
-    assert [counted(n, "token") for n in (0, 1, 2, 32000)] == ["0 tokens", "1 token", "2 tokens", "32,000 tokens"]
+    assert [counted(n, "token") for n in (0, 1, 2, 32000)] == ["0 tokens", "1 token", "2 tokens",
+                                                                "32,000 tokens"]
     assert (counted(1, "query", "queries"), counted(3, "query", "queries")) == ("1 query", "3 queries")
 
 

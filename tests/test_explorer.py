@@ -192,8 +192,8 @@ def test_the_command_prints_the_table_and_writes_the_page(run_dir, relevance, tm
 def test_the_commands_layer_and_head_are_the_pages_first_view(run_dir, tmp_path, capsys):
     # --layer and --head drew only that layer and head but the page still opened on layer 0, head 0.
     page = tmp_path / "explorer.html"
-    status = attention_main(["--checkpoint", str(run_dir), "--text", "The book", "--layer", "1", "--head", "2",
-                             "--html", str(page), "--device", "cpu"])
+    status = attention_main(["--checkpoint", str(run_dir), "--text", "The book", "--layer", "1",
+                             "--head", "2", "--html", str(page), "--device", "cpu"])
     assert status == 0, capsys.readouterr().err
     data = data_of_page(page.read_text(encoding="utf-8"))
     assert (data["layer"], data["head"]) == (1, 2)
@@ -352,7 +352,7 @@ def test_in_chromium_arrow_keys_move_the_query_and_leave_a_focused_selector_alon
     assert page.input_value("#layer") == "0" and page.inner_text("#query-info").startswith(
         f"query {relevance.labels[20]} at 20 (pinned)")
     page.focus("body")
-    for keys in ("Alt+ArrowRight", "Control+ArrowRight"):  # the browser's (Alt+ArrowLeft: back), not the page's
+    for keys in ("Alt+ArrowRight", "Control+ArrowRight"):  # the browser's (Alt+ArrowLeft: back)
         page.keyboard.press(keys)
         assert page.inner_text("#query-info").startswith(f"query {relevance.labels[20]} at 20 (pinned)"), keys
 
