@@ -326,6 +326,16 @@ def test_a_run_that_trained_a_step_count_resumed_with_a_budget_keeps_its_step_sc
     assert isinstance(new_run, TimePlan)
 
 
+def test_a_budget_given_as_a_bare_number_of_seconds_is_shown_with_its_unit():
+    # train.time_budget: 10 printed "fit the 10 budget", "time budget 10: ...": 10 what?
+    from tinyattn.config import duration_text
+
+    config = load_config(TINY, ["train.time_budget=10"]).train
+    assert TimePlan(config.time_budget, config, FakeClock()).text == "10s"
+    assert [duration_text(t) for t in ("10", " 2.5 ", "90s", "10m", "1.5h", "3min")] == [
+        "10s", "2.5s", "90s", "10m", "1.5h", "3min"]
+
+
 def test_a_resumed_plan_with_time_for_exactly_one_more_step_takes_it():
     config = load_config(TINY, ["train.eval_interval=100000"]).train
     saved = TimePlan("100s", config, FakeClock())

@@ -436,6 +436,12 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * unit
 
 
+def duration_text(text) -> str:
+    """A duration as given, its unit said: "10" (seconds) is "10s", "10m" stays "10m"."""
+    match = _DURATION.match(str(text))
+    return f"{match.group(1)}s" if match and match.group(2) is None else str(text).strip()
+
+
 # ----------------------------------------------------------------------------- values in errors
 
 SHOWN_CHARS = 120  # the most of one value an error message shows

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence
 import torch
 
 from tinyattn import checkpoint as ckpt
-from tinyattn.config import Config, TrainConfig, override_value, parse_duration
+from tinyattn.config import Config, TrainConfig, duration_text, override_value, parse_duration
 from tinyattn.errors import TinyattnError
 from tinyattn.system.timing import synchronize
 from tinyattn.train.hooks import DISCARD
@@ -76,7 +76,7 @@ class TimePlan:
 
     def __init__(self, budget_text: str, config: TrainConfig, elapsed: Clock, *, replan_every: int = 1,
                  share: Callable[[int], int] = lambda count: count):
-        self.text = budget_text
+        self.text = duration_text(budget_text)
         self.seconds = parse_duration(budget_text)
         self.config = config
         self.elapsed = elapsed
@@ -416,5 +416,5 @@ def explicit_steps(config: Config, overrides: Sequence[str]) -> Optional[str]:
     if config.train.time_budget is None or override_value(list(overrides), "train.max_steps", None) is None:
         return None
     budget, config.train.time_budget = config.train.time_budget, None
-    return (f"train.max_steps={config.train.max_steps} given with --set: the time budget {budget} is off "
+    return (f"train.max_steps={config.train.max_steps} given with --set: the time budget {duration_text(budget)} is off "
             "for this run")

@@ -24,7 +24,7 @@ import torch
 from tqdm import tqdm
 
 from tinyattn import checkpoint as ckpt
-from tinyattn.config import Config, config_to_dict
+from tinyattn.config import Config, config_to_dict, duration_text
 from tinyattn.errors import TinyattnError
 from tinyattn.system.console import RUN_LOG_NAME
 from tinyattn.system.invocation import command, quoted
@@ -240,9 +240,9 @@ class Logger:
         if t.plan.kind == "steps":
             steps = f"{tc.max_steps:,} steps"
         elif point is None:
-            steps = f"measuring a few steps to fit the {tc.time_budget} budget"
+            steps = f"measuring a few steps to fit the {duration_text(tc.time_budget)} budget"
         else:  # a time plan resumed: it goes on from the seconds its earlier sessions spent
-            steps = f"the {tc.time_budget} budget's plan, {t.plan.spent():.0f} s of it spent"
+            steps = f"the {duration_text(tc.time_budget)} budget's plan, {t.plan.spent():.0f} s of it spent"
         self.print(f"run {self.run_dir} ({what}): {t.model.num_parameters():,} parameters, "
                    f"device {t.device}, precision {t.precision.name}, {optimizer_description(tc)}, "
                    f"{len(t.batches.tokens):,} train tokens, {steps}")

@@ -36,7 +36,7 @@ from typing import Iterable, Optional
 import torch
 import torch.nn as nn
 
-from tinyattn.config import TrainConfig
+from tinyattn.config import TrainConfig, duration_text
 
 # ----------------------------------------------------------------------------- schedule
 
@@ -343,7 +343,8 @@ def unused_options(config: TrainConfig, tied: bool, given: Iterable[str]) -> lis
     lines = []
     if config.time_budget is not None and "train.max_steps" in given:
         steps = config.max_steps
-        lines.append(f"note: train.max_steps={steps} has no effect: train.time_budget {config.time_budget} "
+        lines.append(f"note: train.max_steps={steps} has no effect: train.time_budget "
+                     f"{duration_text(config.time_budget)} "
                      "sets the run's length (config.yaml records the budget's first estimate instead); for "
                      f"{steps} steps, --set train.max_steps={steps} (the budget is then off) or give "
                      "train.time_budget: null")

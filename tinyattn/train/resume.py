@@ -30,7 +30,7 @@ import yaml
 
 from tinyattn import checkpoint as ckpt
 from tinyattn.config import (PASS_TABLES, Config, TokenizerConfig, config_from_dict, config_to_dict,
-                             load_config, settings, with_settings)
+                             duration_text, load_config, settings, with_settings)
 from tinyattn.data.token_cache import data_differences
 from tinyattn.data.tokenizer import Tokenizer
 from tinyattn.errors import CheckpointError, ConfigError, StorageError, TinyattnError, counted
@@ -358,7 +358,7 @@ class ResumePoint:
         if "train.max_steps" in typed:
             if config.train.time_budget is not None:  # edited in config.yaml (--set's is off already)
                 self.notes.append(f"train.max_steps={config.train.max_steps} edited in {run / CONFIG_FILE}: "
-                                  f"the time budget {config.train.time_budget} is off for this run")
+                                  f"the time budget {duration_text(config.train.time_budget)} is off for this run")
                 config.train.time_budget = None
             return
         if config.train.time_budget is None:
