@@ -1321,3 +1321,66 @@ def test_an_explorer_text_a_byte_level_model_generated_fits_the_bound_though_it_
     text = tokenizer.decode(drawn)
     assert len(tokenizer.encode(text)) > 80  # more than were generated
     assert _explorer_text_ids(served, text) == tokenizer.encode(text)
+
+
+# ----------------------------------------------------------------------------- request checks at their edges
+
+
+def test_stream_options_without_include_usage_ask_for_no_usage_chunk():
+    # OpenAI's include_usage defaults to false: `"stream_options": {}` streams no usage chunk.
+    if MISSING:
+        pytest.skip(MISSING)
+    assert not _checked(stream=True, stream_options={}).include_usage
+
+
+@pytest.mark.parametrize("prompt", ["ab\ud800", ["ab\ud800"]], ids=["a-string", "a-list-of-one"])
+def test_a_request_made_in_python_with_a_lone_surrogate_in_its_prompt_is_a_400_naming_the_prompt(prompt):
+    # JSON's escapes are refused as the body is parsed; a CompletionRequest made in Python reaches
+    # check_completion with the surrogate, which no tokenizer may be given.
+    if MISSING:
+        pytest.skip(MISSING)
+    import types
+
+    from tinyattn.serve.schemas import ApiError, CompletionRequest, Limits, check_completion
+
+    tokenizer = types.SimpleNamespace(text_start=[], encode=lambda text: [ord(c) for c in text])
+    with pytest.raises(ApiError) as refused:
+        check_completion(CompletionRequest(model="m", prompt=prompt), limits=Limits(),
+                         defaults=SampleConfig(), tokenizer=tokenizer, context_length=64)
+    assert refused.value.message == "prompt: not valid Unicode text at character 2"
+    assert (refused.value.status, refused.value.param) == (400, "prompt")
+
+
+def _explorer_served(tokenizer, **limits):
+    """What the explorer's helpers read of `Served`: the limits, a context of 64, `tokenizer`."""
+    import types
+
+    from tinyattn.serve.schemas import Limits
+
+    return types.SimpleNamespace(limits=Limits(**limits), tokenizer=tokenizer,
+                                 model=types.SimpleNamespace(config=types.SimpleNamespace(context_length=64)))
+
+
+def test_an_explorer_text_of_exactly_the_most_tokens_a_completion_makes_is_taken(char_tokenizer):
+    # A prompt of at most 2 tokens and 1 new one, each encoding again into at most 4: 12 tokens are
+    # taken, 13 refused.
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.serve.app import _explorer_text_ids
+    from tinyattn.serve.schemas import ApiError
+
+    served = _explorer_served(char_tokenizer, max_prompt_tokens=2, max_tokens=1)
+    assert len(_explorer_text_ids(served, "ROMEO:" * 2)) == 12
+    with pytest.raises(ApiError, match="text: 13 tokens; .* encode again into at most 12"):
+        _explorer_text_ids(served, "ROMEO:" * 2 + "R")
+
+
+def test_an_explorer_text_of_exactly_max_explore_tokens_is_read_whole_without_a_note(char_tokenizer):
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.serve.app import _explorer_query
+    from tinyattn.serve.schemas import ExploreRequest
+
+    served = _explorer_served(char_tokenizer, max_explore_tokens=6)
+    ids, query, note = _explorer_query(served, ExploreRequest(text="ROMEO:", offset=2))
+    assert (ids, query, note) == (char_tokenizer.encode("ROMEO:"), 1, "")
