@@ -1384,3 +1384,135 @@ def test_an_explorer_text_of_exactly_max_explore_tokens_is_read_whole_without_a_
     served = _explorer_served(char_tokenizer, max_explore_tokens=6)
     ids, query, note = _explorer_query(served, ExploreRequest(text="ROMEO:", offset=2))
     assert (ids, query, note) == (char_tokenizer.encode("ROMEO:"), 1, "")
+
+
+# ----------------------------------------------------------------------------- routes, worker, command
+
+
+def _run_alone(coroutine):
+    """asyncio.run on a thread of its own: the browser fixture's Playwright keeps a loop running here."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
+def test_a_whole_completion_leaves_no_task_watching_its_client_once_answered():
+    # The task that cancels the job when the client goes away is stopped with the answer: left running,
+    # it polled every kept-alive connection for as long as the client held it open.
+    import asyncio
+    import types
+
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.generate.text import SamplePiece
+    from tinyattn.serve.app import _whole
+    from tinyattn.serve.worker import END, Job
+
+    async def is_disconnected():
+        return False
+
+    async def answer():
+        job = Job(iter(()), asyncio.get_running_loop())
+        for item in (SamplePiece(0, "hi", "length", 2), END):
+            job.results.put_nowait(item)
+        completion = types.SimpleNamespace(options=types.SimpleNamespace(num_samples=1), prompt_tokens=1)
+        request = types.SimpleNamespace(is_disconnected=is_disconnected)
+        response = await _whole(types.SimpleNamespace(model_id="m"), completion, job, request, 0)
+        await asyncio.sleep(0.05)
+        return json.loads(response.body), [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    body, left = _run_alone(answer())
+    assert body["choices"][0]["text"] == "hi" and left == []
+
+
+def test_a_whole_completion_whose_handler_is_cancelled_cancels_its_job():
+    # The request's task cancelled (uvicorn's shutdown past its grace period) while the job still
+    # decodes: the job is cancelled with it, not left decoding for no one.
+    import asyncio
+    import types
+
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.serve.app import _whole
+    from tinyattn.serve.worker import Job
+
+    async def is_disconnected():
+        return False
+
+    async def cancel_midway():
+        job = Job(iter(()), asyncio.get_running_loop())  # nothing comes: the handler waits on it
+        completion = types.SimpleNamespace(options=types.SimpleNamespace(num_samples=1), prompt_tokens=1)
+        request = types.SimpleNamespace(is_disconnected=is_disconnected)
+        served = types.SimpleNamespace(model_id="m")
+        handler = asyncio.create_task(_whole(served, completion, job, request, 0))
+        await asyncio.sleep(0.05)
+        handler.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await handler
+        return job.cancelled.is_set()
+
+    assert _run_alone(cancel_midway())
+
+
+def test_the_served_playground_and_explorer_page_carry_the_servers_numbers(server):
+    # The page's max tokens goes up to this server's limit (5000), not the library's default; the
+    # explorer's title names the clicked token (token 8, predicted at position 7).
+    from tinyattn.analysis.explorer import data_of_page
+
+    connection = http.client.HTTPConnection(*server.sock.getsockname()[:2])
+    connection.request("GET", "/")
+    page = connection.getresponse().read().decode()
+    assert 'max="5000" value="200"' in page.split('id="max-tokens"')[1].split(">")[0]
+    status, page = post(server, "/explorer", {"text": "ROMEO:\nBut soft", "offset": 8})
+    data = data_of_page(page)
+    assert status == 200 and data["title"] == "tiny-serve: token 8"
+    assert data["source"] == "the prediction at position 7, which produced token 8"
+
+
+def test_the_workers_load_counts_jobs_ended_and_turns_given():
+    # /health's "completed" is jobs, "turns" the model's turns: four jobs of three turns each.
+    import asyncio
+
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.serve.worker import Job, ModelWorker
+
+    loop = asyncio.new_event_loop()  # not running: what the jobs send stays queued on it
+    busy = ModelWorker(max_active=2)
+    try:
+        for i in range(4):
+            busy.submit(Job(iter(range(3)), loop, f"job {i}"))
+        busy.start()
+        deadline = time.monotonic() + 10
+        while busy.stats.jobs < 4 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert busy.load == {"active": 0, "waiting": 0, "completed": 4, "cancelled": 0, "turns": 12}
+    finally:
+        busy.stop()
+        loop.close()
+
+
+@pytest.mark.parametrize("host, shown", [("localhost", "127.0.0.1"), ("::1", "[::1]")])
+def test_a_loopback_host_is_not_warned_of_and_an_ipv6_one_is_bracketed_in_the_url(loaded, monkeypatch, capsys,
+                                                                                  host, shown):
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.bind((host, 0))
+    except OSError:
+        pytest.skip(f"cannot listen on {host} here")
+    serve_command(["--checkpoint", str(loaded.path.parent), "--host", host, "--port", "0", "--dtype", "fp32"],
+                  monkeypatch)
+    err = capsys.readouterr().err
+    assert re.search(rf" at http://{re.escape(shown)}:\d+ \(playground", err) and "warning" not in err, err
+
+
+def test_the_commands_dtype_reaches_the_model_it_serves(loaded, monkeypatch, capsys):
+    # The model as `tinyattn generate --dtype` runs it: a completion's text is the command's.
+    [app] = serve_command(["--checkpoint", str(loaded.path.parent), "--port", "0", "--dtype", "bf16"],
+                          monkeypatch)
+    assert next(app.state.served.model.parameters()).dtype == torch.bfloat16
+    assert "bfloat16 on cpu" in capsys.readouterr().err
