@@ -1604,3 +1604,41 @@ def test_cli_sigterm_stops_as_ctrl_c_does(run_dir):
     err = process.communicate(timeout=60)[1]
     assert process.returncode == 130 and "Traceback" not in err, err
     assert err.splitlines()[-1] == "stopped by SIGTERM"
+
+
+# ----------------------------------------------------------------------------- greedy, length, row copies
+
+
+def test_temperature_zero_takes_the_first_of_tied_tokens_and_draws_nothing():
+    # Greedy is argmax, not a draw at a tiny temperature: a tie goes to the first token whatever the
+    # seed, and the generator is left as it was.
+    logits = torch.tensor([[0.0, 3.0, 3.0, 1.0]])
+    for seed in range(8):
+        generator = torch.Generator().manual_seed(seed)
+        state = generator.get_state()
+        assert sample_next_token(logits, generator, temperature=0.0).tolist() == [1]
+        assert torch.equal(generator.get_state(), state)
+
+
+def test_a_sample_that_reaches_max_new_tokens_finishes_as_length_with_its_tokens_counted():
+    small, model = abc_chain()  # a -> b -> c -> end of text
+    pieces = list(generate_samples(model, small, "a", 2, max_new_tokens=2, temperature=0))
+    assert [(p.sample, p.text, p.finish_reason, p.tokens) for p in pieces if p.finish_reason] == [
+        (0, "", "length", 2), (1, "bc", "length", 2)]
+
+
+def test_a_batchs_logits_that_are_not_finite_leave_the_row_copies_it_does_not_multiply_by(tiny_model,
+                                                                                          tokenizer):
+    # Only one sequence multiplies by the fp16 copies: a batch's logits are the fp32 weights', so no
+    # fp16 overflow made them what they are, and the copies stay, without a warning saying otherwise.
+    rows = perturbed(tiny_model(context_length=24))
+    with torch.no_grad():
+        rows.final_norm.weight.fill_(float("inf"))  # logits no fp32 arithmetic makes finite
+    if not pack_linear_weights(rows, row_dtype=torch.float16):
+        pytest.skip("this torch build cannot pack weights for oneDNN")
+    ids = random_ids(tokenizer.vocab_size, 4, batch=2)
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        decoder = CachedDecoder(rows, batch_size=2)
+        logits = decoder.step(decoder.prefill(ids[:, :2]).argmax(-1))
+    assert not torch.isfinite(logits).all() and has_row_weights(rows)
