@@ -1642,3 +1642,24 @@ def test_a_batchs_logits_that_are_not_finite_leave_the_row_copies_it_does_not_mu
         decoder = CachedDecoder(rows, batch_size=2)
         logits = decoder.step(decoder.prefill(ids[:, :2]).argmax(-1))
     assert not torch.isfinite(logits).all() and has_row_weights(rows)
+
+
+# ----------------------------------------------------------------------------- command defaults, warnings
+
+
+def test_cli_options_not_typed_are_the_checkpoints_saved_ones():
+    # The trained run saves no top-k, top-p 1 and no penalty: here every field is saved away from its default.
+    from tinyattn.cli.generate import build_parser, sampling_options
+
+    saved = SampleConfig(max_new_tokens=9, temperature=0.7, top_k=5, top_p=0.9, repetition_penalty=1.3)
+    o = sampling_options(build_parser().parse_args([]), saved, [])
+    assert (o.max_new_tokens, o.temperature, o.top_k, o.top_p, o.repetition_penalty) == (9, 0.7, 5, 0.9, 1.3)
+    o = sampling_options(build_parser().parse_args(["--top-k", "0", "--top-p", "1"]), saved, [])
+    assert (o.top_k, o.top_p) == (0, 1.0)  # typed values win, "off" ones too
+
+
+def test_cli_interactive_warns_about_each_prompt_not_only_the_first_alike(run_dir, capsys, monkeypatch):
+    options = ["--checkpoint", str(run_dir), "--max-new-tokens", "2", "--temperature", "0", "--dtype", "fp32"]
+    status, _, err = run_main([*options, "--interactive"], capsys, stdin="Spéak\nSpéak\n",
+                              monkeypatch=monkeypatch)
+    assert status == 0 and err.count("read as [UNK]: 'é'") == 2, err
