@@ -416,5 +416,5 @@ def explicit_steps(config: Config, overrides: Sequence[str]) -> Optional[str]:
     if config.train.time_budget is None or override_value(list(overrides), "train.max_steps", None) is None:
         return None
     budget, config.train.time_budget = config.train.time_budget, None
-    return (f"train.max_steps={config.train.max_steps} given with --set: the time budget {duration_text(budget)} is off "
-            "for this run")
+    return (f"train.max_steps={config.train.max_steps} given with --set: the time budget "
+            f"{duration_text(budget)} is off for this run")

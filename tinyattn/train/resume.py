@@ -358,7 +358,8 @@ class ResumePoint:
         if "train.max_steps" in typed:
             if config.train.time_budget is not None:  # edited in config.yaml (--set's is off already)
                 self.notes.append(f"train.max_steps={config.train.max_steps} edited in {run / CONFIG_FILE}: "
-                                  f"the time budget {duration_text(config.train.time_budget)} is off for this run")
+                                  f"the time budget {duration_text(config.train.time_budget)} is off for "
+                                  "this run")
                 config.train.time_budget = None
             return
         if config.train.time_budget is None:
