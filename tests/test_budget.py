@@ -212,8 +212,10 @@ def test_a_finished_budget_run_resumed_says_how_to_train_on_and_that_way_works(c
     FakeMachine(monkeypatch, clock, lambda now, step: 0.25, compute=False)
     first = train(budget_config(corpus, tmp_path, "100s"), run_name="run", progress=False, clock=clock)
     clock.now = 0.0
+    # a longer budget given (200s) reopens nothing, and the message says so (it named only max_steps)
     with pytest.raises(TinyattnError, match=rf"the run ended at step {first.step}: its time budget planned no "
-                                            rf"further step; --set train\.max_steps=N with N above "
+                                            rf"further step \(a longer train\.time_budget does not reopen a "
+                                            rf"run that ended\); --set train\.max_steps=N with N above "
                                             rf"{first.step} trains on"):
         train(budget_config(corpus, tmp_path, "200s"), run_name="run", resume=True, progress=False, clock=clock)
     more = budget_config(corpus, tmp_path, "100s")  # what the message says: the budget is then off

@@ -244,8 +244,9 @@ def _nothing_left(plan, train: TrainConfig, step: int) -> str:
                 f"with N above {step} trains on (the budget is then off), as does a longer --set "
                 "train.time_budget")
     if isinstance(plan, TimePlan):  # the plan the run recorded, whatever this config's budget
-        return (f"the run ended at step {step}: its time budget planned no further step; "
-                f"--set train.max_steps=N with N above {step} trains on (the budget is then off)")
+        return (f"the run ended at step {step}: its time budget planned no further step (a longer "
+                "train.time_budget does not reopen a run that ended); --set train.max_steps=N with N above "
+                f"{step} trains on (the budget is then off)")
     return (f"the run is at step {step}, and train.max_steps is {train.max_steps}: nothing is left to "
             f"train; --set train.max_steps=N with N above {step} trains on")
 
