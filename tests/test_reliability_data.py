@@ -369,13 +369,16 @@ def test_data_with_the_same_tokens_is_the_same_data():
              "validation": {"tokens": 1, "checksum": "v"}}
     assert data_differences(saved, {**saved, "key": "b", "inputs": {"tokenizers_version": "0.21"}}) == []
     changed = {**saved, "key": "b", "validation": {"tokens": 2, "checksum": "w"}}
-    assert data_differences(saved, changed) == ["the validation split differs (1 tokens then, 2 now)"]
+    assert data_differences(saved, changed) == ["the validation split differs (1 token then, 2 now)"]
     # Under one key the tokens decide too (a hub dataset rebuilt after it changed upstream, a reading
     # of the same bytes that changed with tinyattn): the key alone said "the same data".
     assert data_differences(saved, {**changed, "key": "a"}) == [
-        "the validation split differs (1 tokens then, 2 now)"]
+        "the validation split differs (1 token then, 2 now)"]
     older = {key: value for key, value in saved.items() if key not in ("train", "validation")}
     assert data_differences(older, {**changed, "key": "a"}) == []  # no checksums recorded: the key decides
+    large = {**saved, "train": {"tokens": 1003854, "checksum": "t"}}  # counts as the run's lines write them
+    assert data_differences(large, {**large, "train": {"tokens": 1003855, "checksum": "u"}}) == [
+        "the training tokens differ (1,003,854 tokens then, 1,003,855 now)"]
     assert data_differences(older, changed) == ["the data's cache key differs"]
 
 

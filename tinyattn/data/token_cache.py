@@ -364,8 +364,10 @@ def data_differences(saved: dict, current: dict) -> list[str]:
     splits = (("train", "the training tokens differ"), ("validation", "the validation split differs"))
     for (then, now), (split, what) in zip(checksums, splits):
         if then is not None and then != now:
-            changes.append(f"{what} ({saved.get(split, {}).get('tokens')} tokens then, "
-                           f"{current.get(split, {}).get('tokens')} now)")
+            before, after = (fingerprint.get(split, {}).get("tokens") for fingerprint in (saved, current))
+            before = counted(before, "token") if isinstance(before, int) else f"{before} tokens"
+            after = f"{after:,}" if isinstance(after, int) else after
+            changes.append(f"{what} ({before} then, {after} now)")
     return changes or ["the data's cache key differs"]
 
 
