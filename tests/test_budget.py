@@ -22,7 +22,7 @@ from tinyattn.config import load_config
 from tinyattn.errors import TinyattnError
 from tinyattn.train import budget
 from tinyattn.train.budget import TimePlan
-from tinyattn.train.passes import entry_for
+from tinyattn.train.passes import PassTables, entry_for, shown_passes
 from tinyattn.train.loop import train
 from tinyattn.train.optim import lr_factor, progress_lr_factor
 from tinyattn.train.owners import EvalResult, Evaluator
@@ -668,6 +668,21 @@ def test_a_run_of_fixed_steps_takes_the_entries_for_the_passes_its_steps_make(
     resumed = train(load_config(TINY, items + other), resume=point, run_name="with_config", progress=False,
                     clock=clock)
     assert resumed.step == steps and set(seen) == {chosen}
+
+
+@pytest.mark.parametrize("passes, digits, tables, shown", [
+    (0.4978, 2, {"floor_by_passes": {0.5: 0.5}}, "0.49"),  # short of an entry: not shown as it
+    (0.5, 2, {"floor_by_passes": {0.5: 0.5}}, "0.50"),  # at an entry
+    (0.5004, 2, {"floor_by_passes": {0.5: 0.5}}, "0.50"),  # just above one
+    (0.1211, 2, {"decay_by_passes": {0.121: 0.3}}, "0.121"),  # above an entry of more decimals
+    (0.125, 2, {"decay_by_passes": {0.125: 0.3}}, "0.125"),  # at one that rounds to even below it
+    (4.25, 1, {"decay_by_passes": {3.5: 0.2, 4.25: 0.3, 6: 0.5}}, "4.25"),  # the main config's, at 4.25
+    (0.47, 1, {"decay_by_passes": {0.46: 0.1}, "floor_by_passes": {0.5: 0.5}}, "0.47"),  # neither way
+    (0.73, 1, {}, "0.7")])
+def test_a_count_of_passes_is_shown_on_the_side_of_each_entry_that_the_count_is(passes, digits, tables, shown):
+    """The count a line shows reads as the tables read the count: an entry it reaches is reached by
+    the number shown, and one it falls short of is not, whichever way rounding would go."""
+    assert shown_passes(passes, digits, PassTables(load_config(TINY).train, **tables)) == shown
 
 
 def test_a_choice_edited_in_config_yaml_wins_when_the_run_resumes(corpus, tmp_path, monkeypatch):

@@ -53,13 +53,18 @@ class PassChoices:
 
 
 def shown_passes(passes: float, digits: int, tables: "PassTables") -> str:
-    """`passes` to `digits` decimals as a line shows it, rounded down where rounding would reach an
-    entry of the tables that the count falls short of (as 0.50 beside an entry at 0.5 not taken)."""
-    text = f"{passes:.{digits}f}"
+    """`passes` to `digits` decimals as a line shows it, on the same side of every entry of the
+    tables as the count itself: rounded down where rounding would reach an entry the count falls
+    short of, and with more decimals where the shown count would fall below an entry the count
+    reaches (one with more decimals than the line shows, or one the count is exactly at that
+    rounds to even below it) or entries closer together than the line's decimals leave no count."""
     entries = {key for table in tables.by_name.values() for key in table}
-    if any(passes < key <= float(text) for key in entries):
-        text = f"{math.floor(passes * 10 ** digits) / 10 ** digits:.{digits}f}"
-    return text
+    for places in range(digits, digits + 4):
+        for value in (passes, math.floor(passes * 10 ** places) / 10 ** places):
+            text = f"{value:.{places}f}"
+            if all((passes >= key) == (float(text) >= key) for key in entries):
+                return text
+    return str(passes)  # exact
 
 
 class PassTables:
