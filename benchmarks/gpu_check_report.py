@@ -140,7 +140,7 @@ DONE = re.compile(r"done: (\d+) steps in (\d+) s \((.*)\), ([\d,]+) tok/s, "
                   r"best validation loss ([\d.]+|nan|inf)")
 VALIDATION = re.compile(r"step (\d+): validation loss ([\d.]+|nan|inf)")
 BUDGET = re.compile(r"time budget (\S+): measured ([\d.]+) s/step, ([\d.]+) s per evaluation, ([\d.]+) s per "
-                    r"checkpoint, (\d+) s of start-up -> ([\d,]+) steps")
+                    r"checkpoint, (\d+) s of start-up and (\d+) s measuring -> about ([\d,]+) steps?")
 SPLIT = re.compile(r"([a-z-]+) ([\d.]+) s \(")
 PLAN_NOTE = re.compile(r"time budget \S+: (\d+) s spent, about ([\d,]+) more steps at ([\d.]+) s/step, "
                        r"schedule (\d+)% done")
@@ -158,7 +158,8 @@ def run_figures(run_dir: Path, target_loss: float | None) -> dict:
     if (match := BUDGET.search(log)):
         figures["budget"] = {"budget": match[1], "step_seconds": float(match[2]),
                              "eval_seconds": float(match[3]), "save_seconds": float(match[4]),
-                             "startup_seconds": float(match[5]), "steps": int(match[6].replace(",", ""))}
+                             "startup_seconds": float(match[5]), "measuring_seconds": float(match[6]),
+                             "steps": int(match[7].replace(",", ""))}
     if (match := DONE.search(log)):
         figures["done"] = {"steps": int(match[1]), "wall_seconds": float(match[2]),
                            "split_seconds": {name: float(s) for name, s in SPLIT.findall(match[3])},

@@ -44,6 +44,23 @@ def test_a_runs_curve_wall_time_and_time_to_target_are_read_from_its_folder(repo
     assert unreachable["tensorboard"]["seconds_to_target"] is None
 
 
+def test_a_budget_runs_measuring_line_is_read_from_its_log(report, corpus_text, tmp_path):
+    """The calibration's line as training writes it (the report read none since it gained 'about',
+    nor since it split the start-up from the measuring)."""
+    from tests.conftest import local_corpus
+    from tinyattn.config import load_config
+    from tinyattn.train.loop import train
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(corpus_text, encoding="utf-8")
+    config = load_config(ROOT / "configs" / "tiny.yaml",
+                         [*local_corpus(corpus, tmp_path), "train.time_budget=30s"])
+    train(config, run_name="budget", progress=False, stop_at_step=1)
+    budget = report.run_figures(tmp_path / "budget", target_loss=None)["budget"]
+    assert budget["budget"] == "30s" and budget["steps"] > 1 and budget["step_seconds"] > 0
+    assert budget["startup_seconds"] >= 0 and budget["measuring_seconds"] >= 1  # timed steps: 1.5 s or more
+
+
 def test_the_summary_reports_a_missing_or_broken_piece_instead_of_failing(report, tmp_path):
     (tmp_path / "json").mkdir()
     steps = [{"name": "env", "status": "ok", "seconds": 3},
