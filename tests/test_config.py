@@ -626,3 +626,25 @@ def test_a_rule_between_two_keys_says_where_the_other_key_was_set():
     with pytest.raises(ConfigError) as suggested:  # a setting the rule suggests, not the one in force
         load_config(tiny, ["tokenizer.path=x.json"])
     assert "(from" not in str(suggested.value)
+
+
+def test_a_rule_names_no_origin_beside_a_key_at_its_default(tmp_path):
+    # A key no file and no --set wrote is at its default: "(from base.yaml)" beside model.n_head=4
+    # said base.yaml set it, when base.yaml only began the model section.
+    write(tmp_path / "base.yaml", "model: {n_layer: 2}\ntrain: {max_steps: 5}\ndata: {files: a.txt}\n")
+    child = write(tmp_path / "child.yaml", "extends: base.yaml\nmodel: {n_embd: 30}\n")
+    cases = [(child, [], f"{child}: model.n_embd: 30 is not accepted; must be divisible by model.n_head=4"),
+             (tmp_path / "base.yaml", ["model.n_embd=30"],
+              "--set: model.n_embd: 30 is not accepted; must be divisible by model.n_head=4"),
+             (tmp_path / "base.yaml", ["train.min_lr=0.01"],
+              "--set: train.min_lr: 0.01 is not accepted; expected a number in [0, train.lr=0.001] "
+              "(lower both)")]
+    for path, sets, said in cases:
+        with pytest.raises(ConfigError) as refused:
+            load_config(path, sets)
+        assert str(refused.value) == said
+    with pytest.raises(ConfigError) as written:  # written in base.yaml: named
+        load_config(write(tmp_path / "lr.yaml", "extends: base.yaml\ntrain: {lr: 0.002}\n"),
+                    ["train.min_lr=1"])
+    assert str(written.value).endswith(f"[0, train.lr=0.002 (from {tmp_path / 'lr.yaml'})] (lower both)")
+

@@ -617,7 +617,7 @@ def config_from_dict(raw: dict, *, origins: dict[str, str] | None = None,
             sections[name] = _build_section(hints[name], name, value, where)
     config = Config(**sections)
     _expand_home(config)
-    _validate(config, where)
+    _validate(config, where, set_at=lambda key: where(key) if _holds(raw, key) else None)
     if raw.get("by_precision"):
         config.by_precision = _check_by_precision(raw, raw["by_precision"], where)
     return config
@@ -641,15 +641,21 @@ def _expand_home(config: Config) -> None:
     train.init_from, train.out_dir = home(train.init_from), home(train.out_dir)
 
 
-def _with_origins(rule: str, config: Config, where, origin: str) -> str:
-    """`rule` with each setting it names at its value now followed by where that came from, where that
-    is not `origin`: the mistake may be the other key's (`--set model.n_kv_head=3` against a file's
-    model.n_head: 4 blamed the file alone)."""
+def _holds(raw: dict, key: str) -> bool:
+    """Whether the sections `raw` write the dotted `key` (a file or --set gave it; not its default)."""
+    section, _, name = key.partition(".")
+    return isinstance(raw.get(section), dict) and name in raw[section]
+
+
+def _with_origins(rule: str, config: Config, set_at, origin: str) -> str:
+    """`rule` with each setting it names at its value now followed by where that came from
+    (`set_at(key)`; None for a key at its default), where that is not `origin`: the mistake may be
+    the other key's (`--set model.n_kv_head=3` against a file's model.n_head: 4 blamed the file alone)."""
     def said(match: re.Match) -> str:
         section, name, text = match.groups()
         key, now = f"{section}.{name}", getattr(getattr(config, section, None), name, None)
-        known = now is not None and str(now) == text and where(key) != origin
-        return f"{match.group(0)} (from {where(key)})" if known else match.group(0)
+        known = now is not None and str(now) == text and set_at(key) not in (None, origin)
+        return f"{match.group(0)} (from {set_at(key)})" if known else match.group(0)
 
     return NAMED_SETTING.sub(said, rule)
 
@@ -1133,10 +1139,11 @@ def _coerce_plain(value: Any, tp: Any, key: str, where, expected: str) -> Any:
 NAMED_SETTING = re.compile(r"\b(model|data|tokenizer|train|sample)\.(\w+)=([^\s,;()\[\]]+)")
 
 
-def _validate(config: Config, where) -> None:
+def _validate(config: Config, where, *, set_at) -> None:
+    """The config's rules; `set_at(key)`: where a key a file or --set wrote came from, None for a default."""
     def fail(key: str, value: Any, accepted: str) -> None:
         raise ConfigError(f"{where(key)}: {key}: {show_value(value)} is not accepted; "
-                          f"{_with_origins(accepted, config, where, where(key))}")
+                          f"{_with_origins(accepted, config, set_at, where(key))}")
 
     for key, choices in CHOICES.items():
         section, name = key.split(".")
