@@ -648,3 +648,12 @@ def test_a_rule_names_no_origin_beside_a_key_at_its_default(tmp_path):
                     ["train.min_lr=1"])
     assert str(written.value).endswith(f"[0, train.lr=0.002 (from {tmp_path / 'lr.yaml'})] (lower both)")
 
+
+def test_an_empty_end_of_text_is_refused_without_blaming_the_tokenizers_kind(tmp_path):
+    # tokenizer.kind=pretrained is what the rule asks for and what the file gives: "(from tok.yaml)"
+    # beside it pointed at the one key that was right.
+    tok = write(tmp_path / "tok.yaml", "tokenizer: {kind: pretrained, path: t.json}\ndata: {files: a.txt}\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(tok, ["tokenizer.end_of_text=''"])
+    assert str(refused.value) == ("--set: tokenizer.end_of_text: '' is not accepted; expected a token of the "
+                                  "tokenizer, e.g. '</s>', or null (its <|endoftext|>)")

@@ -188,9 +188,12 @@ class TokenizerConfig:
         if t.kind != "pretrained" and t.path is not None:
             fail("tokenizer.path", t.path, f"it is read only with tokenizer.kind=pretrained (here {t.kind!r}, "
                  "which builds its own): remove it, or set the kind")
-        if t.end_of_text is not None and (t.kind != "pretrained" or not t.end_of_text):
+        if t.end_of_text is not None and t.kind != "pretrained":
             fail("tokenizer.end_of_text", t.end_of_text, "a token of a pretrained tokenizer (tokenizer.kind="
                  "pretrained); char and bpe tokenizers end texts with <|endoftext|>")
+        if t.end_of_text == "":  # of a pretrained tokenizer: not "(tokenizer.kind=pretrained)", which it is
+            fail("tokenizer.end_of_text", t.end_of_text,
+                 "expected a token of the tokenizer, e.g. '</s>', or null (its <|endoftext|>)")
         if t.kind == "bpe" and t.vocab_size <= 0:
             fail("tokenizer.vocab_size", t.vocab_size, "expected a positive integer")
 
