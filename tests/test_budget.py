@@ -1129,3 +1129,16 @@ def test_a_budget_measured_twice_for_a_dropout_notes_no_compiling_that_did_not_h
     with pytest.raises(TinyattnError, match=r"train.time_budget 12s: .* no step fits") as refused:
         train(config, run_name="twice", progress=False, clock=clock)
     assert "compiled the model" not in str(refused.value), str(refused.value)
+
+
+def test_a_bare_number_budget_is_shown_with_its_unit_in_the_warmup_warning_and_the_resume_note():
+    # "the 10 budget first fits" and "trained under a time budget of 10" were left unconverted.
+    import types
+
+    from tinyattn.train.optim import warmup_warning
+
+    config = load_config(TINY, ["train.time_budget=10", "train.warmup_steps=50"])
+    assert "steps the 10s budget first fits" in warmup_warning(config.train, 20, config.train.time_budget)
+    resumed = types.SimpleNamespace(file=Path("runs/r/step_0000010.pt"), config=config, notes=[])
+    ResumePoint._keep_budget(resumed, load_config(TINY), typed=())
+    assert "trained under a time budget of 10s, which" in resumed.notes[0], resumed.notes

@@ -96,7 +96,8 @@ def warmup_warning(config: TrainConfig, steps: int, budget: Optional[str] = None
     if config.warmup_steps < steps:
         return None
     reached = steps / config.warmup_steps
-    run, longer = ((f"about {steps:,} steps the {budget} budget first fits", "a longer train.time_budget")
+    run, longer = ((f"about {steps:,} steps the {duration_text(budget)} budget first fits",
+                    "a longer train.time_budget")
                    if budget is not None else (f"{steps:,} steps of train.max_steps", "more train.max_steps"))
     ends = ("reaches its peak only at the last step" if reached >= 1
             else f"ends still warming up, at {reached:.0%} of its peak,")

@@ -365,8 +365,8 @@ class ResumePoint:
         if config.train.time_budget is None:
             if "train.time_budget" not in typed:  # a --config file (or a Config) without one: said
                 self.notes.append(
-                    f"note: the run {run} trained under a time budget of {budget}, which the config does "
-                    f"not have: it trains a step count from here on (train.max_steps "
+                    f"note: the run {run} trained under a time budget of {duration_text(budget)}, which the "
+                    f"config does not have: it trains a step count from here on (train.max_steps "
                     f"{config.train.max_steps:,}; the budget's plan and its rates end); --set "
                     f"train.time_budget={budget} continues the plan")
             return
