@@ -127,6 +127,20 @@ def test_options_the_user_gave_that_nothing_reads_are_noted_and_inherited_ones_a
     assert "has no effect" not in capsys.readouterr().err
 
 
+def test_a_vocabulary_size_given_to_a_tokenizer_that_builds_none_is_noted(corpus, tmp_path, capsys):
+    # A char run's --set tokenizer.vocab_size=100 was accepted and silently ignored (its vocabulary is
+    # the text's characters); a bpe run reads it.
+    from tinyattn.data.tokenizer import unused_tokenizer_options
+
+    overrides = tiny_overrides(corpus, tmp_path, "tokenizer.vocab_size=100", "train.max_steps=1")
+    train(load_config(TINY, overrides), config_path=TINY, overrides=overrides, run_name="char", progress=False)
+    assert ("note: tokenizer.vocab_size has no effect: tokenizer.kind is char, whose vocabulary is the text's "
+            "characters (tokenizer.vocab_size sizes a bpe tokenizer)") in capsys.readouterr().err.splitlines()
+    bpe = load_config(TINY, ["tokenizer.kind=bpe", "tokenizer.vocab_size=100"]).tokenizer
+    assert unused_tokenizer_options(bpe, ["tokenizer.vocab_size"]) == []
+    assert unused_tokenizer_options(load_config(TINY).tokenizer, ["tokenizer.kind"]) == []
+
+
 def test_tensorboard_holds_every_curve(corpus, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

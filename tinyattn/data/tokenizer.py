@@ -370,6 +370,16 @@ def pretrained_file(path: str | Path) -> Path:
     return path
 
 
+def unused_tokenizer_options(config: TokenizerConfig, given: Iterable[str]) -> list[str]:
+    """A note when `given` (the dotted keys the user wrote) holds tokenizer.vocab_size and the kind
+    builds no vocabulary of that size: char's is the text's characters, pretrained's its file's."""
+    if "tokenizer.vocab_size" not in set(given) or config.kind == "bpe":
+        return []
+    made = "the text's characters" if config.kind == "char" else "those of its tokenizer.json"
+    return [f"note: tokenizer.vocab_size has no effect: tokenizer.kind is {config.kind}, whose vocabulary is "
+            f"{made} (tokenizer.vocab_size sizes a bpe tokenizer)"]
+
+
 def build_tokenizer(config: TokenizerConfig, texts: Callable[[], Iterator[str]], *,
                     progress: bool = False) -> Tokenizer:
     """Make the tokenizer `config` asks for; `texts()` yields the training documents.

@@ -53,6 +53,7 @@ from tinyattn import checkpoint as ckpt
 from tinyattn.config import (PASS_TABLES, Config, TrainConfig, for_precision, given_keys, override_keys,
                              save_config)
 from tinyattn.data.batches import prepare_data
+from tinyattn.data.tokenizer import unused_tokenizer_options
 from tinyattn.errors import StorageError, TinyattnError
 from tinyattn.model.memory import check_training_fits
 from tinyattn.system.device import measure_peak_flops, select_device, select_precision
@@ -189,6 +190,7 @@ def _checked_start(config: Config, request: _Request, dist: Distributed
     request.notes.extend(source.notes() if source is not None else [])
     if point is None:
         request.notes.extend(unused_options(config.train, config.model.tie_embeddings, request.own))
+        request.notes.extend(unused_tokenizer_options(config.tokenizer, request.own))
     check_training_fits(config.model, config.train, device)  # before the folder; vocab_size may be unknown
     return config, point, device, source
 
