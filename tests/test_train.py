@@ -133,9 +133,11 @@ def test_a_vocabulary_size_given_to_a_tokenizer_that_builds_none_is_noted(corpus
     from tinyattn.data.tokenizer import unused_tokenizer_options
 
     overrides = tiny_overrides(corpus, tmp_path, "tokenizer.vocab_size=100", "train.max_steps=1")
-    train(load_config(TINY, overrides), config_path=TINY, overrides=overrides, run_name="char", progress=False)
-    assert ("note: tokenizer.vocab_size has no effect: tokenizer.kind is char, whose vocabulary is the text's "
-            "characters (tokenizer.vocab_size sizes a bpe tokenizer)") in capsys.readouterr().err.splitlines()
+    train(load_config(TINY, overrides), config_path=TINY, overrides=overrides, run_name="char",
+          progress=False)
+    notes = capsys.readouterr().err.splitlines()
+    assert ("note: tokenizer.vocab_size has no effect: tokenizer.kind is char, whose vocabulary is the "
+            "text's characters (tokenizer.vocab_size sizes a bpe tokenizer)") in notes
     bpe = load_config(TINY, ["tokenizer.kind=bpe", "tokenizer.vocab_size=100"]).tokenizer
     assert unused_tokenizer_options(bpe, ["tokenizer.vocab_size"]) == []
     assert unused_tokenizer_options(load_config(TINY).tokenizer, ["tokenizer.kind"]) == []
