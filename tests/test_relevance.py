@@ -263,6 +263,19 @@ def test_a_long_text_measures_each_query_in_its_window_as_the_model_sees_that_wi
     assert mean_loss == pytest.approx(float(np.mean(rel.losses[:39])), abs=1e-5)
 
 
+def test_a_last_window_that_owns_only_the_last_token_measures_nothing_there_and_raises_nothing():
+    # 25 tokens, context 16: windows start at 0, 8 and 16, and the last owns token 24 alone, which
+    # predicts nothing.
+    model = random_model()
+    ids = torch.randint(0, 11, (25,), generator=torch.Generator().manual_seed(9)).tolist()
+    assert window_starts(25, 16) == [0, 8, 16] and list(reading_starts(25, 16)[23:]) == [8, 16]
+    rel = compute_relevance(model, ids)
+    assert np.isnan(rel.losses[24]) and np.all(np.isnan(rel.token_relevance[24]))
+    assert not np.isnan(rel.losses[:24]).any() and rel.measured()[23, 8:23].all()
+    np.testing.assert_array_equal(rel.weights[:, :, 24, :16], 0.0)
+    assert rel.weights[:, :, 24, 16:25].sum() == pytest.approx(rel.num_layers * rel.num_heads, abs=1e-4)
+
+
 def test_head_ablation_of_a_long_text_counts_each_prediction_once_in_the_window_that_owns_it():
     # 60 tokens read in windows of 24 starting every 12: each window also holds queries an earlier
     # window measured. Without head 0 every prediction is a uniform guess, so the rise is exactly
@@ -283,6 +296,19 @@ def test_ranks_share_ties_and_rank_correlation_is_spearmans():
     assert rank_correlation(a, -a) == pytest.approx(-1.0)
     assert rank_correlation(a, np.array([2.0, 1.0, 4.0, 3.0, 5.0])) == pytest.approx(0.8)  # 1 - 6*4/(5*24)
     assert math.isnan(rank_correlation(a, np.ones(5)))
+
+
+def test_a_rank_correlation_of_too_few_or_constant_values_is_nan_without_a_warning(char_tokenizer):
+    # The first query has no earlier key: its table's correlations are over no pairs at all.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's "Mean of empty slice", "invalid value" would reach the user
+        for a, b in (([], []), ([1.0], [2.0]), ([1.0, 1.0, 1.0], [1.0, 2.0, 3.0])):
+            assert math.isnan(rank_correlation(np.array(a), np.array(b)))
+        model = random_model(vocab_size=char_tokenizer.vocab_size, context_length=32)
+        table = format_relevance_table(relevance_of_text(model, char_tokenizer, "abc"), 0)
+    assert "this query's 0 keys n/a (mean weight)" in table
 
 
 @pytest.fixture(scope="module")
@@ -315,6 +341,18 @@ def test_the_table_has_a_row_per_earlier_token_with_its_weights_and_relevance(ch
     top = format_relevance_table(rel, 7, top=2).splitlines()[3:-2]
     assert [int(r.split()[0]) for r in top] == list(np.argsort(-np.abs(rel.token_relevance[7, :7]), kind="stable")[:2])
     assert len(format_head_ablation(rel).splitlines()) == 2 + 2
+
+
+def test_the_tables_columns_stay_aligned_under_labels_longer_than_the_token_header():
+    # Subword tokens: labels of any length; each row's numbers start where the header's do.
+    labels = ["a", "subword", "x", "a-longer-label", "b", "ok"]
+    rel = compute_relevance(random_model(), [1, 2, 3, 4, 5, 6], labels)
+    lines = format_relevance_table(rel, 4).splitlines()
+    header, rows = lines[2], lines[3:-2]
+    assert [row.split()[1] for row in rows] == labels[:4]
+    column = header.index("relevance") + len("relevance")
+    assert all(row[column - 9:column].strip().startswith(("+", "-")) for row in rows)
+    assert len({len(row) for row in rows}) == 1
 
 
 def test_the_table_of_a_query_in_a_later_window_lists_only_the_keys_in_its_reach(char_tokenizer):
