@@ -215,6 +215,14 @@ def test_a_long_texts_heatmap_labels_every_other_token_and_always_the_last():
         assert labels[-1].get_text() == "t149"
 
 
+def test_a_heatmap_label_of_label_chars_is_whole_and_a_longer_one_cut_with_an_ellipsis():
+    n = maps_module.LABEL_CHARS
+    labels = ["x" * n, "y" * (n + 1)]
+    maps = AttentionMaps([0, 1], labels, [np.zeros((1, 2, 2), np.float32)], 0)
+    panel = maps_module.layer_figure(maps, 0).axes[0]
+    assert [label.get_text() for label in panel.get_yticklabels()] == ["x" * n, "y" * (n - 1) + "…"]
+
+
 def test_one_head_on_its_own_is_drawn_in_a_larger_panel_than_in_the_grid_of_heads():
     T = 10  # 0.9 inches of labels: each panel at its least, 5 inches alone (--head) and 3 in a grid
     maps = AttentionMaps(list(range(T)), [f"t{i}" for i in range(T)], [np.zeros((4, T, T), np.float32)], 0)
@@ -338,6 +346,9 @@ def test_a_word_query_is_the_last_character_of_its_first_whole_word_occurrence(t
     for absent in ("wa", "WAS", "dragon", " "):
         with pytest.raises(TinyattnError, match="not a word of the text"):
             query_position_of_word(tokenizer, ids, absent)
+    for blank in ("", " ", "\n"):  # no word at all, in a text where it would match around punctuation
+        with pytest.raises(TinyattnError, match="not a word of the text"):
+            query_position_of_word(tokenizer, tokenizer.encode("the end . \n. "), blank)
 
 
 def test_a_query_position_is_one_of_the_texts_tokens_negative_counting_from_the_end():
