@@ -292,12 +292,15 @@ def test_a_single_leftover_target_is_a_tail_of_one_and_is_scored(run, length):
 def test_table_plot_and_tensorboard_show_ranges_of_positions_doubling_the_context(tmp_path, tensorboard_writer):
     assert position_ranges(128) == [(0, 0), (1, 1), (2, 3), (4, 7), (8, 15), (16, 31), (32, 63), (64, 127)]
     assert position_ranges(96)[-1] == (64, 95) and position_ranges(1) == [(0, 0)]
+    # a context one past a power of two (or of 2) ends in a row of its last position alone
+    assert position_ranges(2) == [(0, 0), (1, 1)] and position_ranges(5)[-2:] == [(2, 3), (4, 4)]
     losses = np.linspace(4.0, 2.0, 32)
     table = format_loss_by_position(losses).splitlines()
     assert [line.split()[0] for line in table[1:]] == ["0", "1", "2-3", "4-7", "8-15", "16-31"]
     last, before = losses[16:].mean(), losses[8:16].mean()
     assert table[-1].split() == ["16-31", f"{last:.3f}", f"{before - last:+.3f}"]
 
+    assert save_loss_by_position_plot(losses, tmp_path / "new" / "plot.png").is_file()  # its folder made
     path = save_loss_by_position_plot(losses, tmp_path / "plot.png")
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", data[16:24]) == (700, 400)
