@@ -604,6 +604,19 @@ def test_cli_with_an_empty_text_says_so_rather_than_drawing_the_probe_text(run_d
     assert not (tmp_path / "maps").exists()
 
 
+def test_cli_without_matplotlib_refuses_the_pngs_before_any_work_and_still_measures_relevance(
+        run_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run_dir), "--text", "To be", "--out-dir",
+                                     str(tmp_path / "maps"), "--device", "cpu")
+    assert (status, stdout) == (2, "") and stderr.count("\n") == 1
+    assert "pip install 'tinyattn[plot]'" in stderr
+    assert not (tmp_path / "maps").exists()  # refused before the model was loaded or a folder made
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run_dir), "--text", "To be", "--relevance",
+                                     "--device", "cpu")
+    assert status == 0 and "head ablation" in stdout, stderr
+
+
 def test_cli_without_text_on_a_run_without_a_probe_text_says_to_give_one(run_dir, tmp_path, capsys):
     from tinyattn import checkpoint as ckpt
 
@@ -627,6 +640,26 @@ def test_cli_without_text_on_a_hugging_face_folder_says_it_records_no_probe_text
     assert status == 2
     assert stderr == (f"error: {tmp_path / 'hf'} (a Hugging Face folder): records no train.probe_text "
                       "(a run's config does), so there is no text to look at: give one with --text \"...\"\n")
+
+
+def test_cli_a_heatmap_it_cannot_write_is_one_line_naming_the_folder(run_dir, tmp_path, capsys):
+    (tmp_path / "layer_0.png").mkdir()  # a folder where the first PNG goes: EISDIR, no storage errno
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run_dir), "--text", "To be", "--out-dir",
+                                     str(tmp_path), "--device", "cpu")
+    assert (status, stdout) == (2, "")
+    assert stderr.startswith(f"error: {tmp_path}: cannot write the heatmaps (") and stderr.count("\n") == 1
+
+
+def test_cli_reads_an_imported_folders_start_token_before_the_text(run_dir, capsys, monkeypatch):
+    # An imported folder's tokenizer puts bos before a text (`text_start`); the model reads it there, as
+    # generation does, and positions count it. Stood in for by the run's end-of-text token.
+    from tinyattn.data.tokenizer import Tokenizer
+
+    monkeypatch.setattr(Tokenizer, "text_start", property(lambda self: [self.eot_id]))
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run_dir), "--text", "To be", "--relevance",
+                                     "--query-position", "1", "--device", "cpu")
+    assert status == 0, stderr
+    assert stdout.startswith("query T at position 1 (of 6 tokens) predicts o "), stdout
 
 
 def test_cli_relevance_without_a_query_asks_about_the_last_token_that_predicts_one(run_dir, capsys):

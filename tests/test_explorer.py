@@ -202,8 +202,20 @@ def test_the_commands_layer_and_head_are_the_pages_first_view(run_dir, tmp_path,
     assert (default["layer"], default["head"]) == (0, 0)
 
 
+def test_the_pages_title_is_the_text_cut_to_eighty_characters(run_dir, tmp_path, capsys):
+    text = ("The book that the student borrowed from the library was fascinating, "
+            "and she read it twice.")  # 93 characters
+    page = tmp_path / "explorer.html"
+    status = attention_main(["--checkpoint", str(run_dir), "--text", text, "--html", str(page),
+                             "--device", "cpu"])
+    assert status == 0, capsys.readouterr().err
+    title = data_of_page(page.read_text(encoding="utf-8"))["title"]
+    assert title == "attention explorer: " + text[:79] + "…"
+
+
 @pytest.mark.parametrize("args, message", [
-    (["--relevance", "--query-position", "-1"], "it predicts nothing in the text"),
+    (["--relevance", "--query-position", "-1"],  # said before any measuring
+     "the query is the text's last token (position 7): it predicts nothing in the text"),
     (["--relevance", "--top", "0"], "--top 0: expected a positive number"),
     (["--top", "3"], "--top 3: only with --relevance"),
     (["--html", "{run}/config.yaml/page.html"], "config.yaml is a file, not a folder"),
