@@ -145,6 +145,14 @@ def test_the_choices_are_the_librarys_own():
     assert f"model.attention={'|'.join(ATTENTION_PATHS)}" in option(parser_of("train"), "--set").help
 
 
+def test_set_given_more_than_once_keeps_every_override_in_order():
+    # --set's help: "may be repeated"; argparse's default action keeps only the last one given.
+    args = parser_of("train").parse_args(["--config", "c.yaml", "--set", "train.lr=1e-3", "model.n_layer=2",
+                                          "--set", "train.max_steps=5"])
+    assert args.overrides == ["train.lr=1e-3", "model.n_layer=2", "train.max_steps=5"]
+    assert parser_of("train").parse_args(["--config", "c.yaml"]).overrides == []
+
+
 def test_generate_and_serve_look_for_runs_where_train_writes_them_and_pick_the_dtype_by_default():
     from tinyattn.train.loop import DEFAULT_OUT_DIR
 
