@@ -891,30 +891,9 @@ def test_a_labs_repeated_set_flags_add_up(lab):
     assert args.overrides == ["model.n_layr=1", "train.batch_size=2", "train.lr=1e-3"]
 
 
-def test_lab_causal_names_the_prompts_characters_the_tokenizer_never_saw_before_anything_trains(
-        tmp_path, monkeypatch, capsys, corpus_text):
-    # As generate names them: a sample from a prompt read as [UNK] says why, before the runs' minutes.
-    from tests.conftest import ROOT
-    from tinyattn.cli.lab import main
-    from tinyattn.lab import causal
-
-    def no_training(args, out):
-        raise TinyattnError("stopped before training")
-
-    monkeypatch.setattr(causal, "train_both", no_training)
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(corpus_text * 4, encoding="utf-8")
-    assert main(["causal", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "2", "--out",
-                 str(tmp_path / "out"), "--prompt", "Café ROMEO", "--set", f"data.files={corpus}",
-                 "data.url=null", "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}"]) == 2
-    err = capsys.readouterr().err
-    assert err == ("warning: --prompt: 1 character the tokenizer has never seen, read as [UNK]: 'é'\n"
-                   "error: stopped before training\n"), err
-
-
-def test_lab_causal_says_a_prompt_longer_than_the_context_is_read_from_its_end_before_anything_trains(
-        tmp_path, monkeypatch, capsys, corpus_text):
-    # As generate says it: each sample step reads the prompt's last context tokens, never its start.
+def lab_causal_up_to_training(tmp_path, monkeypatch, corpus_text):
+    """`tinyattn lab causal` on tiny.yaml and a small corpus, stopped where its two runs would train:
+    a function of the --prompt, giving the command's exit status."""
     from tests.conftest import ROOT
     from tinyattn.cli.lab import main
     from tinyattn.lab import causal
@@ -928,10 +907,26 @@ def test_lab_causal_says_a_prompt_longer_than_the_context_is_read_from_its_end_b
     options = ["causal", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "2", "--out",
                str(tmp_path / "out"), "--set", f"data.files={corpus}", "data.url=null", "data.sha256=null",
                f"data.cache_dir={tmp_path / 'cache'}", "--prompt"]
-    assert main(options + ["ROMEO: " * 5]) == 2  # 35 characters, tiny.yaml's context 32
+    return lambda prompt: main(options + [prompt])
+
+
+def test_lab_causal_names_the_prompts_characters_the_tokenizer_never_saw_before_anything_trains(
+        tmp_path, monkeypatch, capsys, corpus_text):
+    # As generate names them: a sample from a prompt read as [UNK] says why, before the runs' minutes.
+    assert lab_causal_up_to_training(tmp_path, monkeypatch, corpus_text)("Café ROMEO") == 2
+    err = capsys.readouterr().err
+    assert err == ("warning: --prompt: 1 character the tokenizer has never seen, read as [UNK]: 'é'\n"
+                   "error: stopped before training\n"), err
+
+
+def test_lab_causal_says_a_prompt_longer_than_the_context_is_read_from_its_end_before_anything_trains(
+        tmp_path, monkeypatch, capsys, corpus_text):
+    # As generate says it: each sample step reads the prompt's last context tokens, never its start.
+    run = lab_causal_up_to_training(tmp_path, monkeypatch, corpus_text)
+    assert run("ROMEO: " * 5) == 2  # 35 characters, tiny.yaml's context 32
     assert capsys.readouterr().err == ("warning: --prompt: 35 tokens, longer than the runs' context of 32; "
                                        "the samples read only its last 32\nerror: stopped before training\n")
-    assert main(options + ["ROMEO: " * 4]) == 2  # 28: read whole
+    assert run("ROMEO: " * 4) == 2  # 28: read whole
     assert capsys.readouterr().err == "error: stopped before training\n"
 
 

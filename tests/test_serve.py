@@ -1398,11 +1398,22 @@ def _run_alone(coroutine):
         return pool.submit(asyncio.run, coroutine).result()
 
 
+def whole_completion_of_one_sample():
+    """What `_whole` reads besides its job: a server, a completion of one sample, a connected client."""
+    import types
+
+    async def is_disconnected():
+        return False
+
+    completion = types.SimpleNamespace(options=types.SimpleNamespace(num_samples=1), prompt_tokens=1)
+    client = types.SimpleNamespace(is_disconnected=is_disconnected)
+    return types.SimpleNamespace(model_id="m"), completion, client
+
+
 def test_a_whole_completion_leaves_no_task_watching_its_client_once_answered():
     # The task that cancels the job when the client goes away is stopped with the answer: left running,
     # it polled every kept-alive connection for as long as the client held it open.
     import asyncio
-    import types
 
     if MISSING:
         pytest.skip(MISSING)
@@ -1410,16 +1421,12 @@ def test_a_whole_completion_leaves_no_task_watching_its_client_once_answered():
     from tinyattn.serve.app import _whole
     from tinyattn.serve.worker import END, Job
 
-    async def is_disconnected():
-        return False
-
     async def answer():
         job = Job(iter(()), asyncio.get_running_loop())
         for item in (SamplePiece(0, "hi", "length", 2), END):
             job.results.put_nowait(item)
-        completion = types.SimpleNamespace(options=types.SimpleNamespace(num_samples=1), prompt_tokens=1)
-        request = types.SimpleNamespace(is_disconnected=is_disconnected)
-        response = await _whole(types.SimpleNamespace(model_id="m"), completion, job, request, 0)
+        served, completion, request = whole_completion_of_one_sample()
+        response = await _whole(served, completion, job, request, 0)
         await asyncio.sleep(0.05)
         return json.loads(response.body), [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
 
@@ -1431,21 +1438,15 @@ def test_a_whole_completion_whose_handler_is_cancelled_cancels_its_job():
     # The request's task cancelled (uvicorn's shutdown past its grace period) while the job still
     # decodes: the job is cancelled with it, not left decoding for no one.
     import asyncio
-    import types
 
     if MISSING:
         pytest.skip(MISSING)
     from tinyattn.serve.app import _whole
     from tinyattn.serve.worker import Job
 
-    async def is_disconnected():
-        return False
-
     async def cancel_midway():
         job = Job(iter(()), asyncio.get_running_loop())  # nothing comes: the handler waits on it
-        completion = types.SimpleNamespace(options=types.SimpleNamespace(num_samples=1), prompt_tokens=1)
-        request = types.SimpleNamespace(is_disconnected=is_disconnected)
-        served = types.SimpleNamespace(model_id="m")
+        served, completion, request = whole_completion_of_one_sample()
         handler = asyncio.create_task(_whole(served, completion, job, request, 0))
         await asyncio.sleep(0.05)
         handler.cancel()
