@@ -2599,6 +2599,27 @@ def test_init_from_a_run_with_the_config_it_trained_with_trains(corpus, tmp_path
     assert tuned.model == source.model  # the model keys base.yaml writes are the run's own
 
 
+def test_a_finetune_with_the_bpe_config_its_source_trained_with_has_no_vocabulary_size_note(corpus, tmp_path,
+                                                                                           capsys):
+    # The source's tokenizer.kind bpe and vocab_size, written again, agree with it (adopt_model); the
+    # note said "tokenizer.kind is pretrained" (the section the fine-tune reads its tokenizer.json
+    # through) against the bpe the config writes, and that the size sizes a bpe tokenizer.
+    from tinyattn.data.tokenizer import unused_tokenizer_options
+
+    def bpe(name, *extra):
+        return ["--config", str(own_config_file(corpus, tmp_path)), "--no-progress", "--run-name", name,
+                "--set", "tokenizer.kind=bpe", "tokenizer.vocab_size=300", *extra]
+
+    code, err = run_main(bpe("src"), capsys)
+    assert code == 0 and "has no effect" not in err, err
+    code, err = run_main(bpe("ft", f"train.init_from={tmp_path / 'src'}"), capsys)
+    assert code == 0 and "has no effect" not in err, err
+    pretrained = load_config(tmp_path / "ft" / "config.yaml").tokenizer
+    assert unused_tokenizer_options(pretrained, ["tokenizer.vocab_size"]) == [
+        "note: tokenizer.vocab_size has no effect: tokenizer.kind is pretrained, whose vocabulary is its "
+        "tokenizer.json's (tokenizer.vocab_size sizes a bpe tokenizer)"]
+
+
 def test_a_finetune_of_a_char_run_on_text_of_other_characters_warns_of_the_unk_it_trains_on(corpus, tmp_path,
                                                                                            capsys):
     # The source's character tokenizer reads what its corpus lacked as [UNK]: 'é', 'ü' here (a fifth of

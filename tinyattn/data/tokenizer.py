@@ -375,7 +375,7 @@ def unused_tokenizer_options(config: TokenizerConfig, given: Iterable[str]) -> l
     builds no vocabulary of that size: char's is the text's characters, pretrained's its file's."""
     if "tokenizer.vocab_size" not in set(given) or config.kind == "bpe":
         return []
-    made = "the text's characters" if config.kind == "char" else "those of its tokenizer.json"
+    made = "the text's characters" if config.kind == "char" else "its tokenizer.json's"
     return [f"note: tokenizer.vocab_size has no effect: tokenizer.kind is {config.kind}, whose vocabulary is "
             f"{made} (tokenizer.vocab_size sizes a bpe tokenizer)"]
 

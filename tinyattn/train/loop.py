@@ -190,6 +190,7 @@ def _checked_start(config: Config, request: _Request, dist: Distributed
     request.notes.extend(source.notes() if source is not None else [])
     if point is None:
         request.notes.extend(unused_options(config.train, config.model.tie_embeddings, request.own))
+    if point is None and source is None:  # a fine-tune's tokenizer is its source's: adopt_model compared them
         request.notes.extend(unused_tokenizer_options(config.tokenizer, request.own))
     check_training_fits(config.model, config.train, device)  # before the folder; vocab_size may be unknown
     return config, point, device, source
