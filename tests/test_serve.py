@@ -4,6 +4,7 @@ port: completions equal `generate()` with the same seed, streamed or not; bad re
 that goes away mid-stream stops its generation; and in headless Chromium the playground streams
 tokens and a click on one shows the model's own attention weights."""
 
+import contextlib
 import http.client
 import importlib.util
 import json
@@ -724,11 +725,12 @@ def test_cancel_all_cancels_the_waiting_jobs_too():
         loop.close()
 
 
-def test_at_most_max_active_jobs_decode_at_once_and_the_stats_say_so():
+@contextlib.contextmanager
+def four_jobs_of_three_turns_ended():
+    """A ModelWorker taking two jobs at a time, after four jobs of three turns each ended (or 10 s):
+    yields it and the jobs, then stops it."""
     import asyncio
 
-    if MISSING:
-        pytest.skip(MISSING)
     from tinyattn.serve.worker import Job, ModelWorker
 
     loop = asyncio.new_event_loop()  # not running: what the jobs send stays queued on it
@@ -739,13 +741,20 @@ def test_at_most_max_active_jobs_decode_at_once_and_the_stats_say_so():
         deadline = time.monotonic() + 10
         while busy.stats.jobs < 4 and time.monotonic() < deadline:
             time.sleep(0.005)
+        yield busy, jobs
+    finally:
+        busy.stop()
+        loop.close()
+
+
+def test_at_most_max_active_jobs_decode_at_once_and_the_stats_say_so():
+    if MISSING:
+        pytest.skip(MISSING)
+    with four_jobs_of_three_turns_ended() as (busy, jobs):
         assert busy.stats.jobs == 4, "the four jobs did not end within 10 s"
         assert busy.stats.most_active == 2
         # The last two had their first turn only once the first two had ended.
         assert max(job.last_turn for job in jobs[:2]) < min(job.first_turn for job in jobs[2:])
-    finally:
-        busy.stop()
-        loop.close()
 
 
 def test_at_shutdown_every_job_decoding_or_waiting_gets_its_end():
@@ -1474,25 +1483,10 @@ def test_the_served_playground_and_explorer_page_carry_the_servers_numbers(serve
 
 def test_the_workers_load_counts_jobs_ended_and_turns_given():
     # /health's "completed" is jobs, "turns" the model's turns: four jobs of three turns each.
-    import asyncio
-
     if MISSING:
         pytest.skip(MISSING)
-    from tinyattn.serve.worker import Job, ModelWorker
-
-    loop = asyncio.new_event_loop()  # not running: what the jobs send stays queued on it
-    busy = ModelWorker(max_active=2)
-    try:
-        for i in range(4):
-            busy.submit(Job(iter(range(3)), loop, f"job {i}"))
-        busy.start()
-        deadline = time.monotonic() + 10
-        while busy.stats.jobs < 4 and time.monotonic() < deadline:
-            time.sleep(0.005)
+    with four_jobs_of_three_turns_ended() as (busy, _):
         assert busy.load == {"active": 0, "waiting": 0, "completed": 4, "cancelled": 0, "turns": 12}
-    finally:
-        busy.stop()
-        loop.close()
 
 
 @pytest.mark.parametrize("host, shown", [("localhost", "127.0.0.1"), ("::1", "[::1]")])

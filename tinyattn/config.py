@@ -635,13 +635,12 @@ def home_path(path: Any) -> Any:
 
 def _expand_home(config: Config) -> None:
     """The config's paths written ~/... under the home folder (`home_path`)."""
-    home = home_path
     data, train = config.data, config.train
     if isinstance(data.files, list):
-        data.files = [home(entry) for entry in data.files]
-    data.dataset, data.cache_dir = home(data.dataset), home(data.cache_dir)
-    config.tokenizer.path = home(config.tokenizer.path)
-    train.init_from, train.out_dir = home(train.init_from), home(train.out_dir)
+        data.files = [home_path(entry) for entry in data.files]
+    data.dataset, data.cache_dir = home_path(data.dataset), home_path(data.cache_dir)
+    config.tokenizer.path = home_path(config.tokenizer.path)
+    train.init_from, train.out_dir = home_path(train.init_from), home_path(train.out_dir)
 
 
 def _holds(raw: dict, key: str) -> bool:

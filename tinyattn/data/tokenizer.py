@@ -39,7 +39,7 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from tinyattn.config import TOKENIZER_KINDS, TokenizerConfig
-from tinyattn.errors import DataError
+from tinyattn.errors import DataError, counted
 from tinyattn.system.signals import interruptible
 from tinyattn.system.storage import atomic_write, read_text
 
@@ -352,8 +352,7 @@ def warn_unknown_characters(tokenizer, text: str, ids: list[int], where: str, ve
     unknown = unknown_characters(tokenizer, text, ids)
     if unknown:
         shown = ", ".join(repr(c) for c in unknown[:10]) + (", ..." if len(unknown) > 10 else "")
-        what = "1 character" if len(unknown) == 1 else f"{len(unknown)} characters"
-        print(f"warning: {where}: {what} the tokenizer has never seen, {verb} as [UNK]: {shown}",
+        print(f"warning: {where}: {counted(len(unknown), 'character')} the tokenizer has never seen, {verb} as [UNK]: {shown}",
               file=sys.stderr)
 
 

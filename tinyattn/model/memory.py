@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 
 from tinyattn.config import ModelConfig, TrainConfig
-from tinyattn.errors import ConfigError
+from tinyattn.errors import ConfigError, counted
 from tinyattn.model.attention_path import prefer_explicit_attention
 
 FP32 = 4  # bytes
@@ -153,8 +153,7 @@ def check_decoding_fits(model: ModelConfig, batch_size: int, device: torch.devic
     if limit is not None and device.type == "cuda":  # blocks torch keeps reserved are free to it
         limit += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     if limit is not None and need > limit:
-        sequences = "1 sequence" if batch_size == 1 else f"{batch_size:,} sequences"
-        raise KVCachesTooLarge(f"decoding {sequences} at once needs {gigabytes(need)} for their KV "
+        raise KVCachesTooLarge(f"decoding {counted(batch_size, 'sequence')} at once needs {gigabytes(need)} for their KV "
                                f"caches alone, more than the {gigabytes(limit)} {where}")
 
 
