@@ -432,3 +432,47 @@ def test_a_prompts_byte_order_mark_is_dropped_from_a_file_stdin_and_the_first_in
     ran = []
     generate_cli._interactive(argparse.Namespace(run=lambda line, echo: ran.append(line)))
     assert ran == ["ROMEO:", "\ufeffJULIET:"]  # only the first line can start with the file's mark
+
+
+PATH_METAVARS = {"FILE", "DIR", "PATH", "RUN_DIR|FILE", "DIR|FILE", "RUN_DIR|CHECKPOINT"}
+
+
+def path_options() -> list[tuple[str, argparse.Action]]:
+    """(command, action) of every option of every subcommand whose value is a file or folder."""
+    found = []
+    for name in SUBCOMMANDS:
+        module = importlib.import_module(f"tinyattn.cli.{name}")
+        parsers = [(name, (getattr(module, "parser", None) or module.build_parser)())]
+        while parsers:
+            command, parser = parsers.pop()
+            for action in parser._actions:
+                if isinstance(action, argparse._SubParsersAction):
+                    parsers += [(f"{command} {sub}", p) for sub, p in action.choices.items()]
+                elif action.option_strings and action.metavar in PATH_METAVARS:
+                    found.append((command, action))
+    return found
+
+
+def test_every_path_option_written_with_a_tilde_after_an_equals_sign_is_under_the_home_folder(
+        tmp_path, monkeypatch):
+    # `--out=~/x`: no shell expands a tilde after "=", so the command made a folder named "~" where it
+    # was run (a footgun: `rm -rf ~`) or looked for "~/run" there: "no checkpoint at ~/run".
+    monkeypatch.setenv("HOME", str(tmp_path))
+    options = path_options()
+    names = {(command, action.option_strings[0]) for command, action in options}
+    assert {("export", "--out"), ("train", "--resume"), ("lab distance", "--text"),
+            ("serve", "--checkpoint"), ("attention", "--out-dir")} <= names and len(options) > 20
+    for command, action in options:
+        value = action.type("~/x") if action.type else "~/x"
+        assert str(value) == str(tmp_path / "x"), (command, action.option_strings)
+
+
+def test_an_export_given_its_checkpoint_and_out_after_equals_signs_with_tildes_writes_under_home(
+        trained_run, tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    (home / "runs").mkdir(parents=True)
+    (home / "runs" / "tiny").symlink_to(trained_run.run_dir)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", "--checkpoint=~/runs/tiny", "--out=~/exported"]) == 0
+    assert (home / "exported" / "config.json").is_file() and not (tmp_path / "~").exists()

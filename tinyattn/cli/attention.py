@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tinyattn.cli import run_command
 from tinyattn.cli.options import add_checkpoint, add_device, command_parser
+from tinyattn.config import home_path
 from tinyattn.errors import TinyattnError, counted
 
 
@@ -46,12 +47,13 @@ def parser() -> argparse.ArgumentParser:
                         "context length, half a context apart")
     p.add_argument("--top", type=int, metavar="N", help="with --relevance: only the N tokens whose removal "
                                                          "changes the loss most, either way")
-    p.add_argument("--html", metavar="PATH",
+    p.add_argument("--html", type=home_path, metavar="PATH",
                    help="instead of the PNGs, write the explorer: one self-contained HTML page of the "
                         "weights, relevance, losses and head ablation of the text (windows as --relevance)")
-    p.add_argument("--out-dir", help="folder for the PNGs (default: attention/ in the checkpoint's "
-                                     "run folder, attention_step_N/ for a step checkpoint; for a Hugging "
-                                     "Face folder, <its name>_attention/ in the current folder)")
+    p.add_argument("--out-dir", type=home_path, metavar="DIR",
+                   help="folder for the PNGs (default: attention/ in the checkpoint's "
+                        "run folder, attention_step_N/ for a step checkpoint; for a Hugging "
+                        "Face folder, <its name>_attention/ in the current folder)")
     add_device(p)
     return p
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tinyattn.cli import run_command
 from tinyattn.cli.options import add_checkpoint, add_device, command_parser
+from tinyattn.config import home_path
 from tinyattn.errors import DataError, TinyattnError, counted
 
 EVAL_BATCH_TOKENS = 1 << 14  # tokens per forward pass for an imported folder (`_batch_size`)
@@ -23,7 +24,8 @@ def parser() -> argparse.ArgumentParser:
         "example: tinyattn eval --checkpoint checkpoints/<run> --split validation")
     add_checkpoint(p)
     source = p.add_mutually_exclusive_group()
-    source.add_argument("--text-file", type=Path, metavar="FILE", help="a UTF-8 text file to score")
+    source.add_argument("--text-file", type=lambda text: Path(home_path(text)), metavar="FILE",
+                        help="a UTF-8 text file to score")
     source.add_argument("--split", choices=["validation", "train"],
                         help="a split of the run's data, from its saved config (default: validation)")
     p.add_argument("--batch-size", type=int, metavar="N", help="windows per forward pass (default: the "

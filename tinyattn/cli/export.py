@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tinyattn.cli import run_command
 from tinyattn.cli.options import add_checkpoint, command_parser
+from tinyattn.config import home_path
 from tinyattn.errors import ConfigError
 from tinyattn.system.choices import EXPORT_PRECISIONS, GGUF_PRECISIONS
 
@@ -27,12 +28,12 @@ def parser() -> argparse.ArgumentParser:
         "examples: tinyattn export --checkpoint checkpoints/<run> --out exported/<name>; "
         "tinyattn export --checkpoint checkpoints/<run> --gguf exported/<name>.gguf --dtype fp16")
     add_checkpoint(p)
-    p.add_argument("--out", metavar="DIR|FILE",
+    p.add_argument("--out", type=home_path, metavar="DIR|FILE",
                    help="the folder to write (new or empty); with --format gguf, the .gguf file")
     p.add_argument("--format", choices=FORMATS,
                    help="hf: a Hugging Face folder; gguf: one file for llama.cpp (default: gguf when --out "
                         "ends in .gguf, else hf)")
-    p.add_argument("--gguf", metavar="FILE", help="the same as --format gguf --out FILE")
+    p.add_argument("--gguf", type=home_path, metavar="FILE", help="the same as --format gguf --out FILE")
     p.add_argument("--dtype", choices=sorted(set(EXPORT_PRECISIONS) | set(GGUF_PRECISIONS)), default="fp32",
                    help="the weights' dtype (default: fp32, the dtype tinyattn trains its weights in); "
                         f"a folder holds {', '.join(EXPORT_PRECISIONS)}, a GGUF file {', '.join(GGUF_PRECISIONS)}")

@@ -34,6 +34,7 @@ from typing import Optional
 
 from tinyattn.cli import point_at_null, run_command, warnings_as_lines
 from tinyattn.cli.options import add_checkpoint, add_device, add_inference_dtype, add_out_dir, command_parser
+from tinyattn.config import home_path
 from tinyattn.errors import ConfigError, DataError, StorageError
 from tinyattn.system.signals import sigterm_interrupts
 from tinyattn.system.storage import BYTE_ORDER_MARK
@@ -77,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_out_dir(parser)
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--prompt", metavar="TEXT", help="the text to continue")
-    source.add_argument("--prompt-file", metavar="FILE",
+    source.add_argument("--prompt-file", type=home_path, metavar="FILE",
                         help="read the prompt from a UTF-8 file ('-': stdin)")
     source.add_argument("stdin", nargs="?", choices=["-"], default=None, metavar="-",
                         help="read the prompt from stdin")

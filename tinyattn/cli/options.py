@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from tinyattn.config import ATTENTION_PATHS
+from tinyattn.config import ATTENTION_PATHS, home_path
 from tinyattn.system.choices import DEVICE_NAMES
 
 CHECKPOINT_HELP = ("a run folder (its best.pt, else its latest step), a checkpoint file or a Hugging Face "
@@ -25,12 +25,13 @@ def command_parser(name: str, description: str, epilog: str, **options) -> argpa
 
 def add_checkpoint(parser: argparse.ArgumentParser, where: str = "checkpoints/") -> None:
     """--checkpoint: what `tinyattn.hf.folder.load_any_model` accepts."""
-    parser.add_argument("--checkpoint", metavar="RUN_DIR|FILE", help=CHECKPOINT_HELP.format(where=where))
+    parser.add_argument("--checkpoint", type=home_path, metavar="RUN_DIR|FILE",
+                        help=CHECKPOINT_HELP.format(where=where))
 
 
 def add_out_dir(parser: argparse.ArgumentParser) -> None:
     """--out-dir: where runs are looked for when --checkpoint is not given."""
-    parser.add_argument("--out-dir", default="checkpoints", metavar="DIR",
+    parser.add_argument("--out-dir", type=home_path, default="checkpoints", metavar="DIR",
                         help="where runs are looked for when --checkpoint is not given "
                              "(default: checkpoints)")
 
@@ -58,7 +59,7 @@ def add_device(parser: argparse.ArgumentParser, default: str | None = "auto", ov
 def add_config(parser: argparse.ArgumentParser, required_unless: str = "") -> None:
     """--config FILE and --set KEY=VALUE ... (dotted keys, typed like the field they set)."""
     optional = f" (optional with {required_unless}: the run's saved config)" if required_unless else ""
-    parser.add_argument("--config", metavar="FILE", help=f"YAML config file{optional}")
+    parser.add_argument("--config", type=home_path, metavar="FILE", help=f"YAML config file{optional}")
     # action="extend": `--set a=1 --set b=2` keeps both (argparse's default keeps only the last).
     parser.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[],
                         metavar="KEY=VALUE",

@@ -17,7 +17,8 @@ def parser() -> argparse.ArgumentParser:
         "--set train.max_steps=500 model.n_layer=2")
     add_config(p, required_unless="--resume")
     p.add_argument("--run-name", help="folder name under train.out_dir (default: config name and time)")
-    p.add_argument("--resume", nargs="?", const=True, default=None, metavar="RUN_DIR|CHECKPOINT",
+    p.add_argument("--resume", nargs="?", const=True, default=None, type=home_path,
+                   metavar="RUN_DIR|CHECKPOINT",
                    help="continue a run: its folder or a checkpoint file; alone, the --run-name "
                         "run or else the most recent one")
     p.add_argument("--allow-data-change", action="store_true",

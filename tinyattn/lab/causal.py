@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from tinyattn.config import home_path
 from tinyattn.errors import TinyattnError
 from tinyattn.system.invocation import quoted
 
@@ -46,7 +47,7 @@ RUNS = ("causal", "bidirectional")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default=DEFAULT_CONFIG, metavar="FILE",
+    parser.add_argument("--config", default=DEFAULT_CONFIG, type=home_path, metavar="FILE",
                         help=f"the model and data both runs train (default: {DEFAULT_CONFIG})")
     # action="extend": `--set a=1 --set b=2` keeps both (argparse's default keeps only the last).
     parser.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[],
@@ -56,11 +57,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(the same weight decay at any --steps), one evaluation at the end")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                         help=f"training steps of each run (default: {DEFAULT_STEPS})")
-    parser.add_argument("--out", metavar="DIR",
+    parser.add_argument("--out", type=home_path, metavar="DIR",
                         help="the lab's folder: two run folders, causal.md, causal.png "
                              "(default: a new checkpoints/lab/causal-<date>-<time>)")
     parser.add_argument("--force", action="store_true", help="replace the runs of an earlier lab in --out")
-    parser.add_argument("--checkpoint", metavar="RUN_DIR|FILE",
+    parser.add_argument("--checkpoint", type=home_path, metavar="RUN_DIR|FILE",
                         help="also run the leak test on this trained model (a run folder, checkpoint file or "
                              "Hugging Face folder) of the runs' context length")
     parser.add_argument("--position", type=int, default=None, metavar="T",

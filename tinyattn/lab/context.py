@@ -20,6 +20,7 @@ import re
 import time
 from pathlib import Path
 
+from tinyattn.config import home_path
 from tinyattn.errors import TinyattnError
 
 DEFAULT_WORD = "bank"
@@ -31,7 +32,7 @@ DEFAULT_CONTEXTS = (  # the chapter's example: two river banks, one for money
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", metavar="RUN_DIR|FILE",
+    parser.add_argument("--checkpoint", type=home_path, metavar="RUN_DIR|FILE",
                         help="a run folder, checkpoint file or Hugging Face folder; default: the best "
                              "checkpoint of the most recent run under checkpoints/")
     parser.add_argument("--word", default=DEFAULT_WORD,
@@ -39,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", dest="contexts", action="append", metavar="TEXT",
                         help="a text holding the word; give it twice or more (default: the chapter's "
                              "river and money sentences)")
-    parser.add_argument("--out", metavar="DIR",
+    parser.add_argument("--out", type=home_path, metavar="DIR",
                         help="where context.md and context.png go "
                              "(default: a new checkpoints/lab/context-<date>-<time>)")
 

@@ -41,7 +41,7 @@ import torch.nn as nn
 
 from tinyattn.analysis.evaluate import token_losses
 from tinyattn.checkpoint import require_causal
-from tinyattn.config import ModelConfig, TrainConfig
+from tinyattn.config import ModelConfig, TrainConfig, home_path
 from tinyattn.data.batches import prepare_data
 from tinyattn.data.tokenizer import warn_unknown_characters
 from tinyattn.errors import TinyattnError, counted
@@ -74,10 +74,11 @@ OUTPUTS = ("distance.txt", "distance.png", "key_value")  # what `run` writes int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", metavar="RUN_DIR|FILE",
+    parser.add_argument("--checkpoint", type=home_path, metavar="RUN_DIR|FILE",
                         help="the model the probe reads: a run folder, a checkpoint file or a Hugging Face "
                              "folder (default: the most recent run under checkpoints/)")
-    parser.add_argument("--text", metavar="FILE", help="the gap's ordinary text (default: the validation "
+    parser.add_argument("--text", type=home_path, metavar="FILE",
+                        help="the gap's ordinary text (default: the validation "
                         "split of the checkpoint's data; a Hugging Face folder has none: give one)")
     parser.add_argument("--string-length", type=int, default=8, help="tokens in the repeated string (default: 8)")
     parser.add_argument("--recall-steps", type=int, default=1500,
@@ -86,7 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument("--device", help="auto, cpu, cuda, cuda:N or mps (default: cpu)")
     add_threads(parser)
-    parser.add_argument("--out", metavar="DIR", help="folder for the table, figure and TensorBoard "
+    parser.add_argument("--out", type=home_path, metavar="DIR",
+                        help="folder for the table, figure and TensorBoard "
                         "(default: a new checkpoints/lab/distance-<date>-<time>)")
     parser.add_argument("--force", action="store_true",
                         help="replace what an earlier run of this lab wrote into --out")

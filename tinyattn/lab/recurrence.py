@@ -42,7 +42,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tinyattn.analysis.evaluate import format_loss_by_position, log_loss_by_position_to_tensorboard
-from tinyattn.config import Config, TrainConfig, load_config
+from tinyattn.config import Config, TrainConfig, home_path, load_config
 from tinyattn.data.batches import BatchSampler, eval_batches, prepare_data
 from tinyattn.errors import TinyattnError
 from tinyattn.lab.lstm import LSTMConfig, LSTMLanguageModel, lstm_width_for
@@ -75,7 +75,7 @@ OUTPUTS = ("recurrence.txt", "recurrence.png", "attention", "lstm")  # what `run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default=DEFAULT_CONFIG, metavar="FILE",
+    parser.add_argument("--config", default=DEFAULT_CONFIG, type=home_path, metavar="FILE",
                         help=f"the attention model, data and training to compare (default: {DEFAULT_CONFIG})")
     # action="extend": `--set a=1 --set b=2` keeps both (argparse's default keeps only the last).
     parser.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[],
@@ -90,7 +90,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_threads(parser)
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
                         help="overrides train.precision (default: fp32, so every machine does the same arithmetic)")
-    parser.add_argument("--out", metavar="DIR", help="folder for the table, figure and TensorBoard "
+    parser.add_argument("--out", type=home_path, metavar="DIR",
+                        help="folder for the table, figure and TensorBoard "
                         "(default: a new checkpoints/lab/recurrence-<date>-<time>)")
     parser.add_argument("--force", action="store_true",
                         help="replace what an earlier run of this lab wrote into --out")
