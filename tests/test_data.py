@@ -1115,6 +1115,29 @@ def test_invalid_utf8_across_two_reads_names_the_byte_and_line_where_its_charact
                           r"\(byte 22\)$")
 
 
+@pytest.mark.parametrize("name", ["corpus.txt", "corpus.txt.gz"])
+def test_a_text_file_saved_as_utf16_without_a_byte_order_mark_is_one_line_naming_its_first_nul(
+        tmp_path, name):
+    # ASCII text in UTF-16 is valid UTF-8 with a NUL after each character: it trained as that text, unsaid.
+    import gzip
+
+    path = tmp_path / name
+    opener = gzip.open if name.endswith(".gz") else open
+    with opener(path, "wb") as f:
+        f.write("to be or not\n".encode("utf-16-le"))
+    config = make_config(tmp_path, {"files": [str(path)]})
+    assert_one_line_error(tmp_path, config, rf"^{re.escape(str(path))}: holds a NUL at byte 1 \(line 1\), "
+                          r"which no text does: it is UTF-16 \(without a byte-order mark\) or not text; "
+                          r"save it as UTF-8$")
+    # One NUL in the second megabyte of a long text: its byte and line, counted over the reads before it.
+    head = b"abc\n" * ((1 << 20) // 4 + 10)
+    path.unlink()
+    with opener(path, "wb") as f:
+        f.write(head + b"ab\0c\n")
+    line = head.count(b"\n") + 1
+    assert_one_line_error(tmp_path, config, rf"NUL at byte {len(head) + 2} \(line {line}\)")
+
+
 def test_invalid_json_line_names_file_and_line(tmp_path):
     import logging.handlers
 

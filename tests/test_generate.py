@@ -1380,6 +1380,7 @@ def bad_checkpoints(tmp_path):
     torch.save({"weights": torch.zeros(2)}, foreign)
     future = tmp_path / "future.pt"
     torch.save({"format": FORMAT, "format_version": 99}, future)
+    (tmp_path / "utf16.txt").write_bytes("ROMEO:\nSpeak".encode("utf-16-le"))  # as some Windows tools save
     return not_a_checkpoint, foreign, future
 
 
@@ -1408,6 +1409,10 @@ def test_cli_a_refused_sampling_option_is_named_as_typed_before_the_model_loads(
     (["--stop", "\\x"], "--stop '\\\\x': not a valid escape sequence"),
     (["--device", "gpu"], "device 'gpu' is not accepted; expected auto, cpu, cuda, cuda:N or mps"),
     (["--prompt-file", "{tmp}/missing.txt"], "missing.txt: prompt file not found"),
+    # ASCII in UTF-16 without a byte-order mark is valid UTF-8, a NUL after each character: it was the prompt
+    (["--prompt-file", "{tmp}/utf16.txt"],
+     "utf16.txt: the prompt file holds a NUL at byte 1 (line 1), which no text does: it is UTF-16 (without a "
+     "byte-order mark) or not text"),
     (["--checkpoint", "{tmp}/nowhere"], "nowhere: no such checkpoint file or run folder"),
     (["--checkpoint", "{tmp}/notes.txt"], "notes.txt: not a tinyattn checkpoint (a torch.save archive)"),
     (["--checkpoint", "{tmp}/foreign.pt"], "foreign.pt: not a tinyattn checkpoint"),

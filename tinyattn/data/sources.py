@@ -823,6 +823,7 @@ def _read_text_file(path: Path, progress: bool, pass_number: int, reports: bool 
         pending = ""
         try:
             while chunk := text.read(READ_CHARS):
+                _refuse_nul(path, chunk)
                 pending += chunk
                 # Every piece but the last ends where no token changes; the last one waits
                 # for the text after it.
@@ -843,6 +844,21 @@ def _read_text_file(path: Path, progress: bool, pass_number: int, reports: bool 
                 report.close()
         if pending:
             yield pending, starts
+
+
+def _refuse_nul(path: Path, chunk: str) -> None:
+    """A NUL character, which no text holds: ASCII text saved as UTF-16 without a byte-order mark (as
+    some Windows tools write it) is valid UTF-8 with a NUL after every character, and was trained on
+    as that text without a word. Named at its byte and line, as a byte that is not UTF-8 is."""
+    if "\0" not in chunk:
+        return
+    offset, lines = 0, 0  # bytes and newlines before the current chunk
+    with _open_binary(path) as f:
+        while (raw := f.read(1 << 20)) and (nul := raw.find(b"\0")) < 0:
+            offset, lines = offset + len(raw), lines + raw.count(b"\n")
+    line = lines + raw[:nul].count(b"\n") + 1
+    raise DataError(f"{path}: holds a NUL at byte {offset + nul} (line {line}), which no text does: it is "
+                    "UTF-16 (without a byte-order mark) or not text; save it as UTF-8")
 
 
 class _ReadingReport:

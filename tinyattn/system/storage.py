@@ -235,13 +235,22 @@ def read_text(path: str | Path, what: str, error: type[TinyattnError] = DataErro
     TinyattnError subclass of the caller's domain (ConfigError for a config, ...).
     """
     try:  # utf-8, not utf-8-sig: a byte that is not UTF-8 is counted from the file's start, the mark included
-        return Path(path).read_text(encoding="utf-8").removeprefix(BYTE_ORDER_MARK)
+        text = Path(path).read_text(encoding="utf-8").removeprefix(BYTE_ORDER_MARK)
     except FileNotFoundError:
         raise error(f"{path}: {what} not found") from None
     except UnicodeDecodeError as e:
         raise error(f"{path}: the {what} is not UTF-8 text (byte {e.start})") from None
     except OSError as e:  # a folder, no permission, ...
         raise error(f"{path}: cannot read the {what} ({e.strerror or e})") from None
+    # No text holds a NUL: ASCII saved as UTF-16 without a byte-order mark (as some Windows tools write
+    # it) is valid UTF-8 with a NUL after every character, which would be read as that text.
+    if "\0" in text:
+        data = Path(path).read_bytes()
+        nul = data.find(b"\0")
+        line = data[:nul].count(b"\n") + 1
+        raise error(f"{path}: the {what} holds a NUL at byte {nul} (line {line}), which no text does: "
+                    "it is UTF-16 (without a byte-order mark) or not text; save it as UTF-8")
+    return text
 
 
 def _fsync_dir(folder: Path) -> None:
