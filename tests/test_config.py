@@ -312,7 +312,8 @@ def test_a_duration_is_read_in_seconds_minutes_or_hours(text, seconds):
 def test_a_duration_that_is_not_positive_or_has_another_unit_is_refused(text):
     from tinyattn.config import parse_duration
 
-    with pytest.raises(ValueError, match="expected a positive duration such as 90s, 10m or 2h"):
+    expected = "expected a positive duration such as 90s, 10m (or 10min), 2h or 600 (seconds)"
+    with pytest.raises(ValueError, match=re.escape(expected)):
         parse_duration(text)
 
 

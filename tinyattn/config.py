@@ -434,7 +434,7 @@ def parse_duration(text: str) -> float:
     """Seconds in a duration such as "90s", "10m", "1.5h" or "600" (seconds)."""
     match = _DURATION.match(str(text))
     if not match or float(match.group(1)) <= 0:
-        raise ValueError("expected a positive duration such as 90s, 10m or 2h")
+        raise ValueError("expected a positive duration such as 90s, 10m (or 10min), 2h or 600 (seconds)")
     unit = {None: 1, "s": 1, "m": 60, "min": 60, "h": 3600}[match.group(2)]
     return float(match.group(1)) * unit
 
