@@ -479,12 +479,29 @@ def test_an_unknown_model_is_a_404_and_an_unknown_route_too(client, server):
 def test_a_method_a_route_does_not_take_is_a_405_whose_allow_header_names_the_ones_it_does(server):
     # HTTP requires the Allow header on a 405; the OpenAI-style body replaced Starlette's response without it.
     connection = http.client.HTTPConnection(*server.sock.getsockname()[:2])
-    routes = (("GET", "/v1/completions", "POST"), ("DELETE", "/v1/models/tiny-serve", "GET"))
+    routes = (("GET", "/v1/completions", {"POST"}), ("DELETE", "/v1/models/tiny-serve", {"GET", "HEAD"}))
     for method, path, allowed in routes:
         connection.request(method, path)
         response = connection.getresponse()
         assert response.status == 405 and json.loads(response.read())["error"]["code"] == "method_not_allowed"
-        assert response.getheader("allow") == allowed
+        assert set(response.getheader("allow").split(", ")) == allowed  # in no set order: Starlette's set
+
+
+@pytest.mark.parametrize("path", ["/", "/health", "/v1/models", "/v1/models/tiny-serve"])
+def test_head_answers_each_get_route_with_its_headers_and_no_body(server, path):
+    # HTTP requires HEAD wherever GET is taken; a monitor's or `curl -I`'s HEAD /health read 405.
+    connection = http.client.HTTPConnection(*server.sock.getsockname()[:2])
+    connection.request("GET", path)
+    got = connection.getresponse()
+    got_body = got.read()
+    connection.request("HEAD", path)
+    head = connection.getresponse()
+    assert head.status == got.status == 200 and head.read() == b""
+    assert head.getheader("content-type") == got.getheader("content-type")
+    assert int(head.getheader("content-length")) == len(got_body) > 0
+    connection.request("GET", path)  # no body was sent after the headers: the next answer reads whole
+    again = connection.getresponse()
+    assert again.status == 200 and len(again.read()) == len(got_body)
 
 
 # ----------------------------------------------------------------------------- concurrency and disconnects

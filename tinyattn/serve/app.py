@@ -19,10 +19,11 @@
   generation began from, which predicted its first token. A text longer than the explorer takes
   (`Limits.max_explore_tokens`) is read as its last tokens up to the clicked one, said on the page.
 
-Mistakes in a request are 400s with OpenAI's error body (`schemas.ApiError`), unknown routes
-404s, and anything unexpected a 500 with the same body: the server stays up. Model calls run
-on one thread (`worker.ModelWorker`); a client that goes away mid-stream cancels its job. A
-request's text is encoded in the thread pool, never on the event loop, which every client shares.
+Every GET route answers HEAD too (its headers, no body). Mistakes in a request are 400s with
+OpenAI's error body (`schemas.ApiError`), unknown routes 404s, and anything unexpected a 500
+with the same body: the server stays up. Model calls run on one thread (`worker.ModelWorker`); a
+client that goes away mid-stream cancels its job. A request's text is encoded in the thread pool,
+never on the event loop, which every client shares.
 """
 
 from __future__ import annotations
@@ -117,23 +118,29 @@ def _add_error_handlers(app: FastAPI) -> None:
                                         status=500, type="server_error"))
 
 
+def _get(app: FastAPI, path: str, **kwargs):
+    """A GET route that answers HEAD too, as HTTP requires (FastAPI's `app.get` takes GET only: a
+    monitor's HEAD /health read 405); uvicorn sends a HEAD's headers without the body."""
+    return app.api_route(path, methods=["GET", "HEAD"], **kwargs)
+
+
 def _add_routes(app: FastAPI, served: Served) -> None:
     def model_card() -> dict:
         return {"id": served.model_id, "object": "model", "created": served.created, "owned_by": "tinyattn",
                 "context_length": served.model.config.context_length}
 
-    @app.get("/health")
+    @_get(app, "/health")
     async def health():
         if not served.worker.alive:  # nothing can be generated: say so, with a status monitors read
             return JSONResponse({"status": "the model thread has stopped", "model": served.model_id},
                                 status_code=503)
         return {"status": "ok", "model": served.model_id, **served.worker.load}
 
-    @app.get("/v1/models")
+    @_get(app, "/v1/models")
     async def models():
         return {"object": "list", "data": [model_card()]}
 
-    @app.get("/v1/models/{model_id:path}")
+    @_get(app, "/v1/models/{model_id:path}")
     async def model(model_id: str):
         _check_model(served, model_id)
         return model_card()
@@ -164,7 +171,7 @@ def _add_routes(app: FastAPI, served: Served) -> None:
             return HTMLResponse(page)
         raise _stopped("this explorer page")  # cancelled before its turn: the server is stopping
 
-    @app.get("/", response_class=HTMLResponse)
+    @_get(app, "/", response_class=HTMLResponse)
     async def playground():
         return HTMLResponse(playground_html(served.model_id, served.sample, served.limits.max_tokens))
 
