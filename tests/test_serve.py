@@ -358,6 +358,21 @@ def test_a_streamed_completion_joins_to_the_same_text_and_ends_with_done(client,
     assert json.loads(events[0][len("data: "):])["object"] == "text_completion"
 
 
+@pytest.mark.filterwarnings("ignore::tinyattn.generate.text.PromptWarning")  # the server's own stderr line
+def test_characters_the_prompt_reads_as_unk_are_named_to_the_client_as_the_commands_warn(client):
+    # The commands warn on stderr; a client only saw its text answered as if the prompt had been read
+    # whole. The answer's `warnings` (a stream's first chunk's) names them; a clean prompt has none.
+    named = "prompt: 2 characters the tokenizer has never seen, read as [UNK]: 'é', 'ü'"
+    done = client.completions.create(model="tiny-serve", prompt="Café über", max_tokens=3, seed=1)
+    assert done.model_extra["warnings"] == [named]
+    chunks = list(client.completions.create(model="tiny-serve", prompt="Café über", max_tokens=3, seed=1,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].model_extra["warnings"] == [named]
+    assert not any("warnings" in chunk.model_extra for chunk in chunks[1:])
+    clean = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=3)
+    assert "warnings" not in clean.model_extra
+
+
 def test_every_chunk_of_a_stream_carries_the_same_id_and_created_time(client, monkeypatch):
     # OpenAI's chunks share the completion's timestamp; one taken per chunk changed within a stream
     # whenever it crossed a second. A clock that ticks a second at every reading shows it at once.
@@ -1063,6 +1078,22 @@ def test_in_chromium_the_playground_streams_tokens_and_a_click_shows_the_models_
     assert all(url.startswith(server.url) for url in requests) and errors == []
 
 
+@pytest.mark.filterwarnings("ignore::tinyattn.generate.text.PromptWarning")  # the server's own stderr line
+def test_in_chromium_the_playground_names_the_characters_its_prompt_read_as_unk(browser, server):
+    page = browser.new_page()
+    page.goto(server.url + "/")
+    page.fill("#prompt", "Café über")
+    page.fill("#max-tokens", "3")
+    page.click("#generate")
+    page.wait_for_function("document.getElementById('status').textContent.startsWith('done')")
+    assert page.inner_text("#status").endswith("; warning: prompt: 2 characters the tokenizer has never seen, "
+                                               "read as [UNK]: 'é', 'ü'")
+    page.fill("#prompt", PROMPT)
+    page.click("#generate")
+    page.wait_for_function("document.getElementById('status').textContent.startsWith('done')")
+    assert "warning" not in page.inner_text("#status")
+
+
 @pytest.mark.slow
 def test_in_chromium_a_click_on_the_first_token_from_an_empty_prompt_shows_the_start_tokens_prediction(
         browser, server, loaded):
@@ -1431,7 +1462,8 @@ def whole_completion_of_one_sample():
     async def is_disconnected():
         return False
 
-    completion = types.SimpleNamespace(options=types.SimpleNamespace(num_samples=1), prompt_tokens=1)
+    completion = types.SimpleNamespace(options=types.SimpleNamespace(num_samples=1), prompt_tokens=1,
+                                       warnings=())
     client = types.SimpleNamespace(is_disconnected=is_disconnected)
     return types.SimpleNamespace(model_id="m"), completion, client
 

@@ -344,16 +344,24 @@ def unknown_characters(tokenizer, text: str, ids: Optional[list[int]] = None) ->
     return tokenizer.unknown_pieces(text)
 
 
-def warn_unknown_characters(tokenizer, text: str, ids: list[int], where: str, verb: str = "read") -> None:
-    """`warning: <where>: N characters the tokenizer has never seen, <verb> as [UNK]: 'é', ...` on
-    stderr (the first ten named) where `ids`, the encoding of `text`, hold the unknown token: the one
-    warning of the commands that read a user's text (generate's prompt, eval --text-file, attention
-    --text, lab context --context, lab causal --prompt, lab distance --text)."""
+def unknown_characters_note(tokenizer, text: str, ids: list[int], verb: str = "read") -> Optional[str]:
+    """`N characters the tokenizer has never seen, <verb> as [UNK]: 'é', ...` (the first ten named)
+    where `ids`, the encoding of `text`, hold the unknown token; else None."""
     unknown = unknown_characters(tokenizer, text, ids)
-    if unknown:
-        shown = ", ".join(repr(c) for c in unknown[:10]) + (", ..." if len(unknown) > 10 else "")
-        print(f"warning: {where}: {counted(len(unknown), 'character')} the tokenizer has never seen, {verb} as [UNK]: {shown}",
-              file=sys.stderr)
+    if not unknown:
+        return None
+    shown = ", ".join(repr(c) for c in unknown[:10]) + (", ..." if len(unknown) > 10 else "")
+    return f"{counted(len(unknown), 'character')} the tokenizer has never seen, {verb} as [UNK]: {shown}"
+
+
+def warn_unknown_characters(tokenizer, text: str, ids: list[int], where: str, verb: str = "read") -> None:
+    """`warning: <where>: <unknown_characters_note>` on stderr where `ids`, the encoding of `text`,
+    hold the unknown token: the one warning of the commands that read a user's text (generate's
+    prompt, eval --text-file, attention --text, lab context --context, lab causal --prompt, lab
+    distance --text); `tinyattn serve` answers the same note to the client."""
+    note = unknown_characters_note(tokenizer, text, ids, verb)
+    if note:
+        print(f"warning: {where}: {note}", file=sys.stderr)
 
 
 def pretrained_file(path: str | Path) -> Path:

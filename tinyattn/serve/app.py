@@ -35,7 +35,7 @@ import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
-from typing import AsyncIterator, Optional
+from typing import AsyncIterator, Optional, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
@@ -226,11 +226,13 @@ def _usage(completion: Completion, generated: list[int]) -> dict:
 
 
 def _body(served: Served, completion_id: str, created: int, choices: list[dict],
-          usage: Optional[dict]) -> dict:
+          usage: Optional[dict], *, warnings: Sequence[str] = ()) -> dict:
     """OpenAI's completion object; every chunk of one stream carries the same id and `created` (the
-    time the request was taken, in whole seconds), as OpenAI's do."""
-    return {"id": completion_id, "object": "text_completion", "created": created,
+    time the request was taken, in whole seconds), as OpenAI's do. `warnings` (how the prompt was
+    read: characters read as [UNK]), tinyattn's addition, is there only when there are some."""
+    body = {"id": completion_id, "object": "text_completion", "created": created,
             "model": served.model_id, "choices": choices, "usage": usage}
+    return {**body, "warnings": list(warnings)} if warnings else body
 
 
 def _choice(index: int, text: str, finish_reason: Optional[str]) -> dict:
@@ -261,7 +263,9 @@ async def _whole(served: Served, completion: Completion, job: Job, request: Requ
     if any(reason is None for reason in finished):  # cancelled: the server is stopping (Ctrl-C)
         raise _stopped("this completion")
     choices = [_choice(i, texts[i], finished[i]) for i in range(n)]
-    return JSONResponse(_body(served, _completion_id(), created, choices, _usage(completion, generated)))
+    body = _body(served, _completion_id(), created, choices, _usage(completion, generated),
+                 warnings=completion.warnings)
+    return JSONResponse(body)
 
 
 def _stopped(what: str) -> ApiError:
@@ -286,12 +290,14 @@ async def _events(served: Served, completion: Completion, job: Job, created: int
     completion_id = _completion_id()
     n = completion.options.num_samples
     finished, generated = [None] * n, [0] * n
+    warnings = completion.warnings  # on the first chunk only
     try:
         async for piece in job.items():
             finished[piece.sample] = piece.finish_reason or finished[piece.sample]
             generated[piece.sample] += piece.tokens
             choice = _choice(piece.sample, piece.text, piece.finish_reason)
-            yield _event(_body(served, completion_id, created, [choice], None))
+            yield _event(_body(served, completion_id, created, [choice], None, warnings=warnings))
+            warnings = ()
         if any(reason is None for reason in finished):  # cancelled: the server is stopping (Ctrl-C)
             raise _stopped("this completion")
         if completion.include_usage:

@@ -63,7 +63,7 @@ async function generate() {
   controller = new AbortController();
   $("generate").disabled = true; $("stop-button").disabled = false;
   status("generating...");
-  let pieces = 0, finish = null;
+  let pieces = 0, finish = null, warnings = [];
   const started = performance.now();
   try {
     const response = await fetch("/v1/completions", { method: "POST", headers: { "Content-Type": "application/json" },
@@ -71,11 +71,13 @@ async function generate() {
     if (!response.ok) { status(await errorMessage(response), true); return; }
     await readEvents(response, chunk => {
       if (chunk.error) throw new Error(chunk.error.message);
+      warnings = warnings.concat(chunk.warnings || []);  // how the prompt was read: characters read as [UNK]
       for (const choice of chunk.choices) { addPiece(choice.text); pieces += choice.text ? 1 : 0;
         finish = choice.finish_reason || finish; }
     });
     const seconds = (performance.now() - started) / 1000;
-    status(`done: ${pieces} pieces in ${seconds.toFixed(2)} s (finish: ${finish}); click a generated token`);
+    status(`done: ${pieces} pieces in ${seconds.toFixed(2)} s (finish: ${finish}); click a generated token`
+           + warnings.map(w => `; warning: ${w}`).join(""));
   } catch (e) {
     status(e.name === "AbortError" ? "stopped" : String(e.message || e), e.name !== "AbortError");
   } finally {

@@ -182,6 +182,9 @@ class Completion:
     options: Any  # tinyattn.generate.sampling.SamplingOptions
     stream: bool
     include_usage: bool
+    # What the client should know of how its prompt was read (characters read as [UNK]), as the
+    # commands warn on stderr: the answer's `warnings` (a stream's first chunk's).
+    warnings: tuple[str, ...] = ()
 
 
 def _fail(name: str, value, accepted: str):
@@ -241,9 +244,9 @@ def check_completion(request: CompletionRequest, *, limits: Limits, defaults: Sa
                    num_samples=n, seed=request.seed, stop=_stop_of(request, limits))
     check_sampling(_fail, **options)
     prompt = _prompt_of(request)
-    prompt_tokens = _prompt_tokens(prompt, tokenizer, limits.max_prompt_tokens or context_length)
+    prompt_tokens, notes = _prompt_tokens(prompt, tokenizer, limits.max_prompt_tokens or context_length)
     return Completion(prompt, prompt_tokens, SamplingOptions(**options), bool(request.stream),
-                      bool(request.stream_options and request.stream_options.include_usage))
+                      bool(request.stream_options and request.stream_options.include_usage), notes)
 
 
 def longer_than_tokens_read(text: str, tokenizer, most: int) -> Optional[int]:
@@ -254,10 +257,13 @@ def longer_than_tokens_read(text: str, tokenizer, most: int) -> Optional[int]:
     return longest if longest is not None and len(text) > most * longest else None
 
 
-def _prompt_tokens(prompt: str, tokenizer, most: int) -> int:
-    """The tokens the model reads for `prompt`, refused past `most`. A prompt of more characters than
-    `most` tokens can read (`Tokenizer.max_token_chars`) is refused before it is encoded: encoding
-    megabytes of text takes seconds, for a refusal all the same."""
+def _prompt_tokens(prompt: str, tokenizer, most: int) -> tuple[int, tuple[str, ...]]:
+    """The tokens the model reads for `prompt`, refused past `most`, and the warnings for the client
+    (characters read as [UNK]). A prompt of more characters than `most` tokens can read
+    (`Tokenizer.max_token_chars`) is refused before it is encoded: encoding megabytes of text takes
+    seconds, for a refusal all the same."""
+    from tinyattn.data.tokenizer import unknown_characters_note
+
     if longest := longer_than_tokens_read(prompt, tokenizer, most):
         raise ApiError(f"the prompt is {len(prompt)} characters, more than {most} tokens can read (each at "
                        f"most {longest} characters); this server takes at most {most} tokens",
@@ -271,4 +277,5 @@ def _prompt_tokens(prompt: str, tokenizer, most: int) -> int:
     if prompt_tokens > most:
         raise ApiError(f"the prompt is {prompt_tokens} tokens; this server takes at most {most}",
                        param="prompt", code="context_length_exceeded")
-    return prompt_tokens
+    note = unknown_characters_note(tokenizer, prompt, ids) if ids else None
+    return prompt_tokens, (f"prompt: {note}",) if note else ()
