@@ -1274,6 +1274,33 @@ def test_cli_interactive_reads_prompts_until_end_of_input(run_dir, capsys, monke
     assert out == first.removeprefix("Speak") + second.removeprefix("All:")
 
 
+def test_cli_interactive_answers_each_prompt_with_its_own_line_even_an_empty_continuation(run_dir, capsys,
+                                                                                           monkeypatch):
+    # With --stop "\n" each answer is one line, and a model that ends a line at once answers nothing:
+    # that answer printed no line at all, so a script pairing prompt lines with answer lines lost step.
+    options = ["--checkpoint", str(run_dir), "--temperature", "0", "--dtype", "fp32", "--interactive"]
+    status, out, err = run_main([*options, "--max-new-tokens", "0"], capsys, stdin="Speak\nAll:\n",
+                                monkeypatch=monkeypatch)
+    assert (status, out) == (0, "\n\n"), err
+
+
+def test_cli_an_empty_interactive_answer_is_an_empty_line_and_the_others_are_not_doubled(monkeypatch):
+    import tinyattn.generate.text as text_module
+
+    from tinyattn.cli.generate import StreamPrinter
+
+    answers = iter([[SamplePiece(0, "", "stop", 1)], [SamplePiece(0, "ab", "length", 2)],
+                    [SamplePiece(0, "cd\n", "stop", 3)], [SamplePiece(0, "", "stop", 1)]])
+    monkeypatch.setattr(text_module, "stream_samples", lambda *args, **kwargs: iter(next(answers)))
+    out = io.StringIO()
+    printer = StreamPrinter(out, None, None, SamplingOptions())
+    for prompt in ("P:", "Q:", "R:"):
+        printer.run(prompt, echo=False)
+    assert out.getvalue() == "\nab\ncd\n"
+    printer.run("", echo=True)  # a one-shot run echoes its prompt: an empty one prints nothing, as before
+    assert out.getvalue() == "\nab\ncd\n"
+
+
 def test_cli_interactive_prompts_on_stderr_so_that_stdout_holds_only_the_text(capsys, monkeypatch):
     # `tinyattn generate --interactive > out.txt` at a terminal: the "> " marks are not the text.
     from tinyattn.cli.generate import _interactive

@@ -18,8 +18,9 @@ Ctrl-C or SIGTERM stops at once: the partial text ends its line, and `interrupte
 `stopped by SIGTERM`) is the last line, exit status 130.
 
 `--interactive` reads one prompt per line from stdin until end of input (Ctrl-D) and prints
-each continuation; the prompt itself is not echoed there. A line that is not text in stdin's
-encoding is skipped with a warning naming its line number, and the session goes on.
+each continuation, ending its line (an empty continuation is an empty line); the prompt itself
+is not echoed there. A line that is not text in stdin's encoding is skipped with a warning
+naming its line number, and the session goes on.
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("stdin", nargs="?", choices=["-"], default=None, metavar="-",
                         help="read the prompt from stdin")
     source.add_argument("--interactive", action="store_true",
-                        help="read prompts from stdin, one per line, until end of input")
+                        help="read prompts from stdin, one per line, until end of input; each "
+                             "answer ends its line, an empty one too")
     _add_sampling_options(parser)
     add_device(parser)
     add_inference_dtype(parser)
@@ -230,6 +232,7 @@ class StreamPrinter:
         self.model, self.tokenizer, self.options, self.compile = model, tokenizer, options, compile
         self.num_samples = options.num_samples
         self.at_line_start = True
+        self.wrote = False  # anything written for the prompt being answered
 
     def write(self, text: str) -> None:
         if text:
@@ -241,7 +244,7 @@ class StreamPrinter:
             except OSError as e:  # a full disk, an I/O error: one line, not a traceback
                 point_at_null(self.stream)  # the text still buffered would fail again at exit
                 raise StorageError(f"stdout: cannot write the generated text ({e.strerror or e})") from None
-            self.at_line_start = text.endswith("\n")
+            self.at_line_start, self.wrote = text.endswith("\n"), True
 
     def end_line(self) -> None:
         if not self.at_line_start:
@@ -251,7 +254,7 @@ class StreamPrinter:
         from tinyattn.generate.text import stream_samples
 
         pieces = stream_samples(self.model, self.tokenizer, prompt, self.options, compile=self.compile)
-        started = -1
+        started, self.wrote = -1, False
         try:
             for piece in pieces:
                 if piece.sample != started:  # first piece of a sample
@@ -267,6 +270,8 @@ class StreamPrinter:
                 self.end_line()
             raise
         self.end_line()
+        if not (echo or self.wrote):  # --interactive: an empty answer is an empty line, one line per prompt
+            self.write("\n")
 
 
 def read_prompt(args: argparse.Namespace) -> Optional[str]:
