@@ -491,6 +491,17 @@ def test_an_unknown_model_is_a_404_and_an_unknown_route_too(client, server):
     assert response.status == 405 and json.loads(response.read())["error"]["code"] == "method_not_allowed"
 
 
+def test_an_unknown_route_is_a_404_naming_the_routes_served(client):
+    # An OpenAI client's first call is most often chat: its 404 read only "Not Found", never what to send.
+    import openai
+
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.chat.completions.create(model="tiny-serve", messages=[{"role": "user", "content": "hi"}])
+    assert caught.value.body["message"] == ("POST /v1/chat/completions: Not Found; this server answers "
+                                            "GET /v1/models, POST /v1/completions, GET /health and GET / "
+                                            "(the playground)")
+
+
 def test_a_method_a_route_does_not_take_is_a_405_whose_allow_header_names_the_ones_it_does(server):
     # HTTP requires the Allow header on a 405; the OpenAI-style body replaced Starlette's response without it.
     connection = http.client.HTTPConnection(*server.sock.getsockname()[:2])

@@ -59,6 +59,7 @@ from tinyattn.serve.worker import Job, ModelWorker, one_call
 FINISH_REASONS = {"stop": "stop", "eot": "stop", "length": "length"}  # tinyattn's -> OpenAI's
 RE_ENCODED = 4  # tokens a generated token's text may encode into again (`_explorer_text_ids`)
 EVENT_STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy holds chunks back
+ROUTES_SERVED = "GET /v1/models, POST /v1/completions, GET /health and GET / (the playground)"
 DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its client is still there
 
 
@@ -109,6 +110,8 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def http_error(request, error: StarletteHTTPException):
         kind = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code)
         message = f"{request.method} {request.url.path}: {error.detail}"
+        if error.status_code == 404:  # what to send instead (a client's first call is often chat)
+            message += f"; this server answers {ROUTES_SERVED}"
         # Starlette's own headers go along: a 405's Allow, which HTTP requires, names the methods taken.
         return _error_response(ApiError(message, status=error.status_code, code=kind), error.headers)
 
