@@ -457,6 +457,10 @@ def test_a_prompt_at_the_token_limit_and_max_tokens_0_are_served(client):
 
 @pytest.mark.parametrize("body, message", [
     (b'{"model": "tiny-serve", "prompt": ', "not valid JSON"),
+    # A client that sends no Content-Length sends an empty body: it read "not valid JSON: EOF while
+    # parsing a value at line 1 column 0".
+    (b'', "the request body is empty: expected a JSON object of the request's fields (was it sent "
+          "without a Content-Length?)"),
     (b'["tiny-serve"]', "must be a JSON object"),
     (b'{"prompt": "x"}', "the field 'model' is required"),
     # JSON that escapes half a surrogate pair, as Python's json.dumps writes "\ud800": valid JSON,
@@ -464,7 +468,8 @@ def test_a_prompt_at_the_token_limit_and_max_tokens_0_are_served(client):
     (b'{"model": "tiny-serve", "prompt": "ab\\ud800"}', "prompt: not valid Unicode text at character 2"),
     (b'{"model": "tiny-serve", "prompt": "x", "stop": ["\\udc00"]}', "stop.0: not valid Unicode text at "
                                                                       "character 0"),
-], ids=["malformed-json", "not-an-object", "no-model", "a-lone-surrogate", "a-lone-surrogate-in-a-list"])
+], ids=["malformed-json", "empty", "not-an-object", "no-model", "a-lone-surrogate",
+        "a-lone-surrogate-in-a-list"])
 def test_a_body_that_is_not_a_request_is_a_400(server, body, message):
     connection = http.client.HTTPConnection(*server.sock.getsockname()[:2])
     connection.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})

@@ -134,6 +134,9 @@ def _field_path(model: type[BaseModel], loc: list[str]) -> list[str]:
 
 
 def parse(model: type[BaseModel], body: bytes) -> Any:
+    if not body.strip():  # a client that sends no Content-Length (nor chunks) sends no body
+        raise ApiError("the request body is empty: expected a JSON object of the request's fields (was it "
+                       "sent without a Content-Length?)", code="invalid_json")
     try:
         return model.model_validate_json(body)
     except ValidationError as e:
