@@ -118,6 +118,11 @@ def test_a_port_in_use_is_one_line_naming_it(capsys):
     (["--max-tokens", "0"], "--max-tokens 0: expected a positive number"),
     (["--max-n", "0"], "--max-n 0: expected a positive number"),
     (["--max-active", "0"], "--max-active 0: expected a positive number"),
+    # An empty name was served as the run folder's, with no word: clients sending "" got a 404 naming it.
+    (["--model-name", ""], "--model-name '': expected a name for the API's model id (default: the run "
+                           "folder's name)"),
+    (["--model-name", " "], "--model-name ' ': expected a name for the API's model id (default: the run "
+                            "folder's name)"),
 ])
 def test_a_port_or_limit_out_of_range_is_one_line_before_anything_is_bound_or_loaded(argv, message, capsys):
     if MISSING:

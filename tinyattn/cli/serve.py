@@ -74,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected a positive number")
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port {args.port}: expected 0 to 65535")
+    if args.model_name is not None and not args.model_name.strip():  # else served as the run's, unsaid
+        raise ConfigError(f"--model-name {args.model_name!r}: expected a name for the API's model id "
+                          "(default: the run folder's name)")
     sock = listening_socket(args.host, args.port)
     try:
         return _serve(args, sock)
