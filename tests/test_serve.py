@@ -483,6 +483,48 @@ def test_a_body_that_is_not_a_request_is_a_400(server, body, message):
     assert response.status == 400 and message in error["message"] and error["type"] == "invalid_request_error"
 
 
+def _refused_body(server, headers: bytes, send) -> tuple[bytes, float]:
+    """What the server answers to a request whose body `send(sock)` sends (in a thread: the server may
+    answer and close before it is all sent), and the seconds the answer took."""
+    import socket
+
+    sock = socket.create_connection(server.sock.getsockname()[:2], timeout=30)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")
+    start = time.perf_counter()
+
+    def sending():
+        with contextlib.suppress(OSError):  # the server closed the connection once it answered
+            send(sock)
+    threading.Thread(target=sending, daemon=True).start()
+    answer = b""
+    while b"}}" not in answer and (piece := sock.recv(65536)):
+        answer += piece
+    took = time.perf_counter() - start
+    sock.close()
+    return answer, took
+
+
+def test_a_body_larger_than_the_server_takes_is_a_413_before_it_is_read_whole(server):
+    # A body of any size was read into memory whole, then parsed: 100 MB held the server at 300 MB more,
+    # and nothing a completion needs comes near the limit (a prompt past the context is refused anyway).
+    from tinyattn.serve.schemas import Limits
+
+    most = Limits().max_body_bytes
+    announced, took = _refused_body(server, b"Content-Length: %d\r\n" % (most + 1), lambda sock: None)
+    assert announced.startswith(b"HTTP/1.1 413 ") and took < 5, announced
+    assert json.loads(announced.split(b"\r\n\r\n", 1)[1])["error"]["message"] == (
+        f"the request body is {most + 1} bytes; this server takes at most {most} (16 MiB)")
+    chunk = b"x" * (1 << 20)
+
+    def chunks(sock):  # no Content-Length: sent in chunks, until the server stops reading
+        for _ in range(most // len(chunk) + 2):
+            sock.sendall(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+    streamed, _ = _refused_body(server, b"Transfer-Encoding: chunked\r\n", chunks)
+    assert streamed.startswith(b"HTTP/1.1 413 "), streamed[:200]
+    assert json.loads(streamed.split(b"\r\n\r\n", 1)[1])["error"]["message"] == (
+        f"the request body is more than {most} bytes; this server takes at most {most} (16 MiB)")
+
+
 def test_an_unknown_model_is_a_404_and_an_unknown_route_too(client, server):
     import openai
 

@@ -150,7 +150,7 @@ def _add_routes(app: FastAPI, served: Served) -> None:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = parse(CompletionRequest, await request.body())
+        body = parse(CompletionRequest, await _read_body(request, served.limits.max_body_bytes))
         _check_model(served, body.model)
         # Off the event loop: encoding a long prompt takes a while, and every other client waits on the loop.
         completion = await run_in_threadpool(check_completion, body, limits=served.limits,
@@ -166,7 +166,7 @@ def _add_routes(app: FastAPI, served: Served) -> None:
 
     @app.post("/explorer", response_class=HTMLResponse)
     async def explorer(request: Request):
-        body = parse(ExploreRequest, await request.body())
+        body = parse(ExploreRequest, await _read_body(request, served.limits.max_body_bytes))
         ids, query, note = await run_in_threadpool(_explorer_query, served, body)  # encodes: off the loop
         job = served.worker.submit(Job(one_call(lambda: _explorer_page(served, ids, query, note)),
                                        asyncio.get_running_loop(), "an explorer page"))
@@ -177,6 +177,25 @@ def _add_routes(app: FastAPI, served: Served) -> None:
     @_get(app, "/", response_class=HTMLResponse)
     async def playground():
         return HTMLResponse(playground_html(served.model_id, served.sample, served.limits.max_tokens))
+
+
+async def _read_body(request: Request, most: int) -> bytes:
+    """The request's body, refused with a 413 past `most` bytes: by its Content-Length before any of it
+    is read, else (chunks) as soon as it has more. Read whole, a body of gigabytes was held in memory
+    three times over (the bytes, then the parsed text) before the prompt's length refused it."""
+    def too_large(size: str) -> ApiError:
+        return ApiError(f"the request body is {size} bytes; this server takes at most {most} "
+                        f"({most / 2**20:g} MiB)", status=413, code="request_too_large")
+
+    announced = request.headers.get("content-length", "")
+    if announced.isdigit() and int(announced) > most:
+        raise too_large(announced)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > most:
+            raise too_large(f"more than {most}")
+    return bytes(body)
 
 
 def _check_model(served: Served, name: str) -> None:

@@ -49,6 +49,7 @@ class Limits:
     max_explore_tokens: int = 256  # tokens of a text the explorer route measures
     max_active: int = 4  # requests decoding at once, taking turns token by token
     max_waiting: int = 64  # requests queued behind them; beyond: 429
+    max_body_bytes: int = 16 << 20  # a request body (far beyond any prompt a context reads); beyond: 413
 
 
 class StreamOptions(BaseModel):
