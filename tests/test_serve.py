@@ -525,6 +525,31 @@ def test_a_body_larger_than_the_server_takes_is_a_413_before_it_is_read_whole(se
         f"the request body is more than {most} bytes; this server takes at most {most} (16 MiB)")
 
 
+def test_a_client_gone_before_its_body_was_sent_leaves_no_traceback_in_the_servers_log(server):
+    # The 40-line "Exception in ASGI application" traceback of starlette's ClientDisconnect, for a
+    # client that closed its connection partway through a body: an ordinary event, not a server fault.
+    import logging
+    import socket
+
+    records = []
+    handler = logging.Handler(level=logging.WARNING)
+    handler.emit = records.append
+    logging.getLogger("uvicorn.error").addHandler(handler)
+    try:
+        for path in ("/v1/completions", "/explorer"):
+            sock = socket.create_connection(server.sock.getsockname()[:2])
+            sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{{".encode())
+            time.sleep(0.1)  # the first bytes are read: the server is waiting for the rest
+            sock.close()
+        deadline = time.monotonic() + 1.0
+        while not records and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(handler)
+    assert [record.getMessage() for record in records] == []
+    assert worker(server).alive
+
+
 def test_an_unknown_model_is_a_404_and_an_unknown_route_too(client, server):
     import openai
 
