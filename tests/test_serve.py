@@ -513,7 +513,7 @@ def test_a_body_larger_than_the_server_takes_is_a_413_before_it_is_read_whole(se
     announced, took = _refused_body(server, b"Content-Length: %d\r\n" % (most + 1), lambda sock: None)
     assert announced.startswith(b"HTTP/1.1 413 ") and took < 5, announced
     assert json.loads(announced.split(b"\r\n\r\n", 1)[1])["error"]["message"] == (
-        f"the request body is {most + 1} bytes; this server takes at most {most} (16 MiB)")
+        f"the request body is {most + 1:,} bytes; this server takes at most {most:,} (16 MiB)")
     chunk = b"x" * (1 << 20)
 
     def chunks(sock):  # no Content-Length: sent in chunks, until the server stops reading
@@ -522,7 +522,7 @@ def test_a_body_larger_than_the_server_takes_is_a_413_before_it_is_read_whole(se
     streamed, _ = _refused_body(server, b"Transfer-Encoding: chunked\r\n", chunks)
     assert streamed.startswith(b"HTTP/1.1 413 "), streamed[:200]
     assert json.loads(streamed.split(b"\r\n\r\n", 1)[1])["error"]["message"] == (
-        f"the request body is more than {most} bytes; this server takes at most {most} (16 MiB)")
+        f"the request body is more than {most:,} bytes; this server takes at most {most:,} (16 MiB)")
 
 
 def test_a_client_gone_before_its_body_was_sent_leaves_no_traceback_in_the_servers_log(server):

@@ -185,18 +185,18 @@ async def _read_body(request: Request, most: int) -> bytes:
     is read, else (chunks) as soon as it has more. Read whole, a body of gigabytes was held in memory
     three times over (the bytes, then the parsed text) before the prompt's length refused it."""
     def too_large(size: str) -> ApiError:
-        return ApiError(f"the request body is {size} bytes; this server takes at most {most} "
+        return ApiError(f"the request body is {size} bytes; this server takes at most {most:,} "
                         f"({most / 2**20:g} MiB)", status=413, code="request_too_large")
 
     announced = request.headers.get("content-length", "")
     if announced.isdigit() and int(announced) > most:
-        raise too_large(announced)
+        raise too_large(f"{int(announced):,}")
     body = bytearray()
     try:
         async for chunk in request.stream():
             body += chunk
             if len(body) > most:
-                raise too_large(f"more than {most}")
+                raise too_large(f"more than {most:,}")
     except ClientDisconnect:  # an answer no one reads; unhandled, a traceback in the server's log
         raise ApiError("the client closed the connection before its request body was read whole") from None
     return bytes(body)
