@@ -828,6 +828,29 @@ def test_past_the_waiting_limit_a_request_is_a_429():
         loop.close()
 
 
+def test_a_waiting_request_whose_client_went_away_leaves_the_queue_before_its_turn():
+    # Cancelled while waiting, a job stayed queued until its turn: /health counted it as waiting and
+    # its place refused another client with a 429.
+    import asyncio
+
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.serve.worker import END, Job, ModelWorker
+
+    loop = asyncio.new_event_loop()
+    try:
+        full = ModelWorker(max_active=1, max_waiting=2)  # not started: what is submitted stays waiting
+        kept, gone = full.submit(Job(iter([1]), loop)), full.submit(Job(iter([2]), loop))
+        gone.cancel()
+        assert full.load == {"active": 0, "waiting": 1, "completed": 1, "cancelled": 1, "turns": 0}
+        assert gone.ended == "cancelled" and kept.ended is None
+        assert loop.run_until_complete(gone.results.get()) is END  # its reader ends, not left waiting
+        other = full.submit(Job(iter([3]), loop))  # the place it held takes another client (no 429)
+        assert list(full.waiting) == [kept, other]
+    finally:
+        loop.close()
+
+
 def test_cancel_all_cancels_the_waiting_jobs_too():
     import asyncio
 

@@ -13,7 +13,8 @@ beyond `max_active` wait in arrival order, and beyond `max_waiting` a request is
 
 What a job yields goes back to the event loop through an asyncio queue
 (`loop.call_soon_threadsafe`). A job that is cancelled (its client went away) is closed
-before its next turn: its generator's `finally` runs and its caches are freed. An `ApiError` a
+before its next turn: its generator's `finally` runs and its caches are freed; a waiting one
+leaves the queue as soon as the worker next looks at it (a submit, /health, an admission). An `ApiError` a
 turn raises is the job's answer, in one line (a completion whose KV caches cannot fit in the memory
 free now: a 400 naming n, or a 503 for one sequence); any other exception is a bug: logged with its
 traceback and answered with a 500.
@@ -118,6 +119,7 @@ class ModelWorker:
 
     def submit(self, job: Job) -> Job:
         with self.changed:
+            self._drop_cancelled_waiting()
             if len(self.waiting) >= self.max_waiting:
                 raise ApiError(f"the server is busy: {len(self.active)} requests decoding and "
                                f"{len(self.waiting)} waiting; try again shortly", status=429,
@@ -133,6 +135,7 @@ class ModelWorker:
     @property
     def load(self) -> dict:
         with self.changed:
+            self._drop_cancelled_waiting()
             return {"active": len(self.active), "waiting": len(self.waiting), "completed": self.stats.jobs,
                     "cancelled": self.stats.cancelled, "turns": self.stats.turns}
 
@@ -156,10 +159,19 @@ class ModelWorker:
                 for job in self.active + list(self.waiting):
                     job.send(END)
                 return False
+            self._drop_cancelled_waiting()
             while self.waiting and len(self.active) < self.max_active:
                 self.active.append(self.waiting.popleft())
             self.stats.most_active = max(self.stats.most_active, len(self.active))
             return True
+
+    def _drop_cancelled_waiting(self) -> None:
+        """End the waiting jobs whose client went away (called holding the lock). Left in the queue until
+        their turn, they counted in /health's waiting and held places that refused other clients (429)."""
+        for job in [job for job in self.waiting if job.cancelled.is_set()]:
+            self.waiting.remove(job)
+            self._close(job, "cancelled")  # never started: closing it runs none of its code
+            self._count_end(job, "cancelled")
 
     def _turn(self, job: Job) -> None:
         if job.cancelled.is_set():
@@ -188,15 +200,22 @@ class ModelWorker:
         job.send(item)
 
     def _end(self, job: Job, how: str) -> None:
+        self._close(job, how)
+        with self.changed:
+            self.active.remove(job)
+            self._count_end(job, how)
+
+    @staticmethod
+    def _close(job: Job, how: str) -> None:
         close = getattr(job.steps, "close", None)
         if close is not None:
             close()  # a generator's finally runs now, on this thread
         job.ended = how
         if how != "error":
             job.send(END)
-        with self.changed:
-            self.active.remove(job)
-            self.stats.jobs += 1
-            self.stats.cancelled += how == "cancelled"
-            self.stats.errors += how == "error"
-            self.stats.recent.append(job)
+
+    def _count_end(self, job: Job, how: str) -> None:
+        self.stats.jobs += 1
+        self.stats.cancelled += how == "cancelled"
+        self.stats.errors += how == "error"
+        self.stats.recent.append(job)
