@@ -483,6 +483,19 @@ def test_a_body_that_is_not_a_request_is_a_400(server, body, message):
     assert response.status == 400 and message in error["message"] and error["type"] == "invalid_request_error"
 
 
+def test_a_body_that_starts_with_a_byte_order_mark_is_read_as_without_it(server):
+    # A body sent from a file a Windows editor saved starts with one: "not valid JSON: expected value at
+    # line 1 column 1". JSON parsers may ignore it (RFC 8259); Python's json refuses it by name.
+    connection = http.client.HTTPConnection(*server.sock.getsockname()[:2])
+    body = {"model": "tiny-serve", "prompt": PROMPT, "max_tokens": 3, "temperature": 0}
+    connection.request("POST", "/v1/completions", b"\xef\xbb\xbf" + json.dumps(body).encode(),
+                       {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    assert response.status == 200, response.read()
+    assert json.loads(response.read())["choices"][0]["text"] == json.loads(post(server, "/v1/completions",
+                                                                                body)[1])["choices"][0]["text"]
+
+
 def _refused_body(server, headers: bytes, send) -> tuple[bytes, float]:
     """What the server answers to a request whose body `send(sock)` sends (in a thread: the server may
     answer and close before it is all sent), and the seconds the answer took."""

@@ -135,6 +135,9 @@ def _field_path(model: type[BaseModel], loc: list[str]) -> list[str]:
 
 
 def parse(model: type[BaseModel], body: bytes) -> Any:
+    # JSON parsers may ignore a leading byte-order mark (RFC 8259), which a body sent from a file saved
+    # by a Windows editor starts with: it read "not valid JSON: expected value at line 1 column 1".
+    body = body.removeprefix(b"\xef\xbb\xbf")
     if not body.strip():  # a client that sends no Content-Length (nor chunks) sends no body
         raise ApiError("the request body is empty: expected a JSON object of the request's fields (was it "
                        "sent without a Content-Length?)", code="invalid_json")
