@@ -1481,8 +1481,8 @@ def test_samples_whose_kv_caches_cannot_fit_are_refused_before_any_is_made(tiny_
     from tinyattn.generate.decoder import cache_dtype
 
     model = tiny_model(vocab_size=char_tokenizer.vocab_size)
-    c = model.config  # keys and values of every layer, at every position of the context:
-    per_sample = 2 * c.n_layer * c.kv_heads * c.context_length * c.head_dim * torch.empty(
+    c = model.config  # keys and values of every layer, at the positions "RO" and 2 new tokens reach:
+    per_sample = 2 * c.n_layer * c.kv_heads * (2 + 2 - 1) * c.head_dim * torch.empty(
         (), dtype=cache_dtype(model)).element_size()
     monkeypatch.setattr(memory, "available_bytes", lambda device: (10 * per_sample, "available here"))
     assert len(list(generate_samples(model, char_tokenizer, "RO", 10, max_new_tokens=2, seed=0))) > 0
@@ -1504,6 +1504,31 @@ def test_ten_million_samples_are_refused_before_anything_is_made_for_each(tiny_m
     monkeypatch.setattr(text, "sample_generators", made_for_each_sample)  # 10^7 generators: seconds, GBs
     with pytest.raises(ConfigError, match=r"^decoding 10,000,000 sequences at once needs "):
         list(generate_samples(model, char_tokenizer, "RO", 10**7, max_new_tokens=1, seed=0))  # one token too
+
+
+def test_a_short_generation_from_a_long_context_makes_caches_for_the_positions_it_reaches(
+        tiny_model, char_tokenizer, monkeypatch):
+    # A Hugging Face folder's context runs to tens of thousands of positions: caches for every one of
+    # them, asked for a few tokens, took gigabytes (or were refused) where these few positions fit.
+    from tinyattn.model import memory
+    from tinyattn.model.transformer import LanguageModel
+
+    model = tiny_model(vocab_size=char_tokenizer.vocab_size, context_length=4096)
+    c, made = model.config, []
+    position_bytes = 2 * c.n_layer * c.kv_heads * c.head_dim * 4  # fp32 keys and values of one position
+    monkeypatch.setattr(memory, "available_bytes", lambda device: (100 * position_bytes, "available here"))
+    new_kv_caches = LanguageModel.new_kv_caches
+    monkeypatch.setattr(LanguageModel, "new_kv_caches", lambda self, *args, **kwargs: made.append(
+        new_kv_caches(self, *args, **kwargs)) or made[-1])
+    pieces = list(generate_samples(model, char_tokenizer, "ROMEO:", max_new_tokens=20, temperature=0.0))
+    assert [cache.max_len for cache in made[0]] == [6 + 20 - 1] * c.n_layer
+    ids = char_tokenizer.encode("ROMEO:")
+    with torch.no_grad():  # greedy by the whole forward, with no cache: the same text
+        for _ in range(20):
+            ids.append(model(torch.tensor([ids])).logits[0, -1].argmax().item())
+    assert "".join(piece.text for piece in pieces) == char_tokenizer.decode(ids[6:])
+    assert decoder_module.cache_positions(model, 5000, 20) == 4096  # past the context: the refill rule's
+    assert decoder_module.cache_positions(model, 6, 20, compile=True) == 4096  # one shape per compile
 
 
 def test_one_sequence_whose_kv_caches_cannot_fit_is_named_in_the_singular(monkeypatch):

@@ -264,14 +264,29 @@ def cache_dtype(model) -> torch.dtype:
     return torch.float32 if weight.device.type == "cpu" else weight.dtype
 
 
-def check_caches_fit(model, batch_size: int) -> None:
-    """A KVCachesTooLarge when the KV caches of `batch_size` sequences cannot fit beside the model.
+def check_caches_fit(model, batch_size: int, positions: Optional[int] = None) -> None:
+    """A KVCachesTooLarge when the KV caches of `batch_size` sequences, `positions` each (None: the
+    whole context), cannot fit beside the model.
 
     A million samples asked for is one line, not a stall; a model that is not a `LanguageModel`
     (a test's stand-in) is not sized.
     """
     if isinstance(model, LanguageModel):
-        check_decoding_fits(model.config, batch_size, next(model.parameters()).device, cache_dtype(model))
+        check_decoding_fits(model.config, batch_size, next(model.parameters()).device, cache_dtype(model),
+                            positions)
+
+
+def cache_positions(model, prompt_length: int, max_new_tokens: int, compile: bool = False) -> int:
+    """The positions a generation's KV caches hold: the prompt's (its last context at most) and
+    every new token's but the last, which is never fed, up to `context_length`, where the refill
+    rule takes over. A Hugging Face folder's context runs to tens of thousands of positions:
+    caches for all of them, for a few tokens, would take gigabytes the generation never reaches.
+    A compiled step keeps the whole context, so its shapes stay the same from one prompt to the
+    next (another length would compile it again)."""
+    context = model.config.context_length
+    if compile:
+        return context
+    return max(1, min(context, min(prompt_length, context) + max_new_tokens - 1))
 
 
 def compile_decode_step(model):
@@ -318,13 +333,15 @@ class CachedDecoder:
     the caches hold is computed again in fp32 (`_in_fp32_if_overflowed`), which rewrites them.
     """
 
-    def __init__(self, model, batch_size: int, compile: bool = False):
+    def __init__(self, model, batch_size: int, compile: bool = False, positions: Optional[int] = None):
         self.model = model
         self.context_length = model.config.context_length
         self.keep = max(1, self.context_length // 2)  # tokens kept by a refill, the new one included
         device = next(model.parameters()).device
-        check_caches_fit(model, batch_size)
-        self.caches = model.new_kv_caches(batch_size, dtype=cache_dtype(model))
+        # positions: what the caches hold (`cache_positions`; None: the context), which a generation
+        # that never reaches the context never fills, so the refill rule needs no change
+        check_caches_fit(model, batch_size, positions)
+        self.caches = model.new_kv_caches(batch_size, max_len=positions, dtype=cache_dtype(model))
         self.ids = torch.zeros(batch_size, self.context_length, dtype=torch.long, device=device)  # (B, ctx)
         self.position = 0
         self.refills = 0
@@ -418,7 +435,8 @@ def generate_tokens(model, prompt_ids: torch.Tensor, max_new_tokens: int, *, tem
     if max_new_tokens == 0:
         return
     with evaluation_mode(model):
-        decoder = CachedDecoder(model, batch_size=prompt_ids.size(0), compile=compile)
+        positions = cache_positions(model, prompt_ids.size(1), max_new_tokens, compile)
+        decoder = CachedDecoder(model, batch_size=prompt_ids.size(0), compile=compile, positions=positions)
         logits = decoder.prefill(prompt_ids[:, -decoder.context_length:])  # (B, V)
         present = None
         if repetition_penalty != 1.0:

@@ -20,7 +20,7 @@ import torch
 
 from tinyattn.data.tokenizer import unknown_characters
 from tinyattn.errors import DataError
-from tinyattn.generate.decoder import check_caches_fit, generate_tokens
+from tinyattn.generate.decoder import cache_positions, check_caches_fit, generate_tokens
 from tinyattn.generate.sampling import SamplingOptions, sample_seed
 
 
@@ -219,10 +219,10 @@ def stream_samples(model, tokenizer, prompt: str, options: SamplingOptions, *,
     """`generate_samples` with options already checked: the pieces of `options.num_samples` samples."""
     o = options
     device = next(model.parameters()).device
-    if o.max_new_tokens > 0:  # before anything is made per sample (a million generators take seconds)
-        check_caches_fit(model, o.num_samples)
-    generators = sample_generators(o.num_samples, o.seed, generators, device)
     ids = encode_prompt(tokenizer, prompt, model.config.context_length)
+    if o.max_new_tokens > 0:  # before anything is made per sample (a million generators take seconds)
+        check_caches_fit(model, o.num_samples, cache_positions(model, len(ids), o.max_new_tokens, compile))
+    generators = sample_generators(o.num_samples, o.seed, generators, device)
     prompt_ids = torch.tensor([ids] * o.num_samples, dtype=torch.long, device=device)  # (S, T)
     streams = SampleStreams(tokenizer, o.num_samples, o.stop, prompt_ids=ids)
     tokens = generate_tokens(model, prompt_ids, o.max_new_tokens, temperature=o.temperature, top_k=o.top_k,

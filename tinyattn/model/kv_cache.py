@@ -2,7 +2,8 @@
 
 Keys and values of positions already processed never change (the causal mask keeps
 them from seeing later tokens), so decoding stores them instead of recomputing them.
-The cache is preallocated for the whole context, and the caller owns the position.
+The cache is preallocated (for the positions a generation reaches, the whole context at most), and
+the caller owns the position.
 
 `KVCache` holds one layer's buffers and has two ways to write:
 

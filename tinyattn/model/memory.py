@@ -144,11 +144,14 @@ class KVCachesTooLarge(ConfigError):
         self.shortage = shortage
 
 
-def check_decoding_fits(model: ModelConfig, batch_size: int, device: torch.device, dtype: torch.dtype) -> None:
+def check_decoding_fits(model: ModelConfig, batch_size: int, device: torch.device, dtype: torch.dtype,
+                        positions: Optional[int] = None) -> None:
     """A ConfigError, before they are made, when the KV caches of `batch_size` sequences decoded
-    together (2 * n_layer tensors of (B, kv_heads, context_length, head_dim)) cannot fit."""
+    together (2 * n_layer tensors of (B, kv_heads, positions, head_dim)) cannot fit. positions:
+    what the caches hold (`tinyattn.generate.decoder.cache_positions`); None: the whole context."""
     element = torch.empty((), dtype=dtype).element_size()
-    need = 2 * model.n_layer * batch_size * model.kv_heads * model.context_length * model.head_dim * element
+    positions = positions or model.context_length
+    need = 2 * model.n_layer * batch_size * model.kv_heads * positions * model.head_dim * element
     limit, where = available_bytes(device)
     if limit is not None and device.type == "cuda":  # blocks torch keeps reserved are free to it
         limit += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
