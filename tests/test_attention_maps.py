@@ -539,7 +539,8 @@ def test_cli_warns_of_characters_read_as_unknown_and_names_them_for_a_query_it_c
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--checkpoint", "no/such/run"], "no/such/run: no such checkpoint file or run folder"),
+    (["--checkpoint", "no/such/run"],
+     "no/such/run: no such checkpoint file, run folder or Hugging Face folder"),
     (["--query", "dragon"], "--query 'dragon': not a word of the text"),
     (["--layer", "5"], "--layer 5: the model has 2 layers (0..1)"),
     (["--layer", "2"], "--layer 2: the model has 2 layers (0..1)"),

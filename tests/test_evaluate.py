@@ -588,7 +588,8 @@ def test_cli_a_text_file_too_short_to_predict_from_is_one_line_naming_it(run, tm
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--checkpoint", "no/such/run"], "no/such/run: no such checkpoint file or run folder"),
+    (["--checkpoint", "no/such/run"],
+     "no/such/run: no such checkpoint file, run folder or Hugging Face folder"),
     (["--text-file", "no/such/file.txt"], "no/such/file.txt: text file not found"),
     (["--batch-size", "0"], "--batch-size 0: expected a positive integer"),
 ], ids=["missing-checkpoint", "missing-text-file", "zero-batch-size"])

@@ -1440,7 +1440,7 @@ def test_cli_a_refused_sampling_option_is_named_as_typed_before_the_model_loads(
     (["--prompt-file", "{tmp}/utf16.txt"],
      "utf16.txt: the prompt file holds a NUL at byte 1 (line 1), which no text does: it is UTF-16 (without a "
      "byte-order mark) or not text"),
-    (["--checkpoint", "{tmp}/nowhere"], "nowhere: no such checkpoint file or run folder"),
+    (["--checkpoint", "{tmp}/nowhere"], "nowhere: no such checkpoint file, run folder or Hugging Face"),
     (["--checkpoint", "{tmp}/notes.txt"], "notes.txt: not a tinyattn checkpoint (a torch.save archive)"),
     (["--checkpoint", "{tmp}/foreign.pt"], "foreign.pt: not a tinyattn checkpoint"),
     (["--checkpoint", "{tmp}/future.pt"], "checkpoint format version 99 is not supported"),

@@ -1065,6 +1065,21 @@ def test_generate_eval_and_attention_take_a_hf_folder(tmp_path, capsys):
     assert [p.name for p in (tmp_path / "maps").iterdir()], out
 
 
+@pytest.mark.parametrize("main", [generate_cli.main, eval_cli.main, export_cli.main],
+                         ids=["generate", "eval", "export"])
+def test_a_checkpoint_that_is_not_there_names_a_hugging_face_folder_and_how_to_get_one(
+        tmp_path, capsys, monkeypatch, main):
+    # A hub id given as transformers takes one was called no checkpoint file or run folder: nothing
+    # said that a Hugging Face folder is taken, nor that it is read from a local download.
+    monkeypatch.chdir(tmp_path)
+    extra = {eval_cli.main: ["--text-file", "t.txt"], export_cli.main: ["--out", "out"]}.get(main, [])
+    code, out, err = run_main(main, ["--checkpoint", "HuggingFaceTB/SmolLM2-135M", *extra], capsys)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err == ("error: HuggingFaceTB/SmolLM2-135M: no such checkpoint file, run folder or Hugging Face "
+                   "folder (a Hugging Face model is read from a local folder: download it first, with its "
+                   "config.json, model.safetensors and tokenizer.json)\n")
+
+
 def test_plots_of_a_hf_folder_go_to_the_current_folder_not_into_the_model_folder(tmp_path, capsys, monkeypatch):
     # A Hugging Face folder is a model's own (or the hub's cache): attention's PNGs and eval's plot
     # land beside the command, named after the folder (an export into a folder holding them is refused).

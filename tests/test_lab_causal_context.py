@@ -450,7 +450,8 @@ def test_an_out_holding_what_the_lab_writes_is_refused_before_anything_trains_an
 
 @pytest.mark.parametrize("option, message", [
     (["--position", "100"], "--position 100: expected 0..30"),
-    (["--checkpoint", "no/such/run"], "no/such/run: no such checkpoint file or run folder"),
+    (["--checkpoint", "no/such/run"],
+     "no/such/run: no such checkpoint file, run folder or Hugging Face folder"),
 ], ids=["position", "checkpoint"])
 def test_a_bad_position_or_checkpoint_is_refused_before_anything_trains(tmp_path, monkeypatch, capsys,
                                                                         corpus_text, option, message):

@@ -503,6 +503,14 @@ def require_causal(loaded: LoadedModel, command: str) -> None:
 HF_FOLDER_FILES = ("model.safetensors", "model.safetensors.index.json", "tokenizer.json", "pytorch_model.bin")
 
 
+def missing_model(path: str | Path) -> CheckpointError:
+    """The error for a --checkpoint or train.init_from that is not there: a Hugging Face model
+    not yet downloaded (a hub id, as transformers takes one) is given as often as a run."""
+    return CheckpointError(f"{path}: no such checkpoint file, run folder or Hugging Face folder (a Hugging "
+                           "Face model is read from a local folder: download it first, with its "
+                           "config.json, model.safetensors and tokenizer.json)")
+
+
 def is_hf_folder(path: str | Path) -> bool:
     """A folder with a Hugging Face `config.json` (a tinyattn run folder has config.yaml)."""
     path = Path(path)

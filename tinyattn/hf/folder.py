@@ -32,7 +32,7 @@ from typing import Optional
 
 import torch
 
-from tinyattn.checkpoint import LoadedModel, is_hf_folder, load_model, load_weights
+from tinyattn.checkpoint import LoadedModel, is_hf_folder, load_model, load_weights, missing_model
 from tinyattn.config import Config, SampleConfig, TokenizerConfig
 from tinyattn.data.tokenizer import Tokenizer
 from tinyattn.errors import CheckpointError, counted
@@ -69,6 +69,8 @@ def load_any_model(path: Optional[str | Path] = None, device: str | torch.device
     """What every `--checkpoint` accepts: a Hugging Face Llama folder, read here, or else a
     tinyattn checkpoint file or run folder (None: the latest run under out_dir), read by
     `tinyattn.checkpoint.load_model`. The model comes back ready for inference (eval mode)."""
+    if path is not None and _not_there(path):  # perhaps a hub id, as transformers takes one
+        raise missing_model(path)
     if path is None or not is_hf_folder(path):
         return load_model(path, device, out_dir)
     imported = read_folder(path)
@@ -77,6 +79,18 @@ def load_any_model(path: Optional[str | Path] = None, device: str | torch.device
     model.to(device).eval()
     return LoadedModel(model, imported.tokenizer, imported.config, imported.weights_file, 0, hf_folder=True)
 
+
+
+def _not_there(path: str | Path) -> bool:
+    """Whether nothing is at `path` (a dangling link is something); a path that cannot be looked
+    up (a name too long) is left to `load_model`, which names why."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 @dataclass

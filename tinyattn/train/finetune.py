@@ -76,9 +76,7 @@ class InitSource:
             return cls(location, imported.weights_file, imported.config.model, tokenizer,
                        Path(tokenizer.path), imported.weights)
         if not Path(location).exists():  # a Hugging Face model not yet downloaded, as often as a run
-            raise CheckpointError(f"{location}: no such checkpoint file, run folder or Hugging Face folder "
-                                  "(a Hugging Face model is read from a local folder: download it first, "
-                                  "with its config.json, model.safetensors and tokenizer.json)")
+            raise ckpt.missing_model(location)
         file = ckpt.resolve_checkpoint(location, prefer="best")
         try:
             state = ckpt.load_checkpoint(file)
