@@ -326,6 +326,26 @@ def test_a_hugging_face_folder_exported_again_is_not_called_trained_with_tinyatt
     assert "Trained with tinyattn" not in card and "| data |" not in card
 
 
+def test_a_tinyattn_export_exported_again_keeps_its_training_rows_and_is_not_called_untrained(
+        tmp_path, capsys):
+    # Exported again from its own export (to bf16, say), a trained run's card said "untrained by
+    # tinyattn" and dropped its data, steps and validation loss.
+    run = char_run(tmp_path)
+    code, _, err = run_main(export_cli.main, ["--checkpoint", run, "--out", tmp_path / "first"], capsys)
+    assert code == 0, err
+    rows = [line for line in (tmp_path / "first" / "README.md").read_text().splitlines()
+            if line.startswith(("| data |", "| training |", "| validation loss |", "| exported from |"))]
+    assert len(rows) == 4, rows
+    source = tmp_path / "first"
+    for again in ("second", "third"):  # and once more from that one
+        code, _, err = run_main(export_cli.main, ["--checkpoint", source, "--out", tmp_path / again,
+                                                  "--dtype", "bf16"], capsys)
+        card = (tmp_path / again / "README.md").read_text()
+        assert code == 0 and "untrained" not in card and "Trained with tinyattn" in card, err
+        assert [line for line in card.splitlines() if line in rows] == rows
+        source = tmp_path / again
+
+
 def test_the_model_card_gives_no_validation_loss_for_a_run_that_never_evaluated(tmp_path):
     from tinyattn.hf.folder import ModelCard
 

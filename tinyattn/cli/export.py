@@ -100,15 +100,17 @@ def refuse_the_source(loaded, out: str, kind: str) -> None:
 
 def export_hf(loaded, out: str, args: argparse.Namespace) -> int:
     from tinyattn.hf.convert import DTYPES
-    from tinyattn.hf.folder import ModelCard, export_folder
+    from tinyattn.hf.folder import ModelCard, export_folder, training_rows
 
     # A Hugging Face folder records no training run: its card says none. The source is the path as
     # given where it names the run's folder (not `best.pt` for `--checkpoint .`).
     source = loaded.path if loaded.path.parent.name == loaded.name else Path(loaded.name, loaded.path.name)
     card = None if loaded.hf_folder else ModelCard(str(source), loaded.step, loaded.tokens_seen,
                                                    loaded.best_val_loss)
+    # A folder tinyattn exported, exported again (to bf16, say): its card's training rows go on.
+    earlier = training_rows(loaded.path.parent) if loaded.hf_folder else []
     files = export_folder(loaded.model.state_dict(), loaded.config, loaded.tokenizer, out,
-                          dtype=DTYPES[args.dtype], card=card, force=args.force)
+                          dtype=DTYPES[args.dtype], card=card, force=args.force, earlier=earlier)
     print(f"{loaded.label}: wrote {out}/ ({', '.join(f.name for f in files)})")
     return 0
 

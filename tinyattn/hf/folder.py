@@ -28,7 +28,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -245,10 +245,13 @@ class ModelCard:
 
 def export_folder(weights: dict[str, torch.Tensor], config: Config, tokenizer: Tokenizer,
                   out: str | Path, *, dtype: torch.dtype = torch.float32,
-                  card: Optional[ModelCard] = None, force: bool = False) -> list[Path]:
+                  card: Optional[ModelCard] = None, force: bool = False,
+                  earlier: Sequence[str] = ()) -> list[Path]:
     """Write a Hugging Face Llama folder for a tinyattn model; returns the files written.
 
-    weights: the model's state dict (tinyattn names). An existing `out` is refused unless
+    weights: the model's state dict (tinyattn names). card: the run exported (None: a Hugging
+    Face folder); earlier: the training rows of that folder's card (`training_rows`), where tinyattn
+    exported it. An existing `out` is refused unless
     it is empty or (with force) holds only files an export writes. Every file is made
     before any is written, and written beside `out` first: a failed export leaves `out`
     as it was (absent, empty, or the earlier export), never half of one.
@@ -278,7 +281,7 @@ def export_folder(weights: dict[str, torch.Tensor], config: Config, tokenizer: T
             "add_bos_token": tokenizer.adds_start, "add_eos_token": False,
             "clean_up_tokenization_spaces": False}),  # decode must give the text back unchanged
         "special_tokens_map.json": _json_bytes(special),
-        "README.md": model_card(config, card, tokenizer, weights).encode("utf-8"),
+        "README.md": model_card(config, card, tokenizer, weights, earlier).encode("utf-8"),
     }
     _write_folder(out, files)
     return [out / name for name in files]
@@ -406,9 +409,10 @@ def _generation_config(sample: SampleConfig, bos: Optional[int], eos: Optional[i
 
 
 def model_card(config: Config, card: Optional[ModelCard], tokenizer: Tokenizer,
-               weights: dict[str, torch.Tensor]) -> str:
-    """README.md: what was trained on what, for how long, to which validation loss."""
-    m, d, t = config.model, config.data, config.train
+               weights: dict[str, torch.Tensor], earlier: Sequence[str] = ()) -> str:
+    """README.md: what was trained on what, for how long, to which validation loss. earlier: for a
+    folder tinyattn exported, exported again (card None), its card's training rows (`training_rows`)."""
+    m, t = config.model, config.train
     architecture = QK_NORM_ARCHITECTURE if m.qk_norm else ARCHITECTURE
     family = "Qwen3" if m.qk_norm else "Llama"
     seen = set()
@@ -417,23 +421,17 @@ def model_card(config: Config, card: Optional[ModelCard], tokenizer: Tokenizer,
         if tensor.data_ptr() not in seen:  # a tied head counts once
             seen.add(tensor.data_ptr())
             parameters += tensor.numel()
-    if d.dataset:
-        data = f"the Hugging Face dataset `{d.dataset}`" + (f" ({d.dataset_config})" if d.dataset_config else "")
-    elif d.files:
-        data = ", ".join(f"`{f}`" for f in d.files)
-    else:
-        data = "unknown data"
     lines = ["---", "library_name: transformers", "pipeline_tag: text-generation",
              f"{CARD_TAGS}{family.lower()}]", "---", "",
              f"# A {parameters / 1e6:.2f}M-parameter {family}-architecture language model", "",
-             (f"Trained with tinyattn and exported as `{architecture}`" if card is not None else
+             (f"Trained with tinyattn and exported as `{architecture}`" if card is not None or earlier else
               f"Exported by tinyattn as `{architecture}` from a Hugging Face folder, untrained by tinyattn")
              + "; it loads with `AutoModelForCausalLM` and `AutoTokenizer`, no custom code.", "",
              "| | |", "|---|---|",
-             *([f"| data | {data} |"] if card is not None else []),
+             *([f"| data | {_data_source(config)} |"] if card is not None else []),
              f"| tokenizer | {config.tokenizer.kind}, {tokenizer.vocab_size:,} tokens |",
              f"| shape | {counted(m.n_layer, 'layer')}, width {m.n_embd}, {counted(m.n_head, 'head')} "
-             f"({m.kv_heads} key/value), context {m.context_length} |"]
+             f"({m.kv_heads} key/value), context {m.context_length} |", *earlier]
     if t.init_from:
         lines.append(f"| initialised from | `{t.init_from}` |")
     if card is not None:
@@ -453,6 +451,32 @@ def model_card(config: Config, card: Optional[ModelCard], tokenizer: Tokenizer,
               'return_tensors="pt").input_ids',
               "print(tokenizer.decode(model.generate(ids, max_new_tokens=200)[0]))", "```", ""]
     return "\n".join(lines)
+
+
+def _data_source(config: Config) -> str:
+    d = config.data
+    if d.dataset:
+        named = f" ({d.dataset_config})" if d.dataset_config else ""
+        return f"the Hugging Face dataset `{d.dataset}`{named}"
+    return ", ".join(f"`{f}`" for f in d.files) if d.files else "unknown data"
+
+
+# The rows of tinyattn's model card that describe the training run, in the order it writes them.
+TRAINING_ROWS = ("| data |", "| initialised from |", "| training |", "| validation loss |",
+                 "| the run's best validation loss by then |", "| exported from |")
+
+
+def training_rows(folder: Path) -> list[str]:
+    """The training rows of `folder`'s model card where tinyattn exported the folder
+    (`is_tinyattn_export`), else none: an export of that folder keeps them, since the folder
+    itself records no run."""
+    if not is_tinyattn_export(folder):
+        return []
+    try:
+        lines = (folder / "README.md").read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return []
+    return [line for line in lines if line.startswith(TRAINING_ROWS)]
 
 
 def _empty_prompt(tokenizer: Tokenizer) -> str:
