@@ -80,7 +80,6 @@ def load_any_model(path: Optional[str | Path] = None, device: str | torch.device
     return LoadedModel(model, imported.tokenizer, imported.config, imported.weights_file, 0, hf_folder=True)
 
 
-
 def _not_there(path: str | Path) -> bool:
     """Whether nothing is at `path` (a dangling link is something); a path that cannot be looked
     up (a name too long) is left to `load_model`, which names why."""
