@@ -434,7 +434,7 @@ def test_a_prompts_byte_order_mark_is_dropped_from_a_file_stdin_and_the_first_in
     assert ran == ["ROMEO:", "\ufeffJULIET:"]  # only the first line can start with the file's mark
 
 
-PATH_METAVARS = {"FILE", "DIR", "PATH", "RUN_DIR|FILE", "DIR|FILE", "RUN_DIR|CHECKPOINT"}
+PATH_METAVARS = {"FILE", "DIR", "PATH", "PNG", "RUN_DIR|FILE", "DIR|FILE", "RUN_DIR|CHECKPOINT"}
 
 
 def path_options() -> list[tuple[str, argparse.Action]]:
@@ -461,10 +461,14 @@ def test_every_path_option_written_with_a_tilde_after_an_equals_sign_is_under_th
     options = path_options()
     names = {(command, action.option_strings[0]) for command, action in options}
     assert {("export", "--out"), ("train", "--resume"), ("lab distance", "--text"),
-            ("serve", "--checkpoint"), ("attention", "--out-dir")} <= names and len(options) > 20
+            ("serve", "--checkpoint"), ("attention", "--out-dir"), ("eval", "--plot")} <= names
+    assert len(options) > 20
     for command, action in options:
         value = action.type("~/x") if action.type else "~/x"
         assert str(value) == str(tmp_path / "x"), (command, action.option_strings)
+    # eval --plot=~/plots/ (metavar PNG) was missed: its plot went into ./~/plots/.
+    plot = importlib.import_module("tinyattn.cli.eval").parser().parse_args(["--plot=~/plots/"]).plot
+    assert plot == f"{tmp_path}/plots/"  # the slash that says it is a folder kept
 
 
 def test_an_export_given_its_checkpoint_and_out_after_equals_signs_with_tildes_writes_under_home(
