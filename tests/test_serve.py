@@ -620,6 +620,28 @@ def test_head_answers_each_get_route_with_its_headers_and_no_body(server, path):
     assert again.status == 200 and len(again.read()) == len(got_body)
 
 
+def test_the_openapi_document_names_each_operation_once_and_warns_of_nothing(loaded, server):
+    # HEAD taken by the GET routes themselves gave the HEAD the GET's operationId: /openapi.json was an
+    # invalid OpenAPI document, and reading it put a "Duplicate Operation ID" warning per route in the log.
+    import warnings
+
+    from tinyattn.serve.app import create_app
+
+    app = create_app(loaded)  # a new app: the served one keeps the document it made first
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        document = app.openapi()
+    operations = [(path, method, operation["operationId"])
+                  for path, methods in document["paths"].items() for method, operation in methods.items()]
+    assert len({operation_id for *_, operation_id in operations}) == len(operations), operations
+    assert {(path, method) for path, method, _ in operations} == {
+        ("/health", "get"), ("/v1/models", "get"), ("/v1/models/{model_id}", "get"),
+        ("/v1/completions", "post"), ("/explorer", "post"), ("/", "get")}
+    connection = http.client.HTTPConnection(*server.sock.getsockname()[:2])
+    connection.request("GET", "/openapi.json")
+    assert connection.getresponse().status == 200
+
+
 # ----------------------------------------------------------------------------- concurrency and disconnects
 
 

@@ -124,8 +124,14 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 def _get(app: FastAPI, path: str, **kwargs):
     """A GET route that answers HEAD too, as HTTP requires (FastAPI's `app.get` takes GET only: a
-    monitor's HEAD /health read 405); uvicorn sends a HEAD's headers without the body."""
-    return app.api_route(path, methods=["GET", "HEAD"], **kwargs)
+    monitor's HEAD /health read 405); uvicorn sends a HEAD's headers without the body. The route that
+    answers is left out of /openapi.json, which a GET-only twin lists: one route of two methods gives
+    both the same operationId there (an invalid document; FastAPI warns in the server's log)."""
+    def register(endpoint):
+        app.add_api_route(path, endpoint, methods=["GET", "HEAD"], include_in_schema=False, **kwargs)
+        app.add_api_route(path, endpoint, methods=["GET"], **kwargs)  # never reached: the one above answers
+        return endpoint
+    return register
 
 
 def _add_routes(app: FastAPI, served: Served) -> None:
