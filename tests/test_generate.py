@@ -1457,6 +1457,19 @@ def test_cli_bad_input_is_one_line_and_exit_status_2(run_dir, tmp_path, capsys, 
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv", [["-"], ["--prompt-file", "-"]], ids=["dash", "prompt-file-dash"])
+def test_cli_a_stdin_prompt_in_utf16_without_a_byte_order_mark_is_one_line_naming_its_first_nul(
+        run_dir, capsys, monkeypatch, argv):
+    # `tinyattn generate - < prompt.txt` of a file saved as UTF-16 without a mark: valid UTF-8 with a NUL
+    # after each character, refused from --prompt-file FILE but continued as that prompt from stdin.
+    stdin = io.TextIOWrapper(io.BytesIO("ROMEO:\nSpeak".encode("utf-16-le")), encoding="utf-8")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    status, out, err = run_main(["--checkpoint", str(run_dir), "--max-new-tokens", "4", *argv], capsys)
+    assert (status, out) == (2, ""), err
+    assert err == ("error: stdin: the prompt holds a NUL at byte 1 (line 1), which no text does: it is "
+                   "UTF-16 (without a byte-order mark) or not text; save it as UTF-8\n")
+
+
 def test_cli_prompt_that_is_not_utf8_is_one_line_and_exit_status_2(run_dir, capsys):
     status, out, err = run_main(["--checkpoint", str(run_dir), "--prompt", "ab\udcff"], capsys)
     assert status == 2 and "Traceback" not in err

@@ -276,12 +276,16 @@ class StreamPrinter:
 
 def read_prompt(args: argparse.Namespace) -> Optional[str]:
     """The prompt text from --prompt, --prompt-file or stdin; None when none was given."""
-    from tinyattn.system.storage import read_text
+    from tinyattn.system.storage import read_text, refuse_nul
 
     if args.prompt is not None:
         return args.prompt
     if args.stdin == "-" or args.prompt_file == "-":
-        return read_stdin(sys.stdin.read).removeprefix(BYTE_ORDER_MARK)  # as read_text drops it from a file
+        text = read_stdin(sys.stdin.read)
+        if "\0" in text:  # as read_text refuses it in a file: UTF-16 read as UTF-8
+            data = text.encode(sys.stdin.encoding or "utf-8", getattr(sys.stdin, "errors", None) or "strict")
+            refuse_nul(data, "stdin", "prompt")
+        return text.removeprefix(BYTE_ORDER_MARK)  # as read_text drops it from a file
     if args.prompt_file is not None:
         return read_text(args.prompt_file, "prompt file")
     return None

@@ -242,15 +242,20 @@ def read_text(path: str | Path, what: str, error: type[TinyattnError] = DataErro
         raise error(f"{path}: the {what} is not UTF-8 text (byte {e.start})") from None
     except OSError as e:  # a folder, no permission, ...
         raise error(f"{path}: cannot read the {what} ({e.strerror or e})") from None
-    # No text holds a NUL: ASCII saved as UTF-16 without a byte-order mark (as some Windows tools write
-    # it) is valid UTF-8 with a NUL after every character, which would be read as that text.
     if "\0" in text:
-        data = Path(path).read_bytes()
-        nul = data.find(b"\0")
-        line = data[:nul].count(b"\n") + 1
-        raise error(f"{path}: the {what} holds a NUL at byte {nul} (line {line}), which no text does: "
-                    "it is UTF-16 (without a byte-order mark) or not text; save it as UTF-8")
+        refuse_nul(Path(path).read_bytes(), str(path), what, error)
     return text
+
+
+def refuse_nul(data: bytes, where: str, what: str, error: type[TinyattnError] = DataError) -> None:
+    """`error` naming the first NUL of `data`, the bytes of a text `where` (a file, "stdin"), if it
+    holds one. No text does: ASCII saved as UTF-16 without a byte-order mark (as some Windows tools
+    write it) is valid UTF-8 with a NUL after every character, which would be read as that text."""
+    nul = data.find(b"\0")
+    if nul >= 0:
+        line = data[:nul].count(b"\n") + 1
+        raise error(f"{where}: the {what} holds a NUL at byte {nul} (line {line}), which no text does: "
+                    "it is UTF-16 (without a byte-order mark) or not text; save it as UTF-8")
 
 
 def _fsync_dir(folder: Path) -> None:
