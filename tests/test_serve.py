@@ -1232,8 +1232,8 @@ def test_in_chromium_the_playground_names_the_characters_its_prompt_read_as_unk(
     page.fill("#max-tokens", "3")
     page.click("#generate")
     page.wait_for_function("document.getElementById('status').textContent.startsWith('done')")
-    assert page.inner_text("#status").endswith("; warning: prompt: 2 characters the tokenizer has never seen, "
-                                               "read as [UNK]: 'é', 'ü'")
+    assert page.inner_text("#status").endswith("; warning: prompt: 2 characters the tokenizer has never "
+                                               "seen, read as [UNK]: 'é', 'ü'")
     page.fill("#prompt", PROMPT)
     page.click("#generate")
     page.wait_for_function("document.getElementById('status').textContent.startsWith('done')")

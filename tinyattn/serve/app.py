@@ -39,9 +39,9 @@ from typing import AsyncIterator, Optional, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
-from starlette.requests import ClientDisconnect
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from tinyattn.config import SampleConfig
 from tinyattn.errors import counted
