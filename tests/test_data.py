@@ -1138,6 +1138,24 @@ def test_a_text_file_saved_as_utf16_without_a_byte_order_mark_is_one_line_naming
     assert_one_line_error(tmp_path, config, rf"NUL at byte {len(head) + 2} \(line {line}\)")
 
 
+@pytest.mark.parametrize("name", ["reviews.csv", "reviews.tsv.gz"])
+def test_a_csv_or_tsv_file_saved_as_utf16_without_a_byte_order_mark_is_one_line_naming_its_first_nul(
+        tmp_path, name):
+    # Its header was read as "i\0d\0,\0t\0e\0x\0t\0": "has no field 'text'; its fields are: i\0d\0, ...",
+    # which a terminal (showing no NUL) prints as "has no field 'text'; its fields are: id, text".
+    import gzip
+
+    separator = "\t" if ".tsv" in name else ","
+    path = tmp_path / name
+    opener = gzip.open if name.endswith(".gz") else open
+    with opener(path, "wb") as f:
+        f.write(f"id{separator}text\n1{separator}to be or not\n".encode("utf-16-le"))
+    config = make_config(tmp_path, {"files": [str(path)]})
+    assert_one_line_error(tmp_path, config, rf"^{re.escape(str(path))}: holds a NUL at byte 1 \(line 1\), "
+                          r"which no text does: it is UTF-16 \(without a byte-order mark\) or not text; "
+                          r"save it as UTF-8$")
+
+
 def test_invalid_json_line_names_file_and_line(tmp_path):
     import logging.handlers
 

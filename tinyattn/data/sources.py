@@ -70,6 +70,7 @@ DATASETS_LOCKS = "datasets"
 READ_CHARS = 1 << 22  # a text file is read this many characters at a time
 REPORT_BYTES = 1 << 26  # text files at least this large report how far reading has got
 CSV_CHUNK_BYTES = 1 << 24  # CSV and TSV files are parsed about this many bytes of rows at a time
+CSV_NUL_BYTES = 1 << 16  # the start of a CSV or TSV file looked at for a NUL (UTF-16: its first two bytes)
 CSV_SAMPLE_BYTES = 1 << 22  # the start of a CSV or TSV file read to learn how long its rows are
 CSV_CHUNK_ROWS = 10_000  # datasets' csv builder's own chunk, in rows: where rows are short
 TABLE_ROWS = 1000  # records read from datasets at a time
@@ -580,6 +581,9 @@ def _per_file_parts(files: list[Path], file_format: str, text_field: str, descri
             problem = _json_text_of_another_type(files, text_field)
             if problem:
                 raise DataError(problem)
+        elif file_format in ("csv", "tsv"):
+            for path in files:
+                _refuse_nul_at_start(path)
     per_file = _per_file_datasets(files, file_format, load)
     return lambda: _dataset_parts(_file_tables(per_file, file_format), text_field, description, files,
                                   file_format, skipped=skipped)
@@ -859,6 +863,17 @@ def _refuse_nul(path: Path, chunk: str) -> None:
     line = lines + raw[:nul].count(b"\n") + 1
     raise DataError(f"{path}: holds a NUL at byte {offset + nul} (line {line}), which no text does: it is "
                     "UTF-16 (without a byte-order mark) or not text; save it as UTF-8")
+
+
+def _refuse_nul_at_start(path: Path) -> None:
+    """A CSV or TSV file whose start holds a NUL, named as a text file's is (`_refuse_nul`): datasets
+    read the header of one saved as UTF-16 without a byte-order mark as names with a NUL after each
+    character, and the text field was said to be missing among them (a terminal, showing no NUL,
+    printed "has no field 'text'; its fields are: id, text")."""
+    with _open_binary(path) as f:
+        start = f.read(CSV_NUL_BYTES)
+    if b"\0" in start:
+        _refuse_nul(path, "\0")  # it finds the NUL's byte and line
 
 
 class _ReadingReport:
