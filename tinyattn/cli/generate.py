@@ -20,7 +20,7 @@ Ctrl-C or SIGTERM stops at once: the partial text ends its line, and `interrupte
 `--interactive` reads one prompt per line from stdin until end of input (Ctrl-D) and prints
 each continuation, ending its line (an empty continuation is an empty line); the prompt itself
 is not echoed there. A line that is not text in stdin's encoding is skipped with a warning
-naming its line number, and the session goes on.
+naming its line number (its answer an empty line), and the session goes on.
 """
 
 from __future__ import annotations
@@ -188,7 +188,8 @@ def inference_model(loaded, args: argparse.Namespace, device):
 def _interactive(out: "StreamPrinter") -> int:
     """--interactive: one prompt per line from stdin until end of input; prompts not echoed.
 
-    A line that is not text in stdin's encoding is skipped with a warning: the session goes on.
+    A line that is not text in stdin's encoding is skipped with a warning and answered with an empty
+    line, as an empty continuation is: the session goes on, one answer line per prompt line.
     """
     interactive = sys.stdin.isatty()
     for number in itertools.count(1):
@@ -199,7 +200,9 @@ def _interactive(out: "StreamPrinter") -> int:
             if interactive:
                 print(file=sys.stderr)
             return 0
-        if line is not _SKIPPED:
+        if line is _SKIPPED:  # an empty answer's line: answers stay one line per prompt line
+            out.write("\n")
+        else:
             out.run(line.rstrip("\r\n").removeprefix(BYTE_ORDER_MARK if number == 1 else ""), echo=False)
 
 
