@@ -1546,6 +1546,26 @@ def test_a_short_generation_from_a_long_context_makes_caches_for_the_positions_i
     assert decoder_module.cache_positions(model, 6, 20, compile=True) == 4096  # one shape per compile
 
 
+def test_a_refusal_of_kv_caches_advises_what_shrinks_them_not_fewer_samples_for_one(
+        tiny_model, char_tokenizer, monkeypatch):
+    # Sized to the positions a generation reaches, one sample's caches shrink with fewer new tokens or a
+    # shorter prompt: "ask for fewer samples" told one sample to ask for none. A compiled step's caches
+    # hold the whole context whatever the tokens: there, fewer tokens would not help.
+    from tinyattn.model import memory
+
+    model = tiny_model(vocab_size=char_tokenizer.vocab_size)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: (100, "available here"))
+    eager, compiled = ("ask for fewer new tokens or a shorter prompt", "decode without --compile: a compiled "
+                       "step's caches hold the whole context, an eager one's only the positions the prompt "
+                       "and the new tokens reach")
+    several = "ask for fewer samples, fewer new tokens or a shorter prompt"
+    for n, compile, advice in [(1, False, eager), (3, False, several), (1, True, compiled),
+                               (3, True, f"ask for fewer samples, or {compiled}")]:
+        with pytest.raises(ConfigError) as refused:
+            list(generate_samples(model, char_tokenizer, "RO", n, max_new_tokens=5, seed=0, compile=compile))
+        assert str(refused.value).endswith(f" available here; {advice}"), (n, compile, str(refused.value))
+
+
 def test_one_sequence_whose_kv_caches_cannot_fit_is_named_in_the_singular(monkeypatch):
     from tinyattn.config import ModelConfig
     from tinyattn.errors import ConfigError
@@ -1554,8 +1574,8 @@ def test_one_sequence_whose_kv_caches_cannot_fit_is_named_in_the_singular(monkey
     monkeypatch.setattr(memory, "available_bytes", lambda device: (1000, "available here"))
     config = ModelConfig(vocab_size=65, n_layer=2, n_head=2, n_embd=32, context_length=64)
     with pytest.raises(ConfigError, match=r"^decoding 1 sequence at once needs .* for their KV caches alone, "
-                                          r"more than the .* available here; ask for fewer samples$"):
-        memory.check_decoding_fits(config, 1, torch.device("cpu"), torch.float32)
+                                          r"more than the .* available here; free some memory first$"):
+        memory.check_decoding_fits(config, 1, torch.device("cpu"), torch.float32)  # one: not "fewer samples"
 
 
 def test_the_kv_caches_are_sized_in_their_own_dtype_and_a_gpus_reserved_blocks_count_as_free(monkeypatch):

@@ -800,7 +800,8 @@ def test_a_worker_error_mid_stream_is_an_error_event_and_then_done(server, monke
 def test_kv_caches_that_cannot_fit_are_a_400_naming_n_or_for_one_sequence_a_503_and_no_traceback(
         server, monkeypatch, caplog):
     # The check runs on the worker thread, where the caches are made. With n > 1 the client can ask
-    # for fewer; one sequence that cannot fit is the server's shortage, which the client cannot fix.
+    # for fewer; one sequence that cannot fit is the server's shortage, for now (a 503). The caches hold
+    # the positions the prompt and max_tokens reach: a smaller max_tokens needs less, which both say.
     import tinyattn.model.memory as memory
 
     monkeypatch.setattr(memory, "available_bytes", lambda device: (1000, "of memory available here"))
@@ -809,7 +810,8 @@ def test_kv_caches_that_cannot_fit_are_a_400_naming_n_or_for_one_sequence_a_503_
     error = json.loads(body)["error"]
     assert status == 400 and error["type"] == "invalid_request_error" and error["param"] == "n", body
     assert error["message"].startswith("decoding 2 sequences at once needs") and "\n" not in error["message"]
-    assert error["message"].endswith("; ask for a smaller n than 2"), body
+    assert error["message"].endswith("; ask for a smaller n than 2, a smaller max_tokens or a shorter "
+                                     "prompt"), body
     status, body = post(server, "/v1/completions", {**request, "stream": True})
     events = [block for block in body.split("\n\n") if block]
     assert status == 200 and events[1:] == ["data: [DONE]"], body  # the headers go out before the first turn
@@ -818,7 +820,8 @@ def test_kv_caches_that_cannot_fit_are_a_400_naming_n_or_for_one_sequence_a_503_
     error = json.loads(body)["error"]
     assert status == 503 and error["type"] == "server_error", body
     assert error["message"].endswith(": the server cannot decode this request now (its memory, or the "
-                                     "requests it is decoding)"), body
+                                     "requests it is decoding); a smaller max_tokens or a shorter prompt "
+                                     "needs less"), body
     assert "fewer samples" not in error["message"]
     assert not [record for record in caplog.records if record.exc_info], "logged as a bug"
 

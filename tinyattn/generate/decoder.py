@@ -264,16 +264,30 @@ def cache_dtype(model) -> torch.dtype:
     return torch.float32 if weight.device.type == "cpu" else weight.dtype
 
 
-def check_caches_fit(model, batch_size: int, positions: Optional[int] = None) -> None:
+def check_caches_fit(model, batch_size: int, positions: Optional[int] = None, compile: bool = False) -> None:
     """A KVCachesTooLarge when the KV caches of `batch_size` sequences, `positions` each (None: the
-    whole context), cannot fit beside the model.
+    whole context), cannot fit beside the model; its advice is `caches_advice`'s.
 
     A million samples asked for is one line, not a stall; a model that is not a `LanguageModel`
     (a test's stand-in) is not sized.
     """
     if isinstance(model, LanguageModel):
         check_decoding_fits(model.config, batch_size, next(model.parameters()).device, cache_dtype(model),
-                            positions)
+                            positions, advice=caches_advice(batch_size, positions is not None, compile))
+
+
+def caches_advice(batch_size: int, sized: bool, compile: bool) -> str:
+    """What shrinks KV caches that cannot fit: fewer samples where there are several; with caches
+    `sized` to the generation (`cache_positions`), fewer new tokens or a shorter prompt; a compiled
+    step's caches hold the whole context whatever the tokens, so there: no compile."""
+    samples = "fewer samples" if batch_size > 1 else ""
+    if not sized:  # the whole context (a benchmark's decoder)
+        return f"ask for {samples}" if samples else "free some memory first"
+    if compile:
+        eager = ("decode without --compile: a compiled step's caches hold the whole context, an eager one's "
+                 "only the positions the prompt and the new tokens reach")
+        return f"ask for {samples}, or {eager}" if samples else eager
+    return f"ask for {samples + ', ' if samples else ''}fewer new tokens or a shorter prompt"
 
 
 def cache_positions(model, prompt_length: int, max_new_tokens: int, compile: bool = False) -> int:
@@ -340,7 +354,7 @@ class CachedDecoder:
         device = next(model.parameters()).device
         # positions: what the caches hold (`cache_positions`; None: the context), which a generation
         # that never reaches the context never fills, so the refill rule needs no change
-        check_caches_fit(model, batch_size, positions)
+        check_caches_fit(model, batch_size, positions, compile)
         self.caches = model.new_kv_caches(batch_size, max_len=positions, dtype=cache_dtype(model))
         self.ids = torch.zeros(batch_size, self.context_length, dtype=torch.long, device=device)  # (B, ctx)
         self.position = 0

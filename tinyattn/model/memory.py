@@ -139,16 +139,18 @@ class KVCachesTooLarge(ConfigError):
     """`check_decoding_fits`' refusal; `shortage` is what does not fit, without the advice (a
     server answers with its own)."""
 
-    def __init__(self, shortage: str):
-        super().__init__(f"{shortage}; ask for fewer samples")
+    def __init__(self, shortage: str, advice: str):
+        super().__init__(f"{shortage}; {advice}")
         self.shortage = shortage
 
 
 def check_decoding_fits(model: ModelConfig, batch_size: int, device: torch.device, dtype: torch.dtype,
-                        positions: Optional[int] = None) -> None:
+                        positions: Optional[int] = None, *, advice: Optional[str] = None) -> None:
     """A ConfigError, before they are made, when the KV caches of `batch_size` sequences decoded
     together (2 * n_layer tensors of (B, kv_heads, positions, head_dim)) cannot fit. positions:
-    what the caches hold (`tinyattn.generate.decoder.cache_positions`); None: the whole context."""
+    what the caches hold (`tinyattn.generate.decoder.cache_positions`); None: the whole context.
+    advice: what would shrink them, after the shortage (`tinyattn.generate.decoder.caches_advice`;
+    None: fewer samples where there are several)."""
     element = torch.empty((), dtype=dtype).element_size()
     positions = positions or model.context_length
     need = 2 * model.n_layer * batch_size * model.kv_heads * positions * model.head_dim * element
@@ -156,8 +158,10 @@ def check_decoding_fits(model: ModelConfig, batch_size: int, device: torch.devic
     if limit is not None and device.type == "cuda":  # blocks torch keeps reserved are free to it
         limit += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     if limit is not None and need > limit:
+        if advice is None:
+            advice = "ask for fewer samples" if batch_size > 1 else "free some memory first"
         raise KVCachesTooLarge(f"decoding {counted(batch_size, 'sequence')} at once needs {gigabytes(need)} for their KV "
-                               f"caches alone, more than the {gigabytes(limit)} {where}")
+                               f"caches alone, more than the {gigabytes(limit)} {where}", advice)
 
 
 def gigabytes(n: int) -> str:

@@ -220,7 +220,8 @@ def _check_model(served: Served, name: str) -> None:
 def _samples(served: Served, completion: Completion):
     """The completion's turns (run on the model thread). KV caches that cannot fit in the memory
     free when its decoding starts: with n > 1 the client can ask for fewer (a 400 naming n); one
-    sequence that cannot fit is the server's shortage, for now (a 503)."""
+    sequence that cannot fit is the server's shortage, for now (a 503). The caches hold the positions
+    the prompt and max_tokens reach (`cache_positions`): both answers say a smaller one needs less."""
     from tinyattn.generate.text import stream_samples
     from tinyattn.model.memory import KVCachesTooLarge
 
@@ -229,9 +230,11 @@ def _samples(served: Served, completion: Completion):
     except KVCachesTooLarge as e:
         n = completion.options.num_samples
         if n > 1:
-            raise ApiError(f"{e.shortage}; ask for a smaller n than {n}", param="n") from None
+            raise ApiError(f"{e.shortage}; ask for a smaller n than {n}, a smaller max_tokens or a shorter "
+                           "prompt", param="n") from None
         raise ApiError(f"{e.shortage}: the server cannot decode this request now (its memory, or the "
-                       "requests it is decoding)", status=503, type="server_error") from None
+                       "requests it is decoding); a smaller max_tokens or a shorter prompt needs less",
+                       status=503, type="server_error") from None
 
 
 def _warm_up(model, tokenizer) -> None:
