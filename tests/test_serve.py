@@ -885,6 +885,12 @@ def test_a_waiting_request_whose_client_went_away_leaves_the_queue_before_its_tu
         assert loop.run_until_complete(gone.results.get()) is END  # its reader ends, not left waiting
         other = full.submit(Job(iter([3]), loop))  # the place it held takes another client (no 429)
         assert list(full.waiting) == [kept, other]
+        # A submit looks for itself, /health asked or not: the place of one gone is free at once.
+        alone = ModelWorker(max_active=1, max_waiting=1)
+        first = alone.submit(Job(iter([1]), loop))
+        first.cancel()
+        second = alone.submit(Job(iter([2]), loop))
+        assert list(alone.waiting) == [second] and first.ended == "cancelled"
     finally:
         loop.close()
 
