@@ -1331,8 +1331,8 @@ def test_cli_interactive_skips_a_line_that_is_not_utf8_with_a_warning(run_dir, c
     status, out, err = run_main(options, capsys)
     assert status == 0 and "Traceback" not in err
     assert "warning: stdin line 2 is not utf-8 text (invalid start byte at byte 0); skipped" in err
-    # Both good lines were answered, as when each is the only one, and the bad one has an empty line: a
-    # script pairing prompt lines with answer lines (5ff6d7c) lost step at a skipped line, as at an empty answer.
+    # Both good lines were answered, as when each is the only one, and the bad one has an empty line: a script
+    # pairing prompt lines with answer lines (5ff6d7c) lost step at a skipped line, as at an empty answer.
     first = run_main(options, capsys, stdin="Speak\n", monkeypatch=monkeypatch)[1]
     assert out == first + "\n" + run_main(options, capsys, stdin="All:\n", monkeypatch=monkeypatch)[1]
 

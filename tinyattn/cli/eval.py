@@ -33,11 +33,11 @@ def parser() -> argparse.ArgumentParser:
                    f"windows as hold {EVAL_BATCH_TOKENS:,} tokens, at least one)")
     add_device(p)
     # A string, not a Path: Path("plots/") drops the slash that says it is a folder
-    p.add_argument("--plot", type=home_path, metavar="PNG", help="where to save the loss-by-position plot, or a folder to "
-                   "save it in (an existing one, or a path ending in /); default: "
-                   "loss_by_position_<split or file name>.png in the run folder (_step_N added for a step "
-                   "checkpoint; for a Hugging Face folder, <its name>_loss_by_position_<file name>.png in "
-                   "the current folder)")
+    p.add_argument("--plot", type=home_path, metavar="PNG",
+                   help="where to save the loss-by-position plot, or a folder to save it in (an existing "
+                        "one, or a path ending in /); default: loss_by_position_<split or file name>.png "
+                        "in the run folder (_step_N added for a step checkpoint; for a Hugging Face "
+                        "folder, <its name>_loss_by_position_<file name>.png in the current folder)")
     p.add_argument("--no-plot", action="store_true", help="do not draw the plot")
     return p
 
