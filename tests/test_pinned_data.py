@@ -1,0 +1,107 @@
+"""Behaviour of the data layer that a mutation sweep found no test pinning: batch sampling's seeds
+and ranks, the token cache's failed builds and empty documents, the tokenizer's start token and
+its bound on the characters a token reads."""
+
+import numpy as np
+import pytest
+import torch
+
+import tinyattn.data.token_cache as token_cache
+from tinyattn.config import TokenizerConfig, config_from_dict
+from tinyattn.data.batches import BatchSampler, prepare_data
+from tinyattn.data.tokenizer import END_OF_TEXT, Tokenizer, build_tokenizer
+from tinyattn.errors import DataError
+
+DOCUMENTS = [f"Document {i}: lorem ipsum dolor sit amet, the end of {i}.\n" for i in range(20)]
+
+
+def text_folder(folder):
+    folder.mkdir(parents=True)
+    for i, text in enumerate(DOCUMENTS):
+        (folder / f"doc{i:02d}.txt").write_text(text, encoding="utf-8")
+    return folder
+
+
+def folder_config(tmp_path, tokenizer=None):
+    return config_from_dict({
+        "model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "context_length": 8},
+        "data": {"cache_dir": str(tmp_path / "cache"), "files": [str(tmp_path / "books")]},
+        "tokenizer": tokenizer or {"kind": "char"},
+    })
+
+
+def counting_tokens(n=1000):
+    return np.arange(n, dtype=np.uint16)  # token i at position i: a window shows where it came from
+
+
+def test_a_rank_outside_the_world_is_refused():
+    with pytest.raises(ValueError, match="rank 2 is outside 0..1"):
+        BatchSampler(counting_tokens(), 4, 8, seed=0, rank=2, world_size=2)
+
+
+@pytest.mark.parametrize("sampling", ["random", "passes"])
+def test_a_negative_seed_draws_other_windows_than_its_positive_twin(sampling):
+    def draw(seed):
+        sampler = BatchSampler(counting_tokens(), 4, 8, seed=seed, sampling=sampling)
+        return [sampler.next_batch()[0] for _ in range(3)]
+
+    assert not all(torch.equal(a, b) for a, b in zip(draw(-1), draw(1)))
+
+
+def test_a_failed_build_deletes_its_lock_file_beside_the_cache_folder(tmp_path):
+    text_folder(tmp_path / "books")
+    with pytest.raises(DataError, match="too small"):
+        prepare_data(folder_config(tmp_path, {"kind": "bpe", "vocab_size": 200}), progress=False)
+    assert list((tmp_path / "cache").iterdir()) == []  # no folder, no .<folder>.build.filelock
+
+
+def test_a_failed_rebuild_of_a_damaged_cache_leaves_none_of_its_files(tmp_path, monkeypatch):
+    text_folder(tmp_path / "books")
+    config = folder_config(tmp_path)
+    cache = prepare_data(config, progress=False).cache_dir
+    size = (cache / "train.bin").stat().st_size
+    (cache / "train.bin").write_bytes(bytes(size))  # changed in place: meta.json is there, the checksum fails
+
+    def failing(*args, **kwargs):
+        raise DataError("the disk filled")
+
+    monkeypatch.setattr(token_cache, "write_tokens", failing)
+    with pytest.raises(DataError, match="the disk filled"):
+        prepare_data(config, progress=False)
+    assert not cache.exists()  # meta.json went first, then the damaged files, then the empty folder
+
+
+
+def test_a_template_that_puts_the_end_of_text_first_adds_nothing_unless_a_start_of_text_is_given():
+    # Training encodes documents without the file's template; a prompt read with no start_of_text
+    # named (tokenizer.kind: pretrained) must get no token before it either.
+    from tokenizers import processors
+
+    char = build_tokenizer(TokenizerConfig(kind="char"), lambda: iter(["abc"]))
+    backend = char._backend
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{END_OF_TEXT} $A", special_tokens=[(END_OF_TEXT, char.eot_id)])
+    plain = Tokenizer.from_json(backend.to_str())
+    assert plain.template_start() == END_OF_TEXT
+    assert (plain.adds_start, plain.text_start) == (False, [])
+    named = Tokenizer.from_json(backend.to_str(), start_of_text=END_OF_TEXT)
+    assert (named.adds_start, named.text_start) == (True, [char.eot_id])
+
+
+def test_an_empty_document_is_counted_and_set_off_by_its_end_of_text():
+    import io
+
+    char = build_tokenizer(TokenizerConfig(kind="char"), lambda: iter(["ab"]))
+    out = io.BytesIO()
+    tokens, documents = token_cache.write_tokens(iter([("a", True), ("", True), ("b", True)]), char, out,
+                                                 np.uint16)
+    eot, a, b = char.eot_id, *char.encode("ab")
+    assert (tokens, documents) == (4, 3)
+    assert np.frombuffer(out.getvalue(), dtype=np.uint16).tolist() == [a, eot, eot, b]
+
+
+def test_a_bpe_token_longer_than_the_end_of_text_bounds_the_characters_a_token_reads():
+    word = "abcdefghijklmnopqrstuvwxyz"  # merged into one token of 26 characters
+    bpe = build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), lambda: iter([f"{word}\n" * 50]))
+    assert len(bpe.encode(word)) == 1
+    assert bpe.max_token_chars >= len(word)  # a 26-character text can be one token: the bound must allow it
