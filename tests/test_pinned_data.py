@@ -105,3 +105,11 @@ def test_a_bpe_token_longer_than_the_end_of_text_bounds_the_characters_a_token_r
     bpe = build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), lambda: iter([f"{word}\n" * 50]))
     assert len(bpe.encode(word)) == 1
     assert bpe.max_token_chars >= len(word)  # a 26-character text can be one token: the bound must allow it
+
+
+def test_a_newline_just_at_the_middle_of_a_piece_is_a_safe_cut():
+    # `_safe_cut` looks in (low, high]: a newline at low puts the cut at low + 1, inside that range, and
+    # a cut inside the word after it could change its tokens.
+    from tinyattn.data.tokenizer import text_pieces
+
+    assert list(text_pieces("aaaaa\n" + "b" * 20, max_chars=10)) == ["aaaaa\n", "b" * 10, "b" * 10]

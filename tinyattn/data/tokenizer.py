@@ -496,7 +496,7 @@ def _safe_cut(text: str, low: int, high: int) -> Optional[int]:
     position = high
     while True:
         newline = text.rfind("\n", low, position)
-        if newline <= low:
+        if newline < low:  # -1: none; one at low itself puts p at low + 1, inside the range
             return None
         if (newline + 1 < len(text) and not text[newline - 1].isspace()
                 and not text[newline + 1].isspace()):
