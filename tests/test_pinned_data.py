@@ -1,6 +1,8 @@
 """Behaviour of the data layer that a mutation sweep found no test pinning: batch sampling's seeds
-and ranks, the token cache's failed builds and empty documents, the tokenizer's start token and
-its bound on the characters a token reads."""
+and ranks, the token cache's failed builds and empty documents, the tokenizer's start token, its
+bound on the characters a token reads and its cuts, and how data.files are named."""
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,6 +11,7 @@ import torch
 import tinyattn.data.token_cache as token_cache
 from tinyattn.config import TokenizerConfig, config_from_dict
 from tinyattn.data.batches import BatchSampler, prepare_data
+from tinyattn.data.sources import _resolve_files, format_suffix
 from tinyattn.data.tokenizer import END_OF_TEXT, Tokenizer, build_tokenizer
 from tinyattn.errors import DataError
 
@@ -113,3 +116,19 @@ def test_a_newline_just_at_the_middle_of_a_piece_is_a_safe_cut():
     from tinyattn.data.tokenizer import text_pieces
 
     assert list(text_pieces("aaaaa\n" + "b" * 20, max_chars=10)) == ["aaaaa\n", "b" * 10, "b" * 10]
+
+
+
+def test_a_file_given_twice_keeps_the_name_it_was_first_given(tmp_path):
+    # The Hugging Face cache's snapshots/<rev>/train.jsonl links to blobs/<hash>, a name with no extension.
+    blob = tmp_path / "blobs" / "0a1b2c"
+    blob.parent.mkdir()
+    blob.write_text('{"text": "a"}\n', encoding="utf-8")
+    link = tmp_path / "snapshots" / "train.jsonl"
+    link.parent.mkdir()
+    link.symlink_to(blob)
+    assert _resolve_files([str(link), str(blob)], "auto") == [link.absolute()]
+
+
+def test_a_compressed_files_format_is_named_by_its_inner_extension_in_any_case():
+    assert format_suffix(Path("shard.JSONL.GZ")) == format_suffix(Path("shard.jsonl.gz")) == ".jsonl"
