@@ -132,3 +132,16 @@ def test_a_file_given_twice_keeps_the_name_it_was_first_given(tmp_path):
 
 def test_a_compressed_files_format_is_named_by_its_inner_extension_in_any_case():
     assert format_suffix(Path("shard.JSONL.GZ")) == format_suffix(Path("shard.jsonl.gz")) == ".jsonl"
+
+
+def test_the_unknown_characters_warning_names_the_first_ten_and_says_there_are_more(tmp_path, capsys):
+    char = build_tokenizer(TokenizerConfig(kind="char"), lambda: iter(["".join(DOCUMENTS)]))
+    char.save(tmp_path / "tokenizer.json")
+    unseen = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"  # capitals but the D its corpus has: 25 never seen
+    text_folder(tmp_path / "books")
+    (tmp_path / "books" / "doc00.txt").write_text(f"{unseen}\n{DOCUMENTS[0]}", encoding="utf-8")
+    config = folder_config(tmp_path, {"kind": "pretrained", "path": str(tmp_path / "tokenizer.json")})
+    prepare_data(config, progress=False)
+    warning = capsys.readouterr().err
+    named = ", ".join(repr(c) for c in unseen.replace("D", "")[:10])
+    assert f"has never seen {named}, ...; the model trains on [UNK]" in warning, warning
