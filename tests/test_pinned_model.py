@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tinyattn.config import Config, TokenizerConfig
+from tinyattn.config import Config, SampleConfig, TokenizerConfig
 from tinyattn.data.tokenizer import build_tokenizer
 from tinyattn.errors import CheckpointError
 from tinyattn.hf.folder import export_folder, load_any_model
@@ -49,3 +49,14 @@ def test_a_folder_whose_vocab_size_is_one_below_its_tokenizers_is_refused(tmp_pa
     export_folder(model.state_dict(), Config(model=model.config), tokenizer, tmp_path / "out")
     with pytest.raises(CheckpointError, match=f"vocab_size {tokenizer.vocab_size - 1} is smaller than"):
         load_any_model(tmp_path / "out")
+
+
+def test_an_export_samples_at_a_low_temperature_and_is_greedy_only_at_zero(tmp_path, tiny_model):
+    tokenizer = build_tokenizer(TokenizerConfig(kind="char"), lambda: iter(["hello, world\n"]))
+    model = tiny_model(vocab_size=tokenizer.vocab_size)
+    for temperature, sampled in ((0.3, True), (0.0, False)):
+        config = Config(model=model.config, sample=SampleConfig(temperature=temperature))
+        export_folder(model.state_dict(), config, tokenizer, tmp_path / "out", force=True)
+        written = json.loads((tmp_path / "out" / "generation_config.json").read_text())
+        assert written["do_sample"] is sampled
+        assert written.get("temperature") == (temperature if sampled else None)
