@@ -4,6 +4,7 @@ options the subcommands share are one helper's (one help text, one list of accep
 
 import argparse
 import importlib
+import os
 import runpy
 import subprocess
 import sys
@@ -480,3 +481,17 @@ def test_an_export_given_its_checkpoint_and_out_after_equals_signs_with_tildes_w
     monkeypatch.chdir(tmp_path)
     assert main(["export", "--checkpoint=~/runs/tiny", "--out=~/exported"]) == 0
     assert (home / "exported" / "config.json").is_file() and not (tmp_path / "~").exists()
+
+
+def test_the_usage_to_a_reader_that_went_away_ends_quietly_with_status_141():
+    # `tinyattn --help | head -1`: the usage is the one text main prints itself, outside any
+    # subcommand's run_command; it was a BrokenPipeError traceback. The pipe's reader is closed
+    # before the command starts, so its first write fails.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run([sys.executable, "-m", "tinyattn", "--help"], stdout=write_end,
+                                stderr=subprocess.PIPE, timeout=60, cwd=ROOT)
+    finally:
+        os.close(write_end)
+    assert result.returncode == 141 and result.stderr == b"", result.stderr

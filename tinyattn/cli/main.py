@@ -12,6 +12,8 @@ import importlib
 import sys
 from typing import Optional
 
+from tinyattn.cli import run_command
+
 SUBCOMMANDS = {  # name: what it does (tinyattn.cli.<name>.main runs it)
     "train": "train a model from a YAML config, or resume a run",
     "generate": "sample text from a checkpoint, streamed as it is produced",
@@ -30,11 +32,18 @@ def usage() -> str:
                       "", "subcommands:", *lines])
 
 
+def print_usage(*, asked: bool) -> int:
+    """The usage: on stdout when --help asked for it, else on stderr as a usage error; the exit status."""
+    print(usage(), file=sys.stdout if asked else sys.stderr)
+    return 0 if asked else 2
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(usage(), file=sys.stdout if argv else sys.stderr)
-        return 0 if argv else 2
+        # through run_command, as a subcommand's output goes: a reader that went away
+        # (`tinyattn --help | head`) ends the command quietly, not in a BrokenPipeError traceback
+        return run_command(lambda: print_usage(asked=bool(argv)))
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
         print(f"error: unknown subcommand {name!r}; expected one of {', '.join(SUBCOMMANDS)}",
