@@ -136,7 +136,7 @@ def peak(device: str, precision: str, sizes: list[int]) -> dict:
 # ----------------------------------------------------------------------------- a training run
 
 
-DONE = re.compile(r"done: (\d+) steps in (\d+) s \((.*)\), ([\d,]+) tok/s, "
+DONE = re.compile(r"done: ([\d,]+) steps in (\d+) s \((.*)\), ([\d,]+) tok/s, "
                   r"best validation loss ([\d.]+|nan|inf)")
 VALIDATION = re.compile(r"step (\d+): validation loss ([\d.]+|nan|inf)")
 BUDGET = re.compile(r"time budget (\S+): measured ([\d.]+) s/step, ([\d.]+) s per evaluation, ([\d.]+) s per "
@@ -161,7 +161,7 @@ def run_figures(run_dir: Path, target_loss: float | None) -> dict:
                              "startup_seconds": float(match[5]), "measuring_seconds": float(match[6]),
                              "steps": int(match[7].replace(",", ""))}
     if (match := DONE.search(log)):
-        figures["done"] = {"steps": int(match[1]), "wall_seconds": float(match[2]),
+        figures["done"] = {"steps": int(match[1].replace(",", "")), "wall_seconds": float(match[2]),
                            "split_seconds": {name: float(s) for name, s in SPLIT.findall(match[3])},
                            "tokens_per_second": float(match[4].replace(",", "")),
                            "best_val_loss": float(match[5])}

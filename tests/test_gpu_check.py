@@ -147,3 +147,13 @@ def test_a_budget_runs_plan_is_set_beside_the_step_time_it_took(report, trained_
     line = [text for text in report._run_lines({"baby-adamw": figures}) if "time plan" in text]
     assert line and line[0].startswith("baby-adamw: the time plan's step 0.0050 s against")
     assert "plan_check" not in report.run_figures(trained_run.run_dir, target_loss=None)  # no budget
+
+
+def test_a_done_line_of_thousands_of_steps_is_read_with_its_separators(report, tmp_path):
+    # The last line counts steps as every other line does ("done: 2,487 steps"); the parser read \d+ only.
+    (tmp_path / "train.log").write_text(
+        "step 2487: validation loss 1.4457 (best)\n"
+        "done: 2,487 steps in 590 s (start-up 5.1 s (0.9%), train 560.0 s (94.9%)), 8,924 tok/s, "
+        "best validation loss 1.4457; checkpoints in x\n", encoding="utf-8")
+    done = report.run_figures(tmp_path, target_loss=None)["done"]
+    assert (done["steps"], done["wall_seconds"], done["tokens_per_second"]) == (2487, 590.0, 8924.0)

@@ -2071,6 +2071,21 @@ def test_the_last_line_splits_the_runs_time_as_shares_of_its_wall_time(tmp_path,
     assert "(start-up 1.0 s (10.0%), train 6.0 s (60.0%), eval 1.0 s (10.0%))" in capsys.readouterr().err
 
 
+def test_the_last_line_counts_steps_with_thousands_separators_as_every_other_line(tmp_path, tensorboard_writer,
+                                                                                  capsys):
+    # "done: 1345 steps (steps 1001-2345)" beside "about 1,147 steps" in the lines above it.
+    from tinyattn.config import Config
+    from tinyattn.train.log import Logger
+    from tinyattn.train.trainer import TrainResult
+
+    trainer = tiny_trainer(None)
+    trainer.step = 1000  # resumed there: this session trains steps 1,001 to 2,345
+    log = Logger(tmp_path, Config(), trainer, peak_flops=1e12, enabled=True, progress=False)
+    log.writer = tensorboard_writer
+    log.finish(TrainResult(tmp_path, 2345, 0, 2.0, 2.0, 100.0, 10.0, False, {"train": 6.0}), None)
+    assert "done: 1,345 steps (steps 1,001-2,345) in 10 s" in capsys.readouterr().err
+
+
 def test_an_evaluation_is_in_tensorboard_at_once_with_the_runs_best_loss(tmp_path, tensorboard_writer,
                                                                         capsys):
     from types import SimpleNamespace
