@@ -2071,8 +2071,8 @@ def test_the_last_line_splits_the_runs_time_as_shares_of_its_wall_time(tmp_path,
     assert "(start-up 1.0 s (10.0%), train 6.0 s (60.0%), eval 1.0 s (10.0%))" in capsys.readouterr().err
 
 
-def test_the_last_line_counts_steps_with_thousands_separators_as_every_other_line(tmp_path, tensorboard_writer,
-                                                                                  capsys):
+def test_the_last_line_counts_steps_with_thousands_separators_as_every_other_line(
+        tmp_path, tensorboard_writer, capsys):
     # "done: 1345 steps (steps 1001-2345)" beside "about 1,147 steps" in the lines above it.
     from tinyattn.config import Config
     from tinyattn.train.log import Logger
