@@ -845,71 +845,59 @@ def test_usage_counts_the_tokens_generated_never_more_than_max_tokens_a_choice(c
     assert len(cut.choices[0].text) < cut.usage.completion_tokens <= 30  # the stop string's tokens count
 
 
-def test_past_the_waiting_limit_a_request_is_a_429():
+@pytest.fixture
+def idle_loop():
+    """An event loop that is not running: what jobs send stays queued on it (a worker not started
+    keeps every job submitted waiting)."""
     import asyncio
 
     if MISSING:
         pytest.skip(MISSING)
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
 
+
+def test_past_the_waiting_limit_a_request_is_a_429(idle_loop):
     from tinyattn.serve.schemas import ApiError
     from tinyattn.serve.worker import Job, ModelWorker
 
-    loop = asyncio.new_event_loop()
-    try:
-        full = ModelWorker(max_active=1, max_waiting=1)  # not started: what is submitted stays waiting
-        full.submit(Job(iter([1]), loop))
-        with pytest.raises(ApiError) as caught:
-            full.submit(Job(iter([2]), loop))
-        assert caught.value.status == 429 and caught.value.body()["error"]["code"] == "too_many_requests"
-        assert full.load["waiting"] == 1
-    finally:
-        loop.close()
+    full = ModelWorker(max_active=1, max_waiting=1)  # not started: what is submitted stays waiting
+    full.submit(Job(iter([1]), idle_loop))
+    with pytest.raises(ApiError) as caught:
+        full.submit(Job(iter([2]), idle_loop))
+    assert caught.value.status == 429 and caught.value.body()["error"]["code"] == "too_many_requests"
+    assert full.load["waiting"] == 1
 
 
-def test_a_waiting_request_whose_client_went_away_leaves_the_queue_before_its_turn():
+def test_a_waiting_request_whose_client_went_away_leaves_the_queue_before_its_turn(idle_loop):
     # Cancelled while waiting, a job stayed queued until its turn: /health counted it as waiting and
     # its place refused another client with a 429.
-    import asyncio
-
-    if MISSING:
-        pytest.skip(MISSING)
     from tinyattn.serve.worker import END, Job, ModelWorker
 
-    loop = asyncio.new_event_loop()
-    try:
-        full = ModelWorker(max_active=1, max_waiting=2)  # not started: what is submitted stays waiting
-        kept, gone = full.submit(Job(iter([1]), loop)), full.submit(Job(iter([2]), loop))
-        gone.cancel()
-        assert full.load == {"active": 0, "waiting": 1, "completed": 1, "cancelled": 1, "turns": 0}
-        assert gone.ended == "cancelled" and kept.ended is None
-        assert loop.run_until_complete(gone.results.get()) is END  # its reader ends, not left waiting
-        other = full.submit(Job(iter([3]), loop))  # the place it held takes another client (no 429)
-        assert list(full.waiting) == [kept, other]
-        # A submit looks for itself, /health asked or not: the place of one gone is free at once.
-        alone = ModelWorker(max_active=1, max_waiting=1)
-        first = alone.submit(Job(iter([1]), loop))
-        first.cancel()
-        second = alone.submit(Job(iter([2]), loop))
-        assert list(alone.waiting) == [second] and first.ended == "cancelled"
-    finally:
-        loop.close()
+    full = ModelWorker(max_active=1, max_waiting=2)  # not started: what is submitted stays waiting
+    kept, gone = full.submit(Job(iter([1]), idle_loop)), full.submit(Job(iter([2]), idle_loop))
+    gone.cancel()
+    assert full.load == {"active": 0, "waiting": 1, "completed": 1, "cancelled": 1, "turns": 0}
+    assert gone.ended == "cancelled" and kept.ended is None
+    assert idle_loop.run_until_complete(gone.results.get()) is END  # its reader ends, not left waiting
+    other = full.submit(Job(iter([3]), idle_loop))  # the place it held takes another client (no 429)
+    assert list(full.waiting) == [kept, other]
+    # A submit looks for itself, /health asked or not: the place of one gone is free at once.
+    alone = ModelWorker(max_active=1, max_waiting=1)
+    first = alone.submit(Job(iter([1]), idle_loop))
+    first.cancel()
+    second = alone.submit(Job(iter([2]), idle_loop))
+    assert list(alone.waiting) == [second] and first.ended == "cancelled"
 
 
-def test_cancel_all_cancels_the_waiting_jobs_too():
-    import asyncio
-
-    if MISSING:
-        pytest.skip(MISSING)
+def test_cancel_all_cancels_the_waiting_jobs_too(idle_loop):
     from tinyattn.serve.worker import Job, ModelWorker
 
-    loop = asyncio.new_event_loop()
-    try:
-        idle = ModelWorker(max_active=1)  # not started: every job submitted is waiting
-        jobs = [idle.submit(Job(iter([i]), loop)) for i in range(3)]
-        idle.cancel_all()
-        assert all(job.cancelled.is_set() for job in jobs)
-    finally:
-        loop.close()
+    idle = ModelWorker(max_active=1)  # not started: every job submitted is waiting
+    jobs = [idle.submit(Job(iter([i]), idle_loop)) for i in range(3)]
+    idle.cancel_all()
+    assert all(job.cancelled.is_set() for job in jobs)
 
 
 @contextlib.contextmanager
