@@ -1566,6 +1566,24 @@ def test_a_refusal_of_kv_caches_advises_what_shrinks_them_not_fewer_samples_for_
         assert str(refused.value).endswith(f" available here; {advice}"), (n, compile, str(refused.value))
 
 
+def test_a_compiled_generation_that_reaches_the_whole_context_is_not_told_that_eager_caches_are_smaller(
+        tiny_model, char_tokenizer, monkeypatch):
+    # 100 new tokens on a context of 24: an eager generation's caches hold the whole context too, so
+    # "decode without --compile" alone sent the user to a run refused all the same.
+    from tinyattn.model import memory
+
+    model = tiny_model(vocab_size=char_tokenizer.vocab_size)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: (100, "available here"))
+    both = ("fewer new tokens or a shorter prompt, and decode without --compile: a compiled step's caches "
+            "hold the whole context, an eager one's only the positions the prompt and the new tokens reach")
+    for n, advice in [(1, f"ask for {both}"), (3, f"ask for fewer samples, or for {both}")]:
+        with pytest.raises(ConfigError) as refused:
+            list(generate_samples(model, char_tokenizer, "RO", n, max_new_tokens=100, seed=0, compile=True))
+        assert str(refused.value).endswith(f" available here; {advice}"), (n, str(refused.value))
+    with pytest.raises(ConfigError, match="; ask for fewer new tokens or a shorter prompt$"):
+        list(generate_samples(model, char_tokenizer, "RO", 1, max_new_tokens=100, seed=0))
+
+
 def test_one_sequence_whose_kv_caches_cannot_fit_is_named_in_the_singular(monkeypatch):
     from tinyattn.config import ModelConfig
     from tinyattn.errors import ConfigError

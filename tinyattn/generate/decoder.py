@@ -264,28 +264,36 @@ def cache_dtype(model) -> torch.dtype:
     return torch.float32 if weight.device.type == "cpu" else weight.dtype
 
 
-def check_caches_fit(model, batch_size: int, positions: Optional[int] = None, compile: bool = False) -> None:
+def check_caches_fit(model, batch_size: int, positions: Optional[int] = None, compile: bool = False, *,
+                     eager_whole: bool = False) -> None:
     """A KVCachesTooLarge when the KV caches of `batch_size` sequences, `positions` each (None: the
-    whole context), cannot fit beside the model; its advice is `caches_advice`'s.
+    whole context), cannot fit beside the model; its advice is `caches_advice`'s (`eager_whole`: an
+    eager generation's caches would hold the whole context too).
 
     A million samples asked for is one line, not a stall; a model that is not a `LanguageModel`
     (a test's stand-in) is not sized.
     """
     if isinstance(model, LanguageModel):
         check_decoding_fits(model.config, batch_size, next(model.parameters()).device, cache_dtype(model),
-                            positions, advice=caches_advice(batch_size, positions is not None, compile))
+                            positions, advice=caches_advice(batch_size, positions is not None, compile,
+                                                            eager_whole=eager_whole))
 
 
-def caches_advice(batch_size: int, sized: bool, compile: bool) -> str:
+def caches_advice(batch_size: int, sized: bool, compile: bool, *, eager_whole: bool = False) -> str:
     """What shrinks KV caches that cannot fit: fewer samples where there are several; with caches
     `sized` to the generation (`cache_positions`), fewer new tokens or a shorter prompt; a compiled
-    step's caches hold the whole context whatever the tokens, so there: no compile."""
+    step's caches hold the whole context whatever the tokens, so there: no compile, and fewer new
+    tokens or a shorter prompt too where an eager generation would reach the whole context as well
+    (`eager_whole`: without them, decoding without compile needs as much)."""
     samples = "fewer samples" if batch_size > 1 else ""
     if not sized:  # the whole context (a benchmark's decoder)
         return f"ask for {samples}" if samples else "free some memory first"
     if compile:
         eager = ("decode without --compile: a compiled step's caches hold the whole context, an eager one's "
                  "only the positions the prompt and the new tokens reach")
+        if eager_whole:
+            eager = f"fewer new tokens or a shorter prompt, and {eager}"
+            return f"ask for {samples}, or for {eager}" if samples else f"ask for {eager}"
         return f"ask for {samples}, or {eager}" if samples else eager
     return f"ask for {samples + ', ' if samples else ''}fewer new tokens or a shorter prompt"
 

@@ -222,7 +222,8 @@ def stream_samples(model, tokenizer, prompt: str, options: SamplingOptions, *,
     ids = encode_prompt(tokenizer, prompt, model.config.context_length)
     if o.max_new_tokens > 0:  # before anything is made per sample (a million generators take seconds)
         positions = cache_positions(model, len(ids), o.max_new_tokens, compile)
-        check_caches_fit(model, o.num_samples, positions, compile)
+        eager_whole = cache_positions(model, len(ids), o.max_new_tokens) >= model.config.context_length
+        check_caches_fit(model, o.num_samples, positions, compile, eager_whole=eager_whole)
     generators = sample_generators(o.num_samples, o.seed, generators, device)
     prompt_ids = torch.tensor([ids] * o.num_samples, dtype=torch.long, device=device)  # (S, T)
     streams = SampleStreams(tokenizer, o.num_samples, o.stop, prompt_ids=ids)
