@@ -1337,6 +1337,24 @@ def test_cli_interactive_skips_a_line_that_is_not_utf8_with_a_warning(run_dir, c
     assert out == first + "\n" + run_main(options, capsys, stdin="All:\n", monkeypatch=monkeypatch)[1]
 
 
+def test_cli_interactive_skips_a_line_holding_a_nul_with_a_warning(run_dir, capsys, monkeypatch):
+    # A prompts file saved as UTF-16 without a byte-order mark, piped in: each line valid UTF-8 with a
+    # NUL after each character, continued as that prompt, where --prompt-file and `generate -` refuse it.
+    options = ["--checkpoint", str(run_dir), "--max-new-tokens", "8", "--temperature", "0", "--dtype", "fp32",
+               "--interactive"]
+    lines = b"Speak\n" + "All:\n".encode("utf-16-le") + b"\nAll:\n"  # line 3: the "\0" of UTF-16's "\n\0"
+    stdin = io.TextIOWrapper(io.BytesIO(lines), encoding="utf-8")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    status, out, err = run_main(options, capsys)
+    assert status == 0 and "Traceback" not in err
+    assert ("warning: stdin line 2 holds a NUL at byte 1, which no text does: it is UTF-16 (without a "
+            "byte-order mark) or not text; skipped") in err
+    assert "warning: stdin line 3 holds a NUL at byte 0" in err
+    assert "[UNK]" not in err
+    first = run_main(options, capsys, stdin="Speak\n", monkeypatch=monkeypatch)[1]
+    assert out == first + "\n\n" + run_main(options, capsys, stdin="All:\n", monkeypatch=monkeypatch)[1]
+
+
 def test_cli_interactive_reads_windows_line_endings_as_the_same_prompts(run_dir, capsys, monkeypatch):
     # A prompt file saved on Windows: "Speak\r\n" is the prompt "Speak", not "Speak\r".
     options = ["--checkpoint", str(run_dir), "--max-new-tokens", "8", "--temperature", "0", "--dtype", "fp32",

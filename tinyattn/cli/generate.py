@@ -19,8 +19,9 @@ Ctrl-C or SIGTERM stops at once: the partial text ends its line, and `interrupte
 
 `--interactive` reads one prompt per line from stdin until end of input (Ctrl-D) and prints
 each continuation, ending its line (an empty continuation is an empty line); the prompt itself
-is not echoed there. A line that is not text in stdin's encoding is skipped with a warning
-naming its line number (its answer an empty line), and the session goes on.
+is not echoed there. A line that is not text in stdin's encoding, or holds a NUL (UTF-16 read
+as UTF-8), is skipped with a warning naming its line number (its answer an empty line), and the
+session goes on.
 """
 
 from __future__ import annotations
@@ -211,7 +212,8 @@ _SKIPPED = object()  # what _read_line returns for a line it could not decode
 
 def _read_line(number: int):
     """stdin's next line (None at the end); read as bytes and decoded here, so one undecodable
-    line costs only itself (a text stream's decoder would fail for the rest of its buffer)."""
+    line costs only itself (a text stream's decoder would fail for the rest of its buffer). A line
+    holding a NUL, which no text does, is skipped as one that does not decode."""
     buffer = getattr(sys.stdin, "buffer", None)
     if buffer is None:  # already text (a StringIO in tests): nothing can fail to decode
         return sys.stdin.readline() or None
@@ -220,11 +222,20 @@ def _read_line(number: int):
         return None
     encoding = sys.stdin.encoding or "utf-8"
     try:
-        return raw.decode(encoding)
+        line = raw.decode(encoding)
     except UnicodeDecodeError as e:
-        print(f"warning: stdin line {number} is not {encoding} text ({e.reason} at byte {e.start}); "
-              "skipped", file=sys.stderr, flush=True)
-        return _SKIPPED
+        return _skip_line(number, f"is not {encoding} text ({e.reason} at byte {e.start})")
+    if "\0" in line:  # as a prompt file's and a whole stdin prompt's: UTF-16 read as UTF-8
+        nul = raw.find(b"\0")
+        return _skip_line(number, f"holds a NUL at byte {nul}, which no text does: it is UTF-16 (without a "
+                                  "byte-order mark) or not text")
+    return line
+
+
+def _skip_line(number: int, why: str):
+    """The warning for stdin's line `number`, which `_read_line` skips; `_SKIPPED`."""
+    print(f"warning: stdin line {number} {why}; skipped", file=sys.stderr, flush=True)
+    return _SKIPPED
 
 
 class StreamPrinter:
