@@ -74,7 +74,6 @@ def test_a_failed_rebuild_of_a_damaged_cache_leaves_none_of_its_files(tmp_path, 
     assert not cache.exists()  # meta.json went first, then the damaged files, then the empty folder
 
 
-
 def test_a_template_that_puts_the_end_of_text_first_adds_nothing_unless_a_start_of_text_is_given():
     # Training encodes documents without the file's template; a prompt read with no start_of_text
     # named (tokenizer.kind: pretrained) must get no token before it either.
@@ -116,7 +115,6 @@ def test_a_newline_just_at_the_middle_of_a_piece_is_a_safe_cut():
     from tinyattn.data.tokenizer import text_pieces
 
     assert list(text_pieces("aaaaa\n" + "b" * 20, max_chars=10)) == ["aaaaa\n", "b" * 10, "b" * 10]
-
 
 
 def test_a_file_given_twice_keeps_the_name_it_was_first_given(tmp_path):
