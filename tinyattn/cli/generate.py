@@ -296,9 +296,7 @@ def read_prompt(args: argparse.Namespace) -> Optional[str]:
         return args.prompt
     if args.stdin == "-" or args.prompt_file == "-":
         text = read_stdin(sys.stdin.read)
-        if "\0" in text:  # as read_text refuses it in a file: UTF-16 read as UTF-8
-            data = text.encode(sys.stdin.encoding or "utf-8", getattr(sys.stdin, "errors", None) or "strict")
-            refuse_nul(data, "stdin", "prompt")
+        refuse_nul(text, "stdin", "prompt")  # as read_text refuses it in a file: UTF-16 read as UTF-8
         return text.removeprefix(BYTE_ORDER_MARK)  # as read_text drops it from a file
     if args.prompt_file is not None:
         return read_text(args.prompt_file, "prompt file")

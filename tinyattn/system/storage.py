@@ -247,15 +247,18 @@ def read_text(path: str | Path, what: str, error: type[TinyattnError] = DataErro
     return text
 
 
-def refuse_nul(data: bytes, where: str, what: str, error: type[TinyattnError] = DataError) -> None:
+def refuse_nul(data: bytes | str, where: str, what: str, error: type[TinyattnError] = DataError) -> None:
     """`error` naming the first NUL of `data`, the bytes of a text `where` (a file, "stdin"), if it
     holds one. No text does: ASCII saved as UTF-16 without a byte-order mark (as some Windows tools
-    write it) is valid UTF-8 with a NUL after every character, which would be read as that text."""
-    nul = data.find(b"\0")
+    write it) is valid UTF-8 with a NUL after every character, which would be read as that text.
+    `data` already decoded (a text stream's, its newlines translated) is counted in characters."""
+    decoded = isinstance(data, str)
+    nul = data.find("\0" if decoded else b"\0")
     if nul >= 0:
-        line = data[:nul].count(b"\n") + 1
-        raise error(f"{where}: the {what} holds a NUL at byte {nul} (line {line}), which no text does: "
-                    "it is UTF-16 (without a byte-order mark) or not text; save it as UTF-8")
+        line = data[:nul].count("\n" if decoded else b"\n") + 1
+        raise error(f"{where}: the {what} holds a NUL at {'character' if decoded else 'byte'} {nul} (line "
+                    f"{line}), which no text does: it is UTF-16 (without a byte-order mark) or not text; "
+                    "save it as UTF-8")
 
 
 def _fsync_dir(folder: Path) -> None:
