@@ -1136,6 +1136,11 @@ def test_a_text_file_saved_as_utf16_without_a_byte_order_mark_is_one_line_naming
         f.write(head + b"ab\0c\n")
     line = head.count(b"\n") + 1
     assert_one_line_error(tmp_path, config, rf"NUL at byte {len(head) + 2} \(line {line}\)")
+    path.unlink()  # with UTF-16's mark the first byte is no UTF-8: said so, and why
+    with opener(path, "wb") as f:
+        f.write("to be or not\n".encode("utf-16"))
+    assert_one_line_error(tmp_path, config, rf"^{re.escape(str(path))}: not valid UTF-8 at byte 0 "
+                          r"\(line 1\): it starts with UTF-16's byte-order mark; save it as UTF-8$")
 
 
 @pytest.mark.parametrize("name", ["reviews.csv", "reviews.tsv.gz"])
@@ -1153,6 +1158,13 @@ def test_a_csv_or_tsv_file_saved_as_utf16_without_a_byte_order_mark_is_one_line_
     config = make_config(tmp_path, {"files": [str(path)]})
     assert_one_line_error(tmp_path, config, rf"^{re.escape(str(path))}: holds a NUL at byte 1 \(line 1\), "
                           r"which no text does: it is UTF-16 \(without a byte-order mark\) or not text; "
+                          r"save it as UTF-8$")
+    # With the mark (Excel's "Unicode Text"): said so, not "without a byte-order mark".
+    path.unlink()
+    with opener(path, "wb") as f:
+        f.write(f"id{separator}text\n1{separator}to be or not\n".encode("utf-16"))
+    assert_one_line_error(tmp_path, config, rf"^{re.escape(str(path))}: holds a NUL at byte 3 \(line 1\), "
+                          r"which no text does: it is UTF-16 \(it starts with UTF-16's byte-order mark\); "
                           r"save it as UTF-8$")
 
 

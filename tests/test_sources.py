@@ -168,7 +168,8 @@ def test_a_utf16_json_lines_file_is_named_not_utf8_not_bad_json(tmp_path, encodi
     path.write_bytes(jsonl_text(DOCUMENTS).encode(encoding))
     with pytest.raises(DataError) as error:
         prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
-    assert str(error.value) == (f"{path}: not valid UTF-8 at byte 0 (line 1); save it as UTF-8"
+    assert str(error.value) == (f"{path}: not valid UTF-8 at byte 0 (line 1): it starts with UTF-16's "
+                                "byte-order mark; save it as UTF-8"
                                 if encoding == "utf-16" else  # a byte-order mark, then UTF-16LE
                                 f"{path}: line 1 holds a NUL byte (byte 0), which no JSON text does: "
                                 "it is UTF-16 or not text; save it as UTF-8")

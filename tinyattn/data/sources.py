@@ -861,8 +861,17 @@ def _refuse_nul(path: Path, chunk: str) -> None:
         while (raw := f.read(1 << 20)) and (nul := raw.find(b"\0")) < 0:
             offset, lines = offset + len(raw), lines + raw.count(b"\n")
     line = lines + raw[:nul].count(b"\n") + 1
+    kind = "UTF-16 (it starts with UTF-16's byte-order mark)" if _utf16_marked(path) else \
+        "UTF-16 (without a byte-order mark) or not text"
     raise DataError(f"{path}: holds a NUL at byte {offset + nul} (line {line}), which no text does: it is "
-                    "UTF-16 (without a byte-order mark) or not text; save it as UTF-8")
+                    f"{kind}; save it as UTF-8")
+
+
+def _utf16_marked(path: Path) -> bool:
+    """Whether the (decompressed) file starts with UTF-16's byte-order mark (Excel's "Unicode Text",
+    PowerShell's `>`)."""
+    with _open_binary(path) as f:
+        return f.read(2) in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
 
 
 def _refuse_nul_at_start(path: Path) -> None:
@@ -1055,7 +1064,8 @@ def _find_invalid_utf8(files: list[Path]) -> Optional[str]:
 
 
 def _not_utf8(path: Path, position: int, line: int) -> str:
-    return f"{path}: not valid UTF-8 at byte {position} (line {line}); save it as UTF-8"
+    why = ": it starts with UTF-16's byte-order mark" if position == 0 and _utf16_marked(path) else ""
+    return f"{path}: not valid UTF-8 at byte {position} (line {line}){why}; save it as UTF-8"
 
 
 def _raise_if_undecompressible(files: list[Path]) -> None:
