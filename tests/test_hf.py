@@ -1630,11 +1630,42 @@ def test_generation_configs_eos_token_wins_over_config_jsons_and_config_jsons_is
     assert loaded.tokenizer.eot_id == 5 and loaded.config.tokenizer.end_of_text == tokenizer.token(5)
 
 
-def test_of_a_list_of_eos_token_ids_the_first_ends_texts(tmp_path):
+def test_of_a_list_of_eos_token_ids_the_first_ends_texts_and_each_stops_generation(tmp_path):
+    from tinyattn.errors import CheckpointError
+
     folder, _, tokenizer = exported_char_folder(tmp_path)
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 5]}))
     loaded = load_any_model(folder)
     assert loaded.tokenizer.eot_id == 7 and loaded.config.tokenizer.end_of_text == tokenizer.token(7)
+    assert loaded.tokenizer.stop_ids == {7, 5}
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 10**6]}))
+    with pytest.raises(CheckpointError, match=r"eos_token_id \[7, 1000000\] is not a token id of its "
+                                              r"tokenizer\.json \(0 to "):
+        load_any_model(folder)
+
+
+def test_generation_stops_at_any_eos_id_of_a_list_as_transformers_generate_does(tmp_path):
+    # Qwen3's generation_config.json names <|im_end|> and <|endoftext|>: transformers stops at either,
+    # tinyattn went on past the second (it stopped at the list's first alone).
+    import transformers
+
+    reference, bos, eos = llama_with_bos_and_eos(tmp_path / "llama")
+    ids = encode_prompt(load_any_model(tmp_path / "llama").tokenizer, "ROMEO: But", 64)
+    free = transformers.GenerationConfig(max_new_tokens=30, do_sample=False, eos_token_id=None,
+                                         bos_token_id=bos, pad_token_id=eos)
+    ran = reference.generate(torch.tensor([ids]), generation_config=free,
+                             attention_mask=torch.ones(1, len(ids), dtype=torch.long))[0, len(ids):].tolist()
+    at = next(i for i in range(5, len(ran)) if ran[i] not in ran[:i] and ran[i] != eos)  # a token met once
+    generation = json.loads((tmp_path / "llama" / "generation_config.json").read_text())
+    generation["eos_token_id"] = [eos, ran[at]]
+    (tmp_path / "llama" / "generation_config.json").write_text(json.dumps(generation))
+    theirs = reference.generate(torch.tensor([ids]), generation_config=transformers.GenerationConfig(
+        max_new_tokens=30, do_sample=False, eos_token_id=[eos, ran[at]], bos_token_id=bos, pad_token_id=eos),
+        attention_mask=torch.ones(1, len(ids), dtype=torch.long))[0, len(ids):].tolist()
+    assert theirs == ran[:at + 1]  # transformers stops at the list's second id
+    loaded = load_any_model(tmp_path / "llama")
+    text = "".join(generate(loaded.model, loaded.tokenizer, "ROMEO: But", max_new_tokens=30, temperature=0))
+    assert text == loaded.tokenizer.decode(ran[:at])  # the text before it, as at the first id
 
 
 def test_a_tied_folder_that_also_stores_lm_head_imports_as_tied_as_its_config_json_says(tmp_path):

@@ -96,6 +96,9 @@ class Tokenizer:
         self._eot_id = backend.token_to_id(self.end_of_text)
         if end_of_text is not None and self._eot_id is None:
             raise DataError(f"tokenizer.end_of_text: {end_of_text!r} is not a token of this tokenizer")
+        # The tokens that end a generation: eot_id, and an imported folder's other eos ids (a list
+        # in its generation_config.json, at any of which transformers' generate() stops).
+        self.stop_ids: frozenset[int] = frozenset({self._eot_id} - {None})
         self.start_of_text = start_of_text or self.end_of_text
         self._start_id = backend.token_to_id(self.start_of_text)
         if start_of_text is not None and self._start_id is None:

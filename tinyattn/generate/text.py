@@ -264,7 +264,7 @@ class SampleStreams:
     """
 
     def __init__(self, tokenizer, num_samples: int, stop: Sequence[str], prompt_ids: Sequence[int] = ()):
-        self.eot_id = tokenizer.eot_id
+        self.stop_ids = getattr(tokenizer, "stop_ids", {tokenizer.eot_id})  # eot_id, a folder's other eos ids
         context = detokenizer_context(tokenizer, prompt_ids)
         self.detokenizers = [IncrementalDetokenizer(tokenizer, context) for _ in range(num_samples)]
         self.filters = [StopStringFilter(stop) for _ in range(num_samples)]
@@ -283,7 +283,7 @@ class SampleStreams:
             if self.finished[i] is not None:
                 continue  # its row keeps being computed with the batch, but is ignored
             self.generated[i] += 1
-            if token_id == self.eot_id:
+            if token_id in self.stop_ids:
                 self.end(i, "eot")
                 continue
             self.held[i] += self.filters[i].push(self.detokenizers[i].push(token_id))

@@ -138,11 +138,17 @@ def read_folder(folder: str | Path) -> ImportedModel:
         raise CheckpointError(f"{folder / 'config.json'}: vocab_size {model_config.vocab_size} is smaller "
                               f"than its tokenizer.json's {tokenizer.vocab_size} tokens; a model cannot "
                               "read tokens it has no embedding for")
-    eos, bos = (_folder_token(folder, raw, tokenizer, key) for key in ("eos_token_id", "bos_token_id"))
-    bos = bos or tokenizer.template_start()  # no bos_token_id: what the tokenizer puts first, as transformers
+    eos_ids, bos_ids = (_folder_tokens(folder, raw, tokenizer, key)
+                        for key in ("eos_token_id", "bos_token_id"))
+    eos = tokenizer.token(eos_ids[0]) if eos_ids else None  # of a list, the first ends texts
+    # no bos_token_id: what the tokenizer puts first, as transformers
+    bos = tokenizer.token(bos_ids[0]) if bos_ids else tokenizer.template_start()
     end_of_text = None if eos == tokenizer.end_of_text else eos  # <|endoftext|> ends texts anyway
     if eos is not None or bos is not None:  # the folder's own eos ends texts, its bos starts them
         tokenizer = Tokenizer.from_file(tokenizer_file, end_of_text, bos)
+    # Generation stops at every eos id of a list (Qwen3's names <|im_end|> and <|endoftext|>), as
+    # transformers' generate() does.
+    tokenizer.stop_ids |= frozenset(eos_ids)
     sample = _sample_config(folder / "generation_config.json")
     config = Config(model=model_config, sample=sample,
                     tokenizer=TokenizerConfig(kind="pretrained", path=str(tokenizer_file),
@@ -150,21 +156,22 @@ def read_folder(folder: str | Path) -> ImportedModel:
     return ImportedModel(config, weights, tokenizer, weights_file)
 
 
-def _folder_token(folder: Path, raw: dict, tokenizer: Tokenizer, key: str) -> Optional[str]:
-    """The folder's eos or bos token (`key`: generation_config.json's, else config.json's; of a
-    list, the first), as the vocabulary spells it; None where neither gives one."""
+def _folder_tokens(folder: Path, raw: dict, tokenizer: Tokenizer, key: str) -> list[int]:
+    """The folder's eos or bos ids (`key`: generation_config.json's, else config.json's; one, or a
+    list), each checked against the vocabulary; [] where neither gives one."""
     generation = folder / "generation_config.json"
     sources = [(generation, read_json(generation))] if generation.is_file() else []
     for path, values in (*sources, (folder / "config.json", raw)):
         given = values.get(key)
-        given = given[0] if isinstance(given, list) and given else given
         if given is None:
             continue
-        if isinstance(given, bool) or not isinstance(given, int) or not 0 <= given < tokenizer.vocab_size:
-            raise CheckpointError(f"{path}: {key} {values[key]!r} is not a token id of "
+        ids = given if isinstance(given, list) and given else [given]
+        if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < tokenizer.vocab_size
+                   for i in ids):
+            raise CheckpointError(f"{path}: {key} {given!r} is not a token id of "
                                   f"its tokenizer.json (0 to {tokenizer.vocab_size - 1})")
-        return tokenizer.token(given)
-    return None
+        return ids
+    return []
 
 
 def _read_weights(folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
