@@ -2074,7 +2074,8 @@ def test_the_last_line_splits_the_runs_time_as_shares_of_its_wall_time(tmp_path,
 
 def test_the_last_line_counts_steps_with_thousands_separators_as_every_other_line(
         tmp_path, tensorboard_writer, capsys):
-    # "done: 1345 steps (steps 1001-2345)" beside "about 1,147 steps" in the lines above it.
+    # "done: 1345 steps (steps 1001-2345)" beside "about 1,147 steps" in the lines above it. The steps
+    # it names stay as every line names a step ("step 2345: validation loss", step_0002345.pt).
     from tinyattn.config import Config
     from tinyattn.train.log import Logger
     from tinyattn.train.trainer import TrainResult
@@ -2084,7 +2085,9 @@ def test_the_last_line_counts_steps_with_thousands_separators_as_every_other_lin
     log = Logger(tmp_path, Config(), trainer, peak_flops=1e12, enabled=True, progress=False)
     log.writer = tensorboard_writer
     log.finish(TrainResult(tmp_path, 2345, 0, 2.0, 2.0, 100.0, 10.0, False, {"train": 6.0}), None)
-    assert "done: 1,345 steps (steps 1,001-2,345) in 10 s" in capsys.readouterr().err
+    assert "done: 1,345 steps (steps 1001-2345) in 10 s" in capsys.readouterr().err
+    log.finish(TrainResult(tmp_path, 1001, 0, 2.0, 2.0, 100.0, 10.0, False, {"train": 6.0}), None)
+    assert "done: 1 step (step 1001) in 10 s" in capsys.readouterr().err
 
 
 def test_an_evaluation_is_in_tensorboard_at_once_with_the_runs_best_loss(tmp_path, tensorboard_writer,

@@ -409,9 +409,9 @@ class Logger:
         trained = result.step - self.first_step
         steps = f"{trained:,} step{'s' if trained != 1 else ''}"
         if self.first_step and trained == 1:  # a resumed run's session says which steps it trained
-            steps += f" (step {result.step:,})"
+            steps += f" (step {result.step})"  # named as every line names a step, its count aside
         elif self.first_step:
-            steps += f" (steps {self.first_step + 1:,}-{result.step:,})"
+            steps += f" (steps {self.first_step + 1}-{result.step})"
         say(f"done: {steps} in {result.wall_seconds:.0f} s ({split}), "
             f"{result.tokens_per_second:,.0f} tok/s, best validation loss "
             f"{result.best_val_loss:.4f}; checkpoints in {result.run_dir}")
