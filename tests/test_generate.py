@@ -1486,13 +1486,13 @@ def test_cli_a_stdin_prompt_in_utf16_without_a_byte_order_mark_is_one_line_namin
     monkeypatch.setattr(sys, "stdin", stdin)
     status, out, err = run_main(["--checkpoint", str(run_dir), "--max-new-tokens", "4", *argv], capsys)
     assert (status, out) == (2, ""), err
-    assert err == ("error: stdin: the prompt holds a NUL at character 1 (line 1), which no text does: it is "
+    assert err == ("error: stdin: the prompt holds a NUL after 1 character (line 1), which no text does: it is "
                    "UTF-16 (without a byte-order mark) or not text; save it as UTF-8\n")
     # Read through a text stream, whose newlines are translated: counted in characters, each \r\n one.
     stdin = io.TextIOWrapper(io.BytesIO(b"ab\r\ncd\r\nef\0"), encoding="utf-8")
     monkeypatch.setattr(sys, "stdin", stdin)
     status, out, err = run_main(["--checkpoint", str(run_dir), *argv], capsys)
-    assert status == 2 and "holds a NUL at character 8 (line 3)" in err, err
+    assert status == 2 and "holds a NUL after 8 characters (line 3)" in err, err
 
 
 def test_cli_prompt_that_is_not_utf8_is_one_line_and_exit_status_2(run_dir, capsys):

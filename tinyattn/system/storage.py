@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator, Optional
 
-from tinyattn.errors import DataError, StorageError, TinyattnError
+from tinyattn.errors import DataError, StorageError, TinyattnError, counted
 
 # What the file system says when a folder cannot take a file: these are the user's to fix.
 # ENOTDIR and EEXIST: a name on the way to the file is a file, not a folder (mkdir says EEXIST).
@@ -256,9 +256,9 @@ def refuse_nul(data: bytes | str, where: str, what: str, error: type[TinyattnErr
     nul = data.find("\0" if decoded else b"\0")
     if nul >= 0:
         line = data[:nul].count("\n" if decoded else b"\n") + 1
-        raise error(f"{where}: the {what} holds a NUL at {'character' if decoded else 'byte'} {nul} (line "
-                    f"{line}), which no text does: it is UTF-16 (without a byte-order mark) or not text; "
-                    "save it as UTF-8")
+        at = f"after {counted(nul, 'character')}" if decoded else f"at byte {nul}"  # counted, or an offset
+        raise error(f"{where}: the {what} holds a NUL {at} (line {line}), which no text does: it is UTF-16 "
+                    "(without a byte-order mark) or not text; save it as UTF-8")
 
 
 def _fsync_dir(folder: Path) -> None:
