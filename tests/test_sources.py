@@ -160,7 +160,7 @@ def test_a_bad_json_line_is_found_without_reading_the_rest_of_the_file(tmp_path,
     assert sum(bytes_read) <= sources.READ_CHARS < path.stat().st_size // 2
 
 
-@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be"])
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be", "utf-32"])
 def test_a_utf16_json_lines_file_is_named_not_utf8_not_bad_json(tmp_path, encoding):
     """A JSON lines file saved as UTF-16 (Windows PowerShell's `>`) is not UTF-8, as a UTF-16 text
     file is said to be: 'line 1 is not valid JSON' sent the user looking for a syntax error."""
@@ -168,9 +168,10 @@ def test_a_utf16_json_lines_file_is_named_not_utf8_not_bad_json(tmp_path, encodi
     path.write_bytes(jsonl_text(DOCUMENTS).encode(encoding))
     with pytest.raises(DataError) as error:
         prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
-    assert str(error.value) == (f"{path}: not valid UTF-8 at byte 0 (line 1): it starts with UTF-16's "
+    mark = "UTF-32" if encoding == "utf-32" else "UTF-16"  # UTF-32-LE's mark starts with UTF-16-LE's
+    assert str(error.value) == (f"{path}: not valid UTF-8 at byte 0 (line 1): it starts with {mark}'s "
                                 "byte-order mark; save it as UTF-8"
-                                if encoding == "utf-16" else  # a byte-order mark, then UTF-16LE
+                                if encoding != "utf-16-be" else  # utf-16-be: no mark, a NUL first
                                 f"{path}: line 1 holds a NUL byte (byte 0), which no JSON text does: "
                                 "it is UTF-16 or not text; save it as UTF-8")
 

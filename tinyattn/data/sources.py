@@ -861,17 +861,21 @@ def _refuse_nul(path: Path, chunk: str) -> None:
         while (raw := f.read(1 << 20)) and (nul := raw.find(b"\0")) < 0:
             offset, lines = offset + len(raw), lines + raw.count(b"\n")
     line = lines + raw[:nul].count(b"\n") + 1
-    kind = "UTF-16 (it starts with UTF-16's byte-order mark)" if _utf16_marked(path) else \
+    mark = _unicode_mark(path)
+    kind = f"{mark} (it starts with {mark}'s byte-order mark)" if mark else \
         "UTF-16 (without a byte-order mark) or not text"
     raise DataError(f"{path}: holds a NUL at byte {offset + nul} (line {line}), which no text does: it is "
                     f"{kind}; save it as UTF-8")
 
 
-def _utf16_marked(path: Path) -> bool:
-    """Whether the (decompressed) file starts with UTF-16's byte-order mark (Excel's "Unicode Text",
-    PowerShell's `>`)."""
+def _unicode_mark(path: Path) -> Optional[str]:
+    """"UTF-16" or "UTF-32" where the (decompressed) file starts with that encoding's byte-order mark
+    (UTF-16's: Excel's "Unicode Text", PowerShell's `>`); else None."""
     with _open_binary(path) as f:
-        return f.read(2) in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+        start = f.read(4)
+    if start in (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE):  # UTF-32-LE's starts with UTF-16-LE's
+        return "UTF-32"
+    return "UTF-16" if start[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE) else None
 
 
 def _refuse_nul_at_start(path: Path) -> None:
@@ -1064,7 +1068,8 @@ def _find_invalid_utf8(files: list[Path]) -> Optional[str]:
 
 
 def _not_utf8(path: Path, position: int, line: int) -> str:
-    why = ": it starts with UTF-16's byte-order mark" if position == 0 and _utf16_marked(path) else ""
+    mark = _unicode_mark(path) if position == 0 else None
+    why = f": it starts with {mark}'s byte-order mark" if mark else ""
     return f"{path}: not valid UTF-8 at byte {position} (line {line}){why}; save it as UTF-8"
 
 
