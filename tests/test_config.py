@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tinyattn.config import Config, apply_overrides, config_from_dict, config_to_dict, load_config, save_config
+from tinyattn.config import (Config, apply_overrides, check_sampling, config_from_dict, config_to_dict,
+                             given_keys, load_config, save_config)
 from tinyattn.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -658,3 +659,90 @@ def test_an_empty_end_of_text_is_refused_without_blaming_the_tokenizers_kind(tmp
         load_config(tok, ["tokenizer.end_of_text=''"])
     assert str(refused.value) == ("--set: tokenizer.end_of_text: '' is not accepted; expected a token of the "
                                   "tokenizer, e.g. '</s>', or null (its <|endoftext|>)")
+
+
+# Each rule's bound, one value past it, and the value at it: a mutation sweep found that moving
+# any of these bounds by one (or dropping the rule) left every other test passing.
+@pytest.mark.parametrize("items, key", [
+    (["model.context_length=0"], "model.context_length"),
+    (["model.vocab_size=0"], "model.vocab_size"),
+    (["model.n_kv_head=0"], "model.n_kv_head"),
+    (["model.mlp_hidden=0"], "model.mlp_hidden"),
+    (["model.rope_base=0"], "model.rope_base"),
+    (["model.logit_softcap=0"], "model.logit_softcap"),
+    (["model.norm_eps=0"], "model.norm_eps"),
+    (["data.files=[]"], "data.files"),
+    (["data.url=https://example.com/a.txt", "data.files=a[12].txt"], "data.files"),
+    (["tokenizer.kind=pretrained", "tokenizer.path="], "tokenizer.path"),
+    (["train.log_interval=0"], "train.log_interval"),
+    (["train.sample_tokens=-1"], "train.sample_tokens"),
+    (["train.lr=0"], "train.lr"),
+    (["train.head_lr=0"], "train.head_lr"),
+    (["train.decay_fraction=0"], "train.decay_fraction"),
+    (["train.muon_ns_steps=0"], "train.muon_ns_steps"),
+    (["train.muon_momentum=1"], "train.muon_momentum"),
+    (["train.beta1=1"], "train.beta1"),
+    (["train.beta2=1"], "train.beta2"),
+    (["train.peak_flops=0"], "train.peak_flops"),
+    (["train.dropout_by_passes={2: 1.0}"], "train.dropout_by_passes.2"),
+    (["train.device=gpu"], "train.device"),
+    (["train.max_steps=9223372036854775808"], "train.max_steps"),  # 2**63: torch holds none
+])
+def test_a_value_just_past_a_rules_bound_is_refused_naming_its_key(tmp_path, items, key):
+    path = write(tmp_path / "c.yaml", "data:\n  files: a.txt\n")
+    _refused_in_one_line(path, items, rf"^--set: {re.escape(key)}: .* is not accepted; ")
+
+
+def test_values_at_the_bounds_of_more_rules_load(tmp_path):
+    path = write(tmp_path / "c.yaml", "data:\n  files: a.txt\n")
+    upper = "86C4E6AA9DB7" + "0" * 52  # a digest copied in upper case: the download compares it lower-cased
+    config = load_config(path, ["train.warmup_steps=0", "train.sample_tokens=0", f"data.sha256={upper}",
+                                "train.dropout_by_passes={0: 0.1}", "train.floor_by_passes={1: 1.0}",
+                                "train.decay_by_passes={1: 0}"])
+    assert (config.train.warmup_steps, config.train.sample_tokens, config.data.sha256) == (0, 0, upper)
+    assert config.train.dropout_by_passes == {0.0: 0.1} and config.train.floor_by_passes == {1.0: 1.0}
+    assert config.train.decay_by_passes == {1.0: 0.0}
+
+
+def test_a_boolean_for_a_number_is_refused(tmp_path):
+    _refused_in_one_line(write(tmp_path / "c.yaml", "data:\n  files: a.txt\n"), ["train.lr=true"],
+                         r"^--set: train\.lr: expected a number, got True$")
+
+
+def test_a_boolean_for_a_text_field_of_a_saved_config_is_refused_not_made_text():
+    with pytest.raises(ConfigError, match=r"sample\.prompt: expected a string, got True$"):
+        config_from_dict({"data": {"files": ["a.txt"]}, "sample": {"prompt": True}})
+
+
+def test_a_table_given_as_null_is_empty(tmp_path):
+    path = write(tmp_path / "c.yaml", "data:\n  files: a.txt\ntrain:\n  floor_by_passes:\n")
+    config = load_config(path, ["train.dropout_by_passes=null"])
+    assert config.train.floor_by_passes == {} and config.train.dropout_by_passes == {}
+
+
+def test_the_sampling_rules_refuse_a_boolean_top_k_and_a_seed_torch_cannot_take():
+    refused = []
+    fail = lambda name, value, accepted: refused.append((name, value))  # noqa: E731
+    check_sampling(fail, top_k=True, seed=2**63)
+    check_sampling(fail, top_k=0, seed=2**63 - 1)
+    assert refused == [("top_k", True), ("seed", 2**63)]
+
+
+def test_given_keys_read_a_set_key_written_with_spaces_around_it(tmp_path):
+    path = write(tmp_path / "c.yaml", "data:\n  files: a.txt\n")
+    config = load_config(path, [" train.lr = 0.5"])
+    every, own = given_keys(config, None, [" train.lr = 0.5"])
+    assert config.train.lr == 0.5 and "train.lr" in every and own == {"train.lr"}
+
+
+@pytest.mark.parametrize("text", ["", "# nothing yet\n"], ids=["empty", "comments"])
+def test_an_empty_config_file_is_every_default(tmp_path, text):
+    write(tmp_path / "base.yaml", text)
+    config = load_config(write(tmp_path / "c.yaml", "extends: base.yaml\n"), ["data.files=a.txt"])
+    assert config.model == Config().model and config.data.files == ["a.txt"]
+
+
+def test_an_unknown_key_named_like_a_section_is_refused_though_empty(tmp_path):
+    write(tmp_path / "base.yaml", "data:\n  files: a.txt\ntrain:\n  lr: 0.01\n")
+    _refused_in_one_line(write(tmp_path / "c.yaml", "extends: base.yaml\ntrain:\n  model:\n"), [],
+                         r"c\.yaml: unknown key 'train\.model'")
