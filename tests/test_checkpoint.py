@@ -505,3 +505,72 @@ def test_a_folder_of_five_runs_names_all_five_and_of_six_names_five_and_one_more
     saved(tmp_path / "run5" / ckpt.BEST, 5)
     with pytest.raises(CheckpointError, match=r"\(it holds run0, run1, run2, run3, run4 and 1 more\); give"):
         ckpt.resolve_checkpoint(tmp_path)
+
+
+def test_a_checkpoint_whose_stored_bytes_were_changed_fails_its_crc_check(tmp_path):
+    path = tmp_path / "step.pt"
+    ckpt.save_checkpoint({"step": 1, "weights": torch.arange(64.0)}, path)
+    data = bytearray(path.read_bytes())
+    at = data.index(torch.arange(64.0).numpy().tobytes())  # the tensor's bytes, stored uncompressed
+    data[at + 8] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert re.fullmatch(r".*/data/0 fails its CRC-32 check \(the file was changed after it was written\)",
+                        ckpt.verify_checkpoint(path))
+    with pytest.raises(CheckpointError, match=r"not a readable checkpoint \(truncated or corrupt\?\): .*CRC"):
+        ckpt.load_checkpoint(path)
+
+
+def test_only_a_file_starting_as_gguf_or_safetensors_does_is_called_one(tmp_path):
+    assert ckpt.file_format(gguf_file(tmp_path / "a.gguf")) == "gguf"
+    (tmp_path / "ggux").write_bytes(b"GGUX" + bytes(20))
+    assert ckpt.file_format(tmp_path / "ggux") is None
+    assert ckpt.file_format(safetensors_file(tmp_path / "w.safetensors")) == "safetensors"
+    # 8 bytes and "{" as a safetensors header starts, but a header longer than the file: not one
+    (tmp_path / "short").write_bytes((1000).to_bytes(8, "little") + b'{"a": 1}')
+    assert ckpt.file_format(tmp_path / "short") is None
+
+
+def test_the_newest_verified_checkpoint_is_the_highest_step_and_best_pt_only_the_last_resort(tmp_path):
+    saved(tmp_path / ckpt.BEST, 5)
+    step = saved(tmp_path / ckpt.step_filename(10), 10)
+    assert ckpt.newest_verified(tmp_path) == step
+    step.write_bytes(step.read_bytes()[:100])
+    assert ckpt.newest_verified(tmp_path) == tmp_path / ckpt.BEST
+
+
+def test_pruning_with_keep_last_below_one_still_keeps_the_newest_step(tmp_path):
+    for step in (1, 2, 3):
+        saved(tmp_path / ckpt.step_filename(step), step)
+    ckpt.prune_checkpoints(tmp_path, 0)
+    assert ckpt.step_checkpoints(tmp_path) == [tmp_path / ckpt.step_filename(3)]
+
+
+def test_a_run_whose_best_pt_was_written_last_is_the_most_recent(tmp_path):
+    one, other = tmp_path / "one", tmp_path / "other"
+    saved(one / ckpt.step_filename(10), 10)
+    saved(one / ckpt.BEST, 10)
+    saved(other / ckpt.step_filename(10), 10)
+    os.utime(one / ckpt.step_filename(10), (1_000_000, 1_000_000))
+    os.utime(other / ckpt.step_filename(10), (2_000_000, 2_000_000))
+    os.utime(one / ckpt.BEST, (3_000_000, 3_000_000))  # a later evaluation's best, after other's save
+    assert ckpt.latest_run(tmp_path) == one
+
+
+def test_a_source_tokenizer_record_that_is_not_a_mapping_is_none():
+    assert ckpt.source_tokenizer({ckpt.SOURCE_TOKENIZER: "char"}) is None
+    assert ckpt.source_tokenizer({ckpt.SOURCE_TOKENIZER: {"kind": "bpe", "vocab_size": 300, "extra": 1}}
+                                 ) == ckpt.TokenizerConfig(kind="bpe", vocab_size=300)
+
+
+def test_no_config_a_tokenizer_not_text_or_weights_not_a_mapping_is_one_line_naming_the_file(tmp_path):
+    from tinyattn.config import ModelConfig
+    from tinyattn.model.transformer import LanguageModel
+
+    file = tmp_path / "odd.pt"
+    with pytest.raises(CheckpointError, match=rf"^{re.escape(str(file))}: its saved config cannot be used: "):
+        ckpt.config_from_checkpoint({"step": 1}, file)
+    with pytest.raises(CheckpointError, match=r"odd\.pt: holds no tokenizer "):
+        ckpt.saved_tokenizer({"tokenizer": {"model": "char"}}, file)
+    model = LanguageModel(ModelConfig(vocab_size=12, n_layer=1, n_head=2, n_embd=16, context_length=8))
+    with pytest.raises(CheckpointError, match=r"^.*odd\.pt: holds no model weights$"):
+        ckpt.load_weights(model, {"model": [1, 2]}, file)
