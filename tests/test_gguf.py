@@ -288,10 +288,12 @@ def test_the_file_holds_the_hyperparameters_and_the_tokenizer_keys(tmp_path, kin
     fields = {k: v.contents() for k, v in gguf.GGUFReader(export(tmp_path, model, tokenizer)).fields.items()}
     assert {k: fields[f"llama.{k}"] for k in ("context_length", "embedding_length", "block_count",
             "feed_forward_length", "attention.head_count", "attention.head_count_kv",
-            "rope.dimension_count", "rope.freq_base", "vocab_size")} == {
+            "attention.key_length", "attention.value_length", "rope.dimension_count", "rope.freq_base",
+            "vocab_size")} == {
         "context_length": CONTEXT, "embedding_length": 32, "block_count": 2, "feed_forward_length": 128,
-        "attention.head_count": 4, "attention.head_count_kv": 2, "rope.dimension_count": 8,
-        "rope.freq_base": 5000.0, "vocab_size": tokenizer.vocab_size}
+        "attention.head_count": 4, "attention.head_count_kv": 2, "attention.key_length": 8,
+        "attention.value_length": 8, "rope.dimension_count": 8, "rope.freq_base": 5000.0,
+        "vocab_size": tokenizer.vocab_size}
     assert fields["llama.attention.layer_norm_rms_epsilon"] == pytest.approx(1e-5)
     eot = tokenizer.eot_id
     assert (fields["tokenizer.ggml.model"], fields["tokenizer.ggml.pre"]) == ("gpt2", "gpt-2")
@@ -842,3 +844,11 @@ def test_the_file_read_is_refused_under_another_spelling_of_its_path(tmp_path, c
     assert code == 2 and out == "" and err == (
         "error: ../run/./best.pt: the file this export reads (best.pt); choose another path to write\n")
     assert (run / "best.pt").read_bytes() == before
+
+
+def test_an_export_to_a_folder_is_refused_as_a_folder(tmp_path):
+    tokenizer = tokenizer_of("char")
+    (tmp_path / "out.gguf").mkdir()
+    refusal = r"out\.gguf: is a folder; expected the path of a new \.gguf file$"
+    with pytest.raises(CheckpointError, match=refusal):
+        export(tmp_path, random_model(tokenizer), tokenizer, name="out.gguf")
