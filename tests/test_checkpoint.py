@@ -574,3 +574,10 @@ def test_no_config_a_tokenizer_not_text_or_weights_not_a_mapping_is_one_line_nam
     model = LanguageModel(ModelConfig(vocab_size=12, n_layer=1, n_head=2, n_embd=16, context_length=8))
     with pytest.raises(CheckpointError, match=r"^.*odd\.pt: holds no model weights$"):
         ckpt.load_weights(model, {"model": [1, 2]}, file)
+
+
+def test_load_model_of_a_hugging_face_folder_says_which_loader_reads_it(tmp_path):
+    (tmp_path / "config.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(CheckpointError, match=rf"^{re.escape(str(tmp_path))} is a Hugging Face folder, not a "
+                                              r"tinyattn checkpoint: load it with .*load_any_model$"):
+        ckpt.load_model(tmp_path)
