@@ -686,6 +686,8 @@ def test_an_empty_end_of_text_is_refused_without_blaming_the_tokenizers_kind(tmp
     (["train.peak_flops=0"], "train.peak_flops"),
     (["train.dropout_by_passes={2: 1.0}"], "train.dropout_by_passes.2"),
     (["train.device=gpu"], "train.device"),
+    (["train.device=cpu0"], "train.device"),  # torch.device would raise its own traceback on these
+    (["train.device=cuda:"], "train.device"),
     (["train.max_steps=9223372036854775808"], "train.max_steps"),  # 2**63: torch holds none
 ])
 def test_a_value_just_past_a_rules_bound_is_refused_naming_its_key(tmp_path, items, key):
