@@ -3,6 +3,7 @@ events file, a GGUF file, a Hugging Face folder): one line naming the path, exit
 half-written left (docs/RELIABILITY.md)."""
 
 import errno
+import re
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,52 @@ def test_a_damaged_token_cache_is_rebuilt_in_the_room_its_files_took(tmp_path, s
     again = prepare_data(config, progress=False)
     assert "does not match its checksum in meta.json" in capsys.readouterr().err
     assert again.train.tobytes() == expected
+
+
+def test_a_write_through_a_link_goes_to_its_target_and_removing_a_leftover_link_keeps_the_target(tmp_path):
+    from tinyattn.system.storage import remove_leftover, through_link
+
+    target, link = tmp_path / "real.gguf", tmp_path / "link.gguf"
+    target.write_bytes(b"x")
+    link.symlink_to(target)
+    assert through_link(link, "a .gguf file") == target.resolve()
+    assert through_link(target, "a .gguf file") == target
+    folder, folder_link = tmp_path / "kept", tmp_path / "leftover"
+    (folder / "inside").mkdir(parents=True)
+    folder_link.symlink_to(folder)
+    remove_leftover(folder_link)
+    assert not folder_link.is_symlink() and (folder / "inside").is_dir()
+
+
+def test_removing_the_temporaries_of_one_name_leaves_every_other_file(tmp_path):
+    from tinyattn.system.storage import remove_temporaries
+
+    ours = tmp_path / ".model.gguf.ab_12xyz.tmp"  # mkstemp's eight characters
+    others = [tmp_path / ".other.gguf.ab_12xyz.tmp", tmp_path / ".model.gguf.a-user's.tmp"]
+    for path in (ours, *others):
+        path.write_bytes(b"")
+    assert remove_temporaries(tmp_path, of="model.gguf") == [ours]
+    assert all(path.exists() for path in others)
+
+
+@pytest.mark.parametrize("data, at", [(b"\0abc", "byte 0 (line 1)"), (b"a\nb\nc\0", "byte 5 (line 3)")])
+def test_a_text_holding_a_nul_is_refused_naming_its_byte_and_line(tmp_path, data, at):
+    from tinyattn.errors import DataError
+    from tinyattn.system.storage import read_text
+
+    path = tmp_path / "prompt.txt"
+    path.write_bytes(data)
+    with pytest.raises(DataError, match=rf"prompt\.txt: the prompt file holds a NUL at {re.escape(at)}, "):
+        read_text(path, "prompt file")
+
+
+def test_a_new_folder_gets_the_mode_mkdir_gives_not_mkdtemps_owner_only_one(tmp_path):
+    import os
+
+    from tinyattn.system.storage import new_folder_mode
+
+    made = tmp_path / "made"
+    made.mkdir()
+    assert new_folder_mode(tmp_path / "not-yet") == made.stat().st_mode & 0o777
+    os.chmod(made, 0o750)
+    assert new_folder_mode(made) == 0o750  # a folder it replaces keeps its own

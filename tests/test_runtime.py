@@ -12,7 +12,7 @@ import torch
 from tinyattn.config import config_from_dict
 from tinyattn.errors import ConfigError
 from tinyattn.system.device import Precision, measure_peak_flops, select_device, select_precision
-from tinyattn.system.seeding import random_states, seed_everything, set_random_states
+from tinyattn.system.seeding import rank_seed, random_states, seed_everything, set_random_states
 
 CPU = torch.device("cpu")
 
@@ -316,3 +316,10 @@ def test_a_mistake_every_rank_meets_is_said_once_and_one_a_rank_met_alone_by_tha
     other = met_on({1}, 0)
     assert str(other).startswith("rank 1 met a mistake the others did not")
     assert not getattr(other, "shared", False)
+
+
+def test_a_ranks_seed_changes_with_the_step_and_the_rank_and_is_one_torch_takes():
+    seeds = {(rank, step): rank_seed(2**63 - 1, rank, step) for rank in (1, 2) for step in (0, 1, 2)}
+    assert len(set(seeds.values())) == len(seeds)  # no two ranks or steps draw the same masks
+    assert all(0 <= seed < 2**63 for seed in seeds.values())  # train.seed's own range
+    assert rank_seed(5, 1, 7) == rank_seed(5, 1, 7)  # a function of (seed, rank, step): a resume draws alike
