@@ -69,6 +69,17 @@ def test_an_alias_bomb_is_refused_fast_in_one_short_line(tmp_path):
     assert f"more than {MAX_CONFIG_VALUES:,} values" in last and len(last) < 300
 
 
+def test_a_value_nested_hundreds_of_levels_deep_is_refused_as_too_deep_not_as_an_alias_bomb(tmp_path):
+    # The size count's recursion ran out at a few hundred levels, which was said as "expands to more
+    # than 10,000 values (YAML aliases repeating aliases)" of a value of 700 lists and no alias.
+    path = tmp_path / "c.yaml"
+    path.write_text("data: {files: [c.txt]}\ntrain: {max_steps: " + "[" * 700 + "]" * 700 + "}\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(path)
+    assert str(refused.value) == (f"{path}: train.max_steps: nests lists or mappings too deeply to be read; "
+                                  "no config value nests more than a few levels")
+
+
 def test_aliases_within_the_limit_still_work(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("data: {files: [c.txt]}\ntrain: {lr: &lr 0.002, muon_lr: *lr, show: &s [sample]}\n")

@@ -492,8 +492,9 @@ def _check_expansion(raw: dict, where) -> None:
             dotted = name if key is None else f"{name}.{key}"
             try:
                 too_big = size(value) > MAX_CONFIG_VALUES
-            except RecursionError:
-                too_big = True
+            except RecursionError:  # hundreds of levels (libyaml itself refuses a thousand)
+                raise ConfigError(f"{where(dotted)}: {dotted}: nests lists or mappings too deeply to be "
+                                  "read; no config value nests more than a few levels") from None
             if too_big:
                 raise ConfigError(f"{where(dotted)}: {dotted}: expands to more than {MAX_CONFIG_VALUES:,} "
                                   "values (YAML aliases repeating aliases); write the value out, or "
