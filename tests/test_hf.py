@@ -1644,6 +1644,23 @@ def test_of_a_list_of_eos_token_ids_the_first_ends_texts_and_each_stops_generati
         load_any_model(folder)
 
 
+def test_an_export_of_a_folder_with_a_list_of_eos_ids_writes_the_list_back(tmp_path):
+    # Generation from the folder stops at each id of the list: so must generation from its export,
+    # in transformers (generation_config.json) and imported again; the first still ends texts.
+    folder, _, tokenizer = exported_char_folder(tmp_path)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 9, 5]}))
+    loaded = load_any_model(folder)
+    export_folder(loaded.model.state_dict(), loaded.config, loaded.tokenizer, tmp_path / "again")
+    written = {name: json.loads((tmp_path / "again" / name).read_text())["eos_token_id"]
+               for name in ("generation_config.json", "config.json")}
+    assert written == {"generation_config.json": [7, 5, 9], "config.json": 7}
+    again = load_any_model(tmp_path / "again")
+    assert again.tokenizer.stop_ids == {7, 9, 5} and again.tokenizer.eot_id == 7
+    import transformers
+
+    assert transformers.GenerationConfig.from_pretrained(tmp_path / "again").eos_token_id == [7, 5, 9]
+
+
 def test_generation_stops_at_any_eos_id_of_a_list_as_transformers_generate_does(tmp_path):
     # Qwen3's generation_config.json names <|im_end|> and <|endoftext|>: transformers stops at either,
     # tinyattn went on past the second (it stopped at the list's first alone).

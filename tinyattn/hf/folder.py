@@ -278,7 +278,7 @@ def export_folder(weights: dict[str, torch.Tensor], config: Config, tokenizer: T
     files = {
         "config.json": _json_bytes(hf),
         WEIGHTS: st.save(tensors, metadata={"format": "pt"}),
-        "generation_config.json": _json_bytes(_generation_config(config.sample, bos, eos)),
+        "generation_config.json": _json_bytes(_generation_config(config.sample, bos, _stop_ids(tokenizer))),
         "tokenizer.json": tokenizer.export_json().encode("utf-8"),
         "tokenizer_config.json": _json_bytes({
             "tokenizer_class": "PreTrainedTokenizerFast", **special,
@@ -402,7 +402,14 @@ def is_tinyattn_export(folder: Path) -> bool:
     return any(line.startswith(CARD_TAGS) for line in front)
 
 
-def _generation_config(sample: SampleConfig, bos: Optional[int], eos: Optional[int]) -> dict:
+def _stop_ids(tokenizer: Tokenizer) -> Optional[int] | list[int]:
+    """generation_config.json's eos_token_id: the end-of-text id, or where an imported folder's list
+    gave more ids that stop generation, that id first and then the others (transformers stops at each)."""
+    eos, others = tokenizer.eot_id, sorted(tokenizer.stop_ids - {tokenizer.eot_id})
+    return [eos, *others] if others and eos is not None else eos
+
+
+def _generation_config(sample: SampleConfig, bos: Optional[int], eos: Optional[int] | list[int]) -> dict:
     greedy = sample.temperature == 0
     config = {"do_sample": not greedy, "repetition_penalty": sample.repetition_penalty,
               "bos_token_id": bos, "eos_token_id": eos}
