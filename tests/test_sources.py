@@ -2,6 +2,7 @@
 a large text file read in pieces, and where a download may go."""
 
 import bz2
+import codecs
 import contextlib
 import gzip
 import json
@@ -174,6 +175,18 @@ def test_a_utf16_json_lines_file_is_named_not_utf8_not_bad_json(tmp_path, encodi
                                 if encoding != "utf-16-be" else  # utf-16-be: no mark, a NUL first
                                 f"{path}: line 1 holds a NUL byte (byte 0), which no JSON text does: "
                                 "it is UTF-16 or not text; save it as UTF-8")
+
+
+@pytest.mark.parametrize("name", ["notes.txt", "notes.jsonl"])
+def test_a_file_with_utf32_big_endians_byte_order_mark_is_named_utf32(tmp_path, name):
+    # Its mark, 00 00 FE FF, is UTF-8 up to its third byte: the first byte that is not is byte 2, and the
+    # mark went unnamed there ('not valid UTF-8 at byte 2 (line 1); save it as UTF-8').
+    path = tmp_path / name
+    path.write_bytes(codecs.BOM_UTF32_BE + jsonl_text(DOCUMENTS).encode("utf-32-be"))
+    with pytest.raises(DataError) as error:
+        prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
+    assert str(error.value) == (f"{path}: not valid UTF-8 at byte 2 (line 1): it starts with UTF-32's "
+                                "byte-order mark; save it as UTF-8")
 
 
 def test_a_json_line_after_good_ones_that_is_not_utf8_is_named_at_its_byte(tmp_path):

@@ -1068,7 +1068,8 @@ def _find_invalid_utf8(files: list[Path]) -> Optional[str]:
 
 
 def _not_utf8(path: Path, position: int, line: int) -> str:
-    mark = _unicode_mark(path) if position == 0 else None
+    # Within the mark: UTF-32-BE's, 00 00 FE FF, is valid UTF-8 up to byte 2.
+    mark = _unicode_mark(path) if position < len(codecs.BOM_UTF32) else None
     why = f": it starts with {mark}'s byte-order mark" if mark else ""
     return f"{path}: not valid UTF-8 at byte {position} (line {line}){why}; save it as UTF-8"
 
