@@ -233,7 +233,7 @@ def test_a_text_that_is_not_utf8_is_one_line_naming_the_character(run_dir, capsy
                              "--device", "cpu"])
     err = capsys.readouterr().err
     assert status == 2
-    assert err == "error: --text is not valid UTF-8 text (at character 2: '\\udcff'); give it as UTF-8\n"
+    assert err == "error: --text is not valid UTF-8 text (after 2 characters: '\\udcff'); give it as UTF-8\n"
 
 
 # ----------------------------------------------------------------------------- in a browser

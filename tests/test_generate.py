@@ -1486,8 +1486,8 @@ def test_cli_a_stdin_prompt_in_utf16_without_a_byte_order_mark_is_one_line_namin
     monkeypatch.setattr(sys, "stdin", stdin)
     status, out, err = run_main(["--checkpoint", str(run_dir), "--max-new-tokens", "4", *argv], capsys)
     assert (status, out) == (2, ""), err
-    assert err == ("error: stdin: the prompt holds a NUL after 1 character (line 1), which no text does: it is "
-                   "UTF-16 (without a byte-order mark) or not text; save it as UTF-8\n")
+    assert err == ("error: stdin: the prompt holds a NUL after 1 character (line 1), which no text does: "
+                   "it is UTF-16 (without a byte-order mark) or not text; save it as UTF-8\n")
     # Read through a text stream, whose newlines are translated: counted in characters, each \r\n one.
     stdin = io.TextIOWrapper(io.BytesIO(b"ab\r\ncd\r\nef\0"), encoding="utf-8")
     monkeypatch.setattr(sys, "stdin", stdin)
@@ -1498,7 +1498,7 @@ def test_cli_a_stdin_prompt_in_utf16_without_a_byte_order_mark_is_one_line_namin
 def test_cli_prompt_that_is_not_utf8_is_one_line_and_exit_status_2(run_dir, capsys):
     status, out, err = run_main(["--checkpoint", str(run_dir), "--prompt", "ab\udcff"], capsys)
     assert status == 2 and "Traceback" not in err
-    assert err.splitlines()[-1] == "error: the prompt is not valid UTF-8 text (at character 2: '\\udcff')"
+    assert err.splitlines()[-1] == "error: the prompt is not valid UTF-8 text (after 2 characters: '\\udcff')"
 
 
 @pytest.mark.slow  # a fresh Python process

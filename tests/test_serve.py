@@ -470,9 +470,9 @@ def test_a_prompt_at_the_token_limit_and_max_tokens_0_are_served(client):
     (b'{"prompt": "x"}', "the field 'model' is required"),
     # JSON that escapes half a surrogate pair, as Python's json.dumps writes "\ud800": valid JSON,
     # which pydantic's parser refuses as invalid; the 400 says what is wrong with which field.
-    (b'{"model": "tiny-serve", "prompt": "ab\\ud800"}', "prompt: not valid Unicode text at character 2"),
-    (b'{"model": "tiny-serve", "prompt": "x", "stop": ["\\udc00"]}', "stop.0: not valid Unicode text at "
-                                                                      "character 0"),
+    (b'{"model": "tiny-serve", "prompt": "ab\\ud800"}', "prompt: not valid Unicode text after 2 characters"),
+    (b'{"model": "tiny-serve", "prompt": "x", "stop": ["\\udc00"]}', "stop.0: not valid Unicode text after "
+                                                                      "0 characters"),
 ], ids=["malformed-json", "empty", "not-an-object", "no-model", "a-lone-surrogate",
         "a-lone-surrogate-in-a-list"])
 def test_a_body_that_is_not_a_request_is_a_400(server, body, message):
@@ -1547,7 +1547,7 @@ def test_a_request_made_in_python_with_a_lone_surrogate_in_its_prompt_is_a_400_n
     with pytest.raises(ApiError) as refused:
         check_completion(CompletionRequest(model="m", prompt=prompt), limits=Limits(),
                          defaults=SampleConfig(), tokenizer=tokenizer, context_length=64)
-    assert refused.value.message == "prompt: not valid Unicode text at character 2"
+    assert refused.value.message == "prompt: not valid Unicode text after 2 characters"
     assert (refused.value.status, refused.value.param) == (400, "prompt")
 
 

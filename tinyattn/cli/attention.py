@@ -90,7 +90,7 @@ def command(args: argparse.Namespace) -> int:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:  # lone surrogates: bytes in the argument that were not UTF-8
-        raise TinyattnError(f"{where} is not valid UTF-8 text (at character {e.start}: "
+        raise TinyattnError(f"{where} is not valid UTF-8 text (after {counted(e.start, 'character')}: "
                             f"{text[e.start:e.end]!r}); give it as UTF-8") from None
     # Once: the query's position and the model read the same ids; an imported folder's bos first
     # where its tokenizer puts it there, as generation and transformers read the text.

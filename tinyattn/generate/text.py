@@ -19,7 +19,7 @@ from typing import Iterator, NamedTuple, Optional, Sequence
 import torch
 
 from tinyattn.data.tokenizer import unknown_characters
-from tinyattn.errors import DataError
+from tinyattn.errors import DataError, counted
 from tinyattn.generate.decoder import cache_positions, check_caches_fit, generate_tokens
 from tinyattn.generate.sampling import SamplingOptions, sample_seed
 
@@ -128,7 +128,7 @@ def encode_prompt(tokenizer, prompt: str, context_length: int) -> list[int]:
     try:
         prompt.encode("utf-8")
     except UnicodeEncodeError as e:  # lone surrogates: bytes that were not UTF-8, escaped by Python
-        raise DataError(f"the prompt is not valid UTF-8 text (at character {e.start}: "
+        raise DataError(f"the prompt is not valid UTF-8 text (after {counted(e.start, 'character')}: "
                         f"{prompt[e.start:e.end]!r})") from None
     ids = tokenizer.encode(prompt)
     unknown = unknown_characters(tokenizer, prompt, ids)

@@ -22,6 +22,7 @@ from typing import Any, Optional, Union, get_args
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tinyattn.config import SampleConfig, check_sampling
+from tinyattn.errors import counted
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -163,8 +164,8 @@ def _refuse_a_lone_surrogate(body: bytes) -> None:
             text.encode("utf-8")
         except UnicodeEncodeError as e:
             name = ".".join(path) or None
-            raise ApiError(f"{name}: not valid Unicode text at character {e.start} (half of a UTF-16 "
-                           "surrogate pair)", param=name) from None
+            raise ApiError(f"{name}: not valid Unicode text after {counted(e.start, 'character')} (half of "
+                           "a UTF-16 surrogate pair)", param=name) from None
 
 
 def _strings_in(value, path: list[str]):
@@ -208,7 +209,8 @@ def _prompt_of(request: CompletionRequest) -> str:
     try:
         prompt.encode("utf-8")
     except UnicodeEncodeError as e:  # a lone surrogate, which JSON's \ud800 escapes can carry
-        raise ApiError(f"prompt: not valid Unicode text at character {e.start}", param="prompt") from None
+        raise ApiError(f"prompt: not valid Unicode text after {counted(e.start, 'character')}",
+                       param="prompt") from None
     return prompt
 
 
