@@ -1639,8 +1639,8 @@ def test_of_a_list_of_eos_token_ids_the_first_ends_texts_and_each_stops_generati
     assert loaded.tokenizer.eot_id == 7 and loaded.config.tokenizer.end_of_text == tokenizer.token(7)
     assert loaded.tokenizer.stop_ids == {7, 5}
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 10**6]}))
-    with pytest.raises(CheckpointError, match=r"eos_token_id \[7, 1000000\] is not a token id of its "
-                                              r"tokenizer\.json \(0 to "):
+    with pytest.raises(CheckpointError, match=r"eos_token_id \[7, 1000000\] holds 1000000, which is not a "
+                                              r"token id of its tokenizer\.json \(0 to "):
         load_any_model(folder)
 
 

@@ -166,9 +166,11 @@ def _folder_tokens(folder: Path, raw: dict, tokenizer: Tokenizer, key: str) -> l
         if given is None:
             continue
         ids = given if isinstance(given, list) and given else [given]
-        if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < tokenizer.vocab_size
-                   for i in ids):
-            raise CheckpointError(f"{path}: {key} {given!r} is not a token id of "
+        bad = [i for i in ids
+               if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < tokenizer.vocab_size]
+        if bad:  # of a list, the id that is not one named
+            which = f" holds {bad[0]!r}, which" if ids is given else ""
+            raise CheckpointError(f"{path}: {key} {given!r}{which} is not a token id of "
                                   f"its tokenizer.json (0 to {tokenizer.vocab_size - 1})")
         return ids
     return []
