@@ -136,7 +136,7 @@ def peak(device: str, precision: str, sizes: list[int]) -> dict:
 # ----------------------------------------------------------------------------- a training run
 
 
-DONE = re.compile(r"done: ([\d,]+) steps in (\d+) s \((.*)\), ([\d,]+) tok/s, "
+DONE = re.compile(r"done: ([\d,]+) steps?(?: \(steps? [\d-]+\))? in (\d+) s \((.*)\), ([\d,]+) tok/s, "
                   r"best validation loss ([\d.]+|nan|inf)")
 VALIDATION = re.compile(r"step (\d+): validation loss ([\d.]+|nan|inf)")
 BUDGET = re.compile(r"time budget (\S+): measured ([\d.]+) s/step, ([\d.]+) s per evaluation, ([\d.]+) s per "

@@ -157,3 +157,8 @@ def test_a_done_line_of_thousands_of_steps_is_read_with_its_separators(report, t
         "best validation loss 1.4457; checkpoints in x\n", encoding="utf-8")
     done = report.run_figures(tmp_path, target_loss=None)["done"]
     assert (done["steps"], done["wall_seconds"], done["tokens_per_second"]) == (2487, 590.0, 8924.0)
+    resumed = [("done: 1 step (step 1001) in 5 s", 1), ("done: 1,345 steps (steps 1001-2345) in 5 s", 1345)]
+    for line, steps in resumed:  # a resumed session's line names its steps; one step is "1 step"
+        (tmp_path / "train.log").write_text(f"{line} (train 4.0 s (80.0%)), 8,924 tok/s, best validation "
+                                            "loss 1.4457; checkpoints in x\n", encoding="utf-8")
+        assert report.run_figures(tmp_path, target_loss=None)["done"]["steps"] == steps, line
