@@ -747,6 +747,17 @@ def test_the_progress_schedule_has_the_shapes_of_the_step_schedule():
     assert progress_lr_factor(50, 1.0, config) == pytest.approx(0.1)
 
 
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "wsd"])
+def test_a_progress_outside_zero_to_one_is_read_as_its_nearest_end(schedule):
+    """progress_lr_factor clamps the progress (a plan's state read back from a checkpoint may hold
+    any number): past 1 the rate stays at the floor, never below it; below 0 it stays at the peak."""
+    config = load_config(TINY, ["train.lr=1.0", "train.min_lr=0.1", "train.warmup_steps=10",
+                                f"train.schedule={schedule}", "train.decay_fraction=0.25"]).train
+    assert progress_lr_factor(50, 1.5, config) == pytest.approx(progress_lr_factor(50, 1.0, config))
+    assert progress_lr_factor(50, 1.5, config) == pytest.approx(0.1)
+    assert progress_lr_factor(50, -0.5, config) == progress_lr_factor(50, 0.0, config) == 1.0
+
+
 def test_the_steps_that_fit_count_the_evaluations_due_on_the_way():
     config = load_config(TINY, ["train.eval_interval=10"]).train
     clock = FakeClock(0.0)

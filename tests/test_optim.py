@@ -79,6 +79,18 @@ def test_every_group_follows_the_schedule_in_proportion_to_its_base_rate():
     assert isinstance(optimizers.optimizers[1], Muon)
 
 
+def test_under_adamw_each_named_group_has_its_own_base_rate_and_the_cpu_gets_the_fused_kernel():
+    """train.optimizer adamw: one AdamW whose matrices and gains train at train.lr, the embedding at
+    train.embedding_lr, the untied head at train.head_lr; fused on the CPU (build_optimizer)."""
+    model = LanguageModel(ModelConfig(vocab_size=20, n_layer=1, n_head=2, n_embd=16, context_length=8,
+                                      tie_embeddings=False))
+    config = TrainConfig(optimizer="adamw", lr=1e-3, embedding_lr=4e-3, head_lr=2e-3)
+    (adamw,) = build_optimizer(model, config, torch.device("cpu")).optimizers
+    assert {g["name"]: g["base_lr"] for g in adamw.param_groups} == {
+        "embedding": 4e-3, "head": 2e-3, "gains": 1e-3, "matrices": 1e-3}
+    assert adamw.defaults["fused"] is True
+
+
 @pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
 def test_parameter_groups_hold_every_parameter_exactly_once(tie):
     model = LanguageModel(ModelConfig(vocab_size=20, n_layer=2, n_head=2, n_embd=16, context_length=8,
@@ -88,6 +100,18 @@ def test_parameter_groups_hold_every_parameter_exactly_once(tie):
     assert len(ids) == len(set(ids)) == len(list(model.parameters()))
     assert all(p.dim() == 2 for p in groups["matrices"]) and all(p.dim() == 1 for p in groups["gains"])
     assert len(groups["head"]) == (0 if tie else 1)
+
+
+def test_parameter_groups_leave_out_a_frozen_parameter():
+    """Only trainable parameters are grouped: a frozen one (requires_grad False) is in no group."""
+    model = LanguageModel(ModelConfig(vocab_size=20, n_layer=1, n_head=2, n_embd=16, context_length=8,
+                                      tie_embeddings=False))
+    model.token_embedding.weight.requires_grad_(False)
+    groups = parameter_groups(model, TrainConfig())
+    assert groups["embedding"] == [] and len(groups["head"]) == 1
+    grouped = sum(len(ps) for ps in groups.values())
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert grouped == len(trainable) == len(list(model.parameters())) - 1
 
 
 def test_newton_schulz_sets_every_singular_value_near_one_for_a_stack():
@@ -138,6 +162,23 @@ def test_a_muon_step_is_the_orthogonalised_nesterov_momentum_at_its_documented_s
         buffer = m * buffer + (1 - m) * g
         direction = newton_schulz(g.lerp(buffer, m)[None], steps=3)[0]
         expected = expected * (1 - lr * decay) - lr * 0.2 * math.sqrt(64) * direction
+    torch.testing.assert_close(p.detach(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_muon_step_without_nesterov_orthogonalises_the_momentum_buffer_itself():
+    """nesterov=False: the direction is the buffer (m * buffer + (1 - m) * g), not g.lerp(buffer, m)."""
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(16, 64, generator=gen)
+    grads = [torch.randn(16, 64, generator=gen) for _ in range(2)]
+    p = torch.nn.Parameter(w.clone())
+    lr, m = 0.05, 0.9
+    muon = Muon([p], lr=lr, momentum=m, nesterov=False, ns_steps=3)
+    expected, buffer = w.clone(), torch.zeros_like(w)
+    for g in grads:
+        p.grad = g.clone()
+        muon.step()
+        buffer = m * buffer + (1 - m) * g
+        expected = expected - lr * 0.2 * math.sqrt(64) * newton_schulz(buffer[None], steps=3)[0]
     torch.testing.assert_close(p.detach(), expected, rtol=1e-5, atol=1e-6)
 
 
