@@ -602,6 +602,15 @@ def test_an_average_saved_without_one_of_the_weights_is_refused_naming_it(missin
     assert all(torch.equal(a, saved[name]) for name, a in zip(average.names, average.averages))
 
 
+@pytest.mark.parametrize("decay", [0.0, 1.0])
+def test_an_average_whose_decay_is_not_strictly_between_zero_and_one_is_refused(decay):
+    """decay 1 would never move from the first weights, decay 0 would be the weights themselves."""
+    from tinyattn.train.averaging import WeightAverage
+
+    with pytest.raises(ValueError, match=f"between 0 and 1, got {decay}"):
+        WeightAverage(torch.nn.Linear(4, 3), decay)
+
+
 def test_an_average_loaded_from_another_device_is_on_the_models():
     """A checkpoint is read onto the CPU (`load_checkpoint`); the averages go to the model's device,
     where every update lerps them with its weights (a "meta" model stands for a GPU's here)."""
