@@ -33,6 +33,32 @@ def test_a_second_holder_is_told_the_pid_and_the_folder_frees_on_release(tmp_pat
     RunLock.acquire(tmp_path / "run").release()
 
 
+def test_a_pid_file_holding_this_process_is_no_takeover_and_a_takeover_note_is_said_once(tmp_path, capsys):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / LOCK_NAME).write_text(f"{os.getpid()}\n")  # left by this process (a start that never released)
+    lock = RunLock.acquire(folder)
+    assert lock.note is None
+    lock.release()
+    (folder / LOCK_NAME).write_text("4194304\n")  # a pid past the kernel's limit: no longer running
+    lock = RunLock.acquire(folder)
+    lock.say_note()
+    lock.say_note()
+    lock.release()
+    assert capsys.readouterr().err.count("left by pid 4194304, which is no longer running") == 1
+
+
+def test_the_holder_of_a_folder_is_its_pid_zero_where_its_pid_file_is_unreadable_and_none_when_free(tmp_path):
+    folder = tmp_path / "run"
+    assert RunLock.holder(folder) is None  # no lock file at all
+    lock = RunLock.acquire(folder)
+    assert RunLock.holder(folder) == os.getpid()
+    (folder / LOCK_NAME).unlink()  # held, but its pid cannot be read: held all the same
+    assert RunLock.holder(folder) == 0
+    lock.release()
+    assert RunLock.holder(folder) is None
+
+
 def test_a_lock_held_by_another_process_refuses_and_a_dead_ones_is_taken_over(tmp_path):
     folder = tmp_path / "run"
     holder = subprocess.Popen(
