@@ -138,6 +138,19 @@ def test_a_folder_removed_while_it_is_checked_is_not_refused_with_a_traceback(tm
     run_folder.check_run_folder(folder)
 
 
+def test_a_failed_start_whose_folder_holds_a_folder_under_a_run_files_name_removes_nothing(tmp_path):
+    """remove_failed_start takes only plain files: a folder named like the log (the user's, say)
+    keeps the run folder and every file in it, the lock files included."""
+    folder = tmp_path / "run"
+    lock = RunLock.acquire(folder)
+    (folder / "train.log").mkdir()
+    (folder / "train.log" / "notes.txt").write_text("mine")
+    before = sorted(p.name for p in folder.iterdir())
+    assert run_folder.remove_failed_start(folder, "train.log") is False
+    assert sorted(p.name for p in folder.iterdir()) == before
+    lock.release()
+
+
 def test_two_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
     now = datetime(2026, 11, 30, 12, 0, 0)
     first = unique_run_dir(tmp_path, "shakespeare_char", now)
