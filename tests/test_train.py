@@ -2234,6 +2234,23 @@ def test_every_hook_name_of_the_config_has_an_implementation():
     assert all(callable(hook) for hook in resolve_hooks(SHOW_HOOKS))
 
 
+def test_the_hooks_resolve_to_their_own_function_in_the_order_train_show_lists_them():
+    from tinyattn.config import SHOW_HOOKS
+    from tinyattn.train.hooks import resolve_hooks
+
+    for names in (list(SHOW_HOOKS), list(reversed(SHOW_HOOKS))):
+        assert [hook.__name__ for hook in resolve_hooks(names)] == [f"show_{name}" for name in names]
+
+
+def test_the_discarding_writer_takes_any_writer_call_and_keeps_nothing():
+    """The time budget runs the hooks with `DISCARD` as their writer: every SummaryWriter call is a no-op."""
+    from tinyattn.train.hooks import DISCARD
+
+    assert DISCARD.add_scalar("val/loss", 1.0, 3) is None
+    assert DISCARD.add_text("sample", "text", global_step=3) is None
+    assert DISCARD.flush() is None
+
+
 def test_the_analysis_hooks_show_the_probe_text_at_the_evaluations_step(tiny_model, char_tokenizer,
                                                                          tensorboard_writer):
     from tinyattn.analysis import training_hooks
