@@ -2706,6 +2706,18 @@ def test_a_finetune_of_a_finetune_with_the_config_it_started_with_trains(corpus,
     assert code == 2 and "tokenizer.kind: config 'bpe', source 'char'" in err, err
 
 
+def test_an_empty_init_from_is_no_fine_tune_and_reads_nothing(tmp_path, monkeypatch):
+    """--set train.init_from= (an empty value) leaves the run a new one, as null does: no source is
+    looked for (an empty path would name the working folder)."""
+    from tinyattn.train.finetune import init_source
+
+    monkeypatch.chdir(tmp_path)
+    config = load_config(TINY, ["train.init_from="])
+    model = dataclasses.asdict(config.model)
+    assert config.train.init_from == "" and init_source(config) is None
+    assert dataclasses.asdict(config.model) == model
+
+
 @pytest.mark.parametrize("item,expected", [
     ("tokenizer.kind=bpe", "tokenizer.kind: config 'bpe', source 'char'"),
     ("model.n_layer=4", "model.n_layer: config 4, source 2"),  # ModelConfig's default: given all the same
