@@ -145,40 +145,25 @@ def test_newton_schulz_is_the_documented_quintic_applied_exactly_steps_times():
                                    rtol=1e-6, atol=1e-7)
 
 
-def test_a_muon_step_is_the_orthogonalised_nesterov_momentum_at_its_documented_scale():
+@pytest.mark.parametrize("nesterov", [True, False], ids=["nesterov", "plain"])
+def test_a_muon_step_is_the_orthogonalised_momentum_at_its_documented_scale(nesterov):
     """Two steps on a (16, 64) matrix by hand: buffer = m * buffer + (1 - m) * g, the direction
-    g.lerp(buffer, m) (Nesterov), its Newton-Schulz orthogonalisation (3 steps here), times lr * 0.2 *
-    sqrt(max(rows, cols)); decoupled weight decay first."""
+    g.lerp(buffer, m) (Nesterov; nesterov=False: the buffer itself), its Newton-Schulz
+    orthogonalisation (3 steps here), times lr * 0.2 * sqrt(max(rows, cols)); decoupled weight
+    decay first."""
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(16, 64, generator=gen)
     grads = [torch.randn(16, 64, generator=gen) for _ in range(2)]
     p = torch.nn.Parameter(w.clone())
     lr, m, decay = 0.05, 0.9, 0.1
-    muon = Muon([p], lr=lr, momentum=m, weight_decay=decay, ns_steps=3)
+    muon = Muon([p], lr=lr, momentum=m, weight_decay=decay, ns_steps=3, nesterov=nesterov)
     expected, buffer = w.clone(), torch.zeros_like(w)
     for g in grads:
         p.grad = g.clone()
         muon.step()
         buffer = m * buffer + (1 - m) * g
-        direction = newton_schulz(g.lerp(buffer, m)[None], steps=3)[0]
+        direction = newton_schulz((g.lerp(buffer, m) if nesterov else buffer)[None], steps=3)[0]
         expected = expected * (1 - lr * decay) - lr * 0.2 * math.sqrt(64) * direction
-    torch.testing.assert_close(p.detach(), expected, rtol=1e-5, atol=1e-6)
-
-
-def test_a_muon_step_without_nesterov_orthogonalises_the_momentum_buffer_itself():
-    """nesterov=False: the direction is the buffer (m * buffer + (1 - m) * g), not g.lerp(buffer, m)."""
-    gen = torch.Generator().manual_seed(1)
-    w = torch.randn(16, 64, generator=gen)
-    grads = [torch.randn(16, 64, generator=gen) for _ in range(2)]
-    p = torch.nn.Parameter(w.clone())
-    lr, m = 0.05, 0.9
-    muon = Muon([p], lr=lr, momentum=m, nesterov=False, ns_steps=3)
-    expected, buffer = w.clone(), torch.zeros_like(w)
-    for g in grads:
-        p.grad = g.clone()
-        muon.step()
-        buffer = m * buffer + (1 - m) * g
-        expected = expected - lr * 0.2 * math.sqrt(64) * newton_schulz(buffer[None], steps=3)[0]
     torch.testing.assert_close(p.detach(), expected, rtol=1e-5, atol=1e-6)
 
 
