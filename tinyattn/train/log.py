@@ -327,17 +327,19 @@ class Logger:
         else:
             say(line)
 
-    def train(self, step: int, losses: list[float], seconds: float, grad_norm: torch.Tensor) -> None:
-        tokens = len(losses) * self.trainer.tokens_per_step
-        self.train_seconds += seconds
+    def train(self, step: int, losses: list[float], seconds: float, grad_norm: torch.Tensor, *,
+              timed: Optional[int] = None) -> None:
+        """The window's losses; `seconds` are of its last `timed` steps (None: all of them; fewer where
+        its first step compiled the model, whose time is not a step's)."""
+        timed = len(losses) if timed is None else timed
+        tokens = timed * self.trainer.tokens_per_step
+        self.train_seconds += seconds if timed else 0.0
         self.train_tokens += tokens
         if not self.enabled:
             return
         loss = sum(losses) / len(losses)
         rates = self.trainer.optimizers.rates()  # what the last step used
         lr = self._peak_rate(rates)
-        tokens_per_second = tokens / seconds
-        mfu = self.flops_per_token * tokens_per_second / self.peak_flops
         w = self.writer
         w.add_scalar("train/loss", loss, step)
         w.add_scalar("train/learning_rate", lr, step)
@@ -345,18 +347,24 @@ class Logger:
             w.add_scalar(f"lr/{name}", rate, step)
         w.add_scalar("train/grad_norm", grad_norm.item(), step)
         w.add_scalar("train/tokens_seen", self.trainer.tokens_seen, step)
-        w.add_scalar("perf/tokens_per_second", tokens_per_second, step)
-        w.add_scalar("perf/mfu", mfu, step)
+        speed = {"tok_s": "compiling"}  # a window of the compiling step alone: no step's speed
+        if timed:
+            tokens_per_second = tokens / seconds
+            mfu = self.flops_per_token * tokens_per_second / self.peak_flops
+            w.add_scalar("perf/tokens_per_second", tokens_per_second, step)
+            w.add_scalar("perf/mfu", mfu, step)
+            speed = {"tok_s": f"{tokens_per_second:,.0f}", "mfu": f"{mfu:.1%}"}
         if self.bar is not None:
             bar = self.bar
             bar.total = self.trainer.plan.total_steps(step)  # a time budget's plan moves it
             # The figures first: the update draws the bar, with this step's figures beside its count
-            bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:,.0f}",
-                            refresh=False)
+            bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=speed["tok_s"], refresh=False)
             to_console(lambda: bar.update(len(losses)))
+        elif timed:
+            self.print(f"step {step}: loss {loss:.4f}, lr {lr:.2e}, {speed['tok_s']} tok/s, "
+                       f"mfu {speed['mfu']}")
         else:
-            self.print(f"step {step}: loss {loss:.4f}, lr {lr:.2e}, {tokens_per_second:,.0f} tok/s, "
-                       f"mfu {mfu:.1%}")
+            self.print(f"step {step}: loss {loss:.4f}, lr {lr:.2e}, the step that compiled the model")
 
     @staticmethod
     def _peak_rate(rates: dict[str, float]) -> float:
@@ -403,7 +411,8 @@ class Logger:
             return
         s = result.seconds
         split = ", ".join(f"{name} {s[name]:.1f} s ({s[name] / result.wall_seconds:.1%})"
-                          for name in ("start-up", "calibration", "train", "eval", "save") if name in s)
+                          for name in ("start-up", "calibration", "compile", "train", "eval", "save")
+                          if name in s)
         budget = self.trainer.plan.describe()  # a time budget's: the seconds spent over every session
         split += f"; {budget}" if budget else ""
         trained = result.step - self.first_step

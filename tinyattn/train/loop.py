@@ -515,16 +515,20 @@ def _loop(trainer: Trainer, evaluator: Evaluator, checkpointer: Checkpointer, lo
     stop = shared_stop.agreed(reading=True)  # one before step 1 saves the weights the run starts from
     plan.start()
     while not (plan.done(trainer.step) or trainer.step >= stop_at) and stop is None:
-        with timers("train"):
+        compiling = not trainer.compiled  # train.compile: this process's first step compiles the model
+        with timers("compile" if compiling else "train"):
             loss, grad_norm = trainer.train_step()
             window.add(loss, grad_norm)
+            if compiling:  # not a step's time: the throughput leaves it and its tokens out
+                window.untime_last()
             plan.after_step(trainer.step)
             at_eval = evaluator.due(trainer.step, last=plan.done(trainer.step) or trainer.step >= stop_at)
             stop = shared_stop.agreed(reading=window.full or at_eval)  # every rank's, under DDP
             # Every checkpoint follows a read of the losses, whose NaN check keeps bad weights out.
             if window.full or at_eval or stop is not None:
+                timed = window.timed
                 losses, seconds = window.read(trainer.step, run_dir)
-                log.train(trainer.step, losses, seconds, window.grad_norm)
+                log.train(trainer.step, losses, seconds, window.grad_norm, timed=timed)
         if at_eval:
             last_val = _evaluate(trainer, evaluator, checkpointer, log, timers)
             stop = stop or shared_stop.local()  # one process: a signal during the evaluation stops here

@@ -50,6 +50,7 @@ class LossWindow:
         self.device = device
         self.grad_norm: Optional[torch.Tensor] = None
         self.started = time.perf_counter()
+        self.untimed = 0  # steps of the window left out of its seconds (`untime_last`)
 
     def add(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
         self.losses.append(loss)
@@ -63,6 +64,18 @@ class LossWindow:
     def full(self) -> bool:
         return self.pending == self.size
 
+    @property
+    def timed(self) -> int:
+        """The steps its seconds are of: throughput counts these steps' tokens."""
+        return self.pending - self.untimed
+
+    def untime_last(self) -> None:
+        """The step just added compiled the model: its time is compiling's, not a step's, so the
+        window's clock starts after it (its loss stays in the window)."""
+        synchronize(self.device)
+        self.started = time.perf_counter()
+        self.untimed += 1
+
     def read(self, step: int, run_dir: Path) -> tuple[list[float], float]:
         """The window's losses and its wall seconds; raises TrainingError on a non-finite loss."""
         synchronize(self.device)
@@ -75,7 +88,7 @@ class LossWindow:
             kept = f"; the last good checkpoint is {last}" if last else ""
             raise TrainingError(f"the loss became {window[bad[0]]} at step {failed_step}; "
                                 f"training stopped{kept} (try a lower train.lr)")
-        self.losses = []
+        self.losses, self.untimed = [], 0
         return window, seconds
 
     def restart(self) -> None:

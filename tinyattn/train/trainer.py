@@ -95,6 +95,7 @@ class Trainer:
         if config.compile:
             keep_compiled_code_per_capability()
             self.forward_model = torch.compile(self.forward_model)
+        self.compiled = not config.compile  # whether a step has run (and compiled) in this process
         self.tokens_per_step = (batches.batch_size * batches.context_length
                                 * config.grad_accum_steps * dist.world_size)
         # train.ema: what evaluations and checkpoints see (`evaluated_weights`, `state_dict`)
@@ -157,6 +158,7 @@ class Trainer:
             self.average.update()
         self.step += 1
         self.tokens_seen += self.tokens_per_step
+        self.compiled = True
         return total_loss, grad_norm
 
     def _overflowed(self, grad_norm: torch.Tensor) -> bool:
