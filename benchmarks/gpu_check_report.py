@@ -136,8 +136,9 @@ def peak(device: str, precision: str, sizes: list[int]) -> dict:
 # ----------------------------------------------------------------------------- a training run
 
 
-DONE = re.compile(r"done: ([\d,]+) steps?(?: \(steps? [\d-]+\))? in (\d+) s \((.*)\), ([\d,]+) tok/s, "
-                  r"best validation loss ([\d.]+|nan|inf)")
+# a session of one step that compiled the model times none: "no tok/s (its one step compiled the model)"
+DONE = re.compile(r"done: ([\d,]+) steps?(?: \(steps? [\d-]+\))? in (\d+) s \((.*)\), "
+                  r"(?:([\d,]+) tok/s|no tok/s \([^)]*\)), best validation loss ([\d.]+|nan|inf)")
 VALIDATION = re.compile(r"step (\d+): validation loss ([\d.]+|nan|inf)")
 BUDGET = re.compile(r"time budget (\S+): measured ([\d.]+) s/step, ([\d.]+) s per evaluation, ([\d.]+) s per "
                     r"checkpoint, (\d+) s of start-up and (\d+) s measuring -> about ([\d,]+) steps?")
@@ -163,7 +164,7 @@ def run_figures(run_dir: Path, target_loss: float | None) -> dict:
     if (match := DONE.search(log)):
         figures["done"] = {"steps": int(match[1].replace(",", "")), "wall_seconds": float(match[2]),
                            "split_seconds": {name: float(s) for name, s in SPLIT.findall(match[3])},
-                           "tokens_per_second": float(match[4].replace(",", "")),
+                           "tokens_per_second": float(match[4].replace(",", "")) if match[4] else None,
                            "best_val_loss": float(match[5])}
     if "done" in figures and (notes := PLAN_NOTE.findall(log)):
         figures["plan_check"] = _plan_check(notes, figures["done"])
@@ -185,7 +186,9 @@ def _plan_check(notes: list[tuple[str, ...]], done: dict) -> dict:
     timed without a sync: a host that runs ahead of the device would plan with far too short a step
     (a ratio well under 1) and leave the schedule undone until its last steps."""
     planned = float(notes[-1][2])
-    train_seconds, steps = done["split_seconds"].get("train"), done["steps"]
+    split = done["split_seconds"]
+    # a session's first step that compiled the model is timed apart, as "compile"
+    train_seconds, steps = split.get("train"), done["steps"] - ("compile" in split)
     taken = train_seconds / steps if train_seconds and steps else None
     return {"planned_step_seconds": planned, "taken_step_seconds": taken,
             "ratio": planned / taken if taken else None,

@@ -162,3 +162,15 @@ def test_a_done_line_of_thousands_of_steps_is_read_with_its_separators(report, t
         (tmp_path / "train.log").write_text(f"{line} (train 4.0 s (80.0%)), 8,924 tok/s, best validation "
                                             "loss 1.4457; checkpoints in x\n", encoding="utf-8")
         assert report.run_figures(tmp_path, target_loss=None)["done"]["steps"] == steps, line
+    # a session of the one step that compiled the model timed none (Logger.finish)
+    (tmp_path / "train.log").write_text("done: 1 step (step 1001) in 30 s (compile 20.0 s (66.7%)), no tok/s "
+                                        "(its one step compiled the model), best validation loss 1.4457; "
+                                        "checkpoints in x\n", encoding="utf-8")
+    done = report.run_figures(tmp_path, target_loss=None)["done"]
+    assert (done["steps"], done["tokens_per_second"], done["split_seconds"]) == (1, None, {"compile": 20.0})
+
+
+def test_a_plans_step_is_set_beside_the_train_seconds_of_the_steps_not_compiling(report):
+    # A resumed budget session's first step compiles the model (timed as "compile"): "train" is the others'.
+    done = {"steps": 11, "split_seconds": {"compile": 20.0, "train": 5.0}}
+    assert report._plan_check([("60", "40", "0.5", "50")], done)["taken_step_seconds"] == 0.5

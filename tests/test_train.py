@@ -704,6 +704,19 @@ def test_the_step_that_compiles_the_model_is_timed_as_compile_and_left_out_of_th
     assert re.search(r"done: 6 steps in \d+ s \(start-up [\d.]+ s \([\d.]+%\), compile 1\.\d s", err), err
 
 
+def test_a_session_of_the_one_step_that_compiled_the_model_says_it_timed_no_step(
+        corpus, tmp_path, monkeypatch, capsys):
+    # Its step is compiling's, left out of the throughput: none is left to time, and the last line said
+    # "..., compile 0.2 s (86.2%)), nan tok/s" (a resumed session of one step too).
+    monkeypatch.setattr(torch, "compile", lambda module: module)
+    config = tiny_config(corpus, tmp_path, "train.compile=true", "train.max_steps=1", "train.eval_interval=1")
+    result = train(config, run_name="one", progress=False)
+    done = capsys.readouterr().err.splitlines()[-1]
+    assert math.isnan(result.tokens_per_second) and "compile" in result.seconds
+    assert re.search(r"^done: 1 step in \d+ s \(.*compile [\d.]+ s .*\), no tok/s \(its one step "
+                     r"compiled the model\), best validation loss ", done), done
+
+
 def test_resume_names_the_run_it_cannot_find_and_refuses_a_changed_tokenizer(corpus, tmp_path):
     config = tiny_config(corpus, tmp_path, "train.max_steps=2", "train.eval_interval=2")
     train(config, run_name="real", progress=False)
