@@ -554,9 +554,7 @@ def test_a_client_gone_before_its_body_was_sent_leaves_no_traceback_in_the_serve
             sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{{".encode())
             time.sleep(0.1)  # the first bytes are read: the server is waiting for the rest
             sock.close()
-        deadline = time.monotonic() + 1.0
-        while not records and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_while(lambda: not records, 1.0, 0.05)
     finally:
         logging.getLogger("uvicorn.error").removeHandler(handler)
     assert [record.getMessage() for record in records] == []
@@ -649,9 +647,7 @@ def test_the_openapi_document_names_each_operation_once_and_warns_of_nothing(loa
 def test_two_clients_at_once_stream_side_by_side_and_each_gets_its_own_text(server, loaded):
     import openai
 
-    deadline = time.monotonic() + 30
-    while worker(server).load["active"] and time.monotonic() < deadline:
-        time.sleep(0.02)  # an earlier test's job may still be ending
+    wait_while(lambda: worker(server).load["active"], 30, 0.02)  # an earlier test's job may still be ending
     turns_before = worker(server).stats.turns
     first = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
     second = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
@@ -665,9 +661,8 @@ def test_two_clients_at_once_stream_side_by_side_and_each_gets_its_own_text(serv
     def ours():
         return [job for job in worker(server).stats.recent if (job.first_turn or 0) > turns_before]
 
-    deadline = time.monotonic() + 30
-    while len(ours()) < 2 and time.monotonic() < deadline:
-        time.sleep(0.02)  # the worker sends a job's end before it files the job among the ended ones
+    # the worker sends a job's end before it files the job among the ended ones
+    wait_while(lambda: len(ours()) < 2, 30, 0.02)
     short_job, long_job = ours()  # in the order they ended
     assert short_job.ended == long_job.ended == "done"
     # The short job had its turns while the long one was running: it did not wait for it to end.
@@ -683,9 +678,7 @@ def test_a_client_that_disconnects_mid_stream_stops_its_generation(client, serve
     for _, chunk in zip(range(5), stream):
         pass
     stream.close()  # the connection goes away after five pieces
-    deadline = time.monotonic() + 30
-    while worker(server).stats.cancelled == before and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_while(lambda: worker(server).stats.cancelled == before, 30, 0.02)
     assert worker(server).stats.cancelled > before, "no job was cancelled within 30 s of the disconnect"
     job = worker(server).stats.recent[-1]
     assert job.ended == "cancelled" and 5 <= job.turns < 5000
@@ -700,9 +693,7 @@ def test_a_client_that_disconnects_while_waiting_for_a_whole_completion_stops_it
                        {"Content-Type": "application/json"})
     time.sleep(0.3)
     connection.close()  # gone before the answer
-    deadline = time.monotonic() + 30
-    while worker(server).stats.cancelled == before and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_while(lambda: worker(server).stats.cancelled == before, 30, 0.02)
     assert worker(server).stats.cancelled > before, "no job was cancelled within 30 s of the disconnect"
     job = worker(server).stats.recent[-1]
     assert job.ended == "cancelled" and job.turns < 5000
@@ -724,9 +715,7 @@ def cancelled_mid_request(server, options: dict, ready) -> tuple[int, bytes]:
     request = threading.Thread(target=lambda: answers.append(post(server, "/v1/completions", {
         "model": "tiny-serve", "prompt": PROMPT, **options})))
     request.start()
-    deadline = time.monotonic() + 30
-    while not ready() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_while(lambda: not ready(), 30, 0.01)
     worker(server).cancel_all()
     request.join(timeout=60)
     return answers[0]
@@ -845,6 +834,13 @@ def test_usage_counts_the_tokens_generated_never_more_than_max_tokens_a_choice(c
     assert len(cut.choices[0].text) < cut.usage.completion_tokens <= 30  # the stop string's tokens count
 
 
+def wait_while(condition, seconds: float, poll: float) -> None:
+    """Sleep `poll` at a time while `condition()` holds, `seconds` at most (the caller then asserts)."""
+    deadline = time.monotonic() + seconds
+    while condition() and time.monotonic() < deadline:
+        time.sleep(poll)
+
+
 @pytest.fixture
 def idle_loop():
     """An event loop that is not running: what jobs send stays queued on it (a worker not started
@@ -913,9 +909,7 @@ def four_jobs_of_three_turns_ended():
     try:
         jobs = [busy.submit(Job(iter(range(3)), loop, f"job {i}")) for i in range(4)]
         busy.start()
-        deadline = time.monotonic() + 10
-        while busy.stats.jobs < 4 and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_while(lambda: busy.stats.jobs < 4, 10, 0.005)
         yield busy, jobs
     finally:
         busy.stop()
@@ -963,13 +957,9 @@ def test_at_shutdown_every_job_decoding_or_waiting_gets_its_end():
     asyncio.run(shut_down())
 
 
-def test_a_cancelled_jobs_generator_is_closed_at_once_on_the_worker_thread():
+def test_a_cancelled_jobs_generator_is_closed_at_once_on_the_worker_thread(idle_loop):
     # Its `finally` frees the decoder's KV caches; left open, stats.recent (the last 100 ended
     # jobs) would keep each generator, caches and all, alive.
-    import asyncio
-
-    if MISSING:
-        pytest.skip(MISSING)
     from tinyattn.serve.worker import Job, ModelWorker
 
     closed_on = []
@@ -981,29 +971,20 @@ def test_a_cancelled_jobs_generator_is_closed_at_once_on_the_worker_thread():
         finally:
             closed_on.append(threading.current_thread().name)
 
-    loop = asyncio.new_event_loop()  # not running: what the job sends stays queued on it
     one = ModelWorker(max_active=1)
     try:
-        job = one.submit(Job(steps(), loop, "gone"))
+        job = one.submit(Job(steps(), idle_loop, "gone"))
         one.start()
-        deadline = time.monotonic() + 10
-        while job.turns == 0 and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_while(lambda: job.turns == 0, 10, 0.005)
         job.cancel()  # the client went away
-        while not job.ended and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_while(lambda: not job.ended, 10, 0.005)
         assert job.ended == "cancelled"
         assert closed_on == [one.thread.name]  # closed before the job was marked ended
     finally:
         one.stop()
-        loop.close()
 
 
-def test_when_a_job_ends_the_jobs_after_it_keep_their_turn_in_that_round():
-    import asyncio
-
-    if MISSING:
-        pytest.skip(MISSING)
+def test_when_a_job_ends_the_jobs_after_it_keep_their_turn_in_that_round(idle_loop):
     from tinyattn.serve.worker import Job, ModelWorker
 
     order = []
@@ -1013,20 +994,16 @@ def test_when_a_job_ends_the_jobs_after_it_keep_their_turn_in_that_round():
             order.append(name)
             yield name
 
-    loop = asyncio.new_event_loop()  # not running: what the jobs send stays queued on it
     three = ModelWorker(max_active=3)
     try:
-        jobs = [three.submit(Job(steps(name, turns), loop, name))
+        jobs = [three.submit(Job(steps(name, turns), idle_loop, name))
                 for name, turns in [("a", 1), ("b", 3), ("c", 3)]]
         three.start()
-        deadline = time.monotonic() + 10
-        while three.stats.jobs < 3 and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_while(lambda: three.stats.jobs < 3, 10, 0.005)
         assert [job.ended for job in jobs] == ["done"] * 3
         assert order == ["a", "b", "c", "b", "c", "b", "c"]  # round robin, b's turn kept as "a" ends
     finally:
         three.stop()
-        loop.close()
 
 
 def test_a_job_whose_event_loop_has_closed_is_cancelled_at_its_next_turn():
@@ -1048,9 +1025,7 @@ def test_a_job_whose_event_loop_has_closed_is_cancelled_at_its_next_turn():
     try:
         job = one.submit(Job(endless(), closed, "orphan"))
         one.start()
-        deadline = time.monotonic() + 10
-        while not job.ended and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_while(lambda: not job.ended, 10, 0.005)
         assert (job.ended, job.turns) == ("cancelled", 1)
     finally:
         one.stop()
