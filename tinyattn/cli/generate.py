@@ -39,7 +39,7 @@ from tinyattn.cli.options import add_checkpoint, add_device, add_inference_dtype
 from tinyattn.config import home_path
 from tinyattn.errors import ConfigError, DataError, StorageError
 from tinyattn.system.signals import sigterm_interrupts
-from tinyattn.system.storage import BYTE_ORDER_MARK
+from tinyattn.system.storage import BYTE_ORDER_MARK, nul_found
 
 DESCRIPTION = """\
 Generate text from a trained tinyattn checkpoint, streamed to stdout as it is produced.
@@ -227,8 +227,7 @@ def _read_line(number: int):
         return _skip_line(number, f"is not {encoding} text ({e.reason} at byte {e.start})")
     if "\0" in line:  # as a prompt file's and a whole stdin prompt's: UTF-16 read as UTF-8
         nul = raw.find(b"\0")
-        return _skip_line(number, f"holds a NUL at byte {nul}, which no text does: it is UTF-16 (without a "
-                                  "byte-order mark) or not text")
+        return _skip_line(number, nul_found("", f"at byte {nul}"))
     return line
 
 

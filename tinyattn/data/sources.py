@@ -50,6 +50,7 @@ from tinyattn.data.download import download
 from tinyattn.data.tokenizer import text_pieces
 from tinyattn.errors import DataError
 from tinyattn.system.console import notice
+from tinyattn.system.storage import nul_found
 
 EXTENSIONS = {
     "text": (".txt", ".text", ".md"),
@@ -862,10 +863,9 @@ def _refuse_nul(path: Path, chunk: str) -> None:
             offset, lines = offset + len(raw), lines + raw.count(b"\n")
     line = lines + raw[:nul].count(b"\n") + 1
     mark = _unicode_mark(path)
-    kind = f"{mark} (it starts with {mark}'s byte-order mark)" if mark else \
-        "UTF-16 (without a byte-order mark) or not text"
-    raise DataError(f"{path}: holds a NUL at byte {offset + nul} (line {line}), which no text does: it is "
-                    f"{kind}; save it as UTF-8")
+    kind = {"kind": f"{mark} (it starts with {mark}'s byte-order mark)"} if mark else {}
+    found = nul_found(f"{path}:", f"at byte {offset + nul} (line {line})", **kind)
+    raise DataError(f"{found}; save it as UTF-8")
 
 
 def _unicode_mark(path: Path) -> Optional[str]:

@@ -247,6 +247,13 @@ def read_text(path: str | Path, what: str, error: type[TinyattnError] = DataErro
     return text
 
 
+def nul_found(where: str, at: str, kind: str = "UTF-16 (without a byte-order mark) or not text") -> str:
+    """What a NUL in a text means, for every message that finds one: `where` holds it ("x.txt:", "x.txt:
+    the prompt file"; "" to start with "holds"), `at` says where in it, `kind` what the file is."""
+    holds = f"{where} holds" if where else "holds"
+    return f"{holds} a NUL {at}, which no text does: it is {kind}"
+
+
 def refuse_nul(data: bytes | str, where: str, what: str, error: type[TinyattnError] = DataError) -> None:
     """`error` naming the first NUL of `data`, the bytes of a text `where` (a file, "stdin"), if it
     holds one. No text does: ASCII saved as UTF-16 without a byte-order mark (as some Windows tools
@@ -257,8 +264,7 @@ def refuse_nul(data: bytes | str, where: str, what: str, error: type[TinyattnErr
     if nul >= 0:
         line = data[:nul].count("\n" if decoded else b"\n") + 1
         at = f"after {counted(nul, 'character')}" if decoded else f"at byte {nul}"  # counted, or an offset
-        raise error(f"{where}: the {what} holds a NUL {at} (line {line}), which no text does: it is UTF-16 "
-                    "(without a byte-order mark) or not text; save it as UTF-8")
+        raise error(nul_found(f"{where}: the {what}", f"{at} (line {line})") + "; save it as UTF-8")
 
 
 def _fsync_dir(folder: Path) -> None:
