@@ -920,7 +920,7 @@ def test_a_distributed_plan_counts_every_log_interval_steps_and_every_rank_takes
     """plan_for a distributed run: rank 0's count of the steps that fit reaches every rank (here a rank
     whose own count differs: rank 0 counted 40), at the start and every train.log_interval steps, and
     each rank counts down between."""
-    from types import SimpleNamespace
+    from tinyattn.system.distributed import Distributed
 
     config = load_config(TINY, ["train.time_budget=100s", "train.log_interval=10", "train.eval_interval=25",
                                 "train.warmup_steps=2"]).train
@@ -932,7 +932,7 @@ def test_a_distributed_plan_counts_every_log_interval_steps_and_every_rank_takes
 
     monkeypatch.setattr(torch.distributed, "broadcast", broadcast)
     clock = FakeClock()
-    plan = budget.plan_for(config, None, clock, dist=SimpleNamespace(enabled=True),
+    plan = budget.plan_for(config, None, clock, dist=Distributed(rank=1, world_size=2),
                            device=torch.device("cpu"))
     assert plan.seed(1.0, 0.0, 0.0) == 40
     left = []

@@ -181,6 +181,83 @@ def test_shutdown_leaves_the_process_group_of_a_distributed_run_only(monkeypatch
     assert left == [True]
 
 
+def test_leaving_waits_until_gloos_threads_let_go_of_the_tensors_the_ranks_agreed_through(monkeypatch):
+    """A gloo worker thread that drops the last reference to a tensor made in Python takes the GIL to
+    free it; at interpreter exit that aborted the process ("terminate called without an active
+    exception", SIGABRT) after a stop whose checkpoint was saved. So the ranks agree through one kept
+    tensor per device, and leaving waits until gloo holds it no more: a bounded wait (a hung
+    worker) leaves all the same."""
+    import time
+
+    from tinyattn.system import distributed
+
+    handed = []
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda tensor, op: handed.append(tensor))
+    monkeypatch.setattr(torch.distributed, "broadcast", lambda tensor, src: handed.append(tensor))
+    dist = distributed.Distributed(rank=1, world_size=2, local_rank=1)
+    assert distributed.largest_value(dist, 15, CPU) == 15 and distributed.rank0_value(dist, 1, CPU) == 1
+    assert handed[0] is handed[1] is dist.handed["cpu"]  # one tensor, which the process keeps
+
+    class HeldByGloo:  # its worker thread lets go after the third look
+        looks = 0
+
+        def _use_count(self):
+            self.looks += 1
+            return 2 if self.looks <= 3 else 1
+
+    left = []
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "destroy_process_group", lambda: left.append(held.looks))
+    dist.handed["cpu"] = held = HeldByGloo()
+    distributed.shutdown_distributed(dist)
+    assert left == [4]
+    held.looks, held._use_count = 0, lambda: 2  # never let go
+    started = time.monotonic()
+    distributed.shutdown_distributed(dist, wait=0.05)
+    assert len(left) == 2 and time.monotonic() - started < 1
+
+
+def test_the_ranks_of_a_finished_run_leave_together_and_a_rank_that_failed_ends_the_wait(monkeypatch):
+    """torchrun ends every rank once one exits other than 0 (a stop's 130): a rank that left first cut
+    rank 0 off while it wrote its last lines. A peer that failed meanwhile ends the wait in gloo's
+    plain RuntimeError, which its own error already explains: no second traceback."""
+    from tinyattn.system import distributed
+
+    waited = []
+
+    def barrier():
+        waited.append(True)
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:13724")
+
+    monkeypatch.setattr(torch.distributed, "barrier", barrier)
+    distributed.leave_together(distributed.Distributed())
+    assert waited == []  # one process: no one to wait for
+    distributed.leave_together(distributed.Distributed(rank=1, world_size=2, local_rank=1))
+    assert waited == [True]
+
+
+def test_train_leaves_together_after_a_run_that_ended_alike_and_not_after_a_failure(monkeypatch):
+    from tinyattn.system.distributed import Distributed
+    from tinyattn.train import loop
+
+    said = []
+    monkeypatch.setattr(loop, "init_distributed", lambda device: Distributed(rank=0, world_size=2))
+    monkeypatch.setattr(loop, "leave_together", lambda dist: said.append("leave"))
+    monkeypatch.setattr(loop, "shutdown_distributed", lambda dist: said.append("shutdown"))
+    monkeypatch.setattr(loop, "_train", lambda config, request, dist, stopper: said.append("run") or "result")
+    config = config_from_dict({"data": {"files": "corpus.txt"}})
+    assert loop.train(config) == "result" and said == ["run", "leave", "shutdown"]
+
+    def failing(config, request, dist, stopper):
+        raise RuntimeError("a step failed")
+
+    said.clear()
+    monkeypatch.setattr(loop, "_train", failing)
+    with pytest.raises(RuntimeError, match="a step failed"):
+        loop.train(config)
+    assert said == ["shutdown"]
+
+
 def test_auto_takes_cuda_first_then_mps_then_the_cpu(monkeypatch):
     from tinyattn.system.device import select_device
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
@@ -17,6 +18,9 @@ class Distributed:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    # The one tensor per device that `rank0_value` and `largest_value` hand to the collectives, kept
+    # until `shutdown_distributed` has seen gloo's threads let go of it.
+    handed: dict[str, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def is_main(self) -> bool:
@@ -51,9 +55,52 @@ def init_distributed(device_name: str) -> Distributed:
     return Distributed(rank, world_size, local_rank)
 
 
-def shutdown_distributed(dist: Distributed) -> None:
-    if dist.enabled and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+def rank0_value(dist: Distributed, value: int, device: torch.device) -> int:
+    """Rank 0's `value` on every rank (so all of them step, evaluate and stop together)."""
+    shared = _handed(dist, value, device)
+    torch.distributed.broadcast(shared, src=0)
+    return int(shared.item())
+
+
+def largest_value(dist: Distributed, value: int, device: torch.device) -> int:
+    """The largest of the ranks' `value`s, on every rank."""
+    shared = _handed(dist, value, device)
+    torch.distributed.all_reduce(shared, op=torch.distributed.ReduceOp.MAX)
+    return int(shared.item())
+
+
+def _handed(dist: Distributed, value: int, device: torch.device) -> torch.Tensor:
+    shared = dist.handed.get(str(device))
+    if shared is None:
+        shared = dist.handed[str(device)] = torch.zeros(1, dtype=torch.long, device=device)
+    return shared.fill_(value)
+
+
+def leave_together(dist: Distributed) -> None:
+    """After a run every rank ended alike (done, or stopped with its checkpoint): each waits here
+    until rank 0 has written its last lines. torchrun ends the other ranks once one exits other
+    than 0 (a stop's 130), so a rank that left first cut rank 0 off mid-line. A rank that failed
+    meanwhile (its own error says why) ends the wait: the others have nothing to add to it."""
+    if not dist.enabled:
+        return
+    try:
+        torch.distributed.barrier()
+    except RuntimeError:  # gloo's "Connection closed by peer" is a plain RuntimeError
+        pass
+
+
+def shutdown_distributed(dist: Distributed, wait: float = 2.0) -> None:
+    """Leave the process group, once gloo's worker threads have let go of the tensors handed to
+    them (`wait` seconds at most). A worker that drops the last reference to a tensor made in
+    Python takes the GIL to free it; at interpreter exit that thread is ended inside a C++
+    destructor and the whole process aborts ("terminate called without an active exception",
+    SIGABRT) after a run that ended well."""
+    if not (dist.enabled and torch.distributed.is_initialized()):
+        return
+    deadline = time.monotonic() + wait
+    while any(t._use_count() > 1 for t in dist.handed.values()) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    torch.distributed.destroy_process_group()
 
 
 @contextmanager

@@ -38,6 +38,7 @@ import torch
 from tinyattn import checkpoint as ckpt
 from tinyattn.config import Config, TrainConfig, duration_text, override_value, parse_duration
 from tinyattn.errors import TinyattnError
+from tinyattn.system.distributed import rank0_value
 from tinyattn.system.timing import synchronize
 from tinyattn.train.hooks import DISCARD
 from tinyattn.train.optim import StepPlan, progress_lr_factor
@@ -224,14 +225,7 @@ def plan_for(config: TrainConfig, saved: Optional[dict], elapsed: Clock, *, dist
     if not dist.enabled:
         return TimePlan(config.time_budget, config, elapsed)
     return TimePlan(config.time_budget, config, elapsed, replan_every=config.log_interval,
-                    share=partial(_from_rank0, device=device))
-
-
-def _from_rank0(count: int, device: torch.device) -> int:
-    """Rank 0's count on every rank, so all of them step, evaluate and stop together."""
-    shared = torch.tensor([count], device=device)
-    torch.distributed.broadcast(shared, src=0)
-    return int(shared.item())
+                    share=partial(rank0_value, dist, device=device))
 
 
 @dataclass
@@ -390,9 +384,7 @@ class Calibration:
     def _keep_measuring(self, trainer: Trainer, timed: int, seconds: float, measure_for: float) -> bool:
         more = timed < 1 or seconds < measure_for
         if trainer.dist.enabled:  # rank 0 decides, so every rank runs the same steps
-            flag = torch.tensor([int(more)], device=trainer.device)
-            torch.distributed.broadcast(flag, src=0)
-            more = bool(flag.item())
+            more = bool(rank0_value(trainer.dist, int(more), trainer.device))
         return more
 
 

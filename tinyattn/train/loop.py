@@ -57,8 +57,8 @@ from tinyattn.data.tokenizer import unused_tokenizer_options
 from tinyattn.errors import StorageError, TinyattnError
 from tinyattn.model.memory import check_training_fits
 from tinyattn.system.device import measure_peak_flops, select_device, select_precision
-from tinyattn.system.distributed import (Distributed, init_distributed, mistake_alike, refusal_shared,
-                                         said_once, shutdown_distributed)
+from tinyattn.system.distributed import (Distributed, init_distributed, leave_together, mistake_alike,
+                                         refusal_shared, said_once, shutdown_distributed)
 from tinyattn.train.budget import Calibration, Measured, TimePlan, explicit_steps, plan_for
 from tinyattn.train.finetune import InitSource, adopt_model, init_source
 from tinyattn.train.hooks import resolve_hooks
@@ -136,7 +136,9 @@ def train(config: Config, *, config_path: Optional[str | Path] = None, run_name:
     dist = init_distributed(config.train.device)
     try:
         with stopper.installed():
-            return _train(config, request, dist, stopper)
+            result = _train(config, request, dist, stopper)
+        leave_together(dist)
+        return result
     finally:
         shutdown_distributed(dist)
 

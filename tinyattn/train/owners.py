@@ -31,7 +31,7 @@ from tinyattn import checkpoint as ckpt
 from tinyattn.config import Config, config_to_dict
 from tinyattn.data.batches import eval_batches
 from tinyattn.model.transformer import evaluation_mode
-from tinyattn.system.distributed import Distributed
+from tinyattn.system.distributed import Distributed, largest_value
 from tinyattn.system.timing import synchronize
 from tinyattn.train.hooks import Hook, Shown
 from tinyattn.train.trainer import Trainer, TrainingError
@@ -292,7 +292,5 @@ class SharedStop:
             return own
         if not (self.every_step or reading):
             return None
-        flag = torch.tensor([signal.Signals[own].value if own else 0], device=self.device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        number = int(flag.item())
+        number = largest_value(self.dist, signal.Signals[own].value if own else 0, self.device)
         return own or (signal.Signals(number).name if number else None)
