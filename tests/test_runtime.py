@@ -217,6 +217,29 @@ def test_leaving_waits_until_gloos_threads_let_go_of_the_tensors_the_ranks_agree
     assert len(left) == 2 and time.monotonic() - started < 1
 
 
+def test_every_collective_a_run_agrees_through_hands_over_the_tensor_the_process_keeps(monkeypatch):
+    """The tensor of the stopped run's abort was the stop's (`SharedStop`), made for its one
+    call: the stop, the time plan's count (`plan_for`) and the calibration's choice to measure on
+    hand over `Distributed.handed`'s, which `shutdown_distributed` waits on."""
+    from types import SimpleNamespace
+
+    from tinyattn.system.distributed import Distributed
+    from tinyattn.train import budget
+    from tinyattn.train.owners import SharedStop, StopRequest
+
+    handed = []
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda tensor, op: handed.append(tensor))
+    monkeypatch.setattr(torch.distributed, "broadcast", lambda tensor, src: handed.append(tensor))
+    dist = Distributed(rank=1, world_size=2, local_rank=1)
+    assert SharedStop(StopRequest(), dist, CPU).agreed(reading=True) is None
+    config = config_from_dict({"data": {"files": "corpus.txt"}, "train": {"time_budget": "100s"}}).train
+    plan = budget.plan_for(config, None, lambda: 0.0, dist=dist, device=CPU)
+    assert plan.share(7) == 7
+    calibration = budget.Calibration(SimpleNamespace(text=None), lambda: 0.0, None)
+    assert calibration._keep_measuring(SimpleNamespace(dist=dist, device=CPU), 1, 0.0, 1.0)
+    assert len(handed) == 3 and all(tensor is dist.handed["cpu"] for tensor in handed)
+
+
 def test_the_ranks_of_a_finished_run_leave_together_and_a_rank_that_failed_ends_the_wait(monkeypatch):
     """torchrun ends every rank once one exits other than 0 (a stop's 130): a rank that left first cut
     rank 0 off while it wrote its last lines. A peer that failed meanwhile ends the wait in gloo's
