@@ -1161,6 +1161,35 @@ def test_the_best_validation_loss_is_the_lowest_evaluations_not_the_last(corpus,
     assert ckpt.load_checkpoint(tmp_path / "best" / ckpt.step_filename(9))["best_val_loss"] == 2.0
 
 
+def test_a_save_cut_short_at_best_pt_leaves_the_best_model_in_best_pt_after_the_resume(corpus, tmp_path,
+                                                                                     monkeypatch):
+    """The disk fills as best.pt of step 6 (the best) is written. best.pt was written after the step's
+    checkpoint: the resume went on from step 6 with best 2.0, no later evaluation beat it, so best.pt
+    kept step 3's model (3.0) while the run reported 2.0, and keep_last=1 had pruned step 6: lost."""
+    from tinyattn.errors import StorageError
+    from tinyattn.train.owners import EvalResult, Evaluator
+
+    losses = {3: 3.0, 6: 2.0, 9: 2.5, 12: 2.6}
+    monkeypatch.setattr(Evaluator, "run", lambda evaluator, step: EvalResult(step, np.full(32, losses[step])))
+    save, failed = ckpt.save_checkpoint, []
+
+    def full_at_the_best_of_step_6(state, path):
+        if Path(path).name == ckpt.BEST and state["step"] == 6 and not failed:
+            failed.append(path)
+            raise StorageError(f"cannot write {path}: No space left on device")
+        save(state, path)
+
+    items = ("train.eval_interval=3", "train.keep_last=1")
+    monkeypatch.setattr(ckpt, "save_checkpoint", full_at_the_best_of_step_6)
+    with pytest.raises(StorageError, match="No space left"):
+        train(tiny_config(corpus, tmp_path, "train.max_steps=12", *items), run_name="run", progress=False)
+    result = train(tiny_config(corpus, tmp_path, "train.max_steps=12", *items), run_name="run", resume=True,
+                   progress=False)
+    best = ckpt.load_checkpoint(tmp_path / "run" / ckpt.BEST)
+    assert (result.step, result.best_val_loss) == (12, 2.0)
+    assert (best["step"], best["best_val_loss"]) == (6, 2.0)
+
+
 def test_a_damaged_checkpoint_is_refused_and_the_newest_good_one_named(corpus, tmp_path, twelve_steps):
     run, _ = twelve_steps
     latest = run / "step_0000012.pt"
@@ -1560,6 +1589,21 @@ def test_a_second_stop_before_the_first_checkpoint_says_to_run_the_command_again
     assert stopped_at_once(StoppedAtOnce("SIGINT"), tmp_path) == (
         f"stopped at once by a second SIGINT before any checkpoint was saved in {tmp_path}: run the same "
         "command again to train")
+
+
+def test_a_second_stop_cutting_the_first_step_checkpoint_after_best_pt_names_best_pt_to_resume_from(tmp_path):
+    """best.pt is written before its step's checkpoint: a second Ctrl-C between them at the first
+    evaluation leaves best.pt alone, which a resume continues from; 'run the same command again' would
+    be refused, as the folder holds a checkpoint."""
+    from tinyattn.train.log import stopped_at_once
+    from tinyattn.train.owners import StoppedAtOnce
+
+    ckpt.save_checkpoint({"step": 5}, tmp_path / ckpt.BEST)
+    assert stopped_at_once(StoppedAtOnce("SIGINT"), tmp_path).startswith(
+        f"stopped at once by a second SIGINT; the last checkpoint saved is step 5's (best.pt) in {tmp_path}, "
+        "what was trained after it is lost. Resume with: ")
+    assert stopped_at_once(StoppedAtOnce("SIGINT"), tmp_path).endswith(f" --resume {tmp_path}")
+    assert ckpt.resolve_checkpoint(tmp_path, prefer="latest") == tmp_path / ckpt.BEST
 
 
 def test_a_second_ctrl_c_stops_at_once_saying_which_checkpoint_is_kept_and_how_to_resume(corpus, tmp_path,

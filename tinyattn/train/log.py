@@ -108,10 +108,13 @@ class RunLog:
 def stopped_at_once(stop: KeyboardInterrupt, run_dir: Path) -> str:
     """A run's last line after a second stop signal (`owners.StoppedAtOnce`, `stop`): the
     checkpoint its folder keeps (what was trained after it is lost) and how to resume."""
-    kept = ckpt.latest_checkpoint(run_dir)
+    kept, best = ckpt.latest_checkpoint(run_dir), run_dir / ckpt.BEST
+    if kept is None and best.is_file():  # cut short after best.pt, before the first step's file
+        kept = best
     if kept is None:
         return f"{stop} before any checkpoint was saved in {run_dir}: run the same command again to train"
-    return (f"{stop}; the last checkpoint saved is step {ckpt.step_of(kept)}'s ({kept.name}) in {run_dir}, "
+    step = ckpt.step_of(kept) if kept != best else ckpt.saved_value(best, "step")
+    return (f"{stop}; the last checkpoint saved is step {step}'s ({kept.name}) in {run_dir}, "
             f"what was trained after it is lost. Resume with: {command('train')} --resume {quoted(run_dir)}")
 
 

@@ -173,13 +173,17 @@ class Checkpointer:
         self.best_on_disk = float(saved) if saved is not None else math.inf
 
     def save(self, trainer: Trainer, best: bool) -> None:
+        """best.pt first, then the step's checkpoint: a save cut short between them (a full disk, a
+        kill, a second Ctrl-C) leaves the best model in best.pt, and the resume from the step before
+        trains to it again. The other way round, the resume went on from the new step's checkpoint,
+        whose best loss no later evaluation beats, so best.pt kept a worse model for good."""
         if self.dist.is_main:
             state = {**trainer.state_dict(), **self.run_state}
-            ckpt.save_checkpoint(state, self.run_dir / ckpt.step_filename(trainer.step))
-            ckpt.prune_checkpoints(self.run_dir, self.keep_last)
             if best and trainer.best_val_loss < self.best_on_disk:
                 ckpt.save_checkpoint(state, self.run_dir / ckpt.BEST)
                 self.best_on_disk = trainer.best_val_loss
+            ckpt.save_checkpoint(state, self.run_dir / ckpt.step_filename(trainer.step))
+            ckpt.prune_checkpoints(self.run_dir, self.keep_last)
         if self.dist.enabled:
             torch.distributed.barrier()
 
