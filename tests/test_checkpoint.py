@@ -72,6 +72,25 @@ def test_a_best_pt_of_a_newer_format_is_refused_without_advice_to_load_itself(tm
     assert str(error.value).endswith(f"(it reads version {ckpt.FORMAT_VERSION})")
 
 
+@pytest.mark.parametrize("best_pt", ["newer format", "not tinyattn's"])
+def test_a_whole_best_pt_it_cannot_read_gets_no_advice_to_take_a_step_checkpoint_with_a_note(tmp_path,
+                                                                                             best_pt):
+    """A run folder a newer tinyattn wrote (best.pt and its steps of format 99), or whose best.pt is another
+    program's torch.save file: the folder is read as asked, and `--checkpoint <folder> to take it with a
+    note` (the command just refused) and a step checkpoint of the same format are no advice. The advice
+    is for a best.pt that fails its CRC check, which a folder given does step past."""
+    best = tmp_path / ckpt.BEST
+    for step, path in ((3, tmp_path / ckpt.step_filename(3)), (3, best)):
+        torch.save({"format": ckpt.FORMAT, "format_version": 99, "step": step}, path)
+    if best_pt == "not tinyattn's":
+        torch.save({"step": 3}, best)
+    for given in (tmp_path, best):
+        with pytest.raises(CheckpointError) as refused:
+            ckpt.load_model(given)
+        assert str(refused.value).startswith(f"{best}: ") and "verifies" not in str(refused.value)
+        assert "take it with a note" not in str(refused.value)
+
+
 def test_a_file_that_is_not_a_tinyattn_checkpoint_or_of_a_newer_format_is_refused_naming_it(tmp_path):
     foreign = tmp_path / "foreign.pt"
     torch.save({"model": {"weight": torch.zeros(2)}, "step": 3}, foreign)  # plain data, no format

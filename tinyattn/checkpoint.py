@@ -359,8 +359,12 @@ def _instead_of_damaged(chosen: Path, damage: str) -> Path:
 
 def damaged_best_advice(file: Path, option: str = "--checkpoint ") -> str:
     """'; ... use --checkpoint <step file>' when `file` is a damaged best.pt named by the user
-    (`option`: how the command is given a checkpoint, "--set train.init_from=" for a fine-tune)."""
-    good = newest_verified(file.parent) if file.name == BEST else None
+    (`option`: how the command is given a checkpoint, "--set train.init_from=" for a fine-tune).
+    Only for a best.pt that fails its CRC check, which a run folder given steps past: one that is whole
+    but unreadable (a newer format, another program's file) is refused through the folder too, and its
+    step checkpoints were most likely written alike."""
+    damaged = file.name == BEST and file.is_file() and verify_checkpoint(file) is not None
+    good = newest_verified(file.parent) if damaged else None
     if good is None or good == file:
         return ""
     return (f"; the newest checkpoint in {file.parent} that verifies is {good.name}: use {option}"
