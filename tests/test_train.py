@@ -913,6 +913,29 @@ def test_a_resume_in_place_whose_best_pt_is_gone_starts_its_best_afresh(corpus, 
     assert best["step"] in (9, 12) and result.best_val_loss == best["best_val_loss"] > 0.5
 
 
+def test_a_resume_in_place_whose_best_pt_fails_its_crc_check_writes_a_best_pt_that_verifies(
+        corpus, tmp_path, monkeypatch):
+    """Bit rot in best.pt's weights (its step and loss still read): the run went on with the best of 2.0
+    that no later evaluation beat, so the damaged best.pt stayed for good; every `--checkpoint <run>`
+    then noted it and fell back to a step checkpoint, and train.keep_last pruned those in turn."""
+    from tinyattn.train.owners import EvalResult, Evaluator
+
+    losses = {3: 3.0, 6: 2.0, 9: 2.5, 12: 2.6}
+    monkeypatch.setattr(Evaluator, "run", lambda evaluator, step: EvalResult(step, np.full(32, losses[step])))
+    items = ("train.eval_interval=3", "train.keep_last=1")
+    train(tiny_config(corpus, tmp_path, "train.max_steps=6", *items), run_name="run", progress=False)
+    best = tmp_path / "run" / ckpt.BEST
+    size = best.stat().st_size
+    with open(best, "r+b") as f:  # 4 KB of the weights overwritten in place, same size
+        f.seek(size // 2)
+        f.write(bytes(4096))
+    assert ckpt.verify_checkpoint(best) and ckpt.saved_value(best, "step") == 6  # damaged, yet it reads
+    result = train(tiny_config(corpus, tmp_path, "train.max_steps=12", *items), run_name="run", resume=True,
+                   progress=False)
+    assert ckpt.verify_checkpoint(best) is None
+    assert (ckpt.load_checkpoint(best)["step"], result.best_val_loss) == (9, 2.5)
+
+
 def test_a_floor_or_weight_decay_given_for_a_resume_wins_over_the_checkpoints_table_choice(tmp_path):
     from tinyattn.train.resume import ResumePoint
 

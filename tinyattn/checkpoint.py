@@ -211,6 +211,14 @@ def saved_value(path: Path, key: str):
         return None
 
 
+def verified_value(path: Path, key: str):
+    """`saved_value` of a checkpoint that passes its CRC check; None for a missing or damaged one: bit
+    rot in its weights leaves its plain values readable, but the step and loss they give are no model's."""
+    if not path.is_file() or verify_checkpoint(path) is not None:
+        return None
+    return saved_value(path, key)
+
+
 def source_tokenizer(state: dict) -> Optional[TokenizerConfig]:
     """A fine-tune checkpoint's record of the tokenizer section its source trained with
     (`SOURCE_TOKENIZER`; a fine-tune of a fine-tune passes on the first source's); None where

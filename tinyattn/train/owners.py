@@ -169,7 +169,8 @@ class Checkpointer:
         self.dist = dist
         self.run_state = {"config": config_to_dict(config), "tokenizer": tokenizer.to_json()}
         # best.pt is replaced only by a lower validation loss than the one it holds.
-        saved = ckpt.saved_value(run_dir / ckpt.BEST, "best_val_loss") if dist.is_main else None
+        # A damaged one counts as none: the next evaluation replaces it with a model that verifies.
+        saved = ckpt.verified_value(run_dir / ckpt.BEST, "best_val_loss") if dist.is_main else None
         self.best_on_disk = float(saved) if saved is not None else math.inf
 
     def save(self, trainer: Trainer, best: bool) -> None:

@@ -244,10 +244,9 @@ class ResumePoint:
 
     @functools.cached_property
     def _original_best_step(self) -> Optional[int]:
-        """The step of the original's best.pt, None without one (read once: `restore` and
-        `fork_into` ask alike)."""
-        best = self.file.parent / ckpt.BEST
-        return ckpt.saved_value(best, "step") if best.is_file() else None
+        """The step of the original's best.pt, None without one or with one that fails its CRC check
+        (read once: `restore` and `fork_into` ask alike)."""
+        return ckpt.verified_value(self.file.parent / ckpt.BEST, "step")
 
     def adopt(self, config: Config, given: Sequence[str] = ()) -> None:
         """Check that `config` can continue this checkpoint; take what the run fixed at its start.
