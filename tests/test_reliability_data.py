@@ -227,6 +227,19 @@ def test_an_edited_config_yaml_applies_on_resume_and_the_users_text_is_kept(corp
     assert fork.notes == []  # the edit was step 4's own setting: nothing in the file is left untaken
 
 
+def test_a_config_yaml_left_as_the_run_wrote_it_is_not_kept_as_an_edit(corpus, tmp_path, capsys):
+    """A long prompt with a newline, which YAML folds: the run wrote config.yaml with libyaml's dumper and
+    compared it with the pure-Python one's text, which folds it otherwise, so every resume said
+    'config.yaml differed from the run's own copy' and kept an unedited copy as config.edited-stepN.yaml."""
+    prompt = "word " * 30 + "\nx"
+    train(tiny(corpus, tmp_path, f"sample.prompt={prompt}"), run_name="run", stop_at_step=2, progress=False)
+    run = tmp_path / "run"
+    capsys.readouterr()
+    assert train_main(["--resume", str(run), "--no-progress", "--stop-at-step", "3"]) == 0
+    assert "differed" not in capsys.readouterr().err and ckpt.latest_checkpoint(run).name == ckpt.step_filename(3)
+    assert not list(run.glob("config.edited-*")) and load_config(run / "config.yaml").sample.prompt == prompt
+
+
 def test_a_fork_from_an_earlier_step_names_the_config_yaml_edits_it_does_not_take(corpus, tmp_path):
     """config.yaml describes the folder's latest step: a fork from an earlier one keeps its own config
     and says which edits of the file it leaves, but for those the command line gives anyway."""

@@ -704,11 +704,15 @@ def config_to_dict(config: Config) -> dict:
     return dataclasses.asdict(config)
 
 
+def config_text(config: Config) -> str:
+    """The YAML text `save_config` writes: what a run's config.yaml holds until the user edits it."""
+    return yaml.dump(config_to_dict(config), Dumper=_SAFE_DUMPER, sort_keys=False, allow_unicode=True)
+
+
 def save_config(config: Config, path: str | Path) -> None:
     """Write the resolved config as YAML; `load_config` on it gives back an equal Config."""
-    text = yaml.dump(config_to_dict(config), Dumper=_SAFE_DUMPER, sort_keys=False, allow_unicode=True)
     with atomic_write(path) as f:
-        f.write(text.encode("utf-8"))
+        f.write(config_text(config).encode("utf-8"))
 
 
 # ----------------------------------------------------------------------------- internals

@@ -29,8 +29,8 @@ import torch
 import yaml
 
 from tinyattn import checkpoint as ckpt
-from tinyattn.config import (PASS_TABLES, Config, TokenizerConfig, config_from_dict, config_to_dict,
-                             duration_text, load_config, settings, with_settings)
+from tinyattn.config import (PASS_TABLES, Config, TokenizerConfig, config_from_dict, config_text,
+                             config_to_dict, duration_text, load_config, settings, with_settings)
 from tinyattn.data.token_cache import data_differences
 from tinyattn.data.tokenizer import Tokenizer
 from tinyattn.errors import CheckpointError, ConfigError, StorageError, TinyattnError, counted
@@ -576,7 +576,7 @@ def keep_user_config(run_dir: Path, point: Optional[ResumePoint]) -> Optional[st
     path = run_dir / CONFIG_FILE
     if point is None or not path.is_file():
         return None
-    written = yaml.safe_dump(config_to_dict(point.config), sort_keys=False, allow_unicode=True)
+    written = config_text(point.config)  # as save_config wrote it (libyaml folds long texts otherwise)
     text = path.read_text(encoding="utf-8", errors="replace")
     if text == written:
         return None
