@@ -1079,10 +1079,15 @@ def test_the_advice_of_a_refused_resume_quotes_a_run_path_that_holds_a_space(cor
         f.write(bytes(4096))
     with pytest.raises(CheckpointError) as caught:
         train(config, resume=run, progress=False)
+    resumed, forked = str(caught.value).split("resume from it with ")[1].split(", or fork from it with ")
+    assert shlex.split(resumed) == ["--resume", str(run / "best.pt")]  # best.pt of step 12 verifies
+    assert shlex.split(forked) == ["--resume", str(run / "best.pt"), "--run-name", "NEW_NAME"]
+    (run / "best.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError) as caught:
+        train(config, resume=run, progress=False)
     moved, forked = str(caught.value).split("resume with ")[1].split(", or fork from it with ")
     assert shlex.split(moved) == ["--resume", str(run)]
     assert shlex.split(forked) == ["--resume", str(run / "step_0000009.pt"), "--run-name", "NEW_NAME"]
-    (run / "best.pt").write_bytes(b"")
     with pytest.raises(CheckpointError) as caught:
         ckpt.load_model(run / "best.pt")
     good, folder = str(caught.value).split("use --checkpoint ")[1].split(", or --checkpoint ")
@@ -1223,6 +1228,9 @@ def test_a_damaged_checkpoint_is_refused_and_the_newest_good_one_named(corpus, t
     assert latest.stat().st_size == size
     with pytest.raises(CheckpointError, match=r"step_0000012\.pt: not a readable checkpoint .*CRC-32"):
         ckpt.load_model(latest)
+    with pytest.raises(CheckpointError, match=r"CRC-32.*; best\.pt \(step 12\) verifies and is further on "):
+        train(tiny_config(corpus, tmp_path, "train.max_steps=12"), resume=run, progress=False)
+    (run / ckpt.BEST).unlink()  # the step checkpoints alone: the newest of them that verifies
     with pytest.raises(CheckpointError, match=r"CRC-32.*the newest checkpoint in .*orig that verifies is "
                                               r"step_0000009\.pt"):
         train(tiny_config(corpus, tmp_path, "train.max_steps=12"), resume=run, progress=False)
@@ -3072,3 +3080,34 @@ def test_a_run_name_naming_the_checkpoints_own_folder_otherwise_spelled_still_re
     with pytest.raises(CheckpointError, match=r"is step 6, but .* goes on to step 9: continuing there"):
         earlier.target("run", "out")
     assert ResumePoint(run / ckpt.step_filename(9), {}, load_config(TINY), 9).target("run", "out") == run
+
+
+def test_a_damaged_latest_checkpoint_names_a_best_pt_further_on_than_the_step_checkpoints_that_verify(
+        corpus, tmp_path, monkeypatch, capsys):
+    """The run's latest step checkpoint cut short, best.pt of that same step whole: the advice named step 6
+    as 'the newest checkpoint that verifies' and resuming it trained steps 7-9 again; best.pt holds step 9's
+    whole state, and a resume from it goes on at step 9."""
+    from tinyattn.train.owners import EvalResult, Evaluator
+
+    losses = {3: 3.0, 6: 2.5, 9: 2.0, 12: 1.9}
+    monkeypatch.setattr(Evaluator, "run", lambda evaluator, step: EvalResult(step, np.full(32, losses[step])))
+    items = ("train.eval_interval=3", "train.keep_last=2")
+    train(tiny_config(corpus, tmp_path, "train.max_steps=9", *items), run_name="run", progress=False)
+    run = tmp_path / "run"
+    latest = run / ckpt.step_filename(9)
+    latest.write_bytes(latest.read_bytes()[:-1000])
+    with pytest.raises(CheckpointError) as refused:
+        train(tiny_config(corpus, tmp_path, "train.max_steps=12", *items), run_name="run", resume=True,
+              progress=False)
+    best = run / ckpt.BEST
+    assert str(refused.value).endswith(
+        f"; best.pt (step 9) verifies and is further on than every step checkpoint in {run} that does: "
+        f"resume from it with --resume {best}, or fork from it with --resume {best} --run-name NEW_NAME")
+    later = run / ckpt.step_filename(10)  # a damaged step after best.pt's, in the way of a resume in place
+    later.write_bytes(latest.read_bytes())
+    moved = r"further on than every step checkpoint in .* that does: move the damaged checkpoints after "
+    with pytest.raises(CheckpointError, match=moved + "step 9 away and resume from it with "):
+        train(tiny_config(corpus, tmp_path, "train.max_steps=12", *items), resume=run, progress=False)
+    later.unlink()
+    result = train(tiny_config(corpus, tmp_path, "train.max_steps=12", *items), resume=best, progress=False)
+    assert result.step == 12 and "resuming from " + str(best) + " at step 9" in capsys.readouterr().err

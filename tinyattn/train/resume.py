@@ -64,6 +64,16 @@ def _verified_alternative(file: Path) -> str:
     good = ckpt.newest_verified(file.parent)
     if good is None or good == file:
         return ""
+    best = file.parent / ckpt.BEST
+    furthest = ckpt.verified_value(best, "step") if best not in (good, file) else None
+    if isinstance(furthest, int) and furthest > (ckpt.step_of(good) or 0):
+        # best.pt holds a whole state (optimizer, generators, sampler) of a later step: resumed in place
+        # (`target` allows it unless a step checkpoint after it is left), none of those steps trains again
+        latest = ckpt.step_of(ckpt.latest_checkpoint(file.parent) or best) or 0
+        move = f"move the damaged checkpoints after step {furthest} away and " if latest > furthest else ""
+        return (f"; best.pt (step {furthest}) verifies and is further on than every step checkpoint in "
+                f"{file.parent} that does: {move}resume from it with --resume {quoted(best)}, or fork from "
+                f"it with --resume {quoted(best)} --run-name NEW_NAME")
     return (f"; the newest checkpoint in {file.parent} that verifies is {good.name}: move the damaged "
             f"file away and resume with --resume {quoted(file.parent)}, or fork from it with --resume "
             f"{quoted(good)} --run-name NEW_NAME")
