@@ -966,3 +966,14 @@ def test_the_report_names_the_prompt_its_samples_continue(tmp_path):
     report = (tmp_path / "causal.md").read_text()
     assert "\nthe samples continue the prompt 'ROMEO:\\n'" in report
     assert report.index("the samples continue the prompt") < report.index("## sample: causal")
+
+
+def test_an_empty_prompt_starts_the_samples_from_the_start_token_not_the_default_prompt(char_tokenizer):
+    # `--prompt ''` asks for samples from nothing, as generate's empty prompt starts from <|endoftext|>;
+    # it read as no --prompt and the samples continued the validation split's first tokens unsaid.
+    from tinyattn.lab.causal import _prompt_ids
+
+    validation = np.arange(5, 40)
+    assert _prompt_ids(None, char_tokenizer, validation, 32) == list(range(5, 29))  # no --prompt: the default
+    assert char_tokenizer.start_id is not None
+    assert _prompt_ids("", char_tokenizer, validation, 32) == [char_tokenizer.start_id]

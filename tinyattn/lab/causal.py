@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the leak test changes the token at T+1 (default: the middle of the context)")
     parser.add_argument("--prompt", default=None,
                         help=f"the samples' prompt (default: the first {PROMPT_TOKENS} tokens of the "
-                             "validation split)")
+                             "validation split; '' starts from the end-of-text token, as generate's does)")
 
 
 @dataclass
@@ -330,13 +330,16 @@ def _other_checkpoint(args: argparse.Namespace, tokenizer, context: int):
 def _prompt_ids(prompt: Optional[str], tokenizer, validation, context: int) -> list[int]:
     """--prompt's ids, its characters the tokenizer never saw named as generate names them, and a
     prompt longer than the runs' `context` said to be read from its end (`prefix_sample` crops it);
-    without one, the first PROMPT_TOKENS tokens of the validation split."""
+    without one, the first PROMPT_TOKENS tokens of the validation split. An empty one starts where
+    generate's does: from the start token (<|endoftext|>), or a newline for a tokenizer without one."""
     import sys
 
     from tinyattn.data.tokenizer import warn_unknown_characters
 
-    if not prompt:
+    if prompt is None:
         return [int(i) for i in validation[:PROMPT_TOKENS]]
+    if not prompt:
+        return [tokenizer.start_id] if tokenizer.start_id is not None else tokenizer.encode("\n")
     ids = tokenizer.encode(prompt)
     warn_unknown_characters(tokenizer, prompt, ids, "--prompt")
     if len(ids) > context:
