@@ -1034,7 +1034,8 @@ def test_the_recurrence_figure_draws_loss_by_tokens_read_and_each_models_gradien
                          gradient_at_init=np.array([1.0, 0.5, 0.25]) * scale,
                          gradient_trained=np.array([2.0, 1.0, 0.5]) * scale)
 
-    recurrence.save_figure([contender("attention", 1), contender("lstm", 2)], tmp_path / "recurrence.png")
+    recurrence.save_figure([contender("attention", 1), contender("lstm", 2)], tmp_path / "recurrence.png",
+                           contexts=[8, 32])
     speed, curve, position, gradient = (lines_by_label(axes) for axes in drawn_figures[0].axes)
     assert speed["lstm"] == ([8, 32], [200.0, 100.0])
     assert curve["lstm (val 4.000)"] == ([0.5, 1.0], [8.0, 6.0])  # against wall seconds
@@ -1320,3 +1321,28 @@ def test_the_recurrence_report_names_the_validation_windows_the_config_evaluates
     text = recurrence.report(contenders, config, args, "cpu", wall=1.0)
     assert config.train.eval_windows == 8
     assert "validation loss after 1 s of training each (context 32, 8 windows)\n" in text
+
+
+def test_the_figures_speed_panel_shows_the_contexts_the_table_shows(tmp_path, monkeypatch, drawn_figures):
+    # The training context (32 in tiny.yaml) is timed for the schedule even where --contexts leaves it
+    # out; the table leaves it out too, and the figure drew it: a point the table has no row for.
+    from tests.conftest import CORPUS
+    from tinyattn.cli.lab import main
+
+    def measured(contender, config, data, **kwargs):
+        T = config.model.context_length
+        contender.curve, contender.steps, contender.seconds, contender.parameters = [(0.1, 4.0)], 1, 0.1, 1
+        contender.position_losses = np.full(T, 3.0)
+        contender.gradient_at_init = contender.gradient_trained = np.ones(T)
+
+    monkeypatch.setattr(recurrence, "tokens_per_second", lambda contender, config, tokens, **kwargs: 1000.0)
+    monkeypatch.setattr(recurrence, "train_and_measure", measured)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS * 4, encoding="utf-8")
+    assert main(["recurrence", "--config", str(ROOT / "configs" / "tiny.yaml"), "--contexts", "8", "64",
+                 "--out", str(tmp_path / "out"), "--set", f"data.files={corpus}", "data.url=null",
+                 "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}"]) == 0
+    speed = drawn_figures[0].axes[0]
+    assert speed.get_title() == "speed by context"
+    drawn = ([8, 64], [1000.0, 1000.0])  # the table's rows, not 32
+    assert lines_by_label(speed) == {"attention": drawn, "lstm": drawn}

@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     text = report(contenders, config, args, machine_line(device, precision.name),
                   wall=time.perf_counter() - started)
     save_report(folder, "recurrence", text)
-    save_figure(contenders, folder / "recurrence.png")
+    save_figure(contenders, folder / "recurrence.png", contexts=args.contexts)
     print(f"wrote {folder}/recurrence.txt, recurrence.png and TensorBoard runs "
           f"(tensorboard --logdir {quoted(folder)})", flush=True)
     return 0
@@ -384,15 +384,17 @@ def distance_rows(context: int) -> list[int]:
     return rows + [context - 1] if context > 1 else rows  # a context of 1 has only k = 0
 
 
-def save_figure(contenders: list[Contender], path) -> None:
-    """Four panels: speed by context, train loss against wall time, loss by position, gradient by distance."""
+def save_figure(contenders: list[Contender], path, *, contexts: list[int]) -> None:
+    """Four panels: speed by context, train loss against wall time, loss by position, gradient by distance.
+    The speed panel shows the table's `contexts` (--contexts), not the training context timed beside
+    them for the schedule alone."""
     from tinyattn.analysis.plotting import new_figure
 
     figure = new_figure(11.0, 7.5, dpi=100, layout="constrained")
     speed, curve, position, gradient = figure.subplots(2, 2).flat
     for c in contenders:
-        contexts = sorted(c.speed)
-        speed.plot(contexts, [c.speed[t] for t in contexts], marker="o", label=c.name)
+        shown = sorted(set(contexts))
+        speed.plot(shown, [c.speed[t] for t in shown], marker="o", label=c.name)
         curve.plot(*zip(*c.curve), label=f"{c.name} (val {c.val_loss:.3f})")
         position.plot(np.arange(1, len(c.position_losses) + 1), c.position_losses, label=c.name)
         k = np.arange(len(c.gradient_trained))
