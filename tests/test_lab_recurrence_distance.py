@@ -2,6 +2,7 @@
 
 import argparse
 import math
+import re
 import time
 from types import SimpleNamespace
 
@@ -1346,3 +1347,28 @@ def test_the_figures_speed_panel_shows_the_contexts_the_table_shows(tmp_path, mo
     assert speed.get_title() == "speed by context"
     drawn = ([8, 64], [1000.0, 1000.0])  # the table's rows, not 32
     assert lines_by_label(speed) == {"attention": drawn, "lstm": drawn}
+
+
+def test_the_wall_time_of_the_command_counts_from_the_process_start(tmp_path, monkeypatch):
+    # 'wall time of the command' counted from the experiment's own start: a run the shell timed at 26 s
+    # (the interpreter, torch's import and the figure) said 15 s; LAB.md's times are the whole command's.
+    from tests.conftest import CORPUS
+    from tinyattn.cli.lab import main
+    from tinyattn.lab import outputs
+
+    def measured(contender, config, data, **kwargs):
+        T = config.model.context_length
+        contender.curve, contender.steps, contender.seconds, contender.parameters = [(0.1, 4.0)], 1, 0.1, 1
+        contender.position_losses = np.full(T, 3.0)
+        contender.gradient_at_init = contender.gradient_trained = np.ones(T)
+
+    monkeypatch.setattr(outputs, "process_age", lambda: 600.0, raising=False)  # started 10 minutes ago
+    monkeypatch.setattr(recurrence, "tokens_per_second", lambda contender, config, tokens, **kwargs: 1000.0)
+    monkeypatch.setattr(recurrence, "train_and_measure", measured)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS * 4, encoding="utf-8")
+    assert main(["recurrence", "--config", str(ROOT / "configs" / "tiny.yaml"), "--contexts", "8",
+                 "--out", str(tmp_path / "out"), "--set", f"data.files={corpus}", "data.url=null",
+                 "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}"]) == 0
+    wall = re.search(r"wall time of the command: (\d+) s", (tmp_path / "out" / "recurrence.txt").read_text())
+    assert 600 <= int(wall.group(1)) < 660, wall.group(0)

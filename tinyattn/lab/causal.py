@@ -353,10 +353,9 @@ def run(args: argparse.Namespace) -> int:
     from tinyattn.config import load_config
     from tinyattn.data.batches import prepare_data
     from tinyattn.hf.folder import load_any_model
+    from tinyattn.lab.outputs import command_started, experiment_folder
 
-    started = time.perf_counter()
-    from tinyattn.lab.outputs import experiment_folder
-
+    started = command_started()  # the command's, start-up included
     # What the two runs cannot change is checked before they train (minutes): matplotlib (for
     # causal.png), the steps, the runs' context, the position, the checkpoint, its tokenizer and its context.
     # Nothing is written until then.

@@ -192,8 +192,9 @@ def run(args: argparse.Namespace) -> int:
     from tinyattn.checkpoint import require_causal
     from tinyattn.data.tokenizer import warn_unknown_characters
     from tinyattn.hf.folder import load_any_model
+    from tinyattn.lab.outputs import command_started
 
-    started = time.perf_counter()
+    started = command_started()  # the command's, start-up included
     require_matplotlib()  # before any work: without it context.png cannot be drawn (one line)
     contexts = args.contexts or list(DEFAULT_CONTEXTS)
     loaded = load_any_model(args.checkpoint)

@@ -49,6 +49,7 @@ from tinyattn.hf.folder import load_any_model
 from tinyattn.lab.outputs import (
     add_threads,
     clear_earlier_lab,
+    command_started,
     experiment_folder,
     machine_line,
     save_report,
@@ -95,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    started = time.perf_counter()
+    started = command_started()  # the command's, start-up included
     use_threads(args.threads)
     device = select_device(args.device or "cpu")
     for flag, value, lowest in (("--string-length", args.string_length, 2), ("--pairs", args.pairs, 2),
@@ -120,10 +121,10 @@ def run(args: argparse.Namespace) -> int:
     recall = train_recall(pairs=args.pairs, steps=args.recall_steps, seed=args.seed, device=device,
                           writer_folder=folder)
     machine = machine_line(device, "fp32")
+    save_figure(probe, recall, folder / "distance.png", length=args.string_length)
     text_report = report(probe, recall, loaded.label, machine, args,
                          wall=time.perf_counter() - started)
     save_report(folder, "distance", text_report)
-    save_figure(probe, recall, folder / "distance.png", length=args.string_length)
     print(f"wrote {folder}/distance.txt, distance.png and TensorBoard (tensorboard --logdir {quoted(folder)})",
           flush=True)
     return 0

@@ -4,13 +4,15 @@
 `clear_earlier_lab` refuses an `--out` holding an earlier run of the lab (or removes it, with --force);
 `save_report` writes the table as `<name>.txt` and prints it; `tensorboard_writer(folder, part)`
 gives each trained model its own sub-folder, so `tensorboard --logdir <folder>` shows their
-curves side by side; `machine_line` names what the numbers were measured on; `--threads` sets torch's CPU threads.
+curves side by side; `machine_line` names what the numbers were measured on; `--threads` sets torch's
+CPU threads; `command_started` is where a report's wall time of the command counts from.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Iterable, Optional, Union
 
@@ -19,9 +21,16 @@ import torch
 from tinyattn.errors import TinyattnError
 from tinyattn.system.cpu import cpu_name
 from tinyattn.system.storage import atomic_write, check_writable
+from tinyattn.system.timing import process_age
 from tinyattn.train.run_folder import unique_run_dir
 
 DEFAULT_ROOT = "checkpoints/lab"
+
+
+def command_started() -> float:
+    """The `time.perf_counter()` reading of this process's start: a wall time of the command counted from
+    it holds the interpreter's start-up and the imports, as the shell's `time` of the command does."""
+    return time.perf_counter() - process_age()
 
 
 def experiment_folder(out: Optional[str], name: str) -> Path:

@@ -49,6 +49,7 @@ from tinyattn.lab.lstm import LSTMConfig, LSTMLanguageModel, lstm_width_for
 from tinyattn.lab.outputs import (
     add_threads,
     clear_earlier_lab,
+    command_started,
     experiment_folder,
     machine_line,
     save_report,
@@ -119,7 +120,7 @@ class Contender:
 
 
 def run(args: argparse.Namespace) -> int:
-    started = time.perf_counter()
+    started = command_started()  # the command's, start-up included
     use_threads(args.threads)
     config = load_config(args.config, args.overrides)
     check_positive(args)
@@ -142,10 +143,10 @@ def run(args: argparse.Namespace) -> int:
     for c in contenders:
         train_and_measure(c, config, data, seconds=args.seconds, folder=folder, device=device,
                           precision=precision)
+    save_figure(contenders, folder / "recurrence.png", contexts=args.contexts)
     text = report(contenders, config, args, machine_line(device, precision.name),
                   wall=time.perf_counter() - started)
     save_report(folder, "recurrence", text)
-    save_figure(contenders, folder / "recurrence.png", contexts=args.contexts)
     print(f"wrote {folder}/recurrence.txt, recurrence.png and TensorBoard runs "
           f"(tensorboard --logdir {quoted(folder)})", flush=True)
     return 0
