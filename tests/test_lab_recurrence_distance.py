@@ -82,6 +82,19 @@ def test_the_lstms_head_reads_its_output_normalised(random_tokens):
     torch.testing.assert_close(scaled, plain, rtol=1e-3, atol=1e-4)
 
 
+def test_the_lstms_final_norm_reads_fp32_under_bf16_autocast_as_the_attention_models_does(random_tokens):
+    # Under `lab recurrence --precision bf16` the LSTM's output is bf16, and RMSNorm's fp32 gain met it
+    # in torch's unfused path, with a UserWarning and its file and line on the console; the attention
+    # model's final norm reads its fp32 residual stream.
+    lstm = LSTMLanguageModel(LSTMConfig(65, 32, n_layer=1))
+    seen = []
+    lstm.final_norm.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0].dtype))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = lstm(random_tokens(batch=2, length=8)).logits
+    assert seen == [torch.float32]
+    assert logits.dtype == torch.bfloat16  # the head still multiplies in bf16
+
+
 def test_the_lstm_contender_has_the_layers_asked_and_about_the_attention_models_parameters():
     config = load_config(ROOT / "configs" / "tiny.yaml", ["model.vocab_size=65"])
     device = torch.device("cpu")

@@ -59,7 +59,9 @@ class LSTMLanguageModel(nn.Module):
         B, T = idx.shape
         x = self.token_embedding(idx)  # (B, T, C)
         hidden, _ = self.lstm(x)  # (B, T, C): each position has read only itself and earlier ones
-        logits = self.head(self.final_norm(hidden))  # (B, T, V)
+        # In fp32, as LanguageModel's final norm reads its residual stream: under bf16 autocast the LSTM
+        # gives bf16, which the fp32 gain would meet in torch's slower unfused path (with a warning).
+        logits = self.head(self.final_norm(hidden.float()))  # (B, T, V)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T),
