@@ -281,6 +281,27 @@ def test_train_leaves_together_after_a_run_that_ended_alike_and_not_after_a_fail
     assert said == ["shutdown"]
 
 
+def test_only_a_peer_gone_from_a_distributed_run_becomes_rank_0s_one_line():
+    """departure_said: gloo's words for a peer that closed or reset its connection, under DDP; any other
+    RuntimeError (a bug's, or one process's) keeps its traceback."""
+    from tinyattn.errors import TinyattnError
+    from tinyattn.system.distributed import Distributed, departure_said
+
+    ranks = Distributed(rank=1, world_size=2, local_rank=1)
+    for gone in ["[pair.cc:553] Connection closed by peer [127.0.0.1]:13724",
+                 "[pair.cc:598] Read error [127.0.0.1]:5: Connection reset by peer"]:
+        told = []
+        with pytest.raises(TinyattnError, match="^another rank left the run") as raised:
+            with departure_said(ranks, then=lambda: told.append(True)):
+                raise RuntimeError(gone)
+        assert raised.value.shared is True and raised.value.__cause__ is None and told == [True]
+    for dist, message in [(ranks, "mat1 and mat2 shapes cannot be multiplied"),
+                          (Distributed(), "[pair.cc:553] Connection closed by peer")]:
+        with pytest.raises(RuntimeError, match=re.escape(message)):
+            with departure_said(dist):
+                raise RuntimeError(message)
+
+
 def test_auto_takes_cuda_first_then_mps_then_the_cpu(monkeypatch):
     from tinyattn.system.device import select_device
 

@@ -1939,6 +1939,43 @@ def test_a_refusal_on_rank_0_ends_every_rank_with_its_one_line(corpus, tmp_path,
 
 
 
+GLOO_PEER_GONE = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+                  "[127.0.0.1]:31892. This is typically caused by a remote worker crashing.")
+
+
+def test_a_rank_that_left_alone_ends_the_others_in_one_line_and_a_new_runs_folder_goes(
+        monkeypatch, corpus, tmp_path):
+    """A stop signal to one rank before step 1 (`kill -TERM <pid>`) ends it at once; the others, waiting
+    in a collective (rank 0's data preparation, the time budget's measuring steps), met
+    gloo's "Connection closed by peer" RuntimeError: a traceback on each, rank 0's cut off by torchrun's
+    SIGTERM, and the new run's folder left with a train.log ending 'failed: RuntimeError'. Now rank 0
+    says one line (`shared`: the others print nothing), the folder goes as any failed start's, and the
+    signal torchrun then sends the ranks left is ignored."""
+    from tinyattn.system.distributed import Distributed
+    from tinyattn.train import loop
+
+    def peer_gone(*args, **kwargs):
+        raise RuntimeError(GLOO_PEER_GONE)
+
+    monkeypatch.setattr(loop, "init_distributed", lambda device: Distributed(rank=0, world_size=2))
+    monkeypatch.setattr(loop, "shutdown_distributed", lambda dist: None)
+    monkeypatch.setattr(torch.distributed, "all_gather_object", lambda gathered, mine: gathered.__setitem__(
+        slice(None), [mine] * len(gathered)))
+    monkeypatch.setattr(torch.distributed, "broadcast_object_list", lambda objects, src: None)
+    monkeypatch.setattr(loop, "_build", peer_gone)  # the data's collectives, then the measuring steps
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with pytest.raises(TinyattnError, match="^another rank left the run") as raised:
+            train(tiny_config(corpus, tmp_path), run_name="ddp", progress=False)
+        # torchrun's SIGTERM to the ranks left, which follows, cannot kill rank 0 before its line
+        assert {signal.getsignal(sig) for sig in handlers} == {signal.SIG_IGN}
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert raised.value.shared is True  # rank 0 says it, the other ranks nothing
+    assert not (tmp_path / "ddp").exists()
+
+
 @pytest.mark.slow
 # Two of the refusals the fix covers, one before the run's folder (every rank's check, agreed) and one
 # after (rank 0's plan, shared): a budget no step fits and a bad --run-name are marked shared alike, and

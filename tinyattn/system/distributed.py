@@ -6,7 +6,7 @@ import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -101,6 +101,29 @@ def shutdown_distributed(dist: Distributed, wait: float = 2.0) -> None:
     while any(t._use_count() > 1 for t in dist.handed.values()) and time.monotonic() < deadline:
         time.sleep(0.001)
     torch.distributed.destroy_process_group()
+
+
+# gloo's words for a collective whose peer process has gone: its socket closed, or reset mid-write
+_PEER_GONE = ("closed by peer", "reset by peer", "broken pipe")
+
+
+@contextmanager
+def departure_said(dist: Distributed, then: Callable[[], None] = lambda: None) -> Iterator[None]:
+    """Around a distributed run: a rank that left alone (a stop signal to it before the first step,
+    which ends it at once; an error of its own, which it says) ends the collective the others wait
+    in with gloo's "Connection closed by peer" RuntimeError. They printed its traceback (rank 0's
+    cut off by torchrun's SIGTERM, its new run's folder left); here it is one line, rank 0's
+    (`shared`), a TinyattnError, so a new run's folder goes as any failed start's. `then` is called
+    first (the run's stop request stops listening for the SIGTERM torchrun sends next)."""
+    try:
+        yield
+    except RuntimeError as error:
+        if not (dist.enabled and any(words in str(error).lower() for words in _PEER_GONE)):
+            raise
+        then()
+        raise said_once(TinyattnError("another rank left the run (stopped or killed alone, or ended by an "
+                                      "error it printed; torchrun's summary gives its exit status); every "
+                                      "rank stops"), True) from None
 
 
 @contextmanager

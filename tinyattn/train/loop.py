@@ -57,8 +57,8 @@ from tinyattn.data.tokenizer import unused_tokenizer_options
 from tinyattn.errors import StorageError, TinyattnError
 from tinyattn.model.memory import check_training_fits
 from tinyattn.system.device import measure_peak_flops, select_device, select_precision
-from tinyattn.system.distributed import (Distributed, init_distributed, leave_together, mistake_alike,
-                                         refusal_shared, said_once, shutdown_distributed)
+from tinyattn.system.distributed import (Distributed, departure_said, init_distributed, leave_together,
+                                         mistake_alike, refusal_shared, said_once, shutdown_distributed)
 from tinyattn.train.budget import Calibration, Measured, TimePlan, explicit_steps, plan_for
 from tinyattn.train.finetune import InitSource, adopt_model, init_source
 from tinyattn.train.hooks import resolve_hooks
@@ -145,12 +145,15 @@ def train(config: Config, *, config_path: Optional[str | Path] = None, run_name:
 
 def _train(config: Config, request: _Request, dist: Distributed, stopper: StopRequest) -> TrainResult:
     timers = Timers(request.clock)
-    with mistake_alike(dist):  # a mistake every rank meets here is one line, rank 0's
-        config, point, device, source = _checked_start(config, request, dist)
-    run_dir, lock, made = open_run_folder(config, request.config_path, request.run_name, point, dist)
+    # a rank that left alone: one line, rank 0's, where each rank waiting for it failed
+    with departure_said(dist, then=stopper.end_deaf):
+        with mistake_alike(dist):  # a mistake every rank meets here is one line, rank 0's
+            config, point, device, source = _checked_start(config, request, dist)
+        run_dir, lock, made = open_run_folder(config, request.config_path, request.run_name, point, dist)
     with lock:
         try:
-            with RunLog(run_dir, enabled=dist.is_main) as run_log, _said_what_is_kept(run_dir):
+            with RunLog(run_dir, enabled=dist.is_main) as run_log, _said_what_is_kept(run_dir), \
+                    departure_said(dist, then=stopper.end_deaf):
                 if isinstance(lock, RunLock):  # rank 0's; a killed session's note: train.log keeps it too
                     lock.say_note()
                 return _train_in(run_dir, config, request, point=point, device=device, dist=dist,

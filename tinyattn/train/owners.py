@@ -233,6 +233,13 @@ class StopRequest:
     def __init__(self, *, at_once: bool = False):
         self.signal_name: Optional[str] = None
         self.at_once = at_once
+        self.ending = False  # `end_deaf`: the run ends on its own; a signal now is ignored
+
+    def end_deaf(self) -> None:
+        """The run ends on its own, another rank having left (`distributed.departure_said`): torchrun's
+        SIGTERM to the ranks left follows, and cut rank 0's clean-up (the folder of a new run stayed) or
+        killed it before its line. A signal from now on, also after `installed`, is ignored."""
+        self.ending = True
 
     @contextmanager
     def installed(self):
@@ -240,6 +247,8 @@ class StopRequest:
         hangup = getattr(signal, "SIGHUP", None)  # not on Windows
 
         def handler(signum, frame):
+            if self.ending:
+                return
             if self.signal_name is not None:
                 # a closed terminal hangs up twice: its shell, then the kernel; before the first
                 # step the run is already ending at once, and a second signal would cut its clean-up
@@ -264,7 +273,7 @@ class StopRequest:
             # After a hangup the terminal is gone: a late one must not kill the run's last lines.
             hung_up = self.signal_name == "SIGHUP"
             for sig, old in previous.items():
-                signal.signal(sig, signal.SIG_IGN if sig == hangup and hung_up else old)
+                signal.signal(sig, signal.SIG_IGN if self.ending or (sig == hangup and hung_up) else old)
 
 
 class SharedStop:
