@@ -1385,3 +1385,28 @@ def test_the_wall_time_of_the_command_counts_from_the_process_start(tmp_path, mo
                  "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}"]) == 0
     wall = re.search(r"wall time of the command: (\d+) s", (tmp_path / "out" / "recurrence.txt").read_text())
     assert 600 <= int(wall.group(1)) < 660, wall.group(0)
+
+
+@pytest.mark.parametrize("lab", ["recurrence", "distance"])
+def test_a_lab_without_matplotlib_is_refused_in_one_line_before_it_measures(
+        tmp_path, monkeypatch, capsys, trained_run, lab):
+    # The figure is drawn before the report (its time counts in the wall time): without the optional
+    # extra the command measured for minutes, then failed drawing and wrote no table either.
+    import sys
+
+    from tests.conftest import CORPUS
+    from tinyattn.cli.lab import main
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the optional extra were not installed
+    module, work = (recurrence, "tokens_per_second") if lab == "recurrence" else (distance, "repeat_probe")
+    monkeypatch.setattr(module, work, lambda *args, **kwargs: pytest.fail("measured before checking"))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS * 4, encoding="utf-8")
+    out = tmp_path / "out"
+    command = ([lab, "--config", str(ROOT / "configs" / "tiny.yaml"), "--set", f"data.files={corpus}",
+                "data.url=null", "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}"]
+               if lab == "recurrence" else [lab, "--checkpoint", str(trained_run.run_dir)])
+    assert main([*command, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: plots need matplotlib, an optional extra: pip install 'tinyattn[plot]'\n", err
+    assert not out.exists()

@@ -40,6 +40,7 @@ import torch
 import torch.nn as nn
 
 from tinyattn.analysis.evaluate import token_losses
+from tinyattn.analysis.plotting import require_matplotlib
 from tinyattn.checkpoint import require_causal
 from tinyattn.config import ModelConfig, TrainConfig, home_path
 from tinyattn.data.batches import prepare_data
@@ -97,6 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     started = command_started()  # the command's, start-up included
+    require_matplotlib()  # before any work: the figure is drawn before the report (one line)
     use_threads(args.threads)
     device = select_device(args.device or "cpu")
     for flag, value, lowest in (("--string-length", args.string_length, 2), ("--pairs", args.pairs, 2),

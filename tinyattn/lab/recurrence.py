@@ -42,6 +42,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tinyattn.analysis.evaluate import format_loss_by_position, log_loss_by_position_to_tensorboard
+from tinyattn.analysis.plotting import require_matplotlib
 from tinyattn.config import Config, TrainConfig, home_path, load_config
 from tinyattn.data.batches import BatchSampler, eval_batches, prepare_data
 from tinyattn.errors import TinyattnError
@@ -121,6 +122,7 @@ class Contender:
 
 def run(args: argparse.Namespace) -> int:
     started = command_started()  # the command's, start-up included
+    require_matplotlib()  # before any work: the figure is drawn before the report (one line)
     use_threads(args.threads)
     config = load_config(args.config, args.overrides)
     check_positive(args)
