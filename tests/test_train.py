@@ -1976,6 +1976,42 @@ def test_a_rank_that_left_alone_ends_the_others_in_one_line_and_a_new_runs_folde
     assert not (tmp_path / "ddp").exists()
 
 
+def test_torchruns_sigterm_during_the_clean_up_after_a_rank_left_is_ignored(monkeypatch, corpus, tmp_path):
+    """torchrun's SIGTERM to the ranks left comes while rank 0 cleans up (train.log, the lock, a new
+    run's folder): `StopRequest.end_deaf` makes the handler ignore it there, where it raised
+    StoppedBeforeStart, left the new run's folder and ended rank 0 without its line."""
+    import os
+
+    from tinyattn.system.distributed import Distributed
+    from tinyattn.train import loop
+
+    def peer_gone(*args, **kwargs):
+        raise RuntimeError(GLOO_PEER_GONE)
+
+    def signalled_then_removed(*args):
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before kill returns
+        return remove_failed_start(*args)
+
+    remove_failed_start = loop.remove_failed_start
+    monkeypatch.setattr(loop, "init_distributed", lambda device: Distributed(rank=0, world_size=2))
+    monkeypatch.setattr(loop, "shutdown_distributed", lambda dist: None)
+    monkeypatch.setattr(torch.distributed, "all_gather_object", lambda gathered, mine: gathered.__setitem__(
+        slice(None), [mine] * len(gathered)))
+    monkeypatch.setattr(torch.distributed, "broadcast_object_list", lambda objects, src: None)
+    monkeypatch.setattr(loop, "_build", peer_gone)
+    monkeypatch.setattr(loop, "remove_failed_start", signalled_then_removed)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with pytest.raises(TinyattnError, match="^another rank left the run"):
+            train(tiny_config(corpus, tmp_path), run_name="ddp", progress=False)
+    except KeyboardInterrupt as stop:  # a failure of this test, not the end of the session
+        pytest.fail(f"the signal cut the clean-up: {stop}")
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert not (tmp_path / "ddp").exists()
+
+
 @pytest.mark.slow
 # Two of the refusals the fix covers, one before the run's folder (every rank's check, agreed) and one
 # after (rank 0's plan, shared): a budget no step fits and a bad --run-name are marked shared alike, and
