@@ -2013,6 +2013,51 @@ def test_torchruns_sigterm_during_the_clean_up_after_a_rank_left_is_ignored(monk
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds torchrun's workers in /proc")
+def test_a_rank_killed_mid_training_ends_the_other_with_the_checkpoint_it_keeps_and_the_resume(
+        corpus, tmp_path):
+    """`kill -9` to rank 1 (the OOM killer) after checkpoints: rank 0's one line said only 'another rank
+    left the run ...; every rank stops' (exit 2), not that the folder keeps its last checkpoint nor how
+    to resume, as a second stop's line does."""
+    pytest.importorskip("torch.distributed.run")
+    process = warm_python.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+         str(ROOT / "scripts" / "train.py"), "--config", str(TINY), "--run-name", "ddp", "--no-progress",
+         "--device", "cpu", "--set",
+         *tiny_overrides(corpus, tmp_path, "train.max_steps=100000", "train.eval_interval=2",
+                         "train.log_interval=1")],
+        cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    lines, workers = [], {}
+    try:
+        for line in process.stderr:  # wait until a checkpoint is saved
+            lines.append(line)
+            if line.startswith("step 4: validation loss"):
+                break
+        workers = torchrun_workers(process)
+        os.kill(workers[1], signal.SIGKILL)
+        _, rest = process.communicate(timeout=20)
+    finally:
+        for pid in [process.pid, *workers.values()]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        process.wait()
+    stderr = "".join(lines) + rest
+    run = tmp_path / "ddp"
+    latest = ckpt.latest_checkpoint(run)
+    assert latest is not None and ckpt.load_checkpoint(latest)["step"] >= 2
+    said = re.search(r"^error: another rank left the run .*$", stderr, re.MULTILINE)
+    assert said is not None, stderr[-3000:]
+    assert said.group(0).endswith(
+        f"every rank stops; the last checkpoint saved is step {ckpt.step_of(latest)}'s ({latest.name}) in "
+        f"{run}, what was trained after it is lost. Resume with: torchrun --nproc_per_node=2 "
+        f"{ROOT / 'scripts' / 'train.py'} --resume {run}"), said.group(0)
+    assert (run / "train.log").read_text().rstrip().endswith(said.group(0)[len("error: "):])
+
+
+@pytest.mark.slow
 # Two of the refusals the fix covers, one before the run's folder (every rank's check, agreed) and one
 # after (rank 0's plan, shared): a budget no step fits and a bad --run-name are marked shared alike, and
 # a torchrun launch each (3-7 s) would push the suite past its two minutes.

@@ -107,6 +107,10 @@ def shutdown_distributed(dist: Distributed, wait: float = 2.0) -> None:
 _PEER_GONE = ("closed by peer", "reset by peer", "broken pipe")
 
 
+class PeerGone(TinyattnError):
+    """Another rank left the run alone (`departure_said`): every rank stops, rank 0 saying so."""
+
+
 @contextmanager
 def departure_said(dist: Distributed, then: Callable[[], None] = lambda: None) -> Iterator[None]:
     """Around a distributed run: a rank that left alone (a stop signal to it before the first step,
@@ -121,9 +125,9 @@ def departure_said(dist: Distributed, then: Callable[[], None] = lambda: None) -
         if not (dist.enabled and any(words in str(error).lower() for words in _PEER_GONE)):
             raise
         then()
-        raise said_once(TinyattnError("another rank left the run (stopped or killed alone, or ended by an "
-                                      "error it printed; torchrun's summary gives its exit status); every "
-                                      "rank stops"), True) from None
+        raise said_once(PeerGone("another rank left the run (stopped or killed alone, or ended by an "
+                                  "error it printed; torchrun's summary gives its exit status); every "
+                                  "rank stops"), True) from None
 
 
 @contextmanager

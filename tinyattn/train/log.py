@@ -105,9 +105,10 @@ class RunLog:
         self.handler = None
 
 
-def stopped_at_once(stop: KeyboardInterrupt, run_dir: Path) -> str:
-    """A run's last line after a second stop signal (`owners.StoppedAtOnce`, `stop`): the
-    checkpoint its folder keeps (what was trained after it is lost) and how to resume."""
+def stopped_at_once(stop: BaseException, run_dir: Path) -> str:
+    """A run's last line after a second stop signal (`owners.StoppedAtOnce`, `stop`), or another
+    rank's departure mid-training: the checkpoint its folder keeps (what was trained after it is
+    lost) and how to resume."""
     kept, best = ckpt.latest_checkpoint(run_dir), run_dir / ckpt.BEST
     if kept is None and best.is_file():  # cut short after best.pt, before the first step's file
         kept = best

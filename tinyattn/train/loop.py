@@ -57,8 +57,9 @@ from tinyattn.data.tokenizer import unused_tokenizer_options
 from tinyattn.errors import StorageError, TinyattnError
 from tinyattn.model.memory import check_training_fits
 from tinyattn.system.device import measure_peak_flops, select_device, select_precision
-from tinyattn.system.distributed import (Distributed, departure_said, init_distributed, leave_together,
-                                         mistake_alike, refusal_shared, said_once, shutdown_distributed)
+from tinyattn.system.distributed import (Distributed, PeerGone, departure_said, init_distributed,
+                                         leave_together, mistake_alike, refusal_shared, said_once,
+                                         shutdown_distributed)
 from tinyattn.train.budget import Calibration, Measured, TimePlan, explicit_steps, plan_for
 from tinyattn.train.finetune import InitSource, adopt_model, init_source
 from tinyattn.train.hooks import resolve_hooks
@@ -152,7 +153,7 @@ def _train(config: Config, request: _Request, dist: Distributed, stopper: StopRe
         run_dir, lock, made = open_run_folder(config, request.config_path, request.run_name, point, dist)
     with lock:
         try:
-            with RunLog(run_dir, enabled=dist.is_main) as run_log, _said_what_is_kept(run_dir), \
+            with RunLog(run_dir, enabled=dist.is_main) as run_log, _said_what_is_kept(run_dir, stopper), \
                     departure_said(dist, then=stopper.end_deaf):
                 if isinstance(lock, RunLock):  # rank 0's; a killed session's note: train.log keeps it too
                     lock.say_note()
@@ -202,13 +203,19 @@ def _checked_start(config: Config, request: _Request, dist: Distributed
 
 
 @contextmanager
-def _said_what_is_kept(run_dir: Path):
+def _said_what_is_kept(run_dir: Path, stopper: StopRequest):
     """A second stop signal (`StoppedAtOnce`) ends the run with a line saying which checkpoint
-    its folder keeps and how to resume, as the first one's last line does (train.log has it too)."""
+    its folder keeps and how to resume, as the first one's last line does (train.log has it too);
+    so does another rank's departure (`PeerGone`) once training started (a new run's folder
+    goes before it: its one line is enough)."""
     try:
         yield
     except StoppedAtOnce as stop:
         raise KeyboardInterrupt(stopped_at_once(stop, run_dir)) from None
+    except PeerGone as gone:
+        if stopper.at_once:
+            raise
+        raise said_once(PeerGone(stopped_at_once(gone, run_dir)), True) from None
 
 
 def _for_precision(config: Config, device: torch.device, request: _Request,
