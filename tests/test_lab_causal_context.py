@@ -860,6 +860,17 @@ def test_lab_context_writes_and_prints_its_table_under_the_models_name(trained_r
     assert (out / "context.png").stat().st_size > 0
 
 
+def test_lab_contexts_time_counts_from_the_process_start(trained_run, tmp_path, capsys, monkeypatch):
+    # aadbe5a's clock for every lab ('wrote ... in N s'): only recurrence's was pinned.
+    from tinyattn.lab import outputs
+
+    monkeypatch.setattr(outputs, "process_age", lambda: 600.0)  # started 10 minutes ago
+    assert main(["lab", "context", "--checkpoint", str(trained_run.run_dir), "--word", "speak",
+                 "--context", CONTEXTS[0], "--context", CONTEXTS[1], "--out", str(tmp_path / "out")]) == 0
+    seconds = float(re.search(r"context.png in ([\d.]+) s", capsys.readouterr().out).group(1))
+    assert 600 <= seconds < 660, seconds
+
+
 def test_lab_context_without_matplotlib_is_refused_in_one_line_before_it_writes_anything(
         trained_run, tmp_path, monkeypatch, capsys):
     # It measured, made --out and failed drawing context.png before context.md was written.

@@ -1410,3 +1410,17 @@ def test_a_lab_without_matplotlib_is_refused_in_one_line_before_it_measures(
     err = capsys.readouterr().err
     assert err == "error: plots need matplotlib, an optional extra: pip install 'tinyattn[plot]'\n", err
     assert not out.exists()
+
+
+def test_lab_distances_wall_time_of_the_command_counts_from_the_process_start(
+        trained_run, tmp_path, monkeypatch):
+    # aadbe5a's clock for every lab: recurrence's test alone pinned it, distance's could go back unseen.
+    from tinyattn.cli.lab import main
+    from tinyattn.lab import outputs
+
+    monkeypatch.setattr(outputs, "process_age", lambda: 600.0)  # started 10 minutes ago
+    out = tmp_path / "out"
+    assert main(["distance", "--checkpoint", str(trained_run.run_dir), "--recall-steps", "1", "--pairs", "2",
+                 "--string-length", "3", "--out", str(out)]) == 0
+    wall = re.search(r"wall time of the command: (\d+) s", (out / "distance.txt").read_text())
+    assert 600 <= int(wall.group(1)) < 660, wall.group(0)
