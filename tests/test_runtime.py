@@ -281,7 +281,7 @@ def test_train_leaves_together_after_a_run_that_ended_alike_and_not_after_a_fail
     assert said == ["shutdown"]
 
 
-def test_only_a_peer_gone_from_a_distributed_run_becomes_rank_0s_one_line():
+def test_only_a_peer_gone_from_a_distributed_run_becomes_each_ranks_one_line():
     """departure_said: gloo's words for a peer that closed or reset its connection, under DDP; any other
     RuntimeError (a bug's, or one process's) keeps its traceback."""
     from tinyattn.errors import TinyattnError
@@ -294,7 +294,8 @@ def test_only_a_peer_gone_from_a_distributed_run_becomes_rank_0s_one_line():
         with pytest.raises(TinyattnError, match="^another rank left the run") as raised:
             with departure_said(ranks, then=lambda: told.append(True)):
                 raise RuntimeError(gone)
-        assert raised.value.shared is True and raised.value.__cause__ is None and told == [True]
+        # not shared: rank 0 may be the one gone, and then this rank's line is the only one
+        assert not getattr(raised.value, "shared", False) and raised.value.__cause__ is None and told == [True]
     for dist, message in [(ranks, "mat1 and mat2 shapes cannot be multiplied"),
                           (Distributed(), "[pair.cc:553] Connection closed by peer")]:
         with pytest.raises(RuntimeError, match=re.escape(message)):

@@ -1972,7 +1972,7 @@ def test_a_rank_that_left_alone_ends_the_others_in_one_line_and_a_new_runs_folde
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
-    assert raised.value.shared is True  # rank 0 says it, the other ranks nothing
+    assert not getattr(raised.value, "shared", False)  # each rank says it: rank 0 may be the one gone
     assert not (tmp_path / "ddp").exists()
 
 

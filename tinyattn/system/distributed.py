@@ -108,7 +108,7 @@ _PEER_GONE = ("closed by peer", "reset by peer", "broken pipe")
 
 
 class PeerGone(TinyattnError):
-    """Another rank left the run alone (`departure_said`): every rank stops, rank 0 saying so."""
+    """Another rank left the run alone (`departure_said`): every rank stops, each saying so."""
 
 
 @contextmanager
@@ -116,18 +116,19 @@ def departure_said(dist: Distributed, then: Callable[[], None] = lambda: None) -
     """Around a distributed run: a rank that left alone (a stop signal to it before the first step,
     which ends it at once; an error of its own, which it says) ends the collective the others wait
     in with gloo's "Connection closed by peer" RuntimeError. They printed its traceback (rank 0's
-    cut off by torchrun's SIGTERM, its new run's folder left); here it is one line, rank 0's
-    (`shared`), a TinyattnError, so a new run's folder goes as any failed start's. `then` is called
-    first (the run's stop request stops listening for the SIGTERM torchrun sends next)."""
+    cut off by torchrun's SIGTERM, its new run's folder left); here it is one line each, a
+    TinyattnError, so a new run's folder goes as any failed start's. Not `shared`: the rank gone may
+    be rank 0 (a kill, the OOM killer), and then the others' `rank N: error:` lines are the only
+    ones. `then` is called first (the run's stop request stops listening for the SIGTERM torchrun
+    sends next)."""
     try:
         yield
     except RuntimeError as error:
         if not (dist.enabled and any(words in str(error).lower() for words in _PEER_GONE)):
             raise
         then()
-        raise said_once(PeerGone("another rank left the run (stopped or killed alone, or ended by an "
-                                  "error it printed; torchrun's summary gives its exit status); every "
-                                  "rank stops"), True) from None
+        raise PeerGone("another rank left the run (stopped or killed alone, or ended by an error it "
+                       "printed; torchrun's summary gives its exit status); every rank stops") from None
 
 
 @contextmanager
