@@ -1218,6 +1218,34 @@ def test_a_save_cut_short_at_best_pt_leaves_the_best_model_in_best_pt_after_the_
     assert (best["step"], best["best_val_loss"]) == (6, 2.0)
 
 
+def test_a_resume_after_a_save_cut_short_at_the_step_checkpoint_takes_best_pts_loss_as_its_best(
+        corpus, tmp_path, monkeypatch, capsys):
+    """Killed after best.pt of step 6 (2.0), before step 6's checkpoint: the resume went on from step 3
+    with step 3's best (3.0), called step 5's 2.8 its best and reported it, while best.pt held 2.0."""
+    from tinyattn.train.owners import EvalResult, Evaluator
+
+    losses = {3: 3.0, 5: 2.8, 6: 2.0}
+    monkeypatch.setattr(Evaluator, "run", lambda evaluator, step: EvalResult(step, np.full(32, losses[step])))
+    save = ckpt.save_checkpoint
+
+    def killed_at_the_step_checkpoint_of_step_6(state, path):
+        if Path(path).name == ckpt.step_filename(6):
+            raise KeyboardInterrupt
+        save(state, path)
+
+    items = ("train.eval_interval=3", "train.keep_last=1", "train.max_steps=12")
+    monkeypatch.setattr(ckpt, "save_checkpoint", killed_at_the_step_checkpoint_of_step_6)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_config(corpus, tmp_path, *items), run_name="run", progress=False)
+    monkeypatch.setattr(ckpt, "save_checkpoint", save)
+    capsys.readouterr()
+    result = train(tiny_config(corpus, tmp_path, *items), run_name="run", resume=True, progress=False,
+                   stop_at_step=5)
+    assert "step 5: validation loss 2.8000\n" in capsys.readouterr().err  # not '(best)'
+    assert result.best_val_loss == 2.0 == ckpt.saved_value(tmp_path / "run" / ckpt.BEST, "best_val_loss")
+    assert ckpt.load_checkpoint(tmp_path / "run" / ckpt.step_filename(5))["best_val_loss"] == 2.0
+
+
 def test_a_damaged_checkpoint_is_refused_and_the_newest_good_one_named(corpus, tmp_path, twelve_steps):
     run, _ = twelve_steps
     latest = run / "step_0000012.pt"

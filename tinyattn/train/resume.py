@@ -573,11 +573,17 @@ class ResumePoint:
         checkpoint's was reached by a model the fork never holds, and its first evaluation
         writes the fork's own best.pt. So does a resume in place whose best.pt is gone or
         unreadable: else no evaluation after a rise would write one, and the run would report a
-        best whose model is not in its folder."""
+        best whose model is not in its folder. A resume in place whose best.pt is of a later step (a
+        save cut short after it, before its step's checkpoint: `owners.Checkpointer.save`) takes its
+        loss: else an evaluation before that step was called the best, and reported, above best.pt's."""
         trainer.load_state_dict(self.state, self.file)
         self.state = {}  # the tensors are in the trainer now; free the copy
         if (self.forks_into(run_dir) or self._original_best_step is None) and not self._keeps_best():
             trainer.best_val_loss = math.inf
+        elif not self.forks_into(run_dir) and self._original_best_step > self.step:
+            saved = ckpt.saved_value(self.file.parent / ckpt.BEST, "best_val_loss")  # it verifies
+            if isinstance(saved, (int, float)):
+                trainer.best_val_loss = float(saved)
 
 
 def keep_user_config(run_dir: Path, point: Optional[ResumePoint]) -> Optional[str]:
