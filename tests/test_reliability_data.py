@@ -262,6 +262,23 @@ def test_a_fork_from_an_earlier_step_names_the_config_yaml_edits_it_does_not_tak
     assert fork.notes == []
 
 
+def test_a_resume_from_a_best_pt_further_on_than_the_step_checkpoints_is_not_called_a_fork(corpus,
+                                                                                            tmp_path):
+    """A save cut short after best.pt of step 4, before its step's checkpoint: `--resume <run>/best.pt`
+    continues the run in place, and the note on config.yaml's edits called it 'a fork from step 4'."""
+    from tinyattn.train.resume import ResumePoint
+
+    train(tiny(corpus, tmp_path), run_name="run", progress=False)  # step_2 and step_4
+    run = tmp_path / "run"
+    ckpt.copy_checkpoint(run / ckpt.step_filename(4), run / ckpt.BEST)
+    (run / ckpt.step_filename(4)).unlink()
+    edit_run_config(run, "  lr: 0.002\n", "  lr: 0.001\n")
+    point = ResumePoint.find(run / ckpt.BEST, None, tmp_path)
+    assert point.target(None, tmp_path) == run and point.edited_config().train.lr == 0.002
+    assert point.notes == [f"note: {run / 'config.yaml'} describes step 2, not step 4: its edits (train.lr) "
+                           "do not apply to a resume from best.pt (step 4); give them with --set"]
+
+
 def test_an_edit_the_command_line_overrules_is_logged_as_overruled(corpus, tmp_path, capsys):
     """config.yaml's edit of a key that --set or --device also gives: the command line's value is the
     one the run takes, and the note says so (it said the edit applied, then ran on the other)."""

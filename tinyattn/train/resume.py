@@ -521,7 +521,8 @@ class ResumePoint:
 
     def _note_edits_not_taken(self, path: Path, latest: Path, overruled: Sequence[str]) -> None:
         """A fork from an earlier step than the folder's latest does not take config.yaml's edits
-        (the file describes the latest step): a note names those not given on the command line.
+        (the file describes the latest step), nor does a resume from a best.pt further on than it:
+        a note names those not given on the command line.
         The edits are what the file changes from the latest checkpoint's config (that checkpoint's
         own settings, from a resume with --set, are none); where it cannot be read, from this one's.
         A file that cannot be read as a config is left to a resume from the latest to refuse."""
@@ -534,10 +535,13 @@ class ResumePoint:
         except (ConfigError, CheckpointError, OSError, yaml.YAMLError):  # emptied or broken: no edits to name
             return
         untaken = [key for key in changed if key not in overruled]
+        # best.pt further on than every step checkpoint (a save cut short after it) resumes in place too
+        run = (f"a fork from step {self.step}" if ckpt.step_of(latest) > self.step
+               else f"a resume from {self.file.name} (step {self.step})")
         if untaken:
             self.notes.append(
                 f"note: {path} describes step {ckpt.step_of(latest)}, not step {self.step}: its edits "
-                f"({', '.join(untaken)}) do not apply to a fork from step {self.step}; give them with --set")
+                f"({', '.join(untaken)}) do not apply to {run}; give them with --set")
 
     def check_data(self, fingerprint: dict, *, allow_change: bool) -> Optional[str]:
         """Refuse to continue on data other than what the checkpoint trained on, naming what
