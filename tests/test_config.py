@@ -363,6 +363,12 @@ def test_a_dropout_table_reads_as_numbers_and_survives_the_round_trip(tmp_path):
     ("sample:\n  top_p: 1.5\n", [], r"sample\.top_p: 1\.5 is not accepted; expected a number in \(0, 1\]"),
     ("model: [1, 2]\n", [], r"c\.yaml: model: expected a mapping"),
     ("model:\n  n_layer: [\n", [], r"c\.yaml: invalid YAML at line"),
+    # A tab in the indentation: libyaml's message does not name the character; the line does
+    ("model:\n\tn_layer: 2\n", [], r"c\.yaml: invalid YAML at line 4, column 1: .*: a tab; YAML indents "
+     r"with spaces, never tabs$"),
+    # Where libyaml names the tab itself, its message is enough
+    ("model:\n  n_layer: 2\n  \tn_head: 2\n", [],
+     r"c\.yaml: invalid YAML at line 5, column 3: found a tab character that violates indentation$"),
     ("", ["model.n_layer"], r"--set: expected key=value"),
     ("", ["lr=1"], r"^--set: expected a dotted key such as train\.lr, got 'lr'$"),
     ("", ["model.n_kv_head="], r"^--set: model\.n_kv_head: expected an integer or null, got ''$"),  # not null

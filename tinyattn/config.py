@@ -818,6 +818,12 @@ def _tag_fields(section: str, body: yaml.Node) -> None:
         _plain_numbers_as_written(value, f"{section}.{key.value}")
 
 
+def _character_at(text: str, line: int, column: int) -> str:
+    """The character at a YAML mark's line and column (both from 0); empty past the text."""
+    lines = text.splitlines()
+    return lines[line][column:column + 1] if line < len(lines) else ""
+
+
 def _read_yaml(path: Path) -> dict:
     text = read_text(path, "config file", ConfigError)
     try:
@@ -826,6 +832,8 @@ def _read_yaml(path: Path) -> dict:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        if mark and "tab" not in problem and _character_at(text, mark.line, mark.column) == "\t":
+            problem += ": a tab; YAML indents with spaces, never tabs"  # libyaml names no character
         raise ConfigError(f"{path}: invalid YAML{at}: {problem}") from None
     if data is None:
         return {}
