@@ -1301,6 +1301,26 @@ def test_cli_an_empty_interactive_answer_is_an_empty_line_and_the_others_are_not
     assert out.getvalue() == "\nab\ncd\n"
 
 
+def test_cli_interactive_with_several_samples_gives_each_sample_its_line_an_empty_one_too(monkeypatch):
+    # --interactive --num-samples 2 --stop "\n": a sample that ended at once printed no line under its
+    # header, so a script reading one line per sample lost step, as at an empty answer of one sample.
+    import tinyattn.generate.text as text_module
+
+    from tinyattn.cli.generate import StreamPrinter
+
+    pieces = [SamplePiece(0, "", "stop", 1), SamplePiece(1, "ab", "length", 2)]
+    monkeypatch.setattr(text_module, "stream_samples", lambda *args, **kwargs: iter(pieces))
+    out = io.StringIO()
+    printer = StreamPrinter(out, None, None, SamplingOptions(num_samples=2))
+    printer.run("P:", echo=False)
+    assert out.getvalue() == "--- sample 1/2 ---\n\n--- sample 2/2 ---\nab\n"
+    printer.empty_answer()  # a skipped line: the same lines, each sample's empty
+    assert out.getvalue().endswith("ab\n--- sample 1/2 ---\n\n--- sample 2/2 ---\n\n")
+    out = io.StringIO()
+    StreamPrinter(out, None, None, SamplingOptions(num_samples=2)).run("P:", echo=True)
+    assert out.getvalue() == "--- sample 1/2 ---\nP:\n--- sample 2/2 ---\nP:ab\n"  # one-shot: as before
+
+
 def test_cli_interactive_prompts_on_stderr_so_that_stdout_holds_only_the_text(capsys, monkeypatch):
     # `tinyattn generate --interactive > out.txt` at a terminal: the "> " marks are not the text.
     from tinyattn.cli.generate import _interactive

@@ -18,7 +18,8 @@ Ctrl-C or SIGTERM stops at once: the partial text ends its line, and `interrupte
 `stopped by SIGTERM`) is the last line, exit status 130.
 
 `--interactive` reads one prompt per line from stdin until end of input (Ctrl-D) and prints
-each continuation, ending its line (an empty continuation is an empty line); the prompt itself
+each continuation, ending its line (an empty continuation is an empty line; with --num-samples,
+each sample's under its header); the prompt itself
 is not echoed there. A line that is not text in stdin's encoding, or holds a NUL (UTF-16 read
 as UTF-8), is skipped with a warning naming its line number (its answer an empty line), and the
 session goes on.
@@ -202,7 +203,7 @@ def _interactive(out: "StreamPrinter") -> int:
                 print(file=sys.stderr)
             return 0
         if line is _SKIPPED:  # an empty answer's line: answers stay one line per prompt line
-            out.write("\n")
+            out.empty_answer()
         else:
             out.run(line.rstrip("\r\n").removeprefix(BYTE_ORDER_MARK if number == 1 else ""), echo=False)
 
@@ -263,6 +264,20 @@ class StreamPrinter:
         if not self.at_line_start:
             self.write("\n")
 
+    def end_sample(self, echo: bool) -> None:
+        """Ends a sample's line; in --interactive (no echo) an empty sample is an empty line, so the
+        answers stay one line per sample (`self.wrote`: anything written since its header)."""
+        self.end_line()
+        if not (echo or self.wrote):
+            self.write("\n")
+
+    def empty_answer(self) -> None:
+        """A skipped --interactive line's answer: each sample's header, if several, and an empty line."""
+        for sample in range(self.num_samples):
+            if self.num_samples > 1:
+                self.write(f"--- sample {sample + 1}/{self.num_samples} ---\n")
+            self.write("\n")
+
     def run(self, prompt: str, echo: bool) -> None:
         from tinyattn.generate.text import stream_samples
 
@@ -271,10 +286,13 @@ class StreamPrinter:
         try:
             for piece in pieces:
                 if piece.sample != started:  # first piece of a sample
+                    if started >= 0:
+                        self.end_sample(echo)
                     started = piece.sample
                     if self.num_samples > 1:
                         self.end_line()
                         self.write(f"--- sample {piece.sample + 1}/{self.num_samples} ---\n")
+                        self.wrote = False  # the sample's own text, from here
                     if echo:
                         self.write(prompt)
                 self.write(piece.text)
@@ -282,9 +300,7 @@ class StreamPrinter:
             with suppress(OSError, StorageError):
                 self.end_line()
             raise
-        self.end_line()
-        if not (echo or self.wrote):  # --interactive: an empty answer is an empty line, one line per prompt
-            self.write("\n")
+        self.end_sample(echo)  # --interactive: an empty answer is an empty line, one line per prompt
 
 
 def read_prompt(args: argparse.Namespace) -> Optional[str]:
