@@ -502,6 +502,25 @@ def test_error_names_the_file_the_key_came_from(tmp_path):
         load_config(child)
 
 
+@pytest.mark.parametrize("encoding, mark, byte", [("utf-16-le", "UTF-16", 0), ("utf-16-be", "UTF-16", 0),
+                                                   ("utf-32-le", "UTF-32", 0), ("utf-32-be", "UTF-32", 2)])
+def test_a_text_file_saved_as_utf16_or_utf32_is_named_so(tmp_path, encoding, mark, byte):
+    # A prompt file saved by Notepad as "Unicode" or by PowerShell's `>`: the line said only "not UTF-8
+    # text (byte 0)", where data.files' reading names the byte-order mark and what to do.
+    from tinyattn.errors import DataError
+    from tinyattn.system.storage import read_text
+
+    path = tmp_path / "prompt.txt"
+    path.write_bytes(("\ufeff" + "ROMEO:").encode(encoding))
+    expected = (rf"^\S*prompt\.txt: the prompt file is not UTF-8 text \(byte {byte}\): "
+                rf"it starts with {mark}'s byte-order mark; save it as UTF-8$")
+    with pytest.raises(DataError, match=expected):
+        read_text(path, "prompt file")
+    path.write_bytes(b"caf\xe9")  # another encoding with no mark: as before
+    with pytest.raises(DataError, match=r"prompt\.txt: the prompt file is not UTF-8 text \(byte 3\)$"):
+        read_text(path, "prompt file")
+
+
 def test_missing_file_and_missing_source(tmp_path):
     with pytest.raises(ConfigError, match=r"nope\.yaml: config file not found"):
         load_config(tmp_path / "nope.yaml")

@@ -50,7 +50,7 @@ from tinyattn.data.download import download
 from tinyattn.data.tokenizer import text_pieces
 from tinyattn.errors import DataError
 from tinyattn.system.console import notice
-from tinyattn.system.storage import nul_found
+from tinyattn.system.storage import nul_found, unicode_mark
 
 EXTENSIONS = {
     "text": (".txt", ".text", ".md"),
@@ -872,10 +872,7 @@ def _unicode_mark(path: Path) -> Optional[str]:
     """"UTF-16" or "UTF-32" where the (decompressed) file starts with that encoding's byte-order mark
     (UTF-16's: Excel's "Unicode Text", PowerShell's `>`); else None."""
     with _open_binary(path) as f:
-        start = f.read(4)
-    if start in (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE):  # UTF-32-LE's starts with UTF-16-LE's
-        return "UTF-32"
-    return "UTF-16" if start[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE) else None
+        return unicode_mark(f.read(4))
 
 
 def _refuse_nul_at_start(path: Path) -> None:

@@ -21,6 +21,7 @@ byte-order mark a Windows editor puts first, or one line naming the file and wha
 
 from __future__ import annotations
 
+import codecs
 import errno
 import os
 import re
@@ -239,12 +240,22 @@ def read_text(path: str | Path, what: str, error: type[TinyattnError] = DataErro
     except FileNotFoundError:
         raise error(f"{path}: {what} not found") from None
     except UnicodeDecodeError as e:
-        raise error(f"{path}: the {what} is not UTF-8 text (byte {e.start})") from None
+        mark = unicode_mark(e.object[:4])
+        why = f": it starts with {mark}'s byte-order mark; save it as UTF-8" if mark else ""
+        raise error(f"{path}: the {what} is not UTF-8 text (byte {e.start}){why}") from None
     except OSError as e:  # a folder, no permission, ...
         raise error(f"{path}: cannot read the {what} ({e.strerror or e})") from None
     if "\0" in text:
         refuse_nul(Path(path).read_bytes(), str(path), what, error)
     return text
+
+
+def unicode_mark(start: bytes) -> Optional[str]:
+    """"UTF-16" or "UTF-32" where `start`, a text's first bytes, begins with that encoding's
+    byte-order mark (UTF-16's: Notepad's "Unicode", PowerShell's `>`); else None."""
+    if start[:4] in (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE):  # UTF-32-LE's starts with UTF-16-LE's
+        return "UTF-32"
+    return "UTF-16" if start[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE) else None
 
 
 def nul_found(where: str, at: str, kind: str = "UTF-16 (without a byte-order mark) or not text") -> str:
