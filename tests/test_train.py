@@ -1991,7 +1991,7 @@ def test_a_rank_that_left_alone_ends_the_others_in_one_line_and_a_new_runs_folde
         slice(None), [mine] * len(gathered)))
     monkeypatch.setattr(torch.distributed, "broadcast_object_list", lambda objects, src: None)
     monkeypatch.setattr(loop, "_build", peer_gone)  # the data's collectives, then the measuring steps
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         with pytest.raises(TinyattnError, match="^another rank left the run") as raised:
             train(tiny_config(corpus, tmp_path), run_name="ddp", progress=False)
@@ -2028,7 +2028,7 @@ def test_torchruns_sigterm_during_the_clean_up_after_a_rank_left_is_ignored(monk
     monkeypatch.setattr(torch.distributed, "broadcast_object_list", lambda objects, src: None)
     monkeypatch.setattr(loop, "_build", peer_gone)
     monkeypatch.setattr(loop, "remove_failed_start", signalled_then_removed)
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         with pytest.raises(TinyattnError, match="^another rank left the run"):
             train(tiny_config(corpus, tmp_path), run_name="ddp", progress=False)
