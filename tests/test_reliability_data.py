@@ -236,7 +236,8 @@ def test_a_config_yaml_left_as_the_run_wrote_it_is_not_kept_as_an_edit(corpus, t
     run = tmp_path / "run"
     capsys.readouterr()
     assert train_main(["--resume", str(run), "--no-progress", "--stop-at-step", "3"]) == 0
-    assert "differed" not in capsys.readouterr().err and ckpt.latest_checkpoint(run).name == ckpt.step_filename(3)
+    assert "differed" not in capsys.readouterr().err
+    assert ckpt.latest_checkpoint(run).name == ckpt.step_filename(3)
     assert not list(run.glob("config.edited-*")) and load_config(run / "config.yaml").sample.prompt == prompt
 
 

@@ -1901,29 +1901,26 @@ def test_each_rank_draws_dropout_masks_of_its_own_and_a_resume_draws_them_again(
     assert losses(resumed, 1) == rank1[2:]
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds torchrun's workers in /proc")
-def test_a_stop_signal_to_one_rank_stops_every_rank_with_a_checkpoint(corpus, tmp_path):
-    """`kill -TERM` to rank 1 alone: every rank stops after the same step and rank 0 saves. Each
-    rank acting on its own flag hung: rank 1 waited in the checkpoint's barrier, rank 0 in the next
-    step's all-reduce (gloo's timeout is 30 minutes)."""
+def signal_rank_1(corpus: Path, tmp_path: Path, sig: int, *, after: str, eval_interval: int = 100_000):
+    """A two-process torchrun training of configs/tiny.yaml (run 'ddp' under tmp_path) whose rank 1
+    gets `sig` once rank 0's console shows a line starting `after`; (the launcher, all it printed)."""
     pytest.importorskip("torch.distributed.run")
     process = warm_python.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
          str(ROOT / "scripts" / "train.py"), "--config", str(TINY), "--run-name", "ddp", "--no-progress",
          "--device", "cpu", "--set",
-         *tiny_overrides(corpus, tmp_path, "train.max_steps=100000", "train.eval_interval=100000",
+         *tiny_overrides(corpus, tmp_path, "train.max_steps=100000", f"train.eval_interval={eval_interval}",
                          "train.log_interval=1")],
         cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"})
     lines, workers = [], {}
     try:
-        for line in process.stderr:  # wait until training really runs
+        for line in process.stderr:
             lines.append(line)
-            if line.startswith("step 3:"):
+            if line.startswith(after):
                 break
         workers = torchrun_workers(process)
-        os.kill(workers[1], signal.SIGTERM)
+        os.kill(workers[1], sig)
         _, rest = process.communicate(timeout=20)
     finally:
         for pid in [process.pid, *workers.values()]:  # a hung run: torchrun's workers outlive it
@@ -1932,7 +1929,16 @@ def test_a_stop_signal_to_one_rank_stops_every_rank_with_a_checkpoint(corpus, tm
             except ProcessLookupError:
                 pass
         process.wait()
-    stderr = "".join(lines) + rest
+    return process, "".join(lines) + rest
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds torchrun's workers in /proc")
+def test_a_stop_signal_to_one_rank_stops_every_rank_with_a_checkpoint(corpus, tmp_path):
+    """`kill -TERM` to rank 1 alone: every rank stops after the same step and rank 0 saves. Each
+    rank acting on its own flag hung: rank 1 waited in the checkpoint's barrier, rank 0 in the next
+    step's all-reduce (gloo's timeout is 30 minutes)."""
+    process, stderr = signal_rank_1(corpus, tmp_path, signal.SIGTERM, after="step 3:")  # training really runs
     # torchrun exits 1 when its workers do not exit 0: here each with a stop's 130
     assert process.returncode == 1 and set(re.findall(r"exitcode\s*:\s*(\d+)", stderr)) == {"130"}, stderr[-3000:]
     assert "stopped by SIGTERM at step" in stderr, stderr[-3000:]
@@ -2047,32 +2053,8 @@ def test_a_rank_killed_mid_training_ends_the_other_with_the_checkpoint_it_keeps_
     """`kill -9` to rank 1 (the OOM killer) after checkpoints: rank 0's one line said only 'another rank
     left the run ...; every rank stops' (exit 2), not that the folder keeps its last checkpoint nor how
     to resume, as a second stop's line does."""
-    pytest.importorskip("torch.distributed.run")
-    process = warm_python.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-         str(ROOT / "scripts" / "train.py"), "--config", str(TINY), "--run-name", "ddp", "--no-progress",
-         "--device", "cpu", "--set",
-         *tiny_overrides(corpus, tmp_path, "train.max_steps=100000", "train.eval_interval=2",
-                         "train.log_interval=1")],
-        cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"})
-    lines, workers = [], {}
-    try:
-        for line in process.stderr:  # wait until a checkpoint is saved
-            lines.append(line)
-            if line.startswith("step 4: validation loss"):
-                break
-        workers = torchrun_workers(process)
-        os.kill(workers[1], signal.SIGKILL)
-        _, rest = process.communicate(timeout=20)
-    finally:
-        for pid in [process.pid, *workers.values()]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        process.wait()
-    stderr = "".join(lines) + rest
+    process, stderr = signal_rank_1(corpus, tmp_path, signal.SIGKILL, after="step 4: validation loss",
+                                    eval_interval=2)  # after a checkpoint is saved
     run = tmp_path / "ddp"
     latest = ckpt.latest_checkpoint(run)
     assert latest is not None and ckpt.load_checkpoint(latest)["step"] >= 2
