@@ -1901,9 +1901,11 @@ def test_each_rank_draws_dropout_masks_of_its_own_and_a_resume_draws_them_again(
     assert losses(resumed, 1) == rank1[2:]
 
 
-def signal_rank_1(corpus: Path, tmp_path: Path, sig: int, *, after: str, eval_interval: int = 100_000):
+def signal_rank_1(corpus: Path, tmp_path: Path, sig: int, *, after: str, eval_interval: int = 100_000,
+                  rank: int = 1):
     """A two-process torchrun training of configs/tiny.yaml (run 'ddp' under tmp_path) whose rank 1
-    gets `sig` once rank 0's console shows a line starting `after`; (the launcher, all it printed)."""
+    (or `rank`) gets `sig` once rank 0's console shows a line starting `after`; (the launcher, all it
+    printed)."""
     pytest.importorskip("torch.distributed.run")
     process = warm_python.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
@@ -1920,7 +1922,7 @@ def signal_rank_1(corpus: Path, tmp_path: Path, sig: int, *, after: str, eval_in
             if line.startswith(after):
                 break
         workers = torchrun_workers(process)
-        os.kill(workers[1], sig)
+        os.kill(workers[rank], sig)
         _, rest = process.communicate(timeout=20)
     finally:
         for pid in [process.pid, *workers.values()]:  # a hung run: torchrun's workers outlive it
@@ -2046,25 +2048,42 @@ def test_torchruns_sigterm_during_the_clean_up_after_a_rank_left_is_ignored(monk
     assert not (tmp_path / "ddp").exists()
 
 
+def test_a_peer_gone_mid_training_is_said_by_each_rank_left_with_the_checkpoint_kept(tmp_path):
+    """Mid-training the line names the checkpoint kept; it stays each rank's, as before step 1: rank 0
+    may be the one gone (kill -9, the OOM killer), and a line marked as rank 0's was then said by none."""
+    from tinyattn.system.distributed import PeerGone
+    from tinyattn.train.loop import _said_what_is_kept
+    from tinyattn.train.owners import StopRequest
+
+    with pytest.raises(PeerGone, match="^another rank left the run; every rank stops before any checkpoint") \
+            as raised:
+        with _said_what_is_kept(tmp_path, StopRequest()):  # not at_once: training started
+            raise PeerGone("another rank left the run; every rank stops")
+    assert not getattr(raised.value, "shared", False)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds torchrun's workers in /proc")
+@pytest.mark.parametrize("killed", [1, 0])
 def test_a_rank_killed_mid_training_ends_the_other_with_the_checkpoint_it_keeps_and_the_resume(
-        corpus, tmp_path):
+        corpus, tmp_path, killed):
     """`kill -9` to rank 1 (the OOM killer) after checkpoints: rank 0's one line said only 'another rank
     left the run ...; every rank stops' (exit 2), not that the folder keeps its last checkpoint nor how
-    to resume, as a second stop's line does."""
+    to resume, as a second stop's line does. Rank 0 killed: rank 1 says it (no line was said at all)."""
     process, stderr = signal_rank_1(corpus, tmp_path, signal.SIGKILL, after="step 4: validation loss",
-                                    eval_interval=2)  # after a checkpoint is saved
+                                    eval_interval=2, rank=killed)  # after a checkpoint is saved
     run = tmp_path / "ddp"
     latest = ckpt.latest_checkpoint(run)
     assert latest is not None and ckpt.load_checkpoint(latest)["step"] >= 2
-    said = re.search(r"^error: another rank left the run .*$", stderr, re.MULTILINE)
+    said = re.search(rf"^{'rank 1: ' if killed == 0 else ''}error: another rank left the run .*$", stderr,
+                     re.MULTILINE)
     assert said is not None, stderr[-3000:]
     assert said.group(0).endswith(
         f"every rank stops; the last checkpoint saved is step {ckpt.step_of(latest)}'s ({latest.name}) in "
         f"{run}, what was trained after it is lost. Resume with: torchrun --nproc_per_node=2 "
         f"{ROOT / 'scripts' / 'train.py'} --resume {run}"), said.group(0)
-    assert (run / "train.log").read_text().rstrip().endswith(said.group(0)[len("error: "):])
+    if killed == 1:  # train.log is rank 0's
+        assert (run / "train.log").read_text().rstrip().endswith(said.group(0)[len("error: "):])
 
 
 @pytest.mark.slow

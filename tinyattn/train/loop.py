@@ -215,7 +215,7 @@ def _said_what_is_kept(run_dir: Path, stopper: StopRequest):
     except PeerGone as gone:
         if stopper.at_once:
             raise
-        raise said_once(PeerGone(stopped_at_once(gone, run_dir)), True) from None
+        raise PeerGone(stopped_at_once(gone, run_dir)) from None  # each rank's: rank 0 may be gone
 
 
 def _for_precision(config: Config, device: torch.device, request: _Request,
