@@ -1979,7 +1979,7 @@ GLOO_PEER_GONE = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Co
                   "[127.0.0.1]:31892. This is typically caused by a remote worker crashing.")
 
 
-def test_a_rank_that_left_alone_ends_the_others_in_one_line_and_a_new_runs_folder_goes(
+def test_a_rank_that_left_alone_ends_the_others_with_a_line_each_and_a_new_runs_folder_goes(
         monkeypatch, corpus, tmp_path):
     """A stop signal to one rank before step 1 (`kill -TERM <pid>`) ends it at once; the others, waiting
     in a collective (rank 0's data preparation, the time budget's measuring steps), met

@@ -819,7 +819,7 @@ def _tag_fields(section: str, body: yaml.Node) -> None:
 
 
 def _character_at(text: str, line: int, column: int) -> str:
-    """The character at a YAML mark's line and column (both from 0); empty past the text."""
+    """The character at a YAML mark's line and column (both counted from the first); empty past the text."""
     lines = text.splitlines()
     return lines[line][column:column + 1] if line < len(lines) else ""
 
