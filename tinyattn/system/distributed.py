@@ -76,6 +76,14 @@ def _handed(dist: Distributed, value: int, device: torch.device) -> torch.Tensor
     return shared.fill_(value)
 
 
+# gloo's words for a collective whose peer process has gone: its socket closed, or reset mid-write
+_PEER_GONE = ("closed by peer", "reset by peer", "broken pipe")
+
+
+def _peer_gone(error: RuntimeError) -> bool:
+    return any(words in str(error).lower() for words in _PEER_GONE)
+
+
 def leave_together(dist: Distributed) -> None:
     """After a run every rank ended alike (done, or stopped with its checkpoint): each waits here
     until rank 0 has written its last lines. torchrun ends the other ranks once one exits other
@@ -85,8 +93,9 @@ def leave_together(dist: Distributed) -> None:
         return
     try:
         torch.distributed.barrier()
-    except RuntimeError:  # gloo's "Connection closed by peer" is a plain RuntimeError
-        pass
+    except RuntimeError as error:  # gloo's "Connection closed by peer" is a plain RuntimeError
+        if not _peer_gone(error):
+            raise
 
 
 def shutdown_distributed(dist: Distributed, wait: float = 2.0) -> None:
@@ -101,10 +110,6 @@ def shutdown_distributed(dist: Distributed, wait: float = 2.0) -> None:
     while any(t._use_count() > 1 for t in dist.handed.values()) and time.monotonic() < deadline:
         time.sleep(0.001)
     torch.distributed.destroy_process_group()
-
-
-# gloo's words for a collective whose peer process has gone: its socket closed, or reset mid-write
-_PEER_GONE = ("closed by peer", "reset by peer", "broken pipe")
 
 
 class PeerGone(TinyattnError):
@@ -124,7 +129,7 @@ def departure_said(dist: Distributed, then: Callable[[], None] = lambda: None) -
     try:
         yield
     except RuntimeError as error:
-        if not (dist.enabled and any(words in str(error).lower() for words in _PEER_GONE)):
+        if not (dist.enabled and _peer_gone(error)):
             raise
         then()
         raise PeerGone("another rank left the run (stopped or killed alone, or ended by an error it "

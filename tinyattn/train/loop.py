@@ -146,7 +146,7 @@ def train(config: Config, *, config_path: Optional[str | Path] = None, run_name:
 
 def _train(config: Config, request: _Request, dist: Distributed, stopper: StopRequest) -> TrainResult:
     timers = Timers(request.clock)
-    # a rank that left alone: one line, rank 0's, where each rank waiting for it failed
+    # a rank that left alone: one line from each rank left, where each waiting for it failed in gloo
     with departure_said(dist, then=stopper.end_deaf):
         with mistake_alike(dist):  # a mistake every rank meets here is one line, rank 0's
             config, point, device, source = _checked_start(config, request, dist)
