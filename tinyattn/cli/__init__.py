@@ -32,6 +32,8 @@ def run_command(command: Callable[[], int | None]) -> int:
         return command() or 0
     except TinyattnError as e:
         _error_line(e)
+        if getattr(e, "ends_the_process", False):  # distributed.PeerGone: leaving would hang
+            _exit_now(2)
         return 2
     except KeyboardInterrupt as e:
         _last_line(str(e) or "interrupted")  # a training stopped before its first step says so
@@ -46,6 +48,14 @@ def run_command(command: Callable[[], int | None]) -> int:
         # A path given with a part over 255 bytes fails wherever it is first looked at.
         _last_line(f"error: {e.filename}: {e.strerror}; a name may have at most 255 bytes")
         return 2
+
+
+def _exit_now(code: int) -> None:
+    """End the process with `code` here, without unwinding the frames or finalizing the interpreter."""
+    for stream in (sys.stdout, sys.stderr):
+        with suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def point_at_null(stream) -> None:
