@@ -8,7 +8,7 @@
 #   (d) decoding with the KV cache, batch 1 and 16, eager and compiled (CUDA graphs), time to
 #       first token, for the baby and the 124M shapes
 #   (e) the attention cost table, fused against explicit, to context 8192
-#   (f) the 2-process gloo torchrun launch (tests/test_train.py); multi-GPU NCCL is not measured
+#   (f) 2 processes on gloo, and a torchrun launch (tests/test_train.py); multi-GPU NCCL is not measured
 # then (if time is left) the baby config again with Muon. GPU_CHECK_PLAN=runs runs instead the
 # follow-up of the first H200 check (docs/BENCHMARKS.md): the baby config with Muon for 1,000
 # steps, with AdamW for nanoGPT's published 5,000, and the main config with a 60 s budget.
@@ -182,7 +182,7 @@ else
     step attention 90 20 "$PY" -m benchmarks.suite --device "$DEVICE" --config configs/shakespeare_char_gpu.yaml \
         --skip training decode --max-context "$MAX_CONTEXT" --json "$WORK/json/attention.json"
     step pytest-gloo 150 40 "$PY" -m pytest -q -p no:cacheprovider tests/test_train.py::test_two_process_gloo_run \
-        --junitxml="$WORK/json/pytest-gloo.xml"
+        tests/test_train.py::test_a_stop_signal_to_one_rank_stops_every_rank_with_a_checkpoint --junitxml="$WORK/json/pytest-gloo.xml"
     step baby-muon 150 90 train_baby baby-muon "${BABY_SET[@]}" "${MUON_SET[@]}"
 fi
 
