@@ -217,7 +217,7 @@ def test_run_command_turns_a_user_mistake_into_one_line(capsys):
 def test_a_rank_whose_peer_left_ends_at_once_after_its_line_without_unwinding():
     """distributed.PeerGone: freeing the frames that hold the DDP wrapper joins gloo's worker threads
     with the GIL held while one of them waits for it to free the failed collective's work: the rank
-    hung after its line (about 1 exit in 10 under load) until torchrun killed it. Its line and exit
+    hung after its line, now and then under load, until torchrun killed it. Its line and exit
     status stay; nothing the frames hold is freed."""
     child = ("import sys\n"
              "from tinyattn.cli import run_command\n"

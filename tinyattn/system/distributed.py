@@ -118,7 +118,7 @@ class PeerGone(TinyattnError):
     The process then ends at once, once its line is said (`tinyattn.cli.run_command`): the failed
     collective's work is freed by a gloo worker thread, which needs the GIL for the Python objects it
     holds, while freeing the DDP wrapper joins that thread holding the GIL: a deadlock that left the
-    rank hung after its line (about 1 exit in 10 under load) until torchrun killed it. Its files are
+    rank hung after its line, now and then under load, until torchrun killed it. Its files are
     closed by then; nothing else is left to do."""
 
     ends_the_process = True
