@@ -1191,6 +1191,15 @@ def test_cli_streams_flushing_every_piece(run_dir, monkeypatch):
     assert all(events[i + 1][0] == "flush" for i, (kind, _) in enumerate(events) if kind == "write")
 
 
+def test_cli_names_a_small_models_parameter_count_exactly(run_dir, capsys):
+    # The tests' 35,200-parameter model was announced as "0.04M parameters", 14% off its count.
+    count = load_model(run_dir).model.num_parameters()
+    status, _, err = run_main(["--checkpoint", str(run_dir), "--prompt", "All:", "--max-new-tokens", "2",
+                               "--dtype", "fp32"], capsys)
+    assert count < 1_000_000 and status == 0
+    assert f": {count:,} parameters, " in err
+
+
 def test_cli_same_seed_same_text_and_defaults_from_the_checkpoint(run_dir, capsys):
     argv = ["--checkpoint", str(run_dir / "best.pt"), "--prompt", "All:", "--seed", "5", "--dtype", "fp32",
             "--max-new-tokens", "25"]

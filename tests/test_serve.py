@@ -162,6 +162,8 @@ def test_the_commands_limits_and_model_name_reach_the_app_it_serves(loaded, monk
     assert served.worker.max_active == 3 and served.model_id == "mine"
     err = capsys.readouterr().err
     assert "serving 'mine'" in err and "warning" not in err  # on this machine only: nothing to warn of
+    count = served.model.num_parameters()  # a small model by its exact count, not "0.04M"
+    assert count < 1_000_000 and f"serving 'mine', {count:,} parameters, " in err
 
 
 @pytest.mark.parametrize("given", [".", "./", "best.pt"])

@@ -31,3 +31,9 @@ class StorageError(TinyattnError):
 def counted(n: int, noun: str, plural: str | None = None) -> str:
     """n and its noun for a message: "1 token", "0 tokens", "3 queries" (plural given where not noun + s)."""
     return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
+def parameter_count_text(n: int) -> str:
+    """A model's size for a line or a card: millions to two decimals from a million up ("1.80M"), the
+    exact count below it ("35,200"), where two decimals of a million would be far off ("0.04M")."""
+    return f"{n / 1e6:.2f}M" if n >= 1_000_000 else f"{n:,}"

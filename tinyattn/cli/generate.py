@@ -38,7 +38,7 @@ from typing import Optional
 from tinyattn.cli import point_at_null, run_command, warnings_as_lines
 from tinyattn.cli.options import add_checkpoint, add_device, add_inference_dtype, add_out_dir, command_parser
 from tinyattn.config import home_path
-from tinyattn.errors import ConfigError, DataError, StorageError
+from tinyattn.errors import ConfigError, DataError, StorageError, parameter_count_text
 from tinyattn.system.signals import sigterm_interrupts
 from tinyattn.system.storage import BYTE_ORDER_MARK, nul_found
 
@@ -181,7 +181,7 @@ def inference_model(loaded, args: argparse.Namespace, device):
 
     prepared = prepare_for_generation(loaded.model, args.dtype, device, compile=args.compile)
     size = prepared.model.num_parameters()
-    print(f"{loaded.label}: {size / 1e6:.2f}M parameters, "
+    print(f"{loaded.label}: {parameter_count_text(size)} parameters, "
           f"{prepared.describe(device)}{', compiled decoding' if args.compile else ''}",
           file=sys.stderr)
     return prepared.model

@@ -86,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace, sock) -> int:
     from tinyattn.checkpoint import require_causal
+    from tinyattn.errors import parameter_count_text
     from tinyattn.generate.decoder import prepare_for_generation
     from tinyattn.hf.folder import load_any_model
     from tinyattn.serve.app import create_app
@@ -103,9 +104,9 @@ def _serve(args: argparse.Namespace, sock) -> int:
     app = create_app(loaded, limits=limits, model_id=args.model_name)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    weights = prepared.describe(device)
+    weights, size = prepared.describe(device), parameter_count_text(loaded.model.num_parameters())
     print(f"{loaded.label}: serving {app.state.served.model_id!r}, "
-          f"{loaded.model.num_parameters() / 1e6:.2f}M parameters, {weights}, at http://{shown}:{port} "
+          f"{size} parameters, {weights}, at http://{shown}:{port} "
           "(playground: /, API: /v1; Ctrl-C stops)", file=sys.stderr, flush=True)
     if host not in ("127.0.0.1", "::1", "localhost"):
         print(f"warning: listening on {host}: anyone who can reach this machine can use the model "

@@ -35,7 +35,7 @@ import torch
 from tinyattn.checkpoint import LoadedModel, is_hf_folder, load_model, load_weights, missing_model
 from tinyattn.config import Config, SampleConfig, TokenizerConfig
 from tinyattn.data.tokenizer import Tokenizer
-from tinyattn.errors import CheckpointError, counted
+from tinyattn.errors import CheckpointError, counted, parameter_count_text
 from tinyattn.hf.convert import (
     ARCHITECTURE,
     QK_NORM_ARCHITECTURE,
@@ -438,7 +438,7 @@ def model_card(config: Config, card: Optional[ModelCard], tokenizer: Tokenizer,
             parameters += tensor.numel()
     lines = ["---", "library_name: transformers", "pipeline_tag: text-generation",
              f"{CARD_TAGS}{family.lower()}]", "---", "",
-             f"# A {parameters / 1e6:.2f}M-parameter {family}-architecture language model", "",
+             f"# A {parameter_count_text(parameters)}-parameter {family}-architecture language model", "",
              (f"Trained with tinyattn and exported as `{architecture}`" if card is not None or earlier else
               f"Exported by tinyattn as `{architecture}` from a Hugging Face folder, untrained by tinyattn")
              + "; it loads with `AutoModelForCausalLM` and `AutoTokenizer`, no custom code.", "",
