@@ -475,6 +475,21 @@ def test_export_cli_writes_one_gguf_file_and_replaces_it_only_with_force(tmp_pat
     assert code == 2 and err == "error: --dtype fp16: --format hf writes fp32, bf16\n"
 
 
+def test_export_cli_names_a_small_files_size_in_kib_so_fp16_and_fp32_differ(tmp_path, capsys):
+    # A model of a few hundred KiB printed "0.1 MiB" for its fp32 file and for its fp16 one, half the size.
+    tokenizer = tokenizer_of("char")
+    run = save_run(tmp_path, random_model(tokenizer), tokenizer)
+    shown = {}
+    for dtype in ("fp32", "fp16"):
+        out = tmp_path / f"{dtype}.gguf"
+        code, printed, err = run_main(["--checkpoint", run, "--gguf", out, "--dtype", dtype], capsys)
+        size = out.stat().st_size
+        assert code == 0 and size < 2**20, err
+        shown[dtype] = printed.rsplit(", ", 1)[1]
+        assert shown[dtype] == f"{size / 2**10:.1f} KiB)\n"
+    assert shown["fp32"] != shown["fp16"]
+
+
 def test_export_cli_format_gguf_wins_over_the_out_name_gguf_takes_no_out_and_the_size_is_in_mib(
         tmp_path, capsys):
     tokenizer = tokenizer_of("bpe")
@@ -482,8 +497,9 @@ def test_export_cli_format_gguf_wins_over_the_out_name_gguf_takes_no_out_and_the
     out = tmp_path / "model.bin"  # no .gguf: --format says what it is
     code, printed, err = run_main(["--checkpoint", run, "--format", "gguf", "--out", out], capsys)
     assert code == 0 and gguf.GGUFReader(out).fields["general.name"].contents() == "run", err
-    size = out.stat().st_size / 2**20
-    assert printed.endswith(f": wrote {out} (llama.cpp architecture llama, fp32, {size:.1f} MiB)\n")
+    size = out.stat().st_size
+    shown = f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.1f} KiB"
+    assert printed.endswith(f": wrote {out} (llama.cpp architecture llama, fp32, {shown})\n")
     folder = tmp_path / "folder.gguf"  # and --format hf wins over a name ending in .gguf
     code, _, err = run_main(["--checkpoint", run, "--format", "hf", "--out", folder], capsys)
     assert code == 0 and (folder / "config.json").is_file(), err

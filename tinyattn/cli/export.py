@@ -122,7 +122,12 @@ def export_gguf(loaded, out: str, args: argparse.Namespace) -> int:
     architecture = architecture_of(model_config)  # refuses what llama.cpp cannot hold, before writing
     path = write_gguf(loaded.model.state_dict(), model_config, loaded.tokenizer, out, dtype=args.dtype,
                       name=loaded.name, force=args.force)  # the run's name
-    size = path.stat().st_size / 2**20
     print(f"{loaded.label}: wrote {path} (llama.cpp architecture {architecture}, "
-          f"{args.dtype}, {size:.1f} MiB)")
+          f"{args.dtype}, {file_size(path.stat().st_size)})")
     return 0
+
+
+def file_size(size: int) -> str:
+    """A file's size in MiB to one decimal, or in KiB below one MiB, where a tenth of a MiB would name a
+    small model's fp32 and fp16 files alike."""
+    return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.1f} KiB"
