@@ -137,7 +137,7 @@ def peak(device: str, precision: str, sizes: list[int]) -> dict:
 
 
 # a session of one step that compiled the model times none: "no tok/s (its one step compiled the model)"
-DONE = re.compile(r"done: ([\d,]+) steps?(?: \(steps? [\d-]+\))? in (\d+) s \((.*)\), "
+DONE = re.compile(r"done: ([\d,]+) steps?(?: \(steps? [\d-]+\))? in ([\d.]+) s \((.*)\), "
                   r"(?:([\d,]+) tok/s|no tok/s \([^)]*\)), best validation loss ([\d.]+|nan|inf)")
 VALIDATION = re.compile(r"step (\d+): validation loss ([\d.]+|nan|inf)")
 BUDGET = re.compile(r"time budget (\S+): measured ([\d.]+) s/step, ([\d.]+) s per evaluation, ([\d.]+) s per "

@@ -28,7 +28,7 @@ def test_a_runs_curve_wall_time_and_time_to_target_are_read_from_its_folder(repo
     figures = report.run_figures(trained_run.run_dir, target_loss=reachable)
     assert figures["validation"] == [[30, pytest.approx(trained_run.last_val_loss, abs=1e-4)]]
     done, seconds = figures["done"], trained_run.seconds
-    assert done["steps"] == 30 and done["wall_seconds"] == float(f"{trained_run.wall_seconds:.0f}")
+    assert done["steps"] == 30 and done["wall_seconds"] == float(f"{trained_run.wall_seconds:.1f}")
     assert done["split_seconds"] == {name: pytest.approx(seconds[name], abs=0.051) for name in seconds}
     assert done["tokens_per_second"] == pytest.approx(trained_run.tokens_per_second, abs=0.51)
     assert done["best_val_loss"] == pytest.approx(trained_run.best_val_loss, abs=1e-4)
@@ -151,12 +151,13 @@ def test_a_budget_runs_plan_is_set_beside_the_step_time_it_took(report, trained_
 
 def test_a_done_line_of_thousands_of_steps_is_read_with_its_separators(report, tmp_path):
     # The last line counts steps as every other line does ("done: 2,487 steps"); the parser read \d+ only.
-    (tmp_path / "train.log").write_text(
-        "step 2487: validation loss 1.4457 (best)\n"
-        "done: 2,487 steps in 590 s (start-up 5.1 s (0.9%), train 560.0 s (94.9%)), 8,924 tok/s, "
-        "best validation loss 1.4457; checkpoints in x\n", encoding="utf-8")
-    done = report.run_figures(tmp_path, target_loss=None)["done"]
-    assert (done["steps"], done["wall_seconds"], done["tokens_per_second"]) == (2487, 590.0, 8924.0)
+    for total in ("590", "590.3"):  # the total in whole seconds until 2026-12-06, in tenths since
+        (tmp_path / "train.log").write_text(
+            "step 2487: validation loss 1.4457 (best)\n"
+            f"done: 2,487 steps in {total} s (start-up 5.1 s (0.9%), train 560.0 s (94.9%)), 8,924 tok/s, "
+            "best validation loss 1.4457; checkpoints in x\n", encoding="utf-8")
+        done = report.run_figures(tmp_path, target_loss=None)["done"]
+        assert (done["steps"], done["wall_seconds"], done["tokens_per_second"]) == (2487, float(total), 8924.0)
     resumed = [("done: 1 step (step 1001) in 5 s", 1), ("done: 1,345 steps (steps 1001-2345) in 5 s", 1345)]
     for line, steps in resumed:  # a resumed session's line names its steps; one step is "1 step"
         (tmp_path / "train.log").write_text(f"{line} (train 4.0 s (80.0%)), 8,924 tok/s, best validation "

@@ -427,5 +427,5 @@ class Logger:
             steps += f" (steps {self.first_step + 1}-{result.step})"
         rate = result.tokens_per_second  # NaN where the one step trained compiled the model: none timed
         speed = f"{rate:,.0f} tok/s" if math.isfinite(rate) else "no tok/s (its one step compiled the model)"
-        say(f"done: {steps} in {result.wall_seconds:.0f} s ({split}), {speed}, best validation loss "
+        say(f"done: {steps} in {result.wall_seconds:.1f} s ({split}), {speed}, best validation loss "
             f"{result.best_val_loss:.4f}; checkpoints in {result.run_dir}")
