@@ -234,6 +234,20 @@ def test_a_model_too_big_for_this_machine_is_refused_before_its_run_folder(tmp_p
     assert "\n" not in message and not (tmp_path / "runs").exists()
 
 
+def test_a_refusal_before_the_vocabulary_is_known_says_its_count_leaves_out_the_embedding_and_head(tmp_path):
+    # The first check runs before the tokenizer: "1,544,000,032 parameters" for a model of 1,544,004,320,
+    # its embedding and head left out unsaid.
+    config = tiny_config(tmp_path, n_layer=100_000)
+    assert config.model.vocab_size is None
+    with pytest.raises(ConfigError) as error:
+        check_training_fits(config.model, config.train, torch.device("cpu"))
+    assert (f"({parameter_count(config.model):,} parameters besides the token embedding and head, which the "
+            "tokenizer sizes: ") in str(error.value)
+    with pytest.raises(ConfigError) as error:
+        check_training_fits(config.model, config.train, torch.device("cpu"), vocab_size=67)
+    assert f"({parameter_count(config.model, 67):,} parameters: " in str(error.value)
+
+
 def test_the_limit_is_the_memory_the_device_has(tmp_path, monkeypatch):
     """A model that trains fine is refused when the limit is made smaller than its estimate."""
     config = tiny_config(tmp_path)

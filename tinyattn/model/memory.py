@@ -126,12 +126,15 @@ def check_training_fits(model: ModelConfig, train: TrainConfig, device: torch.de
     estimate = training_memory(model, train, vocab_size=vocab_size, explicit_attention=explicit)
     limit, where = available_bytes(device)
     if limit is not None and estimate.total_bytes > limit:
+        # Before the tokenizer (the loop's first check) the embedding's and head's size is unknown
+        unsized = ("" if (model.vocab_size or vocab_size)
+                   else " besides the token embedding and head, which the tokenizer sizes")
         raise ConfigError(
             f"model and train settings need at least {gigabytes(estimate.total_bytes)} to train "
-            f"({estimate.parameters:,} parameters: {gigabytes(estimate.state_bytes)} of weights, gradients "
-            f"and optimizer state; {gigabytes(estimate.activation_bytes)} of activations), more than the "
-            f"{gigabytes(limit)} {where}; make model.n_layer, model.n_embd, train.batch_size or "
-            "model.context_length smaller")
+            f"({estimate.parameters:,} parameters{unsized}: {gigabytes(estimate.state_bytes)} of weights, "
+            f"gradients and optimizer state; {gigabytes(estimate.activation_bytes)} of activations), "
+            f"more than the {gigabytes(limit)} {where}; make model.n_layer, model.n_embd, train.batch_size or"
+            " model.context_length smaller")
     return estimate
 
 
