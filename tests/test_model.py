@@ -447,6 +447,15 @@ def test_cpu_dropout_at_the_top_of_its_range_keeps_one_element_in_2_to_the_15():
     assert 10 <= kept <= 64, kept
 
 
+def test_cpu_dropout_within_a_65536th_of_1_keeps_nothing_not_everything():
+    """model.dropout accepts any p below 1. p * 2^15 = 32767.75 rounds to 32768, above every 15-bit
+    number: nothing is kept, as nn.Dropout keeps almost nothing. The threshold compared with the
+    int16 numbers wrapped to -32768 and every element was kept, multiplied by 1 / (1 - p) = 131072."""
+    torch.manual_seed(0)
+    out = Dropout(1 - 2**-17).train()(torch.ones(1 << 16))
+    assert int((out != 0).sum()) == 0
+
+
 def test_compiled_dropout_gradient_uses_the_forward_mask():
     """Under torch.compile the mask is one opaque call: backward multiplies by the mask the
     forward drew (not a second draw), and each forward draws a new one."""

@@ -35,7 +35,10 @@ def keep_mask(like: torch.Tensor, p: float) -> torch.Tensor:
     n = like.numel()
     draws = torch.empty((n + 1) // 2, dtype=torch.int32, device=like.device).random_()  # [0, 2^31)
     numbers = draws.view(torch.int16)[:n].view(like.shape) & (LEVELS - 1)  # two 15-bit numbers each
-    return numbers >= round(p * LEVELS)
+    threshold = round(p * LEVELS)
+    if threshold >= LEVELS:  # p within 1/65536 of 1: no 15-bit number reaches it, none is kept (int16
+        return torch.zeros_like(numbers, dtype=torch.bool)  # holds no LEVELS: -LEVELS would keep all)
+    return numbers >= threshold
 
 
 @keep_mask.register_fake
