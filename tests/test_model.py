@@ -584,3 +584,97 @@ def test_the_memory_estimate_counts_the_ema_average_and_the_weights_an_evaluatio
     assert plain.state_bytes == per_param * parameter_count(model)
     assert averaged.state_bytes == plain.state_bytes + 2 * 4 * parameter_count(model)  # two fp32 copies
     assert averaged.activation_bytes == plain.activation_bytes
+
+# ----------------------------------------------------------------------------- the wiring of the blocks
+
+
+def test_a_block_is_x_plus_attention_of_its_norm_then_plus_the_swiglu_of_its_norm(tiny_model):
+    """Pre-norm residual block, Llama's: h = x + attention(norm1(x)); h + down(silu(gate) * up)
+    of norm2(h), gate the first half of gate_up's rows (the half an export names gate_proj)."""
+    model = tiny_model()
+    block = model.blocks[0]
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for param in block.parameters():
+            param.add_(0.1 * torch.randn_like(param))  # norm gains away from 1
+    x = torch.randn(2, 24, 32)
+    cos, sin = model.rotary_angles(24)
+    with torch.no_grad():
+        h = x + block.attention(block.attention_norm(x), cos=cos, sin=sin)
+        gate, up = block.mlp.gate_up(block.mlp_norm(h)).chunk(2, dim=-1)
+        expected = h + block.mlp.down(gate * torch.sigmoid(gate) * up)
+        torch.testing.assert_close(block(x, cos=cos, sin=sin), expected)
+
+
+def test_the_logits_are_the_head_of_the_final_norm_of_the_last_block(tiny_model, random_tokens):
+    model = tiny_model(norm_eps=1e-5)
+    with torch.no_grad():
+        model.final_norm.weight.copy_(torch.rand(32) + 0.5)
+        idx = random_tokens()
+        x = model.hidden_states(idx)
+        torch.testing.assert_close(model(idx).logits, model.head(model.final_norm(x)))
+        rms = x.pow(2).mean(-1, keepdim=True).add(1e-5).rsqrt()
+        torch.testing.assert_close(model.final_norm(x), x * rms * model.final_norm.weight)
+
+
+def test_every_norm_of_the_model_takes_the_configured_epsilon(tiny_model):
+    model = tiny_model(norm_eps=0.25, qk_norm=True)
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.RMSNorm)]
+    assert len(norms) == 2 * 4 + 1 and all(norm.eps == 0.25 for norm in norms)
+
+
+def test_the_rotary_tables_use_the_configured_base(tiny_model):
+    model = tiny_model(rope_base=100.0)
+    cos, sin = rotary_tables(8, 24, 100.0)
+    assert torch.equal(model.rope_cos, cos) and torch.equal(model.rope_sin, sin)
+    assert not torch.equal(tiny_model().rope_cos, cos)  # the default base gives other angles
+
+
+def test_the_configured_dropout_reaches_the_embedding_and_every_residual_branch(tiny_model):
+    model = tiny_model(dropout=0.2, attention_dropout=0.05)
+    assert model.dropout.p == 0.2 and [block.dropout.p for block in model.blocks] == [0.2, 0.2]
+    assert [block.attention.dropout for block in model.blocks] == [0.05, 0.05]
+
+
+def test_next_token_logits_after_a_cached_prefix_are_the_full_forwards(tiny_model, random_tokens):
+    """start_pos reaches the RoPE rows and the caches: the logits after tokens 10..15, their
+    prefix 0..9 in the caches, are the full forward's at position 15."""
+    model = tiny_model()
+    idx = random_tokens(length=16)
+    caches = model.new_kv_caches(2)
+    model.next_token_logits(idx[:, :10], kv_caches=caches)
+    last = model.next_token_logits(idx[:, 10:], kv_caches=caches, start_pos=10)
+    torch.testing.assert_close(last, model(idx).logits[:, -1], rtol=0, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- dropout's details
+
+
+def test_cpu_dropout_at_zero_or_in_evaluation_is_the_input_itself_and_draws_nothing():
+    """p 0 in training (the default) costs nothing: no mask, no draw from the generator that a
+    checkpoint saves, so turning dropout off leaves the rest of a run's random stream as it was."""
+    x = torch.randn(4, 6)
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    for dropout in (Dropout(0.0).train(), Dropout(0.3).eval()):
+        torch.manual_seed(0)
+        assert dropout(x) is x
+        assert torch.equal(torch.rand(3), expected)
+
+
+def test_cpu_dropout_draws_its_mask_with_keep_mask_from_the_default_generator():
+    from tinyattn.model.dropout import keep_mask
+
+    x = torch.randn(33, 7)  # an odd count: the last draw's second half unused
+    torch.manual_seed(4)
+    dropped = Dropout(0.25).train()(x)
+    torch.manual_seed(4)
+    torch.testing.assert_close(dropped, x * keep_mask(x, 0.25) / 0.75, rtol=0, atol=1e-6)
+
+
+def test_cpu_dropout_rounds_p_to_the_nearest_of_its_levels():
+    """p * 2^15 = 32766.75 rounds to 32767: only the largest 15-bit number is kept, about 32 of
+    2^20 elements (truncating to 32766 would keep twice as many)."""
+    torch.manual_seed(0)
+    kept = int((Dropout(1 - 1.25 * 2**-15).train()(torch.ones(1 << 20)) != 0).sum())
+    assert 10 <= kept <= 50, kept
