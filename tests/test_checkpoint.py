@@ -600,3 +600,41 @@ def test_load_model_of_a_hugging_face_folder_says_which_loader_reads_it(tmp_path
     with pytest.raises(CheckpointError, match=rf"^{re.escape(str(tmp_path))} is a Hugging Face folder, not a "
                                               r"tinyattn checkpoint: load it with .*load_any_model$"):
         ckpt.load_model(tmp_path)
+
+
+def test_a_file_whose_header_length_fits_but_whose_header_is_not_json_is_not_called_safetensors(tmp_path):
+    (tmp_path / "eight").write_bytes((4).to_bytes(8, "little") + b"[1] " + bytes(8))
+    assert ckpt.file_format(tmp_path / "eight") is None
+    (tmp_path / "json").write_bytes((4).to_bytes(8, "little") + b"{}  " + bytes(8))
+    assert ckpt.file_format(tmp_path / "json") == "safetensors"
+
+
+def test_a_value_read_from_a_checkpoint_that_fails_its_crc_check_is_none(tmp_path):
+    """Bit rot in a checkpoint's weights leaves its plain values readable; the step or loss of
+    one that fails its CRC check is no model's, so a resume never takes it (verified_value)."""
+    path = tmp_path / ckpt.BEST
+    ckpt.save_checkpoint({"step": 7, "weights": torch.arange(64.0)}, path)
+    assert ckpt.verified_value(path, "step") == 7
+    data = bytearray(path.read_bytes())
+    data[data.index(torch.arange(64.0).numpy().tobytes()) + 8] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert ckpt.saved_value(path, "step") == 7 and ckpt.verified_value(path, "step") is None
+    assert ckpt.verified_value(tmp_path / "missing.pt", "step") is None
+
+
+def test_a_config_saved_with_train_show_keeps_what_it_chose():
+    from tinyattn.config import config_from_dict, config_to_dict
+
+    saved = config_to_dict(config_from_dict({"data": {"files": ["x.txt"]}, "train": {"show": ["sample"]}}))
+    assert ckpt.config_from_checkpoint({"config": saved}, Path("run/best.pt")).train.show == ["sample"]
+
+
+def test_a_run_folder_with_an_export_s_weights_beside_its_config_yaml_is_still_called_a_run_folder(tmp_path):
+    """Weights make a folder without checkpoints look like a Hugging Face one only without a run's
+    config.yaml: a run folder an export wrote model.safetensors into is told to have no checkpoint."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("model: {}\n")
+    (run / "model.safetensors").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"run folder holds no checkpoint \(step_\*\.pt or best\.pt\)$"):
+        ckpt.resolve_checkpoint(run)
