@@ -638,3 +638,21 @@ def test_a_run_folder_with_an_export_s_weights_beside_its_config_yaml_is_still_c
     (run / "model.safetensors").write_bytes(b"")
     with pytest.raises(CheckpointError, match=r"run folder holds no checkpoint \(step_\*\.pt or best\.pt\)$"):
         ckpt.resolve_checkpoint(run)
+
+
+def test_a_loaded_model_s_tokenizer_ends_texts_with_the_saved_tokenizer_end_of_text(tmp_path):
+    """A run on a pretrained tokenizer whose text ends at "</s>" (tokenizer.end_of_text) samples
+    until "</s>" after loading too: the saved config's end_of_text reaches the loaded tokenizer."""
+    from tests.conftest import llama_like_byte_fallback_tokenizer
+    from tinyattn.config import Config, DataConfig, ModelConfig, TokenizerConfig, config_to_dict
+    from tinyattn.model.transformer import LanguageModel
+
+    tokenizer = llama_like_byte_fallback_tokenizer()
+    config = Config(model=ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=1, n_head=2, n_embd=16,
+                                      context_length=8),
+                    data=DataConfig(files=["a.txt"]),
+                    tokenizer=TokenizerConfig(kind="pretrained", path="tokenizer.json", end_of_text="</s>"))
+    ckpt.save_checkpoint({"config": config_to_dict(config), "model": LanguageModel(config.model).state_dict(),
+                          "tokenizer": tokenizer.to_json(), "step": 1}, tmp_path / ckpt.BEST)
+    loaded = ckpt.load_model(tmp_path).tokenizer
+    assert loaded.end_of_text == "</s>" and loaded.eot_id == tokenizer.eot_id == 2
