@@ -656,3 +656,11 @@ def test_a_loaded_model_s_tokenizer_ends_texts_with_the_saved_tokenizer_end_of_t
                           "tokenizer": tokenizer.to_json(), "step": 1}, tmp_path / ckpt.BEST)
     loaded = ckpt.load_model(tmp_path).tokenizer
     assert loaded.end_of_text == "</s>" and loaded.eot_id == tokenizer.eot_id == 2
+
+
+@pytest.mark.parametrize("prefer", ["best", "latest"])
+def test_a_checkpoint_path_that_does_not_exist_is_one_line_naming_it(tmp_path, prefer):
+    """--resume nowhere reaches resolve_checkpoint with the path as given: named, not a traceback
+    from looking into a folder that is not there."""
+    with pytest.raises(CheckpointError, match=r"nowhere: no such checkpoint file or run folder$"):
+        ckpt.resolve_checkpoint(tmp_path / "nowhere", prefer=prefer)

@@ -678,3 +678,11 @@ def test_cpu_dropout_rounds_p_to_the_nearest_of_its_levels():
     torch.manual_seed(0)
     kept = int((Dropout(1 - 1.25 * 2**-15).train()(torch.ones(1 << 20)) != 0).sum())
     assert 10 <= kept <= 50, kept
+
+
+def test_apply_rotary_keeps_the_dtype_of_its_input():
+    """Under bf16 the fp32 tables are cast to the queries' dtype: the rotation gives bf16, not fp32
+    (type promotion), so attention never runs on a mix of fp32 queries and bf16 values."""
+    cos, sin = rotary_tables(8, 5, 10000.0)  # fp32
+    x = torch.randn(1, 2, 5, 8, dtype=torch.bfloat16)
+    assert apply_rotary(x, cos, sin).dtype == torch.bfloat16
