@@ -664,3 +664,14 @@ def test_a_checkpoint_path_that_does_not_exist_is_one_line_naming_it(tmp_path, p
     from looking into a folder that is not there."""
     with pytest.raises(CheckpointError, match=r"nowhere: no such checkpoint file or run folder$"):
         ckpt.resolve_checkpoint(tmp_path / "nowhere", prefer=prefer)
+
+
+def test_loading_a_checkpoint_file_that_is_not_there_is_one_line_naming_it(tmp_path):
+    with pytest.raises(CheckpointError, match=r"gone\.pt: checkpoint file not found$"):
+        ckpt.load_checkpoint(tmp_path / "gone.pt")
+
+
+def test_the_most_recent_run_under_an_out_dir_that_is_not_there_is_none_and_said_so(tmp_path):
+    assert ckpt.latest_run(tmp_path / "nowhere") is None
+    with pytest.raises(CheckpointError, match=r"^no checkpoints under .*nowhere/; train a model first"):
+        ckpt.resolve_checkpoint(None, tmp_path / "nowhere")
