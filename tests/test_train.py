@@ -1851,16 +1851,46 @@ def start_ranks(args: list[str], consoles: Path, world_size: int = 2) -> list[wa
     consoles/rank<N>.txt. A torchrun launch starts three fresh Pythons (the launcher and two workers),
     each importing torch: the suite's largest cost. The tests of torchrun's own part (its SIGTERM to
     the ranks left once one exits, its summary of their exit codes) launch it."""
-    port = str(free_port())
+    port, script = str(free_port()), str(ROOT / "scripts" / "train.py")
     processes = []
-    for rank in range(world_size):
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(rank), "LOCAL_RANK": str(rank),
-               "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-        with open(consoles / f"rank{rank}.txt", "w") as console:
-            processes.append(warm_python.Popen([sys.executable, str(ROOT / "scripts" / "train.py"), *args],
-                                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=console, env=env))
+    try:
+        for rank in range(world_size):
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(rank), "LOCAL_RANK": str(rank),
+                   "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0",
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+            with open(consoles / f"rank{rank}.txt", "w") as console:
+                processes.append(warm_python.Popen([sys.executable, script, *args], cwd=ROOT,
+                                                   stdout=subprocess.DEVNULL, stderr=console, env=env))
+    except BaseException:  # the ranks started would wait for their peer in the rendezvous, past the test
+        for process in processes:
+            process.kill()
+            process.wait()
+        raise
     return processes
+
+
+def test_a_rank_that_fails_to_start_takes_the_ranks_started_before_it_down(monkeypatch, tmp_path):
+    """start_ranks: a rank whose start fails (the warm Python gone, a console not opened) left the ranks
+    started before it waiting for their peer in the process group's rendezvous, outliving the test."""
+    started = []
+
+    class Rank:
+        def __init__(self, args, **kwargs):
+            if started:
+                raise OSError("no second rank")
+            self.ended = []
+            started.append(self)
+
+        def kill(self):
+            self.ended.append("kill")
+
+        def wait(self, timeout=None):
+            self.ended.append("wait")
+
+    monkeypatch.setattr(warm_python, "Popen", Rank)
+    with pytest.raises(OSError, match="no second rank"):
+        start_ranks(["--config", str(TINY)], tmp_path)
+    assert [rank.ended for rank in started] == [["kill", "wait"]]
 
 
 def run_ranks(args: list[str], consoles: Path, timeout: float = 120) -> tuple[list[int], list[str]]:
