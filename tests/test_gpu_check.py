@@ -157,7 +157,8 @@ def test_a_done_line_of_thousands_of_steps_is_read_with_its_separators(report, t
             f"done: 2,487 steps in {total} s (start-up 5.1 s (0.9%), train 560.0 s (94.9%)), 8,924 tok/s, "
             "best validation loss 1.4457; checkpoints in x\n", encoding="utf-8")
         done = report.run_figures(tmp_path, target_loss=None)["done"]
-        assert (done["steps"], done["wall_seconds"], done["tokens_per_second"]) == (2487, float(total), 8924.0)
+        figures = (done["steps"], done["wall_seconds"], done["tokens_per_second"])
+        assert figures == (2487, float(total), 8924.0)
     resumed = [("done: 1 step (step 1001) in 5 s", 1), ("done: 1,345 steps (steps 1001-2345) in 5 s", 1345)]
     for line, steps in resumed:  # a resumed session's line names its steps; one step is "1 step"
         (tmp_path / "train.log").write_text(f"{line} (train 4.0 s (80.0%)), 8,924 tok/s, best validation "
