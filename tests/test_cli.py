@@ -227,11 +227,14 @@ def test_a_rank_whose_peer_left_ends_at_once_after_its_line_without_unwinding():
              "def command():\n"
              "    held = Held()  # stands in for the DDP wrapper\n"
              "    raise PeerGone('another rank left the run; every rank stops')\n"
-             "print('code', run_command(command))\n")
-    result = warm_python.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60,
-                             cwd=ROOT, env={**os.environ, "RANK": "1"})
-    assert (result.returncode, result.stdout) == (2, ""), (result.stdout, result.stderr)
-    assert result.stderr == "rank 1: error: another rank left the run; every rank stops\n", result.stderr
+             "code = run_command(command)\n"
+             "print('code', code)\n"
+             "raise SystemExit(code)\n")
+    for world, unwound in (("2", ""), ("1", "unwound\ncode 2\n")):  # in-process callers unwind
+        result = warm_python.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60,
+                                 cwd=ROOT, env={**os.environ, "RANK": "1", "WORLD_SIZE": world})
+        assert (result.returncode, result.stdout) == (2, unwound), (result.stdout, result.stderr)
+        assert result.stderr == "rank 1: error: another rank left the run; every rank stops\n", result.stderr
 
 
 SAID = "stopped by SIGINT before step 1"
