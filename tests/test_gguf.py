@@ -284,7 +284,7 @@ def test_reordered_query_rows_rotated_in_adjacent_pairs_equal_the_rotated_halves
 def test_the_file_holds_the_hyperparameters_and_the_tokenizer_keys(tmp_path, kind):
     tokenizer = tokenizer_of(kind)
     model = random_model(tokenizer, n_kv_head=2)
-    model.config.rope_base, model.config.norm_eps = 5000.0, 1e-5
+    model.config.rope_base, model.config.norm_eps = 5000.0, 3e-6  # neither one a default
     fields = {k: v.contents() for k, v in gguf.GGUFReader(export(tmp_path, model, tokenizer)).fields.items()}
     assert {k: fields[f"llama.{k}"] for k in ("context_length", "embedding_length", "block_count",
             "feed_forward_length", "attention.head_count", "attention.head_count_kv",
@@ -294,7 +294,7 @@ def test_the_file_holds_the_hyperparameters_and_the_tokenizer_keys(tmp_path, kin
         "attention.head_count": 4, "attention.head_count_kv": 2, "attention.key_length": 8,
         "attention.value_length": 8, "rope.dimension_count": 8, "rope.freq_base": 5000.0,
         "vocab_size": tokenizer.vocab_size}
-    assert fields["llama.attention.layer_norm_rms_epsilon"] == pytest.approx(1e-5)
+    assert fields["llama.attention.layer_norm_rms_epsilon"] == pytest.approx(3e-6)
     eot = tokenizer.eot_id
     assert (fields["tokenizer.ggml.model"], fields["tokenizer.ggml.pre"]) == ("gpt2", "gpt-2")
     assert fields["tokenizer.ggml.eos_token_id"] == fields["tokenizer.ggml.bos_token_id"] == eot
@@ -580,6 +580,27 @@ def test_a_bpe_model_with_an_option_llama_cpps_bpe_lacks_is_refused_in_one_line(
     _, message = refused_edit(tmp_path, "bpe", lambda spec: spec["model"].__setitem__(key, value))
     assert message == ("tokenizer: a BPE tokenizer with pre-tokenizer ByteLevel: GGUF export "
                        "writes tinyattn's char and byte-level bpe tokenizers only")
+
+
+def test_a_bpe_model_with_a_continuing_subword_prefix_is_refused_in_one_line(tmp_path):
+    # A word's later pieces spelled "##..." (WordPiece's style): llama.cpp's BPE has no such prefix,
+    # and written as plain merges the vocabulary would tokenize otherwise.
+    import tokenizers
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    backend = tokenizers.Tokenizer(models.BPE(continuing_subword_prefix="##"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    backend.train_from_iterator([TEXT], trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], continuing_subword_prefix="##",
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = Tokenizer.from_json(backend.to_str())
+    assert tokenizer.token(tokenizer.encode("ROMEO")[1]).startswith("##")
+    with pytest.raises(CheckpointError) as raised:
+        export(tmp_path, random_model(tokenizer), tokenizer)
+    assert list(tmp_path.iterdir()) == []
+    assert str(raised.value) == ("tokenizer: a BPE tokenizer with pre-tokenizer ByteLevel: GGUF export "
+                                 "writes tinyattn's char and byte-level bpe tokenizers only")
 
 
 @pytest.mark.parametrize("kind,model", [("char", "WordLevel"), ("bpe", "BPE")])
