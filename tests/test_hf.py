@@ -179,6 +179,16 @@ def test_an_exports_rope_base_is_written_where_transformers_5_and_4_read_it(tmp_
     assert max_logit_difference(model, hf_model(tmp_path / "out"), ids) < 1e-5
 
 
+def test_an_exports_rms_norm_eps_is_the_models_and_imports_back(tmp_path):
+    # random_llama's folders (and common defaults) say 1e-5: an epsilon that is none of them.
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)
+    config.model.norm_eps = 3e-6
+    export_folder(model.state_dict(), config, tokenizer, tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["rms_norm_eps"] == 3e-6
+    assert load_any_model(tmp_path / "out").config.model.norm_eps == 3e-6
+
+
 def test_exported_logits_stay_equal_at_the_end_of_a_long_context(tmp_path):
     # RoPE's angles grow with the position: computed otherwise than transformers computes them
     # (in float64, say), the logits drift apart by 1e-4 at position 2,048.
@@ -1190,6 +1200,13 @@ def edit_tensor(folder, name, tensor):
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
 
 
+def drop_tensor(folder, name):
+    from safetensors.torch import load_file, save_file
+    tensors = load_file(folder / "model.safetensors")
+    del tensors[name]
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+
+
 def shard_with_a_missing_file(folder):
     """The folder as two shards listed in model.safetensors.index.json, the second never written."""
     from safetensors.torch import load_file
@@ -1206,6 +1223,9 @@ REFUSALS = {
     "k-proj-shape": (lambda f: edit_tensor(f, "model.layers.0.self_attn.k_proj.weight", torch.zeros(16, 31)),
                      "weight model.layers.0.self_attn.k_proj.weight has shape 16x31; "
                      "config.json gives 16x48"),
+    # A tensor config.json's model needs and the file lacks: named, not a KeyError's traceback.
+    "missing-weight": (lambda f: drop_tensor(f, "model.layers.1.mlp.up_proj.weight"),
+                       "weight model.layers.1.mlp.up_proj.weight is missing"),
     # A tensor tinyattn has no place for, config.json saying nothing of it: never dropped silently.
     "stray-bias-weight": (lambda f: edit_tensor(f, "model.layers.0.self_attn.q_proj.bias", torch.ones(48)),
                           "weights a Llama model of this config does not have: "
@@ -1244,6 +1264,9 @@ REFUSALS = {
     "rope-scaling-beside-parameters": (lambda f: edit_config(f, rope_scaling={"rope_type": "linear",
                                                                               "factor": 2.0}),
                                        "rope scaling 'linear'"),  # transformers reads rope_scaling first
+    # transformers 4's files name the kind "type", not "rope_type": read as the same field.
+    "rope-scaling-type-key": (lambda f: edit_config(f, rope_scaling={"type": "linear", "factor": 2.0}),
+                              "rope scaling 'linear'"),
     "attention-bias": (lambda f: edit_config(f, attention_bias=True), "attention_bias true"),
     "mlp-bias": (lambda f: edit_config(f, mlp_bias=True), "mlp_bias true"),
     "head-dim": (lambda f: edit_config(f, head_dim=16), "head_dim 16"),
@@ -1744,7 +1767,8 @@ def test_a_tied_folders_head_stored_in_another_dtype_is_compared_as_transformers
     assert max_logit_difference(loaded.model, reference, ids) < 1e-5
 
 
-def test_a_tied_folders_bf16_head_copy_stays_tied_where_config_json_says_bfloat16(tmp_path, capsys):
+@pytest.mark.parametrize("key", ["dtype", "torch_dtype"])  # torch_dtype: transformers 4's name
+def test_a_tied_folders_bf16_head_copy_stays_tied_where_config_json_says_bfloat16(tmp_path, capsys, key):
     # transformers loads both in bfloat16, where the copy equals the embedding, and ties them.
     from safetensors.torch import load_file
 
@@ -1753,10 +1777,29 @@ def test_a_tied_folders_bf16_head_copy_stays_tied_where_config_json_says_bfloat1
     embedding = load_file(tmp_path / "llama" / "model.safetensors")["model.embed_tokens.weight"]
     assert not torch.equal(embedding.to(torch.bfloat16).float(), embedding)  # float32 would tell them apart
     edit_tensor(tmp_path / "llama", "lm_head.weight", embedding.to(torch.bfloat16))
-    edit_config(tmp_path / "llama", tie_word_embeddings=True, dtype="bfloat16")
+    drop_config_keys(tmp_path / "llama", "dtype", "torch_dtype")
+    edit_config(tmp_path / "llama", tie_word_embeddings=True, **{key: "bfloat16"})
     capsys.readouterr()
     assert load_any_model(tmp_path / "llama").config.model.tie_embeddings is True
     assert capsys.readouterr().err == ""
+
+
+def test_a_tied_folder_naming_no_dtype_compares_its_head_in_float32_as_transformers_loads_it(tmp_path):
+    # Every tensor float32 and config.json naming no dtype: transformers loads float32, where a head
+    # equal to the embedding only after rounding to bfloat16 differs from it, and leaves them untied.
+    from safetensors.torch import load_file
+
+    tokenizer = tokenizer_of("bpe")
+    random_llama(tmp_path / "llama", tokenizer)
+    embedding = load_file(tmp_path / "llama" / "model.safetensors")["model.embed_tokens.weight"]
+    edit_tensor(tmp_path / "llama", "lm_head.weight", embedding.to(torch.bfloat16).float())
+    edit_config(tmp_path / "llama", tie_word_embeddings=True)
+    drop_config_keys(tmp_path / "llama", "dtype", "torch_dtype")
+    reference = hf_model(tmp_path / "llama")
+    loaded = load_any_model(tmp_path / "llama")
+    assert loaded.config.model.tie_embeddings is False
+    ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
+    assert max_logit_difference(loaded.model, reference, ids) < 1e-5
 
 
 def test_a_rotary_inv_freq_tensor_in_the_weights_is_ignored_not_refused(tmp_path):
