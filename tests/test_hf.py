@@ -434,6 +434,7 @@ def test_export_cli_writes_config_generation_defaults_and_card(tmp_path, capsys)
     assert hf["rope_parameters"]["rope_theta"] == 10000.0 and hf["tie_word_embeddings"] is True
     assert hf["max_position_embeddings"] == 64 and hf["eos_token_id"] == tokenizer.eot_id
     assert hf["bos_token_id"] == tokenizer.eot_id  # tinyattn's one special token starts texts too
+    assert hf["pad_token_id"] is None  # no token is padding: token 0 is a character of the text
     generation = json.loads((folder / "generation_config.json").read_text())
     assert generation["bos_token_id"] == generation["eos_token_id"] == tokenizer.eot_id
     assert json.loads((folder / "tokenizer_config.json").read_text())["add_bos_token"] is False
@@ -1218,6 +1219,11 @@ def shard_with_a_missing_file(folder):
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
 
 
+def index_without_a_weight_map(folder):
+    (folder / "model.safetensors").rename(folder / "model-00001-of-00001.safetensors")
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}}))
+
+
 REFUSALS = {
     # Types and shapes, checked before anything is built or concatenated (issue 23):
     "k-proj-shape": (lambda f: edit_tensor(f, "model.layers.0.self_attn.k_proj.weight", torch.zeros(16, 31)),
@@ -1277,6 +1283,9 @@ REFUSALS = {
     "partial-rotary": (lambda f: edit_config(f, partial_rotary_factor=0.5), "partial_rotary_factor"),
     "pickle": (lambda f: ((f / "model.safetensors").rename(f / "pytorch_model.bin")),
                "pytorch_model.bin, a pickle"),
+    # An index file that lists no shards: was an AttributeError's traceback when its check went.
+    "index-without-weight-map": (index_without_a_weight_map,
+                                 "model.safetensors.index.json: no weight_map"),
     "missing-shard": (shard_with_a_missing_file, "model-00002-of-00002.safetensors: not found "
                       "(listed in model.safetensors.index.json)"),
 }
