@@ -145,6 +145,9 @@ def test_a_tied_export_stores_the_embedding_once_and_no_lm_head(tmp_path):
     stored = load_file(folder / "model.safetensors")
     assert "lm_head.weight" not in stored
     assert torch.equal(stored["model.embed_tokens.weight"], model.token_embedding.weight)
+    from safetensors import safe_open
+    with safe_open(folder / "model.safetensors", "pt") as f:  # what save_pretrained writes; readers check it
+        assert f.metadata() == {"format": "pt"}
 
 
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, where nothing can be made")
@@ -1244,6 +1247,9 @@ REFUSALS = {
                    "weight model.embed_tokens.weight has shape 300x48; config.json gives 100000000000x48"),
     "vocab-as-text": (lambda f: edit_config(f, vocab_size="300"), "vocab_size is '300'; expected an integer"),
     "vocab-null": (lambda f: edit_config(f, vocab_size=None), "vocab_size is None; expected an integer"),
+    # JSON's true is no integer (Python's bool is one): it was read as a context of 1 when unchecked.
+    "context-as-bool": (lambda f: edit_config(f, max_position_embeddings=True),
+                        "max_position_embeddings is True; expected an integer"),
     "no-tokenizer-json": (lambda f: (f / "tokenizer.json").rename(f / "tokenizer.model"),
                           "no tokenizer.json (a tokenizers-library tokenizer); tokenizer.model or vocab "
                           "files alone are not read"),
