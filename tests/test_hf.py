@@ -1250,6 +1250,10 @@ REFUSALS = {
     # JSON's true is no integer (Python's bool is one): it was read as a context of 1 when unchecked.
     "context-as-bool": (lambda f: edit_config(f, max_position_embeddings=True),
                         "max_position_embeddings is True; expected an integer"),
+    "eps-as-bool": (lambda f: edit_config(f, rms_norm_eps=True), "rms_norm_eps is True; expected a number"),
+    # Values of the right types that no tinyattn model has: ModelConfig.validate's line, not a traceback.
+    "heads-not-dividing-width": (lambda f: (edit_config(f, num_attention_heads=5, num_key_value_heads=5),
+                                            drop_config_keys(f, "head_dim")), "which tinyattn cannot build"),
     "no-tokenizer-json": (lambda f: (f / "tokenizer.json").rename(f / "tokenizer.model"),
                           "no tokenizer.json (a tokenizers-library tokenizer); tokenizer.model or vocab "
                           "files alone are not read"),
