@@ -1259,6 +1259,10 @@ REFUSALS = {
                           "files alone are not read"),
     "architecture": (lambda f: edit_config(f, architectures=["MistralForCausalLM"]),
                      "architectures ['MistralForCausalLM']"),
+    # The architecture is settled first: a foreign folder is named as one, whatever else it lacks.
+    "architecture-and-no-tokenizer": (lambda f: (edit_config(f, architectures=["MistralForCausalLM"]),
+                                                 (f / "tokenizer.json").unlink()),
+                                      "architectures ['MistralForCausalLM']"),
     "two-architectures": (lambda f: edit_config(f, architectures=["LlamaForCausalLM", "MistralForCausalLM"]),
                           "architectures ['LlamaForCausalLM', 'MistralForCausalLM']"),
     "model-type-only": (lambda f: edit_config(f, architectures=None, model_type="mistral"),
