@@ -1606,6 +1606,23 @@ def exported_char_folder(tmp_path):
     return tmp_path / "out", model, tokenizer
 
 
+@pytest.mark.parametrize("values,expected", [
+    ({"do_sample": True, "top_p": 1.5}, "gives sample.top_p=1.5: "),
+    ({"repetition_penalty": -1.0}, "gives sample.repetition_penalty=-1.0: "),
+    # JSON's true is no number (Python's bool is one): it was read as a temperature of 1 unchecked.
+    ({"do_sample": True, "temperature": True}, "gives temperature=True: expected a number or null"),
+], ids=["top-p", "repetition-penalty", "temperature-true"])
+def test_a_generation_config_value_no_sampler_takes_is_refused_in_one_line_naming_it(tmp_path, values,
+                                                                                     expected):
+    from tinyattn.errors import CheckpointError
+
+    folder, _, _ = exported_char_folder(tmp_path)
+    (folder / "generation_config.json").write_text(json.dumps(values))
+    with pytest.raises(CheckpointError) as refused:
+        load_any_model(folder)
+    assert str(refused.value).startswith(f"{folder / 'generation_config.json'}: {expected}")
+
+
 def test_a_generation_configs_repetition_penalty_is_imported(tmp_path):
     folder, _, _ = exported_char_folder(tmp_path)
     (folder / "generation_config.json").write_text(json.dumps({"repetition_penalty": 1.3}))
