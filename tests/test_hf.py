@@ -275,8 +275,10 @@ def test_an_export_into_the_folder_the_user_is_in_is_refused_saying_where_to_exp
     assert list(here.iterdir()) == [] and Path.cwd() == here
 
 
-@pytest.mark.parametrize("card", [None, "---\nlicense: apache-2.0\ntags: [llama]\n---\n# SmolLM2\n"],
-                         ids=["no-card", "another-card"])
+@pytest.mark.parametrize("card", [None, "---\nlicense: apache-2.0\ntags: [llama]\n---\n# SmolLM2\n",
+                                  # tinyattn's tag line in the text, not in the front matter: not its card
+                                  "---\nlicense: apache-2.0\n---\n# Notes\n\ntags: [tinyattn, llama]\n"],
+                         ids=["no-card", "another-card", "tag-line-in-the-text"])
 def test_force_never_replaces_a_downloaded_model_holding_only_the_files_an_export_writes(
         tmp_path, capsys, card):
     # `hf download` leaves config.json, model.safetensors, tokenizer.json, ... (and often a
@@ -1840,6 +1842,11 @@ def test_a_tied_folder_naming_no_dtype_compares_its_head_in_float32_as_transform
     assert loaded.config.model.tie_embeddings is False
     ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
     assert max_logit_difference(loaded.model, reference, ids) < 1e-5
+
+
+def test_a_folder_is_loaded_ready_for_inference_in_eval_mode(tmp_path):
+    folder, _, _ = exported_char_folder(tmp_path)
+    assert load_any_model(folder).model.training is False
 
 
 def test_a_rotary_inv_freq_tensor_in_the_weights_is_ignored_not_refused(tmp_path):
