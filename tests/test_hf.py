@@ -1609,8 +1609,8 @@ def exported_char_folder(tmp_path):
 
 
 @pytest.mark.parametrize("values,expected", [
-    ({"do_sample": True, "top_p": 1.5}, "gives sample.top_p=1.5: "),
-    ({"repetition_penalty": -1.0}, "gives sample.repetition_penalty=-1.0: "),
+    ({"do_sample": True, "top_p": 1.5}, "gives top_p=1.5: expected a number in (0, 1]"),
+    ({"repetition_penalty": -1.0}, "gives repetition_penalty=-1.0: expected a positive number"),
     # JSON's true is no number (Python's bool is one): it was read as a temperature of 1 unchecked.
     ({"do_sample": True, "temperature": True}, "gives temperature=True: expected a number or null"),
 ], ids=["top-p", "repetition-penalty", "temperature-true"])

@@ -213,8 +213,8 @@ def _sample_config(path: Path) -> SampleConfig:
         return sample
     raw = read_json(path)
 
-    def fail(key, value, accepted):
-        raise CheckpointError(f"{path}: gives {key}={value!r}: {accepted}")
+    def fail(key, value, accepted):  # the file's own key, not the config's (sample.top_p) it fills
+        raise CheckpointError(f"{path}: gives {key.removeprefix('sample.')}={value!r}: {accepted}")
 
     def number(key, default, kind=float):  # null: not given, as transformers reads it
         value = raw.get(key)
