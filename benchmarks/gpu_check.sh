@@ -182,7 +182,8 @@ else
     step attention 90 20 "$PY" -m benchmarks.suite --device "$DEVICE" --config configs/shakespeare_char_gpu.yaml \
         --skip training decode --max-context "$MAX_CONTEXT" --json "$WORK/json/attention.json"
     step pytest-gloo 150 40 "$PY" -m pytest -q -p no:cacheprovider tests/test_train.py::test_two_process_gloo_run \
-        tests/test_train.py::test_a_stop_signal_to_one_rank_stops_every_rank_with_a_checkpoint --junitxml="$WORK/json/pytest-gloo.xml"
+        tests/test_train.py::test_a_stop_signal_to_one_rank_stops_every_rank_with_a_checkpoint \
+        --junitxml="$WORK/json/pytest-gloo.xml"
     step baby-muon 150 90 train_baby baby-muon "${BABY_SET[@]}" "${MUON_SET[@]}"
 fi
 
