@@ -226,3 +226,37 @@ def test_a_new_folder_gets_the_mode_mkdir_gives_not_mkdtemps_owner_only_one(tmp_
     assert new_folder_mode(tmp_path / "not-yet") == made.stat().st_mode & 0o777
     os.chmod(made, 0o750)
     assert new_folder_mode(made) == 0o750  # a folder it replaces keeps its own
+
+
+@pytest.mark.parametrize("number, reason", [(errno.EDQUOT, "Disk quota exceeded"),
+                                            (errno.EFBIG, "File too large")])
+def test_a_quota_or_a_file_size_limit_is_a_full_disk_to_the_user(tmp_path, number, reason):
+    from tinyattn.system.storage import atomic_write
+
+    path = tmp_path / "step.pt"
+    with pytest.raises(StorageError) as refused:
+        with atomic_write(path) as f:
+            raise OSError(number, reason)
+    assert str(refused.value) == (f"cannot write {path}: {reason}; "
+                                  "free some space there or choose another folder")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_short_write_names_what_the_disk_took_of_what_it_was_given(tmp_path):
+    from tinyattn.system.storage import storage_errors
+
+    with pytest.raises(StorageError) as refused:
+        with storage_errors(tmp_path / "tokens.bin"):
+            raise OSError("1000 requested and 400 written")  # numpy's tofile on a full disk: no errno
+    assert "the disk took only part of the write (400 of 1,000 items)" in str(refused.value)
+
+
+def test_removing_the_temporaries_of_one_name_leaves_a_users_file_of_another_length(tmp_path):
+    from tinyattn.system.storage import remove_temporaries
+
+    ours = tmp_path / ".model.gguf.ab_12xyz.tmp"
+    users = [tmp_path / ".model.gguf.old.tmp", tmp_path / ".model.gguf.backup_copy.tmp"]
+    for path in (ours, *users):
+        path.write_bytes(b"")
+    assert remove_temporaries(tmp_path, of="model.gguf") == [ours]
+    assert all(path.exists() for path in users)
