@@ -446,3 +446,38 @@ def test_a_ranks_seed_changes_with_the_step_and_the_rank_and_is_one_torch_takes(
     assert len(set(seeds.values())) == len(seeds)  # no two ranks or steps draw the same masks
     assert all(0 <= seed < 2**63 for seed in seeds.values())  # train.seed's own range
     assert rank_seed(5, 1, 7) == rank_seed(5, 1, 7)  # a function of (seed, rank, step): a resume draws alike
+
+
+def test_rank_0s_refusal_ends_every_rank_with_its_message_said_once_and_a_ranks_own_at_once(monkeypatch):
+    """refusal_shared: the other ranks raise rank 0's refusal, marked for rank 0 alone to say (`shared`);
+    a refusal of a rank above 0 is its own, raised without entering the broadcast rank 0 waits in."""
+    from tinyattn.errors import TinyattnError
+    from tinyattn.system.distributed import Distributed, refusal_shared
+
+    broadcasts = []
+
+    def broadcast_object_list(said, src):
+        broadcasts.append(list(said))
+        said[:] = ["runs/r: the folder is not empty"]  # rank 0's refusal
+
+    monkeypatch.setattr(torch.distributed, "broadcast_object_list", broadcast_object_list)
+    with pytest.raises(TinyattnError) as passed_on:
+        with refusal_shared(Distributed(rank=1, world_size=2, local_rank=1)):
+            pass
+    assert str(passed_on.value) == "runs/r: the folder is not empty" and passed_on.value.shared is True
+    assert broadcasts == [[None]]
+    with pytest.raises(TinyattnError, match="its own") as own:
+        with refusal_shared(Distributed(rank=1, world_size=2, local_rank=1)):
+            raise TinyattnError("its own")
+    assert not getattr(own.value, "shared", False) and broadcasts == [[None]]
+
+
+def test_the_largest_value_is_the_largest_of_every_ranks(monkeypatch):
+    from tinyattn.system.distributed import Distributed, largest_value
+
+    def all_reduce(tensor, op):  # rank 1's value is 40
+        reduce = {torch.distributed.ReduceOp.MAX: max, torch.distributed.ReduceOp.MIN: min}[op]
+        tensor.fill_(reduce(int(tensor.item()), 40))
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    assert largest_value(Distributed(rank=0, world_size=2), 15, torch.device("cpu")) == 40
