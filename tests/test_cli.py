@@ -518,3 +518,15 @@ def test_the_usage_to_a_reader_that_went_away_ends_quietly_with_status_141():
     finally:
         os.close(write_end)
     assert result.returncode == 141 and result.stderr == b"", result.stderr
+
+
+def test_a_checkout_path_with_a_space_is_quoted_in_the_command_a_message_prints(monkeypatch, tmp_path):
+    from tinyattn.system.invocation import command
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    scripts = tmp_path / "my checkout" / "scripts"
+    scripts.mkdir(parents=True)
+    for name in ("train.py", "generate.py"):
+        (scripts / name).write_text("", encoding="utf-8")
+    monkeypatch.setattr(sys, "argv", [str(scripts / "generate.py")])
+    assert command("train") == f"python '{scripts / 'train.py'}'"
