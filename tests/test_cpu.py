@@ -146,10 +146,15 @@ def test_cache_of_another_machine_or_a_corrupt_file_is_measured_again(fake_cpu, 
     assert measure.calls == 4
 
 
-def test_a_measured_speedup_of_exactly_the_threshold_counts_as_fast(fake_cpu, monkeypatch):
+def test_a_measured_speedup_of_exactly_the_threshold_counts_as_fast_and_one_just_under_it_does_not(
+        fake_cpu, monkeypatch):
     fake_cpu(None, "SVE256")
     monkeypatch.setattr(cpu, "measure_cpu_bf16_speedup", CountingMeasurement(speedup=cpu.BF16_FAST_SPEEDUP))
     assert cpu.cpu_bf16_is_fast() is True
+    clear_cpu_cache()
+    under = cpu.BF16_FAST_SPEEDUP * 0.9  # bf16 a little faster than fp32: not worth its rounding
+    monkeypatch.setattr(cpu, "measure_cpu_bf16_speedup", CountingMeasurement(speedup=under))
+    assert cpu.cpu_bf16_is_fast() is False
 
 
 def test_unwritable_cache_warns_and_still_answers(fake_cpu, monkeypatch, tmp_path):
@@ -168,6 +173,18 @@ def test_the_bf16_measurement_leaves_the_global_generator_alone():
     state = torch.get_rng_state()
     assert cpu.measure_cpu_bf16_speedup(size=32, rounds=1) > 0
     assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_one_slow_first_bf16_call_does_not_end_the_measurement_as_emulated(monkeypatch):
+    """Only a bf16 clearly slower after a few rounds ends it early: a first call slowed by another
+    process would otherwise leave a fast bf16 measured (and cached) as slow."""
+    bf16_times = iter([0.005, 0.0005, 0.0005])  # the first call stalls, the next are twice as fast
+
+    def seconds_of(fn, device=None):
+        return next(bf16_times) if fn().dtype == torch.bfloat16 else 0.001
+
+    monkeypatch.setattr(cpu, "seconds_of", seconds_of)
+    assert cpu.measure_cpu_bf16_speedup(size=16, rounds=3, budget_s=60) == pytest.approx(2.0)
 
 
 def test_the_measured_speedup_is_the_fp32_time_over_the_bf16_time(monkeypatch):
