@@ -1073,6 +1073,28 @@ def test_a_budget_its_start_up_spent_exactly_is_refused_before_anything_is_measu
                                 str(raised.value))
 
 
+
+def test_a_distributed_rank_whose_start_up_spent_the_budget_measures_with_the_others_not_alone():
+    """Each rank reads its own clock: one refusing alone before the measuring would leave the others
+    in its collectives. Every rank measures, and rank 0's count says no step fits (`share`)."""
+    from types import SimpleNamespace
+
+    from tinyattn.train.passes import PassTables
+
+    config = load_config(TINY, ["train.time_budget=100s"])
+
+    class Measuring(Exception):
+        pass
+
+    def state_dict():
+        raise Measuring
+
+    trainer = SimpleNamespace(dist=SimpleNamespace(enabled=True), state_dict=state_dict)
+    calibration = budget.Calibration(TimePlan("100s", config.train, FakeClock(100.0)), FakeClock(),
+                                     PassTables(config.train))
+    with pytest.raises(Measuring):
+        calibration.measure(trainer, None, Path("run"))
+
 def _fits_a_step(config, budget_seconds: int, spent: float, measured: budget.Measured) -> bool:
     """Whether a run under `budget_seconds` whose start-up and measuring spent `spent` fits a step."""
     plan = TimePlan(f"{budget_seconds}s", config.train, FakeClock(spent))
