@@ -1120,6 +1120,10 @@ def test_the_advised_budget_holds_the_measuring_a_slower_start_up_and_a_step():
     assert after == math.ceil((2.5 * 1.25 + 1.0 + 2.5 + 0.25 + 0.5 + 0.25) / (1 - TimePlan.MARGIN)) == 8
     assert _fits_a_step(config, after, 2.5 * 1.25 + 2.5, measured)
     assert not _fits_a_step(config, after - 1, 2.5 * 1.25 + 2.5, measured)
+    # A start-up whose need falls just under a whole second: the plan's margin takes it over.
+    measured = budget.Measured(0.25, 0.5, 0.25, start_up=4.36, calibration=2.5)
+    after = calibration.advised_budget(4.36, measured)
+    assert _fits_a_step(config, after, 4.36 * 1.25 + 2.5, measured)
 
 
 def test_a_warmup_longer_than_the_steps_the_budget_first_fits_is_said_at_the_start(
@@ -1175,3 +1179,13 @@ def test_a_bare_number_budget_is_shown_with_its_unit_in_the_warmup_warning_and_t
     resumed = types.SimpleNamespace(file=Path("runs/r/step_0000010.pt"), config=config, notes=[])
     ResumePoint._keep_budget(resumed, load_config(TINY), typed=())
     assert "trained under a time budget of 10s, which" in resumed.notes[0], resumed.notes
+
+
+def test_a_step_count_given_with_set_turns_the_budget_off_and_without_a_budget_nothing_is_said():
+    overrides = ["train.time_budget=10m", "train.max_steps=40"]
+    config = load_config(TINY, overrides)
+    assert budget.explicit_steps(config, overrides) == (
+        "train.max_steps=40 given with --set: the time budget 10m is off for this run")
+    assert config.train.time_budget is None and config.train.max_steps == 40
+    plain = load_config(TINY, ["train.max_steps=40"])
+    assert budget.explicit_steps(plain, ["train.max_steps=40"]) is None
