@@ -305,3 +305,10 @@ def test_a_fresh_process_that_builds_a_compiled_trainer_at_a_lowered_capability_
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().endswith("_avx2"), done.stdout
+
+
+@pytest.mark.parametrize("capability, expected", [("AVX2", True), ("AVX512", True), ("DEFAULT", False),
+                                                   ("NO AVX", False)])
+def test_fp16_rows_are_fast_only_where_torch_runs_x86_vector_code(monkeypatch, capability, expected):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    assert cpu.cpu_fp16_rows_are_fast() is expected
