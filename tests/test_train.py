@@ -2557,6 +2557,20 @@ def test_an_fp16_step_whose_gradients_overflow_moves_no_weight_and_lowers_the_lo
         assert torch.equal(p.detach(), before[name]), name
 
 
+@pytest.mark.parametrize("grad_clip", [0.0, 1.0], ids=["no-clip", "clip"])
+def test_an_fp16_overflow_in_one_optimizers_weights_moves_no_weight_of_the_others(grad_clip):
+    # Muon holds the matrices, AdamW the rest: the scaler alone would skip only AdamW's step, while the
+    # clipping over every parameter made Muon's gradients 0 (clipped) or NaN (0 x inf, no clipping).
+    trainer = tiny_trainer(None, precision=fp16(), optimizer="muon", grad_clip=grad_clip)
+    assert len(trainer.optimizers.optimizers) == 2
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    trainer.model.final_norm.weight.register_hook(lambda grad: grad * math.inf)  # AdamW's: an overflow
+    trainer.train_step()
+    assert trainer.scaler.get_scale() == 65536.0 / 2
+    for name, p in trainer.model.named_parameters():
+        assert torch.equal(p.detach(), before[name]), name
+
+
 def test_checkpoints_are_written_at_every_eval_interval_and_the_last_step(corpus, tmp_path):
     result = train(tiny_config(corpus, tmp_path, "train.max_steps=7", "train.eval_interval=3",
                                "train.keep_last=5", "train.sample_tokens=0"), run_name="cadence",
