@@ -2425,6 +2425,23 @@ def test_the_logged_tokens_are_the_runs_since_step_0_and_the_throughput_this_ses
     assert log.tokens_per_second == pytest.approx(10 * trainer.tokens_per_step / 4.0)  # the session's, whole
 
 
+def test_the_throughput_counts_only_the_timed_steps_tokens_and_seconds(tmp_path, tensorboard_writer):
+    # A window whose first step compiled the model: its seconds are of its other steps only, and the
+    # compiling step's tokens are left out with its time, in perf/tokens_per_second and the last line.
+    from tinyattn.config import Config
+    from tinyattn.train.log import Logger
+
+    trainer = tiny_trainer(None)
+    log = Logger(tmp_path, Config(), trainer, peak_flops=1e12, enabled=True, progress=False)
+    log.writer = tensorboard_writer
+    log.train(step=1, losses=[2.0], seconds=0.5, grad_norm=torch.tensor(1.0), timed=0)  # compiling alone
+    log.train(step=4, losses=[2.0] * 3, seconds=1.0, grad_norm=torch.tensor(1.0), timed=2)
+    logged = {(tag, step): value for tag, value, step in tensorboard_writer.scalars}
+    assert ("perf/tokens_per_second", 1) not in logged
+    assert logged["perf/tokens_per_second", 4] == pytest.approx(2 * trainer.tokens_per_step)
+    assert log.tokens_per_second == pytest.approx(2 * trainer.tokens_per_step)
+
+
 def test_the_last_line_splits_the_runs_time_as_shares_of_its_wall_time(tmp_path, tensorboard_writer, capsys):
     """Each activity's share is of the whole process's wall time (what the shares leave is time no
     activity counted), not of their sum."""
