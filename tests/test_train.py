@@ -2896,6 +2896,89 @@ def test_a_signal_during_an_evaluation_stops_at_its_step_without_another(corpus,
     assert sorted(p.name for p in (tmp_path / "r").glob("step_*.pt")) == ["step_0000002.pt"]
 
 
+def test_a_stop_between_log_intervals_reads_the_losses_first_and_saves_no_checkpoint_after_a_nan(
+        corpus, tmp_path, monkeypatch):
+    # The window is read only every train.log_interval steps; a stop's checkpoint must follow a read
+    # of the losses too, else a NaN step's weights are saved as the checkpoint to resume from.
+    original = Trainer.train_step
+
+    def poisoned_then_stopped(self):
+        loss, norm = original(self)
+        if self.step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+            loss = loss * float("nan")
+        return loss, norm
+
+    monkeypatch.setattr(Trainer, "train_step", poisoned_then_stopped)
+    config = tiny_config(corpus, tmp_path, "train.max_steps=20", "train.eval_interval=100",
+                         "train.log_interval=20")
+    with pytest.raises(TrainingError, match=r"the loss became nan at step 3"):
+        train(config, run_name="r", progress=False)
+    assert ckpt.step_checkpoints(tmp_path / "r") == []
+
+
+def test_a_signal_during_an_evaluation_writes_that_steps_checkpoint_once(corpus, tmp_path, monkeypatch):
+    from tinyattn.train.owners import Evaluator
+
+    real_run, real_save, saved = Evaluator.run, ckpt.save_checkpoint, []
+
+    def interrupted_at_step_2(evaluator, step):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_run(evaluator, step)
+
+    def counted(state, path):
+        saved.append(path.name)
+        return real_save(state, path)
+
+    monkeypatch.setattr(Evaluator, "run", interrupted_at_step_2)
+    monkeypatch.setattr(ckpt, "save_checkpoint", counted)
+    result = train(tiny_config(corpus, tmp_path, "train.max_steps=6", "train.eval_interval=2"), run_name="r",
+                   progress=False)
+    assert result.interrupted and result.step == 2
+    assert saved == [ckpt.BEST, "step_0000002.pt"]
+
+
+def test_the_throughput_leaves_the_evaluations_time_out(corpus, tmp_path, monkeypatch):
+    # The loss window's clock restarts after an evaluation: its seconds are not a training step's.
+    from tinyattn.train import owners
+
+    offset = [0.0]
+
+    class Clock:
+        @staticmethod
+        def perf_counter():
+            return time.perf_counter() + offset[0]
+
+    real_run = owners.Evaluator.run
+
+    def slow_evaluation(evaluator, step):
+        offset[0] += 1000.0  # an evaluation of 1000 s, as the loss window's clock sees it
+        return real_run(evaluator, step)
+
+    monkeypatch.setattr(owners, "time", Clock)
+    monkeypatch.setattr(owners.Evaluator, "run", slow_evaluation)
+    result = train(tiny_config(corpus, tmp_path, "train.max_steps=4", "train.eval_interval=2",
+                               "train.log_interval=1"), run_name="r", progress=False)
+    assert result.tokens_per_second * 100 > result.tokens_seen  # the 1000 s would make it far less
+
+
+def test_only_an_evaluation_lower_than_every_earlier_one_is_said_to_be_the_best(corpus, tmp_path, monkeypatch,
+                                                                               capsys):
+    import numpy as np
+
+    from tinyattn.train.owners import EvalResult, Evaluator
+
+    losses = {2: 2.0, 4: 3.0, 6: 1.0}
+    monkeypatch.setattr(Evaluator, "run", lambda evaluator, step: EvalResult(step, np.full(4, losses[step])))
+    result = train(tiny_config(corpus, tmp_path, "train.max_steps=6", "train.eval_interval=2"), run_name="r",
+                   progress=False)
+    said = [line for line in capsys.readouterr().err.splitlines() if ": validation loss" in line]
+    assert said == ["step 2: validation loss 2.0000 (best)", "step 4: validation loss 3.0000",
+                        "step 6: validation loss 1.0000 (best)"]
+    assert result.best_val_loss == 1.0 and ckpt.saved_value(tmp_path / "r" / ckpt.BEST, "step") == 6
+
+
 def test_a_run_without_run_name_is_named_after_its_config_file_and_the_time(corpus, tmp_path, capsys):
     import re
 
