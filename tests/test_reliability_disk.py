@@ -235,7 +235,7 @@ def test_a_quota_or_a_file_size_limit_is_a_full_disk_to_the_user(tmp_path, numbe
 
     path = tmp_path / "step.pt"
     with pytest.raises(StorageError) as refused:
-        with atomic_write(path) as f:
+        with atomic_write(path):
             raise OSError(number, reason)
     assert str(refused.value) == (f"cannot write {path}: {reason}; "
                                   "free some space there or choose another folder")
