@@ -988,3 +988,37 @@ def test_an_empty_prompt_starts_the_samples_from_the_start_token_not_the_default
     assert _prompt_ids(None, char_tokenizer, validation, 32) == list(range(5, 29))  # no --prompt: the default
     assert char_tokenizer.start_id is not None
     assert _prompt_ids("", char_tokenizer, validation, 32) == [char_tokenizer.start_id]
+
+
+@pytest.mark.parametrize("steps", ["0", "-2"])
+def test_lab_causal_refuses_steps_of_zero_or_fewer_naming_steps_before_reading_the_data(
+        tmp_path, monkeypatch, capsys, steps):
+    from tests.conftest import ROOT
+    from tinyattn.cli.lab import main as lab_main
+    from tinyattn.data import batches
+
+    monkeypatch.setattr(batches, "prepare_data", lambda *args, **kwargs: pytest.fail("read the data"))
+    out = tmp_path / "out"
+    assert lab_main(["causal", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", steps,
+                     "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--steps {steps}: expected a positive integer" in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_lab_causal_without_out_refuses_a_bad_position_in_one_line_and_makes_no_folder(
+        tmp_path, monkeypatch, capsys, corpus_text):
+    from tests.conftest import ROOT
+    from tinyattn.cli.lab import main as lab_main
+    from tinyattn.train import loop
+
+    monkeypatch.setattr(loop, "train", lambda *args, **kwargs: pytest.fail("trained before checking"))
+    monkeypatch.chdir(tmp_path)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(corpus_text, encoding="utf-8")
+    assert lab_main(["causal", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "3",
+                     "--position", "-1", "--set", f"data.files={corpus}", "data.url=null", "data.sha256=null",
+                     f"data.cache_dir={tmp_path / 'cache'}"]) == 2
+    err = capsys.readouterr().err
+    assert "--position -1: expected 0.." in err and err.count("\n") == 1, err
+    assert not (tmp_path / "checkpoints").exists()
