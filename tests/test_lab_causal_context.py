@@ -1022,3 +1022,19 @@ def test_lab_causal_without_out_refuses_a_bad_position_in_one_line_and_makes_no_
     err = capsys.readouterr().err
     assert "--position -1: expected 0.." in err and err.count("\n") == 1, err
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_the_context_figure_draws_each_pairs_similarity_by_depth_from_the_embedding(tmp_path, drawn_figures):
+    from tests.conftest import lines_by_label
+    from tinyattn.lab.context import save_figure as context_figure
+
+    table = np.array([[1.0, 1.0], [0.9, 0.8], [0.7, 0.5]])  # (depth, pair): embedding, blocks 1 and 2
+    path = context_figure("king", [(0, 1), (0, 2)], table, tmp_path / "context.png")
+    assert path.is_file()
+    axes = drawn_figures[-1].axes[0]
+    assert lines_by_label(axes) == {"contexts 1 and 2": ([0, 1, 2], [1.0, 0.9, 0.7]),
+                                    "contexts 1 and 3": ([0, 1, 2], [1.0, 0.8, 0.5])}
+    assert [label.get_text() for label in axes.get_xticklabels()] == ["emb", "1", "2"]
+    assert list(axes.get_xticks()) == [0, 1, 2]
+    legend = axes.get_legend()
+    assert [text.get_text() for text in legend.get_texts()] == ["contexts 1 and 2", "contexts 1 and 3"]
