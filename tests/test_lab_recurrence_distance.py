@@ -1424,3 +1424,15 @@ def test_lab_distances_wall_time_of_the_command_counts_from_the_process_start(
                  "--string-length", "3", "--out", str(out)]) == 0
     wall = re.search(r"wall time of the command: (\d+) s", (out / "distance.txt").read_text())
     assert 600 <= int(wall.group(1)) < 660, wall.group(0)
+
+
+def test_the_recall_memory_floor_counts_the_fused_attention_the_recall_model_trains_with():
+    from tinyattn.config import TrainConfig
+    from tinyattn.model.memory import training_memory
+
+    task = distance.KeyValueRecall(64, batch_size=distance.RECALL_BATCH, seed=0)
+    train = TrainConfig(batch_size=distance.RECALL_BATCH, precision="fp32")
+    fused, explicit = (training_memory(distance.recall_config(task), train, explicit_attention=flag)
+                       .total_bytes for flag in (False, True))
+    logits = distance.RECALL_EVAL_SEQUENCES * task.context_length * task.vocab_size * distance.FP32
+    assert distance.recall_bytes(64) == max(fused, logits) < explicit  # explicit scores would refuse too soon
