@@ -1987,17 +1987,15 @@ def test_each_rank_draws_dropout_masks_of_its_own_and_a_resume_draws_them_again(
     assert losses(resumed, 1) == rank1[2:]
 
 
-def signal_one_rank(corpus: Path, tmp_path: Path, sig: int, *, after: str, eval_interval: int = 100_000,
-                    rank: int = 1):
+def signal_one_rank(corpus: Path, tmp_path: Path, sig: int, *, after: str):
     """A two-process torchrun training of configs/tiny.yaml (run 'ddp' under tmp_path) whose rank 1
-    (or `rank`) gets `sig` once rank 0's console shows a line starting `after`; (the launcher, all it
-    printed)."""
+    gets `sig` once rank 0's console shows a line starting `after`; (the launcher, all it printed)."""
     pytest.importorskip("torch.distributed.run")
     process = warm_python.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
          str(ROOT / "scripts" / "train.py"), "--config", str(TINY), "--run-name", "ddp", "--no-progress",
          "--device", "cpu", "--set",
-         *tiny_overrides(corpus, tmp_path, "train.max_steps=100000", f"train.eval_interval={eval_interval}",
+         *tiny_overrides(corpus, tmp_path, "train.max_steps=100000", "train.eval_interval=100000",
                          "train.log_interval=1")],
         cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -2008,7 +2006,7 @@ def signal_one_rank(corpus: Path, tmp_path: Path, sig: int, *, after: str, eval_
             if line.startswith(after):
                 break
         workers = torchrun_workers(process)
-        os.kill(workers[rank], sig)
+        os.kill(workers[1], sig)
         _, rest = process.communicate(timeout=20)
     finally:
         for pid in [process.pid, *workers.values()]:  # a hung run: torchrun's workers outlive it

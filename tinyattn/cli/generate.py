@@ -274,9 +274,15 @@ class StreamPrinter:
     def empty_answer(self) -> None:
         """A skipped --interactive line's answer: each sample's header, if several, and an empty line."""
         for sample in range(self.num_samples):
-            if self.num_samples > 1:
-                self.write(f"--- sample {sample + 1}/{self.num_samples} ---\n")
+            self.sample_header(sample)
             self.write("\n")
+
+    def sample_header(self, sample: int) -> None:
+        """`--- sample i/N ---` on a line of its own, where several samples are asked for."""
+        if self.num_samples > 1:
+            self.end_line()
+            self.write(f"--- sample {sample + 1}/{self.num_samples} ---\n")
+            self.wrote = False  # the sample's own text, from here
 
     def run(self, prompt: str, echo: bool) -> None:
         from tinyattn.generate.text import stream_samples
@@ -289,10 +295,7 @@ class StreamPrinter:
                     if started >= 0:
                         self.end_sample(echo)
                     started = piece.sample
-                    if self.num_samples > 1:
-                        self.end_line()
-                        self.write(f"--- sample {piece.sample + 1}/{self.num_samples} ---\n")
-                        self.wrote = False  # the sample's own text, from here
+                    self.sample_header(piece.sample)
                     if echo:
                         self.write(prompt)
                 self.write(piece.text)
