@@ -1,5 +1,6 @@
 """Training: the CLI end to end, TensorBoard tags, accumulation, exact resume, survival."""
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -2184,6 +2185,51 @@ def test_a_rank_killed_mid_training_ends_the_other_with_the_checkpoint_it_keeps_
         f"every rank stops; the last checkpoint saved is step {ckpt.step_of(latest)}'s ({latest.name}) in "
         f"{run}, what was trained after it is lost. Resume with: torchrun --nproc_per_node=2 "
         f"{ROOT / 'scripts' / 'train.py'} --resume {run}"), said.group(0)
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def ended(pid: int) -> bool:
+    """Whether process `pid` (not this process's child) has ended: gone, or a zombie left unreaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_ranks_whose_launcher_is_killed_stop_with_a_checkpoint_rather_than_train_on_unseen(corpus, tmp_path):
+    """`kill -9` to torchrun (or the OOM killer choosing it): its ranks run in a session of their own,
+    so no signal reached them and they trained on with no one to stop them (`sigterm_when_the_parent_ends`).
+    Here each rank's launcher is the warm Python's process that forked it."""
+    processes = start_ranks(["--config", str(TINY), "--run-name", "ddp", "--no-progress", "--device", "cpu",
+                             "--set", *tiny_overrides(corpus, tmp_path, "train.max_steps=100000",
+                                                      "train.eval_interval=100000", "train.log_interval=1")],
+                            tmp_path)
+    ranks = [process.pid for process in processes]
+    try:
+        if not all(process.forked for process in processes):  # their parent is this process
+            pytest.skip("the ranks' launcher must be the warm Python's (the suite's OMP_NUM_THREADS=1)")
+        console_shows(tmp_path / "rank0.txt", "step 3:")  # once training really runs
+        for rank in ranks:
+            os.kill(parent_of(rank), signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while not all(map(ended, ranks)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(map(ended, ranks)), "the ranks trained on after their launcher was killed"
+    finally:
+        for rank in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rank, signal.SIGKILL)
+        for process in processes:
+            process.wait()
+    console = (tmp_path / "rank0.txt").read_text()
+    assert re.search(r"^stopped by SIGTERM at step \d+", console, re.MULTILINE), console[-3000:]
+    latest = ckpt.latest_checkpoint(tmp_path / "ddp")
+    assert latest is not None and ckpt.load_checkpoint(latest)["step"] >= 3
 
 
 @pytest.mark.slow

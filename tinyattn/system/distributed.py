@@ -11,6 +11,7 @@ from typing import Callable, Iterator
 import torch
 
 from tinyattn.errors import ConfigError, TinyattnError
+from tinyattn.system.signals import sigterm_when_the_parent_ends
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ def init_distributed(device_name: str) -> Distributed:
         return Distributed()
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    sigterm_when_the_parent_ends()  # torchrun killed: stop with a checkpoint, not train on unseen
     # Any CUDA name: the loop trains each process on cuda:LOCAL_RANK whichever index was given.
     use_cuda = torch.cuda.is_available() and (device_name == "auto" or device_name.startswith("cuda"))
     if use_cuda:

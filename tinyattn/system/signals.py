@@ -1,5 +1,5 @@
-"""How a command that is not training answers SIGTERM: as Ctrl-C does; and native work that a
-signal can interrupt.
+"""How a command that is not training answers SIGTERM: as Ctrl-C does; native work that a
+signal can interrupt; and a SIGTERM for a rank whose launcher is gone.
 
 By default SIGTERM ends a process at once, with status 143 and nothing said; `tinyattn serve`
 and `tinyattn generate` stop on it as on Ctrl-C (a KeyboardInterrupt), in one line. Training has
@@ -17,6 +17,7 @@ exception not rethrown", exit 139 or 134, in 5 of 11 Ctrl-Cs of a BPE training o
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import signal
 import sys
@@ -25,6 +26,7 @@ from contextlib import contextmanager, suppress
 from typing import Callable, Iterator, Optional, TypeVar
 
 T = TypeVar("T")
+PR_SET_PDEATHSIG = 1  # prctl's option: the signal this process gets when its parent ends (Linux)
 EXIT_NOTE_AFTER = 1.0  # seconds the exit waits for interrupted work before it says so
 
 
@@ -45,6 +47,22 @@ def sigterm_interrupts(message: str = "") -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def sigterm_when_the_parent_ends() -> bool:
+    """Ask the kernel for a SIGTERM when the process that started this one ends (Linux's
+    PR_SET_PDEATHSIG; elsewhere nothing, and False). For the ranks torchrun starts: they run in a
+    session of their own, so when torchrun itself is killed (`kill -9`, the OOM killer) no signal
+    reaches them, and they trained on unseen with no one to stop them. With this they stop as on any
+    SIGTERM: at the step the ranks agree on, with a checkpoint and their line. Never for a single
+    process, which a `nohup` run keeps alive past the shell that started it."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return False
+    return prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0
 
 
 def interruptible(work: Callable[[], T], name: str, cancel: Optional[Callable[[], None]] = None) -> T:
