@@ -3422,6 +3422,37 @@ def test_a_log_interval_far_past_the_run_holds_only_the_steps_taken():
     assert small.full and small.read(2, Path("."))[0] == [1.0, 2.0]
 
 
+def test_under_data_parallel_the_logged_loss_is_the_ranks_mean_and_a_nan_is_said_once(monkeypatch):
+    """Each rank's loss is its own windows'; the step's gradient is the mean over every rank's. The log
+    showed rank 0's loss alone; a NaN on another rank alone ended that rank, the others with 'another
+    rank left the run'. Here the other rank's losses arrive through the (faked) all-reduce."""
+    from tinyattn.system.distributed import Distributed
+    from tinyattn.train.owners import LossWindow
+
+    other_rank = [torch.tensor([3.0, 6.0])]
+
+    def all_reduce(tensor, op):
+        assert op == torch.distributed.ReduceOp.SUM
+        tensor += other_rank[0]
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    window = LossWindow(2, torch.device("cpu"), Distributed(rank=0, world_size=2))
+    for loss in (1.0, 2.0):
+        window.add(torch.tensor(loss), torch.tensor(0.5))
+    assert window.read(2, Path("."))[0] == [2.0, 4.0]
+    other_rank[0] = torch.tensor([1.0, float("nan")])
+    for loss in (1.0, 2.0):
+        window.add(torch.tensor(loss), torch.tensor(0.5))
+    with pytest.raises(TrainingError, match="the loss became nan at step 4") as raised:
+        window.read(4, Path("."))
+    assert raised.value.shared  # every rank read the same mean: rank 0 says it, once
+    alone = LossWindow(1, torch.device("cpu"))  # one process: no collective
+    alone.add(torch.tensor(float("nan")), torch.tensor(0.5))
+    with pytest.raises(TrainingError) as raised:
+        alone.read(1, Path("."))
+    assert not getattr(raised.value, "shared", False)
+
+
 def test_the_timers_add_up_every_period_of_an_activity():
     """The run's last line splits its time by activity: each is the sum of its periods, not the last."""
     from tinyattn.train.owners import Timers

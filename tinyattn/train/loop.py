@@ -521,7 +521,7 @@ def _loop(trainer: Trainer, evaluator: Evaluator, checkpointer: Checkpointer, lo
     (the signal's name or None, the last validation loss). The plan times steps, evaluations and
     writes apart."""
     plan = trainer.plan
-    window = LossWindow(trainer.config.log_interval, trainer.device)
+    window = LossWindow(trainer.config.log_interval, trainer.device, trainer.dist)
     last_val, at_eval = float("nan"), False
     shared_stop = SharedStop(stopper, trainer.dist, trainer.device)
     stop = shared_stop.agreed(reading=True)  # one before step 1 saves the weights the run starts from

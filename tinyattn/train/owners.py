@@ -31,7 +31,7 @@ from tinyattn import checkpoint as ckpt
 from tinyattn.config import Config, config_to_dict
 from tinyattn.data.batches import eval_batches
 from tinyattn.model.transformer import evaluation_mode
-from tinyattn.system.distributed import Distributed, largest_value
+from tinyattn.system.distributed import Distributed, largest_value, said_once
 from tinyattn.system.timing import synchronize
 from tinyattn.train.hooks import Hook, Shown
 from tinyattn.train.trainer import Trainer, TrainingError
@@ -42,12 +42,15 @@ from tinyattn.train.trainer import Trainer, TrainingError
 class LossWindow:
     """Per-step losses kept on the device, read once per log interval (the one host sync). Each
     step's own 0-d tensor is kept, not a buffer of `size`: a train.log_interval far past the run
-    (1e11) holds only the steps taken."""
+    (1e11) holds only the steps taken. Under data parallel (`dist`) each rank's loss is its own
+    windows'; what is read is the ranks' mean, the loss of the step's whole batch (whose gradient
+    the step took), where it was rank 0's alone. Every rank reads at the same steps."""
 
-    def __init__(self, size: int, device: torch.device):
+    def __init__(self, size: int, device: torch.device, dist: Optional[Distributed] = None):
         self.size = size
         self.losses: list[torch.Tensor] = []  # a new tensor each step (Trainer.train_step's total)
         self.device = device
+        self.dist = dist
         self.grad_norm: Optional[torch.Tensor] = None
         self.started = time.perf_counter()
         self.untimed = 0  # steps of the window left out of its seconds (`untime_last`)
@@ -80,19 +83,26 @@ class LossWindow:
         """The window's losses and its wall seconds; raises TrainingError on a non-finite loss."""
         synchronize(self.device)
         seconds = time.perf_counter() - self.started
-        window = torch.stack(self.losses).tolist() if self.losses else []
+        window = self._mean_over_ranks(torch.stack(self.losses)).tolist() if self.losses else []
         bad = [i for i, value in enumerate(window) if not math.isfinite(value)]
         if bad:
             failed_step = step - len(window) + 1 + bad[0]
             last = ckpt.latest_checkpoint(run_dir)
             kept = f"; the last good checkpoint is {last}" if last else ""
-            raise TrainingError(f"the loss became {window[bad[0]]} at step {failed_step}; "
-                                f"training stopped{kept} (try a lower train.lr)")
+            failed = TrainingError(f"the loss became {window[bad[0]]} at step {failed_step}; "
+                                   f"training stopped{kept} (try a lower train.lr)")
+            raise said_once(failed, self.dist is not None and self.dist.enabled)  # every rank read the same
         self.losses, self.untimed = [], 0
         return window, seconds
 
     def restart(self) -> None:
         self.started = time.perf_counter()
+
+    def _mean_over_ranks(self, losses: torch.Tensor) -> torch.Tensor:
+        if self.dist is None or not self.dist.enabled:
+            return losses
+        torch.distributed.all_reduce(losses, op=torch.distributed.ReduceOp.SUM)
+        return losses / self.dist.world_size
 
 
 def validation_loss_by_position(model, tokens: np.ndarray, context_length: int, batch_size: int,
