@@ -19,8 +19,9 @@ class Distributed:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
-    # The one tensor per device that `rank0_value` and `largest_value` hand to the collectives, kept
-    # until `shutdown_distributed` has seen gloo's threads let go of it.
+    # The tensors handed to the collectives (`rank0_value` and `largest_value`: one per device;
+    # `mean_over_ranks`: one per device and length), kept until `shutdown_distributed` has seen
+    # gloo's threads let go of them.
     handed: dict[str, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -69,6 +70,16 @@ def largest_value(dist: Distributed, value: int, device: torch.device) -> int:
     shared = _handed(dist, value, device)
     torch.distributed.all_reduce(shared, op=torch.distributed.ReduceOp.MAX)
     return int(shared.item())
+
+
+def mean_over_ranks(dist: Distributed, values: torch.Tensor) -> torch.Tensor:
+    """The ranks' mean of the 1-D `values`, element by element, on every rank (a new tensor)."""
+    key = f"{values.device}:{values.numel()}"  # a window's length: the log interval, or less at an evaluation
+    shared = dist.handed.get(key)
+    if shared is None:
+        shared = dist.handed[key] = torch.empty_like(values)
+    torch.distributed.all_reduce(shared.copy_(values), op=torch.distributed.ReduceOp.SUM)
+    return shared / dist.world_size
 
 
 def _handed(dist: Distributed, value: int, device: torch.device) -> torch.Tensor:

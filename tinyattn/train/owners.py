@@ -31,7 +31,7 @@ from tinyattn import checkpoint as ckpt
 from tinyattn.config import Config, config_to_dict
 from tinyattn.data.batches import eval_batches
 from tinyattn.model.transformer import evaluation_mode
-from tinyattn.system.distributed import Distributed, largest_value, said_once
+from tinyattn.system.distributed import Distributed, largest_value, mean_over_ranks, said_once
 from tinyattn.system.timing import synchronize
 from tinyattn.train.hooks import Hook, Shown
 from tinyattn.train.trainer import Trainer, TrainingError
@@ -99,10 +99,7 @@ class LossWindow:
         self.started = time.perf_counter()
 
     def _mean_over_ranks(self, losses: torch.Tensor) -> torch.Tensor:
-        if self.dist is None or not self.dist.enabled:
-            return losses
-        torch.distributed.all_reduce(losses, op=torch.distributed.ReduceOp.SUM)
-        return losses / self.dist.world_size
+        return mean_over_ranks(self.dist, losses) if self.dist is not None and self.dist.enabled else losses
 
 
 def validation_loss_by_position(model, tokens: np.ndarray, context_length: int, batch_size: int,
