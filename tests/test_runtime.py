@@ -481,3 +481,24 @@ def test_the_largest_value_is_the_largest_of_every_ranks(monkeypatch):
 
     monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
     assert largest_value(Distributed(rank=0, world_size=2), 15, torch.device("cpu")) == 40
+
+
+@pytest.mark.parametrize("world_size", ["1", "2"])
+def test_only_a_process_torchrun_started_asks_for_a_sigterm_when_its_launcher_ends(monkeypatch, world_size):
+    """`sigterm_when_the_parent_ends` is for torchrun's workers (TORCHELASTIC_RUN_ID, which torchrun
+    sets), one or several: a `kill -9` to torchrun then stops them with a checkpoint. Ranks a user's
+    own script started (`RANK=1 WORLD_SIZE=2 nohup python scripts/train.py &`) were stopped by a
+    SIGTERM when that shell ended (a logout), and torchrun's single worker trained on unseen."""
+    from tinyattn.system import distributed
+
+    asked = []
+    monkeypatch.setattr(distributed, "sigterm_when_the_parent_ends", lambda: asked.append(True) or True)
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda backend: None)
+    for key, value in (("WORLD_SIZE", world_size), ("RANK", "0"), ("LOCAL_RANK", "0")):
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    distributed.init_distributed("cpu")
+    assert asked == []  # a user's own launcher, or a single process
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's worker
+    distributed.init_distributed("cpu")
+    assert asked == [True]

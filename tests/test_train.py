@@ -1859,7 +1859,7 @@ def start_ranks(args: list[str], consoles: Path, world_size: int = 2) -> list[wa
         for rank in range(world_size):
             env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(rank), "LOCAL_RANK": str(rank),
                    "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0",
-                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "TORCHELASTIC_RUN_ID": "none"}
             with open(consoles / f"rank{rank}.txt", "w") as console:
                 processes.append(warm_python.Popen([sys.executable, script, *args], cwd=ROOT,
                                                    stdout=subprocess.DEVNULL, stderr=console, env=env))

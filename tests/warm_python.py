@@ -35,6 +35,9 @@ PRELOADED = ("torch", "torch._dynamo")
 _EXECUTE_CHILD_PARAMETERS = list(inspect.signature(subprocess.Popen._execute_child).parameters)[1:]
 READ_AT_IMPORT = ("OMP_", "MKL_", "KMP_", "GOMP_", "ATEN_", "TORCH", "PYTORCH", "DNNL_", "ONEDNN_", "CUDA",
                   "LD_", "PYTHON")
+# Matched by READ_AT_IMPORT, but read only when asked (torch.distributed.is_torchelastic_launched, the
+# ranks' init_distributed): start_ranks gives it as torchrun does
+READ_LATER = ("TORCHELASTIC_RUN_ID",)
 
 
 class Popen(subprocess.Popen):
@@ -180,7 +183,7 @@ class _Server:
                 self.set_by_imports = json.loads(self.socket.recv(1 << 20) or "{}")
 
         def read_at_import(variables):
-            return {k: v for k, v in variables.items() if k.startswith(READ_AT_IMPORT)
+            return {k: v for k, v in variables.items() if k.startswith(READ_AT_IMPORT) and k not in READ_LATER
                     and not (k not in self.env and self.set_by_imports.get(k) == v)}
         relative = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and not os.path.isabs(p)]
         return (read_at_import(env) == read_at_import(self.env) and not relative

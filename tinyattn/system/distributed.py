@@ -39,12 +39,13 @@ def init_distributed(device_name: str) -> Distributed:
     NCCL on GPUs, gloo on the CPU. Each process on a GPU machine takes the GPU of its
     local rank.
     """
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun's worker, one or several; not a user's own launcher
+        sigterm_when_the_parent_ends()  # torchrun killed: stop with a checkpoint, not train on unseen
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size == 1:
         return Distributed()
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    sigterm_when_the_parent_ends()  # torchrun killed: stop with a checkpoint, not train on unseen
     # Any CUDA name: the loop trains each process on cuda:LOCAL_RANK whichever index was given.
     use_cuda = torch.cuda.is_available() and (device_name == "auto" or device_name.startswith("cuda"))
     if use_cuda:

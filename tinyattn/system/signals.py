@@ -54,8 +54,9 @@ def sigterm_when_the_parent_ends() -> bool:
     PR_SET_PDEATHSIG; elsewhere nothing, and False). For the ranks torchrun starts: they run in a
     session of their own, so when torchrun itself is killed (`kill -9`, the OOM killer) no signal
     reaches them, and they trained on unseen with no one to stop them. With this they stop as on any
-    SIGTERM: at the step the ranks agree on, with a checkpoint and their line. Never for a single
-    process, which a `nohup` run keeps alive past the shell that started it."""
+    SIGTERM: at the step the ranks agree on, with a checkpoint and their line. Only under torchrun
+    (`init_distributed`): a plain process, or ranks a user's own script started, that `nohup` keeps
+    alive past the shell that started them, would be stopped when that shell ends."""
     if not sys.platform.startswith("linux"):
         return False
     try:
