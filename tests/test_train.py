@@ -1707,7 +1707,7 @@ def test_a_second_hangup_is_not_a_second_ctrl_c_and_a_late_one_cannot_kill_the_l
     from tinyattn.train.owners import StopRequest
 
     before = signal.getsignal(signal.SIGHUP)
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # a terminal's run, even where pytest itself runs under nohup
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # a terminal's run, even where pytest runs under nohup
     try:
         stop = StopRequest()
         with stop.installed():

@@ -74,7 +74,7 @@ def point_at_null(stream) -> None:
 def _error_line(error: TinyattnError) -> None:
     """`error: <message>`. Under torchrun an error every rank shares (rank 0's refusal passed on,
     `distributed.refusal_shared`, which marks it `shared`) is printed by rank 0 alone; one a rank
-    met by itself (its GPU's free memory, its losses) by that rank, named, where it would
+    met by itself (its GPU's free memory) by that rank, named, where it would
     otherwise be seen nowhere (train.log is rank 0's)."""
     rank = _rank()
     if rank == "0" or getattr(error, "shared", False):
