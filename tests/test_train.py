@@ -2095,6 +2095,36 @@ def test_a_rank_that_left_alone_ends_the_others_with_a_line_each_and_a_new_runs_
     assert not (tmp_path / "ddp").exists()
 
 
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_rank_0_outlives_torchruns_sigterm_until_it_has_said_an_error_every_rank_shares(
+        monkeypatch, corpus, tmp_path, world_size):
+    """A NaN in the ranks' mean loss ends every rank with rank 0's line alone (`shared`): the others
+    exit at once, and torchrun's SIGTERM to rank 0, which follows, killed it before its line (in
+    shutdown_distributed's wait, say): the console said nothing. From such an error on, the run
+    ignores it, as after a rank left. One process, or an error of one rank's own: signals as before."""
+    from tinyattn.system.distributed import Distributed, said_once
+    from tinyattn.train import loop
+
+    def nan_in_the_mean(*args):
+        raise said_once(TrainingError("the loss became nan at step 3; training stopped"), world_size > 1)
+
+    monkeypatch.setattr(loop, "init_distributed", lambda device: Distributed(rank=0, world_size=world_size))
+    monkeypatch.setattr(loop, "shutdown_distributed", lambda dist: None)
+    monkeypatch.setattr(loop, "_train", nan_in_the_mean)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with pytest.raises(TrainingError, match="^the loss became nan"):
+            train(tiny_config(corpus, tmp_path), run_name="ddp", progress=False)
+        after = {sig: signal.getsignal(sig) for sig in handlers}
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    if world_size > 1:
+        assert set(after.values()) == {signal.SIG_IGN}
+    else:
+        assert after == handlers
+
+
 def test_torchruns_sigterm_during_the_clean_up_after_a_rank_left_is_ignored(monkeypatch, corpus, tmp_path):
     """torchrun's SIGTERM to the ranks left comes while rank 0 cleans up (train.log, the lock, a new
     run's folder): `StopRequest.end_deaf` makes the handler ignore it there, where it raised

@@ -136,12 +136,26 @@ def train(config: Config, *, config_path: Optional[str | Path] = None, run_name:
     stopper = StopRequest(at_once=True)
     dist = init_distributed(config.train.device)
     try:
-        with stopper.installed():
+        with stopper.installed(), _said_by_rank_0(dist, stopper):
             result = _train(config, request, dist, stopper)
         leave_together(dist)
         return result
     finally:
         shutdown_distributed(dist)
+
+
+@contextmanager
+def _said_by_rank_0(dist: Distributed, stopper: StopRequest):
+    """An error every rank meets alike (`said_once`: a NaN in the ranks' mean loss, a refusal) is said
+    by rank 0 alone, once the run has unwound; the other ranks, with nothing to say, exit first, and
+    torchrun's SIGTERM to the ranks left, which follows, killed rank 0 before its line (the console
+    said nothing). From such an error on the run ignores it (`StopRequest.end_deaf`)."""
+    try:
+        yield
+    except TinyattnError as error:
+        if dist.enabled and getattr(error, "shared", False):
+            stopper.end_deaf()
+        raise
 
 
 def _train(config: Config, request: _Request, dist: Distributed, stopper: StopRequest) -> TrainResult:

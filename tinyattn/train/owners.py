@@ -243,9 +243,10 @@ class StopRequest:
         self.ending = False  # `end_deaf`: the run ends on its own; a signal now is ignored
 
     def end_deaf(self) -> None:
-        """The run ends on its own, another rank having left (`distributed.departure_said`): torchrun's
-        SIGTERM to the ranks left follows, and cut rank 0's clean-up (the folder of a new run stayed) or
-        killed it before its line. A signal from now on, also after `installed`, is ignored."""
+        """The run ends on its own, another rank having left (`distributed.departure_said`) or on an
+        error every rank met (`loop._said_by_rank_0`): torchrun's SIGTERM to the ranks left follows, and
+        cut rank 0's clean-up (the folder of a new run stayed) or killed it before its line. A signal
+        from now on, also after `installed`, is ignored."""
         self.ending = True
 
     @contextmanager
