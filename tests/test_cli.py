@@ -289,6 +289,46 @@ def test_a_command_freezes_what_is_alive_at_exit_so_teardown_skips_collecting_it
     assert int(result.stderr) > 1000  # every object still alive at exit
 
 
+def test_under_torchrun_a_rank_leaves_a_mistake_every_rank_met_to_rank_0_and_waits_to_be_ended(
+        monkeypatch, capsys):
+    """`--set train.max_steps=null` under torchrun: every rank meets it, rank 0 alone says it. Rank 1,
+    ending first, made torchrun SIGTERM rank 0, sometimes before its line (1 in 6: no word at all).
+    Now such a rank waits for torchrun's SIGTERM, with the default handler; rank 0, a rank's own
+    error, a stop and a launcher other than torchrun end at once."""
+    import signal
+
+    import tinyattn.cli as cli
+    from tinyattn.errors import TinyattnError
+
+    waited = []
+    monkeypatch.setattr(cli.time, "sleep", waited.append)
+    monkeypatch.setattr(signal, "signal", lambda sig, handler: waited.append((sig, handler)))
+
+    def mistake(shared=True):
+        error = TinyattnError("--set: train.max_steps: expected an integer")
+        error.shared = shared
+        raise error
+
+    def stopped():
+        raise KeyboardInterrupt("stopped before step 1")
+
+    for key, value in (("RANK", "1"), ("WORLD_SIZE", "2"), ("TORCHELASTIC_RUN_ID", "none")):
+        monkeypatch.setenv(key, value)
+    assert run_command(mistake) == 2
+    assert waited == [(signal.SIGTERM, signal.SIG_DFL), cli.RANK_0_LINE_WAIT]
+    assert capsys.readouterr().err == ""
+    waited.clear()
+    assert run_command(lambda: mistake(shared=False)) == 2  # its own: it says it, and ends
+    assert run_command(stopped) == 130  # torchrun, stopping its workers, waits for them
+    monkeypatch.setenv("RANK", "0")
+    assert run_command(mistake) == 2
+    assert "error: --set: train.max_steps" in capsys.readouterr().err
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")  # a user's own launcher: no one would end the wait
+    assert run_command(mistake) == 2
+    assert waited == []
+
+
 def test_a_reader_that_goes_away_ends_the_command_quietly_with_status_141():
     # `tinyattn generate ... | head`: what is left to print has nowhere to go. Not a traceback.
     child = ("import sys\n"

@@ -1847,19 +1847,23 @@ def torchrun_workers(launcher: subprocess.Popen) -> dict[int, int]:
     return ranks
 
 
-def start_ranks(args: list[str], consoles: Path, world_size: int = 2) -> list[warm_python.Popen]:
+def start_ranks(args: list[str], consoles: Path, world_size: int = 2, *,
+                torchrun_id: bool = False) -> list[warm_python.Popen]:
     """`python scripts/train.py *args` started as each rank of a data-parallel run, in the environment
     torchrun gives its workers, each a fork of the warm Python writing its console to
     consoles/rank<N>.txt. A torchrun launch starts three fresh Pythons (the launcher and two workers),
     each importing torch: the suite's largest cost. The tests of torchrun's own part (its SIGTERM to
-    the ranks left once one exits, its summary of their exit codes) launch it."""
+    the ranks left once one exits, its summary of their exit codes) launch it. `torchrun_id`: with
+    torchrun's TORCHELASTIC_RUN_ID too, where a rank acts on what torchrun does (no torchrun here ends a
+    rank that waits for it, `cli._let_rank_0_say_it`)."""
     port, script = str(free_port()), str(ROOT / "scripts" / "train.py")
     processes = []
     try:
         for rank in range(world_size):
             env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(rank), "LOCAL_RANK": str(rank),
                    "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0",
-                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "TORCHELASTIC_RUN_ID": "none"}
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                   **({"TORCHELASTIC_RUN_ID": "none"} if torchrun_id else {})}
             with open(consoles / f"rank{rank}.txt", "w") as console:
                 processes.append(warm_python.Popen([sys.executable, script, *args], cwd=ROOT,
                                                    stdout=subprocess.DEVNULL, stderr=console, env=env))
@@ -2238,7 +2242,7 @@ def test_ranks_whose_launcher_is_killed_stop_with_a_checkpoint_rather_than_train
     processes = start_ranks(["--config", str(TINY), "--run-name", "ddp", "--no-progress", "--device", "cpu",
                              "--set", *tiny_overrides(corpus, tmp_path, "train.max_steps=100000",
                                                       "train.eval_interval=100000", "train.log_interval=1")],
-                            tmp_path)
+                            tmp_path, torchrun_id=True)
     ranks = [process.pid for process in processes]
     try:
         if not all(process.forked for process in processes):  # their parent is this process

@@ -17,12 +17,16 @@ import errno
 import functools
 import gc
 import os
+import signal
 import sys
+import time
 import warnings
 from contextlib import contextmanager, suppress
 from typing import Callable, Iterator
 
 from tinyattn.errors import TinyattnError
+
+RANK_0_LINE_WAIT = 10.0  # seconds a rank with nothing to say waits for torchrun to end it
 
 
 def run_command(command: Callable[[], int | None]) -> int:
@@ -36,6 +40,8 @@ def run_command(command: Callable[[], int | None]) -> int:
         # caller (a test faking a second rank) unwinds as usual.
         if getattr(e, "ends_the_process", False) and os.environ.get("WORLD_SIZE", "1") != "1":
             _exit_now(2)
+        if getattr(e, "shared", False):
+            _let_rank_0_say_it()
         return 2
     except KeyboardInterrupt as e:
         _last_line(str(e) or "interrupted")  # a training stopped before its first step says so
@@ -50,6 +56,20 @@ def run_command(command: Callable[[], int | None]) -> int:
         # A path given with a part over 255 bytes fails wherever it is first looked at.
         _last_line(f"error: {e.filename}: {e.strerror}; a name may have at most 255 bytes")
         return 2
+
+
+def _let_rank_0_say_it() -> None:
+    """A rank of torchrun's other than rank 0 that ends on a mistake every rank met, which rank 0
+    alone says (`shared`), waits here for torchrun to end it, which it does once rank 0 has said the
+    line and exited. Ending first, it made torchrun send rank 0 its SIGTERM, sometimes before the
+    line: `--set train.max_steps=null` under torchrun ended without a word in 1 of 6 tries. At most
+    RANK_0_LINE_WAIT seconds; torchrun's SIGTERM ends the wait at once. (Not after a stop: torchrun
+    stopping its workers sends its signal once and waits for them.)"""
+    if _rank() == "0" or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    with suppress(ValueError):  # not the main thread: no handler to set
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a stop's handler may have left it ignored
+    time.sleep(RANK_0_LINE_WAIT)
 
 
 def _exit_now(code: int) -> None:
