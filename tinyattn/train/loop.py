@@ -149,11 +149,13 @@ def _said_by_rank_0(dist: Distributed, stopper: StopRequest):
     """An error every rank meets alike (`said_once`: a NaN in the ranks' mean loss, a refusal) is said
     by rank 0 alone, once the run has unwound; the other ranks, with nothing to say, exit first, and
     torchrun's SIGTERM to the ranks left, which follows, killed rank 0 before its line (the console
-    said nothing). From such an error on the run ignores it (`StopRequest.end_deaf`)."""
+    said nothing). From such an error on rank 0 ignores it (`StopRequest.end_deaf`). The other ranks
+    keep their handlers: torchrun's SIGTERM, once rank 0 has exited, ends their wait for it
+    (`cli._let_rank_0_say_it`); ignored, it was lost, and each waited the whole wait."""
     try:
         yield
     except TinyattnError as error:
-        if dist.enabled and getattr(error, "shared", False):
+        if dist.enabled and dist.is_main and getattr(error, "shared", False):
             stopper.end_deaf()
         raise
 
