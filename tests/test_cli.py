@@ -294,7 +294,7 @@ def test_under_torchrun_a_rank_leaves_a_mistake_every_rank_met_to_rank_0_and_wai
     """`--set train.max_steps=null` under torchrun: every rank meets it, rank 0 alone says it. Rank 1,
     ending first, made torchrun SIGTERM rank 0, sometimes before its line (1 in 6: no word at all).
     Now such a rank waits for torchrun's SIGTERM, with the default handler; rank 0, a rank's own
-    error, a stop and a launcher other than torchrun end at once."""
+    error, a stop, a machine other than rank 0's and a launcher other than torchrun end at once."""
     import signal
 
     import tinyattn.cli as cli
@@ -324,6 +324,9 @@ def test_under_torchrun_a_rank_leaves_a_mistake_every_rank_met_to_rank_0_and_wai
     assert run_command(mistake) == 2
     assert "error: --set: train.max_steps" in capsys.readouterr().err
     monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("GROUP_RANK", "1")  # another machine's torchrun, which never sees rank 0 exit
+    assert run_command(mistake) == 2
+    monkeypatch.setenv("GROUP_RANK", "0")
     monkeypatch.delenv("TORCHELASTIC_RUN_ID")  # a user's own launcher: no one would end the wait
     assert run_command(mistake) == 2
     assert waited == []

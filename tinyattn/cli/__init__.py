@@ -64,8 +64,9 @@ def _let_rank_0_say_it() -> None:
     line and exited. Ending first, it made torchrun send rank 0 its SIGTERM, sometimes before the
     line: `--set train.max_steps=null` under torchrun ended without a word in 1 of 6 tries. At most
     RANK_0_LINE_WAIT seconds; torchrun's SIGTERM ends the wait at once. (Not after a stop: torchrun
-    stopping its workers sends its signal once and waits for them.)"""
-    if _rank() == "0" or "TORCHELASTIC_RUN_ID" not in os.environ:
+    stopping its workers sends its signal once and waits for them. Nor on a machine other than rank
+    0's, GROUP_RANK not 0: its torchrun never sees rank 0 exit, and the wait only delayed its end.)"""
+    if _rank() == "0" or "TORCHELASTIC_RUN_ID" not in os.environ or os.environ.get("GROUP_RANK", "0") != "0":
         return
     with suppress(ValueError):  # not the main thread: no handler to set
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a stop's handler may have left it ignored
