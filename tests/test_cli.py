@@ -304,9 +304,9 @@ def test_under_torchrun_a_rank_leaves_a_mistake_every_rank_met_to_rank_0_and_wai
     monkeypatch.setattr(cli.time, "sleep", waited.append)
     monkeypatch.setattr(signal, "signal", lambda sig, handler: waited.append((sig, handler)))
 
-    def mistake(shared=True):
+    def mistake(shared=True, stop_seen=False):
         error = TinyattnError("--set: train.max_steps: expected an integer")
-        error.shared = shared
+        error.shared, error.stop_seen = shared, stop_seen
         raise error
 
     def stopped():
@@ -327,6 +327,7 @@ def test_under_torchrun_a_rank_leaves_a_mistake_every_rank_met_to_rank_0_and_wai
     monkeypatch.setenv("GROUP_RANK", "1")  # another machine's torchrun, which never sees rank 0 exit
     assert run_command(mistake) == 2
     monkeypatch.setenv("GROUP_RANK", "0")
+    assert run_command(lambda: mistake(stop_seen=True)) == 2  # torchrun, stopping, signalled it already
     monkeypatch.delenv("TORCHELASTIC_RUN_ID")  # a user's own launcher: no one would end the wait
     assert run_command(mistake) == 2
     assert waited == []

@@ -2131,6 +2131,27 @@ def test_rank_0_outlives_torchruns_sigterm_until_it_has_said_an_error_every_rank
         assert after == handlers
 
 
+@pytest.mark.parametrize("signalled", [False, True])
+def test_a_rank_that_had_torchruns_stop_before_an_error_every_rank_shares_is_marked_not_to_wait(
+        monkeypatch, corpus, tmp_path, signalled):
+    """torchrun stopping its workers (Ctrl-C or SIGTERM to it) signals each once; the stop reads the
+    losses, which may hold a NaN: an error every rank shares. Rank 1 then waited for a second SIGTERM
+    (`cli._let_rank_0_say_it`) that never came, the whole wait. It is marked `stop_seen` now."""
+    from tinyattn.system.distributed import Distributed, said_once
+    from tinyattn.train import loop
+
+    def stopped_then_nan(config, request, dist, stopper):
+        stopper.signal_name = "SIGTERM" if signalled else None
+        raise said_once(TrainingError("the loss became nan at step 3; training stopped"), True)
+
+    monkeypatch.setattr(loop, "init_distributed", lambda device: Distributed(rank=1, world_size=2))
+    monkeypatch.setattr(loop, "shutdown_distributed", lambda dist: None)
+    monkeypatch.setattr(loop, "_train", stopped_then_nan)
+    with pytest.raises(TrainingError, match="^the loss became nan") as raised:
+        train(tiny_config(corpus, tmp_path), run_name="ddp", progress=False)
+    assert raised.value.shared and raised.value.stop_seen == signalled
+
+
 def test_torchruns_sigterm_during_the_clean_up_after_a_rank_left_is_ignored(monkeypatch, corpus, tmp_path):
     """torchrun's SIGTERM to the ranks left comes while rank 0 cleans up (train.log, the lock, a new
     run's folder): `StopRequest.end_deaf` makes the handler ignore it there, where it raised

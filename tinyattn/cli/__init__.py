@@ -41,7 +41,7 @@ def run_command(command: Callable[[], int | None]) -> int:
         if getattr(e, "ends_the_process", False) and os.environ.get("WORLD_SIZE", "1") != "1":
             _exit_now(2)
         if getattr(e, "shared", False):
-            _let_rank_0_say_it()
+            _let_rank_0_say_it(e)
         return 2
     except KeyboardInterrupt as e:
         _last_line(str(e) or "interrupted")  # a training stopped before its first step says so
@@ -58,15 +58,18 @@ def run_command(command: Callable[[], int | None]) -> int:
         return 2
 
 
-def _let_rank_0_say_it() -> None:
+def _let_rank_0_say_it(error: TinyattnError) -> None:
     """A rank of torchrun's other than rank 0 that ends on a mistake every rank met, which rank 0
     alone says (`shared`), waits here for torchrun to end it, which it does once rank 0 has said the
     line and exited. Ending first, it made torchrun send rank 0 its SIGTERM, sometimes before the
     line: `--set train.max_steps=null` under torchrun ended without a word in 1 of 6 tries. At most
     RANK_0_LINE_WAIT seconds; torchrun's SIGTERM ends the wait at once. (Not after a stop: torchrun
     stopping its workers sends its signal once and waits for them. Nor on a machine other than rank
-    0's, GROUP_RANK not 0: its torchrun never sees rank 0 exit, and the wait only delayed its end.)"""
+    0's, GROUP_RANK not 0: its torchrun never sees rank 0 exit, and the wait only delayed its end.
+    Nor where the rank had its stop signal before the error, `stop_seen`: torchrun sends no other.)"""
     if _rank() == "0" or "TORCHELASTIC_RUN_ID" not in os.environ or os.environ.get("GROUP_RANK", "0") != "0":
+        return
+    if getattr(error, "stop_seen", False):
         return
     with suppress(ValueError):  # not the main thread: no handler to set
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a stop's handler may have left it ignored

@@ -151,12 +151,17 @@ def _said_by_rank_0(dist: Distributed, stopper: StopRequest):
     torchrun's SIGTERM to the ranks left, which follows, killed rank 0 before its line (the console
     said nothing). From such an error on rank 0 ignores it (`StopRequest.end_deaf`). The other ranks
     keep their handlers: torchrun's SIGTERM, once rank 0 has exited, ends their wait for it
-    (`cli._let_rank_0_say_it`); ignored, it was lost, and each waited the whole wait."""
+    (`cli._let_rank_0_say_it`); ignored, it was lost, and each waited the whole wait. A rank that had
+    its stop signal already (torchrun stopping its workers, which signals each once, the error then
+    met as the stop read the losses) is marked `stop_seen`: no second signal would end its wait."""
     try:
         yield
     except TinyattnError as error:
-        if dist.enabled and dist.is_main and getattr(error, "shared", False):
-            stopper.end_deaf()
+        if dist.enabled and getattr(error, "shared", False):
+            if dist.is_main:
+                stopper.end_deaf()
+            else:
+                error.stop_seen = stopper.signal_name is not None
         raise
 
 
