@@ -333,6 +333,30 @@ def test_under_torchrun_a_rank_leaves_a_mistake_every_rank_met_to_rank_0_and_wai
     assert waited == []
 
 
+def test_torchruns_sigint_ends_a_ranks_wait_for_rank_0s_line_without_a_traceback(monkeypatch, capsys):
+    """Ctrl-C to torchrun while a rank waits for rank 0 to say a mistake every rank met: torchrun passes
+    SIGINT on to its workers, whose KeyboardInterrupt in the wait printed rank 1's traceback (and the
+    mistake's, chained). The wait ends quietly, the status the mistake's."""
+    import tinyattn.cli as cli
+    from tinyattn.errors import TinyattnError
+
+    def interrupted(seconds):
+        raise KeyboardInterrupt
+
+    def mistake():
+        error = TinyattnError("--stop-at-step 0: the run is already at step 0; give a later step")
+        error.shared = True
+        raise error
+
+    monkeypatch.setattr(cli.time, "sleep", interrupted)
+    monkeypatch.setattr(cli.signal, "signal", lambda sig, handler: None)
+    for key, value in (("RANK", "1"), ("WORLD_SIZE", "2"), ("TORCHELASTIC_RUN_ID", "none"),
+                       ("GROUP_RANK", "0")):
+        monkeypatch.setenv(key, value)
+    assert run_command(mistake) == 2
+    assert capsys.readouterr().err == ""
+
+
 def test_a_reader_that_goes_away_ends_the_command_quietly_with_status_141():
     # `tinyattn generate ... | head`: what is left to print has nowhere to go. Not a traceback.
     child = ("import sys\n"

@@ -66,14 +66,16 @@ def _let_rank_0_say_it(error: TinyattnError) -> None:
     RANK_0_LINE_WAIT seconds; torchrun's SIGTERM ends the wait at once. (Not after a stop: torchrun
     stopping its workers sends its signal once and waits for them. Nor on a machine other than rank
     0's, GROUP_RANK not 0: its torchrun never sees rank 0 exit, and the wait only delayed its end.
-    Nor where the rank had its stop signal before the error, `stop_seen`: torchrun sends no other.)"""
+    Nor where the rank had its stop signal before the error, `stop_seen`: torchrun sends no other.)
+    torchrun stopping on Ctrl-C passes on SIGINT: it ends the wait too, without a traceback."""
     if _rank() == "0" or "TORCHELASTIC_RUN_ID" not in os.environ or os.environ.get("GROUP_RANK", "0") != "0":
         return
     if getattr(error, "stop_seen", False):
         return
     with suppress(ValueError):  # not the main thread: no handler to set
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a stop's handler may have left it ignored
-    time.sleep(RANK_0_LINE_WAIT)
+    with suppress(KeyboardInterrupt):
+        time.sleep(RANK_0_LINE_WAIT)
 
 
 def _exit_now(code: int) -> None:
