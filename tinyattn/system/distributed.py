@@ -39,7 +39,7 @@ def init_distributed(device_name: str) -> Distributed:
     NCCL on GPUs, gloo on the CPU. Each process on a GPU machine takes the GPU of its
     local rank.
     """
-    if "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun's worker, one or several; not a user's own launcher
+    if torch.distributed.is_torchelastic_launched():  # torchrun's worker(s), not a user's own launcher
         sigterm_when_the_parent_ends()  # torchrun killed: stop with a checkpoint, not train on unseen
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size == 1:
@@ -75,19 +75,21 @@ def largest_value(dist: Distributed, value: int, device: torch.device) -> int:
 
 def mean_over_ranks(dist: Distributed, values: torch.Tensor) -> torch.Tensor:
     """The ranks' mean of the 1-D `values`, element by element, on every rank (a new tensor)."""
-    key = f"{values.device}:{values.numel()}"  # a window's length: the log interval, or less at an evaluation
-    shared = dist.handed.get(key)
-    if shared is None:
-        shared = dist.handed[key] = torch.empty_like(values)
+    # one kept tensor per length: the log interval's, or less at an evaluation
+    shared = _kept(dist, f"{values.device}:{values.numel()}", lambda: torch.empty_like(values))
     torch.distributed.all_reduce(shared.copy_(values), op=torch.distributed.ReduceOp.SUM)
     return shared / dist.world_size
 
 
 def _handed(dist: Distributed, value: int, device: torch.device) -> torch.Tensor:
-    shared = dist.handed.get(str(device))
-    if shared is None:
-        shared = dist.handed[str(device)] = torch.zeros(1, dtype=torch.long, device=device)
-    return shared.fill_(value)
+    return _kept(dist, str(device), lambda: torch.zeros(1, dtype=torch.long, device=device)).fill_(value)
+
+
+def _kept(dist: Distributed, key: str, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """The tensor `dist.handed` keeps under `key` for the collectives, made by `make` the first time."""
+    if key not in dist.handed:
+        dist.handed[key] = make()
+    return dist.handed[key]
 
 
 # gloo's words for a collective whose peer process has gone: its socket closed, or reset mid-write

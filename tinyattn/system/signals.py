@@ -49,21 +49,18 @@ def sigterm_interrupts(message: str = "") -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def sigterm_when_the_parent_ends() -> bool:
+def sigterm_when_the_parent_ends() -> None:
     """Ask the kernel for a SIGTERM when the process that started this one ends (Linux's
-    PR_SET_PDEATHSIG; elsewhere nothing, and False). For the ranks torchrun starts: they run in a
+    PR_SET_PDEATHSIG; elsewhere nothing). For the ranks torchrun starts: they run in a
     session of their own, so when torchrun itself is killed (`kill -9`, the OOM killer) no signal
     reaches them, and they trained on unseen with no one to stop them. With this they stop as on any
     SIGTERM: at the step the ranks agree on, with a checkpoint and their line. Only under torchrun
     (`init_distributed`): a plain process, or ranks a user's own script started, that `nohup` keeps
     alive past the shell that started them, would be stopped when that shell ends."""
     if not sys.platform.startswith("linux"):
-        return False
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return False
-    return prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0
+        return
+    with suppress(OSError, AttributeError):  # no C library to ask: the ranks go on as before
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
 
 
 def interruptible(work: Callable[[], T], name: str, cancel: Optional[Callable[[], None]] = None) -> T:

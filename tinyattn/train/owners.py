@@ -50,7 +50,7 @@ class LossWindow:
         self.size = size
         self.losses: list[torch.Tensor] = []  # a new tensor each step (Trainer.train_step's total)
         self.device = device
-        self.dist = dist
+        self.ranks = dist if dist is not None and dist.enabled else None  # None: one process
         self.grad_norm: Optional[torch.Tensor] = None
         self.started = time.perf_counter()
         self.untimed = 0  # steps of the window left out of its seconds (`untime_last`)
@@ -83,7 +83,7 @@ class LossWindow:
         """The window's losses and its wall seconds; raises TrainingError on a non-finite loss."""
         synchronize(self.device)
         seconds = time.perf_counter() - self.started
-        window = self._mean_over_ranks(torch.stack(self.losses)).tolist() if self.losses else []
+        window = self._over_ranks(torch.stack(self.losses)).tolist() if self.losses else []
         bad = [i for i, value in enumerate(window) if not math.isfinite(value)]
         if bad:
             failed_step = step - len(window) + 1 + bad[0]
@@ -91,15 +91,15 @@ class LossWindow:
             kept = f"; the last good checkpoint is {last}" if last else ""
             failed = TrainingError(f"the loss became {window[bad[0]]} at step {failed_step}; "
                                    f"training stopped{kept} (try a lower train.lr)")
-            raise said_once(failed, self.dist is not None and self.dist.enabled)  # every rank read the same
+            raise said_once(failed, self.ranks is not None)  # every rank read the same
         self.losses, self.untimed = [], 0
         return window, seconds
 
     def restart(self) -> None:
         self.started = time.perf_counter()
 
-    def _mean_over_ranks(self, losses: torch.Tensor) -> torch.Tensor:
-        return mean_over_ranks(self.dist, losses) if self.dist is not None and self.dist.enabled else losses
+    def _over_ranks(self, losses: torch.Tensor) -> torch.Tensor:
+        return losses if self.ranks is None else mean_over_ranks(self.ranks, losses)
 
 
 def validation_loss_by_position(model, tokens: np.ndarray, context_length: int, batch_size: int,
