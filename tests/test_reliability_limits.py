@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tinyattn.config import (
+    MAX_CONFIG_DEPTH,
     MAX_CONFIG_VALUES,
     Config,
     DataConfig,
@@ -69,15 +70,31 @@ def test_an_alias_bomb_is_refused_fast_in_one_short_line(tmp_path):
     assert f"more than {MAX_CONFIG_VALUES:,} values" in last and len(last) < 300
 
 
-def test_a_value_nested_hundreds_of_levels_deep_is_refused_as_too_deep_not_as_an_alias_bomb(tmp_path):
+@pytest.mark.parametrize("levels", [MAX_CONFIG_DEPTH + 1, 700])
+def test_a_value_nested_hundreds_of_levels_deep_is_refused_as_too_deep_not_as_an_alias_bomb(tmp_path, levels):
     # The size count's recursion ran out at a few hundred levels, which was said as "expands to more
-    # than 10,000 values (YAML aliases repeating aliases)" of a value of 700 lists and no alias.
+    # than 10,000 values (YAML aliases repeating aliases)" of a value of 700 lists and no alias; and
+    # where torch's compiler had raised the recursion limit in the same process, not at all.
     path = tmp_path / "c.yaml"
-    path.write_text("data: {files: [c.txt]}\ntrain: {max_steps: " + "[" * 700 + "]" * 700 + "}\n")
-    with pytest.raises(ConfigError) as refused:
+    path.write_text("data: {files: [c.txt]}\ntrain: {max_steps: " + "[" * levels + "]" * levels + "}\n")
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(2000)  # what torch._inductor sets while it compiles
+    try:
+        with pytest.raises(ConfigError) as refused:
+            load_config(path)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert str(refused.value) == (f"{path}: train.max_steps: nests lists or mappings more than "
+                                  f"{MAX_CONFIG_DEPTH} levels deep; no config value nests more than a few "
+                                  "levels")
+
+
+def test_a_value_nested_to_the_depth_limit_is_read(tmp_path):
+    path = tmp_path / "c.yaml"
+    levels = MAX_CONFIG_DEPTH
+    path.write_text("data: {files: [c.txt]}\ntrain: {max_steps: " + "[" * levels + "]" * levels + "}\n")
+    with pytest.raises(ConfigError, match="train.max_steps: expected an integer"):
         load_config(path)
-    assert str(refused.value) == (f"{path}: train.max_steps: nests lists or mappings too deeply to be read; "
-                                  "no config value nests more than a few levels")
 
 
 def test_aliases_within_the_limit_still_work(tmp_path):

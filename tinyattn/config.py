@@ -464,26 +464,35 @@ def show_value(value: Any) -> str:
 
 
 MAX_CONFIG_VALUES = 10_000  # values a config may expand to (a real one holds about a hundred)
+MAX_CONFIG_DEPTH = 50  # levels of lists and mappings a config value may nest (a real one: three at most)
+
+
+class _TooDeep(Exception):
+    """Raised inside `_check_expansion`'s count past MAX_CONFIG_DEPTH levels."""
 
 
 def _check_expansion(raw: dict, where) -> None:
-    """Refuse a config whose YAML aliases repeat a value past MAX_CONFIG_VALUES.
+    """Refuse a config whose YAML aliases repeat a value past MAX_CONFIG_VALUES, or whose value
+    nests past MAX_CONFIG_DEPTH levels.
 
     An alias (*name) repeats the anchored value, and aliases of aliases multiply: a few
     hundred bytes can stand for billions of items, which every later step (a type check,
     a copy, an error message) would walk. Aliases are allowed (`lr: &lr 3e-4` reused is
     fine); only the expanded size is limited. Counted per distinct object, so the count
-    itself costs what the file holds, not what it expands to.
+    itself costs what the file holds, not what it expands to. The depth is counted, not left
+    to Python's recursion limit, which torch's compiler raises while it runs.
     """
     sizes: dict[int, int] = {}
 
-    def size(value: Any) -> int:
+    def size(value: Any, depth: int) -> int:
         if not isinstance(value, (dict, list)):
             return 1
+        if depth > MAX_CONFIG_DEPTH:
+            raise _TooDeep
         if id(value) not in sizes:
             sizes[id(value)] = 0  # a cycle counts once
             items = value.values() if isinstance(value, dict) else value
-            sizes[id(value)] = min(1 + sum(size(item) for item in items), MAX_CONFIG_VALUES + 1)
+            sizes[id(value)] = min(1 + sum(size(item, depth + 1) for item in items), MAX_CONFIG_VALUES + 1)
         return sizes[id(value)]
 
     for name, section in raw.items():
@@ -491,10 +500,11 @@ def _check_expansion(raw: dict, where) -> None:
         for key, value in entries:
             dotted = name if key is None else f"{name}.{key}"
             try:
-                too_big = size(value) > MAX_CONFIG_VALUES
-            except RecursionError:  # hundreds of levels (libyaml itself refuses a thousand)
-                raise ConfigError(f"{where(dotted)}: {dotted}: nests lists or mappings too deeply to be "
-                                  "read; no config value nests more than a few levels") from None
+                too_big = size(value, 1) > MAX_CONFIG_VALUES
+            except _TooDeep:
+                raise ConfigError(f"{where(dotted)}: {dotted}: nests lists or mappings more than "
+                                  f"{MAX_CONFIG_DEPTH} levels deep; no config value nests more than a few "
+                                  "levels") from None
             if too_big:
                 raise ConfigError(f"{where(dotted)}: {dotted}: expands to more than {MAX_CONFIG_VALUES:,} "
                                   "values (YAML aliases repeating aliases); write the value out, or "
