@@ -454,6 +454,19 @@ def test_a_bad_request_is_a_400_with_an_openai_error_and_the_server_stays_up(cli
     assert after.choices[0].finish_reason is not None
 
 
+def test_a_logit_bias_of_zeros_is_served_as_none_and_any_other_bias_is_refused(client, loaded):
+    # OpenAI's neutral bias, 0 for some tokens (a client's map with every entry set back to 0), was the
+    # 400 "logit_bias is not supported": it biases nothing, so the completion is the one without it.
+    import openai
+
+    options = dict(model="tiny-serve", prompt=PROMPT, max_tokens=20, temperature=1.0, seed=7)
+    zeros = client.completions.create(**options, logit_bias={"5": 0, "7": -0.0})
+    assert zeros.choices[0].text == reference(loaded, max_new_tokens=20, temperature=1.0, seed=7)
+    with pytest.raises(openai.BadRequestError) as caught:  # one token biased among zeros: not served
+        client.completions.create(**options, logit_bias={"5": 0, "7": 1})
+    assert caught.value.body["param"] == "logit_bias" and caught.value.body["code"] == "unsupported_parameter"
+
+
 def test_a_prompt_at_the_token_limit_and_max_tokens_0_are_served(client):
     # The edges of two refusals above: 49 prompt tokens are refused, 48 served; 0 is in "0 to 5000".
     at_the_limit = client.completions.create(model="tiny-serve", prompt=PROMPT * 8, max_tokens=2)  # 48 tokens

@@ -9,9 +9,9 @@ so the server accepts exactly what the library does, within the server's `Limits
 
 Fields of OpenAI's completions API that this server does not implement (echo, logprobs,
 best_of, suffix, the frequency and presence penalties, logit_bias) are accepted only at
-their "off" values, so a client that sends the defaults works and one that asks for the
-feature is told it is not supported. `top_k` and `repetition_penalty` are tinyattn's
-additions (vLLM accepts the same names).
+their "off" values (a logit_bias of zeros is one), so a client that sends the defaults
+works and one that asks for the feature is told it is not supported. `top_k` and
+`repetition_penalty` are tinyattn's additions (vLLM accepts the same names).
 """
 
 from __future__ import annotations
@@ -223,7 +223,10 @@ def _stop_of(request: CompletionRequest, limits: Limits) -> tuple[str, ...]:
 
 def _refuse_unsupported(request: CompletionRequest, n: int) -> None:
     for name, off in OFF_VALUES.items():
-        if getattr(request, name) not in off:
+        value = getattr(request, name)
+        if name == "logit_bias" and value and all(bias == 0 for bias in value.values()):
+            value = {}  # OpenAI's neutral bias for some tokens: biases none, as {} does
+        if value not in off:
             raise ApiError(f"{name} is not supported by tinyattn serve (send it unset)", param=name,
                            code="unsupported_parameter")
     if request.best_of not in (None, n):
