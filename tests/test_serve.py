@@ -605,6 +605,22 @@ def test_an_unknown_route_is_a_404_naming_the_routes_served(client):
                                             "(the playground)")
 
 
+@pytest.mark.parametrize("method, path", [("POST", "/v1/completions/"), ("POST", "/explorer/"),
+                                          ("GET", "/health/")])
+def test_a_route_with_a_trailing_slash_is_a_404_naming_the_routes_served_not_a_redirect(server, method, path):
+    # It was an empty 307 to the path without the slash, its address made from the request's Host header
+    # (http:// behind a TLS proxy): curl printed nothing, and a client that follows it sends its body again.
+    connection = http.client.HTTPConnection(*server.sock.getsockname()[:2])
+    connection.request(method, path, b"{}" if method == "POST" else None,
+                       {"Content-Type": "application/json", "Host": "api.example.com"})
+    response = connection.getresponse()
+    body = response.read()
+    assert response.status == 404 and response.getheader("location") is None, (response.status, body)
+    error = json.loads(body)["error"]
+    assert error["code"] == "not_found" and error["message"].startswith(f"{method} {path}: Not Found; this "
+                                                                        "server answers GET /v1/models, ")
+
+
 def test_a_method_a_route_does_not_take_is_a_405_whose_allow_header_names_the_ones_it_does(server):
     # HTTP requires the Allow header on a 405; the OpenAI-style body replaced Starlette's response without it.
     connection = http.client.HTTPConnection(*server.sock.getsockname()[:2])

@@ -20,10 +20,11 @@
   (`Limits.max_explore_tokens`) is read as its last tokens up to the clicked one, said on the page.
 
 Every GET route answers HEAD too (its headers, no body). Mistakes in a request are 400s with
-OpenAI's error body (`schemas.ApiError`), unknown routes 404s, and anything unexpected a 500
-with the same body: the server stays up. Model calls run on one thread (`worker.ModelWorker`); a
-client that goes away mid-stream cancels its job. A request's text is encoded in the thread pool,
-never on the event loop, which every client shares.
+OpenAI's error body (`schemas.ApiError`), unknown routes 404s (a served route with a
+trailing slash too: never a redirect), and anything unexpected a 500 with the same body: the server
+stays up. Model calls run on one thread (`worker.ModelWorker`); a client that goes away mid-stream
+cancels its job. A request's text is encoded in the thread pool, never on the event loop, which every
+client shares.
 """
 
 from __future__ import annotations
@@ -91,7 +92,10 @@ def create_app(loaded, *, limits: Limits = Limits(), model_id: Optional[str] = N
         yield
         served.worker.stop()
 
-    app = FastAPI(title="tinyattn serve", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # No redirect_slashes: Starlette answers POST /v1/completions/ with an empty 307 to an address made
+    # from the Host header (http:// behind a TLS proxy), which curl does not follow; a 404 names the routes.
+    app = FastAPI(title="tinyattn serve", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  redirect_slashes=False)
     app.state.served = served
     _add_error_handlers(app)
     _add_routes(app, served)
