@@ -741,6 +741,27 @@ def test_a_config_json_without_rope_theta_eps_or_context_takes_transformers_llam
     assert max_logit_difference(loaded.model, reference, ids) < 1e-5
 
 
+def test_a_null_rope_theta_beside_rope_parameters_own_is_read_as_transformers_reads_it(tmp_path):
+    # transformers 5 takes rope_parameters' rope_theta and ignores a top-level null (it was refused:
+    # "rope_theta is None; expected a number"); a null with no other theta builds no model there.
+    from tinyattn.errors import CheckpointError
+
+    tokenizer = tokenizer_of("bpe")
+    random_llama(tmp_path / "llama", tokenizer)  # rope_parameters' rope_theta 500
+    edit_config(tmp_path / "llama", rope_theta=None)
+    reference = hf_model(tmp_path / "llama")
+    loaded = load_any_model(tmp_path / "llama")
+    assert loaded.config.model.rope_base == reference.config.rope_parameters["rope_theta"] == 500.0
+    ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
+    assert max_logit_difference(loaded.model, reference, ids) < 1e-5
+    drop_config_keys(tmp_path / "llama", "rope_parameters")
+    with pytest.raises(TypeError):  # transformers' RoPE table: None ** tensor
+        hf_model(tmp_path / "llama")
+    with pytest.raises(CheckpointError, match=r"config\.json: rope_theta is None and rope_parameters gives "
+                                              r"none; expected a number$"):
+        load_any_model(tmp_path / "llama")
+
+
 LLAMA_JSON = {"architectures": ["LlamaForCausalLM"], "vocab_size": 300, "hidden_size": 48,
               "num_hidden_layers": 2, "num_attention_heads": 6, "intermediate_size": 80}
 

@@ -231,7 +231,7 @@ HF_FIELDS = {
     "num_hidden_layers": (*_INTEGER, False), "num_attention_heads": (*_INTEGER, False),
     "intermediate_size": (*_INTEGER, False), "max_position_embeddings": (*_INTEGER, False),
     "num_key_value_heads": (*_INTEGER, True), "head_dim": (*_INTEGER, True),
-    "rope_theta": (*_NUMBER, False), "rms_norm_eps": (*_NUMBER, False),
+    "rope_theta": (*_NUMBER, True), "rms_norm_eps": (*_NUMBER, False),
     "partial_rotary_factor": (*_NUMBER, True), "tie_word_embeddings": (*_FLAG, False),
     "use_sliding_window": (*_FLAG, True), "attention_bias": (*_FLAG, True), "mlp_bias": (*_FLAG, True),
     "hidden_act": (*_TEXT, False), "rope_scaling": (*_OBJECT, True), "rope_parameters": (*_OBJECT, True),
@@ -308,6 +308,9 @@ def model_config_from_hf(raw: dict, origin: str, *, tied: Optional[bool] = None)
             refuse(f"head_dim {head_dim} is not hidden_size / num_attention_heads = {hidden} / {heads}: "
                    "tinyattn's heads split the width evenly")
         theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
+        if theta is None:  # a top-level null: transformers 5 builds a model only if rope_parameters has one
+            given = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
+            refuse(f"rope_theta is None and {given} gives none; expected a number")
         if tied is None or "tie_word_embeddings" in raw:
             tied = bool(raw.get("tie_word_embeddings", True))  # the transformers 4 default
         config = ModelConfig(
