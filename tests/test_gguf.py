@@ -339,6 +339,25 @@ def test_an_imported_folders_bos_is_the_files_bos_and_added_as_its_tokenizer_add
     assert fields["tokenizer.ggml.add_bos_token"] is True and fields["tokenizer.ggml.add_eos_token"] is False
 
 
+def test_an_imported_folders_other_eos_ids_end_generation_in_llama_cpp_too(tmp_path):
+    # A folder's generation_config.json may list several eos ids (tinyattn.hf.folder adds them to
+    # stop_ids); the file named the first alone, and llama.cpp generated on past the others.
+    tokenizer = tokenizer_of("char")
+    tokenizer.stop_ids |= {9, 5}
+    path = export(tmp_path, random_model(tokenizer), tokenizer)
+    fields = {k: v.contents() for k, v in gguf.GGUFReader(path).fields.items()}
+    assert [fields.get(f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot", "eom")] == [
+        tokenizer.eot_id, 5, 9]
+    if llama_cpp is not None:
+        vocab = llama_cpp.llama_model_get_vocab(load(path).model)
+        ends = [i for i in range(tokenizer.vocab_size) if llama_cpp.llama_vocab_is_eog(vocab, i)]
+        assert ends == sorted({tokenizer.eot_id, 5, 9})
+    tokenizer.stop_ids |= {11}  # a fourth: no key holds it
+    with pytest.raises(CheckpointError, match=r"^tokenizer: 4 tokens end generation \(ids 5, 9, 11, "):
+        export(tmp_path, random_model(tokenizer), tokenizer, name="four.gguf")
+    assert not (tmp_path / "four.gguf").exists()
+
+
 def gguf_forward(path, ids: list[int]) -> np.ndarray:
     """The file's logits (T, V) computed as llama.cpp reads it, in numpy, without llama.cpp:
     its tensor names and metadata, and RoPE by the architecture's rule there (llama rotates

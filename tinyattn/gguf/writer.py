@@ -146,8 +146,9 @@ def add_metadata(writer, config: ModelConfig, *, dtype: str, name: str) -> None:
 
 
 def add_tokenizer(writer, tokenizer: Tokenizer, vocab_size: int) -> None:
-    """`tokenizer.ggml.*`: byte-level BPE, <|endoftext|> as end of text, nothing added (but an
-    imported folder's bos, where its tokenizer adds it); unused tokens up to `vocab_size`."""
+    """`tokenizer.ggml.*`: byte-level BPE, <|endoftext|> as end of text (an imported folder's other
+    eos ids as eot and eom), nothing added (but an imported folder's bos, where its tokenizer adds
+    it); unused tokens up to `vocab_size`."""
     vocab = padded(gguf_vocab(tokenizer), vocab_size)
     writer.add_tokenizer_model(TOKENIZER_MODEL)
     writer.add_tokenizer_pre(PRE_TOKENIZER)
@@ -156,8 +157,23 @@ def add_tokenizer(writer, tokenizer: Tokenizer, vocab_size: int) -> None:
     writer.add_token_merges(vocab.merges)
     writer.add_bos_token_id(tokenizer.start_id)  # as config.json has it: <|endoftext|> for our own
     writer.add_eos_token_id(vocab.end_of_text)
+    for add, id in zip((writer.add_eot_token_id, writer.add_eom_token_id), _other_stop_ids(tokenizer)):
+        add(id)  # llama.cpp ends a generation at each of eos, eot and eom
     writer.add_add_bos_token(tokenizer.adds_start)
     writer.add_add_eos_token(False)
+
+
+def _other_stop_ids(tokenizer: Tokenizer) -> list[int]:
+    """The ids besides the end of text that end a generation (an imported folder's list of eos ids,
+    `Tokenizer.stop_ids`), two at most: a GGUF file has no key for a third; else a CheckpointError."""
+    others = sorted(tokenizer.stop_ids - {tokenizer.eot_id})
+    if len(others) > 2:
+        ids = ", ".join(str(i) for i in sorted(tokenizer.stop_ids))
+        raise CheckpointError(f"tokenizer: {len(others) + 1} tokens end generation (ids {ids}): a GGUF "
+                              "file names three at most (tokenizer.ggml.eos_token_id, eot_token_id, "
+                              "eom_token_id); list three at most in the folder's generation_config.json "
+                              "eos_token_id")
+    return others
 
 
 def write_gguf(state: dict[str, torch.Tensor], config: ModelConfig, tokenizer: Tokenizer,
