@@ -349,7 +349,8 @@ def test_an_imported_folders_other_eos_ids_end_generation_in_llama_cpp_too(tmp_p
     assert [fields.get(f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot", "eom")] == [
         tokenizer.eot_id, 5, 9]
     if llama_cpp is not None:
-        vocab = llama_cpp.llama_model_get_vocab(load(path).model)
+        llm = load(path)  # kept: the vocabulary is the model's, freed with it
+        vocab = llama_cpp.llama_model_get_vocab(llm.model)
         ends = [i for i in range(tokenizer.vocab_size) if llama_cpp.llama_vocab_is_eog(vocab, i)]
         assert ends == sorted({tokenizer.eot_id, 5, 9})
     tokenizer.stop_ids |= {11}  # a fourth: no key holds it
