@@ -79,6 +79,19 @@ def test_a_state_saved_before_passes_at_its_start_draws_the_first_pass():
     assert resumed.next_batch()[0].tolist() == fresh.next_batch()[0].tolist()
 
 
+def test_a_state_saved_before_passes_resumes_random_sampling_of_a_text_too_short_for_a_pass():
+    # such a text holds no whole pass (0 windows a pass): the resume was refused, "range() arg 3 must
+    # not be zero", for a run that never drew passes
+    T = 8
+    old = {"seed": 3, "batches_drawn": 5, "rank": 0, "world_size": 1, "batch_size": 2}
+    resumed = BatchSampler(counting_tokens(T + 3), 2, T, seed=3, sampling="random")
+    resumed.load_state_dict(old)
+    fresh = BatchSampler(counting_tokens(T + 3), 2, T, seed=3, sampling="random")
+    for _ in range(5):
+        fresh.next_batch()
+    assert resumed.next_batch()[0].tolist() == fresh.next_batch()[0].tolist()
+
+
 def test_a_dropout_given_for_a_resume_of_a_run_with_a_dropout_table_is_taken(tmp_path):
     table = ["train.dropout_by_passes={6: 0.075, 10: 0.1}"]
     run = load_config(TINY, [*table, "model.dropout=0.1"])  # the dropout its start chose

@@ -216,8 +216,10 @@ class BatchSampler:
         self.windows_drawn = int(state.get("windows_drawn", before))
         if "pass_starts" in state:
             self.pass_starts = [int(start) for start in state["pass_starts"]]
-        else:  # saved before passes could end early: every pass so far was whole
+        elif self._per_pass > 0:  # saved before passes could end early: every pass so far was whole
             self.pass_starts = list(range(0, self.windows_drawn, self._per_pass)) or [0]
+        else:  # a text too short for a pass, which only random sampling takes: it has none
+            self.pass_starts = [0]
         self._pass = (-1, None)  # made again from the restored seed
 
 
