@@ -539,6 +539,27 @@ def test_a_checkpoint_whose_stored_bytes_were_changed_fails_its_crc_check(tmp_pa
         ckpt.load_checkpoint(path)
 
 
+def test_a_run_folders_best_pt_is_read_for_its_crc_check_once_when_loaded(trained_run, tmp_path, monkeypatch):
+    # the folder's best.pt was checked to step past a damaged one, then again by load_checkpoint
+    import zipfile
+
+    from tinyattn.train.finetune import InitSource
+
+    checked = []
+    testzip = zipfile.ZipFile.testzip
+    monkeypatch.setattr(zipfile.ZipFile, "testzip", lambda archive: checked.append(archive.filename)
+                        or testzip(archive))
+    best = str(trained_run.run_dir / ckpt.BEST)
+    ckpt.load_model(trained_run.run_dir)
+    assert checked == [best]
+    checked.clear()
+    InitSource.load(str(trained_run.run_dir), tmp_path)  # train.init_from
+    assert checked == [best]
+    checked.clear()
+    ckpt.load_model(best)  # the file named: checked by load_checkpoint
+    assert checked == [best]
+
+
 def test_only_a_file_starting_as_gguf_or_safetensors_does_is_called_one(tmp_path):
     assert ckpt.file_format(gguf_file(tmp_path / "a.gguf")) == "gguf"
     (tmp_path / "ggux").write_bytes(b"GGUX" + bytes(20))

@@ -62,12 +62,15 @@ def save_checkpoint(state: dict, path: str | Path) -> None:
         torch.save(payload, f)
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
-    """Load a checkpoint file safely; a missing, truncated or foreign file is a CheckpointError."""
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", *,
+                    verified: bool = False) -> dict:
+    """Load a checkpoint file safely; a missing, truncated or foreign file is a CheckpointError.
+    `verified`: the file has just passed `verify_checkpoint` (`locate_checkpoint` says so), which
+    reads all of it: not read twice."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint file not found")
-    damaged = verify_checkpoint(path)
+    damaged = None if verified else verify_checkpoint(path)
     if damaged:
         raise CheckpointError(other_format(path) or unreadable(path, damaged))
     try:
@@ -274,6 +277,13 @@ def resolve_checkpoint(path: Optional[str | Path], out_dir: str | Path = "checkp
     prefer="best" picks best.pt, falling back to the latest step (for sampling and
     evaluation); prefer="latest" picks the latest step (for resuming).
     """
+    return locate_checkpoint(path, out_dir, prefer)[0]
+
+
+def locate_checkpoint(path: Optional[str | Path], out_dir: str | Path = "checkpoints",
+                      prefer: str = "best") -> tuple[Path, bool]:
+    """`resolve_checkpoint`'s file, and whether it passed its CRC check on the way (a folder's best
+    model, checked to step past a damaged one), so `load_checkpoint(file, verified=...)` reads it once."""
     if path is None:
         run_dir = latest_run(out_dir)
         if run_dir is None:
@@ -282,7 +292,7 @@ def resolve_checkpoint(path: Optional[str | Path], out_dir: str | Path = "checkp
         path = run_dir
     path = Path(path)
     if path.is_file():
-        return path
+        return path, False
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such checkpoint file or run folder")
     best, latest = path / BEST, latest_checkpoint(path)
@@ -301,9 +311,10 @@ def resolve_checkpoint(path: Optional[str | Path], out_dir: str | Path = "checkp
                                   "config.json into it (a run folder holds step_*.pt or best.pt)")
         _refuse_a_folder_of_runs(path, resuming=prefer == "latest")
         raise CheckpointError(f"{path}: run folder holds no checkpoint (step_*.pt or best.pt)")
-    if prefer == "best" and (damage := verify_checkpoint(chosen)):
-        return _instead_of_damaged(chosen, damage)
-    return chosen
+    if prefer != "best":
+        return chosen, False
+    damage = verify_checkpoint(chosen)
+    return (_instead_of_damaged(chosen, damage) if damage else chosen), True  # either one verified
 
 
 RUNS_NAMED = 5  # the runs a folder of runs given as a checkpoint names, the most
@@ -540,9 +551,10 @@ def load_model(path: Optional[str | Path] = None, device: str | torch.device = "
     if path is not None and is_hf_folder(path):
         raise CheckpointError(f"{path} is a Hugging Face folder, not a tinyattn checkpoint: load it "
                               "with tinyattn.hf.folder.load_any_model")
-    file = resolve_checkpoint(path, out_dir, prefer="best")
+    file, verified = locate_checkpoint(path, out_dir, prefer="best")
     try:
-        state = load_checkpoint(file)  # on the CPU: the optimizer state never goes to the device
+        # on the CPU: the optimizer state never goes to the device
+        state = load_checkpoint(file, verified=verified)
     except CheckpointError as e:
         raise CheckpointError(f"{e}{damaged_best_advice(file)}{readable_instead(file)}") from None
     config = config_from_checkpoint(state, file)

@@ -77,9 +77,9 @@ class InitSource:
                        Path(tokenizer.path), imported.weights)
         if not Path(location).exists():  # a Hugging Face model not yet downloaded, as often as a run
             raise ckpt.missing_model(location)
-        file = ckpt.resolve_checkpoint(location, prefer="best")
+        file, verified = ckpt.locate_checkpoint(location, prefer="best")
         try:
-            state = ckpt.load_checkpoint(file)
+            state = ckpt.load_checkpoint(file, verified=verified)
         except CheckpointError as e:  # a damaged best.pt, a GGUF or safetensors file: what to give instead
             advice = ckpt.damaged_best_advice(file, "--set train.init_from=")
             raise CheckpointError(f"{e}{advice}{ckpt.readable_instead(file)}") from None
