@@ -410,6 +410,15 @@ def test_cli_scores_a_text_file_and_plots_loss_by_position(run, tmp_path, capsys
 
 
 
+def test_cli_loss_by_position_over_one_full_window_says_window(run, tmp_path, capsys):
+    text_file = tmp_path / "short.txt"
+    text_file.write_text(TEXT[:45], encoding="utf-8")  # one window of 32 and a tail
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run["run_dir"]),
+                                     "--text-file", str(text_file), "--no-plot")
+    assert status == 0, stderr
+    assert "\nloss by position, mean over 1 full window:\n" in stdout, stdout
+
+
 def test_cli_bits_per_byte_of_a_text_file_count_its_own_bytes_where_a_character_is_unknown(
         run, tmp_path, capsys):
     from tinyattn.hf.folder import export_folder

@@ -118,7 +118,7 @@ def _print_scores(loaded, result, num_tokens: int, source: str) -> None:
         print(f"loss by position: no full window ({counted(num_tokens, 'token')} < context_length + 1 = "
               f"{T + 1})")
         return
-    print(f"\nloss by position, mean over {result.full_windows:,} full windows:")
+    print(f"\nloss by position, mean over {counted(result.full_windows, 'full window')}:")
     print(format_loss_by_position(result.loss_by_position))
 
 
