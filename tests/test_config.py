@@ -639,6 +639,19 @@ def test_a_path_written_with_a_tilde_is_under_the_home_folder(tmp_path, monkeypa
     assert folder.data.dataset == str(tmp_path / "corpus")
 
 
+def test_an_extends_written_with_a_tilde_is_under_the_home_folder(tmp_path, monkeypatch):
+    # the same file's data.files: ~/x.txt was under it, its extends: ~/base.yaml was looked for in
+    # <the file's folder>/~/base.yaml: "config file not found"
+    home, configs = tmp_path / "home", tmp_path / "configs"
+    home.mkdir()
+    configs.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    write(home / "base.yaml", "model:\n  n_layer: 3\ndata:\n  files: a.txt\n")
+    child = write(configs / "child.yaml", "extends: ~/base.yaml\ntrain:\n  out_dir: ~/runs\n")
+    config = load_config(child)
+    assert config.model.n_layer == 3 and config.train.out_dir == str(home / "runs")
+
+
 def test_a_rule_between_two_keys_says_where_the_other_key_was_set():
     # --set model.n_kv_head=3 against tiny.yaml's n_head 4 blamed the file alone: "configs/tiny.yaml:
     # model.n_head: 4 is not accepted; must be divisible by model.n_kv_head=3", the --set unnamed.

@@ -3,7 +3,7 @@
 One YAML file describes a run. It has five sections, each a dataclass below with
 its defaults written next to the fields: `model`, `data`, `tokenizer`, `train`
 and `sample`. A file may start with `extends: base.yaml` (a path relative to the
-file) to inherit another file and deep-merge its own keys on top, so `configs/`
+file, or ~/...) to inherit another file and deep-merge its own keys on top, so `configs/`
 holds one base and small deltas. Command-line overrides use dotted keys and are
 typed like the field they set: `--set model.n_layer=8 train.lr=3e-4`.
 
@@ -867,7 +867,7 @@ def _read_with_extends(path: Path, seen: tuple[Path, ...]) -> tuple[dict, dict[s
         wanted = "is not accepted; expected the path of a YAML config file to inherit"
         if not parent.strip():  # '' would name the folder the file is in
             raise ConfigError(f"{path}: extends: {show_value(parent)} {wanted}")
-        target = path.parent / parent
+        target = path.parent / home_path(parent)  # ~/base.yaml as under the home folder, as data.files
         # named here, by the file that extends it; other read errors are the target's own
         if not target.exists():
             raise ConfigError(f"{path}: extends: {parent}: config file not found ({target.resolve()})")
