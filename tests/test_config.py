@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tinyattn.config import (Config, apply_overrides, check_sampling, config_from_dict, config_to_dict,
-                             given_keys, load_config, save_config)
+                             config_text, given_keys, load_config, save_config)
 from tinyattn.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -328,6 +328,17 @@ def test_yaml_round_trip_and_rebuild(tmp_path):
     assert config_from_dict(config_to_dict(config)) == config
 
 
+def test_stop_tokens_are_saved_where_given_and_left_out_of_a_plain_runs_config_yaml(tmp_path):
+    # Only a fine-tune of a folder with several eos ids has them: every other run's file is as it was.
+    plain = load_config(write(tmp_path / "c.yaml", "data:\n  files: a.txt\n"))
+    assert plain.tokenizer.stop_tokens == [] and "stop_tokens" not in config_text(plain)
+    given = load_config(write(tmp_path / "p.yaml", "data:\n  files: a.txt\ntokenizer: {kind: pretrained, "
+                                                   "path: t.json, stop_tokens: ['<|endoftext|>']}\n"))
+    save_config(given, tmp_path / "resolved.yaml")
+    assert "stop_tokens:\n  - <|endoftext|>\n" in (tmp_path / "resolved.yaml").read_text(encoding="utf-8")
+    assert load_config(tmp_path / "resolved.yaml") == given
+
+
 def test_a_dropout_table_reads_as_numbers_and_survives_the_round_trip(tmp_path):
     path = write(tmp_path / "c.yaml", "data:\n  files: a.txt\ntrain:\n  dropout_by_passes: {6: 0.075, 9.5: '1e-1'}\n")
     config = load_config(path)
@@ -394,6 +405,14 @@ def test_a_dropout_table_reads_as_numbers_and_survives_the_round_trip(tmp_path):
     ("", ["train.floor_by_passes={-2: 0.3}"], r"train\.floor_by_passes: -2\.0 is not accepted; expected passes >= 0 as keys, e\.g\. \{10: 0\.3\}"),
     ("", ["train.decay_by_passes={4: -0.1}"], r"--set: train\.decay_by_passes\.4: -0\.1 is not accepted; expected a weight decay >= 0"),
     ("", ["tokenizer.end_of_text=</s>"], r"tokenizer\.end_of_text: '</s>' is not accepted; a token of a pretrained tokenizer"),
+    ("", ["tokenizer.stop_tokens=<|im_end|>"],
+     r"^--set: tokenizer\.stop_tokens: \['<\|im_end\|>'\] is not accepted; tokens of a pretrained tokenizer "
+     r"\(tokenizer\.kind=pretrained\); char and bpe tokenizers stop at <\|endoftext\|> alone$"),
+    ("tokenizer: {kind: pretrained, path: t.json}\n", ["tokenizer.stop_tokens=['']"],
+     r"^--set: tokenizer\.stop_tokens: \[''\] is not accepted; expected tokens of the tokenizer as its "
+     r"vocabulary spells them, e\.g\. \['<\|im_end\|>'\], or \[\]$"),
+    ("tokenizer: {kind: pretrained, path: t.json}\n", ["tokenizer.stop_tokens=[151643]"],
+     r"^--set: tokenizer\.stop_tokens: expected a list of strings, got \[151643\]$"),
     # An integer field takes only whole numbers: 2.5 layers is not rounded, true is not 1.
     ("", ["model.n_layer=2.5"], r"--set: model\.n_layer: expected an integer, got 2\.5"),
     ("", ["model.n_layer=true"], r"--set: model\.n_layer: expected an integer, got True"),

@@ -1772,6 +1772,36 @@ def test_generation_stops_at_any_eos_id_of_a_list_as_transformers_generate_does(
     assert text == loaded.tokenizer.decode(ran[:at])  # the text before it, as at the first id
 
 
+def test_a_finetune_of_a_folder_with_two_eos_ids_stops_at_the_second_resumed_loaded_and_exported(
+        tmp_path, corpus):
+    # A fine-tune of a Qwen3 folder (eos_token_id [<|im_end|>, <|endoftext|>]) kept the first alone: it
+    # generated on past the second, and its export wrote the first alone.
+    tokenizer = tokenizer_of("bpe")
+    random_llama(tmp_path / "llama", tokenizer, eos=5)
+    prompt = "ROMEO: But"
+
+    def finetune(name, eos_ids):
+        (tmp_path / "llama" / "generation_config.json").write_text(json.dumps({"eos_token_id": eos_ids}))
+        for stop_at_step, resume in ((1, None), (None, True)):  # a resume keeps them too
+            config = finetune_config(corpus, tmp_path, tmp_path / "llama")
+            config.train.max_steps = config.train.eval_interval = 2
+            config.train.warmup_steps = 1
+            run = train(config, run_name=name, progress=False, stop_at_step=stop_at_step, resume=resume)
+        return load_any_model(run.run_dir)
+
+    first = finetune("first", [5])  # the same weights: the stop tokens change no training step
+    ids = encode_prompt(first.tokenizer, prompt, 32)
+    ran = [int(t) for t in generate_tokens(first.model, torch.tensor([ids]), 30, temperature=0.0)]
+    at = next(i for i in range(3, len(ran)) if ran[i] not in ran[:i] and ran[i] != 5)  # a token met once
+    loaded = finetune("ft", [5, ran[at]])
+    assert loaded.tokenizer.stop_ids == {5, ran[at]} and loaded.tokenizer.eot_id == 5
+    text = "".join(generate(loaded.model, loaded.tokenizer, prompt, max_new_tokens=30, temperature=0))
+    assert text == loaded.tokenizer.decode(ran[:at])  # stopped at the second id, as at the first
+    export_folder(loaded.model.state_dict(), loaded.config, loaded.tokenizer, tmp_path / "out")
+    written = json.loads((tmp_path / "out" / "generation_config.json").read_text())["eos_token_id"]
+    assert written == [5, ran[at]]
+
+
 def test_a_tied_folder_that_also_stores_lm_head_imports_as_tied_as_its_config_json_says(tmp_path):
     # Some tools write the tied head's copy too; config.json's tie_word_embeddings true decides.
     folder, model, tokenizer = exported_char_folder(tmp_path)

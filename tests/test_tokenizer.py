@@ -436,6 +436,17 @@ def test_a_unigram_tokenizers_unknown_token_is_its_unk_id_and_its_pieces_are_nam
     assert unknown_characters(tokenizer, "abcab\u2603") == ["c", "\u2603"]
 
 
+def test_stop_tokens_stop_generation_beside_the_end_of_text_and_one_the_file_lacks_names_the_file(tmp_path):
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "</s>": 1, "?": 2}, unk_token="?"))
+    path = tmp_path / "tokenizer.json"
+    Tokenizer(backend).save(path)
+    assert Tokenizer.from_file(path, end_of_text="</s>", stop_tokens=["a"]).stop_ids == {1, 0}
+    with pytest.raises(DataError) as caught:
+        Tokenizer.from_file(path, end_of_text="</s>", stop_tokens=["a", "<|im_end|>"])
+    assert str(caught.value) == (f"{path}: tokenizer.stop_tokens: '<|im_end|>' is not a token of this "
+                                 "tokenizer")
+
+
 def test_a_start_or_end_of_text_outside_the_added_specials_is_special_all_the_same():
     # A folder's bos or eos may be a plain vocabulary word: it still stands for no text (labels, skipping).
     vocab = {"a": 0, "<s>": 1, "?": 2, "</s>": 3}

@@ -562,6 +562,7 @@ def load_model(path: Optional[str | Path] = None, device: str | torch.device = "
     load_weights(model, state, file)
     model.to(device).eval()
     tokenizer = Tokenizer.from_json(saved_tokenizer(state, file), origin=str(file),
-                                    end_of_text=config.tokenizer.end_of_text)
+                                    end_of_text=config.tokenizer.end_of_text,
+                                    stop_tokens=config.tokenizer.stop_tokens)
     return LoadedModel(model, tokenizer, config, file, int(state.get("step", 0)),
                        state.get("tokens_seen"), state.get("best_val_loss"), state.get("data"))

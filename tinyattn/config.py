@@ -179,6 +179,9 @@ class TokenizerConfig:
     # pretrained only: the token that ends a text (generation stops at it, documents are joined
     # with it), e.g. a Llama folder's "</s>"; None: <|endoftext|>, where the tokenizer has it
     end_of_text: Optional[str] = None
+    # pretrained only: the other tokens generation stops at (an imported folder's eos ids after its
+    # first, e.g. Qwen3's "<|endoftext|>" beside "<|im_end|>"); written to config.yaml only when given
+    stop_tokens: list[str] = field(default_factory=list)
 
     def validate(self, fail: Fail) -> None:
         """Checks that need more than the field's type; `fail(key, value, accepted)` raises."""
@@ -194,6 +197,12 @@ class TokenizerConfig:
         if t.end_of_text == "":  # of a pretrained tokenizer: not "(tokenizer.kind=pretrained)", which it is
             fail("tokenizer.end_of_text", t.end_of_text,
                  "expected a token of the tokenizer, e.g. '</s>', or null (its <|endoftext|>)")
+        if t.stop_tokens and t.kind != "pretrained":
+            fail("tokenizer.stop_tokens", t.stop_tokens, "tokens of a pretrained tokenizer (tokenizer.kind="
+                 "pretrained); char and bpe tokenizers stop at <|endoftext|> alone")
+        if "" in t.stop_tokens:
+            fail("tokenizer.stop_tokens", t.stop_tokens,
+                 "expected tokens of the tokenizer as its vocabulary spells them, e.g. ['<|im_end|>'], or []")
         if t.kind == "bpe" and t.vocab_size <= 0:
             fail("tokenizer.vocab_size", t.vocab_size, "expected a positive integer")
 
@@ -715,8 +724,13 @@ def config_to_dict(config: Config) -> dict:
 
 
 def config_text(config: Config) -> str:
-    """The YAML text `save_config` writes: what a run's config.yaml holds until the user edits it."""
-    return yaml.dump(config_to_dict(config), Dumper=_SAFE_DUMPER, sort_keys=False, allow_unicode=True)
+    """The YAML text `save_config` writes: what a run's config.yaml holds until the user edits it.
+    An empty tokenizer.stop_tokens is left out: a run that stops at its end of text alone (all but a
+    fine-tune of a folder with several eos ids) writes the file it wrote before the key existed."""
+    raw = config_to_dict(config)
+    if not raw["tokenizer"]["stop_tokens"]:
+        del raw["tokenizer"]["stop_tokens"]
+    return yaml.dump(raw, Dumper=_SAFE_DUMPER, sort_keys=False, allow_unicode=True)
 
 
 def save_config(config: Config, path: str | Path) -> None:

@@ -61,7 +61,8 @@ def prepare_data(config: Config, *, progress: bool = True) -> TokenData:
     check_split_lengths(meta, config)
     folder = cache.folder
     return TokenData(
-        tokenizer=Tokenizer.from_file(folder / "tokenizer.json", config.tokenizer.end_of_text),
+        tokenizer=Tokenizer.from_file(folder / "tokenizer.json", config.tokenizer.end_of_text,
+                                      stop_tokens=config.tokenizer.stop_tokens),
         train=np.memmap(folder / "train.bin", dtype=meta["dtype"], mode="r"),
         validation=np.memmap(folder / "validation.bin", dtype=meta["dtype"], mode="r"),
         cache_dir=folder,

@@ -33,7 +33,7 @@ import tempfile
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
@@ -80,10 +80,11 @@ class Tokenizer:
     """A `tokenizers.Tokenizer` with the small API the rest of tinyattn uses."""
 
     def __init__(self, backend: tokenizers.Tokenizer, end_of_text: Optional[str] = None,
-                 start_of_text: Optional[str] = None):
+                 start_of_text: Optional[str] = None, stop_tokens: Sequence[str] = ()):
         """end_of_text: the token that ends a text (`eot_id`); None: <|endoftext|>.
         start_of_text: the token that starts one (`start_id`, an imported folder's bos); None: the
         same token, which is all tinyattn's own tokenizers have.
+        stop_tokens: the other tokens at which generation stops (`stop_ids`; tokenizer.stop_tokens).
 
         A pretrained file's truncation and padding (a sentence encoder's max_length: 128, say)
         are turned off: a document or a prompt is encoded whole, and nothing is added to it
@@ -96,9 +97,13 @@ class Tokenizer:
         self._eot_id = backend.token_to_id(self.end_of_text)
         if end_of_text is not None and self._eot_id is None:
             raise DataError(f"tokenizer.end_of_text: {end_of_text!r} is not a token of this tokenizer")
-        # The tokens that end a generation: eot_id, and an imported folder's other eos ids (a list
-        # in its generation_config.json, at any of which transformers' generate() stops).
-        self.stop_ids: frozenset[int] = frozenset({self._eot_id} - {None})
+        # The tokens that end a generation: eot_id, and the stop tokens (an imported folder's other
+        # eos ids: a list in its generation_config.json, at any of which transformers' generate() stops).
+        stops = {token: backend.token_to_id(token) for token in stop_tokens}
+        lacking = [token for token, id in stops.items() if id is None]
+        if lacking:
+            raise DataError(f"tokenizer.stop_tokens: {lacking[0]!r} is not a token of this tokenizer")
+        self.stop_ids: frozenset[int] = frozenset({self._eot_id, *stops.values()} - {None})
         self.start_of_text = start_of_text or self.end_of_text
         self._start_id = backend.token_to_id(self.start_of_text)
         if start_of_text is not None and self._start_id is None:
@@ -122,13 +127,13 @@ class Tokenizer:
 
     @classmethod
     def from_file(cls, path: str | Path, end_of_text: Optional[str] = None,
-                  start_of_text: Optional[str] = None) -> "Tokenizer":
+                  start_of_text: Optional[str] = None, stop_tokens: Sequence[str] = ()) -> "Tokenizer":
         return cls.from_json(read_text(path, "tokenizer file"), origin=str(path), end_of_text=end_of_text,
-                             start_of_text=start_of_text)
+                             start_of_text=start_of_text, stop_tokens=stop_tokens)
 
     @classmethod
     def from_json(cls, text: str, *, origin: str = "tokenizer JSON", end_of_text: Optional[str] = None,
-                  start_of_text: Optional[str] = None) -> "Tokenizer":
+                  start_of_text: Optional[str] = None, stop_tokens: Sequence[str] = ()) -> "Tokenizer":
         try:
             with _native_stderr_held():
                 backend = tokenizers.Tokenizer.from_str(text)
@@ -137,8 +142,8 @@ class Tokenizer:
                 raise  # KeyboardInterrupt, SystemExit
             raise DataError(f"{origin}: not a valid tokenizer.json ({str(e).splitlines()[0]})") from None
         try:
-            return cls(backend, end_of_text, start_of_text)
-        except DataError as e:  # an end_of_text the file lacks: name the file it was looked for in
+            return cls(backend, end_of_text, start_of_text, stop_tokens)
+        except DataError as e:  # an end_of_text or stop token the file lacks: name the file looked in
             raise DataError(f"{origin}: {e}") from None
 
     def to_json(self) -> str:
@@ -400,7 +405,8 @@ def build_tokenizer(config: TokenizerConfig, texts: Callable[[], Iterator[str]],
     if config.kind == "pretrained":
         if not config.path:
             raise DataError("tokenizer.path: tokenizer.kind=pretrained needs the path of a tokenizer.json")
-        return Tokenizer.from_file(pretrained_file(config.path), config.end_of_text)
+        return Tokenizer.from_file(pretrained_file(config.path), config.end_of_text,
+                                   stop_tokens=config.stop_tokens)
     if config.kind == "char":
         return _build_char(texts())
     if config.kind == "bpe":

@@ -144,15 +144,15 @@ def read_folder(folder: str | Path) -> ImportedModel:
     # no bos_token_id: what the tokenizer puts first, as transformers
     bos = tokenizer.token(bos_ids[0]) if bos_ids else tokenizer.template_start()
     end_of_text = None if eos == tokenizer.end_of_text else eos  # <|endoftext|> ends texts anyway
-    if eos is not None or bos is not None:  # the folder's own eos ends texts, its bos starts them
-        tokenizer = Tokenizer.from_file(tokenizer_file, end_of_text, bos)
     # Generation stops at every eos id of a list (Qwen3's names <|im_end|> and <|endoftext|>), as
-    # transformers' generate() does.
-    tokenizer.stop_ids |= frozenset(eos_ids)
+    # transformers' generate() does; the section names them, so a fine-tune's run keeps them.
+    stops = [token for token in dict.fromkeys(map(tokenizer.token, eos_ids[1:])) if token not in (None, eos)]
+    tokenizer_config = TokenizerConfig(kind="pretrained", path=str(tokenizer_file), end_of_text=end_of_text,
+                                       stop_tokens=stops)
+    if eos is not None or bos is not None:  # the folder's own eos ends texts, its bos starts them
+        tokenizer = Tokenizer.from_file(tokenizer_file, end_of_text, bos, stops)
     sample = _sample_config(folder / "generation_config.json")
-    config = Config(model=model_config, sample=sample,
-                    tokenizer=TokenizerConfig(kind="pretrained", path=str(tokenizer_file),
-                                              end_of_text=end_of_text))
+    config = Config(model=model_config, sample=sample, tokenizer=tokenizer_config)
     return ImportedModel(config, weights, tokenizer, weights_file)
 
 

@@ -114,7 +114,8 @@ class InitSource:
                               "attention and export refuse (they need a causal model); start from a causal "
                               "model, or write model.causal: false in the config to train one all the same")
         tokenizer = TokenizerConfig(kind="pretrained", path=str(self.tokenizer_path),
-                                    end_of_text=self.tokenizer_config.end_of_text)
+                                    end_of_text=self.tokenizer_config.end_of_text,
+                                    stop_tokens=list(self.tokenizer_config.stop_tokens))
         adopt_model(config, self.model_config, tokenizer, f"train.init_from {self.location}", written=written,
                     trained_with=(self.tokenizer_config, self.own_tokenizer))
 
