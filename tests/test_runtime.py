@@ -483,6 +483,25 @@ def test_the_largest_value_is_the_largest_of_every_ranks(monkeypatch):
     assert largest_value(Distributed(rank=0, world_size=2), 15, torch.device("cpu")) == 40
 
 
+def test_the_mean_over_ranks_divides_by_every_rank_into_a_tensor_of_its_own(monkeypatch):
+    """`torchrun --nproc_per_node=4`: the logged loss is the sum over the four ranks divided by four, in
+    the losses' own precision, not by the two ranks every other test runs. The mean is a new tensor: the
+    kept one, which gloo is handed, is overwritten by the next call."""
+    from tinyattn.system.distributed import Distributed, mean_over_ranks
+
+    others = torch.tensor([0.1, 0.2]) + torch.tensor([0.3, 0.4]) + torch.tensor([0.5, 0.6])  # ranks 1-3
+
+    def all_reduce(tensor, op):
+        assert op == torch.distributed.ReduceOp.SUM
+        tensor += others
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    dist, losses = Distributed(rank=0, world_size=4), torch.tensor([0.7, 0.8])
+    mean = mean_over_ranks(dist, losses)
+    assert torch.equal(mean, (losses + others) / 4) and mean.dtype == torch.float32
+    assert all(mean is not kept for kept in dist.handed.values())
+
+
 @pytest.mark.parametrize("world_size", ["1", "2"])
 def test_only_a_process_torchrun_started_asks_for_a_sigterm_when_its_launcher_ends(monkeypatch, world_size):
     """`sigterm_when_the_parent_ends` is for torchrun's workers (TORCHELASTIC_RUN_ID, which torchrun
