@@ -574,18 +574,43 @@ def test_an_export_given_its_checkpoint_and_out_after_equals_signs_with_tildes_w
     assert (home / "exported" / "config.json").is_file() and not (tmp_path / "~").exists()
 
 
-def test_the_usage_to_a_reader_that_went_away_ends_quietly_with_status_141():
+def python_env(buffered: bool) -> dict:
+    """This process's environment, with stdout block-buffered (as in a terminal's shell, where
+    PYTHONUNBUFFERED is rarely set) or unbuffered."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+    return env if buffered else {**env, "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.mark.parametrize("buffered", [True, False])
+@pytest.mark.parametrize("args", [["--help"], ["train", "--help"]])
+def test_the_usage_to_a_reader_that_went_away_ends_quietly_with_status_141(args, buffered):
     # `tinyattn --help | head -1`: the usage is the one text main prints itself, outside any
     # subcommand's run_command; it was a BrokenPipeError traceback. The pipe's reader is closed
-    # before the command starts, so its first write fails.
+    # before the command starts, so its first write fails. Buffered, the write went into the buffer
+    # and failed at exit: "Exception ignored ... BrokenPipeError", status 120 (argparse's --help too).
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
-        result = subprocess.run([sys.executable, "-m", "tinyattn", "--help"], stdout=write_end,
-                                stderr=subprocess.PIPE, timeout=60, cwd=ROOT)
+        result = subprocess.run([sys.executable, "-m", "tinyattn", *args], stdout=write_end,
+                                stderr=subprocess.PIPE, timeout=60, cwd=ROOT, env=python_env(buffered))
     finally:
         os.close(write_end)
     assert result.returncode == 141 and result.stderr == b"", result.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+@pytest.mark.parametrize("buffered", [True, False])
+@pytest.mark.parametrize("args", [["--help"], ["train", "--help"], ["lab", "causal", "--help"]])
+def test_a_usage_that_standard_output_cannot_take_is_one_error_line_and_status_2(args, buffered):
+    # `tinyattn --help > /dev/full`: the top-level usage was an OSError traceback (unbuffered) or an
+    # "Exception ignored" line and status 120 at exit (buffered); argparse's --help ignored the failed
+    # write (unbuffered: nothing said, status 0) or failed at exit alike.
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "tinyattn", *args], stdout=full,
+                                stderr=subprocess.PIPE, text=True, timeout=60, cwd=ROOT,
+                                env=python_env(buffered))
+    assert (result.returncode, result.stderr) == (2, "error: cannot write to standard output: "
+                                                     "No space left on device\n")
 
 
 def test_a_checkout_path_with_a_space_is_quoted_in_the_command_a_message_prints(monkeypatch, tmp_path):

@@ -24,7 +24,7 @@ import warnings
 from contextlib import contextmanager, suppress
 from typing import Callable, Iterator
 
-from tinyattn.errors import TinyattnError
+from tinyattn.errors import StorageError, TinyattnError
 
 RANK_0_LINE_WAIT = 10.0  # seconds a rank with nothing to say waits for torchrun to end it
 
@@ -95,6 +95,23 @@ def point_at_null(stream) -> None:
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, descriptor)
         os.close(null)
+
+
+def write_text(text: str, stream) -> None:
+    """Write a text the command prints itself (a usage, a help) and flush it at once, so a stream
+    that cannot take it fails here (buffered, a write alone goes into the buffer and fails only in
+    the interpreter's flush at exit: "Exception ignored", status 120). A closed pipe raises its
+    BrokenPipeError (`run_command` ends quietly), any other failure (a full disk, an I/O error)
+    a StorageError naming the stream; either way the stream is pointed at the null device first."""
+    try:
+        stream.write(text)
+        stream.flush()
+    except OSError as e:
+        point_at_null(stream)
+        if isinstance(e, BrokenPipeError):
+            raise
+        name = "standard error" if stream is sys.stderr else "standard output"
+        raise StorageError(f"cannot write to {name}: {e.strerror or e}") from None
 
 
 def _error_line(error: TinyattnError) -> None:

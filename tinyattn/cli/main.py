@@ -12,7 +12,7 @@ import importlib
 import sys
 from typing import Optional
 
-from tinyattn.cli import run_command
+from tinyattn.cli import run_command, write_text
 
 SUBCOMMANDS = {  # name: what it does (tinyattn.cli.<name>.main runs it)
     "train": "train a model from a YAML config, or resume a run",
@@ -34,7 +34,7 @@ def usage() -> str:
 
 def print_usage(*, asked: bool) -> int:
     """The usage: on stdout when --help asked for it, else on stderr as a usage error; the exit status."""
-    print(usage(), file=sys.stdout if asked else sys.stderr)
+    write_text(usage() + "\n", sys.stdout if asked else sys.stderr)
     return 0 if asked else 2
 
 
@@ -42,7 +42,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
         # through run_command, as a subcommand's output goes: a reader that went away
-        # (`tinyattn --help | head`) ends the command quietly, not in a BrokenPipeError traceback
+        # (`tinyattn --help | head`) ends the command quietly, not in a BrokenPipeError traceback,
+        # and a stdout that cannot take it (`> /dev/full`) in one error line
         return run_command(lambda: print_usage(asked=bool(argv)))
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:

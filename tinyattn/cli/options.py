@@ -9,8 +9,11 @@ where the library defines them (`tinyattn.system.device.DEVICE_NAMES`, ...).
 from __future__ import annotations
 
 import argparse
+import sys
 
+from tinyattn.cli import write_text
 from tinyattn.config import ATTENTION_PATHS, home_path
+from tinyattn.errors import StorageError
 from tinyattn.system.choices import DEVICE_NAMES
 
 CHECKPOINT_HELP = ("a run folder (its best.pt, else its latest step), a checkpoint file or a Hugging Face "
@@ -18,9 +21,22 @@ CHECKPOINT_HELP = ("a run folder (its best.pt, else its latest step), a checkpoi
                    "checkpoint of the most recent run under {where}")
 
 
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser, whose --help fails as the commands' own output does (`write_text`):
+    argparse ignores a failed write and exits 0, or, buffered, fails in the flush at exit."""
+
+    def print_help(self, file=None) -> None:
+        try:
+            write_text(self.format_help(), file or sys.stdout)
+        except BrokenPipeError:  # the reader went away (`| head`): quietly, as `run_command` ends
+            self.exit(141)
+        except StorageError as e:
+            self.exit(2, f"error: {e}\n")
+
+
 def command_parser(name: str, description: str, epilog: str, **options) -> argparse.ArgumentParser:
-    """The parser of `tinyattn <name>`."""
-    return argparse.ArgumentParser(prog=f"tinyattn {name}", description=description, epilog=epilog, **options)
+    """The parser of `tinyattn <name>` (its subparsers are CommandParsers too)."""
+    return CommandParser(prog=f"tinyattn {name}", description=description, epilog=epilog, **options)
 
 
 def add_checkpoint(parser: argparse.ArgumentParser, where: str = "checkpoints/") -> None:
