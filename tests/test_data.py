@@ -1414,6 +1414,43 @@ def test_a_sampler_state_saved_before_passes_were_cut_resumes_in_whole_passes(wo
     assert fresh.pass_starts == passes and all(torch.equal(fresh.next_batch()[0], x) for x in expected)
 
 
+@pytest.mark.parametrize("saved_before", [False, True])
+def test_passes_of_one_window_keep_a_state_that_stops_growing_and_resume_exactly(tmp_path, monkeypatch,
+                                                                                 saved_before):
+    # 40 tokens, windows of 16: a pass begins with every window drawn. The state held every pass's
+    # start (128,000 after 2,000 batches of 64), in every checkpoint, and each batch searched them all.
+    import tinyattn.data.batches as batches
+
+    def sampler():
+        return BatchSampler(counting_tokens(40), 64, 16, seed=3, sampling="passes")
+
+    def draw(source, count):
+        drawn = []
+        for _ in range(count):
+            source.plan_end(100 - source.batches_drawn)
+            drawn.append(source.next_batch()[0])
+        return drawn
+
+    straight = sampler()
+    drawn = draw(straight, 20)
+    kept = len(straight.state_dict()["pass_starts"])
+    drawn += draw(straight, 20)  # 2,560 windows, as many passes
+    state = straight.state_dict()
+    assert len(state["pass_starts"]) == kept < 1280
+    assert state.get("passes_before", 0) + kept == 2560 and state["pass_starts"][-1] == 2559
+    if saved_before:  # as a state saved before the sampler forgot passes: every pass's start
+        state = {**state, "pass_starts": list(range(2560))}
+        del state["passes_before"]
+    torch.save({"sampler": state}, tmp_path / "state.pt")
+    drawn += draw(straight, 3)
+    resumed = sampler()
+    resumed.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True)["sampler"])
+    assert len(resumed.state_dict()["pass_starts"]) == kept
+    assert all(torch.equal(x, y) for x, y in zip(draw(resumed, 3), drawn[-3:]))
+    monkeypatch.setattr(batches, "PASSES_KEPT", 10**9, raising=False)  # a sampler that forgets none
+    assert all(torch.equal(x, y) for x, y in zip(draw(sampler(), 43), drawn))  # the windows it draws
+
+
 def draw_rounds(samplers, rounds):
     """The window starts `rounds` rounds of the ranks' batches draw, in the order of the sequence
     they deal from (in each round rank 0's batch, then rank 1's, ...)."""

@@ -31,6 +31,12 @@ from tinyattn.data.token_cache import TokenCache, check_split_lengths, data_fing
 from tinyattn.data.tokenizer import Tokenizer
 from tinyattn.errors import DataError, counted
 
+# The passes whose starts a sampler keeps (and saves). It needs only the pass its next window falls
+# in; the rest is a record of where a run's passes ended, whole for a run over a text of thousands
+# of windows a pass (it makes tens), and bounded for a text of a few, where a pass begins every few
+# windows drawn and the whole list grew the state and each batch's search without end.
+PASSES_KEPT = 1000
+
 
 @dataclass
 class TokenData:
@@ -93,11 +99,11 @@ class BatchSampler:
     pass follows the plan to the end (up to a whole pass).
 
     Either way the state is the number of batches drawn, and for passes the windows all ranks
-    have drawn and where each pass began: `state_dict` saves them, a resumed run draws exactly
-    the batches it would have drawn, and any rank can resume from the state rank 0 saved (the
-    rank is not restored from it, so ranks keep drawing different windows). A run resumed with
-    another batch size or number of ranks goes on from the window the passes stood at: no window
-    of a pass is left out or seen twice.
+    have drawn and where the last PASSES_KEPT passes began, with how many began before them:
+    `state_dict` saves them, a resumed run draws exactly the batches it would have drawn, and
+    any rank can resume from the state rank 0 saved (the rank is not restored from it, so ranks
+    keep drawing different windows). A run resumed with another batch size or number of ranks
+    goes on from the window the passes stood at: no window of a pass is left out or seen twice.
     """
 
     def __init__(self, tokens: np.ndarray, batch_size: int, context_length: int, *, seed: int,
@@ -125,7 +131,8 @@ class BatchSampler:
         self._offsets = np.arange(context_length + 1)  # (T+1,)
         self._per_pass = (len(tokens) - context_length) // context_length  # windows in a whole pass
         self._pass = (-1, None)  # (pass number, its window starts in visiting order)
-        self.pass_starts = [0]  # the window (in the sequence of all passes) each pass began at
+        self.pass_starts = [0]  # the window (in the sequence of all passes) each of the last passes began at
+        self.passes_before = 0  # the passes that began before pass_starts[0]: it is pass passes_before
         self.end: Optional[int] = None  # the window the run is planned to end before (None: not told)
 
     def plan_end(self, batches_left: int) -> None:
@@ -143,6 +150,7 @@ class BatchSampler:
             self._place_pass_ends(first, first + self.world_size * self.batch_size - 1)
             mine = first + self.rank * self.batch_size  # in the sequence all ranks deal from
             starts = self._pass_window_starts(mine + np.arange(self.batch_size))  # (B,)
+            self._keep_the_last_passes()
         else:
             # SeedSequence needs non-negative entropy; the modulo maps a negative seed into range.
             rng = np.random.default_rng([self.seed % (1 << 64), self.rank, self.batches_drawn])
@@ -169,6 +177,14 @@ class BatchSampler:
                 return
             self.pass_starts.append(end)
 
+    def _keep_the_last_passes(self) -> None:
+        """Forgets the starts of all but the last PASSES_KEPT passes. Only the last is looked at
+        again: the windows drawn from now on lie in it or in passes that begin later."""
+        forget = len(self.pass_starts) - PASSES_KEPT
+        if forget > 0:
+            del self.pass_starts[:forget]
+            self.passes_before += forget
+
     def _pass_length(self, start: int) -> int:
         """Windows in the pass that begins at window `start`: those the plan leaves, shared
         equally between the fewest passes that hold them; a whole pass without a plan, or
@@ -181,12 +197,12 @@ class BatchSampler:
 
     def _pass_window_starts(self, windows: np.ndarray) -> np.ndarray:
         """Start tokens of windows (their numbers in the sequence of all passes), (B,) -> (B,)."""
-        numbers = np.searchsorted(self.pass_starts, windows, side="right") - 1  # (B,): the pass
-        within = windows - np.asarray(self.pass_starts)[numbers]  # (B,): the place in it
+        kept = np.searchsorted(self.pass_starts, windows, side="right") - 1  # (B,): the pass, of those kept
+        within = windows - np.asarray(self.pass_starts)[kept]  # (B,): the place in it
         starts = np.empty_like(windows)
-        for number in np.unique(numbers):  # one pass, or two where the batch crosses into the next
-            chosen = numbers == number
-            starts[chosen] = self._pass_starts(int(number))[within[chosen]]
+        for number in np.unique(kept):  # one pass, or two where the batch crosses into the next
+            chosen = kept == number
+            starts[chosen] = self._pass_starts(self.passes_before + int(number))[within[chosen]]
         return starts
 
     def _pass_starts(self, number: int) -> np.ndarray:
@@ -204,23 +220,29 @@ class BatchSampler:
     def state_dict(self) -> dict:
         return {"seed": self.seed, "batches_drawn": self.batches_drawn, "rank": self.rank,
                 "world_size": self.world_size, "batch_size": self.batch_size,
-                "windows_drawn": self.windows_drawn, "pass_starts": list(self.pass_starts)}
+                "windows_drawn": self.windows_drawn, "pass_starts": list(self.pass_starts),
+                "passes_before": self.passes_before}
 
     def load_state_dict(self, state: dict) -> None:
         """Restores what `state_dict` saved. A state saved before it held the windows drawn gives
         them as its batches times its world size times its batch size (where it holds none, the
-        given one: `Trainer.load_state_dict` gives the checkpoint's config's, else this sampler's)."""
+        given one: `Trainer.load_state_dict` gives the checkpoint's config's, else this sampler's);
+        one saved before it kept only the last passes' starts held every pass's."""
         self.seed = int(state["seed"])
         self.batches_drawn = int(state["batches_drawn"])
         batch_size = int(state.get("batch_size", self.batch_size))
         before = self.batches_drawn * state["world_size"] * batch_size  # a state without windows_drawn
         self.windows_drawn = int(state.get("windows_drawn", before))
+        self.passes_before = int(state.get("passes_before", 0))
         if "pass_starts" in state:
             self.pass_starts = [int(start) for start in state["pass_starts"]]
         elif self._per_pass > 0:  # saved before passes could end early: every pass so far was whole
-            self.pass_starts = list(range(0, self.windows_drawn, self._per_pass)) or [0]
+            begun = -(-self.windows_drawn // self._per_pass)  # those that began before the next window
+            self.passes_before = max(0, begun - PASSES_KEPT)
+            self.pass_starts = [number * self._per_pass for number in range(self.passes_before, begun)] or [0]
         else:  # a text too short for a pass, which only random sampling takes: it has none
             self.pass_starts = [0]
+        self._keep_the_last_passes()  # a state saved before they were forgotten holds them all
         self._pass = (-1, None)  # made again from the restored seed
 
 
