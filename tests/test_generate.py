@@ -1379,7 +1379,7 @@ def test_cli_interactive_skips_a_line_holding_a_nul_with_a_warning(run_dir, caps
     assert ("warning: stdin line 2 holds a NUL at byte 1, which no text does: it is UTF-16 (without a "
             "byte-order mark) or not text; skipped") in err
     assert "warning: stdin line 3 holds a NUL at byte 0" in err
-    assert "[UNK]" not in err
+    assert "[UNK]" not in err, err
     first = run_main(options, capsys, stdin="Speak\n", monkeypatch=monkeypatch)[1]
     assert out == first + "\n\n" + run_main(options, capsys, stdin="All:\n", monkeypatch=monkeypatch)[1]
 
@@ -1715,6 +1715,42 @@ def test_cli_a_stdin_prompt_that_is_not_in_stdins_encoding_is_a_data_error():
 
     with pytest.raises(DataError, match=r"^stdin: the prompt is not \S+ text \(invalid start byte\)$"):
         read_stdin(read)
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"ab\xffcd", "error: stdin: the prompt is not utf-8 text (invalid start byte)"),
+    (b"\xff\xfeR\x00", "error: stdin: the prompt is not utf-8 text (invalid start byte): it starts with "
+                       "UTF-16's byte-order mark; save it as UTF-8"),
+], ids=["not-utf8", "utf16-with-its-mark"])
+@pytest.mark.parametrize("argv", [["-"], ["--prompt-file", "-"]], ids=["dash", "prompt-file-dash"])
+def test_cli_a_stdin_prompt_not_in_stdins_encoding_is_named_as_stdins_where_python_escapes_its_bytes(
+        run_dir, capsys, monkeypatch, argv, data, message):
+    # Under the C and C.UTF-8 locales Python's stdin escapes the bytes it cannot decode (surrogateescape)
+    # instead of failing: the prompt went on and ended in "the prompt is not valid UTF-8 text (after 2
+    # characters: '\\udcff')", naming neither stdin nor its bytes.
+    stdin = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="surrogateescape")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    status, out, err = run_main(["--checkpoint", str(run_dir), "--max-new-tokens", "4", *argv], capsys)
+    assert (status, out) == (2, ""), err
+    assert err.splitlines()[-1] == message
+
+
+@pytest.mark.parametrize("argv", [["-"], ["--prompt-file", "-"]], ids=["dash", "prompt-file-dash"])
+def test_cli_a_stdin_prompt_reads_windows_newlines_as_the_same_prompt_file_does(
+        run_dir, tmp_path, capsys, monkeypatch, argv):
+    # `tinyattn generate - < prompt.txt` of a file saved with \r\n: Python's stdin translates no newline
+    # on Linux (newline="\n"), so each \r was read as [UNK], with a warning, where --prompt-file
+    # prompt.txt reads a newline.
+    path = tmp_path / "prompt.txt"
+    path.write_bytes(b"All:\r\nno\rmore")
+    options = ["--checkpoint", str(run_dir), "--max-new-tokens", "4", "--seed", "1"]
+    status, from_file, _ = run_main([*options, "--prompt-file", str(path)], capsys)
+    assert status == 0 and from_file.startswith("All:\nno\nmore")
+    stdin = io.TextIOWrapper(io.BytesIO(path.read_bytes()), encoding="utf-8", newline="\n")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    status, from_stdin, err = run_main([*options, *argv], capsys)
+    assert (status, from_stdin) == (0, from_file), err
+    assert "[UNK]" not in err, err
 
 
 @pytest.mark.slow  # a fresh Python process

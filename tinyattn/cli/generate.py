@@ -40,7 +40,7 @@ from tinyattn.cli.options import add_checkpoint, add_device, add_inference_dtype
 from tinyattn.config import home_path
 from tinyattn.errors import ConfigError, DataError, StorageError, parameter_count_text
 from tinyattn.system.signals import sigterm_interrupts
-from tinyattn.system.storage import BYTE_ORDER_MARK, nul_found
+from tinyattn.system.storage import BYTE_ORDER_MARK, nul_found, unicode_mark
 
 DESCRIPTION = """\
 Generate text from a trained tinyattn checkpoint, streamed to stdout as it is produced.
@@ -313,7 +313,8 @@ def read_prompt(args: argparse.Namespace) -> Optional[str]:
     if args.prompt is not None:
         return args.prompt
     if args.stdin == "-" or args.prompt_file == "-":
-        text = read_stdin(sys.stdin.read)
+        buffer = getattr(sys.stdin, "buffer", None)  # none where stdin is already text (a test's StringIO)
+        text = read_stdin(sys.stdin.read if buffer is None else buffer.read)
         refuse_nul(text, "stdin", "prompt")  # as read_text refuses it in a file: UTF-16 read as UTF-8
         return text.removeprefix(BYTE_ORDER_MARK)  # as read_text drops it from a file
     if args.prompt_file is not None:
@@ -322,10 +323,19 @@ def read_prompt(args: argparse.Namespace) -> Optional[str]:
 
 
 def read_stdin(read) -> str:
+    """All of stdin, the prompt, from `read` (its bytes, or its text), decoded here in stdin's encoding
+    and read as --prompt-file reads a file: strictly, where Python's stdin escapes the bytes it cannot
+    decode under the C and C.UTF-8 locales (which surfaced later as lone surrogates), and with \\r\\n
+    and a lone \\r read as \\n, which Python's stdin translates on Windows only."""
+    encoding = sys.stdin.encoding or "utf-8"
     try:
-        return read()
+        data = read()
+        text = data.decode(encoding) if isinstance(data, bytes) else data
     except UnicodeDecodeError as e:
-        raise DataError(f"stdin: the prompt is not {sys.stdin.encoding} text ({e.reason})") from None
+        mark = unicode_mark(e.object[:4])
+        why = f": it starts with {mark}'s byte-order mark; save it as UTF-8" if mark else ""
+        raise DataError(f"stdin: the prompt is not {encoding} text ({e.reason}){why}") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 # Python's escape sequences: \\ \' \" \a \b \f \n \r \t \v, octal \ooo, \xhh, \uXXXX, \UXXXXXXXX,
