@@ -1735,6 +1735,21 @@ def test_cli_a_stdin_prompt_not_in_stdins_encoding_is_named_as_stdins_where_pyth
     assert err.splitlines()[-1] == message
 
 
+@pytest.mark.parametrize("argv, given", [(["-"], "-"), (["--prompt-file", "-"], "--prompt-file -"),
+                                         (["--interactive"], "--interactive")],
+                         ids=["dash", "prompt-file-dash", "interactive"])
+def test_cli_a_prompt_from_a_closed_stdin_is_one_line_and_exit_status_2(run_dir, capsys, monkeypatch, argv,
+                                                                        given):
+    # `tinyattn generate - <&-` (or a service started without stdin): Python's sys.stdin is None, and
+    # the command ended in AttributeError: 'NoneType' object has no attribute 'read' (or 'isatty').
+    monkeypatch.setattr(sys, "stdin", None)
+    status, out, err = run_main(["--checkpoint", str(run_dir), "--max-new-tokens", "4", *argv], capsys)
+    assert (status, out) == (2, ""), err
+    what = "prompts" if given == "--interactive" else "the prompt"
+    assert err == (f"error: {given} reads {what} from stdin, which is closed; give the prompt with --prompt "
+                   "TEXT or --prompt-file FILE\n")
+
+
 @pytest.mark.parametrize("argv", [["-"], ["--prompt-file", "-"]], ids=["dash", "prompt-file-dash"])
 def test_cli_a_stdin_prompt_reads_windows_newlines_as_the_same_prompt_file_does(
         run_dir, tmp_path, capsys, monkeypatch, argv):

@@ -135,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
     stop = [unescape(s) for s in args.stop]
     check_sampling_flags(args, stop)
     device = select_device(args.device)
+    _check_stdin(args)
     prompt = None if args.interactive else read_prompt(args)
     loaded = load_any_model(args.checkpoint, device, args.out_dir)
     require_causal(loaded, "tinyattn generate")
@@ -304,6 +305,22 @@ class StreamPrinter:
                 self.end_line()
             raise
         self.end_sample(echo)  # --interactive: an empty answer is an empty line, one line per prompt
+
+
+def _check_stdin(args: argparse.Namespace) -> None:
+    """A prompt to read from stdin where the process has none (`<&-`, a service's closed stdin):
+    one line, before the model loads."""
+    if sys.stdin is not None:
+        return
+    if args.interactive:
+        given = "--interactive"
+    elif args.stdin == "-" or args.prompt_file == "-":
+        given = "-" if args.stdin == "-" else "--prompt-file -"
+    else:
+        return
+    what = "prompts" if args.interactive else "the prompt"
+    raise DataError(f"{given} reads {what} from stdin, which is closed; give the prompt with --prompt TEXT "
+                    "or --prompt-file FILE")
 
 
 def read_prompt(args: argparse.Namespace) -> Optional[str]:
