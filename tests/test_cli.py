@@ -613,6 +613,20 @@ def test_a_usage_that_standard_output_cannot_take_is_one_error_line_and_status_2
                                                      "No space left on device\n")
 
 
+@pytest.mark.parametrize("args, stream, status", [(["--help"], "stdout", 0),
+                                                  (["train", "--help"], "stdout", 0), ([], "stderr", 2)])
+def test_a_usage_for_a_stream_the_process_was_started_without_is_not_written(monkeypatch, args, stream,
+                                                                              status):
+    # `tinyattn --help >&-`, `tinyattn 2>&-`: Python's sys.stdout (sys.stderr) is None, which print() and
+    # argparse write nothing to; writing the usage there was an AttributeError traceback and status 1.
+    monkeypatch.setattr(sys, stream, None)
+    try:
+        returned = main(args)
+    except SystemExit as e:  # argparse's --help
+        returned = e.code
+    assert returned == status
+
+
 def test_a_checkout_path_with_a_space_is_quoted_in_the_command_a_message_prints(monkeypatch, tmp_path):
     from tinyattn.system.invocation import command
 

@@ -102,7 +102,11 @@ def write_text(text: str, stream) -> None:
     that cannot take it fails here (buffered, a write alone goes into the buffer and fails only in
     the interpreter's flush at exit: "Exception ignored", status 120). A closed pipe raises its
     BrokenPipeError (`run_command` ends quietly), any other failure (a full disk, an I/O error)
-    a StorageError naming the stream; either way the stream is pointed at the null device first."""
+    a StorageError naming the stream; either way the stream is pointed at the null device first.
+    A stream the process was started without (`>&-`: Python's sys.stdout is None) takes nothing, as
+    print() and argparse write nothing there."""
+    if stream is None:
+        return
     try:
         stream.write(text)
         stream.flush()
