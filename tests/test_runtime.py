@@ -489,16 +489,17 @@ def test_the_mean_over_ranks_divides_by_every_rank_into_a_tensor_of_its_own(monk
     kept one, which gloo is handed, is overwritten by the next call."""
     from tinyattn.system.distributed import Distributed, mean_over_ranks
 
-    others = torch.tensor([0.1, 0.2]) + torch.tensor([0.3, 0.4]) + torch.tensor([0.5, 0.6])  # ranks 1-3
+    # float64, not the default dtype: a kept tensor made in float32 would round them
+    others = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5, 0.6], dtype=torch.float64).view(3, 2).sum(0)  # ranks 1-3
 
     def all_reduce(tensor, op):
         assert op == torch.distributed.ReduceOp.SUM
         tensor += others
 
     monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
-    dist, losses = Distributed(rank=0, world_size=4), torch.tensor([0.7, 0.8])
+    dist, losses = Distributed(rank=0, world_size=4), torch.tensor([0.7, 0.8], dtype=torch.float64)
     mean = mean_over_ranks(dist, losses)
-    assert torch.equal(mean, (losses + others) / 4) and mean.dtype == torch.float32
+    assert mean.dtype == torch.float64 and torch.equal(mean, (losses + others) / 4)
     assert all(mean is not kept for kept in dist.handed.values())
 
 
