@@ -1414,6 +1414,24 @@ def test_a_sampler_state_saved_before_passes_were_cut_resumes_in_whole_passes(wo
     assert fresh.pass_starts == passes and all(torch.equal(fresh.next_batch()[0], x) for x in expected)
 
 
+def test_a_sampler_state_saved_before_pass_starts_past_the_passes_kept_resumes_their_numbering():
+    # Passes of two windows, whole (no plan): 40 batches of 64 begin 1,280 passes, each shuffled by its
+    # number. A state saved before pass_starts keeps the last PASSES_KEPT, numbered after those before.
+    from tinyattn.data.batches import PASSES_KEPT
+
+    sampler = BatchSampler(counting_tokens(50), 64, 16, seed=3, sampling="passes")
+    for _ in range(40):
+        sampler.next_batch()
+    state = sampler.state_dict()
+    for key in ("pass_starts", "passes_before", "windows_drawn", "batch_size"):  # as saved before them
+        del state[key]
+    expected = [sampler.next_batch()[0] for _ in range(3)]
+    fresh = BatchSampler(counting_tokens(50), 64, 16, seed=3, sampling="passes")
+    fresh.load_state_dict(state)
+    assert (fresh.passes_before, len(fresh.pass_starts)) == (1280 - PASSES_KEPT, PASSES_KEPT)
+    assert all(torch.equal(fresh.next_batch()[0], x) for x in expected)
+
+
 @pytest.mark.parametrize("saved_before", [False, True])
 def test_passes_of_one_window_keep_a_state_that_stops_growing_and_resume_exactly(tmp_path, monkeypatch,
                                                                                  saved_before):
