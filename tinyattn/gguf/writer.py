@@ -172,7 +172,7 @@ def _other_stop_ids(tokenizer: Tokenizer) -> list[int]:
         raise CheckpointError(f"tokenizer: {len(others) + 1} tokens end generation (ids {ids}): a GGUF "
                               "file names three at most (tokenizer.ggml.eos_token_id, eot_token_id, "
                               "eom_token_id); list three at most in the folder's generation_config.json "
-                              "eos_token_id")
+                              "eos_token_id (a run's: two at most in its config's tokenizer.stop_tokens)")
     return others
 
 
