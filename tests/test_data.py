@@ -626,6 +626,30 @@ def test_another_end_of_text_for_a_pretrained_tokenizer_rebuilds(tmp_path, build
     assert second.tokenizer.eot_id != first.tokenizer.eot_id and second.tokenizer.eot_id in second.train
 
 
+def test_a_pretrained_tokenizers_stop_tokens_end_the_training_samples_and_leave_the_cache_alone(tmp_path,
+                                                                                                builds):
+    # A fine-tune of a folder with several eos ids names the others in tokenizer.stop_tokens: the data's
+    # tokenizer, which the samples shown during training use, stops at them too; the tokens are the same.
+    import tokenizers
+
+    from tinyattn.config import TokenizerConfig
+    from tinyattn.data.tokenizer import build_tokenizer
+
+    path = write_jsonl(tmp_path / "corpus.jsonl")
+    spec = build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), lambda: iter(["".join(DOCUMENTS)]))
+    backend = tokenizers.Tokenizer.from_str(spec.to_json())
+    backend.add_special_tokens(["<|im_end|>"])
+    backend.save(str(tmp_path / "tokenizer.json"))
+    results = []
+    for stops in ([], ["<|im_end|>"]):
+        tokenizer = {"kind": "pretrained", "path": str(tmp_path / "tokenizer.json"), "stop_tokens": stops}
+        results.append(prepare_data(make_config(tmp_path, {"files": [str(path)]}, tokenizer), progress=False))
+    plain, stopping = results
+    assert plain.tokenizer.stop_ids == {plain.tokenizer.eot_id}
+    assert stopping.tokenizer.stop_ids == {plain.tokenizer.eot_id, backend.token_to_id("<|im_end|>")}
+    assert stopping.cache_dir == plain.cache_dir and len(builds) == 2  # one cache, built once
+
+
 def test_a_pretrained_tokenizer_without_an_end_of_text_token_warns_that_documents_run_together(tmp_path,
                                                                                                capsys):
     import tokenizers
