@@ -359,6 +359,21 @@ def test_an_imported_folders_other_eos_ids_end_generation_in_llama_cpp_too(tmp_p
     assert not (tmp_path / "four.gguf").exists()
 
 
+def test_llama_31s_end_of_message_token_goes_out_as_eom_and_its_end_of_turn_as_eot(tmp_path):
+    # Llama 3.1 lists <|end_of_text|>, <|eom_id|>, <|eot_id|> (ids in that order): by id alone the
+    # end-of-message token went out as eot and the end-of-turn as eom, the reverse of llama.cpp's.
+    import tokenizers
+
+    backend = tokenizers.Tokenizer.from_str(tokenizer_of("bpe").to_json())
+    backend.add_special_tokens(["<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"])
+    tokenizer = Tokenizer.from_json(backend.to_str(), end_of_text="<|end_of_text|>",
+                                    stop_tokens=["<|eom_id|>", "<|eot_id|>"])
+    fields = {k: v.contents() for k, v in gguf.GGUFReader(export(tmp_path, random_model(tokenizer),
+                                                                 tokenizer)).fields.items()}
+    assert [fields[f"tokenizer.ggml.{key}_token_id"] for key in ("eos", "eot", "eom")] == [
+        backend.token_to_id(token) for token in ("<|end_of_text|>", "<|eot_id|>", "<|eom_id|>")]
+
+
 def gguf_forward(path, ids: list[int]) -> np.ndarray:
     """The file's logits (T, V) computed as llama.cpp reads it, in numpy, without llama.cpp:
     its tensor names and metadata, and RoPE by the architecture's rule there (llama rotates

@@ -165,8 +165,12 @@ def add_tokenizer(writer, tokenizer: Tokenizer, vocab_size: int) -> None:
 
 def _other_stop_ids(tokenizer: Tokenizer) -> list[int]:
     """The ids besides the end of text that end a generation (an imported folder's list of eos ids,
-    `Tokenizer.stop_ids`), two at most: a GGUF file has no key for a third; else a CheckpointError."""
-    others = sorted(tokenizer.stop_ids - {tokenizer.eot_id})
+    `Tokenizer.stop_ids`), two at most: a GGUF file has no key for a third; else a CheckpointError.
+    In eot, eom order: a token named for the end of a message (Llama 3.1's <|eom_id|>) goes last."""
+    def order(id: int) -> tuple[bool, int]:
+        return "eom" in (tokenizer.token(id) or ""), id
+
+    others = sorted(tokenizer.stop_ids - {tokenizer.eot_id}, key=order)
     if len(others) > 2:
         ids = ", ".join(str(i) for i in sorted(tokenizer.stop_ids))
         raise CheckpointError(f"tokenizer: {len(others) + 1} tokens end generation (ids {ids}): a GGUF "
