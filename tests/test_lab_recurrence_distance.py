@@ -4,6 +4,7 @@ import argparse
 import math
 import re
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -759,6 +760,36 @@ def test_lab_distance_writes_its_table_and_figure(trained_run, tmp_path):
     assert "first copy" in table and "recall" in table
     assert "\npooled over the 14 gaps: mean benefit " in table  # context 32 less two strings of 3: d 0..27
     assert (out / "distance.png").stat().st_size > 0 and any((out / "key_value").iterdir())
+
+
+@pytest.mark.parametrize("given_out", [True, False], ids=["out", "new-folder"])
+def test_a_lab_stopped_by_ctrl_c_says_what_its_folder_holds_and_how_to_run_it_again(
+        trained_run, tmp_path, monkeypatch, capsys, given_out):
+    # It said "interrupted" alone, and a rerun into that --out was refused until --force.
+    from tests.conftest import CORPUS
+    from tinyattn.cli.lab import main
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(recurrence, "train_and_measure", stop)
+    monkeypatch.setattr(distance, "train_recall", stop)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS * 4, encoding="utf-8")
+    labs = {"recurrence": ["--config", str(ROOT / "configs" / "tiny.yaml"), "--seconds", "0.5", "--contexts",
+                           "8", "--set", f"data.files={corpus}", "data.url=null", "data.sha256=null",
+                           f"data.cache_dir={tmp_path / 'cache'}", "train.batch_size=4"],
+            "distance": ["--checkpoint", str(trained_run.run_dir), "--pairs", "4", "--string-length", "3"]}
+    for lab, arguments in labs.items():
+        out = tmp_path / f"{lab} out"
+        assert main([lab, *arguments, *(["--out", str(out)] if given_out else [])]) == 130
+        if not given_out:
+            [out] = Path("checkpoints", "lab").glob(f"{lab}-*")  # as the user's folder names it
+        again = (f"run it again with --out '{out}' --force to start over" if given_out
+                 else "run it again to start over in a new folder")
+        last = capsys.readouterr().err.splitlines()[-1]
+        assert last == f"lab {lab} stopped before its table; {out} holds what it measured so far; {again}"
 
 
 @pytest.mark.parametrize("flag, value", [("--seed", "-1"), ("--seed", str(2**64)), ("--seed", str(2**63)),

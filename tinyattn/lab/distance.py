@@ -54,6 +54,7 @@ from tinyattn.lab.outputs import (
     experiment_folder,
     machine_line,
     save_report,
+    stopped_midway,
     tensorboard_writer,
     use_threads,
 )
@@ -120,8 +121,9 @@ def run(args: argparse.Namespace) -> int:
     probe = repeat_probe(model, string_tokens=ordinary_tokens(tokenizer), text=text,
                          length=args.string_length, distances=distances, rng=rng, start=start)
     folder = experiment_folder(args.out, "distance")
-    recall = train_recall(pairs=args.pairs, steps=args.recall_steps, seed=args.seed, device=device,
-                          writer_folder=folder)
+    with stopped_midway("distance", folder, args.out):
+        recall = train_recall(pairs=args.pairs, steps=args.recall_steps, seed=args.seed, device=device,
+                              writer_folder=folder)
     machine = machine_line(device, "fp32")
     save_figure(probe, recall, folder / "distance.png", length=args.string_length)
     text_report = report(probe, recall, loaded.label, machine, args,

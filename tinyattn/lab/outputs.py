@@ -1,7 +1,8 @@
 """Where a lab experiment puts what it measured: one folder with a table, a figure and TensorBoard.
 
 `experiment_folder(out, name)` is the run folder (`<out>`, or a new `checkpoints/lab/<name>-<date>-<time>`);
-`clear_earlier_lab` refuses an `--out` holding an earlier run of the lab (or removes it, with --force);
+`clear_earlier_lab` refuses an `--out` holding an earlier run of the lab (or removes it, with --force),
+and `stopped_midway` says what a lab stopped by Ctrl-C left there and how to run it again;
 `save_report` writes the table as `<name>.txt` and prints it; `tensorboard_writer(folder, part)`
 gives each trained model its own sub-folder, so `tensorboard --logdir <folder>` shows their
 curves side by side; `machine_line` names what the numbers were measured on; `--threads` sets torch's
@@ -13,13 +14,15 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Optional, Union
+from typing import Iterable, Iterator, Optional, Union
 
 import torch
 
 from tinyattn.errors import TinyattnError
 from tinyattn.system.cpu import cpu_name
+from tinyattn.system.invocation import quoted
 from tinyattn.system.storage import atomic_write, check_writable
 from tinyattn.system.timing import process_age
 from tinyattn.train.run_folder import unique_run_dir
@@ -53,6 +56,21 @@ def clear_earlier_lab(out: Union[str, Path, None], names: Iterable[str], force: 
                             "or choose another --out")
     for path in earlier:  # a link is removed, never what it points to
         shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+
+
+@contextmanager
+def stopped_midway(lab: str, folder: Path, out: Optional[str]) -> Iterator[None]:
+    """Ctrl-C (or SIGTERM) while the lab measures into `folder`: its last line says that the folder holds
+    a part of the runs and no table, and how to run the lab again (into that --out only with --force,
+    which `clear_earlier_lab` asks for; without --out a new folder), where it said only "interrupted".
+    The exit status stays a stop's, 130 (`cli.run_command`)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        again = (f"run it again with --out {quoted(folder)} --force to start over" if out is not None
+                 else "run it again to start over in a new folder")
+        raise KeyboardInterrupt(f"lab {lab} stopped before its table; {folder} holds what it measured "
+                                f"so far; {again}") from None
 
 
 def _holds_something(path: Path) -> bool:

@@ -54,6 +54,7 @@ from tinyattn.lab.outputs import (
     experiment_folder,
     machine_line,
     save_report,
+    stopped_midway,
     tensorboard_writer,
     use_threads,
 )
@@ -135,16 +136,17 @@ def run(args: argparse.Namespace) -> int:
     clear_earlier_lab(args.out, OUTPUTS, args.force)  # before the speed and the training
     folder = experiment_folder(args.out, "recurrence")
     tokens_per_step = training_step_tokens(config)
-    for c in contenders:
-        # The training context too, where the table does not ask for it: its speed sets the
-        # schedule of the loss comparison (`train_and_measure`).
-        for context in dict.fromkeys([*args.contexts, config.model.context_length]):
-            c.speed[context] = tokens_per_second(c, config.train, data.train, context=context,
-                                                 tokens_per_step=tokens_per_step, device=device,
-                                                 precision=precision)
-    for c in contenders:
-        train_and_measure(c, config, data, seconds=args.seconds, folder=folder, device=device,
-                          precision=precision)
+    with stopped_midway("recurrence", folder, args.out):
+        for c in contenders:
+            # The training context too, where the table does not ask for it: its speed sets the
+            # schedule of the loss comparison (`train_and_measure`).
+            for context in dict.fromkeys([*args.contexts, config.model.context_length]):
+                c.speed[context] = tokens_per_second(c, config.train, data.train, context=context,
+                                                     tokens_per_step=tokens_per_step, device=device,
+                                                     precision=precision)
+        for c in contenders:
+            train_and_measure(c, config, data, seconds=args.seconds, folder=folder, device=device,
+                              precision=precision)
     save_figure(contenders, folder / "recurrence.png", contexts=args.contexts)
     text = report(contenders, config, args, machine_line(device, precision.name),
                   wall=time.perf_counter() - started)
