@@ -587,12 +587,12 @@ def test_cli_scores_the_runs_validation_split(run, capsys, split):
 
 
 def test_cli_a_text_file_too_short_to_predict_from_is_one_line_naming_it(run, tmp_path, capsys):
-    for name, text, tokens in (("empty.txt", "", 0), ("one.txt", "A", 1)):
+    for name, text, tokens in (("empty.txt", "", "0 tokens"), ("one.txt", "A", "1 token")):
         (tmp_path / name).write_text(text, encoding="utf-8")
         status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run["run_dir"]), "--text-file",
                                          str(tmp_path / name), "--no-plot")
         assert status == 2 and stdout == "", stderr
-        assert stderr == (f"error: {tmp_path / name} has {tokens} token(s); evaluation needs at least 2 "
+        assert stderr == (f"error: {tmp_path / name} has {tokens}; evaluation needs at least 2 "
                           "(one to read, one to predict)\n")
 
 

@@ -225,7 +225,7 @@ def test_a_text_with_nothing_to_predict_or_a_token_outside_the_vocabulary_is_a_o
     from tinyattn.errors import TinyattnError
 
     model = random_model()  # vocabulary 0..10
-    with pytest.raises(TinyattnError, match=r"the text has 1 token\(s\): relevance needs at least 2"):
+    with pytest.raises(TinyattnError, match=r"the text has 1 token: relevance needs at least 2"):
         compute_relevance(model, [3])
     for ids in ([1, 11], [-1, 2]):
         with pytest.raises(TinyattnError, match=r"token ids must lie in 0\.\.10, the model's vocabulary"):

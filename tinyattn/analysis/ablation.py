@@ -44,7 +44,7 @@ import torch
 from tinyattn.analysis.attention_maps import visible
 from tinyattn.analysis.evaluate import token_losses
 from tinyattn.analysis.plotting import colormap, scale_up, tile
-from tinyattn.errors import TinyattnError
+from tinyattn.errors import TinyattnError, counted
 from tinyattn.model.attention import CausalSelfAttention, causal_mask
 from tinyattn.model.transformer import IGNORE_INDEX, evaluation_mode
 
@@ -138,7 +138,7 @@ def _windows(model, token_ids: list[int]):
 def check_text(model, token_ids: list[int]) -> None:
     """A TinyattnError unless the text has a prediction to measure and fits the vocabulary."""
     if len(token_ids) < 2:
-        raise TinyattnError(f"the text has {len(token_ids)} token(s): relevance needs at least 2 "
+        raise TinyattnError(f"the text has {counted(len(token_ids), 'token')}: relevance needs at least 2 "
                             "(one to read, one to predict)")
     vocab = model.config.vocab_size
     if max(token_ids) >= vocab or min(token_ids) < 0:

@@ -142,7 +142,7 @@ def evaluate_tokens(model, tokenizer, tokens, batch_size: int, char_level: bool,
     """
     tokens = np.asarray(tokens)
     if len(tokens) < 2:
-        raise DataError(f"{source} has {len(tokens)} token(s); evaluation needs at least 2 "
+        raise DataError(f"{source} has {counted(len(tokens), 'token')}; evaluation needs at least 2 "
                         "(one to read, one to predict)")
     context_length = model.config.context_length
     sums, windows = _position_sums(model, tokens, context_length, batch_size)
