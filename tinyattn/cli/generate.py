@@ -40,7 +40,7 @@ from tinyattn.cli.options import add_checkpoint, add_device, add_inference_dtype
 from tinyattn.config import home_path
 from tinyattn.errors import ConfigError, DataError, StorageError, parameter_count_text
 from tinyattn.system.signals import sigterm_interrupts
-from tinyattn.system.storage import BYTE_ORDER_MARK, nul_found, unicode_mark
+from tinyattn.system.storage import BYTE_ORDER_MARK, byte_order_advice, nul_found
 
 DESCRIPTION = """\
 Generate text from a trained tinyattn checkpoint, streamed to stdout as it is produced.
@@ -310,17 +310,19 @@ class StreamPrinter:
 def _check_stdin(args: argparse.Namespace) -> None:
     """A prompt to read from stdin where the process has none (`<&-`, a service's closed stdin):
     one line, before the model loads."""
-    if sys.stdin is not None:
-        return
-    if args.interactive:
-        given = "--interactive"
-    elif args.stdin == "-" or args.prompt_file == "-":
-        given = "-" if args.stdin == "-" else "--prompt-file -"
-    else:
+    given = "--interactive" if args.interactive else _stdin_prompt_flag(args)
+    if sys.stdin is not None or given is None:
         return
     what = "prompts" if args.interactive else "the prompt"
     raise DataError(f"{given} reads {what} from stdin, which is closed; give the prompt with --prompt TEXT "
                     "or --prompt-file FILE")
+
+
+def _stdin_prompt_flag(args: argparse.Namespace) -> Optional[str]:
+    """How the prompt was asked for from stdin, "-" or "--prompt-file -"; None: not from stdin."""
+    if args.stdin == "-":
+        return "-"
+    return "--prompt-file -" if args.prompt_file == "-" else None
 
 
 def read_prompt(args: argparse.Namespace) -> Optional[str]:
@@ -329,7 +331,7 @@ def read_prompt(args: argparse.Namespace) -> Optional[str]:
 
     if args.prompt is not None:
         return args.prompt
-    if args.stdin == "-" or args.prompt_file == "-":
+    if _stdin_prompt_flag(args) is not None:
         buffer = getattr(sys.stdin, "buffer", None)  # none where stdin is already text (a test's StringIO)
         text = read_stdin(sys.stdin.read if buffer is None else buffer.read)
         refuse_nul(text, "stdin", "prompt")  # as read_text refuses it in a file: UTF-16 read as UTF-8
@@ -349,9 +351,8 @@ def read_stdin(read) -> str:
         data = read()
         text = data.decode(encoding) if isinstance(data, bytes) else data
     except UnicodeDecodeError as e:
-        mark = unicode_mark(e.object[:4])
-        why = f": it starts with {mark}'s byte-order mark; save it as UTF-8" if mark else ""
-        raise DataError(f"stdin: the prompt is not {encoding} text ({e.reason}){why}") from None
+        raise DataError(f"stdin: the prompt is not {encoding} text ({e.reason}){byte_order_advice(e.object)}"
+                        ) from None
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 

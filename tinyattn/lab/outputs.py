@@ -60,7 +60,7 @@ def clear_earlier_lab(out: Union[str, Path, None], names: Iterable[str], force: 
 
 @contextmanager
 def stopped_midway(lab: str, folder: Path, out: Optional[str]) -> Iterator[None]:
-    """Ctrl-C (or SIGTERM) while the lab measures into `folder`: its last line says that the folder holds
+    """Ctrl-C while the lab measures into `folder`: its last line says that the folder holds
     a part of the runs and no table, and how to run the lab again (into that --out only with --force,
     which `clear_earlier_lab` asks for; without --out a new folder), where it said only "interrupted".
     The exit status stays a stop's, 130 (`cli.run_command`)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from tinyattn.config import SampleConfig, check_sampling
 from tinyattn.errors import counted
@@ -84,6 +84,12 @@ class CompletionRequest(BaseModel):
     frequency_penalty: Optional[float] = None
     presence_penalty: Optional[float] = None
     logit_bias: Optional[dict[str, float]] = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _zeros_bias_nothing(cls, biases: Optional[dict[str, float]]) -> Optional[dict[str, float]]:
+        """OpenAI's neutral bias, 0 for some tokens (a client's map set back to zeros), biases none: {}."""
+        return {} if biases and all(bias == 0 for bias in biases.values()) else biases
 
 
 OFF_VALUES = {"echo": (None, False), "logprobs": (None,), "suffix": (None, ""),
@@ -223,10 +229,7 @@ def _stop_of(request: CompletionRequest, limits: Limits) -> tuple[str, ...]:
 
 def _refuse_unsupported(request: CompletionRequest, n: int) -> None:
     for name, off in OFF_VALUES.items():
-        value = getattr(request, name)
-        if name == "logit_bias" and value and all(bias == 0 for bias in value.values()):
-            value = {}  # OpenAI's neutral bias for some tokens: biases none, as {} does
-        if value not in off:
+        if getattr(request, name) not in off:
             raise ApiError(f"{name} is not supported by tinyattn serve (send it unset)", param=name,
                            code="unsupported_parameter")
     if request.best_of not in (None, n):

@@ -240,14 +240,20 @@ def read_text(path: str | Path, what: str, error: type[TinyattnError] = DataErro
     except FileNotFoundError:
         raise error(f"{path}: {what} not found") from None
     except UnicodeDecodeError as e:
-        mark = unicode_mark(e.object[:4])
-        why = f": it starts with {mark}'s byte-order mark; save it as UTF-8" if mark else ""
-        raise error(f"{path}: the {what} is not UTF-8 text (byte {e.start}){why}") from None
+        raise error(f"{path}: the {what} is not UTF-8 text (byte {e.start}){byte_order_advice(e.object)}"
+                    ) from None
     except OSError as e:  # a folder, no permission, ...
         raise error(f"{path}: cannot read the {what} ({e.strerror or e})") from None
     if "\0" in text:
         refuse_nul(Path(path).read_bytes(), str(path), what, error)
     return text
+
+
+def byte_order_advice(data: bytes) -> str:
+    """": it starts with UTF-16's byte-order mark; save it as UTF-8" where `data`, a text that is not
+    UTF-8, begins with one (`unicode_mark`); else "": the end of a message saying so."""
+    mark = unicode_mark(data[:4])
+    return f": it starts with {mark}'s byte-order mark; save it as UTF-8" if mark else ""
 
 
 def unicode_mark(start: bytes) -> Optional[str]:
