@@ -108,6 +108,26 @@ def test_random_states_kept_in_a_checkpoint_put_every_generator_back():
     assert [draws() for _ in range(3)] == expected
 
 
+def test_pythons_random_state_is_kept_as_one_tensor_not_625_pickled_numbers():
+    """Pickled as a tuple, the Mersenne Twister's words were most of a small checkpoint's save and
+    load time (docs/BENCHMARKS.md "The suite's time")."""
+    python = random_states()["python"]
+    assert isinstance(python["keys"], torch.Tensor) and python["keys"].shape == (625,)
+
+
+def test_a_checkpoint_that_kept_pythons_random_state_as_a_tuple_still_puts_it_back():
+    """Checkpoints written before 2026-12-07 kept random.getstate() as it is."""
+    seed_everything(8)
+    states = random_states()
+    states["python"] = random.getstate()
+    buffer = io.BytesIO()
+    torch.save(states, buffer)
+    expected = [draws() for _ in range(3)]
+    buffer.seek(0)
+    set_random_states(torch.load(buffer, weights_only=True))
+    assert [draws() for _ in range(3)] == expected
+
+
 def test_the_main_process_is_global_rank_0_not_each_nodes_first():
     """Only one process of a multi-node run writes the run folder: rank 0, not every node's local rank 0."""
     from tinyattn.system.distributed import Distributed

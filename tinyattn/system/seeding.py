@@ -37,8 +37,12 @@ def random_states(device: Optional[torch.device] = None) -> dict:
     their draws at each step (`rank_seed`). Not every GPU's: a machine with fewer could not take
     them back, and rank 0's process holds the other GPUs' generators as seeded, not as drawn."""
     numpy_state = np.random.get_state()
+    python_version, python_keys, gauss_next = random.getstate()
     states = {
-        "python": random.getstate(),
+        # The Mersenne Twister's 625 words as one tensor: as a tuple, every checkpoint's save and
+        # load pickled each word as an object of its own (a large share of a small model's load)
+        "python": {"version": python_version, "keys": torch.tensor(python_keys, dtype=torch.int64),
+                   "gauss_next": gauss_next},
         "numpy": {"name": numpy_state[0], "keys": torch.from_numpy(numpy_state[1].astype(np.int64)),
                   "pos": int(numpy_state[2]), "has_gauss": int(numpy_state[3]),
                   "cached_gaussian": float(numpy_state[4])},
@@ -51,7 +55,11 @@ def random_states(device: Optional[torch.device] = None) -> dict:
 
 def set_random_states(states: dict, device: Optional[torch.device] = None) -> None:
     """`random_states`' states back; CUDA's into the generator of `device` (None: the current GPU)."""
-    random.setstate(_as_tuple(states["python"]))
+    python = states["python"]
+    if isinstance(python, dict):
+        random.setstate((python["version"], tuple(python["keys"].tolist()), python["gauss_next"]))
+    else:  # written before 2026-12-07: the tuple random.getstate() gives (lists once loaded)
+        random.setstate(_as_tuple(python))
     n = states["numpy"]
     np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
                          n["cached_gaussian"]))
