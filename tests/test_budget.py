@@ -678,7 +678,10 @@ def test_a_run_of_fixed_steps_takes_the_entries_for_the_passes_its_steps_make(
     (0.125, 2, {"decay_by_passes": {0.125: 0.3}}, "0.125"),  # at one that rounds to even below it
     (4.25, 1, {"decay_by_passes": {3.5: 0.2, 4.25: 0.3, 6: 0.5}}, "4.25"),  # the main config's, at 4.25
     (0.47, 1, {"decay_by_passes": {0.46: 0.1}, "floor_by_passes": {0.5: 0.5}}, "0.47"),  # neither way
-    (0.73, 1, {}, "0.7")])
+    (0.73, 1, {}, "0.7"),
+    (0.0034, 1, {}, "0.003"),  # a vast corpus under a short budget: not "0.0"
+    (0.04, 1, {}, "0.04"),
+    (0.0, 1, {}, "0.0")])
 def test_a_count_of_passes_is_shown_on_the_side_of_each_entry_that_the_count_is(passes, digits, tables, shown):
     """The count a line shows reads as the tables read the count: an entry it reaches is reached by
     the number shown, and one it falls short of is not, whichever way rounding would go."""

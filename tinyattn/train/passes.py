@@ -57,12 +57,15 @@ def shown_passes(passes: float, digits: int, tables: "PassTables") -> str:
     tables as the count itself: rounded down where rounding would reach an entry the count falls
     short of, and with more decimals where the shown count would fall below an entry the count
     reaches (one with more decimals than the line shows, or one the count is exactly at that
-    rounds to even below it) or entries closer together than the line's decimals leave no count."""
+    rounds to even below it) or entries closer together than the line's decimals leave no count.
+    A count above zero never reads as none: a vast corpus under a short budget shows its first
+    digit ("about 0.003 passes", not "about 0.0")."""
     entries = {key for table in tables.by_name.values() for key in table}
     for places in range(digits, digits + 4):
         for value in (passes, math.floor(passes * 10 ** places) / 10 ** places):
             text = f"{value:.{places}f}"
-            if all((passes >= key) == (float(text) >= key) for key in entries):
+            if all((passes >= key) == (float(text) >= key) for key in entries) and \
+                    (passes > 0) == (float(text) > 0):
                 return text
     return str(passes)  # exact
 
