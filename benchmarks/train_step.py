@@ -37,7 +37,7 @@ def one_process(config_path: str, overrides: list[str], steps: int, warmup: int)
 
     config = load_config(config_path, overrides)
     device = select_device(config.train.device)
-    precision = select_precision(config.train.precision, device)
+    precision = select_precision(config.train.precision, device, "train.precision")
     if config.model.vocab_size is None:
         config.model.vocab_size = 65  # the character vocabulary of the main corpus
     tokens = random_tokens(config.model.vocab_size)
@@ -91,7 +91,7 @@ def _runs_here(config, where: str) -> None:
     try:
         device = select_device(config.train.device)
         if config.train.precision != "auto":  # auto asks the GPU itself: left to the child process
-            select_precision(config.train.precision, device)
+            select_precision(config.train.precision, device, "train.precision")
     except ConfigError as e:
         raise ConfigError(f"{where}: {e}") from None
 

@@ -1191,6 +1191,14 @@ def test_cli_streams_flushing_every_piece(run_dir, monkeypatch):
     assert all(events[i + 1][0] == "flush" for i, (kind, _) in enumerate(events) if kind == "write")
 
 
+def test_cli_fp16_on_the_cpu_is_refused_in_one_line_naming_dtype(run_dir, capsys):
+    # It named "precision", a word generate has no option for.
+    status, out, err = run_main(["--checkpoint", str(run_dir), "--prompt", "All:", "--dtype", "fp16",
+                                 "--device", "cpu"], capsys)
+    assert status == 2 and out == ""
+    assert err == "error: --dtype 'fp16' is not supported on the CPU; use bf16 or fp32\n"
+
+
 def test_cli_names_a_small_models_parameter_count_exactly(run_dir, capsys):
     # The tests' 35,200-parameter model was announced as "0.04M parameters", 14% off its count.
     count = load_model(run_dir).model.num_parameters()

@@ -4,6 +4,7 @@ restored whole, the peak measurement leaves the random state alone."""
 import io
 import random
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -95,6 +96,18 @@ def test_seed_everything_seeds_python_numpy_and_torch():
     assert draws() == first
     seed_everything(6)
     assert all(a != b for a, b in zip(draws(), first))
+
+
+def test_training_in_fp16_on_the_cpu_is_refused_naming_train_precision(shakespeare_head, tmp_path):
+    from tests.conftest import local_corpus
+    from tinyattn.config import load_config
+    from tinyattn.train.loop import train
+
+    config = load_config(Path(__file__).parents[1] / "configs" / "tiny.yaml",
+                         [*local_corpus(shakespeare_head, tmp_path), "train.precision=fp16", "train.device=cpu"])
+    with pytest.raises(ConfigError, match=r"^train\.precision 'fp16' is not supported on the CPU; use bf16 or fp32$"):
+        train(config, run_name="fp16", progress=False)
+    assert not (tmp_path / "fp16").exists()
 
 
 def test_random_states_kept_in_a_checkpoint_put_every_generator_back():

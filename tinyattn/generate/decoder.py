@@ -488,7 +488,7 @@ def inference_dtype(name: str, device: torch.device) -> torch.dtype:
     CPU bf16 also decodes faster at batch 1, where each token reads every weight once and
     bf16 weights are half the bytes (benchmarks/decode.py).
     """
-    return select_precision(name, device).autocast_dtype or torch.float32
+    return select_precision(name, device, "--dtype").autocast_dtype or torch.float32
 
 
 def row_weight_dtype(name: str, dtype: torch.dtype, device: torch.device) -> Optional[torch.dtype]:

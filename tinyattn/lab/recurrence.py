@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     check_positive(args)
     check_causal(config)
     device = select_device(args.device or config.train.device)
-    precision = select_precision(args.precision, device)
+    precision = select_precision(args.precision, device, "--precision")
     data = prepare_data(config, progress=False)
     config.model.vocab_size = config.model.vocab_size or data.tokenizer.vocab_size
     contenders = contenders_for(config, args.lstm_layers, device, precision)

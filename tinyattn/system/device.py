@@ -62,7 +62,9 @@ class Precision:
         return torch.autocast(device_type=device.type, dtype=self.autocast_dtype)
 
 
-def select_precision(name: str, device: torch.device) -> Precision:
+def select_precision(name: str, device: torch.device, setting: str = "precision") -> Precision:
+    """`name` ("auto", "fp32", "bf16" or "fp16") on `device`; `setting`: what the user set it with
+    (train.precision, --dtype), which a refusal names."""
     if name == "auto":
         if device.type == "cuda":
             name = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
@@ -71,9 +73,9 @@ def select_precision(name: str, device: torch.device) -> Precision:
         else:
             name = "fp32"
     if name not in DTYPES:
-        raise ConfigError(f"precision {name!r} is not accepted; expected one of {', '.join(PRECISIONS)}")
+        raise ConfigError(f"{setting} {name!r} is not accepted; expected one of {', '.join(PRECISIONS)}")
     if name == "fp16" and device.type == "cpu":
-        raise ConfigError("precision 'fp16' is not supported on the CPU; use bf16 or fp32")
+        raise ConfigError(f"{setting} 'fp16' is not supported on the CPU; use bf16 or fp32")
     dtype = None if name == "fp32" else DTYPES[name]
     return Precision(name, dtype, use_grad_scaler=(name == "fp16"))
 

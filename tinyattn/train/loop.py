@@ -246,7 +246,7 @@ def _for_precision(config: Config, device: torch.device, request: _Request,
     `request.written`; as it is without by_precision."""
     if not config.by_precision:
         return config
-    precision = select_precision(config.train.precision, device).name
+    precision = select_precision(config.train.precision, device, "train.precision").name
     config, changed = for_precision(config, precision, keep=(*request.given, *keep))
     request.notes.extend([f"precision {precision}: {' '.join(changed)} (the config's by_precision)"]
                          if changed else [])
@@ -372,7 +372,7 @@ def _checkpoint_record(fingerprint: dict, source: Optional[InitSource], point: O
 def _build(config: Config, request: _Request, *, point: Optional[ResumePoint], device: torch.device,
            dist: Distributed) -> tuple[Trainer, Evaluator, object]:
     """The data, a seeded Trainer over it and the Evaluator with train.show's hooks."""
-    precision = select_precision(config.train.precision, device)
+    precision = select_precision(config.train.precision, device, "train.precision")
     with mistake_alike(dist):  # the data's checks, alike on every rank: a mistake is rank 0's one line
         data = _checked_data(config, request, point=point, device=device, dist=dist)
     trainer = Trainer.build(config.model, config.train, data.train, device=device, precision=precision,
