@@ -432,6 +432,13 @@ def _build_char(texts: Iterator[str]) -> Tokenizer:
     return Tokenizer(backend)
 
 
+def _is_terminal(stream) -> bool:
+    try:
+        return stream is not None and stream.isatty()
+    except (AttributeError, ValueError):  # replaced by an object without it, or closed
+        return False
+
+
 class _Stopped(Exception):
     """Ends tokenizers' reading of the text after an interrupt (`_build_bpe`); nobody sees it."""
 
@@ -444,8 +451,11 @@ def _build_bpe(vocab_size: int, texts: Iterator[str], progress: bool) -> Tokeniz
     backend = tokenizers.Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     backend.decoder = decoders.ByteLevel()
+    # tokenizers draws its bars on standard output; where that is no terminal (a pipe, a log file)
+    # it wrote only their blank lines
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=[END_OF_TEXT], show_progress=progress,
+        vocab_size=vocab_size, special_tokens=[END_OF_TEXT],
+        show_progress=progress and _is_terminal(sys.stdout),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # every byte, seen or not
 
     seen_text = False
