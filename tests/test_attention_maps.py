@@ -446,7 +446,22 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
     return status, out, err
 
 
-def test_cli_writes_heatmaps_and_prints_the_query_table(run_dir, capsys):
+def draw_blank_heatmaps(monkeypatch) -> None:
+    """Each heatmap a blank figure, still written by `save_heatmaps` under its name: for CLI runs whose
+    PNGs no assertion reads. Matplotlib's tick labels are most of a CLI run's time; what the heatmaps
+    show is pinned by the tests above and by the first run of the query table's test."""
+    from tinyattn.analysis.plotting import new_figure
+
+    monkeypatch.setattr(maps_module, "layer_figure", lambda maps, layer, heads=None, dpi=maps_module.DPI:
+                        new_figure(0.1, 0.1, dpi))
+
+
+@pytest.fixture
+def blank_heatmaps(monkeypatch):
+    draw_blank_heatmaps(monkeypatch)
+
+
+def test_cli_writes_heatmaps_and_prints_the_query_table(run_dir, capsys, monkeypatch):
     context = load_config(run_dir / "config.yaml").model.context_length
     status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run_dir), "--text", SENTENCE, "--query", "was",
                                      "--device", "cpu")
@@ -462,6 +477,7 @@ def test_cli_writes_heatmaps_and_prints_the_query_table(run_dir, capsys):
                         f"kept window (token {in_text} of the text)")
     assert table[1].startswith(f"query s at position {position} (of {context} tokens)")
     assert len(table) == 3 + 8
+    draw_blank_heatmaps(monkeypatch)  # the runs below read the table alone
     # --query-position counts in the text too, as --relevance does; the cut-off start is one line.
     # It says, as --query does, which token of the text the kept window's position is.
     status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run_dir), "--text", SENTENCE,
@@ -486,7 +502,8 @@ def test_cli_writes_heatmaps_and_prints_the_query_table(run_dir, capsys):
         assert status == 2 and "cut to fit the context" in stderr and stderr.count("error:") == 1, stderr
 
 
-def test_cli_a_negative_query_position_counts_from_the_end_of_the_text(run_dir, tmp_path, capsys):
+def test_cli_a_negative_query_position_counts_from_the_end_of_the_text(run_dir, tmp_path, capsys,
+                                                                       blank_heatmaps):
     context = load_config(run_dir / "config.yaml").model.context_length
     short = SENTENCE[:20]  # 20 tokens, within the context
     # (text, options, the query's position as printed, the tokens it is among: the kept end of a long text)
@@ -504,7 +521,7 @@ def test_cli_a_negative_query_position_counts_from_the_end_of_the_text(run_dir, 
 @pytest.mark.parametrize("options", [["--query", "was"], ["--query", "was", "--relevance"]],
                          ids=["heatmaps", "relevance"])
 def test_cli_encodes_the_text_once_for_the_query_and_the_model(run_dir, tmp_path, monkeypatch, capsys,
-                                                               options):
+                                                               blank_heatmaps, options):
     import tinyattn.hf.folder as folder
 
     encoded, load = [], folder.load_any_model
@@ -523,7 +540,7 @@ def test_cli_encodes_the_text_once_for_the_query_and_the_model(run_dir, tmp_path
 
 @pytest.mark.parametrize("options", [[], ["--relevance"]], ids=["heatmaps", "relevance"])
 def test_cli_warns_of_characters_read_as_unknown_and_names_them_for_a_query_it_cannot_find(
-        run_dir, tmp_path, capsys, options):
+        run_dir, tmp_path, capsys, blank_heatmaps, options):
     text = "the student wás here"  # á: never in the run's corpus
     warning = "warning: --text: 1 character the tokenizer has never seen, read as [UNK]: 'á'\n"
     args = ("--checkpoint", str(run_dir), "--text", text, *options, "--out-dir", str(tmp_path), "--device", "cpu")
@@ -643,7 +660,8 @@ def test_cli_without_text_on_a_hugging_face_folder_says_it_records_no_probe_text
                       "(a run's config does), so there is no text to look at: give one with --text \"...\"\n")
 
 
-def test_cli_a_heatmap_it_cannot_write_is_one_line_naming_the_folder(run_dir, tmp_path, capsys):
+def test_cli_a_heatmap_it_cannot_write_is_one_line_naming_the_folder(run_dir, tmp_path, capsys,
+                                                                     blank_heatmaps):
     (tmp_path / "layer_0.png").mkdir()  # a folder where the first PNG goes: EISDIR, no storage errno
     status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run_dir), "--text", "To be", "--out-dir",
                                      str(tmp_path), "--device", "cpu")
