@@ -38,6 +38,15 @@ from tinyattn.model.transformer import IGNORE_INDEX, LanguageModel, ModelOutput
 from tinyattn.system.device import select_precision
 
 
+@pytest.fixture
+def figure_unread(monkeypatch):
+    """Each lab's figure an empty file at its path, not drawn: for runs of a lab whose figure no
+    assertion reads. What the figures show is pinned by their own tests, and the tests that run a
+    lab to check its figure is written still draw it."""
+    monkeypatch.setattr(recurrence, "save_figure", lambda contenders, path, *, contexts: path.touch())
+    monkeypatch.setattr(distance, "save_figure", lambda probe, recall, path, *, length: path.touch())
+
+
 @pytest.mark.parametrize("shape", [dict(n_layer=4, n_head=4, n_embd=192, vocab_size=65),  # the main config
                                    dict(n_layer=2, n_head=2, n_embd=32, vocab_size=20)])
 def test_lstm_parameter_count_is_within_10_percent_of_the_attention_model(shape):
@@ -647,7 +656,8 @@ def test_lab_recurrence_writes_its_table_figure_and_tensorboard_runs(tmp_path, c
     assert any((out / "attention").iterdir()) and any((out / "lstm").iterdir())
 
 
-def test_the_loss_comparisons_schedule_follows_the_speed_at_the_training_context(tmp_path, monkeypatch):
+def test_the_loss_comparisons_schedule_follows_the_speed_at_the_training_context(tmp_path, monkeypatch,
+                                                                                 figure_unread):
     # --contexts without the training context (32 in tiny.yaml): the schedule must still span the
     # steps that fit, not the 10-step floor left when that speed was never measured.
     from tests.conftest import CORPUS
@@ -659,6 +669,10 @@ def test_the_loss_comparisons_schedule_follows_the_speed_at_the_training_context
     real = recurrence.make_trainer
     monkeypatch.setattr(recurrence, "make_trainer", lambda model, train_config, *args, **kwargs: (
         schedules.append(train_config.max_steps) or real(model, train_config, *args, **kwargs)))
+    # The schedule is fixed from --seconds before a contender trains; the training itself can be short.
+    train_for = recurrence.train_for
+    monkeypatch.setattr(recurrence, "train_for", lambda trainer, contender, seconds, writer:
+                        train_for(trainer, contender, 0.05, writer))
     assert main(["recurrence", "--config", str(ROOT / "configs" / "tiny.yaml"), "--seconds", "0.5",
                  "--contexts", "8", "--out", str(tmp_path / "out"), "--set", f"data.files={corpus}",
                  "data.url=null", "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}",
@@ -1393,7 +1407,7 @@ def test_the_figures_speed_panel_shows_the_contexts_the_table_shows(tmp_path, mo
     assert lines_by_label(speed) == {"attention": drawn, "lstm": drawn}
 
 
-def test_the_wall_time_of_the_command_counts_from_the_process_start(tmp_path, monkeypatch):
+def test_the_wall_time_of_the_command_counts_from_the_process_start(tmp_path, monkeypatch, figure_unread):
     # 'wall time of the command' counted from the experiment's own start: a run the shell timed at 26 s
     # (the interpreter, torch's import and the figure) said 15 s; LAB.md's times are the whole command's.
     from tests.conftest import CORPUS
@@ -1444,7 +1458,7 @@ def test_a_lab_without_matplotlib_is_refused_in_one_line_before_it_measures(
 
 
 def test_lab_distances_wall_time_of_the_command_counts_from_the_process_start(
-        trained_run, tmp_path, monkeypatch):
+        trained_run, tmp_path, monkeypatch, figure_unread):
     # aadbe5a's clock for every lab: recurrence's test alone pinned it, distance's could go back unseen.
     from tinyattn.cli.lab import main
     from tinyattn.lab import outputs
