@@ -38,6 +38,17 @@ POSITION = 10  # the leak test changes the token at 11
 NO_MATPLOTLIB = "error: plots need matplotlib, an optional extra: pip install 'tinyattn[plot]'\n"
 
 
+@pytest.fixture
+def figure_unread(monkeypatch):
+    """Each lab's figure an empty file at its path, not drawn: for runs of a lab whose figure no
+    assertion reads. What the figures show is pinned by their own tests, and the tests that run a
+    lab to check its figure is written still draw it."""
+    from tinyattn.lab import causal, context
+
+    monkeypatch.setattr(causal, "save_figure", lambda rows, curves, path: path.touch() or path)
+    monkeypatch.setattr(context, "save_figure", lambda word, pairs, table, path: path.touch() or path)
+
+
 @pytest.mark.parametrize("attention", ["fused", "explicit"])
 def test_changing_token_t_plus_1_leaves_every_causal_output_up_to_t_exactly_equal(
         tiny_model, random_tokens, attention):
@@ -173,7 +184,7 @@ def test_a_models_row_runs_the_leak_test_at_the_position_asked(tiny_model, char_
 
 
 def test_every_rows_causal_task_loss_reads_the_windows_the_runs_own_evaluation_read(
-        trained_run, tmp_path, monkeypatch, capsys, corpus_text):
+        trained_run, tmp_path, monkeypatch, capsys, corpus_text, figure_unread):
     # With --set train.eval_windows=4 the runs evaluated 4 windows and the causal-task loss read 64:
     # the causal model's two validation columns, which must agree, read different text.
     from tests.conftest import ROOT
@@ -197,7 +208,7 @@ def test_every_rows_causal_task_loss_reads_the_windows_the_runs_own_evaluation_r
 
 
 def test_each_rows_train_and_val_loss_are_its_own_runs_last_logged_loss_and_evaluation(
-        tmp_path, monkeypatch, capsys, corpus_text):
+        tmp_path, monkeypatch, capsys, corpus_text, figure_unread):
     from tests.conftest import ROOT
     from tinyattn.cli.lab import main
     from tinyattn.lab import causal
@@ -231,7 +242,7 @@ def test_each_rows_train_and_val_loss_are_its_own_runs_last_logged_loss_and_eval
 
 
 def test_every_rows_leak_test_runs_on_the_first_window_at_the_position_asked_and_samples_after_its_start(
-        trained_run, tmp_path, monkeypatch, capsys, corpus_text):
+        trained_run, tmp_path, monkeypatch, capsys, corpus_text, figure_unread):
     from tests.conftest import ROOT
     from tinyattn.cli.lab import main
     from tinyattn.lab import causal
@@ -684,7 +695,7 @@ def test_the_table_tells_an_exact_1_from_a_similarity_just_below_it():
 
 
 def test_lab_context_names_the_token_compared_in_each_context_not_the_firsts(tiny_model, tmp_path,
-                                                                            monkeypatch):
+                                                                            monkeypatch, figure_unread):
     from tinyattn.hf import folder
 
     model, tokenizer = tiny_model(vocab_size=16), Subwords()
@@ -724,7 +735,7 @@ def test_lab_context_refuses_a_word_whose_last_token_is_unk_before_writing_anyth
 
 
 def test_lab_context_warns_of_characters_the_tokenizer_never_saw_as_generate_and_eval_do(
-        tiny_model, char_tokenizer, monkeypatch, tmp_path, capsys):
+        tiny_model, char_tokenizer, monkeypatch, tmp_path, capsys, figure_unread):
     # 'speak' is read as itself; the second context's 'é' and 'ü' are [UNK]: measured, with a warning
     # naming that context alone, in the words of the other commands' warning.
     contexts = ["First Citizen: we speak", "héllo, speak, über"]
@@ -757,7 +768,7 @@ def test_a_context_longer_than_the_models_is_one_line(tiny_model, char_tokenizer
 
 
 def test_lab_context_names_the_context_too_long_for_the_model_in_one_line(
-        tiny_model, char_tokenizer, monkeypatch, tmp_path, capsys):
+        tiny_model, char_tokenizer, monkeypatch, tmp_path, capsys, figure_unread):
     out = tmp_path / "out"
     contexts = ["All: speak", "speak, speak, and all"]  # 10 and 21 tokens: both fit the model's 24 ...
     assert _lab_context(tiny_model, char_tokenizer, monkeypatch, "speak", contexts, out) == 0
@@ -860,7 +871,8 @@ def test_lab_context_writes_and_prints_its_table_under_the_models_name(trained_r
     assert (out / "context.png").stat().st_size > 0
 
 
-def test_lab_contexts_time_counts_from_the_process_start(trained_run, tmp_path, capsys, monkeypatch):
+def test_lab_contexts_time_counts_from_the_process_start(trained_run, tmp_path, capsys, monkeypatch,
+                                                         figure_unread):
     # aadbe5a's clock for every lab ('wrote ... in N s'): only recurrence's was pinned.
     from tinyattn.lab import outputs
 
