@@ -645,7 +645,8 @@ def test_lab_recurrence_writes_its_table_figure_and_tensorboard_runs(tmp_path, c
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(CORPUS * 4, encoding="utf-8")
     out = tmp_path / "lab out"  # a space: the TensorBoard command it prints must quote it
-    assert main(["recurrence", "--config", str(ROOT / "configs" / "tiny.yaml"), "--seconds", "0.5",
+    # What it writes, not how well the models learn: a short training (at least a step) will do.
+    assert main(["recurrence", "--config", str(ROOT / "configs" / "tiny.yaml"), "--seconds", "0.1",
                  "--contexts", "8", "16", "--out", str(out), "--set", f"data.files={corpus}", "data.url=null",
                  "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}", "train.batch_size=4",
                  "train.eval_windows=4"]) == 0
