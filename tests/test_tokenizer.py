@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -534,22 +535,9 @@ def test_the_exit_after_an_interrupted_wait_waits_for_the_work_it_left_running(t
     finalized the interpreter under it, which ends such a thread mid-call: `tinyattn train` stopped by
     Ctrl-C while a BPE tokenizer trained died by a segmentation fault (exit 139) or 'FATAL: exception not
     rethrown' (134) in 5 of 11 tries. The exit now waits for the work's end."""
-    ended = tmp_path / "ended"
-    script = (
-        "import os, signal, sys, threading, time\n"
-        "from tinyattn.system.signals import interruptible\n"
-        "def work():\n"
-        "    time.sleep(1.0)  # stands in for native work that goes on after the interrupt\n"
-        f"    open({str(ended)!r}, 'w').close()\n"
-        "threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
-        "try:\n"
-        "    interruptible(work, 'work')\n"
-        "except KeyboardInterrupt:\n"
-        "    sys.exit(130)\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 130, done.stderr
-    assert ended.exists(), "the interpreter finalized while the interrupted work still ran"
+    code, err = run_interrupted(tmp_path, 1.0, note_after=0)  # the work ends once the exit waits for it
+    assert code == 130, err
+    assert (tmp_path / "ended").exists(), "the interpreter finalized while the interrupted work still ran"
 
 
 def test_interruptible_work_gives_its_result_and_its_error_to_the_waiting_thread():
@@ -564,21 +552,35 @@ def test_interruptible_work_gives_its_result_and_its_error_to_the_waiting_thread
         interruptible(work, "work")
 
 
-def run_interrupted(tmp_path, seconds: float, cancel: str = "None") -> subprocess.CompletedProcess:
-    """A process whose `interruptible(work)` Ctrl-C interrupts after 0.2 s, `seconds` before the work
-    ends (it then writes tmp_path/ended); the process exits 130 on the interrupt."""
+def run_interrupted(tmp_path, seconds: float, cancel: str = "None",
+                    note_after: Optional[float] = None) -> tuple[int, str]:
+    """The exit status and standard error of `interrupted_script`'s process, whose work ends when the exit
+    has said that it waits for it (its first line of standard error), else `seconds` after it began."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-c", interrupted_script(tmp_path, seconds, cancel)], env=env,
-                          capture_output=True, text=True, timeout=60)
+    script = interrupted_script(tmp_path, seconds, cancel, note_after)
+    process = subprocess.Popen([sys.executable, "-c", script], env=env, stdin=subprocess.PIPE,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        note = process.stderr.readline()  # the exit's note, or the end of a process that did not wait
+        process.stdin.close()  # the work ends now
+        return process.wait(timeout=60), note + process.stderr.read()
+    finally:
+        process.kill()
 
 
-def interrupted_script(tmp_path, seconds: float, cancel: str = "None") -> str:
-    """The program `run_interrupted` runs."""
+def interrupted_script(tmp_path, seconds: float, cancel: str = "None",
+                       note_after: Optional[float] = None) -> str:
+    """A process whose `interruptible(work)` Ctrl-C interrupts after 0.2 s; the work ends `seconds` after it
+    began, or sooner when its standard input closes, then writes tmp_path/ended. The process exits 130 on the
+    interrupt. note_after: the seconds its exit waits before it says so (signals.EXIT_NOTE_AFTER, unchanged
+    if None)."""
     return (
-        "import os, signal, sys, threading, time\n"
+        "import os, select, signal, sys, threading\n"
+        "import tinyattn.system.signals as signals\n"
         "from tinyattn.system.signals import interruptible\n"
+        + ("" if note_after is None else f"signals.EXIT_NOTE_AFTER = {note_after}\n") +
         "def work():\n"
-        f"    time.sleep({seconds})  # native work that goes on after the interrupt\n"
+        f"    select.select([sys.stdin], [], [], {seconds})  # native work that goes on after the interrupt\n"
         f"    open({str(tmp_path / 'ended')!r}, 'w').close()\n"
         "def broken():\n"
         "    raise RuntimeError('cancel failed')\n"
@@ -593,21 +595,22 @@ def test_an_exit_that_waits_long_for_interrupted_work_says_so(tmp_path):
     """The exit waits for the work's end (a BPE training merges what it read after Ctrl-C: seconds on
     a large corpus), which looked like a hang after the run's last line: now a note says what it waits
     for, and that a second Ctrl-C quits at once."""
-    done = run_interrupted(tmp_path, 2.5)
-    assert done.returncode == 130 and (tmp_path / "ended").exists(), done.stderr
-    assert done.stderr == ("note: waiting for the BPE tokenizer training to end before exiting (its native "
-                           "code first finishes with the text it had read: seconds, longer on a large "
-                           "corpus); Ctrl-C again quits at once\n"), done.stderr
+    code, err = run_interrupted(tmp_path, 2.5)  # the note must come before the work would end
+    assert code == 130 and (tmp_path / "ended").exists(), err
+    assert err == ("note: waiting for the BPE tokenizer training to end before exiting (its native "
+                   "code first finishes with the text it had read: seconds, longer on a large "
+                   "corpus); Ctrl-C again quits at once\n"), err
 
 
 def test_a_second_ctrl_c_while_the_exit_waits_quits_at_once_with_status_130(tmp_path):
     """The note's promise: a second Ctrl-C while the exit waits for interrupted work ends the process
     at once, unfinalized, with the interrupt's status 130 and no traceback from the wait."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen([sys.executable, "-c", interrupted_script(tmp_path, 30)], env=env,
+    script = interrupted_script(tmp_path, 30, note_after=0)
+    process = subprocess.Popen([sys.executable, "-c", script], env=env, stdin=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     try:
-        note = process.stderr.readline()  # the exit waits for the work now
+        note = process.stderr.readline()  # the exit waits for the work now (the work waits on stdin)
         start = time.monotonic()
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=30) == 130 and time.monotonic() - start < 10
@@ -620,8 +623,8 @@ def test_a_second_ctrl_c_while_the_exit_waits_quits_at_once_with_status_130(tmp_
 def test_the_exit_waits_for_interrupted_work_whose_cancel_fails(tmp_path):
     # The wait at exit was registered after cancel(): a cancel that raised left the work running
     # under an interpreter that finalized.
-    done = run_interrupted(tmp_path, 0.8, cancel="broken")
-    assert done.returncode == 130 and (tmp_path / "ended").exists(), done.stderr
+    code, err = run_interrupted(tmp_path, 0.8, cancel="broken", note_after=0)
+    assert code == 130 and (tmp_path / "ended").exists(), err
 
 
 def test_training_a_bpe_tokenizer_with_progress_writes_no_blank_lines_where_stdout_is_no_terminal(capfd):
