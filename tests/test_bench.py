@@ -297,8 +297,8 @@ def test_muon_compare_help_prints_its_options_and_measures_nothing():
                                                ("train_step", ["--variant", "model.dropuot=0.1"])])
 def test_a_benchmark_run_as_a_module_says_a_refused_argument_in_one_line_with_exit_2(module, arguments):
     # `python -m benchmarks.X`, as the docs run them: the error goes through run_command, no traceback.
-    result = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *arguments], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+    result = warm_python.run([sys.executable, "-m", f"benchmarks.{module}", *arguments], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-2000:]
     assert result.stderr.startswith(f"error: {' '.join(arguments)}") and "Traceback" not in result.stderr
 
