@@ -538,8 +538,9 @@ def path_options() -> list[tuple[str, argparse.Action]]:
         while parsers:
             command, parser = parsers.pop()
             for action in parser._actions:
-                if isinstance(action, argparse._SubParsersAction):
-                    parsers += [(f"{command} {sub}", p) for sub, p in action.choices.items()]
+                if isinstance(action, argparse._SubParsersAction):  # a lab experiment's, when asked for
+                    parsers += [(f"{command} {sub}", getattr(p, "add_options", lambda p=p: p)())
+                                for sub, p in action.choices.items()]
                 elif action.option_strings and action.metavar in PATH_METAVARS:
                     found.append((command, action))
     return found

@@ -1,7 +1,8 @@
 """`tinyattn lab EXPERIMENT`: the attention chapter's claims, each measured by one command.
 
 Each experiment is a module of `tinyattn.lab` with `add_arguments(parser)` (its own options)
-and `run(args) -> int`; this file only picks the module, imported when it is asked for.
+and `run(args) -> int`; this file only picks the module, imported when it is asked for: its
+options when its arguments are parsed (`ExperimentParser`), its run when it runs.
 docs/LAB.md shows every claim with its command, figure and numbers.
 """
 
@@ -12,7 +13,7 @@ import importlib
 from typing import Optional
 
 from tinyattn.cli import run_command
-from tinyattn.cli.options import command_parser
+from tinyattn.cli.options import CommandParser, command_parser
 
 EXPERIMENTS = {  # name: the claim it measures (tinyattn.lab.<name> runs it)
     "causal": "causal vs bidirectional attention: the mask keeps the future out (and the leak test)",
@@ -22,12 +23,31 @@ EXPERIMENTS = {  # name: the claim it measures (tinyattn.lab.<name> runs it)
 }
 
 
+class ExperimentParser(CommandParser):
+    """An experiment's parser, given its options by its module's `add_arguments` when it first parses:
+    `tinyattn lab --help` and one experiment's usage or run import no other experiment's module
+    (recurrence and distance import torch: seconds before a usage line)."""
+
+    experiment: Optional[str] = None  # the module whose options are still to be added
+
+    def add_options(self) -> ExperimentParser:
+        """This parser with its experiment's options (added once); for a reader of its actions."""
+        if self.experiment is not None:
+            name, self.experiment = self.experiment, None
+            importlib.import_module(f"tinyattn.lab.{name}").add_arguments(self)
+        return self
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.add_options()
+        return super().parse_known_args(args, namespace)
+
+
 def parser() -> argparse.ArgumentParser:
     p = command_parser("lab", __doc__.splitlines()[0], "docs/LAB.md: what each experiment shows.")
-    experiments = p.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
+    experiments = p.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT",
+                                   parser_class=ExperimentParser)
     for name, claim in EXPERIMENTS.items():
-        sub = experiments.add_parser(name, help=claim, description=claim)
-        importlib.import_module(f"tinyattn.lab.{name}").add_arguments(sub)
+        experiments.add_parser(name, help=claim, description=claim).experiment = name
     return p
 
 
