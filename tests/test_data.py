@@ -463,6 +463,9 @@ def test_bad_download_is_deleted(tmp_path, check, message):
     assert not target.exists() and not leftovers(tmp_path) and not trusted_caches(tmp_path)
 
 
+SERVER_POLL = 0.01  # seconds between serve_forever's checks for shutdown(), which waits for one
+
+
 def test_download_over_http_and_a_missing_url(tmp_path):
     served = tmp_path / "served"
     served.mkdir()
@@ -470,7 +473,7 @@ def test_download_over_http_and_a_missing_url(tmp_path):
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
     handler.log_message = lambda *args: None
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(SERVER_POLL,), daemon=True).start()
     try:
         base = f"http://127.0.0.1:{server.server_address[1]}"
         target = tmp_path / "data" / "corpus.txt"
@@ -499,7 +502,7 @@ def test_a_download_cut_short_without_a_checksum_is_deleted(tmp_path):
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), CutShort)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(SERVER_POLL,), daemon=True).start()
     try:
         target = tmp_path / "data" / "corpus.txt"
         url = f"http://127.0.0.1:{server.server_address[1]}/corpus.txt"
