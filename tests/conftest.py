@@ -108,6 +108,20 @@ CORPUS = (("The book that the student borrowed from the library was fascinating.
              "First Citizen:\nYou are all resolved rather to die than to famish?\n\n") * 12)
 
 
+@pytest.fixture
+def no_fsync(monkeypatch):
+    """os.fsync does nothing during the test: files and renames reach the page cache, not the disk.
+
+    For the files that train a run in process (each run fsyncs every file it writes and the folder
+    of each rename, milliseconds apiece on a real disk): what an fsync adds shows only after a power
+    loss or a kernel crash, which no test here makes. A killed process loses nothing the page cache
+    holds, so the tests of kills and cut-short saves see the same files. test_run_folder pins that a
+    write is fsynced before its rename and the folder after it; the real processes a test starts
+    (warm_python's forks, torchrun's ranks) fsync as ever.
+    """
+    monkeypatch.setattr(os, "fsync", lambda fd: None)
+
+
 @pytest.fixture(scope="session")
 def corpus_text() -> str:
     return CORPUS

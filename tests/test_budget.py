@@ -32,6 +32,9 @@ from tinyattn.train.trainer import Trainer
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
 
+# The runs trained here in process write to the page cache alone (conftest.no_fsync says why).
+pytestmark = pytest.mark.usefixtures("no_fsync")
+
 
 @pytest.fixture(scope="module")
 def corpus(shakespeare_head) -> Path:

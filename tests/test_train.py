@@ -31,6 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 TINY = ROOT / "configs" / "tiny.yaml"  # evaluates the validation loss only (train.show: [])
 
+# The runs trained here in process write to the page cache alone (conftest.no_fsync says why).
+pytestmark = pytest.mark.usefixtures("no_fsync")
+
 
 @pytest.fixture(scope="module")
 def corpus(shakespeare_head) -> Path:
