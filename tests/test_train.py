@@ -209,12 +209,24 @@ def hparams_sessions(run: Path) -> list[dict]:
     return sessions
 
 
+def opened_a_second_earlier(run: Path) -> None:
+    """Renames the TensorBoard event files in `run` as if their session had opened them a second earlier.
+
+    Event files are named by the second they open in, then by a counter of this process's writers
+    (a count of more digits can sort first), and TensorBoard reads a folder's files in name order. A later
+    session, in a process of its own, opens its file in a later second; this process's next session
+    opens its own in this second or a later one, so it sorts after these as a real one would, without
+    waiting for the clock's second to change."""
+    for path in run.glob("events.out.tfevents.*"):
+        words = path.name.split(".")  # events, out, tfevents, the second, host, pid, counter
+        words[3] = f"{int(words[3]) - 1:0{len(words[3])}d}"
+        os.rename(path, path.with_name(".".join(words)))
+
+
 def test_a_resumed_run_keeps_one_hparams_session(corpus, tmp_path):
 
     train(tiny_config(corpus, tmp_path), run_name="tb", progress=False, stop_at_step=10)
-    stopped_second = int(time.time())
-    while int(time.time()) == stopped_second:  # event files are named by the second they open in (then by
-        time.sleep(0.05)  # a counter of this process's writers, where ".10" sorts before ".9")
+    opened_a_second_earlier(tmp_path / "tb")
     train(tiny_config(corpus, tmp_path), run_name="tb", resume=True, progress=False)
     assert len(hparams_sessions(tmp_path / "tb")) == 1
     assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 2  # both runs wrote curves
@@ -245,9 +257,7 @@ def test_a_run_resumed_after_a_kill_holds_each_step_once_in_tensorboard(corpus, 
     items = ("train.max_steps=9", "train.eval_interval=3", "train.log_interval=1")
     killed_at_the_save_of_step_9(monkeypatch, tiny_config(corpus, tmp_path, *items), "k9")
     assert ckpt.latest_checkpoint(tmp_path / "k9").name == ckpt.step_filename(6)
-    killed_second = int(time.time())
-    while int(time.time()) == killed_second:  # event files are named by the second they open in
-        time.sleep(0.05)
+    opened_a_second_earlier(tmp_path / "k9")
     resumed_at = time.time()
     train(tiny_config(corpus, tmp_path, *items), run_name="k9", resume=True, progress=False)
     events = EventAccumulator(str(tmp_path / "k9")).Reload()
@@ -295,9 +305,7 @@ def test_a_run_trained_again_where_an_attempt_died_before_its_first_checkpoint_s
             train(tiny_config(corpus, tmp_path, *items, "train.lr=1e-3", "train.min_lr=1e-4"), run_name="d",
                   progress=False)
     assert ckpt.latest_checkpoint(tmp_path / "d") is None
-    died_second = int(time.time())
-    while int(time.time()) == died_second:  # event files are named by the second they open in
-        time.sleep(0.05)
+    opened_a_second_earlier(tmp_path / "d")
     started = time.time()
     capsys.readouterr()
     train(tiny_config(corpus, tmp_path, *items), run_name="d", progress=False, stop_at_step=3)
@@ -325,9 +333,7 @@ def test_an_earlier_attempts_events_that_cannot_move_are_hidden_from_the_new_run
     train(tiny_config(corpus, tmp_path, *items), run_name="h", progress=False)
     for path in (tmp_path / "h").glob("*.pt"):
         path.unlink()
-    second = int(time.time())
-    while int(time.time()) == second:  # event files are named by the second they open in
-        time.sleep(0.05)
+    opened_a_second_earlier(tmp_path / "h")
 
     def refused(self, target):
         raise PermissionError(13, "in use", str(self))
