@@ -224,24 +224,25 @@ def opened_a_second_earlier(run: Path) -> None:
 
 
 def test_a_resumed_run_keeps_one_hparams_session(corpus, tmp_path):
-
-    train(tiny_config(corpus, tmp_path), run_name="tb", progress=False, stop_at_step=10)
+    items = ("train.max_steps=4", "train.eval_interval=2")
+    train(tiny_config(corpus, tmp_path, *items), run_name="tb", progress=False, stop_at_step=2)
     opened_a_second_earlier(tmp_path / "tb")
-    train(tiny_config(corpus, tmp_path), run_name="tb", resume=True, progress=False)
+    train(tiny_config(corpus, tmp_path, *items), run_name="tb", resume=True, progress=False)
     assert len(hparams_sessions(tmp_path / "tb")) == 1
     assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 2  # both runs wrote curves
     # Each session's config (a resume's may be edited) at the step it starts from
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0}).Reload()
-    assert [event.step for event in events.Tensors("config/text_summary")] == [0, 10]
+    assert [event.step for event in events.Tensors("config/text_summary")] == [0, 2]
 
 
 def test_a_forked_run_has_its_own_hparams_session_and_keeps_it_when_resumed(corpus, tmp_path):
-    train(tiny_config(corpus, tmp_path), run_name="tb", progress=False, stop_at_step=10)
-    forked = tiny_config(corpus, tmp_path, "train.lr=1e-3")
-    train(forked, run_name="fork", resume=tmp_path / "tb" / ckpt.step_filename(10), progress=False,
-          stop_at_step=15)
+    items = ("train.max_steps=6", "train.eval_interval=2")
+    train(tiny_config(corpus, tmp_path, *items), run_name="tb", progress=False, stop_at_step=2)
+    forked = tiny_config(corpus, tmp_path, *items, "train.lr=1e-3")
+    train(forked, run_name="fork", resume=tmp_path / "tb" / ckpt.step_filename(2), progress=False,
+          stop_at_step=4)
     train(forked, run_name="fork", resume=True, progress=False)  # in its own folder: no second session
     assert [session["train.lr"] for session in hparams_sessions(tmp_path / "fork")] == [pytest.approx(1e-3)]
     assert [session["train.lr"] for session in hparams_sessions(tmp_path / "tb")] == [pytest.approx(2e-3)]
