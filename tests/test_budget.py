@@ -508,13 +508,13 @@ def test_the_budget_gives_a_faster_machine_more_dropout_and_a_resume_keeps_it(
     clock.now, seen[:], weights_seen[:] = 0.0, [], []
     point = ResumePoint.find(ckpt.latest_checkpoint(first.run_dir), "with_config", tmp_path)
     resumed = train(budget_config(corpus, tmp_path, "100s", *table, "train.log_interval=50"), resume=point,
-                    run_name="with_config", progress=False, clock=clock)
-    assert resumed.step > 100 and set(seen) == {chosen} and set(weights_seen) == {0.0}
+                    run_name="with_config", progress=False, clock=clock, stop_at_step=120)
+    assert resumed.step == 120 and set(seen) == {chosen} and set(weights_seen) == {0.0}
 
     clock.now, seen[:], weights_seen[:] = 0.0, [], []  # resumed as the run's last line says: --resume RUN_DIR
     point = ResumePoint.find(first.run_dir, None, tmp_path)
-    resumed = train(point.edited_config(), resume=point, progress=False, clock=clock)
-    assert resumed.step > 100 and set(seen) == {chosen} and set(weights_seen) == {0.0}
+    resumed = train(point.edited_config(), resume=point, progress=False, clock=clock, stop_at_step=120)
+    assert resumed.step == 120 and set(seen) == {chosen} and set(weights_seen) == {0.0}
 
 
 @pytest.mark.parametrize("dropouts, chosen, decay, step, choices", [
