@@ -71,11 +71,19 @@ def server(loaded):
         yield running
 
 
-@pytest.fixture
-def client(server):
+def openai_client(base_url: str, **options):
+    """The official client of the plain-HTTP server at `base_url`, on the httpx client it makes for
+    itself (openai's DefaultHttpxClient) but for the certificate bundle, which only an https URL reads:
+    loading it was most of a client's start-up."""
     import openai
 
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    return openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0,
+                         http_client=openai.DefaultHttpxClient(verify=False), **options)
+
+
+@pytest.fixture
+def client(server):
+    return openai_client(f"{server.url}/v1", timeout=60)
 
 
 def worker(server):
@@ -229,8 +237,6 @@ def test_the_command_serves_until_ctrl_c_or_sigterm_and_then_exits_cleanly(loade
     import signal
     import subprocess
 
-    import openai
-
     run = loaded.path.parent
     command = [sys.executable, "-m", "tinyattn", "serve", "--checkpoint", str(run), "--port", "0",
                "--dtype", "fp32"]  # packed fp32 weights: the same draws as the test's unpacked fp32 model
@@ -240,7 +246,7 @@ def test_the_command_serves_until_ctrl_c_or_sigterm_and_then_exits_cleanly(loade
         found = re.search(r"serving 'tiny-serve', .* at http://127\.0\.0\.1:(\d+) ", line)
         assert found, line + server.stderr.read()
         url = f"http://127.0.0.1:{found.group(1)}/v1"
-        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
+        client = openai_client(url)
         done = client.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=20, temperature=1.0,
                                          seed=7)
         assert done.choices[0].text == reference(loaded, max_new_tokens=20, temperature=1.0, seed=7)
@@ -676,12 +682,10 @@ def test_the_openapi_document_names_each_operation_once_and_warns_of_nothing(loa
 
 @pytest.mark.slow
 def test_two_clients_at_once_stream_side_by_side_and_each_gets_its_own_text(server, loaded):
-    import openai
-
     wait_while(lambda: worker(server).load["active"], 30, 0.02)  # an earlier test's job may still be ending
     turns_before = worker(server).stats.turns
-    first = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-    second = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    first = openai_client(f"{server.url}/v1")
+    second = openai_client(f"{server.url}/v1")
     long = first.completions.create(model="tiny-serve", prompt=PROMPT, max_tokens=600, temperature=0,
                                     stream=True)
     pieces = [next(iter(long)).choices[0].text]  # the long one is decoding ...
