@@ -569,13 +569,17 @@ def test_a_client_gone_before_its_body_was_sent_leaves_no_traceback_in_the_serve
     handler = logging.Handler(level=logging.WARNING)
     handler.emit = records.append
     logging.getLogger("uvicorn.error").addHandler(handler)
+    running = server.server.server_state.tasks  # uvicorn's: a task per request being answered
     try:
         for path in ("/v1/completions", "/explorer"):
+            before = set(running)
             sock = socket.create_connection(server.sock.getsockname()[:2])
             sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{{".encode())
-            time.sleep(0.1)  # the first bytes are read: the server is waiting for the rest
+            wait_while(lambda: not running - before, 10, 0.005)  # headers read: the app waits for the rest
+            [request] = running - before
             sock.close()
-        wait_while(lambda: not records, 1.0, 0.05)
+            wait_while(lambda: not request.done(), 10, 0.005)  # a traceback is logged before it ends
+            assert request.done()
     finally:
         logging.getLogger("uvicorn.error").removeHandler(handler)
     assert [record.getMessage() for record in records] == []
@@ -722,11 +726,17 @@ def test_a_client_that_disconnects_mid_stream_stops_its_generation(client, serve
 
 def test_a_client_that_disconnects_while_waiting_for_a_whole_completion_stops_it(server):
     before = worker(server).stats.cancelled
+    decoding = worker(server).active
+    earlier = list(decoding)  # an earlier test's job may still be ending
+
+    def ours_decoding():
+        return [job for job in list(decoding) if job.turns and all(job is not e for e in earlier)]
     connection = http.client.HTTPConnection(*server.sock.getsockname()[:2])
     connection.request("POST", "/v1/completions", json.dumps({"model": "tiny-serve", "prompt": PROMPT,
                                                               "max_tokens": 5000, "temperature": 0}),
                        {"Content-Type": "application/json"})
-    time.sleep(0.3)
+    wait_while(lambda: not ours_decoding(), 30, 0.005)
+    assert ours_decoding(), "the completion did not start decoding within 30 s"
     connection.close()  # gone before the answer
     wait_while(lambda: worker(server).stats.cancelled == before, 30, 0.02)
     assert worker(server).stats.cancelled > before, "no job was cancelled within 30 s of the disconnect"
