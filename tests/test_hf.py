@@ -679,11 +679,42 @@ def test_a_symlink_left_beside_an_export_is_removed_never_followed(tmp_path):
 # ----------------------------------------------------------------------------- import
 
 
+# What random_llama built, by its arguments: (the model untouched, its folder's files as
+# {name: (bytes, mode)}, torch's random state after building it).
+_BUILT_LLAMAS: dict = {}
+
+
 def random_llama(folder, tokenizer: Tokenizer, seed: int = 0, eos: Optional[int] = None,
                  bos: Optional[int] = None, *, vocab_size: Optional[int] = None):
     """A LlamaForCausalLM built by transformers: GQA, untied head, eps 1e-5, RoPE base 500; its
     eos and bos tokens `eos` and `bos` (None: the tokenizer's <|endoftext|>); `vocab_size` rows
-    of embedding (None: the tokenizer's)."""
+    of embedding (None: the tokenizer's). Saved in `folder` with the tokenizer's tokenizer.json.
+
+    Built once per test process for the same arguments into a new or empty folder: later calls write
+    the same files, return a copy of the same model and leave torch's random state where building it
+    left it."""
+    import copy
+    import os
+
+    key = (tokenizer.to_json(), seed, eos, bos, vocab_size)
+    if folder.exists() and any(folder.iterdir()):  # files of its own, which saving may replace
+        return _build_random_llama(folder, tokenizer, seed, eos, bos, vocab_size)
+    if key in _BUILT_LLAMAS:
+        model, files, random_state = _BUILT_LLAMAS[key]
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, (data, mode) in files.items():
+            (folder / name).write_bytes(data)
+            os.chmod(folder / name, mode)
+        torch.manual_seed(seed)  # every device's generator, as building seeds them
+        torch.set_rng_state(random_state)
+        return copy.deepcopy(model)
+    model = _build_random_llama(folder, tokenizer, seed, eos, bos, vocab_size)
+    files = {p.name: (p.read_bytes(), p.stat().st_mode & 0o7777) for p in folder.iterdir()}
+    _BUILT_LLAMAS[key] = copy.deepcopy(model), files, torch.get_rng_state()
+    return model
+
+
+def _build_random_llama(folder, tokenizer, seed, eos, bos, vocab_size):
     import transformers
 
     hf_config = transformers.LlamaConfig(
