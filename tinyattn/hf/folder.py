@@ -48,7 +48,7 @@ from tinyattn.hf.convert import (
 )
 from tinyattn.model.transformer import LanguageModel
 from tinyattn.system.storage import (TEMPORARY_SUFFIX, atomic_write, new_folder_mode, read_text,
-                                     remove_leftover, storage_errors, through_link)
+                                     remove_leftover, storage_errors, sync_folder, through_link)
 
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
@@ -308,9 +308,10 @@ def _write_folder(out: Path, files: dict[str, bytes]) -> None:
         os.chmod(staging, new_folder_mode(out))  # mkdtemp's 0700 would keep a class or a container out
     try:
         for name, data in files.items():
-            with atomic_write(staging / name, named=f"{out} (writing {name})") as f:
+            with atomic_write(staging / name, named=f"{out} (writing {name})", durable_rename=False) as f:
                 f.write(data)
         with storage_errors(out):
+            sync_folder(staging)  # once for every file: the folder is whole on disk before it is swapped in
             _swap_in(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

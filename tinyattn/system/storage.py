@@ -88,9 +88,11 @@ def _as_a_plain_write(fd: int, path: Path) -> None:
 
 
 @contextmanager
-def atomic_write(path: str | Path, *, named: str | Path | None = None) -> Iterator[BinaryIO]:
+def atomic_write(path: str | Path, *, named: str | Path | None = None,
+                 durable_rename: bool = True) -> Iterator[BinaryIO]:
     """Yield a binary file whose contents replace `path` only if the block succeeds; `named`:
-    what a refusal names instead of `path` (the folder a staging copy becomes)."""
+    what a refusal names instead of `path` (the folder a staging copy becomes). `durable_rename`
+    False: the caller makes the rename durable, with one `sync_folder` call for many files."""
     path = Path(path)
     named = path if named is None else Path(named)
     with storage_errors(named, creating=True):
@@ -115,7 +117,13 @@ def atomic_write(path: str | Path, *, named: str | Path | None = None) -> Iterat
     except BaseException:
         Path(temp_name).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)  # make the rename itself durable
+    if durable_rename:
+        _fsync_dir(path.parent)  # make the rename itself durable
+
+
+def sync_folder(folder: Path) -> None:
+    """Make the renames and new files in `folder` durable (a directory fsync, where possible)."""
+    _fsync_dir(folder)
 
 
 class _WriteRecorder:
