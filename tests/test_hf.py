@@ -55,8 +55,17 @@ SAMPLES = {"ascii": "ROMEO: what light breaks?", "non-latin": "Привет, м�
            "spaced-punctuation": "what , light . breaks ? done !"}
 
 
+_BUILT_TOKENIZERS: dict = {}  # tokenizer_of's, by kind, never handed out: each call gets a copy
+
+
 def tokenizer_of(kind: str) -> Tokenizer:
-    return build_tokenizer(TokenizerConfig(kind=kind, vocab_size=300), lambda: iter([TEXT]))
+    """A tokenizer of `kind` trained on TEXT, trained once per test process: each call gets a copy."""
+    import copy
+
+    if kind not in _BUILT_TOKENIZERS:
+        _BUILT_TOKENIZERS[kind] = build_tokenizer(TokenizerConfig(kind=kind, vocab_size=300),
+                                                  lambda: iter([TEXT]))
+    return copy.deepcopy(_BUILT_TOKENIZERS[kind])
 
 
 def random_model(tokenizer: Tokenizer, kind: str, n_kv_head: int, seed: int = 0, *, n_embd: int = 32,
