@@ -988,7 +988,8 @@ def test_decode_writes_each_finished_row_to_its_json_before_the_next_is_measured
 
 
 @pytest.mark.parametrize("arguments, named", [
-    (["--set", "train.precision=fp16"], "--set train.precision=fp16: train.precision 'fp16' is not supported"),
+    (["--set", "train.precision=fp16"],
+     "--set train.precision=fp16: train.precision 'fp16' is not supported"),
     (["--variant", "train.precision=fp16"], "--variant train.precision=fp16: train.precision 'fp16'"),
     (["--variant", "train.device=cuda:7"], "--variant train.device=cuda:7: device 'cuda:7'"),
 ])

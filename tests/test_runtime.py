@@ -103,9 +103,10 @@ def test_training_in_fp16_on_the_cpu_is_refused_naming_train_precision(shakespea
     from tinyattn.config import load_config
     from tinyattn.train.loop import train
 
-    config = load_config(Path(__file__).parents[1] / "configs" / "tiny.yaml",
-                         [*local_corpus(shakespeare_head, tmp_path), "train.precision=fp16", "train.device=cpu"])
-    with pytest.raises(ConfigError, match=r"^train\.precision 'fp16' is not supported on the CPU; use bf16 or fp32$"):
+    items = [*local_corpus(shakespeare_head, tmp_path), "train.precision=fp16", "train.device=cpu"]
+    config = load_config(Path(__file__).parents[1] / "configs" / "tiny.yaml", items)
+    refused = r"^train\.precision 'fp16' is not supported on the CPU; use bf16 or fp32$"
+    with pytest.raises(ConfigError, match=refused):
         train(config, run_name="fp16", progress=False)
     assert not (tmp_path / "fp16").exists()
 

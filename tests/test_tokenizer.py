@@ -628,7 +628,7 @@ def test_the_exit_waits_for_interrupted_work_whose_cancel_fails(tmp_path):
 
 
 def test_training_a_bpe_tokenizer_with_progress_writes_no_blank_lines_where_stdout_is_no_terminal(capfd):
-    # tokenizers' bars, drawn where nobody sees them, left three empty lines at the top of a piped run's output
+    # tokenizers' bars, drawn where nobody sees them, left three blank lines atop a piped run's output
     build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), lambda: iter(["to be or not to be " * 50]),
                     progress=True)
     out, err = capfd.readouterr()
