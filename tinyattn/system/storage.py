@@ -118,12 +118,7 @@ def atomic_write(path: str | Path, *, named: str | Path | None = None,
         Path(temp_name).unlink(missing_ok=True)
         raise
     if durable_rename:
-        _fsync_dir(path.parent)  # make the rename itself durable
-
-
-def sync_folder(folder: Path) -> None:
-    """Make the renames and new files in `folder` durable (a directory fsync, where possible)."""
-    _fsync_dir(folder)
+        sync_folder(path.parent)  # make the rename itself durable
 
 
 class _WriteRecorder:
@@ -292,7 +287,8 @@ def refuse_nul(data: bytes | str, where: str, what: str, error: type[TinyattnErr
         raise error(nul_found(f"{where}: the {what}", f"{at} (line {line})") + "; save it as UTF-8")
 
 
-def _fsync_dir(folder: Path) -> None:
+def sync_folder(folder: Path) -> None:
+    """Make the renames and new files in `folder` durable (a directory fsync, where possible)."""
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:

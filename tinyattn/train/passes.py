@@ -64,8 +64,9 @@ def shown_passes(passes: float, digits: int, tables: "PassTables") -> str:
     for places in range(digits, digits + 4):
         for value in (passes, math.floor(passes * 10 ** places) / 10 ** places):
             text = f"{value:.{places}f}"
-            if all((passes >= key) == (float(text) >= key) for key in entries) and \
-                    (passes > 0) == (float(text) > 0):
+            shown = float(text)
+            same_side = all((passes >= key) == (shown >= key) for key in entries)
+            if same_side and (passes > 0) == (shown > 0):
                 return text
     return str(passes)  # exact
 
