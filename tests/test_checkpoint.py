@@ -696,3 +696,26 @@ def test_the_most_recent_run_under_an_out_dir_that_is_not_there_is_none_and_said
     assert ckpt.latest_run(tmp_path / "nowhere") is None
     with pytest.raises(CheckpointError, match=r"^no checkpoints under .*nowhere/; train a model first"):
         ckpt.resolve_checkpoint(None, tmp_path / "nowhere")
+
+
+def test_a_snapshot_saved_to_two_files_is_pickled_once_and_both_hold_the_same_bytes(tmp_path, monkeypatch):
+    pickled = []
+    real_save = torch.save
+    monkeypatch.setattr(torch, "save", lambda obj, f: pickled.append(obj["step"]) or real_save(obj, f))
+    state = ckpt.Snapshot({"step": 6, "weights": torch.arange(64.0)})
+    ckpt.save_checkpoint(state, tmp_path / ckpt.BEST)
+    ckpt.save_checkpoint(state, tmp_path / ckpt.step_filename(6))
+    assert pickled == [6]
+    assert (tmp_path / ckpt.BEST).read_bytes() == (tmp_path / ckpt.step_filename(6)).read_bytes()
+    loaded = ckpt.load_checkpoint(tmp_path / ckpt.step_filename(6))
+    assert loaded["step"] == 6 and torch.equal(loaded["weights"], torch.arange(64.0))
+    with pytest.raises(TypeError):
+        state["step"] = 7  # read-only: every file it is saved to holds the same state
+
+
+def test_a_snapshot_whose_first_file_is_gone_is_pickled_again(tmp_path):
+    state = ckpt.Snapshot({"step": 3})
+    ckpt.save_checkpoint(state, tmp_path / ckpt.BEST)
+    (tmp_path / ckpt.BEST).unlink()
+    ckpt.save_checkpoint(state, tmp_path / ckpt.step_filename(3))
+    assert ckpt.load_checkpoint(tmp_path / ckpt.step_filename(3))["step"] == 3

@@ -31,9 +31,10 @@ import re
 import shutil
 import sys
 import zipfile
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -55,11 +56,37 @@ def step_filename(step: int) -> str:
     return f"step_{step:07d}.pt"
 
 
-def save_checkpoint(state: dict, path: str | Path) -> None:
-    """Write `state` to `path` atomically (temporary file, flush, fsync, rename)."""
+class Snapshot(Mapping):
+    """A checkpoint's state that is written to several files (a step's checkpoint and best.pt),
+    read-only so that each file holds the same state. Its first `save_checkpoint` pickles it; each
+    later one copies the file that one wrote: the same bytes, at a fraction of pickling's cost."""
+
+    def __init__(self, state: Mapping):
+        self._state = dict(state)
+        self.written: Optional[Path] = None  # the file its first whole save wrote
+
+    def __getitem__(self, key: str) -> Any:
+        return self._state[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._state)
+
+    def __len__(self) -> int:
+        return len(self._state)
+
+
+def save_checkpoint(state: Mapping, path: str | Path) -> None:
+    """Write `state` to `path` atomically (temporary file, flush, fsync, rename). A `Snapshot`
+    already saved to a file that is still there is copied from it (as atomically), not pickled again."""
+    path = Path(path)
+    if isinstance(state, Snapshot) and state.written is not None and state.written.is_file():
+        copy_checkpoint(state.written, path)
+        return
     payload = {"format": FORMAT, "format_version": FORMAT_VERSION, **state}
     with atomic_write(path) as f:
         torch.save(payload, f)
+    if isinstance(state, Snapshot):
+        state.written = path
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", *,

@@ -184,9 +184,10 @@ class Checkpointer:
         """best.pt first, then the step's checkpoint: a save cut short between them (a full disk, a
         kill, a second Ctrl-C) leaves the best model in best.pt, and the resume from the step before
         trains to it again. The other way round, the resume went on from the new step's checkpoint,
-        whose best loss no later evaluation beats, so best.pt kept a worse model for good."""
+        whose best loss no later evaluation beats, so best.pt kept a worse model for good. The state is
+        pickled once: the step's checkpoint is a copy of best.pt's bytes where both are written."""
         if self.dist.is_main:
-            state = {**trainer.state_dict(), **self.run_state}
+            state = ckpt.Snapshot({**trainer.state_dict(), **self.run_state})
             if best and trainer.best_val_loss < self.best_on_disk:
                 ckpt.save_checkpoint(state, self.run_dir / ckpt.BEST)
                 self.best_on_disk = trainer.best_val_loss
