@@ -332,7 +332,7 @@ def test_sigterm_during_the_time_budgets_calibration_ends_at_once_and_takes_back
     config.write_text(f"data: {{files: [{tmp_path / 'corpus.txt'}], cache_dir: {tmp_path / 'cache'}}}\n"
                       "model: {n_layer: 1, n_head: 2, n_embd: 32, context_length: 16}\n"
                       "train: {batch_size: 2, eval_interval: 1000, device: cpu, "
-                      f"out_dir: {tmp_path / 'runs'}}}\n")
+                      f"peak_flops: 1.0e+12, out_dir: {tmp_path / 'runs'}}}\n")  # no start-up matmul for MFU
     (tmp_path / "corpus.txt").write_text(TEXT)
     command = [sys.executable, "-m", "tinyattn", "train", "--config", str(config), "--run-name", "s",
                "--no-progress", "--set", "train.time_budget=300s"]
