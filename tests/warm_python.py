@@ -14,7 +14,8 @@ preexec_fn, user or group changes, pass_fds, a working directory that is not a f
 PYTHONPATH entry, or an environment whose variables read while torch imports (OMP_*, MKL_*, ATEN_*,
 TORCH*, PYTORCH*, DNNL_*, ONEDNN_*, CUDA*, LD_*, PYTHON*) differ from the server's. What a fork still
 does not give: its own string-hash seed, the finalization of objects alive at exit (a file never
-closed is not flushed; the command's atexit handlers and non-daemon threads do run), tracebacks
+closed is not flushed; the command's atexit handlers and non-daemon threads do run, the preloaded
+modules' weakref finalizers do not), tracebacks
 without the server's frames, and a process age that counts the interpreter's and torch's start-up.
 So tests of what a fresh interpreter imports, of its shutdown (a standard stream that fails at exit),
 or of wall time from the process's start use `subprocess` itself.
@@ -236,6 +237,12 @@ started_with = dict(os.environ)
 for name in filter(None, sys.argv[2].split(",")):
     importlib.import_module(name)
 set_by_imports = {k: v for k, v in os.environ.items() if k not in started_with}
+# The finalizers those imports registered (torch.library's, one per operator library, which undo its
+# registrations) ran at every fork's exit, most of the time a short command took, and to no effect
+# a process about to end could show: the forks leave them to the server.
+import weakref
+for finalizer in list(weakref.finalize._registry):
+    finalizer.atexit = False
 sock.sendall(json.dumps(set_by_imports).encode())
 STOPS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
 
