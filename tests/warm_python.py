@@ -15,10 +15,11 @@ PYTHONPATH entry, or an environment whose variables read while torch imports (OM
 TORCH*, PYTORCH*, DNNL_*, ONEDNN_*, CUDA*, LD_*, PYTHON*) differ from the server's. What a fork still
 does not give: its own string-hash seed, the finalization of objects alive at exit (a file never
 closed is not flushed; the command's atexit handlers and non-daemon threads do run, the preloaded
-modules' weakref finalizers do not), tracebacks
-without the server's frames, and a process age that counts the interpreter's and torch's start-up.
-So tests of what a fresh interpreter imports, of its shutdown (a standard stream that fails at exit),
-or of wall time from the process's start use `subprocess` itself.
+modules' weakref finalizers do not), tracebacks without the server's frames, and a process age that
+counts the interpreter's and torch's start-up. So tests of whether a fresh interpreter imports one of
+the preloaded modules, of its shutdown (a standard stream that fails at exit), or of wall time from
+the process's start use `subprocess` itself; a test that a command does not import a module the
+server never loaded (tinyattn's periphery, matplotlib, datasets) may fork: the import shows in both.
 """
 
 import inspect
