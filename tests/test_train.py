@@ -2021,13 +2021,26 @@ def test_each_rank_draws_dropout_masks_of_its_own_and_a_resume_draws_them_again(
     assert losses(resumed, 1) == rank1[2:]
 
 
+RANK_0_LINGERS = """import atexit, os, runpy, sys, time
+if os.environ["RANK"] == "0":
+    atexit.register(time.sleep, 1.0)  # after the command's exit status is set
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 def signal_one_rank(corpus: Path, tmp_path: Path, sig: int, *, after: str):
     """A two-process torchrun training of configs/tiny.yaml (run 'ddp' under tmp_path) whose rank 1
-    gets `sig` once rank 0's console shows a line starting `after`; (the launcher, all it printed)."""
+    gets `sig` once rank 0's console shows a line starting `after`; (the launcher, all it printed).
+    Rank 0 lingers a second at its exit, so rank 1 exits first and torchrun's SIGTERM to the rank
+    left reaches rank 0 after its run has ended."""
     pytest.importorskip("torch.distributed.run")
+    lingers = tmp_path / "rank_0_lingers.py"
+    lingers.write_text(RANK_0_LINGERS, encoding="utf-8")
     process = warm_python.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-         str(ROOT / "scripts" / "train.py"), "--config", str(TINY), "--run-name", "ddp", "--no-progress",
+         str(lingers), str(ROOT / "scripts" / "train.py"), "--config", str(TINY), "--run-name", "ddp",
+         "--no-progress",
          "--device", "cpu", "--set",
          *tiny_overrides(corpus, tmp_path, "train.max_steps=100000", "train.eval_interval=100000",
                          "train.log_interval=1")],
@@ -2057,11 +2070,13 @@ def signal_one_rank(corpus: Path, tmp_path: Path, sig: int, *, after: str):
 def test_a_stop_signal_to_one_rank_stops_every_rank_with_a_checkpoint(corpus, tmp_path):
     """`kill -TERM` to rank 1 alone: every rank stops after the same step and rank 0 saves. Each
     rank acting on its own flag hung: rank 1 waited in the checkpoint's barrier, rank 0 in the next
-    step's all-reduce (gloo's timeout is 30 minutes)."""
+    step's all-reduce (gloo's timeout is 30 minutes). The rank that exits last ignores torchrun's
+    SIGTERM, which follows the first exit: it ended by that signal (-15), its run already over."""
     # once training really runs
     process, stderr = signal_one_rank(corpus, tmp_path, signal.SIGTERM, after="step 3:")
     # torchrun exits 1 when its workers do not exit 0: here each with a stop's 130
-    assert process.returncode == 1 and set(re.findall(r"exitcode\s*:\s*(\d+)", stderr)) == {"130"}, stderr[-3000:]
+    codes = re.findall(r"exitcode\s*:\s*(-?\d+)", stderr)
+    assert process.returncode == 1 and set(codes) == {"130"}, stderr[-3000:]
     assert "stopped by SIGTERM at step" in stderr, stderr[-3000:]
     latest = ckpt.latest_checkpoint(tmp_path / "ddp")
     assert latest is not None and ckpt.load_checkpoint(latest)["step"] >= 3

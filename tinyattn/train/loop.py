@@ -138,6 +138,10 @@ def train(config: Config, *, config_path: Optional[str | Path] = None, run_name:
     try:
         with stopper.installed(), _said_by_rank_0(dist, stopper):
             result = _train(config, request, dist, stopper)
+            if dist.enabled and result.interrupted:
+                # each rank exits with a stop's 130, and torchrun's SIGTERM to the ranks left follows the
+                # first: it killed a rank ending after its run (exit -15, not 130)
+                stopper.end_deaf()
         leave_together(dist)
         return result
     finally:

@@ -244,10 +244,11 @@ class StopRequest:
         self.ending = False  # `end_deaf`: the run ends on its own; a signal now is ignored
 
     def end_deaf(self) -> None:
-        """The run ends on its own, another rank having left (`distributed.departure_said`) or on an
-        error every rank met (`loop._said_by_rank_0`): torchrun's SIGTERM to the ranks left follows, and
-        cut rank 0's clean-up (the folder of a new run stayed) or killed it before its line. A signal
-        from now on, also after `installed`, is ignored."""
+        """The run ends on its own, another rank having left (`distributed.departure_said`), on an
+        error every rank met (`loop._said_by_rank_0`) or stopped with its checkpoint under torchrun:
+        torchrun's SIGTERM to the ranks left follows the first exit, and cut rank 0's clean-up (the
+        folder of a new run stayed), killed it before its line, or after it (exit -15, not 130). A
+        signal from now on, also after `installed`, is ignored."""
         self.ending = True
 
     @contextmanager
