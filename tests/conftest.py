@@ -90,6 +90,35 @@ def browser():
         launched.close()
 
 
+@pytest.fixture(scope="module")
+def browser_context(browser):
+    """One browser context for a module's pages: opening a context costs more than a page in it.
+
+    The pages share its cookies, storage and cache, which none of the explorer's or playground's
+    pages use (each page is a new document either way)."""
+    context = browser.new_context()
+    yield context
+    context.close()
+
+
+@pytest.fixture
+def new_page(browser_context):
+    """new_page(viewport=None) -> a new page of its own (document, listeners, history, focus and
+    keyboard), as browser.new_page gives, in the module's browser context; closed after the test."""
+    pages = []
+
+    def make(viewport=None):
+        page = browser_context.new_page()
+        pages.append(page)
+        if viewport is not None:
+            page.set_viewport_size(viewport)
+        return page
+
+    yield make
+    for page in pages:
+        page.close()
+
+
 @pytest.fixture(autouse=True, scope="session")
 def private_cache_dir(tmp_path_factory):
     """The CPU verdict cache (tinyattn.cpu) goes to a temporary folder, never ~/.cache."""

@@ -254,9 +254,10 @@ def check_head_ablation_colours(page, head_relevance):
 
 
 @pytest.mark.slow
-def test_in_chromium_the_highlighted_weights_are_the_models_and_nothing_is_fetched(browser, relevance, tmp_path):
+def test_in_chromium_the_highlighted_weights_are_the_models_and_nothing_is_fetched(new_page, relevance,
+                                                                                   tmp_path):
     page_file = write_explorer(tmp_path / "explorer.html", relevance, "test", "a tiny model")
-    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    page = new_page(viewport={"width": 1200, "height": 900})
     requests, errors = [], []
     page.on("request", lambda r: requests.append(r.url))
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
@@ -328,12 +329,12 @@ def test_in_chromium_the_highlighted_weights_are_the_models_and_nothing_is_fetch
 
 
 @pytest.mark.slow
-def test_in_chromium_a_text_without_a_rank_correlation_says_n_a(browser, relevance, tmp_path):
+def test_in_chromium_a_text_without_a_rank_correlation_says_n_a(new_page, relevance, tmp_path):
     flat = np.where(relevance.measured(), 0.0, np.nan)  # every relevance alike: no correlation
     falls = -np.abs(relevance.head_relevance)  # and every head's removal lowers the loss
     alike = Relevance(**{**relevance.__dict__, "token_relevance": flat, "head_relevance": falls})
     page_file = write_explorer(tmp_path / "explorer.html", alike)
-    page = browser.new_page()
+    page = new_page()
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(page_file.as_uri())
@@ -346,11 +347,11 @@ def test_in_chromium_a_text_without_a_rank_correlation_says_n_a(browser, relevan
 
 
 @pytest.mark.slow
-def test_in_chromium_arrow_keys_move_the_query_and_leave_a_focused_selector_alone(browser, relevance,
+def test_in_chromium_arrow_keys_move_the_query_and_leave_a_focused_selector_alone(new_page, relevance,
                                                                                    tmp_path):
     # After a head was chosen in its selector, the selector keeps the focus: ArrowRight moved the query
     # and, as the select's own key, chose the next head too.
-    page = browser.new_page()
+    page = new_page()
     page.goto(write_explorer(tmp_path / "explorer.html", relevance).as_uri())
     page.click("#weights-row .tok[data-pos='20']")  # pins query 20
     page.select_option("#head", "1")
@@ -370,15 +371,15 @@ def test_in_chromium_arrow_keys_move_the_query_and_leave_a_focused_selector_alon
 
 
 @pytest.mark.slow
-def test_in_chromium_the_page_opens_on_the_layer_and_head_it_was_written_for(browser, relevance, tmp_path):
-    page = browser.new_page()
+def test_in_chromium_the_page_opens_on_the_layer_and_head_it_was_written_for(new_page, relevance, tmp_path):
+    page = new_page()
     page.goto(write_explorer(tmp_path / "explorer.html", relevance, layer=1, head=2).as_uri())
     assert (page.input_value("#layer"), page.input_value("#head")) == ("1", "2")
     assert page.inner_text("#weights-title").startswith("layer 1, head 2;")
 
 
 @pytest.mark.slow
-def test_in_chromium_tokens_stand_in_position_order_whatever_their_script(browser, tmp_path):
+def test_in_chromium_tokens_stand_in_position_order_whatever_their_script(new_page, tmp_path):
     # Right-to-left tokens (Hebrew, Arabic) were laid out right to left by the bidi algorithm: a run of
     # them showed in reverse order, and a control such as U+202E reversed every later token.
     labels = ["a", "\u05e9", "\u05dc", "\u05d5", "\u2423", "\u0633\u0644", "\u0627\u0645", "b", "\u202e", "x",
@@ -388,7 +389,7 @@ def test_in_chromium_tokens_stand_in_position_order_whatever_their_script(browse
     relevance = np.where(np.tril(np.ones((T, T)), k=-1) > 0, 0.1, np.nan)
     rel = Relevance(list(range(T)), labels, T, np.zeros(T, dtype=int), weights,
                     np.append(np.ones(T - 1), np.nan), relevance, np.zeros((L, H)), 1.0)
-    page = browser.new_page(viewport={"width": 1000, "height": 600})
+    page = new_page(viewport={"width": 1000, "height": 600})
     page.goto(write_explorer(tmp_path / "explorer.html", rel).as_uri())
     for row in ("weights", "relevance", "loss"):
         spans = page.eval_on_selector_all(

@@ -1205,11 +1205,11 @@ def test_a_bad_explorer_request_is_a_400(server, body, message):
 
 
 @pytest.mark.slow
-def test_in_chromium_the_playground_streams_tokens_and_a_click_shows_the_models_weights(browser, server,
+def test_in_chromium_the_playground_streams_tokens_and_a_click_shows_the_models_weights(new_page, server,
                                                                                         loaded):
     from tinyattn.analysis.attention_maps import compute_attention_maps
 
-    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    page = new_page(viewport={"width": 1200, "height": 900})
     requests, errors = [], []
     page.on("request", lambda r: requests.append(r.url))
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
@@ -1242,8 +1242,8 @@ def test_in_chromium_the_playground_streams_tokens_and_a_click_shows_the_models_
 
 
 @pytest.mark.filterwarnings("ignore::tinyattn.generate.text.PromptWarning")  # the server's own stderr line
-def test_in_chromium_the_playground_names_the_characters_its_prompt_read_as_unk(browser, server):
-    page = browser.new_page()
+def test_in_chromium_the_playground_names_the_characters_its_prompt_read_as_unk(new_page, server):
+    page = new_page()
     page.goto(server.url + "/")
     page.fill("#prompt", "Café über")
     page.fill("#max-tokens", "3")
@@ -1259,8 +1259,8 @@ def test_in_chromium_the_playground_names_the_characters_its_prompt_read_as_unk(
 
 @pytest.mark.slow
 def test_in_chromium_a_click_on_the_first_token_from_an_empty_prompt_shows_the_start_tokens_prediction(
-        browser, server, loaded):
-    page = browser.new_page(viewport={"width": 1200, "height": 900})
+        new_page, server, loaded):
+    page = new_page(viewport={"width": 1200, "height": 900})
     page.goto(server.url + "/")
     page.fill("#prompt", "")
     for field, value in (("#max-tokens", "6"), ("#temperature", "1"), ("#seed", "4")):
@@ -1277,7 +1277,7 @@ def test_in_chromium_a_click_on_the_first_token_from_an_empty_prompt_shows_the_s
 
 
 @pytest.mark.slow
-def test_in_chromium_a_click_after_an_emoji_shows_the_prediction_of_the_token_clicked(browser, server,
+def test_in_chromium_a_click_after_an_emoji_shows_the_prediction_of_the_token_clicked(new_page, server,
                                                                                      loaded):
     # JavaScript counts "😀" as two characters (UTF-16), the server one: the page sends code points.
     from playwright.sync_api import expect
@@ -1285,7 +1285,7 @@ def test_in_chromium_a_click_after_an_emoji_shows_the_prediction_of_the_token_cl
     from tinyattn.analysis.attention_maps import compute_attention_maps
 
     prompt = "\U0001F600 ROMEO:"  # read as [UNK] by the char model: one token, one character
-    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    page = new_page(viewport={"width": 1200, "height": 900})
     page.goto(server.url + "/")
     page.fill("#prompt", prompt)
     for field, value in (("#max-tokens", "6"), ("#temperature", "1"), ("#seed", "4")):
