@@ -34,6 +34,9 @@ from tinyattn.lab.context import format_table as context_table
 from tinyattn.system.device import select_precision
 from tinyattn.train.trainer import Trainer
 
+# The lab runs trained here in process write to the page cache alone (conftest.no_fsync says why).
+pytestmark = pytest.mark.usefixtures("no_fsync")
+
 POSITION = 10  # the leak test changes the token at 11
 NO_MATPLOTLIB = "error: plots need matplotlib, an optional extra: pip install 'tinyattn[plot]'\n"
 

@@ -37,6 +37,9 @@ from tinyattn.lab.recurrence import (
 from tinyattn.model.transformer import IGNORE_INDEX, LanguageModel, ModelOutput
 from tinyattn.system.device import select_precision
 
+# The lab runs trained here in process write to the page cache alone (conftest.no_fsync says why).
+pytestmark = pytest.mark.usefixtures("no_fsync")
+
 
 @pytest.fixture
 def figure_unread(monkeypatch):
