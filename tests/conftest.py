@@ -291,6 +291,27 @@ def drawn_figures(monkeypatch) -> list:
     return made
 
 
+@pytest.fixture
+def figures_unrendered(monkeypatch) -> list:
+    """The matplotlib figures `plotting.new_figure` makes during the test, each saved as an empty file
+    at its path rather than rendered: for tests that read what a figure holds (its lines, labels,
+    ticks, legend) and none of its pixels. Laying out and rendering a figure of log axes is most of
+    such a test's time; each figure is still rendered whole by a test that runs its command or
+    draws it with `drawn_figures`."""
+    from tinyattn.analysis import plotting
+
+    made, real = [], plotting.new_figure
+
+    def new_figure(*args, **kwargs):
+        figure = real(*args, **kwargs)
+        figure.savefig = lambda path, *more, **options: Path(path).touch()
+        made.append(figure)
+        return figure
+
+    monkeypatch.setattr(plotting, "new_figure", new_figure)
+    return made
+
+
 def lines_by_label(axes) -> dict:
     """{label: (x, y)} of the lines drawn on a matplotlib axes, as lists."""
     return {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in axes.lines}

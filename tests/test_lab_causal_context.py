@@ -424,7 +424,7 @@ def test_the_figure_puts_each_causal_task_loss_beside_its_curve_and_marks_the_ch
     assert right["changed token (position 3)"][0] == [3, 3]  # position + 1, where the leak begins
 
 
-def test_a_training_curve_of_one_logged_point_is_drawn_as_a_marker(tmp_path, drawn_figures):
+def test_a_training_curve_of_one_logged_point_is_drawn_as_a_marker(tmp_path, figures_unrendered):
     # `lab causal --steps 5` logs each run's training loss once (at its last step): a line through
     # one point draws nothing, and the panel showed the legend over an empty plot.
     from tinyattn.lab.causal import save_figure
@@ -434,7 +434,7 @@ def test_a_training_curve_of_one_logged_point_is_drawn_as_a_marker(tmp_path, dra
     curves = {"causal": (np.array([5]), np.array([3.0])),
               "bidirectional": (np.array([1, 5]), np.array([3.0, 0.5]))}
     save_figure([causal, leaky], curves, tmp_path / "causal.png")
-    lines = {line.get_label(): line for line in drawn_figures[0].axes[0].lines}
+    lines = {line.get_label(): line for line in figures_unrendered[0].axes[0].lines}
     assert lines["causal: training loss"].get_marker() not in ("None", "", " ", None)
     assert list(lines["causal: training loss"].get_ydata()) == [3.0]
 
@@ -1039,14 +1039,15 @@ def test_lab_causal_without_out_refuses_a_bad_position_in_one_line_and_makes_no_
     assert not (tmp_path / "checkpoints").exists()
 
 
-def test_the_context_figure_draws_each_pairs_similarity_by_depth_from_the_embedding(tmp_path, drawn_figures):
+def test_the_context_figure_draws_each_pairs_similarity_by_depth_from_the_embedding(tmp_path,
+                                                                                   figures_unrendered):
     from tests.conftest import lines_by_label
     from tinyattn.lab.context import save_figure as context_figure
 
     table = np.array([[1.0, 1.0], [0.9, 0.8], [0.7, 0.5]])  # (depth, pair): embedding, blocks 1 and 2
     path = context_figure("king", [(0, 1), (0, 2)], table, tmp_path / "context.png")
     assert path.is_file()
-    axes = drawn_figures[-1].axes[0]
+    axes = figures_unrendered[-1].axes[0]
     assert lines_by_label(axes) == {"contexts 1 and 2": ([0, 1, 2], [1.0, 0.9, 0.7]),
                                     "contexts 1 and 3": ([0, 1, 2], [1.0, 0.8, 0.5])}
     assert [label.get_text() for label in axes.get_xticklabels()] == ["emb", "1", "2"]

@@ -1089,7 +1089,7 @@ def test_the_recurrence_report_gives_the_parameter_ratio_and_each_models_loss_ov
 
 
 def test_the_recurrence_figure_draws_loss_by_tokens_read_and_each_models_gradients_trained_and_at_init(
-        tmp_path, drawn_figures):
+        tmp_path, figures_unrendered):
     def contender(name, scale):
         return Contender(name, "shape", lambda t: None, speed={8: 100.0 * scale, 32: 50.0 * scale},
                          curve=[(0.5, 4.0 * scale), (1.0, 3.0 * scale)],
@@ -1099,7 +1099,7 @@ def test_the_recurrence_figure_draws_loss_by_tokens_read_and_each_models_gradien
 
     recurrence.save_figure([contender("attention", 1), contender("lstm", 2)], tmp_path / "recurrence.png",
                            contexts=[8, 32])
-    speed, curve, position, gradient = (lines_by_label(axes) for axes in drawn_figures[0].axes)
+    speed, curve, position, gradient = (lines_by_label(axes) for axes in figures_unrendered[0].axes)
     assert speed["lstm"] == ([8, 32], [200.0, 100.0])
     assert curve["lstm (val 4.000)"] == ([0.5, 1.0], [8.0, 6.0])  # against wall seconds
     assert position["attention"] == ([1, 2, 3], [3.0, 2.0, 1.0])  # position p has read p + 1 tokens
@@ -1108,12 +1108,12 @@ def test_the_recurrence_figure_draws_loss_by_tokens_read_and_each_models_gradien
 
 
 def test_the_distance_figure_draws_each_strings_loss_by_gap_and_the_recall_at_each_bins_middle_over_chance(
-        tmp_path, drawn_figures):
+        tmp_path, figures_unrendered):
     probe = [ProbeRow(0, 7.5, 0.25, 7.75, 7.5, 0.1), ProbeRow(4, 7.25, 1.5, 7.5, 6.0, 0.2)]
     recall = RecallResult(np.array([0, 8]), np.array([0.75, 0.125]), np.array([40, 24]), steps=3, seconds=1.0,
                           parameters=1000, final_loss=1.5, pairs=8)
     distance.save_figure(probe, recall, tmp_path / "distance.png", length=3)
-    left, right = (lines_by_label(axes) for axes in drawn_figures[0].axes)
+    left, right = (lines_by_label(axes) for axes in figures_unrendered[0].axes)
     assert left["first copy (random)"] == ([0, 4], [7.5, 7.25])
     assert left["second copy (seen d tokens before)"] == ([0, 4], [0.25, 1.5])
     assert left["fresh string there instead (control)"] == ([0, 4], [7.75, 7.5])
@@ -1386,7 +1386,8 @@ def test_the_recurrence_report_names_the_validation_windows_the_config_evaluates
     assert "validation loss after 1 s of training each (context 32, 8 windows)\n" in text
 
 
-def test_the_figures_speed_panel_shows_the_contexts_the_table_shows(tmp_path, monkeypatch, drawn_figures):
+def test_the_figures_speed_panel_shows_the_contexts_the_table_shows(tmp_path, monkeypatch,
+                                                                     figures_unrendered):
     # The training context (32 in tiny.yaml) is timed for the schedule even where --contexts leaves it
     # out; the table leaves it out too, and the figure drew it: a point the table has no row for.
     from tests.conftest import CORPUS
@@ -1405,7 +1406,7 @@ def test_the_figures_speed_panel_shows_the_contexts_the_table_shows(tmp_path, mo
     assert main(["recurrence", "--config", str(ROOT / "configs" / "tiny.yaml"), "--contexts", "8", "64",
                  "--out", str(tmp_path / "out"), "--set", f"data.files={corpus}", "data.url=null",
                  "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}"]) == 0
-    speed = drawn_figures[0].axes[0]
+    speed = figures_unrendered[0].axes[0]
     assert speed.get_title() == "speed by context"
     drawn = ([8, 64], [1000.0, 1000.0])  # the table's rows, not 32
     assert lines_by_label(speed) == {"attention": drawn, "lstm": drawn}
