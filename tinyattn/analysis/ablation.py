@@ -265,7 +265,7 @@ def relevance_of_tokens(model, tokenizer, token_ids: list[int]) -> Relevance:
 def ranks(values: np.ndarray) -> np.ndarray:
     """Ranks 1..n of `values`, ties given the mean of the ranks they share."""
     values = np.asarray(values, dtype=np.float64)
-    order = np.argsort(values, kind="stable")
+    order = np.argsort(values)  # the order within a run of ties is left unused: no stable sort needed
     sorted_values = values[order]
     new = np.r_[True, sorted_values[1:] != sorted_values[:-1]]  # where each run of equal values starts
     first = np.flatnonzero(new)
@@ -277,12 +277,24 @@ def ranks(values: np.ndarray) -> np.ndarray:
 
 def rank_correlation(a: np.ndarray, b: np.ndarray) -> float:
     """Spearman's rank correlation of two equal-length arrays; NaN if either is constant or too short."""
-    if len(a) < 2:
-        return float("nan")
-    ra, rb = ranks(a), ranks(b)
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    scale = np.sqrt((ra ** 2).sum() * (rb ** 2).sum())
-    return float((ra * rb).sum() / scale) if scale > 0 else float("nan")
+    return rank_correlation_with(b)(a)
+
+
+def rank_correlation_with(b: np.ndarray):
+    """rank_correlation(a, b) as a function of a, b ranked once: for one b against many a's."""
+    if len(b) < 2:
+        return lambda a: float("nan")
+    rb = ranks(b)
+    rb = rb - rb.mean()
+    rb_squares = (rb ** 2).sum()
+
+    def correlation(a: np.ndarray) -> float:
+        ra = ranks(a)
+        ra = ra - ra.mean()
+        scale = np.sqrt((ra ** 2).sum() * rb_squares)
+        return float((ra * rb).sum() / scale) if scale > 0 else float("nan")
+
+    return correlation
 
 
 @dataclass
@@ -304,11 +316,11 @@ def agreement(rel: Relevance, query: Optional[int] = None, size: bool = False) -
     if query is not None:
         pairs = pairs & (np.arange(rel.num_tokens)[:, None] == query)
     relevance = np.abs(rel.token_relevance[pairs]) if size else rel.token_relevance[pairs]
-    by_head = np.array([[rank_correlation(rel.weights[layer, head][pairs], relevance)
+    with_relevance = rank_correlation_with(relevance)  # ranked once for every head, layer and the mean
+    by_head = np.array([[with_relevance(rel.weights[layer, head][pairs])
                          for head in range(rel.num_heads)] for layer in range(rel.num_layers)])
-    by_layer = np.array([rank_correlation(rel.weights[layer].mean(0)[pairs], relevance)
-                         for layer in range(rel.num_layers)])
-    mean = rank_correlation(rel.weights.mean((0, 1))[pairs], relevance)
+    by_layer = np.array([with_relevance(rel.weights[layer].mean(0)[pairs]) for layer in range(rel.num_layers)])
+    mean = with_relevance(rel.weights.mean((0, 1))[pairs])
     return Agreement(int(pairs.sum()), mean, by_layer, by_head)
 
 
