@@ -37,12 +37,22 @@ pytestmark = pytest.mark.usefixtures("no_fsync")
 
 
 @pytest.fixture(scope="module")
-def corpus(shakespeare_head) -> Path:
-    return shakespeare_head
+def corpus(shakespeare_head, tmp_path_factory) -> Path:
+    """The real text in a folder of the module's own, beside the token cache its runs share: each run
+    reads the text tokenized once, as a run that reuses its data cache does (no test here is of the
+    cache)."""
+    folder = tmp_path_factory.mktemp("budget_corpus")
+    (folder / "corpus.txt").write_bytes(shakespeare_head.read_bytes())
+    return folder / "corpus.txt"
+
+
+def corpus_items(corpus: Path, out_dir: Path) -> list[str]:
+    """local_corpus's --set items for runs in out_dir, with the module's token cache beside `corpus`."""
+    return [*local_corpus(corpus, out_dir), f"data.cache_dir={corpus.parent / 'cache'}"]
 
 
 def budget_config(corpus: Path, out_dir: Path, budget: str, *extra: str):
-    return load_config(TINY, [*local_corpus(corpus, out_dir), f"train.time_budget={budget}", "train.show=[]",
+    return load_config(TINY, [*corpus_items(corpus, out_dir), f"train.time_budget={budget}", "train.show=[]",
                               "train.eval_interval=25", "train.warmup_steps=4", *extra])
 
 
@@ -660,7 +670,7 @@ def test_a_run_of_fixed_steps_takes_the_entries_for_the_passes_its_steps_make(
         (trainer.model.blocks[1].dropout.p, trainer.plan.config.min_lr,
          next(g["weight_decay"] for g in trainer.optimizers.optimizers[0].param_groups if g["name"] == "matrices"))),
         timed_step(trainer))[1])
-    items = [*local_corpus(corpus, tmp_path), f"train.max_steps={steps}", f"train.grad_accum_steps={accumulate}"]
+    items = [*corpus_items(corpus, tmp_path), f"train.max_steps={steps}", f"train.grad_accum_steps={accumulate}"]
     first = train(load_config(TINY, items + FIXED_STEP_TABLES), run_name="run", progress=False, clock=clock)
     assert f"train.max_steps {steps}: {choices}" in (first.run_dir / "train.log").read_text()
     saved = load_config(first.run_dir / "config.yaml")
@@ -703,7 +713,7 @@ def test_a_choice_edited_in_config_yaml_wins_when_the_run_resumes(corpus, tmp_pa
     monkeypatch.setattr(Trainer, "train_step", lambda trainer: (decays.append(next(
         g["weight_decay"] for g in trainer.optimizers.optimizers[0].param_groups if g["name"] == "matrices")),
         timed_step(trainer))[1])
-    items = [*local_corpus(corpus, tmp_path), "train.max_steps=100", "train.decay_by_passes={0.2: 0.25}"]
+    items = [*corpus_items(corpus, tmp_path), "train.max_steps=100", "train.decay_by_passes={0.2: 0.25}"]
     first = train(load_config(TINY, items), run_name="run", progress=False, clock=clock)
     assert first.step == 50 and set(decays) == {0.25}
     path = first.run_dir / "config.yaml"
