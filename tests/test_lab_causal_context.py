@@ -186,26 +186,51 @@ def test_a_models_row_runs_the_leak_test_at_the_position_asked(tiny_model, char_
     assert row.sample == char_tokenizer.decode(greedy)
 
 
-def test_every_rows_causal_task_loss_reads_the_windows_the_runs_own_evaluation_read(
-        trained_run, tmp_path, monkeypatch, capsys, corpus_text, figure_unread):
-    # With --set train.eval_windows=4 the runs evaluated 4 windows and the causal-task loss read 64:
-    # the causal model's two validation columns, which must agree, read different text.
+@pytest.fixture(scope="module")
+def lab_with_checkpoint(trained_run, tmp_path_factory, corpus_text):
+    """One short `lab causal` run given --checkpoint, --position and train.eval_windows, its figure
+    unread (as `figure_unread`) and no fsync (as `no_fsync`): its out folder, what it printed, and the
+    calls it made of causal_task_loss (first argument, windows), leak_test (first argument, position)
+    and prefix_sample (prompt). The two tests after it read it, each for what it pins."""
+    import contextlib
+    import io
+    import os
+
     from tests.conftest import ROOT
     from tinyattn.cli.lab import main
-    from tinyattn.lab import causal
+    from tinyattn.lab import causal, context
 
-    read = []
-    real = causal.causal_task_loss
-    monkeypatch.setattr(causal, "causal_task_loss", lambda *args, **kwargs: (
-        read.append(kwargs.get("windows", "its default")) or real(*args, **kwargs)))
-    corpus = tmp_path / "corpus.txt"
+    folder = tmp_path_factory.mktemp("lab_with_checkpoint")
+    corpus = folder / "corpus.txt"
     corpus.write_text(corpus_text * 4, encoding="utf-8")  # about 30 validation windows: 4 are not all
-    assert main(["causal", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "3",
-                 "--out", str(tmp_path / "out"), "--checkpoint", str(trained_run.run_dir), "--set",
-                 f"data.files={corpus}", "data.url=null", "data.sha256=null",
-                 f"data.cache_dir={tmp_path / 'cache'}", "train.eval_windows=4"]) == 0
+    calls = {"causal_task_loss": [], "leak_test": [], "prefix_sample": []}
+    with pytest.MonkeyPatch.context() as monkeypatch, contextlib.redirect_stdout(io.StringIO()) as printed:
+        monkeypatch.setattr(os, "fsync", lambda fd: None)  # as no_fsync, for the module's lab runs
+        monkeypatch.setattr(causal, "save_figure", lambda rows, curves, path: path.touch() or path)
+        monkeypatch.setattr(context, "save_figure", lambda word, pairs, table, path: path.touch() or path)
+        real_loss, real_leak, real_sample = causal.causal_task_loss, causal.leak_test, causal.prefix_sample
+        monkeypatch.setattr(causal, "causal_task_loss", lambda model, first, *args, **kwargs: (
+            calls["causal_task_loss"].append((first, kwargs.get("windows", "its default")))
+            or real_loss(model, first, *args, **kwargs)))
+        monkeypatch.setattr(causal, "leak_test", lambda model, first, position: (
+            calls["leak_test"].append((first, position)) or real_leak(model, first, position)))
+        monkeypatch.setattr(causal, "prefix_sample", lambda model, prompt, **kwargs: (
+            calls["prefix_sample"].append(prompt) or real_sample(model, prompt, **kwargs)))
+        status = main(["causal", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "2", "--out",
+                       str(folder / "out"), "--checkpoint", str(trained_run.run_dir), "--position", "7",
+                       "--set", f"data.files={corpus}", "data.url=null", "data.sha256=null",
+                       f"data.cache_dir={folder / 'cache'}", "train.eval_windows=4"])
+    assert status == 0, printed.getvalue()
+    return folder / "out", printed.getvalue(), calls
+
+
+def test_every_rows_causal_task_loss_reads_the_windows_the_runs_own_evaluation_read(lab_with_checkpoint):
+    # With --set train.eval_windows=4 the runs evaluated 4 windows and the causal-task loss read 64:
+    # the causal model's two validation columns, which must agree, read different text.
+    _, printed, calls = lab_with_checkpoint
+    read = [windows for _, windows in calls["causal_task_loss"]]
     assert read == [4, 4, 4]  # the causal run, the bidirectional one and the --checkpoint
-    causal_row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| causal |"))
+    causal_row = next(line for line in printed.splitlines() if line.startswith("| causal |"))
     own_mask, causal_task = [float(cell) for cell in causal_row.split("|")[3:5]]
     assert own_mask == pytest.approx(causal_task, abs=1.5e-3)  # one loss for a causal model, rounded
 
@@ -245,28 +270,15 @@ def test_each_rows_train_and_val_loss_are_its_own_runs_last_logged_loss_and_eval
 
 
 def test_every_rows_leak_test_runs_on_the_first_window_at_the_position_asked_and_samples_after_its_start(
-        trained_run, tmp_path, monkeypatch, capsys, corpus_text, figure_unread):
-    from tests.conftest import ROOT
-    from tinyattn.cli.lab import main
-    from tinyattn.lab import causal
-
-    scored, tested, prompts = [], [], []
-    for name, log in (("causal_task_loss", scored), ("leak_test", tested), ("prefix_sample", prompts)):
-        real = getattr(causal, name)
-        monkeypatch.setattr(causal, name, lambda model, first, *args, _real=real, _log=log, **kwargs: (
-            _log.append((first, *args) if _log is tested else first) or _real(model, first, *args, **kwargs)))
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(corpus_text * 4, encoding="utf-8")
-    assert main(["causal", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "2", "--out",
-                 str(tmp_path / "out"), "--checkpoint", str(trained_run.run_dir), "--position", "7",
-                 "--set", f"data.files={corpus}", "data.url=null", "data.sha256=null",
-                 f"data.cache_dir={tmp_path / 'cache'}", "train.eval_windows=4"]) == 0
-    validation = scored[0]  # what the causal-task loss reads: the validation split
+        lab_with_checkpoint, trained_run):
+    out, _, calls = lab_with_checkpoint
+    scored, tested, prompts = calls["causal_task_loss"], calls["leak_test"], calls["prefix_sample"]
+    validation = scored[0][0]  # what the causal-task loss reads: the validation split
     assert len(tested) == len(prompts) == 3  # the two runs and the --checkpoint
     for (x, position), prompt in zip(tested, prompts):
         assert position == 7
         assert x.tolist() == [validation[:32].tolist()]  # the first window (tiny.yaml's context: 32)
-    report = (tmp_path / "out" / "causal.md").read_text()
+    report = (out / "causal.md").read_text()
     for name in ("causal", "bidirectional", str(trained_run.run_dir)):  # each row's sample, the --checkpoint's too
         assert f"\n## sample: {name}\n" in report
         assert prompt == validation[:24].tolist()  # the default prompt: its first 24 tokens
