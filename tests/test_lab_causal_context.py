@@ -278,10 +278,10 @@ def test_every_rows_leak_test_runs_on_the_first_window_at_the_position_asked_and
     for (x, position), prompt in zip(tested, prompts):
         assert position == 7
         assert x.tolist() == [validation[:32].tolist()]  # the first window (tiny.yaml's context: 32)
+        assert prompt == validation[:24].tolist()  # the default prompt: its first 24 tokens
     report = (out / "causal.md").read_text()
     for name in ("causal", "bidirectional", str(trained_run.run_dir)):  # each row's sample, the --checkpoint's too
         assert f"\n## sample: {name}\n" in report
-        assert prompt == validation[:24].tolist()  # the default prompt: its first 24 tokens
 
 
 def test_both_runs_are_evaluated_on_their_own_weights_not_a_moving_average(tmp_path, monkeypatch):
