@@ -24,6 +24,10 @@ from tinyattn.data.batches import BatchSampler, eval_batches, prepare_data, tail
 from tinyattn.data.tokenizer import END_OF_TEXT, Tokenizer
 from tinyattn.errors import DataError
 
+# The token caches, downloads and runs written here in process go to the page cache alone
+# (conftest.no_fsync says why).
+pytestmark = pytest.mark.usefixtures("no_fsync")
+
 DOCUMENTS = [f"Document {i}: " + "lorem ipsum dolor sit amet 0123456789, " * (i % 3 + 1)
              + f"the end of {i}.\n" for i in range(20)]
 HELD_OUT = [9, 19]  # floor((i+1)/10) > floor(i/10): every tenth document

@@ -45,6 +45,10 @@ from tinyattn.model.transformer import LanguageModel  # noqa: E402
 from tinyattn.train.loop import train  # noqa: E402
 from tests import warm_python  # noqa: E402
 
+# The exports, fine-tunes and token caches written here in process go to the page cache alone
+# (conftest.no_fsync says why).
+pytestmark = pytest.mark.usefixtures("no_fsync")
+
 TEXT = ("ROMEO: But soft, what light through yonder window breaks?\n"
         "JULIET: Привет, мир! Καλημέρα. 日本語のテキスト, 中文.\n"
         "NURSE: Emoji too 😀🎉👍🏽 and done.\n") * 3

@@ -19,6 +19,10 @@ from tinyattn.errors import CheckpointError
 from tinyattn.train.loop import train
 from tinyattn.train.resume import ResumePoint
 
+# The runs and token caches written here in process go to the page cache alone
+# (conftest.no_fsync says why).
+pytestmark = pytest.mark.usefixtures("no_fsync")
+
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
 
 

@@ -21,6 +21,10 @@ from tinyattn.data.sources import resolve_source
 from tinyattn.data.tokenizer import END_OF_TEXT
 from tinyattn.errors import ConfigError, DataError
 
+# The token caches written here in process go to the page cache alone
+# (conftest.no_fsync says why).
+pytestmark = pytest.mark.usefixtures("no_fsync")
+
 DOCUMENTS = [f"Document {i}: " + "lorem ipsum, dolor \"sit\" amet 0123456789\n" * (i % 3 + 1)
              + f"the end of {i}." for i in range(20)]
 HELD_OUT = [9, 19]  # every tenth document
