@@ -390,6 +390,21 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
     return status, out, err
 
 
+@pytest.fixture
+def blank_plots(monkeypatch):
+    """The loss-by-position plot (and attention's heatmaps) blank figures, still saved by the command
+    where it saves them, in the format the path's extension names: for CLI runs that check where a
+    plot goes and what kind of file it is, not what it shows (test_table_plot_and_tensorboard_...
+    and test_cli_scores_a_text_file_... draw the real one)."""
+    from tinyattn.analysis import attention_maps
+    from tinyattn.analysis.plotting import new_figure
+
+    monkeypatch.setattr(evaluate, "loss_by_position_figure", lambda losses, title="", dpi=evaluate.PLOT_DPI:
+                        new_figure(0.1, 0.1, dpi))
+    monkeypatch.setattr(attention_maps, "layer_figure",
+                        lambda maps, layer, heads=None, dpi=attention_maps.DPI: new_figure(0.1, 0.1, dpi))
+
+
 def printed(name: str, stdout: str) -> float:
     return float(re.search(rf"^{name}\s+([0-9.]+)", stdout, re.MULTILINE).group(1))
 
@@ -446,7 +461,8 @@ def test_cli_a_text_files_byte_order_mark_is_not_scored(run, tmp_path, capsys):
     assert scores[1] == scores[0]
 
 
-def test_plots_of_a_step_checkpoint_are_named_after_it_and_leave_best_pts_alone(run, tmp_path, capsys):
+def test_plots_of_a_step_checkpoint_are_named_after_it_and_leave_best_pts_alone(run, tmp_path, capsys,
+                                                                               blank_plots):
     # eval and attention on step_N.pt wrote the names best.pt's plots have, replacing them unsaid.
     import shutil
 
@@ -467,7 +483,8 @@ def test_plots_of_a_step_checkpoint_are_named_after_it_and_leave_best_pts_alone(
     assert [p.name for p in (folder / f"attention_{step.stem}").iterdir()] == ["layer_0.png"]
 
 
-def test_cli_plot_goes_where_it_says_and_a_format_it_cannot_write_is_one_line(run, tmp_path, capsys):
+def test_cli_plot_goes_where_it_says_and_a_format_it_cannot_write_is_one_line(run, tmp_path, capsys,
+                                                                              blank_plots):
     args = ("--checkpoint", str(run["run_dir"]), "--split", "validation", "--plot")
     default = "loss_by_position_validation.png"
     for given, written in ((str(tmp_path / "lbp"), tmp_path / "lbp.png"),  # no extension: .png, said
@@ -503,7 +520,7 @@ def test_cli_no_plot_wins_over_a_plot_path_it_would_refuse(run, tmp_path, capsys
         assert status == 0 and stderr == "" and "wrote" not in stdout, (plot, stderr)
 
 
-def test_cli_plot_keeps_a_format_extension_given_in_any_case(run, tmp_path, capsys):
+def test_cli_plot_keeps_a_format_extension_given_in_any_case(run, tmp_path, capsys, blank_plots):
     text_file = tmp_path / "text.txt"
     text_file.write_text(TEXT[:200], encoding="utf-8")
     for name, magic in (("lbp.pdf", b"%PDF"), ("upper.PNG", b"\x89PNG")):
