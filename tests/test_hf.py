@@ -113,6 +113,20 @@ def char_run(tmp_path):
     return save_run(tmp_path, config, model, tokenizer)
 
 
+@pytest.fixture
+def blank_plots(monkeypatch):
+    """Attention's heatmaps and eval's loss-by-position plot blank figures, still written where the
+    command writes them: for runs whose PNGs no assertion here reads. What they show is pinned by
+    tests/test_attention_maps.py and tests/test_evaluate.py."""
+    from tinyattn.analysis import attention_maps, evaluate
+    from tinyattn.analysis.plotting import new_figure
+
+    monkeypatch.setattr(attention_maps, "layer_figure",
+                        lambda maps, layer, heads=None, dpi=attention_maps.DPI: new_figure(0.1, 0.1, dpi))
+    monkeypatch.setattr(evaluate, "loss_by_position_figure", lambda losses, title="", dpi=evaluate.PLOT_DPI:
+                        new_figure(0.1, 0.1, dpi))
+
+
 def run_main(main, argv, capsys):
     capsys.readouterr()  # drop what came before (transformers' progress bars)
     code = main([str(a) for a in argv])
@@ -995,7 +1009,8 @@ def test_an_export_of_an_imported_folder_names_its_unknown_token(tmp_path):
     assert transformers.AutoTokenizer.from_pretrained(tmp_path / "out").unk_token == "<unk>"
 
 
-def test_attention_and_the_explorer_read_an_imported_folders_text_after_its_bos(tmp_path, capsys):
+def test_attention_and_the_explorer_read_an_imported_folders_text_after_its_bos(tmp_path, capsys,
+                                                                                blank_plots):
     # What generation read (and transformers' tokenizer gives): the maps and the explorer's
     # prediction at a clicked token are of those ids, <s> first.
     import transformers
@@ -1048,6 +1063,8 @@ def test_lab_context_and_lab_distance_read_an_imported_folders_text_after_its_bo
     scored = []
     real = distance.token_losses
     monkeypatch.setattr(distance, "token_losses", lambda model, x, y: scored.append(x) or real(model, x, y))
+    # the figure an empty file at its path: no assertion here reads it (test_lab_recurrence_distance does)
+    monkeypatch.setattr(distance, "save_figure", lambda probe, recall, path, *, length: path.touch())
     (tmp_path / "gap.txt").write_text(TEXT, encoding="utf-8")
     code, out, err = run_main(lab_main, ["distance", "--checkpoint", llama, "--text", tmp_path / "gap.txt",
                                          "--string-length", "4", "--recall-steps", "1", "--pairs", "2",
@@ -1138,7 +1155,7 @@ def test_an_export_into_the_folder_it_reads_is_refused_even_with_force(tmp_path,
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
 
 
-def test_generate_eval_and_attention_take_a_hf_folder(tmp_path, capsys):
+def test_generate_eval_and_attention_take_a_hf_folder(tmp_path, capsys, blank_plots):
     tokenizer = tokenizer_of("bpe")
     random_llama(tmp_path / "llama", tokenizer)
     code, out, err = run_main(generate_cli.main, ["--checkpoint", tmp_path / "llama", "--prompt", "ROMEO:",
@@ -1182,7 +1199,8 @@ def test_a_checkpoint_that_is_not_there_names_a_hugging_face_folder_and_how_to_g
                    "config.json, model.safetensors and tokenizer.json)\n")
 
 
-def test_plots_of_a_hf_folder_go_to_the_current_folder_not_into_the_model_folder(tmp_path, capsys, monkeypatch):
+def test_plots_of_a_hf_folder_go_to_the_current_folder_not_into_the_model_folder(
+        tmp_path, capsys, monkeypatch, blank_plots):
     # A Hugging Face folder is a model's own (or the hub's cache): attention's PNGs and eval's plot
     # land beside the command, named after the folder (an export into a folder holding them is refused).
     pytest.importorskip("matplotlib")
@@ -1205,7 +1223,8 @@ def test_plots_of_a_hf_folder_go_to_the_current_folder_not_into_the_model_folder
     assert sorted(p.name for p in (tmp_path / "llama").iterdir()) == before
 
 
-def test_checkpoint_dot_inside_a_hf_folder_or_a_run_folder_keeps_the_models_name(tmp_path, capsys, monkeypatch):
+def test_checkpoint_dot_inside_a_hf_folder_or_a_run_folder_keeps_the_models_name(
+        tmp_path, capsys, monkeypatch, blank_plots):
     # `--checkpoint .` (Path('.').name is ''): attention wrote `_attention/`, eval's plot lost the
     # name in its file and title, an export's model card said it came from `best.pt`.
     import tinyattn.analysis.evaluate as evaluate_module
