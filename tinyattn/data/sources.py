@@ -358,8 +358,11 @@ def _inferred_splits(data: DataConfig, files: list[Path]) -> dict[str, list[str]
                         ) from None
 
     base, kept = str(Path(data.dataset).absolute()), {os.path.realpath(p) for p in files}
+    names = None if any(c in base for c in "*?[") else _names_below(base)
 
     def resolve(pattern: str) -> list[str]:
+        if names is not None and not _may_match(pattern, names):
+            raise FileNotFoundError(pattern)  # no name below holds a word it needs: no glob of the folder
         found = [f for f in resolve_pattern(pattern, base, allowed_extensions=_ALL_ALLOWED_EXTENSIONS)
                  if os.path.realpath(f) in kept]
         if not found:
@@ -381,6 +384,31 @@ def _inferred_splits(data: DataConfig, files: list[Path]) -> dict[str, list[str]
         # escaped: datasets reads data_files as patterns (train[1].jsonl would be train1.jsonl)
         splits[split] = [glob.escape(f) for f in found]
     return splits
+
+
+def _names_below(folder: str) -> str:
+    """Every name below `folder`, of files and folders, hidden ones too, in linked folders too (each real
+    folder once, as `_files_below` walks), one a line and case-folded: where `_may_match` looks."""
+    names, seen = set(), set()
+    for root, folders, files in os.walk(folder, followlinks=True):
+        real = os.path.realpath(root)
+        if real in seen:  # its names are in already
+            folders[:] = []
+            continue
+        seen.add(real)
+        names.update(folders, files)
+    return "\n".join(sorted(names)).casefold()
+
+
+def _may_match(pattern: str, names: str) -> bool:
+    """False where a glob pattern relative to a folder cannot match anything below it: a run of its literal
+    characters (between wildcards, character sets and separators) matches the same characters within
+    one name of a path, so each run is in `names` (`_names_below`). datasets tries dozens of patterns of
+    split names on a folder, each a glob of the whole folder; most hold a word no name below has."""
+    words = [w for w in re.split(r"\[[^\]/]*\]|[*?/]", pattern) if w]
+    if any(c in w for w in words for c in "[]\\"):
+        return True  # a character set or an escape not read here: left to the glob
+    return all(w.casefold() in names for w in words)
 
 
 def _card_lists_files(folder: Path) -> bool:
