@@ -952,6 +952,31 @@ def test_a_file_two_of_a_splits_patterns_match_in_a_dataset_folder_is_read_once(
     assert documents_of(result) == expected_split(DOCUMENTS)
 
 
+@pytest.mark.parametrize("layout", ["plain", "a split named by a link alone"])
+def test_a_dataset_folders_splits_are_found_globbing_only_the_patterns_some_name_below_could_match(
+        tmp_path, monkeypatch, layout):
+    # datasets tries dozens of split patterns on a folder, each a glob of all of it (most of the time a
+    # small dataset folder took to read): a pattern holding a word that no name below holds is no glob.
+    # The splits found are the ones globbing every pattern finds.
+    import datasets.data_files
+
+    folder = tmp_path / "corpus"
+    (folder / "shards").mkdir(parents=True)
+    (folder / "shards" / "part-0.jsonl").write_text(jsonl_text(DOCUMENTS[:10]))
+    (folder / "shards" / "part-1.jsonl").write_text(jsonl_text(DOCUMENTS[10:]))
+    if layout == "a split named by a link alone":
+        (folder / "validation").symlink_to("shards")
+    data = make_config(tmp_path, {"dataset": str(folder)}).data
+    files = sources._folder_files(folder)
+    globbed, resolve = [], datasets.data_files.resolve_pattern
+    monkeypatch.setattr(datasets.data_files, "resolve_pattern", lambda pattern, *args, **kwargs: (
+        globbed.append(pattern) or resolve(pattern, *args, **kwargs)))
+    found, first = sources._inferred_splits(data, files), len(globbed)
+    monkeypatch.setattr(sources, "_may_match", lambda pattern, names: True)  # every pattern globbed
+    assert sources._inferred_splits(data, files) == found and found
+    assert 0 < first < (len(globbed) - first) / 2, globbed
+
+
 def test_a_dataset_folder_of_text_files_with_its_own_splits_reads_each_splits_files_only(
         tmp_path, monkeypatch):
     import datasets
