@@ -152,7 +152,8 @@ def test_an_interrupted_and_resumed_budget_run_equals_an_uninterrupted_one(corpu
 
     clock.now = 0.0
     machine.signal_at_step = 37  # not an evaluation step: the stop's own checkpoint
-    first = train(budget_config(corpus, tmp_path, "20s", *extra), run_name="split", progress=False, clock=clock)
+    first = train(budget_config(corpus, tmp_path, "20s", *extra), run_name="split", progress=False,
+                  clock=clock)
     assert first.interrupted and first.step == 37
     saved = ckpt.load_checkpoint(ckpt.latest_checkpoint(first.run_dir))
     assert saved["step"] == 37 and saved["plan"]["kind"] == "time" and 0 < saved["plan"]["progress"] < 1
@@ -670,7 +671,8 @@ def test_a_run_of_fixed_steps_takes_the_entries_for_the_passes_its_steps_make(
         (trainer.model.blocks[1].dropout.p, trainer.plan.config.min_lr,
          next(g["weight_decay"] for g in trainer.optimizers.optimizers[0].param_groups if g["name"] == "matrices"))),
         timed_step(trainer))[1])
-    items = [*corpus_items(corpus, tmp_path), f"train.max_steps={steps}", f"train.grad_accum_steps={accumulate}"]
+    items = [*corpus_items(corpus, tmp_path), f"train.max_steps={steps}",
+             f"train.grad_accum_steps={accumulate}"]
     first = train(load_config(TINY, items + FIXED_STEP_TABLES), run_name="run", progress=False, clock=clock)
     assert f"train.max_steps {steps}: {choices}" in (first.run_dir / "train.log").read_text()
     saved = load_config(first.run_dir / "config.yaml")

@@ -2752,7 +2752,8 @@ def test_importing_the_training_core_loads_no_analysis_generation_hf_or_matplotl
     # every module a fresh Python would load here, and perhaps more: a periphery module shows in both.
     code = ("import sys, tinyattn.train.loop\n"
             "print('\\n'.join(sorted(m for m in sys.modules if m.startswith(('tinyattn', 'matplotlib')))))")
-    done = warm_python.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = warm_python.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120)
     assert done.returncode == 0, done.stderr
     loaded = done.stdout.split()
     print("tinyattn.train.loop loads:", ", ".join(loaded))

@@ -319,7 +319,8 @@ def agreement(rel: Relevance, query: Optional[int] = None, size: bool = False) -
     with_relevance = rank_correlation_with(relevance)  # ranked once for every head, layer and the mean
     by_head = np.array([[with_relevance(rel.weights[layer, head][pairs])
                          for head in range(rel.num_heads)] for layer in range(rel.num_layers)])
-    by_layer = np.array([with_relevance(rel.weights[layer].mean(0)[pairs]) for layer in range(rel.num_layers)])
+    by_layer = np.array([with_relevance(rel.weights[layer].mean(0)[pairs])
+                         for layer in range(rel.num_layers)])
     mean = with_relevance(rel.weights.mean((0, 1))[pairs])
     return Agreement(int(pairs.sum()), mean, by_layer, by_head)
 
