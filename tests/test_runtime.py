@@ -4,7 +4,9 @@ restored whole, the peak measurement leaves the random state alone."""
 import io
 import random
 import re
+import signal
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -298,12 +300,13 @@ def test_train_leaves_together_after_a_run_that_ended_alike_and_not_after_a_fail
     from tinyattn.train import loop
 
     said = []
+    done = SimpleNamespace(interrupted=False)
     monkeypatch.setattr(loop, "init_distributed", lambda device: Distributed(rank=0, world_size=2))
     monkeypatch.setattr(loop, "leave_together", lambda dist: said.append("leave"))
     monkeypatch.setattr(loop, "shutdown_distributed", lambda dist: said.append("shutdown"))
-    monkeypatch.setattr(loop, "_train", lambda config, request, dist, stopper: said.append("run") or "result")
+    monkeypatch.setattr(loop, "_train", lambda config, request, dist, stopper: said.append("run") or done)
     config = config_from_dict({"data": {"files": "corpus.txt"}})
-    assert loop.train(config) == "result" and said == ["run", "leave", "shutdown"]
+    assert loop.train(config) is done and said == ["run", "leave", "shutdown"]
 
     def failing(config, request, dist, stopper):
         raise RuntimeError("a step failed")
@@ -313,6 +316,28 @@ def test_train_leaves_together_after_a_run_that_ended_alike_and_not_after_a_fail
     with pytest.raises(RuntimeError, match="a step failed"):
         loop.train(config)
     assert said == ["shutdown"]
+
+
+@pytest.mark.parametrize("ranks", [2, 1])
+def test_a_distributed_run_that_stopped_ignores_the_sigterm_that_follows_the_first_ranks_exit(
+        monkeypatch, ranks):
+    """Each rank of a stopped run exits 130; torchrun then sends SIGTERM to the ranks left, and one still
+    ending (its checkpoint saved, its line said) died of it: exit -15. One process keeps its handler."""
+    from tinyattn.system.distributed import Distributed
+    from tinyattn.train import loop
+
+    stopped = SimpleNamespace(interrupted=True)
+    monkeypatch.setattr(loop, "init_distributed", lambda device: Distributed(rank=0, world_size=ranks))
+    monkeypatch.setattr(loop, "leave_together", lambda dist: None)
+    monkeypatch.setattr(loop, "shutdown_distributed", lambda dist: None)
+    monkeypatch.setattr(loop, "_train", lambda config, request, dist, stopper: stopped)
+    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        assert loop.train(config_from_dict({"data": {"files": "corpus.txt"}})) is stopped
+        after = signal.getsignal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert after is (signal.SIG_IGN if ranks > 1 else signal.SIG_DFL)
 
 
 def test_only_a_peer_gone_from_a_distributed_run_becomes_each_ranks_one_line():
