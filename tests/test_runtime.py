@@ -331,13 +331,15 @@ def test_a_distributed_run_that_stopped_ignores_the_sigterm_that_follows_the_fir
     monkeypatch.setattr(loop, "leave_together", lambda dist: None)
     monkeypatch.setattr(loop, "shutdown_distributed", lambda dist: None)
     monkeypatch.setattr(loop, "_train", lambda config, request, dist, stopper: stopped)
-    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    before = {sig: signal.signal(sig, signal.SIG_DFL) for sig in stops}
     try:
         assert loop.train(config_from_dict({"data": {"files": "corpus.txt"}})) is stopped
-        after = signal.getsignal(signal.SIGTERM)
-    finally:
-        signal.signal(signal.SIGTERM, before)
-    assert after is (signal.SIG_IGN if ranks > 1 else signal.SIG_DFL)
+        after = [signal.getsignal(sig) for sig in stops]
+    finally:  # this process's own handlers again: the tests after it start processes that inherit them
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    assert after == [signal.SIG_IGN if ranks > 1 else signal.SIG_DFL] * len(stops)
 
 
 def test_only_a_peer_gone_from_a_distributed_run_becomes_each_ranks_one_line():
