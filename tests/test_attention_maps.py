@@ -461,6 +461,23 @@ def blank_heatmaps(monkeypatch):
     draw_blank_heatmaps(monkeypatch)
 
 
+@pytest.fixture
+def heatmaps_unrendered(monkeypatch) -> list:
+    """The heatmap figures `layer_figure` makes during the test, each built whole (its panels, ticks and
+    title) but saved as an empty file at its path rather than rendered: for CLI runs that read which
+    figures were drawn and of what, none of their pixels. Rendering is pinned by the tests above."""
+    made, real = [], maps_module.new_figure
+
+    def new_figure(*args, **kwargs):
+        figure = real(*args, **kwargs)
+        figure.savefig = lambda path, *more, **options: Path(path).touch()
+        made.append(figure)
+        return figure
+
+    monkeypatch.setattr(maps_module, "new_figure", new_figure)
+    return made
+
+
 def test_cli_writes_heatmaps_and_prints_the_query_table(run_dir, capsys, monkeypatch):
     context = load_config(run_dir / "config.yaml").model.context_length
     status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run_dir), "--text", SENTENCE, "--query", "was",
@@ -576,7 +593,7 @@ def test_cli_bad_input_is_one_line_and_exit_status_2(run_dir, args, message, cap
 
 
 def test_cli_layer_and_head_draw_and_tabulate_only_that_head_and_the_first_kept_token_can_be_asked(
-        run_dir, tmp_path, capsys):
+        run_dir, tmp_path, capsys, heatmaps_unrendered):
     context = load_config(run_dir / "config.yaml").model.context_length
     dropped = len(SENTENCE) - context  # the first token of the kept end is token `dropped` of the text
     status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run_dir), "--text", SENTENCE, "--layer",
@@ -584,6 +601,9 @@ def test_cli_layer_and_head_draw_and_tabulate_only_that_head_and_the_first_kept_
                                      str(tmp_path), "--device", "cpu")
     assert status == 0, stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["layer_1_head_2.png"]
+    [figure] = heatmaps_unrendered  # one figure: layer 1, one panel, head 2's
+    assert figure._suptitle.get_text().startswith("layer 1: ")
+    assert [ax.get_xlabel() for ax in figure.axes if ax.images] == ["head 2"]
     table = stdout.split("\n\n", 1)[1].splitlines()
     assert table[0].endswith(f"at position 0 of the kept window (token {dropped} of the text)")
     assert table[1].startswith(f"query {visible(SENTENCE[dropped])} at position 0 (of {context} tokens)")
