@@ -766,27 +766,54 @@ def _file_digests(folder: Path) -> dict:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("*.pt"))}
 
 
+def _tree_digests(folder: Path) -> dict:
+    import hashlib
+
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def twelve_steps_trained(corpus, tmp_path_factory):
+    """twelve_steps' run, trained once a module (a process, under pytest-xdist): (the folder it was
+    trained under, a copy of that folder's files made then, their digests). Its config.yaml, data.json,
+    checkpoints and train.log name that folder (train.out_dir, data.cache_dir): each test gets the
+    folder back as the training left it, and nothing in it names the copy."""
+    out = tmp_path_factory.mktemp("twelve_steps")
+    config = tiny_config(corpus, out, "train.max_steps=12", "train.eval_interval=3", "train.keep_last=4")
+    with pytest.MonkeyPatch.context() as patch:  # as no_fsync does for each test
+        patch.setattr(os, "fsync", lambda fd: None)
+        train(config, run_name="orig", progress=False)
+    trained = tmp_path_factory.mktemp("twelve_steps_as_trained")
+    shutil.copytree(out, trained, dirs_exist_ok=True)
+    return out, trained, _tree_digests(trained)
+
+
 @pytest.fixture
-def twelve_steps(corpus, tmp_path):
-    """A run 'orig' of 12 steps with checkpoints at 3, 6, 9, 12; returns (its folder, digests)."""
-    config = tiny_config(corpus, tmp_path, "train.max_steps=12", "train.eval_interval=3", "train.keep_last=4")
-    train(config, run_name="orig", progress=False)
-    run = tmp_path / "orig"
+def twelve_steps(twelve_steps_trained):
+    """A run 'orig' of 12 steps with checkpoints at 3, 6, 9, 12, its data cache beside it, in a folder
+    of their own (run.parent): the test may write there. Returns (its folder, digests)."""
+    out, trained, digests = twelve_steps_trained
+    shutil.rmtree(out)  # what the test before wrote
+    shutil.copytree(trained, out)
+    assert _tree_digests(out) == digests  # the folder as its training left it
+    run = out / "orig"
     return run, _file_digests(run)
 
 
-def test_a_fine_tune_of_a_folder_whose_best_pt_is_damaged_logs_the_checkpoint_it_read(corpus, tmp_path,
+def test_a_fine_tune_of_a_folder_whose_best_pt_is_damaged_logs_the_checkpoint_it_read(corpus,
                                                                                       twelve_steps):
     # The console said "best.pt is damaged; using step_0000012.pt" before train.log was open, and the
     # run's config.yaml names only the folder: nothing kept which weights the fine-tune started from.
     run, _ = twelve_steps
+    out = run.parent  # the folder the run was trained under
     best = run / "best.pt"
     best.write_bytes(best.read_bytes()[:-100])  # cut short
-    config = tiny_config(corpus, tmp_path, "train.max_steps=2", f"train.init_from={run}")
+    config = tiny_config(corpus, out, "train.max_steps=2", f"train.init_from={run}")
     result = train(config, run_name="tuned", progress=False)
     log = (result.run_dir / "train.log").read_text()
     assert f"note: train.init_from {run}: the weights come from {run / 'step_0000012.pt'}" in log
-    tuned = tiny_config(corpus, tmp_path, "train.max_steps=2", f"train.init_from={run / 'step_0000009.pt'}")
+    tuned = tiny_config(corpus, out, "train.max_steps=2", f"train.init_from={run / 'step_0000009.pt'}")
     log = (train(tuned, run_name="named", progress=False).run_dir / "train.log").read_text()
     assert "the weights come from" not in log  # the file the user named: nothing to add
 
@@ -817,14 +844,15 @@ def test_a_fine_tune_takes_the_end_of_text_token_of_its_source(tmp_path):
     assert (config.tokenizer.kind, config.tokenizer.end_of_text) == ("pretrained", "</s>")
 
 
-def test_resuming_an_earlier_checkpoint_with_a_new_run_name_forks(corpus, tmp_path, twelve_steps):
+def test_resuming_an_earlier_checkpoint_with_a_new_run_name_forks(corpus, twelve_steps):
     run, before = twelve_steps
-    result = train(tiny_config(corpus, tmp_path, "train.max_steps=12", "train.eval_interval=3",
+    out = run.parent  # the folder the run was trained under
+    result = train(tiny_config(corpus, out, "train.max_steps=12", "train.eval_interval=3",
                                "train.keep_last=4", "train.lr=5e-3"),
                    run_name="fork", resume=run / "step_0000006.pt", progress=False)
-    assert result.run_dir == tmp_path / "fork" and result.step == 12
+    assert result.run_dir == out / "fork" and result.step == 12
     assert _file_digests(run) == before  # the original is never written
-    fork = tmp_path / "fork"
+    fork = out / "fork"
     assert [p.name for p in ckpt.step_checkpoints(fork)] == [ckpt.step_filename(s) for s in (6, 9, 12)]
     start = ckpt.load_checkpoint(fork / "step_0000006.pt")
     assert start["step"] == 6 and start["config"]["train"]["lr"] == pytest.approx(2e-3)  # the copy
@@ -833,21 +861,22 @@ def test_resuming_an_earlier_checkpoint_with_a_new_run_name_forks(corpus, tmp_pa
 
 
 
-def test_a_fork_that_fails_before_its_first_step_leaves_no_folder_behind(corpus, tmp_path, twelve_steps):
+def test_a_fork_that_fails_before_its_first_step_leaves_no_folder_behind(corpus, twelve_steps):
     run, before = twelve_steps
+    out = run.parent  # the folder the run was trained under
     fork_from = run / "step_0000006.pt"  # named, as a fork starts from it
     with pytest.raises(TinyattnError,
                        match=rf"^--stop-at-step 5: {re.escape(str(fork_from))} is already at step 6"):
-        train(tiny_config(corpus, tmp_path, "train.max_steps=12"), run_name="fork",
+        train(tiny_config(corpus, out, "train.max_steps=12"), run_name="fork",
               resume=run / "step_0000006.pt", stop_at_step=5, progress=False)
-    assert not (tmp_path / "fork").exists()
+    assert not (out / "fork").exists()
     assert _file_digests(run) == before
     # A folder the user made for it is not this command's to take back
-    (tmp_path / "made").mkdir()
+    (out / "made").mkdir()
     with pytest.raises(TinyattnError, match=r"^--stop-at-step 5: "):
-        train(tiny_config(corpus, tmp_path, "train.max_steps=12"), run_name="made",
+        train(tiny_config(corpus, out, "train.max_steps=12"), run_name="made",
               resume=run / "step_0000006.pt", stop_at_step=5, progress=False)
-    assert (tmp_path / "made").is_dir() and _file_digests(run) == before
+    assert (out / "made").is_dir() and _file_digests(run) == before
 
 def test_a_new_named_run_that_fails_before_its_first_step_leaves_no_folder_behind(corpus, tmp_path):
     config = tiny_config(corpus, tmp_path, f"data.files={tmp_path / 'missing.txt'}")
@@ -856,49 +885,52 @@ def test_a_new_named_run_that_fails_before_its_first_step_leaves_no_folder_behin
     assert not (tmp_path / "fresh").exists()
 
 
-def test_a_fork_never_takes_a_later_best_nor_trains_into_another_runs_checkpoints(corpus, tmp_path, twelve_steps):
+def test_a_fork_never_takes_a_later_best_nor_trains_into_another_runs_checkpoints(corpus, twelve_steps):
     run, before = twelve_steps
+    out = run.parent  # the folder the run was trained under
     assert ckpt.saved_value(run / "best.pt", "step") > 6  # the original's best is past the fork's start
     from tinyattn.train.resume import ResumePoint
 
-    (tmp_path / "fork").mkdir()
-    ResumePoint.find(run / "step_0000006.pt", "fork", tmp_path).fork_into(tmp_path / "fork")
-    assert sorted(p.name for p in (tmp_path / "fork").iterdir()) == ["step_0000006.pt"]  # no later best.pt
-    config = tiny_config(corpus, tmp_path, "train.max_steps=12", "train.eval_interval=3", "train.keep_last=4")
-    train(tiny_config(corpus, tmp_path, "train.max_steps=3", "train.eval_interval=3"), run_name="other",
+    (out / "fork").mkdir()
+    ResumePoint.find(run / "step_0000006.pt", "fork", out).fork_into(out / "fork")
+    assert sorted(p.name for p in (out / "fork").iterdir()) == ["step_0000006.pt"]  # no later best.pt
+    config = tiny_config(corpus, out, "train.max_steps=12", "train.eval_interval=3", "train.keep_last=4")
+    train(tiny_config(corpus, out, "train.max_steps=3", "train.eval_interval=3"), run_name="other",
           progress=False)
-    other = _file_digests(tmp_path / "other")
+    other = _file_digests(out / "other")
     with pytest.raises(CheckpointError, match=r"other already holds checkpoints"):
         train(config, run_name="other", resume=run / "step_0000006.pt", progress=False)
-    assert _file_digests(tmp_path / "other") == other and _file_digests(run) == before
+    assert _file_digests(out / "other") == other and _file_digests(run) == before
 
 
-def test_a_fork_from_the_step_of_the_originals_best_takes_its_best_pt(corpus, tmp_path, twelve_steps):
+def test_a_fork_from_the_step_of_the_originals_best_takes_its_best_pt(corpus, twelve_steps):
     # Without it the fork's best.pt would only come from an evaluation that beats the loss the
     # checkpoint carries, perhaps never: the fork's "best" model would be missing.
     run, _ = twelve_steps
+    out = run.parent  # the folder the run was trained under
     from tinyattn.train.resume import ResumePoint
 
     best_step = ckpt.saved_value(run / "best.pt", "step")
-    (tmp_path / "fork").mkdir()
-    ResumePoint.find(run / ckpt.step_filename(best_step), "fork", tmp_path).fork_into(tmp_path / "fork")
-    assert sorted(p.name for p in (tmp_path / "fork").iterdir()) == ["best.pt", ckpt.step_filename(best_step)]
-    assert (tmp_path / "fork" / "best.pt").read_bytes() == (run / "best.pt").read_bytes()
+    (out / "fork").mkdir()
+    ResumePoint.find(run / ckpt.step_filename(best_step), "fork", out).fork_into(out / "fork")
+    assert sorted(p.name for p in (out / "fork").iterdir()) == ["best.pt", ckpt.step_filename(best_step)]
+    assert (out / "fork" / "best.pt").read_bytes() == (run / "best.pt").read_bytes()
 
 
 def test_a_fork_without_the_originals_best_pt_starts_its_best_afresh_and_resumes_exactly(
-        corpus, tmp_path, twelve_steps):
+        corpus, twelve_steps):
     """A fork from before the original's best.pt kept the checkpoint's best loss, reached at a step
     the fork does not have: no evaluation beat it, so no best.pt, and the run reported a loss whose
     model was not in its folder. The step-6 checkpoint is given a best of 0.5 (as if an earlier
     step had reached it), which nothing here beats."""
     run, _ = twelve_steps
+    out = run.parent  # the folder the run was trained under
     assert ckpt.saved_value(run / "best.pt", "step") > 6
     start = ckpt.load_checkpoint(run / "step_0000006.pt")
     ckpt.save_checkpoint({**start, "best_val_loss": 0.5}, run / "step_0000006.pt")
-    config = tiny_config(corpus, tmp_path, "train.max_steps=12", "train.eval_interval=3", "train.keep_last=4")
+    config = tiny_config(corpus, out, "train.max_steps=12", "train.eval_interval=3", "train.keep_last=4")
     result = train(config, run_name="fork", resume=run / "step_0000006.pt", progress=False)
-    fork = tmp_path / "fork"
+    fork = out / "fork"
     assert ckpt.saved_value(fork / "step_0000006.pt", "best_val_loss") == math.inf  # as the fork started
     best = ckpt.load_checkpoint(fork / "best.pt")
     assert best["step"] in (9, 12) and result.best_val_loss == best["best_val_loss"] > 0.5
@@ -906,15 +938,16 @@ def test_a_fork_without_the_originals_best_pt_starts_its_best_afresh_and_resumes
     train(config, run_name="split", resume=run / "step_0000006.pt", stop_at_step=7, progress=False)
     again = train(config, run_name="split", resume=True, progress=False)
     assert again.best_val_loss == result.best_val_loss
-    assert ckpt.saved_value(tmp_path / "split" / "best.pt", "step") == best["step"]
+    assert ckpt.saved_value(out / "split" / "best.pt", "step") == best["step"]
 
 
 def test_a_checkpoint_saved_before_the_schedule_ended_at_the_floor_resumes_with_a_note(
-        corpus, tmp_path, twelve_steps):
+        corpus, twelve_steps):
     # Its plan state lacks ends_at_floor: the run continues with today's schedule, and says so once;
     # a checkpoint of today's code resumes without the note.
     run, _ = twelve_steps
-    config = tiny_config(corpus, tmp_path, "train.max_steps=18", "train.eval_interval=3", "train.keep_last=4")
+    out = run.parent  # the folder the run was trained under
+    config = tiny_config(corpus, out, "train.max_steps=18", "train.eval_interval=3", "train.keep_last=4")
     train(config, run_name="orig", resume=True, stop_at_step=15, progress=False)
     log = (run / "train.log").read_text()
     assert "was saved before 2026-12-05" not in log
@@ -927,18 +960,19 @@ def test_a_checkpoint_saved_before_the_schedule_ended_at_the_floor_resumes_with_
     assert log.count(note) == 1
 
 
-def test_a_resume_in_place_whose_best_pt_is_gone_starts_its_best_afresh(corpus, tmp_path, twelve_steps):
+def test_a_resume_in_place_whose_best_pt_is_gone_starts_its_best_afresh(corpus, twelve_steps):
     """best.pt deleted (or damaged) before a resume in place: the checkpoint's best of 0.5, which
     nothing here beats, would leave the run without a best.pt and report a loss whose model is not
     in its folder; its first evaluation writes best.pt instead."""
     run, _ = twelve_steps
-    inplace = tmp_path / "inplace"
+    out = run.parent  # the folder the run was trained under
+    inplace = out / "inplace"
     shutil.copytree(run, inplace)
     for name in ("best.pt", "step_0000009.pt", "step_0000012.pt"):
         (inplace / name).unlink(missing_ok=True)
     start = ckpt.load_checkpoint(inplace / "step_0000006.pt")
     ckpt.save_checkpoint({**start, "best_val_loss": 0.5}, inplace / "step_0000006.pt")
-    config = tiny_config(corpus, tmp_path, "train.max_steps=12", "train.eval_interval=3", "train.keep_last=4")
+    config = tiny_config(corpus, out, "train.max_steps=12", "train.eval_interval=3", "train.keep_last=4")
     result = train(config, run_name="inplace", resume=True, progress=False)
     best = ckpt.load_checkpoint(inplace / "best.pt")
     assert best["step"] in (9, 12) and result.best_val_loss == best["best_val_loss"] > 0.5
@@ -1043,16 +1077,17 @@ def test_a_bpe_run_resumed_with_another_vocabulary_size_is_refused_naming_the_ke
         point.adopt(load_config(TINY, ["tokenizer.kind=bpe", "tokenizer.vocab_size=500"]))
 
 
-def test_resuming_an_earlier_checkpoint_in_place_is_refused(corpus, tmp_path, twelve_steps, capsys):
+def test_resuming_an_earlier_checkpoint_in_place_is_refused(corpus, twelve_steps, capsys):
     from tinyattn.cli.train import main
 
     run, before = twelve_steps
+    out = run.parent  # the folder the run was trained under
     with pytest.raises(CheckpointError, match=r"step_0000006\.pt is step 6, but .*orig goes on to step 12: "
                                               r".*--resume .*step_0000006\.pt --run-name NEW_NAME"):
-        train(tiny_config(corpus, tmp_path, "train.max_steps=12"), resume=run / "step_0000006.pt",
+        train(tiny_config(corpus, out, "train.max_steps=12"), resume=run / "step_0000006.pt",
               progress=False)
     assert main(["--resume", str(run / "step_0000006.pt"), "--no-progress", "--set",
-                 f"train.out_dir={tmp_path}"]) == 2
+                 f"train.out_dir={out}"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
     assert _file_digests(run) == before
 
@@ -1084,19 +1119,20 @@ def test_the_commands_a_run_prints_work_where_its_path_holds_a_space(corpus, tmp
     assert shlex.split(command("train")) == ["python", str(script)]
 
 
-def test_the_advice_of_a_refused_resume_quotes_a_run_path_that_holds_a_space(corpus, tmp_path, twelve_steps,
+def test_the_advice_of_a_refused_resume_quotes_a_run_path_that_holds_a_space(corpus, twelve_steps,
                                                                             capsys):
     # Each command a refusal prints can be pasted into a shell as it is: a path with a space is quoted.
     import shutil
 
     from tinyattn.cli.train import main
 
-    run = Path(shutil.copytree(twelve_steps[0], tmp_path / "the run"))
-    config = tiny_config(corpus, tmp_path, "train.max_steps=15")
+    out = twelve_steps[0].parent  # the folder the run was trained under
+    run = Path(shutil.copytree(twelve_steps[0], out / "the run"))
+    config = tiny_config(corpus, out, "train.max_steps=15")
     with pytest.raises(CheckpointError) as caught:
         train(config, resume=run / "config.yaml", progress=False)
     assert shlex.split(str(caught.value).split("such as ")[1]) == ["--resume", str(run)]
-    other = tmp_path / "other dir"
+    other = out / "other dir"
     assert main(["--resume", str(run), "--no-progress", "--set", f"train.out_dir={other}"]) == 2
     advice = shlex.split(capsys.readouterr().err.split("fork it there: ")[1])
     assert advice == ["--resume", str(run / "step_0000012.pt"), "--run-name", "NEW_NAME", "--set",
@@ -1127,36 +1163,38 @@ def test_the_advice_of_a_refused_resume_quotes_a_run_path_that_holds_a_space(cor
 
 
 def test_a_resume_without_config_looks_for_the_run_under_a_set_out_dir_written_with_a_tilde(
-        twelve_steps, tmp_path, monkeypatch):
+        twelve_steps, monkeypatch):
     # The config's train.out_dir=~/... is under the home folder, but --resume without --config looked
     # for the run in a folder named '~' under the one run from: "~/orig: no such run to resume".
     from tinyattn.cli.train import main
 
     run, _ = twelve_steps
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.chdir(tmp_path / "orig")  # no folder "~" here
+    out = run.parent  # the folder the run was trained under
+    monkeypatch.setenv("HOME", str(out))
+    monkeypatch.chdir(out / "orig")  # no folder "~" here
     assert main(["--resume", "--run-name", "orig", "--no-progress", "--set", "train.out_dir=~/",
                  "train.max_steps=13"]) == 0
-    assert (run / "step_0000013.pt").is_file() and not (tmp_path / "orig" / "~").exists()
+    assert (run / "step_0000013.pt").is_file() and not (out / "orig" / "~").exists()
 
 
 def test_a_resume_in_place_refuses_another_out_dir_given_for_it(
-        corpus, tmp_path, twelve_steps, capsys):
+        corpus, twelve_steps, capsys):
     from tinyattn.cli.train import main
 
     run, before = twelve_steps
+    out = run.parent  # the folder the run was trained under
     config_yaml = (run / "config.yaml").read_text()
-    other = tmp_path / "other"
+    other = out / "other"
     assert main(["--resume", str(run), "--no-progress", "--set", f"train.out_dir={other}",
                  "train.max_steps=15"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: train.out_dir '{other}' (--set): --resume {run} continues the run in its "
-                          f"own folder, under {tmp_path}; to train under {other}, fork it there: ") and \
+                          f"own folder, under {out}; to train under {other}, fork it there: ") and \
         err.count("\n") == 1, err
     assert not other.exists() and _file_digests(run) == before
     assert (run / "config.yaml").read_text() == config_yaml
     # Edited in the run's config.yaml: the same refusal, naming the edit.
-    (run / "config.yaml").write_text(config_yaml.replace(f"out_dir: {tmp_path}", f"out_dir: {other}"))
+    (run / "config.yaml").write_text(config_yaml.replace(f"out_dir: {out}", f"out_dir: {other}"))
     assert main(["--resume", str(run), "--no-progress", "--set", "train.max_steps=15"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: train.out_dir '{other}' (edited in {run / 'config.yaml'}): ") and \
@@ -1164,30 +1202,31 @@ def test_a_resume_in_place_refuses_another_out_dir_given_for_it(
     (run / "config.yaml").write_text(config_yaml)
     assert not other.exists() and _file_digests(run) == before
     # The folder's parent is no other out_dir, also when the run is reached through a link elsewhere.
-    (tmp_path / "links").mkdir()
-    (tmp_path / "links" / "link").symlink_to(run, target_is_directory=True)
-    assert main(["--resume", str(tmp_path / "links" / "link"), "--no-progress", "--set",
-                 f"train.out_dir={tmp_path}", "train.max_steps=15"]) == 0
-    assert load_config(run / "config.yaml").train.out_dir == str(tmp_path)
-    assert (run / "step_0000015.pt").is_file() and not (tmp_path / "links" / "step_0000015.pt").exists()
+    (out / "links").mkdir()
+    (out / "links" / "link").symlink_to(run, target_is_directory=True)
+    assert main(["--resume", str(out / "links" / "link"), "--no-progress", "--set",
+                 f"train.out_dir={out}", "train.max_steps=15"]) == 0
+    assert load_config(run / "config.yaml").train.out_dir == str(out)
+    assert (run / "step_0000015.pt").is_file() and not (out / "links" / "step_0000015.pt").exists()
     # Not given for this resume (a --config file's): kept as that config says it, not rewritten to the
     # folder's absolute parent (a later fork would go back there after the user moved the runs).
-    result = train(tiny_config(corpus, tmp_path, "train.max_steps=18", "train.out_dir=relative"), resume=run,
+    result = train(tiny_config(corpus, out, "train.max_steps=18", "train.out_dir=relative"), resume=run,
                    progress=False)
     assert result.run_dir == run and result.step == 18
     assert load_config(run / "config.yaml").train.out_dir == "relative"
 
 
-def test_resuming_a_folder_a_training_still_writes_says_it_is_in_use_not_fork(corpus, tmp_path, twelve_steps):
+def test_resuming_a_folder_a_training_still_writes_says_it_is_in_use_not_fork(corpus, twelve_steps):
     # A resume picks the newest checkpoint, and the training holding the folder saves a later one
     # meanwhile: the answer is that the folder is in use, not that the run goes on past it.
     from tinyattn.errors import StorageError
     from tinyattn.train.run_folder import RunLock
 
     run, before = twelve_steps
+    out = run.parent  # the folder the run was trained under
     with RunLock.acquire(run):  # another training's hold
         with pytest.raises(StorageError, match=rf"orig is in use by pid {os.getpid()}: another training"):
-            train(tiny_config(corpus, tmp_path, "train.max_steps=12"), resume=run / "step_0000006.pt",
+            train(tiny_config(corpus, out, "train.max_steps=12"), resume=run / "step_0000006.pt",
                   progress=False)
     assert RunLock.holder(run) is None  # released: nothing holds it now
     assert _file_digests(run) == before
@@ -1277,8 +1316,9 @@ def test_a_resume_after_a_save_cut_short_at_the_step_checkpoint_takes_best_pts_l
     assert ckpt.load_checkpoint(tmp_path / "run" / ckpt.step_filename(5))["best_val_loss"] == 2.0
 
 
-def test_a_damaged_checkpoint_is_refused_and_the_newest_good_one_named(corpus, tmp_path, twelve_steps):
+def test_a_damaged_checkpoint_is_refused_and_the_newest_good_one_named(corpus, twelve_steps):
     run, _ = twelve_steps
+    out = run.parent  # the folder the run was trained under
     latest = run / "step_0000012.pt"
     size = latest.stat().st_size
     with open(latest, "r+b") as f:  # bit rot: 4 KB of the weights overwritten in place, same size
@@ -1288,11 +1328,11 @@ def test_a_damaged_checkpoint_is_refused_and_the_newest_good_one_named(corpus, t
     with pytest.raises(CheckpointError, match=r"step_0000012\.pt: not a readable checkpoint .*CRC-32"):
         ckpt.load_model(latest)
     with pytest.raises(CheckpointError, match=r"CRC-32.*; best\.pt \(step 12\) verifies and is further on "):
-        train(tiny_config(corpus, tmp_path, "train.max_steps=12"), resume=run, progress=False)
+        train(tiny_config(corpus, out, "train.max_steps=12"), resume=run, progress=False)
     (run / ckpt.BEST).unlink()  # the step checkpoints alone: the newest of them that verifies
     with pytest.raises(CheckpointError, match=r"CRC-32.*the newest checkpoint in .*orig that verifies is "
                                               r"step_0000009\.pt"):
-        train(tiny_config(corpus, tmp_path, "train.max_steps=12"), resume=run, progress=False)
+        train(tiny_config(corpus, out, "train.max_steps=12"), resume=run, progress=False)
 
 
 def test_a_resume_from_a_checkpoint_of_a_newer_format_names_it_without_advice_to_move_it_away(tmp_path):
@@ -1308,11 +1348,12 @@ def test_a_resume_from_a_checkpoint_of_a_newer_format_names_it_without_advice_to
                                   f"by this tinyattn (it reads version {ckpt.FORMAT_VERSION})")
 
 
-def test_resuming_from_a_file_that_is_no_checkpoint_points_at_the_run_not_at_moving_it(corpus, tmp_path,
+def test_resuming_from_a_file_that_is_no_checkpoint_points_at_the_run_not_at_moving_it(corpus,
                                                                                         twelve_steps):
     run, before = twelve_steps
+    out = run.parent  # the folder the run was trained under
     with pytest.raises(CheckpointError) as caught:
-        train(tiny_config(corpus, tmp_path, "train.max_steps=15"), resume=run / "config.yaml", progress=False)
+        train(tiny_config(corpus, out, "train.max_steps=15"), resume=run / "config.yaml", progress=False)
     message = str(caught.value)
     assert "config.yaml: not a tinyattn checkpoint (a torch.save archive): another kind of file; " in message
     assert f"such as --resume {run}" in message
@@ -1323,10 +1364,11 @@ def test_resuming_from_a_file_that_is_no_checkpoint_points_at_the_run_not_at_mov
 @pytest.mark.parametrize("change, named", [
     ("tokenizer.kind=bpe", "tokenizer.kind: checkpoint 'char', config 'bpe'"),
     ("tokenizer.vocab_size=300", None)])
-def test_a_resume_under_another_tokenizer_setting_names_the_key(corpus, tmp_path, twelve_steps, change,
+def test_a_resume_under_another_tokenizer_setting_names_the_key(corpus, twelve_steps, change,
                                                                 named):
     run, before = twelve_steps
-    config = tiny_config(corpus, tmp_path, "train.max_steps=15", change)
+    out = run.parent  # the folder the run was trained under
+    config = tiny_config(corpus, out, "train.max_steps=15", change)
     if named is None:  # vocab_size is BPE's: a char run ignores it
         assert train(config, run_name="orig", resume=True, progress=False).step == 15
         return
@@ -1336,7 +1378,7 @@ def test_a_resume_under_another_tokenizer_setting_names_the_key(corpus, tmp_path
     assert _file_digests(run) == before
 
 
-def test_an_emptied_config_yaml_resumes_with_the_checkpoints_config_and_says_so(corpus, tmp_path,
+def test_an_emptied_config_yaml_resumes_with_the_checkpoints_config_and_says_so(corpus,
                                                                                 twelve_steps, capsys):
     run, _ = twelve_steps
     from tinyattn.cli.train import main
@@ -1349,23 +1391,25 @@ def test_an_emptied_config_yaml_resumes_with_the_checkpoints_config_and_says_so(
 
 
 @pytest.mark.parametrize("max_steps", [12, 5])
-def test_resuming_a_run_with_no_step_left_is_refused_before_anything_is_written(corpus, tmp_path,
+def test_resuming_a_run_with_no_step_left_is_refused_before_anything_is_written(corpus,
                                                                                 twelve_steps, max_steps):
     run, before = twelve_steps
+    out = run.parent  # the folder the run was trained under
     with pytest.raises(TinyattnError, match=rf"^{re.escape(str(run))}: the run is at step 12, and "
                                             rf"train\.max_steps is {max_steps}: nothing is left to train; "
                                             r"--set train\.max_steps=N with N above 12"):
-        train(tiny_config(corpus, tmp_path, f"train.max_steps={max_steps}"), run_name="orig", resume=True,
+        train(tiny_config(corpus, out, f"train.max_steps={max_steps}"), run_name="orig", resume=True,
               progress=False)
     assert _file_digests(run) == before  # config.yaml keeps max_steps 12; no new TensorBoard file
 
 
-def test_a_bare_resume_with_no_step_left_names_the_run_it_picked(corpus, tmp_path, twelve_steps, capsys):
+def test_a_bare_resume_with_no_step_left_names_the_run_it_picked(corpus, twelve_steps, capsys):
     """--resume alone picks the most recent run: its refusal says which one, as the start line would."""
     run, before = twelve_steps
+    out = run.parent  # the folder the run was trained under
     from tinyattn.cli.train import main
 
-    assert main(["--resume", "--no-progress", "--set", f"train.out_dir={tmp_path}"]) == 2
+    assert main(["--resume", "--no-progress", "--set", f"train.out_dir={out}"]) == 2
     assert capsys.readouterr().err.strip() == (
         f"error: {run}: the run is at step 12, and train.max_steps is 12: nothing is left to train; "
         "--set train.max_steps=N with N above 12 trains on")
@@ -1389,14 +1433,15 @@ def test_a_stop_at_a_step_between_evaluations_evaluates_and_saves_it_and_a_resum
     assert resumed.step == 6 and "done: 3 steps (steps 4-6)" in capsys.readouterr().err
 
 
-def test_leftovers_of_a_killed_save_are_removed_and_the_latest_step_is_by_number(corpus, tmp_path,
+def test_leftovers_of_a_killed_save_are_removed_and_the_latest_step_is_by_number(corpus,
                                                                                   twelve_steps):
     run, _ = twelve_steps
+    out = run.parent  # the folder the run was trained under
     leftover = run / ".step_0000015.pt.k1ll3d.tmp"
     leftover.write_bytes(b"half a checkpoint")
     os.utime(run / "step_0000003.pt")  # touch: the oldest step now has the newest file time
     assert ckpt.latest_checkpoint(run).name == "step_0000012.pt"
-    result = train(tiny_config(corpus, tmp_path, "train.max_steps=15", "train.eval_interval=3",
+    result = train(tiny_config(corpus, out, "train.max_steps=15", "train.eval_interval=3",
                                "train.keep_last=4"), run_name="orig", resume=True, progress=False)
     assert result.step == 15 and not leftover.exists()
     assert [p.name for p in ckpt.step_checkpoints(run)] == [ckpt.step_filename(s) for s in (6, 9, 12, 15)]
