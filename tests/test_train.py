@@ -102,13 +102,16 @@ def test_a_bpe_vocabulary_the_text_cannot_fill_is_said_with_the_asked_and_the_go
 
 
 def test_a_warmup_longer_than_the_run_is_said_at_the_start(corpus, tmp_path, capsys):
-    """warmup 50 on a 20-step run ended mid-warmup at 40% of the rate, silently."""
-    train(tiny_config(corpus, tmp_path, "train.warmup_steps=50", "train.max_steps=20"), run_name="w", progress=False)
+    """warmup 50 on a 20-step run ended mid-warmup at 40% of the rate, silently. Said before the first
+    step: each run here stops after it."""
+    train(tiny_config(corpus, tmp_path, "train.warmup_steps=50", "train.max_steps=20"), run_name="w",
+          stop_at_step=1, progress=False)
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: train.warmup_steps")]
     assert lines == ["warning: train.warmup_steps=50 is not below the 20 steps of train.max_steps: the rate ends "
                      "still warming up, at 40% of its peak, and never decays; give fewer warmup steps "
                      "(--set train.warmup_steps=2) or more train.max_steps"]
-    train(tiny_config(corpus, tmp_path, "train.warmup_steps=19", "train.max_steps=20"), run_name="ok", progress=False)
+    train(tiny_config(corpus, tmp_path, "train.warmup_steps=19", "train.max_steps=20"), run_name="ok",
+          stop_at_step=1, progress=False)
     assert "warning: train.warmup_steps" not in capsys.readouterr().err
 
 
@@ -491,17 +494,17 @@ def test_resume_is_exact(corpus, tmp_path, count_train_steps, monkeypatch, sampl
     from tinyattn.system import device
 
     monkeypatch.setitem(device.PEAK_SIZE_LIMIT, "cpu", 256)
-    extra = ("train.max_steps=16", "train.eval_interval=4", "model.dropout=0.1", "train.precision=fp32",
+    extra = ("train.max_steps=8", "train.eval_interval=4", "model.dropout=0.1", "train.precision=fp32",
              f"train.peak_flops={peak_flops}", f"train.sampling={sampling}", f"train.ema={ema or 'null'}")
     straight = train(tiny_config(corpus, tmp_path, *extra), run_name="straight", progress=False)
-    first = train(tiny_config(corpus, tmp_path, *extra), run_name="split", progress=False, stop_at_step=8)
-    assert first.step == 8
+    first = train(tiny_config(corpus, tmp_path, *extra), run_name="split", progress=False, stop_at_step=4)
+    assert first.step == 4
     steps = count_train_steps()
     resumed = train(tiny_config(corpus, tmp_path, *extra), run_name="split", resume=True, progress=False)
-    # Only the 8 steps left: a restore that did nothing would retrain all 16 from the seed and match.
-    assert resumed.step == 16 and steps.calls == 8
-    a = ckpt.load_checkpoint(straight.run_dir / "step_0000016.pt")
-    b = ckpt.load_checkpoint(resumed.run_dir / "step_0000016.pt")
+    # Only the steps left: a restore that did nothing would retrain them all from the seed and match.
+    assert resumed.step == 8 and steps.calls == 4
+    a = ckpt.load_checkpoint(straight.run_dir / "step_0000008.pt")
+    b = ckpt.load_checkpoint(resumed.run_dir / "step_0000008.pt")
     # Within 1e-6, not bitwise: an op in the CPU backward accumulates in a thread-dependent
     # order (two fresh runs differ by ~1e-8 per step; torch.use_deterministic_algorithms
     # removes it). A wrong batch, learning rate or random state would differ by ~1e-2.
