@@ -776,31 +776,43 @@ def _tree_digests(folder: Path) -> dict:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+class TrainedOnce:
+    """A folder of runs trained once a module (a process, under pytest-xdist) and given back to each
+    test as the training left it, at the path it was trained under: its config.yaml, data.json,
+    checkpoints and train.log name that folder (train.out_dir, data.cache_dir), never the copy kept
+    of it, so a test's resume or fine-tune writes and reads only the folder it was given."""
+
+    def __init__(self, tmp_path_factory, name: str, build):
+        self.folder = tmp_path_factory.mktemp(name)
+        with pytest.MonkeyPatch.context() as patch:  # as no_fsync does for each test
+            patch.setattr(os, "fsync", lambda fd: None)
+            build(self.folder)
+        self.kept = tmp_path_factory.mktemp(f"{name}_as_trained")
+        shutil.copytree(self.folder, self.kept, dirs_exist_ok=True)
+        self.digests = _tree_digests(self.kept)
+
+    def fresh(self) -> Path:
+        """The folder as its training left it: what the test before wrote there is gone."""
+        shutil.rmtree(self.folder)
+        shutil.copytree(self.kept, self.folder)
+        assert _tree_digests(self.folder) == self.digests
+        return self.folder
+
+
 @pytest.fixture(scope="module")
-def twelve_steps_trained(corpus, tmp_path_factory):
-    """twelve_steps' run, trained once a module (a process, under pytest-xdist): (the folder it was
-    trained under, a copy of that folder's files made then, their digests). Its config.yaml, data.json,
-    checkpoints and train.log name that folder (train.out_dir, data.cache_dir): each test gets the
-    folder back as the training left it, and nothing in it names the copy."""
-    out = tmp_path_factory.mktemp("twelve_steps")
-    config = tiny_config(corpus, out, "train.max_steps=12", "train.eval_interval=3", "train.keep_last=4")
-    with pytest.MonkeyPatch.context() as patch:  # as no_fsync does for each test
-        patch.setattr(os, "fsync", lambda fd: None)
-        train(config, run_name="orig", progress=False)
-    trained = tmp_path_factory.mktemp("twelve_steps_as_trained")
-    shutil.copytree(out, trained, dirs_exist_ok=True)
-    return out, trained, _tree_digests(trained)
+def twelve_steps_trained(corpus, tmp_path_factory) -> TrainedOnce:
+    def build(out):
+        train(tiny_config(corpus, out, "train.max_steps=12", "train.eval_interval=3", "train.keep_last=4"),
+              run_name="orig", progress=False)
+
+    return TrainedOnce(tmp_path_factory, "twelve_steps", build)
 
 
 @pytest.fixture
 def twelve_steps(twelve_steps_trained):
     """A run 'orig' of 12 steps with checkpoints at 3, 6, 9, 12, its data cache beside it, in a folder
     of their own (run.parent): the test may write there. Returns (its folder, digests)."""
-    out, trained, digests = twelve_steps_trained
-    shutil.rmtree(out)  # what the test before wrote
-    shutil.copytree(trained, out)
-    assert _tree_digests(out) == digests  # the folder as its training left it
-    run = out / "orig"
+    run = twelve_steps_trained.fresh() / "orig"
     return run, _file_digests(run)
 
 
@@ -3300,14 +3312,31 @@ def own_config_file(corpus, tmp_path) -> Path:
     return path
 
 
-def test_init_from_a_run_with_the_config_it_trained_with_trains(corpus, tmp_path, capsys):
-    base = own_config_file(corpus, tmp_path)
-    code, err = run_main(["--config", str(base), "--run-name", "src", "--no-progress"], capsys)
-    assert code == 0, err
+@pytest.fixture(scope="module")
+def source_run_trained(corpus, tmp_path_factory) -> TrainedOnce:
+    def build(out):
+        from tinyattn.cli.train import main
+
+        base = own_config_file(corpus, out)
+        assert main(["--config", str(base), "--run-name", "src", "--no-progress"]) == 0
+
+    return TrainedOnce(tmp_path_factory, "source_run", build)
+
+
+@pytest.fixture
+def source_run(source_run_trained) -> Path:
+    """A folder holding own_config_file's base.yaml, the run `src` trained with it from the command
+    line, and their data cache; the test may write there."""
+    return source_run_trained.fresh()
+
+
+def test_init_from_a_run_with_the_config_it_trained_with_trains(source_run, capsys):
+    out = source_run  # base.yaml, the run src it trained, their cache
+    base = out / "base.yaml"
     code, err = run_main(["--config", str(base), "--run-name", "ft", "--no-progress",
-                          "--set", f"train.init_from={tmp_path / 'src'}"], capsys)
+                          "--set", f"train.init_from={out / 'src'}"], capsys)
     assert code == 0, err
-    source, tuned = (load_config(tmp_path / name / "config.yaml") for name in ("src", "ft"))
+    source, tuned = (load_config(out / name / "config.yaml") for name in ("src", "ft"))
     assert source.tokenizer.kind == "char" and tuned.tokenizer.kind == "pretrained"
     assert tuned.model == source.model  # the model keys base.yaml writes are the run's own
 
@@ -3351,26 +3380,25 @@ def test_a_finetune_of_a_char_run_on_text_of_other_characters_warns_of_the_unk_i
     assert "'é', 'ü'" in warning and str(tmp_path / "src" / "tokenizer.json") in warning, err
 
 
-def test_a_finetune_of_a_finetune_with_the_config_it_started_with_trains(corpus, tmp_path, capsys):
+def test_a_finetune_of_a_finetune_with_the_config_it_started_with_trains(source_run, capsys):
     # The fine-tune's own section is the pretrained form; the chain is compared with the section its
     # first source trained with, which each fine-tune's checkpoints record and pass on (refused before:
     # "tokenizer.kind: config 'char', source 'pretrained'").
-    base = own_config_file(corpus, tmp_path)
-    code, err = run_main(["--config", str(base), "--run-name", "src", "--no-progress"], capsys)
-    assert code == 0, err
+    out = source_run  # base.yaml, the run src it trained, their cache
+    base = out / "base.yaml"
     for name, source in (("ft", "src"), ("ft_of_ft", "ft")):
         code, err = run_main(["--config", str(base), "--run-name", name, "--no-progress",
-                              "--set", f"train.init_from={tmp_path / source}"], capsys)
+                              "--set", f"train.init_from={out / source}"], capsys)
         assert code == 0, err
-    latest = ckpt.latest_checkpoint(tmp_path / "ft_of_ft")
+    latest = ckpt.latest_checkpoint(out / "ft_of_ft")
     assert ckpt.saved_value(latest, ckpt.SOURCE_TOKENIZER)["kind"] == "char"
-    assert load_config(tmp_path / "ft_of_ft" / "config.yaml").tokenizer.kind == "pretrained"
+    assert load_config(out / "ft_of_ft" / "config.yaml").tokenizer.kind == "pretrained"
     # the fine-tune's own config.yaml (its pretrained section, another path) is the source's as well
-    code, err = run_main(["--config", str(tmp_path / "ft" / "config.yaml"), "--run-name", "ft_own",
-                          "--no-progress", "--set", f"train.init_from={tmp_path / 'ft'}"], capsys)
+    code, err = run_main(["--config", str(out / "ft" / "config.yaml"), "--run-name", "ft_own",
+                          "--no-progress", "--set", f"train.init_from={out / 'ft'}"], capsys)
     assert code == 0, err
     code, err = run_main(["--config", str(base), "--run-name", "ft3", "--no-progress",
-                          "--set", f"train.init_from={tmp_path / 'ft_of_ft'}", "tokenizer.kind=bpe"], capsys)
+                          "--set", f"train.init_from={out / 'ft_of_ft'}", "tokenizer.kind=bpe"], capsys)
     assert code == 2 and "tokenizer.kind: config 'bpe', source 'char'" in err, err
 
 
@@ -3391,32 +3419,30 @@ def test_an_empty_init_from_is_no_fine_tune_and_reads_nothing(tmp_path, monkeypa
     ("model.n_layer=4", "model.n_layer: config 4, source 2"),  # ModelConfig's default: given all the same
     ("model.n_embd=48", "model.n_embd: config 48, source 32"),
 ], ids=["tokenizer.kind", "n_layer", "n_embd"])
-def test_init_from_a_run_refuses_a_key_that_differs_from_the_runs(corpus, tmp_path, capsys, item, expected):
-    base = own_config_file(corpus, tmp_path)
-    code, err = run_main(["--config", str(base), "--run-name", "src", "--no-progress"], capsys)
-    assert code == 0, err
+def test_init_from_a_run_refuses_a_key_that_differs_from_the_runs(source_run, capsys, item, expected):
+    out = source_run  # base.yaml, the run src it trained, their cache
+    base = out / "base.yaml"
     code, err = run_main(["--config", str(base), "--run-name", "ft", "--no-progress",
-                          "--set", f"train.init_from={tmp_path / 'src'}", item], capsys)
+                          "--set", f"train.init_from={out / 'src'}", item], capsys)
     assert code == 2 and expected in err, err
-    assert err.startswith(f"error: train.init_from {tmp_path / 'src'}: the config conflicts with the model")
-    assert err.count("\n") == 1 and err.count(": config ") == 1 and not (tmp_path / "ft").exists()
+    assert err.startswith(f"error: train.init_from {out / 'src'}: the config conflicts with the model")
+    assert err.count("\n") == 1 and err.count(": config ") == 1 and not (out / "ft").exists()
 
 
-def test_a_finetune_of_a_run_resumes_with_the_config_it_started_with(corpus, tmp_path, capsys):
+def test_a_finetune_of_a_run_resumes_with_the_config_it_started_with(source_run, capsys):
     # --config FILE --resume: the file's tokenizer.kind char is compared with what the source trained
     # with, which the fine-tune's checkpoints record (the source itself is not read again).
-    base = own_config_file(corpus, tmp_path)
-    finetune = ["--config", str(base), "--no-progress", "--set", f"train.init_from={tmp_path / 'src'}"]
-    code, err = run_main(["--config", str(base), "--run-name", "src", "--no-progress"], capsys)
-    assert code == 0, err
+    out = source_run  # base.yaml, the run src it trained, their cache
+    base = out / "base.yaml"
+    finetune = ["--config", str(base), "--no-progress", "--set", f"train.init_from={out / 'src'}"]
     code, err = run_main([*finetune, "--run-name", "ft", "--stop-at-step", "1"], capsys)
     assert code == 0, err
-    code, err = run_main([*finetune, "--resume", str(tmp_path / "ft"), "--set", "train.max_steps=3"], capsys)
+    code, err = run_main([*finetune, "--resume", str(out / "ft"), "--set", "train.max_steps=3"], capsys)
     assert code == 0, err
-    latest = ckpt.latest_checkpoint(tmp_path / "ft")
+    latest = ckpt.latest_checkpoint(out / "ft")
     assert latest.name == "step_0000003.pt"  # its session carries the record on, for the next resume
     assert ckpt.saved_value(latest, ckpt.SOURCE_TOKENIZER)["kind"] == "char"
-    code, err = run_main([*finetune, "--resume", str(tmp_path / "ft"), "--set", "train.max_steps=4",
+    code, err = run_main([*finetune, "--resume", str(out / "ft"), "--set", "train.max_steps=4",
                           "tokenizer.kind=bpe"], capsys)
     assert code == 2 and "tokenizer.kind: config 'bpe', source 'char'" in err and err.count("\n") == 1, err
 
@@ -3476,82 +3502,83 @@ def test_init_from_a_bidirectional_model_is_refused_unless_the_config_writes_cau
 
 
 def test_a_resume_naming_its_source_otherwise_spelled_continues_and_keeps_the_runs_spelling(
-        corpus, tmp_path, capsys, monkeypatch):
+        source_run, capsys, monkeypatch):
     # train.init_from compared as text: a trailing slash, a relative path or an edit of config.yaml to
     # either was refused as another source ("a resume continues the run's own weights")
-    monkeypatch.chdir(tmp_path)
-    base = own_config_file(corpus, tmp_path)
+    out = source_run  # base.yaml, the run src it trained, their cache
+    monkeypatch.chdir(out)
+    base = out / "base.yaml"
     finetune = ["--config", str(base), "--no-progress", "--set"]
-    assert run_main(["--config", str(base), "--run-name", "src", "--no-progress"], capsys)[0] == 0
-    code, err = run_main([*finetune, f"train.init_from={tmp_path / 'src'}", "--run-name", "ft",
+    code, err = run_main([*finetune, f"train.init_from={out / 'src'}", "--run-name", "ft",
                           "--stop-at-step", "1"], capsys)
     assert code == 0, err
-    for steps, spelling in ((2, f"{tmp_path / 'src'}/"), (3, "src"), (4, "./src/../src")):
+    for steps, spelling in ((2, f"{out / 'src'}/"), (3, "src"), (4, "./src/../src")):
         code, err = run_main([*finetune, f"train.init_from={spelling}", f"train.max_steps={steps}",
-                              "--resume", str(tmp_path / "ft")], capsys)
+                              "--resume", str(out / "ft")], capsys)
         assert code == 0, err
-    saved = tmp_path / "ft" / "config.yaml"
-    assert load_config(saved).train.init_from == str(tmp_path / "src")
-    saved.write_text(saved.read_text().replace(f"init_from: {tmp_path / 'src'}", "init_from: src/"))
-    code, err = run_main(["--resume", str(tmp_path / "ft"), "--no-progress", "--set", "train.max_steps=5"],
+    saved = out / "ft" / "config.yaml"
+    assert load_config(saved).train.init_from == str(out / "src")
+    saved.write_text(saved.read_text().replace(f"init_from: {out / 'src'}", "init_from: src/"))
+    code, err = run_main(["--resume", str(out / "ft"), "--no-progress", "--set", "train.max_steps=5"],
                          capsys)
     assert code == 0, err
-    assert ckpt.latest_checkpoint(tmp_path / "ft").name == "step_0000005.pt"
-    assert load_config(saved).train.init_from == str(tmp_path / "src")
+    assert ckpt.latest_checkpoint(out / "ft").name == "step_0000005.pt"
+    assert load_config(saved).train.init_from == str(out / "src")
     code, err = run_main([*finetune, "train.init_from=ft", "train.max_steps=6",
-                          "--resume", str(tmp_path / "ft")], capsys)
-    assert code == 2 and f"train.init_from: checkpoint '{tmp_path / 'src'}', config 'ft' (--set)" in err, err
+                          "--resume", str(out / "ft")], capsys)
+    assert code == 2 and f"train.init_from: checkpoint '{out / 'src'}', config 'ft' (--set)" in err, err
 
 
-def _source_and_its_finetune(corpus, tmp_path, capsys) -> list[str]:
-    """Trains `src` with a config of its own, fine-tunes it one step into `ft` with that config, and
-    returns the fine-tune's command line (without --run-name)."""
-    base = own_config_file(corpus, tmp_path)
-    finetune = ["--config", str(base), "--no-progress", "--set", f"train.init_from={tmp_path / 'src'}"]
-    assert run_main(["--config", str(base), "--run-name", "src", "--no-progress"], capsys)[0] == 0
+def _source_and_its_finetune(out: Path, capsys) -> list[str]:
+    """Fine-tunes `src` (source_run's, under `out`) one step into `ft` with the config it trained with,
+    and returns the fine-tune's command line (without --run-name)."""
+    base = out / "base.yaml"
+    finetune = ["--config", str(base), "--no-progress", "--set", f"train.init_from={out / 'src'}"]
     assert run_main([*finetune, "--run-name", "ft", "--stop-at-step", "1"], capsys)[0] == 0
     return finetune
 
 
 def test_a_finetune_resumed_with_its_config_after_its_source_tokenizer_changed_resumes_as_advised(
-        corpus, tmp_path, capsys):
+        source_run, capsys):
     # The advice `--set tokenizer.path=<run>/tokenizer.json` was refused with a --config that writes
     # tokenizer.kind char ("tokenizer.path ... is read only with tokenizer.kind=pretrained"): it gives
     # the kind too where the config's is not pretrained, and the command it gives resumes.
     import json
 
-    finetune = _source_and_its_finetune(corpus, tmp_path, capsys)
-    source = tmp_path / "src" / "tokenizer.json"
+    out = source_run  # base.yaml, the run src it trained, their cache
+    finetune = _source_and_its_finetune(out, capsys)
+    source = out / "src" / "tokenizer.json"
     spec = json.loads(source.read_text(encoding="utf-8"))
     vocab = spec["model"]["vocab"]
     first, second = sorted(vocab, key=vocab.get)[:2]
     vocab[first], vocab[second] = vocab[second], vocab[first]
     source.write_text(json.dumps(spec), encoding="utf-8")
-    own = tmp_path / "ft" / "tokenizer.json"
-    code, err = run_main(["--resume", str(tmp_path / "ft"), "--no-progress"], capsys)
+    own = out / "ft" / "tokenizer.json"
+    code, err = run_main(["--resume", str(out / "ft"), "--no-progress"], capsys)
     # without --config: the run's own section, pretrained already
     assert code == 2 and err.rstrip().endswith(f"own copy: --set tokenizer.path={own}"), err
-    code, err = run_main([*finetune, "--resume", str(tmp_path / "ft")], capsys)
+    code, err = run_main([*finetune, "--resume", str(out / "ft")], capsys)
     assert code == 2 and f"tokenizer.path {source} changed since the run started" in err, err
     advice = shlex.split(err.rsplit("Resume with the run's own copy: ", 1)[1])
     assert advice == ["--set", "tokenizer.kind=pretrained", f"tokenizer.path={own}"]
-    code, err = run_main([*finetune, "--resume", str(tmp_path / "ft"), *advice], capsys)
+    code, err = run_main([*finetune, "--resume", str(out / "ft"), *advice], capsys)
     assert code == 0, err
-    assert ckpt.latest_checkpoint(tmp_path / "ft").name == "step_0000002.pt"
+    assert ckpt.latest_checkpoint(out / "ft").name == "step_0000002.pt"
 
 
 def test_a_finetune_saved_before_checkpoints_recorded_its_sources_tokenizer_resumes_with_its_config(
-        corpus, tmp_path, capsys):
+        source_run, capsys):
     # such a checkpoint (no SOURCE_TOKENIZER) resumed with --config at fed0684: its written char kind
     # may not be compared with the pretrained form it cannot tell from the source's
     import torch
 
-    finetune = _source_and_its_finetune(corpus, tmp_path, capsys)
-    old = ckpt.latest_checkpoint(tmp_path / "ft")
+    out = source_run  # base.yaml, the run src it trained, their cache
+    finetune = _source_and_its_finetune(out, capsys)
+    old = ckpt.latest_checkpoint(out / "ft")
     state = torch.load(old, weights_only=True)
     del state[ckpt.SOURCE_TOKENIZER]
     torch.save(state, old)
-    code, err = run_main([*finetune, "--resume", str(tmp_path / "ft"), "--set", "train.max_steps=3"], capsys)
+    code, err = run_main([*finetune, "--resume", str(out / "ft"), "--set", "train.max_steps=3"], capsys)
     assert code == 0, err
 
 
