@@ -300,7 +300,13 @@ def figures_unrendered(monkeypatch) -> list:
     draws it with `drawn_figures`."""
     from tinyattn.analysis import plotting
 
-    made, real = [], plotting.new_figure
+    return unrendered_figures(monkeypatch, plotting)
+
+
+def unrendered_figures(monkeypatch, module) -> list:
+    """`figures_unrendered` for the figures `module.new_figure` makes (a module that imported it by
+    name): the list they go to."""
+    made, real = [], module.new_figure
 
     def new_figure(*args, **kwargs):
         figure = real(*args, **kwargs)
@@ -308,7 +314,7 @@ def figures_unrendered(monkeypatch) -> list:
         made.append(figure)
         return figure
 
-    monkeypatch.setattr(plotting, "new_figure", new_figure)
+    monkeypatch.setattr(module, "new_figure", new_figure)
     return made
 
 

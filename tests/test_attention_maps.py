@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import unrendered_figures
 from tinyattn.analysis import attention_maps as maps_module
 from tinyattn.analysis.attention_maps import (
     TENSORBOARD_GAP,
@@ -466,16 +467,7 @@ def heatmaps_unrendered(monkeypatch) -> list:
     """The heatmap figures `layer_figure` makes during the test, each built whole (its panels, ticks and
     title) but saved as an empty file at its path rather than rendered: for CLI runs that read which
     figures were drawn and of what, none of their pixels. Rendering is pinned by the tests above."""
-    made, real = [], maps_module.new_figure
-
-    def new_figure(*args, **kwargs):
-        figure = real(*args, **kwargs)
-        figure.savefig = lambda path, *more, **options: Path(path).touch()
-        made.append(figure)
-        return figure
-
-    monkeypatch.setattr(maps_module, "new_figure", new_figure)
-    return made
+    return unrendered_figures(monkeypatch, maps_module)
 
 
 def test_cli_writes_heatmaps_and_prints_the_query_table(run_dir, capsys, monkeypatch):
