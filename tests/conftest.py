@@ -102,13 +102,15 @@ def browser_context(browser):
 
 
 @pytest.fixture
-def new_page(browser_context):
-    """new_page(viewport=None) -> a new page of its own (document, listeners, history, focus and
-    keyboard), as browser.new_page gives, in the module's browser context; closed after the test."""
+def new_page(browser, browser_context):
+    """new_page(viewport=None, own_cache=False) -> a new page of its own (document, listeners, history,
+    focus and keyboard), as browser.new_page gives, in the module's browser context; closed after the
+    test. own_cache: in a context of its own, for a test of what the page requests: a resource an
+    earlier page cached would load without a request event."""
     pages = []
 
-    def make(viewport=None):
-        page = browser_context.new_page()
+    def make(viewport=None, own_cache=False):
+        page = browser.new_page() if own_cache else browser_context.new_page()
         pages.append(page)
         if viewport is not None:
             page.set_viewport_size(viewport)

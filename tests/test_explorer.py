@@ -257,7 +257,7 @@ def check_head_ablation_colours(page, head_relevance):
 def test_in_chromium_the_highlighted_weights_are_the_models_and_nothing_is_fetched(new_page, relevance,
                                                                                    tmp_path):
     page_file = write_explorer(tmp_path / "explorer.html", relevance, "test", "a tiny model")
-    page = new_page(viewport={"width": 1200, "height": 900})
+    page = new_page(viewport={"width": 1200, "height": 900}, own_cache=True)
     requests, errors = [], []
     page.on("request", lambda r: requests.append(r.url))
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)

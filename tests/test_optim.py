@@ -236,9 +236,7 @@ MODEL_OPTIONS = {"untied": {"tie_embeddings": False}, "muon-wsd-untied": {"tie_e
 @pytest.mark.slow  # trains six tiny models to a loss bound
 @pytest.mark.parametrize("name", list(OPTIONS) + ["untied", "qk-norm-cap-zero"])
 def test_each_option_trains_a_tiny_model_below_a_loss_bound(name):
-    """A 2-layer model learns a fixed 8-token cycle: from ln(16) = 2.77 to below 0.1 in CYCLE_STEPS steps.
-
-    Every option first gets below the bound about halfway through, and ends many times below it."""
+    """A 2-layer model learns a fixed 8-token cycle: from ln(16) = 2.77 to below 0.1 in CYCLE_STEPS steps."""
     from tinyattn.system.device import select_precision
     from tinyattn.train.trainer import Trainer
 

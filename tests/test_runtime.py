@@ -322,13 +322,16 @@ def test_train_leaves_together_after_a_run_that_ended_alike_and_not_after_a_fail
 def test_a_distributed_run_that_stopped_ignores_the_sigterm_that_follows_the_first_ranks_exit(
         monkeypatch, ranks):
     """Each rank of a stopped run exits 130; torchrun then sends SIGTERM to the ranks left, and one still
-    ending (its checkpoint saved, its line said) died of it: exit -15. One process keeps its handler."""
+    ending (its checkpoint saved, its line said) died of it: exit -15. Not while the ranks wait for each
+    other (no rank has exited yet: a rank stuck there still ends by a signal). One process keeps its
+    handlers."""
     from tinyattn.system.distributed import Distributed
     from tinyattn.train import loop
 
-    stopped = SimpleNamespace(interrupted=True)
+    stopped, at_the_barrier = SimpleNamespace(interrupted=True), []
     monkeypatch.setattr(loop, "init_distributed", lambda device: Distributed(rank=0, world_size=ranks))
-    monkeypatch.setattr(loop, "leave_together", lambda dist: None)
+    monkeypatch.setattr(loop, "leave_together", lambda dist: at_the_barrier.append(
+        signal.getsignal(signal.SIGTERM)))
     monkeypatch.setattr(loop, "shutdown_distributed", lambda dist: None)
     monkeypatch.setattr(loop, "_train", lambda config, request, dist, stopper: stopped)
     stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -339,6 +342,7 @@ def test_a_distributed_run_that_stopped_ignores_the_sigterm_that_follows_the_fir
     finally:  # this process's own handlers again: the tests after it start processes that inherit them
         for sig, handler in before.items():
             signal.signal(sig, handler)
+    assert at_the_barrier == [signal.SIG_DFL]
     assert after == [signal.SIG_IGN if ranks > 1 else signal.SIG_DFL] * len(stops)
 
 

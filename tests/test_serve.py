@@ -1209,7 +1209,7 @@ def test_in_chromium_the_playground_streams_tokens_and_a_click_shows_the_models_
                                                                                         loaded):
     from tinyattn.analysis.attention_maps import compute_attention_maps
 
-    page = new_page(viewport={"width": 1200, "height": 900})
+    page = new_page(viewport={"width": 1200, "height": 900}, own_cache=True)
     requests, errors = [], []
     page.on("request", lambda r: requests.append(r.url))
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)

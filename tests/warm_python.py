@@ -240,7 +240,7 @@ for name in filter(None, sys.argv[2].split(",")):
 set_by_imports = {k: v for k, v in os.environ.items() if k not in started_with}
 # The finalizers those imports registered (torch.library's, one per operator library, which undo its
 # registrations) ran at every fork's exit, most of the time a short command took, and to no effect
-# a process about to end could show: the forks leave them to the server.
+# a process about to end could show: neither the forks nor the server run them at exit.
 import weakref
 for finalizer in list(weakref.finalize._registry):
     finalizer.atexit = False

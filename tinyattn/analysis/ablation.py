@@ -265,7 +265,7 @@ def relevance_of_tokens(model, tokenizer, token_ids: list[int]) -> Relevance:
 def ranks(values: np.ndarray) -> np.ndarray:
     """Ranks 1..n of `values`, ties given the mean of the ranks they share."""
     values = np.asarray(values, dtype=np.float64)
-    order = np.argsort(values)  # the order within a run of ties is left unused: no stable sort needed
+    order = np.argsort(values, kind="stable")  # NaNs, each unequal to all, ranked in index order
     sorted_values = values[order]
     new = np.r_[True, sorted_values[1:] != sorted_values[:-1]]  # where each run of equal values starts
     first = np.flatnonzero(new)

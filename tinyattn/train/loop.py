@@ -66,7 +66,7 @@ from tinyattn.train.hooks import resolve_hooks
 from tinyattn.train.optim import unused_options, warmup_warning
 from tinyattn.train.log import Logger, RunLog, stopped_at_once
 from tinyattn.train.owners import (Checkpointer, Evaluator, LossWindow, SharedStop, StopRequest,
-                                   StoppedAtOnce, StoppedBeforeStart, Timers)
+                                   StoppedAtOnce, StoppedBeforeStart, Timers, ignore_stop_signals)
 from tinyattn.train.passes import PassChoices, PassTables, choose_by_steps, entry_for, shown_passes
 from tinyattn.train.resume import ResumePoint, keep_user_config, open_run_folder, save_data_fingerprint
 from tinyattn.train.run_folder import RunLock, remove_failed_start
@@ -138,11 +138,11 @@ def train(config: Config, *, config_path: Optional[str | Path] = None, run_name:
     try:
         with stopper.installed(), _said_by_rank_0(dist, stopper):
             result = _train(config, request, dist, stopper)
-            if dist.enabled and result.interrupted:
-                # each rank exits with a stop's 130, and torchrun's SIGTERM to the ranks left follows the
-                # first: it killed a rank ending after its run (exit -15, not 130)
-                stopper.end_deaf()
         leave_together(dist)
+        if dist.enabled and result.interrupted:
+            # each rank exits with a stop's 130, and torchrun's SIGTERM to the ranks left follows the
+            # first: it killed a rank still ending (exit -15, not 130). The process ends next.
+            ignore_stop_signals()
         return result
     finally:
         shutdown_distributed(dist)

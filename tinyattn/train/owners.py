@@ -7,7 +7,8 @@
 - `Checkpointer`: step checkpoints, pruning, `best.pt` (replaced only by a lower loss).
 - `Timers`, `StopRequest`: where the wall time went; Ctrl-C/SIGTERM as a flag (before the
   first step, `StoppedBeforeStart`: nothing to finish, the run ends at once).
-- `SharedStop`: under DDP, the stop every rank acts on (a signal to one rank stops them all).
+- `SharedStop`: under DDP, the stop every rank acts on (a signal to one rank stops them all);
+  `ignore_stop_signals` once a stopped run's ranks have left together.
 
 `Trainer` (`tinyattn.train.trainer`) owns the step; `tinyattn.train.loop` runs the loop over them.
 """
@@ -232,6 +233,18 @@ class StoppedAtOnce(KeyboardInterrupt):
         self.signal_name = signal_name
 
 
+def ignore_stop_signals() -> None:
+    """From now on this process ignores SIGINT, SIGTERM and SIGHUP: it is ending on its own (a stopped
+    run's ranks under torchrun, which sends SIGTERM to the ranks left once the first has exited; the
+    processes it starts inherit this)."""
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):  # no SIGHUP on Windows
+        if hasattr(signal, name):
+            try:
+                signal.signal(getattr(signal, name), signal.SIG_IGN)
+            except ValueError:  # not the main thread: leave signals alone
+                pass
+
+
 class StopRequest:
     """Turns SIGINT/SIGTERM, and SIGHUP (a closed terminal) unless the run ignores it (`nohup`),
     into a flag the loop checks after each step; a second one raises StoppedAtOnce. While
@@ -244,11 +257,10 @@ class StopRequest:
         self.ending = False  # `end_deaf`: the run ends on its own; a signal now is ignored
 
     def end_deaf(self) -> None:
-        """The run ends on its own, another rank having left (`distributed.departure_said`), on an
-        error every rank met (`loop._said_by_rank_0`) or stopped with its checkpoint under torchrun:
-        torchrun's SIGTERM to the ranks left follows the first exit, and cut rank 0's clean-up (the
-        folder of a new run stayed), killed it before its line, or after it (exit -15, not 130). A
-        signal from now on, also after `installed`, is ignored."""
+        """The run ends on its own, another rank having left (`distributed.departure_said`) or on an
+        error every rank met (`loop._said_by_rank_0`): torchrun's SIGTERM to the ranks left follows, and
+        cut rank 0's clean-up (the folder of a new run stayed) or killed it before its line. A signal
+        from now on, also after `installed`, is ignored (`ignore_stop_signals`)."""
         self.ending = True
 
     @contextmanager
