@@ -304,15 +304,22 @@ def _folder_files(folder: Path, cache_dir: Optional[Path] = None) -> list[Path]:
 
 def _files_below(folder: Path) -> Iterator[Path]:
     """Every name below `folder`, in linked folders too, as a glob's `**` finds them (Path.rglob skipped
-    a linked folder's files, unsaid); each real folder once, so a link to a folder above is no loop."""
+    a linked folder's files, unsaid); each real folder once (`_walk_once`)."""
+    for root, _, names in _walk_once(folder):
+        yield from (Path(root) / name for name in names)
+
+
+def _walk_once(folder: str | Path) -> Iterator[tuple[str, list[str], list[str]]]:
+    """os.walk of `folder` into linked folders too, each real folder once: a link to a folder above is
+    no loop, and a folder reached again through a link is not walked again."""
     seen: set[str] = set()
     for root, folders, names in os.walk(folder, followlinks=True):
         real = os.path.realpath(root)
-        if real in seen:  # reached again through a link: its files are found once
+        if real in seen:
             folders[:] = []
             continue
         seen.add(real)
-        yield from (Path(root) / name for name in names)
+        yield root, folders, names
 
 
 def _cache_file(path: Path, cache_dir: Optional[Path]) -> bool:
@@ -388,14 +395,9 @@ def _inferred_splits(data: DataConfig, files: list[Path]) -> dict[str, list[str]
 
 def _names_below(folder: str) -> str:
     """Every name below `folder`, of files and folders, hidden ones too, in linked folders too (each real
-    folder once, as `_files_below` walks), one a line and case-folded: where `_may_match` looks."""
-    names, seen = set(), set()
-    for root, folders, files in os.walk(folder, followlinks=True):
-        real = os.path.realpath(root)
-        if real in seen:  # its names are in already
-            folders[:] = []
-            continue
-        seen.add(real)
+    folder once, `_walk_once`), one a line and case-folded: where `_may_match` looks."""
+    names = set()
+    for _, folders, files in _walk_once(folder):
         names.update(folders, files)
     return "\n".join(sorted(names)).casefold()
 

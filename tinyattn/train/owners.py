@@ -292,10 +292,13 @@ class StopRequest:
         try:
             yield self
         finally:
-            # After a hangup the terminal is gone: a late one must not kill the run's last lines.
-            hung_up = self.signal_name == "SIGHUP"
-            for sig, old in previous.items():
-                signal.signal(sig, signal.SIG_IGN if self.ending or (sig == hangup and hung_up) else old)
+            if self.ending:
+                ignore_stop_signals()
+            else:
+                # After a hangup the terminal is gone: a late one must not kill the run's last lines.
+                hung_up = self.signal_name == "SIGHUP"
+                for sig, old in previous.items():
+                    signal.signal(sig, signal.SIG_IGN if sig == hangup and hung_up else old)
 
 
 class SharedStop:
