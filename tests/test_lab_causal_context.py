@@ -134,6 +134,11 @@ def test_the_leak_is_the_largest_absolute_logit_change_at_each_position(tiny_mod
         difference = (model(changed).logits - model(x).logits).abs()[0]  # (T, V)
     expected = difference.amax(-1).double().numpy()  # the largest over the vocabulary, not the mean
     np.testing.assert_allclose(leak_test(model, x, POSITION), expected, rtol=1e-6)
+    # This model's largest changes are rises; with the final norm's gain negated every logit, and so
+    # every change, turns sign: the largest change in size is the same, the largest rise is not.
+    with torch.no_grad():
+        model.final_norm.weight.neg_()
+    np.testing.assert_allclose(leak_test(model, x, POSITION), expected, rtol=1e-6)
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
