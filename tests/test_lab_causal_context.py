@@ -785,6 +785,8 @@ def test_a_context_longer_than_the_models_is_one_line(tiny_model, char_tokenizer
         similarity_table(model, char_tokenizer, "speak", ["All: speak, speak", long])  # named, not the first
     full = "All: speak, speak, and a"  # exactly the 24 tokens the model reads: measured
     assert similarity_table(model, char_tokenizer, "speak", [full, "All: speak, speak"])[1].shape == (3, 1)
+    with pytest.raises(TinyattnError, match=r"^--context 'All: speak, speak, and al': 25 tokens, longer "):
+        similarity_table(model, char_tokenizer, "speak", [full + "l", "All: speak, speak"])  # one token over
 
 
 def test_lab_context_names_the_context_too_long_for_the_model_in_one_line(
