@@ -543,6 +543,17 @@ def test_the_copy_benefit_is_the_mean_of_each_strings_fresh_minus_copy_with_its_
         assert row.benefit == pytest.approx(2.0) and row.benefit_se == pytest.approx(se)
 
 
+def test_each_gap_is_a_run_of_the_gap_text_from_any_start_the_text_holds(monkeypatch):
+    # A gap text of 6 tokens holds a gap of 5 from two starts, 0 and 1: the draws take both.
+    scored = []
+    monkeypatch.setattr(distance, "token_losses",
+                        lambda model, x, y: scored.append(x) or torch.zeros(x.shape[0], x.shape[1]))
+    repeat_probe(nn.Linear(1, 1), string_tokens=np.arange(100, 2000), text=np.arange(6), length=3,
+                 distances=[5], rng=np.random.default_rng(1), samples=32)
+    gaps = scored[0][:, 3:8]  # (2S, 5): after the first string of 3
+    assert {tuple(gap) for gap in gaps.tolist()} == {(0, 1, 2, 3, 4), (1, 2, 3, 4, 5)}
+
+
 def test_after_a_start_token_each_strings_loss_is_read_at_its_own_positions(monkeypatch):
     # An imported folder's bos first: every target shifts by one; the bos's own prediction of the
     # first string's first token, like every token before a string's second, is in no mean.
