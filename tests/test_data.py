@@ -1001,6 +1001,19 @@ def test_missing_file(tmp_path):
     assert_one_line_error(tmp_path, config, r"data\.files: file not found: .*nope\.txt")
 
 
+def test_a_missing_relative_path_names_the_folder_it_was_looked_for_in(tmp_path, monkeypatch):
+    # Run from another folder, "data/nope.txt" is looked for there: the error says where, and that
+    # a file, a folder or a glob is what data.files takes. A download's error names that place too.
+    monkeypatch.chdir(tmp_path)
+    config = make_config(tmp_path, {"files": ["data/nope.txt"]})
+    message = assert_one_line_error(tmp_path, config, r"data\.files: file not found: data/nope\.txt")
+    assert f"{tmp_path / 'data' / 'nope.txt'}" in message and "the folder run from" in message, message
+    assert "a file, a folder or a glob" in message, message
+    download = make_config(tmp_path, {"files": ["data/nope.txt"], "url": "http://127.0.0.1:1/nope.txt"})
+    message = assert_one_line_error(tmp_path, download, r"cannot download .*put the file at data/nope\.txt")
+    assert f"{tmp_path / 'data' / 'nope.txt'}" in message and "the folder run from" in message, message
+
+
 def test_empty_glob_names_the_pattern(tmp_path):
     config = make_config(tmp_path, {"files": [str(tmp_path / "books" / "*.txt")]})
     assert_one_line_error(tmp_path, config, r"no file matches the pattern .*books/\*\.txt")

@@ -15,7 +15,7 @@ from typing import Optional
 from tqdm import tqdm
 
 from tinyattn.errors import DataError
-from tinyattn.system.storage import atomic_write
+from tinyattn.system.storage import atomic_write, looked_for_at
 
 
 def download(url: str, path: Path, *, sha256: Optional[str], size_bytes: Optional[int],
@@ -36,8 +36,8 @@ def download(url: str, path: Path, *, sha256: Optional[str], size_bytes: Optiona
                         bar.update(len(chunk))
         except (OSError, ValueError) as e:  # URLError, HTTPError are OSErrors; ValueError: bad URL
             reason = e.reason if type(e) is urllib.error.URLError else e
-            raise DataError(f"data.url: cannot download {url} ({reason}); put the file at {path} "
-                            "yourself (data.files)") from None
+            raise DataError(f"data.url: cannot download {url} ({reason}); put the file at {path}"
+                            f"{looked_for_at(path)} yourself (data.files)") from None
         # A connection closed early ends the reading as the end of the file would (read() returns
         # short, without an error): only the length the server announced tells them apart.
         if length is not None and received != length:

@@ -50,7 +50,7 @@ from tinyattn.data.download import download
 from tinyattn.data.tokenizer import text_pieces
 from tinyattn.errors import DataError
 from tinyattn.system.console import notice
-from tinyattn.system.storage import nul_found, unicode_mark
+from tinyattn.system.storage import looked_for_at, nul_found, unicode_mark
 
 EXTENSIONS = {
     "text": (".txt", ".text", ".md"),
@@ -695,7 +695,8 @@ def _resolve_files(entries: list[str], file_format: str, cache_dir: Optional[Pat
         elif path.is_file():
             files.append(path)
         else:
-            raise DataError(f"data.files: file not found: {entry}")
+            raise DataError(f"data.files: file not found: {entry}{looked_for_at(entry)}; "
+                            "each entry is a file, a folder or a glob")
     # Each file once (a path and a glob may both name it), by the name it was given: a link's target
     # may have no extension at all (the Hugging Face cache's snapshots/<rev>/train.jsonl -> blobs/<hash>).
     once: dict[Path, Path] = {}

@@ -231,6 +231,14 @@ def remove_temporaries(folder: str | Path, of: Optional[str] = None) -> list[Pat
     return removed
 
 
+def looked_for_at(path: str | Path) -> str:
+    """Where a relative path was looked for, for a message: ' (<absolute path>: relative paths are read
+    from the folder run from)'; nothing for an absolute path, which says where itself."""
+    if Path(path).expanduser().is_absolute():
+        return ""
+    return f" ({Path.cwd() / path}: relative paths are read from the folder run from)"
+
+
 def read_text(path: str | Path, what: str, error: type[TinyattnError] = DataError) -> str:
     """The UTF-8 text of `path`, a leading byte-order mark dropped; else `error` with one line,
     e.g. "x.yaml: config file not found".
