@@ -231,6 +231,25 @@ def test_ctrl_c_cancels_every_generation_before_uvicorn_shuts_down():
     assert cancelled == ["all"] and server.should_exit
 
 
+def test_a_second_ctrl_c_still_stops_the_model_thread_through_the_lifespan(loaded):
+    # uvicorn's forced exit (a second signal) skips the lifespan's shutdown: the model thread then
+    # never stopped, and in the foreground the exit cancelled the waiting lifespan with a traceback.
+    import signal
+
+    from tinyattn.serve.app import create_app
+    from tinyattn.serve.schemas import Limits
+    from tinyattn.serve.server import ServerThread, listening_socket
+
+    running = ServerThread(create_app(loaded, limits=Limits(**LIMITS)), listening_socket("127.0.0.1", 0))
+    with running:
+        running.server.handle_exit(signal.SIGINT, None)
+        running.server.handle_exit(signal.SIGINT, None)
+        running.thread.join(timeout=30)
+        assert not running.thread.is_alive()
+    model_thread = running.app.state.served.worker
+    assert model_thread.stopping and not model_thread.alive
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stop_with", ["SIGINT", "SIGTERM"])  # Ctrl-C, and a service manager's stop
 def test_the_command_serves_until_ctrl_c_or_sigterm_and_then_exits_cleanly(loaded, stop_with):

@@ -56,6 +56,13 @@ def uvicorn_server(app, sock: socket.socket):
             app.state.served.worker.cancel_all()
             super().handle_exit(sig, frame)
 
+        async def shutdown(self, sockets=None) -> None:
+            # A second Ctrl-C forces the exit, and uvicorn then skips the lifespan's shutdown: the model
+            # thread would not stop, and the exit would cancel the waiting lifespan with a traceback.
+            await super().shutdown(sockets)
+            if self.force_exit:
+                await self.lifespan.shutdown()
+
     host, port = sock.getsockname()[:2]
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=5)
