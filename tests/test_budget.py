@@ -1176,9 +1176,10 @@ def test_a_budget_a_first_compile_spent_says_how_much_compiling_took(corpus, tmp
 
 
 def test_a_budget_measured_twice_for_a_dropout_notes_no_compiling_that_did_not_happen(
-        corpus, tmp_path, monkeypatch):
+        corpus, tmp_path, monkeypatch, capsys):
     """With a dropout table the calibration warms up twice (the model with the dropout is measured
-    too): six warm steps, none compiling, must not read as compile time."""
+    too): six warm steps, none compiling, must not read as compile time. Nor does a run no step fits
+    say how many passes fit, and what the tables made of them, before its refusal."""
     clock = FakeClock()
     FakeMachine(monkeypatch, clock, lambda now, step: 2.0, compute=False)
     config = budget_config(corpus, tmp_path, "12s", "train.compile=true", "model.dropout=0",
@@ -1186,6 +1187,8 @@ def test_a_budget_measured_twice_for_a_dropout_notes_no_compiling_that_did_not_h
     with pytest.raises(TinyattnError, match=r"train.time_budget 12s: .* no step fits") as refused:
         train(config, run_name="twice", progress=False, clock=clock)
     assert "compiled the model" not in str(refused.value), str(refused.value)
+    printed = capsys.readouterr().err
+    assert "measuring a few steps" in printed and "passes over the training text fit" not in printed, printed
 
 
 def test_a_bare_number_budget_is_shown_with_its_unit_in_the_warmup_warning_and_the_resume_note():

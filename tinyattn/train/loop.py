@@ -460,13 +460,6 @@ def _first_plan(calibration: Calibration, trainer: Trainer, evaluator: Evaluator
         chosen = [measured]
         torch.distributed.broadcast_object_list(chosen, src=0)  # rank 0's measurement decides
         measured = chosen[0]
-    choices = measured.choices
-    if choices is not None:
-        tables = calibration.tables
-        with_dropout = "" if choices.tried is None else \
-            f", {shown_passes(choices.tried[1], 1, tables)} with model.dropout={choices.tried[0]:g}"
-        log.print(f"time budget {plan.text}: about {shown_passes(choices.passes, 1, tables)} passes over the "
-                  f"training text fit{with_dropout} -> {', '.join(_pass_choices(tables, choices, trainer))}")
     steps = plan.seed(measured.step, measured.evaluation, measured.save)
     if steps < 1:
         refusal = TinyattnError(
@@ -475,6 +468,13 @@ def _first_plan(calibration: Calibration, trainer: Trainer, evaluator: Evaluator
             f"{calibration.compile_note(trainer, measured.step)} "
             + calibration.advice(calibration.advised_budget(measured.start_up, measured)))
         raise said_once(refusal, trainer.dist.enabled)  # every rank has rank 0's count: one line, rank 0's
+    choices = measured.choices
+    if choices is not None:  # after the refusal: a run no step fits has no passes to speak of
+        tables = calibration.tables
+        with_dropout = "" if choices.tried is None else \
+            f", {shown_passes(choices.tried[1], 1, tables)} with model.dropout={choices.tried[0]:g}"
+        log.print(f"time budget {plan.text}: about {shown_passes(choices.passes, 1, tables)} passes over the "
+                  f"training text fit{with_dropout} -> {', '.join(_pass_choices(tables, choices, trainer))}")
     # start-up and measuring apart, as the run's last line splits them (a first compile is measuring)
     log.print(f"time budget {plan.text}: measured {measured.step:.3f} s/step, {measured.evaluation:.2f} s "
               f"per evaluation, {measured.save / 2:.2f} s per checkpoint, {measured.start_up:.0f} s of "
