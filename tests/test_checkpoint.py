@@ -687,6 +687,20 @@ def test_a_checkpoint_path_that_does_not_exist_is_one_line_naming_it(tmp_path, p
         ckpt.resolve_checkpoint(tmp_path / "nowhere", prefer=prefer)
 
 
+@pytest.mark.parametrize("prefer", ["best", "latest"])
+def test_a_step_file_that_is_not_there_names_the_checkpoints_its_folder_holds(tmp_path, prefer):
+    """--resume run/step_0000002.pt after train.keep_last pruned it: the error names what the run
+    folder holds instead, best.pt and then the newest steps first, without a traceback."""
+    for name in (ckpt.BEST, *(ckpt.step_filename(step) for step in range(10, 80, 10))):
+        (tmp_path / name).write_bytes(b"")
+    with pytest.raises(CheckpointError) as refused:
+        ckpt.resolve_checkpoint(tmp_path / ckpt.step_filename(2), prefer=prefer)
+    assert str(refused.value) == (
+        f"{tmp_path / ckpt.step_filename(2)}: no such checkpoint file or run folder; {tmp_path} holds "
+        f"best.pt, {ckpt.step_filename(70)}, {ckpt.step_filename(60)}, {ckpt.step_filename(50)}, "
+        f"{ckpt.step_filename(40)} and 3 more")
+
+
 def test_loading_a_checkpoint_file_that_is_not_there_is_one_line_naming_it(tmp_path):
     with pytest.raises(CheckpointError, match=r"gone\.pt: checkpoint file not found$"):
         ckpt.load_checkpoint(tmp_path / "gone.pt")

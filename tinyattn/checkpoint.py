@@ -321,7 +321,7 @@ def locate_checkpoint(path: Optional[str | Path], out_dir: str | Path = "checkpo
     if path.is_file():
         return path, False
     if not path.is_dir():
-        raise CheckpointError(f"{path}: no such checkpoint file or run folder")
+        raise CheckpointError(f"{path}: no such checkpoint file or run folder{_held_beside(path)}")
     best, latest = path / BEST, latest_checkpoint(path)
     order = [best, latest] if prefer == "best" else [latest, best]
     chosen = next((candidate for candidate in order if candidate is not None and candidate.is_file()), None)
@@ -351,6 +351,16 @@ def _some(names: list[str], most: int = RUNS_NAMED) -> str:
     """The first `most` names, and how many more: "a, b, c and 4 more"."""
     more = f" and {len(names) - most} more" if len(names) > most else ""
     return f"{', '.join(names[:most])}{more}"
+
+
+def _held_beside(path: Path) -> str:
+    """For a path that is not there in a run folder (a step file `train.keep_last` pruned, or a
+    mistyped name): "; <folder> holds best.pt, <the newest steps first> and N more"; else nothing."""
+    folder = path.parent
+    if not folder.is_dir():
+        return ""
+    held = ([BEST] if (folder / BEST).is_file() else []) + [p.name for p in step_checkpoints(folder)[::-1]]
+    return f"; {folder} holds {_some(held)}" if held else ""
 
 
 def _refuse_a_folder_of_runs(folder: Path, resuming: bool = False) -> None:
