@@ -1014,6 +1014,17 @@ def test_a_missing_relative_path_names_the_folder_it_was_looked_for_in(tmp_path,
     assert f"{tmp_path / 'data' / 'nope.txt'}" in message and "the folder run from" in message, message
 
 
+def test_a_missing_relative_path_run_from_a_removed_folder_is_still_one_line(tmp_path, monkeypatch):
+    # The folder run from was removed meanwhile: the error names the path as given, and no more.
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    config = make_config(tmp_path, {"files": ["data/nope.txt"]})
+    message = assert_one_line_error(tmp_path, config, r"data\.files: file not found: data/nope\.txt; each entry")
+    assert "the folder run from" not in message, message
+
+
 def test_empty_glob_names_the_pattern(tmp_path):
     config = make_config(tmp_path, {"files": [str(tmp_path / "books" / "*.txt")]})
     assert_one_line_error(tmp_path, config, r"no file matches the pattern .*books/\*\.txt")

@@ -236,7 +236,11 @@ def looked_for_at(path: str | Path) -> str:
     from the folder run from)'; nothing for an absolute path, which says where itself."""
     if Path(path).expanduser().is_absolute():
         return ""
-    return f" ({Path.cwd() / path}: relative paths are read from the folder run from)"
+    try:
+        here = Path.cwd()
+    except OSError:  # the folder run from was removed meanwhile: nothing to name
+        return ""
+    return f" ({here / path}: relative paths are read from the folder run from)"
 
 
 def read_text(path: str | Path, what: str, error: type[TinyattnError] = DataError) -> str:
