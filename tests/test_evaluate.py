@@ -655,3 +655,22 @@ def test_cli_bits_per_byte_are_the_texts_nats_over_its_bytes_not_per_token(run, 
     assert units == tokens - 1 + 6
     nats = printed("loss", stdout) * (tokens - 1)  # the loss is per predicted token
     assert printed("bits per byte", stdout) == pytest.approx(nats / math.log(2) / units, rel=1e-3)
+
+
+def test_cli_a_split_whose_data_now_builds_another_tokenizer_is_refused_in_one_line(run, tmp_path, capsys):
+    # The run's corpus with a character it never had: the char tokenizer built from it gives other
+    # ids, so its tokens are not the ones the checkpoint reads; scoring them would be noise.
+    from tinyattn import checkpoint as ckpt
+
+    state = ckpt.load_checkpoint(run["run_dir"] / "best.pt")
+    corpus = tmp_path / "corpus.txt"
+    text = open(state["config"]["data"]["files"][0], encoding="utf-8").read()
+    corpus.write_text("§" + text, encoding="utf-8")
+    state["config"]["data"].update(files=[str(corpus)], cache_dir=str(tmp_path / "cache"))
+    ckpt.save_checkpoint({k: v for k, v in state.items() if k not in ("format", "format_version")},
+                         tmp_path / "moved.pt")
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(tmp_path / "moved.pt"), "--no-plot")
+    assert status == 2 and stdout == "", stderr
+    last = stderr.splitlines()[-1]  # after the cache build's progress bars
+    assert last.startswith("error: ") and "Traceback" not in stderr, stderr
+    assert f"the data's tokenizer differs from the one in {tmp_path / 'moved.pt'}" in last
