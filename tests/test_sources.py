@@ -76,6 +76,17 @@ def test_byte_order_mark_is_dropped_from_text_files(tmp_path, layout):
     assert result.tokenizer.decode(result.tokenizer.encode(BOM)) != BOM  # not in the vocabulary
 
 
+@pytest.mark.parametrize("newline", ["\r\n", "\r"], ids=["windows", "old-mac"])
+def test_windows_and_old_mac_line_ends_in_text_files_are_read_as_newlines(tmp_path, newline):
+    # As datasets' text builder reads them: a Notepad file trains as the same text, no '\r' in the vocabulary.
+    folder = tmp_path / "books"
+    folder.mkdir()
+    for i, text in enumerate(DOCUMENTS):
+        (folder / f"doc{i:02d}.txt").write_bytes(text.replace("\n", newline).encode("utf-8"))
+    result = prepare_data(make_config(tmp_path, {"files": [str(folder)]}), progress=False)
+    assert documents_of(result) == expected_split(DOCUMENTS)
+
+
 # ----------------------------------------------------------------------------- 10. CSV and TSV
 
 
