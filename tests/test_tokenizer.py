@@ -70,6 +70,19 @@ def test_char_unknown_character_is_unk_and_decodes_to_replacement(char_tokenizer
     assert char_tokenizer.token_text(unk) == "\ufffd"
 
 
+def test_the_unknown_characters_note_names_the_first_ten_in_order_and_marks_the_rest(char_tokenizer):
+    from tinyattn.data.tokenizer import unknown_characters_note
+
+    unseen = "éàáâãäåæçèêë"  # none in TRAINING; é is met again below, and named once
+    for count in (10, 12):
+        text = "hé " + unseen[:count] + " é"
+        note = unknown_characters_note(char_tokenizer, text, char_tokenizer.encode(text), "scored")
+        named = ", ".join(repr(c) for c in unseen[:10])
+        assert note == (f"{count} characters the tokenizer has never seen, scored as [UNK]: {named}"
+                        + (", ..." if count > 10 else ""))
+    assert unknown_characters_note(char_tokenizer, "hi", char_tokenizer.encode("hi")) is None
+
+
 def test_unk_written_in_the_text_stays_text():
     tokenizer = build_tokenizer(TokenizerConfig(kind="char"), texts_of("[UNK] <|endoftext|> x"))
     text = "x [UNK] x"
