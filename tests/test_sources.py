@@ -621,6 +621,11 @@ def test_download_target_must_be_one_plain_path(tmp_path):
     config = make_config(tmp_path, {"files": [str(tmp_path / "books")], "url": "https://example.org/x.txt"})
     with pytest.raises(DataError, match=r"books is a folder; data\.url is downloaded to one file"):
         resolve_source(config.data, progress=False)
+    # a folder not made yet, said so by its trailing separator: refused too, never downloaded into a file
+    config = make_config(tmp_path, {"files": [f"{tmp_path / 'fresh'}/"], "url": "https://example.org/x.txt"})
+    with pytest.raises(DataError, match=r"fresh/ is a folder; data\.url is downloaded to one file"):
+        resolve_source(config.data, progress=False)
+    assert not (tmp_path / "fresh").exists()
 
 
 # ----------------------------------------------------------------------------- 13. nested fields
