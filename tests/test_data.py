@@ -1086,6 +1086,19 @@ def test_validation_split_too_short(tmp_path):
     assert "data.validation_fraction (now 0.1)" in message and "smaller model.context_length" in message
 
 
+def test_a_datasets_own_split_too_short_names_data_validation_split_not_the_fraction(tmp_path):
+    # Its validation split is the dataset's: data.validation_fraction changes neither split's length.
+    config = make_config(tmp_path, {"dataset": "owner/corpus", "validation_split": "test"}, context_length=64)
+    for short, named in (("validation", "use a larger split than data.validation_split='test' or a smaller "
+                                        "model.context_length"),
+                         ("train", "use more text or a smaller model.context_length")):
+        meta = {"train_tokens": 1000, "validation_tokens": 1000, f"{short}_tokens": 64}
+        with pytest.raises(DataError) as error:
+            token_cache.check_split_lengths(meta, config)
+        assert str(error.value) == (f"the {'training' if short == 'train' else short} split has 64 tokens, "
+                                    f"fewer than model.context_length + 1 = 65; {named}")
+
+
 @pytest.mark.parametrize("tokenizer", ["char", "bpe"])
 @pytest.mark.parametrize("fraction, left", [(0.99, 0), (0.95, 2)])
 def test_a_validation_fraction_that_leaves_too_little_to_train_on_is_named(tmp_path, tokenizer, fraction, left):
