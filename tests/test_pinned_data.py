@@ -143,3 +143,14 @@ def test_the_unknown_characters_warning_names_the_first_ten_and_says_there_are_m
     warning = capsys.readouterr().err
     named = ", ".join(repr(c) for c in unseen.replace("D", "")[:10])
     assert f"has never seen {named}, ...; the model trains on [UNK]" in warning, warning
+
+
+def test_an_unknown_share_below_a_tenth_of_a_percent_is_said_so_not_rounded_to_nothing(tmp_path, capsys):
+    char = build_tokenizer(TokenizerConfig(kind="char"), lambda: iter(["".join(DOCUMENTS)]))
+    char.save(tmp_path / "tokenizer.json")
+    text_folder(tmp_path / "books")
+    (tmp_path / "books" / "doc00.txt").write_text("Z" + DOCUMENTS[0] * 40, encoding="utf-8")  # Z: never seen
+    config = folder_config(tmp_path, {"kind": "pretrained", "path": str(tmp_path / "tokenizer.json")})
+    prepare_data(config, progress=False)
+    warning = capsys.readouterr().err
+    assert warning.startswith("warning: under 0.1% of the training split's tokens are [UNK] (1 of "), warning
