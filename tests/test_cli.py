@@ -638,3 +638,21 @@ def test_a_checkout_path_with_a_space_is_quoted_in_the_command_a_message_prints(
         (scripts / name).write_text("", encoding="utf-8")
     monkeypatch.setattr(sys, "argv", [str(scripts / "generate.py")])
     assert command("train") == f"python '{scripts / 'train.py'}'"
+
+
+def test_a_lab_experiment_imports_its_own_module_alone_and_adds_its_options_once(monkeypatch):
+    # `tinyattn lab --help` imported no experiment (distance and recurrence import torch: seconds before
+    # a usage line); a parser that parsed once must parse again, not meet its options a second time.
+    from types import SimpleNamespace
+
+    import tinyattn.cli.lab as lab_cli
+
+    imported = []
+    monkeypatch.setattr(lab_cli, "importlib", SimpleNamespace(
+        import_module=lambda name: imported.append(name) or importlib.import_module(name)))
+    p = lab_cli.parser()
+    p.format_help()
+    assert imported == []
+    first, again = p.parse_args(["distance"]), p.parse_args(["distance", "--seed", "1"])
+    assert imported == ["tinyattn.lab.distance"]
+    assert first.experiment == again.experiment == "distance" and again.seed == 1
