@@ -350,7 +350,8 @@ def test_a_reader_of_datasets_named_as_the_dataset_is_refused(tmp_path, monkeypa
     assert "data.format" in message
 
 
-@pytest.mark.parametrize("name", ["notes.jsonl", "./no_such_folder", "../elsewhere/corpus", "a/b/c"])
+@pytest.mark.parametrize("name", ["notes.jsonl", "./no_such_folder", "../elsewhere/corpus", "a/b/c",
+                                  "~no_such_user/corpus"])  # a ~user the home folder lookup left as written
 def test_a_local_file_or_missing_folder_as_the_dataset_is_not_a_hub_name(tmp_path, monkeypatch, name):
     """A file given as data.dataset, or a path whose folder is not there, said as such: not 'cannot
     reach ... on the Hugging Face Hub', which no network would change."""
