@@ -316,6 +316,13 @@ def test_a_folder_as_the_pretrained_tokenizer_is_one_line(tmp_path):
     with pytest.raises(DataError, match=r"^tokenizer.path: .*tok is a folder; expected the path of a "
                                         r"tokenizer.json file$"):
         build_tokenizer(TokenizerConfig(kind="pretrained", path=str(folder)), lambda: iter([]))
+    # a folder that holds one (a Hugging Face download): the file meant is named
+    (folder / "tokenizer.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(DataError) as error:
+        build_tokenizer(TokenizerConfig(kind="pretrained", path=str(folder)), lambda: iter([]))
+    assert str(error.value).endswith(f"is a folder; expected the path of a tokenizer.json file; did you mean "
+                                     f"{folder / 'tokenizer.json'}?")
+    (folder / "tokenizer.json").unlink()
     config = tiny_config(tmp_path)
     config.tokenizer = TokenizerConfig(kind="pretrained", path=str(folder))
     with pytest.raises(DataError, match="is a folder"):
