@@ -75,6 +75,8 @@ def test_each_precision_autocasts_to_its_dtype_and_only_fp16_scales_the_loss(mon
     assert select_precision("auto", gpu).name == "bf16"
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
     assert select_precision("auto", gpu) == Precision("fp16", torch.float16, use_grad_scaler=True)
+    # auto on any other device (Apple MPS): plain fp32, no autocast
+    assert select_precision("auto", torch.device("mps")) == Precision("fp32", None, use_grad_scaler=False)
 
 
 def test_the_bf16_context_computes_in_bf16_and_the_fp32_one_in_fp32():
