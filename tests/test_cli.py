@@ -9,6 +9,7 @@ import runpy
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -435,6 +436,18 @@ def test_train_no_progress_reaches_the_loop(monkeypatch):
     assert options_given_to_the_loop(monkeypatch, ["--no-progress"])["progress"] is False
 
 
+@pytest.mark.parametrize("interrupted, status", [(False, 0), (True, 130)])
+def test_a_training_stopped_by_ctrl_c_or_sigterm_with_its_checkpoint_exits_130(monkeypatch, interrupted,
+                                                                                status):
+    # The loop returns (a checkpoint saved, its line said) rather than raising: the status says it stopped.
+    import tinyattn.train.loop
+    from tinyattn.cli.train import main as train_main
+
+    monkeypatch.setattr(tinyattn.train.loop, "train",
+                        lambda config, **options: SimpleNamespace(interrupted=interrupted))
+    assert train_main(["--config", str(ROOT / "configs" / "tiny.yaml")]) == status
+
+
 def test_under_torchrun_a_config_mistake_is_said_by_rank_0_alone(monkeypatch, capsys):
     # Every rank reads the same config: one line on the console, not `rank 1: error: ...` beside it.
     from tinyattn.cli.train import main as train_main
@@ -643,8 +656,6 @@ def test_a_checkout_path_with_a_space_is_quoted_in_the_command_a_message_prints(
 def test_a_lab_experiment_imports_its_own_module_alone_and_adds_its_options_once(monkeypatch):
     # `tinyattn lab --help` imported no experiment (distance and recurrence import torch: seconds before
     # a usage line); a parser that parsed once must parse again, not meet its options a second time.
-    from types import SimpleNamespace
-
     import tinyattn.cli.lab as lab_cli
 
     imported = []
