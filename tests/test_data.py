@@ -762,6 +762,22 @@ def test_another_validation_split_of_a_hub_dataset_rebuilds(tmp_path, builds, hf
     assert split_documents(second.validation, second.tokenizer) == DOCUMENTS[:5]
 
 
+def test_another_revision_or_config_of_a_hub_dataset_keys_another_cache_and_is_named(tmp_path):
+    # A hub dataset's cache key holds what names its text (no files here to hash): a cache built
+    # from revision v1 was reused for v2. The key is made before anything is downloaded.
+    from tinyattn.data.sources import resolve_source
+
+    def inputs(**settings):
+        config = make_config(tmp_path, {"dataset": "owner/corpus", **settings})
+        return token_cache.TokenCache(resolve_source(config.data, progress=False), config)
+
+    first, revised, other = inputs(), inputs(revision="v2"), inputs(dataset_config="other")
+    assert len({first.key, revised.key, other.key}) == 3
+    assert token_cache.data_differences({"key": first.key, "inputs": first.inputs},
+                                        {"key": revised.key, "inputs": revised.inputs}) == [
+        "data.revision was None, now 'v2'"]
+
+
 @pytest.mark.parametrize("stage", ["validation", "tokenizer"])
 def test_interrupted_build_is_not_trusted(tmp_path, monkeypatch, builds, stage):
     folder = write_text_folder(tmp_path / "books")
