@@ -536,7 +536,7 @@ def test_second_run_reuses_the_cache(tmp_path, builds):
 
 
 @pytest.mark.parametrize("change", ["tokenizer", "vocab_size", "fraction", "text_field", "file", "max_documents",
-                                    "tokenizers_version"])
+                                    "tokenizers_version", "format"])
 def test_any_change_rebuilds(tmp_path, builds, monkeypatch, change):
     path = write_jsonl(tmp_path / "corpus.jsonl")
     if change == "text_field":  # both fields from the start: only the setting changes, not the file
@@ -559,6 +559,8 @@ def test_any_change_rebuilds(tmp_path, builds, monkeypatch, change):
         data["max_documents"] = 15
     elif change == "tokenizers_version":  # BPE training may differ between versions
         monkeypatch.setattr(tokenizers, "__version__", tokenizers.__version__ + ".other")
+    elif change == "format":  # the same bytes read another way: the file whole, its JSON as text
+        data["format"] = "text"
     second = prepare_data(make_config(tmp_path, data, tokenizer), progress=False)
     assert len(builds) == 4 and second.cache_dir != first.cache_dir
     assert len(trusted_caches(tmp_path)) == 2
