@@ -534,6 +534,10 @@ def test_a_dataset_folder_whose_card_names_its_configs_files_reads_the_config_ch
     config = make_config(tmp_path, {"dataset": str(folder), "dataset_config": "big"})
     result = prepare_data(config, progress=False)
     assert documents_of(result) == expected_split(DOCUMENTS)
+    # the other config, beside it in the same cache_dir: its own cache, not the first one's tokens
+    small = prepare_data(make_config(tmp_path, {"dataset": str(folder), "dataset_config": "small"}),
+                         progress=False)
+    assert documents_of(small) == (DOCUMENTS[:9], [DOCUMENTS[9]])
 
 
 @pytest.mark.parametrize("compression", ["", ".gz"])
