@@ -58,6 +58,13 @@ def test_a_count_in_a_message_agrees_with_its_number():
     assert (counted(1, "query", "queries"), counted(3, "query", "queries")) == ("1 query", "3 queries")
 
 
+def test_a_parameter_count_is_in_millions_from_a_million_up_and_exact_below():
+    from tinyattn.errors import parameter_count_text
+
+    assert [parameter_count_text(n) for n in (35_200, 999_999, 1_000_000, 1_804_096)] == [
+        "35,200", "999,999", "1.00M", "1.80M"]
+
+
 def test_the_subcommands_are_the_seven_commands():
     assert list(SUBCOMMANDS) == NAMES
 
