@@ -1582,6 +1582,26 @@ def test_a_pass_resumed_at_another_batch_size_or_number_of_ranks_shows_each_of_i
     assert drawn == the_pass  # in the pass's own order: the resume goes on where the pass stood
 
 
+def test_a_pass_resumed_twice_at_other_batch_sizes_shows_each_of_its_windows_once():
+    # The second state's batches were drawn at two sizes: its windows drawn are not its batches times
+    # its batch size (4 * 6 = 24 where 2 * 4 + 2 * 6 = 20 were drawn).
+    T, per_pass = 16, (1000 - 16) // 16
+
+    def sampler(batch_size):
+        return BatchSampler(counting_tokens(), batch_size, T, seed=4, sampling="passes")
+
+    the_pass = sampler(per_pass).next_batch()[0][:, 0].tolist()
+    first = sampler(4)
+    drawn = draw_rounds([first], 2)
+    second = sampler(6)
+    second.load_state_dict(first.state_dict())
+    drawn += draw_rounds([second], 2)
+    third = sampler(5)
+    third.load_state_dict(second.state_dict())
+    drawn += draw_rounds([third], 10)[:per_pass - len(drawn)]
+    assert drawn == the_pass  # every window once, in the pass's order
+
+
 def test_a_state_saved_before_it_held_the_windows_drawn_resumes_at_another_batch_size_from_its_own():
     T = 16
     old = BatchSampler(counting_tokens(), 4, T, seed=4, sampling="passes")
