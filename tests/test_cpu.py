@@ -187,6 +187,22 @@ def test_one_slow_first_bf16_call_does_not_end_the_measurement_as_emulated(monke
     assert cpu.measure_cpu_bf16_speedup(size=16, rounds=3, budget_s=60) == pytest.approx(2.0)
 
 
+def test_a_bf16_clearly_slower_after_a_few_rounds_ends_the_measurement_early(monkeypatch):
+    """Emulated bf16 is many times slower and each call costly: the measurement stops after the few
+    rounds that tell, not at its time budget or its last round."""
+    bf16_calls = []
+
+    def seconds_of(fn, device=None):
+        if fn().dtype == torch.bfloat16:
+            bf16_calls.append(1)
+            return 0.01  # ten times the fp32 call's time
+        return 0.001
+
+    monkeypatch.setattr(cpu, "seconds_of", seconds_of)
+    assert cpu.measure_cpu_bf16_speedup(size=16, rounds=7, budget_s=60) == pytest.approx(0.1)
+    assert len(bf16_calls) == 3
+
+
 def test_the_measured_speedup_is_the_fp32_time_over_the_bf16_time(monkeypatch):
     """A bf16 matmul twice as fast as fp32's reads as a speedup of 2 (fast), not 0.5."""
     def seconds_of(fn, device=None):
