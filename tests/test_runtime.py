@@ -1,10 +1,12 @@
 """runtime: device names checked by one rule, the precision each device gets, seeds and random states
 restored whole, the peak measurement leaves the random state alone."""
 
+import contextlib
 import io
 import random
 import re
 import signal
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -589,3 +591,50 @@ def test_only_a_process_torchrun_started_asks_for_a_sigterm_when_its_launcher_en
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's worker
     distributed.init_distributed("cpu")
     assert asked == [True]
+
+
+CHILD_ASKING_FOR_SIGTERM = """\
+import signal, sys, time
+from tinyattn.system.signals import sigterm_when_the_parent_ends
+signal.signal(signal.SIGTERM, lambda *a: (open(sys.argv[1], "w").write("SIGTERM"), sys.exit(0)))
+sigterm_when_the_parent_ends()
+print("asked", flush=True)
+time.sleep(30)
+"""
+
+PARENT_OF_IT = """\
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]], stdout=subprocess.PIPE, text=True)
+print(child.stdout.readline().strip(), child.pid, flush=True)
+time.sleep(30)
+"""
+
+
+@pytest.mark.slow  # processes started and killed (each well under a second)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_process_that_asked_for_it_gets_a_sigterm_when_its_launcher_is_killed(tmp_path):
+    # torchrun killed with `kill -9` (or by the OOM killer) sends its workers nothing: they asked the
+    # kernel for a SIGTERM then, and stop on it as on any stop.
+    import os
+    import subprocess
+    import time
+
+    from tests.conftest import ROOT
+
+    got = tmp_path / "got"
+    parent = subprocess.Popen([sys.executable, "-c", PARENT_OF_IT, CHILD_ASKING_FOR_SIGTERM, str(got)],
+                              stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    said, child = parent.stdout.readline().split()
+    try:
+        assert said == "asked"
+        parent.kill()
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while not got.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert got.exists() and got.read_text() == "SIGTERM"
+    finally:
+        parent.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(child), signal.SIGKILL)
