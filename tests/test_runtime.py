@@ -610,7 +610,7 @@ time.sleep(30)
 """
 
 
-@pytest.mark.slow  # processes started and killed (each well under a second)
+@pytest.mark.slow  # processes started and one killed, as the slow marker says
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_process_that_asked_for_it_gets_a_sigterm_when_its_launcher_is_killed(tmp_path):
     # torchrun killed with `kill -9` (or by the OOM killer) sends its workers nothing: they asked the
