@@ -45,6 +45,19 @@ def test_a_run_folder_without_best_pt_whose_latest_step_is_damaged_gives_the_new
         ckpt.resolve_checkpoint(tmp_path, prefer="best")
 
 
+def test_a_run_folder_whose_best_pt_and_latest_step_are_damaged_gives_the_newest_step_that_verifies(
+        tmp_path, capsys):
+    good, newer = saved(tmp_path / ckpt.step_filename(10), 10), saved(tmp_path / ckpt.step_filename(20), 20)
+    best = saved(tmp_path / ckpt.BEST, 20)
+    for damaged in (newer, best):
+        damaged.write_bytes(damaged.read_bytes()[:100])  # cut short: fails verification
+    capsys.readouterr()
+    assert ckpt.resolve_checkpoint(tmp_path, prefer="best") == good  # past the damaged newer step too
+    assert capsys.readouterr().err == (f"note: {best} is damaged (not a torch.save archive); using "
+                                       f"{good.name}, the newest checkpoint that verifies (its validation "
+                                       "loss may be above best's)\n")
+
+
 def test_the_most_recent_run_is_the_one_whose_newest_checkpoint_was_written_last(tmp_path):
     older, newer = tmp_path / "b-older", tmp_path / "a-newer"  # names that sort the other way
     saved(older / ckpt.step_filename(500), 500)
