@@ -151,6 +151,24 @@ def test_a_failed_start_whose_folder_holds_a_folder_under_a_run_files_name_remov
     lock.release()
 
 
+@pytest.mark.parametrize("kept", ["config.yaml", "tokenizer.json", "data.json", "notes.txt"])
+def test_a_failed_start_removes_a_folder_of_its_log_and_locks_alone_and_keeps_one_with_any_other_file(
+        tmp_path, kept):
+    """What a run writes before its first step (config.yaml, tokenizer.json, data.json) or a file of
+    the user's keeps the folder whole; the log, the lock files and the marker alone go with it."""
+    folder = tmp_path / "run"
+    lock = RunLock.acquire(folder)
+    (folder / "train.log").write_text("error: ...\n")
+    (folder / kept).write_text("mine")
+    before = sorted(p.name for p in folder.iterdir())
+    assert run_folder.remove_failed_start(folder, "train.log") is False
+    assert sorted(p.name for p in folder.iterdir()) == before
+    (folder / kept).unlink()
+    assert run_folder.remove_failed_start(folder, "train.log") is True
+    assert not folder.exists()
+    lock.release()
+
+
 def test_two_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
     now = datetime(2026, 11, 30, 12, 0, 0)
     first = unique_run_dir(tmp_path, "shakespeare_char", now)
