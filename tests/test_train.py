@@ -2518,6 +2518,28 @@ def tiny_trainer(batches, *, precision=None, **train_options) -> Trainer:
     return trainer
 
 
+def test_an_evaluation_runs_in_the_precision_the_run_trains_in():
+    """A bf16 run's validation loss is computed under its autocast, as its steps are: the model's
+    matmuls in bf16, not in fp32 at several times the cost (and another loss than training's)."""
+    from types import SimpleNamespace
+
+    from tinyattn.config import Config, ModelConfig, TrainConfig
+    from tinyattn.model.transformer import LanguageModel
+    from tinyattn.system.device import select_precision
+    from tinyattn.train.owners import Evaluator
+
+    cpu = torch.device("cpu")
+    config = Config(model=ModelConfig(vocab_size=67, n_layer=1, n_head=2, n_embd=32, context_length=32),
+                    train=TrainConfig(batch_size=8, eval_windows=2))
+    trainer = SimpleNamespace(model=LanguageModel(config.model), device=cpu,
+                              precision=select_precision("bf16", cpu))  # what an evaluation reads of it
+    dtypes = []
+    trainer.model.head.register_forward_hook(lambda module, args, output: dtypes.append(output.dtype))
+    validation = np.random.default_rng(1).integers(0, 67, size=200).astype(np.uint16)
+    Evaluator(trainer, config, validation, tokenizer=None).run(step=0)
+    assert dtypes and set(dtypes) == {torch.bfloat16}
+
+
 def test_the_trainer_draws_its_windows_as_train_sampling_says():
     assert tiny_trainer(None).batches.sampling == "random"
     assert tiny_trainer(None, sampling="passes").batches.sampling == "passes"
