@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -2538,6 +2539,17 @@ def test_an_evaluation_runs_in_the_precision_the_run_trains_in():
     validation = np.random.default_rng(1).integers(0, 67, size=200).astype(np.uint16)
     Evaluator(trainer, config, validation, tokenizer=None).run(step=0)
     assert dtypes and set(dtypes) == {torch.bfloat16}
+
+
+def test_a_resume_by_another_number_of_processes_is_warned_of_naming_the_checkpoint(tmp_path):
+    trainer = tiny_trainer(None)
+    file = tmp_path / "step_0000000.pt"
+    with pytest.warns(UserWarning, match=rf"^{re.escape(str(file))} was written by 2 process\(es\), this run "
+                                         r"has 1: the batches and tokens per step differ"):
+        trainer.load_state_dict({**trainer.state_dict(), "world_size": 2}, file)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same count: nothing to say
+        trainer.load_state_dict(trainer.state_dict(), file)
 
 
 def test_the_trainer_draws_its_windows_as_train_sampling_says():
