@@ -1040,7 +1040,8 @@ def test_a_missing_relative_path_run_from_a_removed_folder_is_still_one_line(tmp
     monkeypatch.chdir(gone)
     gone.rmdir()
     config = make_config(tmp_path, {"files": ["data/nope.txt"]})
-    message = assert_one_line_error(tmp_path, config, r"data\.files: file not found: data/nope\.txt; each entry")
+    message = assert_one_line_error(tmp_path, config,
+                                    r"data\.files: file not found: data/nope\.txt; each entry")
     assert "the folder run from" not in message, message
 
 
