@@ -1033,6 +1033,16 @@ def test_a_missing_relative_path_names_the_folder_it_was_looked_for_in(tmp_path,
     assert f"{tmp_path / 'data' / 'nope.txt'}" in message and "the folder run from" in message, message
 
 
+def test_a_missing_path_under_a_user_with_no_home_folder_is_one_line_naming_where_it_was_looked_for(
+        tmp_path, monkeypatch):
+    # ~no_such_user is left as written (no such user to expand it for): read from the folder run from,
+    # which the error names, where pathlib's expanduser raised a traceback.
+    monkeypatch.chdir(tmp_path)
+    config = make_config(tmp_path, {"files": ["~no_such_user/nope.txt"]})
+    message = assert_one_line_error(tmp_path, config, r"data\.files: file not found: ~no_such_user/nope\.txt")
+    assert f"{tmp_path / '~no_such_user' / 'nope.txt'}" in message, message
+
+
 def test_a_missing_relative_path_run_from_a_removed_folder_is_still_one_line(tmp_path, monkeypatch):
     # The folder run from was removed meanwhile: the error names the path as given, and no more.
     gone = tmp_path / "gone"

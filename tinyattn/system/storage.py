@@ -233,8 +233,9 @@ def remove_temporaries(folder: str | Path, of: Optional[str] = None) -> list[Pat
 
 def looked_for_at(path: str | Path) -> str:
     """Where a relative path was looked for, for a message: ' (<absolute path>: relative paths are read
-    from the folder run from)'; nothing for an absolute path, which says where itself."""
-    if Path(path).expanduser().is_absolute():
+    from the folder run from)'; nothing for an absolute path, which says where itself. os.path's
+    expanduser leaves ~no_such_user as written (pathlib's raises), as the config's ~ expansion did."""
+    if Path(os.path.expanduser(path)).is_absolute():
         return ""
     try:
         here = Path.cwd()
