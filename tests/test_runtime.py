@@ -625,16 +625,18 @@ def test_a_process_that_asked_for_it_gets_a_sigterm_when_its_launcher_is_killed(
     parent = subprocess.Popen([sys.executable, "-c", PARENT_OF_IT, CHILD_ASKING_FOR_SIGTERM, str(got)],
                               stdout=subprocess.PIPE, text=True, cwd=ROOT,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
-    said, child = parent.stdout.readline().split()
+    child = None
     try:
+        said, child = parent.stdout.readline().split()
         assert said == "asked"
         parent.kill()
         parent.wait(timeout=10)
         deadline = time.monotonic() + 10
-        while not got.exists() and time.monotonic() < deadline:
+        # its text, not the file alone: the child's open() makes the file before its write fills it
+        while not (got.exists() and got.read_text()) and time.monotonic() < deadline:
             time.sleep(0.01)
         assert got.exists() and got.read_text() == "SIGTERM"
     finally:
         parent.kill()
-        with contextlib.suppress(ProcessLookupError):
+        with contextlib.suppress(ProcessLookupError, TypeError):  # TypeError: it never said its pid
             os.kill(int(child), signal.SIGKILL)
