@@ -242,12 +242,40 @@ def test_a_second_ctrl_c_still_stops_the_model_thread_through_the_lifespan(loade
 
     running = ServerThread(create_app(loaded, limits=Limits(**LIMITS)), listening_socket("127.0.0.1", 0))
     with running:
+        hurried = running.app.state.served.worker.hurried
         running.server.handle_exit(signal.SIGINT, None)
+        assert not hurried.is_set()  # one Ctrl-C waits for the model call in progress
         running.server.handle_exit(signal.SIGINT, None)
+        assert hurried.is_set()  # a second does not
         running.thread.join(timeout=30)
         assert not running.thread.is_alive()
     model_thread = running.app.state.served.worker
+    model_thread.thread.join(timeout=10)  # a forced exit no longer waits for it: it ends on its own
     assert model_thread.stopping and not model_thread.alive
+
+
+def test_a_shutdown_waits_for_a_slow_model_call_and_a_forced_exit_does_not(monkeypatch):
+    # The model thread busy in a long call (a compile's warm-up): one Ctrl-C's shutdown waits for it, up to
+    # STOP_WAIT; a second Ctrl-C (`hurry`, even meanwhile) ends the wait, and the daemon thread is left.
+    from tinyattn.serve import worker as worker_module
+
+    release = threading.Event()
+    busy = worker_module.ModelWorker(warm_up=lambda: release.wait(30))
+    busy.start()
+    try:
+        monkeypatch.setattr(worker_module, "STOP_WAIT", 0.3)
+        started = time.monotonic()
+        busy.stop()
+        assert time.monotonic() - started >= 0.3 and busy.alive  # waited its whole bound
+        monkeypatch.setattr(worker_module, "STOP_WAIT", 30.0)
+        threading.Timer(0.2, busy.hurry).start()
+        started = time.monotonic()
+        busy.stop()
+        assert time.monotonic() - started < 10 and busy.alive  # hurried: not the 30 s
+    finally:
+        release.set()
+        busy.thread.join(timeout=10)
+    assert not busy.alive
 
 
 @pytest.mark.slow

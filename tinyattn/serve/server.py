@@ -55,6 +55,8 @@ def uvicorn_server(app, sock: socket.socket):
         def handle_exit(self, sig, frame) -> None:
             app.state.served.worker.cancel_all()
             super().handle_exit(sig, frame)
+            if self.force_exit:  # a second Ctrl-C: the model thread is not waited for
+                app.state.served.worker.hurry()
 
         async def shutdown(self, sockets=None) -> None:
             # A second Ctrl-C forces the exit, and uvicorn then skips the lifespan's shutdown: the model

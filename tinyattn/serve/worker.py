@@ -26,6 +26,7 @@ import asyncio
 import collections
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Iterator, Optional
 
@@ -88,6 +89,9 @@ class WorkerStats:
     recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=100))  # ended jobs
 
 
+STOP_WAIT = 10.0  # seconds a shutdown waits for the model call in progress
+
+
 class ModelWorker:
     """The thread every model call runs on; `submit` a Job, read its `items()`."""
 
@@ -99,16 +103,25 @@ class ModelWorker:
         self.stats = WorkerStats()
         self.changed = threading.Condition()
         self.stopping = False
+        self.hurried = threading.Event()  # `hurry`: a forced exit waits for no model call
         self.thread = threading.Thread(target=self._run, name="tinyattn-model", daemon=True)
 
     def start(self) -> None:
         self.thread.start()
 
     def stop(self) -> None:
+        """Ends the thread after the turn in progress, waiting for it up to STOP_WAIT seconds; no longer
+        once `hurry` is called, before or meanwhile (the thread is a daemon: the process ends without it)."""
         with self.changed:
             self.stopping = True
             self.changed.notify()
-        self.thread.join(timeout=10)
+        deadline = time.monotonic() + STOP_WAIT
+        while self.thread.is_alive() and not self.hurried.is_set() and time.monotonic() < deadline:
+            self.thread.join(timeout=0.05)  # in slices: a signal's handler may call `hurry` meanwhile
+
+    def hurry(self) -> None:
+        """A forced exit (a second Ctrl-C): `stop` waits no longer for a model call, such as a slow warm-up."""
+        self.hurried.set()
 
     def cancel_all(self) -> None:
         """Cancel every job, decoding or waiting: on shutdown, so that open streams end at once."""
