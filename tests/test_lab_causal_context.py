@@ -375,6 +375,22 @@ def test_steps_of_zero_or_fewer_are_refused_before_anything_trains(tmp_path, mon
         train_both(args, tmp_path)
 
 
+@pytest.mark.parametrize("item, option", [("train.max_steps=20", "--steps 20"),
+                                          ("train.out_dir=elsewhere", "--out elsewhere")])
+def test_a_set_of_what_steps_or_out_gives_is_refused_naming_the_option_before_anything_trains(
+        tmp_path, monkeypatch, item, option):
+    # `--set train.max_steps=20` trained 20 steps, printed "(200 steps)" and warmed up over all 20.
+    from tests.conftest import ROOT
+    from tinyattn.train import loop
+
+    monkeypatch.setattr(loop, "train", lambda *args, **kwargs: pytest.fail("trained"))
+    args = argparse.Namespace(config=str(ROOT / "configs" / "tiny.yaml"), steps=200, force=False,
+                              overrides=["model.n_layer=1", item])
+    with pytest.raises(TinyattnError, match=rf"^--set {re.escape(item)}: .*; give {option} instead$"):
+        train_both(args, tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
 def test_a_run_stopped_by_ctrl_c_ends_the_lab_in_one_line_before_the_second_run_or_a_table(
         tmp_path, monkeypatch, capsys, corpus_text):
     # A stop saves the run and returns (TrainResult.interrupted): the lab went on to train the other

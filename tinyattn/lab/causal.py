@@ -54,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="KEY=VALUE",
                         help="override config values (dotted keys), after the lab's own: 2 layers of "
                              "width 64, batch 16, fp32, no compile, no time budget, no tables by passes "
-                             "(the same weight decay at any --steps), one evaluation at the end")
+                             "(the same weight decay at any --steps), one evaluation at the end; the steps and "
+                             "the folder are --steps and --out")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                         help=f"training steps of each run (default: {DEFAULT_STEPS})")
     parser.add_argument("--out", type=home_path, metavar="DIR",
@@ -141,6 +142,22 @@ def check_steps(steps: int) -> None:
         raise TinyattnError(f"--steps {steps}: expected a positive integer")
 
 
+# Settings the lab derives from its own options (the warm-up and the evaluation from --steps, the
+# run folders from --out): a --set of one would leave the rest describing another run.
+OWN_OPTIONS = {"train.max_steps": "--steps", "train.out_dir": "--out"}
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Refuse a --set of a setting one of the lab's options gives (`OWN_OPTIONS`), naming the option."""
+    from tinyattn.config import override_keys
+
+    for item, key in zip(overrides, override_keys(overrides)):
+        if key in OWN_OPTIONS and "=" in item:  # an item without one is load_config's to refuse
+            value = item.split("=", 1)[1].strip()
+            raise TinyattnError(f"--set {item}: lab causal sets {key} from {OWN_OPTIONS[key]}; "
+                                f"give {OWN_OPTIONS[key]} {value} instead")
+
+
 def leak_test(model, x, position: int):
     """How far each position's logits move when the token at position + 1 changes.
 
@@ -210,6 +227,7 @@ def train_both(args: argparse.Namespace, out: Path) -> dict:
     from tinyattn.train.loop import train
 
     check_steps(args.steps)
+    check_overrides(args.overrides)
     clear_earlier_lab(out, RUNS + OUTPUTS, args.force)
     results = {}
     for name in RUNS:
@@ -361,6 +379,7 @@ def run(args: argparse.Namespace) -> int:
     # Nothing is written until then.
     require_matplotlib()
     check_steps(args.steps)
+    check_overrides(args.overrides)
     config = load_config(args.config, lab_overrides(args.steps, Path(args.out or ".")) + list(args.overrides))
     check_context(config.model.context_length)
     data = prepare_data(config, progress=False)
