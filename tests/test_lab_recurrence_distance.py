@@ -821,6 +821,30 @@ def test_a_lab_stopped_by_ctrl_c_says_what_its_folder_holds_and_how_to_run_it_ag
         assert last == f"lab {lab} stopped before its table; {out} holds what it measured so far; {again}"
 
 
+def test_a_lab_stopped_by_sigterm_says_what_its_folder_holds_as_after_ctrl_c(trained_run, tmp_path,
+                                                                              monkeypatch, capsys):
+    # SIGTERM ended the lab at once: status 143, nothing said, the lines printed so far lost.
+    import os
+    import signal
+
+    from tinyattn.cli.lab import main
+
+    def unhandled(signum, frame):
+        raise AssertionError("the lab left SIGTERM to its default: the process would end silently")
+
+    monkeypatch.setattr(distance, "train_recall", lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGTERM))
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        out = tmp_path / "out"
+        assert main(["distance", "--checkpoint", str(trained_run.run_dir), "--pairs", "4",
+                     "--string-length", "3", "--out", str(out)]) == 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"lab distance stopped before its table; {out} holds what it measured so far; "
+        f"run it again with --out {out} --force to start over")
+
+
 @pytest.mark.parametrize("flag, value", [("--seed", "-1"), ("--seed", str(2**64)), ("--seed", str(2**63)),
                                          ("--pairs", "1"), ("--string-length", "0"), ("--string-length", "1"),
                                          ("--recall-steps", "0")])

@@ -13,6 +13,7 @@ import importlib
 from typing import Optional
 
 from tinyattn.cli import run_command
+from tinyattn.system.signals import sigterm_interrupts
 from tinyattn.cli.options import CommandParser, command_parser
 
 EXPERIMENTS = {  # name: the claim it measures (tinyattn.lab.<name> runs it)
@@ -53,4 +54,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parser().parse_args(argv)
-    return run_command(lambda: importlib.import_module(f"tinyattn.lab.{args.experiment}").run(args))
+    # SIGTERM stops an experiment as Ctrl-C does (its folder named, exit 130): by default it ended the
+    # process at once, status 143, nothing said and the lines printed so far lost in stdout's buffer.
+    with sigterm_interrupts("stopped by SIGTERM"):
+        return run_command(lambda: importlib.import_module(f"tinyattn.lab.{args.experiment}").run(args))
