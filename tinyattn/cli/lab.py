@@ -13,8 +13,8 @@ import importlib
 from typing import Optional
 
 from tinyattn.cli import run_command
-from tinyattn.system.signals import sigterm_interrupts
 from tinyattn.cli.options import CommandParser, command_parser
+from tinyattn.system.signals import sigterm_interrupts
 
 EXPERIMENTS = {  # name: the claim it measures (tinyattn.lab.<name> runs it)
     "causal": "causal vs bidirectional attention: the mask keeps the future out (and the leak test)",
