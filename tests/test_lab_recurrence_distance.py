@@ -832,7 +832,8 @@ def test_a_lab_stopped_by_sigterm_says_what_its_folder_holds_as_after_ctrl_c(tra
     def unhandled(signum, frame):
         raise AssertionError("the lab left SIGTERM to its default: the process would end silently")
 
-    monkeypatch.setattr(distance, "train_recall", lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGTERM))
+    monkeypatch.setattr(distance, "train_recall",
+                        lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGTERM))
     previous = signal.signal(signal.SIGTERM, unhandled)
     try:
         out = tmp_path / "out"

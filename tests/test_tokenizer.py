@@ -516,7 +516,8 @@ def test_ctrl_c_stops_a_bpe_training_at_once_not_when_it_ends(shakespeare_path):
     # From when the signal was sent, and against the training's own time left, not a fixed bound: a
     # loaded machine slows the timer, the training and the wait alike.
     waited, left = returned - sent[0], ended - sent[0]
-    assert waited < left / 2, f"Ctrl-C took {waited:.2f} s to stop the BPE training; it ended {left:.2f} s after"
+    assert waited < left / 2, \
+        f"Ctrl-C took {waited:.2f} s to stop the BPE training; it ended {left:.2f} s after"
 
 
 def join_the_bpe_training() -> None:

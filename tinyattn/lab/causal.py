@@ -54,8 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="KEY=VALUE",
                         help="override config values (dotted keys), after the lab's own: 2 layers of "
                              "width 64, batch 16, fp32, no compile, no time budget, no tables by passes "
-                             "(the same weight decay at any --steps), one evaluation at the end; the steps and "
-                             "the folder are --steps and --out")
+                             "(the same weight decay at any --steps), one evaluation at the end; the "
+                             "steps and the folder are --steps and --out")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                         help=f"training steps of each run (default: {DEFAULT_STEPS})")
     parser.add_argument("--out", type=home_path, metavar="DIR",

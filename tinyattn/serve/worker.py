@@ -120,7 +120,7 @@ class ModelWorker:
             self.thread.join(timeout=0.05)  # in slices: a signal's handler may call `hurry` meanwhile
 
     def hurry(self) -> None:
-        """A forced exit (a second Ctrl-C): `stop` waits no longer for a model call, such as a slow warm-up."""
+        """A forced exit (a second Ctrl-C): `stop` waits no longer for a model call (a slow warm-up)."""
         self.hurried.set()
 
     def cancel_all(self) -> None:
