@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from tinyattn.config import home_path
+from tinyattn.config import home_path, override_keys
 from tinyattn.errors import TinyattnError
 from tinyattn.system.invocation import quoted
 
@@ -149,8 +149,6 @@ OWN_OPTIONS = {"train.max_steps": "--steps", "train.out_dir": "--out"}
 
 def check_overrides(overrides: list[str]) -> None:
     """Refuse a --set of a setting one of the lab's options gives (`OWN_OPTIONS`), naming the option."""
-    from tinyattn.config import override_keys
-
     for item, key in zip(overrides, override_keys(overrides)):
         if key in OWN_OPTIONS and "=" in item:  # an item without one is load_config's to refuse
             value = item.split("=", 1)[1].strip()
