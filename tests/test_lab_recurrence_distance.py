@@ -1522,3 +1522,21 @@ def test_the_recall_memory_floor_counts_the_fused_attention_the_recall_model_tra
                        .total_bytes for flag in (False, True))
     logits = distance.RECALL_EVAL_SEQUENCES * task.context_length * task.vocab_size * distance.FP32
     assert distance.recall_bytes(64) == max(fused, logits) < explicit  # explicit scores would refuse too soon
+
+
+@pytest.mark.parametrize("item, option", [("train.max_steps=3", "--seconds"),
+                                          ("train.time_budget=5s", "--seconds"),
+                                          ("train.out_dir=elsewhere", "--out elsewhere"),
+                                          ("train.precision=bf16", "--precision bf16")])
+def test_lab_recurrence_refuses_a_set_of_what_its_own_options_set_naming_the_option(tmp_path, capsys, item,
+                                                                                     option):
+    # --seconds set each model's steps and --precision the arithmetic: such a --set was ignored unsaid.
+    from tinyattn.cli.lab import main
+
+    out = tmp_path / "out"
+    assert main(["recurrence", "--config", str(ROOT / "configs" / "tiny.yaml"), "--set", item,
+                 "--out", str(out)]) == 2
+    key = item.split("=")[0]
+    assert capsys.readouterr().err == (f"error: --set {item}: lab recurrence sets {key} from "
+                                       f"{option.split()[0]}; give {option} instead\n")
+    assert not out.exists()

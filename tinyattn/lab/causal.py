@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from tinyattn.config import home_path, override_keys
+from tinyattn.config import home_path
 from tinyattn.errors import TinyattnError
 from tinyattn.system.invocation import quoted
 
@@ -144,16 +144,7 @@ def check_steps(steps: int) -> None:
 
 # Settings the lab derives from its own options (the warm-up and the evaluation from --steps, the
 # run folders from --out): a --set of one would leave the rest describing another run.
-OWN_OPTIONS = {"train.max_steps": "--steps", "train.out_dir": "--out"}
-
-
-def check_overrides(overrides: list[str]) -> None:
-    """Refuse a --set of a setting one of the lab's options gives (`OWN_OPTIONS`), naming the option."""
-    for item, key in zip(overrides, override_keys(overrides)):
-        if key in OWN_OPTIONS and "=" in item:  # an item without one is load_config's to refuse
-            value = item.split("=", 1)[1].strip()
-            raise TinyattnError(f"--set {item}: lab causal sets {key} from {OWN_OPTIONS[key]}; "
-                                f"give {OWN_OPTIONS[key]} {value} instead")
+OWN_SETTINGS = {"train.max_steps": "--steps {}", "train.out_dir": "--out {}"}
 
 
 def leak_test(model, x, position: int):
@@ -221,11 +212,11 @@ def train_both(args: argparse.Namespace, out: Path) -> dict:
     `tinyattn train` ends: the second run is not trained and no table is written, as one would set a
     few steps beside a whole run."""
     from tinyattn.config import load_config
-    from tinyattn.lab.outputs import clear_earlier_lab
+    from tinyattn.lab.outputs import clear_earlier_lab, refuse_own_settings
     from tinyattn.train.loop import train
 
     check_steps(args.steps)
-    check_overrides(args.overrides)
+    refuse_own_settings("causal", args.overrides, OWN_SETTINGS)
     clear_earlier_lab(out, RUNS + OUTPUTS, args.force)
     results = {}
     for name in RUNS:
@@ -369,7 +360,7 @@ def run(args: argparse.Namespace) -> int:
     from tinyattn.config import load_config
     from tinyattn.data.batches import prepare_data
     from tinyattn.hf.folder import load_any_model
-    from tinyattn.lab.outputs import command_started, experiment_folder
+    from tinyattn.lab.outputs import command_started, experiment_folder, refuse_own_settings
 
     started = command_started()  # the command's, start-up included
     # What the two runs cannot change is checked before they train (minutes): matplotlib (for
@@ -377,7 +368,7 @@ def run(args: argparse.Namespace) -> int:
     # Nothing is written until then.
     require_matplotlib()
     check_steps(args.steps)
-    check_overrides(args.overrides)
+    refuse_own_settings("causal", args.overrides, OWN_SETTINGS)
     config = load_config(args.config, lab_overrides(args.steps, Path(args.out or ".")) + list(args.overrides))
     check_context(config.model.context_length)
     data = prepare_data(config, progress=False)

@@ -3,6 +3,7 @@
 `experiment_folder(out, name)` is the run folder (`<out>`, or a new `checkpoints/lab/<name>-<date>-<time>`);
 `clear_earlier_lab` refuses an `--out` holding an earlier run of the lab (or removes it, with --force),
 and `stopped_midway` says what a lab stopped by Ctrl-C left there and how to run it again;
+`refuse_own_settings` refuses a --set of what one of the lab's own options sets;
 `save_report` writes the table as `<name>.txt` and prints it; `tensorboard_writer(folder, part)`
 gives each trained model its own sub-folder, so `tensorboard --logdir <folder>` shows their
 curves side by side; `machine_line` names what the numbers were measured on; `--threads` sets torch's
@@ -20,6 +21,7 @@ from typing import Iterable, Iterator, Optional, Union
 
 import torch
 
+from tinyattn.config import override_keys
 from tinyattn.errors import TinyattnError
 from tinyattn.system.cpu import cpu_name
 from tinyattn.system.invocation import quoted
@@ -34,6 +36,19 @@ def command_started() -> float:
     """The `time.perf_counter()` reading of this process's start: a wall time of the command counted from
     it holds the interpreter's start-up and the imports, as the shell's `time` of the command does."""
     return time.perf_counter() - process_age()
+
+
+def refuse_own_settings(lab: str, overrides: Iterable[str], own: dict[str, str]) -> None:
+    """A --set of a setting the lab derives from an option of its own (`own`: key -> the option to give)
+    refused in one line naming that option: the lab's other settings would describe another run. An
+    option written with "{}" takes the value as given ("--steps {}"); one without, a value of its own
+    ("--seconds": a step count is not one)."""
+    overrides = list(overrides)
+    for item, key in zip(overrides, override_keys(overrides)):
+        if key in own and "=" in item:  # an item without one is load_config's to refuse
+            option = own[key].format(item.split("=", 1)[1].strip())
+            raise TinyattnError(f"--set {item}: lab {lab} sets {key} from {option.split()[0]}; "
+                                f"give {option} instead")
 
 
 def experiment_folder(out: Optional[str], name: str) -> Path:

@@ -53,6 +53,7 @@ from tinyattn.lab.outputs import (
     command_started,
     experiment_folder,
     machine_line,
+    refuse_own_settings,
     save_report,
     stopped_midway,
     tensorboard_writer,
@@ -121,10 +122,17 @@ class Contender:
         return float(self.position_losses.mean())
 
 
+# Settings the lab sets from its own options: each model's steps from what --seconds fits at its
+# measured speed, the folder from --out, the arithmetic from --precision (a --set of one was ignored).
+OWN_SETTINGS = {"train.max_steps": "--seconds", "train.time_budget": "--seconds", "train.out_dir": "--out {}",
+                "train.precision": "--precision {}"}
+
+
 def run(args: argparse.Namespace) -> int:
     started = command_started()  # the command's, start-up included
     require_matplotlib()  # before any work: the figure is drawn before the report (one line)
     use_threads(args.threads)
+    refuse_own_settings("recurrence", args.overrides, OWN_SETTINGS)
     config = load_config(args.config, args.overrides)
     check_positive(args)
     check_causal(config)
