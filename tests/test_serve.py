@@ -254,19 +254,32 @@ def test_a_second_ctrl_c_still_stops_the_model_thread_through_the_lifespan(loade
     assert model_thread.stopping and not model_thread.alive
 
 
-def test_a_shutdown_waits_for_a_slow_model_call_and_a_forced_exit_does_not(monkeypatch):
+def test_a_shutdown_waits_for_a_slow_model_call_says_so_and_a_forced_exit_does_not_wait(monkeypatch, capsys):
     # The model thread busy in a long call (a compile's warm-up): one Ctrl-C's shutdown waits for it, up to
-    # STOP_WAIT; a second Ctrl-C (`hurry`, even meanwhile) ends the wait, and the daemon thread is left.
+    # STOP_WAIT, and says so once past STOP_NOTICE; a second Ctrl-C (`hurry`, even meanwhile) ends the
+    # wait, and the daemon thread is left. An idle thread's stop says nothing.
     from tinyattn.serve import worker as worker_module
 
+    monkeypatch.setattr(worker_module, "STOP_NOTICE", 0.0)
+    idle = worker_module.ModelWorker()
+    idle.start()
+    idle.stop()
+    assert not idle.alive and capsys.readouterr().err == ""
     release = threading.Event()
     busy = worker_module.ModelWorker(warm_up=lambda: release.wait(30))
     busy.start()
     try:
         monkeypatch.setattr(worker_module, "STOP_WAIT", 0.3)
+        monkeypatch.setattr(worker_module, "STOP_NOTICE", 5.0)
         started = time.monotonic()
         busy.stop()
         assert time.monotonic() - started >= 0.3 and busy.alive  # waited its whole bound
+        assert capsys.readouterr().err == ""  # a wait shorter than STOP_NOTICE goes unsaid
+        monkeypatch.setattr(worker_module, "STOP_NOTICE", 0.1)
+        busy.stop()
+        said = capsys.readouterr().err.splitlines()
+        assert len(said) == 1 and said[0].startswith("waiting for the model call in progress to end")
+        assert said[0].endswith("Ctrl-C again stops now)")
         monkeypatch.setattr(worker_module, "STOP_WAIT", 30.0)
         threading.Timer(0.2, busy.hurry).start()
         started = time.monotonic()

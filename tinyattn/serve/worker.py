@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -90,6 +91,7 @@ class WorkerStats:
 
 
 STOP_WAIT = 10.0  # seconds a shutdown waits for the model call in progress
+STOP_NOTICE = 1.0  # seconds of that wait after which it is said, once, on stderr
 
 
 class ModelWorker:
@@ -115,9 +117,14 @@ class ModelWorker:
         with self.changed:
             self.stopping = True
             self.changed.notify()
-        deadline = time.monotonic() + STOP_WAIT
+        started = time.monotonic()
+        deadline, notice = started + STOP_WAIT, started + STOP_NOTICE
         while self.thread.is_alive() and not self.hurried.is_set() and time.monotonic() < deadline:
             self.thread.join(timeout=0.05)  # in slices: a signal's handler may call `hurry` meanwhile
+            if notice is not None and time.monotonic() >= notice and self.thread.is_alive():
+                notice = None  # a wait that long is a slow call (a compile's warm-up), not a turn's end
+                print(f"waiting for the model call in progress to end (at most {deadline - time.monotonic():.0f} s "
+                      "more; Ctrl-C again stops now)", file=sys.stderr, flush=True)
 
     def hurry(self) -> None:
         """A forced exit (a second Ctrl-C): `stop` waits no longer for a model call (a slow warm-up)."""
