@@ -123,8 +123,9 @@ class ModelWorker:
             self.thread.join(timeout=0.05)  # in slices: a signal's handler may call `hurry` meanwhile
             if notice is not None and time.monotonic() >= notice and self.thread.is_alive():
                 notice = None  # a wait that long is a slow call (a compile's warm-up), not a turn's end
-                print(f"waiting for the model call in progress to end (at most {deadline - time.monotonic():.0f} s "
-                      "more; Ctrl-C again stops now)", file=sys.stderr, flush=True)
+                left = deadline - time.monotonic()
+                print(f"waiting for the model call in progress to end (at most {left:.0f} s more; "
+                      "Ctrl-C again stops now)", file=sys.stderr, flush=True)
 
     def hurry(self) -> None:
         """A forced exit (a second Ctrl-C): `stop` waits no longer for a model call (a slow warm-up)."""
