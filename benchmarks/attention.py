@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from benchmarks.arguments import check_counts, check_output, write_figures
-from benchmarks.measure import attention_cost_table, measure_attention_cost
+from benchmarks.measure import attention_cost_table, context_lengths, measure_attention_cost
 from tinyattn.cli import run_command
 from tinyattn.errors import ConfigError, DataError
 
@@ -24,7 +24,7 @@ def main() -> int:
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps (default: cpu)")
     parser.add_argument("--min-context", type=int, default=64)
     parser.add_argument("--max-context", type=int, default=2048,
-                        help="double T from --min-context up to this")
+                        help="double T from --min-context while below this, then this itself")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--heads", type=int, default=6)
     parser.add_argument("--head-dim", type=int, default=64)
@@ -44,12 +44,7 @@ def main() -> int:
         return 0
 
     check_output(args.json)
-    lengths = []
-    T = args.min_context
-    while T <= args.max_context:
-        lengths.append(T)
-        T *= 2
-    result = measure_attention_cost(lengths, batch_size=args.batch_size, n_head=args.heads,
+    result = measure_attention_cost(context_lengths(args.min_context, args.max_context), batch_size=args.batch_size, n_head=args.heads,
                                     head_dim=args.head_dim, repeats=args.repeats, device=args.device,
                                     measure_memory=not args.no_memory)
     print(f"device {result['device']} ({result['threads']} threads), B={result['batch_size']} "

@@ -445,6 +445,17 @@ def machine_description() -> dict:
             "cpu_bf16_fast": cpu_bf16_is_fast()}
 
 
+def context_lengths(first: int, last: int) -> list[int]:
+    """The context lengths an attention-cost table measures: `first` doubled while below `last`,
+    then `last` itself, which a doubling may not reach (64, 100 -> [64, 100])."""
+    lengths = []
+    T = first
+    while T < last:
+        lengths.append(T)
+        T *= 2
+    return lengths + [last]
+
+
 def run_suite(config_path: str, *, overrides=(), device: str = "auto", precision: str = "auto",
               batch_size: int = 16, vocab_size: int = 65, compile: bool = False, steps: int = 10,
               max_context: int = 2048, skip=(), report=print) -> dict:
@@ -484,7 +495,7 @@ def run_suite(config_path: str, *, overrides=(), device: str = "auto", precision
                f"{r['ttft_ms']:.1f} ms")
         results["decode"] = r
     if "attention" not in skip:
-        lengths = [T for T in (64, 128, 256, 512, 1024, 2048, 4096, 8192) if T <= max_context]
+        lengths = context_lengths(64, max_context)
         r = measure_attention_cost(lengths, device=device, measure_memory=True)
         for row in r["rows"]:
             report(f"attention T={row['context_length']}: fused {row['fused_ms']:.2f} ms, explicit "

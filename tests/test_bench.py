@@ -546,7 +546,8 @@ def test_attention_refuses_a_count_below_its_least_in_one_line_before_measuring(
 @pytest.mark.parametrize("arguments, lengths", [
     (["--min-context", "64", "--max-context", "256"], [64, 128, 256]),  # the maximum itself is measured
     (["--min-context", "64", "--max-context", "64"], [64]),  # a minimum equal to the maximum: one length
-    (["--min-context", "3", "--max-context", "20"], [3, 6, 12]),
+    (["--min-context", "3", "--max-context", "20"], [3, 6, 12, 20]),
+    (["--min-context", "64", "--max-context", "100"], [64, 100]),  # measured only 64, unsaid
 ])
 def test_attention_measures_every_doubling_from_the_minimum_up_to_and_including_the_maximum(
         arguments, lengths, monkeypatch):
@@ -562,6 +563,25 @@ def test_attention_measures_every_doubling_from_the_minimum_up_to_and_including_
     monkeypatch.setattr(sys, "argv", ["attention", *arguments])
     with pytest.raises(KeyboardInterrupt):
         attention.main()
+    assert measured == [lengths]
+
+
+@pytest.mark.parametrize("max_context, lengths", [
+    (100, [64, 100]),  # measured only 64, unsaid
+    (16384, [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]),  # stopped at 8192, unsaid
+])
+def test_the_suites_attention_table_ends_at_its_max_context(max_context, lengths, monkeypatch):
+    from benchmarks import measure
+
+    measured = []
+
+    def measure_cost(context_lengths, **kwargs):
+        measured.append(list(context_lengths))
+        return {"rows": []}
+
+    monkeypatch.setattr(measure, "measure_attention_cost", measure_cost)
+    measure.run_suite("configs/tiny.yaml", skip=("training", "decode"), max_context=max_context,
+                      report=lambda line: None)
     assert measured == [lengths]
 
 
