@@ -266,6 +266,9 @@ STEP_MODELS = {  # ModelConfig overrides, dtype, packed (or the dtype of copies 
     "fp32-packed": ({}, torch.float32, True),
     "fp32-packed-fp16-rows": ({}, torch.float32, torch.float16),  # what "auto" runs on an AVX2 CPU
     "fp16-rows-qk-norm": (dict(qk_norm=True), torch.float32, torch.float16),  # the main config's model there
+    "gqa-gated": (dict(attention_gate=True), torch.float32, False),
+    "bf16-packed-qk-norm-gated": (dict(qk_norm=True, attention_gate=True), torch.bfloat16, True),
+    "fp16-rows-qk-norm-gated": (dict(qk_norm=True, attention_gate=True), torch.float32, torch.float16),
 }
 
 

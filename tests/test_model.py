@@ -23,10 +23,12 @@ from tinyattn.system.device import Precision
 VOCAB = 65  # conftest's tiny_model and random_tokens
 
 
+@pytest.mark.parametrize("options", [{}, {"qk_norm": True, "attention_gate": True}], ids=["llama", "gated"])
 @pytest.mark.parametrize("need_weights", [False, True], ids=["fused", "explicit"])
 @pytest.mark.parametrize("n_kv_head", [4, 2, 1], ids=["mha", "gqa", "mqa"])
-def test_causal_mask_leaks_nothing_from_the_future(tiny_model, random_tokens, need_weights, n_kv_head):
-    model = tiny_model(n_kv_head=n_kv_head)
+def test_causal_mask_leaks_nothing_from_the_future(tiny_model, random_tokens, need_weights, n_kv_head,
+                                                   options):
+    model = tiny_model(n_kv_head=n_kv_head, **options)
     idx = random_tokens()
     logits = model(idx, need_weights=need_weights).logits
     for t in (0, 5, 17):
@@ -37,9 +39,10 @@ def test_causal_mask_leaks_nothing_from_the_future(tiny_model, random_tokens, ne
         assert (after[:, t + 1:] - logits[:, t + 1:]).abs().max() > 1e-3  # later ones do change
 
 
+@pytest.mark.parametrize("options", [{}, {"qk_norm": True, "attention_gate": True}], ids=["llama", "gated"])
 @pytest.mark.parametrize("n_kv_head", [4, 2, 1], ids=["mha", "gqa", "mqa"])
-def test_fused_path_equals_explicit_path(tiny_model, random_tokens, n_kv_head):
-    model = tiny_model(n_kv_head=n_kv_head)
+def test_fused_path_equals_explicit_path(tiny_model, random_tokens, n_kv_head, options):
+    model = tiny_model(n_kv_head=n_kv_head, **options)
     idx = random_tokens()
     fused = model(idx).logits
     explicit = model(idx, need_weights=True).logits
@@ -107,6 +110,28 @@ def test_the_output_of_a_query_that_may_read_no_key_is_zero_on_both_paths(n_kv_h
     explicit = layer(x, cos=cos, sin=sin, mask=allowed)
     assert torch.all(explicit[:, :2] == 0) and torch.all(fused[:, :2] == 0)
     torch.testing.assert_close(explicit, fused, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "explicit"])
+def test_the_attention_gate_scales_each_output_element_by_the_sigmoid_of_its_own_row(fused):
+    """model.attention_gate: the output projection reads attention(q, k, v) * sigmoid(x W_g), W_g
+    the (C, C) rows stacked after the values in qkv; each element by its own row of W_g."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=65, n_head=4, n_kv_head=2, n_embd=32, context_length=6, qk_norm=True,
+                         attention_gate=True)
+    layer = CausalSelfAttention(config, fused=fused).eval()
+    assert layer.qkv.weight.shape == (32 + 2 * 16 + 32, 32)
+    x = torch.randn(2, 6, 32)
+    cos, sin = rotary_tables(8, 6, 10000.0)
+    read = []
+    layer.output.register_forward_hook(lambda module, args, out: read.append(args[0]))
+    gate = torch.randn(32, 32) * 0.5
+    with torch.no_grad():
+        layer.qkv.weight[64:] = gate
+        layer(x, cos=cos, sin=sin)
+        layer.qkv.weight[64:] = 0  # sigmoid(0) = 1/2 everywhere: the ungated output, halved
+        layer(x, cos=cos, sin=sin)
+    torch.testing.assert_close(read[0], 2 * read[1] * torch.sigmoid(x @ gate.T), rtol=0, atol=1e-6)
 
 
 def test_attention_weights_rows_sum_to_one_and_are_zero_where_masked(tiny_model, random_tokens):

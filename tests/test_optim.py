@@ -309,18 +309,21 @@ def muon_rows(model, config) -> dict[str, tuple]:
     return {names[id(p)]: rows for p, rows in zip(group["params"], group["rows"]) if rows}
 
 
+@pytest.mark.parametrize("gated", [False, True], ids=["ungated", "gated"])
 @pytest.mark.parametrize("split, heads", [(True, False), (False, False), (True, True), (False, True)])
-def test_the_muon_group_splits_the_models_stacked_weights_as_the_config_says(split, heads):
+def test_the_muon_group_splits_the_models_stacked_weights_as_the_config_says(split, heads, gated):
     """4 query heads and 2 key/value heads of width 8: per head, the query's 32 rows are four
-    matrices and the key's 16 two, the value whole; the MLP's gate and up split only with
-    muon_split_stacked."""
+    matrices and the key's 16 two, the value whole (and the attention gate's 32 rows after it);
+    the MLP's gate and up split only with muon_split_stacked."""
     model = LanguageModel(ModelConfig(vocab_size=20, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
-                                      context_length=8))
+                                      context_length=8, attention_gate=gated))
     config = TrainConfig(optimizer="muon", muon_lr=1e-2, muon_split_stacked=split, muon_split_heads=heads)
     expected = {}
+    gate = (32,) if gated else ()
     for i in range(2):
         if heads or split:
-            expected[f"blocks.{i}.attention.qkv.weight"] = (8,) * 4 + (8,) * 2 + (16,) if heads else (32, 16, 16)
+            qkv = (8,) * 4 + (8,) * 2 + (16,) if heads else (32, 16, 16)
+            expected[f"blocks.{i}.attention.qkv.weight"] = qkv + gate
         if split:
             expected[f"blocks.{i}.mlp.gate_up.weight"] = (model.config.hidden_dim,) * 2
     assert muon_rows(model, config) == expected

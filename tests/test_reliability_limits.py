@@ -145,6 +145,7 @@ def test_show_value_is_short_and_cheap_for_any_value():
     dict(tie_embeddings=False, n_kv_head=1),
     dict(n_head=4, n_kv_head=2, qk_norm=True, mlp_hidden=40),
     dict(n_layer=3, n_embd=48, n_head=6, n_kv_head=3, tie_embeddings=False, qk_norm=True),
+    dict(n_kv_head=1, qk_norm=True, attention_gate=True),
 ])
 def test_parameter_count_from_the_config_is_the_built_models(model):
     config = ModelConfig(**{"vocab_size": 67, "n_layer": 2, "n_head": 2, "n_embd": 32,

@@ -60,8 +60,10 @@ class ModelConfig:
     tie_embeddings: bool = True  # the output head reuses the token embedding matrix
     rope_base: float = 10000.0
     norm_eps: Optional[float] = None  # RMSNorm epsilon; None: torch's default, the dtype's machine epsilon
-    # Options beyond the Llama architecture (qk_norm exports as Qwen3; soft-capping does not export):
+    # Options beyond the Llama architecture (qk_norm exports as Qwen3, with attention_gate as Qwen3.5;
+    # soft-capping does not export):
     qk_norm: bool = False  # RMSNorm on each head's queries and keys before RoPE (as in Qwen3, OLMo 2)
+    attention_gate: bool = False  # each head's output times a sigmoid of the block's input (Qwen3.5)
     logit_softcap: Optional[float] = None  # logits -> cap * tanh(logits / cap) (Gemma 2); None: off
     # Initialisation only (any architecture holds it):
     zero_init_projections: bool = False  # attention output and MLP down start at zero

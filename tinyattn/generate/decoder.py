@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from tinyattn.generate.cpu_weights import (PackedLinear, aten_kernels, drop_row_weights, has_row_weights,
                                            one_row_weight, pack_linear_weights)
 from tinyattn.generate.sampling import Generators, apply_repetition_penalty, sample_next_token
-from tinyattn.model.attention import attention
+from tinyattn.model.attention import attention, gated
 from tinyattn.model.memory import check_decoding_fits
 from tinyattn.model.transformer import Block, LanguageModel, SwiGLU, evaluation_mode
 from tinyattn.system.cpu import cpu_fp16_rows_are_fast, keep_compiled_code_per_capability
@@ -69,7 +69,7 @@ class LayerWeights(NamedTuple):
     taking and giving the step's product dtype."""
 
     attention_norm: torch.Tensor  # (C,)
-    qkv: Callable  # (C,) -> (H*D + 2*Hkv*D,): queries, keys, values side by side
+    qkv: Callable  # (C,) -> (H*D + 2*Hkv*D,): queries, keys, values side by side (then the attention gate)
     q_norm: Optional[torch.Tensor]  # (D,), with model.qk_norm
     k_norm: Optional[torch.Tensor]  # (D,)
     qk_gains: Optional[torch.Tensor]  # on the CPU, (H + Hkv, 1, D) fp32: each query head's gain, then each key head's
@@ -85,7 +85,7 @@ class LayerWeights(NamedTuple):
 # sends decoding down the model's own forward instead.
 _STEP_KNOWS = {"vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "mlp_hidden", "context_length",
                "dropout", "attention_dropout", "tie_embeddings", "rope_base", "norm_eps", "qk_norm",
-               "logit_softcap", "zero_init_projections", "attention", "causal"}
+               "attention_gate", "logit_softcap", "zero_init_projections", "attention", "causal"}
 
 
 class DecodeStep:
@@ -119,6 +119,7 @@ class DecodeStep:
         self.heads, self.kv_heads, self.head_dim = c.n_head, c.kv_heads, c.head_dim
         self.width, self.softcap = (c.n_embd,), c.logit_softcap
         self.gqa = c.kv_heads != c.n_head
+        self.gated = c.attention_gate  # H more heads of D after the values: the attention gate
         self.eps = model.final_norm.eps
         self.embedding = model.token_embedding.weight  # (V, C)
         self.final_norm = model.final_norm.weight
@@ -181,13 +182,13 @@ class DecodeStep:
         H, Hkv, D = self.heads, self.kv_heads, self.head_dim
         cos, sin = rope
         heads = layer.qkv(self.norm(x, layer.attention_norm))  # in the products' dtype
-        heads = heads.view(-1, H + 2 * Hkv, 1, D)  # (B, H + 2Hkv, 1, D): queries, keys, values
+        heads = heads.view(-1, H + 2 * Hkv + H * self.gated, 1, D)  # (B, H + 2Hkv [+ H], 1, D): q, k, v, gate
         qk = heads[:, :H + Hkv]  # (B, H + Hkv, 1, D)
         if layer.q_norm is not None:
             qk = self.qk_norm(qk, layer, x.dtype)
         qk = qk * cos + qk.roll(D // 2, dims=-1) * sin  # (B, H + Hkv, 1, D), rotated, in the caches' dtype
         cache.keys.narrow(2, position, 1).copy_(qk[:, H:])  # (B, Hkv, 1, D) into the slot of `position`
-        cache.values.narrow(2, position, 1).copy_(heads[:, H + Hkv:])
+        cache.values.narrow(2, position, 1).copy_(heads[:, H + Hkv:H + 2 * Hkv])
         keys = cache.keys.narrow(2, 0, position + 1)  # (B, Hkv, position + 1, D)
         values = cache.values.narrow(2, 0, position + 1)
         q = qk[:, :H]  # (B, H, 1, D)
@@ -198,6 +199,8 @@ class DecodeStep:
                 keys, values = keys.repeat_interleave(H // Hkv, 1), values.repeat_interleave(H // Hkv, 1)
             y = attention(q, keys, values)[0]  # (B, H, 1, D)
         y = y.view(x.shape)  # (B, C) or (C,)
+        if self.gated:  # the gate's H heads of D follow the values (model.attention_gate); in x's dtype
+            y = gated(y.to(x.dtype), heads[:, H + 2 * Hkv:].reshape(y.shape))  # as the model gates
         if self.downcast:
             y = y.to(self.products)
         x = x + layer.output(y)  # (B, C), in x's dtype

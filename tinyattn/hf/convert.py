@@ -340,6 +340,9 @@ def refuse_what_neither_computes(config: ModelConfig, where: str, architectures:
     if not config.causal:
         raise CheckpointError(f"model.causal: false (a bidirectional model) cannot be exported{where}: "
                               f"{architectures} mask every later position")
+    if config.attention_gate:
+        raise CheckpointError(f"model.attention_gate: true cannot be exported{where}: {architectures} "
+                              "do not gate the attention's output")
 
 
 def hf_config(config: ModelConfig, bos_id: Optional[int], eos_id: Optional[int], dtype: torch.dtype) -> dict:

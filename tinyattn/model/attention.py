@@ -107,6 +107,20 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (B, H, T, D)
 
 
+def gated(y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """y * sigmoid(gate), elementwise; y: (B, T, C), the heads' outputs side by side; gate:
+    (B, T, C), computed from the block's input x by a (C, C) matrix (model.attention_gate).
+
+    Softmax's weights sum to 1, so a head always passes on some mix of values, even at a
+    position where no key matches what its query looks for: it can only park the weight on
+    a key that carries little (often the first). The gate, between 0 and 1 for each element,
+    lets the position's own input decide how much of each head's output to pass on, down to
+    nothing. It is the gated attention of Qiu et al. 2025 ("Gated Attention for Large Language
+    Models"), after the attention and before the output projection, as Qwen3.5 computes it.
+    """
+    return y * torch.sigmoid(gate.to(y.dtype))
+
+
 # ----------------------------------------------------------------------------- 3. heads
 
 
@@ -120,8 +134,10 @@ class CausalSelfAttention(nn.Module):
         self.head_dim = config.head_dim
         kv_width = self.n_kv_head * self.head_dim
         # The query, key and value projections are three matrices stacked into one, so
-        # one larger matmul computes all three (faster than three small ones).
-        self.qkv_split = (config.n_embd, kv_width, kv_width)
+        # one larger matmul computes all three (faster than three small ones); with
+        # model.attention_gate the gate's (C, C) matrix is stacked fourth.
+        gate_width = (config.n_embd,) if config.attention_gate else ()
+        self.qkv_split = (config.n_embd, kv_width, kv_width, *gate_width)
         self.qkv = nn.Linear(config.n_embd, sum(self.qkv_split), bias=False)
         self.output = nn.Linear(config.n_embd, config.n_embd, bias=False)
         # On the attention weights; model.attention_dropout sets it apart from the residual's.
@@ -150,7 +166,7 @@ class CausalSelfAttention(nn.Module):
         # when its key matches. q.k sums D products, so for entries of unit variance its variance
         # is D: scores are divided by sqrt(d_k) = sqrt(D) to keep their spread near 1 at any head
         # width, or softmax would saturate into one-hot rows whose gradients vanish.
-        q, k, v = self.qkv(x).split(self.qkv_split, dim=-1)  # (B, T, C), (B, T, Hkv*D) x 2
+        q, k, v, *gate = self.qkv(x).split(self.qkv_split, dim=-1)  # (B, T, C), (B, T, Hkv*D) x 2
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
@@ -173,6 +189,8 @@ class CausalSelfAttention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C): heads side by side again
         if cache is not None:
             y = y.to(x.dtype)  # back from the cache's dtype
+        if gate:
+            y = gated(y, gate[0])
         return self.output(y)
 
     def explicit_attention(self, q, k, v, mask, dropout_p: float, *, padded: bool = False) -> torch.Tensor:

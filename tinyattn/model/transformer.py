@@ -172,24 +172,24 @@ class LanguageModel(nn.Module):
                          query_key_heads: bool = False) -> dict[str, tuple[int, ...]]:
         """Weights that stack several matrices into one (so one matmul computes them all), by
         parameter name, with the row count of each: every layer's query/key/value projection
-        and its MLP's gate and up projections. An optimizer that treats a matrix as a whole
-        (Muon) splits these first.
+        (and attention gate, with model.attention_gate) and its MLP's gate and up projections.
+        An optimizer that treats a matrix as a whole (Muon) splits these first.
 
         `by_matrix`: each stacked weight split into the matrices it stacks. `query_key_heads`:
         the query and key projections split further, into one (D, C) matrix per head (the key
         per key/value head): head h's scores read only its own D query rows and the D key rows
         of its key/value head. With `query_key_heads` alone only the query/key/value weight
-        splits, its value whole.
+        splits, its value (and attention gate) whole.
         """
         stacked = {}
         d = self.config.head_dim
         for i, block in enumerate(self.blocks):
-            q_rows, k_rows, v_rows = block.attention.qkv_split
+            q_rows, k_rows, v_rows, *gate_rows = block.attention.qkv_split
             if query_key_heads:
-                rows = (d,) * (q_rows // d) + (d,) * (k_rows // d) + (v_rows,)
+                rows = (d,) * (q_rows // d) + (d,) * (k_rows // d) + (v_rows, *gate_rows)
                 stacked[f"blocks.{i}.attention.qkv.weight"] = rows
             elif by_matrix:
-                stacked[f"blocks.{i}.attention.qkv.weight"] = (q_rows, k_rows, v_rows)
+                stacked[f"blocks.{i}.attention.qkv.weight"] = block.attention.qkv_split
             if by_matrix:
                 stacked[f"blocks.{i}.mlp.gate_up.weight"] = (self.config.hidden_dim,) * 2
         return stacked
