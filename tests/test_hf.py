@@ -73,10 +73,12 @@ def tokenizer_of(kind: str) -> Tokenizer:
 
 
 def random_model(tokenizer: Tokenizer, kind: str, n_kv_head: int, seed: int = 0, *, n_embd: int = 32,
-                 context_length: int = 64, tie_embeddings: bool = True, qk_norm: bool = False):
+                 context_length: int = 64, tie_embeddings: bool = True, qk_norm: bool = False,
+                 attention_gate: bool = False):
     config = Config(model=ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=4,
                                       n_kv_head=n_kv_head, n_embd=n_embd, context_length=context_length,
-                                      tie_embeddings=tie_embeddings, qk_norm=qk_norm),
+                                      tie_embeddings=tie_embeddings, qk_norm=qk_norm,
+                                      attention_gate=attention_gate),
                     data=DataConfig(files=["corpus.txt"]), tokenizer=TokenizerConfig(kind=kind),
                     sample=SampleConfig(temperature=0.7, top_k=20, max_new_tokens=100))
     torch.manual_seed(seed)
@@ -853,14 +855,20 @@ def test_rope_parameters_rope_theta_wins_over_the_top_level_one_as_transformers_
     # transformers 5 keeps partial_rotary_factor inside rope_parameters
     ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}, "partial_rotary_factor"),
     # any layer kind but full attention (Qwen3-Next's linear attention): not only sliding windows
-    ({"layer_types": ["full_attention", "linear_attention"]}, "sliding-window attention (use_sliding_window"),
+    ({"layer_types": ["full_attention", "linear_attention"]},
+     "layers other than full attention ('linear_attention') (use_sliding_window"),
+    # Qwen3.5 with no layer_types makes three layers in four linear attention; with no partial_rotary_factor
+    # it rotates a quarter of each head (Qwen3_5TextConfig's defaults)
+    ({"architectures": ["Qwen3_5ForCausalLM"]}, "layer_types is missing: Qwen3.5 then makes three layers"),
+    ({"architectures": ["Qwen3_5ForCausalLM"], "layer_types": ["full_attention"] * 2}, "partial_rotary_factor"),
     # a quantized folder (FP8, GPTQ, bitsandbytes) was refused only by its weights' names: "weight ...
     # q_proj.weight is missing" (GPTQ's qweight) or "weights ... do not have: ...weight_scale_inv"
     ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}},
      "quantization_config (quant_method 'fp8'): tinyattn reads unquantized weights only"),
     # one without quant_method said "(quant_method None)"
     ({"quantization_config": {"bits": 4}}, "config.json: quantization_config: tinyattn reads unquantized"),
-], ids=["partial-rotary-in-rope-parameters", "linear-attention-layer", "quantized", "quantized-unnamed"])
+], ids=["partial-rotary-in-rope-parameters", "linear-attention-layer", "qwen3.5-hybrid", "qwen3.5-partial-rotary",
+        "quantized", "quantized-unnamed"])
 def test_a_config_json_tinyattn_would_compute_otherwise_is_refused_naming_the_field(change, expected):
     from tinyattn.errors import CheckpointError
     from tinyattn.hf.convert import model_config_from_hf
@@ -1377,9 +1385,9 @@ REFUSALS = {
     "mlp-bias": (lambda f: edit_config(f, mlp_bias=True), "mlp_bias true"),
     "head-dim": (lambda f: edit_config(f, head_dim=16), "head_dim 16"),
     "activation": (lambda f: edit_config(f, hidden_act="gelu"), "hidden_act 'gelu'"),
-    "sliding-window": (lambda f: edit_config(f, use_sliding_window=True), "sliding-window attention"),
+    "sliding-window": (lambda f: edit_config(f, use_sliding_window=True), "layers other than full attention"),
     "sliding-layer-types": (lambda f: edit_config(f, layer_types=["sliding_attention", "full_attention"]),
-                            "sliding-window attention"),
+                            "layers other than full attention ('sliding_attention')"),
     "partial-rotary": (lambda f: edit_config(f, partial_rotary_factor=0.5), "partial_rotary_factor"),
     "pickle": (lambda f: ((f / "model.safetensors").rename(f / "pytorch_model.bin")),
                "pytorch_model.bin, a pickle"),
@@ -1437,6 +1445,41 @@ def test_qk_norm_exports_as_qwen3_and_imports_back(tmp_path):
     assert max_logit_difference(model, reference, ids) < 1e-5
     loaded = load_any_model(tmp_path / "out")
     assert loaded.config.model.qk_norm and max_logit_difference(loaded.model, reference, ids) < 1e-5
+
+
+@pytest.mark.parametrize("n_kv_head, tied", [(2, False), (4, True)], ids=["gqa-untied", "mha-tied"])
+def test_the_attention_gate_exports_as_qwen3_5_and_imports_back(tmp_path, n_kv_head, tied):
+    # Qwen3.5's q_proj holds each head's query rows, then its gate rows; its norms scale by 1 + weight.
+    tokenizer = tokenizer_of("bpe")
+    config, model = random_model(tokenizer, "bpe", n_kv_head, seed=2, qk_norm=True, attention_gate=True,
+                                 tie_embeddings=tied)
+    export_folder(model.state_dict(), config, tokenizer, tmp_path / "out")
+    reference = hf_model(tmp_path / "out")
+    assert type(reference).__name__ == "Qwen3_5ForCausalLM"
+    assert "tags: [tinyattn, qwen3.5]" in (tmp_path / "out" / "README.md").read_text()
+    ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
+    assert max_logit_difference(model, reference, ids) < 1e-5
+    loaded = load_any_model(tmp_path / "out")
+    assert loaded.config.model.attention_gate and loaded.config.model.qk_norm
+    assert loaded.config.model.tie_embeddings is tied
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.model.state_dict()[name], tensor), name
+
+
+def test_an_attention_gate_without_qk_norm_and_a_gated_gguf_are_refused_in_one_line():
+    from tinyattn.errors import CheckpointError
+    from tinyattn.hf.convert import hf_config
+
+    tokenizer = tokenizer_of("char")
+    config, _ = random_model(tokenizer, "char", 2, attention_gate=True)
+    with pytest.raises(CheckpointError, match=r"^model\.attention_gate: true without model\.qk_norm cannot be "
+                                              r"exported: Qwen3_5ForCausalLM, which gates, always norms"):
+        hf_config(config.model, None, None, torch.float32)
+    from tinyattn.gguf.writer import architecture_of
+
+    config.model.qk_norm = True
+    with pytest.raises(CheckpointError, match=r"^model\.attention_gate: true cannot be exported to GGUF"):
+        architecture_of(config.model)
 
 
 @pytest.mark.parametrize("qk_norm, context", [(False, 2048), (True, 32768)], ids=["llama", "qwen3"])

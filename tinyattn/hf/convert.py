@@ -4,7 +4,10 @@ RMSNorm, rotary embeddings that rotate the two halves of each head, SwiGLU, grou
 attention, no biases, an optionally tied head: `transformers.LlamaForCausalLM` computes
 the same function, so a model moves between the two by renaming its weights. With
 `model.qk_norm` the model is Qwen3's instead (`Qwen3ForCausalLM`: Llama plus an RMSNorm on
-each head's queries and keys before RoPE, with the same epsilon), and maps the same way.
+each head's queries and keys before RoPE, with the same epsilon), and maps the same way. With
+`model.attention_gate` too it is Qwen3.5's text model with every layer full attention
+(`Qwen3_5ForCausalLM`): its q_proj holds each head's query rows and then its gate rows, and
+its RMSNorms scale by 1 + weight, so every gain is stored less 1 (`GAINS_LESS_ONE`).
 `model.logit_softcap` has no standard architecture that holds it exactly (Gemma 2
 soft-caps but differs elsewhere) and is refused. Reading a `config.json`
 (`model_config_from_hf`), whatever a tinyattn model would compute differently is refused
@@ -17,6 +20,8 @@ The mapping (i = layer; tinyattn stacks what Llama keeps apart, so one matmul do
     blocks.i.attention.qkv.weight       model.layers.i.self_attn.{q,k,v}_proj.weight (rows stacked)
     blocks.i.attention.output.weight    model.layers.i.self_attn.o_proj.weight
     blocks.i.attention.{q,k}_norm.weight  model.layers.i.self_attn.{q,k}_norm.weight (Qwen3 only)
+    blocks.i.attention.qkv.weight       (gate rows, Qwen3.5 only) q_proj: head h's D query rows,
+                                        then its D gate rows, for h = 0 .. H-1
     blocks.i.mlp_norm.weight            model.layers.i.post_attention_layernorm.weight
     blocks.i.mlp.gate_up.weight         model.layers.i.mlp.{gate,up}_proj.weight (rows stacked)
     blocks.i.mlp.down.weight            model.layers.i.mlp.down_proj.weight
@@ -43,9 +48,14 @@ from tinyattn.system.device import DTYPES as DEVICE_DTYPES
 INSTALL_HINT = 'pip install -e ".[hf]"'
 ARCHITECTURE = "LlamaForCausalLM"
 QK_NORM_ARCHITECTURE = "Qwen3ForCausalLM"  # Llama + QK-norm
-MODEL_TYPES = {ARCHITECTURE: "llama", QK_NORM_ARCHITECTURE: "qwen3"}
-# What transformers assumes where config.json omits max_position_embeddings (LlamaConfig, Qwen3Config).
-DEFAULT_CONTEXT = {ARCHITECTURE: 2048, QK_NORM_ARCHITECTURE: 32768}
+GATED_ARCHITECTURE = "Qwen3_5ForCausalLM"  # Qwen3 + the attention gate (with every layer full attention)
+MODEL_TYPES = {ARCHITECTURE: "llama", QK_NORM_ARCHITECTURE: "qwen3", GATED_ARCHITECTURE: "qwen3_5_text"}
+ARCHITECTURES = f"{ARCHITECTURE}, {QK_NORM_ARCHITECTURE} and {GATED_ARCHITECTURE}"
+# What transformers assumes where config.json omits max_position_embeddings (LlamaConfig, Qwen3Config, ...).
+DEFAULT_CONTEXT = {ARCHITECTURE: 2048, QK_NORM_ARCHITECTURE: 32768, GATED_ARCHITECTURE: 32768}
+# ... and tie_word_embeddings (the transformers 4 default, which Qwen3_5TextConfig does not share)
+DEFAULT_TIED = {ARCHITECTURE: True, QK_NORM_ARCHITECTURE: True, GATED_ARCHITECTURE: False}
+GAINS_LESS_ONE = {GATED_ARCHITECTURE}  # RMSNorm scales by 1 + weight there: a gain g is stored as g - 1
 DTYPES = {name: DEVICE_DTYPES[name] for name in EXPORT_PRECISIONS}
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
@@ -60,6 +70,13 @@ def safetensors_torch():
     return safetensors.torch
 
 
+def hf_architecture(config: ModelConfig) -> str:
+    """The transformers architecture that computes what `config` does (see the module docstring)."""
+    if config.attention_gate:
+        return GATED_ARCHITECTURE
+    return QK_NORM_ARCHITECTURE if config.qk_norm else ARCHITECTURE
+
+
 def norm_eps(config: ModelConfig) -> float:
     """The RMSNorm epsilon the model uses: None means torch's default for the residual
     stream's dtype, which stays fp32 under autocast."""
@@ -72,30 +89,41 @@ def norm_eps(config: ModelConfig) -> float:
 def to_hf_weights(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     """tinyattn state dict -> Llama names, fused matrices split (each tensor its own copy)."""
     kv_width = config.kv_heads * config.head_dim
+    gain = _gain_to_hf(config)
     out = {"model.embed_tokens.weight": state["token_embedding.weight"],
-           "model.norm.weight": state["final_norm.weight"]}
+           "model.norm.weight": gain(state["final_norm.weight"])}
     if not config.tie_embeddings:
         out["lm_head.weight"] = state["head.weight"]
     for i in range(config.n_layer):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
-        q, k, v = state[ours + "attention.qkv.weight"].split((config.n_embd, kv_width, kv_width))
+        q, k, v, *attention_gate = state[ours + "attention.qkv.weight"].split(
+            (config.n_embd, kv_width, kv_width) + ((config.n_embd,) if config.attention_gate else ()))
+        if attention_gate:  # (H, 2, D, C): each head's query rows, then its gate rows
+            q = torch.stack((q, attention_gate[0])).unflatten(1, (config.n_head, -1)).transpose(0, 1).flatten(0, 2)
         gate, up = state[ours + "mlp.gate_up.weight"].chunk(2)
         out.update({
-            theirs + "input_layernorm.weight": state[ours + "attention_norm.weight"],
+            theirs + "input_layernorm.weight": gain(state[ours + "attention_norm.weight"]),
             theirs + "self_attn.q_proj.weight": q,
             theirs + "self_attn.k_proj.weight": k,
             theirs + "self_attn.v_proj.weight": v,
             theirs + "self_attn.o_proj.weight": state[ours + "attention.output.weight"],
-            theirs + "post_attention_layernorm.weight": state[ours + "mlp_norm.weight"],
+            theirs + "post_attention_layernorm.weight": gain(state[ours + "mlp_norm.weight"]),
             theirs + "mlp.gate_proj.weight": gate,
             theirs + "mlp.up_proj.weight": up,
             theirs + "mlp.down_proj.weight": state[ours + "mlp.down.weight"],
         })
         if config.qk_norm:
-            out[theirs + "self_attn.q_norm.weight"] = state[ours + "attention.q_norm.weight"]
-            out[theirs + "self_attn.k_norm.weight"] = state[ours + "attention.k_norm.weight"]
+            out[theirs + "self_attn.q_norm.weight"] = gain(state[ours + "attention.q_norm.weight"])
+            out[theirs + "self_attn.k_norm.weight"] = gain(state[ours + "attention.k_norm.weight"])
     # safetensors refuses views that share storage (the splits above): one copy each.
     return {name: tensor.detach().contiguous().clone() for name, tensor in out.items()}
+
+
+def _gain_to_hf(config: ModelConfig) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A gain as `config`'s architecture stores it: itself, or itself less 1 (GAINS_LESS_ONE)."""
+    if hf_architecture(config) in GAINS_LESS_ONE:
+        return lambda gain: gain - 1
+    return lambda gain: gain
 
 
 def hf_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -108,7 +136,7 @@ def hf_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         layer = f"model.layers.{i}."
         shapes.update({
             layer + "input_layernorm.weight": (c.n_embd,),
-            layer + "self_attn.q_proj.weight": (c.n_embd, c.n_embd),
+            layer + "self_attn.q_proj.weight": ((2 if c.attention_gate else 1) * c.n_embd, c.n_embd),
             layer + "self_attn.k_proj.weight": (kv_width, c.n_embd),
             layer + "self_attn.v_proj.weight": (kv_width, c.n_embd),
             layer + "self_attn.o_proj.weight": (c.n_embd, c.n_embd),
@@ -175,27 +203,40 @@ def from_hf_weights(tensors: dict[str, torch.Tensor], config: ModelConfig,
     def take(name: str) -> torch.Tensor:
         return tensors[name].float()
 
+    less_one = hf_architecture(config) in GAINS_LESS_ONE
+
+    def gain(name: str) -> torch.Tensor:
+        return take(name) + 1 if less_one else take(name)
+
+    def query_and_gate(name: str) -> list[torch.Tensor]:
+        """q_proj's rows: the query's (C, C) (and, with the gate, head by head the gate's after it)."""
+        if not config.attention_gate:
+            return [take(name)]
+        q, attention_gate = take(name).unflatten(0, (config.n_head, 2, -1)).unbind(1)  # (H, D, C) each
+        return [q.flatten(0, 1), attention_gate.flatten(0, 1)]
+
     state = {"token_embedding.weight": take("model.embed_tokens.weight"),
-             "final_norm.weight": take("model.norm.weight")}
+             "final_norm.weight": gain("model.norm.weight")}
     if config.tie_embeddings:
         state["head.weight"] = state["token_embedding.weight"]  # as the tied model's state dict lists it
     else:
         state["head.weight"] = take("lm_head.weight")
     for i in range(config.n_layer):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
+        query, *attention_gate = query_and_gate(theirs + "self_attn.q_proj.weight")
+        key, value = (take(theirs + f"self_attn.{p}_proj.weight") for p in "kv")
         state.update({
-            ours + "attention_norm.weight": take(theirs + "input_layernorm.weight"),
-            ours + "attention.qkv.weight": torch.cat([take(theirs + f"self_attn.{p}_proj.weight")
-                                                      for p in "qkv"]),
+            ours + "attention_norm.weight": gain(theirs + "input_layernorm.weight"),
+            ours + "attention.qkv.weight": torch.cat([query, key, value, *attention_gate]),
             ours + "attention.output.weight": take(theirs + "self_attn.o_proj.weight"),
-            ours + "mlp_norm.weight": take(theirs + "post_attention_layernorm.weight"),
+            ours + "mlp_norm.weight": gain(theirs + "post_attention_layernorm.weight"),
             ours + "mlp.gate_up.weight": torch.cat([take(theirs + "mlp.gate_proj.weight"),
                                                     take(theirs + "mlp.up_proj.weight")]),
             ours + "mlp.down.weight": take(theirs + "mlp.down_proj.weight"),
         })
         if config.qk_norm:
-            state[ours + "attention.q_norm.weight"] = take(theirs + "self_attn.q_norm.weight")
-            state[ours + "attention.k_norm.weight"] = take(theirs + "self_attn.k_norm.weight")
+            state[ours + "attention.q_norm.weight"] = gain(theirs + "self_attn.q_norm.weight")
+            state[ours + "attention.k_norm.weight"] = gain(theirs + "self_attn.k_norm.weight")
     return state
 
 
@@ -210,12 +251,11 @@ def architecture(raw: dict, origin: str) -> str:
         model_type = raw.get("model_type")
         if not isinstance(model_type, str) or model_type not in by_type:
             raise CheckpointError(f"{origin}: no architectures field and model_type {model_type!r}: "
-                                  f"tinyattn reads {ARCHITECTURE} (and {QK_NORM_ARCHITECTURE}) folders only")
+                                  f"tinyattn reads {ARCHITECTURES} folders only")
         found = [by_type[model_type]]
     named = isinstance(found, list) and len(found) == 1 and isinstance(found[0], str)
     if not (named and found[0] in MODEL_TYPES):
-        raise CheckpointError(f"{origin}: architectures {found}: tinyattn reads {ARCHITECTURE} "
-                              f"(and {QK_NORM_ARCHITECTURE}) only")
+        raise CheckpointError(f"{origin}: architectures {found}: tinyattn reads {ARCHITECTURES} only")
     return found[0]
 
 
@@ -257,24 +297,31 @@ def check_field_types(raw: dict, origin: str) -> None:
             check(ROPE_FIELDS, raw[key], f"{key}.")
 
 
-def plain_rope(raw: dict, origin: str) -> dict:
-    """config.json's RoPE settings, or a CheckpointError for a kind tinyattn does not compute."""
+def plain_rope(raw: dict, origin: str, rotated: float = 1.0) -> dict:
+    """config.json's RoPE settings, or a CheckpointError for a kind tinyattn does not compute.
+    rotated: the share of each head's dimensions the architecture rotates where the file says none
+    (partial_rotary_factor: 1 in transformers' Llama and Qwen3, 0.25 in Qwen3.5)."""
     # As transformers 5: rope_scaling replaces rope_parameters; what it omits is the top level's
     rope = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
         raise CheckpointError(f"{origin}: rope scaling {rope_type!r}: only plain RoPE (rope_type default, "
                               "no rope_scaling) is supported")
-    if rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)) != 1.0:
+    if rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", rotated)) != 1.0:
         raise CheckpointError(f"{origin}: partial_rotary_factor: tinyattn rotates every dimension of a head")
     return rope
 
 
-def refuse_other_layers(raw: dict, refuse: Callable[[str], None]) -> None:
+def refuse_other_layers(raw: dict, refuse: Callable[[str], None], name: str = ARCHITECTURE) -> None:
     """refuse(what) for a config.json whose layers compute what tinyattn's do not."""
-    if raw.get("use_sliding_window") or any(t != "full_attention" for t in raw.get("layer_types") or []):
-        refuse("sliding-window attention (use_sliding_window, layer_types): tinyattn's layers all "
-               "attend to the whole context")
+    others = sorted({t for t in raw.get("layer_types") or [] if t != "full_attention"})
+    if raw.get("use_sliding_window") or others:
+        kinds = f" ({', '.join(map(show_value, others))})" if others else ""
+        refuse(f"layers other than full attention{kinds} (use_sliding_window, layer_types): tinyattn's "
+               "layers all attend to the whole context")
+    if name == GATED_ARCHITECTURE and raw.get("layer_types") is None:
+        refuse("layer_types is missing: Qwen3.5 then makes three layers in four linear attention, and "
+               "tinyattn's layers all attend to the whole context")
     quantized = raw.get("quantization_config")
     if quantized is not None:  # before the weights, whose names would say it less plainly
         method = quantized.get("quant_method") if isinstance(quantized, dict) else None
@@ -296,10 +343,10 @@ def model_config_from_hf(raw: dict, origin: str, *, tied: Optional[bool] = None)
         raise CheckpointError(f"{origin}: {what}")
 
     name = architecture(raw, origin)
-    qk_norm = name == QK_NORM_ARCHITECTURE
+    qk_norm, gated = name in (QK_NORM_ARCHITECTURE, GATED_ARCHITECTURE), name == GATED_ARCHITECTURE
     check_field_types(raw, origin)
-    refuse_other_layers(raw, refuse)
-    rope = plain_rope(raw, origin)
+    refuse_other_layers(raw, refuse, name)
+    rope = plain_rope(raw, origin, rotated=0.25 if gated else 1.0)
     try:
         hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
         kv_heads = int(raw.get("num_key_value_heads") or heads)
@@ -312,13 +359,14 @@ def model_config_from_hf(raw: dict, origin: str, *, tied: Optional[bool] = None)
             given = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
             refuse(f"rope_theta is None and {given} gives none; expected a number")
         if tied is None or "tie_word_embeddings" in raw:
-            tied = bool(raw.get("tie_word_embeddings", True))  # the transformers 4 default
+            tied = bool(raw.get("tie_word_embeddings", DEFAULT_TIED[name]))
         config = ModelConfig(
             vocab_size=int(raw["vocab_size"]), n_layer=int(raw["num_hidden_layers"]), n_head=heads,
             n_kv_head=kv_heads, n_embd=hidden, mlp_hidden=int(raw["intermediate_size"]),
             context_length=int(raw.get("max_position_embeddings", DEFAULT_CONTEXT[name])),
             tie_embeddings=tied,
-            rope_base=float(theta), norm_eps=float(raw.get("rms_norm_eps", 1e-6)), qk_norm=qk_norm)
+            rope_base=float(theta), norm_eps=float(raw.get("rms_norm_eps", 1e-6)), qk_norm=qk_norm,
+            attention_gate=gated)
     except KeyError as e:
         refuse(f"field {e.args[0]} is missing")
     except (TypeError, ValueError) as e:
@@ -340,19 +388,26 @@ def refuse_what_neither_computes(config: ModelConfig, where: str, architectures:
     if not config.causal:
         raise CheckpointError(f"model.causal: false (a bidirectional model) cannot be exported{where}: "
                               f"{architectures} mask every later position")
-    if config.attention_gate:
-        raise CheckpointError(f"model.attention_gate: true cannot be exported{where}: {architectures} "
-                              "do not gate the attention's output")
 
 
 def hf_config(config: ModelConfig, bos_id: Optional[int], eos_id: Optional[int], dtype: torch.dtype) -> dict:
-    """config.json for `config` (Llama, or Qwen3 with QK-norm); an option neither can hold
-    is refused, never dropped."""
-    refuse_what_neither_computes(config, "", f"{ARCHITECTURE} and {QK_NORM_ARCHITECTURE}")
-    architecture = QK_NORM_ARCHITECTURE if config.qk_norm else ARCHITECTURE
+    """config.json for `config` (Llama, Qwen3 with QK-norm, Qwen3.5 with the attention gate too); an
+    option none can hold is refused, never dropped."""
+    refuse_what_neither_computes(config, "", ARCHITECTURES)
+    if config.attention_gate and not config.qk_norm:
+        raise CheckpointError("model.attention_gate: true without model.qk_norm cannot be exported: "
+                              f"{GATED_ARCHITECTURE}, which gates, always norms the queries and keys")
+    architecture = hf_architecture(config)
     rope = {"rope_type": "default", "rope_theta": config.rope_base}
-    extra = {"use_sliding_window": False, "sliding_window": None, "max_window_layers": config.n_layer,
-             "layer_types": ["full_attention"] * config.n_layer} if config.qk_norm else {"mlp_bias": False}
+    layers = {"layer_types": ["full_attention"] * config.n_layer}
+    extra = {
+        ARCHITECTURE: {"mlp_bias": False},
+        QK_NORM_ARCHITECTURE: {"use_sliding_window": False, "sliding_window": None,
+                               "max_window_layers": config.n_layer, **layers},
+        GATED_ARCHITECTURE: layers,
+    }[architecture]
+    if architecture == GATED_ARCHITECTURE:
+        rope["partial_rotary_factor"] = 1.0  # Qwen3.5's default rotates a quarter of each head
     return {
         "architectures": [architecture], "model_type": MODEL_TYPES[architecture], **extra,
         "vocab_size": config.vocab_size, "hidden_size": config.n_embd,

@@ -37,10 +37,9 @@ from tinyattn.config import Config, SampleConfig, TokenizerConfig
 from tinyattn.data.tokenizer import Tokenizer
 from tinyattn.errors import CheckpointError, counted, parameter_count_text
 from tinyattn.hf.convert import (
-    ARCHITECTURE,
-    QK_NORM_ARCHITECTURE,
     from_hf_weights,
     head_differs_from_embedding,
+    hf_architecture,
     hf_config,
     model_config_from_hf,
     safetensors_torch,
@@ -429,8 +428,8 @@ def model_card(config: Config, card: Optional[ModelCard], tokenizer: Tokenizer,
     """README.md: what was trained on what, for how long, to which validation loss. earlier: for a
     folder tinyattn exported, exported again (card None), its card's training rows (`training_rows`)."""
     m, t = config.model, config.train
-    architecture = QK_NORM_ARCHITECTURE if m.qk_norm else ARCHITECTURE
-    family = "Qwen3" if m.qk_norm else "Llama"
+    architecture = hf_architecture(m)
+    family = {"Qwen3_5ForCausalLM": "Qwen3.5", "Qwen3ForCausalLM": "Qwen3"}.get(architecture, "Llama")
     seen = set()
     parameters = 0
     for name, tensor in weights.items():
