@@ -9,7 +9,8 @@ Read top to bottom, this file is the explanation:
    token sits by rotating query and key vectors by an angle that grows with position.
 3. `CausalSelfAttention`: learned query/key/value projections, several heads (with
    optionally fewer key/value heads: grouped-query attention), the causal mask, an
-   output projection. Two paths compute the same numbers (tested): the fused kernel
+   output projection, optionally after a gate on each output element (`gated`, from the
+   block's input: `model.attention_gate`). Two paths compute the same numbers (tested): the fused kernel
    (`F.scaled_dot_product_attention`), which never stores the (T, T) weights, and the
    explicit one above, used wherever `model.attention` chooses it (on some CPUs its
    plain matmuls train faster), for a decode step over a static cache, and while the
@@ -21,7 +22,8 @@ Read top to bottom, this file is the explanation:
 Departures from the original 2017 transformer's attention, all standard in current small
 models: RoPE, which rotates queries and keys inside attention, instead of the fixed sinusoidal
 position encodings the 2017 transformer added to the embeddings (GPT-2 learned its own), no
-biases, and optionally QK-norm (`model.qk_norm`, RMSNorm on queries and keys, as in Qwen3).
+biases, optionally QK-norm (`model.qk_norm`, RMSNorm on queries and keys, as in Qwen3) and
+optionally the output gate (`model.attention_gate`, as in Qwen3.5).
 
 Shapes: B batch, T sequence length (Tq queries, Tk keys where they differ), C model width
 (n_embd), H query heads, Hkv key/value heads, D head width (C / H).
