@@ -69,7 +69,7 @@ class LayerWeights(NamedTuple):
     taking and giving the step's product dtype."""
 
     attention_norm: torch.Tensor  # (C,)
-    qkv: Callable  # (C,) -> (H*D + 2*Hkv*D,): queries, keys, values side by side (then the attention gate)
+    qkv: Callable  # (C,) -> (H*D + 2*Hkv*D [+ H*D],): queries, keys, values side by side [, the gate]
     q_norm: Optional[torch.Tensor]  # (D,), with model.qk_norm
     k_norm: Optional[torch.Tensor]  # (D,)
     qk_gains: Optional[torch.Tensor]  # on the CPU, (H + Hkv, 1, D) fp32: each query head's gain, then each key head's

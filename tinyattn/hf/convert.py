@@ -99,7 +99,8 @@ def to_hf_weights(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[s
         q, k, v, *attention_gate = state[ours + "attention.qkv.weight"].split(
             (config.n_embd, kv_width, kv_width) + ((config.n_embd,) if config.attention_gate else ()))
         if attention_gate:  # (H, 2, D, C): each head's query rows, then its gate rows
-            q = torch.stack((q, attention_gate[0])).unflatten(1, (config.n_head, -1)).transpose(0, 1).flatten(0, 2)
+            pairs = torch.stack((q, attention_gate[0])).unflatten(1, (config.n_head, -1)).transpose(0, 1)
+            q = pairs.flatten(0, 2)
         gate, up = state[ours + "mlp.gate_up.weight"].chunk(2)
         out.update({
             theirs + "input_layernorm.weight": gain(state[ours + "attention_norm.weight"]),
