@@ -44,7 +44,8 @@ def main() -> int:
         return 0
 
     check_output(args.json)
-    result = measure_attention_cost(context_lengths(args.min_context, args.max_context), batch_size=args.batch_size, n_head=args.heads,
+    lengths = context_lengths(args.min_context, args.max_context)
+    result = measure_attention_cost(lengths, batch_size=args.batch_size, n_head=args.heads,
                                     head_dim=args.head_dim, repeats=args.repeats, device=args.device,
                                     measure_memory=not args.no_memory)
     print(f"device {result['device']} ({result['threads']} threads), B={result['batch_size']} "

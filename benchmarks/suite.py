@@ -32,7 +32,7 @@ def main() -> int:
     parser.add_argument("--compile", action="store_true", help="also measure training with torch.compile")
     parser.add_argument("--steps", type=int, default=10, help="timed training steps")
     parser.add_argument("--max-context", type=int, default=2048,
-                        help="longest context in the attention-cost table (doubling from 64, then this itself)")
+                        help="longest context in the attention-cost table (doubling from 64, then it)")
     parser.add_argument("--skip", nargs="+", default=[], choices=SECTIONS, help="sections to leave out")
     parser.add_argument("--json", type=Path, help="write every figure to this JSON file")
     args = parser.parse_args()
