@@ -714,6 +714,16 @@ def test_a_step_file_that_is_not_there_names_the_checkpoints_its_folder_holds(tm
         f"{ckpt.step_filename(40)} and 3 more")
 
 
+def test_a_step_file_not_there_named_from_inside_its_run_folder_names_that_folder_in_words(tmp_path,
+                                                                                             monkeypatch):
+    (tmp_path / ckpt.BEST).write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointError) as refused:
+        ckpt.resolve_checkpoint(Path(ckpt.step_filename(2)))
+    assert str(refused.value) == (f"{ckpt.step_filename(2)}: no such checkpoint file or run folder; the folder "
+                                  "run from holds best.pt")
+
+
 def test_loading_a_checkpoint_file_that_is_not_there_is_one_line_naming_it(tmp_path):
     with pytest.raises(CheckpointError, match=r"gone\.pt: checkpoint file not found$"):
         ckpt.load_checkpoint(tmp_path / "gone.pt")

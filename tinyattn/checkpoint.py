@@ -360,7 +360,8 @@ def _held_beside(path: Path) -> str:
     if not folder.is_dir():
         return ""
     held = ([BEST] if (folder / BEST).is_file() else []) + [p.name for p in step_checkpoints(folder)[::-1]]
-    return f"; {folder} holds {_some(held)}" if held else ""
+    named = "the folder run from" if folder == Path(".") else folder  # a bare file name: "." says little
+    return f"; {named} holds {_some(held)}" if held else ""
 
 
 def _refuse_a_folder_of_runs(folder: Path, resuming: bool = False) -> None:
