@@ -720,8 +720,8 @@ def test_a_step_file_not_there_named_from_inside_its_run_folder_names_that_folde
     monkeypatch.chdir(tmp_path)
     with pytest.raises(CheckpointError) as refused:
         ckpt.resolve_checkpoint(Path(ckpt.step_filename(2)))
-    assert str(refused.value) == (f"{ckpt.step_filename(2)}: no such checkpoint file or run folder; the folder "
-                                  "run from holds best.pt")
+    assert str(refused.value) == (f"{ckpt.step_filename(2)}: no such checkpoint file or run folder; "
+                                  "the folder run from holds best.pt")
 
 
 def test_loading_a_checkpoint_file_that_is_not_there_is_one_line_naming_it(tmp_path):
