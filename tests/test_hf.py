@@ -1483,6 +1483,34 @@ def test_an_attention_gate_without_qk_norm_and_a_gated_gguf_are_refused_in_one_l
         architecture_of(config.model)
 
 
+QWEN3_5_JSON = {**LLAMA_JSON, "architectures": ["Qwen3_5ForCausalLM"], "head_dim": 8,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                    "partial_rotary_factor": 1.0}}
+
+
+@pytest.mark.parametrize("interval, expected", [
+    (1, None),  # every layer full attention, as layer_types would say
+    (2, "layer_types is missing and full_attention_interval is 2: Qwen3.5 then makes"),
+    (0, "full_attention_interval is 0; expected a positive integer"),
+], ids=["every-layer", "every-second", "zero"])
+def test_a_qwen3_5_config_json_without_layer_types_reads_full_attention_interval_as_transformers_does(
+        interval, expected):
+    import transformers
+
+    from tinyattn.errors import CheckpointError
+    from tinyattn.hf.convert import model_config_from_hf
+
+    raw = {**QWEN3_5_JSON, "full_attention_interval": interval}
+    if expected is None:
+        theirs = transformers.Qwen3_5TextConfig(**{k: v for k, v in raw.items() if k != "architectures"})
+        assert theirs.layer_types == ["full_attention"] * 2
+        assert model_config_from_hf(raw, "config.json").attention_gate
+        return
+    with pytest.raises(CheckpointError, match=r"^config\.json: ") as refused:
+        model_config_from_hf(raw, "config.json")
+    assert expected in str(refused.value)
+
+
 @pytest.mark.parametrize("qk_norm, context", [(False, 2048), (True, 32768)], ids=["llama", "qwen3"])
 def test_a_config_json_without_a_context_takes_its_architectures_default_as_transformers_does(tmp_path, qk_norm,
                                                                                             context):

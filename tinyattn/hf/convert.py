@@ -320,9 +320,18 @@ def refuse_other_layers(raw: dict, refuse: Callable[[str], None], name: str = AR
         kinds = f" ({', '.join(map(show_value, others))})" if others else ""
         refuse(f"layers other than full attention{kinds} (use_sliding_window, layer_types): tinyattn's "
                "layers all attend to the whole context")
-    if name == GATED_ARCHITECTURE and raw.get("layer_types") is None:
-        refuse("layer_types is missing: Qwen3.5 then makes three layers in four linear attention, and "
-               "tinyattn's layers all attend to the whole context")
+    if name == GATED_ARCHITECTURE and raw.get("layer_types") is None:  # from full_attention_interval
+        interval = raw.get("full_attention_interval", 4)
+        if not _INTEGER[1](interval) or interval < 1:
+            refuse(f"full_attention_interval is {show_value(interval)}; expected a positive integer")
+        if "full_attention_interval" not in raw:
+            refuse("layer_types is missing: Qwen3.5 then makes three layers in four linear attention, and "
+                   "tinyattn's layers all attend to the whole context")
+        if interval != 1:
+            refuse(f"layer_types is missing and full_attention_interval is {interval}: Qwen3.5 then makes "
+                   f"every layer but each {interval}th linear attention, and tinyattn's layers all attend to "
+                   "the whole context (expected full_attention_interval 1, or layer_types all "
+                   "full_attention)")
     quantized = raw.get("quantization_config")
     if quantized is not None:  # before the weights, whose names would say it less plainly
         method = quantized.get("quant_method") if isinstance(quantized, dict) else None
