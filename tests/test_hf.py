@@ -1511,6 +1511,24 @@ def test_a_qwen3_5_config_json_without_layer_types_reads_full_attention_interval
     assert expected in str(refused.value)
 
 
+@pytest.mark.parametrize("architecture, default", [("Qwen3ForCausalLM", 128), ("Qwen3_5ForCausalLM", 256)])
+def test_a_config_json_without_head_dim_takes_its_architectures_default_as_transformers_does(
+        architecture, default):
+    # Qwen3Config's head_dim defaults to 128 and Qwen3_5TextConfig's to 256, not hidden_size / heads
+    # (LlamaConfig's): a folder read with hidden_size / heads computed another model than transformers'.
+    from tinyattn.errors import CheckpointError
+    from tinyattn.hf.convert import model_config_from_hf
+
+    raw = {k: v for k, v in QWEN3_5_JSON.items() if k != "head_dim"}
+    raw.update(architectures=[architecture], layer_types=["full_attention"] * 2)
+    expected = (rf"^config\.json: head_dim is missing: {architecture} then takes {default}, not "
+                "hidden_size / num_attention_heads = 48 / 6")
+    with pytest.raises(CheckpointError, match=expected):
+        model_config_from_hf(raw, "config.json")
+    raw.update(hidden_size=6 * default)
+    assert model_config_from_hf(raw, "config.json").head_dim == default
+
+
 @pytest.mark.parametrize("qk_norm, context", [(False, 2048), (True, 32768)], ids=["llama", "qwen3"])
 def test_a_config_json_without_a_context_takes_its_architectures_default_as_transformers_does(tmp_path, qk_norm,
                                                                                             context):

@@ -53,6 +53,8 @@ MODEL_TYPES = {ARCHITECTURE: "llama", QK_NORM_ARCHITECTURE: "qwen3", GATED_ARCHI
 ARCHITECTURES = f"{ARCHITECTURE}, {QK_NORM_ARCHITECTURE} and {GATED_ARCHITECTURE}"
 # What transformers assumes where config.json omits max_position_embeddings (LlamaConfig, Qwen3Config, ...).
 DEFAULT_CONTEXT = {ARCHITECTURE: 2048, QK_NORM_ARCHITECTURE: 32768, GATED_ARCHITECTURE: 32768}
+# ... and head_dim (LlamaConfig's is hidden_size / num_attention_heads)
+DEFAULT_HEAD_DIM = {QK_NORM_ARCHITECTURE: 128, GATED_ARCHITECTURE: 256}
 # ... and tie_word_embeddings (the transformers 4 default, which Qwen3_5TextConfig does not share)
 DEFAULT_TIED = {ARCHITECTURE: True, QK_NORM_ARCHITECTURE: True, GATED_ARCHITECTURE: False}
 GAINS_LESS_ONE = {GATED_ARCHITECTURE}  # RMSNorm scales by 1 + weight there: a gain g is stored as g - 1
@@ -361,6 +363,9 @@ def model_config_from_hf(raw: dict, origin: str, *, tied: Optional[bool] = None)
         hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
         kv_heads = int(raw.get("num_key_value_heads") or heads)
         head_dim = raw.get("head_dim")
+        if head_dim is None and name in DEFAULT_HEAD_DIM and DEFAULT_HEAD_DIM[name] * heads != hidden:
+            refuse(f"head_dim is missing: {name} then takes {DEFAULT_HEAD_DIM[name]}, not hidden_size / "
+                   f"num_attention_heads = {hidden} / {heads} (tinyattn's heads split the width evenly)")
         if head_dim is not None and int(head_dim) * heads != hidden:
             refuse(f"head_dim {head_dim} is not hidden_size / num_attention_heads = {hidden} / {heads}: "
                    "tinyattn's heads split the width evenly")
