@@ -1478,6 +1478,10 @@ def test_an_attention_gate_without_qk_norm_and_a_gated_gguf_are_refused_in_one_l
         hf_config(config.model, None, None, torch.float32)
     from tinyattn.gguf.writer import architecture_of
 
+    refused_gguf = r"^model\.attention_gate: true cannot be exported to GGUF"
+    with pytest.raises(CheckpointError, match=refused_gguf) as gguf:
+        architecture_of(config.model)
+    assert "Qwen3.5" not in str(gguf.value)  # without model.qk_norm no export writes it
     config.model.qk_norm = True
     with pytest.raises(CheckpointError, match=r"^model\.attention_gate: true cannot be exported to GGUF"):
         architecture_of(config.model)

@@ -85,8 +85,8 @@ def architecture_of(config: ModelConfig) -> str:
     if config.attention_gate:  # llama.cpp's qwen35 would hold it, but tinyattn does not write it (yet)
         raise CheckpointError("model.attention_gate: true cannot be exported to GGUF: tinyattn writes "
                               f"llama.cpp's {ARCHITECTURE} and {QK_NORM_ARCHITECTURE}, which do not gate the "
-                              "attention's output (tinyattn export without --gguf writes Qwen3.5 for "
-                              "transformers)")
+                              "attention's output" + (" (tinyattn export without --gguf writes Qwen3.5 for "
+                                                      "transformers)" if config.qk_norm else ""))
     return QK_NORM_ARCHITECTURE if config.qk_norm else ARCHITECTURE
 
 
