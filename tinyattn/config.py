@@ -77,6 +77,13 @@ class ModelConfig:
         return self.n_embd // self.n_head
 
     @property
+    def qkv_rows(self) -> tuple[int, ...]:
+        """The rows of each matrix the attention's stacked `qkv` weight holds, in order: query (C),
+        key and value (Hkv * D each), and with attention_gate the gate (C)."""
+        kv_width = self.kv_heads * self.head_dim
+        return (self.n_embd, kv_width, kv_width) + ((self.n_embd,) if self.attention_gate else ())
+
+    @property
     def kv_heads(self) -> int:
         return self.n_kv_head or self.n_head
 

@@ -90,7 +90,6 @@ def norm_eps(config: ModelConfig) -> float:
 
 def to_hf_weights(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     """tinyattn state dict -> Llama names, fused matrices split (each tensor its own copy)."""
-    kv_width = config.kv_heads * config.head_dim
     gain = _gain_to_hf(config)
     out = {"model.embed_tokens.weight": state["token_embedding.weight"],
            "model.norm.weight": gain(state["final_norm.weight"])}
@@ -98,8 +97,7 @@ def to_hf_weights(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[s
         out["lm_head.weight"] = state["head.weight"]
     for i in range(config.n_layer):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
-        q, k, v, *attention_gate = state[ours + "attention.qkv.weight"].split(
-            (config.n_embd, kv_width, kv_width) + ((config.n_embd,) if config.attention_gate else ()))
+        q, k, v, *attention_gate = state[ours + "attention.qkv.weight"].split(config.qkv_rows)
         if attention_gate:  # (H, 2, D, C): each head's query rows, then its gate rows
             pairs = torch.stack((q, attention_gate[0])).unflatten(1, (config.n_head, -1)).transpose(0, 1)
             q = pairs.flatten(0, 2)

@@ -37,6 +37,8 @@ from tinyattn.config import Config, SampleConfig, TokenizerConfig
 from tinyattn.data.tokenizer import Tokenizer
 from tinyattn.errors import CheckpointError, counted, parameter_count_text
 from tinyattn.hf.convert import (
+    GATED_ARCHITECTURE,
+    QK_NORM_ARCHITECTURE,
     from_hf_weights,
     head_differs_from_embedding,
     hf_architecture,
@@ -429,7 +431,7 @@ def model_card(config: Config, card: Optional[ModelCard], tokenizer: Tokenizer,
     folder tinyattn exported, exported again (card None), its card's training rows (`training_rows`)."""
     m, t = config.model, config.train
     architecture = hf_architecture(m)
-    family = {"Qwen3_5ForCausalLM": "Qwen3.5", "Qwen3ForCausalLM": "Qwen3"}.get(architecture, "Llama")
+    family = {GATED_ARCHITECTURE: "Qwen3.5", QK_NORM_ARCHITECTURE: "Qwen3"}.get(architecture, "Llama")
     seen = set()
     parameters = 0
     for name, tensor in weights.items():

@@ -134,12 +134,10 @@ class CausalSelfAttention(nn.Module):
         self.n_head = config.n_head
         self.n_kv_head = config.kv_heads
         self.head_dim = config.head_dim
-        kv_width = self.n_kv_head * self.head_dim
         # The query, key and value projections are three matrices stacked into one, so
         # one larger matmul computes all three (faster than three small ones); with
         # model.attention_gate the gate's (C, C) matrix is stacked fourth.
-        gate_width = (config.n_embd,) if config.attention_gate else ()
-        self.qkv_split = (config.n_embd, kv_width, kv_width, *gate_width)
+        self.qkv_split = config.qkv_rows
         self.qkv = nn.Linear(config.n_embd, sum(self.qkv_split), bias=False)
         self.output = nn.Linear(config.n_embd, config.n_embd, bias=False)
         # On the attention weights; model.attention_dropout sets it apart from the residual's.

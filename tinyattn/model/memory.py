@@ -37,10 +37,9 @@ def parameter_count(config: ModelConfig, vocab_size: Optional[int] = None) -> in
     vocab_size: used when config.vocab_size is still None (before the tokenizer is known).
     """
     c, vocab = config, (config.vocab_size if config.vocab_size is not None else vocab_size or 0)
-    width, kv_width, hidden = c.n_embd, c.kv_heads * c.head_dim, c.hidden_dim
+    width, hidden = c.n_embd, c.hidden_dim
     per_layer = (width  # attention_norm
-                 + width * (width + 2 * kv_width)  # qkv: (C + 2 Hkv D, C)
-                 + (width * width if c.attention_gate else 0)  # the gate's rows of qkv: (C, C)
+                 + width * sum(c.qkv_rows)  # qkv: (C + 2 Hkv D [+ C], C)
                  + width * width  # output: (C, C)
                  + (2 * c.head_dim if c.qk_norm else 0)  # q_norm, k_norm
                  + width  # mlp_norm
