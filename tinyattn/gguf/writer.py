@@ -86,7 +86,8 @@ def architecture_of(config: ModelConfig) -> str:
         raise CheckpointError("model.attention_gate: true cannot be exported to GGUF: tinyattn writes "
                               f"llama.cpp's {ARCHITECTURE} and {QK_NORM_ARCHITECTURE}, which do not gate the "
                               "attention's output" + (" (tinyattn export without --gguf writes Qwen3.5 for "
-                                                      "transformers)" if config.qk_norm else ""))
+                                                      "transformers)" if config.qk_norm else "")
+                              + "; a run trained with --set model.attention_gate=false exports to GGUF")
     return QK_NORM_ARCHITECTURE if config.qk_norm else ARCHITECTURE
 
 
