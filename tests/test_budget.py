@@ -22,7 +22,7 @@ from tinyattn.config import load_config
 from tinyattn.errors import TinyattnError
 from tinyattn.train import budget
 from tinyattn.train.budget import TimePlan
-from tinyattn.train.passes import PassTables, entry_for, shown_passes
+from tinyattn.train.passes import PassChoices, PassTables, entry_for, shown_passes
 from tinyattn.train.loop import train
 from tinyattn.train.optim import lr_factor, progress_lr_factor
 from tinyattn.train.owners import EvalResult, Evaluator
@@ -583,6 +583,25 @@ def test_a_model_whose_dropout_is_its_tables_entry_is_measured_once(corpus, tmp_
     assert machine.calls == 3 + 12 + 5
     assert "about 1.8 passes over the training text fit -> model.dropout=0.1 (train.dropout_by_passes)" in \
         (result.run_dir / "train.log").read_text()
+
+
+def test_a_dropout_whose_dearer_step_lands_exactly_on_the_models_own_entry_leaves_the_tables_that_entry():
+    """2.5 passes fit at the model's own dropout (0.05), exactly 1 with the 0.1 of the entry at 2: the
+    run keeps its own, whose entry it reaches at or below, and the other tables read their entries
+    under the 2 passes of the entry it fell short of, the one at exactly 1 included."""
+    from types import SimpleNamespace
+
+    config = load_config(TINY, ["train.weight_decay=0.125"]).train
+    tables = PassTables(config, dropout_by_passes={1: 0.05, 2: 0.1}, decay_by_passes={1: 0.25, 2: 0.5})
+    model = SimpleNamespace(dropout=SimpleNamespace(p=0.05))
+    model.set_dropout = lambda p: setattr(model.dropout, "p", p)
+    trainer = SimpleNamespace(model=model, tokens_per_step=10, batches=SimpleNamespace(tokens=[0] * 100))
+    plan = SimpleNamespace(text="100s", seed=lambda step, evaluation, save: {0.125: 25, 0.25: 10}[step])
+    calibration = budget.Calibration(plan, FakeClock(), tables)
+    calibration._time_steps = lambda trainer: 0.25  # the step with the dropout tried
+    measured = calibration._choose(trainer, 0.125)
+    assert model.dropout.p == 0.05 and measured.step == 0.125
+    assert measured.choices == PassChoices(2.5, None, None, 0.25, tried=(0.1, 1.0), below=2)
 
 
 def test_the_budget_sets_the_schedules_floor_from_the_passes_and_a_resume_keeps_it(corpus, tmp_path, monkeypatch):
