@@ -1108,6 +1108,21 @@ def test_resuming_an_earlier_checkpoint_in_place_is_refused(corpus, twelve_steps
     assert _file_digests(run) == before
 
 
+def test_resuming_in_place_the_step_just_before_the_folders_latest_is_refused(tmp_path):
+    # A stop between evaluations saves at its own step, so a folder may hold steps N-1 and N: only N
+    # continues in place (one step earlier would overwrite step N's checkpoint as well).
+    from tinyattn.train.resume import ResumePoint
+
+    run = tmp_path / "orig"
+    run.mkdir()
+    for step in (4, 5):
+        (run / ckpt.step_filename(step)).touch()
+    earlier = ResumePoint(run / ckpt.step_filename(4), {}, load_config(TINY), 4)
+    with pytest.raises(CheckpointError, match=r"is step 4, but .*orig goes on to step 5: "):
+        earlier.target(None, tmp_path)
+    assert ResumePoint(run / ckpt.step_filename(5), {}, load_config(TINY), 5).target(None, tmp_path) == run
+
+
 def test_the_commands_a_run_prints_work_where_its_path_holds_a_space(corpus, tmp_path, capsys, monkeypatch):
     """"Resume with: ..." and the fork advice quote a path for the shell (a plain one prints as it is),
     and so does the script's own path in `python <checkout>/scripts/train.py`."""
