@@ -260,3 +260,26 @@ def test_removing_the_temporaries_of_one_name_leaves_a_users_file_of_another_len
         path.write_bytes(b"")
     assert remove_temporaries(tmp_path, of="model.gguf") == [ours]
     assert all(path.exists() for path in users)
+
+
+@pytest.mark.parametrize("written", ["config.edited-step4.yaml", "data.json"])
+def test_a_full_disk_at_a_resumes_kept_config_or_data_json_is_one_line_and_leaves_no_half_file(
+        small_tmpfs, written):
+    # A resume writes the user's edited config.yaml aside (`keep_user_config`) and the data's
+    # fingerprint (data.json) before its first step: a disk full there is one line, as at config.yaml.
+    from tinyattn.config import config_text, load_config
+    from tinyattn.train.resume import ResumePoint, keep_user_config, save_data_fingerprint
+
+    config = load_config(TINY)
+    run = small_tmpfs / "r"
+    run.mkdir()
+    (run / "config.yaml").write_text(config_text(config) + "# the user's note\n", encoding="utf-8")
+    fill(small_tmpfs)
+    with pytest.raises(StorageError) as raised:
+        if written == "data.json":
+            save_data_fingerprint({"train": {"tokens": 1, "checksum": "0" * 64}}, run)
+        else:
+            keep_user_config(run, ResumePoint(run / "step_0000004.pt", {}, config, 4))
+    assert str(raised.value) == (f"cannot write {run / written}: No space left on device; free some space "
+                                 "there or choose another folder")
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]
