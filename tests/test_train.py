@@ -919,6 +919,22 @@ def test_a_fork_never_takes_a_later_best_nor_trains_into_another_runs_checkpoint
     assert _file_digests(out / "other") == other and _file_digests(run) == before
 
 
+def test_a_fork_refused_for_a_folder_with_checkpoints_leaves_that_folder_unheld(tmp_path):
+    # A pid file left there would tell the folder's next run that a killed training held it.
+    from tinyattn.system.distributed import Distributed
+    from tinyattn.train.resume import ResumePoint, open_run_folder
+    from tinyattn.train.run_folder import RunLock
+
+    config = load_config(TINY, [f"train.out_dir={tmp_path}"])
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / ckpt.step_filename(2)).touch()
+    point = ResumePoint(tmp_path / "orig" / ckpt.step_filename(4), {}, config, 4)
+    with pytest.raises(CheckpointError, match=r"taken already holds checkpoints"):
+        open_run_folder(config, None, "taken", point, Distributed())
+    assert not (taken / ".lock").exists() and RunLock.holder(taken) is None
+
+
 def test_a_fork_from_the_step_of_the_originals_best_takes_its_best_pt(corpus, twelve_steps):
     # Without it the fork's best.pt would only come from an evaluation that beats the loss the
     # checkpoint carries, perhaps never: the fork's "best" model would be missing.
