@@ -662,6 +662,16 @@ def test_one_generator_per_row_must_match_the_rows():
         sample_next_token(logits, [torch.Generator()], temperature=1.0)
 
 
+def test_one_generator_for_the_batch_fixes_the_draws_by_its_seed_alone():
+    logits = torch.zeros(64, 50)  # (64, V): uniform, so the draws are the generator's alone
+    def draw(seed):
+        return sample_next_token(logits, torch.Generator().manual_seed(seed), temperature=1.0).tolist()
+    first = draw(0)
+    torch.rand(8)  # torch's global generator moves on: the draws must not read it
+    assert draw(0) == first
+    assert draw(1) != first
+
+
 def test_sampling_options_default_to_the_configs_sample_section():
     defaults, config = SamplingOptions(), SampleConfig()
     shared = [name for name in SampleConfig.__dataclass_fields__ if hasattr(defaults, name)]
