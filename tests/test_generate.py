@@ -644,6 +644,16 @@ def test_top_k_one_below_the_vocabulary_size_drops_the_least_likely_token(monkey
     assert probs[0].nonzero().flatten().tolist() == [1, 2, 3]
 
 
+def test_top_k_zero_is_off_as_none_is(monkeypatch):
+    # --top-k 0 and serve's top_k 0 are accepted as "off": they must not reach torch.topk.
+    recorded = drawn_from(monkeypatch)
+    logits = torch.tensor([[0.1, 0.4, 0.2, 0.3]]).log()
+    for top_k in (0, None):
+        sample_next_token(logits, torch.Generator().manual_seed(0), temperature=1.0, top_k=top_k)
+    for probs in recorded:
+        torch.testing.assert_close(probs, torch.softmax(logits, dim=-1))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_logits_of_a_half_precision_model_are_sampled_from_fp32_probabilities(monkeypatch, dtype):
     logits = torch.tensor([[2.3, 1.7, 0.1, -1.3]]).to(dtype)
