@@ -627,6 +627,16 @@ def test_a_top_p_just_below_one_still_drops_the_least_likely_tokens(monkeypatch)
     assert whole[0, 2] > 0  # top_p 1: every token
 
 
+def test_a_top_p_of_one_is_off_even_for_tokens_below_fp32s_resolution(monkeypatch):
+    # The mass ranked above the unlikely token is 1 in fp32: a nucleus of p 1 would drop it.
+    recorded = drawn_from(monkeypatch)
+    logits = torch.tensor([[0.0, -20.0, -30.0]])
+    sample_next_token(logits, torch.Generator().manual_seed(0), temperature=1.0, top_p=1.0)
+    [probs] = recorded
+    assert (probs[0, 1:] > 0).all()
+    torch.testing.assert_close(probs, torch.softmax(logits, dim=-1), rtol=0, atol=0)
+
+
 def test_top_k_keeps_every_token_tied_with_the_kth_largest(monkeypatch):
     recorded = drawn_from(monkeypatch)
     logits = torch.tensor([[1.0, 2.0, 1.0, 0.0]])  # the 2nd largest is shared by tokens 0 and 2
