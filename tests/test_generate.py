@@ -684,6 +684,7 @@ def test_one_generator_per_row_must_match_the_rows():
 
 def test_one_generator_for_the_batch_fixes_the_draws_by_its_seed_alone():
     logits = torch.zeros(64, 50)  # (64, V): uniform, so the draws are the generator's alone
+
     def draw(seed):
         return sample_next_token(logits, torch.Generator().manual_seed(seed), temperature=1.0).tolist()
     first = draw(0)
