@@ -321,12 +321,12 @@ def refuse_other_layers(raw: dict, refuse: Callable[[str], None], name: str = AR
         refuse(f"layers other than full attention{kinds} (use_sliding_window, layer_types): tinyattn's "
                "layers all attend to the whole context")
     if name == GATED_ARCHITECTURE and raw.get("layer_types") is None:  # from full_attention_interval
-        interval = raw.get("full_attention_interval", 4)
-        if not _INTEGER[1](interval) or interval < 1:
-            refuse(f"full_attention_interval is {show_value(interval)}; expected a positive integer")
         if "full_attention_interval" not in raw:
             refuse("layer_types is missing: Qwen3.5 then makes three layers in four linear attention, and "
                    "tinyattn's layers all attend to the whole context")
+        interval = raw["full_attention_interval"]
+        if not _INTEGER[1](interval) or interval < 1:
+            refuse(f"full_attention_interval is {show_value(interval)}; expected a positive integer")
         if interval != 1:
             refuse(f"layer_types is missing and full_attention_interval is {interval}: Qwen3.5 then makes "
                    f"every layer but each {interval}th linear attention, and tinyattn's layers all attend to "
