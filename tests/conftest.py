@@ -62,6 +62,23 @@ def local_corpus(corpus: Path, out_dir: Path) -> list[str]:
             f"data.cache_dir={out_dir / 'cache'}", f"train.out_dir={out_dir}"]
 
 
+def run_started_in(corpus: Path, tmp_path: Path, monkeypatch, *extra: str) -> tuple[Path, list[str]]:
+    """A tiny run started in tmp_path/start on its data/corpus.txt with its token cache in data/cache,
+    both named relatively (the run folder is tmp_path/runs/run), stopped at step 4 of 8; returns the
+    start folder and the run's --set items. The test is left in the start folder."""
+    from tinyattn.config import load_config
+    from tinyattn.train.loop import train
+
+    start = tmp_path / "start"
+    (start / "data").mkdir(parents=True)
+    shutil.copy(corpus, start / "data" / "corpus.txt")
+    items = ["data.files=[data/corpus.txt]", "data.url=null", "data.sha256=null", "data.cache_dir=data/cache",
+             f"train.out_dir={tmp_path / 'runs'}", "train.max_steps=8", "train.eval_interval=4", *extra]
+    monkeypatch.chdir(start)
+    train(load_config(ROOT / "configs" / "tiny.yaml", items), run_name="run", progress=False, stop_at_step=4)
+    return start, items
+
+
 def chromium_executable():
     """Debian's chromium (or TINYATTN_CHROMIUM); None: Playwright's own browser, if installed."""
     named = os.environ.get("TINYATTN_CHROMIUM")

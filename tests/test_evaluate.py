@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.conftest import run_started_in
 from tinyattn.analysis import evaluate
 from tinyattn.analysis.evaluate import (
     evaluate_tokens,
@@ -481,6 +482,19 @@ def test_plots_of_a_step_checkpoint_are_named_after_it_and_leave_best_pts_alone(
     assert (folder / f"loss_by_position_validation_{step.stem}.png").is_file()
     assert [p.name for p in (folder / "attention").iterdir()] == ["layer_0.png"]
     assert [p.name for p in (folder / f"attention_{step.stem}").iterdir()] == ["layer_0.png"]
+
+
+def test_a_run_scored_on_its_split_from_another_folder_reads_its_data_where_it_started(
+        shakespeare_head, tmp_path, monkeypatch, capsys):
+    # Read from the folder run from, the run's relative data.files would be missing there
+    start, _ = run_started_in(shakespeare_head, tmp_path, monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()  # the training's lines
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(tmp_path / "runs" / "run"), "--split",
+                                     "validation", "--no-plot")
+    assert status == 0, stderr
+    assert f"note: data.files and data.cache_dir read from {start}, the folder the run started in" in stderr
+    assert "on the validation split" in stdout and "warning" not in stderr
 
 
 def test_cli_plot_goes_where_it_says_and_a_format_it_cannot_write_is_one_line(run, tmp_path, capsys,

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tests.conftest import ROOT, lines_by_label
+from tests.conftest import ROOT, lines_by_label, run_started_in
 from tinyattn.config import ModelConfig, load_config
 from tinyattn.errors import TinyattnError
 from tinyattn.lab import distance, recurrence
@@ -1250,12 +1250,12 @@ def test_a_gap_text_the_tokenizer_reads_whole_warns_of_nothing(tmp_path, capsys,
 def test_the_gap_text_is_the_checkpoints_validation_split_only_under_its_own_tokenizer(monkeypatch,
                                                                                     char_tokenizer):
     # Another tokenizer's ids would be read as other tokens: the gap would be noise, not text.
-    from tinyattn.config import TokenizerConfig
+    from tinyattn.config import Config, DataConfig, TokenizerConfig
     from tinyattn.data.tokenizer import build_tokenizer
 
     other = build_tokenizer(TokenizerConfig(kind="char"), lambda: iter(["0123456789 abc"]))
-    data = SimpleNamespace(dataset=None, files=["corpus.txt"])  # a run's data section (stubbed below)
-    loaded = SimpleNamespace(tokenizer=char_tokenizer, config=SimpleNamespace(data=data))
+    config = Config(data=DataConfig(files=["corpus.txt"]))  # a run's data section (stubbed below)
+    loaded = SimpleNamespace(tokenizer=char_tokenizer, config=config, start_folder=None)
     validation = np.arange(40, dtype=np.uint16)
     for tokenizer in (char_tokenizer, other):
         monkeypatch.setattr(distance, "prepare_data", lambda config, progress: SimpleNamespace(
@@ -1266,6 +1266,20 @@ def test_the_gap_text_is_the_checkpoints_validation_split_only_under_its_own_tok
             with pytest.raises(TinyattnError, match=r"^data/cache: the data's tokenizer is not the checkpoint's; "
                                                     r"give --text FILE$"):
                 distance.gap_text(None, loaded)
+
+
+def test_the_gap_text_of_a_run_scored_from_another_folder_is_its_validation_split_where_it_started(
+        shakespeare_head, tmp_path, monkeypatch, capsys):
+    # Read from the folder run from, the run's relative data.files would be missing there
+    from tinyattn.checkpoint import load_model
+    from tinyattn.data.batches import prepare_data
+
+    start, items = run_started_in(shakespeare_head, tmp_path, monkeypatch)
+    validation = np.asarray(prepare_data(load_config(ROOT / "configs" / "tiny.yaml", items)).validation)
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    np.testing.assert_array_equal(distance.gap_text(None, load_model(tmp_path / "runs" / "run")), validation)
+    assert f"note: data.files and data.cache_dir read from {start}" in capsys.readouterr().err
 
 
 def test_lab_distance_takes_the_longest_strings_whose_two_copies_fit_as_inputs(trained_run, monkeypatch, capsys):

@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from tests import warm_python
-from tests.conftest import local_corpus
+from tests.conftest import local_corpus, run_started_in
 from tinyattn import checkpoint as ckpt
 from tinyattn.config import SHOW_HOOKS, load_config
 from tinyattn.errors import CheckpointError, TinyattnError
@@ -514,6 +515,52 @@ def test_resume_is_exact(corpus, tmp_path, count_train_steps, monkeypatch, sampl
             torch.testing.assert_close(tensor, b[key][name], rtol=0, atol=1e-6, msg=f"{key}: {name}")
     assert a["tokens_seen"] == b["tokens_seen"] and a["sampler"] == b["sampler"]
     assert a["best_val_loss"] == pytest.approx(b["best_val_loss"], abs=1e-6)
+
+
+@pytest.mark.parametrize("entry, here_holds", [("data/corpus.txt", "nothing"),
+                                               ("data/corpus.txt", "another text"),
+                                               ("data/*.txt", "nothing"), ("data", "another text")])
+def test_a_run_resumed_from_another_folder_reads_its_relative_data_where_it_started(
+        corpus, tmp_path, monkeypatch, capsys, entry, here_holds):
+    # Read from the folder run from, the run's data.files would be missing (and, with data.url,
+    # downloaded again), or another text of that name that the data check refuses.
+    start, items = run_started_in(corpus, tmp_path, monkeypatch, f"data.files=[{entry}]")
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "data").mkdir(parents=True)
+    if here_holds == "another text":
+        (elsewhere / "data" / "corpus.txt").write_text("not the run's text\n" * 400, encoding="utf-8")
+    monkeypatch.chdir(elsewhere)
+    resumed = train(load_config(TINY, items), run_name="run", resume=True, progress=False)
+    assert resumed.step == 8
+    assert (f"note: data.files and data.cache_dir read from {start}, the folder the run started in"
+            in capsys.readouterr().err)
+    assert not (elsewhere / "data" / "cache").exists()  # the run's token cache, not a second one here
+    assert (yaml.safe_load((tmp_path / "runs" / "run" / "config.yaml").read_text())["data"]["files"]
+            == [entry])  # the run's own spelling stays
+
+
+def test_a_data_path_given_to_a_resume_from_another_folder_is_read_from_the_folder_run_from(
+        corpus, tmp_path, monkeypatch):
+    start, items = run_started_in(corpus, tmp_path, monkeypatch)
+    (start / "data" / "given.txt").write_text("not the run's text\n" * 400, encoding="utf-8")
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "data").mkdir(parents=True)
+    shutil.copy(corpus, elsewhere / "data" / "given.txt")  # the run's text, under the name the user gives
+    monkeypatch.chdir(elsewhere)
+    given = [*items, "data.files=[data/given.txt]"]
+    assert train(load_config(TINY, given), run_name="run", resume=True, progress=False).step == 8
+
+
+def test_a_run_whose_start_folder_moved_reads_and_records_the_folder_it_resumed_from(
+        corpus, tmp_path, monkeypatch):
+    start, items = run_started_in(corpus, tmp_path, monkeypatch, "train.max_steps=12")
+    moved = start.rename(tmp_path / "moved")
+    monkeypatch.chdir(moved)  # the project moved: its relative paths are read here
+    train(load_config(TINY, items), run_name="run", resume=True, progress=False, stop_at_step=8)
+    latest = ckpt.load_checkpoint(tmp_path / "runs" / "run" / ckpt.step_filename(8))
+    assert latest[ckpt.START_FOLDER] == str(moved)
+    monkeypatch.chdir(tmp_path)  # and a later resume from elsewhere reads them where it moved
+    assert train(load_config(TINY, items), run_name="run", resume=True, progress=False).step == 12
 
 
 def test_compiled_training_under_a_lowered_capability_uses_its_own_compile_cache(corpus, tmp_path, monkeypatch):

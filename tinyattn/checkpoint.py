@@ -7,7 +7,9 @@ random-generator and batch-sampler states, the resolved config as a dict, the
 tokenizer as its JSON text, and under "data" what the run trained on
 (`tinyattn.data.token_cache.data_fingerprint`; absent in checkpoints of older versions), and a
 fine-tune's under "init_from_tokenizer" (`SOURCE_TOKENIZER`) the tokenizer section its source
-trained with (a resume given the config file compares that file's tokenizer keys with it).
+trained with (a resume given the config file compares that file's tokenizer keys with it), and
+under "start_folder" (`START_FOLDER`) the folder the run started in, where a resume from elsewhere
+reads the run's relative data paths.
 It is loaded with `torch.load(weights_only=True)`, so a checkpoint file can never run code.
 
 Writing is atomic: the bytes go to a temporary file in the same folder, are flushed
@@ -47,6 +49,7 @@ from tinyattn.system.storage import atomic_write
 
 FORMAT = "tinyattn-checkpoint"
 SOURCE_TOKENIZER = "init_from_tokenizer"  # a fine-tune's: its source's tokenizer section (a dict)
+START_FOLDER = "start_folder"  # the folder the run started in, where its relative paths were read (a str)
 FORMAT_VERSION = 1
 BEST = "best.pt"
 STEP_PATTERN = re.compile(r"^step_(\d+)\.pt$")
@@ -249,6 +252,13 @@ def verified_value(path: Path, key: str):
     return saved_value(path, key)
 
 
+def start_folder(state: dict) -> Optional[Path]:
+    """The folder the checkpoint's run started in (`START_FOLDER`), where its config's relative paths
+    were read; None for one saved before checkpoints recorded it."""
+    saved = state.get(START_FOLDER)
+    return Path(saved) if isinstance(saved, str) and saved else None
+
+
 def source_tokenizer(state: dict) -> Optional[TokenizerConfig]:
     """A fine-tune checkpoint's record of the tokenizer section its source trained with
     (`SOURCE_TOKENIZER`; a fine-tune of a fine-tune passes on the first source's); None where
@@ -439,6 +449,7 @@ class LoadedModel:
     best_val_loss: Optional[float] = None
     data: Optional[dict] = None  # the data fingerprint the checkpoint records; None: none recorded
     hf_folder: bool = False  # read from a Hugging Face folder, which records no step
+    start_folder: Optional[Path] = None  # the folder its run started in (`START_FOLDER`), where recorded
 
     @property
     def name(self) -> str:
@@ -603,4 +614,5 @@ def load_model(path: Optional[str | Path] = None, device: str | torch.device = "
                                     end_of_text=config.tokenizer.end_of_text,
                                     stop_tokens=config.tokenizer.stop_tokens)
     return LoadedModel(model, tokenizer, config, file, int(state.get("step", 0)),
-                       state.get("tokens_seen"), state.get("best_val_loss"), state.get("data"))
+                       state.get("tokens_seen"), state.get("best_val_loss"), state.get("data"),
+                       start_folder=start_folder(state))

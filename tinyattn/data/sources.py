@@ -39,7 +39,7 @@ import logging
 import os
 import re
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
@@ -658,6 +658,59 @@ def _no_download_counts() -> Iterator[None]:
             del datasets.config.HF_UPDATE_DOWNLOAD_COUNTS
         else:
             datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = before
+
+
+# ----------------------------------------------------------------------------- paths from another folder
+
+PATH_KEYS = ("files", "dataset", "cache_dir")  # the data section's keys that may hold relative paths
+
+
+def read_from(data: DataConfig, folder: Optional[Path],
+              keys: tuple[str, ...] = PATH_KEYS) -> tuple[DataConfig, list[str]]:
+    """`data` with the relative paths of `keys` read from `folder` (the one a run started in) where the
+    folder run from is another, each where `folder` holds it (a glob: where it matches a name there),
+    and the dotted keys moved. An absolute path, a hub name, a path `folder` lacks, and all of them
+    where `folder` is None or gone, stay as given: read from the folder run from, whose messages
+    then name it. A run resumed or scored from another folder reads its data where it started."""
+    try:
+        here = Path.cwd().resolve()
+    except OSError:  # the folder run from was removed meanwhile: it holds nothing to read
+        here = None
+    if folder is None or not folder.is_dir() or folder.resolve() == here:
+        return data, []
+
+    def moved(path: str) -> str:
+        if Path(os.path.expanduser(path)).is_absolute():
+            return path
+        there = folder / path
+        found = there.exists() or (any(c in path for c in "*?[")
+                                   and bool(glob.glob(path, root_dir=folder, recursive=True)))
+        return str(there) if found else path
+
+    changes: dict = {}
+    if "files" in keys and data.files is not None:
+        changes["files"] = [moved(f) for f in data.files]
+    if "dataset" in keys and data.dataset is not None and (folder / data.dataset).is_dir():
+        changes["dataset"] = moved(data.dataset)
+    if "cache_dir" in keys and (folder / data.cache_dir).is_dir():
+        changes["cache_dir"] = moved(data.cache_dir)
+    changes = {k: v for k, v in changes.items() if v != getattr(data, k)}
+    return replace(data, **changes), [f"data.{k}" for k in changes]
+
+
+def read_from_note(moved: list[str], folder: Path) -> str:
+    """The line that says `read_from` moved `moved`."""
+    return (f"note: {' and '.join(moved)} read from {folder}, the folder the run started in, not from the "
+            "folder run from: the run's relative paths name its files there")
+
+
+def data_where_started(data: DataConfig, folder: Optional[Path]) -> DataConfig:
+    """A run's data section as a command that reads its data reads it (`eval --split`, `lab distance`):
+    `read_from` the folder the run started in, said in a note where it moved a path."""
+    placed, moved = read_from(data, folder)
+    if moved:
+        notice(read_from_note(moved, folder))
+    return placed
 
 
 # ----------------------------------------------------------------------------- files and formats

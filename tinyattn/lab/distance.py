@@ -31,7 +31,7 @@ import argparse
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import NormalDist
 
@@ -44,6 +44,7 @@ from tinyattn.analysis.plotting import require_matplotlib
 from tinyattn.checkpoint import require_causal
 from tinyattn.config import ModelConfig, TrainConfig, home_path
 from tinyattn.data.batches import prepare_data
+from tinyattn.data.sources import data_where_started
 from tinyattn.data.tokenizer import warn_unknown_characters
 from tinyattn.errors import TinyattnError, counted
 from tinyattn.hf.folder import load_any_model
@@ -161,8 +162,9 @@ def gap_text(path: str | None, loaded) -> np.ndarray:
         return np.asarray(ids, dtype=np.int64)
     if loaded.config.data.dataset is None and loaded.config.data.files is None:  # a Hugging Face folder
         raise TinyattnError(f"{loaded.label}: records no data to take the gap text from; give --text FILE")
+    run_data = data_where_started(loaded.config.data, loaded.start_folder)  # the run's files, from anywhere
     try:
-        data = prepare_data(loaded.config, progress=False)
+        data = prepare_data(replace(loaded.config, data=run_data), progress=False)
     except TinyattnError as e:
         raise TinyattnError(f"the gap text comes from the checkpoint's data, which cannot be read ({e}); "
                             "give --text FILE") from None

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -362,10 +362,14 @@ def _write_start(run_dir: Path, config: Config, data, point: Optional[ResumePoin
 
 
 def _checkpoint_record(fingerprint: dict, source: Optional[InitSource], point: Optional[ResumePoint]) -> dict:
-    """What every checkpoint says beside the weights: the data it trained on, and a fine-tune's
+    """What every checkpoint says beside the weights: the data it trained on, the folder the run
+    started in (a resume from elsewhere reads the run's relative data paths there), and a fine-tune's
     source's tokenizer section as the source trained with it (its InitSource's, or the resumed
     checkpoint's record), which a resume given the config file compares that file's keys with."""
     record: dict = {"data": fingerprint}
+    start = point.start_folder if point is not None else None
+    with suppress(OSError):  # the folder the relative paths are read from: where the run started, while there
+        record[ckpt.START_FOLDER] = str(start if start is not None and start.is_dir() else Path.cwd())
     trained_with = (source.tokenizer_config if source is not None
                     else point.source_tokenizer if point is not None else None)
     if trained_with is not None:
@@ -511,7 +515,9 @@ def _pass_choices(tables: PassTables, choices: PassChoices, trainer: Trainer) ->
 def _checked_data(config: Config, request: _Request, *, point: Optional[ResumePoint], device: torch.device,
                   dist: Distributed):
     """The token data, checked against a resumed run's and against what fits in memory."""
-    data = _prepare_data(config, dist, request.progress, point=point)
+    read, where = point.placed_data(config) if point is not None else (config, None)  # resumed elsewhere
+    request.notes.extend([where] if where else [])
+    data = _prepare_data(read, dist, request.progress, point=point)
     asked, got = config.tokenizer.vocab_size, data.tokenizer.vocab_size
     if config.tokenizer.kind == "bpe" and got < asked:  # a small text: the model is built with the smaller
         request.notes.append(f"note: tokenizer.vocab_size asked for {asked:,} tokens; BPE training on this "

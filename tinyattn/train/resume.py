@@ -31,6 +31,7 @@ import yaml
 from tinyattn import checkpoint as ckpt
 from tinyattn.config import (PASS_TABLES, Config, TokenizerConfig, config_from_dict, config_text,
                              config_to_dict, duration_text, load_config, settings, with_settings)
+from tinyattn.data.sources import PATH_KEYS, read_from, read_from_note
 from tinyattn.data.token_cache import data_differences
 from tinyattn.data.tokenizer import Tokenizer
 from tinyattn.errors import CheckpointError, ConfigError, StorageError, TinyattnError, counted
@@ -171,6 +172,9 @@ class ResumePoint:
     # A resumed fine-tune's: the tokenizer.kind its config gave (`take_run_tokenizer`), before it took
     # the run's section: advice to name a tokenizer file for the resume sets pretrained where it is not
     given_tokenizer_kind: Optional[str] = None
+    # The folder the run started in (`ckpt.START_FOLDER`), where its relative paths were read; None for
+    # a checkpoint saved before checkpoints recorded it
+    start_folder: Optional[Path] = None
 
     @classmethod
     def find(cls, resume: str | Path | bool, run_name: Optional[str], out_dir: str | Path) -> "ResumePoint":
@@ -189,7 +193,7 @@ class ResumePoint:
         except CheckpointError as e:
             raise CheckpointError(f"{e}{_verified_alternative(file)}") from None
         return cls(file, state, ckpt.config_from_checkpoint(state, file), int(state.get("step", 0)),
-                   source_tokenizer=ckpt.source_tokenizer(state))
+                   source_tokenizer=ckpt.source_tokenizer(state), start_folder=ckpt.start_folder(state))
 
     def target(self, run_name: Optional[str], out_dir: str | Path) -> Path:
         """The folder this run trains into (`forks_into` says whether it is a new one).
@@ -542,6 +546,21 @@ class ResumePoint:
             self.notes.append(
                 f"note: {path} describes step {ckpt.step_of(latest)}, not step {self.step}: its edits "
                 f"({', '.join(untaken)}) do not apply to {run}; give them with --set")
+
+    def placed_data(self, config: Config) -> tuple[Config, Optional[str]]:
+        """The config the resumed run reads its data with, and a note where that is not as given. Run
+        from another folder than the run started in, the run's own relative data paths (data.files,
+        a local data.dataset folder, data.cache_dir: those equal to the checkpoint's) are read from the
+        folder it started in, where that still holds them (`read_from`): the files it trained on, not
+        a download, a missing file or another file of that name here. A path given otherwise (--set,
+        another --config's) is the user's, read from the folder run from. `check_data` then compares
+        what was read with what the run trained on."""
+        own = tuple(key for key in PATH_KEYS if getattr(config.data, key) == getattr(self.config.data, key))
+        data, moved = read_from(config.data, self.start_folder, own)
+        if not moved:
+            return config, None
+        # model and train stay the same objects: what reading the data sets (vocab_size) is the run's
+        return dataclasses.replace(config, data=data), read_from_note(moved, self.start_folder)
 
     def check_data(self, fingerprint: dict, *, allow_change: bool) -> Optional[str]:
         """Refuse to continue on data other than what the checkpoint trained on, naming what
