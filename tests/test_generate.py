@@ -1607,6 +1607,20 @@ def test_samples_whose_kv_caches_cannot_fit_are_refused_before_any_is_made(tiny_
         list(generate_samples(model, char_tokenizer, "RO", 11, max_new_tokens=2, seed=0))
 
 
+def test_generate_tokens_refuses_kv_caches_that_cannot_fit_before_making_them(tiny_model, monkeypatch):
+    # The token loop is public (benchmarks/decode.py calls it directly): its decoder sizes the caches
+    # itself, so a batch whose caches cannot fit is one line, not a stall or an out-of-memory kill.
+    from tinyattn.model import memory
+    from tinyattn.model.transformer import LanguageModel
+
+    model = tiny_model()
+    monkeypatch.setattr(memory, "available_bytes", lambda device: (1000, "available here"))
+    monkeypatch.setattr(LanguageModel, "new_kv_caches", lambda *args, **kwargs: pytest.fail("caches made"))
+    refused = r"^decoding 3 sequences at once needs .* available here; ask for fewer"
+    with pytest.raises(ConfigError, match=refused):
+        next(generate_tokens(model, random_ids(model.config.vocab_size, 4, batch=3), 20))
+
+
 def test_ten_million_samples_are_refused_before_anything_is_made_for_each(tiny_model, char_tokenizer,
                                                                           monkeypatch):
     from tinyattn.generate import text
