@@ -344,6 +344,26 @@ def test_a_one_row_step_multiplies_with_onednn_off_and_switches_it_back_on_even_
     assert torch._C._get_mkldnn_enabled()  # ... even after a step that failed
 
 
+def test_a_step_of_two_sequences_leaves_onednn_on_for_the_rest_of_the_process(tiny_model, tokenizer,
+                                                                              monkeypatch):
+    # oneDNN's switch is process-wide: only a one-row step turns it off (another thread's bf16 products
+    # meanwhile run aten's kernels, slower and rounded differently); a batch's step must leave it alone.
+    seen, real = [], torch.nn.functional.linear
+
+    def linear(*args, **kwargs):
+        seen.append(torch._C._get_mkldnn_enabled())
+        return real(*args, **kwargs)
+    monkeypatch.setattr(torch.nn.functional, "linear", linear)  # before the step takes its products
+    model = perturbed(tiny_model())
+    ids = random_ids(tokenizer.vocab_size, 6, batch=2)
+    with torch.inference_mode():
+        decoder = CachedDecoder(model, batch_size=2)
+        decoder.prefill(ids[:, :4])
+        seen.clear()
+        decoder.step(ids[:, 4])
+    assert not decoder.eager_step.one_row and len(seen) == 4 * 2 + 1 and all(seen)
+
+
 def test_decoding_with_fp16_row_copies_stays_near_the_fp32_models_logits(tiny_model, tokenizer):
     exact = perturbed(tiny_model(context_length=24))
     rows = perturbed(tiny_model(context_length=24), pack=torch.float16)
