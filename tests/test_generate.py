@@ -353,6 +353,7 @@ def test_a_step_of_two_sequences_leaves_onednn_on_for_the_rest_of_the_process(ti
     def linear(*args, **kwargs):
         seen.append(torch._C._get_mkldnn_enabled())
         return real(*args, **kwargs)
+
     monkeypatch.setattr(torch.nn.functional, "linear", linear)  # before the step takes its products
     model = perturbed(tiny_model())
     ids = random_ids(tokenizer.vocab_size, 6, batch=2)
