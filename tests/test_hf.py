@@ -1317,6 +1317,11 @@ def shard_with_a_missing_file(folder):
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
 
 
+def add_stray_tensors(folder, count):
+    for i in range(count):
+        edit_tensor(folder, f"model.extra.{i}.weight", torch.ones(2))
+
+
 def index_without_a_weight_map(folder):
     (folder / "model.safetensors").rename(folder / "model-00001-of-00001.safetensors")
     (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}}))
@@ -1334,6 +1339,10 @@ REFUSALS = {
     "stray-bias-weight": (lambda f: edit_tensor(f, "model.layers.0.self_attn.q_proj.bias", torch.ones(48)),
                           "weights a Llama model of this config does not have: "
                           "model.layers.0.self_attn.q_proj.bias (biases are not supported)"),
+    # Many: the first three named and the rest counted, so the line stays one line.
+    "many-stray-weights": (lambda f: add_stray_tensors(f, 5),
+                           "weights a Llama model of this config does not have: model.extra.0.weight, "
+                           "model.extra.1.weight, model.extra.2.weight and 2 more\n"),
     "rope-scaling-text": (lambda f: edit_config(f, rope_parameters=None, rope_scaling="linear"),
                           "rope_scaling is 'linear'; expected an object or null"),
     "layer-types-number": (lambda f: edit_config(f, layer_types=2),
@@ -1370,6 +1379,10 @@ REFUSALS = {
     "rope-theta-text": (lambda f: edit_config(f, rope_parameters={"rope_type": "default",
                                                                   "rope_theta": "500"}),
                         "rope_parameters.rope_theta is '500'; expected a number"),
+    # rope_scaling's fields are checked as rope_parameters' are: true was read as a RoPE base of 1.
+    "rope-scaling-theta-bool": (lambda f: edit_config(f, rope_scaling={"rope_type": "default",
+                                                                       "rope_theta": True}),
+                                "rope_scaling.rope_theta is True; expected a number"),
     # A tied head's stored copy is ignored, but one of another shape is a broken file, not a copy.
     "tied-lm-head-shape": (lambda f: (edit_config(f, tie_word_embeddings=True),
                                       edit_tensor(f, "lm_head.weight", torch.zeros(300, 47))),
@@ -1392,6 +1405,13 @@ REFUSALS = {
     "partial-rotary": (lambda f: edit_config(f, partial_rotary_factor=0.5), "partial_rotary_factor"),
     "pickle": (lambda f: ((f / "model.safetensors").rename(f / "pytorch_model.bin")),
                "pytorch_model.bin, a pickle"),
+    # JSON, but not an object: was an AttributeError's traceback when its check went.
+    "config-json-a-list": (lambda f: (f / "config.json").write_text("[]"),
+                           "config.json: expected a JSON object"),
+    # A damaged weights file: safetensors' own error (SafetensorError) named in one line.
+    "damaged-weights": (lambda f: (f / "model.safetensors").write_bytes(b"not weights"),
+                        "model.safetensors: not a readable safetensors file (Error while deserializing "
+                        "header"),
     # An index file that lists no shards: was an AttributeError's traceback when its check went.
     "index-without-weight-map": (index_without_a_weight_map,
                                  "model.safetensors.index.json: no weight_map"),
