@@ -2320,7 +2320,9 @@ def test_a_folder_token_id_outside_its_vocabulary_is_refused_in_one_line(tmp_pat
     from tinyattn.errors import CheckpointError
 
     folder, _, tokenizer = exported_char_folder(tmp_path)
-    for outside in (tokenizer.vocab_size, -1, True):  # JSON's true is no id (Python's 1)
+    # JSON's true is no id (Python's 1); an empty list names none (it was read as no eos at all,
+    # config.json's not even consulted)
+    for outside in (tokenizer.vocab_size, -1, True, []):
         (folder / "generation_config.json").write_text(json.dumps({key: outside}))
         with pytest.raises(CheckpointError) as error:
             load_any_model(folder)
