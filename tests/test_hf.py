@@ -306,8 +306,10 @@ def test_an_export_into_the_folder_the_user_is_in_is_refused_saying_where_to_exp
 
 @pytest.mark.parametrize("card", [None, "---\nlicense: apache-2.0\ntags: [llama]\n---\n# SmolLM2\n",
                                   # tinyattn's tag line in the text, not in the front matter: not its card
-                                  "---\nlicense: apache-2.0\n---\n# Notes\n\ntags: [tinyattn, llama]\n"],
-                         ids=["no-card", "another-card", "tag-line-in-the-text"])
+                                  "---\nlicense: apache-2.0\n---\n# Notes\n\ntags: [tinyattn, llama]\n",
+                                  # no front matter: the tag line above a rule (---) is text too
+                                  "# Notes\ntags: [tinyattn, llama]\n---\n"],
+                         ids=["no-card", "another-card", "tag-line-in-the-text", "tag-line-above-a-rule"])
 def test_force_never_replaces_a_downloaded_model_holding_only_the_files_an_export_writes(
         tmp_path, capsys, card):
     # `hf download` leaves config.json, model.safetensors, tokenizer.json, ... (and often a
