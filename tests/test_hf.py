@@ -366,11 +366,14 @@ def test_a_hugging_face_folder_exported_again_is_not_called_trained_with_tinyatt
     # on "unknown data".
     tokenizer = tokenizer_of("bpe")
     random_llama(tmp_path / "llama", tokenizer)
+    # its own card, not tinyattn's, with rows of the names tinyattn's card gives its training rows
+    (tmp_path / "llama" / "README.md").write_text("---\nlicense: apache-2.0\n---\n| | |\n|---|---|\n"
+                                                  "| data | the web |\n| training | 2T tokens |\n")
     code, _, err = run_main(export_cli.main, ["--checkpoint", tmp_path / "llama", "--out", tmp_path / "out"],
                             capsys)
     card = (tmp_path / "out" / "README.md").read_text()
     assert code == 0 and "Exported by tinyattn as `LlamaForCausalLM` from a Hugging Face folder" in card, err
-    assert "Trained with tinyattn" not in card and "| data |" not in card
+    assert "Trained with tinyattn" not in card and "| data |" not in card and "| training |" not in card
 
 
 def test_a_tinyattn_export_exported_again_keeps_its_training_rows_and_is_not_called_untrained(
