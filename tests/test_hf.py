@@ -407,6 +407,29 @@ def test_the_model_card_gives_no_validation_loss_for_a_run_that_never_evaluated(
     assert "| training | 3 steps |" in text and "validation loss" not in text
 
 
+def test_the_model_card_of_a_fine_tune_names_the_model_it_started_from(tmp_path):
+    from tinyattn.hf.folder import ModelCard
+
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)
+    config.train.init_from = "models/SmolLM2-135M"
+    card = ModelCard("runs/x/best.pt", step=3)
+    export_folder(model.state_dict(), config, tokenizer, tmp_path / "out", card=card)
+    assert "| initialised from | `models/SmolLM2-135M` |" in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_the_model_card_names_a_hub_dataset_and_its_config(tmp_path):
+    from tinyattn.hf.folder import ModelCard
+
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)
+    config.data = DataConfig(dataset="wikitext", dataset_config="wikitext-103-raw-v1")
+    card = ModelCard("runs/x/best.pt", step=3)
+    export_folder(model.state_dict(), config, tokenizer, tmp_path / "out", card=card)
+    assert ("| data | the Hugging Face dataset `wikitext` (wikitext-103-raw-v1) |"
+            in (tmp_path / "out" / "README.md").read_text())
+
+
 
 @pytest.mark.parametrize("source, own", [("runs/x/best.pt", True), ("runs/x/step_0000030.pt", False)])
 def test_the_model_card_calls_a_loss_the_exported_weights_own_only_for_best_pt(tmp_path, source, own):
