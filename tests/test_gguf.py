@@ -768,6 +768,10 @@ def test_the_temporary_file_of_an_export_killed_mid_write_is_deleted_by_the_next
     with pytest.raises(CheckpointError, match="--dtype q8_0"):  # a refused export deletes nothing
         export(tmp_path, random_model(tokenizer), tokenizer, dtype="q8_0")
     assert os.path.exists(leftover)
+    # nor one refused once the path is checked
+    with pytest.raises(CheckpointError, match="needs model.vocab_size"):
+        export(tmp_path, random_model(tokenizer, vocab_size=tokenizer.vocab_size - 3), tokenizer)
+    assert os.path.exists(leftover)
     path = export(tmp_path, random_model(tokenizer), tokenizer)
     assert not os.path.exists(leftover)
     kept = [*others, ".model.gguf.abcd5678.tmp", path.name]
