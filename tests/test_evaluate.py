@@ -348,6 +348,17 @@ def test_tensorboard_curve_is_drawn_with_numpy_at_the_losses_on_a_log_scale(monk
     np.testing.assert_array_equal(logged, image)
 
 
+def test_tensorboard_curve_has_a_grid_line_at_every_power_of_two_up_to_a_context_that_is_not_one():
+    from tinyattn.analysis.plotting import CHART_MARGIN as m
+    from tinyattn.analysis.plotting import GRID_RGB
+
+    losses = np.full(24, 0.5)  # the right edge is 24 tokens read: the last line is at 16, inside the chart
+    grid = np.all(loss_by_position_image(losses) == GRID_RGB, axis=-1)
+    plot_w = 420 - 2 * m
+    lines = [int(np.rint(m + np.log2(tokens) / np.log2(24) * (plot_w - 1))) for tokens in (1, 2, 4, 8, 16)]
+    assert np.flatnonzero(grid[m + 2]).tolist() == lines  # a row under the top, clear of the curve
+
+
 def test_tensorboard_curve_tops_out_at_the_largest_loss_rounded_up_not_down():
     from tinyattn.analysis.plotting import CHART_MARGIN as m
     from tinyattn.analysis.plotting import LINE_RGB
