@@ -383,6 +383,15 @@ def test_a_word_query_counts_a_start_token_only_where_the_ids_begin_with_it(toke
     assert query_position_of_word(with_start, [bos] + ids, "The") == 3
     assert query_position_of_word(with_start, ids, "The") == 2
 
+
+def test_a_word_query_does_not_find_a_word_in_the_spelling_of_the_start_token_before_the_text():
+    import types
+
+    spelling = {0: "<s>", 1: "s", 2: " ", 3: "a"}
+    with_start = types.SimpleNamespace(text_start=[0], decode=lambda ids: "".join(spelling[i] for i in ids))
+    assert query_position_of_word(with_start, [0, 3, 2, 1], "s") == 3  # the text's "s", not the bos's
+
+
 def test_a_word_query_with_subword_tokens_is_the_token_that_completes_the_word():
     bpe = build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), lambda: iter([CORPUS]))
     ids = bpe.encode(SENTENCE)
