@@ -400,6 +400,14 @@ def test_a_word_query_with_subword_tokens_is_the_token_that_completes_the_word()
     assert not bpe.decode(ids[:position]).endswith("library")
 
 
+def test_a_word_query_ending_in_a_character_split_over_byte_tokens_is_the_token_that_completes_it():
+    bpe = build_tokenizer(TokenizerConfig(kind="bpe", vocab_size=300), lambda: iter([CORPUS]))
+    ids = bpe.encode("the café here")
+    position = query_position_of_word(bpe, ids, "café")
+    # é is two byte tokens: the word ends in the second, not the first
+    assert bpe.decode(ids[:position]).endswith("caf\ufffd")
+    assert bpe.decode(ids[:position + 1]).endswith("café")
+
 def test_query_table_names_real_tokens_of_the_text_with_their_weights(tiny_model, tokenizer):
     maps = compute_attention_maps(tiny_model(), tokenizer, SENTENCE)
     position = query_position_of_word(tokenizer, maps.token_ids, "was")

@@ -30,6 +30,7 @@ TensorBoard images do not.
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,14 +134,15 @@ def attention_maps_of_tokens(model, tokenizer, token_ids: list[int]) -> Attentio
 def token_spans(tokenizer, token_ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
     """The decoded text of token_ids and each token's (start, end) character span in it.
 
-    Spans come from decoding growing prefixes, so a token that is part of a UTF-8
-    character (byte-level BPE) gets the characters it completes.
+    Spans come from decoding growing prefixes, each read as far as it agrees with the whole
+    text, so a token that is part of a UTF-8 character (byte-level BPE) gets the characters it
+    completes: the U+FFFD a prefix ending inside a character decodes to is not the text's.
     """
+    text = tokenizer.decode(token_ids)
     ends = []
     for i in range(len(token_ids)):
-        end = len(tokenizer.decode(token_ids[:i + 1]))
+        end = len(os.path.commonprefix([tokenizer.decode(token_ids[:i + 1]), text]))
         ends.append(max(end, ends[-1] if ends else 0))
-    text = tokenizer.decode(token_ids)
     return text, list(zip([0] + ends[:-1], ends))
 
 
