@@ -2905,6 +2905,18 @@ def test_an_fp16_overflow_in_one_optimizers_weights_moves_no_weight_of_the_other
         assert torch.equal(p.detach(), before[name]), name
 
 
+def test_an_fp32_step_whose_gradient_is_not_finite_is_taken_and_the_next_loss_is_not_finite():
+    """Without loss scaling no step is skipped for a non-finite gradient (no host sync a step): the
+    weights take it, and the next step's loss, which the run reads, stops the run naming that step,
+    rather than the run skipping its steps silently."""
+    trainer = tiny_trainer(None)
+    hook = trainer.model.final_norm.weight.register_hook(lambda grad: grad * math.inf)
+    trainer.train_step()
+    hook.remove()
+    loss, _ = trainer.train_step()
+    assert not math.isfinite(loss.item())
+
+
 def test_checkpoints_are_written_at_every_eval_interval_and_the_last_step(corpus, tmp_path):
     result = train(tiny_config(corpus, tmp_path, "train.max_steps=7", "train.eval_interval=3",
                                "train.keep_last=5", "train.sample_tokens=0"), run_name="cadence",
