@@ -3310,6 +3310,20 @@ def test_only_an_evaluation_lower_than_every_earlier_one_is_said_to_be_the_best(
     assert result.best_val_loss == 1.0 and ckpt.saved_value(tmp_path / "r" / ckpt.BEST, "step") == 6
 
 
+def test_an_evaluation_that_only_ties_the_best_loss_is_not_said_to_be_the_best(corpus, tmp_path, monkeypatch,
+                                                                               capsys):
+    import numpy as np
+
+    from tinyattn.train.owners import EvalResult, Evaluator
+
+    monkeypatch.setattr(Evaluator, "run", lambda evaluator, step: EvalResult(step, np.full(4, 2.0)))
+    train(tiny_config(corpus, tmp_path, "train.max_steps=4", "train.eval_interval=2"), run_name="r",
+          progress=False)
+    said = [line for line in capsys.readouterr().err.splitlines() if ": validation loss" in line]
+    assert said == ["step 2: validation loss 2.0000 (best)", "step 4: validation loss 2.0000"]
+    assert ckpt.saved_value(tmp_path / "r" / ckpt.BEST, "step") == 2
+
+
 def test_a_run_without_run_name_is_named_after_its_config_file_and_the_time(corpus, tmp_path, capsys):
     import re
 
