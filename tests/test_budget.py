@@ -1178,6 +1178,18 @@ def test_a_warmup_longer_than_the_steps_the_budget_first_fits_is_said_at_the_sta
         r"\(--set train\.warmup_steps=\d+\) or a longer train\.time_budget", lines[0]), lines
 
 
+def test_each_evaluation_of_a_budget_run_says_the_time_spent_the_steps_left_and_the_schedule_done(
+        corpus, tmp_path, monkeypatch, capsys):
+    clock = FakeClock()
+    FakeMachine(monkeypatch, clock, lambda now, step: 0.25, compute=False)
+    train(budget_config(corpus, tmp_path, "20s"), run_name="n", progress=False, clock=clock)
+    err = capsys.readouterr().err
+    evaluations = re.findall(r"^step [\d,]+: validation loss", err, flags=re.M)
+    notes = re.findall(r"^time budget 20s: \d+ s spent, about [\d,]+ more steps at [\d.]+ s/step, "
+                       r"schedule (\d+)% done$", err, flags=re.M)
+    assert len(notes) == len(evaluations) >= 2 and notes[-1] == "100", err
+
+
 @pytest.mark.parametrize("compile", [True, False])
 def test_a_budget_a_first_compile_spent_says_how_much_compiling_took(corpus, tmp_path, monkeypatch, compile):
     """A 60s budget on an empty inductor cache: 94 s gone and "give at least 100s", mostly the one-off
