@@ -1692,6 +1692,13 @@ def test_corrupt_checkpoint_is_named(corpus, tmp_path, capsys):
         ckpt.load_checkpoint(file)
 
 
+def test_a_vocabulary_size_below_the_tokenizers_is_refused_before_a_folder_is_made(corpus, tmp_path):
+    with pytest.raises(TinyattnError, match=r"^model\.vocab_size=10 is smaller than the tokenizer's "
+                                            r"vocabulary \(\d+\); leave it unset$"):
+        train(tiny_config(corpus, tmp_path, "model.vocab_size=10"), run_name="small", progress=False)
+    assert not (tmp_path / "small").exists()
+
+
 def test_weights_that_do_not_fit_are_named(corpus, tmp_path):
     train(tiny_config(corpus, tmp_path, "train.max_steps=2", "train.eval_interval=2"), run_name="old",
           progress=False)
