@@ -547,6 +547,8 @@ def test_a_prompt_at_the_token_limit_and_max_tokens_0_are_served(client):
     # parsing a value at line 1 column 0".
     (b'', "the request body is empty: expected a JSON object of the request's fields (was it sent "
           "without a Content-Length?)"),
+    # Only a line break (`echo | curl --data-binary @-`): empty all the same, not "not valid JSON".
+    (b'\r\n', "the request body is empty: expected a JSON object"),
     (b'["tiny-serve"]', "must be a JSON object"),
     (b'{"prompt": "x"}', "the field 'model' is required"),
     # JSON that escapes half a surrogate pair, as Python's json.dumps writes "\ud800": valid JSON,
@@ -554,7 +556,7 @@ def test_a_prompt_at_the_token_limit_and_max_tokens_0_are_served(client):
     (b'{"model": "tiny-serve", "prompt": "ab\\ud800"}', "prompt: not valid Unicode text after 2 characters"),
     (b'{"model": "tiny-serve", "prompt": "x", "stop": ["\\udc00"]}', "stop.0: not valid Unicode text after "
                                                                       "0 characters"),
-], ids=["malformed-json", "empty", "not-an-object", "no-model", "a-lone-surrogate",
+], ids=["malformed-json", "empty", "blank", "not-an-object", "no-model", "a-lone-surrogate",
         "a-lone-surrogate-in-a-list"])
 def test_a_body_that_is_not_a_request_is_a_400(server, body, message):
     connection = http.client.HTTPConnection(*server.sock.getsockname()[:2])
