@@ -621,6 +621,30 @@ def test_a_body_larger_than_the_server_takes_is_a_413_before_it_is_read_whole(se
         f"the request body is more than {most:,} bytes; this server takes at most {most:,} (16 MiB)")
 
 
+
+@pytest.mark.parametrize("announced", [True, False], ids=["content-length", "chunked"])
+def test_a_body_of_exactly_the_most_bytes_is_read_and_one_byte_more_is_a_413(announced):
+    # "at most" the limit: the limit itself is a body the server reads, by its Content-Length or in chunks.
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.serve.app import _read_body
+    from tinyattn.serve.schemas import ApiError
+
+    class Request:
+        def __init__(self, body: bytes):
+            self.headers = {"content-length": str(len(body))} if announced else {}
+            self.body = body
+
+        async def stream(self):
+            yield self.body[:4]
+            yield self.body[4:]
+
+    assert _run_alone(_read_body(Request(b"x" * 10), 10)) == b"x" * 10
+    with pytest.raises(ApiError) as refused:
+        _run_alone(_read_body(Request(b"x" * 11), 10))
+    assert refused.value.status == 413
+
+
 def test_a_client_gone_before_its_body_was_sent_leaves_no_traceback_in_the_servers_log(server):
     # The 40-line "Exception in ASGI application" traceback of starlette's ClientDisconnect, for a
     # client that closed its connection partway through a body: an ordinary event, not a server fault.
