@@ -701,6 +701,20 @@ def test_an_unknown_route_is_a_404_naming_the_routes_served(client):
                                             "(the playground)")
 
 
+
+def test_a_failure_no_route_expected_is_a_500_with_an_openai_error_body(server, loaded, monkeypatch):
+    # A bug in the server (here the tokenizer failing on a prompt) is answered in OpenAI's error body
+    # that clients parse, not Starlette's plain-text "Internal Server Error".
+    def broken(text):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(loaded.tokenizer, "encode", broken)
+    status, body = post(server, "/v1/completions", {"model": "tiny-serve", "prompt": PROMPT, "max_tokens": 1})
+    assert status == 500 and json.loads(body)["error"] == {
+        "message": "the server failed on this request: RuntimeError", "type": "server_error", "param": None,
+        "code": None}
+
+
 @pytest.mark.parametrize("method, path", [("POST", "/v1/completions/"), ("POST", "/explorer/"),
                                           ("GET", "/health/")])
 def test_a_route_with_a_trailing_slash_is_a_404_naming_the_routes_served_not_a_redirect(server, method, path):
@@ -915,6 +929,21 @@ def test_a_worker_error_mid_stream_is_an_error_event_and_then_done(server, monke
     error = json.loads(events[1][len("data: "):])["error"]
     assert error["type"] == "server_error" and "RuntimeError: a bug" in error["message"]
     assert events[2:] == ["data: [DONE]"]
+
+
+def test_a_worker_error_in_a_whole_completion_is_a_500_not_the_clients_mistake(server, monkeypatch):
+    # Not streamed, the status still goes out: a bug on the model thread is the server's (5xx), which a
+    # client may retry, never a 400 telling it to change its request.
+    import tinyattn.serve.app as app_module
+
+    def fails_at_once(served, completion):
+        raise RuntimeError("a bug")
+        yield
+    monkeypatch.setattr(app_module, "_samples", fails_at_once)
+    status, body = post(server, "/v1/completions", {"model": "tiny-serve", "prompt": PROMPT, "max_tokens": 5})
+    error = json.loads(body)["error"]
+    assert status == 500 and error["type"] == "server_error", body
+    assert error["message"] == "the server failed on this request: RuntimeError: a bug"
 
 
 def test_kv_caches_that_cannot_fit_are_a_400_naming_n_or_for_one_sequence_a_503_and_no_traceback(
