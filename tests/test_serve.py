@@ -431,6 +431,18 @@ def test_a_streamed_completion_joins_to_the_same_text_and_ends_with_done(client,
     assert json.loads(events[0][len("data: "):])["object"] == "text_completion"
 
 
+
+def test_a_stream_tells_caches_and_proxies_not_to_hold_its_events_back(server):
+    # Behind nginx (which buffers responses by default) or a cache, a stream arrived in one block at its end.
+    connection = http.client.HTTPConnection(*server.sock.getsockname()[:2])
+    body = {"model": "tiny-serve", "prompt": PROMPT, "max_tokens": 2, "stream": True}
+    connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    response.read()
+    assert response.getheader("cache-control") == "no-cache"
+    assert response.getheader("x-accel-buffering") == "no"
+
+
 @pytest.mark.filterwarnings("ignore::tinyattn.generate.text.PromptWarning")  # the server's own stderr line
 def test_characters_the_prompt_reads_as_unk_are_named_to_the_client_as_the_commands_warn(client):
     # The commands warn on stderr; a client only saw its text answered as if the prompt had been read
