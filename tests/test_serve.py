@@ -324,6 +324,13 @@ def test_models_and_health_name_the_run(client, server):
     assert health["status"] == "ok" and health["model"] == "tiny-serve"
 
 
+def test_the_model_card_gives_the_served_models_context_length(client):
+    # tinyattn's addition to OpenAI's model object: how many tokens a prompt and its completion can span.
+    card = client.models.retrieve("tiny-serve")
+    assert card.model_extra["context_length"] == 64
+    assert client.models.list().data[0].model_extra["context_length"] == 64
+
+
 def test_health_is_a_503_once_the_model_thread_has_stopped(loaded):
     from tinyattn.serve.app import create_app
     from tinyattn.serve.schemas import Limits
