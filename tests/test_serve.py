@@ -1319,6 +1319,8 @@ def test_the_explorer_of_a_text_over_max_explore_tokens_reads_its_last_tokens_up
 
 @pytest.mark.parametrize("body, message", [
     ({"text": "ROMEO:", "offset": 6}, "offset 6 is not accepted: expected 0 to 5"),
+    # Not a character counted from the end, as a Python index would read it, nor the first token.
+    ({"text": "ROMEO:", "offset": -1, "empty_prompt": True}, "offset -1 is not accepted: expected 0 to 5"),
     # Nothing predicts the first token of a text read without a start token (once the prediction at
     # position 0, which produced the second token, not the one asked for).
     ({"text": "ROMEO:", "offset": 0}, "offset 0 is not accepted: it is in the text's first token, which no "
@@ -1329,7 +1331,8 @@ def test_the_explorer_of_a_text_over_max_explore_tokens_reads_its_last_tokens_up
     ({"text": "ROMEO:" * 3366, "offset": 5}, "; the explorer takes the text of a completion here: a prompt of "
                                             "at most 48 tokens, then at most 5000, which encode again into at "
                                             "most 20192"),
-], ids=["offset-past-the-end", "offset-of-the-first-token", "one-token", "unknown-field", "longer-than-completions"])
+], ids=["offset-past-the-end", "negative-offset", "offset-of-the-first-token", "one-token", "unknown-field",
+        "longer-than-completions"])
 def test_a_bad_explorer_request_is_a_400(server, body, message):
     status, answer = post(server, "/explorer", body)
     assert status == 400 and message in json.loads(answer)["error"]["message"]
