@@ -1210,6 +1210,44 @@ def test_a_job_whose_event_loop_has_closed_is_cancelled_at_its_next_turn():
         one.stop()
 
 
+
+def test_a_warm_up_that_fails_is_logged_and_the_worker_serves_its_jobs_all_the_same(idle_loop, caplog):
+    # Only a warm-up: the model thread must not die of it, or every request would wait forever.
+    from tinyattn.serve.worker import Job, ModelWorker
+
+    def fails():
+        raise RuntimeError("no kernel for this")
+
+    one = ModelWorker(max_active=1, warm_up=fails)
+    try:
+        job = one.submit(Job(iter(["x"]), idle_loop, "after the warm-up"))
+        one.start()
+        wait_while(lambda: not job.ended, 10, 0.005)
+        assert job.ended == "done" and one.alive
+    finally:
+        one.stop()
+    assert "warming up the model failed" in caplog.text
+
+
+def test_a_job_that_fails_counts_as_completed_not_as_cancelled_in_the_load(idle_loop, caplog):
+    # /health's "cancelled" counts the clients that went away, not the requests the server failed on.
+    from tinyattn.serve.worker import Job, ModelWorker
+
+    def fails():
+        raise RuntimeError("a bug")
+        yield
+
+    one = ModelWorker(max_active=1)
+    try:
+        job = one.submit(Job(fails(), idle_loop, "failing"))
+        one.start()
+        wait_while(lambda: not job.ended, 10, 0.005)
+        assert job.ended == "error"
+        assert one.load == {"active": 0, "waiting": 0, "completed": 1, "cancelled": 0, "turns": 0}
+    finally:
+        one.stop()
+
+
 # ----------------------------------------------------------------------------- the playground, the explorer
 
 
