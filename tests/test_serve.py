@@ -210,6 +210,26 @@ def test_an_ipv6_host_is_listened_on():
         sock.close()
 
 
+
+def test_a_port_a_stopped_server_held_connections_on_can_be_listened_on_again_at_once():
+    # The side that closes a connection first keeps it in TIME_WAIT for a minute or more: a server
+    # stopped and started again on its port must not read "address already in use" meanwhile.
+    import socket
+
+    if MISSING:
+        pytest.skip(MISSING)
+    from tinyattn.serve.server import listening_socket
+
+    first = listening_socket("127.0.0.1", 0)
+    port = first.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = first.accept()
+    accepted.close()  # the server closes first: its end of the connection waits in TIME_WAIT
+    client.close()
+    first.close()
+    listening_socket("127.0.0.1", port).close()
+
+
 def test_ctrl_c_cancels_every_generation_before_uvicorn_shuts_down():
     # Open streams would otherwise hold the shutdown up to its grace period.
     import signal
