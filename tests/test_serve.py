@@ -4,6 +4,7 @@ port: completions equal `generate()` with the same seed, streamed or not; bad re
 that goes away mid-stream stops its generation; and in headless Chromium the playground streams
 tokens and a click on one shows the model's own attention weights."""
 
+import asyncio
 import contextlib
 import http.client
 import importlib.util
@@ -1075,7 +1076,8 @@ def test_a_waiting_request_whose_client_went_away_leaves_the_queue_before_its_tu
     gone.cancel()
     assert full.load == {"active": 0, "waiting": 1, "completed": 1, "cancelled": 1, "turns": 0}
     assert gone.ended == "cancelled" and kept.ended is None
-    assert idle_loop.run_until_complete(gone.results.get()) is END  # its reader ends, not left waiting
+    # its reader ends, not left waiting (a reader left waiting fails here, not hangs the suite)
+    assert idle_loop.run_until_complete(asyncio.wait_for(gone.results.get(), 10)) is END
     other = full.submit(Job(iter([3]), idle_loop))  # the place it held takes another client (no 429)
     assert list(full.waiting) == [kept, other]
     # A submit looks for itself, /health asked or not: the place of one gone is free at once.
