@@ -131,6 +131,13 @@ def test_newton_schulz_sets_every_singular_value_near_one_for_a_stack():
     assert smallest[1] > smallest[0]
 
 
+def test_newton_schulz_of_a_zero_gradient_is_zero_not_nan():
+    # An untied head starts at zero, so every block matrix's first gradient is zero: scaled by its
+    # norm without a floor, the first Muon step would make every weight NaN.
+    out = newton_schulz(torch.zeros(2, 8, 16))
+    assert torch.equal(out, torch.zeros(2, 8, 16))
+
+
 def test_newton_schulz_is_the_documented_quintic_applied_exactly_steps_times():
     """X / |X|_F, then `steps` times X <- aX + b(XX^T)X + c(XX^T)^2 X, (a, b, c) = Keller Jordan's:
     written out here in plain matmuls (a golden check of the coefficients and of the count)."""
