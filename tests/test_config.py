@@ -420,6 +420,10 @@ def test_a_dropout_table_reads_as_numbers_and_survives_the_round_trip(tmp_path):
     # A file's source and a --set of the other: both named, neither dropped (see _drop_inherited_source)
     ("", ["data.dataset=roneneldan/TinyStories", "data.files=b.txt"],
      r"data\.files: \['b\.txt'\] is not accepted; set exactly one of data\.dataset \(a hub name\) or data\.files"),
+    # An unknown hook is refused with the closest name, not left for the first evaluation to meet
+    ("", ["train.show=[sample, samples]"],
+     r"^--set: train\.show: 'samples' is not accepted; expected a list of sample, loss_by_position, "
+     r"attention, head_ablation \(did you mean 'sample'\?\)$"),
     ("train:\n  show: [attention]\n", [],
      r"c\.yaml: train\.probe_text: '' is not accepted; expected a text for train\.show's attention"),
     ("model:\n  attention_dropout: 1.0\n", [],
@@ -633,6 +637,8 @@ def test_for_precision_applies_that_precisions_entry_keeps_set_keys_and_empties_
     ("bf16: {model: {dropout: 2}}", "by_precision.bf16: model.dropout: 2.0 is not accepted"),
     ("bf16: {model: {dropot: 0.1}}", "by_precision.bf16: unknown key 'model.dropot'"),
     ("bf16: 3", "by_precision.bf16: expected sections of keys"),
+    # a section with nothing under it: for_precision, applying it, met None where a mapping goes
+    ("bf16: {model: null}", "by_precision.bf16: expected sections of keys"),
 ])
 def test_a_bad_by_precision_entry_is_refused_naming_it(tmp_path, entry, message):
     path = tmp_path / "c.yaml"
@@ -732,9 +738,15 @@ def test_an_empty_end_of_text_is_refused_without_blaming_the_tokenizers_kind(tmp
     (["data.url=https://example.com/a.txt", "data.files=a[12].txt"], "data.files"),
     (["tokenizer.kind=pretrained", "tokenizer.path="], "tokenizer.path"),
     (["train.log_interval=0"], "train.log_interval"),
+    (["train.batch_size=0"], "train.batch_size"),
+    (["train.grad_accum_steps=0"], "train.grad_accum_steps"),
     (["train.sample_tokens=-1"], "train.sample_tokens"),
     (["train.lr=0"], "train.lr"),
     (["train.head_lr=0"], "train.head_lr"),
+    (["train.muon_lr=0"], "train.muon_lr"),
+    (["train.embedding_lr=0"], "train.embedding_lr"),
+    (["train.min_lr=-1e-6"], "train.min_lr"),
+    (["train.weight_decay=-0.01"], "train.weight_decay"),
     (["train.decay_fraction=0"], "train.decay_fraction"),
     (["train.muon_ns_steps=0"], "train.muon_ns_steps"),
     (["train.muon_momentum=1"], "train.muon_momentum"),
@@ -756,10 +768,12 @@ def test_values_at_the_bounds_of_more_rules_load(tmp_path):
     path = write(tmp_path / "c.yaml", "data:\n  files: a.txt\n")
     upper = "86C4E6AA9DB7" + "0" * 52  # a digest copied in upper case: the download compares it lower-cased
     config = load_config(path, ["train.warmup_steps=0", "train.sample_tokens=0", f"data.sha256={upper}",
-                                "train.dropout_by_passes={0: 0.1}", "train.floor_by_passes={1: 1.0}",
-                                "train.decay_by_passes={1: 0}"])
+                                "train.dropout_by_passes={0: 0.1}", "train.floor_by_passes={1: 1.0, 5: 0}",
+                                "train.decay_by_passes={1: 0}", "train.muon_momentum=0"])
     assert (config.train.warmup_steps, config.train.sample_tokens, config.data.sha256) == (0, 0, upper)
-    assert config.train.dropout_by_passes == {0.0: 0.1} and config.train.floor_by_passes == {1.0: 1.0}
+    assert config.train.dropout_by_passes == {0.0: 0.1}
+    assert config.train.floor_by_passes == {1.0: 1.0, 5.0: 0.0}
+    assert config.train.muon_momentum == 0.0
     assert config.train.decay_by_passes == {1.0: 0.0}
 
 
