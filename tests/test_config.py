@@ -166,6 +166,21 @@ def test_a_set_text_field_keeps_the_text_as_typed(tmp_path, typed, kept):
     assert load_config(path, ["data.revision=null"]).data.revision is None  # null still means null
 
 
+def test_a_set_text_field_under_by_precision_keeps_the_text_as_typed(tmp_path):
+    # A file's by_precision kept `revision: 1.10` as typed; the same key given with --set was 1.1,
+    # probe_text=yes was refused ("expected a string, got True") and a prompt lost its ' #2'.
+    from tinyattn.config import for_precision
+
+    path = write(tmp_path / "c.yaml", "data:\n  files: a.txt\n")
+    config = load_config(path, ["by_precision.bf16.data.revision=1.10",
+                                "by_precision.bf16.train.probe_text=yes",
+                                "by_precision.bf16.sample.prompt=Act 1 #2"])
+    bf16 = for_precision(config, "bf16")[0]
+    assert (bf16.data.revision, bf16.train.probe_text, bf16.sample.prompt) == ("1.10", "yes", "Act 1 #2")
+    nulled = load_config(path, ["by_precision.bf16.data.revision=null"])
+    assert nulled.by_precision == {"bf16": {"data": {"revision": None}}}  # null still means null
+
+
 @pytest.mark.parametrize("typed", ["Act 1 #2", "ROMEO: what #light", "&a x", "*a", "|", ">", "!!str x"])
 def test_a_set_text_field_keeps_what_yaml_reads_as_a_comment_anchor_or_block(tmp_path, typed):
     """YAML reads ' #2' as a comment, '&a' as an anchor, '|' and '>' as block scalars: a --set of a

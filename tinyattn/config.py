@@ -801,15 +801,19 @@ def _load_yaml(text: str, *, config_file: bool = False, set_key: str | None = No
 _OTHER_BASE = re.compile(r"[-+]?0[0-9_]+|[-+]?0[xXbB][0-9a-fA-F_]*|[-+]?[0-9][0-9_]*(:[0-9_]*)+(\.[0-9_]*)?")
 
 
+def _field_of(key: str) -> str:
+    """The field a dotted key sets: by_precision.<precision>.section.key sets section.key."""
+    parts = key.split(".")
+    return ".".join(parts[2:]) if len(parts) == 4 and parts[0] == "by_precision" else key
+
+
 def _plain_numbers_as_written(node: yaml.Node, key: str) -> None:
     """Tag a plain scalar that YAML 1.1 would read in another base as a string, when `key` is a
     number field (or a table of numbers: its keys and values). The field's type then reads the
     text in decimal, as a person means it (0100 is 100, as YAML 1.2 reads it), or refuses it
     in one line (1:30, 0x10: expected an integer written in decimal, got '1:30'). A key under
     by_precision.<precision> is its field's (by_precision.fp32.train.lr: train.lr)."""
-    parts = key.split(".")
-    if len(parts) == 4 and parts[0] == "by_precision":
-        key = ".".join(parts[2:])
+    key = _field_of(key)
     if key in _table_keys() and isinstance(node, yaml.MappingNode):
         scalars = [part for pair in node.value for part in pair]
     elif key in _number_keys():
@@ -1023,7 +1027,7 @@ def _parse_override(item: str) -> tuple[str, Any]:
     0123 not 83, yes not true, "Q: what" not a mapping, "Act 1 #2" not "Act 1" (a comment), "&a x"
     not "x" (an anchor), ">" not "" (a block); a quoted text is YAML's ('a #b', "x\\ny"), and null still
     means null. A number field reads its number in decimal: train.max_steps=0100 is 100, not octal 64
-    (_plain_numbers_as_written)."""
+    (_plain_numbers_as_written). A key under by_precision.<precision> is read as its field's."""
     if "=" not in item:
         raise ConfigError(f"--set: expected key=value (e.g. model.n_layer=8), got {item!r}")
     key, text = item.split("=", 1)
@@ -1036,7 +1040,7 @@ def _parse_override(item: str) -> tuple[str, Any]:
         value = text  # not YAML: keep the string, the field's type decides
     typed = text.strip()
     quoted = typed.startswith(("'", '"')) and isinstance(value, str)
-    if key in _text_keys() and not quoted and typed not in YAML_NULLS:
+    if _field_of(key) in _text_keys() and not quoted and typed not in YAML_NULLS:
         value = typed
     return key, value
 
