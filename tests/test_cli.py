@@ -222,6 +222,62 @@ def test_run_command_turns_a_user_mistake_into_one_line(capsys):
     assert capsys.readouterr().err == "error: x.yaml: train.lr: -1 is not accepted\n"
 
 
+def test_an_os_error_other_than_a_name_too_long_is_a_bug_and_keeps_its_traceback():
+    # Only a name over 255 bytes is the user's mistake; any other OSError said "a name may have at most
+    # 255 bytes" of a path whose name was fine.
+    def command():
+        raise PermissionError(13, "Permission denied", "/root/run")
+
+    with pytest.raises(PermissionError):
+        run_command(command)
+
+
+def test_a_mistake_still_ends_with_status_2_where_standard_error_is_gone(monkeypatch):
+    # `tinyattn train ... 2>&-` or a closed terminal: the line has nowhere to go, the status still says it.
+    from tinyattn.errors import ConfigError
+
+    class Gone:
+        def write(self, text):
+            raise OSError(5, "Input/output error")
+
+        def flush(self):
+            raise OSError(5, "Input/output error")
+
+    def command():
+        raise ConfigError("x.yaml: train.lr: -1 is not accepted")
+
+    monkeypatch.setattr(sys, "stderr", Gone())
+    assert run_command(command) == 2
+
+
+def test_a_rank_waiting_for_rank_0s_line_stays_until_torchrun_ends_it():
+    # A rank that ended at once made torchrun stop rank 0, sometimes before its line was said.
+    import signal
+
+    child = ("from tinyattn.cli import run_command\n"
+             "from tinyattn.errors import TinyattnError\n"
+             "def command():\n"
+             "    error = TinyattnError('--set: train.max_steps: expected an integer')\n"
+             "    error.shared = True\n"
+             "    raise error\n"
+             "print('ready', flush=True)\n"
+             "run_command(command)\n")
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "none", "GROUP_RANK": "0",
+           "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env=env, cwd=ROOT)
+    try:
+        assert process.stdout.readline() == b"ready\n"
+        with pytest.raises(subprocess.TimeoutExpired):
+            process.wait(timeout=0.5)  # still waiting
+        process.terminate()  # torchrun's SIGTERM, once rank 0 has exited
+        assert process.wait(timeout=30) == -signal.SIGTERM
+        assert process.stderr.read() == b""  # rank 0's line alone
+    finally:
+        process.kill()
+        process.wait()
+
+
 def test_a_rank_whose_peer_left_ends_at_once_after_its_line_without_unwinding():
     """distributed.PeerGone: freeing the frames that hold the DDP wrapper joins gloo's worker threads
     with the GIL held while one of them waits for it to free the failed collective's work: the rank
