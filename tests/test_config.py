@@ -802,6 +802,14 @@ def test_a_boolean_for_a_text_field_of_a_saved_config_is_refused_not_made_text()
         config_from_dict({"data": {"files": ["a.txt"]}, "sample": {"prompt": True}})
 
 
+def test_a_number_in_a_text_field_of_a_saved_config_is_read_as_its_text():
+    # A config read as plain YAML (train.time_budget: 600 is a number there), as a checkpoint may hold
+    # it, loads: the number becomes its text, losslessly, instead of refusing the run's config.
+    config = config_from_dict({"data": {"files": ["a.txt"]}, "train": {"time_budget": 600},
+                               "sample": {"prompt": 2024}})
+    assert (config.train.time_budget, config.sample.prompt) == ("600", "2024")
+
+
 def test_a_table_given_as_null_is_empty(tmp_path):
     path = write(tmp_path / "c.yaml", "data:\n  files: a.txt\ntrain:\n  floor_by_passes:\n")
     config = load_config(path, ["train.dropout_by_passes=null"])
