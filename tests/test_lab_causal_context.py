@@ -141,6 +141,17 @@ def test_the_leak_is_the_largest_absolute_logit_change_at_each_position(tiny_mod
     np.testing.assert_allclose(leak_test(model, x, POSITION), expected, rtol=1e-6)
 
 
+def test_the_leak_test_changes_the_vocabularys_last_token_to_another_one_not_past_the_vocabulary(
+        tiny_model, random_tokens):
+    # The first window of a user's validation split may hold the last id at position + 1: "any other
+    # token" wraps round to 0, where one past the vocabulary is no token (an IndexError).
+    model = tiny_model()
+    x = random_tokens(batch=1).clone()
+    x[0, POSITION + 1] = model.config.vocab_size - 1
+    leak = leak_test(model, x, POSITION)
+    assert np.array_equal(leak[:POSITION + 1], np.zeros(POSITION + 1)) and leak[POSITION + 1] > 0
+
+
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 def test_the_causal_task_loss_is_the_mean_loss_per_target_over_the_evaluation_windows(tiny_model, causal):
     # Each target from its prefix alone: the model run on x[:, :t+1] for target t. For a causal model
@@ -171,6 +182,13 @@ def test_the_table_puts_the_leak_up_to_t_and_after_t_in_their_own_columns():
     # "exactly" only for an exact 0: a change of 1e-7 (a leak however small) is shown as it is.
     nearly = Row("nearly", 2.5, 2.6, 2.7, np.array([0.0, 0.0, 1e-7, 0.5, 2.0]), 2, "")
     assert format_table([nearly]).splitlines()[2].split("|")[5].strip() == "1e-07"
+
+
+def test_a_checkpoints_row_leaves_the_training_and_own_mask_loss_blank_not_nan():
+    # A --checkpoint was not trained by the lab: it has no lab training loss or run evaluation.
+    theirs = Row("runs/mine", float("nan"), float("nan"), 2.7, np.array([0.0, 0.0, 0.5]), 1, "")
+    cells = [cell.strip() for cell in format_table([theirs]).splitlines()[2].split("|")[1:-1]]
+    assert cells == ["runs/mine", "", "", "2.700", "0 (exactly)", "0.5"]
 
 
 def test_a_models_row_runs_the_leak_test_at_the_position_asked(tiny_model, char_tokenizer):
