@@ -307,6 +307,28 @@ def test_every_rows_leak_test_runs_on_the_first_window_at_the_position_asked_and
         assert f"\n## sample: {name}\n" in report
 
 
+def test_the_report_names_the_default_prompt_its_samples_continue_the_validation_splits_start(
+        lab_with_checkpoint, trained_run):
+    # Without --prompt the samples continue text the user never typed: the report names that text.
+    from tinyattn.hf.folder import load_any_model
+
+    out, _, calls = lab_with_checkpoint
+    prompt = load_any_model(trained_run.run_dir).tokenizer.decode(calls["prefix_sample"][0])
+    assert len(prompt) == 24  # the validation split's first 24 characters
+    assert f"\nthe samples continue the prompt {prompt!r}\n" in (out / "causal.md").read_text()
+
+
+def test_both_runs_train_eagerly_for_their_steps_alone_and_evaluate_once_at_the_end(tmp_path, monkeypatch):
+    # What --set's help promises of the two runs, where the main config compiles, stops at its time
+    # budget, evaluates every few hundred steps and shows samples and maps at each evaluation.
+    main_config, trained = configs_train_both_gives(tmp_path, monkeypatch, steps=200)
+    main = main_config.train
+    assert main.compile and main.time_budget and main.show and main.eval_interval != 200
+    for config in trained:
+        assert (config.train.compile, config.train.time_budget, config.train.show) == (False, None, [])
+        assert config.train.eval_interval == 200
+
+
 def test_both_runs_are_evaluated_on_their_own_weights_not_a_moving_average(tmp_path, monkeypatch):
     # The main config keeps an average of the weights (train.ema 0.98), which its evaluations and
     # checkpoints read: the lab compares the two models' own weights, as its short runs train them.
