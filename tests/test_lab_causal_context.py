@@ -1032,6 +1032,25 @@ def test_lab_causal_says_a_prompt_longer_than_the_context_is_read_from_its_end_b
     assert capsys.readouterr().err == "error: stopped before training\n"
 
 
+def test_lab_causal_reads_a_prompt_of_exactly_the_context_whole_without_a_warning(
+        tmp_path, monkeypatch, capsys, corpus_text):
+    run = lab_causal_up_to_training(tmp_path, monkeypatch, corpus_text)
+    assert run("ROMEO: " * 4 + "ROME") == 2  # 32 characters: tiny.yaml's context, read whole
+    assert capsys.readouterr().err == "error: stopped before training\n"
+
+
+def test_lab_causal_refuses_a_set_of_what_steps_gives_before_it_makes_its_out_folder(tmp_path, capsys):
+    from tests.conftest import ROOT
+    from tinyattn.cli.lab import main as lab_main
+
+    out = tmp_path / "out"
+    assert lab_main(["causal", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "3",
+                     "--out", str(out), "--set", "train.max_steps=20"]) == 2
+    assert capsys.readouterr().err == ("error: --set train.max_steps=20: lab causal sets train.max_steps "
+                                       "from --steps; give --steps 20 instead\n")
+    assert not out.exists()
+
+
 def test_both_runs_evaluate_the_labs_windows_not_the_configs(tmp_path, monkeypatch):
     # The main config evaluates 200 windows; the lab's runs, and so each row's causal-task loss (a
     # forward per position of every window), read EVAL_WINDOWS: what keeps the lab within its minutes.
