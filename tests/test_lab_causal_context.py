@@ -719,6 +719,12 @@ def test_the_word_is_found_as_a_whole_word_not_inside_another(char_tokenizer):
         word_position(char_tokenizer, "The man ran.", "an")
 
 
+def test_an_empty_word_is_refused_in_one_line(char_tokenizer):
+    # '' is found everywhere as a regular expression: read as a word, it compared each context's last token.
+    with pytest.raises(TinyattnError, match=r"^--word '': not in the context 'All: speak'; give "):
+        word_position(char_tokenizer, "All: speak", "")
+
+
 def test_a_tokenizer_that_merges_the_word_with_what_follows_is_refused_in_one_line():
     class Merging:  # "speak," is one token, as a subword vocabulary may have it
         text_start: list[int] = []  # nothing put before a text, as tinyattn's own tokenizers
@@ -927,6 +933,28 @@ def test_the_embedding_row_is_exactly_1_for_any_word_and_no_similarity_exceeds_1
                                                               "of the a; it we speak"])
     assert table[0, 0] == 1.0
     assert (table <= 1.0).all()
+
+
+def test_two_states_that_differ_only_in_their_last_bits_are_shown_just_below_1_never_above(
+        tiny_model, char_tokenizer, monkeypatch):
+    # The same text before the word, another after it: the states are equal but for rounding, and the
+    # float64 cosine of two such vectors rounds to 1 + 2.2e-16 for some, which no similarity can be.
+    from tinyattn.lab import context
+
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(100):  # a pair whose cosine rounds above 1 (about one in six)
+        state = torch.randn(3, 32, dtype=torch.float64, generator=generator)
+        nudged = state.clone()
+        nudged[:, 0] = torch.nextafter(nudged[:, 0], nudged[:, 0] + 1)
+        if (torch.nn.functional.cosine_similarity(state, nudged, dim=-1) > 1).any():
+            break
+    else:
+        pytest.fail("no pair rounds above 1")
+    states = iter([state, nudged])
+    monkeypatch.setattr(context, "hidden_states", lambda model, ids, position: next(states))
+    model = tiny_model(vocab_size=char_tokenizer.vocab_size)
+    _, table = similarity_table(model, char_tokenizer, "speak", CONTEXTS)
+    assert (table < 1.0).all() and (table > 1.0 - 1e-15).all()
 
 
 def test_the_words_state_reads_only_the_text_before_it(tiny_model, char_tokenizer):
