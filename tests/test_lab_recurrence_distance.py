@@ -184,6 +184,32 @@ def test_both_models_train_their_own_weights_without_a_moving_average():
         assert trainer.average is None
 
 
+def test_the_lab_steps_each_model_eagerly_one_batch_a_step_whatever_the_configs_compile_and_accumulation():
+    # The speed table's tokens per step and the schedule assume one batch a step, uncompiled (a compile
+    # on the first timed step would be timed too).
+    config = load_config(ROOT / "configs" / "tiny.yaml", ["model.vocab_size=65", "train.compile=true",
+                                                          "train.grad_accum_steps=4"])
+    device = torch.device("cpu")
+    tokens = np.random.default_rng(0).integers(0, 65, 600).astype(np.uint16)
+    for contender in contenders_for(config, 1, device, select_precision("fp32", device)):
+        model = contender.build(8)
+        trainer = recurrence.make_trainer(model, config.train, tokens, batch_size=2, context=8, device=device,
+                                          precision=select_precision("fp32", device))
+        assert trainer.forward_model is model and trainer.tokens_per_step == 2 * 8, contender.name
+
+
+def test_the_reported_parameter_count_is_the_models_own_its_tied_head_counted_once(tmp_path):
+    config = load_config(ROOT / "configs" / "tiny.yaml", ["model.vocab_size=65", "train.batch_size=2",
+                                                          "train.eval_windows=2"])
+    device = torch.device("cpu")
+    lstm = contenders_for(config, 1, device, select_precision("fp32", device))[1]
+    tokens = np.random.default_rng(0).integers(0, 65, 600).astype(np.uint16)
+    train_and_measure(lstm, config, SimpleNamespace(train=tokens, validation=tokens), seconds=0.01,
+                      folder=tmp_path, device=device, precision=select_precision("fp32", device))
+    built = lstm.build(32)
+    assert lstm.parameters == built.num_parameters() == lstm_parameters(65, built.config.n_embd, 1)
+
+
 def test_each_contender_builds_the_same_weights_every_call():
     # The speed runs, the gradients at init and the training all start from one model per contender.
     config = load_config(ROOT / "configs" / "tiny.yaml", ["model.vocab_size=65"])
@@ -906,6 +932,25 @@ def test_the_labs_defaults_are_the_ones_their_help_and_docs_give():
     distance_args = parser().parse_args(["distance"])
     assert (distance_args.string_length, distance_args.recall_steps, distance_args.pairs, distance_args.seed,
             distance_args.device) == (8, 1500, 8, 1337, None)
+
+
+def test_lab_recurrence_measures_in_the_precision_asked_not_the_configs(tmp_path, monkeypatch):
+    # tiny.yaml trains in fp32; --precision bf16 is what both models are timed and trained in.
+    from tests.conftest import CORPUS
+    from tinyattn.cli.lab import main
+
+    def timed(contender, train_config, tokens, *, precision, **kwargs):
+        used.append(precision.name)
+        raise TinyattnError("reached the timing")
+
+    used = []
+    monkeypatch.setattr(recurrence, "tokens_per_second", timed)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS * 4, encoding="utf-8")
+    assert main(["recurrence", "--config", str(ROOT / "configs" / "tiny.yaml"), "--precision", "bf16",
+                 "--out", str(tmp_path / "out"), "--set", f"data.files={corpus}", "data.url=null",
+                 "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}"]) == 2
+    assert used == ["bf16"]
 
 
 def test_lab_recurrence_runs_on_the_device_asked_not_the_configs(tmp_path, monkeypatch):
