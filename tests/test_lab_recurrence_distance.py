@@ -1599,3 +1599,15 @@ def test_lab_recurrence_refuses_a_set_of_what_its_own_options_set_naming_the_opt
     assert capsys.readouterr().err == (f"error: --set {item}: lab recurrence sets {key} from "
                                        f"{option.split()[0]}; give {option} instead\n")
     assert not out.exists()
+
+
+def test_a_set_without_a_value_is_refused_in_the_words_of_every_set_not_a_traceback(tmp_path, capsys):
+    # A key the lab sets itself, given without '=': load_config's refusal, not the lab's reading of a value.
+    from tinyattn.cli.lab import main
+
+    out = tmp_path / "out"
+    assert main(["recurrence", "--config", str(ROOT / "configs" / "tiny.yaml"), "--set", "train.max_steps",
+                 "--out", str(out)]) == 2
+    assert capsys.readouterr().err == ("error: --set: expected key=value (e.g. model.n_layer=8), got "
+                                       "'train.max_steps'\n")
+    assert not out.exists()
