@@ -721,8 +721,9 @@ def test_the_word_is_found_as_a_whole_word_not_inside_another(char_tokenizer):
 
 def test_an_empty_word_is_refused_in_one_line(char_tokenizer):
     # '' is found everywhere as a regular expression: read as a word, it compared each context's last token.
-    with pytest.raises(TinyattnError, match=r"^--word '': not in the context 'All: speak'; give "):
-        word_position(char_tokenizer, "All: speak", "")
+    for blank in ("", " "):
+        with pytest.raises(TinyattnError, match=rf"^--word '{blank}': expected a word that each context holds"):
+            word_position(char_tokenizer, "All: speak", blank)
 
 
 def test_a_tokenizer_that_merges_the_word_with_what_follows_is_refused_in_one_line():

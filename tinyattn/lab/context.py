@@ -54,7 +54,9 @@ def word_position(tokenizer, context: str, word: str) -> tuple[list[int], int]:
     tokenizer that merges the word with what follows it is refused, as no token then ends the word,
     and so is a word whose last token is the unknown one ([UNK]: the table would compare it, the
     same token for every word the tokenizer never saw, and say nothing of the word)."""
-    found = re.search(rf"(?<!\w){re.escape(word)}(?!\w)", context) if word else None
+    if not word.strip():
+        raise TinyattnError(f"--word {word!r}: expected a word that each context holds (e.g. --word bank)")
+    found = re.search(rf"(?<!\w){re.escape(word)}(?!\w)", context)
     start = found.start() if found else -1
     if start < 0:
         raise TinyattnError(f"--word {word!r}: not in the context {context!r}; give contexts that hold it "
