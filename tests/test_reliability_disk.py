@@ -242,6 +242,32 @@ def test_a_quota_or_a_file_size_limit_is_a_full_disk_to_the_user(tmp_path, numbe
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("number, reason", [(errno.EACCES, "Permission denied"),
+                                            (errno.EPERM, "Operation not permitted")])
+def test_a_write_without_permission_is_one_line_saying_to_make_it_writable(tmp_path, number, reason):
+    # root is never refused by a folder's mode, so the refusal is raised as the file system gives it
+    from tinyattn.system.storage import atomic_write
+
+    path = tmp_path / "step.pt"
+    with pytest.raises(StorageError) as refused:
+        with atomic_write(path):
+            raise OSError(number, reason)
+    assert str(refused.value) == f"cannot write {path}: {reason}; make it writable or choose another folder"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_link_that_leads_nowhere_is_refused_naming_it_and_nothing_is_made_where_it_points(tmp_path):
+    from tinyattn.system.storage import through_link
+
+    target, link = tmp_path / "gone" / "model.gguf", tmp_path / "model.gguf"
+    link.symlink_to(target)
+    with pytest.raises(StorageError, match=rf"^{re.escape(str(link))}: a symbolic link to "
+                                           rf"{re.escape(str(target))}, which does not exist; point it at "
+                                           r"a \.gguf file, or choose another --out$"):
+        through_link(link, "a .gguf file")
+    assert not (tmp_path / "gone").exists()
+
+
 def test_a_short_write_names_what_the_disk_took_of_what_it_was_given(tmp_path):
     from tinyattn.system.storage import storage_errors
 
