@@ -422,6 +422,29 @@ def test_peak_flops_stop_at_the_first_slow_size_and_take_the_best_of_its_repeats
     assert flops == 2 * 512 ** 3 / 0.08
 
 
+def test_peak_flops_multiply_in_the_training_precision(monkeypatch):
+    # The MFU denominator: a bf16 run's peak is its bf16 matmuls', not fp32's (several times slower on a GPU)
+    from tinyattn.system import device
+
+    dtypes = set()
+
+    def call_times(fn, n, warmup, device):
+        dtypes.add(fn().dtype)
+        return [1e-3] * n
+
+    monkeypatch.setattr(device, "call_times", call_times)
+    monkeypatch.setattr(device, "seconds_of", lambda fn, device: dtypes.add(fn().dtype) or 1e-3)
+    measure_peak_flops(CPU, select_precision("bf16", CPU), size=256)
+    assert dtypes == {torch.bfloat16}
+
+
+def test_a_precision_name_no_device_has_is_refused_naming_the_setting():
+    # config and argparse check the name first; a library caller (inference_dtype's name) meets this refusal
+    with pytest.raises(ConfigError, match=r"^--dtype 'fp64' is not accepted; expected one of auto, fp32, "
+                                          r"bf16, fp16$"):
+        select_precision("fp64", CPU, "--dtype")
+
+
 class _StandInGenerator:
     """A CUDA generator's state as torch.cuda's own get/set_rng_state reach it (no GPU here)."""
 
