@@ -157,6 +157,20 @@ def test_a_measured_speedup_of_exactly_the_threshold_counts_as_fast_and_one_just
     assert cpu.cpu_bf16_is_fast() is False
 
 
+def test_machines_with_other_cpus_sharing_a_home_folder_keep_a_measured_verdict_each(fake_cpu, monkeypatch):
+    fake_cpu(None, "SVE256")
+    monkeypatch.setattr(cpu, "cpu_name", lambda: "CPU A")
+    monkeypatch.setattr(cpu, "measure_cpu_bf16_speedup", CountingMeasurement(speedup=3.0))
+    assert cpu.cpu_bf16_is_fast() is True
+    monkeypatch.setattr(cpu, "cpu_name", lambda: "CPU B")  # the same architecture and torch, another CPU
+    other = CountingMeasurement(speedup=0.5)
+    monkeypatch.setattr(cpu, "measure_cpu_bf16_speedup", other)
+    assert cpu.cpu_bf16_is_fast() is False and other.calls == 1
+    monkeypatch.setattr(cpu, "cpu_name", lambda: "CPU A")
+    assert cpu.cpu_bf16_is_fast() is True and other.calls == 1  # its own entry, not measured again
+    assert len(json.loads(cpu_cache_path().read_text())) == 2
+
+
 def test_unwritable_cache_warns_and_still_answers(fake_cpu, monkeypatch, tmp_path):
     fake_cpu(None, "SVE256")
     monkeypatch.setattr(cpu, "measure_cpu_bf16_speedup", CountingMeasurement(speedup=3.0))
@@ -201,6 +215,24 @@ def test_a_bf16_clearly_slower_after_a_few_rounds_ends_the_measurement_early(mon
     monkeypatch.setattr(cpu, "seconds_of", seconds_of)
     assert cpu.measure_cpu_bf16_speedup(size=16, rounds=7, budget_s=60) == pytest.approx(0.1)
     assert len(bf16_calls) == 3
+
+
+def test_the_bf16_measurement_stops_once_its_time_budget_is_spent(monkeypatch):
+    """A bf16 neither fast nor clearly slower, on a CPU whose calls are slow: the rounds end with the
+    budget (a run's start waits for them), not after all of them."""
+    from types import SimpleNamespace
+
+    fp32_calls, clock = [], iter(range(100))
+
+    def seconds_of(fn, device=None):
+        if fn().dtype == torch.float32:
+            fp32_calls.append(1)
+        return 0.001  # bf16 as fast as fp32: nothing ends the measurement early
+
+    monkeypatch.setattr(cpu, "seconds_of", seconds_of)
+    monkeypatch.setattr(cpu, "time", SimpleNamespace(perf_counter=lambda: next(clock)))  # a second a read
+    assert cpu.measure_cpu_bf16_speedup(size=16, rounds=7, budget_s=2.5) == pytest.approx(1.0)
+    assert len(fp32_calls) == 3  # the third round ends past the budget
 
 
 def test_the_measured_speedup_is_the_fp32_time_over_the_bf16_time(monkeypatch):
