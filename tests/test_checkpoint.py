@@ -309,6 +309,35 @@ def test_a_checkpoint_without_a_tokenizer_is_one_line_naming_the_file(tmp_path, 
     assert capsys.readouterr().err == f"error: {message}\n"
 
 
+def tiny_state(**entries) -> dict:
+    """What a checkpoint of configs/tiny.yaml holds besides its weights and tokenizer, with `entries`."""
+    from tinyattn.config import config_to_dict, load_config
+
+    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml")
+    return {"config": config_to_dict(config), "step": 1, **entries}
+
+
+def test_a_checkpoint_without_weights_to_fine_tune_from_is_one_line_naming_the_file(tmp_path):
+    from tinyattn.train.finetune import InitSource
+
+    file = tmp_path / "noweights.pt"
+    ckpt.save_checkpoint(tiny_state(tokenizer="{}"), file)
+    with pytest.raises(CheckpointError, match=f"^{re.escape(str(file))}: holds no model weights$"):
+        InitSource.load(str(file), tmp_path / "cache")
+
+
+def test_sources_of_other_tokenizers_fine_tuned_from_with_one_cache_keep_a_tokenizer_file_each(tmp_path):
+    # Each checkpoint's tokenizer is written under data.cache_dir (no tokenizer.json beside it): one
+    # file for both would give the first fine-tune, resumed, the second source's tokenizer.
+    from tinyattn.train.finetune import InitSource
+
+    texts = ['{"source": "a"}', '{"source": "b"}']
+    for name, text in zip("ab", texts):
+        ckpt.save_checkpoint(tiny_state(model={}, tokenizer=text), tmp_path / name / "model.pt")
+    sources = [InitSource.load(str(tmp_path / name / "model.pt"), tmp_path / "cache") for name in "ab"]
+    assert [source.tokenizer_path.read_text(encoding="utf-8") for source in sources] == texts
+
+
 def test_a_truncated_checkpoint_is_still_called_truncated_or_corrupt(tmp_path):
     file = saved(tmp_path / ckpt.step_filename(3), 3)
     file.write_bytes(file.read_bytes()[:100])
