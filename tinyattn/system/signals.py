@@ -11,7 +11,7 @@ large corpus), Ctrl-C waits for it. `interruptible` runs such work in another th
 thread only waits, and a handler that raises stops the wait at once. The interpreter's exit still
 waits for the work (asked to end early, where it can be): a thread inside native code when the
 interpreter finalizes is ended in the middle of it (Python 3.11: a segmentation fault or "FATAL:
-exception not rethrown", exit 139 or 134, in 5 of 11 Ctrl-Cs of a BPE training on 100 MB).
+exception not rethrown", exit 139 or 134; how often is in docs/RELIABILITY.md).
 """
 
 from __future__ import annotations
