@@ -902,7 +902,8 @@ def test_a_training_whose_cache_folder_is_removed_while_it_is_built_ends_in_one_
     assert re.search(" " + said + "$", (tmp_path / "run" / "train.log").read_text(encoding="utf-8"))
 
 
-@pytest.mark.parametrize("damage", ["truncate", "delete_meta", "edit_meta"])
+@pytest.mark.parametrize("damage", ["truncate", "delete_meta", "edit_meta", "meta_without_its_keys",
+                                    "meta_not_an_object"])
 def test_damaged_cache_is_rebuilt(tmp_path, builds, damage):
     folder = write_text_folder(tmp_path / "books")
     config = make_config(tmp_path, {"files": [str(folder)]})
@@ -915,6 +916,10 @@ def test_damaged_cache_is_rebuilt(tmp_path, builds, damage):
             f.truncate(10)
     elif damage == "delete_meta":
         (cache / "meta.json").unlink()
+    elif damage == "meta_without_its_keys":  # JSON, but not what a build writes
+        (cache / "meta.json").write_text("{}")
+    elif damage == "meta_not_an_object":
+        (cache / "meta.json").write_text("[]")
     else:
         meta = json.loads((cache / "meta.json").read_text())
         meta["key"] = "0" * 64
