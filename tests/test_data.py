@@ -1776,8 +1776,9 @@ def test_a_text_that_writes_the_unknown_token_itself_is_not_said_to_be_unseen(tm
     assert "warning" not in capsys.readouterr().err
 
 
-def test_the_unknown_warning_counts_and_names_what_the_tokenizer_never_saw_not_the_token_written(
-        tmp_path, capsys):
+def save_char_tokenizer_reading_unk_written(path):
+    """A character tokenizer.json whose unknown token is '<unk>', an added token: a text that writes
+    '<unk>' is read as that token."""
     from tinyattn.config import TokenizerConfig
     from tinyattn.data.tokenizer import build_tokenizer
 
@@ -1787,10 +1788,28 @@ def test_the_unknown_warning_counts_and_names_what_the_tokenizer_never_saw_not_t
     spec = json.loads(backend.to_str())
     spec["model"]["vocab"]["<unk>"] = spec["model"]["vocab"].pop("[UNK]")
     spec["model"]["unk_token"] = "<unk>"
-    tokenizers.Tokenizer.from_str(json.dumps(spec)).save(str(tmp_path / "tokenizer.json"))
+    tokenizers.Tokenizer.from_str(json.dumps(spec)).save(str(path))
+
+
+def test_the_unknown_warning_counts_and_names_what_the_tokenizer_never_saw_not_the_token_written(
+        tmp_path, capsys):
+    save_char_tokenizer_reading_unk_written(tmp_path / "tokenizer.json")
     path, _ = marked_corpus(tmp_path, "<unk>", extra="é é")
     tokenizer = {"kind": "pretrained", "path": str(tmp_path / "tokenizer.json")}
     prepare_data(make_config(tmp_path, {"files": [str(path)]}, tokenizer), progress=False)
     warning = capsys.readouterr().err
     assert warning.startswith("warning: 0.1% of the training split's tokens are <unk> (2 of 1,5"), warning
     assert "has never seen 'é'; the model trains on <unk> in their place" in warning, warning
+
+
+def test_the_unknown_token_written_after_the_characters_named_is_still_not_counted_as_unseen(tmp_path,
+                                                                                             capsys):
+    """Past the first characters it names, the warning still takes every '<unk>' the training split
+    writes out of its count, once the text has written one."""
+    save_char_tokenizer_reading_unk_written(tmp_path / "tokenizer.json")
+    unseen = "ÀÁÂÃÄÅÆÇÈÉÊ"  # more than the warning names, all in the first document
+    path, _ = marked_corpus(tmp_path, "<unk>", extra=unseen)  # every document writes '<unk>'
+    tokenizer = {"kind": "pretrained", "path": str(tmp_path / "tokenizer.json")}
+    prepare_data(make_config(tmp_path, {"files": [str(path)]}, tokenizer), progress=False)
+    warning = capsys.readouterr().err
+    assert f"are <unk> ({len(unseen)} of " in warning, warning
