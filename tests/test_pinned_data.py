@@ -37,9 +37,10 @@ def counting_tokens(n=1000):
     return np.arange(n, dtype=np.uint16)  # token i at position i: a window shows where it came from
 
 
-def test_a_rank_outside_the_world_is_refused():
-    with pytest.raises(ValueError, match="rank 2 is outside 0..1"):
-        BatchSampler(counting_tokens(), 4, 8, seed=0, rank=2, world_size=2)
+@pytest.mark.parametrize("rank", [2, -1])
+def test_a_rank_outside_the_world_is_refused(rank):
+    with pytest.raises(ValueError, match=f"rank {rank} is outside 0..1"):
+        BatchSampler(counting_tokens(), 4, 8, seed=0, rank=rank, world_size=2)
 
 
 @pytest.mark.parametrize("sampling", ["random", "passes"])
