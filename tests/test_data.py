@@ -1684,6 +1684,13 @@ def test_sampler_needs_one_window():
         BatchSampler(counting_tokens(8), 4, 8, seed=0)
 
 
+@pytest.mark.parametrize("max_windows", [None, 4])
+def test_eval_batches_refuse_tokens_that_cannot_fill_one_window(max_windows):
+    refusal = r"^8 tokens cannot fill one window of model\.context_length \+ 1 = 9$"
+    with pytest.raises(DataError, match=refusal):
+        next(eval_batches(counting_tokens(8), context_length=8, batch_size=4, max_windows=max_windows))
+
+
 def test_eval_batches_cover_all_windows_without_overlap():
     tokens = counting_tokens(103)
     batches = list(eval_batches(tokens, context_length=10, batch_size=4))
