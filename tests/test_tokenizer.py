@@ -18,7 +18,8 @@ import torch
 
 from tests.conftest import ROOT, llama_like_byte_fallback_tokenizer
 from tinyattn.config import TokenizerConfig
-from tinyattn.data.tokenizer import END_OF_TEXT, Tokenizer, build_tokenizer, text_pieces
+from tinyattn.data.tokenizer import (END_OF_TEXT, Tokenizer, build_tokenizer, text_pieces,
+                                     unused_tokenizer_options)
 from tinyattn.errors import DataError
 
 TRAINING = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
@@ -110,6 +111,12 @@ def test_bpe_vocab_too_small_is_one_line_error(vocab_size):
     message = str(error.value)
     assert f"tokenizer.vocab_size={vocab_size}" in message and "257" in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("kind, noted", [("bpe", False), ("char", True), ("pretrained", True)])
+def test_a_vocabulary_size_is_noted_as_without_effect_only_for_a_kind_that_builds_no_bpe(kind, noted):
+    notes = unused_tokenizer_options(TokenizerConfig(kind=kind, vocab_size=300), ["tokenizer.vocab_size"])
+    assert bool(notes) == noted, notes
 
 
 def test_bpe_on_empty_text_is_an_error():
