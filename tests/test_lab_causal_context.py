@@ -722,7 +722,7 @@ def test_the_word_is_found_as_a_whole_word_not_inside_another(char_tokenizer):
 def test_an_empty_word_is_refused_in_one_line(char_tokenizer):
     # '' is found everywhere as a regular expression: read as a word, it compared each context's last token.
     for blank in ("", " "):
-        with pytest.raises(TinyattnError, match=rf"^--word '{blank}': expected a word that each context holds"):
+        with pytest.raises(TinyattnError, match=rf"^--word '{blank}': expected a word that each context "):
             word_position(char_tokenizer, "All: speak", blank)
 
 

@@ -228,31 +228,25 @@ def test_a_new_folder_gets_the_mode_mkdir_gives_not_mkdtemps_owner_only_one(tmp_
     assert new_folder_mode(made) == 0o750  # a folder it replaces keeps its own
 
 
-@pytest.mark.parametrize("number, reason", [(errno.EDQUOT, "Disk quota exceeded"),
-                                            (errno.EFBIG, "File too large")])
-def test_a_quota_or_a_file_size_limit_is_a_full_disk_to_the_user(tmp_path, number, reason):
+FULL = "free some space there or choose another folder"
+WRITABLE = "make it writable or choose another folder"
+
+
+@pytest.mark.parametrize("number, reason, advice", [(errno.EDQUOT, "Disk quota exceeded", FULL),
+                                                    (errno.EFBIG, "File too large", FULL),
+                                                    (errno.EACCES, "Permission denied", WRITABLE),
+                                                    (errno.EPERM, "Operation not permitted", WRITABLE)])
+def test_a_quota_a_size_limit_or_a_permission_refused_at_a_write_is_one_line_with_its_advice(
+        tmp_path, number, reason, advice):
+    # A quota or a file size limit is a full disk to the user. Root is never refused by a folder's
+    # mode, so a permission refusal is raised as the file system gives it.
     from tinyattn.system.storage import atomic_write
 
     path = tmp_path / "step.pt"
     with pytest.raises(StorageError) as refused:
         with atomic_write(path):
             raise OSError(number, reason)
-    assert str(refused.value) == (f"cannot write {path}: {reason}; "
-                                  "free some space there or choose another folder")
-    assert list(tmp_path.iterdir()) == []
-
-
-@pytest.mark.parametrize("number, reason", [(errno.EACCES, "Permission denied"),
-                                            (errno.EPERM, "Operation not permitted")])
-def test_a_write_without_permission_is_one_line_saying_to_make_it_writable(tmp_path, number, reason):
-    # root is never refused by a folder's mode, so the refusal is raised as the file system gives it
-    from tinyattn.system.storage import atomic_write
-
-    path = tmp_path / "step.pt"
-    with pytest.raises(StorageError) as refused:
-        with atomic_write(path):
-            raise OSError(number, reason)
-    assert str(refused.value) == f"cannot write {path}: {reason}; make it writable or choose another folder"
+    assert str(refused.value) == f"cannot write {path}: {reason}; {advice}"
     assert list(tmp_path.iterdir()) == []
 
 
