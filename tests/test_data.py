@@ -521,6 +521,41 @@ def test_a_download_cut_short_without_a_checksum_is_deleted(tmp_path):
         server.server_close()
 
 
+def test_a_url_urllib_cannot_open_is_refused_in_one_line_leaving_no_file(tmp_path):
+    # No scheme: urllib raises ValueError ("unknown url type"), not an OSError.
+    target = tmp_path / "data" / "corpus.txt"
+    config = make_config(tmp_path, {"files": [str(target)], "url": "example.org/corpus.txt"})
+    assert_one_line_error(tmp_path, config,
+                          r"data\.url: cannot download example\.org/corpus\.txt \(unknown url")
+    assert not target.exists()
+
+
+def test_an_unreachable_url_is_refused_with_the_reason_not_urllibs_wrapper(tmp_path):
+    config = make_config(tmp_path, {"files": [str(tmp_path / "corpus.txt")],
+                                    "url": "http://127.0.0.1:1/x.txt"})
+    message = assert_one_line_error(tmp_path, config, r"cannot download http://127\.0\.0\.1:1/x\.txt \(")
+    assert "urlopen error" not in message, message
+
+
+def test_a_download_longer_than_one_read_is_checked_by_all_of_its_bytes(tmp_path):
+    source = tmp_path / "remote.txt"
+    source.write_bytes(b"to be or not to be\n" * 150_000)  # several of the reads a download makes
+    target = tmp_path / "corpus.txt"
+    download_module.download(source.as_uri(), target, sha256=hashlib.sha256(source.read_bytes()).hexdigest(),
+                             size_bytes=source.stat().st_size, progress=False)
+    assert target.read_bytes() == source.read_bytes()
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_a_download_shows_a_progress_bar_only_when_asked(tmp_path, capsys, progress):
+    source = tmp_path / "remote.txt"
+    source.write_text("".join(DOCUMENTS), encoding="utf-8")
+    target = tmp_path / "corpus.txt"
+    download_module.download(source.as_uri(), target, sha256=None, size_bytes=None, progress=progress)
+    assert target.read_bytes() == source.read_bytes()
+    assert ("downloading corpus.txt" in capsys.readouterr().err) == progress
+
+
 # ----------------------------------------------------------------------------- the cache
 
 
