@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -179,6 +180,14 @@ def test_the_activation_estimate_of_a_grouped_query_model_in_auto_precision_coun
 
 
 
+def test_the_activation_estimate_of_a_gated_attention_counts_the_gates_logits_and_the_gated_output():
+    plain = ModelConfig(vocab_size=100, n_layer=2, n_head=4, n_embd=32, context_length=16, attention="fused")
+    gated = ModelConfig(**{**plain.__dict__, "attention_gate": True})
+    train = TrainConfig(batch_size=2, precision="fp32")
+    extra = training_memory(gated, train).activation_bytes - training_memory(plain, train).activation_bytes
+    assert extra == 2 * (2 * 16) * (2 * 32) * 4  # layers x tokens x (logits and gated output, C each) x fp32
+
+
 @pytest.mark.parametrize("attention, dropout", [("explicit", 0.0), ("explicit", 0.1), ("fused", 0.0)])
 def test_the_activation_estimate_is_a_floor_of_what_a_forward_keeps_for_the_backward(attention, dropout):
     # Long enough that the explicit path's (H, T, T) weights dominate: counted twice, the estimate
@@ -276,6 +285,20 @@ def test_the_limit_is_the_memory_the_device_has(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="parameters"):
         train(config, run_name="small", progress=False)
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_run_whose_estimate_is_exactly_the_memory_available_is_not_refused(tmp_path, monkeypatch):
+    """The estimate is a floor: a run that needs at least all of the memory there is may still fit."""
+    config = tiny_config(tmp_path)
+    needed = training_memory(config.model, config.train).total_bytes
+    monkeypatch.setattr(memory, "available_bytes", lambda device: (needed, "of memory available here"))
+    assert check_training_fits(config.model, config.train, torch.device("cpu")).total_bytes == needed
+
+
+def test_with_psutil_the_cpu_limit_is_the_memory_available_not_the_machines_total(monkeypatch):
+    psutil = pytest.importorskip("psutil")
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=3 << 30, total=64 << 30))
+    assert memory.available_bytes(torch.device("cpu")) == (3 << 30, "of memory available on this machine")
 
 
 def test_on_a_gpu_the_limit_is_its_free_memory(monkeypatch):
