@@ -299,6 +299,19 @@ def test_the_ranks_of_a_finished_run_leave_together_and_a_rank_that_failed_ends_
     assert waited == [True]
 
 
+def test_a_failure_at_the_leaving_barrier_other_than_a_peer_gone_keeps_its_traceback(monkeypatch):
+    """Only gloo's words for a peer gone end the wait quietly: any other error there (a bug's, a
+    timeout's) is raised, not taken for a rank that failed and said so."""
+    from tinyattn.system import distributed
+
+    def barrier():
+        raise RuntimeError("[Rank 1] Watchdog caught collective operation timeout")
+
+    monkeypatch.setattr(torch.distributed, "barrier", barrier)
+    with pytest.raises(RuntimeError, match="Watchdog caught collective operation timeout"):
+        distributed.leave_together(distributed.Distributed(rank=1, world_size=2, local_rank=1))
+
+
 def test_train_leaves_together_after_a_run_that_ended_alike_and_not_after_a_failure(monkeypatch):
     from tinyattn.system.distributed import Distributed
     from tinyattn.train import loop
@@ -562,6 +575,22 @@ def test_rank_0s_refusal_ends_every_rank_with_its_message_said_once_and_a_ranks_
         with refusal_shared(Distributed(rank=1, world_size=2, local_rank=1)):
             raise TinyattnError("its own")
     assert not getattr(own.value, "shared", False) and broadcasts == [[None]]
+
+
+def test_rank_0s_refusal_is_its_own_error_raised_on_rank_0_after_telling_the_others(monkeypatch):
+    """Rank 0 raises the refusal it met, its kind kept (a ConfigError, a DataError), once its message
+    went out to the ranks waiting for it."""
+    from tinyattn.errors import ConfigError
+    from tinyattn.system.distributed import Distributed, refusal_shared
+
+    broadcasts = []
+    monkeypatch.setattr(torch.distributed, "broadcast_object_list",
+                        lambda said, src: broadcasts.append((list(said), src)))
+    refusal = ConfigError("train.out_dir: runs/r is not empty")
+    with pytest.raises(ConfigError) as raised:
+        with refusal_shared(Distributed(rank=0, world_size=2, local_rank=0)):
+            raise refusal
+    assert raised.value is refusal and broadcasts == [(["train.out_dir: runs/r is not empty"], 0)]
 
 
 def test_the_largest_value_is_the_largest_of_every_ranks(monkeypatch):
