@@ -1263,6 +1263,19 @@ def test_cli_names_a_small_models_parameter_count_exactly(run_dir, capsys):
     assert f": {count:,} parameters, " in err
 
 
+def test_cli_compile_says_compiled_decoding_and_gives_the_eager_fp32_text(run_dir, capsys, monkeypatch):
+    # The compile itself stands in as the eager step (torch.compile takes seconds): what the command
+    # reports and streams with --compile, not what inductor makes of the step.
+    monkeypatch.setattr(decoder_module, "compile_decode_step", lambda model: decoder_module.decode_one_token)
+    argv = ["--checkpoint", str(run_dir), "--prompt", "All:", "--max-new-tokens", "8", "--temperature", "0",
+            "--dtype", "fp32"]
+    status, eager, eager_err = run_main(argv, capsys)
+    assert status == 0 and "compiled decoding" not in eager_err
+    status, compiled, err = run_main([*argv, "--compile"], capsys)
+    assert status == 0 and compiled == eager
+    assert err.splitlines()[-1].endswith(", compiled decoding"), err
+
+
 def test_cli_same_seed_same_text_and_defaults_from_the_checkpoint(run_dir, capsys):
     argv = ["--checkpoint", str(run_dir / "best.pt"), "--prompt", "All:", "--seed", "5", "--dtype", "fp32",
             "--max-new-tokens", "25"]
@@ -1799,6 +1812,16 @@ def test_cli_a_stdin_prompt_that_is_not_in_stdins_encoding_is_a_data_error():
 
     with pytest.raises(DataError, match=r"^stdin: the prompt is not \S+ text \(invalid start byte\)$"):
         read_stdin(read)
+
+
+@pytest.mark.parametrize("argv", [["-"], ["--prompt-file", "-"]], ids=["dash", "prompt-file-dash"])
+def test_cli_a_stdin_prompt_is_decoded_in_stdins_own_encoding(monkeypatch, argv):
+    # A Latin-1 terminal's "café" is one byte per character: read as UTF-8 it would be refused.
+    from tinyattn.cli.generate import build_parser, read_prompt
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("café\n".encode("latin-1")),
+                                                       encoding="latin-1"))
+    assert read_prompt(build_parser().parse_args(argv)) == "café\n"
 
 
 @pytest.mark.parametrize("data, message", [
