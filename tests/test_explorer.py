@@ -189,6 +189,16 @@ def test_the_command_prints_the_table_and_writes_the_page(run_dir, relevance, tm
     assert sorted((run_dir / "attention").glob("*.png")) == pngs_before  # no PNGs with --relevance / --html
 
 
+def test_a_text_one_token_longer_than_the_context_is_said_to_be_read_in_windows(run_dir, capsys):
+    # Of exactly the context, the text is read whole: no note. One token more and it is not.
+    for length, noted in ((32, False), (33, True)):
+        status = attention_main(["--checkpoint", str(run_dir), "--text", TEXT[:length], "--query", "student",
+                                 "--relevance", "--device", "cpu"])
+        err = capsys.readouterr().err
+        assert status == 0, err
+        assert (f"note: the text is {length} tokens, longer than the context of 32" in err) == noted, err
+
+
 def test_the_commands_layer_and_head_are_the_pages_first_view(run_dir, tmp_path, capsys):
     # --layer and --head drew only that layer and head but the page still opened on layer 0, head 0.
     page = tmp_path / "explorer.html"
