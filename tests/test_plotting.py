@@ -89,6 +89,13 @@ def test_line_chart_draws_the_curve_where_the_data_puts_it_and_the_grid_at_its_v
     assert np.all(image[0] == 255)  # white margin
 
 
+def test_line_chart_draws_no_grid_line_for_a_value_outside_its_range():
+    # A grid value past the plot would otherwise be clipped onto its edge, a line at a value not there.
+    x, y = np.array([0.0, 1.0]), np.array([np.nan, np.nan])  # no curve: only the grid could be drawn
+    image = line_chart(x, y, 60, 40, (0.0, 1.0), x_grid=[-1.0, 2.0], y_grid=[-0.5, 1.5])
+    assert not np.all(image == GRID_RGB, axis=-1).any()
+
+
 def test_line_chart_draws_values_beyond_its_range_on_the_edge_of_the_plot():
     x = np.arange(3.0)
     for beyond, edge in ((-5.0, 0.0), (9.0, 4.0)):  # below the range: the bottom; above: the top
