@@ -115,6 +115,11 @@ def test_the_title_is_html_escaped_in_the_page_and_kept_as_it_is_in_the_data():
     assert "<b>Tom" not in page and page.count("</script>") == 2 and data_of_page(page)["title"] == title
 
 
+def test_a_page_without_a_title_is_titled_attention_explorer(relevance):
+    page = explorer_html(relevance)
+    assert "<title>attention explorer</title>" in page and "<h1>attention explorer</h1>" in page
+
+
 def test_a_256_token_text_of_a_6x6_model_makes_a_page_well_under_two_megabytes():
     T, L, H = 256, 6, 6
     rng = np.random.default_rng(0)
