@@ -1828,6 +1828,22 @@ def test_train_log_keeps_the_runs_lines_its_warnings_and_the_error_that_ends_it(
     assert shown == ["a warning"]  # shown as ever
 
 
+def test_a_plain_step_line_gives_the_windows_mean_loss_the_gains_rate_and_mfu_over_every_rank(
+        tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from tinyattn.train.log import Logger
+
+    trainer = SimpleNamespace(
+        model=SimpleNamespace(flops_per_token=lambda: 100.0), dist=SimpleNamespace(world_size=2), step=0,
+        tokens_per_step=50, tokens_seen=200, optimizers=SimpleNamespace(
+            rates=lambda: {"adamw/embedding": 0.5, "adamw/gains": 2e-3, "adamw/matrices": 0.25}))
+    logger = Logger(tmp_path, load_config(TINY), trainer, peak_flops=2e4, enabled=True, progress=False)
+    logger.writer = SimpleNamespace(add_scalar=lambda *args: None)  # TensorBoard: test_tensorboard_holds_...
+    logger.train(4, [1.0, 2.0, 6.0, 5.0], 1.0, torch.tensor(1.0))  # 200 tokens in a second, on two ranks
+    assert capsys.readouterr().err == "step 4: loss 3.5000, lr 2.00e-03, 200 tok/s, mfu 50.0%\n"
+
+
 def test_a_second_stop_before_the_first_checkpoint_says_to_run_the_command_again(tmp_path):
     from tinyattn.train.log import stopped_at_once
     from tinyattn.train.owners import StoppedAtOnce
