@@ -1844,6 +1844,13 @@ def test_a_plain_step_line_gives_the_windows_mean_loss_the_gains_rate_and_mfu_ov
     assert capsys.readouterr().err == "step 4: loss 3.5000, lr 2.00e-03, 200 tok/s, mfu 50.0%\n"
 
 
+def test_with_a_progress_bar_train_log_still_keeps_every_line(corpus, tmp_path, capsys):
+    config = tiny_config(corpus, tmp_path, "train.max_steps=4", "train.eval_interval=2")
+    result = train(config, run_name="bar", progress=True)
+    log = (result.run_dir / "train.log").read_text(encoding="utf-8")
+    assert "step 2: validation loss" in log and "step 4: validation loss" in log and "done: 4 steps" in log
+
+
 def test_a_second_stop_before_the_first_checkpoint_says_to_run_the_command_again(tmp_path):
     from tinyattn.train.log import stopped_at_once
     from tinyattn.train.owners import StoppedAtOnce
