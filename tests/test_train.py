@@ -381,6 +381,17 @@ def test_a_resume_that_evaluates_at_other_steps_drops_the_killed_sessions_sample
     assert re.findall(r"^--- step (\d+) ---$", text, flags=re.M) == ["3", "6", "10"]
 
 
+def test_a_new_run_sets_an_earlier_attempt_aside_beside_one_set_aside_before(corpus, tmp_path, capsys):
+    run = tmp_path / "r"
+    (run / "earlier_attempt_1").mkdir(parents=True)
+    (run / ".tinyattn-run").touch()  # a run folder whose attempts died before their first checkpoint
+    (run / "earlier_attempt_1" / "samples.txt").write_text("the first attempt's", encoding="utf-8")
+    (run / "samples.txt").write_text("the second attempt's", encoding="utf-8")
+    train(tiny_config(corpus, tmp_path, "train.max_steps=1"), run_name="r", progress=False)
+    assert (run / "earlier_attempt_1" / "samples.txt").read_text(encoding="utf-8") == "the first attempt's"
+    assert (run / "earlier_attempt_2" / "samples.txt").read_text(encoding="utf-8") == "the second attempt's"
+
+
 def test_learning_rate_schedule():
     config = load_config(TINY, ["train.lr=1.0", "train.min_lr=0.1", "train.warmup_steps=10",
                                 "train.max_steps=111", "train.schedule=cosine"]).train
