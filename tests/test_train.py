@@ -392,6 +392,15 @@ def test_a_new_run_sets_an_earlier_attempt_aside_beside_one_set_aside_before(cor
     assert (run / "earlier_attempt_2" / "samples.txt").read_text(encoding="utf-8") == "the second attempt's"
 
 
+def test_cutting_samples_past_a_step_reads_a_header_like_line_of_text_past_it_as_text(tmp_path):
+    from tinyattn.train.log import cut_samples_after
+
+    path = tmp_path / "samples.txt"
+    path.write_text("--- step 3 ---\na\n--- step 9 ---\n--- step x ---\nb\n--- step 12 ---\nc\n")
+    cut_samples_after(path, 6)
+    assert path.read_text() == "--- step 3 ---\na\n"
+
+
 def test_learning_rate_schedule():
     config = load_config(TINY, ["train.lr=1.0", "train.min_lr=0.1", "train.warmup_steps=10",
                                 "train.max_steps=111", "train.schedule=cosine"]).train
