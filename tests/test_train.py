@@ -1871,6 +1871,15 @@ def test_with_a_progress_bar_train_log_still_keeps_every_line(corpus, tmp_path, 
     assert "step 2: validation loss" in log and "step 4: validation loss" in log and "done: 4 steps" in log
 
 
+def test_train_log_keeps_an_unexpected_error_that_ends_the_run_naming_its_kind(tmp_path):
+    from tinyattn.train.log import RunLog
+
+    with pytest.raises(ZeroDivisionError), RunLog(tmp_path, enabled=True):
+        raise ZeroDivisionError("a bug")
+    log = (tmp_path / "train.log").read_text(encoding="utf-8")
+    assert log.endswith(" failed: ZeroDivisionError: a bug\n")
+
+
 def test_a_second_stop_before_the_first_checkpoint_says_to_run_the_command_again(tmp_path):
     from tinyattn.train.log import stopped_at_once
     from tinyattn.train.owners import StoppedAtOnce
