@@ -187,7 +187,12 @@ def test_a_resumed_budget_run_counts_the_time_already_spent(corpus, tmp_path, mo
     state = ckpt.load_checkpoint(ckpt.latest_checkpoint(resumed.run_dir))
     assert state["plan"]["spent"] == pytest.approx(total) and state["plan"]["finished"]
     # Its plan's schedule ends at the floor, as today's: no note of an older one.
-    assert "was saved before 2026-12-05" not in (resumed.run_dir / "train.log").read_text()
+    log = (resumed.run_dir / "train.log").read_text()
+    assert "was saved before 2026-12-05" not in log
+    # Its first line names the plan it continues, its last the seconds spent over both sessions.
+    announced = next(line for line in log.splitlines() if "(resuming from" in line)
+    assert re.search(r", the 100s budget's plan, \d+ s of it spent$", announced), announced
+    assert f"; {total:.0f} s of the 100s budget spent" in log.splitlines()[-1], log.splitlines()[-1]
 
 
 def test_a_new_budget_run_counts_its_start_up_once(corpus, tmp_path, monkeypatch):
