@@ -194,7 +194,8 @@ def test_tensorboard_holds_every_curve(corpus, tmp_path):
     assert values["tokenizer.kind"] == "char" and values["data.files"] == str(corpus)  # data tells runs apart
     # The tab's columns: both losses declared as the session's metrics
     experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
-    assert {info.name.tag for info in experiment.metric_infos} == {"hparam/best_val_loss", "hparam/last_val_loss"}
+    assert {info.name.tag for info in experiment.metric_infos} == {"hparam/best_val_loss",
+                                                                   "hparam/last_val_loss"}
     best = [e.value for e in runs.Scalars("hparam/best_val_loss")]
     last = [e.value for e in runs.Scalars("hparam/last_val_loss")]
     assert len(best) == 2 and best[-1] == pytest.approx(result.best_val_loss, abs=1e-5)
