@@ -1868,6 +1868,22 @@ def test_a_plain_step_line_gives_the_windows_mean_loss_the_gains_rate_and_mfu_ov
     assert capsys.readouterr().err == "step 4: loss 3.5000, lr 2.00e-03, 200 tok/s, mfu 50.0%\n"
 
 
+def test_the_progress_bar_counts_every_step_whatever_the_log_interval(corpus, tmp_path, monkeypatch):
+    from tinyattn.train import log as train_log
+
+    counted = []
+
+    class Counted(train_log.tqdm):
+        def close(self):
+            counted.append((self.n, self.total))
+            super().close()
+
+    monkeypatch.setattr(train_log, "tqdm", Counted)
+    config = tiny_config(corpus, tmp_path, "train.max_steps=10", "train.log_interval=5", "train.eval_interval=10")
+    train(config, run_name="bar", progress=True)
+    assert counted and set(counted) == {(10, 10)}  # a window of five steps moves it by five
+
+
 def test_with_a_progress_bar_train_log_still_keeps_every_line(corpus, tmp_path, capsys):
     config = tiny_config(corpus, tmp_path, "train.max_steps=4", "train.eval_interval=2")
     result = train(config, run_name="bar", progress=True)
