@@ -1879,7 +1879,8 @@ def test_the_progress_bar_counts_every_step_whatever_the_log_interval(corpus, tm
             super().close()
 
     monkeypatch.setattr(train_log, "tqdm", Counted)
-    config = tiny_config(corpus, tmp_path, "train.max_steps=10", "train.log_interval=5", "train.eval_interval=10")
+    config = tiny_config(corpus, tmp_path, "train.max_steps=10", "train.log_interval=5",
+                         "train.eval_interval=10")
     train(config, run_name="bar", progress=True)
     assert counted and set(counted) == {(10, 10)}  # a window of five steps moves it by five
 
