@@ -177,16 +177,13 @@ def _plot(args: argparse.Namespace, loaded, result, source: str, name: str) -> N
 
 
 def _split_tokens(loaded, split: str):
-    import dataclasses
-
     from tinyattn.data.batches import prepare_data
     from tinyattn.data.sources import data_where_started
 
     if loaded.config.data.dataset is None and loaded.config.data.files is None:
         raise DataError(f"{loaded.path.parent}: a Hugging Face folder has no data section to take "
                         f"--split {split} from; score a text with --text-file FILE")
-    run_data = data_where_started(loaded.config.data, loaded.start_folder)  # the run's files, from anywhere
-    data = prepare_data(dataclasses.replace(loaded.config, data=run_data))
+    data = prepare_data(data_where_started(loaded.config, loaded.start_folder))  # the run's files, anywhere
     if data.tokenizer.to_json() != loaded.tokenizer.to_json():
         raise DataError(f"{data.cache_dir}: the data's tokenizer differs from the one in {loaded.path}; "
                         "the run's data or tokenizer settings no longer give the tokens it was trained on")

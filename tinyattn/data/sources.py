@@ -45,7 +45,7 @@ from typing import Callable, Iterator, Optional
 
 from tqdm import tqdm
 
-from tinyattn.config import DataConfig
+from tinyattn.config import Config, DataConfig
 from tinyattn.data.download import download
 from tinyattn.data.tokenizer import text_pieces
 from tinyattn.errors import DataError
@@ -665,19 +665,20 @@ def _no_download_counts() -> Iterator[None]:
 PATH_KEYS = ("files", "dataset", "cache_dir")  # the data section's keys that may hold relative paths
 
 
-def read_from(data: DataConfig, folder: Optional[Path],
-              keys: tuple[str, ...] = PATH_KEYS) -> tuple[DataConfig, list[str]]:
-    """`data` with the relative paths of `keys` read from `folder` (the one a run started in) where the
-    folder run from is another, each where `folder` holds it (a glob: where it matches a name there),
-    and the dotted keys moved. An absolute path, a hub name, a path `folder` lacks, and all of them
-    where `folder` is None or gone, stay as given: read from the folder run from, whose messages
-    then name it. A run resumed or scored from another folder reads its data where it started."""
+def read_from(config: Config, folder: Optional[Path],
+              keys: tuple[str, ...] = PATH_KEYS) -> tuple[Config, list[str]]:
+    """`config` with the relative data paths of `keys` read from `folder` (the one a run started in)
+    where the folder run from is another, each where `folder` holds it (a glob: where it matches a name
+    there), and the dotted keys moved; `config` itself where none moved. An absolute path, a hub name,
+    a path `folder` lacks, and all of them where `folder` is None or gone, stay as given: read from
+    the folder run from, whose messages then name it. The config's other sections are the same
+    objects (what reading the data sets, the vocabulary's size, is the run's)."""
     try:
         here = Path.cwd().resolve()
     except OSError:  # the folder run from was removed meanwhile: it holds nothing to read
         here = None
     if folder is None or not folder.is_dir() or folder.resolve() == here:
-        return data, []
+        return config, []
 
     def moved(path: str) -> str:
         if Path(os.path.expanduser(path)).is_absolute():
@@ -687,15 +688,18 @@ def read_from(data: DataConfig, folder: Optional[Path],
                                    and bool(glob.glob(path, root_dir=folder, recursive=True)))
         return str(there) if found else path
 
+    data = config.data
     changes: dict = {}
     if "files" in keys and data.files is not None:
         changes["files"] = [moved(f) for f in data.files]
-    if "dataset" in keys and data.dataset is not None and (folder / data.dataset).is_dir():
-        changes["dataset"] = moved(data.dataset)
-    if "cache_dir" in keys and (folder / data.cache_dir).is_dir():
-        changes["cache_dir"] = moved(data.cache_dir)
+    for key in ("dataset", "cache_dir"):  # a folder each (a hub name is no folder there)
+        value = getattr(data, key)
+        if key in keys and value is not None and (folder / value).is_dir():
+            changes[key] = moved(value)
     changes = {k: v for k, v in changes.items() if v != getattr(data, k)}
-    return replace(data, **changes), [f"data.{k}" for k in changes]
+    if not changes:
+        return config, []
+    return replace(config, data=replace(data, **changes)), [f"data.{k}" for k in changes]
 
 
 def read_from_note(moved: list[str], folder: Path) -> str:
@@ -704,10 +708,10 @@ def read_from_note(moved: list[str], folder: Path) -> str:
             "folder run from: the run's relative paths name its files there")
 
 
-def data_where_started(data: DataConfig, folder: Optional[Path]) -> DataConfig:
-    """A run's data section as a command that reads its data reads it (`eval --split`, `lab distance`):
+def data_where_started(config: Config, folder: Optional[Path]) -> Config:
+    """A run's config as a command that reads its data reads it (`eval --split`, `lab distance`):
     `read_from` the folder the run started in, said in a note where it moved a path."""
-    placed, moved = read_from(data, folder)
+    placed, moved = read_from(config, folder)
     if moved:
         notice(read_from_note(moved, folder))
     return placed

@@ -31,7 +31,7 @@ import argparse
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import NormalDist
 
@@ -162,9 +162,9 @@ def gap_text(path: str | None, loaded) -> np.ndarray:
         return np.asarray(ids, dtype=np.int64)
     if loaded.config.data.dataset is None and loaded.config.data.files is None:  # a Hugging Face folder
         raise TinyattnError(f"{loaded.label}: records no data to take the gap text from; give --text FILE")
-    run_data = data_where_started(loaded.config.data, loaded.start_folder)  # the run's files, from anywhere
+    config = data_where_started(loaded.config, loaded.start_folder)  # the run's files, from anywhere
     try:
-        data = prepare_data(replace(loaded.config, data=run_data), progress=False)
+        data = prepare_data(config, progress=False)
     except TinyattnError as e:
         raise TinyattnError(f"the gap text comes from the checkpoint's data, which cannot be read ({e}); "
                             "give --text FILE") from None

@@ -3,7 +3,8 @@
 `ResumePoint` is the checkpoint a run continues from: found from a folder or file, loaded
 once, checked against the config's model shape, the data it trained on (refused when it
 changed, unless --allow-data-change) and the data's tokenizer; it keeps the run's
-train.init_from, the source it reads no more (`keep_init_from`). Without --config a resume
+train.init_from, the source it reads no more (`keep_init_from`), and run from another folder
+reads the run's relative data paths where the run started (`placed_data`). Without --config a resume
 takes its settings from the checkpoint plus the edits made to the folder's config.yaml
 (`edited_config`); a rewritten config.yaml keeps the user's edited text beside it
 (`keep_user_config`). It decides
@@ -556,11 +557,8 @@ class ResumePoint:
         another --config's) is the user's, read from the folder run from. `check_data` then compares
         what was read with what the run trained on."""
         own = tuple(key for key in PATH_KEYS if getattr(config.data, key) == getattr(self.config.data, key))
-        data, moved = read_from(config.data, self.start_folder, own)
-        if not moved:
-            return config, None
-        # model and train stay the same objects: what reading the data sets (vocab_size) is the run's
-        return dataclasses.replace(config, data=data), read_from_note(moved, self.start_folder)
+        placed, moved = read_from(config, self.start_folder, own)
+        return placed, read_from_note(moved, self.start_folder) if moved else None
 
     def check_data(self, fingerprint: dict, *, allow_change: bool) -> Optional[str]:
         """Refuse to continue on data other than what the checkpoint trained on, naming what
