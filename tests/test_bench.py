@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.bench  # the whole benchmark suite in a fresh process: make bench-check runs it
+@pytest.mark.timeout(0)  # its subprocess has a timeout of its own
 def test_bench_smoke_writes_every_field(tmp_path):
     out = tmp_path / "bench.json"
     result = subprocess.run(

@@ -161,6 +161,7 @@ def report(notebook, seconds: float) -> None:
 
 @pytest.mark.slow
 @pytest.mark.tour
+@pytest.mark.timeout(0)  # each cell has a timeout of its own (CELL_TIMEOUT)
 def test_the_tour_executes_and_each_step_shows_its_result():
     started = time.perf_counter()
     notebook = execute(TOUR, EXECUTED)  # nbclient raises CellExecutionError on the first cell that does
