@@ -165,22 +165,27 @@ def _refuse_a_lone_surrogate(body: bytes) -> None:
         value = json.loads(body)
     except (ValueError, RecursionError):
         return  # invalid JSON indeed
-    for path, text in _strings_in(value, []):
+    for path, text, is_key in _strings_in(value, []):
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as e:
             name = ".".join(path) or None
-            raise ApiError(f"{name}: not valid Unicode text after {counted(e.start, 'character')} (half of "
-                           "a UTF-16 surrogate pair)", param=name) from None
+            # A key is named by the object that holds it: the key itself cannot be written back as UTF-8.
+            where = f"a key of {name or 'the request body'}" if is_key else name
+            raise ApiError(f"{where}: not valid Unicode text after {counted(e.start, 'character')} (half "
+                           "of a UTF-16 surrogate pair)", param=name) from None
 
 
 def _strings_in(value, path: list[str]):
-    """(path, str) for every string in a parsed JSON value, its keys' and indices' path to it."""
+    """(path, str, is_key) for every string in a parsed JSON value, values and an object's keys alike:
+    a value's path of keys and indices to it, or a key's path to the object that holds it."""
     if isinstance(value, str):
-        yield path, value
+        yield path, value, False
     members = (value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list)
                else ())
     for key, member in members:
+        if isinstance(key, str):
+            yield path, key, True
         yield from _strings_in(member, path + [str(key)])
 
 
