@@ -142,6 +142,54 @@ def test_a_full_disk_at_an_evaluations_tensorboard_write_is_one_line_naming_the_
     assert [ckpt.step_of(p) for p in ckpt.step_checkpoints(run)] == [2]  # what was saved stays
 
 
+def refusing_the_events_files_close(monkeypatch) -> None:
+    """The events file's close is refused, as a full disk refuses the last of its buffer."""
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    close = RecordWriter.close
+
+    def full(self):
+        close(self)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(RecordWriter, "close", full)
+
+
+def test_a_refused_close_of_the_events_file_ends_a_run_that_went_well_in_one_line(
+        tmp_path, monkeypatch, capsys):
+    from tinyattn import checkpoint as ckpt
+    from tinyattn.cli.main import main
+
+    refusing_the_events_files_close(monkeypatch)
+    code = main(train_args(tmp_path, tmp_path / "runs"))
+    err = capsys.readouterr().err
+    run = tmp_path / "runs" / "r"
+    assert code == 2, err
+    assert "Traceback" not in err, err
+    [events] = run.glob("events.out.tfevents.*")
+    assert err.splitlines()[-1] == (f"error: cannot write {events}: No space left on device; "
+                                    "free some space there or choose another folder")
+    assert ckpt.latest_checkpoint(run).name == ckpt.step_filename(4)  # the run's steps are saved
+
+
+def test_the_error_that_ends_a_run_is_its_line_though_the_events_files_close_is_refused_too(
+        tmp_path, monkeypatch, capsys):
+    from tinyattn.cli.main import main
+    from tinyattn.train.trainer import Trainer
+
+    refusing_the_events_files_close(monkeypatch)
+    step = Trainer.train_step
+
+    def poisoned(self):
+        loss, norm = step(self)
+        return (loss * float("nan") if self.step >= 3 else loss), norm
+
+    monkeypatch.setattr(Trainer, "train_step", poisoned)
+    code = main(train_args(tmp_path, tmp_path / "runs"))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.splitlines()[-1].startswith("error: the loss became nan at step 3; training stopped"), err
+
 def token_cache_config(tmp_path: Path, disk: Path, characters: int):
     from tinyattn.config import config_from_dict
 
