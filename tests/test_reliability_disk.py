@@ -190,6 +190,37 @@ def test_the_error_that_ends_a_run_is_its_line_though_the_events_files_close_is_
     assert code == 2, err
     assert err.splitlines()[-1].startswith("error: the loss became nan at step 3; training stopped"), err
 
+
+def started_logger(run_dir: Path):
+    """A Logger whose TensorBoard writer is open in `run_dir`."""
+    from types import SimpleNamespace
+
+    from tinyattn.config import load_config
+    from tinyattn.train.log import Logger
+
+    trainer = SimpleNamespace(model=SimpleNamespace(flops_per_token=lambda: 1.0),
+                              dist=SimpleNamespace(world_size=1), step=0)
+    (run_dir / "config.yaml").write_text("model:\n  n_layer: 1\n", encoding="utf-8")
+    log = Logger(run_dir, load_config(TINY), trainer, peak_flops=1.0, enabled=True, progress=False)
+    log.start(None)
+    return log
+
+
+def test_a_second_stop_as_tensorboard_starts_is_what_the_start_raises_not_a_refused_close_after_it(
+        tmp_path, monkeypatch):
+    from torch.utils.tensorboard import SummaryWriter
+
+    from tinyattn.train.owners import StoppedAtOnce
+
+    refusing_the_events_files_close(monkeypatch)
+
+    def stopped(self, *args, **kwargs):  # a second Ctrl-C as the config goes to TensorBoard
+        raise StoppedAtOnce("SIGINT")
+
+    monkeypatch.setattr(SummaryWriter, "add_text", stopped)
+    with pytest.raises(StoppedAtOnce, match="stopped at once by a second SIGINT"):
+        started_logger(tmp_path)
+
 def token_cache_config(tmp_path: Path, disk: Path, characters: int):
     from tinyattn.config import config_from_dict
 
