@@ -221,6 +221,38 @@ def test_a_second_stop_as_tensorboard_starts_is_what_the_start_raises_not_a_refu
     with pytest.raises(StoppedAtOnce, match="stopped at once by a second SIGINT"):
         started_logger(tmp_path)
 
+
+def fail_in_a_tensorboard_writer_thread(error: Exception) -> None:
+    """A TensorBoard writer thread (as the run's writer runs) that meets `error` at its first write."""
+    import queue
+    from types import SimpleNamespace
+
+    from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+
+    def write(data):
+        raise error
+
+    records = queue.Queue()
+    records.put(b"a record")
+    thread = _AsyncWriterThread(records, SimpleNamespace(write=write, flush=lambda: None), 120)
+    thread.start()
+    thread.join()
+
+
+def test_while_tensorboard_writes_only_its_threads_refused_writes_are_kept_from_the_console(
+        tmp_path, monkeypatch):
+    import threading
+
+    seen = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args.exc_type))
+    log = started_logger(tmp_path)
+    try:
+        fail_in_a_tensorboard_writer_thread(OSError(errno.ENOSPC, "No space left on device"))
+        fail_in_a_tensorboard_writer_thread(ValueError("a bug in the writer"))
+    finally:
+        log.close()
+    assert seen == [ValueError]  # the full disk is the writer's next call's one line; a bug is shown
+
 def token_cache_config(tmp_path: Path, disk: Path, characters: int):
     from tinyattn.config import config_from_dict
 
