@@ -253,6 +253,17 @@ def test_while_tensorboard_writes_only_its_threads_refused_writes_are_kept_from_
         log.close()
     assert seen == [ValueError]  # the full disk is the writer's next call's one line; a bug is shown
 
+
+def test_closing_tensorboard_gives_back_the_thread_hook_it_found(tmp_path, monkeypatch):
+    # After a run (a notebook's), a refused write in a writer thread of the user's own is shown again
+    import threading
+
+    seen = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args.exc_type))
+    started_logger(tmp_path).close()
+    fail_in_a_tensorboard_writer_thread(OSError(errno.ENOSPC, "No space left on device"))
+    assert seen == [OSError]
+
 def token_cache_config(tmp_path: Path, disk: Path, characters: int):
     from tinyattn.config import config_from_dict
 
