@@ -264,6 +264,20 @@ def test_closing_tensorboard_gives_back_the_thread_hook_it_found(tmp_path, monke
     fail_in_a_tensorboard_writer_thread(OSError(errno.ENOSPC, "No space left on device"))
     assert seen == [OSError]
 
+
+def test_a_train_log_write_the_full_disk_refuses_neither_ends_the_run_nor_prints_a_traceback(
+        small_tmpfs, capsys):
+    from tinyattn.train.log import RunLog, say
+
+    # The file's write fails where a line is more than its buffer holds (a shorter one fails in the flush)
+    lines = ["step 1: loss 1.0000", "warning: " + "a long warning " * 1000, "step 2: loss 0.5000"]
+    fill(small_tmpfs)
+    with RunLog(small_tmpfs, enabled=True):
+        for line in lines:
+            say(line)
+    assert capsys.readouterr().err.splitlines() == lines  # every line on the console, nothing else
+
+
 def token_cache_config(tmp_path: Path, disk: Path, characters: int):
     from tinyattn.config import config_from_dict
 
