@@ -1816,6 +1816,24 @@ def test_a_closed_terminal_saves_and_logs_the_stop_unless_the_run_ignores_hangup
     assert latest is not None and ckpt.load_checkpoint(latest)["step"] >= 3
 
 
+def test_once_the_console_is_gone_a_print_to_standard_output_goes_to_dev_null_too(monkeypatch):
+    # `tinyattn train ... 2>&1 | head`: both streams are the pipe whose reader went away. The run's
+    # own line fails on stderr; a later print on stdout (a library's) must not end the run either.
+    from tinyattn.train.log import say
+
+    reader, writer = os.pipe()
+    os.close(reader)
+    out, err = open(os.dup(writer), "w", encoding="utf-8"), open(writer, "w", encoding="utf-8")
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err)
+    try:
+        say("step 1: loss 1.0000")
+        print("a library's line", flush=True)
+    finally:
+        for stream in (out, err):
+            with contextlib.suppress(OSError):
+                stream.close()
+
 def test_a_ctrl_c_during_the_last_step_ends_the_run_as_done_not_stopped(corpus, tmp_path, monkeypatch, capsys):
     import os
 
