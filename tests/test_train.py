@@ -202,6 +202,14 @@ def test_tensorboard_holds_every_curve(corpus, tmp_path):
     assert best[0] >= best[1] and last[-1] == pytest.approx(result.last_val_loss, abs=1e-5)
 
 
+def test_a_list_setting_is_one_comma_separated_text_in_tensorboards_hparams():
+    from tinyattn.train.log import hparams_of
+
+    config = load_config(TINY, ["data.files=[a.txt, b.txt]", "data.url=null", "data.sha256=null",
+                                "train.show=[sample, loss_by_position]"])
+    values = hparams_of(config)
+    assert (values["data.files"], values["train.show"]) == ("a.txt, b.txt", "sample, loss_by_position")
+
 def hparams_sessions(run: Path) -> list[dict]:
     """The HParams sessions in a run folder's event files: each one's hyperparameters."""
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
