@@ -67,6 +67,16 @@ def test_the_page_holds_the_models_weights_relevance_losses_and_head_ablation(re
     assert data["query"] == relevance.num_tokens - 2  # default: the last token that predicts one
 
 
+def test_the_pages_losses_the_mean_among_them_are_kept_to_a_thousandth_of_a_nat():
+    # As docs/ATTENTION.md says of the page's data; the page shows the mean to as many decimals
+    T, L, H = 4, 1, 1
+    weights = np.tril(np.ones((T, T), dtype=np.float32))[None, None] / np.arange(1, T + 1)[:, None]
+    relevance = np.where(np.tril(np.ones((T, T)), k=-1) > 0, 0.1, np.nan)
+    rel = Relevance(list(range(T)), ["a"] * T, T, np.zeros(T, dtype=int), weights,
+                    np.append(np.full(T - 1, 2 / 3), np.nan), relevance, np.zeros((L, H)), 2 / 3)
+    data = data_of_page(explorer_html(rel))
+    assert (data["loss"], data["mean_loss"]) == ([0.667, 0.667, 0.667, None], 0.667)
+
 @pytest.mark.parametrize("key, size", [("agreement", False), ("agreement_by_size", True)])
 def test_the_page_holds_the_rank_correlation_of_weight_with_relevance_and_with_its_size(relevance, key, size):
     stored = data_of_page(explorer_html(relevance))[key]
