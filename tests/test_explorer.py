@@ -77,6 +77,7 @@ def test_the_pages_losses_the_mean_among_them_are_kept_to_a_thousandth_of_a_nat(
     data = data_of_page(explorer_html(rel))
     assert (data["loss"], data["mean_loss"]) == ([0.667, 0.667, 0.667, None], 0.667)
 
+
 @pytest.mark.parametrize("key, size", [("agreement", False), ("agreement_by_size", True)])
 def test_the_page_holds_the_rank_correlation_of_weight_with_relevance_and_with_its_size(relevance, key, size):
     stored = data_of_page(explorer_html(relevance))[key]

@@ -210,6 +210,7 @@ def test_a_list_setting_is_one_comma_separated_text_in_tensorboards_hparams():
     values = hparams_of(config)
     assert (values["data.files"], values["train.show"]) == ("a.txt, b.txt", "sample, loss_by_position")
 
+
 def hparams_sessions(run: Path) -> list[dict]:
     """The HParams sessions in a run folder's event files: each one's hyperparameters."""
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
@@ -1841,6 +1842,7 @@ def test_once_the_console_is_gone_a_print_to_standard_output_goes_to_dev_null_to
         for stream in (out, err):
             with contextlib.suppress(OSError):
                 stream.close()
+
 
 def test_a_ctrl_c_during_the_last_step_ends_the_run_as_done_not_stopped(corpus, tmp_path, monkeypatch, capsys):
     import os
