@@ -155,7 +155,7 @@ def refusing_the_events_files_close(monkeypatch) -> None:
     monkeypatch.setattr(RecordWriter, "close", full)
 
 
-def test_a_refused_close_of_the_events_file_ends_a_run_that_went_well_in_one_line(
+def test_a_refused_close_of_the_events_file_is_the_runs_error_after_its_done_line(
         tmp_path, monkeypatch, capsys):
     from tinyattn import checkpoint as ckpt
     from tinyattn.cli.main import main
@@ -169,7 +169,8 @@ def test_a_refused_close_of_the_events_file_ends_a_run_that_went_well_in_one_lin
     [events] = run.glob("events.out.tfevents.*")
     assert err.splitlines()[-1] == (f"error: cannot write {events}: No space left on device; "
                                     "free some space there or choose another folder")
-    assert ckpt.latest_checkpoint(run).name == ckpt.step_filename(4)  # the run's steps are saved
+    assert err.splitlines()[-2].startswith("done: 4 steps in ")  # said first: the run is done and saved
+    assert ckpt.latest_checkpoint(run).name == ckpt.step_filename(4)
 
 
 def test_the_error_that_ends_a_run_is_its_line_though_the_events_files_close_is_refused_too(

@@ -408,11 +408,15 @@ class Logger:
     def finish(self, result: TrainResult, stopped_by: Optional[str]) -> None:
         if not self.enabled:
             return
-        self.close()
+        try:
+            self.close()
+        finally:  # a refused close of the events file (a full disk) is the run's error, said after this
+            say(self._last_line(result, stopped_by))  # line: its steps are done and saved all the same
+
+    def _last_line(self, result: TrainResult, stopped_by: Optional[str]) -> str:
         if stopped_by:
-            say(f"stopped by {stopped_by} at step {result.step}; checkpoint saved in {result.run_dir}. "
-                f"Resume with: {command('train')} --resume {quoted(result.run_dir)}")
-            return
+            return (f"stopped by {stopped_by} at step {result.step}; checkpoint saved in {result.run_dir}. "
+                    f"Resume with: {command('train')} --resume {quoted(result.run_dir)}")
         s = result.seconds
         split = ", ".join(f"{name} {s[name]:.1f} s ({s[name] / result.wall_seconds:.1%})"
                           for name in ("start-up", "calibration", "compile", "train", "eval", "save")
@@ -427,5 +431,5 @@ class Logger:
             steps += f" (steps {self.first_step + 1}-{result.step})"
         rate = result.tokens_per_second  # NaN where the one step trained compiled the model: none timed
         speed = f"{rate:,.0f} tok/s" if math.isfinite(rate) else "no tok/s (its one step compiled the model)"
-        say(f"done: {steps} in {result.wall_seconds:.1f} s ({split}), {speed}, best validation loss "
-            f"{result.best_val_loss:.4f}; checkpoints in {result.run_dir}")
+        return (f"done: {steps} in {result.wall_seconds:.1f} s ({split}), {speed}, best validation loss "
+                f"{result.best_val_loss:.4f}; checkpoints in {result.run_dir}")
