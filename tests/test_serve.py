@@ -597,8 +597,8 @@ def test_a_prompt_at_the_token_limit_and_max_tokens_0_are_served(client):
     (b'{"model": "tiny-serve", "prompt": "x", "stop": ["\\udc00"]}', "stop.0: not valid Unicode text after "
                                                                       "0 characters"),
     # In a key: the 400 names the object that holds it (it said only "not valid JSON").
-    (b'{"model": "tiny-serve", "prompt": "x", "ab\\ud800": 1}', "a key of the request body: not valid Unicode "
-                                                                "text after 2 characters"),
+    (b'{"model": "tiny-serve", "prompt": "x", "ab\\ud800": 1}',
+     "a key of the request body: not valid Unicode text after 2 characters"),
     (b'{"model": "tiny-serve", "prompt": "x", "stream_options": {"\\udc00": true}}',
      "a key of stream_options: not valid Unicode text after 0 characters"),
 ], ids=["malformed-json", "empty", "blank", "not-an-object", "no-model", "a-lone-surrogate",
