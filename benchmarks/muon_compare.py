@@ -12,13 +12,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-
-import torch
+from typing import TYPE_CHECKING
 
 from benchmarks.arguments import check_counts
 from tinyattn.cli import run_command
 from tinyattn.errors import TinyattnError
-from tinyattn.train.optim import Muon
+
+if TYPE_CHECKING:
+    import torch
 
 LEAST = {"rounds": (1, ""), "repeats": (1, "")}
 
@@ -28,6 +29,8 @@ SHAPES = [(576, 192), (192, 192), (1024, 192), (192, 512)] * 4
 
 
 def matrices() -> list[torch.nn.Parameter]:
+    import torch
+
     g = torch.Generator().manual_seed(1)
     params = [torch.nn.Parameter(torch.randn(shape, generator=g) * 0.02) for shape in SHAPES]
     for p in params:
@@ -50,6 +53,10 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=15, help="steps timed per optimizer and round")
     args = parser.parse_args()
     check_counts(args, LEAST)
+    import torch  # after the arguments: --help and a refused count answer at once
+
+    from tinyattn.train.optim import Muon
+
     if not hasattr(torch.optim, "Muon"):  # tinyattn runs on torch 2.5, before it
         raise TinyattnError(f"torch {torch.__version__} has no torch.optim.Muon to compare with; expected a "
                             "newer torch that has it")

@@ -286,11 +286,15 @@ def test_a_benchmarks_refused_argument_is_one_line_naming_it_with_exit_2(module,
     assert err.startswith(f"error: {named}") and err.count("\n") == 1, err
 
 
-def test_muon_compare_help_prints_its_options_and_measures_nothing():
-    result = warm_python.run([sys.executable, "-m", "benchmarks.muon_compare", "--help"], cwd=ROOT,
-                             capture_output=True, text=True, timeout=120)
+def test_muon_compare_help_prints_its_options_and_measures_nothing_nor_imports_torch():
+    # A fresh interpreter, not a warm fork (which has torch already): --help answers at once
+    code = ("import runpy, sys\nsys.argv = ['muon_compare', '--help']\ntry:\n"
+            "    runpy.run_module('benchmarks.muon_compare', run_name='__main__')\n"
+            "finally:\n    print('torch imported:', 'torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "--rounds" in result.stdout, result.stderr[-2000:]
     assert "update difference" not in result.stdout  # it ran the comparison before it took arguments
+    assert result.stdout.endswith("torch imported: False\n"), result.stdout
 
 
 @pytest.mark.parametrize("module, arguments", [("serve", ["--max-tokens", "1"]),
