@@ -83,7 +83,7 @@ def architecture_of(config: ModelConfig) -> str:
     """llama.cpp's architecture for `config`, or a CheckpointError for what neither holds."""
     refuse_what_neither_computes(config, " to GGUF", f"llama.cpp's {ARCHITECTURE} and {QK_NORM_ARCHITECTURE}")
     if config.attention_gate:  # llama.cpp's qwen35 would hold it, but tinyattn does not write it (yet)
-        elsewhere = (" (tinyattn export without --gguf writes Qwen3.5 for transformers)"
+        elsewhere = (" (tinyattn export --format hf writes it as Qwen3.5 for transformers)"
                      if config.qk_norm else "")
         raise CheckpointError("model.attention_gate: true cannot be exported to GGUF: tinyattn writes "
                               f"llama.cpp's {ARCHITECTURE} and {QK_NORM_ARCHITECTURE}, which do not gate the "
