@@ -390,6 +390,9 @@ def test_a_warmup_as_long_as_the_run_is_warned_of_and_one_step_shorter_is_not():
     assert "the rate ends still warming up, at 50% of its peak, and never decays" in warmup_warning(
         TrainConfig(warmup_steps=40, max_steps=20), 20)
     assert warmup_warning(TrainConfig(warmup_steps=19, max_steps=20), 20) is None
+    assert "is not below the 1 step of train.max_steps: " in warmup_warning(TrainConfig(warmup_steps=1), 1)
+    assert "is not below the about 1 step the 20s budget first fits: " in warmup_warning(
+        TrainConfig(warmup_steps=1), 1, budget=20)
     # a run of fewer than 10 steps is advised one warmup step, not 0
     assert "(--set train.warmup_steps=1)" in warmup_warning(TrainConfig(warmup_steps=8, max_steps=5), 5)
 

@@ -826,7 +826,9 @@ def test_a_session_of_the_one_step_that_compiled_the_model_says_it_timed_no_step
     monkeypatch.setattr(torch, "compile", lambda module: module)
     config = tiny_config(corpus, tmp_path, "train.compile=true", "train.max_steps=1", "train.eval_interval=1")
     result = train(config, run_name="one", progress=False)
-    done = capsys.readouterr().err.splitlines()[-1]
+    lines = capsys.readouterr().err.splitlines()
+    first, done = next(line for line in lines if line.startswith("run ")), lines[-1]
+    assert first.endswith(" train tokens, 1 step"), first  # not "1 steps"
     assert math.isnan(result.tokens_per_second) and "compile" in result.seconds
     assert re.search(r"^done: 1 step in [\d.]+ s \(.*compile [\d.]+ s .*\), no tok/s \(its one step "
                      r"compiled the model\), best validation loss ", done), done

@@ -452,7 +452,7 @@ def model_card(config: Config, card: Optional[ModelCard], tokenizer: Tokenizer,
     if t.init_from:
         lines.append(f"| initialised from | `{t.init_from}` |")
     if card is not None:
-        lines.append(f"| training | {card.step:,} steps" + (f", {card.tokens_seen:,} tokens"
+        lines.append(f"| training | {counted(card.step, 'step')}" + (f", {card.tokens_seen:,} tokens"
                                                            if card.tokens_seen else "") + " |")
         if card.best_val_loss is not None and math.isfinite(card.best_val_loss):
             # a step checkpoint holds the run's best so far, which may be of an earlier step's weights

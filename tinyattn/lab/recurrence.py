@@ -45,7 +45,7 @@ from tinyattn.analysis.evaluate import format_loss_by_position, log_loss_by_posi
 from tinyattn.analysis.plotting import require_matplotlib
 from tinyattn.config import Config, TrainConfig, home_path, load_config
 from tinyattn.data.batches import BatchSampler, eval_batches, prepare_data
-from tinyattn.errors import TinyattnError
+from tinyattn.errors import TinyattnError, counted
 from tinyattn.lab.lstm import LSTMConfig, LSTMLanguageModel, lstm_width_for
 from tinyattn.lab.outputs import (
     add_threads,
@@ -374,7 +374,7 @@ def report(contenders: list[Contender], config: Config, args: argparse.Namespace
     lines += ["", f"validation loss after {args.seconds:g} s of training each (context "
               f"{config.model.context_length}, {config.train.eval_windows or 'all'} windows)"]
     for c in contenders:
-        lines.append(f"{c.name:>10}: {c.val_loss:.3f} after {c.steps} steps in {c.seconds:.1f} s")
+        lines.append(f"{c.name:>10}: {c.val_loss:.3f} after {counted(c.steps, 'step')} in {c.seconds:.1f} s")
     for c in contenders:
         lines += ["", f"loss by position, {c.name}", format_loss_by_position(c.position_losses)]
     lines += ["", "gradient norm of the last position's loss w.r.t. the input embedding k tokens back "

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from tinyattn import checkpoint as ckpt
 from tinyattn.config import Config, config_to_dict, duration_text
-from tinyattn.errors import TinyattnError
+from tinyattn.errors import TinyattnError, counted
 from tinyattn.system.console import RUN_LOG_NAME
 from tinyattn.system.invocation import command, quoted
 from tinyattn.system.storage import storage_errors
@@ -242,7 +242,7 @@ class Logger:
         if point is not None:
             what = f"{'forked from' if point.forks_into(self.run_dir) else 'resuming from'} {point.file} at step {t.step}"
         if t.plan.kind == "steps":
-            steps = f"{tc.max_steps:,} steps"
+            steps = counted(tc.max_steps, "step")
         elif point is None:
             steps = f"measuring a few steps to fit the {duration_text(tc.time_budget)} budget"
         else:  # a time plan resumed: it goes on from the seconds its earlier sessions spent
