@@ -458,6 +458,41 @@ def test_a_run_stopped_by_ctrl_c_ends_the_lab_in_one_line_before_the_second_run_
     assert not (out / "causal.md").exists() and not (out / "causal.png").exists()
 
 
+@pytest.mark.parametrize("given_out", [True, False], ids=["out", "new-folder"])
+def test_a_lab_causal_stopped_while_it_measures_its_runs_says_what_its_folder_holds_and_how_to_run_it_again(
+        tmp_path, monkeypatch, capsys, corpus_text, given_out):
+    # A stop after both runs trained, while they were measured, said "interrupted" alone, and a rerun
+    # into that --out was refused until --force, as docs/LAB.md says every lab's stop tells.
+    from pathlib import Path
+
+    from tests.conftest import ROOT
+    from tinyattn.cli.lab import main
+    from tinyattn.hf import folder
+    from tinyattn.train import loop
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "lab out"
+    monkeypatch.setattr(loop, "train", lambda config, **options: SimpleNamespace(
+        run_dir=Path(config.train.out_dir) / options["run_name"], step=3, interrupted=False))
+    monkeypatch.setattr(folder, "load_any_model", stop)  # the first thing the measurement reads
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(corpus_text, encoding="utf-8")
+    assert main(["causal", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "3",
+                 *(["--out", str(out)] if given_out else []), "--set", f"data.files={corpus}",
+                 "data.url=null", "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}"]) == 130
+    if not given_out:
+        [out] = Path("checkpoints", "lab").glob("causal-*")  # as the user's folder names it
+    again = (f"run it again with --out '{out}' --force to start over" if given_out
+             else "run it again to start over in a new folder")
+    stdout, err = capsys.readouterr()
+    assert err.splitlines()[-1] == (f"lab causal stopped before its table; {out} holds what it measured "
+                                    f"so far; {again}")
+    assert "| model |" not in stdout
+
+
 def test_both_runs_keep_the_configs_weight_decay_at_any_steps_without_its_tables_by_passes(tmp_path,
                                                                                         monkeypatch):
     # The main config's train.decay_by_passes gives 0.2 from 3.5 passes: the lab's 4,000 steps of

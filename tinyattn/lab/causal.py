@@ -360,7 +360,7 @@ def run(args: argparse.Namespace) -> int:
     from tinyattn.config import load_config
     from tinyattn.data.batches import prepare_data
     from tinyattn.hf.folder import load_any_model
-    from tinyattn.lab.outputs import command_started, experiment_folder, refuse_own_settings
+    from tinyattn.lab.outputs import command_started, experiment_folder, refuse_own_settings, stopped_midway
 
     started = command_started()  # the command's, start-up included
     # What the two runs cannot change is checked before they train (minutes): matplotlib (for
@@ -381,18 +381,21 @@ def run(args: argparse.Namespace) -> int:
                          config.model.context_length)
     out = experiment_folder(args.out, "causal")
     results = train_both(args, out)
-    rows, curves = [], {}
-    for name in RUNS:
-        loaded = load_any_model(results[name].run_dir)
-        curves[name] = training_curve(results[name].run_dir)
-        losses = (float(curves[name][1][-1]), results[name].last_val_loss)
-        rows.append(measure(name, loaded, tokens=tokens, position=args.position, prompt=prompt,
-                            windows=config.train.eval_windows, losses=losses))
-    if checkpoint is not None:
-        rows.append(measure(str(args.checkpoint), checkpoint, tokens=tokens, position=args.position,
-                            prompt=prompt, windows=config.train.eval_windows))
-    figure = save_figure(rows, curves, out / "causal.png")
-    table = write_report(rows, out, time.perf_counter() - started, prompt=data.tokenizer.decode(prompt))
+    # A stop while the trained runs are measured leaves both runs and no table in `out`: said as the other
+    # labs say it (what the folder holds, how to run it again), where it said only "interrupted".
+    with stopped_midway("causal", out, args.out):
+        rows, curves = [], {}
+        for name in RUNS:
+            loaded = load_any_model(results[name].run_dir)
+            curves[name] = training_curve(results[name].run_dir)
+            losses = (float(curves[name][1][-1]), results[name].last_val_loss)
+            rows.append(measure(name, loaded, tokens=tokens, position=args.position, prompt=prompt,
+                                windows=config.train.eval_windows, losses=losses))
+        if checkpoint is not None:
+            rows.append(measure(str(args.checkpoint), checkpoint, tokens=tokens, position=args.position,
+                                prompt=prompt, windows=config.train.eval_windows))
+        figure = save_figure(rows, curves, out / "causal.png")
+        table = write_report(rows, out, time.perf_counter() - started, prompt=data.tokenizer.decode(prompt))
     print(table)
     print(f"wrote {out / 'causal.md'} and {figure} in {time.perf_counter() - started:.0f} s; "
           f"tensorboard --logdir {quoted(out)} shows both runs")
