@@ -458,6 +458,33 @@ def test_a_run_stopped_by_ctrl_c_ends_the_lab_in_one_line_before_the_second_run_
     assert not (out / "causal.md").exists() and not (out / "causal.png").exists()
 
 
+def test_a_bidirectional_run_stopped_before_its_first_step_ends_the_lab_naming_out_and_force_not_a_rerun(
+        tmp_path, monkeypatch, capsys, corpus_text):
+    # The causal run trained into --out, then a stop before the bidirectional run's first step ended
+    # the lab on train's own line, "nothing was trained or saved; run the same command again to
+    # train", and the same command was refused: --out held the causal run.
+    from tests.conftest import ROOT
+    from tinyattn.cli.lab import main
+    from tinyattn.train import loop
+    from tinyattn.train.owners import StoppedBeforeStart
+
+    def train(config, **options):
+        if options["run_name"] == "bidirectional":
+            raise StoppedBeforeStart("SIGTERM")
+        return SimpleNamespace(run_dir=out / options["run_name"], step=300, interrupted=False)
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(loop, "train", train)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(corpus_text, encoding="utf-8")
+    assert main(["causal", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "300",
+                 "--out", str(out), "--set", f"data.files={corpus}", "data.url=null", "data.sha256=null",
+                 f"data.cache_dir={tmp_path / 'cache'}"]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "lab causal stopped: the bidirectional run stopped before its first step; nothing was compared. "
+        f"Run the lab again with --out {out} --force to train both runs anew")
+
+
 @pytest.mark.parametrize("given_out", [True, False], ids=["out", "new-folder"])
 def test_a_lab_causal_stopped_while_it_measures_its_runs_says_what_its_folder_holds_and_how_to_run_it_again(
         tmp_path, monkeypatch, capsys, corpus_text, given_out):

@@ -208,12 +208,18 @@ OUTPUTS = ("causal.md", "causal.png")  # what `run` writes into --out beside the
 
 def train_both(args: argparse.Namespace, out: Path) -> dict:
     """Train the causal and the bidirectional run; returns {name: TrainResult}. A run stopped by
-    Ctrl-C or SIGTERM (`TrainResult.interrupted`) ends the lab in one line and exit status 130, as
-    `tinyattn train` ends: the second run is not trained and no table is written, as one would set a
-    few steps beside a whole run."""
+    Ctrl-C or SIGTERM (`TrainResult.interrupted`, or before its first step) ends the lab in one line
+    naming --out and --force, and exit status 130, as `tinyattn train` ends: the second run is not
+    trained and no table is written, as one would set a few steps beside a whole run."""
     from tinyattn.config import load_config
     from tinyattn.lab.outputs import clear_earlier_lab, refuse_own_settings
     from tinyattn.train.loop import train
+    from tinyattn.train.owners import StoppedBeforeStart
+
+    def stopped(how: str) -> KeyboardInterrupt:
+        # A stop, not a mistake: `run_command` prints the message and exits 130, as for train.
+        return KeyboardInterrupt(f"lab causal stopped: the {how}; nothing was compared. Run the lab again "
+                                 f"with --out {quoted(out)} --force to train both runs anew")
 
     check_steps(args.steps)
     refuse_own_settings("causal", args.overrides, OWN_SETTINGS)
@@ -224,14 +230,14 @@ def train_both(args: argparse.Namespace, out: Path) -> dict:
         items = lab_overrides(args.steps, out) + list(args.overrides) + [f"model.causal={name == 'causal'}"]
         config = load_config(args.config, items)
         print(f"training {name} ({args.steps} steps) into {run_dir}/", flush=True)
-        results[name] = train(config, config_path=args.config, run_name=name, progress=False,
-                              overrides=items)
+        try:
+            results[name] = train(config, config_path=args.config, run_name=name, progress=False,
+                                  overrides=items)
+        except StoppedBeforeStart:  # train's line ("nothing was trained or saved; run the same command
+            # again") speaks of its run alone: after the causal run, this --out holds it and needs --force
+            raise stopped(f"{name} run stopped before its first step") from None
         if results[name].interrupted:  # a comparison with a stopped run would compare its few steps
-            # A stop, not a mistake: `run_command` prints the message and exits 130, as for train.
-            raise KeyboardInterrupt(f"lab causal stopped: the {name} run stopped at step "
-                                    f"{results[name].step} of {args.steps} ({run_dir}); nothing was "
-                                    f"compared. Run the lab again with --out {quoted(out)} --force to "
-                                    "train both runs anew")
+            raise stopped(f"{name} run stopped at step {results[name].step} of {args.steps} ({run_dir})")
     return results
 
 
