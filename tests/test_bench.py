@@ -291,7 +291,8 @@ def test_muon_compare_help_prints_its_options_and_measures_nothing_nor_imports_t
     code = ("import runpy, sys\nsys.argv = ['muon_compare', '--help']\ntry:\n"
             "    runpy.run_module('benchmarks.muon_compare', run_name='__main__')\n"
             "finally:\n    print('torch imported:', 'torch' in sys.modules)")
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120)
     assert result.returncode == 0 and "--rounds" in result.stdout, result.stderr[-2000:]
     assert "update difference" not in result.stdout  # it ran the comparison before it took arguments
     assert result.stdout.endswith("torch imported: False\n"), result.stdout

@@ -99,7 +99,8 @@ def warmup_warning(config: TrainConfig, steps: int, budget: Optional[str] = None
     reached = steps / config.warmup_steps
     run, longer = ((f"about {counted(steps, 'step')} the {duration_text(budget)} budget first fits",
                     "a longer train.time_budget")
-                   if budget is not None else (f"{counted(steps, 'step')} of train.max_steps", "more train.max_steps"))
+                   if budget is not None
+                   else (f"{counted(steps, 'step')} of train.max_steps", "more train.max_steps"))
     ends = ("reaches its peak only at the last step" if reached >= 1
             else f"ends still warming up, at {reached:.0%} of its peak,")
     return (f"warning: train.warmup_steps={config.warmup_steps} is not below the {run}: the rate {ends} "
