@@ -447,7 +447,8 @@ def report(probe: list[ProbeRow], recall: RecallResult, source: str, machine: st
              f"key-value recall: {args.pairs} pairs then {max(1, args.pairs // 2)} queries (distinct keys "
              f"of the pairs); a {recall.parameters:,}-parameter attention model (2 layers, width 64) trained "
              f"{counted(recall.steps, 'step')} in {recall.seconds:.0f} s, "
-             f"final train loss {recall.final_loss:.3f}; accuracy on {RECALL_EVAL_SEQUENCES} fresh sequences (chance {1 / args.pairs:.3f})",
+             f"final train loss {recall.final_loss:.3f}; accuracy on {RECALL_EVAL_SEQUENCES} fresh sequences "
+             f"(chance {1 / args.pairs:.3f})",
              f"{'d':>9} {'accuracy':>9} {'queries':>8}"]
     for d, accuracy, count in zip(recall.distances, recall.accuracy, recall.counts):
         lines.append(f"{f'{d}-{d + DISTANCE_BIN - 1}':>9} {accuracy:>9.3f} {count:>8}")
