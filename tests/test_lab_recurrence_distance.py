@@ -692,6 +692,7 @@ def test_lab_recurrence_writes_its_table_figure_and_tensorboard_runs(tmp_path, c
                  "train.eval_windows=4"]) == 0
     table, printed = (out / "recurrence.txt").read_text(), capsys.readouterr().out
     assert "training tokens/s" in table and "gradient norm" in table and table in printed + "\n"
+    assert table.startswith(f"tinyattn lab recurrence: {ROOT / 'configs' / 'tiny.yaml'} ({corpus}); ")
     assert f"(tensorboard --logdir '{out}')" in printed, printed
     assert (out / "recurrence.png").stat().st_size > 0
     assert any((out / "attention").iterdir()) and any((out / "lstm").iterdir())

@@ -361,7 +361,8 @@ def report(contenders: list[Contender], config: Config, args: argparse.Namespace
     attn, lstm = contenders
     tokens_per_step = training_step_tokens(config)
     title, per_context = speed_header(tokens_per_step, args.contexts)
-    lines = [f"tinyattn lab recurrence: {args.config} ({config.data.files or config.data.dataset}); {machine}",
+    data = ", ".join(config.data.files) if config.data.files else config.data.dataset
+    lines = [f"tinyattn lab recurrence: {args.config} ({data}); {machine}",
              f"attention: {attn.parameters:,} parameters ({attn.shape}); lstm: {lstm.parameters:,} "
              f"parameters ({lstm.shape}); ratio {lstm.parameters / attn.parameters:.3f}", "",
              title,
