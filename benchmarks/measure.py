@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-import psutil
 import torch
 import torch.nn.functional as F
 
@@ -30,6 +29,7 @@ from tinyattn.generate.cpu_weights import pack_linear_weights
 from tinyattn.generate.decoder import CachedDecoder, row_weight_dtype
 from tinyattn.generate.sampling import sample_next_token
 from tinyattn.model.attention import attention, causal_mask
+from tinyattn.model.memory import available_bytes
 from tinyattn.model.transformer import LanguageModel
 from tinyattn.system.cpu import cpu_bf16_is_fast, cpu_name
 from tinyattn.system.device import DTYPES, measure_peak_flops, select_device, select_precision
@@ -302,7 +302,7 @@ def _peak_rss_child(path: str, T: int, batch_size: int, n_head: int, head_dim: i
     q, k, v = torch.randn(3, batch_size, n_head, T, head_dim).unbind(0)
     with torch.no_grad():
         _attention_forward(path, q[:, :, :8], k[:, :, :8], v[:, :, :8])  # load kernels, start threads
-        before = psutil.Process().memory_info().rss
+        before = _proc_status_bytes("VmRSS")
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset the peak-RSS mark (VmHWM) to the current RSS
         out = _attention_forward(path, q, k, v)
@@ -313,11 +313,16 @@ def _peak_rss_child(path: str, T: int, batch_size: int, n_head: int, head_dim: i
 
 def _peak_rss_since_reset() -> int:
     """Bytes of VmHWM, the mark /proc/self/clear_refs resets: psutil reports no peak RSS on Linux."""
+    return _proc_status_bytes("VmHWM")
+
+
+def _proc_status_bytes(field: str) -> int:
+    """A memory figure of this process from Linux's /proc/self/status (VmRSS, VmHWM), in bytes."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("/proc/self/status has no VmHWM")
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) * 1024  # kB
+    raise RuntimeError(f"/proc/self/status has no {field}")
 
 
 def _can_reset_peak_rss() -> bool:
@@ -331,9 +336,9 @@ def _can_reset_peak_rss() -> bool:
 
 
 def _available_memory_bytes(device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    return psutil.virtual_memory().available
+    """Free memory on `device` as a run's check reads it (psutil, else /proc/meminfo); unknown: no limit."""
+    free, _where = available_bytes(device)
+    return float("inf") if free is None else free
 
 
 def attention_cost_table(result: dict) -> str:
@@ -423,9 +428,10 @@ def _peak_memory_bytes(device, since_reset: bool) -> int:
         return int(torch.cuda.max_memory_allocated(device))
     if since_reset:
         return _peak_rss_since_reset()
-    memory = psutil.Process().memory_info()
-    if hasattr(memory, "peak_wset"):  # Windows: psutil's peak working set
-        return int(memory.peak_wset)
+    if sys.platform == "win32":  # psutil's peak working set (a dev dependency: only here is it needed)
+        import psutil
+
+        return int(psutil.Process().memory_info().peak_wset)
     import resource  # POSIX; psutil has no peak RSS there
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -298,6 +298,27 @@ def test_muon_compare_help_prints_its_options_and_measures_nothing_nor_imports_t
     assert result.stdout.endswith("torch imported: False\n"), result.stdout
 
 
+def test_the_benchmarks_answer_help_and_measure_memory_without_psutil_which_only_the_dev_extra_installs():
+    # pip install -e . (no extra) has no psutil: `python -m benchmarks.attention --help` ended in its
+    # ModuleNotFoundError. Each benchmark that measures memory reads /proc's figures without it.
+    code = ("import contextlib, io, runpy, sys\nsys.modules['psutil'] = None\n"
+            "for name in ('attention', 'decode', 'suite'):\n"
+            "    sys.argv = [name, '--help']\n"
+            "    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):\n"
+            "        runpy.run_module(f'benchmarks.{name}', run_name='__main__')\n"
+            "    print(name, out.getvalue().startswith('usage:'))\n"
+            "import torch\nfrom benchmarks import measure\ncpu = torch.device('cpu')\n"
+            "print('available', measure._available_memory_bytes(cpu) > 0)\n"
+            "print('peak', measure._peak_memory_bytes(cpu, since_reset=False) > 0)\n"
+            "print('child', measure._peak_rss_child('explicit', 64, 1, 1, 8) > 0 "
+            "if measure._can_reset_peak_rss() else True)")
+    result = warm_python.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                             timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout == ("attention True\ndecode True\nsuite True\navailable True\npeak True\n"
+                             "child True\n"), result.stdout
+
+
 @pytest.mark.parametrize("module, arguments", [("serve", ["--max-tokens", "1"]),
                                                ("time_to_loss", ["--nanogpt", "/nonexistent"]),
                                                ("train_step", ["--variant", "model.dropuot=0.1"])])
