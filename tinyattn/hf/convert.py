@@ -45,7 +45,7 @@ from tinyattn.errors import CheckpointError, TinyattnError
 from tinyattn.system.choices import EXPORT_PRECISIONS
 from tinyattn.system.device import DTYPES as DEVICE_DTYPES
 
-INSTALL_HINT = 'pip install -e ".[hf]"'
+INSTALL_HINT = "pip install 'tinyattn[hf]'"
 ARCHITECTURE = "LlamaForCausalLM"
 QK_NORM_ARCHITECTURE = "Qwen3ForCausalLM"  # Llama + QK-norm
 GATED_ARCHITECTURE = "Qwen3_5ForCausalLM"  # Qwen3 + the attention gate (with every layer full attention)
