@@ -53,9 +53,11 @@ LEAST = {"max_tokens": (2, "the tokens after the first are timed"), "repeats": (
 def main() -> int:
     args = _parser().parse_args()
     from benchmarks.arguments import check_counts, check_output, write_figures
+    from tinyattn.serve.server import require_serve_extra
 
     check_counts(args, LEAST)
     check_output(args.json)
+    require_serve_extra()  # the server's refusal, before generate() is timed here
     with tempfile.TemporaryDirectory() as folder:
         checkpoint = args.checkpoint or str(_random_run(Path(folder), args.config))
         in_process = _in_process_tokens_per_s(checkpoint, args.max_tokens, args.threads)

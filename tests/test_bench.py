@@ -358,6 +358,25 @@ def test_the_suite_and_time_to_loss_refuse_a_count_below_its_least_before_measur
     assert err.startswith(f"error: {named}") and "expected" in err and err.count("\n") == 1, err
 
 
+def test_the_serve_benchmark_without_the_serve_extra_is_tinyattn_serves_one_line_before_measuring(
+        monkeypatch, capsys):
+    # It timed generate() in this process first, then ended with status 1 on the server's error line.
+    from benchmarks import serve
+    from tinyattn.cli import run_command
+
+    def measure(*args, **kwargs):
+        raise AssertionError("measured")
+
+    monkeypatch.setattr(serve, "_in_process_tokens_per_s", measure)
+    monkeypatch.setattr(serve, "_start_server", measure)
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # `import fastapi` now raises ImportError
+    monkeypatch.setattr(sys, "argv", ["serve", "--config", str(ROOT / "configs" / "tiny.yaml")])
+    assert run_command(serve.main) == 2
+    err = capsys.readouterr().err
+    assert err == ("error: tinyattn serve needs the serve extra (fastapi is missing): "
+                   "pip install 'tinyattn[serve]'\n"), err
+
+
 def test_the_serve_benchmarks_warm_up_asks_for_no_more_tokens_than_the_server_allows(monkeypatch):
     import argparse
 
