@@ -437,6 +437,22 @@ def test_cli_scores_a_text_file_and_plots_loss_by_position(run, tmp_path, capsys
 
 
 
+def test_cli_without_matplotlib_scores_the_text_and_says_it_skipped_the_plot(run, tmp_path, capsys,
+                                                                            monkeypatch):
+    # An install without the plot extra: the scores and the table, then one line naming the extra.
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    text_file = tmp_path / "unplotted.txt"
+    text_file.write_text(TEXT[:500], encoding="utf-8")
+    status, stdout, stderr = run_cli(capsys, "--checkpoint", str(run["run_dir"]),
+                                     "--text-file", str(text_file), "--batch-size", "4")
+    assert status == 0, stderr
+    assert "15 windows of 32 + a tail of 19" in stdout
+    assert "loss by position, mean over 15 full windows" in stdout
+    assert stdout.endswith("\nplot skipped: matplotlib is missing (pip install 'tinyattn[plot]'), "
+                           "or use --no-plot\n"), stdout
+    assert not list(run["run_dir"].glob("loss_by_position_unplotted*"))
+
+
 def test_cli_loss_by_position_over_one_full_window_says_window(run, tmp_path, capsys):
     text_file = tmp_path / "short.txt"
     text_file.write_text(TEXT[:45], encoding="utf-8")  # one window of 32 and a tail
