@@ -994,7 +994,6 @@ def test_time_to_loss_refuses_a_target_no_loss_can_reach_before_running_anything
     assert commands == []
 
 
-
 @pytest.mark.parametrize("config, vocab_size, expected", [
     ("gpt2_small.yaml", None, 50304),  # its BPE's vocabulary: was 65, a 124M-shaped model with a tiny head
     ("gpt2_small.yaml", 1000, 1000),  # --vocab-size wins

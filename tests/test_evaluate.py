@@ -436,7 +436,6 @@ def test_cli_scores_a_text_file_and_plots_loss_by_position(run, tmp_path, capsys
     assert f"wrote {plot}" in stdout and plot.read_bytes()[:4] == b"\x89PNG"
 
 
-
 def test_cli_without_matplotlib_scores_the_text_and_says_it_skipped_the_plot(run, tmp_path, capsys,
                                                                             monkeypatch):
     # An install without the plot extra: the scores and the table, then one line naming the extra.
