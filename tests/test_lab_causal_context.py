@@ -485,6 +485,27 @@ def test_a_bidirectional_run_stopped_before_its_first_step_ends_the_lab_naming_o
         f"Run the lab again with --out {out} --force to train both runs anew")
 
 
+def test_a_lab_causal_of_one_step_says_1_step_as_every_count_of_steps_does(tmp_path, monkeypatch, capsys,
+                                                                          corpus_text):
+    # Its line before each run said "training causal (1 steps)", where a run's first line says "1 step"
+    from tests.conftest import ROOT
+    from tinyattn.cli.lab import main
+    from tinyattn.train import loop
+    from tinyattn.train.owners import StoppedBeforeStart
+
+    def train(config, **options):  # the line is said before the run trains: none needs to
+        raise StoppedBeforeStart("SIGINT")
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(loop, "train", train)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(corpus_text, encoding="utf-8")
+    assert main(["causal", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "1", "--out", str(out),
+                 "--set", f"data.files={corpus}", "data.url=null", "data.sha256=null",
+                 f"data.cache_dir={tmp_path / 'cache'}"]) == 130
+    assert capsys.readouterr().out.splitlines() == [f"training causal (1 step) into {out / 'causal'}/"]
+
+
 @pytest.mark.parametrize("given_out", [True, False], ids=["out", "new-folder"])
 def test_a_lab_causal_stopped_while_it_measures_its_runs_says_what_its_folder_holds_and_how_to_run_it_again(
         tmp_path, monkeypatch, capsys, corpus_text, given_out):

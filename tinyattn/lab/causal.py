@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Optional
 
 from tinyattn.config import home_path
-from tinyattn.errors import TinyattnError
+from tinyattn.errors import TinyattnError, counted
 from tinyattn.system.invocation import quoted
 
 DEFAULT_CONFIG = "configs/shakespeare_char.yaml"
@@ -229,7 +229,7 @@ def train_both(args: argparse.Namespace, out: Path) -> dict:
         run_dir = out / name
         items = lab_overrides(args.steps, out) + list(args.overrides) + [f"model.causal={name == 'causal'}"]
         config = load_config(args.config, items)
-        print(f"training {name} ({args.steps} steps) into {run_dir}/", flush=True)
+        print(f"training {name} ({counted(args.steps, 'step')}) into {run_dir}/", flush=True)
         try:
             results[name] = train(config, config_path=args.config, run_name=name, progress=False,
                                   overrides=items)
