@@ -171,7 +171,8 @@ def _refuse_a_lone_surrogate(body: bytes) -> None:
         except UnicodeEncodeError as e:
             name = ".".join(path) or None
             # A key is named by the object that holds it: the key itself cannot be written back as UTF-8.
-            where = f"a key of {name or 'the request body'}" if is_key else name
+            # No path: the body itself (a JSON string, not the object a request is)
+            where = f"a key of {name or 'the request body'}" if is_key else name or "the request body"
             raise ApiError(f"{where}: not valid Unicode text after {counted(e.start, 'character')} (half "
                            "of a UTF-16 surrogate pair)", param=name) from None
 
