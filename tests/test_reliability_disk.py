@@ -246,13 +246,20 @@ def test_while_tensorboard_writes_only_its_threads_refused_writes_are_kept_from_
 
     seen = []
     monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args.exc_type))
+    def full_disk_in_a_thread_of_ones_own():  # a notebook's own writer, say
+        raise OSError(errno.ENOSPC, "No space left on device")
+
     log = started_logger(tmp_path)
     try:
         fail_in_a_tensorboard_writer_thread(OSError(errno.ENOSPC, "No space left on device"))
         fail_in_a_tensorboard_writer_thread(ValueError("a bug in the writer"))
+        own = threading.Thread(target=full_disk_in_a_thread_of_ones_own)
+        own.start()
+        own.join()
     finally:
         log.close()
-    assert seen == [ValueError]  # the full disk is the writer's next call's one line; a bug is shown
+    # the full disk is the writer's next call's one line; a bug is shown, as is another thread's error
+    assert seen == [ValueError, OSError]
 
 
 def test_closing_tensorboard_gives_back_the_thread_hook_it_found(tmp_path, monkeypatch):
