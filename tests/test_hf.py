@@ -407,6 +407,17 @@ def test_the_model_card_gives_no_validation_loss_for_a_run_that_never_evaluated(
     assert "| training | 3 steps |" in text and "validation loss" not in text
 
 
+def test_the_model_card_counts_a_runs_one_step_as_1_step(tmp_path):
+    # It said "| training | 1 steps |"; a run's own lines count with errors.counted (274efcb)
+    from tinyattn.hf.folder import ModelCard
+
+    tokenizer = tokenizer_of("char")
+    config, model = random_model(tokenizer, "char", 2)
+    export_folder(model.state_dict(), config, tokenizer, tmp_path / "out",
+                  card=ModelCard("runs/x/best.pt", step=1, best_val_loss=float("inf")))
+    assert "| training | 1 step |" in (tmp_path / "out" / "README.md").read_text()
+
+
 def test_the_model_card_of_a_fine_tune_names_the_model_it_started_from(tmp_path):
     from tinyattn.hf.folder import ModelCard
 

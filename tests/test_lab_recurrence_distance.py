@@ -1170,6 +1170,28 @@ def test_the_recurrence_report_gives_the_parameter_ratio_and_each_models_loss_ov
     assert " attention: 2.500 after 5 steps" in text and "      lstm: 3.250 after 5 steps" in text
 
 
+def test_the_recurrence_and_distance_reports_count_steps_as_a_runs_lines_do_one_step_and_thousands():
+    # "after 1 steps", "trained 1500 steps": errors.counted's "1 step" and "1,500 steps" (274efcb)
+    config = load_config(ROOT / "configs" / "tiny.yaml", ["train.eval_windows=null"])
+    T = config.model.context_length
+
+    def contender(name, steps):
+        return Contender(name, "shape", lambda t: None, speed={8: 100.0}, steps=steps, seconds=1.0,
+                         gradient_at_init=np.ones(T), gradient_trained=np.ones(T),
+                         position_losses=np.full(T, 2.5), parameters=1000)
+
+    args = argparse.Namespace(config="tiny.yaml", contexts=[8], seconds=1.0)
+    text = recurrence.report([contender("attention", 1), contender("lstm", 1500)], config, args, "cpu",
+                             wall=1.0)
+    assert " attention: 2.500 after 1 step in " in text and "      lstm: 2.500 after 1,500 steps in " in text
+    for steps, said in ((1, "trained 1 step in "), (1500, "trained 1,500 steps in ")):
+        recall = RecallResult(np.array([0, 8]), np.array([0.75, 0.125]), np.array([40, 24]), steps=steps,
+                              seconds=1.0, parameters=1000, final_loss=1.5, pairs=8)
+        text = distance.report([ProbeRow(4, 7.5, 0.25, 7.75, 7.5, 0.125)], recall, "run", "cpu",
+                               argparse.Namespace(string_length=8, pairs=8), wall=2.0)
+        assert said in text, text
+
+
 def test_the_recurrence_figure_draws_loss_by_tokens_read_and_each_models_gradients_trained_and_at_init(
         tmp_path, figures_unrendered):
     def contender(name, scale):
