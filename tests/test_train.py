@@ -68,7 +68,7 @@ def killed_at_the_save_of_step_9(monkeypatch, config, run_name: str) -> None:
             train(config, run_name=run_name, progress=False)
 
 
-def run_cli(*args, cwd=ROOT, timeout=240, **kwargs):
+def run_cli(*args, cwd=ROOT, timeout=150, **kwargs):
     return warm_python.run([sys.executable, str(ROOT / "scripts" / "train.py"), *args], cwd=cwd,
                            capture_output=True, text=True, timeout=timeout, **kwargs)
 
@@ -2673,7 +2673,7 @@ def test_time_budget_run_ends_within_its_budget(corpus, tmp_path):
          "--no-progress", "--set",
          *tiny_overrides(corpus, tmp_path, "train.time_budget=20s", "train.eval_interval=400",
                          "train.log_interval=50", "train.batch_size=16")],
-        cwd=ROOT, capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        cwd=ROOT, capture_output=True, text=True, timeout=150, env={**os.environ, "OMP_NUM_THREADS": "1"})
     wall = time.perf_counter() - start
     assert result.returncode == 0, result.stderr
     assert 17.0 <= wall <= 21.0, f"{wall:.1f} s\n{result.stderr[-2000:]}"
