@@ -536,8 +536,8 @@ def test_a_lab_causal_stopped_while_it_measures_its_runs_says_what_its_folder_ho
     again = (f"run it again with --out '{out}' --force to start over" if given_out
              else "run it again to start over in a new folder")
     stdout, err = capsys.readouterr()
-    assert err.splitlines()[-1] == (f"lab causal stopped before its table; {out} holds what it measured "
-                                    f"so far; {again}")
+    assert err.splitlines()[-1] == (f"lab causal stopped before its table; {out} holds its two trained "
+                                    f"runs; {again}")
     assert "| model |" not in stdout
 
 

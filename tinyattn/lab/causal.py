@@ -389,7 +389,7 @@ def run(args: argparse.Namespace) -> int:
     results = train_both(args, out)
     # A stop while the trained runs are measured leaves both runs and no table in `out`: said as the other
     # labs say it (what the folder holds, how to run it again), where it said only "interrupted".
-    with stopped_midway("causal", out, args.out):
+    with stopped_midway("causal", out, args.out, holds="its two trained runs"):
         rows, curves = [], {}
         for name in RUNS:
             loaded = load_any_model(results[name].run_dir)

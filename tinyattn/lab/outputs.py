@@ -74,18 +74,19 @@ def clear_earlier_lab(out: Union[str, Path, None], names: Iterable[str], force: 
 
 
 @contextmanager
-def stopped_midway(lab: str, folder: Path, out: Optional[str]) -> Iterator[None]:
-    """Ctrl-C while the lab measures into `folder`: its last line says that the folder holds
-    a part of the runs and no table, and how to run the lab again (into that --out only with --force,
-    which `clear_earlier_lab` asks for; without --out a new folder), where it said only "interrupted".
+def stopped_midway(lab: str, folder: Path, out: Optional[str], holds: str = "what it measured so far"
+                   ) -> Iterator[None]:
+    """Ctrl-C while the lab measures into `folder`: its last line says what the folder `holds` and that
+    it has no table, and how to run the lab again (into that --out only with --force, which
+    `clear_earlier_lab` asks for; without --out a new folder), where it said only "interrupted".
     The exit status stays a stop's, 130 (`cli.run_command`)."""
     try:
         yield
     except KeyboardInterrupt:
         again = (f"run it again with --out {quoted(folder)} --force to start over" if out is not None
                  else "run it again to start over in a new folder")
-        raise KeyboardInterrupt(f"lab {lab} stopped before its table; {folder} holds what it measured "
-                                f"so far; {again}") from None
+        raise KeyboardInterrupt(f"lab {lab} stopped before its table; {folder} holds {holds}; "
+                                f"{again}") from None
 
 
 def _holds_something(path: Path) -> bool:
