@@ -516,9 +516,10 @@ def test_ctrl_c_stops_a_bpe_training_at_once_not_when_it_ends(shakespeare_path):
 
     def texts():
         yield text
-        # All of it read (tokenizers asks for more): its native merging starts. A Ctrl-C while the text
-        # is still read stops the reading, and the training ends soon anyway; a loaded machine read
-        # slowly enough for a timer started with the call to fire then.
+        # All of it read: tokenizers asks for more from the training's own thread, so the wait for it has
+        # begun, and what is left is native counting and merging. A timer started with the call could fire
+        # before that (on a loaded machine), where a Ctrl-C ends the call as soon, with no training left
+        # to outlast it.
         threading.Timer(0.05, ctrl_c).start()
 
     with pytest.raises(KeyboardInterrupt):
