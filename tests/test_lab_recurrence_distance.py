@@ -41,6 +41,17 @@ from tinyattn.system.device import select_precision
 pytestmark = pytest.mark.usefixtures("no_fsync")
 
 
+def local_text(tmp_path: Path) -> list[str]:
+    """--set items that read CORPUS * 4, written to tmp_path/corpus.txt, with the token cache in
+    tmp_path/cache (no train.out_dir: a lab's folder is its --out)."""
+    from tests.conftest import CORPUS
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS * 4, encoding="utf-8")
+    return [f"data.files={corpus}", "data.url=null", "data.sha256=null",
+            f"data.cache_dir={tmp_path / 'cache'}"]
+
+
 @pytest.fixture
 def figure_unread(monkeypatch):
     """Each lab's figure an empty file at its path, not drawn: for runs of a lab whose figure no
@@ -679,20 +690,17 @@ def test_ordinary_tokens_leave_out_end_of_text_and_the_unknown_token(char_tokeni
 
 @pytest.mark.slow
 def test_lab_recurrence_writes_its_table_figure_and_tensorboard_runs(tmp_path, capsys):
-    from tests.conftest import CORPUS
     from tinyattn.cli.lab import main
 
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(CORPUS * 4, encoding="utf-8")
     out = tmp_path / "lab out"  # a space: the TensorBoard command it prints must quote it
     # What it writes, not how well the models learn: a short training (at least a step) will do.
     assert main(["recurrence", "--config", str(ROOT / "configs" / "tiny.yaml"), "--seconds", "0.1",
-                 "--contexts", "8", "16", "--out", str(out), "--set", f"data.files={corpus}", "data.url=null",
-                 "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}", "train.batch_size=4",
-                 "train.eval_windows=4"]) == 0
+                 "--contexts", "8", "16", "--out", str(out), "--set", *local_text(tmp_path),
+                 "train.batch_size=4", "train.eval_windows=4"]) == 0
     table, printed = (out / "recurrence.txt").read_text(), capsys.readouterr().out
     assert "training tokens/s" in table and "gradient norm" in table and table in printed + "\n"
-    assert table.startswith(f"tinyattn lab recurrence: {ROOT / 'configs' / 'tiny.yaml'} ({corpus}); ")
+    assert table.startswith(f"tinyattn lab recurrence: {ROOT / 'configs' / 'tiny.yaml'} "
+                            f"({tmp_path / 'corpus.txt'}); ")
     assert f"(tensorboard --logdir '{out}')" in printed, printed
     assert (out / "recurrence.png").stat().st_size > 0
     assert any((out / "attention").iterdir()) and any((out / "lstm").iterdir())
@@ -702,11 +710,8 @@ def test_the_loss_comparisons_schedule_follows_the_speed_at_the_training_context
                                                                                  figure_unread):
     # --contexts without the training context (32 in tiny.yaml): the schedule must still span the
     # steps that fit, not the 10-step floor left when that speed was never measured.
-    from tests.conftest import CORPUS
     from tinyattn.cli.lab import main
 
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(CORPUS * 4, encoding="utf-8")
     schedules = []
     real = recurrence.make_trainer
     monkeypatch.setattr(recurrence, "make_trainer", lambda model, train_config, *args, **kwargs: (
@@ -716,30 +721,25 @@ def test_the_loss_comparisons_schedule_follows_the_speed_at_the_training_context
     monkeypatch.setattr(recurrence, "train_for", lambda trainer, contender, seconds, writer:
                         train_for(trainer, contender, 0.05, writer))
     assert main(["recurrence", "--config", str(ROOT / "configs" / "tiny.yaml"), "--seconds", "0.5",
-                 "--contexts", "8", "--out", str(tmp_path / "out"), "--set", f"data.files={corpus}",
-                 "data.url=null", "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}",
+                 "--contexts", "8", "--out", str(tmp_path / "out"), "--set", *local_text(tmp_path),
                  "train.batch_size=4", "train.eval_windows=4"]) == 0
     assert min(schedules[-2:]) > 10  # the last two: the contenders' runs (the first, the speed's)
 
 
 def test_every_context_is_timed_at_the_training_batch_of_tokens(tmp_path, monkeypatch):
     # The table's header promises batch_size x context_length tokens per step (4 x 32 in tiny.yaml).
-    from tests.conftest import CORPUS
     from tinyattn.cli.lab import main
     from tinyattn.errors import TinyattnError
 
     def reached(*args, **kwargs):
         raise TinyattnError("reached the training")
 
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(CORPUS * 4, encoding="utf-8")
     timed = []
     monkeypatch.setattr(recurrence, "tokens_per_second", lambda contender, train_config, tokens, **kwargs: (
         timed.append((contender.name, kwargs["context"], kwargs["tokens_per_step"])) or 1000.0))
     monkeypatch.setattr(recurrence, "train_and_measure", reached)
     assert main(["recurrence", "--config", str(ROOT / "configs" / "tiny.yaml"), "--contexts", "8", "64",
-                 "--out", str(tmp_path / "out"), "--set", f"data.files={corpus}", "data.url=null",
-                 "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}"]) == 2
+                 "--out", str(tmp_path / "out"), "--set", *local_text(tmp_path)]) == 2
     assert timed == [(name, context, 128) for name in ("attention", "lstm") for context in (8, 64, 32)]
 
 
@@ -762,16 +762,12 @@ def test_lab_recurrence_refuses_a_bidirectional_attention_model_in_one_line_befo
         tmp_path, monkeypatch, capsys):
     # model.causal false reads the token it predicts: its loss beside the LSTM's was that of the leaked
     # answer, printed as attention's win, where every command that scores predictions refuses it.
-    from tests.conftest import CORPUS
     from tinyattn.cli.lab import main
 
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(CORPUS * 4, encoding="utf-8")
     monkeypatch.setattr(recurrence, "tokens_per_second", lambda *args, **kwargs: pytest.fail("timed"))
     out = tmp_path / "out"
     assert main(["recurrence", "--config", str(ROOT / "configs" / "tiny.yaml"), "--out", str(out), "--set",
-                 "model.causal=false", f"data.files={corpus}", "data.url=null", "data.sha256=null",
-                 f"data.cache_dir={tmp_path / 'cache'}"]) == 2
+                 "model.causal=false", *local_text(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: model.causal false: ") and "expected true" in err, err
     assert err.count("\n") == 1, err
@@ -784,7 +780,6 @@ def test_the_schedule_is_the_steps_the_training_contexts_speed_fits_in_the_secon
     # 0.5 s at 10,000 tokens/s (context 32, tiny.yaml's) in steps of 4 x 32 tokens: 39 steps, whatever
     # the other contexts' speeds (64 is far slower, 8 far faster); at 10 tokens/s none fits: the floor
     # of 10. The config's warmup of 20 steps is cut to a fifth of the schedule.
-    from tests.conftest import CORPUS
     from tinyattn.cli.lab import main
     from tinyattn.errors import TinyattnError
 
@@ -792,15 +787,12 @@ def test_the_schedule_is_the_steps_the_training_contexts_speed_fits_in_the_secon
         schedules.append((train_config.max_steps, train_config.warmup_steps))
         raise TinyattnError("reached the training")
 
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(CORPUS * 4, encoding="utf-8")
     schedules, speeds = [], {8: 1e5, 64: 10.0, 32: speed}
     monkeypatch.setattr(recurrence, "tokens_per_second", lambda contender, train_config, tokens, **kwargs:
                         speeds[kwargs["context"]])
     monkeypatch.setattr(recurrence, "make_trainer", scheduled)
     assert main(["recurrence", "--config", str(ROOT / "configs" / "tiny.yaml"), "--seconds", "0.5",
-                 "--contexts", "8", "64", "--out", str(tmp_path / "out"), "--set", f"data.files={corpus}",
-                 "data.url=null", "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}",
+                 "--contexts", "8", "64", "--out", str(tmp_path / "out"), "--set", *local_text(tmp_path),
                  "train.warmup_steps=20"]) == 2
     assert schedules == [(steps, warmup)]
 
@@ -822,7 +814,6 @@ def test_lab_distance_writes_its_table_and_figure(trained_run, tmp_path):
 def test_a_lab_stopped_by_ctrl_c_says_what_its_folder_holds_and_how_to_run_it_again(
         trained_run, tmp_path, monkeypatch, capsys, given_out):
     # It said "interrupted" alone, and a rerun into that --out was refused until --force.
-    from tests.conftest import CORPUS
     from tinyattn.cli.lab import main
 
     def stop(*args, **kwargs):
@@ -831,11 +822,8 @@ def test_a_lab_stopped_by_ctrl_c_says_what_its_folder_holds_and_how_to_run_it_ag
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(recurrence, "train_and_measure", stop)
     monkeypatch.setattr(distance, "train_recall", stop)
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(CORPUS * 4, encoding="utf-8")
     labs = {"recurrence": ["--config", str(ROOT / "configs" / "tiny.yaml"), "--seconds", "0.5", "--contexts",
-                           "8", "--set", f"data.files={corpus}", "data.url=null", "data.sha256=null",
-                           f"data.cache_dir={tmp_path / 'cache'}", "train.batch_size=4"],
+                           "8", "--set", *local_text(tmp_path), "train.batch_size=4"],
             "distance": ["--checkpoint", str(trained_run.run_dir), "--pairs", "4", "--string-length", "3"]}
     for lab, arguments in labs.items():
         out = tmp_path / f"{lab} out"
@@ -937,7 +925,6 @@ def test_the_labs_defaults_are_the_ones_their_help_and_docs_give():
 
 def test_lab_recurrence_measures_in_the_precision_asked_not_the_configs(tmp_path, monkeypatch):
     # tiny.yaml trains in fp32; --precision bf16 is what both models are timed and trained in.
-    from tests.conftest import CORPUS
     from tinyattn.cli.lab import main
 
     def timed(contender, train_config, tokens, *, precision, **kwargs):
@@ -946,11 +933,8 @@ def test_lab_recurrence_measures_in_the_precision_asked_not_the_configs(tmp_path
 
     used = []
     monkeypatch.setattr(recurrence, "tokens_per_second", timed)
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(CORPUS * 4, encoding="utf-8")
     assert main(["recurrence", "--config", str(ROOT / "configs" / "tiny.yaml"), "--precision", "bf16",
-                 "--out", str(tmp_path / "out"), "--set", f"data.files={corpus}", "data.url=null",
-                 "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}"]) == 2
+                 "--out", str(tmp_path / "out"), "--set", *local_text(tmp_path)]) == 2
     assert used == ["bf16"]
 
 
@@ -1231,7 +1215,6 @@ def test_the_distance_figure_draws_each_strings_loss_by_gap_and_the_recall_at_ea
 def test_an_out_holding_an_earlier_runs_output_is_refused_and_force_clears_only_it(
         tmp_path, monkeypatch, capsys, trained_run, lab, written, next_step):
     # A rerun's TensorBoard events beside the earlier run's drew one zig-zag curve from both.
-    from tests.conftest import CORPUS
     from tinyattn.cli.lab import main
     from tinyattn.errors import TinyattnError
 
@@ -1245,10 +1228,7 @@ def test_an_out_holding_an_earlier_runs_output_is_refused_and_force_clears_only_
     (out / written / "events.out.tfevents.1").write_bytes(b"earlier run")
     (out / f"{lab}.txt").write_text("earlier table")
     (out / "notes.txt").write_text("the user's own")
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(CORPUS * 4, encoding="utf-8")
-    command = ([lab, "--config", str(ROOT / "configs" / "tiny.yaml"), "--set", f"data.files={corpus}",
-                "data.url=null", "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}"]
+    command = ([lab, "--config", str(ROOT / "configs" / "tiny.yaml"), "--set", *local_text(tmp_path)]
                if lab == "recurrence" else [lab, "--checkpoint", str(trained_run.run_dir)])
     if lab == "distance":  # a mistake with --force: refused before anything earlier is removed
         assert main([*command, "--string-length", "40", "--out", str(out), "--force"]) == 2
@@ -1508,7 +1488,6 @@ def test_the_figures_speed_panel_shows_the_contexts_the_table_shows(tmp_path, mo
                                                                      figures_unrendered):
     # The training context (32 in tiny.yaml) is timed for the schedule even where --contexts leaves it
     # out; the table leaves it out too, and the figure drew it: a point the table has no row for.
-    from tests.conftest import CORPUS
     from tinyattn.cli.lab import main
 
     def measured(contender, config, data, **kwargs):
@@ -1519,11 +1498,8 @@ def test_the_figures_speed_panel_shows_the_contexts_the_table_shows(tmp_path, mo
 
     monkeypatch.setattr(recurrence, "tokens_per_second", lambda contender, config, tokens, **kwargs: 1000.0)
     monkeypatch.setattr(recurrence, "train_and_measure", measured)
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(CORPUS * 4, encoding="utf-8")
     assert main(["recurrence", "--config", str(ROOT / "configs" / "tiny.yaml"), "--contexts", "8", "64",
-                 "--out", str(tmp_path / "out"), "--set", f"data.files={corpus}", "data.url=null",
-                 "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}"]) == 0
+                 "--out", str(tmp_path / "out"), "--set", *local_text(tmp_path)]) == 0
     speed = figures_unrendered[0].axes[0]
     assert speed.get_title() == "speed by context"
     drawn = ([8, 64], [1000.0, 1000.0])  # the table's rows, not 32
@@ -1533,7 +1509,6 @@ def test_the_figures_speed_panel_shows_the_contexts_the_table_shows(tmp_path, mo
 def test_the_wall_time_of_the_command_counts_from_the_process_start(tmp_path, monkeypatch, figure_unread):
     # 'wall time of the command' counted from the experiment's own start: a run the shell timed at 26 s
     # (the interpreter, torch's import and the figure) said 15 s; LAB.md's times are the whole command's.
-    from tests.conftest import CORPUS
     from tinyattn.cli.lab import main
     from tinyattn.lab import outputs
 
@@ -1546,11 +1521,8 @@ def test_the_wall_time_of_the_command_counts_from_the_process_start(tmp_path, mo
     monkeypatch.setattr(outputs, "process_age", lambda: 600.0, raising=False)  # started 10 minutes ago
     monkeypatch.setattr(recurrence, "tokens_per_second", lambda contender, config, tokens, **kwargs: 1000.0)
     monkeypatch.setattr(recurrence, "train_and_measure", measured)
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(CORPUS * 4, encoding="utf-8")
     assert main(["recurrence", "--config", str(ROOT / "configs" / "tiny.yaml"), "--contexts", "8",
-                 "--out", str(tmp_path / "out"), "--set", f"data.files={corpus}", "data.url=null",
-                 "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}"]) == 0
+                 "--out", str(tmp_path / "out"), "--set", *local_text(tmp_path)]) == 0
     wall = re.search(r"wall time of the command: (\d+) s", (tmp_path / "out" / "recurrence.txt").read_text())
     assert 600 <= int(wall.group(1)) < 660, wall.group(0)
 
@@ -1562,17 +1534,13 @@ def test_a_lab_without_matplotlib_is_refused_in_one_line_before_it_measures(
     # extra the command measured for minutes, then failed drawing and wrote no table either.
     import sys
 
-    from tests.conftest import CORPUS
     from tinyattn.cli.lab import main
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the optional extra were not installed
     module, work = (recurrence, "tokens_per_second") if lab == "recurrence" else (distance, "repeat_probe")
     monkeypatch.setattr(module, work, lambda *args, **kwargs: pytest.fail("measured before checking"))
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(CORPUS * 4, encoding="utf-8")
     out = tmp_path / "out"
-    command = ([lab, "--config", str(ROOT / "configs" / "tiny.yaml"), "--set", f"data.files={corpus}",
-                "data.url=null", "data.sha256=null", f"data.cache_dir={tmp_path / 'cache'}"]
+    command = ([lab, "--config", str(ROOT / "configs" / "tiny.yaml"), "--set", *local_text(tmp_path)]
                if lab == "recurrence" else [lab, "--checkpoint", str(trained_run.run_dir)])
     assert main([*command, "--out", str(out)]) == 2
     err = capsys.readouterr().err
