@@ -89,6 +89,29 @@ def test_cached_decoding_equals_recomputing_at_every_step(tiny_model, tokenizer,
     assert decoder.refills == 0
 
 
+def test_an_undivided_models_cached_decoding_equals_its_full_forward_not_a_divided_ones(tiny_model,
+                                                                                         tokenizer):
+    # model.scale_scores false (tinyattn lab scaling's runs): the eager DecodeStep does not know the
+    # field and hands the step to the model's own forward, which leaves the scores undivided.
+    models = []
+    for options in ({"scale_scores": False}, {}):
+        model = tiny_model(context_length=24, **options)
+        with torch.no_grad():  # weights well past their init, so that the scores' scale matters
+            for i, param in enumerate(model.parameters()):
+                param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(i)) * 0.3)
+        models.append(model)
+    undivided, divided = models
+    ids = random_ids(tokenizer.vocab_size, 24)
+    decoder = CachedDecoder(undivided, batch_size=2)
+    with torch.inference_mode():
+        logits = decoder.prefill(ids[:, :5])
+        for t in range(5, 24):
+            full = undivided(ids[:, :t]).logits[:, -1]  # (B, V)
+            torch.testing.assert_close(logits, full, rtol=0, atol=1e-4)
+            assert (full - divided(ids[:, :t]).logits[:, -1]).abs().max() > 1e-2
+            logits = decoder.step(ids[:, t])
+
+
 def test_a_prefill_of_no_tokens_or_more_than_the_context_and_an_empty_prompt_are_refused():
     decoder = CachedDecoder(BigramModel(torch.zeros(4, 4), context_length=8), batch_size=1)
     for length in (0, 9):

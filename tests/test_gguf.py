@@ -566,6 +566,17 @@ def test_the_library_refuses_to_write_a_bidirectional_model_to_gguf():
         architecture_of(model.config)
 
 
+def test_the_library_refuses_to_write_an_undivided_model_to_gguf():
+    from tinyattn.errors import CheckpointError
+    from tinyattn.gguf.writer import architecture_of
+
+    model = random_model(tokenizer_of("bpe"))
+    model.config.scale_scores = False
+    with pytest.raises(CheckpointError, match=r"^model\.scale_scores: false \(tinyattn lab scaling's "
+                                              r"experiment\) cannot be exported to GGUF: "):
+        architecture_of(model.config)
+
+
 def test_a_tokenizer_llama_cpp_cannot_reproduce_is_refused_in_one_line(tmp_path):
     from tokenizers import Tokenizer as Backend
     from tokenizers import models, pre_tokenizers

@@ -1494,6 +1494,20 @@ def test_the_library_refuses_to_export_a_bidirectional_model_as_a_causal_archite
         hf_config(config.model, None, None, torch.float32)
 
 
+def test_an_undivided_model_from_lab_scaling_is_refused_as_llama_and_qwen3_divide_every_score():
+    # model.scale_scores false (tinyattn lab scaling's experiment) leaves q.k undivided: a config.json
+    # would give transformers a model whose every score is sqrt(d_k) times smaller than trained.
+    from tinyattn.errors import CheckpointError
+    from tinyattn.hf.convert import hf_config
+
+    config, _ = random_model(tokenizer_of("char"), "char", 4)
+    config.model.scale_scores = False
+    with pytest.raises(CheckpointError, match=r"^model\.scale_scores: false \(tinyattn lab scaling's "
+                                              r"experiment\) cannot be exported: .* divide every score by "
+                                              r"sqrt\(d_k\)$"):
+        hf_config(config.model, None, None, torch.float32)
+
+
 def test_qk_norm_exports_as_qwen3_and_imports_back(tmp_path):
     tokenizer = tokenizer_of("bpe")
     config, model = random_model(tokenizer, "bpe", 2, seed=2, qk_norm=True)

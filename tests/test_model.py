@@ -52,6 +52,41 @@ def test_fused_path_equals_explicit_path(tiny_model, random_tokens, n_kv_head, o
                                model(idx, mask=bidirectional, need_weights=True).logits, rtol=0, atol=1e-5)
 
 
+def _spread(model):
+    """The model with every weight nudged well past its 0.02 init, so that its scores matter."""
+    with torch.no_grad():
+        for i, param in enumerate(model.parameters()):
+            param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(i)) * 0.3)
+    return model
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 2], ids=["mha", "gqa"])
+def test_an_undivided_model_computes_the_same_on_both_paths_and_not_what_a_divided_one_does(
+        tiny_model, random_tokens, n_kv_head):
+    # model.scale_scores false (tinyattn lab scaling): the fused kernel is given scale 1, the explicit
+    # path divides by 1; a path that kept 1/sqrt(d_k) would differ from the other, and both from a
+    # divided model only if neither kept it.
+    undivided = _spread(tiny_model(n_kv_head=n_kv_head, scale_scores=False))
+    divided = _spread(tiny_model(n_kv_head=n_kv_head))
+    idx = random_tokens()
+    fused = undivided(idx).logits
+    torch.testing.assert_close(fused, undivided(idx, need_weights=True).logits, rtol=0, atol=1e-4)
+    assert (fused - divided(idx).logits).abs().max() > 1e-2
+
+
+def test_an_undivided_models_attention_rows_are_softmax_of_sqrt_d_times_a_divided_ones_scores(
+        tiny_model, random_tokens):
+    # The same weights, undivided: every score is sqrt(d_k) times the divided model's, so each row
+    # is softmax(sqrt(d_k) * log w) of the divided row w (log w is the scores less a row constant).
+    divided, undivided = _spread(tiny_model(n_layer=1)), _spread(tiny_model(n_layer=1, scale_scores=False))
+    idx = random_tokens()
+    with recording_attention_weights(divided) as w, recording_attention_weights(undivided) as u:
+        divided(idx), undivided(idx)
+    d_k = divided.config.head_dim
+    expected = torch.softmax(math.sqrt(d_k) * w[0].log(), dim=-1)  # masked keys: log 0 = -inf, weight 0
+    torch.testing.assert_close(u[0], expected, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("need_weights", [False, True], ids=["fused", "explicit"])
 def test_bidirectional_mask_lets_later_tokens_change_earlier_outputs(tiny_model, random_tokens, need_weights):
     model = tiny_model()

@@ -71,6 +71,9 @@ class ModelConfig:
     # An experiment only (tinyattn lab causal): false lets every position attend to every other,
     # the future too; generate and export refuse such a model.
     causal: bool = True
+    # An experiment only (tinyattn lab scaling): false leaves the scores q.k undivided by sqrt(d_k);
+    # export refuses such a model (Llama and Qwen3 always divide).
+    scale_scores: bool = True
 
     @property
     def head_dim(self) -> int:

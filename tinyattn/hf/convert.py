@@ -401,6 +401,9 @@ def refuse_what_neither_computes(config: ModelConfig, where: str, architectures:
     if not config.causal:
         raise CheckpointError(f"model.causal: false (a bidirectional model) cannot be exported{where}: "
                               f"{architectures} mask every later position")
+    if not config.scale_scores:
+        raise CheckpointError(f"model.scale_scores: false (tinyattn lab scaling's experiment) cannot be "
+                              f"exported{where}: {architectures} divide every score by sqrt(d_k)")
 
 
 def hf_config(config: ModelConfig, bos_id: Optional[int], eos_id: Optional[int], dtype: torch.dtype) -> dict:

@@ -59,7 +59,7 @@ def causal_mask(num_queries: int, num_keys: int, device=None) -> torch.Tensor:
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0
+              mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0, *, scaled: bool = True
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention, written out step by step.
 
@@ -69,9 +69,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     weights (B, H, Tq, Tk), whose rows sum to 1 and are exactly 0 where masked.
     dropout_p (training only) drops weights before the values are mixed, as the fused
     kernel does; the weights returned are the ones before dropout.
+    scaled: False leaves the scores undivided (model.scale_scores, tinyattn lab scaling's experiment).
     """
     d_k = q.size(-1)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (B, H, Tq, Tk)
+    divisor = math.sqrt(d_k) if scaled else 1.0
+    scores = q @ k.transpose(-2, -1) / divisor  # (B, H, Tq, Tk)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))  # exp(-inf) = 0 after softmax
     # softmax accumulates in fp32 whatever the input dtype, so bf16 scores stay accurate.
@@ -143,6 +145,7 @@ class CausalSelfAttention(nn.Module):
         # On the attention weights; model.attention_dropout sets it apart from the residual's.
         self.dropout = config.weights_dropout
         self.causal = config.causal  # False (tinyattn lab causal): no mask when none is given
+        self.scaled = config.scale_scores  # False (tinyattn lab scaling): scores not divided by sqrt(d_k)
         self.fused = fused  # which path: the kernel, or the explicit matmuls (model.attention)
         # Called with each explicit forward's weights (B, H, Tq, Tk); set only by
         # `recording_attention_weights`, None (nothing to call) the rest of the time.
@@ -205,7 +208,7 @@ class CausalSelfAttention(nn.Module):
         if padded:  # a query the mask leaves no key (a padded row): softmax over -inf
             empty = ~mask.any(dim=-1, keepdim=True)  # alone is NaN; such a row reads every key, then
             allowed = mask | empty  # its output and weights are zeroed, as the fused kernel gives
-        y, weights = attention(q, k, v, allowed, dropout_p)  # (B, H, Tq, D), (B, H, Tq, Tk)
+        y, weights = attention(q, k, v, allowed, dropout_p, scaled=self.scaled)  # (B,H,Tq,D), (B,H,Tq,Tk)
         if empty is not None:
             y, weights = y.masked_fill(empty, 0.0), weights.masked_fill(empty, 0.0)
         if self.weights_hook is not None:
@@ -221,8 +224,10 @@ class CausalSelfAttention(nn.Module):
         is_causal = self.causal and mask is None and T == Tk and T > 1
         if self.causal and mask is None and not is_causal and T > 1:
             mask = causal_mask(T, Tk, q.device)
+        scale = None if self.scaled else 1.0  # None: the kernel's own 1 / sqrt(D)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
-                                              dropout_p=dropout_p, enable_gqa=self.n_kv_head != self.n_head)
+                                              dropout_p=dropout_p, scale=scale,
+                                              enable_gqa=self.n_kv_head != self.n_head)
 
 
 def norm_heads(norm: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
