@@ -207,34 +207,44 @@ OUTPUTS = ("causal.md", "causal.png")  # what `run` writes into --out beside the
 
 
 def train_both(args: argparse.Namespace, out: Path) -> dict:
-    """Train the causal and the bidirectional run; returns {name: TrainResult}. A run stopped by
-    Ctrl-C or SIGTERM (`TrainResult.interrupted`, or before its first step) ends the lab in one line
-    naming --out and --force, and exit status 130, as `tinyattn train` ends: the second run is not
-    trained and no table is written, as one would set a few steps beside a whole run."""
-    from tinyattn.config import load_config
+    """Train the causal and the bidirectional run (`train_runs`); returns {name: TrainResult}."""
     from tinyattn.lab.outputs import clear_earlier_lab, refuse_own_settings
-    from tinyattn.train.loop import train
-    from tinyattn.train.owners import StoppedBeforeStart
-
-    def stopped(how: str) -> KeyboardInterrupt:
-        # A stop, not a mistake: `run_command` prints the message and exits 130, as for train.
-        return KeyboardInterrupt(f"lab causal stopped: the {how}; nothing was compared. Run the lab again "
-                                 f"with --out {quoted(out)} --force to train both runs anew")
 
     check_steps(args.steps)
     refuse_own_settings("causal", args.overrides, OWN_SETTINGS)
     clear_earlier_lab(out, RUNS + OUTPUTS, args.force)
+    runs = {name: lab_overrides(args.steps, out) + list(args.overrides) + [f"model.causal={name == 'causal'}"]
+            for name in RUNS}
+    return train_runs("causal", args, out, runs)
+
+
+def train_runs(lab: str, args: argparse.Namespace, out: Path, runs: dict[str, list[str]]) -> dict:
+    """Train each run of `runs` ({name: its --set items}) into <out>/<name>, one after another, for
+    args.steps; returns {name: TrainResult}. A run stopped by Ctrl-C or SIGTERM (`TrainResult.interrupted`,
+    or before its first step) ends the lab in one line naming --out and --force, and exit status 130, as
+    `tinyattn train` ends: the next run is not trained and no table is written, as one would set a few
+    steps beside a whole run."""
+    from tinyattn.config import load_config
+    from tinyattn.train.loop import train
+    from tinyattn.train.owners import StoppedBeforeStart
+
+    every = "both runs" if len(runs) == 2 else f"all {len(runs)} runs"
+
+    def stopped(how: str) -> KeyboardInterrupt:
+        # A stop, not a mistake: `run_command` prints the message and exits 130, as for train.
+        return KeyboardInterrupt(f"lab {lab} stopped: the {how}; nothing was compared. Run the lab again "
+                                 f"with --out {quoted(out)} --force to train {every} anew")
+
     results = {}
-    for name in RUNS:
+    for name, items in runs.items():
         run_dir = out / name
-        items = lab_overrides(args.steps, out) + list(args.overrides) + [f"model.causal={name == 'causal'}"]
         config = load_config(args.config, items)
         print(f"training {name} ({counted(args.steps, 'step')}) into {run_dir}/", flush=True)
         try:
             results[name] = train(config, config_path=args.config, run_name=name, progress=False,
                                   overrides=items)
         except StoppedBeforeStart:  # train's line ("nothing was trained or saved; run the same command
-            # again") speaks of its run alone: after the causal run, this --out holds it and needs --force
+            # again") speaks of its run alone: after an earlier run, this --out holds it and needs --force
             raise stopped(f"{name} run stopped before its first step") from None
         if results[name].interrupted:  # a comparison with a stopped run would compare its few steps
             raise stopped(f"{name} run stopped at step {results[name].step} of {args.steps} ({run_dir})")
@@ -323,15 +333,20 @@ def write_report(rows: list[Row], out: Path, seconds: float, *, prompt: str) -> 
     return table
 
 
+def check_tokenizer(args: argparse.Namespace, loaded, tokenizer) -> None:
+    """--checkpoint's tokenizer must be the one of --config (`tokenizer`), whose text the lab reads it on."""
+    if loaded.tokenizer.to_json() != tokenizer.to_json():
+        raise TinyattnError(f"--checkpoint {args.checkpoint}: its tokenizer is not the one of --config "
+                            f"{args.config}; give the config it was trained with")
+
+
 def _other_checkpoint(args: argparse.Namespace, tokenizer, context: int):
     """--checkpoint, loaded, once its tokenizer is known to be the config's and its context the runs'
     (`context`): its row is measured on the same windows, at the same position, as theirs."""
     from tinyattn.hf.folder import load_any_model
 
     loaded = load_any_model(args.checkpoint)
-    if loaded.tokenizer.to_json() != tokenizer.to_json():
-        raise TinyattnError(f"--checkpoint {args.checkpoint}: its tokenizer is not the one of --config "
-                            f"{args.config}; give the config it was trained with")
+    check_tokenizer(args, loaded, tokenizer)
     theirs = loaded.config.model.context_length
     if theirs != context:
         raise TinyattnError(f"--checkpoint {args.checkpoint}: its context is {theirs} tokens and the lab's "
