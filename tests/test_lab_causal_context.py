@@ -749,9 +749,10 @@ def bidirectional_run(tmp_path_factory, corpus_text):
     ["generate", "--prompt", "To be"], ["export", "--out", "exported"], ["export", "--gguf", "exported.gguf"],
     ["eval", "--no-plot"], ["lab", "distance", "--recall-steps", "1"], ["attention", "--text", "To be"],
     ["attention", "--relevance"], ["attention", "--html"], ["serve", "--port", "0"],
-    ["lab", "context", "--word", "speak", "--context", "we speak", "--context", "All: speak"]],
+    ["lab", "context", "--word", "speak", "--context", "we speak", "--context", "All: speak"],
+    ["lab", "scaling", "--steps", "1"]],
     ids=["generate", "export", "export-gguf", "eval", "lab-distance", "attention", "attention-relevance",
-         "attention-html", "serve", "lab-context"])
+         "attention-html", "serve", "lab-context", "lab-scaling"])
 def test_commands_that_score_predictions_refuse_a_bidirectional_checkpoint_in_one_line(
         bidirectional_run, tmp_path, capsys, monkeypatch, command):
     # Each position of a bidirectional model read the token it predicts: its losses, recall and

@@ -21,6 +21,7 @@ EXPERIMENTS = {  # name: the claim it measures (tinyattn.lab.<name> runs it)
     "recurrence": "attention vs an LSTM: speed by context, loss, and gradient path length",
     "distance": "access does not ensure use: a repeated string and key-value recall against distance",
     "context": "context-specific representations: one word's hidden state in different contexts",
+    "scaling": "why scores are divided by sqrt(d_k): softmax rows and training with and without it",
 }
 
 

@@ -1,0 +1,411 @@
+"""`tinyattn lab scaling`: why attention divides its scores by sqrt(d_k), measured.
+
+The chapter's claim: a query and a key of d_k entries, each of unit variance, have a dot product
+of variance d_k; undivided, the scores spread further as heads widen, and softmax turns widely
+spread scores into nearly one-hot rows, whose gradient is nearly zero. Dividing by sqrt(d_k) keeps
+the spread near 1 at any head width. Three measurements:
+
+1. the arithmetic, no model (`softmax_rows`): random queries and keys of unit-variance entries at
+   head widths 8 to 256, scores divided and undivided: their spread, the softmax rows' entropy as
+   a share of a uniform row's, their largest weight, and the size of softmax's gradient (the
+   Frobenius norm of its Jacobian, diag(p) - p p^T, zero for a one-hot row);
+2. training, with `tinyattn.train.loop.train`: the same small model (the config's, at 2 layers of
+   width 128) at each head width of --head-dims (default 16 and 64: 8 heads and 2), each trained
+   twice on the same batches from the same weights, scores divided (every model's) and undivided
+   (`model.scale_scores: false`, an experiment-only setting that export refuses). Each run's losses,
+   and its attention rows on the validation windows (`attention_rows`) as it started and as trained;
+3. with --checkpoint, a model of yours: each layer's rows as trained and with its scores' spread
+   multiplied by sqrt(d_k), the division removed (`rows_rescaled`; for an undivided model, divided).
+
+It writes <out>/scaling.txt (the tables) and <out>/scaling.png and prints the tables; each run
+trains into <out>/<name>, so `tensorboard --logdir <out>` shows the curves side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from tinyattn.config import home_path
+from tinyattn.errors import TinyattnError
+from tinyattn.lab.causal import DEFAULT_CONFIG, lab_overrides
+from tinyattn.system.invocation import quoted
+
+DEFAULT_STEPS = 300  # each run; the four together stay within 3 minutes on 2 CPU cores in fp32
+DEFAULT_HEAD_DIMS = "16,64"
+WIDTH = 128  # the runs' width, after the causal lab's small model (2 layers, batch 16), before --set
+# The runs' model beyond the causal lab's: that width, and keys and values for every head (before --set).
+LAB_MODEL = [f"model.n_embd={WIDTH}", "model.n_kv_head=null"]
+ARITHMETIC_DIMS = (8, 16, 32, 64, 128, 256)
+ARITHMETIC_ROWS = 1024  # random rows of keys at each head width
+ONE_HOT = 0.99  # a row with more than this weight on one key is counted as one-hot
+MEASURED_WINDOWS = 16  # the validation windows each model's attention rows are read on
+OUTPUTS = ("scaling.txt", "scaling.png")  # what `run` writes into --out beside the run folders
+# Settings the lab derives from its own options: a --set of one would describe another run.
+OWN_SETTINGS = {"train.max_steps": "--steps {}", "train.out_dir": "--out {}", "model.n_head": "--head-dims",
+                "model.scale_scores": "--head-dims"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=DEFAULT_CONFIG, type=home_path, metavar="FILE",
+                        help=f"the model and data the runs train (default: {DEFAULT_CONFIG})")
+    parser.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[],
+                        metavar="KEY=VALUE",
+                        help=f"override config values (dotted keys), after the lab's own: 2 layers of width "
+                             f"{WIDTH}, keys and values for every head, batch 16, fp32, no compile, no time "
+                             "budget, no tables by passes, one evaluation at the end; the heads come from "
+                             "--head-dims, the steps from --steps and the folder from --out")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
+                        help=f"training steps of each run (default: {DEFAULT_STEPS})")
+    parser.add_argument("--head-dims", default=DEFAULT_HEAD_DIMS, metavar="D,D",
+                        help=f"the head widths d_k trained, each divided and undivided; the heads are the "
+                             f"width over d_k (default: {DEFAULT_HEAD_DIMS})")
+    parser.add_argument("--out", type=home_path, metavar="DIR",
+                        help="the lab's folder: a run folder each, scaling.txt, scaling.png "
+                             "(default: a new checkpoints/lab/scaling-<date>-<time>)")
+    parser.add_argument("--force", action="store_true", help="replace the runs of an earlier lab in --out")
+    parser.add_argument("--checkpoint", type=home_path, metavar="RUN_DIR|FILE",
+                        help="also read the attention rows of this trained model (a run folder, checkpoint "
+                             "file or Hugging Face folder), as trained and with the division removed")
+
+
+# ----------------------------------------------------------------------------- the arithmetic
+
+
+@dataclass
+class Rows:
+    """Softmax rows, each a mean over the rows measured."""
+
+    spread: float  # the standard deviation of a row's scores over its keys
+    entropy_share: float  # the row's entropy over that of a uniform row of its keys: 1 uniform, 0 one-hot
+    largest: float  # the row's largest weight
+    one_hot: float  # the share of rows with more than ONE_HOT of their weight on one key
+    gradient: float  # the Frobenius norm of softmax's Jacobian at the row
+
+
+ROWS_FIELDS = ("spread", "entropy_share", "largest", "one_hot", "gradient")
+
+
+def softmax_rows(scores, keys=None) -> Rows:
+    """`Rows` of scores (..., N): each row's softmax over the keys where `keys` (a boolean (..., N),
+    None: every key) is True; rows with fewer than two such keys are left out (a single key is
+    one-hot whatever its score). The Jacobian of p = softmax(s) is diag(p) - p p^T, whose squared
+    Frobenius norm is sum p_i^2 - 2 sum p_i^3 + (sum p_i^2)^2: about 1/N for a uniform row, 0 one-hot."""
+    import torch
+
+    scores = scores.double()
+    keys = torch.ones_like(scores, dtype=torch.bool) if keys is None else keys
+    counted = keys.sum(-1)  # (...,) keys a row weighs
+    rows = counted >= 2
+    p = torch.softmax(scores.masked_fill(~keys, float("-inf")), dim=-1)
+    p_log_p = torch.where(p > 0, p * p.log(), torch.zeros_like(p))
+    entropy = -p_log_p.sum(-1)  # (...,)
+    mean = (scores * keys).sum(-1, keepdim=True) / counted.clamp(min=1).unsqueeze(-1)
+    spread = (((scores - mean) * keys) ** 2).sum(-1).div(counted.clamp(min=1)).sqrt()
+    squares, cubes = (p ** 2).sum(-1), (p ** 3).sum(-1)
+    gradient = (squares - 2 * cubes + squares ** 2).clamp(min=0).sqrt()
+    share = entropy / counted.clamp(min=2).double().log()
+    largest = p.amax(-1)
+    measured = (spread, share, largest, largest > ONE_HOT, gradient)
+    return Rows(*(float(x[rows].double().mean()) for x in measured))
+
+
+def arithmetic(keys: int, dims=ARITHMETIC_DIMS, rows: int = ARITHMETIC_ROWS, seed: int = 0
+               ) -> list[tuple[int, Rows, Rows]]:
+    """(d_k, divided, undivided) for each head width: `rows` random queries, each against `keys`
+    random keys, every entry drawn from N(0, 1)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    table = []
+    for d in dims:
+        q = torch.randn(rows, 1, d, generator=generator)  # (R, 1, d)
+        k = torch.randn(rows, keys, d, generator=generator)  # (R, N, d)
+        scores = (q * k).sum(-1)  # (R, N): q.k, of variance d (softmax_rows works in float64)
+        table.append((d, softmax_rows(scores / math.sqrt(d)), softmax_rows(scores)))
+    return table
+
+
+# ----------------------------------------------------------------------------- a model's attention rows
+
+
+def recorded_weights(model, x) -> list:
+    """Each layer's attention weights (B, H, T, T) for windows x (B, T), in eval, without gradients."""
+    import torch
+
+    from tinyattn.model.attention import recording_attention_weights
+    from tinyattn.model.transformer import evaluation_mode
+
+    with evaluation_mode(model), torch.no_grad(), recording_attention_weights(model) as weights:
+        model(x.to(next(model.parameters()).device))
+    return [w.double().cpu() for w in weights]
+
+
+def rows_rescaled(weights, factor: float = 1.0) -> Rows:
+    """`Rows` of a layer's causal weights (B, H, T, T) with their scores multiplied by `factor`.
+
+    A row's weights are softmax(s), so log w = s - logsumexp(s): the scores up to a constant of the
+    row, which neither softmax nor the spread sees, and softmax(factor * log w) is the row the
+    scores times `factor` give. The keys read are those the row weighs above 0 (a masked key's
+    weight is exactly 0; so is one whose weight underflowed, a score far below the row's largest)."""
+    import torch
+
+    keys = weights > 0
+    scores = torch.where(keys, weights.clamp(min=1e-300).log(), torch.zeros_like(weights)) * factor
+    return softmax_rows(scores, keys)
+
+
+def attention_rows(model, x) -> Rows:
+    """The mean `Rows` over a model's layers for windows x (B, T) (no gradient: a model's rows)."""
+    per_layer = [rows_rescaled(w) for w in recorded_weights(model, x)]
+    return Rows(*(sum(getattr(r, f) for r in per_layer) / len(per_layer) for f in ROWS_FIELDS))
+
+
+def initial_model(config):
+    """The model a run of `config` starts from: its seed, then its model drawn as the trainer draws it."""
+    from tinyattn.model.transformer import LanguageModel
+    from tinyattn.system.seeding import seed_everything
+
+    seed_everything(config.train.seed)
+    return LanguageModel(config.model)
+
+
+# ----------------------------------------------------------------------------- the runs
+
+
+def head_dims(text: str, width: int) -> list[int]:
+    """--head-dims as distinct widths, each even (RoPE rotates pairs) and dividing the model's width."""
+    try:
+        dims = [int(item) for item in text.split(",")]
+    except ValueError:
+        raise TinyattnError(f"--head-dims {text!r}: expected head widths separated by commas, "
+                            f"such as {DEFAULT_HEAD_DIMS}") from None
+    for d in dims:
+        if d <= 0 or d % 2 or width % d:
+            raise TinyattnError(f"--head-dims {text}: {d} is not an even divisor of the model's width "
+                                f"{width} (model.n_embd); each head width must be one")
+    if len(set(dims)) != len(dims):
+        raise TinyattnError(f"--head-dims {text}: a head width given twice")
+    return dims
+
+
+def run_names(dims: list[int]) -> dict[str, tuple[int, bool]]:
+    """{run name: (d_k, scores divided)}, in the order they train."""
+    return {f"{'divided' if divided else 'undivided'}_d{d}": (d, divided)
+            for d in dims for divided in (True, False)}
+
+
+def run_settings(args: argparse.Namespace, out: Path, names: dict, width: int) -> dict[str, list[str]]:
+    """{run name: its --set items}: the lab's, the user's --set, then the run's heads and division. Each
+    run's config is loaded, so that one the config refuses (heads that grouped queries cannot share, say)
+    is refused before any run trains."""
+    from tinyattn.config import load_config
+
+    lab = lab_overrides(args.steps, out) + LAB_MODEL + list(args.overrides)
+    runs = {name: lab + [f"model.n_head={width // d}", f"model.scale_scores={divided}"]
+            for name, (d, divided) in names.items()}
+    for items in runs.values():
+        load_config(args.config, items)
+    return runs
+
+
+@dataclass
+class Run:
+    """One trained run's line of the table."""
+
+    name: str
+    d: int
+    divided: bool
+    train_loss: float  # the last logged training loss
+    val_loss: float  # its evaluation at the end
+    started: Rows  # its attention rows as it started
+    trained: Rows  # and as trained
+
+
+def measure_run(name: str, d: int, divided: bool, result, x) -> Run:
+    from tinyattn.hf.folder import load_any_model
+    from tinyattn.lab.causal import training_curve
+
+    loaded = load_any_model(result.run_dir)
+    _, losses = training_curve(result.run_dir)
+    return Run(name, d, divided, float(losses[-1]), result.last_val_loss,
+               attention_rows(initial_model(loaded.config), x), attention_rows(loaded.model, x))
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+COLUMNS = (f"{'spread':>7} {'entropy share':>13} {'largest weight':>14} {'one-hot':>8} "
+           f"{'softmax gradient':>16}")
+
+
+def columns(rows: Rows) -> str:
+    """`rows` under COLUMNS."""
+    return (f"{rows.spread:>7.3f} {rows.entropy_share:>13.3f} {rows.largest:>14.3f} {rows.one_hot:>8.3f} "
+            f"{rows.gradient:>16.3f}")
+
+
+def format_report(header: str, keys: int, table, runs: list[Run], *, steps: int, layers=None) -> str:
+    """The text `run` prints and writes: the arithmetic, the runs and, given `layers`, a checkpoint's."""
+    uniform_gradient = math.sqrt(1 / keys - 1 / keys ** 2)
+    lines = [header, "",
+             f"the arithmetic: {ARITHMETIC_ROWS:,} random queries, each against {keys} random keys, every "
+             "entry drawn from N(0, 1); scores q.k divided by sqrt(d_k) and undivided; means over the rows",
+             "spread: the standard deviation of a row's scores; entropy share: its entropy over a uniform "
+             f"row's (1 uniform, 0 one-hot); one-hot: the share of rows with more than {ONE_HOT} on one key; "
+             f"softmax gradient: the norm of its Jacobian (a uniform row's {uniform_gradient:.3f}, a one-hot "
+             "row's 0)",
+             f"{'d_k':>5} {'scores':<10} {COLUMNS}"]
+    for d, *pair in table:
+        lines += [f"{d:>5} {label:<10} {columns(rows)}"
+                  for label, rows in zip(("divided", "undivided"), pair)]
+    lines += ["", f"training: the same model, the same batches, {steps:,} steps a run; its attention rows on "
+              f"{MEASURED_WINDOWS} validation windows, as the run started and as trained",
+              f"{'run':>15} {'train loss':>10} {'val loss':>9} {'rows':<8} {COLUMNS}"]
+    for r in runs:
+        losses = f"{r.train_loss:>10.3f} {r.val_loss:>9.3f}"
+        lines += [f"{r.name:>15} {losses} {'started':<8} {columns(r.started)}",
+                  f"{'':>36} {'trained':<8} {columns(r.trained)}"]
+    for d in sorted({r.d for r in runs}):
+        pair = {r.divided: r for r in runs if r.d == d}
+        lines.append(f"d_k {d}: validation loss undivided minus divided "
+                     f"{pair[False].val_loss - pair[True].val_loss:+.3f}")
+    if layers is not None:
+        name, divided, d, per_layer = layers
+        other = "undivided" if divided else "divided"
+        lines += ["", f"{name}: d_k {d}, scores {'divided' if divided else 'undivided'} by sqrt(d_k) as "
+                  f"trained; each layer's rows on {MEASURED_WINDOWS} validation windows, as trained and with "
+                  f"the same scores {other} (times {'sqrt(d_k)' if divided else '1 / sqrt(d_k)'})",
+                  f"{'layer':>5} {'scores':<10} {COLUMNS}"]
+        for i, (trained, rescaled) in enumerate(per_layer):
+            lines += [f"{i:>5} {'as trained':<10} {columns(trained)}",
+                      f"{'':>5} {other:<10} {columns(rescaled)}"]
+    return "\n".join(lines)
+
+
+def save_figure(table, runs: list[Run], curves: dict, path: Path) -> Path:
+    """Left: entropy share and largest weight against d_k; middle: softmax's gradient against d_k;
+    right: each run's training loss (a colour a head width, dashed undivided)."""
+    from tinyattn.analysis.plotting import new_figure
+
+    figure = new_figure(15.0, 4.2, 100, layout="constrained")
+    rows_axes, gradient_axes, loss_axes = figure.subplots(1, 3)
+    dims = [d for d, _, _ in table]
+    for index, style in ((1, "-"), (2, "--")):
+        label = "divided" if index == 1 else "undivided"
+        rows_axes.plot(dims, [row[index].entropy_share for row in table], "C0" + style, marker="o",
+                       label=f"entropy share, {label}")
+        rows_axes.plot(dims, [row[index].largest for row in table], "C1" + style, marker="o",
+                       label=f"largest weight, {label}")
+        gradient_axes.plot(dims, [row[index].gradient for row in table], "C2" + style, marker="o",
+                           label=f"softmax gradient, {label}")
+        gradient_axes.plot(dims, [row[index].one_hot for row in table], "C3" + style, marker="o",
+                           label=f"share of rows one-hot, {label}")
+    for axes in (rows_axes, gradient_axes):
+        axes.set_xscale("log", base=2)
+        axes.set_xticks(dims, [str(d) for d in dims])
+    rows_axes.set(xlabel="d_k", ylim=(0, 1.02), title="random q, k: softmax rows")
+    gradient_axes.set(xlabel="d_k", ylim=(0, None), title="random q, k: softmax's gradient and one-hot rows")
+    colours = {d: f"C{i}" for i, d in enumerate(sorted({r.d for r in runs}))}
+    for r in runs:
+        steps, losses = curves[r.name]
+        loss_axes.plot(steps, losses, color=colours[r.d], linestyle="-" if r.divided else "--",
+                       marker="o" if len(steps) == 1 else None, label=f"{r.name} (val {r.val_loss:.3f})")
+    loss_axes.set(xlabel="step", ylabel="training loss (nats)", title="the same model trained both ways")
+    for axes in (rows_axes, gradient_axes, loss_axes):
+        axes.legend(fontsize=7)
+    figure.savefig(path)
+    return path
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def checkpoint_layers(args: argparse.Namespace, data, context: int):
+    """--checkpoint's (name, divided, d_k, [(as trained, rescaled) per layer]) on the first windows of
+    the config's validation split (`data`), once its tokenizer is known to be the config's."""
+    from tinyattn.checkpoint import require_causal
+    from tinyattn.hf.folder import load_any_model
+    from tinyattn.lab.causal import check_tokenizer
+
+    path = args.checkpoint
+    loaded = load_any_model(path)
+    require_causal(loaded, "tinyattn lab scaling (its rows are read as causal ones)")
+    check_tokenizer(args, loaded, data.tokenizer)
+    model_config = loaded.config.model
+    length = min(model_config.context_length, context)
+    x = windows(data.validation, length)
+    if x is None:
+        raise TinyattnError(f"--checkpoint {path}: the validation split holds no window of {length} tokens")
+    divided, d = model_config.scale_scores, model_config.head_dim
+    factor = math.sqrt(d) if divided else 1 / math.sqrt(d)
+    return str(path), divided, d, [(rows_rescaled(w), rows_rescaled(w, factor))
+                                   for w in recorded_weights(loaded.model, x)]
+
+
+def windows(tokens, length: int):
+    """The first MEASURED_WINDOWS windows of `length` tokens of `tokens`, (B, length); None if none fits."""
+    import torch
+
+    count = min(MEASURED_WINDOWS, len(tokens) // length)
+    if count == 0:
+        return None
+    return torch.from_numpy(tokens[:count * length].astype("int64")).view(count, length)
+
+
+def train_runs(args: argparse.Namespace, out: Path, names: dict, width: int) -> dict:
+    """Train every run of `names` one after another (`causal.train_runs`); returns {name: TrainResult}."""
+    from tinyattn.lab.causal import check_steps, train_runs as train_each
+    from tinyattn.lab.outputs import clear_earlier_lab, refuse_own_settings
+
+    check_steps(args.steps)
+    refuse_own_settings("scaling", args.overrides, OWN_SETTINGS)
+    runs = run_settings(args, out, names, width)
+    clear_earlier_lab(out, tuple(names) + OUTPUTS, args.force)
+    return train_each("scaling", args, out, runs)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tinyattn.analysis.plotting import require_matplotlib
+    from tinyattn.config import load_config
+    from tinyattn.data.batches import prepare_data
+    from tinyattn.lab.causal import check_steps, training_curve
+    from tinyattn.lab.outputs import (command_started, experiment_folder, machine_line, refuse_own_settings,
+                                      save_report, stopped_midway)
+    from tinyattn.system.device import select_device
+
+    started = command_started()
+    # What the runs cannot change is checked before they train (minutes): matplotlib, the steps, the
+    # head widths against the runs' width, the data and the checkpoint. Nothing is written until then.
+    require_matplotlib()
+    check_steps(args.steps)
+    refuse_own_settings("scaling", args.overrides, OWN_SETTINGS)
+    config = load_config(args.config, lab_overrides(args.steps, Path(args.out or ".")) + LAB_MODEL
+                         + list(args.overrides))
+    width = config.model.n_embd
+    names = run_names(head_dims(args.head_dims, width))
+    run_settings(args, Path(args.out or "."), names, width)
+    data = prepare_data(config, progress=False)
+    context = config.model.context_length
+    x = windows(data.validation, context)
+    if x is None:
+        raise TinyattnError(f"the validation split of {args.config} holds no window of {context} tokens "
+                            "(model.context_length); give more text or a shorter context")
+    layers = checkpoint_layers(args, data, context) if args.checkpoint else None
+    table = arithmetic(context)
+    out = experiment_folder(args.out, "scaling")
+    results = train_runs(args, out, names, width)
+    with stopped_midway("scaling", out, args.out, holds=f"its {len(names)} trained runs"):
+        runs = [measure_run(name, d, divided, results[name], x) for name, (d, divided) in names.items()]
+        curves = {name: training_curve(results[name].run_dir) for name in names}
+        data_name = ", ".join(config.data.files) if config.data.files else config.data.dataset
+        header = (f"tinyattn lab scaling: {args.config} ({data_name}); "
+                  f"{machine_line(select_device(config.train.device), 'fp32')}")
+        report = format_report(header, context, table, runs, steps=args.steps, layers=layers)
+        figure = save_figure(table, runs, curves, out / "scaling.png")
+        wall = time.perf_counter() - started
+        save_report(out, "scaling", report + f"\n\nwall time of the command: {wall:.0f} s")
+    print(f"wrote {out / 'scaling.txt'} and {figure}; tensorboard --logdir {quoted(out)} shows every run")
+    return 0
