@@ -220,6 +220,21 @@ def test_heads_the_users_grouped_queries_cannot_share_are_refused_before_any_run
     assert not (tmp_path / "out").exists()
 
 
+def test_lab_scaling_without_matplotlib_is_refused_in_one_line_before_anything_trains(
+        tmp_path, monkeypatch, capsys, corpus_text):
+    import sys
+
+    from tinyattn.train import loop
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the optional extra were not installed
+    monkeypatch.setattr(loop, "train", lambda *args, **kwargs: pytest.fail("trained before checking"))
+    assert main(["scaling", "--config", str(ROOT / "configs" / "tiny.yaml"), "--out", str(tmp_path / "out"),
+                 "--set", *data_items(tmp_path, corpus_text)]) == 2
+    assert capsys.readouterr().err == ("error: plots need matplotlib, an optional extra: "
+                                       "pip install 'tinyattn[plot]'\n")
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_checkpoint_of_another_tokenizer_than_the_configs_is_refused_before_anything_trains(
         tmp_path, monkeypatch, capsys, trained_run):
     from tinyattn.train import loop
