@@ -163,8 +163,11 @@ def _plot(args: argparse.Namespace, loaded, result, source: str, name: str) -> N
     from tinyattn.analysis.evaluate import save_loss_by_position_plot
     from tinyattn.analysis.plotting import plotting_available
 
-    if not plotting_available():
-        print("plot skipped: matplotlib is missing (pip install 'tinyattn[plot]'), or use --no-plot")
+    if not plotting_available():  # a note beside the warnings, not among the scores on stdout
+        import sys
+
+        print("note: plot skipped: matplotlib is missing (pip install 'tinyattn[plot]'), or use --no-plot",
+              file=sys.stderr)
         return
     path = _plot_file(args.plot, loaded.default_output(f"loss_by_position_{name}.png"))
     step = "" if loaded.hf_folder else f", step {loaded.step}"
