@@ -601,11 +601,13 @@ def test_a_prompt_at_the_token_limit_and_max_tokens_0_are_served(client):
      "a key of the request body: not valid Unicode text after 2 characters"),
     (b'{"model": "tiny-serve", "prompt": "x", "stream_options": {"\\udc00": true}}',
      "a key of stream_options: not valid Unicode text after 0 characters"),
-    # The body a string, not an object: it said "None: not valid Unicode text ..."
-    (b'"ab\\ud800"', "the request body: not valid Unicode text after 2 characters"),
+    # The body a string or a list, not an object: said as of any such body, where it said "None: not valid
+    # Unicode text ..." and "0: not valid Unicode text ..."
+    (b'"ab\\ud800"', "the request body must be a JSON object: Input should be an object"),
+    (b'["\\ud800"]', "the request body must be a JSON object: Input should be an object"),
 ], ids=["malformed-json", "empty", "blank", "not-an-object", "no-model", "a-lone-surrogate",
         "a-lone-surrogate-in-a-list", "a-lone-surrogate-in-a-key", "a-lone-surrogate-in-a-nested-key",
-        "a-lone-surrogate-as-the-body"])
+        "a-lone-surrogate-as-the-body", "a-lone-surrogate-in-a-list-as-the-body"])
 def test_a_body_that_is_not_a_request_is_a_400(server, body, message):
     connection = http.client.HTTPConnection(*server.sock.getsockname()[:2])
     connection.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})

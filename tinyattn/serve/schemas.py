@@ -165,14 +165,15 @@ def _refuse_a_lone_surrogate(body: bytes) -> None:
         value = json.loads(body)
     except (ValueError, RecursionError):
         return  # invalid JSON indeed
+    if not isinstance(value, dict):  # a list or a string: said as of any body that is no object
+        raise ApiError("the request body must be a JSON object: Input should be an object")
     for path, text, is_key in _strings_in(value, []):
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as e:
             name = ".".join(path) or None
             # A key is named by the object that holds it: the key itself cannot be written back as UTF-8.
-            # No path: the body itself (a JSON string, not the object a request is)
-            where = f"a key of {name or 'the request body'}" if is_key else name or "the request body"
+            where = f"a key of {name or 'the request body'}" if is_key else name
             raise ApiError(f"{where}: not valid Unicode text after {counted(e.start, 'character')} (half "
                            "of a UTF-16 surrogate pair)", param=name) from None
 
