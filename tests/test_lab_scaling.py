@@ -287,6 +287,25 @@ def test_a_run_stopped_ends_the_lab_in_one_line_naming_all_its_runs_before_the_n
     assert not (out / "scaling.txt").exists() and not (out / "scaling.png").exists()
 
 
+def test_a_run_stopped_without_out_says_to_run_the_lab_again_in_a_new_folder_as_a_later_stop_does(
+        tmp_path, monkeypatch, capsys, corpus_text):
+    # Without --out the lab makes a new folder each time: the stop named the one it made with --force,
+    # where a stop while the runs are measured says "in a new folder".
+    from pathlib import Path
+
+    from tinyattn.train import loop
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(loop, "train", lambda config, **options: SimpleNamespace(
+        run_dir=Path(config.train.out_dir) / options["run_name"], step=2, interrupted=True))
+    assert main(["scaling", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "3", "--head-dims", "8",
+                 "--set", "model.n_embd=32", *data_items(tmp_path, corpus_text)]) == 130
+    [out] = Path("checkpoints", "lab").glob("scaling-*")
+    assert capsys.readouterr().err == (f"lab scaling stopped: the divided_d8 run stopped at step 2 of 3 "
+                                       f"({out / 'divided_d8'}); nothing was compared. Run the lab again to "
+                                       "train both runs anew in a new folder\n")
+
+
 def test_a_lab_scaling_stopped_while_it_measures_says_its_folder_holds_its_trained_runs(
         tmp_path, monkeypatch, capsys, corpus_text):
     from pathlib import Path

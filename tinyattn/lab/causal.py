@@ -228,12 +228,15 @@ def train_runs(lab: str, args: argparse.Namespace, out: Path, runs: dict[str, li
     from tinyattn.train.loop import train
     from tinyattn.train.owners import StoppedBeforeStart
 
-    every = "both runs" if len(runs) == 2 else f"all {len(runs)} runs"
-
     def stopped(how: str) -> KeyboardInterrupt:
-        # A stop, not a mistake: `run_command` prints the message and exits 130, as for train.
+        # A stop, not a mistake: `run_command` prints the message and exits 130, as for train. Into the
+        # same --out only with --force (`clear_earlier_lab`); without --out each run of the lab makes a
+        # new folder, as `stopped_midway` says of a stop after the training.
+        every = "both runs" if len(runs) == 2 else f"all {len(runs)} runs"
+        again = (f"with --out {quoted(out)} --force to train {every} anew" if args.out is not None
+                 else f"to train {every} anew in a new folder")
         return KeyboardInterrupt(f"lab {lab} stopped: the {how}; nothing was compared. Run the lab again "
-                                 f"with --out {quoted(out)} --force to train {every} anew")
+                                 f"{again}")
 
     results = {}
     for name, items in runs.items():
