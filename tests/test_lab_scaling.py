@@ -298,8 +298,8 @@ def test_a_run_stopped_without_out_says_to_run_the_lab_again_in_a_new_folder_as_
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(loop, "train", lambda config, **options: SimpleNamespace(
         run_dir=Path(config.train.out_dir) / options["run_name"], step=2, interrupted=True))
-    assert main(["scaling", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "3", "--head-dims", "8",
-                 "--set", "model.n_embd=32", *data_items(tmp_path, corpus_text)]) == 130
+    assert main(["scaling", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "3",
+                 "--head-dims", "8", "--set", "model.n_embd=32", *data_items(tmp_path, corpus_text)]) == 130
     [out] = Path("checkpoints", "lab").glob("scaling-*")
     assert capsys.readouterr().err == (f"lab scaling stopped: the divided_d8 run stopped at step 2 of 3 "
                                        f"({out / 'divided_d8'}); nothing was compared. Run the lab again to "
