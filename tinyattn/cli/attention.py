@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def command(args: argparse.Namespace) -> int:
-    from tinyattn.analysis.plotting import require_matplotlib
+    from tinyattn.analysis.plotting import PlottingUnavailable, require_matplotlib
     from tinyattn.checkpoint import require_causal
     from tinyattn.data.tokenizer import warn_unknown_characters
     from tinyattn.hf.folder import load_any_model
@@ -74,7 +74,10 @@ def command(args: argparse.Namespace) -> int:
         raise TinyattnError(f"--top {args.top}: only with --relevance (it shortens the relevance table); "
                             "add --relevance")
     if not (args.relevance or args.html):
-        require_matplotlib()  # before any work: a missing extra is a one-line error
+        try:  # before any work: a missing extra is a one-line error, which says what runs without it
+            require_matplotlib()
+        except PlottingUnavailable as e:
+            raise PlottingUnavailable(f"{e}; --relevance and --html run without it") from None
     loaded = load_any_model(args.checkpoint, select_device(args.device))
     # Its maps would grey out, as masked, the weight a bidirectional model puts on later tokens
     require_causal(loaded, "tinyattn attention (its maps, relevance and explorer assume the causal mask)")
