@@ -59,6 +59,12 @@ def test_a_uniform_row_has_entropy_share_1_and_the_gradient_a_uniform_softmax_ha
     assert rows.gradient == pytest.approx(math.sqrt(1 / 64 - 1 / 64 ** 2), abs=1e-12)
 
 
+def test_the_softmax_gradient_is_the_jacobians_frobenius_norm():
+    # p = (0.9, 0.1): diag(p) - p p^T = [[0.09, -0.09], [-0.09, 0.09]], whose norm is 0.18
+    rows = softmax_rows(torch.tensor([[math.log(0.9), math.log(0.1)]], dtype=torch.float64))
+    assert rows.gradient == pytest.approx(0.18, abs=1e-12) and rows.largest == pytest.approx(0.9, abs=1e-12)
+
+
 def test_a_row_with_one_far_larger_score_is_one_hot_and_softmax_has_no_gradient_there():
     scores = torch.zeros(3, 10)
     scores[:, 4] = 60.0
@@ -90,6 +96,19 @@ def test_a_models_rows_rescaled_are_the_rows_of_its_scores_times_the_factor():
             assert getattr(measured, field) == pytest.approx(getattr(expected, field), abs=1e-9), field
 
 
+def test_a_key_whose_fp32_weight_underflowed_still_counts_and_its_row_stays_one_hot():
+    # Rows 1 and 2 put all but e^-120 and e^-50 of their weight on key 0: in fp32 the e^-120 is 0. Such a
+    # key was taken for a masked one, which dropped row 1 (one key left) and lowered the one-hot share.
+    scores = torch.tensor([[0.0, -1e9, -1e9], [0.0, -120.0, -1e9], [0.0, -50.0, -120.0]])
+    keys = causal_keys(3)
+    weights = torch.softmax(scores.masked_fill(~keys, float("-inf")), dim=-1).view(1, 1, 3, 3)  # fp32
+    assert weights[0, 0, 1, 1] == 0  # underflowed
+    exact, measured = softmax_rows(scores, keys), rows_rescaled(weights)
+    assert (measured.one_hot, measured.largest) == (1, 1) == (exact.one_hot, exact.largest)
+    assert measured.entropy_share == pytest.approx(exact.entropy_share, abs=1e-15)
+    assert measured.spread == pytest.approx(25.0 / 2, abs=1e-6)  # row 1 has one known score: spread 0
+
+
 # ----------------------------------------------------------------------------- the arithmetic
 
 
@@ -106,6 +125,13 @@ def test_random_scores_divided_spread_near_1_at_every_width_and_undivided_near_s
     assert max(divided.entropy_share for _, divided, _ in table) - min(
         divided.entropy_share for _, divided, _ in table) < 0.01  # divided: the same rows at any width
     assert table[-1][2].one_hot > 0.3 and table[-1][2].gradient < 0.7 * table[-1][1].gradient
+
+
+def test_the_arithmetic_draws_fewer_rows_against_more_keys_as_many_scores_in_all():
+    from tinyattn.lab.scaling import arithmetic_rows
+
+    assert arithmetic_rows(64) == 1024 and arithmetic_rows(256) == 256 and arithmetic_rows(1024) == 64
+    assert arithmetic_rows(100_000) == 64
 
 
 # ----------------------------------------------------------------------------- a model's rows
@@ -192,8 +218,35 @@ def test_the_users_set_comes_after_the_labs_and_the_heads_follow_a_width_it_sets
         (64, 4, 4, 3), (64, 4, 4, 3), (64, 2, 2, 3), (64, 2, 2, 3)]
 
 
-@pytest.mark.parametrize("item, option", [("model.n_head=2", "--head-dims"), ("model.scale_scores=false",
-                                                                              "--head-dims"),
+def test_a_set_of_the_division_is_refused_as_every_head_width_trains_both_ways(tmp_path, monkeypatch, capsys):
+    from tinyattn.train import loop
+
+    monkeypatch.setattr(loop, "train", lambda config, **options: pytest.fail("trained"))
+    assert main(["scaling", "--out", str(tmp_path / "out"), "--set", "model.scale_scores=false"]) == 2
+    assert capsys.readouterr().err == ("error: --set model.scale_scores=false: lab scaling trains each head "
+                                       "width both divided and undivided; remove it\n")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_width_the_configs_own_heads_do_not_divide_is_read_when_the_head_dims_do(
+        tmp_path, monkeypatch, capsys, corpus_text):
+    # 100 / 4 heads (the config's) is 25, odd for RoPE: the width was refused before --head-dims set the
+    # heads, 20 and 50 of which give 5 heads and 2.
+    from pathlib import Path
+
+    from tinyattn.train import loop
+
+    trained = []
+    monkeypatch.setattr(loop, "train", lambda config, **options: trained.append(config.model.n_head) or
+                        SimpleNamespace(run_dir=Path(config.train.out_dir) / options["run_name"], step=1,
+                                        interrupted=True))
+    assert main(["scaling", "--config", str(ROOT / "configs" / "tiny.yaml"), "--out", str(tmp_path / "out"),
+                 "--head-dims", "20,50", "--set", "model.n_embd=100",
+                 *data_items(tmp_path, corpus_text)]) == 130
+    assert trained == [5]  # the first run trained (and was stopped), with its own heads
+
+
+@pytest.mark.parametrize("item, option", [("model.n_head=2", "--head-dims"),
                                           ("train.max_steps=20", "--steps 20")])
 def test_a_set_of_what_the_labs_options_give_is_refused_naming_the_option_before_anything_trains(
         tmp_path, monkeypatch, capsys, item, option):
@@ -216,7 +269,9 @@ def test_heads_the_users_grouped_queries_cannot_share_are_refused_before_any_run
                  "--head-dims", "8,16", "--set", "model.n_embd=32", "model.n_kv_head=4",
                  *data_items(tmp_path, corpus_text)]) == 2  # d_k 16: 2 heads cannot share 4 key heads
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and "model.n_head" in err and "model.n_kv_head=4" in err, err
+    assert err.startswith("error: --head-dims 8,16: d_k 16 gives the divided_d16 run model.n_head=2, "
+                          "which its config refuses (") and "model.n_kv_head=4" in err, err
+    assert err.count("\n") == 1
     assert not (tmp_path / "out").exists()
 
 
@@ -340,7 +395,7 @@ def test_the_report_gives_each_head_widths_validation_loss_undivided_minus_divid
             Run("undivided_d16", 16, False, 1.7, 1.85, _rows(0.4), _rows(0.3)),
             Run("divided_d64", 64, True, 1.7, 1.81, _rows(0.9), _rows(0.4)),
             Run("undivided_d64", 64, False, 1.9, 1.79, _rows(0.2), _rows(0.03))]
-    text = format_report("header", 64, arithmetic(64, dims=(8,), rows=16), runs, steps=300)
+    text = format_report("header", arithmetic(64, dims=(8,), rows=16), runs, keys=64, context=64, steps=300)
     lines = text.splitlines()
     assert lines[0] == "header"
     assert "d_k 16: validation loss undivided minus divided +0.050" in lines
@@ -398,3 +453,43 @@ def test_lab_scaling_writes_its_tables_figure_and_runs_and_reads_a_checkpoint(
     assert float(undivided.split()[1]) == pytest.approx(math.sqrt(d_k) * float(trained.split()[3]), rel=2e-3)
     assert text.split("\n\nwall time")[0] in stdout  # printed as written
     assert (out / "scaling.png").stat().st_size > 10_000
+
+
+def test_a_runs_row_reads_its_last_logged_loss_its_evaluation_and_its_rows_as_started_and_as_trained(
+        trained_run, random_tokens):
+    from tinyattn.hf.folder import load_any_model
+    from tinyattn.lab.causal import training_curve
+    from tinyattn.lab.scaling import measure_run
+
+    loaded = load_any_model(trained_run.run_dir)
+    x = random_tokens(batch=3, length=32, vocab_size=loaded.config.model.vocab_size)
+    result = SimpleNamespace(run_dir=trained_run.run_dir, last_val_loss=1.25)
+    row = measure_run("divided_d8", 8, True, result, x)
+    steps, losses = training_curve(trained_run.run_dir)
+    assert len(losses) > 1 and row.train_loss == float(losses[-1]) and row.val_loss == 1.25
+    assert row.trained == attention_rows(loaded.model, x)
+    assert row.started == attention_rows(initial_model(loaded.config), x) != row.trained
+
+
+def test_a_device_the_machine_lacks_is_refused_before_a_run_says_it_trains(tmp_path, monkeypatch, capsys,
+                                                                            corpus_text):
+    from tinyattn.train import loop
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(loop, "train", lambda config, **options: pytest.fail("trained"))
+    assert main(["scaling", "--config", str(ROOT / "configs" / "tiny.yaml"), "--out", str(tmp_path / "out"),
+                 "--set", "train.device=cuda", *data_items(tmp_path, corpus_text)]) == 2
+    stdout, err = capsys.readouterr()
+    assert stdout == "" and err.startswith("error: device 'cuda' was asked for") and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_context_of_one_token_is_refused_before_anything_trains(tmp_path, monkeypatch, capsys, corpus_text):
+    # A causal row of one key is one-hot whatever its scores: the lab would read no row at all.
+    from tinyattn.train import loop
+
+    monkeypatch.setattr(loop, "train", lambda config, **options: pytest.fail("trained"))
+    assert main(["scaling", "--config", str(ROOT / "configs" / "tiny.yaml"), "--out", str(tmp_path / "out"),
+                 "--set", "model.context_length=1", *data_items(tmp_path, corpus_text)]) == 2
+    assert capsys.readouterr().err.startswith("error: model.context_length 1: a causal row weighs ")
+    assert not (tmp_path / "out").exists()

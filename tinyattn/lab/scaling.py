@@ -28,6 +28,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 from tinyattn.config import home_path
 from tinyattn.errors import TinyattnError
 from tinyattn.lab.causal import DEFAULT_CONFIG, lab_overrides
@@ -39,13 +40,13 @@ WIDTH = 128  # the runs' width, after the causal lab's small model (2 layers, ba
 # The runs' model beyond the causal lab's: that width, and keys and values for every head (before --set).
 LAB_MODEL = [f"model.n_embd={WIDTH}", "model.n_kv_head=null"]
 ARITHMETIC_DIMS = (8, 16, 32, 64, 128, 256)
-ARITHMETIC_ROWS = 1024  # random rows of keys at each head width
+ARITHMETIC_ROWS = 1024  # random rows of keys at each head width, at 64 keys a row (`arithmetic_rows`)
+ARITHMETIC_KEYS = 1024  # the most keys a random row has (the runs' context, up to this)
 ONE_HOT = 0.99  # a row with more than this weight on one key is counted as one-hot
 MEASURED_WINDOWS = 16  # the validation windows each model's attention rows are read on
 OUTPUTS = ("scaling.txt", "scaling.png")  # what `run` writes into --out beside the run folders
 # Settings the lab derives from its own options: a --set of one would describe another run.
-OWN_SETTINGS = {"train.max_steps": "--steps {}", "train.out_dir": "--out {}", "model.n_head": "--head-dims",
-                "model.scale_scores": "--head-dims"}
+OWN_SETTINGS = {"train.max_steps": "--steps {}", "train.out_dir": "--out {}", "model.n_head": "--head-dims"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="replace the runs of an earlier lab in --out")
     parser.add_argument("--checkpoint", type=home_path, metavar="RUN_DIR|FILE",
                         help="also read the attention rows of this trained model (a run folder, checkpoint "
-                             "file or Hugging Face folder), as trained and with the division removed")
+                             "file or Hugging Face folder), as trained and with the division removed (for a "
+                             "model trained undivided, with it)")
 
 
 # ----------------------------------------------------------------------------- the arithmetic
@@ -91,8 +93,10 @@ ROWS_FIELDS = ("spread", "entropy_share", "largest", "one_hot", "gradient")
 def softmax_rows(scores, keys=None) -> Rows:
     """`Rows` of scores (..., N): each row's softmax over the keys where `keys` (a boolean (..., N),
     None: every key) is True; rows with fewer than two such keys are left out (a single key is
-    one-hot whatever its score). The Jacobian of p = softmax(s) is diag(p) - p p^T, whose squared
-    Frobenius norm is sum p_i^2 - 2 sum p_i^3 + (sum p_i^2)^2: about 1/N for a uniform row, 0 one-hot."""
+    one-hot whatever its score). A key's score may be -inf (its weight 0, its score unknown: see
+    `rows_rescaled`): it counts as a key and is left out of the spread alone. The Jacobian of
+    p = softmax(s) is diag(p) - p p^T, whose squared Frobenius norm is
+    sum p_i^2 - 2 sum p_i^3 + (sum p_i^2)^2: about 1/N for a uniform row, 0 one-hot."""
     import torch
 
     scores = scores.double()
@@ -102,8 +106,10 @@ def softmax_rows(scores, keys=None) -> Rows:
     p = torch.softmax(scores.masked_fill(~keys, float("-inf")), dim=-1)
     p_log_p = torch.where(p > 0, p * p.log(), torch.zeros_like(p))
     entropy = -p_log_p.sum(-1)  # (...,)
-    mean = (scores * keys).sum(-1, keepdim=True) / counted.clamp(min=1).unsqueeze(-1)
-    spread = (((scores - mean) * keys) ** 2).sum(-1).div(counted.clamp(min=1)).sqrt()
+    known = keys & scores.isfinite()  # the keys whose scores the spread reads
+    n = known.sum(-1, keepdim=True).clamp(min=1)
+    mean = torch.where(known, scores, 0.0).sum(-1, keepdim=True) / n
+    spread = (torch.where(known, scores - mean, 0.0) ** 2).sum(-1, keepdim=True).div(n).sqrt().squeeze(-1)
     squares, cubes = (p ** 2).sum(-1), (p ** 3).sum(-1)
     gradient = (squares - 2 * cubes + squares ** 2).clamp(min=0).sqrt()
     share = entropy / counted.clamp(min=2).double().log()
@@ -112,12 +118,19 @@ def softmax_rows(scores, keys=None) -> Rows:
     return Rows(*(float(x[rows].double().mean()) for x in measured))
 
 
-def arithmetic(keys: int, dims=ARITHMETIC_DIMS, rows: int = ARITHMETIC_ROWS, seed: int = 0
+def arithmetic_rows(keys: int) -> int:
+    """The random queries the arithmetic draws against `keys` keys: ARITHMETIC_ROWS at 64 keys, fewer at
+    more (at least 64), so that the draws at d_k 256 stay near 64 MB whatever the context."""
+    return max(64, ARITHMETIC_ROWS * 64 // keys)
+
+
+def arithmetic(keys: int, dims=ARITHMETIC_DIMS, rows: Optional[int] = None, seed: int = 0
                ) -> list[tuple[int, Rows, Rows]]:
-    """(d_k, divided, undivided) for each head width: `rows` random queries, each against `keys`
-    random keys, every entry drawn from N(0, 1)."""
+    """(d_k, divided, undivided) for each head width: `rows` random queries (`arithmetic_rows`), each
+    against `keys` random keys, every entry drawn from N(0, 1)."""
     import torch
 
+    rows = rows or arithmetic_rows(keys)
     generator = torch.Generator().manual_seed(seed)
     table = []
     for d in dims:
@@ -148,12 +161,14 @@ def rows_rescaled(weights, factor: float = 1.0) -> Rows:
 
     A row's weights are softmax(s), so log w = s - logsumexp(s): the scores up to a constant of the
     row, which neither softmax nor the spread sees, and softmax(factor * log w) is the row the
-    scores times `factor` give. The keys read are those the row weighs above 0 (a masked key's
-    weight is exactly 0; so is one whose weight underflowed, a score far below the row's largest)."""
+    scores times `factor` give. Row t weighs keys 0..t (the causal mask). A key whose fp32 weight
+    underflowed to 0 (a score about 100 or more below the row's largest) keeps weight 0 and counts
+    as a key; its score is unknown, so the spread leaves it out and reads a little low there."""
     import torch
 
-    keys = weights > 0
-    scores = torch.where(keys, weights.clamp(min=1e-300).log(), torch.zeros_like(weights)) * factor
+    T = weights.size(-1)
+    keys = torch.ones(T, T, dtype=torch.bool).tril().expand_as(weights)  # (B, H, T, T)
+    scores = torch.where(weights > 0, weights.clamp(min=1e-300).log() * factor, float("-inf"))
     return softmax_rows(scores, keys)
 
 
@@ -203,12 +218,29 @@ def run_settings(args: argparse.Namespace, out: Path, names: dict, width: int) -
     is refused before any run trains."""
     from tinyattn.config import load_config
 
+    from tinyattn.errors import ConfigError
+
     lab = lab_overrides(args.steps, out) + LAB_MODEL + list(args.overrides)
     runs = {name: lab + [f"model.n_head={width // d}", f"model.scale_scores={divided}"]
             for name, (d, divided) in names.items()}
-    for items in runs.values():
-        load_config(args.config, items)
+    for name, items in runs.items():
+        try:
+            load_config(args.config, items)
+        except ConfigError as e:
+            d = names[name][0]
+            raise TinyattnError(f"--head-dims {args.head_dims}: d_k {d} gives the {name} run "
+                                f"model.n_head={width // d}, which its config refuses ({e})") from None
     return runs
+
+
+def refuse_division_setting(overrides) -> None:
+    """A --set of model.scale_scores refused in one line: every head width trains both ways."""
+    from tinyattn.config import override_keys
+
+    for item, key in zip(overrides, override_keys(overrides)):
+        if key == "model.scale_scores":
+            raise TinyattnError(f"--set {item}: lab scaling trains each head width both divided and "
+                                "undivided; remove it")
 
 
 @dataclass
@@ -247,22 +279,34 @@ def columns(rows: Rows) -> str:
             f"{rows.gradient:>16.3f}")
 
 
-def format_report(header: str, keys: int, table, runs: list[Run], *, steps: int, layers=None) -> str:
-    """The text `run` prints and writes: the arithmetic, the runs and, given `layers`, a checkpoint's."""
-    uniform_gradient = math.sqrt(1 / keys - 1 / keys ** 2)
+def uniform_gradient(keys: int) -> float:
+    """The norm of softmax's Jacobian at a uniform row of `keys` keys: sqrt(1/N - 1/N^2)."""
+    return math.sqrt(1 / keys - 1 / keys ** 2)
+
+
+def format_report(header: str, table, runs: list[Run], *, keys: int, context: int, steps: int,
+                  layers=None) -> str:
+    """The text `run` prints and writes: the arithmetic (rows of `keys` keys), the runs (causal rows of
+    2 to `context` keys) and, given `layers`, a checkpoint's."""
+    causal_uniform = sum(uniform_gradient(n) for n in range(2, context + 1)) / (context - 1)
+    arithmetic_uniform = uniform_gradient(keys)
     lines = [header, "",
-             f"the arithmetic: {ARITHMETIC_ROWS:,} random queries, each against {keys} random keys, every "
-             "entry drawn from N(0, 1); scores q.k divided by sqrt(d_k) and undivided; means over the rows",
+             f"the arithmetic: {arithmetic_rows(keys):,} random queries, each against {keys} random keys, "
+             "every entry drawn from N(0, 1); scores q.k divided by sqrt(d_k) and undivided; means over the "
+             "rows",
              "spread: the standard deviation of a row's scores; entropy share: its entropy over a uniform "
              f"row's (1 uniform, 0 one-hot); one-hot: the share of rows with more than {ONE_HOT} on one key; "
-             f"softmax gradient: the norm of its Jacobian (a uniform row's {uniform_gradient:.3f}, a one-hot "
-             "row's 0)",
+             f"softmax gradient: the norm of its Jacobian (a uniform row's {arithmetic_uniform:.3f}, a "
+             "one-hot row's 0)",
              f"{'d_k':>5} {'scores':<10} {COLUMNS}"]
     for d, *pair in table:
         lines += [f"{d:>5} {label:<10} {columns(rows)}"
                   for label, rows in zip(("divided", "undivided"), pair)]
     lines += ["", f"training: the same model, the same batches, {steps:,} steps a run; its attention rows on "
               f"{MEASURED_WINDOWS} validation windows, as the run started and as trained",
+              f"(causal rows of 2 to {context} keys, compared with each other: a uniform one's softmax "
+              f"gradient is {causal_uniform:.3f} on average, beside the arithmetic's "
+              f"{arithmetic_uniform:.3f})",
               f"{'run':>15} {'train loss':>10} {'val loss':>9} {'rows':<8} {COLUMNS}"]
     for r in runs:
         losses = f"{r.train_loss:>10.3f} {r.val_loss:>9.3f}"
@@ -306,9 +350,11 @@ def save_figure(table, runs: list[Run], curves: dict, path: Path) -> Path:
     for axes in (rows_axes, gradient_axes):
         axes.set_xscale("log", base=2)
         axes.set_xticks(dims, [str(d) for d in dims])
-    rows_axes.set(xlabel="d_k", ylim=(0, 1.02), title="random q, k: softmax rows")
-    gradient_axes.set(xlabel="d_k", ylim=(0, None), title="random q, k: softmax's gradient and one-hot rows")
-    colours = {d: f"C{i}" for i, d in enumerate(sorted({r.d for r in runs}))}
+    rows_axes.set(xlabel="d_k", ylabel="mean over the rows", ylim=(0, 1.02),
+                  title="random q, k: softmax rows")
+    gradient_axes.set(xlabel="d_k", ylabel="Jacobian norm; share of rows", ylim=(0, None),
+                      title="random q, k: softmax's gradient and one-hot rows")
+    colours = {d: f"C{4 + i}" for i, d in enumerate(sorted({r.d for r in runs}))}  # not the left's C0-C3
     for r in runs:
         steps, losses = curves[r.name]
         loss_axes.plot(steps, losses, color=colours[r.d], linestyle="-" if r.divided else "--",
@@ -382,28 +428,36 @@ def run(args: argparse.Namespace) -> int:
     require_matplotlib()
     check_steps(args.steps)
     refuse_own_settings("scaling", args.overrides, OWN_SETTINGS)
+    refuse_division_setting(args.overrides)
+    # The width, data and context the runs share, read with one head (every run sets its own heads, so
+    # the config's own, 4, must not have to divide a width the --set gives), then each run checked.
     config = load_config(args.config, lab_overrides(args.steps, Path(args.out or ".")) + LAB_MODEL
-                         + list(args.overrides))
+                         + list(args.overrides) + ["model.n_head=1", "model.n_kv_head=null"])
     width = config.model.n_embd
     names = run_names(head_dims(args.head_dims, width))
     run_settings(args, Path(args.out or "."), names, width)
+    device = select_device(config.train.device)  # one the machine lacks: refused before a run's first line
     data = prepare_data(config, progress=False)
     context = config.model.context_length
+    if context < 2:
+        raise TinyattnError(f"model.context_length {context}: a causal row weighs as many keys as its "
+                            "position and one, and the lab reads rows of two or more: expected at least 2")
     x = windows(data.validation, context)
     if x is None:
         raise TinyattnError(f"the validation split of {args.config} holds no window of {context} tokens "
                             "(model.context_length); give more text or a shorter context")
     layers = checkpoint_layers(args, data, context) if args.checkpoint else None
-    table = arithmetic(context)
+    keys = min(context, ARITHMETIC_KEYS)
+    table = arithmetic(keys)
     out = experiment_folder(args.out, "scaling")
     results = train_runs(args, out, names, width)
     with stopped_midway("scaling", out, args.out, holds=f"its {len(names)} trained runs"):
         runs = [measure_run(name, d, divided, results[name], x) for name, (d, divided) in names.items()]
         curves = {name: training_curve(results[name].run_dir) for name in names}
         data_name = ", ".join(config.data.files) if config.data.files else config.data.dataset
-        header = (f"tinyattn lab scaling: {args.config} ({data_name}); "
-                  f"{machine_line(select_device(config.train.device), 'fp32')}")
-        report = format_report(header, context, table, runs, steps=args.steps, layers=layers)
+        header = f"tinyattn lab scaling: {args.config} ({data_name}); {machine_line(device, 'fp32')}"
+        report = format_report(header, table, runs, keys=keys, context=context, steps=args.steps,
+                               layers=layers)
         figure = save_figure(table, runs, curves, out / "scaling.png")
         wall = time.perf_counter() - started
         save_report(out, "scaling", report + f"\n\nwall time of the command: {wall:.0f} s")
