@@ -683,6 +683,25 @@ def test_lab_causal_without_matplotlib_is_refused_in_one_line_before_anything_tr
     assert not out.exists()
 
 
+def test_a_device_the_machine_lacks_is_refused_before_a_run_says_it_trains(tmp_path, monkeypatch, capsys,
+                                                                            corpus_text):
+    # It printed "training causal (3 steps) into <out>/causal/" and made --out before the refusal.
+    from tests.conftest import ROOT
+    from tinyattn.cli.lab import main
+    from tinyattn.train import loop
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(loop, "train", lambda config, **options: pytest.fail("trained"))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(corpus_text, encoding="utf-8")
+    assert main(["causal", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "3", "--out",
+                 str(tmp_path / "out"), "--set", f"data.files={corpus}", "data.url=null", "data.sha256=null",
+                 f"data.cache_dir={tmp_path / 'cache'}", "train.device=cuda"]) == 2
+    stdout, err = capsys.readouterr()
+    assert stdout == "" and err.startswith("error: device 'cuda' was asked for") and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_checkpoint_of_another_context_than_the_runs_is_refused_before_anything_trains(
         trained_run, tmp_path, monkeypatch, capsys, corpus_text):
     # Its row would be measured on other windows and its leak test at another position than the runs'.

@@ -385,6 +385,7 @@ def run(args: argparse.Namespace) -> int:
     from tinyattn.data.batches import prepare_data
     from tinyattn.hf.folder import load_any_model
     from tinyattn.lab.outputs import command_started, experiment_folder, refuse_own_settings, stopped_midway
+    from tinyattn.system.device import select_device
 
     started = command_started()  # the command's, start-up included
     # What the two runs cannot change is checked before they train (minutes): matplotlib (for
@@ -395,6 +396,7 @@ def run(args: argparse.Namespace) -> int:
     refuse_own_settings("causal", args.overrides, OWN_SETTINGS)
     config = load_config(args.config, lab_overrides(args.steps, Path(args.out or ".")) + list(args.overrides))
     check_context(config.model.context_length)
+    select_device(config.train.device)  # one the machine lacks: refused before a run says it trains
     data = prepare_data(config, progress=False)
     if args.position is not None:
         check_position(args.position, config.model.context_length)
