@@ -304,7 +304,9 @@ def test_a_checkpoint_of_another_tokenizer_than_the_configs_is_refused_before_an
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("earlier", ["scaling.txt", "scaling.png", "undivided_d64"])
+# divided_d8: a run of a head width the lab does not train now (an earlier --head-dims), which would
+# stand beside its runs in TensorBoard; divided_dx is no run of the lab's and is left alone
+@pytest.mark.parametrize("earlier", ["scaling.txt", "scaling.png", "undivided_d64", "divided_d8"])
 def test_an_out_holding_what_the_lab_writes_is_refused_before_anything_trains_and_force_clears_it(
         tmp_path, monkeypatch, earlier):
     from tinyattn.lab.scaling import run_names
@@ -314,6 +316,8 @@ def test_an_out_holding_what_the_lab_writes_is_refused_before_anything_trains_an
                                                                           interrupted=False))
     path = tmp_path / earlier
     path.mkdir() if "." not in earlier else path.write_text("mine")
+    (tmp_path / "divided_dx").mkdir()
+    (tmp_path / "divided_dx" / "notes.txt").write_text("mine")
     (path / "best.pt").write_bytes(b"run") if path.is_dir() else None
     args = argparse.Namespace(config=str(ROOT / "configs" / "tiny.yaml"), steps=3, force=False, overrides=[])
     with pytest.raises(TinyattnError, match=rf"holds {earlier}, which this lab writes; add --force"):
@@ -321,7 +325,7 @@ def test_an_out_holding_what_the_lab_writes_is_refused_before_anything_trains_an
     assert path.exists()
     args.force = True
     train_runs(args, tmp_path, run_names([16, 64]), 128)
-    assert not path.exists()
+    assert not path.exists() and (tmp_path / "divided_dx" / "notes.txt").exists()
 
 
 def test_a_run_stopped_ends_the_lab_in_one_line_naming_all_its_runs_before_the_next_or_a_table(
@@ -395,7 +399,8 @@ def test_the_report_gives_each_head_widths_validation_loss_undivided_minus_divid
             Run("undivided_d16", 16, False, 1.7, 1.85, _rows(0.4), _rows(0.3)),
             Run("divided_d64", 64, True, 1.7, 1.81, _rows(0.9), _rows(0.4)),
             Run("undivided_d64", 64, False, 1.9, 1.79, _rows(0.2), _rows(0.03))]
-    text = format_report("header", arithmetic(64, dims=(8,), rows=16), runs, keys=64, context=64, steps=300)
+    text = format_report("header", arithmetic(64, dims=(8,), rows=16), runs, keys=64, context=64, steps=300,
+                         windows=12)
     lines = text.splitlines()
     assert lines[0] == "header"
     assert "d_k 16: validation loss undivided minus divided +0.050" in lines
@@ -403,6 +408,10 @@ def test_the_report_gives_each_head_widths_validation_loss_undivided_minus_divid
     [started] = [line for line in lines if line.lstrip().startswith("undivided_d64")]
     assert started.split()[1:5] == ["1.900", "1.790", "started", "1.000"]
     assert "a uniform row's 0.124" in text
+    assert "its attention rows on 12 validation windows" in text  # the windows read, not the most it reads
+    # a uniform causal row of n = 2..64 keys: sqrt(1/n - 1/n^2), averaged over the 63 rows
+    causal = np.mean([math.sqrt(1 / n - 1 / n ** 2) for n in range(2, 65)])
+    assert f"a uniform one's softmax gradient is {causal:.3f} on average" in text
 
 
 def test_the_figure_draws_the_arithmetic_and_each_runs_curve_dashed_when_undivided(tmp_path,
@@ -453,6 +462,20 @@ def test_lab_scaling_writes_its_tables_figure_and_runs_and_reads_a_checkpoint(
     assert float(undivided.split()[1]) == pytest.approx(math.sqrt(d_k) * float(trained.split()[3]), rel=2e-3)
     assert text.split("\n\nwall time")[0] in stdout  # printed as written
     assert (out / "scaling.png").stat().st_size > 10_000
+    assert "fp32, torch threads" in text.splitlines()[0]
+    # an undivided model of yours: its rows as trained, and with its scores divided (times 1 / sqrt(d_k))
+    from tinyattn.data.batches import prepare_data
+    from tinyattn.lab.scaling import checkpoint_layers
+
+    data = prepare_data(load_config(ROOT / "configs" / "tiny.yaml", data_items(tmp_path, corpus_text)),
+                        progress=False)
+    assert f"attention rows on {min(16, len(data.validation) // 32)} validation windows" in text
+    args = argparse.Namespace(checkpoint=out / "undivided_d16", config=str(ROOT / "configs" / "tiny.yaml"))
+    name, divided, d, _, per_layer = checkpoint_layers(args, data, 32)
+    assert (divided, d) == (False, 16)
+    for trained, rescaled in per_layer:
+        assert rescaled.spread == pytest.approx(trained.spread / 4, rel=1e-9)
+        assert rescaled.entropy_share > trained.entropy_share  # divided: flatter rows
 
 
 def test_a_runs_row_reads_its_last_logged_loss_its_evaluation_and_its_rows_as_started_and_as_trained(
@@ -492,4 +515,15 @@ def test_a_context_of_one_token_is_refused_before_anything_trains(tmp_path, monk
     assert main(["scaling", "--config", str(ROOT / "configs" / "tiny.yaml"), "--out", str(tmp_path / "out"),
                  "--set", "model.context_length=1", *data_items(tmp_path, corpus_text)]) == 2
     assert capsys.readouterr().err.startswith("error: model.context_length 1: a causal row weighs ")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_bidirectional_config_is_refused_before_anything_trains(tmp_path, monkeypatch, capsys, corpus_text):
+    # Its rows would weigh later keys and its losses read the token they predict: a table as of causal ones.
+    from tinyattn.train import loop
+
+    monkeypatch.setattr(loop, "train", lambda config, **options: pytest.fail("trained"))
+    assert main(["scaling", "--config", str(ROOT / "configs" / "tiny.yaml"), "--out", str(tmp_path / "out"),
+                 "--set", "model.causal=false", *data_items(tmp_path, corpus_text)]) == 2
+    assert capsys.readouterr().err.startswith("error: model.causal false: lab scaling reads causal ")
     assert not (tmp_path / "out").exists()

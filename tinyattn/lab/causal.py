@@ -221,7 +221,8 @@ def train_both(args: argparse.Namespace, out: Path) -> dict:
 def train_runs(lab: str, args: argparse.Namespace, out: Path, runs: dict[str, list[str]]) -> dict:
     """Train each run of `runs` ({name: its --set items}) into <out>/<name>, one after another, for
     args.steps; returns {name: TrainResult}. A run stopped by Ctrl-C or SIGTERM (`TrainResult.interrupted`,
-    or before its first step) ends the lab in one line naming --out and --force, and exit status 130, as
+    or before its first step) ends the lab in one line saying how to run it again (with --out, naming it and
+    --force), and exit status 130, as
     `tinyattn train` ends: the next run is not trained and no table is written, as one would set a few
     steps beside a whole run."""
     from tinyattn.config import load_config

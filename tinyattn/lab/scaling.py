@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
+
 from tinyattn.config import home_path
 from tinyattn.errors import TinyattnError
 from tinyattn.lab.causal import DEFAULT_CONFIG, lab_overrides
@@ -45,6 +47,7 @@ ARITHMETIC_KEYS = 1024  # the most keys a random row has (the runs' context, up 
 ONE_HOT = 0.99  # a row with more than this weight on one key is counted as one-hot
 MEASURED_WINDOWS = 16  # the validation windows each model's attention rows are read on
 OUTPUTS = ("scaling.txt", "scaling.png")  # what `run` writes into --out beside the run folders
+RUN_NAME = re.compile(r"(un)?divided_d\d+")  # a run folder's name (`run_names`), of any head width
 # Settings the lab derives from its own options: a --set of one would describe another run.
 OWN_SETTINGS = {"train.max_steps": "--steps {}", "train.out_dir": "--out {}", "model.n_head": "--head-dims"}
 
@@ -120,7 +123,7 @@ def softmax_rows(scores, keys=None) -> Rows:
 
 def arithmetic_rows(keys: int) -> int:
     """The random queries the arithmetic draws against `keys` keys: ARITHMETIC_ROWS at 64 keys, fewer at
-    more (at least 64), so that the draws at d_k 256 stay near 64 MB whatever the context."""
+    more (at least 64), so that the keys drawn at d_k 256 stay near 64 MB whatever the context."""
     return max(64, ARITHMETIC_ROWS * 64 // keys)
 
 
@@ -136,7 +139,7 @@ def arithmetic(keys: int, dims=ARITHMETIC_DIMS, rows: Optional[int] = None, seed
     for d in dims:
         q = torch.randn(rows, 1, d, generator=generator)  # (R, 1, d)
         k = torch.randn(rows, keys, d, generator=generator)  # (R, N, d)
-        scores = (q * k).sum(-1)  # (R, N): q.k, of variance d (softmax_rows works in float64)
+        scores = (k @ q.transpose(1, 2)).squeeze(-1)  # (R, N): q.k, of variance d (softmax_rows: float64)
         table.append((d, softmax_rows(scores / math.sqrt(d)), softmax_rows(scores)))
     return table
 
@@ -217,7 +220,6 @@ def run_settings(args: argparse.Namespace, out: Path, names: dict, width: int) -
     run's config is loaded, so that one the config refuses (heads that grouped queries cannot share, say)
     is refused before any run trains."""
     from tinyattn.config import load_config
-
     from tinyattn.errors import ConfigError
 
     lab = lab_overrides(args.steps, out) + LAB_MODEL + list(args.overrides)
@@ -257,6 +259,8 @@ class Run:
 
 
 def measure_run(name: str, d: int, divided: bool, result, x) -> Run:
+    """A trained run's row: its last logged training loss, its evaluation (`result`, its TrainResult),
+    and its attention rows on windows x (B, T) as it started and as trained."""
     from tinyattn.hf.folder import load_any_model
     from tinyattn.lab.causal import training_curve
 
@@ -285,9 +289,9 @@ def uniform_gradient(keys: int) -> float:
 
 
 def format_report(header: str, table, runs: list[Run], *, keys: int, context: int, steps: int,
-                  layers=None) -> str:
+                  windows: int, layers=None) -> str:
     """The text `run` prints and writes: the arithmetic (rows of `keys` keys), the runs (causal rows of
-    2 to `context` keys) and, given `layers`, a checkpoint's."""
+    2 to `context` keys, read on `windows` validation windows) and, given `layers`, a checkpoint's."""
     causal_uniform = sum(uniform_gradient(n) for n in range(2, context + 1)) / (context - 1)
     arithmetic_uniform = uniform_gradient(keys)
     lines = [header, "",
@@ -303,7 +307,7 @@ def format_report(header: str, table, runs: list[Run], *, keys: int, context: in
         lines += [f"{d:>5} {label:<10} {columns(rows)}"
                   for label, rows in zip(("divided", "undivided"), pair)]
     lines += ["", f"training: the same model, the same batches, {steps:,} steps a run; its attention rows on "
-              f"{MEASURED_WINDOWS} validation windows, as the run started and as trained",
+              f"{windows} validation windows, as the run started and as trained",
               f"(causal rows of 2 to {context} keys, compared with each other: a uniform one's softmax "
               f"gradient is {causal_uniform:.3f} on average, beside the arithmetic's "
               f"{arithmetic_uniform:.3f})",
@@ -317,10 +321,10 @@ def format_report(header: str, table, runs: list[Run], *, keys: int, context: in
         lines.append(f"d_k {d}: validation loss undivided minus divided "
                      f"{pair[False].val_loss - pair[True].val_loss:+.3f}")
     if layers is not None:
-        name, divided, d, per_layer = layers
+        name, divided, d, layer_windows, per_layer = layers
         other = "undivided" if divided else "divided"
         lines += ["", f"{name}: d_k {d}, scores {'divided' if divided else 'undivided'} by sqrt(d_k) as "
-                  f"trained; each layer's rows on {MEASURED_WINDOWS} validation windows, as trained and with "
+                  f"trained; each layer's rows on {layer_windows} validation windows, as trained and with "
                   f"the same scores {other} (times {'sqrt(d_k)' if divided else '1 / sqrt(d_k)'})",
                   f"{'layer':>5} {'scores':<10} {COLUMNS}"]
         for i, (trained, rescaled) in enumerate(per_layer):
@@ -370,8 +374,8 @@ def save_figure(table, runs: list[Run], curves: dict, path: Path) -> Path:
 
 
 def checkpoint_layers(args: argparse.Namespace, data, context: int):
-    """--checkpoint's (name, divided, d_k, [(as trained, rescaled) per layer]) on the first windows of
-    the config's validation split (`data`), once its tokenizer is known to be the config's."""
+    """--checkpoint's (name, divided, d_k, windows read, [(as trained, rescaled) per layer]) on the first
+    windows of the config's validation split (`data`), once its tokenizer is known to be the config's."""
     from tinyattn.checkpoint import require_causal
     from tinyattn.hf.folder import load_any_model
     from tinyattn.lab.causal import check_tokenizer
@@ -387,8 +391,8 @@ def checkpoint_layers(args: argparse.Namespace, data, context: int):
         raise TinyattnError(f"--checkpoint {path}: the validation split holds no window of {length} tokens")
     divided, d = model_config.scale_scores, model_config.head_dim
     factor = math.sqrt(d) if divided else 1 / math.sqrt(d)
-    return str(path), divided, d, [(rows_rescaled(w), rows_rescaled(w, factor))
-                                   for w in recorded_weights(loaded.model, x)]
+    return str(path), divided, d, x.size(0), [(rows_rescaled(w), rows_rescaled(w, factor))
+                                              for w in recorded_weights(loaded.model, x)]
 
 
 def windows(tokens, length: int):
@@ -402,14 +406,15 @@ def windows(tokens, length: int):
 
 
 def train_runs(args: argparse.Namespace, out: Path, names: dict, width: int) -> dict:
-    """Train every run of `names` one after another (`causal.train_runs`); returns {name: TrainResult}."""
-    from tinyattn.lab.causal import check_steps, train_runs as train_each
-    from tinyattn.lab.outputs import clear_earlier_lab, refuse_own_settings
+    """Train every run of `names` one after another (`causal.train_runs`); returns {name: TrainResult}.
+    An --out holding an earlier lab's output is refused (or cleared, with --force) first, its runs of
+    other head widths too: they would stand beside these in TensorBoard and the folder."""
+    from tinyattn.lab.causal import train_runs as train_each
+    from tinyattn.lab.outputs import clear_earlier_lab
 
-    check_steps(args.steps)
-    refuse_own_settings("scaling", args.overrides, OWN_SETTINGS)
     runs = run_settings(args, out, names, width)
-    clear_earlier_lab(out, tuple(names) + OUTPUTS, args.force)
+    earlier = [path.name for path in sorted(out.glob("*divided_d*")) if RUN_NAME.fullmatch(path.name)]
+    clear_earlier_lab(out, tuple(dict.fromkeys([*names, *earlier])) + OUTPUTS, args.force)
     return train_each("scaling", args, out, runs)
 
 
@@ -420,7 +425,7 @@ def run(args: argparse.Namespace) -> int:
     from tinyattn.lab.causal import check_steps, training_curve
     from tinyattn.lab.outputs import (command_started, experiment_folder, machine_line, refuse_own_settings,
                                       save_report, stopped_midway)
-    from tinyattn.system.device import select_device
+    from tinyattn.system.device import select_device, select_precision
 
     started = command_started()
     # What the runs cannot change is checked before they train (minutes): matplotlib, the steps, the
@@ -433,10 +438,15 @@ def run(args: argparse.Namespace) -> int:
     # the config's own, 4, must not have to divide a width the --set gives), then each run checked.
     config = load_config(args.config, lab_overrides(args.steps, Path(args.out or ".")) + LAB_MODEL
                          + list(args.overrides) + ["model.n_head=1", "model.n_kv_head=null"])
+    if not config.model.causal:  # its rows would weigh later keys, its losses read the answer
+        raise TinyattnError("model.causal false: lab scaling reads causal attention rows and next-token "
+                            "losses, which a bidirectional model has not; expected true (remove it from "
+                            "--set or the config)")
     width = config.model.n_embd
     names = run_names(head_dims(args.head_dims, width))
     run_settings(args, Path(args.out or "."), names, width)
     device = select_device(config.train.device)  # one the machine lacks: refused before a run's first line
+    precision = select_precision(config.train.precision, device, "train.precision").name
     data = prepare_data(config, progress=False)
     context = config.model.context_length
     if context < 2:
@@ -455,9 +465,9 @@ def run(args: argparse.Namespace) -> int:
         runs = [measure_run(name, d, divided, results[name], x) for name, (d, divided) in names.items()]
         curves = {name: training_curve(results[name].run_dir) for name in names}
         data_name = ", ".join(config.data.files) if config.data.files else config.data.dataset
-        header = f"tinyattn lab scaling: {args.config} ({data_name}); {machine_line(device, 'fp32')}"
+        header = f"tinyattn lab scaling: {args.config} ({data_name}); {machine_line(device, precision)}"
         report = format_report(header, table, runs, keys=keys, context=context, steps=args.steps,
-                               layers=layers)
+                               windows=x.size(0), layers=layers)
         figure = save_figure(table, runs, curves, out / "scaling.png")
         wall = time.perf_counter() - started
         save_report(out, "scaling", report + f"\n\nwall time of the command: {wall:.0f} s")
