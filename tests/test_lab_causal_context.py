@@ -1186,7 +1186,7 @@ def test_lab_causal_refuses_a_set_of_what_steps_gives_before_it_makes_its_out_fo
 def test_both_runs_evaluate_the_labs_windows_not_the_configs(tmp_path, monkeypatch):
     # The main config evaluates 200 windows; the lab's runs, and so each row's causal-task loss (a
     # forward per position of every window), read EVAL_WINDOWS: what keeps the lab within its minutes.
-    from tinyattn.lab.causal import EVAL_WINDOWS
+    from tinyattn.lab.runs import EVAL_WINDOWS
 
     main_config, trained = configs_train_both_gives(tmp_path, monkeypatch, steps=200)
     assert main_config.train.eval_windows != EVAL_WINDOWS

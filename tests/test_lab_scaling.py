@@ -481,7 +481,7 @@ def test_lab_scaling_writes_its_tables_figure_and_runs_and_reads_a_checkpoint(
 def test_a_runs_row_reads_its_last_logged_loss_its_evaluation_and_its_rows_as_started_and_as_trained(
         trained_run, random_tokens):
     from tinyattn.hf.folder import load_any_model
-    from tinyattn.lab.causal import training_curve
+    from tinyattn.lab.runs import training_curve
     from tinyattn.lab.scaling import measure_run
 
     loaded = load_any_model(trained_run.run_dir)

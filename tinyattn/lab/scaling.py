@@ -33,13 +33,13 @@ from typing import Optional
 
 from tinyattn.config import home_path
 from tinyattn.errors import TinyattnError
-from tinyattn.lab.causal import DEFAULT_CONFIG, lab_overrides
+from tinyattn.lab.runs import DEFAULT_CONFIG, lab_overrides
 from tinyattn.system.invocation import quoted
 
 DEFAULT_STEPS = 300  # each run; the four together stay within 3 minutes on 2 CPU cores in fp32
 DEFAULT_HEAD_DIMS = "16,64"
-WIDTH = 128  # the runs' width, after the causal lab's small model (2 layers, batch 16), before --set
-# The runs' model beyond the causal lab's: that width, and keys and values for every head (before --set).
+WIDTH = 128  # the runs' width, after the labs' small model (`runs.SMALL_MODEL`: 2 layers, batch 16)
+# The runs' model beyond the labs' small one: that width, and keys and values for every head (before --set).
 LAB_MODEL = [f"model.n_embd={WIDTH}", "model.n_kv_head=null"]
 ARITHMETIC_DIMS = (8, 16, 32, 64, 128, 256)
 ARITHMETIC_ROWS = 1024  # random rows of keys at each head width, at 64 keys a row (`arithmetic_rows`)
@@ -262,7 +262,7 @@ def measure_run(name: str, d: int, divided: bool, result, x) -> Run:
     """A trained run's row: its last logged training loss, its evaluation (`result`, its TrainResult),
     and its attention rows on windows x (B, T) as it started and as trained."""
     from tinyattn.hf.folder import load_any_model
-    from tinyattn.lab.causal import training_curve
+    from tinyattn.lab.runs import training_curve
 
     loaded = load_any_model(result.run_dir)
     _, losses = training_curve(result.run_dir)
@@ -378,7 +378,7 @@ def checkpoint_layers(args: argparse.Namespace, data, context: int):
     windows of the config's validation split (`data`), once its tokenizer is known to be the config's."""
     from tinyattn.checkpoint import require_causal
     from tinyattn.hf.folder import load_any_model
-    from tinyattn.lab.causal import check_tokenizer
+    from tinyattn.lab.runs import check_tokenizer
 
     path = args.checkpoint
     loaded = load_any_model(path)
@@ -406,10 +406,10 @@ def windows(tokens, length: int):
 
 
 def train_runs(args: argparse.Namespace, out: Path, names: dict, width: int) -> dict:
-    """Train every run of `names` one after another (`causal.train_runs`); returns {name: TrainResult}.
+    """Train every run of `names` one after another (`runs.train_runs`); returns {name: TrainResult}.
     An --out holding an earlier lab's output is refused (or cleared, with --force) first, its runs of
     other head widths too: they would stand beside these in TensorBoard and the folder."""
-    from tinyattn.lab.causal import train_runs as train_each
+    from tinyattn.lab.runs import train_runs as train_each
     from tinyattn.lab.outputs import clear_earlier_lab
 
     runs = run_settings(args, out, names, width)
@@ -418,40 +418,50 @@ def train_runs(args: argparse.Namespace, out: Path, names: dict, width: int) -> 
     return train_each("scaling", args, out, runs)
 
 
-def run(args: argparse.Namespace) -> int:
-    from tinyattn.analysis.plotting import require_matplotlib
+def shared_config(args: argparse.Namespace):
+    """The config the runs share (their width, data, context, device and precision), once every option
+    is checked that the runs cannot change: the steps, --set, the head widths and each run's config.
+    Read with one head: every run sets its own, so the config's own (4) need not divide a width the
+    --set gives."""
     from tinyattn.config import load_config
-    from tinyattn.data.batches import prepare_data
-    from tinyattn.lab.causal import check_steps, training_curve
-    from tinyattn.lab.outputs import (command_started, experiment_folder, machine_line, refuse_own_settings,
-                                      save_report, stopped_midway)
-    from tinyattn.system.device import select_device, select_precision
+    from tinyattn.lab.outputs import refuse_own_settings
+    from tinyattn.lab.runs import check_steps
 
-    started = command_started()
-    # What the runs cannot change is checked before they train (minutes): matplotlib, the steps, the
-    # head widths against the runs' width, the data and the checkpoint. Nothing is written until then.
-    require_matplotlib()
     check_steps(args.steps)
     refuse_own_settings("scaling", args.overrides, OWN_SETTINGS)
     refuse_division_setting(args.overrides)
-    # The width, data and context the runs share, read with one head (every run sets its own heads, so
-    # the config's own, 4, must not have to divide a width the --set gives), then each run checked.
     config = load_config(args.config, lab_overrides(args.steps, Path(args.out or ".")) + LAB_MODEL
                          + list(args.overrides) + ["model.n_head=1", "model.n_kv_head=null"])
     if not config.model.causal:  # its rows would weigh later keys, its losses read the answer
         raise TinyattnError("model.causal false: lab scaling reads causal attention rows and next-token "
                             "losses, which a bidirectional model has not; expected true (remove it from "
                             "--set or the config)")
-    width = config.model.n_embd
+    context = config.model.context_length
+    if context < 2:
+        raise TinyattnError(f"model.context_length {context}: a causal row weighs as many keys as its "
+                            "position and one, and the lab reads rows of two or more: expected at least 2")
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    from tinyattn.analysis.plotting import require_matplotlib
+    from tinyattn.data.batches import prepare_data
+    from tinyattn.lab.outputs import (command_started, experiment_folder, machine_line, save_report,
+                                      stopped_midway)
+    from tinyattn.lab.runs import training_curve
+    from tinyattn.system.device import select_device, select_precision
+
+    started = command_started()
+    # What the runs cannot change is checked before they train (minutes): matplotlib, the options, the
+    # device, the data and the checkpoint. Nothing is written until then.
+    require_matplotlib()
+    config = shared_config(args)
+    width, context = config.model.n_embd, config.model.context_length
     names = run_names(head_dims(args.head_dims, width))
     run_settings(args, Path(args.out or "."), names, width)
     device = select_device(config.train.device)  # one the machine lacks: refused before a run's first line
     precision = select_precision(config.train.precision, device, "train.precision").name
     data = prepare_data(config, progress=False)
-    context = config.model.context_length
-    if context < 2:
-        raise TinyattnError(f"model.context_length {context}: a causal row weighs as many keys as its "
-                            "position and one, and the lab reads rows of two or more: expected at least 2")
     x = windows(data.validation, context)
     if x is None:
         raise TinyattnError(f"the validation split of {args.config} holds no window of {context} tokens "
