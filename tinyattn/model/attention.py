@@ -168,7 +168,8 @@ class CausalSelfAttention(nn.Module):
         # A query says what a position looks for, a key what it offers, a value what it passes on
         # when its key matches. q.k sums D products, so for entries of unit variance its variance
         # is D: scores are divided by sqrt(d_k) = sqrt(D) to keep their spread near 1 at any head
-        # width, or softmax would saturate into one-hot rows whose gradients vanish.
+        # width, or softmax would saturate into one-hot rows whose gradients vanish (`tinyattn lab
+        # scaling` measures both, docs/LAB.md).
         q, k, v, *gate = self.qkv(x).split(self.qkv_split, dim=-1)  # (B, T, C), (B, T, Hkv*D) x 2
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
