@@ -327,7 +327,7 @@ def run(args: argparse.Namespace) -> int:
     refuse_own_settings("causal", args.overrides, OWN_SETTINGS)
     config = load_config(args.config, lab_overrides(args.steps, Path(args.out or ".")) + list(args.overrides))
     check_context(config.model.context_length)
-    select_device(config.train.device)  # one the machine lacks: refused before a run says it trains
+    select_device(config.train.device, "--set train.device=")  # refused before a run says it trains
     data = prepare_data(config, progress=False)
     if args.position is not None:
         check_position(args.position, config.model.context_length)

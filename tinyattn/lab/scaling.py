@@ -459,7 +459,7 @@ def run(args: argparse.Namespace) -> int:
     width, context = config.model.n_embd, config.model.context_length
     names = run_names(head_dims(args.head_dims, width))
     run_settings(args, Path(args.out or "."), names, width)
-    device = select_device(config.train.device)  # one the machine lacks: refused before a run's first line
+    device = select_device(config.train.device, "--set train.device=")  # refused before a run says it trains
     precision = select_precision(config.train.precision, device, "train.precision").name
     data = prepare_data(config, progress=False)
     x = windows(data.validation, context)

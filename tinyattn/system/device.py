@@ -25,8 +25,9 @@ from tinyattn.system.timing import call_times, seconds_of
 DTYPES = dict(zip(PRECISION_NAMES, (torch.float32, torch.bfloat16, torch.float16)))
 
 
-def select_device(name: str = "auto") -> torch.device:
-    """auto: CUDA if present, then Apple MPS, else the CPU. An explicit device must exist."""
+def select_device(name: str = "auto", option: str = "--device ") -> torch.device:
+    """auto: CUDA if present, then Apple MPS, else the CPU. An explicit device must exist; its refusal
+    says how to ask for another with `option` (a lab, which has no --device: "--set train.device=")."""
     def fail(key, value, accepted):
         raise ConfigError(f"{key} {value!r} is not accepted; {accepted}")
 
@@ -39,13 +40,13 @@ def select_device(name: str = "auto") -> torch.device:
         return torch.device("cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"device {name!r} was asked for but CUDA is not available here; "
-                          "use --device cpu or auto")
+                          f"use {option}cpu or auto")
     if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
         raise ConfigError(f"device {name!r} was asked for but this machine has "
                           f"{torch.cuda.device_count()} CUDA device(s)")
     if name == "mps" and not torch.backends.mps.is_available():
         raise ConfigError("device 'mps' was asked for but Apple MPS is not available here; "
-                          "use --device cpu or auto")
+                          f"use {option}cpu or auto")
     return torch.device(name)
 
 
