@@ -528,3 +528,28 @@ def test_a_bidirectional_config_is_refused_before_anything_trains(tmp_path, monk
                  "--set", "model.causal=false", *data_items(tmp_path, corpus_text)]) == 2
     assert capsys.readouterr().err.startswith("error: model.causal false: lab scaling reads causal ")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_labs_run_stopped_says_where_it_saved_but_advises_no_resume_which_the_lab_would_not_read(
+        tmp_path, monkeypatch, capsys, corpus_text):
+    # A lab's stopped run printed train's "Resume with: tinyattn train --resume <run>", then the lab's line
+    # saying to run the lab again with --force: a resumed run finishes, and the lab never reads it.
+    from tinyattn.train import loop
+
+    options_given = []
+    monkeypatch.setattr(loop, "train", lambda config, **options: options_given.append(options) or
+                        SimpleNamespace(run_dir=tmp_path / options["run_name"], step=1, interrupted=True))
+    args = argparse.Namespace(config=str(ROOT / "configs" / "tiny.yaml"), steps=3, force=False, overrides=[],
+                              out=None)
+    with pytest.raises(KeyboardInterrupt):
+        train_runs(args, tmp_path, {"divided_d8": (8, True)}, 32)
+    assert [options["resume_advice"] for options in options_given] == [False]
+    # what the flag does, in a run of train's own
+    monkeypatch.undo()
+    items = [*data_items(tmp_path, corpus_text), f"train.out_dir={tmp_path / 'runs'}", "train.sample_tokens=0"]
+    config = load_config(ROOT / "configs" / "tiny.yaml", items)
+    for advice in (False, True):
+        loop.train(config, run_name=f"advice-{advice}", progress=False, stop_at_step=2, resume_advice=advice)
+        last = capsys.readouterr().err.splitlines()[-1]
+        assert last.startswith("stopped by --stop-at-step at step 2; checkpoint saved in ")
+        assert ("Resume with: " in last) is advice, last

@@ -66,8 +66,10 @@ def train_runs(lab: str, args: argparse.Namespace, out: Path, runs: dict[str, li
         config = load_config(args.config, items)
         print(f"training {name} ({counted(args.steps, 'step')}) into {run_dir}/", flush=True)
         try:
+            # Its stop line does not advise a resume: the lab would not read a resumed run (its own line says
+            # what to do)
             results[name] = train(config, config_path=args.config, run_name=name, progress=False,
-                                  overrides=items)
+                                  overrides=items, resume_advice=False)
         except StoppedBeforeStart:  # train's line ("nothing was trained or saved; run the same command
             # again") speaks of its run alone: after an earlier run, this --out holds it and needs --force
             raise stopped(f"{name} run stopped before its first step") from None

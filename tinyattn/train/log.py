@@ -213,8 +213,9 @@ class Logger:
     """The progress bar, the plain log lines and TensorBoard, on the main process only."""
 
     def __init__(self, run_dir: Path, config: Config, trainer: Trainer, *, peak_flops: float,
-                 enabled: bool, progress: bool):
+                 enabled: bool, progress: bool, resume_advice: bool = True):
         self.run_dir = run_dir
+        self.resume_advice = resume_advice  # a stopped run's last line says how to resume it
         self.config = config
         self.trainer = trainer
         self.flops_per_token = trainer.model.flops_per_token()
@@ -415,8 +416,10 @@ class Logger:
 
     def _last_line(self, result: TrainResult, stopped_by: Optional[str]) -> str:
         if stopped_by:
-            return (f"stopped by {stopped_by} at step {result.step}; checkpoint saved in {result.run_dir}. "
-                    f"Resume with: {command('train')} --resume {quoted(result.run_dir)}")
+            saved = f"stopped by {stopped_by} at step {result.step}; checkpoint saved in {result.run_dir}."
+            if not self.resume_advice:
+                return saved
+            return f"{saved} Resume with: {command('train')} --resume {quoted(result.run_dir)}"
         s = result.seconds
         split = ", ".join(f"{name} {s[name]:.1f} s ({s[name] / result.wall_seconds:.1%})"
                           for name in ("start-up", "calibration", "compile", "train", "eval", "save")

@@ -94,6 +94,7 @@ class _Request:
     # The keys --config's own file and --set gave, not the files it extends (a parent's options
     # are the defaults of its family): a new run notes those of them nothing reads (`unused_options`)
     own: frozenset[str] = frozenset()
+    resume_advice: bool = True  # a stopped run's last line says how to resume it
 
     def elapsed(self) -> float:
         return self.clock() - self.started
@@ -103,7 +104,7 @@ def train(config: Config, *, config_path: Optional[str | Path] = None, run_name:
           resume: "Optional[ResumePoint | str | Path | bool]" = None, device: Optional[str] = None,
           progress: bool = True, stop_at_step: Optional[int] = None, elapsed_before: float = 0.0,
           overrides: Sequence[str] = (), allow_data_change: bool = False,
-          clock: Callable[[], float] = time.perf_counter) -> TrainResult:
+          clock: Callable[[], float] = time.perf_counter, resume_advice: bool = True) -> TrainResult:
     """Run (or resume) one training job. Returns where it went and the figures it reached.
 
     config_path: the YAML file `config` was loaded from (with `overrides`), or None (a Config
@@ -122,6 +123,8 @@ def train(config: Config, *, config_path: Optional[str | Path] = None, run_name:
     allow_data_change: resume even though the data differs from what the checkpoint trained
     on (refused otherwise, naming what changed); train.log says so.
     clock: seconds, for the time budget and the wall-time split (tests give a fake one).
+    resume_advice: a stopped run's last line says how to resume it; False for a caller that says what
+    to do next itself (a lab, which would not read a resumed run).
     """
     note = explicit_steps(config, overrides)
     written, own = given_keys(config, config_path, overrides)
@@ -130,7 +133,7 @@ def train(config: Config, *, config_path: Optional[str | Path] = None, run_name:
     request = _Request(config_path=config_path, run_name=run_name, resume=resume, progress=progress,
                        stop_at_step=stop_at_step, allow_data_change=allow_data_change,
                        started=clock() - elapsed_before, notes=[note] if note else [], clock=clock,
-                       given=override_keys(overrides), written=written, own=own)
+                       given=override_keys(overrides), written=written, own=own, resume_advice=resume_advice)
     # Until the first step a stop has no step to finish: it ends the run at once (the loop's turn
     # comes with the first step), and a new run's folder goes with it.
     stopper = StopRequest(at_once=True)
@@ -307,7 +310,8 @@ def _train_in(run_dir: Path, config: Config, request: _Request, *, point: Option
     stop_at_step = _steps_left_or_refuse(trainer, config.train, request.stop_at_step, resumed=resumed)
     # MFU's denominator; the measurement draws from its own generator, so exact resume is unaffected.
     peak = config.train.peak_flops or measure_peak_flops(device, trainer.precision)
-    log = Logger(run_dir, config, trainer, peak_flops=peak, enabled=dist.is_main, progress=request.progress)
+    log = Logger(run_dir, config, trainer, peak_flops=peak, enabled=dist.is_main, progress=request.progress,
+                 resume_advice=request.resume_advice)
     log.announce(point)
     for line in request.notes:
         log.print(line)
