@@ -404,6 +404,18 @@ def test_lab_without_an_experiment_is_a_usage_error_naming_them(capsys):
     assert stopped.value.code == 2 and "EXPERIMENT" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("experiment", ["causal", "recurrence", "distance", "context", "scaling"])
+def test_a_mistyped_option_of_an_experiment_shows_that_experiments_usage_not_the_labs(capsys, experiment):
+    # It showed "usage: tinyattn lab [-h] EXPERIMENT ...", which hides the experiment's own options.
+    from tinyattn.cli.lab import main as lab_main
+
+    with pytest.raises(SystemExit) as stopped:
+        lab_main([experiment, "--stepz", "5"])
+    err = capsys.readouterr().err.splitlines()
+    assert stopped.value.code == 2 and err[0].startswith(f"usage: tinyattn lab {experiment} [-h]"), err
+    assert err[-1] == f"tinyattn lab {experiment}: error: unrecognized arguments: --stepz 5"
+
+
 @pytest.mark.parametrize("steps", [0, -5])
 def test_steps_of_zero_or_fewer_are_refused_before_anything_trains(tmp_path, monkeypatch, steps):
     from tests.conftest import ROOT

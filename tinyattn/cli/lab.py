@@ -48,13 +48,19 @@ def parser() -> argparse.ArgumentParser:
     p = command_parser("lab", __doc__.splitlines()[0], "docs/LAB.md: what each experiment shows.")
     experiments = p.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT",
                                    parser_class=ExperimentParser)
+    p.experiment_parsers = {}  # name: its parser, whose usage a mistyped option of it shows (`main`)
     for name, claim in EXPERIMENTS.items():
-        experiments.add_parser(name, help=claim, description=claim).experiment = name
+        p.experiment_parsers[name] = experiments.add_parser(name, help=claim, description=claim)
+        p.experiment_parsers[name].experiment = name
     return p
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    args = parser().parse_args(argv)
+    lab = parser()
+    args, unknown = lab.parse_known_args(argv)
+    if unknown:  # argparse says it as the lab's ("usage: tinyattn lab [-h] EXPERIMENT ..."), hiding the
+        # experiment's own options: the experiment's usage says it instead
+        lab.experiment_parsers[args.experiment].error(f"unrecognized arguments: {' '.join(unknown)}")
     # SIGTERM stops an experiment as Ctrl-C does (its folder named, exit 130): by default it ended the
     # process at once, status 143, nothing said and the lines printed so far lost in stdout's buffer.
     with sigterm_interrupts("stopped by SIGTERM"):
