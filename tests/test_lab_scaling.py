@@ -169,9 +169,11 @@ def test_the_started_rows_read_the_weights_the_run_started_from(tmp_path):
 
 
 @pytest.mark.parametrize("text, width, message", [
-    ("16,48", 128, "--head-dims 16,48: 48 is not an even divisor of the model's width 128"),
-    ("3", 96, "--head-dims 3: 3 is not an even divisor of the model's width 96"),
-    ("0", 128, "--head-dims 0: 0 is not an even divisor"),
+    ("16,48", 128, "--head-dims 16,48: 48 does not divide the model's width 128 (model.n_embd) into heads"),
+    ("3", 96, "--head-dims 3: 3 is odd; RoPE rotates pairs of a head's dimensions, so each head width must "
+              "be even"),
+    ("0", 128, "--head-dims 0: 0 is no head width; expected positive integers"),
+    ("16,-64", 128, "--head-dims 16,-64: -64 is no head width; expected positive integers"),
     ("16,16", 128, "--head-dims 16,16: a head width given twice"),
     ("16;64", 128, "--head-dims '16;64': expected head widths separated by commas, such as 16,64"),
 ])
@@ -546,7 +548,8 @@ def test_a_labs_run_stopped_says_where_it_saved_but_advises_no_resume_which_the_
     assert [options["resume_advice"] for options in options_given] == [False]
     # what the flag does, in a run of train's own
     monkeypatch.undo()
-    items = [*data_items(tmp_path, corpus_text), f"train.out_dir={tmp_path / 'runs'}", "train.sample_tokens=0"]
+    items = [*data_items(tmp_path, corpus_text), f"train.out_dir={tmp_path / 'runs'}",
+             "train.sample_tokens=0"]
     config = load_config(ROOT / "configs" / "tiny.yaml", items)
     for advice in (False, True):
         loop.train(config, run_name=f"advice-{advice}", progress=False, stop_at_step=2, resume_advice=advice)

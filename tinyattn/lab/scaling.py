@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--head-dims, the steps from --steps and the folder from --out")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                         help=f"training steps of each run (default: {DEFAULT_STEPS})")
-    parser.add_argument("--head-dims", default=DEFAULT_HEAD_DIMS, metavar="D,D",
+    parser.add_argument("--head-dims", default=DEFAULT_HEAD_DIMS, metavar="D[,D...]",
                         help=f"the head widths d_k trained, each divided and undivided; the heads are the "
                              f"width over d_k (default: {DEFAULT_HEAD_DIMS})")
     parser.add_argument("--out", type=home_path, metavar="DIR",
@@ -201,9 +201,14 @@ def head_dims(text: str, width: int) -> list[int]:
         raise TinyattnError(f"--head-dims {text!r}: expected head widths separated by commas, "
                             f"such as {DEFAULT_HEAD_DIMS}") from None
     for d in dims:
-        if d <= 0 or d % 2 or width % d:
-            raise TinyattnError(f"--head-dims {text}: {d} is not an even divisor of the model's width "
-                                f"{width} (model.n_embd); each head width must be one")
+        if d <= 0:
+            raise TinyattnError(f"--head-dims {text}: {d} is no head width; expected positive integers")
+        if width % d:
+            raise TinyattnError(f"--head-dims {text}: {d} does not divide the model's width {width} "
+                                "(model.n_embd) into heads; give head widths that do")
+        if d % 2:
+            raise TinyattnError(f"--head-dims {text}: {d} is odd; RoPE rotates pairs of a head's dimensions, "
+                                "so each head width must be even")
     if len(set(dims)) != len(dims):
         raise TinyattnError(f"--head-dims {text}: a head width given twice")
     return dims
