@@ -443,6 +443,12 @@ def test_a_set_of_what_steps_or_out_gives_is_refused_naming_the_option_before_an
     assert not any(tmp_path.iterdir())
 
 
+def saved_run(run_dir):
+    """A run folder as a run that trained (or was stopped after a step) leaves it: a checkpoint."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "best.pt").write_bytes(b"run")
+
+
 def test_a_run_stopped_by_ctrl_c_ends_the_lab_in_one_line_before_the_second_run_or_a_table(
         tmp_path, monkeypatch, capsys, corpus_text):
     # A stop saves the run and returns (TrainResult.interrupted): the lab went on to train the other
@@ -454,8 +460,13 @@ def test_a_run_stopped_by_ctrl_c_ends_the_lab_in_one_line_before_the_second_run_
 
     trained = []
     out = tmp_path / "out"
-    monkeypatch.setattr(loop, "train", lambda config, **options: trained.append(options["run_name"]) or
-                        SimpleNamespace(run_dir=out / options["run_name"], step=9, interrupted=True))
+
+    def train(config, **options):  # a stop saves the run: its folder holds a checkpoint
+        trained.append(options["run_name"])
+        saved_run(out / options["run_name"])
+        return SimpleNamespace(run_dir=out / options["run_name"], step=9, interrupted=True)
+
+    monkeypatch.setattr(loop, "train", train)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(corpus_text, encoding="utf-8")
     assert main(["causal", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "300",
@@ -483,6 +494,7 @@ def test_a_bidirectional_run_stopped_before_its_first_step_ends_the_lab_naming_o
     def train(config, **options):
         if options["run_name"] == "bidirectional":
             raise StoppedBeforeStart("SIGTERM")
+        saved_run(out / options["run_name"])
         return SimpleNamespace(run_dir=out / options["run_name"], step=300, interrupted=False)
 
     out = tmp_path / "out"

@@ -334,8 +334,11 @@ def test_a_run_stopped_ends_the_lab_in_one_line_naming_all_its_runs_before_the_n
         tmp_path, monkeypatch, capsys, corpus_text):
     from tinyattn.train import loop
 
+    from tests.test_lab_causal_context import saved_run
+
     trained, out = [], tmp_path / "out"
     monkeypatch.setattr(loop, "train", lambda config, **options: trained.append(options["run_name"]) or
+                        saved_run(out / options["run_name"]) or
                         SimpleNamespace(run_dir=out / options["run_name"], step=9, interrupted=True))
     assert main(["scaling", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "300",
                  "--out", str(out), "--head-dims", "8,16", "--set", "model.n_embd=32",
@@ -556,3 +559,23 @@ def test_a_labs_run_stopped_says_where_it_saved_but_advises_no_resume_which_the_
         last = capsys.readouterr().err.splitlines()[-1]
         assert last.startswith("stopped by --stop-at-step at step 2; checkpoint saved in ")
         assert ("Resume with: " in last) is advice, last
+
+
+def test_a_first_run_stopped_before_its_first_step_says_to_run_the_lab_again_without_force(
+        tmp_path, monkeypatch, capsys, corpus_text):
+    # Such a run leaves no folder (train takes a new run's folder back), so --out holds nothing of the
+    # lab and a rerun needs no --force, which the line advised.
+    from tinyattn.train import loop
+    from tinyattn.train.owners import StoppedBeforeStart
+
+    def train(config, **options):
+        raise StoppedBeforeStart("SIGINT")
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(loop, "train", train)
+    assert main(["scaling", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "3",
+                 "--out", str(out), "--head-dims", "8", "--set", "model.n_embd=32",
+                 *data_items(tmp_path, corpus_text)]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "lab scaling stopped: the divided_d8 run stopped before its first step; nothing was compared. Run "
+        f"the lab again with --out {out} to train both runs anew")

@@ -63,14 +63,19 @@ def clear_earlier_lab(out: Union[str, Path, None], names: Iterable[str], force: 
     them, and nothing else. No --out (a new folder) holds nothing."""
     if out is None:
         return
-    out = Path(out)
-    earlier = [out / name for name in names if _holds_something(out / name)]
+    earlier = earlier_outputs(out, names)
     if earlier and not force:
         listed = ", ".join(path.name for path in earlier)
         raise TinyattnError(f"{out} holds {listed}, which this lab writes; add --force to replace them "
                             "or choose another --out")
     for path in earlier:  # a link is removed, never what it points to
         shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+
+
+def earlier_outputs(out: Union[str, Path], names: Iterable[str]) -> list[Path]:
+    """The paths of `names` (a lab's files and run folders) that `out` holds: what a rerun into it
+    needs --force for (an empty folder by such a name holds nothing a rerun could mix with)."""
+    return [Path(out) / name for name in names if _holds_something(Path(out) / name)]
 
 
 @contextmanager

@@ -47,6 +47,7 @@ def train_runs(lab: str, args: argparse.Namespace, out: Path, runs: dict[str, li
     it and --force), and exit status 130, as `tinyattn train` ends: the next run is not trained and no
     table is written, as one would set a few steps beside a whole run."""
     from tinyattn.config import load_config
+    from tinyattn.lab.outputs import earlier_outputs
     from tinyattn.train.loop import train
     from tinyattn.train.owners import StoppedBeforeStart
 
@@ -55,7 +56,9 @@ def train_runs(lab: str, args: argparse.Namespace, out: Path, runs: dict[str, li
         # same --out only with --force (`clear_earlier_lab`); without --out each run of the lab makes a
         # new folder, as `stopped_midway` says of a stop after the training.
         every = "both runs" if len(runs) == 2 else f"all {len(runs)} runs"
-        again = (f"with --out {quoted(out)} --force to train {every} anew" if args.out is not None
+        # --force only where the folder holds a run: a first run stopped before its first step left none
+        force = " --force" if earlier_outputs(out, runs) else ""
+        again = (f"with --out {quoted(out)}{force} to train {every} anew" if args.out is not None
                  else f"to train {every} anew in a new folder")
         return KeyboardInterrupt(f"lab {lab} stopped: the {how}; nothing was compared. Run the lab again "
                                  f"{again}")
