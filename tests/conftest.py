@@ -56,10 +56,22 @@ def llama_like_byte_fallback_tokenizer():
     return Tokenizer.from_json(backend.to_str(), end_of_text="</s>", start_of_text="<s>")
 
 
+def corpus_items(corpus: Path, cache_dir: Path) -> list[str]:
+    """--set items that read the local file `corpus` (no download), its token cache in cache_dir."""
+    return [f"data.files={corpus}", "data.url=null", "data.sha256=null", f"data.cache_dir={cache_dir}"]
+
+
 def local_corpus(corpus: Path, out_dir: Path) -> list[str]:
     """--set items that train on the local file `corpus` (no download) with caches and runs in out_dir."""
-    return [f"data.files={corpus}", "data.url=null", "data.sha256=null",
-            f"data.cache_dir={out_dir / 'cache'}", f"train.out_dir={out_dir}"]
+    return [*corpus_items(corpus, out_dir / "cache"), f"train.out_dir={out_dir}"]
+
+
+def written_corpus(tmp_path: Path, text: str | None = None) -> list[str]:
+    """`corpus_items` of `text` (None: CORPUS) written to tmp_path/corpus.txt, the cache in
+    tmp_path/cache (no train.out_dir: a lab's folder is its --out)."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS if text is None else text, encoding="utf-8")
+    return corpus_items(corpus, tmp_path / "cache")
 
 
 def run_started_in(corpus: Path, tmp_path: Path, monkeypatch, *extra: str) -> tuple[Path, list[str]]:

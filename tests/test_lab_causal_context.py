@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import written_corpus
 from tinyattn.cli.main import main
 from tinyattn.config import ModelConfig, TrainConfig, load_config
 from tinyattn.data.batches import eval_batches
@@ -467,11 +468,8 @@ def test_a_run_stopped_by_ctrl_c_ends_the_lab_in_one_line_before_the_second_run_
         return SimpleNamespace(run_dir=out / options["run_name"], step=9, interrupted=True)
 
     monkeypatch.setattr(loop, "train", train)
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(corpus_text, encoding="utf-8")
     assert main(["causal", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "300",
-                 "--out", str(out), "--set", f"data.files={corpus}", "data.url=null", "data.sha256=null",
-                 f"data.cache_dir={tmp_path / 'cache'}"]) == 130
+                 "--out", str(out), "--set", *written_corpus(tmp_path, corpus_text)]) == 130
     stdout, err = capsys.readouterr()
     assert trained == ["causal"]  # the bidirectional run is not trained after the stop
     assert err == (f"lab causal stopped: the causal run stopped at step 9 of 300 ({out / 'causal'}); "
@@ -499,11 +497,8 @@ def test_a_bidirectional_run_stopped_before_its_first_step_ends_the_lab_naming_o
 
     out = tmp_path / "out"
     monkeypatch.setattr(loop, "train", train)
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(corpus_text, encoding="utf-8")
     assert main(["causal", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "300",
-                 "--out", str(out), "--set", f"data.files={corpus}", "data.url=null", "data.sha256=null",
-                 f"data.cache_dir={tmp_path / 'cache'}"]) == 130
+                 "--out", str(out), "--set", *written_corpus(tmp_path, corpus_text)]) == 130
     assert capsys.readouterr().err.splitlines()[-1] == (
         "lab causal stopped: the bidirectional run stopped before its first step; nothing was compared. "
         f"Run the lab again with --out {out} --force to train both runs anew")
@@ -716,11 +711,9 @@ def test_a_device_the_machine_lacks_is_refused_before_a_run_says_it_trains(tmp_p
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(loop, "train", lambda config, **options: pytest.fail("trained"))
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(corpus_text, encoding="utf-8")
     assert main(["causal", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "3", "--out",
-                 str(tmp_path / "out"), "--set", f"data.files={corpus}", "data.url=null", "data.sha256=null",
-                 f"data.cache_dir={tmp_path / 'cache'}", "train.device=cuda"]) == 2
+                 str(tmp_path / "out"), "--set", *written_corpus(tmp_path, corpus_text),
+                 "train.device=cuda"]) == 2
     stdout, err = capsys.readouterr()
     assert (stdout, err) == ("", "error: device 'cuda' was asked for but CUDA is not available here; use "
                                  "--set train.device=cpu or auto\n")  # a lab has no --device

@@ -42,14 +42,10 @@ pytestmark = pytest.mark.usefixtures("no_fsync")
 
 
 def local_text(tmp_path: Path) -> list[str]:
-    """--set items that read CORPUS * 4, written to tmp_path/corpus.txt, with the token cache in
-    tmp_path/cache (no train.out_dir: a lab's folder is its --out)."""
-    from tests.conftest import CORPUS
+    """`written_corpus` of CORPUS * 4: enough text for the recurrence lab's windows."""
+    from tests.conftest import CORPUS, written_corpus
 
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(CORPUS * 4, encoding="utf-8")
-    return [f"data.files={corpus}", "data.url=null", "data.sha256=null",
-            f"data.cache_dir={tmp_path / 'cache'}"]
+    return written_corpus(tmp_path, CORPUS * 4)
 
 
 @pytest.fixture

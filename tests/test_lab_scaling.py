@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import ROOT, lines_by_label
+from tests.conftest import ROOT, lines_by_label, written_corpus
 from tinyattn.cli.lab import main
 from tinyattn.config import load_config
 from tinyattn.errors import TinyattnError
@@ -34,13 +34,6 @@ from tinyattn.lab.scaling import (
 
 # The lab's runs trained here in process write to the page cache alone (conftest.no_fsync says why).
 pytestmark = pytest.mark.usefixtures("no_fsync")
-
-
-def data_items(tmp_path, corpus_text) -> list[str]:
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(corpus_text, encoding="utf-8")
-    return [f"data.files={corpus}", "data.url=null", "data.sha256=null",
-            f"data.cache_dir={tmp_path / 'cache'}"]
 
 
 def causal_keys(T: int) -> torch.Tensor:
@@ -244,7 +237,7 @@ def test_a_width_the_configs_own_heads_do_not_divide_is_read_when_the_head_dims_
                                         interrupted=True))
     assert main(["scaling", "--config", str(ROOT / "configs" / "tiny.yaml"), "--out", str(tmp_path / "out"),
                  "--head-dims", "20,50", "--set", "model.n_embd=100",
-                 *data_items(tmp_path, corpus_text)]) == 130
+                 *written_corpus(tmp_path, corpus_text)]) == 130
     assert trained == [5]  # the first run trained (and was stopped), with its own heads
 
 
@@ -269,7 +262,7 @@ def test_heads_the_users_grouped_queries_cannot_share_are_refused_before_any_run
     monkeypatch.setattr(loop, "train", lambda config, **options: pytest.fail("trained"))
     assert main(["scaling", "--config", str(ROOT / "configs" / "tiny.yaml"), "--out", str(tmp_path / "out"),
                  "--head-dims", "8,16", "--set", "model.n_embd=32", "model.n_kv_head=4",
-                 *data_items(tmp_path, corpus_text)]) == 2  # d_k 16: 2 heads cannot share 4 key heads
+                 *written_corpus(tmp_path, corpus_text)]) == 2  # d_k 16: 2 heads cannot share 4 key heads
     err = capsys.readouterr().err
     assert err.startswith("error: --head-dims 8,16: d_k 16 gives the divided_d16 run model.n_head=2, "
                           "which its config refuses (") and "model.n_kv_head=4" in err, err
@@ -286,7 +279,7 @@ def test_lab_scaling_without_matplotlib_is_refused_in_one_line_before_anything_t
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the optional extra were not installed
     monkeypatch.setattr(loop, "train", lambda *args, **kwargs: pytest.fail("trained before checking"))
     assert main(["scaling", "--config", str(ROOT / "configs" / "tiny.yaml"), "--out", str(tmp_path / "out"),
-                 "--set", *data_items(tmp_path, corpus_text)]) == 2
+                 "--set", *written_corpus(tmp_path, corpus_text)]) == 2
     assert capsys.readouterr().err == ("error: plots need matplotlib, an optional extra: "
                                        "pip install 'tinyattn[plot]'\n")
     assert not (tmp_path / "out").exists()
@@ -299,7 +292,7 @@ def test_a_checkpoint_of_another_tokenizer_than_the_configs_is_refused_before_an
     monkeypatch.setattr(loop, "train", lambda config, **options: pytest.fail("trained"))
     assert main(["scaling", "--config", str(ROOT / "configs" / "tiny.yaml"), "--out", str(tmp_path / "out"),
                  "--checkpoint", str(trained_run.run_dir),
-                 "--set", *data_items(tmp_path, "Other letters entirely: qqq zzz xxx.\n" * 400)]) == 2
+                 "--set", *written_corpus(tmp_path, "Other letters entirely: qqq zzz xxx.\n" * 400)]) == 2
     config = ROOT / "configs" / "tiny.yaml"
     assert capsys.readouterr().err == (f"error: --checkpoint {trained_run.run_dir}: its tokenizer is not the "
                                        f"one of --config {config}; give the config it was trained with\n")
@@ -342,7 +335,7 @@ def test_a_run_stopped_ends_the_lab_in_one_line_naming_all_its_runs_before_the_n
                         SimpleNamespace(run_dir=out / options["run_name"], step=9, interrupted=True))
     assert main(["scaling", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "300",
                  "--out", str(out), "--head-dims", "8,16", "--set", "model.n_embd=32",
-                 *data_items(tmp_path, corpus_text)]) == 130
+                 *written_corpus(tmp_path, corpus_text)]) == 130
     stdout, err = capsys.readouterr()
     assert trained == ["divided_d8"]
     assert err == (f"lab scaling stopped: the divided_d8 run stopped at step 9 of 300 "
@@ -363,7 +356,8 @@ def test_a_run_stopped_without_out_says_to_run_the_lab_again_in_a_new_folder_as_
     monkeypatch.setattr(loop, "train", lambda config, **options: SimpleNamespace(
         run_dir=Path(config.train.out_dir) / options["run_name"], step=2, interrupted=True))
     assert main(["scaling", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "3",
-                 "--head-dims", "8", "--set", "model.n_embd=32", *data_items(tmp_path, corpus_text)]) == 130
+                 "--head-dims", "8", "--set", "model.n_embd=32",
+                 *written_corpus(tmp_path, corpus_text)]) == 130
     [out] = Path("checkpoints", "lab").glob("scaling-*")
     assert capsys.readouterr().err == (f"lab scaling stopped: the divided_d8 run stopped at step 2 of 3 "
                                        f"({out / 'divided_d8'}); nothing was compared. Run the lab again to "
@@ -386,7 +380,7 @@ def test_a_lab_scaling_stopped_while_it_measures_says_its_folder_holds_its_train
     monkeypatch.setattr(folder, "load_any_model", stop)  # the first thing the measurement reads
     assert main(["scaling", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "3",
                  "--out", str(out), "--head-dims", "8", "--set", "model.n_embd=32",
-                 *data_items(tmp_path, corpus_text)]) == 130
+                 *written_corpus(tmp_path, corpus_text)]) == 130
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"lab scaling stopped before its table; {out} holds its 2 trained runs; run it again with "
         f"--out {out} --force to start over")
@@ -449,7 +443,7 @@ def test_lab_scaling_writes_its_tables_figure_and_runs_and_reads_a_checkpoint(
     assert main(["scaling", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "3",
                  "--out", str(out), "--head-dims", "8,16", "--checkpoint", str(trained_run.run_dir),
                  "--set", "model.n_embd=32",
-                 "train.eval_windows=2", *data_items(tmp_path, corpus_text)]) == 0
+                 "train.eval_windows=2", *written_corpus(tmp_path, corpus_text)]) == 0
     stdout = capsys.readouterr().out
     text = (out / "scaling.txt").read_text(encoding="utf-8")
     assert text.startswith("tinyattn lab scaling: ")
@@ -472,7 +466,7 @@ def test_lab_scaling_writes_its_tables_figure_and_runs_and_reads_a_checkpoint(
     from tinyattn.data.batches import prepare_data
     from tinyattn.lab.scaling import checkpoint_layers
 
-    data = prepare_data(load_config(ROOT / "configs" / "tiny.yaml", data_items(tmp_path, corpus_text)),
+    data = prepare_data(load_config(ROOT / "configs" / "tiny.yaml", written_corpus(tmp_path, corpus_text)),
                         progress=False)
     assert f"attention rows on {min(16, len(data.validation) // 32)} validation windows" in text
     args = argparse.Namespace(checkpoint=out / "undivided_d16", config=str(ROOT / "configs" / "tiny.yaml"))
@@ -506,7 +500,7 @@ def test_a_device_the_machine_lacks_is_refused_before_a_run_says_it_trains(tmp_p
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(loop, "train", lambda config, **options: pytest.fail("trained"))
     assert main(["scaling", "--config", str(ROOT / "configs" / "tiny.yaml"), "--out", str(tmp_path / "out"),
-                 "--set", "train.device=cuda", *data_items(tmp_path, corpus_text)]) == 2
+                 "--set", "train.device=cuda", *written_corpus(tmp_path, corpus_text)]) == 2
     stdout, err = capsys.readouterr()
     assert (stdout, err) == ("", "error: device 'cuda' was asked for but CUDA is not available here; use "
                                  "--set train.device=cpu or auto\n")  # a lab has no --device
@@ -519,7 +513,7 @@ def test_a_context_of_one_token_is_refused_before_anything_trains(tmp_path, monk
 
     monkeypatch.setattr(loop, "train", lambda config, **options: pytest.fail("trained"))
     assert main(["scaling", "--config", str(ROOT / "configs" / "tiny.yaml"), "--out", str(tmp_path / "out"),
-                 "--set", "model.context_length=1", *data_items(tmp_path, corpus_text)]) == 2
+                 "--set", "model.context_length=1", *written_corpus(tmp_path, corpus_text)]) == 2
     assert capsys.readouterr().err.startswith("error: model.context_length 1: a causal row weighs ")
     assert not (tmp_path / "out").exists()
 
@@ -530,7 +524,7 @@ def test_a_bidirectional_config_is_refused_before_anything_trains(tmp_path, monk
 
     monkeypatch.setattr(loop, "train", lambda config, **options: pytest.fail("trained"))
     assert main(["scaling", "--config", str(ROOT / "configs" / "tiny.yaml"), "--out", str(tmp_path / "out"),
-                 "--set", "model.causal=false", *data_items(tmp_path, corpus_text)]) == 2
+                 "--set", "model.causal=false", *written_corpus(tmp_path, corpus_text)]) == 2
     assert capsys.readouterr().err.startswith("error: model.causal false: lab scaling reads causal ")
     assert not (tmp_path / "out").exists()
 
@@ -551,7 +545,7 @@ def test_a_labs_run_stopped_says_where_it_saved_but_advises_no_resume_which_the_
     assert [options["resume_advice"] for options in options_given] == [False]
     # what the flag does, in a run of train's own
     monkeypatch.undo()
-    items = [*data_items(tmp_path, corpus_text), f"train.out_dir={tmp_path / 'runs'}",
+    items = [*written_corpus(tmp_path, corpus_text), f"train.out_dir={tmp_path / 'runs'}",
              "train.sample_tokens=0"]
     config = load_config(ROOT / "configs" / "tiny.yaml", items)
     for advice in (False, True):
@@ -575,7 +569,7 @@ def test_a_first_run_stopped_before_its_first_step_says_to_run_the_lab_again_wit
     monkeypatch.setattr(loop, "train", train)
     assert main(["scaling", "--config", str(ROOT / "configs" / "tiny.yaml"), "--steps", "3",
                  "--out", str(out), "--head-dims", "8", "--set", "model.n_embd=32",
-                 *data_items(tmp_path, corpus_text)]) == 130
+                 *written_corpus(tmp_path, corpus_text)]) == 130
     assert capsys.readouterr().err.splitlines()[-1] == (
         "lab scaling stopped: the divided_d8 run stopped before its first step; nothing was compared. Run "
         f"the lab again with --out {out} to train both runs anew")

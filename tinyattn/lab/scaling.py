@@ -391,7 +391,7 @@ def checkpoint_layers(args: argparse.Namespace, data, context: int):
     check_tokenizer(args, loaded, data.tokenizer)
     model_config = loaded.config.model
     length = min(model_config.context_length, context)
-    x = windows(data.validation, length)
+    x = validation_windows(data.validation, length)
     if x is None:
         raise TinyattnError(f"--checkpoint {path}: the validation split holds no window of {length} tokens")
     divided, d = model_config.scale_scores, model_config.head_dim
@@ -400,7 +400,7 @@ def checkpoint_layers(args: argparse.Namespace, data, context: int):
                                               for w in recorded_weights(loaded.model, x)]
 
 
-def windows(tokens, length: int):
+def validation_windows(tokens, length: int):
     """The first MEASURED_WINDOWS windows of `length` tokens of `tokens`, (B, length); None if none fits."""
     import torch
 
@@ -467,7 +467,7 @@ def run(args: argparse.Namespace) -> int:
     device = select_device(config.train.device, "--set train.device=")  # refused before a run says it trains
     precision = select_precision(config.train.precision, device, "train.precision").name
     data = prepare_data(config, progress=False)
-    x = windows(data.validation, context)
+    x = validation_windows(data.validation, context)
     if x is None:
         raise TinyattnError(f"the validation split of {args.config} holds no window of {context} tokens "
                             "(model.context_length); give more text or a shorter context")
