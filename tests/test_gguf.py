@@ -51,11 +51,11 @@ def tokenizer_of(kind: str) -> Tokenizer:
 
 
 def random_model(tokenizer: Tokenizer, *, n_kv_head: int = 2, qk_norm: bool = False, tied: bool = True,
-                 seed: int = 0, vocab_size: Optional[int] = None,
-                 mlp_hidden: Optional[int] = None) -> LanguageModel:
+                 seed: int = 0, vocab_size: Optional[int] = None, mlp_hidden: Optional[int] = None,
+                 attention_gate: bool = False) -> LanguageModel:
     config = ModelConfig(vocab_size=vocab_size or tokenizer.vocab_size, n_layer=2, n_head=4,
                          n_kv_head=n_kv_head, n_embd=32, context_length=CONTEXT, qk_norm=qk_norm,
-                         tie_embeddings=tied, mlp_hidden=mlp_hidden)
+                         tie_embeddings=tied, mlp_hidden=mlp_hidden, attention_gate=attention_gate)
     torch.manual_seed(seed)
     model = LanguageModel(config).eval()
     with torch.no_grad():
@@ -110,7 +110,18 @@ CASES = {  # name: (tokenizer kind, model options)
     "bpe-mqa-untied": ("bpe", dict(n_kv_head=1, tied=False)),
     "char-qk_norm": ("char", dict(n_kv_head=2, qk_norm=True)),
     "bpe-qk_norm-untied": ("bpe", dict(n_kv_head=4, qk_norm=True, tied=False)),
+    # An MLP width that Q4_0's blocks of 32 do not divide: the appended layer's zero ffn_down rows
+    # (112 wide) stay in the file's dtype, its ffn_gate and ffn_up (32 wide) go out as Q4_0.
+    "char-gated": ("char", dict(n_kv_head=2, qk_norm=True, attention_gate=True, mlp_hidden=112)),
+    "bpe-gated-mqa-untied": ("bpe", dict(n_kv_head=1, qk_norm=True, attention_gate=True, tied=False)),
 }
+
+
+def architecture(options: dict) -> str:
+    """llama.cpp's architecture for a model of `options`."""
+    if options.get("attention_gate"):
+        return "qwen35"
+    return "qwen3" if options.get("qk_norm") else "llama"
 
 
 @needs_llama_cpp
@@ -120,8 +131,7 @@ def test_llama_cpp_logits_equal_tinyattn_at_every_position(tmp_path, case):
     tokenizer = tokenizer_of(kind)
     model = random_model(tokenizer, **options)
     path = export(tmp_path, model, tokenizer)
-    architecture = gguf.GGUFReader(path).fields["general.architecture"].contents()
-    assert architecture == ("qwen3" if options.get("qk_norm") else "llama")
+    assert gguf.GGUFReader(path).fields["general.architecture"].contents() == architecture(options)
     ids = text_ids(tokenizer)
     assert len(ids) == CONTEXT  # the whole context
     ours = tinyattn_logits(model, ids)
@@ -131,7 +141,8 @@ def test_llama_cpp_logits_equal_tinyattn_at_every_position(tmp_path, case):
 
 
 @needs_llama_cpp
-@pytest.mark.parametrize("case,seed", [("char", 6), ("bpe-gqa", 7), ("bpe-qk_norm-untied", 1)])
+@pytest.mark.parametrize("case,seed", [("char", 6), ("bpe-gqa", 7), ("bpe-qk_norm-untied", 1),
+                                       ("bpe-gated-mqa-untied", 1)])
 def test_greedy_20_tokens_are_identical(tmp_path, case, seed):
     kind, options = CASES[case]
     tokenizer = tokenizer_of(kind)
@@ -306,6 +317,31 @@ def test_the_file_holds_the_hyperparameters_and_the_tokenizer_keys(tmp_path, kin
 
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_a_gated_model_goes_out_as_qwen35_with_one_layer_after_its_own_that_adds_nothing(tmp_path, dtype):
+    tokenizer = tokenizer_of("char")
+    model = random_model(tokenizer, qk_norm=True, attention_gate=True)
+    reader = gguf.GGUFReader(export(tmp_path, model, tokenizer, dtype=dtype))
+    fields = {k: v.contents() for k, v in reader.fields.items()}
+    assert fields["general.architecture"] == "qwen35"
+    assert fields["qwen35.block_count"] == 3  # the model's 2, then the linear-attention layer
+    assert fields["qwen35.attention.recurrent_layers"] == [False, False, True]
+    assert fields["qwen35.rope.dimension_sections"] == [2, 1, 1, 0]  # D = 8: pairs 0, 3 | 1 | 2
+    tensors = {t.name: t for t in reader.tensors}
+    assert "blk.2.attn_q.weight" not in tensors and "blk.2.attn_qkv.weight" in tensors  # not full attention
+    for name in ("blk.2.ssm_out.weight", "blk.2.ffn_down.weight"):
+        assert not gguf.quants.dequantize(tensors[name].data, tensors[name].tensor_type).any(), name
+    assert tensors["blk.2.ssm_conv1d.weight"].tensor_type.name == "F32"  # llama.cpp convolves in f32 only
+    for part in ("gate", "up", "down"):  # zeros, stored as Q4_0 blocks of scale 0 at every dtype
+        assert tensors[f"blk.2.ffn_{part}.weight"].tensor_type.name == "Q4_0"
+    assert tensors["blk.1.attn_q.weight"].tensor_type.name == dtype.upper().replace("FP", "F")
+    gains = [name for name in tensors if name.startswith("blk.0.") and name.endswith("norm.weight")]
+    assert sorted(gains) == ["blk.0.attn_k_norm.weight", "blk.0.attn_norm.weight", "blk.0.attn_q_norm.weight",
+                             "blk.0.post_attention_norm.weight"]
+    state = model.state_dict()
+    assert np.array_equal(tensors["blk.0.post_attention_norm.weight"].data, state["blocks.0.mlp_norm.weight"])
+
+
 def test_a_char_vocabularys_unk_is_written_as_the_replacement_characters_bytes(tmp_path):
     # llama.cpp prints a token's spelling: U+FFFD's, as tinyattn decodes [UNK], not "[UNK]". Only
     # where the training text held U+FFFD itself is the spelling taken: [UNK] is then unused.
@@ -377,21 +413,32 @@ def test_llama_31s_end_of_message_token_goes_out_as_eom_and_its_end_of_turn_as_e
 def gguf_forward(path, ids: list[int]) -> np.ndarray:
     """The file's logits (T, V) computed as llama.cpp reads it, in numpy, without llama.cpp:
     its tensor names and metadata, and RoPE by the architecture's rule there (llama rotates
-    adjacent pairs of each head, qwen3 its two halves). Written from llama.cpp's model, not from
-    the exporter, so a tensor misnamed, transposed or left in the wrong row order shows."""
+    adjacent pairs of each head, qwen3 and qwen35 its two halves, qwen35 each pair by the
+    position of its section). Written from llama.cpp's model, not from the exporter, so a
+    tensor misnamed, transposed or left in the wrong row order shows."""
     reader = gguf.GGUFReader(path)
     fields = {k: v.contents() for k, v in reader.fields.items()}
     arch = fields["general.architecture"]
-    w = {t.name: np.asarray(t.data, dtype=np.float64) for t in reader.tensors}
+    w = {t.name: gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64) for t in reader.tensors}
     heads, kv_heads = fields[f"{arch}.attention.head_count"], fields[f"{arch}.attention.head_count_kv"]
     eps, base = fields[f"{arch}.attention.layer_norm_rms_epsilon"], fields[f"{arch}.rope.freq_base"]
 
     def norm(x, gain):
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * gain
 
+    def positions(T, D):  # (T, 1, D/2): each rotated pair's position
+        if arch != "qwen35":
+            return np.broadcast_to(np.arange(T)[:, None, None], (T, 1, D // 2))
+        sections = fields["qwen35.rope.dimension_sections"]  # llama.cpp's interleaved rule (IMROPE):
+        sector = np.arange(D // 2) % sum(sections)  # pair i takes section i % 3's position while
+        text = np.zeros(D // 2, dtype=bool)  # i < 3 x its size, else the fourth's, 0 for text
+        for residue in range(3):
+            text |= (sector % 3 == residue) & (sector < 3 * sections[residue])
+        return np.arange(T)[:, None, None] * text
+
     def rope(x):  # (T, H, D)
         T, _, D = x.shape
-        angle = np.arange(T)[:, None, None] * base ** (-np.arange(0, D, 2) / D)  # (T, 1, D/2)
+        angle = positions(T, D) * base ** (-np.arange(0, D, 2) / D)  # (T, 1, D/2)
         cos, sin = np.cos(angle), np.sin(angle)
         a, b = (x[..., 0::2], x[..., 1::2]) if arch == "llama" else (x[..., :D // 2], x[..., D // 2:])
         turned = (a * cos - b * sin, a * sin + b * cos)
@@ -401,9 +448,15 @@ def gguf_forward(path, ids: list[int]) -> np.ndarray:
     T = len(ids)
     for i in range(fields[f"{arch}.block_count"]):
         blk = {k.split(".", 2)[2]: v for k, v in w.items() if k.startswith(f"blk.{i}.")}
+        if "ssm_out.weight" in blk:  # a linear-attention layer: this reference computes none but
+            assert not blk["ssm_out.weight"].any() and not blk["ffn_down.weight"].any()  # one adding 0
+            continue
         h = norm(x, blk["attn_norm.weight"])
         q, k, v = ((h @ blk[f"attn_{n}.weight"].T).reshape(T, count, -1)
                    for n, count in (("q", heads), ("k", kv_heads), ("v", kv_heads)))
+        gate = None
+        if arch == "qwen35":  # each head's query, then its gate
+            q, gate = np.split(q, 2, axis=-1)
         if "attn_q_norm.weight" in blk:
             q, k = norm(q, blk["attn_q_norm.weight"]), norm(k, blk["attn_k_norm.weight"])
         q, k = rope(q), rope(k)
@@ -412,14 +465,18 @@ def gguf_forward(path, ids: list[int]) -> np.ndarray:
         scores[:, np.triu(np.ones((T, T), dtype=bool), 1)] = -np.inf
         weights = np.exp(scores - scores.max(-1, keepdims=True))
         weights /= weights.sum(-1, keepdims=True)
-        x = x + np.einsum("hts,shd->thd", weights, v).reshape(T, -1) @ blk["attn_output.weight"].T
-        h = norm(x, blk["ffn_norm.weight"])
+        mixed = np.einsum("hts,shd->thd", weights, v)  # (T, H, D)
+        if gate is not None:
+            mixed = mixed / (1 + np.exp(-gate))
+        x = x + mixed.reshape(T, -1) @ blk["attn_output.weight"].T
+        h = norm(x, blk["post_attention_norm.weight" if arch == "qwen35" else "ffn_norm.weight"])
         gate, up = h @ blk["ffn_gate.weight"].T, h @ blk["ffn_up.weight"].T
         x = x + (gate / (1 + np.exp(-gate)) * up) @ blk["ffn_down.weight"].T
     return norm(x, w["output_norm.weight"]) @ w.get("output.weight", w["token_embd.weight"]).T
 
 
-@pytest.mark.parametrize("case", ["char-gqa-untied", "bpe-mqa-untied", "char-qk_norm"])
+@pytest.mark.parametrize("case", ["char-gqa-untied", "bpe-mqa-untied", "char-qk_norm",
+                                  "bpe-gated-mqa-untied"])
 def test_the_files_tensors_give_tinyattns_logits_as_llama_cpp_reads_them(tmp_path, case):
     # Runs without llama.cpp (whose tests skip where it is not installed).
     kind, options = CASES[case]
@@ -457,14 +514,15 @@ def test_half_precision_files_hold_torch_rounded_weights_and_float32_norms(tmp_p
 
 @needs_llama_cpp
 @pytest.mark.parametrize("dtype,bound", [("fp16", 3e-3), ("bf16", 3e-2)])
-def test_half_precision_files_give_the_rounded_models_logits(tmp_path, dtype, bound):
+@pytest.mark.parametrize("options", [{}, dict(qk_norm=True, attention_gate=True)], ids=["llama", "qwen35"])
+def test_half_precision_files_give_the_rounded_models_logits(tmp_path, dtype, bound, options):
     """llama.cpp multiplies f16/bf16 weights by activations rounded to the same type, so the
     logits differ from tinyattn's (with the same rounded weights, float32 arithmetic) by that
     rounding: bounded here, and measured in docs/BENCHMARKS.md."""
     tokenizer = tokenizer_of("bpe")
-    model = random_model(tokenizer, n_kv_head=2)
+    model = random_model(tokenizer, n_kv_head=2, **options)
     path = export(tmp_path, model, tokenizer, dtype=dtype)
-    rounded = random_model(tokenizer, n_kv_head=2)
+    rounded = random_model(tokenizer, n_kv_head=2, **options)
     torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     with torch.no_grad():
         for param in rounded.parameters():

@@ -1540,8 +1540,9 @@ def test_the_attention_gate_exports_as_qwen3_5_and_imports_back(tmp_path, n_kv_h
         assert torch.equal(loaded.model.state_dict()[name], tensor), name
 
 
-def test_an_attention_gate_without_qk_norm_and_a_gated_gguf_are_refused_in_one_line():
+def test_an_attention_gate_without_qk_norm_is_refused_in_one_line_for_transformers_and_gguf():
     from tinyattn.errors import CheckpointError
+    from tinyattn.gguf.writer import architecture_of
     from tinyattn.hf.convert import hf_config
 
     tokenizer = tokenizer_of("char")
@@ -1549,18 +1550,13 @@ def test_an_attention_gate_without_qk_norm_and_a_gated_gguf_are_refused_in_one_l
     refused = r"^model\.attention_gate: true without model\.qk_norm cannot be exported: Qwen3_5ForCausalLM"
     with pytest.raises(CheckpointError, match=refused):
         hf_config(config.model, None, None, torch.float32)
-    from tinyattn.gguf.writer import architecture_of
-
-    refused_gguf = r"^model\.attention_gate: true cannot be exported to GGUF"
+    refused_gguf = (r"^model\.attention_gate: true without model\.qk_norm cannot be exported to GGUF: "
+                    r"llama\.cpp's qwen35")
     with pytest.raises(CheckpointError, match=refused_gguf) as gguf:
         architecture_of(config.model)
-    assert "Qwen3.5" not in str(gguf.value)  # without model.qk_norm no export writes it
-    assert str(gguf.value).endswith("; a run trained with --set model.attention_gate=false exports to GGUF")
+    assert str(gguf.value).endswith("; a run trained with --set model.qk_norm=true as well exports to GGUF")
     config.model.qk_norm = True
-    with pytest.raises(CheckpointError, match=refused_gguf) as gguf:
-        architecture_of(config.model)
-    # names the export that writes it (GGUF may have been asked for with --format gguf, not --gguf)
-    assert "(tinyattn export --format hf writes it as Qwen3.5 for transformers)" in str(gguf.value)
+    assert architecture_of(config.model) == "qwen35"
 
 
 QWEN3_5_JSON = {**LLAMA_JSON, "architectures": ["Qwen3_5ForCausalLM"], "head_dim": 8,

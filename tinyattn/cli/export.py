@@ -24,8 +24,8 @@ def parser() -> argparse.ArgumentParser:
         "custom code. A model with model.qk_norm is written as Qwen3ForCausalLM, with model.attention_gate "
         "too as Qwen3_5ForCausalLM; model.logit_softcap, which no standard architecture holds, is refused. "
         "With --format gguf (or --gguf FILE) it writes one .gguf file instead, which llama.cpp (llama-cli, "
-        "ollama, LM Studio) loads: the llama architecture, or qwen3 with model.qk_norm (not "
-        "model.attention_gate); this needs the gguf extra.",
+        "ollama, LM Studio) loads: the llama architecture, qwen3 with model.qk_norm, or qwen35 with "
+        "model.attention_gate too; this needs the gguf extra.",
         "examples: tinyattn export --checkpoint checkpoints/<run> --out exported/<name>; "
         "tinyattn export --checkpoint checkpoints/<run> --gguf exported/<name>.gguf --dtype fp16")
     add_checkpoint(p)

@@ -18,6 +18,9 @@ matrices), and Llama's become llama.cpp's:
     lm_head.weight                            output.weight (absent when tied: llama.cpp reuses
                                                              token_embd, as tinyattn does)
 
+A model with `model.attention_gate` goes out as llama.cpp's `qwen35`, with one layer appended
+that adds nothing (`tinyattn.gguf.qwen35` says why and how).
+
 RoPE: tinyattn (like Hugging Face) rotates the two halves of each head, dimension i with
 i + D/2. llama.cpp's `llama` architecture rotates adjacent pairs (2i with 2i + 1), Meta's
 original layout, so the query and key rows of each head are reordered into it
@@ -28,7 +31,7 @@ per-head norm weights would have to follow one, and need not).
 
 Norm gains stay float32 at every dtype (llama.cpp's converters keep 1-D tensors so);
 matrices are float32, float16 or bfloat16 (`GGUF_DTYPES`), rounded by torch. Logit
-soft-capping has no place in either architecture and is refused. The file is written
+soft-capping has no place in any of the three architectures and is refused. The file is written
 beside its target and renamed into place, so a failed export leaves no partial file; the
 temporary file of one killed mid-write (SIGKILL) is deleted by the next export to that path.
 """
@@ -47,6 +50,7 @@ from tinyattn.checkpoint import file_format
 from tinyattn.config import ModelConfig
 from tinyattn.data.tokenizer import Tokenizer
 from tinyattn.errors import CheckpointError, TinyattnError
+from tinyattn.gguf import qwen35
 from tinyattn.gguf.vocab import PRE_TOKENIZER, TOKENIZER_MODEL, gguf_vocab, padded
 from tinyattn.hf.convert import norm_eps, refuse_what_neither_computes, to_hf_weights
 from tinyattn.system.storage import (TEMPORARY_SUFFIX, new_file_mode, remove_temporaries, storage_errors,
@@ -54,7 +58,8 @@ from tinyattn.system.storage import (TEMPORARY_SUFFIX, new_file_mode, remove_tem
 from tinyattn.system.choices import GGUF_PRECISIONS
 
 INSTALL_HINT = "pip install 'tinyattn[gguf]'"
-ARCHITECTURE, QK_NORM_ARCHITECTURE = "llama", "qwen3"
+ARCHITECTURE, QK_NORM_ARCHITECTURE, GATED_ARCHITECTURE = "llama", "qwen3", "qwen35"
+ARCHITECTURES = (ARCHITECTURE, QK_NORM_ARCHITECTURE, GATED_ARCHITECTURE)
 GGUF_DTYPES = GGUF_PRECISIONS  # export --dtype for a GGUF file (system.choices: named without torch)
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -68,6 +73,9 @@ LAYER_NAMES = {
     "self_attn.k_norm.weight": "ATTN_K_NORM", "post_attention_layernorm.weight": "FFN_NORM",
     "mlp.gate_proj.weight": "FFN_GATE", "mlp.up_proj.weight": "FFN_UP", "mlp.down_proj.weight": "FFN_DOWN",
 }
+# qwen35 names the norm before the MLP for what it follows. Its q_proj rows, each head's query then its
+# gate, go out as attn_q in the order transformers holds them: llama.cpp splits them so.
+GATED_LAYER_NAMES = {"post_attention_layernorm.weight": "ATTN_POST_NORM"}
 
 
 def gguf_package():
@@ -80,15 +88,14 @@ def gguf_package():
 
 
 def architecture_of(config: ModelConfig) -> str:
-    """llama.cpp's architecture for `config`, or a CheckpointError for what neither holds."""
-    refuse_what_neither_computes(config, " to GGUF", f"llama.cpp's {ARCHITECTURE} and {QK_NORM_ARCHITECTURE}")
-    if config.attention_gate:  # llama.cpp's qwen35 would hold it, but tinyattn does not write it (yet)
-        elsewhere = (" (tinyattn export --format hf writes it as Qwen3.5 for transformers)"
-                     if config.qk_norm else "")
-        raise CheckpointError("model.attention_gate: true cannot be exported to GGUF: tinyattn writes "
-                              f"llama.cpp's {ARCHITECTURE} and {QK_NORM_ARCHITECTURE}, which do not gate the "
-                              f"attention's output{elsewhere}; a run trained with --set "
-                              "model.attention_gate=false exports to GGUF")
+    """llama.cpp's architecture for `config`, or a CheckpointError for what none of them holds."""
+    refuse_what_neither_computes(config, " to GGUF", f"llama.cpp's {', '.join(ARCHITECTURES)}")
+    if config.attention_gate and not config.qk_norm:
+        raise CheckpointError("model.attention_gate: true without model.qk_norm cannot be exported to GGUF: "
+                              f"llama.cpp's {GATED_ARCHITECTURE}, which gates, always norms the queries and "
+                              "keys; a run trained with --set model.qk_norm=true as well exports to GGUF")
+    if config.attention_gate:
+        return GATED_ARCHITECTURE
     return QK_NORM_ARCHITECTURE if config.qk_norm else ARCHITECTURE
 
 
@@ -103,44 +110,53 @@ def interleaved_rope_rows(weight: torch.Tensor, heads: int) -> torch.Tensor:
 def gguf_tensors(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     """tinyattn's state dict under llama.cpp's tensor names (float32, in file order)."""
     gguf = gguf_package()
-    permute = architecture_of(config) == ARCHITECTURE
+    architecture = architecture_of(config)
+    permute = architecture == ARCHITECTURE
+    layer_names = {**LAYER_NAMES, **GATED_LAYER_NAMES} if architecture == GATED_ARCHITECTURE else LAYER_NAMES
     out = {}
-    for hf_name, tensor in to_hf_weights(state, config).items():
+    for hf_name, tensor in to_hf_weights(state, config, plain_gains=True).items():
         if hf_name in GLOBAL_NAMES:
             name = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR[GLOBAL_NAMES[hf_name]]]
         else:
             layer, rest = hf_name.removeprefix("model.layers.").split(".", 1)
-            name = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR[LAYER_NAMES[rest]]].format(bid=int(layer))
+            name = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR[layer_names[rest]]].format(bid=int(layer))
             if permute and rest == "self_attn.q_proj.weight":
                 tensor = interleaved_rope_rows(tensor, config.n_head)
             elif permute and rest == "self_attn.k_proj.weight":
                 tensor = interleaved_rope_rows(tensor, config.kv_heads)
         out[name + ".weight"] = tensor.float()
+    if architecture == GATED_ARCHITECTURE:
+        out.update(qwen35.pass_through_layer(config.n_layer, config))
     return out
 
 
 def tensor_data(tensor: torch.Tensor, dtype: str) -> tuple[np.ndarray, Optional[object]]:
-    """(array, gguf raw type or None) for one tensor; 1-D tensors (norm gains) stay float32."""
+    """(array, gguf raw type or None) for one tensor; 1-D tensors (norm gains) stay float32.
+    `dtype` is one of GGUF_DTYPES, or "q4_0" (only for a gated file's zeros: `qwen35.stored_dtype`)."""
     gguf = gguf_package()
     if tensor.dim() == 1 or dtype == "fp32":
         return tensor.float().numpy(), None
     if dtype == "fp16":
         return tensor.half().numpy(), None
+    if dtype == "q4_0":
+        return gguf.quants.quantize(tensor.float().numpy(), gguf.GGMLQuantizationType.Q4_0), \
+            gguf.GGMLQuantizationType.Q4_0
     # numpy has no bfloat16: torch rounds, and the bytes go out as GGML's BF16.
     raw = tensor.bfloat16().view(torch.int16).numpy().view(np.uint8)  # (rows, 2 * cols) bytes
     return raw, gguf.GGMLQuantizationType.BF16
 
 
 def add_metadata(writer, config: ModelConfig, *, dtype: str, name: str) -> None:
-    """The hyperparameters llama.cpp reads for `llama` and `qwen3` (`general.*`, `<arch>.*`)."""
+    """The hyperparameters llama.cpp reads for `llama`, `qwen3` and `qwen35` (`general.*`, `<arch>.*`)."""
     gguf = gguf_package()
+    gated = architecture_of(config) == GATED_ARCHITECTURE
     file_types = {"fp32": gguf.LlamaFileType.ALL_F32, "fp16": gguf.LlamaFileType.MOSTLY_F16,
                   "bf16": gguf.LlamaFileType.MOSTLY_BF16}
     writer.add_name(name)
     writer.add_file_type(file_types[dtype])
     writer.add_context_length(config.context_length)
     writer.add_embedding_length(config.n_embd)
-    writer.add_block_count(config.n_layer)
+    writer.add_block_count(config.n_layer + (qwen35.APPENDED_LAYERS if gated else 0))
     writer.add_feed_forward_length(config.hidden_dim)
     writer.add_head_count(config.n_head)
     writer.add_head_count_kv(config.kv_heads)
@@ -150,6 +166,8 @@ def add_metadata(writer, config: ModelConfig, *, dtype: str, name: str) -> None:
     writer.add_rope_freq_base(config.rope_base)
     writer.add_layer_norm_rms_eps(norm_eps(config))
     writer.add_vocab_size(config.vocab_size)
+    if gated:
+        qwen35.add_metadata(writer, config)
 
 
 def add_tokenizer(writer, tokenizer: Tokenizer, vocab_size: int) -> None:
@@ -206,7 +224,7 @@ def write_gguf(state: dict[str, torch.Tensor], config: ModelConfig, tokenizer: T
     add_metadata(writer, config, dtype=dtype, name=name)
     add_tokenizer(writer, tokenizer, config.vocab_size)
     for tensor_name, tensor in gguf_tensors(state, config).items():
-        data, raw_dtype = tensor_data(tensor, dtype)
+        data, raw_dtype = tensor_data(tensor, qwen35.stored_dtype(tensor_name, config, dtype))
         writer.add_tensor(tensor_name, data, raw_dtype=raw_dtype)
     _write_beside_then_rename(writer, path)
     return path

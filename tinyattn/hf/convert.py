@@ -88,9 +88,12 @@ def norm_eps(config: ModelConfig) -> float:
 # ----------------------------------------------------------------------------- weight names
 
 
-def to_hf_weights(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """tinyattn state dict -> Llama names, fused matrices split (each tensor its own copy)."""
-    gain = _gain_to_hf(config)
+def to_hf_weights(state: dict[str, torch.Tensor], config: ModelConfig, *,
+                  plain_gains: bool = False) -> dict[str, torch.Tensor]:
+    """tinyattn state dict -> Llama names, fused matrices split (each tensor its own copy).
+    `plain_gains`: every norm gain as itself, even where transformers stores it less 1 (as
+    llama.cpp's qwen35 holds it)."""
+    gain = _gain_to_hf(config) if not plain_gains else (lambda gain: gain)
     out = {"model.embed_tokens.weight": state["token_embedding.weight"],
            "model.norm.weight": gain(state["final_norm.weight"])}
     if not config.tie_embeddings:
