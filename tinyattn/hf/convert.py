@@ -396,8 +396,8 @@ def model_config_from_hf(raw: dict, origin: str, *, tied: Optional[bool] = None)
 
 
 def refuse_what_neither_computes(config: ModelConfig, where: str, architectures: str) -> None:
-    """A CheckpointError for a model option that Llama and Qwen3 (as `architectures` names them, in
-    transformers or llama.cpp) cannot hold; `where`: " to GGUF" or ""."""
+    """A CheckpointError for a model option that none of `architectures` (Llama, Qwen3 and Qwen3.5 as
+    transformers or llama.cpp names them) can hold; `where`: " to GGUF" or ""."""
     if config.logit_softcap is not None:
         raise CheckpointError(f"model.logit_softcap: {config.logit_softcap} cannot be exported{where}: "
                               f"{architectures} do not soft-cap logits")
