@@ -59,7 +59,6 @@ from tinyattn.system.choices import GGUF_PRECISIONS
 
 INSTALL_HINT = "pip install 'tinyattn[gguf]'"
 ARCHITECTURE, QK_NORM_ARCHITECTURE, GATED_ARCHITECTURE = "llama", "qwen3", "qwen35"
-ARCHITECTURES = (ARCHITECTURE, QK_NORM_ARCHITECTURE, GATED_ARCHITECTURE)
 GGUF_DTYPES = GGUF_PRECISIONS  # export --dtype for a GGUF file (system.choices: named without torch)
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -89,7 +88,8 @@ def gguf_package():
 
 def architecture_of(config: ModelConfig) -> str:
     """llama.cpp's architecture for `config`, or a CheckpointError for what none of them holds."""
-    refuse_what_neither_computes(config, " to GGUF", f"llama.cpp's {', '.join(ARCHITECTURES)}")
+    refuse_what_neither_computes(config, " to GGUF", f"llama.cpp's {ARCHITECTURE}, {QK_NORM_ARCHITECTURE} and "
+                                 f"{GATED_ARCHITECTURE}")
     if config.attention_gate and not config.qk_norm:
         raise CheckpointError("model.attention_gate: true without model.qk_norm cannot be exported to GGUF: "
                               f"llama.cpp's {GATED_ARCHITECTURE}, which gates, always norms the queries and "
