@@ -609,8 +609,8 @@ def test_soft_capping_is_refused_in_one_line(tmp_path, capsys):
     run = save_run(tmp_path, model, tokenizer)
     code, out, err = run_main(["--checkpoint", run, "--gguf", tmp_path / "model.gguf"], capsys)
     assert code == 2 and out == "" and err.count("\n") == 1
-    assert err == ("error: model.logit_softcap: 30.0 cannot be exported to GGUF: llama.cpp's llama, qwen3 and "
-                   "qwen35 do not soft-cap logits\n")
+    assert err == ("error: model.logit_softcap: 30.0 cannot be exported to GGUF: llama.cpp's llama, "
+                   "qwen3 and qwen35 do not soft-cap logits\n")
     assert not (tmp_path / "model.gguf").exists()
 
 

@@ -88,8 +88,8 @@ def gguf_package():
 
 def architecture_of(config: ModelConfig) -> str:
     """llama.cpp's architecture for `config`, or a CheckpointError for what none of them holds."""
-    refuse_what_neither_computes(config, " to GGUF", f"llama.cpp's {ARCHITECTURE}, {QK_NORM_ARCHITECTURE} and "
-                                 f"{GATED_ARCHITECTURE}")
+    names = f"llama.cpp's {ARCHITECTURE}, {QK_NORM_ARCHITECTURE} and {GATED_ARCHITECTURE}"
+    refuse_what_neither_computes(config, " to GGUF", names)
     if config.attention_gate and not config.qk_norm:
         raise CheckpointError("model.attention_gate: true without model.qk_norm cannot be exported to GGUF: "
                               f"llama.cpp's {GATED_ARCHITECTURE}, which gates, always norms the queries and "
