@@ -1099,6 +1099,23 @@ def test_lab_context_writes_and_prints_its_table_under_the_models_name(trained_r
     assert (out / "context.png").stat().st_size > 0
 
 
+def test_lab_context_stopped_while_it_measures_says_nothing_was_written(trained_run, tmp_path, monkeypatch,
+                                                                       capsys):
+    # It said "interrupted" alone.
+    import tinyattn.lab.context as context_lab
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(context_lab, "similarity_table", stop)
+    out = tmp_path / "out"
+    assert main(["lab", "context", "--checkpoint", str(trained_run.run_dir), "--word", "speak",
+                 "--context", CONTEXTS[0], "--context", CONTEXTS[1], "--out", str(out)]) == 130
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last == "lab context stopped before its table; nothing was written"
+    assert not out.exists()
+
+
 def test_lab_contexts_time_counts_from_the_process_start(trained_run, tmp_path, capsys, monkeypatch,
                                                          figure_unread):
     # aadbe5a's clock for every lab ('wrote ... in N s'): only recurrence's was pinned.

@@ -194,19 +194,20 @@ def run(args: argparse.Namespace) -> int:
     from tinyattn.checkpoint import require_causal
     from tinyattn.data.tokenizer import warn_unknown_characters
     from tinyattn.hf.folder import load_any_model
-    from tinyattn.lab.outputs import command_started
+    from tinyattn.lab.outputs import command_started, stopped_before_writing
 
     started = command_started()  # the command's, start-up included
     require_matplotlib()  # before any work: without it context.png cannot be drawn (one line)
     contexts = args.contexts or list(DEFAULT_CONTEXTS)
-    loaded = load_any_model(args.checkpoint)
-    # A bidirectional model's word has read the text after it too: the table's reading (the state
-    # holds the word and what came before it) would not hold.
-    require_causal(loaded, "tinyattn lab context (it reads what the text before a word makes of it)")
-    for context in contexts:  # a word read as [UNK] refused; other unknown characters named, as generate does
-        ids, _ = word_position(loaded.tokenizer, context, args.word)
-        warn_unknown_characters(loaded.tokenizer, context, ids, f"--context {context!r}")
-    pairs, table = similarity_table(loaded.model, loaded.tokenizer, args.word, contexts)
+    with stopped_before_writing("context"):  # nothing is written before the table is measured
+        loaded = load_any_model(args.checkpoint)
+        # A bidirectional model's word has read the text after it too: the table's reading (the state
+        # holds the word and what came before it) would not hold.
+        require_causal(loaded, "tinyattn lab context (it reads what the text before a word makes of it)")
+        for context in contexts:  # a word read as [UNK] refused; other unknown characters named (as generate)
+            ids, _ = word_position(loaded.tokenizer, context, args.word)
+            warn_unknown_characters(loaded.tokenizer, context, ids, f"--context {context!r}")
+        pairs, table = similarity_table(loaded.model, loaded.tokenizer, args.word, contexts)
     from tinyattn.lab.outputs import experiment_folder
 
     out = experiment_folder(args.out, "context")

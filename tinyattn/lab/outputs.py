@@ -2,7 +2,8 @@
 
 `experiment_folder(out, name)` is the run folder (`<out>`, or a new `checkpoints/lab/<name>-<date>-<time>`);
 `clear_earlier_lab` refuses an `--out` holding an earlier run of the lab (or removes it, with --force),
-and `stopped_midway` says what a lab stopped by Ctrl-C left there and how to run it again;
+and `stopped_midway` says what a lab stopped by Ctrl-C left there and how to run it again
+(`stopped_before_writing`, that it left nothing);
 `refuse_own_settings` refuses a --set of what one of the lab's own options sets;
 `save_report` writes the table as `<name>.txt` and prints it; `tensorboard_writer(folder, part)`
 gives each trained model its own sub-folder, so `tensorboard --logdir <folder>` shows their
@@ -92,6 +93,16 @@ def stopped_midway(lab: str, folder: Path, out: Optional[str], holds: str = "wha
                  else "run it again to start over in a new folder")
         raise KeyboardInterrupt(f"lab {lab} stopped before its table; {folder} holds {holds}; "
                                 f"{again}") from None
+
+
+@contextmanager
+def stopped_before_writing(lab: str) -> Iterator[None]:
+    """Ctrl-C (or SIGTERM) while a lab that writes its folder only at the end still measures: its last
+    line says that nothing was written, where it said only "interrupted". The exit status stays 130."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(f"lab {lab} stopped before its table; nothing was written") from None
 
 
 def _holds_something(path: Path) -> bool:
