@@ -507,25 +507,20 @@ def test_a_device_the_machine_lacks_is_refused_before_a_run_says_it_trains(tmp_p
     assert not (tmp_path / "out").exists()
 
 
-def test_a_context_of_one_token_is_refused_before_anything_trains(tmp_path, monkeypatch, capsys, corpus_text):
+@pytest.mark.parametrize("setting, refused", [
     # A causal row of one key is one-hot whatever its scores: the lab would read no row at all.
-    from tinyattn.train import loop
-
-    monkeypatch.setattr(loop, "train", lambda config, **options: pytest.fail("trained"))
-    assert main(["scaling", "--config", str(ROOT / "configs" / "tiny.yaml"), "--out", str(tmp_path / "out"),
-                 "--set", "model.context_length=1", *written_corpus(tmp_path, corpus_text)]) == 2
-    assert capsys.readouterr().err.startswith("error: model.context_length 1: a causal row weighs ")
-    assert not (tmp_path / "out").exists()
-
-
-def test_a_bidirectional_config_is_refused_before_anything_trains(tmp_path, monkeypatch, capsys, corpus_text):
+    ("model.context_length=1", "error: model.context_length 1: a causal row weighs "),
     # Its rows would weigh later keys and its losses read the token they predict: a table as of causal ones.
+    ("model.causal=false", "error: model.causal false: lab scaling reads causal "),
+], ids=["a-context-of-one-token", "a-bidirectional-config"])
+def test_a_config_the_lab_cannot_read_is_refused_before_anything_trains(tmp_path, monkeypatch, capsys,
+                                                                        corpus_text, setting, refused):
     from tinyattn.train import loop
 
     monkeypatch.setattr(loop, "train", lambda config, **options: pytest.fail("trained"))
     assert main(["scaling", "--config", str(ROOT / "configs" / "tiny.yaml"), "--out", str(tmp_path / "out"),
-                 "--set", "model.causal=false", *written_corpus(tmp_path, corpus_text)]) == 2
-    assert capsys.readouterr().err.startswith("error: model.causal false: lab scaling reads causal ")
+                 "--set", setting, *written_corpus(tmp_path, corpus_text)]) == 2
+    assert capsys.readouterr().err.startswith(refused)
     assert not (tmp_path / "out").exists()
 
 
