@@ -11,7 +11,7 @@ import torch
 import tinyattn.data.token_cache as token_cache
 from tinyattn.config import TokenizerConfig, config_from_dict
 from tinyattn.data.batches import BatchSampler, prepare_data
-from tinyattn.data.sources import _resolve_files, format_suffix
+from tinyattn.data.local_files import format_suffix, resolve_files
 from tinyattn.data.tokenizer import END_OF_TEXT, Tokenizer, build_tokenizer
 from tinyattn.errors import DataError
 
@@ -126,7 +126,7 @@ def test_a_file_given_twice_keeps_the_name_it_was_first_given(tmp_path):
     link = tmp_path / "snapshots" / "train.jsonl"
     link.parent.mkdir()
     link.symlink_to(blob)
-    assert _resolve_files([str(link), str(blob)], "auto") == [link.absolute()]
+    assert resolve_files([str(link), str(blob)], "auto") == [link.absolute()]
 
 
 def test_a_compressed_files_format_is_named_by_its_inner_extension_in_any_case():

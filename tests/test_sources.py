@@ -14,7 +14,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import tinyattn.data.faults as faults
+import tinyattn.data.local_files as local_files
+import tinyattn.data.records as records
 import tinyattn.data.sources as sources
+import tinyattn.data.text_files as text_files
 from tinyattn.config import config_from_dict
 from tinyattn.data.batches import prepare_data
 from tinyattn.data.sources import resolve_source
@@ -148,7 +152,7 @@ def test_a_bad_json_line_is_found_without_reading_the_rest_of_the_file(tmp_path,
     # a bad first line that opens no array or object cannot start one JSON document over many lines
     record = json.dumps({"text": "lorem ipsum " * 10}) + "\n"
     path = tmp_path / "big.jsonl"
-    rest = record * (3 * sources.READ_CHARS // len(record))
+    rest = record * (3 * faults.READ_BYTES // len(record))
     bad = "{not json\n" if line == 2 else "not json\n"
     path.write_text(record * (line - 1) + bad + rest, encoding="utf-8")
     bytes_read = []
@@ -162,18 +166,18 @@ def test_a_bad_json_line_is_found_without_reading_the_rest_of_the_file(tmp_path,
             bytes_read.append(len(data))
             return data
 
-    open_binary = sources._open_binary
+    open_binary = local_files.open_binary
 
     @contextlib.contextmanager
     def counting(p):
         with open_binary(p) as f:
             yield Counting(f)
 
-    monkeypatch.setattr(sources, "_open_binary", counting)
+    monkeypatch.setattr(faults, "open_binary", counting)
     fault = "Expecting property name enclosed in double quotes at column 2" if line == 2 else (
         "Expecting value at column 1")
-    assert sources._find_invalid_json([path]) == f"{path}: line {line} is not valid JSON ({fault})"
-    assert sum(bytes_read) <= sources.READ_CHARS < path.stat().st_size // 2
+    assert faults.find_invalid_json([path]) == f"{path}: line {line} is not valid JSON ({fault})"
+    assert 0 < sum(bytes_read) <= faults.READ_BYTES < path.stat().st_size // 2
 
 
 @pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be", "utf-32"])
@@ -210,7 +214,7 @@ def test_a_json_line_after_good_ones_that_is_not_utf8_is_named_at_its_byte(tmp_p
     path.write_bytes(good * 3 + '{"text": "caf\u00e9\n'.encode("latin-1") + good)
     at = 3 * len(good) + len('{"text": "caf')
     expected = f"{path}: not valid UTF-8 at byte {at} (line 4); save it as UTF-8"
-    assert sources._find_invalid_json([path]) == expected
+    assert faults.find_invalid_json([path]) == expected
 
 
 def test_a_folder_reads_the_files_of_a_linked_folder_inside_it_once_and_a_link_above_is_no_loop(tmp_path):
@@ -229,7 +233,7 @@ def test_a_folder_reads_the_files_of_a_linked_folder_inside_it_once_and_a_link_a
     assert names[0] == names[1]
     (books / "twice").symlink_to(elsewhere, target_is_directory=True)
     (elsewhere / "up").symlink_to(books, target_is_directory=True)  # a loop, which a glob's ** would follow
-    found = sources._folder_files(books)
+    found = local_files.folder_files(books)
     assert sorted(path.name for path in found) == [f"doc{i:02d}.txt" for i in range(len(DOCUMENTS))]
 
 
@@ -398,7 +402,7 @@ def test_a_folder_or_glob_never_reads_the_token_cache_inside_it(tmp_path, monkey
                                "data": {"files": [entry], "cache_dir": "data/cache"}})
     first = documents_of(prepare_data(config, progress=False))
     assert (tmp_path / "data" / "cache").is_dir()
-    resolved = sources._resolve_files([entry], "auto", cache_dir=tmp_path / "data" / "cache")
+    resolved = local_files.resolve_files([entry], "auto", cache_dir=tmp_path / "data" / "cache")
     assert [p.name for p in resolved] == ["book-0.txt", "book-1.txt"]
     assert documents_of(prepare_data(config, progress=False)) == first
 
@@ -689,7 +693,7 @@ def test_a_text_file_is_read_in_pieces_that_leave_the_tokens_unchanged(tmp_path,
     tokenizer = {"kind": "bpe", "vocab_size": 300}
     whole = prepare_data(make_config(tmp_path / "whole", {"files": [str(path)]}, tokenizer), progress=False)
 
-    monkeypatch.setattr(sources, "READ_CHARS", 1000)
+    monkeypatch.setattr(text_files, "READ_CHARS", 1000)
     config = make_config(tmp_path / "pieces", {"files": [str(path)]}, tokenizer)
     parts = list(resolve_source(config.data, progress=False).reader("train")())
     assert len(parts) > 50 and max(len(part) for part, _ in parts) <= 1000  # never the whole file
@@ -707,7 +711,7 @@ def test_a_cut_in_a_later_piece_of_a_long_file_still_sets_the_next_file_off_with
     long, short = tmp_path / "long.txt", tmp_path / "short.txt"
     long.write_text(book(), encoding="utf-8")
     short.write_text("that is the question.\n", encoding="utf-8")
-    monkeypatch.setattr(sources, "READ_CHARS", 1000)  # the cut falls in about the 100th piece
+    monkeypatch.setattr(text_files, "READ_CHARS", 1000)  # the cut falls in about the 100th piece
     result = prepare_data(make_config(tmp_path, {"files": [str(long), str(short)]}), progress=False)
     cut = int((len(book()) + len("that is the question.\n")) * 0.9)
     assert documents_of(result) == ([book()[:cut]], [book()[cut:], "that is the question.\n"])
@@ -717,8 +721,8 @@ def test_a_cut_in_a_later_piece_of_a_long_file_still_sets_the_next_file_off_with
 def test_reading_a_large_file_reports_how_far_it_got(tmp_path, monkeypatch, capsys, progress):
     path = tmp_path / "book.txt"
     path.write_text(book(), encoding="utf-8")
-    monkeypatch.setattr(sources, "READ_CHARS", 1000)
-    monkeypatch.setattr(sources, "REPORT_BYTES", path.stat().st_size)  # files at least this large report
+    monkeypatch.setattr(text_files, "READ_CHARS", 1000)
+    monkeypatch.setattr(text_files, "REPORT_BYTES", path.stat().st_size)  # files at least this large report
     config = make_config(tmp_path, {"files": [str(path)]})
     read = resolve_source(config.data, progress=progress).reader("train")
     list(read())
@@ -738,8 +742,8 @@ def test_one_long_text_is_read_once_per_use(tmp_path, monkeypatch):
     path = tmp_path / "book.txt"
     path.write_text(book(), encoding="utf-8")
     readings = []
-    original = sources._text_parts
-    monkeypatch.setattr(sources, "_text_parts", lambda *args: readings.append(args) or original(*args))
+    original = text_files._text_parts
+    monkeypatch.setattr(text_files, "_text_parts", lambda *args: readings.append(args) or original(*args))
     result = prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)
     assert len(readings) == 4
     train, validation = documents_of(result)
@@ -850,7 +854,7 @@ def test_what_the_token_cache_writes_in_its_folder_is_told_from_data_there(tmp_p
     path = tmp_path / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"")
-    assert sources._cache_file(path, tmp_path.resolve()) is written
+    assert local_files._cache_file(path, tmp_path.resolve()) is written
 
 
 def test_a_dataset_folder_whose_path_holds_a_bracket_is_refused_in_one_line_not_called_empty(tmp_path):
@@ -987,7 +991,7 @@ def test_a_dataset_folders_splits_are_found_globbing_only_the_patterns_some_name
     if layout == "a split named by a link alone":
         (folder / "validation").symlink_to("shards")
     data = make_config(tmp_path, {"dataset": str(folder)}).data
-    files = sources._folder_files(folder)
+    files = local_files.folder_files(folder)
     globbed, resolve = [], datasets.data_files.resolve_pattern
     monkeypatch.setattr(datasets.data_files, "resolve_pattern", lambda pattern, *args, **kwargs: (
         globbed.append(pattern) or resolve(pattern, *args, **kwargs)))
@@ -1082,7 +1086,7 @@ def test_a_json_lines_file_of_one_line_that_is_no_record_is_named(tmp_path, valu
 def test_a_json_file_of_one_array_on_one_line_is_still_read(tmp_path):
     path = tmp_path / "corpus.json"
     path.write_text(json.dumps([{"text": text} for text in DOCUMENTS]), encoding="utf-8")
-    assert sources._find_invalid_json([path]) is None
+    assert faults.find_invalid_json([path]) is None
     assert documents_of(prepare_data(make_config(tmp_path, {"files": [str(path)]}), progress=False)) == (
         expected_split(DOCUMENTS))
 
@@ -1122,7 +1126,7 @@ def test_a_csv_of_long_rows_is_parsed_a_chunk_at_a_time_not_whole(tmp_path, monk
 
     from tinyattn.data.splits import split
 
-    monkeypatch.setattr(sources, "CSV_CHUNK_BYTES", 1 << 18, raising=False)
+    monkeypatch.setattr(records, "CSV_CHUNK_BYTES", 1 << 18)
     path = tmp_path / f"long{suffix}"
     rows = [f"row {i}, \"quoted\"\n" + "x" * 30_000 for i in range(200)]
     pa.table({"id": list(range(200)), "text": rows}).to_pandas().to_csv(path, sep=separator, index=False)
@@ -1147,7 +1151,7 @@ def test_reading_many_files_that_are_large_together_reports_how_far_it_got_acros
     for i in range(8):  # a folder of small files: 41 s of silence at 100 MB in 10,000 of them
         (folder / f"{i}.txt").write_text(f"part {i}: " + "to be or not to be " * 50, encoding="utf-8")
     total = sum(path.stat().st_size for path in folder.iterdir())
-    monkeypatch.setattr(sources, "REPORT_BYTES", total)  # together they are large; each file is not
+    monkeypatch.setattr(text_files, "REPORT_BYTES", total)  # together they are large; each file is not
     read = resolve_source(make_config(tmp_path, {"files": [str(folder)]}).data, progress=progress).reader("train")
     list(read())
     err = capsys.readouterr().err

@@ -42,7 +42,7 @@ import torch
 
 from tinyattn.config import Config, TokenizerConfig, config_from_dict, is_sha256
 from tinyattn.data.tokenizer import Tokenizer
-from tinyattn.errors import CheckpointError, ConfigError
+from tinyattn.errors import CheckpointError, ConfigError, first_line
 from tinyattn.model.transformer import LanguageModel
 from tinyattn.system.invocation import command, quoted
 from tinyattn.system.storage import atomic_write
@@ -110,7 +110,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
                               "tensors and plain data, which are never loaded (weights_only)") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, KeyError,
             AttributeError) as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = first_line(e)
         raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt?): "
                               f"{reason[:200]}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:

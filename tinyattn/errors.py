@@ -28,6 +28,13 @@ class StorageError(TinyattnError):
     """A folder that cannot take a file: disk full, read-only, no permission, or in use."""
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message, for a one-line message of ours (its type's name where
+    it has none)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def counted(n: int, noun: str, plural: str | None = None) -> str:
     """n and its noun for a message: "1 token", "0 tokens", "3 queries" (plural given where not noun + s)."""
     return f"{n:,} {noun if n == 1 else plural or noun + 's'}"

@@ -25,7 +25,7 @@ every context_length // 2 tokens (`window_stride`, `window_starts`). Each query 
 window that holds it, so it reads between half a context and a whole context of earlier
 tokens (every earlier token in the first window); tokens before its window's start are out
 of its reach (`Relevance.reach`): no weight, no relevance. The attention maps of
-`tinyattn.attention_maps` keep only the last context_length tokens instead; windows let
+`tinyattn.analysis.attention_maps` keep only the last context_length tokens instead; windows let
 every token of a long text be a query.
 
 Everything runs without gradients, in eval mode, in the model's precision; the ablated

@@ -23,7 +23,7 @@ the query's output at that layer. It is not a measure of how much that token mat
 to the prediction (later layers, the MLPs and the residual stream all intervene), and
 a head that could look 100 tokens back may not. See docs/ATTENTION.md.
 
-The PNG files need matplotlib, an optional extra (see `tinyattn.plotting`); the
+The PNG files need matplotlib, an optional extra (see `tinyattn.analysis.plotting`); the
 TensorBoard images do not.
 """
 

@@ -181,7 +181,7 @@ def _plot(args: argparse.Namespace, loaded, result, source: str, name: str) -> N
 
 def _split_tokens(loaded, split: str):
     from tinyattn.data.batches import prepare_data
-    from tinyattn.data.sources import data_where_started
+    from tinyattn.data.relative_paths import data_where_started
 
     if loaded.config.data.dataset is None and loaded.config.data.files is None:
         raise DataError(f"{loaded.path.parent}: a Hugging Face folder has no data section to take "

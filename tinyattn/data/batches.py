@@ -3,12 +3,12 @@
 `prepare_data(config)` turns the `data:` and `tokenizer:` sections of a config into two flat
 token files, one per split, memory-mapped for training:
 
-1. Source (`tinyattn.sources`): a hub dataset or local files (text, JSON lines, CSV, TSV,
+1. Source (`tinyattn.data.sources`): a hub dataset or local files (text, JSON lines, CSV, TSV,
    Parquet, compressed or not).
-2. Split (`tinyattn.splits`): the dataset's own validation split, every tenth document, or
+2. Split (`tinyattn.data.splits`): the dataset's own validation split, every tenth document, or
    for one long text its last tenth of characters.
-3. Tokenizer, trained on the training split only (`tinyattn.tokenizer`).
-4. Token cache (`tinyattn.token_cache`): one flat uint16/uint32 file per split, keyed by
+3. Tokenizer, trained on the training split only (`tinyattn.data.tokenizer`).
+4. Token cache (`tinyattn.data.token_cache`): one flat uint16/uint32 file per split, keyed by
    everything that produced it, rebuilt when any of that changes or a file fails its checksum.
 
 `BatchSampler` draws random training windows; `eval_batches` walks fixed ones, and

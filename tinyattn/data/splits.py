@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tinyattn.config import DataConfig
-from tinyattn.data.sources import DocumentParts, Source
+from tinyattn.data.local_files import DocumentParts
+from tinyattn.data.sources import Source
 from tinyattn.errors import DataError
 
 

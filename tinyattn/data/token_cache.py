@@ -42,7 +42,8 @@ from filelock import FileLock, Timeout
 from tqdm import tqdm
 
 from tinyattn.config import Config
-from tinyattn.data.sources import DocumentParts, Source
+from tinyattn.data.local_files import DocumentParts
+from tinyattn.data.sources import Source
 from tinyattn.data.tokenizer import END_OF_TEXT, Tokenizer, build_tokenizer, pretrained_file
 from tinyattn.errors import DataError, counted
 from tinyattn.system.console import notice
@@ -399,7 +400,7 @@ def write_tokens(documents: DocumentParts, tokenizer: Tokenizer, out, dtype, *, 
     """Encode `documents` and append their ids to the binary file `out`, with the tokenizer's
     `<|endoftext|>` between documents. Returns (tokens written, documents).
 
-    `documents` yields parts `(text, starts_document)` (see `tinyattn.sources`). They are
+    `documents` yields parts `(text, starts_document)` (`tinyattn.data.local_files.DocumentParts`). They are
     cut into pieces (`Tokenizer.text_pieces`) and encoded about a megabyte at a time, in
     parallel: memory grows with the longest part, never with the corpus. A tokenizer whose
     output changes where a text is cut (`Tokenizer.cuts_are_exact`; SentencePiece's, say) gets

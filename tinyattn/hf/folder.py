@@ -35,7 +35,7 @@ import torch
 from tinyattn.checkpoint import LoadedModel, is_hf_folder, load_model, load_weights, missing_model
 from tinyattn.config import Config, SampleConfig, TokenizerConfig
 from tinyattn.data.tokenizer import Tokenizer
-from tinyattn.errors import CheckpointError, counted, parameter_count_text
+from tinyattn.errors import CheckpointError, counted, first_line, parameter_count_text
 from tinyattn.hf.convert import (
     GATED_ARCHITECTURE,
     QK_NORM_ARCHITECTURE,
@@ -201,7 +201,7 @@ def _read_weights(folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
         except FileNotFoundError:
             raise CheckpointError(f"{file}: not found (listed in {index.name})") from None
         except Exception as e:  # safetensors raises its own SafetensorError for a bad header
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            reason = first_line(e)
             raise CheckpointError(f"{file}: not a readable safetensors file ({reason[:200]})") from None
     return index, tensors
 

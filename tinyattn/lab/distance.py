@@ -44,7 +44,7 @@ from tinyattn.analysis.plotting import require_matplotlib
 from tinyattn.checkpoint import require_causal
 from tinyattn.config import ModelConfig, TrainConfig, home_path
 from tinyattn.data.batches import prepare_data
-from tinyattn.data.sources import data_where_started
+from tinyattn.data.relative_paths import data_where_started
 from tinyattn.data.tokenizer import warn_unknown_characters
 from tinyattn.errors import TinyattnError, counted
 from tinyattn.hf.folder import load_any_model

@@ -32,7 +32,7 @@ import yaml
 from tinyattn import checkpoint as ckpt
 from tinyattn.config import (PASS_TABLES, Config, TokenizerConfig, config_from_dict, config_text,
                              config_to_dict, duration_text, load_config, settings, with_settings)
-from tinyattn.data.sources import PATH_KEYS, read_from, read_from_note
+from tinyattn.data.relative_paths import PATH_KEYS, read_from, read_from_note
 from tinyattn.data.token_cache import data_differences
 from tinyattn.data.tokenizer import Tokenizer
 from tinyattn.errors import CheckpointError, ConfigError, StorageError, TinyattnError, counted
