@@ -369,7 +369,9 @@ def test_an_optimizer_state_saved_before_muon_loads_and_another_count_is_refused
     saved.optimizers[0].step()
     resumed = build_optimizer(model, TrainConfig(), cpu)
     resumed.load_state_dict(saved.optimizers[0].state_dict())  # as the older checkpoint held it
-    assert all(int(state["step"]) == 1 for state in resumed.optimizers[0].state.values())
+    states, stepped = resumed.optimizers[0].state.values(), saved.optimizers[0].state.values()
+    assert len(states) == len(stepped) > 0 and all(int(state["step"]) == 1 for state in states)
+    assert all(torch.equal(a["exp_avg"], b["exp_avg"]) for a, b in zip(states, stepped))  # the moments came back
     muon = build_optimizer(model, TrainConfig(optimizer="muon"), cpu)
     with pytest.raises(ValueError, match=r"^the checkpoint holds 1 optimizer state\(s\), this run has 2 "
                                          r"\(was train.optimizer changed\?\)$"):
