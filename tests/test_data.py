@@ -1267,6 +1267,10 @@ def test_a_text_file_saved_as_utf16_without_a_byte_order_mark_is_one_line_naming
     assert_one_line_error(tmp_path, config, rf"^{re.escape(str(path))}: holds a NUL at byte 1 \(line 1\), "
                           r"which no text does: it is UTF-16 \(without a byte-order mark\) or not text; "
                           r"save it as UTF-8$")
+    path.unlink()  # big-endian: the NUL comes first, at byte 0
+    with opener(path, "wb") as f:
+        f.write("to be or not\n".encode("utf-16-be"))
+    assert_one_line_error(tmp_path, config, rf"^{re.escape(str(path))}: holds a NUL at byte 0 \(line 1\), ")
     # One NUL in the second megabyte of a long text: its byte and line, counted over the reads before it.
     head = b"abc\n" * ((1 << 20) // 4 + 10)
     path.unlink()
