@@ -749,6 +749,9 @@ def test_an_empty_end_of_text_is_refused_without_blaming_the_tokenizers_kind(tmp
     (["model.rope_base=0"], "model.rope_base"),
     (["model.logit_softcap=0"], "model.logit_softcap"),
     (["model.norm_eps=0"], "model.norm_eps"),
+    (["model.attention_gate=true", "model.attention_gate_rank=0"], "model.attention_gate_rank"),
+    (["model.attention_gate=true", "model.attention_gate_rank=128"], "model.attention_gate_rank"),  # C 256
+    (["model.attention_gate_rank=4"], "model.attention_gate_rank"),  # no gate to give a rank
     (["data.files=[]"], "data.files"),
     (["data.url=https://example.com/a.txt", "data.files=a[12].txt"], "data.files"),
     (["tokenizer.kind=pretrained", "tokenizer.path="], "tokenizer.path"),
@@ -784,12 +787,16 @@ def test_values_at_the_bounds_of_more_rules_load(tmp_path):
     upper = "86C4E6AA9DB7" + "0" * 52  # a digest copied in upper case: the download compares it lower-cased
     config = load_config(path, ["train.warmup_steps=0", "train.sample_tokens=0", f"data.sha256={upper}",
                                 "train.dropout_by_passes={0: 0.1}", "train.floor_by_passes={1: 1.0, 5: 0}",
-                                "train.decay_by_passes={1: 0}", "train.muon_momentum=0"])
+                                "train.decay_by_passes={1: 0}", "train.muon_momentum=0",
+                                "model.attention_gate=true", "model.attention_gate_rank=127"])
     assert (config.train.warmup_steps, config.train.sample_tokens, config.data.sha256) == (0, 0, upper)
     assert config.train.dropout_by_passes == {0.0: 0.1}
     assert config.train.floor_by_passes == {1.0: 1.0, 5.0: 0.0}
     assert config.train.muon_momentum == 0.0
     assert config.train.decay_by_passes == {1.0: 0.0}
+    assert config.model.attention_gate_rank == 127  # 2 x 127 weights a row: fewer than the gate's own 256
+    lowest = load_config(path, ["model.attention_gate=true", "model.attention_gate_rank=1"])
+    assert lowest.model.attention_gate_rank == 1
 
 
 def test_a_boolean_for_a_number_is_refused(tmp_path):

@@ -488,6 +488,26 @@ def test_fp16_row_copies_are_kept_only_where_auto_decodes_in_fp32_on_an_avx2_cpu
         assert prepare_for_generation(tiny_model(), name, torch.device("cpu"), compile=True).row_dtype is None
 
 
+@pytest.mark.parametrize("name", ["fp32", "bf16"])
+def test_a_model_with_gates_of_rank_r_generates_with_them_merged_through_the_eager_step(tiny_model, tokenizer,
+                                                                                         name):
+    """model.attention_gate_rank: generation merges each gate's two matrices into the gate's own (C, C)
+    matrix (the model a Qwen3.5 export describes), which the eager step computes; its cached logits at
+    every position are the unmerged model's full forward's."""
+    model = perturbed(tiny_model(qk_norm=True, attention_gate=True, attention_gate_rank=4))
+    ids = random_ids(tokenizer.vocab_size, 20, batch=1)
+    with torch.inference_mode():
+        expected = model(ids).logits[0]  # (T, V)
+        assert CachedDecoder(model, batch_size=1).eager_step is None  # unmerged: the model's own forward
+        prepared = prepare_for_generation(model, name, torch.device("cpu"))
+        assert prepared.model.config.attention_gate_rank is None
+        decoder = CachedDecoder(prepared.model, batch_size=1)
+        assert decoder.eager_step is not None
+        logits = [decoder.prefill(ids[:, :1])[0]] + [decoder.step(ids[:, t])[0] for t in range(1, 20)]
+    tolerance = 1e-5 if name == "fp32" else 0.03  # bf16 weights round (0.0105 seen), not the merge
+    torch.testing.assert_close(torch.stack(logits).float(), expected, rtol=0, atol=tolerance)
+
+
 def test_where_weights_cannot_be_packed_no_row_copies_are_reported(tiny_model, monkeypatch):
     monkeypatch.setenv("TINYATTN_CPU_BF16", "0")
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")  # auto wants fp16 copies

@@ -52,10 +52,11 @@ def tokenizer_of(kind: str) -> Tokenizer:
 
 def random_model(tokenizer: Tokenizer, *, n_kv_head: int = 2, qk_norm: bool = False, tied: bool = True,
                  seed: int = 0, vocab_size: Optional[int] = None, mlp_hidden: Optional[int] = None,
-                 attention_gate: bool = False) -> LanguageModel:
+                 attention_gate: bool = False, attention_gate_rank: Optional[int] = None) -> LanguageModel:
     config = ModelConfig(vocab_size=vocab_size or tokenizer.vocab_size, n_layer=2, n_head=4,
                          n_kv_head=n_kv_head, n_embd=32, context_length=CONTEXT, qk_norm=qk_norm,
-                         tie_embeddings=tied, mlp_hidden=mlp_hidden, attention_gate=attention_gate)
+                         tie_embeddings=tied, mlp_hidden=mlp_hidden, attention_gate=attention_gate,
+                         attention_gate_rank=attention_gate_rank)
     torch.manual_seed(seed)
     model = LanguageModel(config).eval()
     with torch.no_grad():
@@ -114,6 +115,8 @@ CASES = {  # name: (tokenizer kind, model options)
     # (112 wide) stay in the file's dtype, its ffn_gate and ffn_up (32 wide) go out as Q4_0.
     "char-gated": ("char", dict(n_kv_head=2, qk_norm=True, attention_gate=True, mlp_hidden=112)),
     "bpe-gated-mqa-untied": ("bpe", dict(n_kv_head=1, qk_norm=True, attention_gate=True, tied=False)),
+    # A gate of rank 4: written as its two matrices' product, the gate's own (C, C) rows.
+    "bpe-gated-rank-4": ("bpe", dict(n_kv_head=2, qk_norm=True, attention_gate=True, attention_gate_rank=4)),
 }
 
 
@@ -476,7 +479,7 @@ def gguf_forward(path, ids: list[int]) -> np.ndarray:
 
 
 @pytest.mark.parametrize("case", ["char-gqa-untied", "bpe-mqa-untied", "char-qk_norm",
-                                  "bpe-gated-mqa-untied"])
+                                  "bpe-gated-mqa-untied", "bpe-gated-rank-4"])
 def test_the_files_tensors_give_tinyattns_logits_as_llama_cpp_reads_them(tmp_path, case):
     # Runs without llama.cpp (whose tests skip where it is not installed).
     kind, options = CASES[case]

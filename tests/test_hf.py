@@ -74,11 +74,11 @@ def tokenizer_of(kind: str) -> Tokenizer:
 
 def random_model(tokenizer: Tokenizer, kind: str, n_kv_head: int, seed: int = 0, *, n_embd: int = 32,
                  context_length: int = 64, tie_embeddings: bool = True, qk_norm: bool = False,
-                 attention_gate: bool = False):
+                 attention_gate: bool = False, attention_gate_rank: Optional[int] = None):
     config = Config(model=ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=4,
                                       n_kv_head=n_kv_head, n_embd=n_embd, context_length=context_length,
                                       tie_embeddings=tie_embeddings, qk_norm=qk_norm,
-                                      attention_gate=attention_gate),
+                                      attention_gate=attention_gate, attention_gate_rank=attention_gate_rank),
                     data=DataConfig(files=["corpus.txt"]), tokenizer=TokenizerConfig(kind=kind),
                     sample=SampleConfig(temperature=0.7, top_k=20, max_new_tokens=100))
     torch.manual_seed(seed)
@@ -1538,6 +1538,22 @@ def test_the_attention_gate_exports_as_qwen3_5_and_imports_back(tmp_path, n_kv_h
     assert loaded.config.model.tie_embeddings is tied
     for name, tensor in model.state_dict().items():
         assert torch.equal(loaded.model.state_dict()[name], tensor), name
+
+
+def test_a_gate_of_rank_r_exports_as_qwen3_5_with_its_product_and_imports_back_as_a_gate_of_its_own(tmp_path):
+    tokenizer = tokenizer_of("bpe")
+    config, model = random_model(tokenizer, "bpe", 2, seed=3, qk_norm=True, attention_gate=True,
+                                 attention_gate_rank=4)
+    export_folder(model.state_dict(), config, tokenizer, tmp_path / "out")
+    reference = hf_model(tmp_path / "out")
+    assert type(reference).__name__ == "Qwen3_5ForCausalLM"
+    ids = torch.tensor([tokenizer.encode(TEXT)[:64]])
+    assert max_logit_difference(model, reference, ids) < 1e-5
+    loaded = load_any_model(tmp_path / "out")
+    assert loaded.config.model.attention_gate and loaded.config.model.attention_gate_rank is None
+    gate_rows = loaded.model.blocks[0].attention.qkv.weight[-32:]  # the gate's own (C, C), of rank 4
+    assert torch.linalg.matrix_rank(gate_rows) == 4
+    assert max_logit_difference(loaded.model, model, ids) < 1e-5
 
 
 def test_an_attention_gate_without_qk_norm_is_refused_in_one_line_for_transformers_and_gguf():

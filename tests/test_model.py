@@ -23,7 +23,9 @@ from tinyattn.system.device import Precision
 VOCAB = 65  # conftest's tiny_model and random_tokens
 
 
-@pytest.mark.parametrize("options", [{}, {"qk_norm": True, "attention_gate": True}], ids=["llama", "gated"])
+@pytest.mark.parametrize("options", [{}, {"qk_norm": True, "attention_gate": True},
+                                     {"qk_norm": True, "attention_gate": True, "attention_gate_rank": 4}],
+                         ids=["llama", "gated", "gated-rank-4"])
 @pytest.mark.parametrize("need_weights", [False, True], ids=["fused", "explicit"])
 @pytest.mark.parametrize("n_kv_head", [4, 2, 1], ids=["mha", "gqa", "mqa"])
 def test_causal_mask_leaks_nothing_from_the_future(tiny_model, random_tokens, need_weights, n_kv_head,
@@ -39,7 +41,9 @@ def test_causal_mask_leaks_nothing_from_the_future(tiny_model, random_tokens, ne
         assert (after[:, t + 1:] - logits[:, t + 1:]).abs().max() > 1e-3  # later ones do change
 
 
-@pytest.mark.parametrize("options", [{}, {"qk_norm": True, "attention_gate": True}], ids=["llama", "gated"])
+@pytest.mark.parametrize("options", [{}, {"qk_norm": True, "attention_gate": True},
+                                     {"qk_norm": True, "attention_gate": True, "attention_gate_rank": 4}],
+                         ids=["llama", "gated", "gated-rank-4"])
 @pytest.mark.parametrize("n_kv_head", [4, 2, 1], ids=["mha", "gqa", "mqa"])
 def test_fused_path_equals_explicit_path(tiny_model, random_tokens, n_kv_head, options):
     model = tiny_model(n_kv_head=n_kv_head, **options)
@@ -167,6 +171,48 @@ def test_the_attention_gate_scales_each_output_element_by_the_sigmoid_of_its_own
         layer.qkv.weight[64:] = 0  # sigmoid(0) = 1/2 everywhere: the ungated output, halved
         layer(x, cos=cos, sin=sin)
     torch.testing.assert_close(read[0], 2 * read[1] * torch.sigmoid(x @ gate.T), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "explicit"])
+def test_a_gate_of_rank_r_is_the_gate_whose_matrix_is_the_product_of_its_two_and_merges_into_it(fused):
+    """model.attention_gate_rank: sigmoid(x W_in^T W_out^T), the (C, C) gate matrix W_out W_in of
+    rank r; `merge_gate` stacks that product into qkv as the gate's own rows, changing no output."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=65, n_head=4, n_kv_head=2, n_embd=32, context_length=6, qk_norm=True,
+                         attention_gate=True, attention_gate_rank=3)
+    ranked = _spread(CausalSelfAttention(config, fused=fused)).eval()
+    assert ranked.qkv.weight.shape == (32 + 2 * 16, 32)  # no gate rows stacked: 2 x 3 x 32 weights instead
+    assert ranked.gate_in.weight.shape == (3, 32) and ranked.gate_out.weight.shape == (32, 3)
+    own_matrix = ModelConfig(**{**config.__dict__, "attention_gate_rank": None})
+    full = CausalSelfAttention(own_matrix, fused=fused).eval()
+    product = ranked.gate_out.weight @ ranked.gate_in.weight  # (C, C), of rank 3
+    assert torch.linalg.matrix_rank(product) == 3
+    with torch.no_grad():
+        full.load_state_dict({**{k: v for k, v in ranked.state_dict().items() if "gate_" not in k},
+                              "qkv.weight": torch.cat([ranked.qkv.weight, product])})
+        x = torch.randn(2, 6, 32)
+        cos, sin = rotary_tables(8, 6, 10000.0)
+        expected = full(x, cos=cos, sin=sin)
+        torch.testing.assert_close(ranked(x, cos=cos, sin=sin), expected, rtol=0, atol=1e-5)
+        ranked.merge_gate()
+        assert ranked.gate_in is None and ranked.qkv_split == full.qkv_split
+        torch.testing.assert_close(ranked(x, cos=cos, sin=sin), expected, rtol=0, atol=1e-5)
+
+
+def test_a_model_with_gates_of_rank_r_merges_them_and_its_config_says_so(tiny_model, random_tokens):
+    model = _spread(tiny_model(qk_norm=True, attention_gate=True, attention_gate_rank=4))
+    idx = random_tokens()
+    with torch.no_grad():
+        before = model(idx).logits
+        model.merge_attention_gates()
+        after = model(idx).logits
+    assert model.config.attention_gate and model.config.attention_gate_rank is None
+    assert all(block.attention.gate_in is None for block in model.blocks)
+    assert model.num_parameters() == LanguageModel(model.config).num_parameters()  # the gate's own (C, C)
+    torch.testing.assert_close(after, before, rtol=0, atol=1e-5)
+    with torch.no_grad():
+        model.blocks[0].attention.qkv.weight[-32:] = 0  # the merged rows are the gate: without them,
+        assert (model(idx).logits - before).abs().max() > 1e-2  # other logits
 
 
 def test_attention_weights_rows_sum_to_one_and_are_zero_where_masked(tiny_model, random_tokens):

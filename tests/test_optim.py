@@ -336,6 +336,19 @@ def test_the_muon_group_splits_the_models_stacked_weights_as_the_config_says(spl
     assert muon_rows(model, config) == expected
 
 
+def test_a_gate_of_rank_r_has_two_matrices_of_its_own_each_stepped_whole_by_muon():
+    model = LanguageModel(ModelConfig(vocab_size=20, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
+                                      context_length=8, attention_gate=True, attention_gate_rank=3))
+    config = TrainConfig(optimizer="muon", muon_lr=1e-2, muon_split_stacked=True)
+    (group,) = build_optimizer(model, config, torch.device("cpu")).optimizers[1].param_groups
+    names = {id(p): name for name, p in model.named_parameters()}
+    rows = {names[id(p)]: rows for p, rows in zip(group["params"], group["rows"])}
+    for i in range(2):  # the query's, key's and value's rows in qkv, no gate's; the gate's two apart, whole
+        assert rows[f"blocks.{i}.attention.qkv.weight"] == (32, 16, 16)
+        assert rows[f"blocks.{i}.attention.gate_in.weight"] is None  # (3, 32)
+        assert rows[f"blocks.{i}.attention.gate_out.weight"] is None  # (32, 3)
+
+
 def test_a_resume_splits_muon_as_its_own_config_says_whatever_the_checkpoint_did():
     model = LanguageModel(ModelConfig(vocab_size=20, n_layer=1, n_head=4, n_embd=32, context_length=8))
     for before, after in ((False, True), (True, False)):

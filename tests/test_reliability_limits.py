@@ -147,6 +147,7 @@ def test_show_value_is_short_and_cheap_for_any_value():
     dict(n_head=4, n_kv_head=2, qk_norm=True, mlp_hidden=40),
     dict(n_layer=3, n_embd=48, n_head=6, n_kv_head=3, tie_embeddings=False, qk_norm=True),
     dict(n_kv_head=1, qk_norm=True, attention_gate=True),
+    dict(n_kv_head=1, qk_norm=True, attention_gate=True, attention_gate_rank=5),
 ])
 def test_parameter_count_from_the_config_is_the_built_models(model):
     config = ModelConfig(**{"vocab_size": 67, "n_layer": 2, "n_head": 2, "n_embd": 32,
@@ -186,6 +187,9 @@ def test_the_activation_estimate_of_a_gated_attention_counts_the_gates_logits_an
     train = TrainConfig(batch_size=2, precision="fp32")
     extra = training_memory(gated, train).activation_bytes - training_memory(plain, train).activation_bytes
     assert extra == 2 * (2 * 16) * (2 * 32) * 4  # layers x tokens x (logits and gated output, C each) x fp32
+    ranked = ModelConfig(**{**gated.__dict__, "attention_gate_rank": 5})  # and the 5 products between its two
+    assert training_memory(ranked, train).activation_bytes - training_memory(gated, train).activation_bytes \
+        == 2 * (2 * 16) * 5 * 4
 
 
 @pytest.mark.parametrize("attention, dropout", [("explicit", 0.0), ("explicit", 0.1), ("fused", 0.0)])

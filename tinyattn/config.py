@@ -64,6 +64,9 @@ class ModelConfig:
     # soft-capping does not export):
     qk_norm: bool = False  # RMSNorm on each head's queries and keys before RoPE (as in Qwen3, OLMo 2)
     attention_gate: bool = False  # each head's output times a sigmoid of the block's input (Qwen3.5)
+    # None: the gate's own (C, C) matrix; r: that matrix as the product of a (C, r) and an (r, C) one,
+    # 2rC weights instead of C x C (exported as the product: the same Qwen3.5 model)
+    attention_gate_rank: Optional[int] = None
     logit_softcap: Optional[float] = None  # logits -> cap * tanh(logits / cap) (Gemma 2); None: off
     # Initialisation only (any architecture holds it):
     zero_init_projections: bool = False  # attention output and MLP down start at zero
@@ -82,9 +85,11 @@ class ModelConfig:
     @property
     def qkv_rows(self) -> tuple[int, ...]:
         """The rows of each matrix the attention's stacked `qkv` weight holds, in order: query (C),
-        key and value (Hkv * D each), and with attention_gate the gate (C)."""
+        key and value (Hkv * D each), and with attention_gate the gate (C) unless it is the product of
+        two matrices of its own (attention_gate_rank)."""
         kv_width = self.kv_heads * self.head_dim
-        return (self.n_embd, kv_width, kv_width) + ((self.n_embd,) if self.attention_gate else ())
+        stacked_gate = self.attention_gate and self.attention_gate_rank is None
+        return (self.n_embd, kv_width, kv_width) + ((self.n_embd,) if stacked_gate else ())
 
     @property
     def kv_heads(self) -> int:
@@ -129,6 +134,15 @@ class ModelConfig:
             fail("model.logit_softcap", m.logit_softcap, "expected a positive number or null (off)")
         if m.norm_eps is not None and not m.norm_eps > 0:
             fail("model.norm_eps", m.norm_eps, "expected a positive number or null (torch's default)")
+        if m.attention_gate_rank is not None and not m.attention_gate:
+            fail("model.attention_gate_rank", m.attention_gate_rank,
+                 "it sets the rank of model.attention_gate's matrix: set model.attention_gate=true too, "
+                 "or leave it null")
+        if m.attention_gate_rank is not None and not 0 < 2 * m.attention_gate_rank < m.n_embd:
+            fail("model.attention_gate_rank", m.attention_gate_rank,
+                 f"expected an integer from 1 to {(m.n_embd - 1) // 2} (below half of "
+                 f"model.n_embd={m.n_embd}, where the two matrices hold fewer weights than the gate's own), "
+                 "or null for its own matrix")
 
 
 @dataclass

@@ -531,8 +531,10 @@ def prepare_for_generation(model: LanguageModel, dtype_name: str, device: torch.
     """The model as `tinyattn generate` and `tinyattn serve` run it: cast to `inference_dtype`, its
     weights packed for fast CPU matmuls with `row_weight_dtype`'s copies (none with `compile`, whose
     steps multiply by the fp32 weights). It is only ever used to generate afterwards: the model is
-    changed in place (`nn.Module.to`, the packing) and returned."""
+    changed in place (a gate of rank r merged into its own matrix, `nn.Module.to`, the packing) and
+    returned."""
     dtype = inference_dtype(dtype_name, device)
+    model.merge_attention_gates()  # in the weights' dtype before the cast: the product rounds once
     model = model.to(dtype)
     row_dtype = None if compile else row_weight_dtype(dtype_name, dtype, device)
     packed = pack_linear_weights(model, row_dtype=row_dtype)

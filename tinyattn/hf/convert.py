@@ -101,6 +101,9 @@ def to_hf_weights(state: dict[str, torch.Tensor], config: ModelConfig, *,
     for i in range(config.n_layer):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
         q, k, v, *attention_gate = state[ours + "attention.qkv.weight"].split(config.qkv_rows)
+        if config.attention_gate_rank is not None:  # the gate's (C, C) matrix is its two matrices' product
+            gate_out, gate_in = (state[f"{ours}attention.gate_{side}.weight"] for side in ("out", "in"))
+            attention_gate = [(gate_out.float() @ gate_in.float()).to(q.dtype)]  # (C, r) @ (r, C)
         if attention_gate:  # (H, 2, D, C): each head's query rows, then its gate rows
             pairs = torch.stack((q, attention_gate[0])).unflatten(1, (config.n_head, -1)).transpose(0, 1)
             q = pairs.flatten(0, 2)

@@ -113,7 +113,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 def gated(y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """y * sigmoid(gate), elementwise; y: (B, T, C), the heads' outputs side by side; gate:
-    (B, T, C), computed from the block's input x by a (C, C) matrix (model.attention_gate).
+    (B, T, C), computed from the block's input x by a (C, C) matrix (model.attention_gate), or
+    by that matrix as the product of two thin ones (model.attention_gate_rank).
 
     Softmax's weights sum to 1, so a head always passes on some mix of values, even at a
     position where no key matches what its query looks for: it can only park the weight on
@@ -142,6 +143,12 @@ class CausalSelfAttention(nn.Module):
         self.qkv_split = config.qkv_rows
         self.qkv = nn.Linear(config.n_embd, sum(self.qkv_split), bias=False)
         self.output = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        # With model.attention_gate_rank r the gate's matrix is instead gate_out @ gate_in, (C, r) @
+        # (r, C): 2rC weights, not C x C, and r + C products a position, not C x C. The product is a
+        # (C, C) matrix of rank r at most (`merge_gate`), which is how generation and export use it.
+        rank = config.attention_gate_rank
+        self.gate_in = nn.Linear(config.n_embd, rank, bias=False) if rank else None
+        self.gate_out = nn.Linear(rank, config.n_embd, bias=False) if rank else None
         # On the attention weights; model.attention_dropout sets it apart from the residual's.
         self.dropout = config.weights_dropout
         self.causal = config.causal  # False (tinyattn lab causal): no mask when none is given
@@ -195,7 +202,24 @@ class CausalSelfAttention(nn.Module):
             y = y.to(x.dtype)  # back from the cache's dtype
         if gate:
             y = gated(y, gate[0])
+        elif self.gate_in is not None:
+            y = gated(y, self.gate_out(self.gate_in(x)))  # (B, T, C) -> (B, T, r) -> (B, T, C)
         return self.output(y)
+
+    def merge_gate(self) -> None:
+        """Turn a gate of rank r (gate_in, gate_out) into the gate's own (C, C) matrix, their product,
+        stacked fourth in qkv as a model.attention_gate model holds it: the same function, one
+        matmul fewer a layer (what a token's decoding pays for most at batch 1)."""
+        if self.gate_in is None:
+            return
+        with torch.no_grad():
+            gate = self.gate_out.weight.float() @ self.gate_in.weight.float()  # (C, r) @ (r, C): (C, C)
+            weight = torch.cat([self.qkv.weight, gate.to(self.qkv.weight.dtype)])
+        self.qkv = nn.Linear(weight.size(1), weight.size(0), bias=False, device=weight.device,
+                             dtype=weight.dtype)
+        self.qkv.weight.data.copy_(weight)
+        self.qkv_split = (*self.qkv_split, gate.size(0))
+        self.gate_in = self.gate_out = None
 
     def explicit_attention(self, q, k, v, mask, dropout_p: float, *, padded: bool = False) -> torch.Tensor:
         """`attention` itself. q: (B, H, Tq, D); k, v: (B, Hkv, Tk, D). Returns (B, H, Tq, D).

@@ -40,6 +40,7 @@ def parameter_count(config: ModelConfig, vocab_size: Optional[int] = None) -> in
     width, hidden = c.n_embd, c.hidden_dim
     per_layer = (width  # attention_norm
                  + width * sum(c.qkv_rows)  # qkv: (C + 2 Hkv D [+ C], C)
+                 + 2 * width * (c.attention_gate_rank or 0)  # a gate of rank r: (r, C) and (C, r)
                  + width * width  # output: (C, C)
                  + (2 * c.head_dim if c.qk_norm else 0)  # q_norm, k_norm
                  + width  # mlp_norm
@@ -78,8 +79,10 @@ def training_memory(model: ModelConfig, train: TrainConfig, *, vocab_size: Optio
     width, kv_width, hidden = model.n_embd, model.kv_heads * model.head_dim, model.hidden_dim
     # Per layer and token: both norms' inputs and outputs (4C), q, k, v (C + 2 Hkv D), the
     # attention's output (C), gate and up (2 hidden) and their product (hidden); with
-    # model.attention_gate the gate's logits and the gated output (2C).
-    per_token = 6 * width + 2 * kv_width + 3 * hidden + (2 * width if model.attention_gate else 0)
+    # model.attention_gate the gate's logits and the gated output (2C), and with a gate of rank r the r
+    # products between its two matrices.
+    gate = 2 * width + (model.attention_gate_rank or 0) if model.attention_gate else 0
+    per_token = 6 * width + 2 * kv_width + 3 * hidden + gate
     if explicit_attention is None:
         explicit_attention = model.attention == "explicit"
     # The explicit path keeps the softmax's output (H, T per query), and with dropout on the

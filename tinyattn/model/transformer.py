@@ -24,6 +24,7 @@ heads, D head width (C / H), V vocabulary size.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from contextlib import contextmanager
 from typing import Iterator, NamedTuple, Optional
@@ -167,6 +168,16 @@ class LanguageModel(nn.Module):
         the attention path was chosen for it."""
         for module in (self.dropout, *(block.dropout for block in self.blocks)):
             module.p = p
+
+    def merge_attention_gates(self) -> None:
+        """Every layer's gate of rank r (model.attention_gate_rank) as the gate's own (C, C) matrix,
+        their product (`CausalSelfAttention.merge_gate`), and the config saying so: the model a
+        Qwen3.5 export describes, for generation. Changes the model in place."""
+        if self.config.attention_gate_rank is None:
+            return
+        for block in self.blocks:
+            block.attention.merge_gate()
+        self.config = dataclasses.replace(self.config, attention_gate_rank=None)
 
     def stacked_matrices(self, by_matrix: bool = True,
                          query_key_heads: bool = False) -> dict[str, tuple[int, ...]]:
