@@ -49,7 +49,7 @@ def library_logs_quiet() -> Iterator[None]:
 
 
 def records_reader(data: DataConfig, files: list[Path], file_format: str,
-                    description: str) -> Callable[[str], Callable[[], DocumentParts]]:
+                   description: str) -> Callable[[str], Callable[[], DocumentParts]]:
     """How `datasets` reads JSON, CSV, TSV and Parquet files: one document per record."""
     builder, options = file_format, {}
     if file_format == "parquet":
@@ -143,8 +143,8 @@ def _sampled_chunk_rows(path: Path, separator: str, size: int, mtime_ns: int) ->
 
 
 def per_file_parts(files: list[Path], file_format: str, text_field: str, description: str,
-                    load: Callable[[Path], object], *,
-                    skipped: SkippedRecords) -> Callable[[], DocumentParts]:
+                   load: Callable[[Path], object], *,
+                   skipped: SkippedRecords) -> Callable[[], DocumentParts]:
     """How data.files and a dataset folder read their JSON, CSV, TSV and Parquet files: each its own
     dataset (`_per_file_datasets`), a failure named by its file (`_reading_errors`). A JSON text
     field of another type is refused first, before datasets turns every later text into JSON source
@@ -159,7 +159,7 @@ def per_file_parts(files: list[Path], file_format: str, text_field: str, descrip
                 refuse_nul_at_start(path)
     per_file = _per_file_datasets(files, file_format, load)
     return lambda: dataset_parts(_file_tables(per_file, file_format), text_field, description, files,
-                                  file_format, skipped=skipped)
+                                 file_format, skipped=skipped)
 
 
 def _per_file_datasets(files: list[Path], file_format: str,
@@ -255,7 +255,7 @@ def _file_tables(per_file: list[tuple[Path, object]], file_format: str) -> Itera
 
 
 def dataset_parts(tables: Iterator[tuple[str, object]], text_field: str, description: str, files: list[Path],
-                   file_format: str, *, skipped: SkippedRecords) -> DocumentParts:
+                  file_format: str, *, skipped: SkippedRecords) -> DocumentParts:
     """The non-empty texts of `tables` (`arrow_tables`, `_file_tables`), in order; each is a whole
     document. The records skipped are counted and said (`skipped`)."""
     import pyarrow
