@@ -144,8 +144,8 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.n_embd, sum(self.qkv_split), bias=False)
         self.output = nn.Linear(config.n_embd, config.n_embd, bias=False)
         # With model.attention_gate_rank r the gate's matrix is instead gate_out @ gate_in, (C, r) @
-        # (r, C): 2rC weights, not C x C, and r + C products a position, not C x C. The product is a
-        # (C, C) matrix of rank r at most (`merge_gate`), which is how generation and export use it.
+        # (r, C): 2rC weights and multiply-adds a position, not C x C. The product is a (C, C) matrix
+        # of rank r at most (`merge_gate`), which is how generation and export use it.
         rank = config.attention_gate_rank
         self.gate_in = nn.Linear(config.n_embd, rank, bias=False) if rank else None
         self.gate_out = nn.Linear(rank, config.n_embd, bias=False) if rank else None
@@ -208,8 +208,8 @@ class CausalSelfAttention(nn.Module):
 
     def merge_gate(self) -> None:
         """Turn a gate of rank r (gate_in, gate_out) into the gate's own (C, C) matrix, their product,
-        stacked fourth in qkv as a model.attention_gate model holds it: the same function, one
-        matmul fewer a layer (what a token's decoding pays for most at batch 1)."""
+        stacked fourth in qkv as a model.attention_gate model holds it: the same function in two
+        matmul calls fewer a layer, which the eager decode step computes (`DecodeStep`)."""
         if self.gate_in is None:
             return
         with torch.no_grad():
