@@ -42,6 +42,7 @@ import torch
 
 from tinyattn.config import ModelConfig, show_value
 from tinyattn.errors import CheckpointError, TinyattnError
+from tinyattn.model.attention import gate_matrix
 from tinyattn.system.choices import EXPORT_PRECISIONS
 from tinyattn.system.device import DTYPES as DEVICE_DTYPES
 
@@ -103,7 +104,7 @@ def to_hf_weights(state: dict[str, torch.Tensor], config: ModelConfig, *,
         q, k, v, *attention_gate = state[ours + "attention.qkv.weight"].split(config.qkv_rows)
         if config.attention_gate_rank is not None:  # the gate's (C, C) matrix is its two matrices' product
             gate_out, gate_in = (state[f"{ours}attention.gate_{side}.weight"] for side in ("out", "in"))
-            attention_gate = [(gate_out.float() @ gate_in.float()).to(q.dtype)]  # (C, r) @ (r, C)
+            attention_gate = [gate_matrix(gate_out, gate_in).to(q.dtype)]  # (C, r) @ (r, C)
         if attention_gate:  # (H, 2, D, C): each head's query rows, then its gate rows
             pairs = torch.stack((q, attention_gate[0])).unflatten(1, (config.n_head, -1)).transpose(0, 1)
             q = pairs.flatten(0, 2)

@@ -129,6 +129,12 @@ def gated(y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------- 3. heads
 
 
+def gate_matrix(gate_out: torch.Tensor, gate_in: torch.Tensor) -> torch.Tensor:
+    """The (C, C) matrix of a gate of rank r (model.attention_gate_rank): gate_out (C, r) @ gate_in
+    (r, C), computed in fp32 and given in gate_in's dtype: what generation merges and exports write."""
+    return (gate_out.float() @ gate_in.float()).to(gate_in.dtype)
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head self-attention with RoPE, optional grouped-query attention, a KV cache."""
 
@@ -213,7 +219,7 @@ class CausalSelfAttention(nn.Module):
         if self.gate_in is None:
             return
         with torch.no_grad():
-            gate = self.gate_out.weight.float() @ self.gate_in.weight.float()  # (C, r) @ (r, C): (C, C)
+            gate = gate_matrix(self.gate_out.weight, self.gate_in.weight)  # (C, C)
             weight = torch.cat([self.qkv.weight, gate.to(self.qkv.weight.dtype)])
         self.qkv = nn.Linear(weight.size(1), weight.size(0), bias=False, device=weight.device,
                              dtype=weight.dtype)
